@@ -1,0 +1,17 @@
+// Package pglease holds the types shared by every pglease package: the one
+// error type (*Error with a Code), the fencing token (Fence), and the
+// SyncGuard-compatible key and lockId helpers.
+//
+// It imports no other pglease package, so pg/, manager/, telemetry/ and
+// user code can all depend on it. Most programs start in package manager;
+// package pg gives direct, single-round-trip access to the lease-lock
+// tables and to PostgreSQL advisory locks (pg/advisory).
+//
+// # Errors
+//
+// Every error returned by pglease is, or wraps, an *Error. Test for a
+// condition with errors.Is against the sentinels (ErrInvalidArgument,
+// ErrClosed, ErrLockLost, …), which compare by Code, or extract the
+// *Error with errors.As. Retryable reports whether trying the same call
+// again may succeed. Error texts never contain a raw lock key or lockId.
+package pglease

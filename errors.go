@@ -1,0 +1,178 @@
+package pglease
+
+import (
+	"context"
+	"errors"
+	"strings"
+)
+
+// Code classifies an Error. Codes mirror SyncGuard's LockError codes where
+// SyncGuard has one, so a mixed fleet reports failures alike.
+type Code uint8
+
+// The error codes.
+const (
+	// CodeInternal is an unexpected condition: a bug, a fence counter past
+	// FenceMax, or a server error with no better mapping.
+	CodeInternal Code = iota + 1
+	// CodeInvalidArgument is bad input rejected before any I/O (key, lockId,
+	// TTL, table name, nil context …), or a server error that says the
+	// request itself is malformed (e.g. a missing table).
+	CodeInvalidArgument
+	// CodeAborted is a call whose context ended (cancelled or past its
+	// deadline) before the outcome was known or before it started.
+	CodeAborted
+	// CodeClosed is a call on a Manager (or advisory session) that is closed
+	// or closing.
+	CodeClosed
+	// CodeServiceUnavailable is a lost or refused connection, a
+	// serialization failure or deadlock, or a read-only server.
+	CodeServiceUnavailable
+	// CodeNetworkTimeout is a statement or lock wait cancelled by a server
+	// timeout (57014 query_canceled, 55P03 lock_not_available).
+	CodeNetworkTimeout
+	// CodeAuthFailed is a failed authentication or missing privilege.
+	CodeAuthFailed
+	// CodeResourceExhausted is a server out of a resource: 53200 out of
+	// shared memory (the lock table is full), too many connections, disk
+	// full.
+	CodeResourceExhausted
+	// CodeAcquisitionTimeout is a waiting acquire that gave up: its wait
+	// bound (acquire timeout) passed before the lock could be taken.
+	CodeAcquisitionTimeout
+	// CodeLockLost means a held lock is no longer held: it expired, its
+	// extend failed past the trust window, or its session ended.
+	CodeLockLost
+	// CodeAmbiguous is an operation whose outcome is unknown: the commit
+	// may or may not have happened (connection lost after it was sent).
+	// An ambiguous acquire is never reported as success.
+	CodeAmbiguous
+	// CodeFenceRegression is a fence lower than one this process already
+	// saw for the same key: the database lost acknowledged writes
+	// (failover to an asynchronous replica, restore from backup).
+	CodeFenceRegression
+)
+
+var codeNames = [...]string{
+	CodeInternal:           "Internal",
+	CodeInvalidArgument:    "InvalidArgument",
+	CodeAborted:            "Aborted",
+	CodeClosed:             "Closed",
+	CodeServiceUnavailable: "ServiceUnavailable",
+	CodeNetworkTimeout:     "NetworkTimeout",
+	CodeAuthFailed:         "AuthFailed",
+	CodeResourceExhausted:  "ResourceExhausted",
+	CodeAcquisitionTimeout: "AcquisitionTimeout",
+	CodeLockLost:           "LockLost",
+	CodeAmbiguous:          "Ambiguous",
+	CodeFenceRegression:    "FenceRegression",
+}
+
+// String returns the code's name, e.g. "InvalidArgument".
+func (c Code) String() string {
+	if int(c) < len(codeNames) && codeNames[c] != "" {
+		return codeNames[c]
+	}
+	return "Unknown"
+}
+
+// Error is the one error type of pglease. Op names the operation
+// ("pg.Acquire", "manager.Acquire", …); Msg says what went wrong in words
+// that never contain a raw key or lockId; Err is the cause, if any.
+type Error struct {
+	Code Code
+	Op   string
+	Msg  string
+	Err  error
+}
+
+// Error formats as "pglease: Op: Code: Msg: cause".
+func (e *Error) Error() string {
+	var b strings.Builder
+	b.WriteString("pglease: ")
+	if e.Op != "" {
+		b.WriteString(e.Op)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Code.String())
+	if e.Msg != "" {
+		b.WriteString(": ")
+		b.WriteString(e.Msg)
+	}
+	if e.Err != nil {
+		b.WriteString(": ")
+		b.WriteString(e.Err.Error())
+	}
+	return b.String()
+}
+
+// Unwrap returns the cause.
+func (e *Error) Unwrap() error { return e.Err }
+
+// Is reports whether target is an *Error with the same Code, so the
+// sentinels below match any error of their code:
+//
+//	errors.Is(err, pglease.ErrInvalidArgument)
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Code == e.Code
+}
+
+// Sentinels, one per Code. Compare with errors.Is; never return them
+// directly (use New or Errorf so the Op and cause are kept).
+var (
+	ErrInternal           = &Error{Code: CodeInternal}
+	ErrInvalidArgument    = &Error{Code: CodeInvalidArgument}
+	ErrAborted            = &Error{Code: CodeAborted}
+	ErrClosed             = &Error{Code: CodeClosed}
+	ErrServiceUnavailable = &Error{Code: CodeServiceUnavailable}
+	ErrNetworkTimeout     = &Error{Code: CodeNetworkTimeout}
+	ErrAuthFailed         = &Error{Code: CodeAuthFailed}
+	ErrResourceExhausted  = &Error{Code: CodeResourceExhausted}
+	ErrAcquisitionTimeout = &Error{Code: CodeAcquisitionTimeout}
+	ErrLockLost           = &Error{Code: CodeLockLost}
+	ErrAmbiguous          = &Error{Code: CodeAmbiguous}
+	ErrFenceRegression    = &Error{Code: CodeFenceRegression}
+)
+
+// NewError returns an *Error. cause may be nil.
+func NewError(code Code, op, msg string, cause error) *Error {
+	return &Error{Code: code, Op: op, Msg: msg, Err: cause}
+}
+
+// CodeOf returns the Code of the first *Error in err's chain, or 0 when
+// err is nil or carries no *Error.
+func CodeOf(err error) Code {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Code
+	}
+	return 0
+}
+
+// Retryable reports whether the same call may succeed if tried again
+// later: the server was unavailable, timed out, out of a resource, or the
+// caller's wait ran out. Invalid input, closed managers, lost locks,
+// ambiguous outcomes and internal errors are not retryable (an ambiguous
+// acquire must be resolved, not repeated blindly). A bare context error is
+// not retryable either: the caller chose to stop.
+func Retryable(err error) bool {
+	switch CodeOf(err) {
+	case CodeServiceUnavailable, CodeNetworkTimeout, CodeResourceExhausted, CodeAcquisitionTimeout:
+		return true
+	}
+	return false
+}
+
+// CheckContext validates a caller's context before any I/O: a nil context
+// is InvalidArgument; a context that has already ended is Aborted wrapping
+// ctx.Err() (context.Canceled or context.DeadlineExceeded).
+func CheckContext(op string, ctx context.Context) error {
+	if ctx == nil {
+		return NewError(CodeInvalidArgument, op, "nil context", nil)
+	}
+	if err := ctx.Err(); err != nil {
+		return NewError(CodeAborted, op, "context ended", err)
+	}
+	return nil
+}

@@ -1,0 +1,111 @@
+// Package pgerr maps errors from pgx and PostgreSQL to *pglease.Error by
+// SQLSTATE code constants (never by message text), and strips anything
+// from a server error that could echo a key or lockId.
+package pgerr
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
+
+	"github.com/pglease/pglease"
+)
+
+// CodeFor returns the pglease code for a SQLSTATE.
+func CodeFor(sqlstate string) pglease.Code {
+	switch sqlstate {
+	case pgerrcode.ConnectionException, pgerrcode.ConnectionDoesNotExist, pgerrcode.ConnectionFailure,
+		pgerrcode.SQLClientUnableToEstablishSQLConnection, pgerrcode.SQLServerRejectedEstablishmentOfSQLConnection,
+		pgerrcode.TransactionResolutionUnknown, pgerrcode.ProtocolViolation,
+		pgerrcode.AdminShutdown, pgerrcode.CrashShutdown, pgerrcode.CannotConnectNow,
+		pgerrcode.IdleSessionTimeout, pgerrcode.IdleInTransactionSessionTimeout,
+		pgerrcode.SerializationFailure, pgerrcode.DeadlockDetected, pgerrcode.StatementCompletionUnknown,
+		pgerrcode.TransactionIntegrityConstraintViolation,
+		pgerrcode.ReadOnlySQLTransaction:
+		return pglease.CodeServiceUnavailable
+	case pgerrcode.InvalidAuthorizationSpecification, pgerrcode.InvalidPassword,
+		pgerrcode.InsufficientPrivilege:
+		return pglease.CodeAuthFailed
+	case pgerrcode.DataException, pgerrcode.StringDataRightTruncationDataException,
+		pgerrcode.NumericValueOutOfRange, pgerrcode.InvalidTextRepresentation,
+		pgerrcode.CharacterNotInRepertoire, pgerrcode.UntranslatableCharacter,
+		pgerrcode.NotNullViolation, pgerrcode.ForeignKeyViolation, pgerrcode.CheckViolation,
+		pgerrcode.UndefinedTable, pgerrcode.UndefinedColumn, pgerrcode.UndefinedFunction,
+		pgerrcode.InvalidSchemaName, pgerrcode.SyntaxError:
+		return pglease.CodeInvalidArgument
+	case pgerrcode.InsufficientResources, pgerrcode.DiskFull, pgerrcode.OutOfMemory,
+		pgerrcode.TooManyConnections, pgerrcode.ConfigurationLimitExceeded:
+		return pglease.CodeResourceExhausted
+	case pgerrcode.QueryCanceled, pgerrcode.LockNotAvailable:
+		return pglease.CodeNetworkTimeout
+	}
+	return pglease.CodeInternal
+}
+
+// safePgError is a copy of a *pgconn.PgError without the fields that can
+// echo user data (Detail, Where, Hint, the internal query): a 23505 on the
+// lock_id index says "Key (lock_id)=(…)" in Detail.
+type safePgError struct {
+	Severity string
+	Code     string
+	Message  string
+}
+
+func (e *safePgError) Error() string {
+	return fmt.Sprintf("%s: %s (SQLSTATE %s)", e.Severity, e.Message, e.Code)
+}
+
+// SQLState returns the SQLSTATE, as pgconn.PgError does.
+func (e *safePgError) SQLState() string { return e.Code }
+
+// Map converts err, returned by pgx for operation op, into a *pglease.Error.
+// ctx is the caller's context: when it has ended, the error is Aborted
+// wrapping the context's error. An existing *pglease.Error passes through.
+// nil maps to nil.
+func Map(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var le *pglease.Error
+	if errors.As(err, &le) {
+		return err
+	}
+	if ctx != nil && ctx.Err() != nil {
+		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return pglease.NewError(pglease.CodeAborted, op, "context ended", err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		safe := &safePgError{Severity: pgErr.Severity, Code: pgErr.Code, Message: pgErr.Message}
+		if pgErr.Code == pgerrcode.UniqueViolation {
+			// The message names only the constraint; Detail (dropped) holds the value.
+			return pglease.NewError(pglease.CodeInternal, op, "unique violation", safe)
+		}
+		return pglease.NewError(CodeFor(pgErr.Code), op, "server error", safe)
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		// A ConnectError may wrap a PgError (auth failure) — handled above.
+		return pglease.NewError(pglease.CodeServiceUnavailable, op, "cannot connect", err)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return pglease.NewError(pglease.CodeNetworkTimeout, op, "network timeout", err)
+	}
+	if pgconn.Timeout(err) {
+		return pglease.NewError(pglease.CodeNetworkTimeout, op, "timeout", err)
+	}
+	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, puddle.ErrClosedPool) {
+		return pglease.NewError(pglease.CodeServiceUnavailable, op, "connection lost", err)
+	}
+	return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
+}
