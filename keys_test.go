@@ -1,0 +1,239 @@
+package pglease_test
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/pglease/pglease"
+)
+
+// Golden vectors from syncguard-facts.md §2.4, produced by running
+// SyncGuard 2.5.2 and reproduced independently.
+func TestHashKeyGolden(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"", "000000000000000000000000"},
+		{"k1", "00000d2600009fd20017666a"},
+		{"resource:123", "e90a28c676a29a3291e2874a"},
+		{"café", "002e7a21248b3503a22cdb87"},       // NFC input
+		{"cafe\u0301", "002e7a21248b3503a22cdb87"}, // NFD input, same hash
+		{"😀", "001b0d6301446cc92f4d8055"},          // astral: two UTF-16 surrogates
+		{strings.Repeat("x", 512), "53ef0000dab400001a400000"},
+		{"fence:k1", "03e43d0f8f19c0ad94f99ce9"},
+	} {
+		if got := pglease.HashKey(tc.in); got != tc.want {
+			t.Errorf("HashKey(%q) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+// §2.2 golden vectors of makeStorageKey.
+func TestMakeStorageKeyGolden(t *testing.T) {
+	t.Parallel()
+	x1700 := strings.Repeat("x", 1700)
+	for _, tc := range []struct {
+		prefix, key    string
+		limit, reserve int
+		want           string
+	}{
+		{"", strings.Repeat("x", 1701), 1700, 0, "bfWkEf_eL9ZYrB28wnAnnA"},
+		{"", x1700, 1700, 0, x1700},
+		{"syncguard", strings.Repeat("x", 1000), 1000, 26, "syncguard:fSB2XUqRHWtaYW43Z8nglA"},
+		{"syncguard:", strings.Repeat("x", 1000), 1000, 26, "syncguard:fSB2XUqRHWtaYW43Z8nglA"},
+		{"syncguard::", strings.Repeat("x", 1000), 1000, 26, "syncguard:fSB2XUqRHWtaYW43Z8nglA"},
+		{"", "fence:bfWkEf_eL9ZYrB28wnAnnA", 1700, 0, "fence:bfWkEf_eL9ZYrB28wnAnnA"},
+		{"p", strings.Repeat("e\u0301", 60), 100, 0, "p:OPjlD9HF4F-UBZ61KVrdaA"},
+		{"", "k1", pglease.PostgresLimitBytes, pglease.PostgresReserveBytes, "k1"},
+		{"", "cafe\u0301", 1700, 0, "café"}, // key is NFC-normalized
+		{"p", "k", 3, 0, "p:k"},             // equality with the limit is allowed
+	} {
+		got, err := pglease.MakeStorageKey(tc.prefix, tc.key, tc.limit, tc.reserve)
+		if err != nil || got != tc.want {
+			t.Errorf("MakeStorageKey(%q, %d-byte key, %d, %d) = %q, %v; want %q", tc.prefix, len(tc.key), tc.limit, tc.reserve, got, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		prefix, key    string
+		limit, reserve int
+	}{
+		{"", "", 1700, 0},                     // empty key
+		{"abc", "k", 3, 0},                    // prefix + ':' leaves no room
+		{"", "k", 10, 11},                     // reserve larger than the limit
+		{"p", strings.Repeat("x", 50), 20, 0}, // hashed form (24 B) still too long
+	} {
+		if _, err := pglease.MakeStorageKey(tc.prefix, tc.key, tc.limit, tc.reserve); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("MakeStorageKey(%q, …, %d, %d) err = %v, want InvalidArgument", tc.prefix, tc.limit, tc.reserve, err)
+		}
+	}
+}
+
+// §2.3: for PostgreSQL the fence key is "fence:"+NFC(key).
+func TestFenceKey(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ key, want string }{
+		{"k1", "fence:k1"},
+		{"cafe\u0301", "fence:café"},
+		{strings.Repeat("é", 256), "fence:" + strings.Repeat("é", 256)},
+		// A 1701-byte key is first hashed, then prefixed (two steps).
+		{strings.Repeat("x", 1701), "fence:bfWkEf_eL9ZYrB28wnAnnA"},
+	} {
+		got, err := pglease.FenceKey("", tc.key, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+		if err != nil || got != tc.want {
+			t.Errorf("FenceKey(%d-byte key) = %q, %v; want %q", len(tc.key), got, err, tc.want)
+		}
+	}
+}
+
+// §2.1 vectors plus the RELIABILITY.md §5 key rows.
+func TestNormalizeKey(t *testing.T) {
+	t.Parallel()
+	ok := []struct{ in, want string }{
+		{strings.Repeat("x", 512), strings.Repeat("x", 512)},
+		{strings.Repeat("é", 256), strings.Repeat("é", 256)},
+		{strings.Repeat("e\u0301", 200), strings.Repeat("é", 200)}, // 600 B raw, 400 B NFC
+		{"cafe\u0301", "café"},
+		{"'; DROP TABLE syncguard_locks;--", "'; DROP TABLE syncguard_locks;--"},
+		{"😀", "😀"},
+	}
+	for _, tc := range ok {
+		got, err := pglease.NormalizeKey(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("NormalizeKey(%d bytes) = %d bytes, %v; want %d bytes", len(tc.in), len(got), err, len(tc.want))
+		}
+	}
+	bad := []string{
+		"",
+		strings.Repeat("x", 513),
+		strings.Repeat("é", 256) + "a",
+		"\xff\xfe",
+		"a\x80b", // lone continuation byte
+		"a\x00b",
+		strings.Repeat("k", 10<<20), // 10 MiB
+		strings.Repeat("x", pglease.MaxRawKeyBytes+1),
+	}
+	for _, in := range bad {
+		_, err := pglease.NormalizeKey(in)
+		if !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("NormalizeKey(%d bytes) err = %v, want InvalidArgument", len(in), err)
+		}
+		if err != nil && len(in) > 0 && strings.Contains(err.Error(), in) {
+			t.Errorf("error echoes the key: %v", err)
+		}
+	}
+}
+
+// A hostile 10 MiB key is rejected without normalizing it (no allocation).
+func TestNormalizeKeyHugeNoAlloc(t *testing.T) {
+	huge := strings.Repeat("e\u0301", 5<<20)
+	allocs := testing.AllocsPerRun(10, func() { _, _ = pglease.NormalizeKey(huge) })
+	if allocs > 1 {
+		t.Fatalf("NormalizeKey(10 MiB) allocated %v times, want ≤ 1 (the error)", allocs)
+	}
+}
+
+var lockIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{22}$`)
+
+// §2.5: 16 random bytes, base64url, 22 chars, last char one of A Q g w.
+func TestNewLockID(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for i := 0; i < 1000; i++ {
+		id := pglease.NewLockID()
+		if !lockIDRe.MatchString(id) {
+			t.Fatalf("lockId %q does not match %s", id, lockIDRe)
+		}
+		if !strings.ContainsRune("AQgw", rune(id[21])) {
+			t.Fatalf("lockId %q: last char carries more than 2 bits", id)
+		}
+		if err := pglease.ValidateLockID(id); err != nil {
+			t.Fatalf("ValidateLockID(generated) = %v", err)
+		}
+		if seen[id] {
+			t.Fatal("duplicate lockId")
+		}
+		seen[id] = true
+	}
+}
+
+func TestValidateLockID(t *testing.T) {
+	t.Parallel()
+	// Non-canonical but well-formed ids pass, as in SyncGuard.
+	for _, id := range []string{"AAAAAAAAAAAAAAAAAAAAAB", "abcdefghijklmnopqrst_-", "0123456789012345678901"} {
+		if err := pglease.ValidateLockID(id); err != nil {
+			t.Errorf("ValidateLockID(%q) = %v", id, err)
+		}
+	}
+	for _, id := range []string{"", "AAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAA+",
+		"AAAAAAAAAAAAAAAAAAAAA/", "AAAAAAAAAAAAAAAAAAAAA=", "AAAAAAAAAAA AAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAé"[:22],
+		"'; DROP TABLE x;--AAAA"} {
+		err := pglease.ValidateLockID(id)
+		if !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("ValidateLockID(%q) = %v, want InvalidArgument", id, err)
+			continue
+		}
+		if id != "" && strings.Contains(err.Error(), id) {
+			t.Errorf("error echoes the lockId: %v", err)
+		}
+	}
+}
+
+func TestValidateTTL(t *testing.T) {
+	t.Parallel()
+	for _, ttl := range []time.Duration{time.Millisecond, 30 * time.Second, 100 * 365 * 24 * time.Hour} {
+		if err := pglease.ValidateTTL(ttl); err != nil {
+			t.Errorf("ValidateTTL(%v) = %v", ttl, err)
+		}
+	}
+	maxTTL := pglease.MaxTTL()
+	for _, ttl := range []time.Duration{0, -time.Millisecond, 1500 * time.Microsecond, time.Nanosecond,
+		maxTTL + time.Hour, 1<<63 - 1} {
+		if err := pglease.ValidateTTL(ttl); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("ValidateTTL(%v) = %v, want InvalidArgument", ttl, err)
+		}
+	}
+	// The bound: now + MaxTTL stays below 2^53-1 ms.
+	if got := time.Now().UnixMilli() + maxTTL.Milliseconds(); got > pglease.MaxSafeIntegerMs {
+		t.Errorf("now + MaxTTL = %d > 2^53-1", got)
+	}
+}
+
+// FuzzNormalizeKey checks NormalizeKey's and HashKey's invariants on any
+// input: accepted keys are valid UTF-8, NUL-free, ≤ 512 bytes, NFC-stable;
+// errors never echo the input; HashKey is 24 hex digits and NFC-invariant.
+// `go test -fuzz FuzzNormalizeKey .` explores; make test runs the seeds.
+func FuzzNormalizeKey(f *testing.F) {
+	for _, s := range []string{"", "k1", "cafe\u0301", "café", "😀", "\xff\xfe", "a\x00b", strings.Repeat("é", 256) + "a",
+		"'; DROP TABLE syncguard_locks;--", "\u1e9b\u0323", "\ud7ff"} {
+		f.Add(s)
+	}
+	hexRe := regexp.MustCompile(`^[0-9a-f]{24}$`)
+	f.Fuzz(func(t *testing.T, in string) {
+		h := pglease.HashKey(in)
+		if !hexRe.MatchString(h) {
+			t.Fatalf("HashKey = %q", h)
+		}
+		k, err := pglease.NormalizeKey(in)
+		if err != nil {
+			if !errors.Is(err, pglease.ErrInvalidArgument) {
+				t.Fatalf("err = %v, want InvalidArgument", err)
+			}
+			if len(in) >= 4 && strings.Contains(err.Error(), in) {
+				t.Fatalf("error echoes input: %v", err)
+			}
+			return
+		}
+		if k == "" || len(k) > pglease.MaxKeyBytes || !utf8.ValidString(k) || strings.IndexByte(k, 0) >= 0 {
+			t.Fatalf("accepted bad key %q", k)
+		}
+		if k2, err := pglease.NormalizeKey(k); err != nil || k2 != k {
+			t.Fatalf("NormalizeKey not idempotent: %q -> %q, %v", k, k2, err)
+		}
+		if pglease.HashKey(k) != h {
+			t.Fatalf("HashKey differs between input and its NFC form")
+		}
+	})
+}

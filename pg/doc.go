@@ -1,0 +1,116 @@
+// Package pg implements SyncGuard-compatible lease locks on PostgreSQL
+// with pgx: one network round trip per operation, and stronger guarantees
+// than SyncGuard 2.5.2 where it is weak.
+//
+// A Store shares its two tables (syncguard_locks, syncguard_fence_counters
+// by default) byte for byte with SyncGuard's PostgreSQL backend, so Go
+// and Node processes can lock the same keys: the storage key is the NFC
+// key (≤ 512 bytes), the fence key "fence:"+key, the fence a 15-digit
+// zero-padded TEXT in the lock table and a BIGINT counter in the fence
+// table, lockIds 22-character base64url, times integer milliseconds, and
+// acquire serializes on pg_advisory_xact_lock(hashtext(key)) exactly as
+// SyncGuard does. LockInfo hashes are SyncGuard's hashKey.
+//
+// # Guarantees
+//
+//   - Fences per key strictly increase over successful acquires, across
+//     expiry, release and takeover, and are never reused. Acquire forces
+//     synchronous_commit = on for its transaction (set_config(…, true)),
+//     so a granted fence survives a server crash. Fence counters are
+//     never deleted. A grant that would exceed pglease.FenceMax is
+//     refused (CodeInternal, nothing changed); grants above
+//     pglease.FenceWarn are reported through Config.OnFenceWarning with
+//     the key's hash, never the key.
+//   - At most one live lease per key in server time. A record is live for
+//     acquirers until expires_at_ms + 1000 ms (SyncGuard's tolerance), so
+//     takeover happens only at or after that instant. Extend and Release,
+//     in contrast, refuse a lease whose expires_at_ms has passed on the
+//     server clock: an expired lease cannot be revived inside the
+//     tolerance window (SyncGuard revives it).
+//   - Acquire reads the existing lock row FOR UPDATE after taking the
+//     advisory lock, so an extend that is in flight cannot be overwritten
+//     (SyncGuard's acquire/extend double-holder window is closed).
+//   - The lease clock is clock_timestamp() read after every wait, not
+//     now() (transaction start): time spent waiting for another holder's
+//     advisory or row lock does not shorten the new lease.
+//   - An acquire, release or extend whose outcome is unknown (the
+//     connection failed or the context ended after the statement was
+//     sent) is an error with CodeAmbiguous, never success. Its cause
+//     chain keeps the underlying error, so errors.Is(err,
+//     pglease.ErrAborted) and errors.Is(err, context.Canceled) still
+//     hold for a cancelled context. (With pgx's default context handling
+//     the connection is abandoned, so a cancelled acquire is Ambiguous:
+//     the server may still grant it once its wait ends. Pass a
+//     pre-generated AcquireRequest.LockID to be able to release it.)
+//   - Every call validates its input before any I/O (key: non-empty,
+//     ≤ 16 KiB raw, valid UTF-8, no NUL, ≤ 512 bytes after NFC; lockId:
+//     ^[A-Za-z0-9_-]{22}$; ttl: positive whole milliseconds with
+//     expires_at_ms ≤ 2^53−1; table names: identifiers, quoted) and
+//     returns *pglease.Error. Error texts never contain a key or lockId;
+//     server errors go through internal/pgerr, which drops PgError
+//     Detail/Where/Hint.
+//
+// # Design: server functions, one round trip
+//
+// SyncGuard's acquire costs 8 round trips (BEGIN, advisory lock, now,
+// select, two fence statements, upsert, COMMIT) and release/extend 5.
+// Here every operation is a single statement in its own implicit
+// transaction: SetupSchema (or SchemaSQL / the embedded schema.sql)
+// creates four PL/pgSQL functions next to the lock table, named
+// pglease_{acquire,release,extend}_<hash of the table names> and
+// pglease_hashkey_v1. A function is needed rather than a CTE because
+// under READ COMMITTED a single SQL statement keeps the snapshot it took
+// before waiting for the advisory lock and would not see a row the
+// previous holder inserted meanwhile; a volatile PL/pgSQL function takes
+// a fresh snapshot for each statement, and it lets acquire read the
+// clock after its waits.
+//
+// Acquire and AcquireMany call the acquire function with arrays (keys,
+// fence keys, lockIds, ttls). It visits the keys in ascending
+// (hashtext(key), key) order — so two batches can never deadlock — and
+// for each: pg_advisory_xact_lock(hashtext(key)); SELECT the lock row FOR
+// UPDATE; read clock_timestamp(); if the row is live (expires + 1000 >
+// now) answer "locked"; else upsert the counter with INSERT … ON
+// CONFLICT DO UPDATE SET fence = fence + 1 WHERE fence < MAX RETURNING
+// (no row = overflow, nothing changed) and upsert the lock row. Results
+// (status, fence, times) come back per item as rows; contention and
+// overflow are statuses, not exceptions, so one item does not roll back
+// the others.
+//
+// Release/ReleaseMany and Extend/ExtendMany call functions that first
+// lock all matching rows in the same (hashtext(key), key) order
+// (SELECT … ORDER BY … FOR UPDATE), read clock_timestamp(), then delete
+// or update each row whose lock_id matches and whose expires_at_ms is
+// still in the future. Extend sets expires_at_ms = now + ttl (replace,
+// not add). With Config.NotifyChannel, each successful release runs
+// pg_notify(channel, hashKey(user_key)) in the same transaction.
+//
+// IsLocked and the lookups are one plain SELECT each (no transaction),
+// using SyncGuard's liveness rule (expires_at_ms + 1000 > server now).
+//
+// Round trips, after pgx has prepared each statement once per connection
+// (its default statement cache; the first use on a connection adds one
+// describe round trip): Acquire 1, AcquireMany 1, Release 1, ReleaseMany
+// 1, Extend 1, ExtendMany 1, IsLocked 1, Lookup* 1, SetupSchema 1
+// (simple protocol, one implicit transaction, serialized with a
+// transaction-level advisory lock). A *pgxpool.Pool may add a liveness
+// ping when it hands out a connection idle for over a second.
+//
+// # Notes
+//
+//   - Unqualified table names resolve through search_path, and so do the
+//     functions created next to them: use the same search_path for
+//     SetupSchema and at run time, or schema-qualify the names.
+//   - The database must use the UTF8 encoding (keys are Unicode; the
+//     server-side hashKey reads code points).
+//   - A lockId is a bearer secret and stored in plain text, as SyncGuard
+//     requires: SELECT on the lock table is as sensitive as the lockIds.
+//     pglease binds it as a parameter; server logs that print bind
+//     parameters will show it.
+//   - The runtime role needs EXECUTE on the functions (the default for
+//     PUBLIC), SELECT/INSERT/UPDATE/DELETE on the lock table and
+//     SELECT/INSERT/UPDATE on the fence table; never DELETE there.
+//   - Like SyncGuard, keys whose hashtext collides serialize each other's
+//     acquires, and the advisory keys share the one-argument bigint space
+//     with application advisory locks.
+package pg

@@ -1,0 +1,299 @@
+package pg
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	_ "embed" // for schema.sql
+	"encoding/hex"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
+)
+
+// Default table names, SyncGuard's.
+const (
+	DefaultLockTable  = "syncguard_locks"
+	DefaultFenceTable = "syncguard_fence_counters"
+)
+
+// schemaVersion is part of the server functions' names: a change to their
+// bodies or signatures must bump it, so old and new code never call each
+// other's functions.
+const schemaVersion = "v1"
+
+// SchemaFile is the DDL of SchemaSQL(Config{}) (default table names) as a
+// plain migration file, pg/schema.sql, for migration tools. A test checks
+// that it matches SchemaSQL.
+//
+//go:embed schema.sql
+var SchemaFile string
+
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// names holds everything derived from a validated Config.
+type names struct {
+	lock, fence       string // quoted, possibly schema-qualified
+	lockSchema        string // "" when unqualified
+	lockIdent         string // unquoted table identifier
+	idxLockID, idxExp string // quoted index names (unqualified: indexes live in the table's schema)
+	fnAcquire         string // quoted, qualified like the lock table
+	fnRelease         string
+	fnExtend          string
+	fnHash            string
+}
+
+func parseTable(op, what, s string) (schema, ident string, err error) {
+	parts := strings.Split(s, ".")
+	if len(parts) > 2 {
+		return "", "", pglease.NewError(pglease.CodeInvalidArgument, op, what+" must be ident or schema.ident", nil)
+	}
+	for _, p := range parts {
+		if !identRe.MatchString(p) {
+			return "", "", pglease.NewError(pglease.CodeInvalidArgument, op, what+" must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$ (optionally schema-qualified)", nil)
+		}
+	}
+	if len(parts) == 2 {
+		return parts[0], parts[1], nil
+	}
+	return "", parts[0], nil
+}
+
+func quote(schema, ident string) string {
+	if schema == "" {
+		return pgx.Identifier{ident}.Sanitize()
+	}
+	return pgx.Identifier{schema, ident}.Sanitize()
+}
+
+// indexName is SyncGuard's idx_{table}_{suffix}, shortened so that it fits
+// PostgreSQL's 63-byte identifiers without the two names colliding (the
+// server would truncate both to the same 63 bytes).
+func indexName(ident, suffix string) string {
+	tail := "_" + suffix
+	if len("idx_")+len(ident)+len(tail) > 63 {
+		ident = ident[:63-len("idx_")-len(tail)]
+	}
+	return pgx.Identifier{"idx_" + ident + tail}.Sanitize()
+}
+
+func (c Config) names(op string) (names, error) {
+	lock := cmp.Or(c.LockTable, DefaultLockTable)
+	fence := cmp.Or(c.FenceTable, DefaultFenceTable)
+	ls, li, err := parseTable(op, "LockTable", lock)
+	if err != nil {
+		return names{}, err
+	}
+	fs, fi, err := parseTable(op, "FenceTable", fence)
+	if err != nil {
+		return names{}, err
+	}
+	if ls == fs && li == fi {
+		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, "LockTable and FenceTable must differ", nil)
+	}
+	if c.NotifyChannel != "" && !identRe.MatchString(c.NotifyChannel) {
+		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, "NotifyChannel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
+	}
+	n := names{
+		lock: quote(ls, li), fence: quote(fs, fi), lockSchema: ls, lockIdent: li,
+		idxLockID: indexName(li, "lock_id"), idxExp: indexName(li, "expires"),
+	}
+	sum := sha256.Sum256([]byte(schemaVersion + "\x00" + n.lock + "\x00" + n.fence))
+	h := hex.EncodeToString(sum[:5])
+	n.fnAcquire = quote(ls, "pglease_acquire_"+h)
+	n.fnRelease = quote(ls, "pglease_release_"+h)
+	n.fnExtend = quote(ls, "pglease_extend_"+h)
+	n.fnHash = quote(ls, "pglease_hashkey_"+schemaVersion)
+	return n, nil
+}
+
+// SchemaSQL returns the DDL for cfg: SyncGuard's two tables and indexes
+// (all IF NOT EXISTS, so it runs against tables SyncGuard created) and
+// pglease's server functions (CREATE OR REPLACE). It is what SetupSchema
+// runs; use it to write a migration. Bad names are InvalidArgument.
+func SchemaSQL(cfg Config) (string, error) {
+	n, err := cfg.names("pg.SchemaSQL")
+	if err != nil {
+		return "", err
+	}
+	return n.schemaSQL(), nil
+}
+
+func (n names) schemaSQL() string {
+	r := strings.NewReplacer(
+		"{t}", n.lock, "{f}", n.fence, "{idx_lock_id}", n.idxLockID, "{idx_expires}", n.idxExp,
+		"{fn_acquire}", n.fnAcquire, "{fn_release}", n.fnRelease, "{fn_extend}", n.fnExtend, "{fn_hash}", n.fnHash,
+	)
+	return r.Replace(schemaTemplate)
+}
+
+// setupLockKey serializes concurrent SetupSchema calls (CREATE … IF NOT
+// EXISTS and CREATE OR REPLACE FUNCTION race on the catalogs otherwise).
+const setupLock = "SELECT pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));\n"
+
+// SetupSchema creates the tables, indexes and functions if they are
+// missing (SchemaSQL). It is idempotent and safe to run from several
+// processes at once: the DDL runs as one implicit transaction that first
+// takes a transaction-level advisory lock. It needs CREATE on the schema;
+// production deployments may run SchemaSQL/SchemaFile from a migration
+// with an owner role instead.
+func (s *Store) SetupSchema(ctx context.Context) error {
+	const op = "pg.SetupSchema"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return err
+	}
+	// One simple-protocol Exec (no arguments): one round trip, one implicit
+	// transaction for all statements.
+	if _, err := s.db.Exec(ctx, setupLock+s.n.schemaSQL()); err != nil {
+		return pgerr.Map(ctx, op, err)
+	}
+	return nil
+}
+
+const schemaTemplate = `-- pglease schema: SyncGuard 2.5.2's tables (byte-compatible) and pglease's functions.
+CREATE TABLE IF NOT EXISTS {t} (
+  key TEXT PRIMARY KEY,
+  lock_id TEXT NOT NULL,
+  expires_at_ms BIGINT NOT NULL,
+  acquired_at_ms BIGINT NOT NULL,
+  fence TEXT NOT NULL,
+  user_key TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS {idx_lock_id} ON {t} (lock_id);
+CREATE INDEX IF NOT EXISTS {idx_expires} ON {t} (expires_at_ms);
+CREATE TABLE IF NOT EXISTS {f} (
+  fence_key TEXT PRIMARY KEY,
+  fence BIGINT NOT NULL DEFAULT 0,
+  key_debug TEXT
+);
+
+-- SyncGuard's hashKey (3 x uint32 polynomial over UTF-16 code units) of an
+-- NFC string; needs a UTF8 database. Used for release notifications.
+CREATE OR REPLACE FUNCTION {fn_hash}(p text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE AS $fn$
+DECLARE
+  h1 bigint := 0; h2 bigint := 0; h3 bigint := 0;
+  ch text; c bigint; u bigint; units bigint[];
+BEGIN
+  FOREACH ch IN ARRAY string_to_array(p, NULL) LOOP
+    c := ascii(ch);
+    IF c > 65535 THEN
+      units := ARRAY[55296 + ((c - 65536) >> 10), 56320 + ((c - 65536) & 1023)];
+    ELSE
+      units := ARRAY[c];
+    END IF;
+    FOREACH u IN ARRAY units LOOP
+      h1 := (31 * h1 + u) % 4294967296;
+      h2 := (127 * h2 + 3 * u) % 4294967296;
+      h3 := (2047 * h3 + 7 * u) % 4294967296;
+    END LOOP;
+  END LOOP;
+  RETURN lpad(to_hex(h1), 8, '0') || lpad(to_hex(h2), 8, '0') || lpad(to_hex(h3), 8, '0');
+END
+$fn$;
+
+-- Acquire N keys in one statement. Keys are processed in (hashtext, key)
+-- order, so concurrent batches never deadlock. Per key: SyncGuard's
+-- advisory lock, the lock row FOR UPDATE, the server clock read after both
+-- waits, takeover only when expires_at_ms + 1000 <= now, fence upsert
+-- (refused at FENCE MAX: status 2, nothing changed), lock row upsert.
+-- Status: 0 acquired, 1 locked, 2 fence overflow.
+CREATE OR REPLACE FUNCTION {fn_acquire}(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[])
+RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_exp bigint;
+  v_now bigint;
+  v_fence bigint;
+BEGIN
+  -- A fence handed out and lost in a crash would be handed out again.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  FOR r IN
+    SELECT u.k, u.uk, u.fk, u.id, u.ttl, u.i::integer AS i
+    FROM unnest(p_keys, p_user_keys, p_fence_keys, p_lock_ids, p_ttls) WITH ORDINALITY AS u(k, uk, fk, id, ttl, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i;
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL;
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    v_exp := NULL;
+    SELECT l.expires_at_ms INTO v_exp FROM {t} AS l WHERE l.key = r.k FOR UPDATE;
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF v_exp IS NOT NULL AND v_exp + 1000 > v_now THEN
+      o_status := 1;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    v_fence := NULL;
+    INSERT INTO {f} AS c (fence_key, fence, key_debug) VALUES (r.fk, 1, r.uk)
+      ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+      RETURNING c.fence INTO v_fence;
+    IF v_fence IS NULL THEN
+      o_status := 2;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    INSERT INTO {t} AS l (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
+      VALUES (r.k, r.id, v_now + r.ttl, v_now, lpad(v_fence::text, 15, '0'), r.uk)
+      ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
+        acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+    o_status := 0; o_fence := v_fence; o_acquired_ms := v_now; o_expires_ms := v_now + r.ttl;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Release N lockIds in one statement: lock their rows in (hashtext, key)
+-- order, read the server clock, then delete each row still unexpired
+-- (expires_at_ms > now: no release inside the tolerance window). With a
+-- channel, each successful release also notifies hashKey(user_key).
+CREATE OR REPLACE FUNCTION {fn_release}(p_lock_ids text[], p_channel text)
+RETURNS TABLE (o_idx integer, o_ok boolean)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_now bigint;
+  v_uk text;
+BEGIN
+  PERFORM 1 FROM {t} AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
+  v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
+    o_idx := r.i;
+    v_uk := NULL;
+    DELETE FROM {t} AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.user_key INTO v_uk;
+    o_ok := v_uk IS NOT NULL;
+    IF o_ok AND p_channel IS NOT NULL THEN
+      PERFORM pg_notify(p_channel, {fn_hash}(v_uk));
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Extend N lockIds in one statement: same locking order as release; new
+-- expiry = server now + ttl (replaces, does not add), only for rows with
+-- expires_at_ms > now (no revival).
+CREATE OR REPLACE FUNCTION {fn_extend}(p_lock_ids text[], p_ttls bigint[])
+RETURNS TABLE (o_idx integer, o_expires_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_now bigint;
+BEGIN
+  PERFORM 1 FROM {t} AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
+  v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  FOR r IN SELECT u.id, u.ttl, u.i::integer AS i FROM unnest(p_lock_ids, p_ttls) WITH ORDINALITY AS u(id, ttl, i) ORDER BY u.i LOOP
+    o_idx := r.i;
+    o_expires_ms := NULL;
+    UPDATE {t} AS l SET expires_at_ms = v_now + r.ttl WHERE l.lock_id = r.id AND l.expires_at_ms > v_now
+      RETURNING l.expires_at_ms INTO o_expires_ms;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+`

@@ -1,0 +1,476 @@
+package pg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
+)
+
+// DB is what a Store runs its statements on. *pgxpool.Pool, *pgx.Conn and
+// pgx.Tx satisfy it. With a pgx.Tx, the Store's statements join the
+// caller's transaction (and its advisory locks last until it ends).
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// Config names the tables. The zero value uses SyncGuard's defaults.
+type Config struct {
+	// LockTable is the lock table, `ident` or `schema.ident` with
+	// ident = ^[A-Za-z_][A-Za-z0-9_]{0,62}$. Default "syncguard_locks".
+	// An unqualified name resolves through the connection's search_path,
+	// as do the server functions SetupSchema creates next to it.
+	LockTable string
+	// FenceTable is the fence counter table, same rules; it must differ
+	// from LockTable. Default "syncguard_fence_counters".
+	FenceTable string
+	// NotifyChannel, if non-empty (an identifier, as above), makes every
+	// successful release also run pg_notify(NotifyChannel,
+	// pglease.HashKey(key)) in the same transaction, so waiters in other
+	// processes can wake up. "" = no notification.
+	NotifyChannel string
+	// OnFenceWarning, if set, is called (synchronously, after the grant)
+	// for each grant whose fence is above pglease.FenceWarn: the counter
+	// is approaching pglease.FenceMax. It gets pglease.HashKey of the key,
+	// never the key itself.
+	OnFenceWarning func(keyHash string, fence pglease.Fence)
+}
+
+// MaxBatch is the largest number of items one batched call accepts.
+const MaxBatch = 10000
+
+// Store runs SyncGuard-compatible lease-lock operations on a DB. It is
+// safe for concurrent use (as safe as its DB: a *pgx.Conn or pgx.Tx is
+// not). It does not own the DB and never closes it.
+type Store struct {
+	db  DB
+	cfg Config
+	n   names
+
+	acquireSQL, releaseSQL, extendSQL string
+	lookupKeySQL, lookupIDSQL         string
+	isLockedSQL                       string
+}
+
+// New returns a Store on db. It validates cfg (bad names are
+// InvalidArgument) and does no I/O.
+func New(db DB, cfg Config) (*Store, error) {
+	const op = "pg.New"
+	if db == nil {
+		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil DB", nil)
+	}
+	n, err := cfg.names(op)
+	if err != nil {
+		return nil, err
+	}
+	const liveMs = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
+	sel := "SELECT l.key, l.lock_id, l.expires_at_ms, l.acquired_at_ms, l.fence, l.user_key FROM " + n.lock + " AS l WHERE "
+	live := " AND l.expires_at_ms + " + fmt.Sprint(pglease.TimeToleranceMs) + " > " + liveMs
+	return &Store{
+		db: db, cfg: cfg, n: n,
+		acquireSQL:   "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnAcquire + "($1, $2, $3, $4, $5)",
+		releaseSQL:   "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
+		extendSQL:    "SELECT o_idx, o_expires_ms FROM " + n.fnExtend + "($1, $2)",
+		lookupKeySQL: sel + "l.key = $1" + live,
+		lookupIDSQL:  sel + "l.lock_id = $1" + live,
+		isLockedSQL:  "SELECT EXISTS (SELECT 1 FROM " + n.lock + " AS l WHERE l.key = $1" + live + ")",
+	}, nil
+}
+
+// AcquireRequest is one item of AcquireMany.
+type AcquireRequest struct {
+	Key string
+	TTL time.Duration
+	// LockID is an optional pre-generated lockId (pglease.NewLockID);
+	// "" = generate one. Pre-generating lets a caller clean up after an
+	// ambiguous outcome.
+	LockID string
+}
+
+// Format never prints the key or lockId.
+func (r AcquireRequest) Format(f fmt.State, _ rune) {
+	fmt.Fprintf(f, "pg.AcquireRequest{Key:%s TTL:%v LockID:[redacted]}", pglease.HashKey(r.Key), r.TTL)
+}
+
+// AcquireResult answers one acquire.
+type AcquireResult struct {
+	// OK is false when another holder has the key (a result, not an
+	// error) or, in AcquireMany only, when Err is set.
+	OK bool
+	// LockID is the lockId of the grant (a bearer secret), set when OK.
+	LockID string
+	// Fence is the grant's fencing token, set when OK.
+	Fence pglease.Fence
+	// AcquiredAt and ExpiresAt are server times with millisecond
+	// precision, set when OK. The record stays live for acquirers until
+	// ExpiresAt + pglease.TimeTolerance.
+	AcquiredAt, ExpiresAt time.Time
+	// Err is set (and OK false) in AcquireMany results for an item that
+	// failed on its own: today only a fence counter past
+	// pglease.FenceMax (CodeInternal). Acquire returns it as its error.
+	Err error
+}
+
+// Format never prints the lockId.
+func (r AcquireResult) Format(f fmt.State, _ rune) {
+	fmt.Fprintf(f, "pg.AcquireResult{OK:%t LockID:[redacted] Fence:%s AcquiredAt:%s ExpiresAt:%s Err:%v}",
+		r.OK, r.Fence, r.AcquiredAt.Format(time.RFC3339Nano), r.ExpiresAt.Format(time.RFC3339Nano), r.Err)
+}
+
+// ExtendRequest is one item of ExtendMany.
+type ExtendRequest struct {
+	LockID string
+	TTL    time.Duration
+}
+
+// Format never prints the lockId.
+func (r ExtendRequest) Format(f fmt.State, _ rune) {
+	fmt.Fprintf(f, "pg.ExtendRequest{LockID:[redacted] TTL:%v}", r.TTL)
+}
+
+// ExtendResult answers one extend.
+type ExtendResult struct {
+	// OK is false when the lock is no longer held: unknown lockId, or
+	// expires_at already passed on the server clock.
+	OK bool
+	// ExpiresAt is the new expiry (server now + ttl), set when OK.
+	ExpiresAt time.Time
+}
+
+// sent reports whether err may have happened after the statement reached
+// the server with its outcome unknown: a server-reported error is
+// definite (the statement and its implicit transaction rolled back),
+// except FATAL/PANIC ones, which end the session at any point; an error
+// pgconn marks safe to retry happened before anything was sent.
+func sent(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
+	}
+	var ce *pgconn.ConnectError
+	if errors.As(err, &ce) {
+		return false
+	}
+	return !pgconn.SafeToRetry(err)
+}
+
+// run sends one statement and reads its rows with scan. For a pool it
+// takes the connection first, so that a failure to get one is known not
+// to have sent anything. When write is set, an error that may have
+// come after the statement was sent is CodeAmbiguous (wrapping the mapped
+// cause): the write may or may not have committed.
+func (s *Store) run(ctx context.Context, op string, write bool, sql string, args []any, scan func(pgx.Rows) error) error {
+	db := s.db
+	if pool, ok := db.(*pgxpool.Pool); ok {
+		conn, err := pool.Acquire(ctx)
+		if err != nil {
+			return pgerr.Map(ctx, op, err)
+		}
+		defer conn.Release()
+		db = conn
+	}
+	err := func() error {
+		rows, err := db.Query(ctx, sql, args...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			if err := scan(rows); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	}()
+	if err == nil {
+		return nil
+	}
+	mapped := pgerr.Map(ctx, op, err)
+	if write && sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
+		return pglease.NewError(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
+	}
+	return mapped
+}
+
+func withOp(op string, err error) error {
+	var e *pglease.Error
+	if errors.As(err, &e) {
+		return pglease.NewError(e.Code, op, e.Msg, e.Err)
+	}
+	return err
+}
+
+// Acquire tries once to take key for ttl. A key held by someone else is
+// AcquireResult{OK: false}, not an error. One round trip.
+func (s *Store) Acquire(ctx context.Context, key string, ttl time.Duration) (AcquireResult, error) {
+	const op = "pg.Acquire"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return AcquireResult{}, err
+	}
+	res, err := s.acquire(ctx, op, []AcquireRequest{{Key: key, TTL: ttl}})
+	if err != nil {
+		return AcquireResult{}, err
+	}
+	if res[0].Err != nil {
+		return AcquireResult{}, res[0].Err
+	}
+	return res[0], nil
+}
+
+// AcquireMany tries once to take every key in one statement (one round
+// trip); results[i] answers reqs[i]. Keys are taken in a fixed global
+// order, so concurrent batches cannot deadlock. When a key appears more
+// than once, the first occurrence may win and later ones are OK=false.
+// Invalid input anywhere fails the whole call before I/O. An empty batch
+// returns no results without I/O.
+func (s *Store) AcquireMany(ctx context.Context, reqs []AcquireRequest) ([]AcquireResult, error) {
+	const op = "pg.AcquireMany"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	return s.acquire(ctx, op, reqs)
+}
+
+func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) ([]AcquireResult, error) {
+	if len(reqs) > MaxBatch {
+		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	if len(reqs) == 0 {
+		return []AcquireResult{}, nil
+	}
+	keys := make([]string, len(reqs))
+	fenceKeys := make([]string, len(reqs))
+	ids := make([]string, len(reqs))
+	ttls := make([]int64, len(reqs))
+	seen := make(map[string]struct{}, len(reqs))
+	for i, r := range reqs {
+		k, err := pglease.NormalizeKey(r.Key)
+		if err != nil {
+			return nil, withOp(op, err)
+		}
+		if err := pglease.ValidateTTL(r.TTL); err != nil {
+			return nil, withOp(op, err)
+		}
+		// PostgreSQL: prefix "", limit 1700, reserve 0. A key ≤ 512 bytes is
+		// never hashed, so storage key == user key and fence key ==
+		// "fence:"+key (SyncGuard's two-step derivation).
+		sk, err := pglease.MakeStorageKey("", k, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+		if err != nil {
+			return nil, withOp(op, err)
+		}
+		fk, err := pglease.MakeStorageKey("", "fence:"+sk, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+		if err != nil {
+			return nil, withOp(op, err)
+		}
+		id := r.LockID
+		if id == "" {
+			id = pglease.NewLockID()
+		} else if err := pglease.ValidateLockID(id); err != nil {
+			return nil, withOp(op, err)
+		}
+		if _, dup := seen[id]; dup {
+			return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
+		}
+		seen[id] = struct{}{}
+		keys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
+	}
+	// user_key is the NFC key, which for PostgreSQL equals the storage key.
+	out := make([]AcquireResult, len(reqs))
+	got := make([]bool, len(reqs))
+	err := s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls}, func(rows pgx.Rows) error {
+		var idx, status int32
+		var fence, acq, exp *int64
+		if err := rows.Scan(&idx, &status, &fence, &acq, &exp); err != nil {
+			return err
+		}
+		i := int(idx) - 1
+		if i < 0 || i >= len(out) || got[i] {
+			return errors.New("pg: bad result index from acquire function")
+		}
+		got[i] = true
+		switch status {
+		case 0:
+			if fence == nil || acq == nil || exp == nil {
+				return errors.New("pg: incomplete grant from acquire function")
+			}
+			out[i] = AcquireResult{OK: true, LockID: ids[i], Fence: pglease.Fence(*fence),
+				AcquiredAt: time.UnixMilli(*acq), ExpiresAt: time.UnixMilli(*exp)}
+		case 1:
+		case 2:
+			out[i].Err = pglease.NewError(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
+		default:
+			return errors.New("pg: unknown status from acquire function")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i := range got {
+		if !got[i] {
+			return nil, pglease.NewError(pglease.CodeAmbiguous, op, "acquire function returned too few rows", nil)
+		}
+	}
+	if s.cfg.OnFenceWarning != nil {
+		for i, r := range out {
+			if r.OK && r.Fence > pglease.FenceWarn {
+				s.cfg.OnFenceWarning(pglease.HashKey(keys[i]), r.Fence)
+			}
+		}
+	}
+	return out, nil
+}
+
+func (s *Store) checkIDs(op string, ids []string) error {
+	if len(ids) > MaxBatch {
+		return pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	for _, id := range ids {
+		if err := pglease.ValidateLockID(id); err != nil {
+			return withOp(op, err)
+		}
+	}
+	return nil
+}
+
+// Release releases the lock lockID holds. false means it was not held
+// (unknown lockId, already released, or expired on the server clock: a
+// lock past its expires_at cannot be released, it is simply gone for the
+// next acquirer after the tolerance). One round trip.
+func (s *Store) Release(ctx context.Context, lockID string) (bool, error) {
+	const op = "pg.Release"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return false, err
+	}
+	res, err := s.release(ctx, op, []string{lockID})
+	if err != nil {
+		return false, err
+	}
+	return res[0], nil
+}
+
+// ReleaseMany releases every lockId in one statement (one round trip);
+// results[i] answers lockIDs[i]. A lockId given twice is released once
+// (the later occurrence answers false).
+func (s *Store) ReleaseMany(ctx context.Context, lockIDs []string) ([]bool, error) {
+	const op = "pg.ReleaseMany"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	return s.release(ctx, op, lockIDs)
+}
+
+func (s *Store) release(ctx context.Context, op string, ids []string) ([]bool, error) {
+	if err := s.checkIDs(op, ids); err != nil {
+		return nil, err
+	}
+	if len(ids) == 0 {
+		return []bool{}, nil
+	}
+	var channel *string
+	if s.cfg.NotifyChannel != "" {
+		channel = &s.cfg.NotifyChannel
+	}
+	out := make([]bool, len(ids))
+	n := 0
+	err := s.run(ctx, op, true, s.releaseSQL, []any{ids, channel}, func(rows pgx.Rows) error {
+		var idx int32
+		var ok bool
+		if err := rows.Scan(&idx, &ok); err != nil {
+			return err
+		}
+		if idx < 1 || int(idx) > len(out) {
+			return errors.New("pg: bad result index from release function")
+		}
+		out[idx-1] = ok
+		n++
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if n != len(ids) {
+		return nil, pglease.NewError(pglease.CodeAmbiguous, op, "release function returned a wrong row count", nil)
+	}
+	return out, nil
+}
+
+// Extend sets the lock's expiry to server now + ttl (it replaces the
+// expiry, it does not add to it). OK=false means the lock is no longer
+// held: unknown lockId or expires_at already passed on the server clock
+// (no revival inside the tolerance window). One round trip.
+func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (ExtendResult, error) {
+	const op = "pg.Extend"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return ExtendResult{}, err
+	}
+	res, err := s.extend(ctx, op, []ExtendRequest{{LockID: lockID, TTL: ttl}})
+	if err != nil {
+		return ExtendResult{}, err
+	}
+	return res[0], nil
+}
+
+// ExtendMany extends every lock in one statement (one round trip);
+// results[i] answers reqs[i].
+func (s *Store) ExtendMany(ctx context.Context, reqs []ExtendRequest) ([]ExtendResult, error) {
+	const op = "pg.ExtendMany"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	return s.extend(ctx, op, reqs)
+}
+
+func (s *Store) extend(ctx context.Context, op string, reqs []ExtendRequest) ([]ExtendResult, error) {
+	if len(reqs) > MaxBatch {
+		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	ids := make([]string, len(reqs))
+	ttls := make([]int64, len(reqs))
+	for i, r := range reqs {
+		if err := pglease.ValidateLockID(r.LockID); err != nil {
+			return nil, withOp(op, err)
+		}
+		if err := pglease.ValidateTTL(r.TTL); err != nil {
+			return nil, withOp(op, err)
+		}
+		ids[i], ttls[i] = r.LockID, r.TTL.Milliseconds()
+	}
+	if len(reqs) == 0 {
+		return []ExtendResult{}, nil
+	}
+	out := make([]ExtendResult, len(reqs))
+	n := 0
+	err := s.run(ctx, op, true, s.extendSQL, []any{ids, ttls}, func(rows pgx.Rows) error {
+		var idx int32
+		var exp *int64
+		if err := rows.Scan(&idx, &exp); err != nil {
+			return err
+		}
+		if idx < 1 || int(idx) > len(out) {
+			return errors.New("pg: bad result index from extend function")
+		}
+		if exp != nil {
+			out[idx-1] = ExtendResult{OK: true, ExpiresAt: time.UnixMilli(*exp)}
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if n != len(reqs) {
+		return nil, pglease.NewError(pglease.CodeAmbiguous, op, "extend function returned a wrong row count", nil)
+	}
+	return out, nil
+}
