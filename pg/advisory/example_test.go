@@ -1,0 +1,75 @@
+package advisory_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/pg/advisory"
+)
+
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+
+	// Register the ids the application uses, once at start-up.
+	reg := advisory.NewRegistry()
+	cleanupKey := advisory.Int64(42424242)
+	if err := reg.Fixed("idempotency-cleanup", cleanupKey, "cleanup scheduler"); err != nil {
+		panic(err)
+	}
+
+	// A session lock: held on a dedicated connection until Unlock or Close.
+	s, err := advisory.Open(ctx, pool, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close(ctx)
+	lock, ok, err := s.TryLock(ctx, cleanupKey)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("cleanup lock taken:", ok)
+
+	infos, err := advisory.Inspect(ctx, pool, reg)
+	if err != nil {
+		panic(err)
+	}
+	for _, li := range infos {
+		if li.Key == cleanupKey {
+			fmt.Println("held by this session:", li.PID == s.BackendPID(), "name:", li.Name)
+		}
+	}
+	released, err := lock.Unlock(ctx)
+	fmt.Println("released:", released, err)
+
+	// A transaction lock on a key derived like the SQL email_to_lock_id.
+	k, err := advisory.SHA256Key("  User@Example.com ")
+	if err != nil {
+		panic(err)
+	}
+	same, _ := advisory.SHA256Key("user@example.com")
+	fmt.Println("normalised:", k == same)
+	err = advisory.WithXactLock(ctx, pool, k, func(tx pgx.Tx) error {
+		return nil // writes here are protected until COMMIT
+	})
+	fmt.Println("transaction:", err)
+	// Output:
+	// cleanup lock taken: true
+	// held by this session: true name: idempotency-cleanup
+	// released: true <nil>
+	// normalised: true
+	// transaction: <nil>
+}
+
+func ExampleKey_String() {
+	fmt.Println(advisory.Int64(42424242), advisory.Pair(1, -2))
+	// Output: int64:42424242 pair:1,-2
+}

@@ -1,0 +1,791 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+)
+
+// Options tune a Session. The zero value (or a nil *Options) gives the
+// defaults; a negative or inconsistent value is InvalidArgument at Open.
+type Options struct {
+	// ProbeInterval is how often the session checks its connection when
+	// nothing else has talked to the server for that long. Default 1 s.
+	ProbeInterval time.Duration
+	// ProbeTimeout bounds each probe and every short statement (TryLock,
+	// Unlock). A statement that has no reply by then ends the session:
+	// the connection is closed and every held lock reports LockLost.
+	// Default 1 s.
+	ProbeTimeout time.Duration
+	// WaitSlice is the session's lock_timeout: a blocking Lock waits on
+	// the server in slices this long, freeing the connection between
+	// slices for probes, Unlock and other calls. Default ProbeInterval;
+	// whole milliseconds.
+	WaitSlice time.Duration
+	// KeepaliveIdle, KeepaliveInterval and KeepaliveCount set the server
+	// side tcp_keepalives_idle/interval/count of the lock connection, and
+	// UserTimeout its tcp_user_timeout, so the server drops a silently
+	// vanished holder (and frees its locks) after about
+	// min(UserTimeout, KeepaliveIdle + KeepaliveInterval × KeepaliveCount):
+	// by default 25 s. That bound must be at least twice ProbeInterval +
+	// ProbeTimeout, so the holder hears of the loss before the server
+	// frees its locks (RELIABILITY L2). Defaults 10 s, 5 s, 4 and 25 s;
+	// keepalive times in whole seconds, UserTimeout in whole
+	// milliseconds. They have no effect on Unix-socket connections.
+	KeepaliveIdle     time.Duration
+	KeepaliveInterval time.Duration
+	KeepaliveCount    int
+	UserTimeout       time.Duration
+	// Reentrant lets the session take a key it already holds: PostgreSQL
+	// stacks the lock and each returned *Lock must be unlocked. Off by
+	// default: taking a held key again is InvalidArgument, with no I/O.
+	Reentrant bool
+}
+
+func (o *Options) resolve(op string) (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.ProbeInterval < 0 || r.ProbeTimeout < 0 || r.WaitSlice < 0 || r.KeepaliveIdle < 0 ||
+		r.KeepaliveInterval < 0 || r.KeepaliveCount < 0 || r.UserTimeout < 0 {
+		return r, invalid(op, "negative option")
+	}
+	r.ProbeInterval = defDur(r.ProbeInterval, time.Second)
+	r.ProbeTimeout = defDur(r.ProbeTimeout, time.Second)
+	r.WaitSlice = defDur(r.WaitSlice, r.ProbeInterval)
+	r.KeepaliveIdle = defDur(r.KeepaliveIdle, 10*time.Second)
+	r.KeepaliveInterval = defDur(r.KeepaliveInterval, 5*time.Second)
+	if r.KeepaliveCount == 0 {
+		r.KeepaliveCount = 4
+	}
+	r.UserTimeout = defDur(r.UserTimeout, 25*time.Second)
+	if r.WaitSlice%time.Millisecond != 0 || r.UserTimeout%time.Millisecond != 0 {
+		return r, invalid(op, "WaitSlice and UserTimeout must be whole milliseconds")
+	}
+	if r.KeepaliveIdle%time.Second != 0 || r.KeepaliveInterval%time.Second != 0 {
+		return r, invalid(op, "KeepaliveIdle and KeepaliveInterval must be whole seconds")
+	}
+	release := min(r.UserTimeout, r.KeepaliveIdle+time.Duration(r.KeepaliveCount)*r.KeepaliveInterval)
+	if release < 2*(r.ProbeInterval+r.ProbeTimeout) {
+		return r, invalid(op, "server release bound (keepalive, user timeout) must be at least 2×(ProbeInterval+ProbeTimeout)")
+	}
+	return r, nil
+}
+
+func defDur(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+const (
+	stateOpen = iota
+	stateLost
+	stateClosed
+)
+
+// Session holds session-level advisory locks on one dedicated connection
+// hijacked from a pool; see the package documentation for what it
+// guarantees. Its methods are safe for concurrent use; they take turns on
+// the connection.
+type Session struct {
+	opts Options   // immutable
+	pid  uint32    // immutable: the backend pid seen at Open
+	conn *pgx.Conn // used only by whoever owns sem
+
+	// sem has one slot: sending into it gives exclusive use of conn.
+	sem chan struct{}
+	// stmtCtx bounds every statement; it is never a caller's context, so
+	// a caller giving up cannot make pgx close the connection. Cancelled
+	// when the session ends.
+	stmtCtx    context.Context
+	stmtCancel context.CancelFunc
+	// closing is cancelled when Close starts or the session is lost: the
+	// probe stops and an in-flight lock wait is interrupted with a
+	// CancelRequest.
+	closing       context.Context
+	closingCancel context.CancelFunc
+	probeDone     chan struct{} // closed by probeLoop on exit
+	closeDone     chan struct{} // closed when Close has finished
+
+	mu     sync.Mutex         // guards the fields below
+	state  int                // stateOpen, stateLost, stateClosed
+	cause  error              // why the session was lost
+	held   map[Key]int        // how many times the server holds each key for us
+	locks  map[*Lock]struct{} // live handles
+	lastOK time.Time          // last reply from the server (monotonic)
+}
+
+// Lock is one session-level advisory lock held by a Session. Its
+// Context is cancelled when the lock ends: with cause context.Canceled
+// after Unlock, an error matching pglease.ErrLockLost when the session's
+// connection died or the server no longer held the lock, and one
+// matching pglease.ErrClosed when the Session was closed.
+type Lock struct {
+	s      *Session // immutable
+	key    Key      // immutable
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	ended  bool // guarded by s.mu
+}
+
+// Key returns the lock's key.
+func (l *Lock) Key() Key { return l.key }
+
+// Context returns a context that ends when the lock ends; see Lock for
+// the causes (context.Cause).
+func (l *Lock) Context() context.Context { return l.ctx }
+
+// Done is Context().Done().
+func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Open hijacks a connection from pool for session-level advisory locks
+// and starts its probe. The connection never goes back to the pool: Close
+// closes it. pool is not closed by the Session.
+//
+// Open sets, on that connection only: idle_session_timeout = 0,
+// idle_in_transaction_session_timeout = 0, statement_timeout = 0,
+// lock_timeout = WaitSlice, tcp_keepalives_idle/interval/count,
+// tcp_user_timeout and client_connection_check_interval (each only if the
+// server knows it), and releases any advisory lock the pooled connection
+// already held (pg_advisory_unlock_all). It refuses (InvalidArgument)
+// when pg_backend_pid() differs between two transactions: a
+// transaction-mode pooler (pgbouncer pool_mode=transaction) is in front of
+// the database, and session locks would leak to other clients. The
+// check is repeated by every probe.
+func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, error) {
+	const op = "advisory.Open"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	if pool == nil {
+		return nil, invalid(op, "nil pool")
+	}
+	o, err := opts.resolve(op)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, mapErr(ctx, op, err)
+	}
+	conn := pc.Hijack()
+	pid, err := setup(ctx, conn, o)
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.Background(), o.ProbeTimeout)
+		_ = conn.Close(cctx)
+		cancel()
+		return nil, err
+	}
+	s := &Session{
+		opts: o, pid: pid, conn: conn,
+		sem:       make(chan struct{}, 1),
+		probeDone: make(chan struct{}),
+		closeDone: make(chan struct{}),
+		held:      map[Key]int{},
+		locks:     map[*Lock]struct{}{},
+		lastOK:    time.Now(),
+	}
+	s.stmtCtx, s.stmtCancel = context.WithCancel(context.Background())
+	s.closing, s.closingCancel = context.WithCancel(context.Background())
+	go s.probeLoop()
+	return s, nil
+}
+
+// errPooler is the cause of a refused Open or a lost session when the
+// backend pid changes between transactions.
+var errPooler = errors.New("backend pid changed between transactions: a transaction-mode pooler is in front of the database; " +
+	"session advisory locks need a direct or session-mode connection")
+
+// setup configures a fresh lock connection; see Open. No lock is held
+// yet, so the caller's ctx may run on it.
+func setup(ctx context.Context, conn *pgx.Conn, o Options) (uint32, error) {
+	const op = "advisory.Open"
+	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+	sec := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
+	settings := [][2]string{
+		{"idle_session_timeout", "0"},
+		{"idle_in_transaction_session_timeout", "0"},
+		{"statement_timeout", "0"},
+		{"lock_timeout", ms(o.WaitSlice)},
+		{"tcp_keepalives_idle", sec(o.KeepaliveIdle)},
+		{"tcp_keepalives_interval", sec(o.KeepaliveInterval)},
+		{"tcp_keepalives_count", strconv.Itoa(o.KeepaliveCount)},
+		{"tcp_user_timeout", ms(o.UserTimeout)},
+		{"client_connection_check_interval", ms(o.KeepaliveInterval)},
+	}
+	names := make([]string, len(settings))
+	values := make([]string, len(settings))
+	for i, kv := range settings {
+		names[i], values[i] = kv[0], kv[1]
+	}
+	var pid1, pid2 uint32
+	var n int
+	err := conn.QueryRow(ctx, `SELECT pg_backend_pid(), count(set_config(v.name, v.value, false))
+		FROM unnest($1::text[], $2::text[]) AS v(name, value)
+		WHERE v.name IN (SELECT name FROM pg_settings)`, names, values).Scan(&pid1, &n)
+	if err != nil {
+		return 0, mapErr(ctx, op, err)
+	}
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_unlock_all()"); err != nil {
+		return 0, mapErr(ctx, op, err)
+	}
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid2); err != nil {
+		return 0, mapErr(ctx, op, err)
+	}
+	if pid1 != pid2 {
+		return 0, pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+	}
+	return pid1, nil
+}
+
+// BackendPID returns the PostgreSQL backend pid of the session's
+// connection, as pg_locks and pg_stat_activity show it.
+func (s *Session) BackendPID() int32 { return int32(s.pid) }
+
+// Err returns nil while the session is open, and otherwise the reason it
+// ended (an error matching pglease.ErrLockLost or pglease.ErrClosed).
+func (s *Session) Err() error {
+	if s == nil || s.sem == nil {
+		return invalid("advisory.Session.Err", "nil or zero Session (use Open)")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.endedErrLocked("advisory.Session.Err")
+}
+
+func (s *Session) endedErrLocked(op string) error {
+	switch s.state {
+	case stateLost:
+		return pglease.NewError(pglease.CodeClosed, op, "session lost its connection; open a new one", s.cause)
+	case stateClosed:
+		return pglease.NewError(pglease.CodeClosed, op, "session closed", nil)
+	}
+	return nil
+}
+
+// check validates the receiver and the session state (no I/O).
+func (s *Session) check(op string) error {
+	if s == nil || s.sem == nil {
+		return invalid(op, "nil or zero Session (use Open)")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.endedErrLocked(op)
+}
+
+// own takes exclusive use of the connection, or gives up when ctx or the
+// session ends. The caller must release it with <-s.sem.
+func (s *Session) own(ctx context.Context, op string) error {
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
+	case <-s.closing.Done():
+		return s.check(op)
+	}
+	if err := s.check(op); err != nil {
+		<-s.sem
+		return err
+	}
+	return nil
+}
+
+// do runs fn on the connection; the caller owns sem. fn's context comes
+// from stmtCtx (never a caller's) with a deadline of bound: past it pgx
+// closes the connection, and the caller must then end the session. If
+// cancelOn ends first, a CancelRequest interrupts the statement and the
+// connection (with its other locks) survives; sent reports that.
+func (s *Session) do(cancelOn context.Context, bound time.Duration, fn func(context.Context, *pgx.Conn) error) (sent bool, err error) {
+	qctx, qcancel := context.WithTimeout(s.stmtCtx, bound)
+	defer qcancel()
+	fired := make(chan struct{})
+	stop := context.AfterFunc(cancelOn, func() {
+		defer close(fired)
+		cctx, cancel := context.WithTimeout(qctx, s.opts.ProbeTimeout)
+		defer cancel()
+		_ = s.conn.PgConn().CancelRequest(cctx)
+	})
+	err = fn(qctx, s.conn)
+	if !stop() {
+		// The CancelRequest went out; wait until the server has taken it
+		// (CancelRequest reads until the server closes the cancel
+		// connection) so it cannot hit a later statement unannounced.
+		<-fired
+		sent = true
+	}
+	if err == nil || (sqlState(err) != "" && !s.conn.IsClosed()) {
+		s.mu.Lock()
+		s.lastOK = time.Now()
+		s.mu.Unlock()
+	}
+	return sent, err
+}
+
+// broken reports whether err left the connection unusable; the caller
+// then ends the session with fail.
+func (s *Session) broken(err error) bool { return err != nil && s.conn.IsClosed() }
+
+// fail ends the session as lost: every held lock's context is cancelled
+// with a LockLost cause, the probe stops and the connection is closed (so
+// the server frees whatever it still holds). The caller owns sem.
+func (s *Session) fail(cause error) {
+	s.mu.Lock()
+	if s.state != stateOpen {
+		s.mu.Unlock()
+		return
+	}
+	lost := pglease.NewError(pglease.CodeLockLost, "advisory.Session", "session ended; its advisory locks are gone", cause)
+	s.state, s.cause = stateLost, lost
+	locks := s.locks
+	s.locks, s.held = map[*Lock]struct{}{}, map[Key]int{}
+	for l := range locks {
+		l.ended = true
+	}
+	s.mu.Unlock()
+	s.closingCancel()
+	for l := range locks {
+		l.cancel(lost)
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), s.opts.ProbeTimeout)
+	_ = s.conn.Close(cctx)
+	cancel()
+	s.stmtCancel()
+}
+
+func (s *Session) sinceOK() time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Since(s.lastOK)
+}
+
+// probeLoop checks the connection every ProbeInterval unless another
+// statement got a reply within the interval.
+func (s *Session) probeLoop() {
+	defer close(s.probeDone)
+	t := time.NewTicker(s.opts.ProbeInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.closing.Done():
+			return
+		case <-t.C:
+		}
+		if s.sinceOK() < s.opts.ProbeInterval {
+			continue
+		}
+		select {
+		case s.sem <- struct{}{}:
+		case <-s.closing.Done():
+			return
+		}
+		if s.check("") == nil {
+			s.probe()
+		}
+		<-s.sem
+	}
+}
+
+// probe runs one probe; the caller owns sem.
+func (s *Session) probe() {
+	const op = "advisory.Session.probe"
+	var pid uint32
+	_, err := s.do(s.closing, s.opts.ProbeTimeout, func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
+	})
+	switch {
+	case s.closing.Err() != nil:
+		// Close interrupted the probe; Close cleans up.
+	case err != nil:
+		s.fail(mapErr(nil, op, err))
+	case pid != s.pid:
+		s.fail(errPooler)
+	}
+}
+
+// TryLock takes k if it is free, without waiting: ok is false (and err
+// nil) when another session holds it. Taking a key this session already
+// holds is InvalidArgument unless Options.Reentrant. A nil or ended ctx,
+// an invalid key and a closed session are errors with no I/O.
+func (s *Session) TryLock(ctx context.Context, k Key) (l *Lock, ok bool, err error) {
+	l, err = s.acquire(ctx, "advisory.Session.TryLock", k, false)
+	return l, l != nil, err
+}
+
+// Lock takes k, waiting as long as ctx allows. When ctx ends first, the
+// server-side wait is cancelled with a CancelRequest (the connection and
+// the session's other locks are untouched), the lock state is checked
+// (a grant that raced the cancel is released) and the error is Aborted
+// wrapping ctx.Err(). Waiting is not FIFO across sessions: the wait is
+// renewed every WaitSlice. Errors otherwise as TryLock.
+func (s *Session) Lock(ctx context.Context, k Key) (*Lock, error) {
+	return s.acquire(ctx, "advisory.Session.Lock", k, true)
+}
+
+// precheck validates a key for this session (no I/O).
+func (s *Session) precheck(op string, k Key) error {
+	if !k.Valid() {
+		return invalid(op, "invalid key")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.endedErrLocked(op); err != nil {
+		return err
+	}
+	if !s.opts.Reentrant && s.held[k] > 0 {
+		return invalid(op, "key already held by this session (Options.Reentrant is off)")
+	}
+	return nil
+}
+
+func (s *Session) acquire(ctx context.Context, op string, k Key, blocking bool) (*Lock, error) {
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	if err := s.check(op); err != nil {
+		return nil, err
+	}
+	if err := s.precheck(op, k); err != nil {
+		return nil, err
+	}
+	for {
+		if err := s.own(ctx, op); err != nil {
+			return nil, err
+		}
+		l, again, err := s.attempt(ctx, op, k, blocking)
+		<-s.sem
+		if !again {
+			return l, err
+		}
+		if ctx.Err() != nil {
+			return nil, pglease.NewError(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
+		}
+	}
+}
+
+func lockSQL(k Key, blocking bool) (string, []any) {
+	fn := "pg_try_advisory_lock"
+	if blocking {
+		fn = "pg_advisory_lock"
+	}
+	if a, b, ok := k.Pair(); ok {
+		return "SELECT " + fn + "($1::int4, $2::int4)::text", []any{a, b}
+	}
+	id, _ := k.Int64()
+	return "SELECT " + fn + "($1::int8)::text", []any{id}
+}
+
+// attempt makes one try (or one WaitSlice of waiting); the caller owns
+// sem. again reports a wait slice that ended without the lock.
+func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) (l *Lock, again bool, err error) {
+	if err := s.precheck(op, k); err != nil {
+		return nil, false, err
+	}
+	s.mu.Lock()
+	stacking := s.held[k] > 0
+	s.mu.Unlock()
+	// The caller's ctx (and Close) may interrupt the statement, except when
+	// stacking a held key: that never waits, and after an interruption the
+	// server could not tell whether the stack grew.
+	cancelOn, stopMerge := context.WithCancel(ctx)
+	defer stopMerge()
+	if stacking {
+		cancelOn = context.Background()
+	} else {
+		defer context.AfterFunc(s.closing, stopMerge)()
+	}
+	bound := s.opts.ProbeTimeout
+	if blocking {
+		bound += s.opts.WaitSlice
+	}
+	q, args := lockSQL(k, blocking)
+	var res string
+	sent, err := s.do(cancelOn, bound, func(qctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(qctx, q, args...).Scan(&res)
+	})
+	switch {
+	case err == nil:
+		if !blocking && res != "true" {
+			return nil, false, nil
+		}
+		if l := s.grant(k); l != nil {
+			return l, false, nil
+		}
+		// Close began: its pg_advisory_unlock_all releases this grant.
+		return nil, false, s.check(op)
+	case s.broken(err):
+		m := mapErr(nil, op, err)
+		s.fail(m)
+		return nil, false, m
+	}
+	state := sqlState(err)
+	if state == pgerrcode.OutOfMemory || (state != pgerrcode.LockNotAvailable && state != pgerrcode.QueryCanceled) {
+		return nil, false, mapErr(nil, op, err)
+	}
+	// 55P03 (a wait slice ended) or 57014 (cancelled): the grant can race
+	// the interruption, and a session lock granted just before the error
+	// stays held, so ask the server.
+	if stacking {
+		return nil, false, mapErr(nil, op, err)
+	}
+	held, verr := s.serverHolds(op, k)
+	if verr != nil {
+		return nil, false, verr
+	}
+	gaveUp := ctx.Err() != nil || s.closing.Err() != nil
+	if held && !gaveUp {
+		if l := s.grant(k); l != nil {
+			return l, false, nil
+		}
+	}
+	if held {
+		if _, uerr := s.unlockRaw(op, k); uerr != nil {
+			return nil, false, uerr
+		}
+	}
+	switch {
+	case s.closing.Err() != nil:
+		return nil, false, s.check(op)
+	case ctx.Err() != nil:
+		return nil, false, pglease.NewError(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
+	case state == pgerrcode.LockNotAvailable && blocking && !sent:
+		return nil, true, nil
+	}
+	return nil, false, mapErr(nil, op, err)
+}
+
+// grant records a lock the server granted; nil if the session is no
+// longer open. The caller owns sem.
+func (s *Session) grant(k Key) *Lock {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != stateOpen {
+		return nil
+	}
+	l := &Lock{s: s, key: k}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	s.held[k]++
+	s.locks[l] = struct{}{}
+	return l
+}
+
+// serverHolds asks pg_locks whether this session holds k; the caller owns
+// sem. A stray CancelRequest can hit this statement: it is retried.
+func (s *Session) serverHolds(op string, k Key) (bool, error) {
+	classid, objid, objsubid := k.pgLocksIDs()
+	var held bool
+	var err error
+	for range 3 {
+		_, err = s.do(context.Background(), s.opts.ProbeTimeout, func(ctx context.Context, c *pgx.Conn) error {
+			return c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
+				AND pid = pg_backend_pid() AND granted AND classid = $1 AND objid = $2 AND objsubid = $3)`,
+				classid, objid, objsubid).Scan(&held)
+		})
+		if err == nil {
+			return held, nil
+		}
+		if s.broken(err) {
+			m := mapErr(nil, op, err)
+			s.fail(m)
+			return false, m
+		}
+		if sqlState(err) != pgerrcode.QueryCanceled {
+			break
+		}
+	}
+	return false, mapErr(nil, op, err)
+}
+
+// unlockRaw runs pg_advisory_unlock(k); the caller owns sem.
+func (s *Session) unlockRaw(op string, k Key) (bool, error) {
+	var q string
+	var args []any
+	if a, b, ok := k.Pair(); ok {
+		q, args = "SELECT pg_advisory_unlock($1::int4, $2::int4)", []any{a, b}
+	} else {
+		id, _ := k.Int64()
+		q, args = "SELECT pg_advisory_unlock($1::int8)", []any{id}
+	}
+	var ok bool
+	_, err := s.do(context.Background(), s.opts.ProbeTimeout, func(ctx context.Context, c *pgx.Conn) error {
+		return c.QueryRow(ctx, q, args...).Scan(&ok)
+	})
+	if s.broken(err) {
+		m := mapErr(nil, op, err)
+		s.fail(m)
+		return false, m
+	}
+	return ok, mapErr(nil, op, err)
+}
+
+// Unlock releases the lock. ok is true when the server released it; it
+// is false, with a nil error, when the lock had already ended (unlocked,
+// lost or closed). If the server says it did not hold the lock
+// (pg_advisory_unlock returned false), the session's view of the server
+// is wrong: the session ends as lost, every held lock reports LockLost,
+// and Unlock returns false. Unlock waits for its turn on the connection
+// as long as ctx allows; once sent, the statement is not cancelled by
+// ctx (it is bounded by ProbeTimeout).
+func (l *Lock) Unlock(ctx context.Context) (ok bool, err error) {
+	const op = "advisory.Lock.Unlock"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return false, err
+	}
+	if l == nil || l.s == nil {
+		return false, invalid(op, "nil Lock")
+	}
+	s := l.s
+	if !s.live(l) {
+		return false, nil
+	}
+	if err := s.own(ctx, op); err != nil {
+		if pglease.CodeOf(err) == pglease.CodeClosed {
+			return false, nil
+		}
+		return false, err
+	}
+	defer func() { <-s.sem }()
+	if !s.live(l) {
+		return false, nil
+	}
+	released, err := s.unlockRaw(op, l.key)
+	if err != nil {
+		return false, err
+	}
+	if !released {
+		s.fail(errors.New("pg_advisory_unlock returned false: the server no longer held a lock this session took"))
+		return false, nil
+	}
+	s.mu.Lock()
+	l.ended = true
+	delete(s.locks, l)
+	if s.held[l.key]--; s.held[l.key] <= 0 {
+		delete(s.held, l.key)
+	}
+	s.mu.Unlock()
+	l.cancel(nil)
+	return true, nil
+}
+
+func (s *Session) live(l *Lock) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !l.ended && s.state == stateOpen
+}
+
+// LockAll takes every key with Lock, in ascending key order (Key.Compare:
+// int64 space first, then by id), so two callers taking overlapping sets
+// cannot deadlock each other. It returns the locks in the order of keys.
+// If one Lock fails, the locks already taken are released and the error
+// is returned. An empty list, duplicate keys, an invalid key, or a key
+// this session holds (without Reentrant) is InvalidArgument with no I/O.
+func (s *Session) LockAll(ctx context.Context, keys ...Key) ([]*Lock, error) {
+	const op = "advisory.Session.LockAll"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	if err := s.check(op); err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		return nil, invalid(op, "no keys")
+	}
+	order := make([]int, len(keys))
+	for i, k := range keys {
+		if err := s.precheck(op, k); err != nil {
+			return nil, err
+		}
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return keys[a].Compare(keys[b]) })
+	for i := 1; i < len(order); i++ {
+		if keys[order[i-1]] == keys[order[i]] {
+			return nil, invalid(op, "duplicate key")
+		}
+	}
+	out := make([]*Lock, len(keys))
+	for _, i := range order {
+		l, err := s.Lock(ctx, keys[i])
+		if err != nil {
+			for _, got := range out {
+				if got != nil {
+					_, _ = got.Unlock(context.WithoutCancel(ctx))
+				}
+			}
+			return nil, err
+		}
+		out[i] = l
+	}
+	return out, nil
+}
+
+// Close releases every lock (pg_advisory_unlock_all, then closing the
+// connection, which frees anything the unlock missed), stops the probe
+// and cancels the held locks' contexts with a cause matching
+// pglease.ErrClosed. An in-flight Lock is interrupted and returns Closed.
+// If ctx ends before the connection is free, the connection is closed
+// at once. Close is idempotent; it returns an error only for a nil ctx.
+func (s *Session) Close(ctx context.Context) error {
+	const op = "advisory.Session.Close"
+	if ctx == nil {
+		return invalid(op, "nil context")
+	}
+	if s == nil || s.sem == nil {
+		return invalid(op, "nil or zero Session (use Open)")
+	}
+	s.mu.Lock()
+	if s.state == stateClosed {
+		s.mu.Unlock()
+		select {
+		case <-s.closeDone:
+		case <-ctx.Done():
+		}
+		return nil
+	}
+	wasOpen := s.state == stateOpen
+	s.state = stateClosed
+	s.mu.Unlock()
+	s.closingCancel()
+	select {
+	case s.sem <- struct{}{}:
+	case <-ctx.Done():
+		s.stmtCancel() // pgx closes the connection; the statement returns at once
+		s.sem <- struct{}{}
+	}
+	s.mu.Lock()
+	locks := s.locks
+	s.locks, s.held = map[*Lock]struct{}{}, map[Key]int{}
+	for l := range locks {
+		l.ended = true
+	}
+	s.mu.Unlock()
+	if wasOpen && !s.conn.IsClosed() {
+		_, _ = s.do(context.Background(), s.opts.ProbeTimeout, func(ctx context.Context, c *pgx.Conn) error {
+			_, err := c.Exec(ctx, "SELECT pg_advisory_unlock_all()")
+			return err
+		})
+	}
+	cctx, cancel := context.WithTimeout(context.Background(), s.opts.ProbeTimeout)
+	_ = s.conn.Close(cctx)
+	cancel()
+	s.stmtCancel()
+	<-s.sem
+	<-s.probeDone
+	closed := pglease.NewError(pglease.CodeClosed, op, "session closed", nil)
+	for l := range locks {
+		l.cancel(closed)
+	}
+	close(s.closeDone)
+	return nil
+}
