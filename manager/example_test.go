@@ -1,0 +1,87 @@
+package manager_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/manager"
+)
+
+func Example() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close() // after m.Close: the Manager does not close a pool it was given
+
+	m, err := manager.New(pool, manager.Config{}) // zero Config = defaults
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close(ctx)
+	if err := m.SetupSchema(ctx); err != nil {
+		panic(err)
+	}
+
+	lk, err := m.Acquire(ctx, "example:payment:123", manager.WithTTL(10*time.Second))
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("held; fence > 0:", lk.Fence() > 0)
+	fmt.Printf("printed: %v\n", lk.String() != "" && lk.Err() == nil)
+
+	// Not re-entrant: a second try from the same Manager sees the key held.
+	_, ok, err := m.TryAcquire(ctx, "example:payment:123")
+	fmt.Println("second TryAcquire:", ok, err)
+
+	if err := lk.Release(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println("cause after release:", context.Cause(lk.Context()))
+
+	err = m.Do(ctx, "example:job:42", func(ctx context.Context) error {
+		fmt.Println("working under the lock")
+		return nil
+	})
+	fmt.Println("Do:", err)
+	// Output:
+	// held; fence > 0: true
+	// printed: true
+	// second TryAcquire: false <nil>
+	// cause after release: pglease: lock released
+	// working under the lock
+	// Do: <nil>
+}
+
+func ExampleLock_Context() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	m, err := manager.New(pool, manager.Config{})
+	if err != nil {
+		panic(err)
+	}
+	if err := m.SetupSchema(ctx); err != nil {
+		panic(err)
+	}
+	lk, err := m.Acquire(ctx, "example:ctx")
+	if err != nil {
+		panic(err)
+	}
+	// Close ends every held lock's context with cause ErrClosed.
+	if err := m.Close(ctx); err != nil {
+		panic(err)
+	}
+	<-lk.Done()
+	fmt.Println(context.Cause(lk.Context()))
+	// Output:
+	// pglease: manager.Close: Closed: manager closed
+}

@@ -1,0 +1,326 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/retry"
+)
+
+// TestHeartbeatKeepsShortLease: a 1 s-TTL lock is held for 5 s by the
+// heartbeat alone, and at the end the row is still ours and live.
+func TestHeartbeatKeepsShortLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	lk, err := b.m.Acquire(ctx, "hb", WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := time.After(5 * time.Second) // the property under test is a duration
+	extends := 0
+loop:
+	for {
+		select {
+		case <-lk.Done():
+			t.Fatalf("lock lost after %d extends: %v", extends, lk.Err())
+		case n := <-b.sig.extended.ch:
+			extends += n
+		case <-hold:
+			break loop
+		}
+	}
+	if id, ok := lockRow(t, b.pool, "hb"); !ok || id != lk.id {
+		t.Fatal("row not live or not ours after 5 s")
+	}
+	if extends < 12 { // ≈ 5 s / (1 s / 3)
+		t.Fatalf("only %d extends in 5 s", extends)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestExtendRefusedIsLostAtOnce: when the server no longer has the lock
+// (here: its row deleted behind the Manager's back), the next extend
+// answers not-ok and the lock is lost at once with ErrLockLost.
+func TestExtendRefusedIsLostAtOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	lk, err := b.m.Acquire(ctx, "gone", WithTTL(900*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, "DELETE FROM syncguard_locks WHERE key = 'gone'"); err != nil {
+		t.Fatal(err)
+	}
+	<-lk.Done()
+	if !errors.Is(lk.Err(), pglease.ErrLockLost) {
+		t.Fatalf("cause = %v", lk.Err())
+	}
+	var e *pglease.Error
+	if !errors.As(lk.Err(), &e) || e.Msg != "the server no longer has the lock" {
+		t.Fatalf("lost for the wrong reason: %v", lk.Err())
+	}
+	if err := lk.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
+		t.Fatalf("Release of a lost lock = %v", err)
+	}
+}
+
+// TestLossBeforeServerExpiry: with every extend failing (the lock table
+// renamed away), the lock is declared lost on the local clock, before the
+// server's expiry of its last successful acquire.
+func TestLossBeforeServerExpiry(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	sent := time.Now()
+	lk, err := b.m.Acquire(ctx, "fail", WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.pool.Exec(ctx, "REVOKE ALL ON syncguard_locks FROM PUBLIC; ALTER TABLE syncguard_locks RENAME TO moved"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), "ALTER TABLE moved RENAME TO syncguard_locks") })
+	<-lk.Done()
+	lostAt := time.Now()
+	wait(t, &b.sig.extendFailed)
+	if !errors.Is(lk.Err(), pglease.ErrLockLost) {
+		t.Fatalf("cause = %v", lk.Err())
+	}
+	// The server's expiry is at least acquire-sent + TTL; we must be lost
+	// before that (margin 100 ms).
+	if lostAt.After(sent.Add(time.Second)) {
+		t.Fatalf("lost %v after the acquire was sent: past the server expiry", lostAt.Sub(sent))
+	}
+	wait(t, &b.sig.released) // the loss tried to release the row (and failed: no table)
+	// The row is left to expire by itself; remove it for the post-check.
+	if _, err := b.pool.Exec(ctx, "ALTER TABLE moved RENAME TO syncguard_locks; DELETE FROM syncguard_locks"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestFenceRegressionRefused: if the fence counter goes backwards (the
+// database lost acknowledged writes, F8), the Manager refuses the grant
+// with CodeFenceRegression and leaves no lock behind.
+func TestFenceRegressionRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	for range 3 {
+		lk, err := b.m.Acquire(ctx, "f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.pool.Exec(ctx, "UPDATE syncguard_fence_counters SET fence = fence - 2"); err != nil {
+		t.Fatal(err)
+	}
+	drain(&b.sig.released)
+	_, err := b.m.Acquire(ctx, "f")
+	if !errors.Is(err, pglease.ErrFenceRegression) {
+		t.Fatalf("err = %v", err)
+	}
+	wait(t, &b.sig.released)
+	if _, ok := lockRow(t, b.pool, "f"); ok {
+		t.Fatal("refused grant left a row")
+	}
+	// Once the counter passes the highest fence seen, grants resume.
+	lk, err := b.m.Acquire(ctx, "f", WithAcquireTimeout(waitTimeout()))
+	if err == nil {
+		t.Fatalf("fence %v accepted although not above the highest seen", lk.Fence())
+	}
+	lk, err = b.m.Acquire(ctx, "f", WithAcquireTimeout(waitTimeout()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = lk.Release(ctx)
+}
+
+// TestTerminateBackends: pg_terminate_backend of every connection of the
+// Manager (pool and listener), twice. Held locks survive (their next
+// extend reconnects within the trust window) or are signalled lost —
+// never silently gone; the listener comes back; waiters still get locks.
+func TestTerminateBackends(t *testing.T) {
+	t.Parallel()
+	app := pgtest.RandomName("mgr_")
+	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["application_name"] = app
+	}}})
+	ctx := ctxT(t)
+	wait(t, &b.sig.listening)
+	var locks []*Lock
+	for _, k := range []string{"t1", "t2", "t3"} {
+		lk, err := b.m.Acquire(ctx, k, WithTTL(2*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		locks = append(locks, lk)
+	}
+	admin, _ := pgtest.Pool(t)
+	for round := range 2 {
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			t.Fatal("no backend terminated")
+		}
+		wait(t, &b.sig.listening) // the listener reconnected
+		// An extend round that succeeds after the termination.
+		waitFor(t, &b.sig.extended, func(n int) bool { return n > 0 })
+		t.Logf("round %d: %d backends terminated", round, n)
+	}
+	for _, lk := range locks {
+		id, live := lockRow(t, b.pool, lk.Key())
+		switch {
+		case lk.Err() == nil && (!live || id != lk.id):
+			t.Fatalf("%s: silently lost", lk.Key())
+		case lk.Err() != nil && !errors.Is(lk.Err(), pglease.ErrLockLost):
+			t.Fatalf("%s: ended with %v", lk.Key(), lk.Err())
+		}
+	}
+	// Waiters resume: hand t1 over to a waiter.
+	got := make(chan error, 1)
+	go func() {
+		lk, err := b.m.Acquire(ctx, "t1", WithAcquireTimeout(waitTimeout()))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	wait(t, &b.sig.queued)
+	for _, lk := range locks {
+		_ = lk.Release(ctx)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestServerRestart stops PostgreSQL (immediate mode) long enough for a
+// 1 s lease to run out of trust, then starts it again. The short lease is
+// signalled lost while the server is down (no silent loss); a 4 s lease
+// survives and is extended after the restart; a waiter resumes and gets
+// the short lease's key once the server lets it go. Not parallel: it
+// stops the package's server.
+func TestServerRestart(t *testing.T) {
+	cl := pgtest.ClusterForTest()
+	if cl == nil {
+		t.Skip("DATABASE_URL given: cannot restart the server")
+	}
+	b := setup(t, setupOpts{cfg: Config{Retry: retry.Policy{MaxDelay: 200 * time.Millisecond}}})
+	ctx := ctxT(t)
+	short, err := b.m.Acquire(ctx, "short", WithTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := b.m.Acquire(ctx, "long", WithTTL(4*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := make(chan error, 1)
+	go func() {
+		lk, err := b.m.Acquire(ctx, "short", WithAcquireTimeout(2*waitTimeout()))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		waiter <- err
+	}()
+	wait(t, &b.sig.queued)
+	wait(t, &b.sig.queued)
+	wait(t, &b.sig.queued)
+	if err := cl.StopServer(true); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = cl.StartServer(context.Background())
+		}
+	}()
+	select {
+	case <-short.Done():
+	case <-time.After(waitTimeout()):
+		t.Fatal("short lease not signalled lost while the server was down")
+	}
+	if !errors.Is(short.Err(), pglease.ErrLockLost) {
+		t.Fatalf("short cause = %v", short.Err())
+	}
+	if err := cl.StartServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	waitFor(t, &b.sig.extended, func(n int) bool { return n > 0 })
+	if long.Err() != nil {
+		t.Fatalf("long lease lost: %v", long.Err())
+	}
+	if id, ok := lockRow(t, b.pool, "long"); !ok || id != long.id {
+		t.Fatal("long lease not held after the restart")
+	}
+	if err := <-waiter; err != nil {
+		t.Fatalf("waiter: %v", err)
+	}
+	if err := long.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestHeartbeatNotBehindAcquires: with every acquire batch stuck in the
+// database (the in-flight cap reached and more acquires pending), held
+// locks are still extended: heartbeats have their own batches.
+func TestHeartbeatNotBehindAcquires(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	var stuck atomic.Bool
+	b := setup(t, setupOpts{hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
+		if kind == kindAcquire && stuck.Load() {
+			<-gate
+		}
+	}}})
+	ctx := ctxT(t)
+	lk, err := b.m.Acquire(ctx, "kept", WithTTL(600*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stuck.Store(true)
+	errs := make(chan error, 20)
+	for i := range 20 {
+		go func() {
+			lk, err := b.m.Acquire(ctx, fmt.Sprint("other:", i), WithAcquireTimeout(waitTimeout()))
+			if err == nil {
+				err = lk.Release(ctx)
+			}
+			errs <- err
+		}()
+	}
+	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	for range 3 {
+		waitFor(t, &b.sig.extended, func(n int) bool { return n == 1 })
+	}
+	if lk.Err() != nil {
+		t.Fatalf("lost while acquires were stuck: %v", lk.Err())
+	}
+	close(gate)
+	for range 20 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

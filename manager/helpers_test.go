@@ -1,0 +1,181 @@
+package manager
+
+import (
+	"context"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/internal/pgtest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(childMain())
+	}
+	pgtest.Main(m)
+}
+
+// waitTimeout is how long a test waits for a signal; scaled in CI.
+func waitTimeout() time.Duration {
+	if os.Getenv("CI") != "" {
+		return 30 * time.Second
+	}
+	return 15 * time.Second
+}
+
+// wait returns the next value of s, failing the test after waitTimeout.
+func wait[T any](t testing.TB, s *testSignal[T]) T {
+	t.Helper()
+	select {
+	case v := <-s.ch:
+		return v
+	case <-time.After(waitTimeout()):
+		t.Fatalf("timed out waiting for a signal")
+		panic("unreachable")
+	}
+}
+
+// waitFor consumes values of s until one satisfies ok.
+func waitFor[T any](t testing.TB, s *testSignal[T], ok func(T) bool) T {
+	t.Helper()
+	deadline := time.After(waitTimeout())
+	for {
+		select {
+		case v := <-s.ch:
+			if ok(v) {
+				return v
+			}
+		case <-deadline:
+			t.Fatalf("timed out waiting for a signal")
+		}
+	}
+}
+
+func ctxT(t testing.TB) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitTimeout())
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// queryCounter counts the queries sent through a pool.
+type queryCounter struct{ n atomic.Int64 }
+
+func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+type bundle struct {
+	pool   *pgxpool.Pool
+	schema string
+	m      *Manager
+	sig    *signals
+}
+
+type setupOpts struct {
+	cfg       Config
+	pool      []func(*pgxpool.Config)
+	hooks     testHooks
+	noSignals bool
+}
+
+// setup returns a Manager with test signals on a pool whose search_path
+// is a fresh schema with the lease tables. The Manager is closed, and
+// the lease table checked empty, when the test ends.
+func setup(t testing.TB, o setupOpts) *bundle {
+	t.Helper()
+	pool, schema := pgtest.Pool(t, o.pool...)
+	b := &bundle{pool: pool, schema: schema}
+	if !o.noSignals {
+		b.sig = &signals{}
+		b.sig.init()
+	}
+	m, err := newManager("test", pool, false, o.cfg, func(m *Manager) {
+		m.sig = b.sig
+		m.test = o.hooks
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.m = m
+	if err := m.SetupSchema(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		if n := countLocks(t, pool); n != 0 && !t.Failed() {
+			t.Errorf("%d lock rows left after Close", n)
+		}
+	})
+	return b
+}
+
+// newPeer returns a second Manager on the same schema (another "process"
+// as far as locking goes: own loop, own pool, own listener).
+func (b *bundle) newPeer(t testing.TB, cfg Config) (*Manager, *signals) {
+	t.Helper()
+	pcfg := b.pool.Config().Copy()
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	sig := &signals{}
+	sig.init()
+	m, err := newManager("test", pool, false, cfg, func(m *Manager) { m.sig = sig })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Errorf("peer Close: %v", err)
+		}
+	})
+	return m, sig
+}
+
+// countLocks returns the number of live rows in the lock table.
+func countLocks(t testing.TB, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	err := pool.QueryRow(context.Background(),
+		"SELECT count(*) FROM syncguard_locks WHERE expires_at_ms + 1000 > floor(extract(epoch FROM clock_timestamp())*1000)").Scan(&n)
+	if err != nil {
+		t.Fatalf("count locks: %v", err)
+	}
+	return n
+}
+
+// lockRow returns whether key has a live row, and its lockId.
+func lockRow(t testing.TB, pool *pgxpool.Pool, key string) (string, bool) {
+	t.Helper()
+	var id string
+	err := pool.QueryRow(context.Background(),
+		"SELECT lock_id FROM syncguard_locks WHERE key = $1 AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)", key).Scan(&id)
+	if err == pgx.ErrNoRows {
+		return "", false
+	}
+	if err != nil {
+		t.Fatalf("lock row: %v", err)
+	}
+	return id, true
+}
+
+// drain discards the values s holds now.
+func drain[T any](s *testSignal[T]) {
+	for {
+		select {
+		case <-s.ch:
+		default:
+			return
+		}
+	}
+}

@@ -1,0 +1,555 @@
+package manager
+
+import (
+	"container/heap"
+	"context"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/retry"
+)
+
+// run is the Manager's one goroutine that owns all state. It never
+// blocks on a caller (every reply channel has room) and never runs SQL:
+// database work runs in goroutines it starts, which post their results
+// back on the *DoneCh channels.
+func (m *Manager) run(st *loopState) {
+	defer close(m.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	closing := m.closing
+	for {
+		st.flush()
+		if st.closing && st.drained() {
+			st.finish()
+			return
+		}
+		if w := st.nextWake(); w.IsZero() {
+			timer.Stop()
+		} else {
+			timer.Reset(time.Until(w))
+		}
+		select {
+		case req := <-m.acquireCh:
+			st.handleAcquire(req)
+		case req := <-m.releaseCh:
+			st.handleRelease(req)
+		case req := <-m.abandonCh:
+			st.handleAbandon(req)
+		case d := <-m.acquireDoneCh:
+			st.handleAcquireDone(d)
+		case d := <-m.releaseDoneCh:
+			st.handleReleaseDone(d)
+		case d := <-m.extendDoneCh:
+			st.handleExtendDone(d)
+		case n := <-m.notifyCh:
+			st.handleNotice(n)
+		case <-m.lossCh:
+			st.heartbeat(time.Now())
+		case <-timer.C:
+			st.handleDue(time.Now())
+		case <-st.listenerDone:
+			st.listenerDone = nil
+		case <-closing:
+			closing = nil // nil-channel gating: handled once
+			st.beginDrain()
+		}
+	}
+}
+
+func (st *loopState) handleAcquire(req *acquireReq) {
+	if st.closing {
+		req.state = reqAnswered
+		req.reply <- acquireReply{err: closedErr("manager.Acquire")}
+		return
+	}
+	ks := st.keyFor(req.key, req.hash)
+	if req.try && (ks.holder != nil || len(ks.queue) > 0) {
+		// Held here, or callers here are already waiting ahead of it.
+		req.state = reqAnswered
+		req.reply <- acquireReply{locked: true}
+		st.gc(ks)
+		return
+	}
+	st.m.hooks.onAcquireStart(req.hash)
+	ks.queue = append(ks.queue, req)
+	st.sig().queued.signal(req.key)
+	st.kick(ks)
+}
+
+// handleAbandon settles a caller who left (its wait context ended). The
+// loop is the only sender on req.reply and the caller no longer reads it,
+// so a non-blocking receive tells exactly where the request is:
+//   - a grant is waiting in reply: the caller never got it; take it back,
+//     release it (handing the key to the next waiter), answer "abandoned";
+//   - an error or "locked" answer is waiting: pass it on unchanged;
+//   - nothing: the request is still queued; remove it, answer "abandoned".
+//
+// The answer goes on req.final.
+func (st *loopState) handleAbandon(req *acquireReq) {
+	select {
+	case r := <-req.reply:
+		if r.lock == nil {
+			req.final <- r
+			return
+		}
+		if h := r.lock.h; h != nil {
+			if _, ok := st.held[h]; ok {
+				st.releaseHolding(h, nil)
+			}
+		}
+		req.state = reqAnswered
+		req.final <- acquireReply{abandoned: true}
+		st.sig().takenBack.signal(req.key)
+		return
+	default:
+	}
+	ks := st.keys[req.key]
+	var lastErr error
+	if ks != nil {
+		if i := slices.Index(ks.queue, req); i >= 0 {
+			ks.queue = slices.Delete(ks.queue, i, i+1)
+		}
+		lastErr = ks.lastErr
+		if len(ks.queue) == 0 {
+			st.clearRetry(ks) // an attempt in flight finds no waiter and releases its grant
+		}
+		st.gc(ks)
+	}
+	req.state = reqAnswered
+	req.final <- acquireReply{abandoned: true, lastErr: lastErr}
+	st.sig().abandoned.signal(req.key)
+}
+
+func (st *loopState) handleRelease(req *releaseReq) {
+	h := req.lock.h
+	if _, ok := st.held[h]; !ok || h == nil {
+		req.reply <- releasedAnswer(req.lock)
+		return
+	}
+	st.releaseHolding(h, req.reply)
+}
+
+func (st *loopState) handleAcquireDone(d acquireDone) {
+	st.inAcquire--
+	now := time.Now()
+	for i, a := range d.batch {
+		ks := a.ks
+		ks.attempt = nil
+		err := d.err
+		var r pg.AcquireResult
+		if err == nil {
+			r = d.res[i]
+			err = r.Err
+		}
+		switch {
+		case st.closing:
+			if d.err != nil || r.OK {
+				st.orphanRelease(nil, a.lockID)
+			}
+		case d.err != nil:
+			// Outcome unknown (S5): release the pre-generated lockId, then
+			// retry or fail.
+			st.orphanRelease(ks, a.lockID)
+			st.attemptFailed(ks, err, now)
+		case err != nil: // this item failed on its own (fence overflow): nothing granted
+			ks.lastErr = err
+			st.failAll(ks, err)
+		case !r.OK:
+			st.popTries(ks, acquireReply{locked: true})
+			if ks.woken {
+				// A release was notified while this attempt was in flight:
+				// its "locked" may predate the release. Try again at once.
+				st.kick(ks)
+			} else if len(ks.queue) > 0 {
+				st.scheduleRetry(ks, now)
+			}
+		default:
+			st.attemptGranted(ks, a, r, d.start, now)
+		}
+		st.gc(ks)
+	}
+}
+
+func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time) {
+	ks.lastErr = err
+	if !retryable(err) {
+		st.failAll(ks, err)
+		return
+	}
+	st.popTries(ks, acquireReply{err: err})
+	if len(ks.queue) > 0 {
+		st.scheduleRetry(ks, now)
+	}
+}
+
+func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time) {
+	if !st.noteFence(ks.key, r.Fence) {
+		// S1: a fence not above one already seen means the database lost
+		// acknowledged grants. Refuse it; the head waiter learns why.
+		err := pglease.NewError(pglease.CodeFenceRegression, "manager.Acquire",
+			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
+		st.orphanRelease(ks, a.lockID)
+		ks.lastErr = err
+		if len(ks.queue) > 0 {
+			req := ks.queue[0]
+			ks.queue = ks.queue[1:]
+			req.state = reqAnswered
+			req.reply <- acquireReply{err: err}
+		}
+		if len(ks.queue) > 0 {
+			st.scheduleRetry(ks, now)
+		}
+		return
+	}
+	lease := heartbeat.Lease{TTL: a.ttl, Start: start, Margin: st.margin(a.ttl)}
+	switch {
+	case len(ks.queue) == 0:
+		// Every waiter left while the attempt was in flight.
+		st.orphanRelease(ks, a.lockID)
+		st.sig().orphaned.signal(ks.key)
+	case !lease.Trusted(now):
+		// The answer came after the grant's own trust window.
+		st.orphanRelease(ks, a.lockID)
+		ks.lastErr = pglease.NewError(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
+		st.popTries(ks, acquireReply{err: ks.lastErr})
+	case ks.queue[0].ttl != a.ttl:
+		// The waiter it was for left; the next one wants another TTL.
+		// Release, then attempt again for it.
+		st.orphanRelease(ks, a.lockID)
+	default:
+		req := ks.queue[0]
+		ks.queue = ks.queue[1:]
+		st.grant(ks, req, a, r, lease)
+	}
+}
+
+func (st *loopState) handleReleaseDone(d releaseDone) {
+	st.inRelease--
+	for i, it := range d.batch {
+		var err error
+		switch {
+		case it.lost != nil:
+			err = it.lost
+		case d.err != nil:
+			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
+				"release outcome unknown: the lock is no longer extended and expires by itself", d.err)
+			if st.closeErr == nil && st.closing {
+				st.closeErr = err
+			}
+		case !d.res[i]:
+			err = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
+		}
+		if it.reply != nil {
+			it.reply <- err
+		}
+		if ks := it.ks; ks != nil {
+			ks.releasing--
+			st.sig().released.signal(ks.key)
+			st.forceKick(ks) // local handoff: the next waiter tries at once
+			st.gc(ks)
+		}
+	}
+}
+
+func (st *loopState) handleExtendDone(d extendDone) {
+	st.inExtend--
+	now := time.Now()
+	if d.err != nil {
+		st.sig().extendFailed.signal(d.err)
+	}
+	n := 0
+	for i, h := range d.batch {
+		if _, ok := st.held[h]; !ok {
+			continue // released or lost meanwhile
+		}
+		h.lease.Pending = false
+		switch {
+		case d.err != nil:
+			// Unknown outcome: not a success. The old trust window still
+			// holds (an extend can only lengthen the lease); retry soon.
+			h.lease.NotBefore = heartbeat.RetryAt(h.lease, now)
+			h.ks.lastErr = d.err
+		case !d.res[i].OK:
+			st.lose(h, lostCause("the server no longer has the lock"), false)
+			continue
+		case h.lock.ctx.Err() != nil || !h.lossTimer.Stop():
+			// The trust window passed while the extend was in flight: the
+			// lock is lost even though the late extend succeeded.
+			st.lose(h, lostCause("trust window passed without a successful extend"), true)
+			continue
+		default:
+			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
+			h.lossTimer.Reset(time.Until(h.lease.TrustedUntil()))
+			n++
+		}
+		st.noteEvent(h.lease.NextEvent())
+	}
+	if d.err == nil {
+		st.sig().extended.signal(n)
+	}
+}
+
+func (st *loopState) handleNotice(n notice) {
+	if n.resync {
+		// Notifications may have been missed while not listening.
+		for _, ks := range st.keys {
+			if ks.attempt != nil {
+				ks.woken = true
+			}
+			st.forceKick(ks)
+		}
+		st.sig().listening.signal(struct{}{})
+		return
+	}
+	ks := st.byHash[n.hash]
+	if ks == nil || len(ks.queue) == 0 || ks.holder != nil {
+		return
+	}
+	if ks.attempt != nil {
+		ks.woken = true // the attempt in flight may have missed this release
+		return
+	}
+	st.forceKick(ks)
+	st.sig().woken.signal(ks.key)
+}
+
+// handleDue runs what the timer found due: retries and the heartbeat.
+func (st *loopState) handleDue(now time.Time) {
+	if st.closing {
+		return
+	}
+	for len(st.retries) > 0 && !st.retries[0].at.After(now) {
+		e := heap.Pop(&st.retries).(retryEntry)
+		if e.gen != e.ks.retryGen || e.ks.retryAt.IsZero() {
+			continue
+		}
+		e.ks.retryAt = time.Time{}
+		st.kick(e.ks)
+	}
+	if !st.hbNext.IsZero() && !now.Before(st.hbNext) {
+		st.heartbeat(now)
+	}
+}
+
+// heartbeat is one tick: every lease past its trust window is lost, and
+// every lease due (or nearly due) for an extend joins one extend batch.
+func (st *loopState) heartbeat(now time.Time) {
+	if st.closing {
+		return
+	}
+	for h := range st.held {
+		if h.lock.ctx.Err() != nil { // its loss timer fired
+			st.lose(h, nil, true)
+		}
+	}
+	t := heartbeat.Collect(now, st.leases)
+	for _, h := range t.Lost {
+		st.lose(h, lostCause("trust window passed without a successful extend"), true)
+	}
+	for _, h := range t.Due {
+		h.lease.Pending = true
+		st.pendExtend = append(st.pendExtend, h)
+	}
+	if len(t.Due) > 0 {
+		st.m.hooks.onExtendRound(len(t.Due))
+	}
+	st.hbNext = t.Next
+}
+
+// flush sends whatever is pending, as few batches as the in-flight caps
+// allow. A lone request goes out at once; requests that arrive while a
+// batch of their kind is in flight wait for it and go together.
+func (st *loopState) flush() {
+	m := st.m
+	live := st.pendAcquire[:0]
+	for _, a := range st.pendAcquire {
+		if st.closing || len(a.ks.queue) == 0 {
+			a.ks.attempt = nil // nobody left to serve
+			st.gc(a.ks)
+			continue
+		}
+		live = append(live, a)
+	}
+	clear(st.pendAcquire[len(live):])
+	st.pendAcquire = live
+	for len(st.pendAcquire) > 0 && st.inAcquire < m.acqLimit {
+		n := min(len(st.pendAcquire), m.cfg.MaxBatch)
+		batch := slices.Clone(st.pendAcquire[:n])
+		st.pendAcquire = slices.Delete(st.pendAcquire, 0, n)
+		st.inAcquire++
+		go m.sendAcquire(batch)
+	}
+	relLimit, relMax := m.relLimit, m.cfg.MaxBatch
+	if st.closing {
+		relLimit, relMax = st.inRelease+1, pg.MaxBatch // all at once
+	}
+	for len(st.pendRelease) > 0 && st.inRelease < relLimit {
+		n := min(len(st.pendRelease), relMax)
+		batch := slices.Clone(st.pendRelease[:n])
+		st.pendRelease = slices.Delete(st.pendRelease, 0, n)
+		st.inRelease++
+		go m.sendRelease(batch)
+	}
+	if st.closing {
+		st.pendExtend = nil
+	}
+	for len(st.pendExtend) > 0 && st.inExtend < m.extLimit {
+		live := st.pendExtend[:0]
+		for _, h := range st.pendExtend {
+			if _, ok := st.held[h]; ok {
+				live = append(live, h)
+			}
+		}
+		st.pendExtend = live
+		if len(live) == 0 {
+			break
+		}
+		n := min(len(st.pendExtend), m.cfg.MaxBatch)
+		batch := slices.Clone(st.pendExtend[:n])
+		st.pendExtend = slices.Delete(st.pendExtend, 0, n)
+		deadline := time.Now().Add(m.cfg.StatementTimeout)
+		reqs := make([]pg.ExtendRequest, len(batch))
+		for i, h := range batch {
+			reqs[i] = pg.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
+			if tu := h.lease.TrustedUntil(); tu.Before(deadline) {
+				deadline = tu
+			}
+		}
+		st.inExtend++
+		go m.sendExtend(batch, reqs, deadline)
+	}
+}
+
+// The send* functions run in their own goroutine, never on the loop.
+
+func (m *Manager) beforeBatch(kind batchKind, n int) {
+	if m.sig != nil {
+		m.sig.batchSent.signal(batchInfo{kind, n})
+	}
+	if m.test.beforeBatch != nil {
+		m.test.beforeBatch(kind, n)
+	}
+	m.hooks.onBatchStart(kind, n)
+}
+
+func (m *Manager) sendAcquire(batch []*attempt) {
+	reqs := make([]pg.AcquireRequest, len(batch))
+	for i, a := range batch {
+		reqs[i] = pg.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
+	}
+	ctx, cancel := context.WithTimeout(m.workCtx, m.cfg.StatementTimeout)
+	defer cancel()
+	m.beforeBatch(kindAcquire, len(batch))
+	start := time.Now()
+	res, err := m.store.AcquireMany(ctx, reqs)
+	m.hooks.onBatchEnd(kindAcquire, len(batch), err, time.Since(start))
+	m.acquireDoneCh <- acquireDone{batch: batch, start: start, res: res, err: err}
+}
+
+func (m *Manager) sendRelease(batch []releaseItem) {
+	ids := make([]string, len(batch))
+	for i, it := range batch {
+		ids[i] = it.lockID
+	}
+	timeout := m.cfg.StatementTimeout
+	if m.isClosing() {
+		timeout = m.cfg.CloseTimeout
+	}
+	// Releases outlive every caller: detached, bounded by a timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	m.beforeBatch(kindRelease, len(batch))
+	start := time.Now()
+	res, err := m.store.ReleaseMany(ctx, ids)
+	m.hooks.onBatchEnd(kindRelease, len(batch), err, time.Since(start))
+	m.releaseDoneCh <- releaseDone{batch: batch, res: res, err: err}
+}
+
+func (m *Manager) sendExtend(batch []*holding, reqs []pg.ExtendRequest, deadline time.Time) {
+	// Bounded by the earliest trust deadline of the batch (F4): an answer
+	// after it is useless.
+	ctx, cancel := context.WithDeadline(m.workCtx, deadline)
+	defer cancel()
+	m.beforeBatch(kindExtend, len(batch))
+	start := time.Now()
+	res, err := m.store.ExtendMany(ctx, reqs)
+	m.hooks.onBatchEnd(kindExtend, len(batch), err, time.Since(start))
+	m.extendDoneCh <- extendDone{batch: batch, start: start, res: res, err: err}
+}
+
+// startListener starts the goroutine that LISTENs for release
+// notifications on one dedicated connection.
+func (st *loopState) startListener() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	st.listenerDone, st.stopListener = done, cancel
+	go st.m.listen(ctx, done)
+}
+
+// listen keeps one connection LISTENing on the notify channel and posts
+// each notification's payload (a key hash) to run. After every
+// (re)connect it posts a resync, since notifications sent while it was
+// not listening are lost. Connection failures are retried with backoff
+// until ctx ends; polling covers the gap.
+func (m *Manager) listen(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	bo := retry.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, retry.Options{})
+	for {
+		m.listenOnce(ctx, bo)
+		if ctx.Err() != nil {
+			return
+		}
+		t := time.NewTimer(bo.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
+	cfg := m.pool.Config().ConnConfig.Copy()
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{m.cfg.NotifyChannel}.Sanitize()); err != nil {
+		return
+	}
+	bo.Reset()
+	if !m.post(ctx, notice{resync: true}) {
+		return
+	}
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return
+		}
+		if !m.post(ctx, notice{hash: n.Payload}) {
+			return
+		}
+	}
+}
+
+func (m *Manager) post(ctx context.Context, n notice) bool {
+	select {
+	case m.notifyCh <- n:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -1,0 +1,549 @@
+package manager
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/retry"
+)
+
+// Defaults of Config's zero fields.
+const (
+	DefaultTTL              = 30 * time.Second
+	DefaultAcquireTimeout   = 5 * time.Second // SyncGuard's acquisition.timeoutMs
+	DefaultStatementTimeout = 5 * time.Second
+	DefaultCloseTimeout     = 5 * time.Second
+	DefaultMaxBatch         = 1000
+	DefaultMaxInFlight      = 2
+	DefaultNotifyChannel    = "pglease_release"
+)
+
+// Config configures a Manager. The zero value means "all defaults"; each
+// field documents its default. Invalid values make New fail with
+// CodeInvalidArgument, before any I/O.
+type Config struct {
+	// LockTable and FenceTable name the lease tables (see pg.Config).
+	// Default "syncguard_locks" and "syncguard_fence_counters".
+	LockTable, FenceTable string
+
+	// NotifyChannel is the LISTEN/NOTIFY channel on which releases wake
+	// waiters in other processes. Default DefaultNotifyChannel. Every
+	// Manager that should wake the others must use the same channel.
+	NotifyChannel string
+	// DisableNotify turns notifications off: releases send none, and no
+	// listening connection is opened. Waiters then learn of releases in
+	// other processes by polling alone.
+	DisableNotify bool
+
+	// TTL is the lease TTL of an acquire without WithTTL. Default
+	// DefaultTTL (30 s). It must be a whole number of milliseconds and, as
+	// locks are auto-extended by default, at least
+	// heartbeat.MinAutoExtendTTL (300 ms).
+	TTL time.Duration
+	// AcquireTimeout bounds the wait of Acquire without
+	// WithAcquireTimeout. Default DefaultAcquireTimeout (5 s, SyncGuard's
+	// default). The caller's context bounds the wait too.
+	AcquireTimeout time.Duration
+	// Retry is the backoff between two attempts of a contended key. The
+	// zero value is SyncGuard's (100 ms base, ×2, equal jitter), capped at
+	// 2 s. A release in this process, or a release notification from
+	// another, starts the next attempt at once.
+	Retry retry.Policy
+	// LossMargin is subtracted from the trust window of every lease:
+	// a lease is declared lost at attemptStart + TTL − LossMargin. Zero
+	// means heartbeat.DefaultMargin(TTL) (TTL/10 within [10 ms, 5 s]). A
+	// margin that leaves no room after the first extend (≥ 2/3 TTL) makes
+	// the acquire fail with InvalidArgument.
+	LossMargin time.Duration
+
+	// StatementTimeout bounds each batched round trip. Default 5 s.
+	// Extends are also bounded by the trust deadline of their earliest
+	// lease.
+	StatementTimeout time.Duration
+	// CloseTimeout bounds the release of all held locks in Close. Default
+	// 5 s. The caller's context of Close bounds only how long Close waits.
+	CloseTimeout time.Duration
+	// MaxBatch caps the items of one batched statement. Default 1000,
+	// at most pg.MaxBatch.
+	MaxBatch int
+	// MaxInFlight caps the batches of one kind (acquire, release, extend)
+	// in flight at once. Default 2. Acquire and release batches are also
+	// capped at (pool MaxConns − 1)/2 each, at least 1, so one connection
+	// stays free for heartbeats when only the Manager uses the pool.
+	MaxInFlight int
+}
+
+func (c Config) withDefaults() Config {
+	c.TTL = cmp.Or(c.TTL, DefaultTTL)
+	c.AcquireTimeout = cmp.Or(c.AcquireTimeout, DefaultAcquireTimeout)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
+	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.NotifyChannel = cmp.Or(c.NotifyChannel, DefaultNotifyChannel)
+	return c
+}
+
+func invalid(op, msg string) error {
+	return pglease.NewError(pglease.CodeInvalidArgument, op, msg, nil)
+}
+
+func (c Config) validate(op string) error {
+	switch {
+	case c.AcquireTimeout < 0:
+		return invalid(op, "AcquireTimeout must not be negative")
+	case c.LossMargin < 0:
+		return invalid(op, "LossMargin must not be negative")
+	case c.StatementTimeout < 0:
+		return invalid(op, "StatementTimeout must not be negative")
+	case c.CloseTimeout < 0:
+		return invalid(op, "CloseTimeout must not be negative")
+	case c.MaxBatch < 0 || c.MaxBatch > pg.MaxBatch:
+		return invalid(op, "MaxBatch must be between 0 and pg.MaxBatch")
+	case c.MaxInFlight < 0:
+		return invalid(op, "MaxInFlight must not be negative")
+	}
+	if c.TTL != 0 {
+		if err := checkTTL(op, c.TTL, c.LossMargin, true); err != nil {
+			return err
+		}
+	}
+	if err := c.Retry.Validate(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// checkTTL validates a lease TTL (whole ms, not too large) and, for an
+// auto-extended lease, the floor and the margin.
+func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
+	if err := pglease.ValidateTTL(ttl); err != nil {
+		var e *pglease.Error
+		if errors.As(err, &e) {
+			return pglease.NewError(e.Code, op, e.Msg, nil)
+		}
+		return err
+	}
+	if auto && ttl < heartbeat.MinAutoExtendTTL {
+		return invalid(op, "ttl below the auto-extend floor of 300ms (use WithoutAutoExtend for shorter single-shot leases)")
+	}
+	if margin > 0 && !heartbeat.ValidMargin(ttl, margin) && auto {
+		return invalid(op, "LossMargin leaves no trust window after the first extend (must be below 2/3 of the ttl)")
+	}
+	if margin > 0 && margin >= ttl {
+		return invalid(op, "LossMargin must be below the ttl")
+	}
+	return nil
+}
+
+// Manager hands out lease locks on one PostgreSQL database to the
+// goroutines of this process. See the package documentation. A Manager
+// is safe for concurrent use; Close it when done.
+type Manager struct {
+	cfg      Config        // immutable after New (defaults filled)
+	pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
+	ownsPool bool          // immutable
+	store    *pg.Store     // immutable
+	hooks    hooks         // immutable
+	sig      *signals      // immutable; nil in production
+	test     testHooks     // immutable; zero in production
+
+	acqLimit, relLimit, extLimit int // immutable: batches in flight per kind
+
+	acquireCh     chan *acquireReq // written by Acquire/TryAcquire, read only by run
+	releaseCh     chan *releaseReq // written by Lock.Release, read only by run
+	abandonCh     chan *acquireReq // written by callers whose ctx ended, read only by run
+	acquireDoneCh chan acquireDone // written by acquire DB goroutines started by run, read only by run
+	releaseDoneCh chan releaseDone // written by release DB goroutines started by run, read only by run
+	extendDoneCh  chan extendDone  // written by extend DB goroutines started by run, read only by run
+	notifyCh      chan notice      // written by the listener goroutine, read only by run
+	lossCh        chan struct{}    // cap 1; written (non-blocking) by loss timers, read only by run
+
+	workCtx    context.Context    // acquires and extends run under it; cancelled by run when draining
+	cancelWork context.CancelFunc // called by run
+
+	closeOnce sync.Once
+	closing   chan struct{} // closed by Close; run begins draining
+	done      chan struct{} // closed by run when it has fully stopped
+	closeErr  error         // written by run before done is closed; read after done
+}
+
+type option func(*Manager)
+
+// New returns a Manager that takes its connections from pool and starts
+// its loop goroutine (and, unless DisableNotify, a listener goroutine on
+// one dedicated connection opened with the pool's connection config). It
+// validates cfg and does no I/O. The Manager does not close pool: the
+// caller closes it after Close. The tables must exist (see SetupSchema).
+func New(pool *pgxpool.Pool, cfg Config) (*Manager, error) {
+	return newManager("manager.New", pool, false, cfg)
+}
+
+// Open is New on a pool it opens from connString (pgxpool.ParseConfig
+// syntax). The Manager owns that pool and closes it at the end of Close.
+func Open(ctx context.Context, connString string, cfg Config) (*Manager, error) {
+	const op = "manager.Open"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	pcfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "bad connection string", nil)
+	}
+	if err := cfg.validate(op); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
+	}
+	m, err := newManager(op, pool, true, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return m, nil
+}
+
+func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...option) (*Manager, error) {
+	if pool == nil {
+		return nil, invalid(op, "nil pool")
+	}
+	if err := cfg.validate(op); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	pcfg := pg.Config{LockTable: cfg.LockTable, FenceTable: cfg.FenceTable}
+	if !cfg.DisableNotify {
+		pcfg.NotifyChannel = cfg.NotifyChannel
+	}
+	store, err := pg.New(pool, pcfg)
+	if err != nil {
+		var e *pglease.Error
+		if errors.As(err, &e) {
+			return nil, pglease.NewError(e.Code, op, e.Msg, e.Err)
+		}
+		return nil, err
+	}
+	m := &Manager{
+		cfg:           cfg,
+		pool:          pool,
+		ownsPool:      owns,
+		store:         store,
+		acquireCh:     make(chan *acquireReq),
+		releaseCh:     make(chan *releaseReq),
+		abandonCh:     make(chan *acquireReq),
+		acquireDoneCh: make(chan acquireDone),
+		releaseDoneCh: make(chan releaseDone),
+		extendDoneCh:  make(chan extendDone),
+		notifyCh:      make(chan notice),
+		lossCh:        make(chan struct{}, 1),
+		closing:       make(chan struct{}),
+		done:          make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(m)
+	}
+	perKind := max(1, (int(pool.Config().MaxConns)-1)/2)
+	m.acqLimit = min(cfg.MaxInFlight, perKind)
+	m.relLimit = min(cfg.MaxInFlight, perKind)
+	m.extLimit = cfg.MaxInFlight
+	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
+	st := newLoopState(m)
+	if !cfg.DisableNotify {
+		st.startListener()
+	}
+	go m.run(st)
+	return m, nil
+}
+
+// SetupSchema creates the lease tables and functions if they do not exist
+// (pg.Store.SetupSchema). Production deployments usually run pg.SchemaSQL
+// as a migration instead.
+func (m *Manager) SetupSchema(ctx context.Context) error {
+	const op = "manager.SetupSchema"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return err
+	}
+	if m.isClosing() {
+		return closedErr(op)
+	}
+	return m.store.SetupSchema(ctx)
+}
+
+// Done is closed when the Manager has fully stopped (after Close).
+func (m *Manager) Done() <-chan struct{} { return m.done }
+
+func (m *Manager) isClosing() bool {
+	select {
+	case <-m.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// AcquireOption tunes one Acquire, TryAcquire or Do. Options validate
+// their argument; a bad one makes the call fail with InvalidArgument
+// before any I/O.
+type AcquireOption func(*acquireOpts) error
+
+type acquireOpts struct {
+	ttl     time.Duration
+	timeout time.Duration
+	manual  bool
+}
+
+// WithTTL sets the lease TTL (default Config.TTL). It must be a whole
+// number of milliseconds, and at least heartbeat.MinAutoExtendTTL
+// (300 ms) unless WithoutAutoExtend is given too.
+func WithTTL(ttl time.Duration) AcquireOption {
+	return func(o *acquireOpts) error {
+		if err := pglease.ValidateTTL(ttl); err != nil {
+			return err
+		}
+		o.ttl = ttl
+		return nil
+	}
+}
+
+// WithAcquireTimeout bounds how long Acquire or Do waits for the lock
+// (default Config.AcquireTimeout); it must be positive. The context
+// bounds the wait too; whichever ends first wins. When the wait ends
+// without the lock, the error is CodeAcquisitionTimeout.
+func WithAcquireTimeout(d time.Duration) AcquireOption {
+	return func(o *acquireOpts) error {
+		if d <= 0 {
+			return invalid("manager.WithAcquireTimeout", "acquire timeout must be positive")
+		}
+		o.timeout = d
+		return nil
+	}
+}
+
+// WithoutAutoExtend opts the lock out of the heartbeat: it is never
+// extended, and is declared lost (its Context cancelled with
+// ErrLockLost) at attemptStart + TTL − margin. Use it for work known to
+// finish within the TTL; TTLs below the auto-extend floor are allowed.
+func WithoutAutoExtend() AcquireOption {
+	return func(o *acquireOpts) error {
+		o.manual = true
+		return nil
+	}
+}
+
+// newAcquireReq validates everything before any I/O.
+func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try bool, opts []AcquireOption) (*acquireReq, time.Duration, error) {
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, 0, err
+	}
+	nk, err := pglease.NormalizeKey(key)
+	if err != nil {
+		var e *pglease.Error
+		if errors.As(err, &e) {
+			return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
+		}
+		return nil, 0, err
+	}
+	o := acquireOpts{ttl: m.cfg.TTL, timeout: m.cfg.AcquireTimeout}
+	for _, f := range opts {
+		if f == nil {
+			return nil, 0, invalid(op, "nil option")
+		}
+		if err := f(&o); err != nil {
+			var e *pglease.Error
+			if errors.As(err, &e) {
+				return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
+			}
+			return nil, 0, err
+		}
+	}
+	if err := checkTTL(op, o.ttl, m.cfg.LossMargin, !o.manual); err != nil {
+		return nil, 0, err
+	}
+	if m.isClosing() {
+		return nil, 0, closedErr(op)
+	}
+	return &acquireReq{
+		key:    nk,
+		hash:   pglease.HashKey(nk),
+		ttl:    o.ttl,
+		manual: o.manual,
+		try:    try,
+		reply:  make(chan acquireReply, 1),
+		final:  make(chan acquireReply, 1),
+	}, o.timeout, nil
+}
+
+// errWaitTimeout is the cause of the wait context when the acquire
+// timeout (not the caller's context) ends the wait.
+var errWaitTimeout = errors.New("acquire timeout")
+
+// submit sends req to run and waits for the answer, leaving cleanly
+// (through abandonCh) when wctx ends. run is the only arbiter of a grant
+// that races the caller's departure: after an abandon, run takes back a
+// grant the caller never received and sends one final answer.
+func (m *Manager) submit(op string, wctx context.Context, req *acquireReq) acquireReply {
+	select {
+	case m.acquireCh <- req:
+	case <-wctx.Done():
+		return acquireReply{abandoned: true}
+	case <-m.closing:
+		return acquireReply{err: closedErr(op)}
+	}
+	select {
+	case r := <-req.reply:
+		return r
+	case <-wctx.Done():
+	}
+	select {
+	case m.abandonCh <- req:
+	case <-m.done:
+		return acquireReply{err: closedErr(op)}
+	}
+	select {
+	case r := <-req.final:
+		return r
+	case <-m.done:
+		// run answers every abandon it received before it stopped.
+		select {
+		case r := <-req.final:
+			return r
+		default:
+			return acquireReply{err: closedErr(op)}
+		}
+	}
+}
+
+// waitErr maps a wait that ended without the lock: the acquire timeout
+// or a context deadline is AcquisitionTimeout, a cancelled context is
+// Aborted. lastErr, the last database error seen for the key, is the
+// cause when there is one.
+func waitErr(op string, ctx, wctx context.Context, lastErr error) error {
+	cause := context.Cause(wctx)
+	if cause == nil {
+		cause = ctx.Err()
+	}
+	timedOut := errors.Is(cause, errWaitTimeout) || errors.Is(cause, context.DeadlineExceeded)
+	wrapped := ctx.Err()
+	if wrapped == nil {
+		wrapped = context.DeadlineExceeded
+	}
+	if lastErr != nil {
+		wrapped = lastErr
+	}
+	if timedOut {
+		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended", wrapped)
+	}
+	return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
+}
+
+// Acquire waits for the lock on key and returns it. All callers of this
+// Manager waiting for the same key share one database attempt loop and
+// are served in FIFO order; contended keys are retried with jittered
+// exponential backoff, and releases (local, or notified from other
+// processes) start the next attempt at once. The wait ends with
+// CodeAcquisitionTimeout after the acquire timeout (Config.AcquireTimeout
+// or WithAcquireTimeout) or the context's deadline, and with CodeAborted
+// when the context is cancelled; no lock is leaked either way.
+//
+// Locks are not re-entrant: Acquire of a key this Manager already holds
+// waits behind the holder like any other caller.
+//
+// The returned Lock is extended automatically until Release (see
+// WithoutAutoExtend); its Context is cancelled if it is lost.
+func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
+	const op = "manager.Acquire"
+	req, timeout, err := m.newAcquireReq(op, ctx, key, false, opts)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	wctx, cancel := context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
+	defer cancel()
+	r := m.submit(op, wctx, req)
+	switch {
+	case r.lock != nil:
+		m.hooks.onAcquireEnd(req.hash, nil, time.Since(start))
+		return r.lock, nil
+	case r.err != nil:
+		err = r.err
+	default: // abandoned (locked is impossible for Acquire)
+		err = waitErr(op, ctx, wctx, r.lastErr)
+	}
+	m.hooks.onAcquireEnd(req.hash, err, time.Since(start))
+	return nil, err
+}
+
+// TryAcquire makes one attempt to take key, without waiting for a
+// holder: ok is false (and err nil) when the key is held, by another
+// process or by this Manager, or when callers of this Manager are already
+// waiting for it. The context bounds the attempt.
+func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (lock *Lock, ok bool, err error) {
+	const op = "manager.TryAcquire"
+	req, _, err := m.newAcquireReq(op, ctx, key, true, opts)
+	if err != nil {
+		return nil, false, err
+	}
+	start := time.Now()
+	r := m.submit(op, ctx, req)
+	switch {
+	case r.lock != nil:
+		m.hooks.onAcquireEnd(req.hash, nil, time.Since(start))
+		return r.lock, true, nil
+	case r.locked:
+		m.hooks.onAcquireEnd(req.hash, nil, time.Since(start))
+		return nil, false, nil
+	case r.err != nil:
+		err = r.err
+	default:
+		err = waitErr(op, ctx, ctx, r.lastErr)
+	}
+	m.hooks.onAcquireEnd(req.hash, err, time.Since(start))
+	return nil, false, err
+}
+
+// Do acquires key (as Acquire, with the same options), runs fn, and
+// releases the lock. fn's context is cancelled when ctx ends or when the
+// lock is lost (then context.Cause is an ErrLockLost error). Do returns
+// fn's error; if fn succeeded but the lock was lost before it was
+// released, Do returns the loss (CodeLockLost), because the work may not
+// have been protected. Other release errors are not returned: the lock
+// then expires by itself at the end of its TTL.
+func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) error {
+	const op = "manager.Do"
+	if fn == nil {
+		return invalid(op, "nil function")
+	}
+	lk, err := m.Acquire(ctx, key, opts...)
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(lk.Context(), func() { cancel(context.Cause(lk.Context())) })
+	ferr := fn(fctx)
+	stop()
+	cancel(nil)
+	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StatementTimeout)
+	defer rcancel()
+	rerr := lk.Release(rctx)
+	if ferr != nil {
+		return ferr
+	}
+	if errors.Is(rerr, pglease.ErrLockLost) {
+		return rerr
+	}
+	return nil
+}
+
+func closedErr(op string) error {
+	return pglease.NewError(pglease.CodeClosed, op, "manager closed", nil)
+}

@@ -1,0 +1,294 @@
+package manager
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/retry"
+)
+
+func TestAcquireReleaseBasics(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	lk, err := b.m.Acquire(ctx, "cafe\u0301") // NFC: same lock as "café"
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lk.Key() != "café" || lk.Fence() <= 0 || lk.TTL() != DefaultTTL || lk.Err() != nil {
+		t.Fatalf("lock = key %q fence %v ttl %v err %v", lk.Key(), lk.Fence(), lk.TTL(), lk.Err())
+	}
+	if id, ok := lockRow(t, b.pool, "café"); !ok || id != lk.id {
+		t.Fatalf("lock row missing or not ours")
+	}
+	_, ok, err := b.m.TryAcquire(ctx, "café")
+	if err != nil || ok {
+		t.Fatalf("TryAcquire of a held key: ok=%v err=%v", ok, err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(lk.Context()), ErrReleased) {
+		t.Fatalf("cause after release = %v", context.Cause(lk.Context()))
+	}
+	select {
+	case <-lk.Done():
+	default:
+		t.Fatal("Done not closed after Release")
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatalf("second Release: %v", err)
+	}
+	if _, ok := lockRow(t, b.pool, "café"); ok {
+		t.Fatal("row still live after Release")
+	}
+	lk2, ok, err := b.m.TryAcquire(ctx, "café")
+	if err != nil || !ok {
+		t.Fatalf("TryAcquire of a free key: ok=%v err=%v", ok, err)
+	}
+	if lk2.Fence() <= lk.Fence() {
+		t.Fatalf("fence did not grow: %v then %v", lk.Fence(), lk2.Fence())
+	}
+	if err := lk2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDo(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	ran := false
+	err := b.m.Do(ctx, "job:42", func(ctx context.Context) error {
+		ran = true
+		if _, ok := lockRow(t, b.pool, "job:42"); !ok {
+			t.Error("not locked inside Do")
+		}
+		return nil
+	})
+	if err != nil || !ran {
+		t.Fatalf("Do: ran=%v err=%v", ran, err)
+	}
+	if _, ok := lockRow(t, b.pool, "job:42"); ok {
+		t.Fatal("still locked after Do")
+	}
+	boom := errors.New("boom")
+	if err := b.m.Do(ctx, "job:42", func(context.Context) error { return boom }); err != boom {
+		t.Fatalf("Do error = %v", err)
+	}
+	if err := b.m.Do(ctx, "job:42", nil); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatalf("nil fn: %v", err)
+	}
+}
+
+// TestLocalHandoffFIFO: waiters of one key in this process are served in
+// arrival order, each through the database with a new lockId and a
+// higher fence.
+func TestLocalHandoffFIFO(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	first, err := b.m.Acquire(ctx, "fifo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait(t, &b.sig.queued)
+	wait(t, &b.sig.granted)
+	const n = 5
+	got := make(chan int, n)
+	locks := make(chan *Lock, n)
+	for i := range n {
+		go func() {
+			lk, err := b.m.Acquire(ctx, "fifo", WithAcquireTimeout(time.Minute))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			got <- i
+			locks <- lk
+		}()
+		// Wait until waiter i is queued before starting i+1 (order).
+		wait(t, &b.sig.queued)
+	}
+	prev := first
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for want := range n {
+		if i := <-got; i != want {
+			t.Fatalf("served waiter %d, want %d", i, want)
+		}
+		lk := <-locks
+		if lk.Fence() <= prev.Fence() || lk.id == prev.id {
+			t.Fatalf("handoff reused fence or lockId")
+		}
+		prev = lk
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestBadInputNoIO(t *testing.T) {
+	t.Parallel()
+	qc := &queryCounter{}
+	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
+	ctx := ctxT(t)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	before := qc.n.Load()
+	//nolint:staticcheck // nil context on purpose
+	var nilCtx context.Context
+	cases := []struct {
+		name string
+		err  error
+		want *pglease.Error
+	}{
+		{"nil ctx", func() error { _, err := b.m.Acquire(nilCtx, "k"); return err }(), pglease.ErrInvalidArgument},
+		{"cancelled ctx", func() error { _, err := b.m.Acquire(cancelled, "k"); return err }(), pglease.ErrAborted},
+		{"empty key", func() error { _, err := b.m.Acquire(ctx, ""); return err }(), pglease.ErrInvalidArgument},
+		{"bad utf8", func() error { _, err := b.m.Acquire(ctx, "\xff\xfe"); return err }(), pglease.ErrInvalidArgument},
+		{"nul", func() error { _, _, err := b.m.TryAcquire(ctx, "a\x00b"); return err }(), pglease.ErrInvalidArgument},
+		{"513 bytes", func() error { _, err := b.m.Acquire(ctx, strings.Repeat("x", 513)); return err }(), pglease.ErrInvalidArgument},
+		{"ttl 0", func() error { _, err := b.m.Acquire(ctx, "k", WithTTL(0)); return err }(), pglease.ErrInvalidArgument},
+		{"ttl 1.5ms", func() error { _, err := b.m.Acquire(ctx, "k", WithTTL(1500*time.Microsecond)); return err }(), pglease.ErrInvalidArgument},
+		{"ttl below floor", func() error { _, err := b.m.Acquire(ctx, "k", WithTTL(299*time.Millisecond)); return err }(), pglease.ErrInvalidArgument},
+		{"timeout 0", func() error { _, err := b.m.Acquire(ctx, "k", WithAcquireTimeout(0)); return err }(), pglease.ErrInvalidArgument},
+		{"nil option", func() error { _, err := b.m.Acquire(ctx, "k", nil); return err }(), pglease.ErrInvalidArgument},
+		{"release nil ctx", func() error { return (&Lock{m: b.m}).Release(nilCtx) }(), pglease.ErrInvalidArgument},
+		{"close nil ctx", b.m.Close(nilCtx), pglease.ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		if !errors.Is(c.err, c.want) {
+			t.Errorf("%s: err = %v, want code %v", c.name, c.err, c.want.Code)
+		}
+		if c.err != nil && strings.Contains(c.err.Error(), "\xff") {
+			t.Errorf("%s: error echoes the key", c.name)
+		}
+	}
+	if n := qc.n.Load() - before; n != 0 {
+		t.Errorf("%d queries for bad input", n)
+	}
+	// A short single-shot lease is fine without auto-extend.
+	lk, err := b.m.Acquire(ctx, "short", WithTTL(50*time.Millisecond), WithoutAutoExtend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lk.Done() // declared lost at ~45 ms: never extended
+	if !errors.Is(lk.Err(), pglease.ErrLockLost) {
+		t.Fatalf("manual lock cause = %v", lk.Err())
+	}
+	if err := lk.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
+		t.Fatalf("release of a lost lock = %v", err)
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, cfg := range []Config{
+		{TTL: 100 * time.Millisecond},
+		{TTL: -1},
+		{TTL: 1500 * time.Microsecond},
+		{AcquireTimeout: -1},
+		{LossMargin: -1},
+		{TTL: time.Second, LossMargin: 700 * time.Millisecond},
+		{StatementTimeout: -1},
+		{CloseTimeout: -1},
+		{MaxBatch: -1},
+		{MaxBatch: 1 << 30},
+		{MaxInFlight: -1},
+		{Retry: retry.Policy{Base: -1}},
+		{LockTable: "locks; DROP TABLE x"},
+		{LockTable: "same", FenceTable: "same"},
+		{NotifyChannel: "bad channel"},
+	} {
+		if _, err := New(pool, cfg); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("%+v: err = %v", cfg, err)
+		}
+	}
+	if _, err := New(nil, Config{}); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("nil pool: %v", err)
+	}
+	if _, err := Open(context.Background(), "::not a url::", Config{}); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("bad url: %v", err)
+	}
+}
+
+// TestLockRedaction: the lockId never appears in any printed form.
+func TestLockRedaction(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	lk, err := b.m.Acquire(ctx, "secret-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lk.Release(ctx)
+	js, err := json.Marshal(lk)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logBuf strings.Builder
+	slog.New(slog.NewTextHandler(&logBuf, nil)).Info("held", "lock", lk)
+	slog.New(slog.NewJSONHandler(&logBuf, nil)).Info("held", "lock", lk)
+	out := fmt.Sprintf("%v %+v %#v %s %q %x", lk, lk, lk, lk, lk, lk) + fmt.Sprint(lk) + string(js) + logBuf.String() +
+		fmt.Sprintf("%+v %#v", *lk, []*Lock{lk})
+	for _, secret := range []string{lk.id, "secret-key"} {
+		if strings.Contains(out, secret) {
+			t.Fatalf("printed forms contain a secret: %s", out)
+		}
+	}
+	if !strings.Contains(out, "[redacted]") || !strings.Contains(out, lk.Fence().String()) {
+		t.Fatalf("unexpected printed form: %s", out)
+	}
+}
+
+func TestClosedManager(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	lk, err := b.m.Acquire(ctx, "held")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(context.Cause(lk.Context()), pglease.ErrClosed) {
+		t.Fatalf("cause after Close = %v", context.Cause(lk.Context()))
+	}
+	if n := countLocks(t, b.pool); n != 0 {
+		t.Fatalf("%d locks left after Close", n)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatalf("Release after Close = %v", err)
+	}
+	if _, err := b.m.Acquire(ctx, "k"); !errors.Is(err, pglease.ErrClosed) {
+		t.Fatalf("Acquire after Close = %v", err)
+	}
+	if _, _, err := b.m.TryAcquire(ctx, "k"); !errors.Is(err, pglease.ErrClosed) {
+		t.Fatalf("TryAcquire after Close = %v", err)
+	}
+	if err := b.m.Close(ctx); err != nil {
+		t.Fatalf("second Close = %v", err)
+	}
+	select {
+	case <-b.m.Done():
+	default:
+		t.Fatal("Done not closed")
+	}
+}

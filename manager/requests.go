@@ -1,0 +1,99 @@
+package manager
+
+import (
+	"time"
+
+	"github.com/pglease/pglease/pg"
+)
+
+// reqState is where an acquireReq is in its life. Owned by run.
+type reqState uint8
+
+const (
+	reqQueued   reqState = iota // in its key's FIFO queue
+	reqGranted                  // a *Lock sits in (or was taken from) reply
+	reqAnswered                 // an error or "locked" sits in (or was taken from) reply
+)
+
+// acquireReq is one Acquire or TryAcquire call. The caller fills the
+// immutable fields and sends it on acquireCh; from then on only run
+// touches state, and only run sends on reply.
+type acquireReq struct {
+	key    string        // immutable: NFC-normalized key
+	hash   string        // immutable: pglease.HashKey(key), for notifications
+	ttl    time.Duration // immutable
+	manual bool          // immutable: no auto-extend
+	try    bool          // immutable: TryAcquire (one attempt, never queued behind others)
+
+	// reply has capacity 1; run sends on it at most once. After the
+	// caller sent the request on abandonCh it never reads reply again:
+	// run takes back whatever it finds there (§4.4 of STYLE.md) and sends
+	// the one final answer on final (capacity 1).
+	reply chan acquireReply
+	final chan acquireReply
+
+	state reqState // owned by run
+}
+
+// acquireReply carries exactly one of: lock (granted), locked (TryAcquire
+// found the key held), err, or abandoned (the caller left; lastErr is the
+// last database error seen for the key, if any).
+type acquireReply struct {
+	lock      *Lock
+	locked    bool
+	err       error
+	abandoned bool
+	lastErr   error
+}
+
+// releaseReq is one Lock.Release call.
+type releaseReq struct {
+	lock  *Lock
+	reply chan error // cap 1; run sends exactly once
+}
+
+// notice is what the listener goroutine posts to run: a release
+// notification's payload (a key hash), or resync after (re)connecting,
+// when notifications may have been missed.
+type notice struct {
+	hash   string
+	resync bool
+}
+
+// attempt is one key's database acquire attempt. Created by run; the DB
+// goroutine only reads lockID and ttl.
+type attempt struct {
+	ks     *keyState
+	lockID string // pre-generated, so an ambiguous outcome can be released (S5)
+	ttl    time.Duration
+}
+
+// releaseItem is one lockId to release, with the reply of a user's
+// Release call if there is one.
+type releaseItem struct {
+	lockID string
+	ks     *keyState // the key to kick once released; nil during drain
+	reply  chan error
+	lost   error // the lock was lost before the release: reply with this
+}
+
+// Results posted by DB goroutines to run, one type per kind.
+type acquireDone struct {
+	batch []*attempt
+	start time.Time // local time just before the statement was sent
+	res   []pg.AcquireResult
+	err   error
+}
+
+type releaseDone struct {
+	batch []releaseItem
+	res   []bool
+	err   error
+}
+
+type extendDone struct {
+	batch []*holding
+	start time.Time // local time just before the statement was sent
+	res   []pg.ExtendResult
+	err   error
+}

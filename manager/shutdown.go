@@ -1,0 +1,68 @@
+package manager
+
+import (
+	"context"
+	"time"
+
+	"github.com/pglease/pglease"
+)
+
+// Close stops the Manager, in this order: new calls fail with ErrClosed;
+// every waiting Acquire fails with ErrClosed; every held lock's Context
+// is cancelled with cause ErrClosed; all held locks are released in one
+// round trip (detached from ctx, bounded by Config.CloseTimeout); the
+// listener and every database goroutine are stopped; the pool is closed
+// if the Manager opened it (Open). No goroutine outlives a completed
+// Close.
+//
+// ctx bounds only how long Close waits: if it ends first, Close returns
+// CodeAborted and the shutdown goes on in the background (Done is closed
+// when it has finished). Close is idempotent and safe to call
+// concurrently; every call waits for the same shutdown. It returns the
+// first release failure, if any (those locks expire by themselves).
+func (m *Manager) Close(ctx context.Context) error {
+	const op = "manager.Close"
+	if ctx == nil {
+		return invalid(op, "nil context")
+	}
+	m.closeOnce.Do(func() { close(m.closing) })
+	select {
+	case <-m.done:
+		return m.closeErr
+	case <-ctx.Done():
+		return pglease.NewError(pglease.CodeAborted, op, "context ended before the shutdown finished", ctx.Err())
+	}
+}
+
+// beginDrain is run's first step of shutdown (steps 2–4 of Close).
+func (st *loopState) beginDrain() {
+	st.closing = true
+	st.m.cancelWork() // in-flight acquires and extends are moot now
+	if st.stopListener != nil {
+		st.stopListener()
+	}
+	for _, ks := range st.keys {
+		st.failAll(ks, closedErr("manager.Acquire"))
+	}
+	for h := range st.held {
+		st.dropHolding(h, closedCause)
+		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id})
+	}
+	st.pendExtend = nil
+	st.hbNext = time.Time{}
+}
+
+// drained reports whether nothing is pending or in flight any more.
+func (st *loopState) drained() bool {
+	return st.inAcquire == 0 && st.inRelease == 0 && st.inExtend == 0 &&
+		len(st.pendRelease) == 0 && st.listenerDone == nil
+}
+
+// finish is the last step of the drain: close an owned pool and record the
+// outcome for Close. run closes done right after.
+func (st *loopState) finish() {
+	st.m.closeErr = st.closeErr
+	if st.m.ownsPool {
+		st.m.pool.Close()
+	}
+}

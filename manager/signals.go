@@ -1,0 +1,73 @@
+package manager
+
+// testSignal is a River-style test signal: a no-op unless a test called
+// init, then a buffered channel the loop (or a DB goroutine) posts to
+// without ever blocking. Signals beyond the buffer are dropped, so tests
+// that count signals consume them as they go.
+type testSignal[T any] struct{ ch chan T }
+
+func (s *testSignal[T]) init() { s.ch = make(chan T, 4096) }
+
+func (s *testSignal[T]) signal(v T) {
+	if s == nil || s.ch == nil {
+		return
+	}
+	select {
+	case s.ch <- v:
+	default:
+	}
+}
+
+// signals are the loop's test signals (all no-ops in production). Values
+// carrying a key carry the NFC key; they exist only in tests.
+type signals struct {
+	batchSent    testSignal[batchInfo] // a DB goroutine is about to send a batch
+	queued       testSignal[string]    // a caller joined the key's queue
+	granted      testSignal[string]    // a waiter was granted the key
+	abandoned    testSignal[string]    // a queued waiter left before its grant
+	takenBack    testSignal[string]    // a grant was taken back from a caller who had left
+	orphaned     testSignal[string]    // an attempt succeeded with no waiter left; released
+	extended     testSignal[int]       // an extend batch came back; n locks extended
+	extendFailed testSignal[error]     // an extend batch failed as a whole (retried)
+	lost         testSignal[string]    // a held lock was declared lost
+	released     testSignal[string]    // a release of the key's lock came back
+	woken        testSignal[string]    // a notification started an attempt for the key
+	listening    testSignal[struct{}]  // the listener (re)subscribed
+}
+
+func (s *signals) init() {
+	s.batchSent.init()
+	s.queued.init()
+	s.granted.init()
+	s.abandoned.init()
+	s.takenBack.init()
+	s.orphaned.init()
+	s.extended.init()
+	s.extendFailed.init()
+	s.lost.init()
+	s.released.init()
+	s.woken.init()
+	s.listening.init()
+}
+
+// batchKind names a kind of batched statement.
+type batchKind string
+
+const (
+	kindAcquire batchKind = "acquire"
+	kindRelease batchKind = "release"
+	kindExtend  batchKind = "extend"
+)
+
+type batchInfo struct {
+	kind batchKind
+	n    int
+}
+
+// testHooks let tests stop a DB goroutine at a chosen point. Nil in
+// production.
+type testHooks struct {
+	// beforeBatch runs in the DB goroutine just before the statement is
+	// sent (after the loop counted the batch as in flight).
+	beforeBatch func(kind batchKind, n int)
+}

@@ -1,0 +1,342 @@
+package manager
+
+import (
+	"container/heap"
+	"context"
+	"errors"
+	"time"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/retry"
+)
+
+// maxFenceMemory caps how many keys' highest fences the loop remembers for
+// the fence-regression check (S1); beyond it, entries of idle keys are
+// dropped.
+const maxFenceMemory = 100_000
+
+// loopState is every map, queue and counter the loop owns. It is touched
+// only by (*Manager).run and the methods it calls: no mutex.
+type loopState struct {
+	m *Manager
+
+	keys    map[string]*keyState     // keys with waiters, an attempt, a holder or a release in flight
+	byHash  map[string]*keyState     // pglease.HashKey(key) → key, for notifications
+	held    map[*holding]struct{}    // locks this process holds
+	fences  map[string]pglease.Fence // highest fence seen per key (S1 regression check)
+	retries retryHeap                // scheduled retries, earliest first
+	hbNext  time.Time                // next heartbeat event (zero: none)
+
+	pendAcquire []*attempt    // attempts to send with the next acquire batch
+	pendRelease []releaseItem // lockIds to send with the next release batch
+	pendExtend  []*holding    // leases to send with the next extend batch
+
+	inAcquire, inRelease, inExtend int // batches in flight per kind
+
+	closing      bool
+	listenerDone chan struct{}      // closed by the listener goroutine; nil when none runs
+	stopListener context.CancelFunc // stops the listener
+
+	closeErr error // first release failure during the drain
+}
+
+// keyState is one key's FIFO queue and attempt loop.
+type keyState struct {
+	key, hash string
+	queue     []*acquireReq  // FIFO; the head is served by the next grant
+	attempt   *attempt       // the one attempt pending or in flight
+	holder    *holding       // this process's holder
+	releasing int            // releases in flight for this key's lockIds; attempts wait for them
+	retryAt   time.Time      // scheduled retry (zero: none)
+	retryGen  uint64         // invalidates stale retryHeap entries
+	bo        *retry.Backoff // this key's backoff (not thread-safe; loop-owned)
+	lastErr   error          // last database error of an attempt, for timeout errors
+	woken     bool           // a release notification came while an attempt was in flight
+}
+
+// holding is a held lock, as the loop sees it.
+type holding struct {
+	lock      *Lock
+	ks        *keyState
+	lease     heartbeat.Lease // last successful attempt; Pending/NotBefore/Manual
+	lossTimer *time.Timer     // fires at lease.TrustedUntil(), independently of the loop
+}
+
+type retryEntry struct {
+	at  time.Time
+	ks  *keyState
+	gen uint64
+}
+
+type retryHeap []retryEntry
+
+func (h retryHeap) Len() int           { return len(h) }
+func (h retryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h retryHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *retryHeap) Push(x any)        { *h = append(*h, x.(retryEntry)) }
+func (h *retryHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+func newLoopState(m *Manager) *loopState {
+	return &loopState{
+		m:      m,
+		keys:   make(map[string]*keyState),
+		byHash: make(map[string]*keyState),
+		held:   make(map[*holding]struct{}),
+		fences: make(map[string]pglease.Fence),
+	}
+}
+
+// keyFor returns the state of key, creating it.
+func (st *loopState) keyFor(key, hash string) *keyState {
+	ks := st.keys[key]
+	if ks == nil {
+		ks = &keyState{key: key, hash: hash, bo: retry.New(st.m.cfg.Retry, retry.Options{})}
+		st.keys[key] = ks
+		st.byHash[hash] = ks
+	}
+	return ks
+}
+
+// gc forgets ks when nothing refers to it any more.
+func (st *loopState) gc(ks *keyState) {
+	if len(ks.queue) > 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 {
+		return
+	}
+	st.clearRetry(ks)
+	if st.keys[ks.key] == ks {
+		delete(st.keys, ks.key)
+	}
+	if st.byHash[ks.hash] == ks {
+		delete(st.byHash, ks.hash)
+	}
+}
+
+// kick starts an attempt for ks if it has waiters and nothing stands in
+// the way: no attempt in flight, no local holder, no release of its
+// lockIds in flight, no retry scheduled.
+func (st *loopState) kick(ks *keyState) {
+	if st.closing || len(ks.queue) == 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || !ks.retryAt.IsZero() {
+		return
+	}
+	ks.woken = false
+	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl}
+	ks.attempt = a
+	st.pendAcquire = append(st.pendAcquire, a)
+}
+
+// forceKick cancels a scheduled retry and kicks: the key was (probably)
+// just freed.
+func (st *loopState) forceKick(ks *keyState) {
+	st.clearRetry(ks)
+	st.kick(ks)
+}
+
+func (st *loopState) scheduleRetry(ks *keyState, now time.Time) {
+	ks.retryAt = now.Add(ks.bo.NextBackOff())
+	ks.retryGen++
+	heap.Push(&st.retries, retryEntry{at: ks.retryAt, ks: ks, gen: ks.retryGen})
+}
+
+func (st *loopState) clearRetry(ks *keyState) {
+	if !ks.retryAt.IsZero() {
+		ks.retryAt = time.Time{}
+		ks.retryGen++
+	}
+}
+
+// noteEvent makes sure the heartbeat runs at t.
+func (st *loopState) noteEvent(t time.Time) {
+	if st.hbNext.IsZero() || t.Before(st.hbNext) {
+		st.hbNext = t
+	}
+}
+
+// nextWake returns when the loop's one timer must fire (zero: never).
+func (st *loopState) nextWake() time.Time {
+	if st.closing {
+		return time.Time{}
+	}
+	next := st.hbNext
+	for len(st.retries) > 0 {
+		e := st.retries[0]
+		if e.gen != e.ks.retryGen || e.ks.retryAt.IsZero() {
+			heap.Pop(&st.retries) // stale
+			continue
+		}
+		if next.IsZero() || e.at.Before(next) {
+			next = e.at
+		}
+		break
+	}
+	return next
+}
+
+func (st *loopState) margin(ttl time.Duration) time.Duration {
+	if st.m.cfg.LossMargin > 0 {
+		return st.m.cfg.LossMargin
+	}
+	return heartbeat.DefaultMargin(ttl)
+}
+
+// orphanRelease releases a lockId nobody holds (an attempt without a
+// waiter, an ambiguous attempt, a refused grant). The key's next attempt
+// waits until the release is answered.
+func (st *loopState) orphanRelease(ks *keyState, lockID string) {
+	if ks != nil {
+		ks.releasing++
+	}
+	st.pendRelease = append(st.pendRelease, releaseItem{lockID: lockID, ks: ks})
+}
+
+// dropHolding forgets h and ends its lock's context with cause (the first
+// cause wins: a lock already lost stays lost).
+func (st *loopState) dropHolding(h *holding, cause error) {
+	delete(st.held, h)
+	h.lossTimer.Stop()
+	h.lock.cancel(cause)
+	if h.ks.holder == h {
+		h.ks.holder = nil
+	}
+}
+
+// releaseHolding drops h and queues the release of its lockId; reply, if
+// set, gets the outcome.
+func (st *loopState) releaseHolding(h *holding, reply chan error) {
+	st.dropHolding(h, ErrReleased)
+	it := releaseItem{lockID: h.lock.id, ks: h.ks, reply: reply}
+	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
+		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+	}
+	h.ks.releasing++
+	st.pendRelease = append(st.pendRelease, it)
+}
+
+// lose declares h lost: its context is cancelled with cause (unless it
+// already ended), and, when the server may still have the row, its lockId
+// is released so the next holder need not wait for the expiry.
+func (st *loopState) lose(h *holding, cause error, releaseInDB bool) {
+	ks := h.ks
+	st.dropHolding(h, cause)
+	reason := "lost"
+	var e *pglease.Error
+	if errors.As(context.Cause(h.lock.ctx), &e) {
+		reason = e.Msg
+	}
+	st.m.hooks.onLost(ks.hash, reason)
+	st.sig().lost.signal(ks.key)
+	if releaseInDB {
+		st.orphanRelease(ks, h.lock.id)
+	} else {
+		st.forceKick(ks)
+	}
+}
+
+func lostCause(msg string) error {
+	return pglease.NewError(pglease.CodeLockLost, "manager.Lock", msg, nil)
+}
+
+var closedCause = pglease.NewError(pglease.CodeClosed, "manager.Close", "manager closed", nil)
+
+func (st *loopState) sig() *signals {
+	if st.m.sig == nil {
+		return &noSignals
+	}
+	return st.m.sig
+}
+
+var noSignals signals // all channels nil: every signal is a no-op
+
+// grant makes a holding for req from a successful attempt and answers
+// req.
+func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.AcquireResult, lease heartbeat.Lease) {
+	m := st.m
+	lctx, cancel := context.WithCancelCause(context.Background())
+	lk := &Lock{m: m, key: ks.key, id: a.lockID, fence: r.Fence, ttl: a.ttl, acquiredAt: r.AcquiredAt, ctx: lctx, cancel: cancel}
+	lease.Manual = req.manual
+	h := &holding{lock: lk, ks: ks, lease: lease}
+	lk.h = h
+	// The loss deadline does not depend on the loop: the timer cancels the
+	// lock's context by itself, then nudges the loop.
+	h.lossTimer = time.AfterFunc(time.Until(lease.TrustedUntil()), func() {
+		cancel(lostCause("trust window passed without a successful extend"))
+		select {
+		case m.lossCh <- struct{}{}:
+		default:
+		}
+	})
+	ks.holder = h
+	st.held[h] = struct{}{}
+	st.noteEvent(lease.NextEvent())
+	req.state = reqGranted
+	req.reply <- acquireReply{lock: lk}
+	ks.bo.Reset()
+	ks.lastErr = nil
+	st.sig().granted.signal(ks.key)
+}
+
+// noteFence records the highest fence seen for key and reports whether f
+// is acceptable (strictly above every fence seen before).
+func (st *loopState) noteFence(key string, f pglease.Fence) bool {
+	if prev, ok := st.fences[key]; ok && f <= prev {
+		return false
+	}
+	if len(st.fences) >= maxFenceMemory {
+		for k := range st.fences { // drop entries of idle keys
+			if st.keys[k] == nil {
+				delete(st.fences, k)
+			}
+			if len(st.fences) < maxFenceMemory/2 {
+				break
+			}
+		}
+	}
+	st.fences[key] = f
+	return true
+}
+
+// popTries answers the TryAcquire requests at the head of ks's queue.
+func (st *loopState) popTries(ks *keyState, r acquireReply) {
+	for len(ks.queue) > 0 && ks.queue[0].try {
+		req := ks.queue[0]
+		ks.queue = ks.queue[1:]
+		req.state = reqAnswered
+		req.reply <- r
+	}
+}
+
+// failAll answers every waiter of ks with err.
+func (st *loopState) failAll(ks *keyState, err error) {
+	for _, req := range ks.queue {
+		req.state = reqAnswered
+		req.reply <- acquireReply{err: err}
+	}
+	ks.queue = nil
+	st.clearRetry(ks)
+}
+
+// retryable reports whether an attempt error leaves waiters waiting (and
+// retrying) rather than failing them: everything except bad input,
+// authentication and internal errors of the item itself.
+func retryable(err error) bool {
+	switch pglease.CodeOf(err) {
+	case pglease.CodeInvalidArgument, pglease.CodeAuthFailed:
+		return false
+	}
+	return true
+}
+
+// leases iterates the held locks for heartbeat.Collect.
+func (st *loopState) leases(yield func(*holding, heartbeat.Lease) bool) {
+	for h := range st.held {
+		if !yield(h, h.lease) {
+			return
+		}
+	}
+}
