@@ -1,0 +1,448 @@
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease"
+)
+
+// Span names.
+const (
+	SpanAcquire   = "pglease.acquire"
+	SpanRelease   = "pglease.release"
+	SpanLost      = "pglease.lost"
+	SpanHeartbeat = "pglease.heartbeat"
+)
+
+// Event names on the pglease.acquire span.
+const (
+	EventQueued  = "pglease.queued"
+	EventAttempt = "pglease.attempt"
+)
+
+// Span start options, built once: an option and a variadic slice passed
+// to an interface method are each an allocation.
+var (
+	startInternal = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
+	startClient   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+)
+
+// AcquireInfo describes an acquire when it starts.
+type AcquireInfo struct {
+	Kind LockKind      // lease or advisory
+	TTL  time.Duration // lease TTL; 0 for advisory locks
+	Try  bool          // TryAcquire: one attempt, no waiting
+}
+
+// QueueInfo describes how an acquire entered its key's local FIFO.
+type QueueInfo struct {
+	// Coalesced: another caller of this process already had an attempt
+	// loop running for the key, and this one joined it.
+	Coalesced bool
+	// HeldLocally: another caller of this process holds the key, so this
+	// one waits for a local handoff (counts as contended).
+	HeldLocally bool
+	// Position in the FIFO, 0 = first.
+	Position int
+}
+
+// Acquisition states.
+const (
+	stAcquiring uint32 = iota
+	stHeld
+	stFailed
+	stReleased
+	stLost
+)
+
+const (
+	flagCoalesced uint32 = 1 << iota
+	flagContended
+)
+
+// Acquisition follows one acquire from the caller's call to its outcome
+// and, when granted, the lock's life until it is released or lost. It
+// owns the pglease.acquire span. Its methods are safe for concurrent use
+// and each end state is reached once: later calls are no-ops. A nil
+// *Acquisition is valid and records nothing.
+//
+// Order the Manager keeps: StartAcquire (caller) → Queued, Attempt (loop,
+// any number) → exactly one of Granted (loop, before it sends the reply),
+// Failed or NotAcquired (loop or caller) → for a granted lock, any number
+// of Extended / ExtendFailed (loop) → one of StartRelease … Release.End or
+// Lost. Granted must happen before any Extended, Lost or StartRelease of
+// the same lock; calling Granted from the loop guarantees that.
+type Acquisition struct {
+	r     *Recorder
+	span  trace.Span
+	sc    trace.SpanContext
+	key   KeyID
+	kind  LockKind
+	try   bool
+	start time.Time
+
+	attempts atomic.Int64
+	flags    atomic.Uint32
+	state    atomic.Uint32
+	granted  atomic.Int64 // 1 + nanoseconds from start to the grant (monotonic); 0 = not granted
+}
+
+// StartAcquire starts the pglease.acquire span as a child of the span in
+// ctx (the caller's trace) and returns ctx carrying it. Call it in the
+// caller's goroutine, after validation, before enqueueing the request.
+func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo) (context.Context, *Acquisition) {
+	if r == nil {
+		return ctx, nil
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	kind := info.Kind.norm()
+	a := &Acquisition{r: r, key: key, kind: kind, try: info.Try, start: time.Now()}
+	ctx, a.span = r.tracer.Start(ctx, SpanAcquire, startInternal...)
+	a.sc = a.span.SpanContext()
+	if a.span.IsRecording() {
+		attrs := make([]attribute.KeyValue, 0, 5)
+		attrs = r.keyAttrs(attrs, key)
+		attrs = append(attrs, AttrLockKind.String(kind.String()), AttrTry.Bool(info.Try))
+		if info.TTL > 0 {
+			attrs = append(attrs, AttrTTL.Float64(info.TTL.Seconds()))
+		}
+		a.span.SetAttributes(attrs...)
+	}
+	return ctx, a
+}
+
+// Key returns the acquisition's KeyID.
+func (a *Acquisition) Key() KeyID {
+	if a == nil {
+		return KeyID{}
+	}
+	return a.key
+}
+
+// SpanContext returns the pglease.acquire span's context, e.g. to parent
+// the DB span of a round trip that serves only this acquire (StartDB).
+func (a *Acquisition) SpanContext() trace.SpanContext {
+	if a == nil {
+		return trace.SpanContext{}
+	}
+	return a.sc
+}
+
+// Queued records that the acquire entered its key's local FIFO (loop).
+func (a *Acquisition) Queued(q QueueInfo) {
+	if a == nil {
+		return
+	}
+	var f uint32
+	if q.Coalesced {
+		f |= flagCoalesced
+	}
+	if q.HeldLocally {
+		f |= flagContended
+	}
+	if f != 0 {
+		a.flags.Or(f)
+	}
+	if a.span.IsRecording() {
+		a.span.AddEvent(EventQueued, trace.WithAttributes(
+			AttrCoalesced.Bool(q.Coalesced),
+			AttrContended.Bool(q.HeldLocally),
+			AttrQueuePosition.Int(q.Position)))
+	}
+}
+
+// Attempt records one database attempt made on this acquire's behalf
+// (loop, when the attempt's result arrives): its outcome, the DB span
+// that carried it (linked from the acquire span; pass DBSpan.SpanContext),
+// and the backoff before the next attempt (0 if none is scheduled). With
+// coalescing, call it for every waiter the attempt served: attempts are
+// counted per caller.
+func (a *Acquisition) Attempt(db trace.SpanContext, outcome AttemptOutcome, retryIn time.Duration) {
+	if a == nil {
+		return
+	}
+	n := a.attempts.Add(1)
+	if outcome == AttemptContended {
+		a.flags.Or(flagContended)
+	}
+	if !a.span.IsRecording() {
+		return
+	}
+	if db.IsValid() {
+		a.span.AddLink(trace.Link{SpanContext: db})
+	}
+	attrs := []attribute.KeyValue{AttrAttempt.Int64(n), AttrOutcome.String(outcome.String())}
+	if retryIn > 0 {
+		attrs = append(attrs, AttrRetryIn.Float64(retryIn.Seconds()))
+	}
+	a.span.AddEvent(EventAttempt, trace.WithAttributes(attrs...))
+}
+
+// Granted ends the acquire as granted with the given fence (0 when the
+// lock kind has none, e.g. advisory locks) and starts the held state: pglease.lock.held goes up
+// by one. Call it from the loop when it grants, before replying.
+func (a *Acquisition) Granted(fence pglease.Fence) {
+	if a == nil || !a.state.CompareAndSwap(stAcquiring, stHeld) {
+		return
+	}
+	now := time.Now()
+	a.granted.Store(int64(now.Sub(a.start)) + 1)
+	r := a.r
+	r.held.Add(context.Background(), 1, r.kindOpt[a.kind].add...)
+	a.finish(aoGranted, nil, int64(fence), now)
+}
+
+// NotAcquired ends a TryAcquire that found the key held: outcome "locked",
+// status unset (it is an answer, not an error).
+func (a *Acquisition) NotAcquired() {
+	if a == nil || !a.state.CompareAndSwap(stAcquiring, stFailed) {
+		return
+	}
+	a.flags.Or(flagContended)
+	a.finish(aoLocked, nil, 0, time.Now())
+}
+
+// Failed ends the acquire with err: an AcquisitionTimeout, the caller's
+// context ending (Aborted), the Manager closing, or a database error. The
+// span status is Error with error.type = the pglease Code name; err's text
+// is never recorded (it may quote caller data).
+func (a *Acquisition) Failed(err error) {
+	if a == nil || !a.state.CompareAndSwap(stAcquiring, stFailed) {
+		return
+	}
+	if err == nil {
+		err = pglease.ErrInternal
+	}
+	a.finish(acquireOutcomeOf(err), err, 0, time.Now())
+}
+
+func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.Time) {
+	r := a.r
+	wait := now.Sub(a.start)
+	n := a.attempts.Load()
+	f := a.flags.Load()
+	ctx := context.Background()
+	opt := r.acqOpt[a.kind][o]
+	r.acqDuration.Record(ctx, wait.Seconds(), opt.rec...)
+	r.acqAttempts.Record(ctx, n, opt.rec...)
+	if f&flagContended != 0 {
+		r.acqContended.Add(ctx, 1, r.kindOpt[a.kind].add...)
+	}
+	if f&flagCoalesced != 0 {
+		r.acqCoalesced.Add(ctx, 1, r.kindOpt[a.kind].add...)
+	}
+	if a.span.IsRecording() {
+		attrs := []attribute.KeyValue{
+			AttrOutcome.String(acquireOutcomeNames[o]),
+			AttrAttempts.Int64(n),
+			AttrWait.Float64(wait.Seconds()),
+			AttrCoalesced.Bool(f&flagCoalesced != 0),
+			AttrContended.Bool(f&flagContended != 0),
+		}
+		if o == aoGranted && fence != 0 {
+			attrs = append(attrs, AttrFence.Int64(fence))
+		}
+		if err != nil {
+			et := errorType(err)
+			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
+			a.span.SetStatus(codes.Error, et)
+		}
+		a.span.SetAttributes(attrs...)
+	}
+	a.span.End()
+
+	level := slog.LevelDebug
+	if o == aoError {
+		level = slog.LevelWarn
+	}
+	if r.logEnabled(ctx, level) {
+		lctx := trace.ContextWithSpanContext(ctx, a.sc)
+		attrs := []slog.Attr{
+			slog.String("outcome", acquireOutcomeNames[o]),
+			slog.Int64("attempts", n),
+			slog.Duration("wait", wait),
+		}
+		if err != nil {
+			attrs = append(attrs, slog.String("error.type", errorType(err)))
+		}
+		if o == aoGranted && fence != 0 {
+			attrs = append(attrs, slog.Int64("fence", fence))
+		}
+		r.logKey(lctx, level, "pglease: acquire", a.key, a.kind, attrs...)
+	}
+}
+
+func (a *Acquisition) heldFor(now time.Time) time.Duration {
+	g := a.granted.Load()
+	if g == 0 {
+		return 0
+	}
+	return now.Sub(a.start) - time.Duration(g-1)
+}
+
+// Extended records a successful automatic extend of this held lock, lag
+// being how late it started after it was due (≥ 0). Loop, after the
+// extend's result arrives. The round trip itself is the heartbeat's DB
+// span.
+func (a *Acquisition) Extended(lag time.Duration) {
+	if a == nil {
+		return
+	}
+	r := a.r
+	ctx := context.Background()
+	r.extends.Add(ctx, 1, r.extendOpt[a.kind][0].add...)
+	if lag < 0 {
+		lag = 0
+	}
+	r.extendLag.Record(ctx, lag.Seconds(), r.kindOpt[a.kind].rec...)
+}
+
+// ExtendFailed records an extend whose round trip failed (the lock is not
+// lost yet: the trust window decides that, and Lost reports it).
+func (a *Acquisition) ExtendFailed(err error) {
+	if a == nil {
+		return
+	}
+	r := a.r
+	ctx := context.Background()
+	r.extends.Add(ctx, 1, r.extendOpt[a.kind][1].add...)
+	if r.logEnabled(ctx, slog.LevelWarn) {
+		r.logKey(trace.ContextWithSpanContext(ctx, a.sc), slog.LevelWarn, "pglease: extend failed",
+			a.key, a.kind, slog.String("error.type", errorType(err)))
+	}
+}
+
+// Lost records that the held lock was lost, with its cause and the span
+// that found out (the heartbeat or DB span; may be invalid). It emits a
+// pglease.lost span in the acquirer's trace (child of the pglease.acquire
+// span) with status Error "LockLost", counts pglease.lock.lost{cause},
+// lowers pglease.lock.held, and logs a warning. Loop.
+func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
+	if a == nil || !a.state.CompareAndSwap(stHeld, stLost) {
+		return
+	}
+	r := a.r
+	cause = cause.norm()
+	now := time.Now()
+	held := a.heldFor(now)
+	ctx := context.Background()
+	r.held.Add(ctx, -1, r.kindOpt[a.kind].add...)
+	r.lost.Add(ctx, 1, r.lostOpt[a.kind][cause].add...)
+
+	pctx := trace.ContextWithSpanContext(ctx, a.sc)
+	_, span := r.tracer.Start(pctx, SpanLost, startInternal...)
+	if span.IsRecording() {
+		if by.IsValid() {
+			span.AddLink(trace.Link{SpanContext: by})
+		}
+		attrs := make([]attribute.KeyValue, 0, 6)
+		attrs = r.keyAttrs(attrs, a.key)
+		attrs = append(attrs,
+			AttrLockKind.String(a.kind.String()),
+			AttrLossCause.String(cause.String()),
+			AttrHeldFor.Float64(held.Seconds()),
+			semconv.ErrorTypeKey.String(pglease.CodeLockLost.String()))
+		span.SetAttributes(attrs...)
+		span.SetStatus(codes.Error, pglease.CodeLockLost.String())
+	}
+	span.End()
+
+	if r.logEnabled(ctx, slog.LevelWarn) {
+		r.logKey(pctx, slog.LevelWarn, "pglease: lock lost", a.key, a.kind,
+			slog.String("cause", cause.String()), slog.Duration("held_for", held))
+	}
+}
+
+// Release follows one release of a held lock: the pglease.release span.
+// The zero Release is valid and records nothing.
+type Release struct {
+	a     *Acquisition
+	span  trace.Span
+	start time.Time
+}
+
+// StartRelease starts the pglease.release span as a child of ctx (the
+// releasing caller's trace, or the Manager's drain context on Close),
+// linked to the lock's pglease.acquire span.
+func (a *Acquisition) StartRelease(ctx context.Context) (context.Context, Release) {
+	if a == nil {
+		return ctx, Release{}
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	r := a.r
+	ctx, span := r.tracer.Start(ctx, SpanRelease, startInternal...)
+	if span.IsRecording() {
+		if a.sc.IsValid() {
+			span.AddLink(trace.Link{SpanContext: a.sc})
+		}
+		attrs := make([]attribute.KeyValue, 0, 3)
+		attrs = r.keyAttrs(attrs, a.key)
+		attrs = append(attrs, AttrLockKind.String(a.kind.String()))
+		span.SetAttributes(attrs...)
+	}
+	return ctx, Release{a: a, span: span, start: time.Now()}
+}
+
+// Served links the release span to the DB span that carried it.
+func (rl Release) Served(db trace.SpanContext) {
+	if rl.span == nil || !db.IsValid() || !rl.span.IsRecording() {
+		return
+	}
+	rl.span.AddLink(trace.Link{SpanContext: db})
+}
+
+// End ends the release: err nil (released), an error with Code LockLost
+// (the lock was no longer this holder's: outcome "not_held"), or another
+// error. Whatever the outcome, this process no longer counts the lock as
+// held (pglease.lock.held goes down once per lock, by End or Lost).
+func (rl Release) End(err error) {
+	a := rl.a
+	if a == nil {
+		return
+	}
+	r := a.r
+	now := time.Now()
+	ctx := context.Background()
+	held := a.heldFor(now)
+	if a.state.CompareAndSwap(stHeld, stReleased) {
+		r.held.Add(ctx, -1, r.kindOpt[a.kind].add...)
+	}
+	oi, outcome := 0, outcomeOK
+	if err != nil {
+		if pglease.CodeOf(err) == pglease.CodeLockLost {
+			oi, outcome = 1, outcomeNotHeld
+		} else {
+			oi, outcome = 2, outcomeError
+		}
+	}
+	r.releases.Add(ctx, 1, r.releaseOpt[a.kind][oi].add...)
+	if rl.span.IsRecording() {
+		attrs := []attribute.KeyValue{AttrOutcome.String(outcome)}
+		if held > 0 {
+			attrs = append(attrs, AttrHeldFor.Float64(held.Seconds()))
+		}
+		if err != nil {
+			et := errorType(err)
+			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
+			rl.span.SetStatus(codes.Error, et)
+		}
+		rl.span.SetAttributes(attrs...)
+	}
+	rl.span.End()
+	if err != nil && r.logEnabled(ctx, slog.LevelWarn) {
+		r.logKey(trace.ContextWithSpanContext(ctx, rl.span.SpanContext()), slog.LevelWarn, "pglease: release failed",
+			a.key, a.kind, slog.String("outcome", outcome), slog.String("error.type", errorType(err)))
+	}
+}

@@ -1,0 +1,162 @@
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// DBSpan follows one database round trip (one transaction or statement,
+// however many keys it carries): a SpanKindClient span named after the
+// DBOperation. The zero DBSpan is valid and records nothing. It is a small
+// value: pass it by value.
+type DBSpan struct {
+	r     *Recorder
+	span  trace.Span
+	op    DBOperation
+	batch int
+	start time.Time
+}
+
+// StartDB starts the client span of one round trip carrying batch items.
+// Call it in the worker goroutine, right before the SQL, and pass the
+// returned ctx to pgx. The parent is:
+//   - parent, when valid: the span context of the only operation the round
+//     trip serves (Acquisition.SpanContext of a lone acquire), so a
+//     single-caller acquire shows its round trips inside the caller's trace;
+//   - otherwise the span in ctx (e.g. a Heartbeat's), or none: a batch
+//     serving many callers is its own trace, and each caller's span links
+//     to it (Acquisition.Attempt, Release.Served).
+func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, parent trace.SpanContext) (context.Context, DBSpan) {
+	if r == nil {
+		return ctx, DBSpan{}
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, parent)
+	}
+	ctx, span := r.tracer.Start(ctx, string(op), startClient...)
+	if span.IsRecording() {
+		span.SetAttributes(
+			semconv.DBSystemNamePostgreSQL,
+			semconv.DBOperationName(string(op)),
+			AttrBatchSize.Int(batch))
+	}
+	return ctx, DBSpan{r: r, span: span, op: op, batch: batch, start: time.Now()}
+}
+
+// SpanContext returns the span's context, for Acquisition.Attempt,
+// Release.Served and Acquisition.Lost links.
+func (d DBSpan) SpanContext() trace.SpanContext {
+	if d.span == nil {
+		return trace.SpanContext{}
+	}
+	return d.span.SpanContext()
+}
+
+// End ends the round trip: ok is how many items succeeded (granted,
+// extended, released; for a contended acquire batch, fewer than the batch
+// size), err the round trip's error (nil when it completed, whatever the
+// per-item answers). Records db.client.operation.duration and
+// pglease.db.batch.size.
+func (d DBSpan) End(ok int, err error) {
+	if d.r == nil {
+		return
+	}
+	r := d.r
+	now := time.Now()
+	ctx := context.Background()
+	o := r.dbOpts(d.op)
+	r.batchSize.Record(ctx, int64(d.batch), o.batch.rec...)
+	durOpt := o.success.rec
+	if err != nil {
+		durOpt = []metric.RecordOption{metric.WithAttributes(
+			semconv.DBSystemNamePostgreSQL, o.op, semconv.ErrorTypeKey.String(errorType(err)))}
+	}
+	r.dbDuration.Record(ctx, now.Sub(d.start).Seconds(), durOpt...)
+	if d.span.IsRecording() {
+		outcome := outcomeOK
+		if err != nil {
+			outcome = outcomeError
+		}
+		attrs := []attribute.KeyValue{AttrBatchOK.Int(ok), AttrOutcome.String(outcome)}
+		if err != nil {
+			et := errorType(err)
+			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
+			d.span.SetStatus(codes.Error, et)
+		}
+		d.span.SetAttributes(attrs...)
+	}
+	d.span.End()
+	if err != nil && r.logEnabled(ctx, slog.LevelDebug) {
+		r.log.LogAttrs(trace.ContextWithSpanContext(ctx, d.span.SpanContext()), slog.LevelDebug,
+			"pglease: database round trip failed",
+			slog.String("db.operation.name", string(d.op)),
+			slog.Int("batch.size", d.batch),
+			slog.String("error.type", errorType(err)))
+	}
+}
+
+// Heartbeat follows one heartbeat round: all extends due in one tick,
+// sent as one round trip. The zero Heartbeat is valid and records nothing.
+type Heartbeat struct {
+	r    *Recorder
+	span trace.Span
+}
+
+// StartHeartbeat starts a pglease.heartbeat span for a round extending due
+// locks, and returns ctx carrying it: pass that ctx to StartDB (with an
+// invalid parent) so the extend round trip is its child. Loop or worker.
+func (r *Recorder) StartHeartbeat(ctx context.Context, due int) (context.Context, Heartbeat) {
+	if r == nil {
+		return ctx, Heartbeat{}
+	}
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, span := r.tracer.Start(ctx, SpanHeartbeat, startInternal...)
+	if span.IsRecording() {
+		span.SetAttributes(AttrDue.Int(due))
+	}
+	return ctx, Heartbeat{r: r, span: span}
+}
+
+// SpanContext returns the heartbeat span's context (e.g. for Lost's by).
+func (h Heartbeat) SpanContext() trace.SpanContext {
+	if h.span == nil {
+		return trace.SpanContext{}
+	}
+	return h.span.SpanContext()
+}
+
+// End ends the round: extended and lost count the locks extended and the
+// locks found lost (report each loss with Acquisition.Lost and each
+// extend with Acquisition.Extended too; these are the round's totals);
+// err is the round trip's error, if any.
+func (h Heartbeat) End(extended, lost int, err error) {
+	if h.span == nil {
+		return
+	}
+	if h.span.IsRecording() {
+		outcome := outcomeOK
+		if err != nil {
+			outcome = outcomeError
+		}
+		attrs := []attribute.KeyValue{AttrExtended.Int(extended), AttrLost.Int(lost), AttrOutcome.String(outcome)}
+		if err != nil {
+			et := errorType(err)
+			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
+			h.span.SetStatus(codes.Error, et)
+		}
+		h.span.SetAttributes(attrs...)
+	}
+	h.span.End()
+}

@@ -1,0 +1,54 @@
+package telemetry
+
+import (
+	"go/parser"
+	"go/token"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestAPIOnly enforces the contrib rule (depguard no-sdk-instrumentation):
+// non-test files import the OpenTelemetry API, never the SDK or an
+// exporter.
+func TestAPIOnly(t *testing.T) {
+	t.Parallel()
+	entries, err := os.ReadDir(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	allowed := []string{
+		"go.opentelemetry.io/otel", "go.opentelemetry.io/otel/attribute", "go.opentelemetry.io/otel/codes",
+		"go.opentelemetry.io/otel/metric", "go.opentelemetry.io/otel/metric/noop",
+		"go.opentelemetry.io/otel/trace", "go.opentelemetry.io/otel/semconv/v1.40.0",
+	}
+	checked := 0
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checked++
+		for _, imp := range f.Imports {
+			path, _ := strconv.Unquote(imp.Path.Value)
+			if !strings.HasPrefix(path, "go.opentelemetry.io/") {
+				continue
+			}
+			ok := false
+			for _, a := range allowed {
+				ok = ok || path == a
+			}
+			if !ok {
+				t.Errorf("%s imports %s: only the OpenTelemetry API is allowed outside tests", name, path)
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no source files checked")
+	}
+}

@@ -1,0 +1,299 @@
+package telemetry
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// ScopeName is the instrumentation scope name of every tracer and meter
+// pglease creates: the module path, since pglease instruments itself.
+const ScopeName = "github.com/pglease/pglease"
+
+// version is the instrumentation version reported with ScopeName.
+const version = "0.1.0"
+
+// Version returns the instrumentation version reported with ScopeName.
+func Version() string { return version }
+
+// Recorder turns Manager events into spans, metrics and log records. Build
+// one per Manager with New; all methods are safe for concurrent use, never
+// block on I/O, never fail, and never panic on bad input. A nil *Recorder
+// is valid and records nothing, at the cost of a nil check.
+type Recorder struct {
+	tracer  trace.Tracer
+	log     *slog.Logger
+	keys    *keyHasher
+	rawKeys bool
+
+	acqDuration  metric.Float64Histogram
+	acqAttempts  metric.Int64Histogram
+	acqContended metric.Int64Counter
+	acqCoalesced metric.Int64Counter
+	held         metric.Int64UpDownCounter
+	extends      metric.Int64Counter
+	extendLag    metric.Float64Histogram
+	lost         metric.Int64Counter
+	releases     metric.Int64Counter
+	batchSize    metric.Int64Histogram
+	dbDuration   metric.Float64Histogram
+
+	// Precomputed attribute sets, so recording allocates nothing.
+	kindOpt    [numKinds]mopts
+	acqOpt     [numKinds][numAcquireOutcs]mopts
+	extendOpt  [numKinds][2]mopts // ok, error
+	lostOpt    [numKinds][numLossCauses]mopts
+	releaseOpt [numKinds][3]mopts     // ok, not_held, error
+	dbOpt      map[DBOperation]dbOpts // read-only after New
+
+	loop *Loop
+	reg  metric.Registration
+}
+
+// mopts is one precomputed attribute set, as the option slices the
+// instruments take: passing a prebuilt slice to a variadic interface
+// method allocates nothing.
+type mopts struct {
+	rec []metric.RecordOption
+	add []metric.AddOption
+}
+
+func mset(kv ...attribute.KeyValue) mopts {
+	o := metric.WithAttributeSet(attribute.NewSet(kv...))
+	return mopts{rec: []metric.RecordOption{o}, add: []metric.AddOption{o}}
+}
+
+type dbOpts struct {
+	op      attribute.KeyValue
+	batch   mopts
+	success mopts
+}
+
+// New returns a Recorder. It never fails: an instrument that cannot be
+// created is reported to otel.Handle and replaced by a no-op one.
+func New(opts ...Option) *Recorder {
+	var c config
+	for _, o := range opts {
+		if o != nil {
+			o.apply(&c)
+		}
+	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
+	if c.logger == nil {
+		c.logger = slog.New(slog.DiscardHandler)
+	}
+	r := &Recorder{
+		tracer: c.tp.Tracer(ScopeName,
+			trace.WithInstrumentationVersion(version),
+			trace.WithSchemaURL(semconv.SchemaURL)),
+		log:     c.logger,
+		keys:    newKeyHasher(c.keySecret),
+		rawKeys: c.rawKeys,
+	}
+	meter := c.mp.Meter(ScopeName,
+		metric.WithInstrumentationVersion(version),
+		metric.WithSchemaURL(semconv.SchemaURL))
+	r.initInstruments(meter)
+	r.loop = newLoop(r, time.Now)
+	r.loop.register(r, meter)
+	return r
+}
+
+// Close unregisters the Recorder's metric callbacks (loop busy ratio and
+// queue depths). Call it when the Manager has stopped. Other methods keep
+// working after Close.
+func (r *Recorder) Close() {
+	if r == nil || r.reg == nil {
+		return
+	}
+	if err := r.reg.Unregister(); err != nil {
+		otel.Handle(err)
+	}
+}
+
+// Key returns the KeyID of key. It normalises the key to NFC and hashes it
+// (see KeyID.Hash): call it once per request, in the caller's goroutine.
+// A nil Recorder returns the zero KeyID without hashing.
+func (r *Recorder) Key(key string) KeyID {
+	if r == nil {
+		return KeyID{}
+	}
+	k := KeyID{hash: r.keys.hash(key)}
+	if r.rawKeys {
+		k.raw = key
+	}
+	return k
+}
+
+// keyAttrs appends the key's attributes: the hash, and the raw key only
+// when opted in.
+func (r *Recorder) keyAttrs(dst []attribute.KeyValue, k KeyID) []attribute.KeyValue {
+	dst = append(dst, AttrKeyHash.String(k.hash))
+	if r.rawKeys && k.raw != "" {
+		dst = append(dst, AttrKey.String(k.raw))
+	}
+	return dst
+}
+
+// logKey logs msg with the key's fields when the logger is enabled at
+// level. Callers check r.log.Enabled first when building attrs costs.
+func (r *Recorder) logKey(ctx context.Context, level slog.Level, msg string, k KeyID, kind LockKind, attrs ...slog.Attr) {
+	all := make([]slog.Attr, 0, len(attrs)+3)
+	all = append(all, slog.String("key.hash", k.hash))
+	if r.rawKeys && k.raw != "" {
+		all = append(all, slog.String("key", k.raw))
+	}
+	all = append(all, slog.String("lock.kind", kind.String()))
+	all = append(all, attrs...)
+	r.log.LogAttrs(ctx, level, msg, all...)
+}
+
+func (r *Recorder) logEnabled(ctx context.Context, level slog.Level) bool {
+	return r.log.Enabled(ctx, level)
+}
+
+// handle reports an instrument-creation error and returns whether the
+// instrument is usable.
+func handle(err error) {
+	if err != nil {
+		otel.Handle(err)
+	}
+}
+
+func (r *Recorder) initInstruments(m metric.Meter) {
+	nm := noop.Meter{}
+	var err error
+
+	r.acqDuration, err = m.Float64Histogram("pglease.acquire.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Time from an acquire call to its outcome, including all waiting and retries."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+	if err != nil || r.acqDuration == nil {
+		handle(err)
+		r.acqDuration, _ = nm.Float64Histogram("")
+	}
+	r.acqAttempts, err = m.Int64Histogram("pglease.acquire.attempts",
+		metric.WithUnit("{attempt}"),
+		metric.WithDescription("Database attempts an acquire saw before its outcome."),
+		metric.WithExplicitBucketBoundaries(0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100))
+	if err != nil || r.acqAttempts == nil {
+		handle(err)
+		r.acqAttempts, _ = nm.Int64Histogram("")
+	}
+	r.acqContended, err = m.Int64Counter("pglease.acquire.contended",
+		metric.WithUnit("{acquire}"),
+		metric.WithDescription("Acquires that found their key held at least once."))
+	if err != nil || r.acqContended == nil {
+		handle(err)
+		r.acqContended, _ = nm.Int64Counter("")
+	}
+	r.acqCoalesced, err = m.Int64Counter("pglease.acquire.coalesced",
+		metric.WithUnit("{acquire}"),
+		metric.WithDescription("Acquires that queued behind another caller of this process for the same key."))
+	if err != nil || r.acqCoalesced == nil {
+		handle(err)
+		r.acqCoalesced, _ = nm.Int64Counter("")
+	}
+	r.held, err = m.Int64UpDownCounter("pglease.lock.held",
+		metric.WithUnit("{lock}"),
+		metric.WithDescription("Locks currently held by this process."))
+	if err != nil || r.held == nil {
+		handle(err)
+		r.held, _ = nm.Int64UpDownCounter("")
+	}
+	r.extends, err = m.Int64Counter("pglease.lock.extends",
+		metric.WithUnit("{extend}"),
+		metric.WithDescription("Automatic extends of held locks, by outcome."))
+	if err != nil || r.extends == nil {
+		handle(err)
+		r.extends, _ = nm.Int64Counter("")
+	}
+	r.extendLag, err = m.Float64Histogram("pglease.lock.extend.lag",
+		metric.WithUnit("s"),
+		metric.WithDescription("How late an extend started after it was due."),
+		metric.WithExplicitBucketBoundaries(0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+	if err != nil || r.extendLag == nil {
+		handle(err)
+		r.extendLag, _ = nm.Float64Histogram("")
+	}
+	r.lost, err = m.Int64Counter("pglease.lock.lost",
+		metric.WithUnit("{lock}"),
+		metric.WithDescription("Held locks lost, by cause."))
+	if err != nil || r.lost == nil {
+		handle(err)
+		r.lost, _ = nm.Int64Counter("")
+	}
+	r.releases, err = m.Int64Counter("pglease.lock.releases",
+		metric.WithUnit("{release}"),
+		metric.WithDescription("Releases of locks, by outcome."))
+	if err != nil || r.releases == nil {
+		handle(err)
+		r.releases, _ = nm.Int64Counter("")
+	}
+	r.batchSize, err = m.Int64Histogram("pglease.db.batch.size",
+		metric.WithUnit("{item}"),
+		metric.WithDescription("Items (keys, locks) carried by one database round trip."),
+		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+	if err != nil || r.batchSize == nil {
+		handle(err)
+		r.batchSize, _ = nm.Int64Histogram("")
+	}
+	r.dbDuration, err = m.Float64Histogram("db.client.operation.duration",
+		metric.WithUnit("s"),
+		metric.WithDescription("Duration of database client operations."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10))
+	if err != nil || r.dbDuration == nil {
+		handle(err)
+		r.dbDuration, _ = nm.Float64Histogram("")
+	}
+
+	set := mset
+	for k := range numKinds {
+		kk := AttrLockKind.String(k.String())
+		r.kindOpt[k] = set(kk)
+		for o := range acquireOutcome(numAcquireOutcs) {
+			r.acqOpt[k][o] = set(kk, AttrOutcome.String(acquireOutcomeNames[o]))
+		}
+		r.extendOpt[k][0] = set(kk, AttrOutcome.String(outcomeOK))
+		r.extendOpt[k][1] = set(kk, AttrOutcome.String(outcomeError))
+		for c := range numLossCauses {
+			r.lostOpt[k][c] = set(kk, AttrLossCause.String(c.String()))
+		}
+		r.releaseOpt[k][0] = set(kk, AttrOutcome.String(outcomeOK))
+		r.releaseOpt[k][1] = set(kk, AttrOutcome.String(outcomeNotHeld))
+		r.releaseOpt[k][2] = set(kk, AttrOutcome.String(outcomeError))
+	}
+	r.dbOpt = make(map[DBOperation]dbOpts)
+	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany,
+		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen} {
+		r.dbOpt[op] = newDBOpts(op)
+	}
+}
+
+func newDBOpts(op DBOperation) dbOpts {
+	kv := semconv.DBOperationName(string(op))
+	return dbOpts{
+		op:      kv,
+		batch:   mset(kv),
+		success: mset(semconv.DBSystemNamePostgreSQL, kv),
+	}
+}
+
+func (r *Recorder) dbOpts(op DBOperation) dbOpts {
+	if o, ok := r.dbOpt[op]; ok {
+		return o
+	}
+	return newDBOpts(op)
+}

@@ -1,0 +1,251 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease"
+)
+
+// driveAll calls every method once, in the Manager's order.
+func driveAll(r *Recorder) {
+	ctx := context.Background()
+	k := r.Key("k1")
+	actx, a := r.StartAcquire(ctx, k, AcquireInfo{Kind: KindLease, TTL: time.Second})
+	_ = actx
+	a.Queued(QueueInfo{Coalesced: true})
+	_, db := r.StartDB(ctx, OpAcquireMany, 1, a.SpanContext())
+	db.End(1, nil)
+	a.Attempt(db.SpanContext(), AttemptGranted, 0)
+	a.Granted(1)
+	_ = a.Key()
+	hctx, hb := r.StartHeartbeat(ctx, 1)
+	_, edb := r.StartDB(hctx, OpExtendMany, 1, trace.SpanContext{})
+	edb.End(0, errors.New("x"))
+	a.Extended(time.Millisecond)
+	a.ExtendFailed(errors.New("x"))
+	hb.End(1, 0, nil)
+	_ = hb.SpanContext()
+	_, rel := a.StartRelease(ctx)
+	rel.Served(edb.SpanContext())
+	rel.End(nil)
+	a.Lost(LossExpired, trace.SpanContext{})
+	_, b := r.StartAcquire(ctx, k, AcquireInfo{Try: true})
+	b.NotAcquired()
+	_, c := r.StartAcquire(ctx, k, AcquireInfo{})
+	c.Failed(nil)
+	l := r.Loop()
+	l.Busy()
+	l.SetDepth(QueueMailbox, 3)
+	l.Idle()
+	r.Close()
+}
+
+func TestNilRecorderIsNoop(t *testing.T) {
+	t.Parallel()
+	var r *Recorder
+	ctx := context.WithValue(context.Background(), struct{}{}, 1)
+	if k := r.Key("secret"); k != (KeyID{}) {
+		t.Errorf("nil Recorder Key = %#v, want zero", k)
+	}
+	if got, a := r.StartAcquire(ctx, KeyID{}, AcquireInfo{}); got != ctx || a != nil {
+		t.Errorf("nil Recorder StartAcquire changed ctx or returned an Acquisition")
+	}
+	if got, d := r.StartDB(ctx, OpAcquireMany, 1, trace.SpanContext{}); got != ctx || d != (DBSpan{}) {
+		t.Errorf("nil Recorder StartDB changed ctx or returned a span")
+	}
+	if got, h := r.StartHeartbeat(ctx, 1); got != ctx || h != (Heartbeat{}) {
+		t.Errorf("nil Recorder StartHeartbeat changed ctx or returned a span")
+	}
+	if r.Loop() != nil {
+		t.Errorf("nil Recorder Loop is not nil")
+	}
+	var a *Acquisition
+	if got, rel := a.StartRelease(ctx); got != ctx || rel != (Release{}) {
+		t.Errorf("nil Acquisition StartRelease changed ctx or returned a span")
+	}
+	if a.SpanContext().IsValid() || a.Key() != (KeyID{}) {
+		t.Errorf("nil Acquisition has a span context or key")
+	}
+	driveAll(r) // must not panic
+	// Zero values of the value types are no-ops too.
+	DBSpan{}.End(1, errors.New("x"))
+	Heartbeat{}.End(1, 1, nil)
+	Release{}.Served(trace.SpanContext{})
+	Release{}.End(nil)
+	// A nil ctx is tolerated by a live Recorder.
+	rec := New()
+	if got, _ := rec.StartAcquire(nil, rec.Key("k"), AcquireInfo{}); got == nil {
+		t.Errorf("StartAcquire(nil ctx) returned a nil ctx")
+	}
+	driveAll(New(nil, WithTracerProvider(nil), WithMeterProvider(nil), WithLogger(nil)))
+}
+
+var errInstrument = errors.New("instrument creation refused")
+
+type failingMeter struct {
+	noop.Meter
+	failInstruments bool
+}
+
+func (m failingMeter) Int64Counter(n string, o ...metric.Int64CounterOption) (metric.Int64Counter, error) {
+	if m.failInstruments {
+		return nil, errInstrument
+	}
+	return m.Meter.Int64Counter(n, o...)
+}
+
+func (m failingMeter) Int64UpDownCounter(n string, o ...metric.Int64UpDownCounterOption) (metric.Int64UpDownCounter, error) {
+	if m.failInstruments {
+		return nil, errInstrument
+	}
+	return m.Meter.Int64UpDownCounter(n, o...)
+}
+
+func (m failingMeter) Int64Histogram(n string, o ...metric.Int64HistogramOption) (metric.Int64Histogram, error) {
+	if m.failInstruments {
+		return nil, errInstrument
+	}
+	return m.Meter.Int64Histogram(n, o...)
+}
+
+func (m failingMeter) Float64Histogram(n string, o ...metric.Float64HistogramOption) (metric.Float64Histogram, error) {
+	if m.failInstruments {
+		return nil, errInstrument
+	}
+	return m.Meter.Float64Histogram(n, o...)
+}
+
+func (m failingMeter) Float64ObservableGauge(n string, o ...metric.Float64ObservableGaugeOption) (metric.Float64ObservableGauge, error) {
+	if m.failInstruments {
+		return nil, errInstrument
+	}
+	return m.Meter.Float64ObservableGauge(n, o...)
+}
+
+func (m failingMeter) Int64ObservableGauge(n string, o ...metric.Int64ObservableGaugeOption) (metric.Int64ObservableGauge, error) {
+	if m.failInstruments {
+		return nil, errInstrument
+	}
+	return m.Meter.Int64ObservableGauge(n, o...)
+}
+
+func (m failingMeter) RegisterCallback(metric.Callback, ...metric.Observable) (metric.Registration, error) {
+	return nil, errInstrument
+}
+
+type failingProvider struct {
+	noop.MeterProvider
+	m failingMeter
+}
+
+func (p failingProvider) Meter(string, ...metric.MeterOption) metric.Meter { return p.m }
+
+type countingHandler struct{ n atomic.Int64 }
+
+func (h *countingHandler) Handle(err error) {
+	if errors.Is(err, errInstrument) {
+		h.n.Add(1)
+	}
+}
+
+// Not parallel: it installs a global otel error handler. Parallel tests
+// start only after the sequential ones have finished.
+func TestInstrumentErrorsDoNotFail(t *testing.T) {
+	prev := otel.GetErrorHandler()
+	h := &countingHandler{}
+	otel.SetErrorHandler(h)
+	t.Cleanup(func() { otel.SetErrorHandler(prev) })
+
+	r := New(WithMeterProvider(failingProvider{m: failingMeter{failInstruments: true}}))
+	if r == nil {
+		t.Fatal("New returned nil")
+	}
+	driveAll(r)
+	// 11 synchronous instruments + 2 observable gauges; no callback is
+	// registered when both gauges failed.
+	if got := h.n.Load(); got != 13 {
+		t.Errorf("otel.Handle got %d instrument errors, want 13", got)
+	}
+
+	h.n.Store(0)
+	driveAll(New(WithMeterProvider(failingProvider{m: failingMeter{}})))
+	if got := h.n.Load(); got != 1 {
+		t.Errorf("otel.Handle got %d errors for a refused callback, want 1", got)
+	}
+}
+
+// TestConcurrentEndStates races the loop's Granted against the caller's
+// Failed (the late-grant race), and Lost against Release.End, on many
+// acquisitions at once: each reaches exactly one end state and
+// pglease.lock.held returns to 0.
+func TestConcurrentEndStates(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r := h.rec
+	const n = 200
+	var granted, failed atomic.Int64
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			_, a := r.StartAcquire(context.Background(), r.Key("hot"), AcquireInfo{})
+			var inner sync.WaitGroup
+			inner.Go(func() { a.Attempt(trace.SpanContext{}, AttemptContended, time.Millisecond) })
+			inner.Go(func() { a.Granted(pglease.Fence(i)) })
+			inner.Go(func() { a.Failed(context.Canceled) })
+			inner.Go(func() { r.Loop().Busy(); r.Loop().SetDepth(QueueWaiters, i); r.Loop().Idle() })
+			inner.Wait()
+			if a.state.Load() != stHeld {
+				failed.Add(1)
+			} else {
+				granted.Add(1)
+			}
+			// Whoever ends it, the lock stops counting once.
+			_, rel := a.StartRelease(context.Background())
+			inner.Go(func() { rel.End(nil) })
+			inner.Go(func() { a.Lost(LossExpired, trace.SpanContext{}) })
+			inner.Wait()
+		})
+	}
+	var collectors sync.WaitGroup
+	stop := make(chan struct{})
+	collectors.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				h.collect()
+			}
+		}
+	})
+	wg.Wait()
+	close(stop)
+	collectors.Wait()
+
+	if granted.Load()+failed.Load() != n {
+		t.Fatalf("granted %d + failed %d != %d", granted.Load(), failed.Load(), n)
+	}
+	rm := h.collect()
+	if p := h.point(rm, "pglease.lock.held"); p.value != 0 {
+		t.Errorf("lock.held = %v after all released or lost, want 0", p.value)
+	}
+	if p := h.point(rm, "pglease.acquire.duration"); p.count != n {
+		t.Errorf("acquire.duration count = %d, want %d (one outcome each)", p.count, n)
+	}
+	if p := h.point(rm, "pglease.acquire.duration", AttrOutcome.String("granted")); p.count != uint64(granted.Load()) {
+		t.Errorf("granted outcomes %d, want %d", p.count, granted.Load())
+	}
+	if len(h.spansNamed(SpanAcquire)) != n {
+		t.Errorf("%d acquire spans, want %d", len(h.spansNamed(SpanAcquire)), n)
+	}
+}
