@@ -1,0 +1,82 @@
+package pgerr
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/pglease/pglease"
+)
+
+func TestMapBySQLSTATE(t *testing.T) {
+	t.Parallel()
+	cases := map[string]pglease.Code{
+		"08006": pglease.CodeServiceUnavailable,
+		"57P01": pglease.CodeServiceUnavailable,
+		"40001": pglease.CodeServiceUnavailable,
+		"40P01": pglease.CodeServiceUnavailable,
+		"25006": pglease.CodeServiceUnavailable,
+		"28P01": pglease.CodeAuthFailed,
+		"42501": pglease.CodeAuthFailed,
+		"42P01": pglease.CodeInvalidArgument,
+		"22021": pglease.CodeInvalidArgument,
+		"53200": pglease.CodeResourceExhausted,
+		"53300": pglease.CodeResourceExhausted,
+		"57014": pglease.CodeNetworkTimeout,
+		"55P03": pglease.CodeNetworkTimeout,
+		"23505": pglease.CodeInternal,
+		"XX000": pglease.CodeInternal,
+	}
+	for state, want := range cases {
+		err := Map(context.Background(), "op", &pgconn.PgError{Code: state, Message: "m", Severity: "ERROR"})
+		if got := pglease.CodeOf(err); got != want {
+			t.Errorf("SQLSTATE %s → %v, want %v", state, got, want)
+		}
+	}
+}
+
+func TestMapDropsDetail(t *testing.T) {
+	t.Parallel()
+	secret := "AAAAAAAAAAAAAAAAAAAAAQ"
+	err := Map(context.Background(), "pg.Acquire", &pgconn.PgError{Code: "23505", Severity: "ERROR",
+		Message: `duplicate key value violates unique constraint "idx_syncguard_locks_lock_id"`,
+		Detail:  "Key (lock_id)=(" + secret + ") already exists.", Where: secret, Hint: secret})
+	if strings.Contains(err.Error(), secret) {
+		t.Fatalf("error text leaks Detail: %v", err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		t.Fatal("the original PgError (with Detail) must not be reachable through Unwrap")
+	}
+	var st interface{ SQLState() string }
+	if !errors.As(err, &st) || st.SQLState() != "23505" {
+		t.Fatal("SQLSTATE must stay reachable")
+	}
+}
+
+func TestMapContextAndConnection(t *testing.T) {
+	t.Parallel()
+	if Map(context.Background(), "op", nil) != nil {
+		t.Fatal("nil must map to nil")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := Map(ctx, "op", errors.New("anything"))
+	if !errors.Is(err, pglease.ErrAborted) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended ctx: got %v", err)
+	}
+	if got := pglease.CodeOf(Map(context.Background(), "op", io.ErrUnexpectedEOF)); got != pglease.CodeServiceUnavailable {
+		t.Fatalf("unexpected EOF → %v", got)
+	}
+	if got := pglease.CodeOf(Map(context.Background(), "op", errors.New("scan failed"))); got != pglease.CodeInternal {
+		t.Fatalf("unknown error → %v", got)
+	}
+	le := pglease.NewError(pglease.CodeLockLost, "x", "", nil)
+	if Map(context.Background(), "op", le) != error(le) {
+		t.Fatal("an existing *pglease.Error must pass through")
+	}
+}
