@@ -1,0 +1,262 @@
+// Command trace is what `make trace` runs: one contended key's story,
+// traced with OpenTelemetry. Another process ("billing-b") holds
+// "payment:123"; two workers of this process ask for it, one after the
+// other; billing-b releases, the lock passes to worker 1 and then, when
+// worker 1 releases, to worker 2.
+//
+// The Manager of this process is built with an SDK tracer provider
+// (exporting to stdout with stdouttrace) and an SDK meter provider read by
+// the Prometheus exporter. The program prints:
+//
+//  1. a compact trace summary: every trace as a span tree with durations,
+//     the attributes pglease sets, the events of the acquire spans, and
+//     the links from operation spans to the round trips that served them;
+//  2. the raw spans as stdouttrace exported them (one JSON object each);
+//  3. the metrics in Prometheus text exposition format.
+//
+// Keys appear only as pglease.key.hash (SyncGuard's hashKey here, since no
+// key secret is set); lockIds never appear.
+//
+//	make trace                                  # throwaway PostgreSQL
+//	DATABASE_URL=postgres://… go run ./examples/trace
+package main
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
+	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease/manager"
+	"github.com/pglease/pglease/retry"
+	"github.com/pglease/pglease/telemetry"
+)
+
+// Key is the contended key of the story.
+const Key = "payment:123"
+
+func main() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := run(ctx, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "trace:", err)
+		os.Exit(1)
+	}
+}
+
+// run tells the story against the database at DATABASE_URL and writes the
+// summary, the raw spans and the metrics to w.
+func run(ctx context.Context, w io.Writer) (err error) {
+	url := os.Getenv("DATABASE_URL")
+	if url == "" {
+		return errors.New("DATABASE_URL is not set (make trace starts a throwaway PostgreSQL)")
+	}
+
+	// Tracing: stdouttrace for the raw export, a span recorder for the
+	// summary. Both synchronous, so every ended span is there at the end.
+	var raw bytes.Buffer
+	exp, err := stdouttrace.New(stdouttrace.WithWriter(&raw))
+	if err != nil {
+		return err
+	}
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(
+		sdktrace.WithSyncer(exp),
+		sdktrace.WithSpanProcessor(spans),
+		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("billing-a"))))
+	defer func() { err = errors.Join(err, tp.Shutdown(context.Background())) }()
+
+	// Metrics: the Prometheus exporter is a reader of the meter provider,
+	// registered with its own registry.
+	registry := prometheus.NewRegistry()
+	pexp, err := otelprom.New(otelprom.WithRegisterer(registry))
+	if err != nil {
+		return err
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(pexp))
+	defer func() { err = errors.Join(err, mp.Shutdown(context.Background())) }()
+
+	// billing-b: another process, as far as locking goes (own Manager and
+	// pool); not traced here.
+	other, err := manager.Open(ctx, url, manager.Config{})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, other.Close(context.Background())) }()
+	if err := other.SetupSchema(ctx); err != nil {
+		return err
+	}
+	// billing-a: this process, traced.
+	m, err := manager.Open(ctx, url, manager.Config{
+		Retry: retry.Policy{Base: 50 * time.Millisecond, MaxDelay: 400 * time.Millisecond},
+		Telemetry: []telemetry.Option{
+			telemetry.WithTracerProvider(tp),
+			telemetry.WithMeterProvider(mp),
+		},
+	})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, m.Close(context.Background())) }()
+
+	if err := story(ctx, tp.Tracer("billing-a"), m, other); err != nil {
+		return err
+	}
+
+	// Metrics are gathered before Close, while the loop's gauges are
+	// still registered.
+	var metrics bytes.Buffer
+	mfs, err := registry.Gather()
+	if err != nil {
+		return err
+	}
+	for _, mf := range mfs {
+		if _, err := expfmt.MetricFamilyToText(&metrics, mf); err != nil {
+			return err
+		}
+	}
+
+	fmt.Fprintf(w, "== Trace summary: one key held by billing-b, wanted by two workers of billing-a ==\n")
+	fmt.Fprintf(w, "   (the key appears only as pglease.key.hash; durations in ms; #n numbers spans for links)\n\n")
+	summarize(w, spans.Ended())
+	fmt.Fprintf(w, "\n== Raw spans (stdouttrace) ==\n")
+	if _, err := w.Write(raw.Bytes()); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\n== Metrics (Prometheus text format) ==\n")
+	_, err = w.Write(metrics.Bytes())
+	return err
+}
+
+// story: billing-b holds Key; worker 1, then worker 2 wait for it; billing-b
+// releases after a while; worker 1 gets it, works, releases; worker 2 gets
+// it (local handoff), releases.
+func story(ctx context.Context, tracer trace.Tracer, m, other *manager.Manager) error {
+	held, err := other.Acquire(ctx, Key)
+	if err != nil {
+		return err
+	}
+	type done struct {
+		n   int
+		err error
+	}
+	results := make(chan done, 2)
+	worker := func(n int) {
+		wctx, span := tracer.Start(ctx, fmt.Sprintf("worker %d: charge payment", n))
+		defer span.End()
+		lk, err := m.Acquire(wctx, Key, manager.WithAcquireTimeout(10*time.Second))
+		if err != nil {
+			results <- done{n, err}
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // the protected work
+		results <- done{n, lk.Release(wctx)}
+	}
+	go worker(1)
+	time.Sleep(20 * time.Millisecond) // pacing the story: worker 2 asks a little later
+	go worker(2)
+	time.Sleep(250 * time.Millisecond) // billing-b works a while, then releases
+	if err := held.Release(ctx); err != nil {
+		return err
+	}
+	var errs []error
+	for range 2 {
+		d := <-results
+		if d.err != nil {
+			errs = append(errs, fmt.Errorf("worker %d: %w", d.n, d.err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// summarize prints every trace as a tree of spans, in start order.
+func summarize(w io.Writer, spans []sdktrace.ReadOnlySpan) {
+	slices.SortStableFunc(spans, func(a, b sdktrace.ReadOnlySpan) int { return a.StartTime().Compare(b.StartTime()) })
+	num := map[trace.SpanID]int{}
+	byID := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for i, s := range spans {
+		num[s.SpanContext().SpanID()] = i + 1
+		byID[s.SpanContext().SpanID()] = s
+	}
+	children := map[trace.SpanID][]sdktrace.ReadOnlySpan{}
+	var roots []sdktrace.ReadOnlySpan
+	for _, s := range spans {
+		if _, ok := byID[s.Parent().SpanID()]; ok && s.Parent().IsValid() {
+			children[s.Parent().SpanID()] = append(children[s.Parent().SpanID()], s)
+		} else {
+			roots = append(roots, s)
+		}
+	}
+	var print func(s sdktrace.ReadOnlySpan, depth int)
+	print = func(s sdktrace.ReadOnlySpan, depth int) {
+		ind := strings.Repeat("  ", depth)
+		fmt.Fprintf(w, "%s#%d %s [%s] %s%s\n", ind, num[s.SpanContext().SpanID()], s.Name(), s.SpanKind(),
+			ms(s.EndTime().Sub(s.StartTime())), attrs(s.Attributes()))
+		if st := s.Status(); st.Code != 0 && st.Description != "" {
+			fmt.Fprintf(w, "%s   status %s %s\n", ind, st.Code, st.Description)
+		}
+		for _, e := range s.Events() {
+			fmt.Fprintf(w, "%s   @%s event %s%s\n", ind, ms(e.Time.Sub(s.StartTime())), e.Name, attrs(e.Attributes))
+		}
+		if len(s.Links()) > 0 {
+			var ls []string
+			for _, l := range s.Links() {
+				if n, ok := num[l.SpanContext.SpanID()]; ok {
+					ls = append(ls, fmt.Sprintf("#%d %s", n, byID[l.SpanContext.SpanID()].Name()))
+				} else {
+					ls = append(ls, "(not recorded)")
+				}
+			}
+			fmt.Fprintf(w, "%s   links → %s\n", ind, strings.Join(ls, ", "))
+		}
+		for _, c := range children[s.SpanContext().SpanID()] {
+			print(c, depth+1)
+		}
+	}
+	for _, r := range roots {
+		fmt.Fprintf(w, "trace %s…\n", r.SpanContext().TraceID().String()[:8])
+		print(r, 1)
+	}
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d.Microseconds())/1000) }
+
+// attrs prints attributes compactly: the "pglease." prefix dropped, key
+// hashes shortened, durations in seconds kept as they are.
+func attrs(kvs []attribute.KeyValue) string {
+	var b strings.Builder
+	for _, kv := range kvs {
+		k := string(kv.Key)
+		switch k {
+		case "db.system.name", "db.operation.name": // the span name says it
+			continue
+		}
+		v := kv.Value.Emit()
+		if k == string(telemetry.AttrKeyHash) {
+			v = v[:min(len(v), 8)] + "…"
+		}
+		if kv.Value.Type() == attribute.FLOAT64 {
+			v = fmt.Sprintf("%.3g", kv.Value.AsFloat64())
+		}
+		fmt.Fprintf(&b, " %s=%s", cmp.Or(strings.TrimPrefix(k, "pglease."), k), v)
+	}
+	return b.String()
+}
