@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pglease/pglease"
 )
 
@@ -80,7 +82,9 @@ func (l *Lock) Release(ctx context.Context) error {
 		return invalid(op, "nil context")
 	}
 	m := l.m
-	req := &releaseReq{lock: l, reply: make(chan error, 1)}
+	// The loop starts the pglease.release span under the caller's span
+	// when it actually releases (not for a lock already released).
+	req := &releaseReq{lock: l, reply: make(chan error, 1), parent: trace.SpanContextFromContext(ctx)}
 	if err := ctx.Err(); err != nil {
 		// Still stop the heartbeat and release in the background: a lock
 		// left auto-extended because a deferred Release got an ended

@@ -7,11 +7,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
+	"github.com/pglease/pglease/telemetry"
 )
 
 // run is the Manager's one goroutine that owns all state. It never
@@ -24,6 +27,7 @@ func (m *Manager) run(st *loopState) {
 	timer.Stop()
 	defer timer.Stop()
 	closing := m.closing
+	lm := m.rec.Loop() // busy ratio and queue depths: a clock read or an atomic store each
 	for {
 		st.flush()
 		if st.closing && st.drained() {
@@ -35,28 +39,41 @@ func (m *Manager) run(st *loopState) {
 		} else {
 			timer.Reset(time.Until(w))
 		}
+		st.reportDepth(lm)
+		lm.Idle()
 		select {
 		case req := <-m.acquireCh:
+			lm.Busy()
 			st.handleAcquire(req)
 		case req := <-m.releaseCh:
+			lm.Busy()
 			st.handleRelease(req)
 		case req := <-m.abandonCh:
+			lm.Busy()
 			st.handleAbandon(req)
 		case d := <-m.acquireDoneCh:
+			lm.Busy()
 			st.handleAcquireDone(d)
 		case d := <-m.releaseDoneCh:
+			lm.Busy()
 			st.handleReleaseDone(d)
 		case d := <-m.extendDoneCh:
+			lm.Busy()
 			st.handleExtendDone(d)
 		case n := <-m.notifyCh:
+			lm.Busy()
 			st.handleNotice(n)
 		case <-m.lossCh:
+			lm.Busy()
 			st.heartbeat(time.Now())
 		case <-timer.C:
+			lm.Busy()
 			st.handleDue(time.Now())
 		case <-st.listenerDone:
+			lm.Busy()
 			st.listenerDone = nil
 		case <-closing:
+			lm.Busy()
 			closing = nil // nil-channel gating: handled once
 			st.beginDrain()
 		}
@@ -77,8 +94,13 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		st.gc(ks)
 		return
 	}
-	st.m.hooks.onAcquireStart(req.hash)
+	req.acq.Queued(telemetry.QueueInfo{
+		Coalesced:   len(ks.queue) > 0,
+		HeldLocally: ks.holder != nil,
+		Position:    len(ks.queue),
+	})
 	ks.queue = append(ks.queue, req)
+	st.waiting++
 	st.sig().queued.signal(req.key)
 	st.kick(ks)
 }
@@ -101,7 +123,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 		}
 		if h := r.lock.h; h != nil {
 			if _, ok := st.held[h]; ok {
-				st.releaseHolding(h, nil)
+				st.releaseHolding(h, nil, trace.SpanContext{})
 			}
 		}
 		req.state = reqAnswered
@@ -115,6 +137,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 	if ks != nil {
 		if i := slices.Index(ks.queue, req); i >= 0 {
 			ks.queue = slices.Delete(ks.queue, i, i+1)
+			st.waiting--
 		}
 		lastErr = ks.lastErr
 		if len(ks.queue) == 0 {
@@ -133,7 +156,7 @@ func (st *loopState) handleRelease(req *releaseReq) {
 		req.reply <- releasedAnswer(req.lock)
 		return
 	}
-	st.releaseHolding(h, req.reply)
+	st.releaseHolding(h, req.reply, req.parent)
 }
 
 func (st *loopState) handleAcquireDone(d acquireDone) {
@@ -157,40 +180,50 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			// Outcome unknown (S5): release the pre-generated lockId, then
 			// retry or fail.
 			st.orphanRelease(ks, a.lockID)
-			st.attemptFailed(ks, err, now)
+			st.attemptFailed(ks, err, now, d.db)
 		case err != nil: // this item failed on its own (fence overflow): nothing granted
 			ks.lastErr = err
+			noteAttempt(ks.queue, d.db, telemetry.AttemptFailed, 0)
 			st.failAll(ks, err)
 		case !r.OK:
+			n := leadingTries(ks.queue)
+			noteAttempt(ks.queue[:n], d.db, telemetry.AttemptContended, 0)
 			st.popTries(ks, acquireReply{locked: true})
+			var retryIn time.Duration
 			if ks.woken {
 				// A release was notified while this attempt was in flight:
 				// its "locked" may predate the release. Try again at once.
 				st.kick(ks)
 			} else if len(ks.queue) > 0 {
 				st.scheduleRetry(ks, now)
+				retryIn = ks.retryAt.Sub(now)
 			}
+			noteAttempt(ks.queue, d.db, telemetry.AttemptContended, retryIn)
 		default:
-			st.attemptGranted(ks, a, r, d.start, now)
+			st.attemptGranted(ks, a, r, d.start, now, d.db)
 		}
 		st.gc(ks)
 	}
 }
 
-func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time) {
+func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db trace.SpanContext) {
 	ks.lastErr = err
 	if !retryable(err) {
+		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
 		st.failAll(ks, err)
 		return
 	}
+	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, telemetry.AttemptFailed, 0)
 	st.popTries(ks, acquireReply{err: err})
 	if len(ks.queue) > 0 {
 		st.scheduleRetry(ks, now)
+		noteAttempt(ks.queue, db, telemetry.AttemptFailed, ks.retryAt.Sub(now))
 	}
 }
 
-func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time) {
+func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time, db trace.SpanContext) {
 	if !st.noteFence(ks.key, r.Fence) {
+		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
 		// S1: a fence not above one already seen means the database lost
 		// acknowledged grants. Refuse it; the head waiter learns why.
 		err := pglease.NewError(pglease.CodeFenceRegression, "manager.Acquire",
@@ -200,6 +233,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		if len(ks.queue) > 0 {
 			req := ks.queue[0]
 			ks.queue = ks.queue[1:]
+			st.waiting--
 			req.state = reqAnswered
 			req.reply <- acquireReply{err: err}
 		}
@@ -218,6 +252,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		// The answer came after the grant's own trust window.
 		st.orphanRelease(ks, a.lockID)
 		ks.lastErr = pglease.NewError(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
+		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
 	case ks.queue[0].ttl != a.ttl:
 		// The waiter it was for left; the next one wants another TTL.
@@ -226,6 +261,10 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 	default:
 		req := ks.queue[0]
 		ks.queue = ks.queue[1:]
+		st.waiting--
+		req.acq.Attempt(db, telemetry.AttemptGranted, 0)
+		// The others now wait for this holder: for them the key was taken.
+		noteAttempt(ks.queue, db, telemetry.AttemptContended, 0)
 		st.grant(ks, req, a, r, lease)
 	}
 }
@@ -246,6 +285,8 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		case !d.res[i]:
 			err = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
 		}
+		it.rel.Served(d.db)
+		it.rel.End(err)
 		if it.reply != nil {
 			it.reply <- err
 		}
@@ -264,11 +305,12 @@ func (st *loopState) handleExtendDone(d extendDone) {
 	if d.err != nil {
 		st.sig().extendFailed.signal(d.err)
 	}
-	n := 0
+	n, lost := 0, 0
 	for i, h := range d.batch {
 		if _, ok := st.held[h]; !ok {
 			continue // released or lost meanwhile
 		}
+		due := h.lease.NextExtend()
 		h.lease.Pending = false
 		switch {
 		case d.err != nil:
@@ -276,21 +318,26 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			// holds (an extend can only lengthen the lease); retry soon.
 			h.lease.NotBefore = heartbeat.RetryAt(h.lease, now)
 			h.ks.lastErr = d.err
+			h.acq.ExtendFailed(d.err)
 		case !d.res[i].OK:
-			st.lose(h, lostCause("the server no longer has the lock"), false)
+			st.lose(h, lostCause("the server no longer has the lock"), false, telemetry.LossNotHeld, d.db)
+			lost++
 			continue
 		case h.lock.ctx.Err() != nil || !h.lossTimer.Stop():
 			// The trust window passed while the extend was in flight: the
 			// lock is lost even though the late extend succeeded.
-			st.lose(h, lostCause("trust window passed without a successful extend"), true)
+			st.lose(h, lostCause("trust window passed without a successful extend"), true, telemetry.LossExpired, d.db)
+			lost++
 			continue
 		default:
 			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
 			h.lossTimer.Reset(time.Until(h.lease.TrustedUntil()))
+			h.acq.Extended(d.start.Sub(due))
 			n++
 		}
 		st.noteEvent(h.lease.NextEvent())
 	}
+	d.hb.End(n, lost, d.err)
 	if d.err == nil {
 		st.sig().extended.signal(n)
 	}
@@ -346,19 +393,16 @@ func (st *loopState) heartbeat(now time.Time) {
 	}
 	for h := range st.held {
 		if h.lock.ctx.Err() != nil { // its loss timer fired
-			st.lose(h, nil, true)
+			st.lose(h, nil, true, telemetry.LossExpired, trace.SpanContext{})
 		}
 	}
 	t := heartbeat.Collect(now, st.leases)
 	for _, h := range t.Lost {
-		st.lose(h, lostCause("trust window passed without a successful extend"), true)
+		st.lose(h, lostCause("trust window passed without a successful extend"), true, telemetry.LossExpired, trace.SpanContext{})
 	}
 	for _, h := range t.Due {
 		h.lease.Pending = true
 		st.pendExtend = append(st.pendExtend, h)
-	}
-	if len(t.Due) > 0 {
-		st.m.hooks.onExtendRound(len(t.Due))
 	}
 	st.hbNext = t.Next
 }
@@ -384,7 +428,13 @@ func (st *loopState) flush() {
 		batch := slices.Clone(st.pendAcquire[:n])
 		st.pendAcquire = slices.Delete(st.pendAcquire, 0, n)
 		st.inAcquire++
-		go m.sendAcquire(batch)
+		// A round trip serving one caller is a child of its acquire span;
+		// one serving several is a root span they all link to.
+		var parent trace.SpanContext
+		if n == 1 && len(batch[0].ks.queue) == 1 {
+			parent = batch[0].ks.queue[0].acq.SpanContext()
+		}
+		go m.sendAcquire(batch, parent)
 	}
 	relLimit, relMax := m.relLimit, m.cfg.MaxBatch
 	if st.closing {
@@ -395,7 +445,11 @@ func (st *loopState) flush() {
 		batch := slices.Clone(st.pendRelease[:n])
 		st.pendRelease = slices.Delete(st.pendRelease, 0, n)
 		st.inRelease++
-		go m.sendRelease(batch)
+		var parent trace.SpanContext
+		if n == 1 {
+			parent = batch[0].sc
+		}
+		go m.sendRelease(batch, parent)
 	}
 	if st.closing {
 		st.pendExtend = nil
@@ -423,7 +477,10 @@ func (st *loopState) flush() {
 			}
 		}
 		st.inExtend++
-		go m.sendExtend(batch, reqs, deadline)
+		// One heartbeat round per extend batch: the span ends when run
+		// handles the result.
+		_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
+		go m.sendExtend(batch, reqs, deadline, hb)
 	}
 }
 
@@ -436,10 +493,9 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 	if m.test.beforeBatch != nil {
 		m.test.beforeBatch(kind, n)
 	}
-	m.hooks.onBatchStart(kind, n)
 }
 
-func (m *Manager) sendAcquire(batch []*attempt) {
+func (m *Manager) sendAcquire(batch []*attempt, parent trace.SpanContext) {
 	reqs := make([]pg.AcquireRequest, len(batch))
 	for i, a := range batch {
 		reqs[i] = pg.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
@@ -447,13 +503,20 @@ func (m *Manager) sendAcquire(batch []*attempt) {
 	ctx, cancel := context.WithTimeout(m.workCtx, m.cfg.StatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindAcquire, len(batch))
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpAcquireMany, len(batch), parent)
 	start := time.Now()
 	res, err := m.store.AcquireMany(ctx, reqs)
-	m.hooks.onBatchEnd(kindAcquire, len(batch), err, time.Since(start))
-	m.acquireDoneCh <- acquireDone{batch: batch, start: start, res: res, err: err}
+	ok := 0
+	for _, r := range res {
+		if r.OK {
+			ok++
+		}
+	}
+	db.End(ok, err)
+	m.acquireDoneCh <- acquireDone{batch: batch, start: start, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendRelease(batch []releaseItem) {
+func (m *Manager) sendRelease(batch []releaseItem, parent trace.SpanContext) {
 	ids := make([]string, len(batch))
 	for i, it := range batch {
 		ids[i] = it.lockID
@@ -466,22 +529,35 @@ func (m *Manager) sendRelease(batch []releaseItem) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	m.beforeBatch(kindRelease, len(batch))
-	start := time.Now()
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpReleaseMany, len(batch), parent)
 	res, err := m.store.ReleaseMany(ctx, ids)
-	m.hooks.onBatchEnd(kindRelease, len(batch), err, time.Since(start))
-	m.releaseDoneCh <- releaseDone{batch: batch, res: res, err: err}
+	ok := 0
+	for _, r := range res {
+		if r {
+			ok++
+		}
+	}
+	db.End(ok, err)
+	m.releaseDoneCh <- releaseDone{batch: batch, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendExtend(batch []*holding, reqs []pg.ExtendRequest, deadline time.Time) {
+func (m *Manager) sendExtend(batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat) {
 	// Bounded by the earliest trust deadline of the batch (F4): an answer
 	// after it is useless.
 	ctx, cancel := context.WithDeadline(m.workCtx, deadline)
 	defer cancel()
 	m.beforeBatch(kindExtend, len(batch))
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpExtendMany, len(batch), hb.SpanContext())
 	start := time.Now()
 	res, err := m.store.ExtendMany(ctx, reqs)
-	m.hooks.onBatchEnd(kindExtend, len(batch), err, time.Since(start))
-	m.extendDoneCh <- extendDone{batch: batch, start: start, res: res, err: err}
+	ok := 0
+	for _, r := range res {
+		if r.OK {
+			ok++
+		}
+	}
+	db.End(ok, err)
+	m.extendDoneCh <- extendDone{batch: batch, start: start, res: res, err: err, hb: hb, db: db.SpanContext()}
 }
 
 // startListener starts the goroutine that LISTENs for release
@@ -517,9 +593,13 @@ func (m *Manager) listen(ctx context.Context, done chan struct{}) {
 }
 
 func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
+	// The pglease.listen span covers connecting and subscribing, not the
+	// wait for notifications.
+	lctx, db := m.rec.StartDB(ctx, telemetry.OpListen, 1, trace.SpanContext{})
 	cfg := m.pool.Config().ConnConfig.Copy()
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, err := pgx.ConnectConfig(lctx, cfg)
 	if err != nil {
+		db.End(0, pgerr.Map(ctx, "manager.listen", err))
 		return
 	}
 	defer func() {
@@ -527,9 +607,11 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{m.cfg.NotifyChannel}.Sanitize()); err != nil {
+	if _, err := conn.Exec(lctx, "LISTEN "+pgx.Identifier{m.cfg.NotifyChannel}.Sanitize()); err != nil {
+		db.End(0, pgerr.Map(ctx, "manager.listen", err))
 		return
 	}
+	db.End(1, nil)
 	bo.Reset()
 	if !m.post(ctx, notice{resync: true}) {
 		return

@@ -13,6 +13,7 @@ import (
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
+	"github.com/pglease/pglease/telemetry"
 )
 
 // Defaults of Config's zero fields.
@@ -79,6 +80,16 @@ type Config struct {
 	// capped at (pool MaxConns − 1)/2 each, at least 1, so one connection
 	// stays free for heartbeats when only the Manager uses the pool.
 	MaxInFlight int
+
+	// Telemetry configures the Manager's OpenTelemetry spans and metrics
+	// and its log records (see package telemetry and "Telemetry" in the
+	// package documentation): telemetry.WithTracerProvider,
+	// WithMeterProvider, WithLogger, WithKeySecret, WithRawKeys. Empty
+	// (the default) means the otel global providers, which record nothing
+	// unless the program installs SDK ones, no logging, and keys
+	// identified by SyncGuard's unkeyed hashKey, which is not secret: set
+	// WithKeySecret to make key hashes keyed. Nil options are ignored.
+	Telemetry []telemetry.Option
 }
 
 func (c Config) withDefaults() Config {
@@ -152,9 +163,11 @@ type Manager struct {
 	pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
 	ownsPool bool          // immutable
 	store    *pg.Store     // immutable
-	hooks    hooks         // immutable
-	sig      *signals      // immutable; nil in production
-	test     testHooks     // immutable; zero in production
+	// rec records spans, metrics and logs (package telemetry); immutable,
+	// never nil. Its methods never block and are safe from any goroutine.
+	rec  *telemetry.Recorder
+	sig  *signals  // immutable; nil in production
+	test testHooks // immutable; zero in production
 
 	acqLimit, relLimit, extLimit int // immutable: batches in flight per kind
 
@@ -174,6 +187,8 @@ type Manager struct {
 	closing   chan struct{} // closed by Close; run begins draining
 	done      chan struct{} // closed by run when it has fully stopped
 	closeErr  error         // written by run before done is closed; read after done
+
+	adv advisoryState // advisory session locks (advisory.go); guarded by its own mutex
 }
 
 type option func(*Manager)
@@ -238,6 +253,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		pool:          pool,
 		ownsPool:      owns,
 		store:         store,
+		rec:           telemetry.New(cfg.Telemetry...),
 		acquireCh:     make(chan *acquireReq),
 		releaseCh:     make(chan *releaseReq),
 		abandonCh:     make(chan *acquireReq),
@@ -466,21 +482,29 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
+	ctx = m.startAcquire(ctx, req)
 	wctx, cancel := context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
 	defer cancel()
 	r := m.submit(op, wctx, req)
 	switch {
 	case r.lock != nil:
-		m.hooks.onAcquireEnd(req.hash, nil, time.Since(start))
-		return r.lock, nil
+		return r.lock, nil // the loop recorded the grant before replying
 	case r.err != nil:
 		err = r.err
 	default: // abandoned (locked is impossible for Acquire)
 		err = waitErr(op, ctx, wctx, r.lastErr)
 	}
-	m.hooks.onAcquireEnd(req.hash, err, time.Since(start))
+	req.acq.Failed(err) // a no-op if the loop granted first (a grant it took back)
 	return nil, err
+}
+
+// startAcquire starts req's pglease.acquire span, a child of the span in
+// ctx, and returns ctx carrying it (for the wait).
+func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Context {
+	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.Key(req.key), telemetry.AcquireInfo{
+		Kind: telemetry.KindLease, TTL: req.ttl, Try: req.try,
+	})
+	return ctx
 }
 
 // TryAcquire makes one attempt to take key, without waiting for a
@@ -493,21 +517,20 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 	if err != nil {
 		return nil, false, err
 	}
-	start := time.Now()
+	ctx = m.startAcquire(ctx, req)
 	r := m.submit(op, ctx, req)
 	switch {
 	case r.lock != nil:
-		m.hooks.onAcquireEnd(req.hash, nil, time.Since(start))
 		return r.lock, true, nil
 	case r.locked:
-		m.hooks.onAcquireEnd(req.hash, nil, time.Since(start))
+		req.acq.NotAcquired()
 		return nil, false, nil
 	case r.err != nil:
 		err = r.err
 	default:
 		err = waitErr(op, ctx, ctx, r.lastErr)
 	}
-	m.hooks.onAcquireEnd(req.hash, err, time.Since(start))
+	req.acq.Failed(err)
 	return nil, false, err
 }
 

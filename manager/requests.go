@@ -3,7 +3,10 @@ package manager
 import (
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/telemetry"
 )
 
 // reqState is where an acquireReq is in its life. Owned by run.
@@ -24,6 +27,13 @@ type acquireReq struct {
 	ttl    time.Duration // immutable
 	manual bool          // immutable: no auto-extend
 	try    bool          // immutable: TryAcquire (one attempt, never queued behind others)
+
+	// acq is the request's telemetry (the pglease.acquire span), started
+	// by the caller before sending. The loop calls Queued, Attempt and
+	// Granted (before replying); the caller calls Failed or NotAcquired
+	// after its answer. Never nil (a Manager always has a Recorder), but
+	// nil-safe anyway.
+	acq *telemetry.Acquisition
 
 	// reply has capacity 1; run sends on it at most once. After the
 	// caller sent the request on abandonCh it never reads reply again:
@@ -48,8 +58,9 @@ type acquireReply struct {
 
 // releaseReq is one Lock.Release call.
 type releaseReq struct {
-	lock  *Lock
-	reply chan error // cap 1; run sends exactly once
+	lock   *Lock
+	reply  chan error        // cap 1; run sends exactly once
+	parent trace.SpanContext // immutable: the caller's span, parent of the pglease.release span
 }
 
 // notice is what the listener goroutine posts to run: a release
@@ -75,6 +86,9 @@ type releaseItem struct {
 	ks     *keyState // the key to kick once released; nil during drain
 	reply  chan error
 	lost   error // the lock was lost before the release: reply with this
+
+	rel telemetry.Release // the pglease.release span; zero for orphan releases
+	sc  trace.SpanContext // rel's span context: parent of a DB span serving only this item
 }
 
 // Results posted by DB goroutines to run, one type per kind.
@@ -83,12 +97,14 @@ type acquireDone struct {
 	start time.Time // local time just before the statement was sent
 	res   []pg.AcquireResult
 	err   error
+	db    trace.SpanContext // the round trip's pglease.acquire_many span
 }
 
 type releaseDone struct {
 	batch []releaseItem
 	res   []bool
 	err   error
+	db    trace.SpanContext // the round trip's pglease.release_many span
 }
 
 type extendDone struct {
@@ -96,4 +112,6 @@ type extendDone struct {
 	start time.Time // local time just before the statement was sent
 	res   []pg.ExtendResult
 	err   error
+	hb    telemetry.Heartbeat // the round's pglease.heartbeat span, ended by run
+	db    trace.SpanContext   // the round trip's pglease.extend_many span
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pglease/pglease"
 )
 
@@ -38,6 +40,7 @@ func (m *Manager) Close(ctx context.Context) error {
 func (st *loopState) beginDrain() {
 	st.closing = true
 	st.m.cancelWork() // in-flight acquires and extends are moot now
+	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
 	if st.stopListener != nil {
 		st.stopListener()
 	}
@@ -46,7 +49,8 @@ func (st *loopState) beginDrain() {
 	}
 	for h := range st.held {
 		st.dropHolding(h, closedCause)
-		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id})
+		rel, sc := startRelease(h, trace.SpanContext{})
+		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, rel: rel, sc: sc})
 	}
 	st.pendExtend = nil
 	st.hbNext = time.Time{}
@@ -61,7 +65,9 @@ func (st *loopState) drained() bool {
 // finish is the last step of the drain: close an owned pool and record the
 // outcome for Close. run closes done right after.
 func (st *loopState) finish() {
+	st.m.adv.wait() // the advisory session is closed before an owned pool
 	st.m.closeErr = st.closeErr
+	st.m.rec.Close() // unregisters the loop's metric callbacks
 	if st.m.ownsPool {
 		st.m.pool.Close()
 	}

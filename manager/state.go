@@ -6,10 +6,13 @@ import (
 	"errors"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
+	"github.com/pglease/pglease/telemetry"
 )
 
 // maxFenceMemory caps how many keys' highest fences the loop remembers for
@@ -34,6 +37,7 @@ type loopState struct {
 	pendExtend  []*holding    // leases to send with the next extend batch
 
 	inAcquire, inRelease, inExtend int // batches in flight per kind
+	waiting                        int // callers in all keys' queues (telemetry: queue depth "waiters")
 
 	closing      bool
 	listenerDone chan struct{}      // closed by the listener goroutine; nil when none runs
@@ -60,8 +64,9 @@ type keyState struct {
 type holding struct {
 	lock      *Lock
 	ks        *keyState
-	lease     heartbeat.Lease // last successful attempt; Pending/NotBefore/Manual
-	lossTimer *time.Timer     // fires at lease.TrustedUntil(), independently of the loop
+	acq       *telemetry.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
+	lease     heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
+	lossTimer *time.Timer            // fires at lease.TrustedUntil(), independently of the loop
 }
 
 type retryEntry struct {
@@ -207,29 +212,41 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 }
 
 // releaseHolding drops h and queues the release of its lockId; reply, if
-// set, gets the outcome.
-func (st *loopState) releaseHolding(h *holding, reply chan error) {
+// set, gets the outcome. parent is the releasing caller's span (invalid
+// when the loop releases on its own): the pglease.release span's parent.
+func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
 	st.dropHolding(h, ErrReleased)
 	it := releaseItem{lockID: h.lock.id, ks: h.ks, reply: reply}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
 		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+		// Its loss timer fired before the loop noticed: report the loss.
+		h.acq.Lost(telemetry.LossExpired, trace.SpanContext{})
 	}
+	it.rel, it.sc = startRelease(h, parent)
 	h.ks.releasing++
 	st.pendRelease = append(st.pendRelease, it)
 }
 
+// startRelease starts h's pglease.release span (loop), as a child of
+// parent when it is valid, and returns it with its span context.
+func startRelease(h *holding, parent trace.SpanContext) (telemetry.Release, trace.SpanContext) {
+	ctx := context.Background()
+	if parent.IsValid() {
+		ctx = trace.ContextWithSpanContext(ctx, parent)
+	}
+	rctx, rel := h.acq.StartRelease(ctx)
+	return rel, trace.SpanContextFromContext(rctx)
+}
+
 // lose declares h lost: its context is cancelled with cause (unless it
 // already ended), and, when the server may still have the row, its lockId
-// is released so the next holder need not wait for the expiry.
-func (st *loopState) lose(h *holding, cause error, releaseInDB bool) {
+// is released so the next holder need not wait for the expiry. lc and by
+// are for telemetry: the loss cause and the span that found it (the
+// extend round trip; invalid when the local clock did).
+func (st *loopState) lose(h *holding, cause error, releaseInDB bool, lc telemetry.LossCause, by trace.SpanContext) {
 	ks := h.ks
 	st.dropHolding(h, cause)
-	reason := "lost"
-	var e *pglease.Error
-	if errors.As(context.Cause(h.lock.ctx), &e) {
-		reason = e.Msg
-	}
-	st.m.hooks.onLost(ks.hash, reason)
+	h.acq.Lost(lc, by)
 	st.sig().lost.signal(ks.key)
 	if releaseInDB {
 		st.orphanRelease(ks, h.lock.id)
@@ -260,7 +277,7 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 	lctx, cancel := context.WithCancelCause(context.Background())
 	lk := &Lock{m: m, key: ks.key, id: a.lockID, fence: r.Fence, ttl: a.ttl, acquiredAt: r.AcquiredAt, ctx: lctx, cancel: cancel}
 	lease.Manual = req.manual
-	h := &holding{lock: lk, ks: ks, lease: lease}
+	h := &holding{lock: lk, ks: ks, lease: lease, acq: req.acq}
 	lk.h = h
 	// The loss deadline does not depend on the loop: the timer cancels the
 	// lock's context by itself, then nudges the loop.
@@ -275,6 +292,7 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 	st.held[h] = struct{}{}
 	st.noteEvent(lease.NextEvent())
 	req.state = reqGranted
+	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
 	req.reply <- acquireReply{lock: lk}
 	ks.bo.Reset()
 	ks.lastErr = nil
@@ -306,9 +324,40 @@ func (st *loopState) popTries(ks *keyState, r acquireReply) {
 	for len(ks.queue) > 0 && ks.queue[0].try {
 		req := ks.queue[0]
 		ks.queue = ks.queue[1:]
+		st.waiting--
 		req.state = reqAnswered
 		req.reply <- r
 	}
+}
+
+// leadingTries returns how many TryAcquire requests head the queue (the
+// ones popTries answers).
+func leadingTries(q []*acquireReq) int {
+	n := 0
+	for n < len(q) && q[n].try {
+		n++
+	}
+	return n
+}
+
+// noteAttempt records one database attempt, carried by the round trip
+// db, on behalf of every waiter in reqs: attempts are counted per caller.
+// Call it before answering them.
+func noteAttempt(reqs []*acquireReq, db trace.SpanContext, o telemetry.AttemptOutcome, retryIn time.Duration) {
+	for _, r := range reqs {
+		r.acq.Attempt(db, o, retryIn)
+	}
+}
+
+// reportDepth publishes the loop's queue depths (atomic stores only).
+func (st *loopState) reportDepth(l *telemetry.Loop) {
+	if l == nil {
+		return
+	}
+	l.SetDepth(telemetry.QueueWaiters, st.waiting)
+	l.SetDepth(telemetry.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend))
+	l.SetDepth(telemetry.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
+	l.SetDepth(telemetry.QueueDue, len(st.retries)+len(st.held))
 }
 
 // failAll answers every waiter of ks with err.
@@ -317,6 +366,7 @@ func (st *loopState) failAll(ks *keyState, err error) {
 		req.state = reqAnswered
 		req.reply <- acquireReply{err: err}
 	}
+	st.waiting -= len(ks.queue)
 	ks.queue = nil
 	st.clearRetry(ks)
 }

@@ -188,7 +188,10 @@ type Queue uint8
 const (
 	// QueueWaiters: callers waiting in per-key FIFOs.
 	QueueWaiters Queue = iota
-	// QueueMailbox: requests and results sent to the loop, not yet handled.
+	// QueueMailbox: work the loop accepted and has not sent yet (pending
+	// acquire attempts, releases and extends waiting for a batch slot).
+	// The Manager's channels are unbuffered, so this is where its
+	// backlog builds.
 	QueueMailbox
 	// QueueInflight: database round trips started and not yet reported.
 	QueueInflight

@@ -126,11 +126,13 @@
 //	loop    on enqueue: a.Queued(QueueInfo{...})
 //	worker  per round trip: dctx, db := rec.StartDB(ctx, OpAcquireMany, n, parent); …; db.End(ok, err)
 //	loop    on each attempt result, per waiter served: a.Attempt(db.SpanContext(), outcome, retryIn)
-//	loop    on grant, before replying: a.Granted(fence); on give-up: a.Failed(err); Try: a.NotAcquired()
-//	caller  ctx ended while waiting: a.Failed(err) (a no-op if the loop granted first)
-//	loop    heartbeat tick: hctx, hb := rec.StartHeartbeat(ctx, due); the extend's StartDB uses hctx;
+//	loop    on grant, before replying: a.Granted(fence)
+//	caller  on any other answer (error, ctx ended, closed): a.Failed(err); Try found it held: a.NotAcquired()
+//	        (both no-ops if the loop granted first, e.g. a grant it took back from a caller who left)
+//	loop    per extend batch: _, hb := rec.StartHeartbeat(ctx, n); the extend's StartDB has parent hb.SpanContext();
 //	        per lock a.Extended(lag) / a.ExtendFailed(err) / a.Lost(cause, db.SpanContext()); hb.End(ext, lost, err)
-//	caller  Lock.Release, or loop on Close: rctx, rel := a.StartRelease(ctx); rel.Served(db.SpanContext()); rel.End(err)
+//	loop    when it releases a held lock (Lock.Release passes the caller's span context in the request; a
+//	        taken-back grant; Close): rctx, rel := a.StartRelease(ctx); rel.Served(db.SpanContext()); rel.End(err)
 //	loop    around its select: l := rec.Loop(); l.Idle() before select, l.Busy() after; l.SetDepth(q, n)
 //	Close   rec.Close() after the loop stopped (unregisters metric callbacks)
 //

@@ -1,0 +1,514 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pg/advisory"
+)
+
+// advKey returns a random int64-space key, so parallel tests never share
+// one (advisory locks are per database, not per schema).
+func advKey() advisory.Key { return advisory.Int64(rand.Int64()) }
+
+// fastProbe makes m's advisory sessions notice a dead connection within
+// about 100 ms (default 1 s). Call before m's first advisory call.
+func fastProbe(m *Manager) {
+	m.adv.mu.Lock()
+	m.adv.opts = &advisory.Options{ProbeInterval: 100 * time.Millisecond, ProbeTimeout: time.Second}
+	m.adv.mu.Unlock()
+}
+
+// advPID returns the backend pid of m's current advisory session, 0 if none.
+func advPID(m *Manager) int32 {
+	m.adv.mu.Lock()
+	defer m.adv.mu.Unlock()
+	if m.adv.sess == nil {
+		return 0
+	}
+	return m.adv.sess.BackendPID()
+}
+
+// until polls cond (a database condition that has no signal) until it
+// holds, failing the test after waitTimeout.
+func until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout())
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		<-tick.C
+	}
+}
+
+// waitingFor reports whether m's advisory session is waiting on the
+// server for a lock it has not been granted.
+func waitingFor(t *testing.T, admin *pgxpool.Pool, m *Manager) bool {
+	pid := advPID(m)
+	if pid == 0 {
+		return false
+	}
+	var n int
+	if err := admin.QueryRow(context.Background(),
+		"SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND pid = $1", pid).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n > 0
+}
+
+func waitErrCh(t *testing.T, ch <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(waitTimeout()):
+		t.Fatal("timed out waiting for a call to return")
+		return nil
+	}
+}
+
+func waitDone(t *testing.T, l *AdvisoryLock) {
+	t.Helper()
+	select {
+	case <-l.Done():
+	case <-time.After(waitTimeout()):
+		t.Fatal("timed out waiting for the advisory lock's context to end")
+	}
+}
+
+type lockResult struct {
+	l   *AdvisoryLock
+	err error
+}
+
+// TestAdvisoryTwoManagers: two Managers race for one key and exactly one
+// wins; the loser's blocking LockAdvisory is granted once the winner
+// unlocks; an Unlock with an ended context still releases.
+func TestAdvisoryTwoManagers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noSignals: true})
+	m1 := b.m
+	m2, _ := b.newPeer(t, Config{})
+	admin, _ := pgtest.Pool(t)
+	ctx := ctxT(t)
+	key := advKey()
+
+	start := make(chan struct{})
+	res := make([]lockResult, 2)
+	var wg sync.WaitGroup
+	for i, m := range []*Manager{m1, m2} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			l, ok, err := m.TryLockAdvisory(ctx, key)
+			if ok != (l != nil) {
+				t.Errorf("ok = %v with lock %v", ok, l != nil)
+			}
+			res[i] = lockResult{l, err}
+		}()
+	}
+	close(start)
+	wg.Wait()
+	winners := 0
+	var winner *AdvisoryLock
+	var loser *Manager
+	for i, r := range res {
+		if r.err != nil {
+			t.Fatalf("manager %d: %v", i, r.err)
+		}
+		if r.l != nil {
+			winners++
+			winner = r.l
+			loser = []*Manager{m2, m1}[i]
+		}
+	}
+	if winners != 1 {
+		t.Fatalf("%d winners, want 1", winners)
+	}
+	if winner.Key() != key || winner.Err() != nil {
+		t.Fatalf("winner: key %v err %v", winner.Key(), winner.Err())
+	}
+	if _, ok, err := loser.TryLockAdvisory(ctx, key); ok || err != nil {
+		t.Fatalf("loser TryLockAdvisory while held = %v, %v", ok, err)
+	}
+
+	// The loser waits; the winner's Unlock lets it in.
+	got := make(chan lockResult, 1)
+	go func() {
+		l, err := loser.LockAdvisory(ctx, key)
+		got <- lockResult{l, err}
+	}()
+	until(t, "the loser waits on the server", func() bool { return waitingFor(t, admin, loser) })
+	select {
+	case r := <-got:
+		t.Fatalf("LockAdvisory returned while the key was held: %v", r.err)
+	default:
+	}
+	if err := winner.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock: %v", err)
+	}
+	if c := context.Cause(winner.Context()); c != ErrReleased {
+		t.Fatalf("cause after Unlock = %v, want ErrReleased", c)
+	}
+	if err := winner.Unlock(ctx); err != nil {
+		t.Fatalf("second Unlock = %v, want nil", err)
+	}
+	var r lockResult
+	select {
+	case r = <-got:
+	case <-time.After(waitTimeout()):
+		t.Fatal("the waiter was not granted the key after Unlock")
+	}
+	if r.err != nil {
+		t.Fatalf("LockAdvisory after Unlock: %v", r.err)
+	}
+	other := m1
+	if loser == m1 {
+		other = m2
+	}
+	if _, ok, err := other.TryLockAdvisory(ctx, key); ok || err != nil {
+		t.Fatalf("TryLockAdvisory of the new holder's key = %v, %v", ok, err)
+	}
+
+	// Unlock with an ended context: Aborted, but released in the background.
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.l.Unlock(ended); !errors.Is(err, pglease.ErrAborted) {
+		t.Fatalf("Unlock(ended ctx) = %v, want Aborted", err)
+	}
+	l, err := other.LockAdvisory(ctx, key)
+	if err != nil {
+		t.Fatalf("LockAdvisory after a background unlock: %v", err)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// stmtCounter counts the statements sent through a pool, except the
+// advisory session's probe (which runs on its own schedule).
+type stmtCounter struct{ n atomic.Int64 }
+
+func (c *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL != "SELECT pg_backend_pid()" {
+		c.n.Add(1)
+	}
+	return ctx
+}
+func (c *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// TestAdvisoryBadInputNoIO: nil or ended context, zero key, a key already
+// held through this Manager and a closed Manager fail with typed errors
+// and send no statement; a valid call does send one.
+func TestAdvisoryBadInputNoIO(t *testing.T) {
+	t.Parallel()
+	qc := &stmtCounter{}
+	b := setup(t, setupOpts{noSignals: true, pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
+	m := b.m
+	ctx := ctxT(t)
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	//nolint:staticcheck // nil context on purpose
+	var nilCtx context.Context
+	key := advKey()
+
+	check := func(name string, want *pglease.Error, call func() error) {
+		t.Helper()
+		before := qc.n.Load()
+		err := call()
+		if !errors.Is(err, want) {
+			t.Errorf("%s: err = %v, want code %v", name, err, want.Code)
+		}
+		if err != nil && strings.Contains(err.Error(), key.String()[len("int64:"):]) {
+			t.Errorf("%s: error echoes the key id", name)
+		}
+		if n := qc.n.Load() - before; n != 0 {
+			t.Errorf("%s: %d statements for bad input", name, n)
+		}
+	}
+	check("nil ctx", pglease.ErrInvalidArgument, func() error { _, err := m.LockAdvisory(nilCtx, key); return err })
+	check("try nil ctx", pglease.ErrInvalidArgument, func() error { _, _, err := m.TryLockAdvisory(nilCtx, key); return err })
+	check("cancelled ctx", pglease.ErrAborted, func() error { _, err := m.LockAdvisory(cancelled, key); return err })
+	check("zero key", pglease.ErrInvalidArgument, func() error { _, err := m.LockAdvisory(ctx, advisory.Key{}); return err })
+	check("try zero key", pglease.ErrInvalidArgument, func() error { _, _, err := m.TryLockAdvisory(ctx, advisory.Key{}); return err })
+	check("unlock nil ctx", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{m: m}).Unlock(nilCtx) })
+	check("unlock zero lock", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{}).Unlock(ctx) })
+	if pid := advPID(m); pid != 0 {
+		t.Fatalf("bad input opened a session (pid %d)", pid)
+	}
+
+	// The positive control: a valid call does send statements.
+	before := qc.n.Load()
+	l, ok, err := m.TryLockAdvisory(ctx, key)
+	if err != nil || !ok {
+		t.Fatalf("TryLockAdvisory = %v, %v", ok, err)
+	}
+	if qc.n.Load() == before {
+		t.Fatal("the statement counter saw no statement for a valid call")
+	}
+	check("held key", pglease.ErrInvalidArgument, func() error { _, err := m.LockAdvisory(ctx, key); return err })
+	check("try held key", pglease.ErrInvalidArgument, func() error { _, _, err := m.TryLockAdvisory(ctx, key); return err })
+	if l.Err() != nil {
+		t.Fatalf("the refused call ended the held lock: %v", l.Err())
+	}
+
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if c := context.Cause(l.Context()); !errors.Is(c, pglease.ErrClosed) {
+		t.Fatalf("cause after Close = %v, want ErrClosed", c)
+	}
+	check("closed", pglease.ErrClosed, func() error { _, err := m.LockAdvisory(ctx, advKey()); return err })
+	check("try closed", pglease.ErrClosed, func() error { _, _, err := m.TryLockAdvisory(ctx, advKey()); return err })
+	before = qc.n.Load()
+	if err := l.Unlock(ctx); err != nil || qc.n.Load() != before {
+		t.Fatalf("Unlock after Close = %v with %d statements, want nil and none", err, qc.n.Load()-before)
+	}
+}
+
+// TestAdvisoryTerminate: pg_terminate_backend of the session's backend
+// cancels every advisory lock's Context with ErrLockLost (the server
+// freed them), and the next call opens a new session.
+func TestAdvisoryTerminate(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noSignals: true})
+	m := b.m
+	fastProbe(m)
+	peer, _ := b.newPeer(t, Config{})
+	admin, _ := pgtest.Pool(t)
+	ctx := ctxT(t)
+	ka, kb := advKey(), advKey()
+	la, err := m.LockAdvisory(ctx, ka)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, _, err := m.TryLockAdvisory(ctx, kb)
+	if err != nil || lb == nil {
+		t.Fatalf("TryLockAdvisory = %v, %v", lb != nil, err)
+	}
+	pid := advPID(m)
+	var ok bool
+	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
+		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
+	}
+	for _, l := range []*AdvisoryLock{la, lb} {
+		waitDone(t, l)
+		if !errors.Is(l.Err(), pglease.ErrLockLost) {
+			t.Fatalf("cause = %v, want ErrLockLost", l.Err())
+		}
+	}
+	if err := la.Unlock(ctx); !errors.Is(err, pglease.ErrLockLost) {
+		t.Fatalf("Unlock of a lost lock = %v, want ErrLockLost", err)
+	}
+	// The server freed kb with the session: another Manager takes it.
+	pl, ok, err := peer.TryLockAdvisory(ctx, kb)
+	if err != nil || !ok {
+		t.Fatalf("peer TryLockAdvisory of a freed key = %v, %v", ok, err)
+	}
+	// A new session, and the lost key can be taken again here.
+	la2, err := m.LockAdvisory(ctx, ka)
+	if err != nil {
+		t.Fatalf("LockAdvisory after the loss: %v", err)
+	}
+	if np := advPID(m); np == 0 || np == pid {
+		t.Fatalf("session pid %d after the loss, old %d", np, pid)
+	}
+	if _, ok, err := peer.TryLockAdvisory(ctx, ka); ok || err != nil {
+		t.Fatalf("peer TryLockAdvisory of the re-taken key = %v, %v", ok, err)
+	}
+	// The stale lb entry does not block kb once the peer lets it go.
+	if err := pl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lb2, err := m.LockAdvisory(ctx, kb)
+	if err != nil {
+		t.Fatalf("LockAdvisory of the lost key: %v", err)
+	}
+	for _, l := range []*AdvisoryLock{la2, lb2} {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAdvisoryClose: Close cancels held advisory locks with ErrClosed,
+// fails a waiting LockAdvisory with ErrClosed, frees the server locks
+// (another Manager takes them) and leaves the Manager refusing calls.
+func TestAdvisoryClose(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noSignals: true})
+	m := b.m
+	peer, _ := b.newPeer(t, Config{})
+	admin, _ := pgtest.Pool(t)
+	ctx := ctxT(t)
+	held, contended := advKey(), advKey()
+	pl, err := peer.LockAdvisory(ctx, contended)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := m.LockAdvisory(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := m.LockAdvisory(ctx, contended)
+		waiter <- err
+	}()
+	until(t, "the Manager waits on the server", func() bool { return waitingFor(t, admin, m) })
+
+	if err := m.Close(ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-m.Done():
+	default:
+		t.Fatal("Done not closed after Close returned")
+	}
+	if err := waitErrCh(t, waiter); !errors.Is(err, pglease.ErrClosed) {
+		t.Fatalf("waiting LockAdvisory = %v, want ErrClosed", err)
+	}
+	if c := context.Cause(l.Context()); !errors.Is(c, pglease.ErrClosed) {
+		t.Fatalf("cause = %v, want ErrClosed", c)
+	}
+	if err := l.Unlock(ctx); err != nil {
+		t.Fatalf("Unlock after Close = %v, want nil", err)
+	}
+	pl2, ok, err := peer.TryLockAdvisory(ctx, held)
+	if err != nil || !ok {
+		t.Fatalf("peer TryLockAdvisory after Close = %v, %v", ok, err)
+	}
+	if _, err := m.LockAdvisory(ctx, advKey()); !errors.Is(err, pglease.ErrClosed) {
+		t.Fatalf("LockAdvisory after Close = %v", err)
+	}
+	for _, l := range []*AdvisoryLock{pl, pl2} {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAdvisoryWaitBounded: a LockAdvisory whose ctx ends while the key is
+// held elsewhere returns Aborted, and the Manager's other advisory locks
+// stay held on the same session; the key can be taken later.
+func TestAdvisoryWaitBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noSignals: true})
+	m := b.m
+	peer, _ := b.newPeer(t, Config{})
+	ctx := ctxT(t)
+	mine, theirs := advKey(), advKey()
+	l, err := m.LockAdvisory(ctx, mine)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := advPID(m)
+	pl, err := peer.LockAdvisory(ctx, theirs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = m.LockAdvisory(wctx, theirs)
+	cancel()
+	if !errors.Is(err, pglease.ErrAborted) {
+		t.Fatalf("bounded LockAdvisory = %v, want Aborted", err)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("bounded LockAdvisory = %v, want it to wrap DeadlineExceeded", err)
+	}
+	if l.Err() != nil || advPID(m) != pid {
+		t.Fatalf("the other lock ended (%v) or the session changed", l.Err())
+	}
+	if _, ok, err := peer.TryLockAdvisory(ctx, mine); ok || err != nil {
+		t.Fatalf("peer TryLockAdvisory of the still-held key = %v, %v", ok, err)
+	}
+	if err := pl.Unlock(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l2, err := m.LockAdvisory(ctx, theirs)
+	if err != nil {
+		t.Fatalf("LockAdvisory after the holder left: %v", err)
+	}
+	for _, l := range []*AdvisoryLock{l, l2} {
+		if err := l.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestAdvisoryCloseUnderLoad: goroutines lock and unlock a few shared
+// keys through one Manager while it is closed. Every call ends in a
+// lock, a refusal (key held through this Manager), ErrClosed or, for
+// Unlock, nil; no lock is held in the server afterwards; no goroutine
+// leaks (goleak in TestMain).
+func TestAdvisoryCloseUnderLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{noSignals: true})
+	m := b.m
+	peer, _ := b.newPeer(t, Config{})
+	ctx := ctxT(t)
+	keys := []advisory.Key{advKey(), advKey(), advKey()}
+	var granted atomic.Int64
+	halfway := make(chan struct{})
+	var once sync.Once
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				k := keys[(g+i)%len(keys)]
+				l, err := m.LockAdvisory(ctx, k)
+				switch {
+				case errors.Is(err, pglease.ErrClosed):
+					return
+				case errors.Is(err, pglease.ErrInvalidArgument):
+					continue // held by another goroutine of this Manager
+				case err != nil:
+					t.Errorf("LockAdvisory: %v", err)
+					return
+				}
+				if granted.Add(1) == 50 {
+					once.Do(func() { close(halfway) })
+				}
+				if err := l.Unlock(ctx); err != nil {
+					t.Errorf("Unlock: %v", err)
+					return
+				}
+			}
+		}()
+	}
+	select {
+	case <-halfway:
+	case <-time.After(waitTimeout()):
+		t.Fatal("no progress before Close")
+	}
+	if err := m.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for _, k := range keys {
+		pl, ok, err := peer.TryLockAdvisory(ctx, k)
+		if err != nil || !ok {
+			t.Fatalf("peer TryLockAdvisory after Close = %v, %v", ok, err)
+		}
+		if err := pl.Unlock(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

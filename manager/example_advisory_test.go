@@ -1,0 +1,50 @@
+package manager_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/manager"
+	"github.com/pglease/pglease/pg/advisory"
+)
+
+func ExampleManager_LockAdvisory() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	m, err := manager.New(pool, manager.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close(ctx)
+
+	// The same id as SELECT pg_advisory_lock(7000001) in SQL.
+	key := advisory.Int64(7_000_001)
+	lk, err := m.LockAdvisory(ctx, key) // waits as long as ctx allows
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("held:", lk.Key(), lk.Err() == nil)
+
+	// Not re-entrant: this Manager refuses a key it already holds.
+	_, _, err = m.TryLockAdvisory(ctx, key)
+	fmt.Println("again:", errors.Is(err, pglease.ErrInvalidArgument))
+
+	// work(lk.Context()) — cancelled with cause ErrLockLost if the session dies.
+	if err := lk.Unlock(ctx); err != nil {
+		panic(err)
+	}
+	fmt.Println("cause after Unlock:", context.Cause(lk.Context()))
+	// Output:
+	// held: int64:7000001 true
+	// again: true
+	// cause after Unlock: pglease: lock released
+}
