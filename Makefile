@@ -4,7 +4,7 @@
 GO     ?= go
 WITHPG  = $(GO) run ./internal/cmd/withpg
 
-.PHONY: test fmt vet demo bench
+.PHONY: test fmt vet demo bench trace
 
 test: fmt vet
 	$(WITHPG) -- $(GO) test -race -count=1 -timeout 9m ./...
@@ -17,3 +17,10 @@ vet:
 
 demo:
 	$(WITHPG) -durable -- $(GO) run ./examples/demo
+
+# make bench BENCHFLAGS="-duration 3s -docs"   (see bench/main.go for the flags)
+bench:
+	$(WITHPG) -durable -- $(GO) run ./bench $(BENCHFLAGS)
+
+trace:
+	$(WITHPG) -- $(GO) run ./examples/trace
