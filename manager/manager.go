@@ -22,7 +22,7 @@ const (
 	DefaultAcquireTimeout   = 5 * time.Second // SyncGuard's acquisition.timeoutMs
 	DefaultStatementTimeout = 5 * time.Second
 	DefaultCloseTimeout     = 5 * time.Second
-	DefaultMaxBatch         = 1000
+	DefaultMaxBatch         = pg.MaxBatch
 	DefaultMaxInFlight      = 2
 	DefaultNotifyChannel    = "pglease_release"
 )
@@ -72,8 +72,9 @@ type Config struct {
 	// CloseTimeout bounds the release of all held locks in Close. Default
 	// 5 s. The caller's context of Close bounds only how long Close waits.
 	CloseTimeout time.Duration
-	// MaxBatch caps the items of one batched statement. Default 1000,
-	// at most pg.MaxBatch.
+	// MaxBatch caps the items of one batched statement. Default and
+	// maximum pg.MaxBatch (10,000), so a heartbeat tick of up to 10,000
+	// locks is one statement.
 	MaxBatch int
 	// MaxInFlight caps the batches of one kind (acquire, release, extend)
 	// in flight at once. Default 2. Acquire and release batches are also

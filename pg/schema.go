@@ -252,6 +252,9 @@ $fn$;
 -- order, read the server clock, then delete each row still unexpired
 -- (expires_at_ms > now: no release inside the tolerance window). With a
 -- channel, each successful release also notifies hashKey(user_key).
+-- A release commits without waiting for its WAL flush: if a crash loses it,
+-- the lease simply runs to its expiry (safe), and any later acquire that saw
+-- the release flushes it (WAL is sequential) before it is acknowledged.
 CREATE OR REPLACE FUNCTION {fn_release}(p_lock_ids text[], p_channel text)
 RETURNS TABLE (o_idx integer, o_ok boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -260,6 +263,7 @@ DECLARE
   v_now bigint;
   v_uk text;
 BEGIN
+  PERFORM set_config('synchronous_commit', 'off', true);
   PERFORM 1 FROM {t} AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
   v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
