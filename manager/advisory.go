@@ -6,8 +6,11 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pg/advisory"
+	"github.com/pglease/pglease/telemetry"
 )
 
 // advisoryState is the Manager's share of session-level advisory locks:
@@ -37,8 +40,9 @@ type AdvisoryLock struct {
 	m      *Manager                // immutable
 	key    advisory.Key            // immutable
 	inner  *advisory.Lock          // immutable
-	ctx    context.Context         // immutable; a child of inner's context
-	cancel context.CancelCauseFunc // called by Unlock and by Close
+	acq    *telemetry.Acquisition  // immutable; the acquire that granted it
+	ctx    context.Context         // immutable; ends when inner's does, or before
+	cancel context.CancelCauseFunc // called by Unlock, by Close and when inner's context ends
 
 	unlockOnce sync.Once
 }
@@ -84,7 +88,7 @@ func (l *AdvisoryLock) Unlock(ctx context.Context) error {
 		return invalid(op, "nil or zero AdvisoryLock")
 	}
 	var res chan error
-	l.unlockOnce.Do(func() { res = l.startUnlock(op) })
+	l.unlockOnce.Do(func() { res = l.startUnlock(ctx, op) })
 	if res == nil {
 		return nil // a second Unlock
 	}
@@ -102,19 +106,33 @@ func (l *AdvisoryLock) Unlock(ctx context.Context) error {
 // startUnlock cancels the lock's context and starts the unlock statement
 // (tracked, so Close waits for it). The answer arrives on the returned
 // channel (capacity 1).
-func (l *AdvisoryLock) startUnlock(op string) chan error {
+//
+// Telemetry: whoever cancels l.ctx first owns the end of the lock's
+// telemetry. If Unlock does (cause ErrReleased), it records the
+// pglease.release span, a child of ctx linked to the lock's acquire span,
+// with the pglease.advisory_unlock round trip as its child (or, when
+// Close has begun and releases the lock with the session, a release span
+// with no round trip of its own). A lock that was lost (Lost, recorded
+// when the session ended) or closed (beginClose) gets no release span
+// here.
+func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 	res := make(chan error, 1)
+	if ic := l.inner.Context(); ic.Err() != nil {
+		l.cancel(context.Cause(ic)) // ended; the AfterFunc of lockAdvisory may not have run yet
+	}
 	l.cancel(ErrReleased) // the first cause wins: a lost or closed lock keeps its own
 	if c := context.Cause(l.ctx); c != ErrReleased {
 		l.m.adv.forget(l)
 		res <- endedAnswer(op, c)
 		return res
 	}
+	rctx, rel := l.acq.StartRelease(ctx)
 	a := &l.m.adv
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
-		res <- nil // Close releases it
+		rel.End(nil) // Close releases it with the session
+		res <- nil
 		return res
 	}
 	a.unlocks.Add(1)
@@ -125,7 +143,14 @@ func (l *AdvisoryLock) startUnlock(op string) chan error {
 		// context must still release. The wait for the connection ends
 		// when the session ends; the statement is bounded by the
 		// session's ProbeTimeout.
-		ok, err := l.inner.Unlock(context.Background())
+		dctx, db := l.m.rec.StartDB(context.WithoutCancel(rctx), telemetry.OpAdvisoryUnlock, 1, trace.SpanContext{})
+		ok, err := l.inner.Unlock(dctx)
+		released := 0
+		if ok {
+			released = 1
+		}
+		db.End(released, err)
+		rel.Served(db.SpanContext())
 		switch {
 		case err != nil:
 			err = reop(op, err)
@@ -133,6 +158,7 @@ func (l *AdvisoryLock) startUnlock(op string) chan error {
 			err = endedAnswer(op, context.Cause(l.inner.Context()))
 		}
 		a.forget(l)
+		rel.End(err)
 		res <- err
 	}()
 	return res
@@ -171,6 +197,12 @@ func reop(op string, err error) error {
 //
 // Advisory keys and lease keys are separate namespaces: an advisory lock
 // never conflicts with a lease lock of the same name.
+//
+// LockAdvisory first makes one pg_try_advisory_lock attempt and waits
+// (pg_advisory_lock) only when that finds the key held, so an
+// uncontended call costs one statement and a contended one shows up as
+// contended in telemetry. See "Telemetry of advisory locks" below
+// (TryLockAdvisory).
 func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key) (*AdvisoryLock, error) {
 	return m.lockAdvisory(ctx, "manager.LockAdvisory", key, true)
 }
@@ -178,6 +210,45 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key) (*Advisory
 // TryLockAdvisory makes one attempt to take key without waiting: ok is
 // false (and err nil) when another session holds it. Errors as
 // LockAdvisory; ctx bounds the attempt (and the opening of the session).
+//
+// # Telemetry of advisory locks
+//
+// Both calls record, through the Manager's Recorder (Config.Telemetry),
+// what package telemetry documents with pglease.lock.kind=advisory, the
+// key identified by the hash of its String form ("int64:42", "pair:1,2")
+// like a lease key (the raw id only with telemetry.WithRawKeys):
+//
+//   - a pglease.acquire span, child of the span in ctx, started after the
+//     no-I/O argument checks (nil ctx, ended ctx, zero key: no span). It
+//     ends as granted (no pglease.fence: advisory locks have none),
+//     locked (TryLockAdvisory found the key held), aborted, closed, or
+//     error (including a key already held through this Manager, which is
+//     InvalidArgument). pglease.acquire.attempts counts the round trips
+//     below; pglease.acquire.contended is true when one of them found
+//     the key held.
+//   - one client span per call to the advisory.Session, child of the
+//     acquire span, with a pglease.attempt event on the acquire span
+//     linking to it: pglease.advisory_try_lock (one
+//     pg_try_advisory_lock; batch.ok 1 when granted, 0 when held), then,
+//     for a contended LockAdvisory, pglease.advisory_lock, whose duration
+//     is the server-side wait. That wait is several statements on the
+//     session's connection (a pg_advisory_lock per WaitSlice, and a
+//     pg_locks check after an interrupted slice) that the Manager cannot
+//     see one by one: the span covers them all. Opening the session
+//     (advisory.Open) has no span of its own; it is part of the acquire.
+//     An attempt that fails because the session was lost is an "error"
+//     attempt, and the next one runs on a new session.
+//   - pglease.lock.held{kind=advisory} up by one on the grant, and down by
+//     one when the lock ends: Unlock (a pglease.release span, child of
+//     Unlock's ctx, with its pglease.advisory_unlock round trip as child),
+//     Manager.Close (a pglease.release span per lock, root spans, and one
+//     pglease.advisory_unlock round trip for the session's
+//     pg_advisory_unlock_all, batch size = the locks released), or loss
+//     of the session (a pglease.lost span under the acquire span with
+//     pglease.loss.cause=session_ended, counted in pglease.lock.lost; it
+//     is recorded when the session notices, within its probe window, and
+//     links to no round trip, since the session's probe has no span).
+//     Unlock of a lock lost before records no release span.
 func (m *Manager) TryLockAdvisory(ctx context.Context, key advisory.Key) (lock *AdvisoryLock, ok bool, err error) {
 	l, err := m.lockAdvisory(ctx, "manager.TryLockAdvisory", key, false)
 	return l, l != nil, err
@@ -194,6 +265,23 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 	if !key.Valid() {
 		return nil, invalid(op, "invalid advisory key (build it with advisory.Int64, advisory.Pair or a derivation)")
 	}
+	ctx, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), telemetry.AcquireInfo{
+		Kind: telemetry.KindAdvisory, Try: !blocking,
+	})
+	l, err := m.takeAdvisory(ctx, op, key, blocking, acq)
+	switch {
+	case l != nil: // install recorded the grant
+	case err == nil:
+		acq.NotAcquired()
+	default:
+		acq.Failed(err)
+	}
+	return l, err
+}
+
+// takeAdvisory is lockAdvisory after the argument checks; acq is the
+// call's acquisition (its grant is recorded by install).
+func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, acq *telemetry.Acquisition) (*AdvisoryLock, error) {
 	a := &m.adv
 	if err := a.reserve(op, key, m.isClosing()); err != nil {
 		return nil, err
@@ -209,11 +297,9 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 		if err != nil {
 			return nil, err
 		}
-		var il *advisory.Lock
-		if blocking {
-			il, err = s.Lock(ctx, key)
-		} else {
-			il, _, err = s.TryLock(ctx, key)
+		il, err := m.advisoryRoundTrip(ctx, s, key, false, acq)
+		if err == nil && il == nil && blocking {
+			il, err = m.advisoryRoundTrip(ctx, s, key, true, acq)
 		}
 		if err != nil {
 			if m.isClosing() || a.isClosed() {
@@ -230,16 +316,59 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 		if il == nil {
 			return nil, nil // TryLock: held by another session
 		}
-		l := &AdvisoryLock{m: m, key: key, inner: il}
-		l.ctx, l.cancel = context.WithCancelCause(il.Context())
+		l := &AdvisoryLock{m: m, key: key, inner: il, acq: acq}
+		l.ctx, l.cancel = context.WithCancelCause(context.Background())
 		if !a.install(l) {
 			// Close began after the grant; its Session.Close releases it.
 			l.cancel(closedCause)
 			return nil, closedErr(op)
 		}
 		granted = true
+		// l's context follows il's: the session reports a loss by
+		// cancelling il's context with a LockLost cause. The loss is
+		// recorded before l's context ends, so whoever watches l.Done()
+		// finds it in telemetry. il's context always ends (Unlock, loss,
+		// or the session's Close), so this never outlives the session;
+		// after Unlock or Close, l's context has ended already and keeps
+		// its own cause.
+		context.AfterFunc(il.Context(), func() {
+			cause := context.Cause(il.Context())
+			if errors.Is(cause, pglease.ErrLockLost) {
+				acq.Lost(telemetry.LossSessionEnded, trace.SpanContext{})
+			}
+			l.cancel(cause)
+		})
 		return l, nil
 	}
+}
+
+// advisoryRoundTrip makes one call to the session, TryLock or (blocking)
+// Lock, as a pglease.advisory_try_lock or pglease.advisory_lock client
+// span under acq's span, and records it as an attempt of acq. A nil lock
+// with a nil error is a TryLock that found the key held.
+func (m *Manager) advisoryRoundTrip(ctx context.Context, s *advisory.Session, key advisory.Key, blocking bool, acq *telemetry.Acquisition) (*advisory.Lock, error) {
+	op := telemetry.OpAdvisoryTryLock
+	if blocking {
+		op = telemetry.OpAdvisoryLock
+	}
+	dctx, db := m.rec.StartDB(ctx, op, 1, acq.SpanContext())
+	var il *advisory.Lock
+	var err error
+	if blocking {
+		il, err = s.Lock(dctx, key)
+	} else {
+		il, _, err = s.TryLock(dctx, key)
+	}
+	ok, outcome := 1, telemetry.AttemptGranted
+	switch {
+	case err != nil:
+		ok, outcome = 0, telemetry.AttemptFailed
+	case il == nil:
+		ok, outcome = 0, telemetry.AttemptContended
+	}
+	db.End(ok, err)
+	acq.Attempt(db.SpanContext(), outcome, 0)
+	return il, err
 }
 
 func (a *advisoryState) isClosed() bool {
@@ -274,13 +403,18 @@ func (a *advisoryState) unreserve(key advisory.Key) {
 	}
 }
 
-// install records a granted lock; false once Close has begun.
+// install records a granted lock, and its grant in telemetry; false
+// once Close has begun. The grant is recorded under mu, before the lock
+// is visible to beginClose, so that Granted precedes any release or loss
+// of the lock (the order telemetry.Acquisition requires), and a lock
+// refused here is recorded as closed, not granted.
 func (a *advisoryState) install(l *AdvisoryLock) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return false
 	}
+	l.acq.Granted(0) // advisory locks have no fence
 	a.keys[l.key] = l
 	return true
 }
@@ -384,7 +518,9 @@ func (m *Manager) openAdvisory(ctx context.Context, op string, opts *advisory.Op
 // every held AdvisoryLock's Context is cancelled with ErrClosed, then the
 // session is closed (pg_advisory_unlock_all and closing the connection,
 // bounded by timeout). Called once, by run, after workCtx is cancelled;
-// wait blocks until it has finished.
+// wait blocks until it has finished. The Manager's Recorder records a
+// release for each lock whose end Close decided (see startUnlock), with
+// the session's close as their one pglease.advisory_unlock round trip.
 func (a *advisoryState) beginClose(timeout time.Duration) {
 	a.mu.Lock()
 	a.closed = true
@@ -407,13 +543,40 @@ func (a *advisoryState) beginClose(timeout time.Duration) {
 			}
 		}
 		a.mu.Unlock()
+		var rels []telemetry.Release
+		var relSC trace.SpanContext
+		var rec *telemetry.Recorder // every lock's, the Manager's
 		for _, l := range held {
+			rec = l.m.rec
+			if ic := l.inner.Context(); ic.Err() != nil {
+				l.cancel(context.Cause(ic)) // lost, and Lost recorded or about to be
+			}
 			l.cancel(closedCause)
+			if context.Cause(l.ctx) == closedCause { // not unlocked or lost before
+				rctx, rel := l.acq.StartRelease(context.Background())
+				rels = append(rels, rel)
+				relSC = trace.SpanContextFromContext(rctx)
+			}
 		}
 		if s != nil {
+			var db telemetry.DBSpan
+			if len(rels) > 0 {
+				parent := trace.SpanContext{} // a round trip serving several releases is a root span
+				if len(rels) == 1 {
+					parent = relSC
+				}
+				_, db = rec.StartDB(context.Background(), telemetry.OpAdvisoryUnlock, len(rels), parent)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
-			_ = s.Close(ctx)
+			err := s.Close(ctx)
 			cancel()
+			db.End(len(rels), err)
+			for _, rel := range rels {
+				rel.Served(db.SpanContext())
+			}
+		}
+		for _, rel := range rels {
+			rel.End(nil)
 		}
 		a.unlocks.Wait()
 	}()
