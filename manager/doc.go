@@ -131,6 +131,11 @@
 //     acquirer's trace), with the cause (not_held: the server refused the
 //     extend; expired: the trust window passed) and a link to the round
 //     trip that found it.
+//   - Advisory locks (LockAdvisory, TryLockAdvisory) record the same
+//     pglease.acquire / pglease.release / pglease.lost spans with
+//     pglease.lock.kind=advisory (no fence; loss cause session_ended) and
+//     pglease.advisory_try_lock, pglease.advisory_lock and
+//     pglease.advisory_unlock client spans; see TryLockAdvisory.
 //
 // Metrics (names in package telemetry) cover acquire waits, attempts,
 // contention and coalescing, held locks, extends and their lag, losses by
