@@ -500,7 +500,12 @@ func (m *Manager) sendAcquire(batch []*attempt, parent trace.SpanContext) {
 	for i, a := range batch {
 		reqs[i] = pg.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
 	}
-	ctx, cancel := context.WithTimeout(m.workCtx, m.cfg.StatementTimeout)
+	// Not cancelled by Close: an acquire abandoned mid-statement has an
+	// unknown outcome, and the server may commit it after the release of
+	// its lockId has already run, leaving the row until it expires. Letting
+	// the statement finish (bounded by StatementTimeout) gives a definite
+	// answer, and the drain releases whatever it granted.
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindAcquire, len(batch))
 	ctx, db := m.rec.StartDB(ctx, telemetry.OpAcquireMany, len(batch), parent)

@@ -181,7 +181,7 @@ type Manager struct {
 	notifyCh      chan notice      // written by the listener goroutine, read only by run
 	lossCh        chan struct{}    // cap 1; written (non-blocking) by loss timers, read only by run
 
-	workCtx    context.Context    // acquires and extends run under it; cancelled by run when draining
+	workCtx    context.Context    // extends and advisory work run under it; cancelled by run when draining
 	cancelWork context.CancelFunc // called by run
 
 	closeOnce sync.Once

@@ -12,7 +12,9 @@ import (
 // Close stops the Manager, in this order: new calls fail with ErrClosed;
 // every waiting Acquire fails with ErrClosed; every held lock's Context
 // is cancelled with cause ErrClosed; all held locks are released in one
-// round trip (detached from ctx, bounded by Config.CloseTimeout); the
+// round trip (detached from ctx, bounded by Config.CloseTimeout), and so is
+// whatever an acquire batch still in flight grants (such a batch is let
+// finish, bounded by Config.StatementTimeout, so its outcome is known); the
 // listener and every database goroutine are stopped; the pool is closed
 // if the Manager opened it (Open). No goroutine outlives a completed
 // Close.
@@ -39,7 +41,7 @@ func (m *Manager) Close(ctx context.Context) error {
 // beginDrain is run's first step of shutdown (steps 2–4 of Close).
 func (st *loopState) beginDrain() {
 	st.closing = true
-	st.m.cancelWork() // in-flight acquires and extends are moot now
+	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAcquire)
 	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
 	if st.stopListener != nil {
 		st.stopListener()
