@@ -20,16 +20,17 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 func TestWebhook(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	dbURL := pgtest.SchemaURL(t) // a schema of its own: -count=N runs start empty
 	for range 2 {
 		var out bytes.Buffer
-		if err := run(ctx, &out, pgtest.URL(t)); err != nil {
+		if err := run(ctx, &out, dbURL); err != nil {
 			t.Fatalf("run: %v\n%s", err, out.String())
 		}
 		if !strings.Contains(out.String(), "exactly once") {
 			t.Fatalf("output:\n%s", out.String())
 		}
 	}
-	conn, err := pgx.Connect(ctx, pgtest.URL(t))
+	conn, err := pgx.Connect(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
@@ -63,5 +65,22 @@ func TestWithDatabase(t *testing.T) {
 		if got := pgtest.WithDatabase(in, "b"); got != want {
 			t.Errorf("WithDatabase(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestSchemaURL(t *testing.T) {
+	t.Parallel()
+	u := pgtest.SchemaURL(t)
+	conn, err := pgx.Connect(context.Background(), u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var got string
+	if err := conn.QueryRow(context.Background(), "SELECT current_schema()").Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(got, "t_") {
+		t.Fatalf("current_schema = %q, want a fresh t_ schema", got)
 	}
 }

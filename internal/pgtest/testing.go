@@ -225,3 +225,19 @@ func Pool(tb testing.TB, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, str
 	tb.Cleanup(pool.Close)
 	return pool, schema
 }
+
+// SchemaURL returns the package database's connection string with its
+// search_path set to a fresh schema (see Schema), for code under test that
+// opens its own pool from a URL.
+func SchemaURL(tb testing.TB) string {
+	tb.Helper()
+	schema := Schema(tb)
+	u, err := url.Parse(URL(tb))
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		return URL(tb) + " search_path=" + schema
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
