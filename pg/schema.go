@@ -95,8 +95,10 @@ func (c Config) names(op string) (names, error) {
 	if ls == fs && li == fi {
 		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, "LockTable and FenceTable must differ", nil)
 	}
-	if c.NotifyChannel != "" && !identRe.MatchString(c.NotifyChannel) {
-		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, "NotifyChannel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
+	if c.NotifyChannel != "" {
+		if err := checkChannel(op, c.NotifyChannel); err != nil {
+			return names{}, err
+		}
 	}
 	n := names{
 		lock: quote(ls, li), fence: quote(fs, fi), lockSchema: ls, lockIdent: li,

@@ -14,8 +14,8 @@ import (
 // (trigger names are per table).
 const releaseTriggerName = "pglease_release_notify"
 
-// checkChannel applies Config.NotifyChannel's rule to a channel name;
-// here the name is required.
+// checkChannel is the rule for notification channel names
+// (Config.NotifyChannel, SetupReleaseTrigger): an unquoted identifier.
 func checkChannel(op, channel string) error {
 	if !identRe.MatchString(channel) {
 		return pglease.NewError(pglease.CodeInvalidArgument, op, "channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
