@@ -114,6 +114,10 @@
 //   - The runtime role needs EXECUTE on the functions (the default for
 //     PUBLIC), SELECT/INSERT/UPDATE/DELETE on the lock table and
 //     SELECT/INSERT/UPDATE on the fence table; never DELETE there.
+//     pg/roles.sql (RolesFile, RolesSQL) sets up an owner role that runs
+//     SetupSchema and such a runtime role, and revokes PUBLIC's EXECUTE
+//     on the functions; TestLeastPrivilegeRoles runs the operations as
+//     that runtime role.
 //   - Like SyncGuard, keys whose hashtext collides serialize each other's
 //     acquires, and the advisory keys share the one-argument bigint space
 //     with application advisory locks.
