@@ -102,7 +102,7 @@ func newLoopState(m *Manager) *loopState {
 func (st *loopState) keyFor(key, hash string) *keyState {
 	ks := st.keys[key]
 	if ks == nil {
-		ks = &keyState{key: key, hash: hash, bo: retry.New(st.m.cfg.Retry, retry.Options{})}
+		ks = &keyState{key: key, hash: hash} // bo is made on first contention
 		st.keys[key] = ks
 		st.byHash[hash] = ks
 	}
@@ -144,6 +144,9 @@ func (st *loopState) forceKick(ks *keyState) {
 }
 
 func (st *loopState) scheduleRetry(ks *keyState, now time.Time) {
+	if ks.bo == nil { // most keys are never contended: no backoff state for them
+		ks.bo = retry.New(st.m.cfg.Retry, retry.Options{})
+	}
 	ks.retryAt = now.Add(ks.bo.NextBackOff())
 	ks.retryGen++
 	heap.Push(&st.retries, retryEntry{at: ks.retryAt, ks: ks, gen: ks.retryGen})
@@ -294,7 +297,9 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 	req.state = reqGranted
 	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
 	req.reply <- acquireReply{lock: lk}
-	ks.bo.Reset()
+	if ks.bo != nil {
+		ks.bo.Reset()
+	}
 	ks.lastErr = nil
 	st.sig().granted.signal(ks.key)
 }
