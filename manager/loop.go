@@ -232,6 +232,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		ks.lastErr = err
 		if len(ks.queue) > 0 {
 			req := ks.queue[0]
+			ks.queue[0] = nil // let the popped request be collected (the backing array outlives it)
 			ks.queue = ks.queue[1:]
 			st.waiting--
 			req.state = reqAnswered
@@ -260,6 +261,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		st.orphanRelease(ks, a.lockID)
 	default:
 		req := ks.queue[0]
+		ks.queue[0] = nil // let the popped request be collected (the backing array outlives it)
 		ks.queue = ks.queue[1:]
 		st.waiting--
 		req.acq.Attempt(db, telemetry.AttemptGranted, 0)

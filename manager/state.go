@@ -328,6 +328,7 @@ func (st *loopState) noteFence(key string, f pglease.Fence) bool {
 func (st *loopState) popTries(ks *keyState, r acquireReply) {
 	for len(ks.queue) > 0 && ks.queue[0].try {
 		req := ks.queue[0]
+		ks.queue[0] = nil // let the popped request be collected (the backing array outlives it)
 		ks.queue = ks.queue[1:]
 		st.waiting--
 		req.state = reqAnswered
