@@ -231,10 +231,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		st.orphanRelease(ks, a.lockID)
 		ks.lastErr = err
 		if len(ks.queue) > 0 {
-			req := ks.queue[0]
-			ks.queue[0] = nil // let the popped request be collected (the backing array outlives it)
-			ks.queue = ks.queue[1:]
-			st.waiting--
+			req := st.popWaiter(ks)
 			req.state = reqAnswered
 			req.reply <- acquireReply{err: err}
 		}
@@ -260,10 +257,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		// Release, then attempt again for it.
 		st.orphanRelease(ks, a.lockID)
 	default:
-		req := ks.queue[0]
-		ks.queue[0] = nil // let the popped request be collected (the backing array outlives it)
-		ks.queue = ks.queue[1:]
-		st.waiting--
+		req := st.popWaiter(ks)
 		req.acq.Attempt(db, telemetry.AttemptGranted, 0)
 		// The others now wait for this holder: for them the key was taken.
 		noteAttempt(ks.queue, db, telemetry.AttemptContended, 0)

@@ -109,6 +109,17 @@ func (st *loopState) keyFor(key, hash string) *keyState {
 	return ks
 }
 
+// popWaiter removes and returns the head of ks's queue. The vacated slot is
+// cleared: the backing array outlives the pop (it stays with ks while the
+// key is held), and would otherwise keep the request alive.
+func (st *loopState) popWaiter(ks *keyState) *acquireReq {
+	req := ks.queue[0]
+	ks.queue[0] = nil
+	ks.queue = ks.queue[1:]
+	st.waiting--
+	return req
+}
+
 // gc forgets ks when nothing refers to it any more.
 func (st *loopState) gc(ks *keyState) {
 	if len(ks.queue) > 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 {
@@ -327,10 +338,7 @@ func (st *loopState) noteFence(key string, f pglease.Fence) bool {
 // popTries answers the TryAcquire requests at the head of ks's queue.
 func (st *loopState) popTries(ks *keyState, r acquireReply) {
 	for len(ks.queue) > 0 && ks.queue[0].try {
-		req := ks.queue[0]
-		ks.queue[0] = nil // let the popped request be collected (the backing array outlives it)
-		ks.queue = ks.queue[1:]
-		st.waiting--
+		req := st.popWaiter(ks)
 		req.state = reqAnswered
 		req.reply <- r
 	}
