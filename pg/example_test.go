@@ -18,28 +18,42 @@ func Example() {
 		panic(err)
 	}
 	defer pool.Close()
+
+	// readme:begin store
+	// pg.Config{} uses SyncGuard's tables, syncguard_locks and syncguard_fence_counters.
 	store, err := pg.New(pool, pg.Config{LockTable: "example_locks", FenceTable: "example_fences"})
 	if err != nil {
 		panic(err)
 	}
-	if err := store.SetupSchema(ctx); err != nil {
+	if err := store.SetupSchema(ctx); err != nil { // idempotent; or apply pg/schema.sql
 		panic(err)
 	}
 
-	lease, err := store.Acquire(ctx, "invoice:42", 30*time.Second)
+	lease, err := store.Acquire(ctx, "invoice:42", 30*time.Second) // one round trip, never waits
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println("acquired:", lease.OK, "fence:", lease.Fence)
 
-	again, _ := store.Acquire(ctx, "invoice:42", 30*time.Second)
-	fmt.Println("second acquire:", again.OK)
+	again, err := store.Acquire(ctx, "invoice:42", 30*time.Second)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("second acquire:", again.OK) // held: a result, not an error
 
-	ext, _ := store.Extend(ctx, lease.LockID, time.Minute)
+	ext, err := store.Extend(ctx, lease.LockID, time.Minute) // new expiry = server time + 1 min
+	if err != nil {
+		panic(err)
+	}
 	fmt.Println("extended:", ext.OK, ext.ExpiresAt.Sub(lease.AcquiredAt) >= time.Minute)
 
-	released, _ := store.Release(ctx, lease.LockID)
+	released, err := store.Release(ctx, lease.LockID)
+	if err != nil {
+		panic(err)
+	}
 	fmt.Println("released:", released)
+	// readme:end store
+
 	// Output:
 	// acquired: true fence: 000000000000001
 	// second acquire: false

@@ -105,16 +105,22 @@ func run(ctx context.Context, w io.Writer) (err error) {
 		return err
 	}
 	// billing-a: this process, traced.
-	m, err := manager.Open(ctx, url, manager.Config{
-		Retry: retry.Policy{Base: 50 * time.Millisecond, MaxDelay: 400 * time.Millisecond},
-		Telemetry: []telemetry.Option{
-			telemetry.WithTracerProvider(tp),
-			telemetry.WithMeterProvider(mp),
-		},
-	})
+	cfg := manager.Config{Retry: retry.Policy{Base: 50 * time.Millisecond, MaxDelay: 400 * time.Millisecond}}
+	// readme:begin telemetry
+	// tp and mp are an SDK TracerProvider and MeterProvider. Without them the
+	// Manager uses the otel globals, which record nothing until SDK
+	// providers are installed.
+	cfg.Telemetry = []telemetry.Option{
+		telemetry.WithTracerProvider(tp),
+		telemetry.WithMeterProvider(mp),
+		// Optional: telemetry.WithLogger(slogLogger), and
+		// telemetry.WithKeySecret(secret) for keyed (HMAC-SHA-256) key hashes.
+	}
+	m, err := manager.Open(ctx, url, cfg)
 	if err != nil {
 		return err
 	}
+	// readme:end telemetry
 	defer func() { err = errors.Join(err, m.Close(context.Background())) }()
 
 	if err := story(ctx, tp.Tracer("billing-a"), m, other); err != nil {

@@ -19,6 +19,7 @@ func Example() {
 	}
 	defer pool.Close()
 
+	// readme:begin advisory
 	// Register the ids the application uses, once at start-up.
 	reg := advisory.NewRegistry()
 	cleanupKey := advisory.Int64(42424242)
@@ -36,7 +37,12 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("cleanup lock taken:", ok)
+	if !ok {
+		fmt.Println("another process runs the cleanup") // and lock is nil
+		return
+	}
+	fmt.Println("cleanup lock taken")
+	// lock.Context() ends, with cause pglease.ErrLockLost, if the session dies.
 
 	infos, err := advisory.Inspect(ctx, pool, reg)
 	if err != nil {
@@ -61,8 +67,10 @@ func Example() {
 		return nil // writes here are protected until COMMIT
 	})
 	fmt.Println("transaction:", err)
+	// readme:end advisory
+
 	// Output:
-	// cleanup lock taken: true
+	// cleanup lock taken
 	// held by this session: true name: idempotency-cleanup
 	// released: true <nil>
 	// normalised: true

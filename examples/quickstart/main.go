@@ -1,0 +1,92 @@
+// Command quickstart takes a lease lock on PostgreSQL with pglease's
+// Manager, works under it, and releases it.
+//
+//	DATABASE_URL=postgres://user:password@localhost:5432/app go run .
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/manager"
+)
+
+func main() {
+	if err := run(context.Background(), os.Getenv("DATABASE_URL")); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func run(ctx context.Context, databaseURL string) error {
+	pool, err := pgxpool.New(ctx, databaseURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close() // runs after m.Close: a Manager never closes a pool it was given
+
+	m, err := manager.New(pool, manager.Config{}) // the zero Config means the defaults
+	if err != nil {
+		return err
+	}
+	defer m.Close(ctx) // releases whatever is still held
+
+	// Create the lock tables and functions if they are missing (idempotent),
+	// or apply pg/schema.sql with your migrations instead.
+	if err := m.SetupSchema(ctx); err != nil {
+		return err
+	}
+
+	// Acquire waits for the lock (up to 5 s by default), then heartbeats
+	// its lease until Release.
+	lk, err := m.Acquire(ctx, "payment:123", manager.WithTTL(30*time.Second))
+	if errors.Is(err, pglease.ErrAcquisitionTimeout) {
+		return fmt.Errorf("payment 123 is being charged elsewhere: %w", err)
+	}
+	if err != nil {
+		return err
+	}
+	// lk.Context() ends, with cause pglease.ErrLockLost, as soon as the lock
+	// can no longer be trusted. The fence grows with every acquire of the
+	// key: pass it to what you write to, so a stale holder is refused.
+	err = charge(lk.Context(), lk.Fence())
+	if rerr := lk.Release(ctx); err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return err
+	}
+
+	// TryAcquire makes one attempt: ok is false when another holder has
+	// the key (not an error), and then there is no lock to release.
+	report, ok, err := m.TryAcquire(ctx, "report:daily")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		fmt.Println("someone else is writing the daily report")
+	} else {
+		fmt.Println("writing the daily report")
+		if err := report.Release(ctx); err != nil {
+			return err
+		}
+	}
+
+	// Do acquires, runs the function under the lock's context and releases.
+	return m.Do(ctx, "job:42", func(ctx context.Context) error {
+		fmt.Println("running job 42")
+		return nil
+	})
+}
+
+// charge stands for the work the lock protects.
+func charge(ctx context.Context, fence pglease.Fence) error {
+	fmt.Println("charging payment 123 under fence", fence)
+	return ctx.Err()
+}
