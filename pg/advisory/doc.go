@@ -22,12 +22,11 @@
 // A session lock has NO fencing token, and it has a detection window:
 // when the session dies (connection cut, pg_terminate_backend,
 // idle_session_timeout, server restart), the server frees its locks at
-// once, but the holder learns of it only at the next probe, up to
-// ProbeInterval + ProbeTimeout later (2 s by default; longer while a
-// statement is in flight, bounded by WaitSlice + ProbeTimeout). During
-// that window another session can hold the same key while the first still
-// believes it does. Do not rely on a session lock alone for correctness;
-// use a transaction-level or lease lock for that.
+// once, but the holder learns of it only when its probe finds out, up to
+// ProbeInterval + ProbeTimeout later (2 s by default; see "Loss notice"
+// below). During that window another session can hold the same key while
+// the first still believes it does. Do not rely on a session lock alone
+// for correctness; use a transaction-level or lease lock for that.
 //
 // # Session guarantees
 //
@@ -45,7 +44,54 @@
 // connection (so role or database defaults cannot end it or cancel it),
 // lock_timeout to WaitSlice, and tcp_keepalives_* and tcp_user_timeout so
 // that the server frees a silently vanished holder's locks within about
-// 25 s, well after the holder's own probe (2 s) has reported the loss.
+// 25 s, well after the holder's own probe (2 s) has reported the loss —
+// on a direct connection only: see "Behind a proxy or pooler".
+//
+// # Loss notice
+//
+// The holder is told of a lost session (every held Lock's Context ends
+// with ErrLockLost) within ProbeInterval + ProbeTimeout of the session
+// dying, for every accepted Options value, whether the connection was
+// terminated, cut, left half-open (server side gone, client side silent)
+// or blackholed. The Session keeps the time it last had proof that the
+// server held it (the send time of the last statement the server
+// answered) and sends a probe ProbeInterval after it; the probe is
+// answered, fails at once, or times out after ProbeTimeout. A blocking
+// Lock's wait slice (up to WaitSlice, which may not exceed ProbeInterval)
+// is started only if it ends before the probe would have given up, and
+// is preceded by a probe otherwise, so a wait in progress never pushes
+// the notice past the bound. The bound assumes the holder's process runs:
+// a process that is stopped or starved for longer hears of the loss when
+// it runs again. The bound is measured by TestLossNoticeBound* (terminate,
+// cut, half-open, blackhole) in this package.
+//
+// # Behind a proxy or pooler
+//
+// The server frees a silently vanished holder's locks through TCP
+// keepalives and tcp_user_timeout on its own socket, so only when the
+// holder is the server's TCP peer. Behind a TCP proxy or a session-mode
+// pooler (HAProxy, PgBouncer, a cloud proxy), the server's peer is the
+// proxy, which stays alive and answers the keepalives: when the holder is
+// partitioned from the proxy, the server keeps the holder's session locks
+// for as long as the proxy keeps its server connection, indefinitely by
+// default. The holder still hears of the loss in time (its probe times
+// out), but no one else can take the keys. Either
+//
+//   - give session locks a direct connection to PostgreSQL (a pool of
+//     its own, used only for advisory.Open), or
+//   - make the proxy drop a silent client itself, well after the probe
+//     bound: an idle timeout on the client side longer than a few
+//     ProbeIntervals (a healthy Session is never idle for longer than
+//     ProbeInterval), or TCP keepalive/tcp_user_timeout on the proxy's
+//     client sockets. PgBouncer: client_idle_timeout, tcp_keepalive with
+//     tcp_keepidle/tcp_keepintvl/tcp_keepcnt, tcp_user_timeout; it then
+//     closes or resets the server connection (server_reset_query, by
+//     default DISCARD ALL, releases advisory locks). HAProxy: timeout
+//     client, option clitcpka. The server then frees the locks when the
+//     proxy lets go of its connection.
+//
+// A transaction-mode pooler is refused at Open (the backend changes
+// between transactions), and so is a change of backend seen by a probe.
 //
 // When the probe fails, a statement gets no reply within its bound, the
 // backend pid changes (a transaction-mode pooler), or pg_advisory_unlock

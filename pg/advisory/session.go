@@ -18,8 +18,12 @@ import (
 // Options tune a Session. The zero value (or a nil *Options) gives the
 // defaults; a negative or inconsistent value is InvalidArgument at Open.
 type Options struct {
-	// ProbeInterval is how often the session checks its connection when
-	// nothing else has talked to the server for that long. Default 1 s.
+	// ProbeInterval is how long the session goes without proof that the
+	// server still holds it before it checks: a probe is sent
+	// ProbeInterval after the last statement the server answered was
+	// sent. Together with ProbeTimeout it bounds how late the holder
+	// hears of a lost session: see the package documentation, "Session
+	// guarantees". Default 1 s.
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds each probe and every short statement (TryLock,
 	// Unlock). A statement that has no reply by then ends the session:
@@ -28,8 +32,9 @@ type Options struct {
 	ProbeTimeout time.Duration
 	// WaitSlice is the session's lock_timeout: a blocking Lock waits on
 	// the server in slices this long, freeing the connection between
-	// slices for probes, Unlock and other calls. Default ProbeInterval;
-	// whole milliseconds.
+	// slices for probes, Unlock and other calls. At most ProbeInterval
+	// (a longer slice would keep the probe off the connection past the
+	// loss-notice bound); default ProbeInterval; whole milliseconds.
 	WaitSlice time.Duration
 	// KeepaliveIdle, KeepaliveInterval and KeepaliveCount set the server
 	// side tcp_keepalives_idle/interval/count of the lock connection, and
@@ -40,7 +45,10 @@ type Options struct {
 	// ProbeTimeout, so the holder hears of the loss before the server
 	// frees its locks (RELIABILITY L2). Defaults 10 s, 5 s, 4 and 25 s;
 	// keepalive times in whole seconds, UserTimeout in whole
-	// milliseconds. They have no effect on Unix-socket connections.
+	// milliseconds. They have no effect on Unix-socket connections, and
+	// none through a TCP proxy or pooler, whose own connection to the
+	// server stays alive: see the package documentation, "Behind a proxy
+	// or pooler".
 	KeepaliveIdle     time.Duration
 	KeepaliveInterval time.Duration
 	KeepaliveCount    int
@@ -69,6 +77,9 @@ func (o *Options) resolve(op string) (Options, error) {
 		r.KeepaliveCount = 4
 	}
 	r.UserTimeout = defDur(r.UserTimeout, 25*time.Second)
+	if r.WaitSlice > r.ProbeInterval {
+		return r, invalid(op, "WaitSlice must not exceed ProbeInterval")
+	}
 	if r.WaitSlice%time.Millisecond != 0 || r.UserTimeout%time.Millisecond != 0 {
 		return r, invalid(op, "WaitSlice and UserTimeout must be whole milliseconds")
 	}
@@ -119,12 +130,17 @@ type Session struct {
 	probeDone     chan struct{} // closed by probeLoop on exit
 	closeDone     chan struct{} // closed when Close has finished
 
-	mu     sync.Mutex         // guards the fields below
-	state  int                // stateOpen, stateLost, stateClosed
-	cause  error              // why the session was lost
-	held   map[Key]int        // how many times the server holds each key for us
-	locks  map[*Lock]struct{} // live handles
-	lastOK time.Time          // last reply from the server (monotonic)
+	mu    sync.Mutex         // guards the fields below
+	state int                // stateOpen, stateLost, stateClosed
+	cause error              // why the session was lost
+	held  map[Key]int        // how many times the server holds each key for us
+	locks map[*Lock]struct{} // live handles
+	// alive is the latest time (monotonic) at which the server is known
+	// to have held the session: the send time of the last statement it
+	// answered (its reply came later, so the session was alive then), or
+	// for a wait slice that ended with 55P03 its send time + WaitSlice.
+	// The next probe is due at alive + ProbeInterval.
+	alive time.Time
 }
 
 // Lock is one session-level advisory lock held by a Session. Its
@@ -181,6 +197,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 		return nil, mapErr(ctx, op, err)
 	}
 	conn := pc.Hijack()
+	alive := time.Now() // before setup's first statement: the session is alive at least since then
 	pid, err := setup(ctx, conn, o)
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), o.ProbeTimeout)
@@ -195,7 +212,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 		closeDone: make(chan struct{}),
 		held:      map[Key]int{},
 		locks:     map[*Lock]struct{}{},
-		lastOK:    time.Now(),
+		alive:     alive,
 	}
 	s.stmtCtx, s.stmtCancel = context.WithCancel(context.Background())
 	s.closing, s.closingCancel = context.WithCancel(context.Background())
@@ -317,6 +334,7 @@ func (s *Session) do(cancelOn context.Context, bound time.Duration, fn func(cont
 		defer cancel()
 		_ = s.conn.PgConn().CancelRequest(cctx)
 	})
+	sentAt := time.Now()
 	err = fn(qctx, s.conn)
 	if !stop() {
 		// The CancelRequest went out; wait until the server has taken it
@@ -326,8 +344,19 @@ func (s *Session) do(cancelOn context.Context, bound time.Duration, fn func(cont
 		sent = true
 	}
 	if err == nil || (sqlState(err) != "" && !s.conn.IsClosed()) {
+		// The server answered, so it held the session when it received
+		// the statement, after sentAt; a wait slice that ran out (55P03,
+		// lock_timeout = WaitSlice) proves it for WaitSlice longer. Never
+		// the reply's arrival time: the session may have died right after
+		// the server sent it.
+		at := sentAt
+		if sqlState(err) == pgerrcode.LockNotAvailable {
+			at = at.Add(s.opts.WaitSlice)
+		}
 		s.mu.Lock()
-		s.lastOK = time.Now()
+		if at.After(s.alive) {
+			s.alive = at
+		}
 		s.mu.Unlock()
 	}
 	return sent, err
@@ -364,17 +393,27 @@ func (s *Session) fail(cause error) {
 	s.stmtCancel()
 }
 
-func (s *Session) sinceOK() time.Duration {
+// probeDue returns how long until the next probe is due: ProbeInterval
+// after the session was last known alive (see Session.alive). Zero or
+// negative means due now.
+func (s *Session) probeDue() time.Duration {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return time.Since(s.lastOK)
+	return s.opts.ProbeInterval - time.Since(s.alive)
 }
 
-// probeLoop checks the connection every ProbeInterval unless another
-// statement got a reply within the interval.
+// probeLoop sends a probe whenever ProbeInterval has passed since the
+// session was last known alive (another statement's answer counts), so
+// that a session that died at time t is noticed by t + ProbeInterval +
+// ProbeTimeout: the probe due then either gets its answer, fails at once
+// (terminated backend, closed connection) or times out. The timer is set
+// from the proof of life itself, not from a fixed tick: a tick-based
+// check that skips when the last reply is younger than ProbeInterval
+// skips every other tick, because the previous probe's reply arrives
+// just after its own tick.
 func (s *Session) probeLoop() {
 	defer close(s.probeDone)
-	t := time.NewTicker(s.opts.ProbeInterval)
+	t := time.NewTimer(s.probeDue())
 	defer t.Stop()
 	for {
 		select {
@@ -382,7 +421,8 @@ func (s *Session) probeLoop() {
 			return
 		case <-t.C:
 		}
-		if s.sinceOK() < s.opts.ProbeInterval {
+		if d := s.probeDue(); d > 0 {
+			t.Reset(d) // another statement proved the session alive meanwhile
 			continue
 		}
 		select {
@@ -390,28 +430,38 @@ func (s *Session) probeLoop() {
 		case <-s.closing.Done():
 			return
 		}
-		if s.check("") == nil {
-			s.probe()
+		// Check again: the statement that had the connection may have
+		// been answered while this waited for it.
+		if s.check("") == nil && s.probeDue() <= 0 {
+			_ = s.ping("advisory.Session.probe")
 		}
 		<-s.sem
+		t.Reset(max(s.probeDue(), 0))
 	}
 }
 
-// probe runs one probe; the caller owns sem.
-func (s *Session) probe() {
-	const op = "advisory.Session.probe"
+// ping checks the session with one short statement bounded by
+// ProbeTimeout (and interrupted by Close); the caller owns sem. A failed
+// probe or a changed backend pid ends the session as lost, and ping
+// returns the error; a probe interrupted by Close returns the session's
+// Closed error (Close cleans up).
+func (s *Session) ping(op string) error {
 	var pid uint32
 	_, err := s.do(s.closing, s.opts.ProbeTimeout, func(ctx context.Context, c *pgx.Conn) error {
 		return c.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid)
 	})
 	switch {
 	case s.closing.Err() != nil:
-		// Close interrupted the probe; Close cleans up.
+		return s.check(op)
 	case err != nil:
-		s.fail(mapErr(nil, op, err))
+		m := mapErr(nil, op, err)
+		s.fail(m)
+		return m
 	case pid != s.pid:
 		s.fail(errPooler)
+		return s.check(op)
 	}
+	return nil
 }
 
 // TryLock takes k if it is free, without waiting: ok is false (and err
@@ -508,6 +558,16 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 	bound := s.opts.ProbeTimeout
 	if blocking {
 		bound += s.opts.WaitSlice
+		// A wait slice keeps the probe off the connection for up to
+		// WaitSlice + ProbeTimeout. Start one only if it ends before the
+		// probe would have given up (alive + ProbeInterval +
+		// ProbeTimeout); otherwise probe first, so a session that died
+		// just after its last answer is still noticed in time.
+		if !stacking && s.probeDue() < s.opts.WaitSlice {
+			if err := s.ping(op); err != nil {
+				return nil, false, err
+			}
+		}
 	}
 	q, args := lockSQL(k, blocking)
 	var res string

@@ -208,6 +208,7 @@ func TestLockCancelKeepsOtherLocks(t *testing.T) {
 	pool := newPool(t)
 	o := testOpts()
 	o.WaitSlice = 20 * time.Second // so only the CancelRequest can end the wait early
+	o.ProbeInterval = o.WaitSlice
 	o.UserTimeout = 60 * time.Second
 	o.KeepaliveIdle = 60 * time.Second
 	s1, s2 := openSession(t, pool, o), openSession(t, pool, o)
@@ -263,6 +264,7 @@ func TestLockCancelRacesGrant(t *testing.T) {
 	pool := newPool(t)
 	o := testOpts()
 	o.WaitSlice = 20 * time.Second
+	o.ProbeInterval = o.WaitSlice
 	o.UserTimeout = 60 * time.Second
 	o.KeepaliveIdle = 60 * time.Second
 	s1, s2 := openSession(t, pool, o), openSession(t, pool, o)
@@ -469,6 +471,10 @@ func TestBadInputNoIO(t *testing.T) {
 		{"Open negative", pglease.CodeInvalidArgument, func() error { _, err := Open(ctx, pool, &Options{ProbeTimeout: -1}); return err }()},
 		{"Open keepalive too short", pglease.CodeInvalidArgument, func() error {
 			_, err := Open(ctx, pool, &Options{UserTimeout: time.Second})
+			return err
+		}()},
+		{"Open WaitSlice over ProbeInterval", pglease.CodeInvalidArgument, func() error {
+			_, err := Open(ctx, pool, &Options{ProbeInterval: time.Second, WaitSlice: 2 * time.Second})
 			return err
 		}()},
 		{"TryLock nil ctx", pglease.CodeInvalidArgument, func() error { _, _, err := s.TryLock(nilCtx, randKey()); return err }()},

@@ -25,7 +25,9 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 		"CREATE ROLE " + role + " LOGIN",
 		"ALTER ROLE " + role + " SET idle_session_timeout = '100ms'",
 		"ALTER ROLE " + role + " SET idle_in_transaction_session_timeout = '100ms'",
-		"ALTER ROLE " + role + " SET statement_timeout = '50ms'",
+		// Long enough for Open's first statement (which runs under it) on a
+		// loaded machine; the wait below outlasts it twice.
+		"ALTER ROLE " + role + " SET statement_timeout = '250ms'",
 		"ALTER ROLE " + role + " SET lock_timeout = '10ms'",
 	} {
 		if _, err := sc.Exec(ctx, q); err != nil {
@@ -47,6 +49,7 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 	})
 	o := testOpts()
 	o.WaitSlice = 5 * time.Second // one wait, longer than the role's timeouts
+	o.ProbeInterval = o.WaitSlice
 	s := openSession(t, pool, o)
 
 	s.sem <- struct{}{}
@@ -89,12 +92,12 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, "the waiter to wait past the role's timeouts", func() bool {
-		infos, err := Inspect(ctx, pool, nil)
+		infos, err := Inspect(ctx, sc, nil) // not the hostile role's pool: its statement_timeout applies
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, li := range infos {
-			if li.PID == s.BackendPID() && !li.Granted && !li.WaitStart.IsZero() && time.Since(li.WaitStart) > 200*time.Millisecond {
+			if li.PID == s.BackendPID() && !li.Granted && !li.WaitStart.IsZero() && time.Since(li.WaitStart) > 500*time.Millisecond {
 				return true
 			}
 		}

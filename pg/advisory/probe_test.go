@@ -1,0 +1,195 @@
+package advisory
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+)
+
+const probeSQL = "SELECT pg_backend_pid()"
+
+// probeCtxKey marks the context of a traced probe statement.
+type probeCtxKey struct{}
+
+// probeTracer is a pgx tracer that watches one connection (set with
+// watch, after Open) and records when each probe statement was sent, and
+// signals each probe answered on answered (capacity 1, latest only).
+type probeTracer struct {
+	mu       sync.Mutex
+	conn     *pgx.Conn
+	starts   []time.Time
+	answered chan time.Time
+}
+
+func newProbeTracer() *probeTracer { return &probeTracer{answered: make(chan time.Time, 1)} }
+
+func (p *probeTracer) watch(c *pgx.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn = c
+}
+
+func (p *probeTracer) isProbe(c *pgx.Conn, sql string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return c == p.conn && sql == probeSQL
+}
+
+func (p *probeTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if p.isProbe(c, d.SQL) {
+		p.mu.Lock()
+		p.starts = append(p.starts, time.Now())
+		p.mu.Unlock()
+		return context.WithValue(ctx, probeCtxKey{}, true)
+	}
+	return ctx
+}
+
+func (p *probeTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if ctx.Value(probeCtxKey{}) == nil || d.Err != nil {
+		return
+	}
+	// One writer (the session's connection is used by one goroutine at a
+	// time): drop a stale signal, then send.
+	select {
+	case <-p.answered:
+	default:
+	}
+	p.answered <- time.Now()
+}
+
+func (p *probeTracer) probeStarts() []time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.starts)
+}
+
+// tracedSession opens a Session with o on a pool whose connections carry
+// a probeTracer watching the Session's connection.
+func tracedSession(t *testing.T, o *Options, configure ...func(*pgxpool.Config)) (*Session, *probeTracer) {
+	t.Helper()
+	tr := newProbeTracer()
+	pool := newPool(t, append(configure, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })...)
+	s := openSession(t, pool, o)
+	tr.watch(s.conn)
+	return s, tr
+}
+
+// TestProbeRunsEveryInterval (issue 16.1): an idle session that holds a
+// lock is probed every ProbeInterval, not every other one. Before the
+// fix, the probe's own reply counted as "talked to the server within the
+// interval" at the next tick, so every second tick was skipped and the
+// probes were 2 × ProbeInterval apart.
+func TestProbeRunsEveryInterval(t *testing.T) {
+	t.Parallel()
+	const interval = 300 * time.Millisecond
+	s, tr := tracedSession(t, &Options{ProbeInterval: interval, ProbeTimeout: time.Second})
+	ctx := ctxT(t, 20*time.Second)
+	l, ok, err := s.TryLock(ctx, randKey())
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	defer l.Unlock(ctx)
+	const want = 9
+	deadline := time.Now().Add(want * 4 * interval)
+	for len(tr.probeStarts()) < want && time.Now().Before(deadline) {
+		time.Sleep(interval / 4)
+	}
+	starts := tr.probeStarts()
+	if len(starts) < 3 {
+		t.Fatalf("%d probes in %v", len(starts), want*4*interval)
+	}
+	var gaps []time.Duration
+	for i := 1; i < len(starts); i++ {
+		gaps = append(gaps, starts[i].Sub(starts[i-1]))
+	}
+	slices.Sort(gaps)
+	median := gaps[len(gaps)/2]
+	t.Logf("%d probes, gaps %v (median %v)", len(starts), gaps, median)
+	if median > interval*3/2 {
+		t.Fatalf("probes every %v (median), want every %v", median, interval)
+	}
+}
+
+// noticeOpts probe often but time out fast, so that a probe schedule of
+// 2 × ProbeInterval (the old behaviour) and the documented bound
+// ProbeInterval + ProbeTimeout are far apart.
+func noticeOpts() *Options {
+	return &Options{ProbeInterval: time.Second, ProbeTimeout: 200 * time.Millisecond}
+}
+
+// noticeSlack is what the loss-notice tests allow on top of the
+// documented bound, for scheduling on a loaded machine: well under the
+// ProbeInterval by which the old probe schedule missed it.
+const noticeSlack = 400 * time.Millisecond
+
+// lossAfterProbe waits until a probe of the session has been answered,
+// then injects a fault at once (the worst moment: the session is next
+// checked a whole ProbeInterval later) and returns how long after the
+// injection l reported the loss. It fails the test unless the cause
+// matches ErrLockLost.
+func lossAfterProbe(t *testing.T, tr *probeTracer, l *Lock, inject func()) time.Duration {
+	t.Helper()
+	select {
+	case <-tr.answered:
+	default:
+	}
+	select {
+	case <-tr.answered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no probe answered in 10 s")
+	}
+	start := time.Now()
+	inject()
+	select {
+	case <-l.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("holder not told of the loss in 30 s")
+	}
+	took := time.Since(start)
+	if c := context.Cause(l.Context()); !errors.Is(c, pglease.ErrLockLost) {
+		t.Fatalf("cause = %v, want LockLost", c)
+	}
+	return took
+}
+
+// checkNoticeBound fails the test when took exceeds the documented
+// loss-notice bound (plus noticeSlack).
+func checkNoticeBound(t *testing.T, fault string, o *Options, took time.Duration) {
+	t.Helper()
+	bound := o.ProbeInterval + o.ProbeTimeout
+	t.Logf("%s: holder told %v after the fault (bound ProbeInterval + ProbeTimeout = %v)", fault, took, bound)
+	if took > bound+noticeSlack {
+		t.Errorf("%s: holder told %v after the fault, documented bound %v", fault, took, bound)
+	}
+}
+
+// TestLossNoticeBoundTerminate (issue 16.2): the backend is terminated
+// just after a probe was answered; the holder is told within
+// ProbeInterval + ProbeTimeout. With the old every-other-tick probe it
+// took 2 × ProbeInterval.
+func TestLossNoticeBoundTerminate(t *testing.T) {
+	t.Parallel()
+	o := noticeOpts()
+	s, tr := tracedSession(t, o)
+	ctx := ctxT(t, 30*time.Second)
+	l, ok, err := s.TryLock(ctx, randKey())
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	admin := superConn(t)
+	took := lossAfterProbe(t, tr, l, func() {
+		if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", s.BackendPID()); err != nil {
+			t.Error(err)
+		}
+	})
+	checkNoticeBound(t, "terminate", o, took)
+}
