@@ -3,7 +3,13 @@ package advisory
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/faultproxy"
+	"github.com/pglease/pglease/internal/pgtest"
 )
 
 const probeSQL = "SELECT pg_backend_pid()"
@@ -192,4 +200,194 @@ func TestLossNoticeBoundTerminate(t *testing.T) {
 		}
 	})
 	checkNoticeBound(t, "terminate", o, took)
+}
+
+// viaProxy returns a pool option that connects through a new fault
+// proxy in front of the test server, and the proxy (closed when the test
+// ends).
+func viaProxy(t *testing.T) (func(*pgxpool.Config), *faultproxy.Proxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	p, err := faultproxy.New(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return func(c *pgxpool.Config) {
+		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", uint16(p.Port())
+		c.ConnConfig.Fallbacks = nil
+	}, p
+}
+
+// TestLossNoticeBoundProxyFaults (issue 16.2): the connection is cut,
+// left half-open (server side closed, client side silent) or blackholed
+// just after a probe was answered; the holder is told within
+// ProbeInterval + ProbeTimeout. The old probe schedule took 2 ×
+// ProbeInterval (+ ProbeTimeout for the silent faults).
+func TestLossNoticeBoundProxyFaults(t *testing.T) {
+	t.Parallel()
+	for _, fault := range []faultproxy.Mode{faultproxy.Cut, faultproxy.HalfOpen, faultproxy.Blackhole} {
+		t.Run(fault.String(), func(t *testing.T) {
+			t.Parallel()
+			o := noticeOpts()
+			through, p := viaProxy(t)
+			s, tr := tracedSession(t, o, through)
+			ctx := ctxT(t, 30*time.Second)
+			l, ok, err := s.TryLock(ctx, randKey())
+			if !ok || err != nil {
+				t.Fatal(ok, err)
+			}
+			took := lossAfterProbe(t, tr, l, func() {
+				if err := p.Set(fault); err != nil {
+					t.Error(err)
+				}
+			})
+			checkNoticeBound(t, fault.String(), o, took)
+		})
+	}
+}
+
+// TestLossNoticeBoundDuringWait (issue 16.2): a blocking Lock starts its
+// wait slice on an idle session shortly before the probe is due, just
+// after the connection went half-open. The wait slice would keep the
+// probe off the connection for WaitSlice + ProbeTimeout, past the bound;
+// the session probes before such a slice, so the holder of another lock
+// on the session is still told within ProbeInterval + ProbeTimeout.
+func TestLossNoticeBoundDuringWait(t *testing.T) {
+	t.Parallel()
+	o := noticeOpts() // WaitSlice defaults to ProbeInterval
+	through, p := viaProxy(t)
+	s, tr := tracedSession(t, o, through)
+	other := openSession(t, newPool(t), o)
+	ctx := ctxT(t, 30*time.Second)
+	held, busy := randKey(), randKey()
+	l, ok, err := s.TryLock(ctx, held)
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	lb, ok, err := other.TryLock(ctx, busy)
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	defer lb.Unlock(ctx)
+	waited := make(chan error, 1)
+	took := lossAfterProbe(t, tr, l, func() {
+		if err := p.HalfOpen(); err != nil {
+			t.Error(err)
+		}
+		// Wait on a busy key, starting 300 ms before the next probe is
+		// due: a wait slice started now would end at about ProbeInterval
+		// − 300 ms + WaitSlice + ProbeTimeout.
+		time.AfterFunc(o.ProbeInterval-300*time.Millisecond, func() {
+			_, err := s.Lock(ctx, busy)
+			waited <- err
+		})
+	})
+	checkNoticeBound(t, "half-open during a wait", o, took)
+	if err := <-waited; err == nil {
+		t.Error("Lock on a half-open session succeeded")
+	}
+}
+
+// TestMeasureLossNotice measures the loss-notice delay of a Session with
+// the default Options per fault, over PGLEASE_MEASURE_LOSS trials each
+// (skipped when unset), with the fault at a random moment of the probe
+// cycle. The delay is counted from when a contender on a direct
+// connection got the lock (the server freed it), or from the fault for
+// a blackhole (the server keeps the lock: its peer is the proxy).
+//
+//	PGLEASE_MEASURE_LOSS=20 go run ./internal/cmd/withpg -- go test -run TestMeasureLossNotice -v ./pg/advisory/
+func TestMeasureLossNotice(t *testing.T) {
+	trials, _ := strconv.Atoi(os.Getenv("PGLEASE_MEASURE_LOSS"))
+	if trials <= 0 {
+		t.Skip("set PGLEASE_MEASURE_LOSS=<trials> to measure")
+	}
+	faults := []string{"terminate", "cut", "half-open", "blackhole"}
+	var report strings.Builder
+	for _, fault := range faults {
+		var delays []time.Duration
+		for range trials {
+			delays = append(delays, measureLossOnce(t, fault))
+		}
+		slices.Sort(delays)
+		fmt.Fprintf(&report, "%-10s n=%d p50=%v max=%v\n", fault, len(delays),
+			delays[len(delays)/2].Round(time.Millisecond), delays[len(delays)-1].Round(time.Millisecond))
+	}
+	t.Logf("loss-notice delay, default Options (ProbeInterval 1s, ProbeTimeout 1s):\n%s", report.String())
+}
+
+// measureLossOnce runs one trial of TestMeasureLossNotice.
+func measureLossOnce(t *testing.T, fault string) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	through, p := viaProxy(t)
+	pool := newPool(t, through)
+	s := openSession(t, pool, nil)
+	k := randKey()
+	l, ok, err := s.TryLock(ctx, k)
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	contender, err := pgx.Connect(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, ccancel := context.WithCancel(ctx)
+	freed := make(chan time.Time, 1)
+	go func() {
+		id, _ := k.Int64()
+		if _, err := contender.Exec(cctx, "SELECT pg_advisory_lock($1)", id); err == nil {
+			freed <- time.Now()
+		}
+		close(freed)
+	}()
+	defer func() {
+		ccancel()
+		<-freed
+		_ = contender.Close(context.Background())
+		_ = s.Close(context.Background())
+		_ = p.Close()
+		pool.Close()
+	}()
+	time.Sleep(time.Duration(rand.Int64N(int64(2 * time.Second)))) // a random phase of the probe cycle
+	injected := time.Now()
+	switch fault {
+	case "terminate":
+		if _, err := superConn(t).Exec(ctx, "SELECT pg_terminate_backend($1)", s.BackendPID()); err != nil {
+			t.Fatal(err)
+		}
+	case "cut":
+		err = p.Cut()
+	case "half-open":
+		err = p.HalfOpen()
+	case "blackhole":
+		err = p.Blackhole()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-l.Done():
+	case <-ctx.Done():
+		t.Fatalf("%s: holder not told", fault)
+	}
+	told := time.Now()
+	if fault == "blackhole" {
+		return told.Sub(injected)
+	}
+	select {
+	case at, ok := <-freed:
+		if !ok {
+			t.Fatalf("%s: contender failed", fault)
+		}
+		return told.Sub(at)
+	case <-ctx.Done():
+		t.Fatalf("%s: the server did not free the lock", fault)
+	}
+	return 0
 }
