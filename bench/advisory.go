@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pg/advisory"
 )
 
-func runAdvisory(ctx context.Context, cfg config, emit func(Result)) error {
+func runAdvisory(ctx context.Context, cfg config, emit func(Result), _ noteFunc) error {
 	for _, c := range cfg.advCallers {
 		for _, impl := range []string{"session", "xact"} {
 			r, err := runAdvisoryPoint(ctx, cfg.url, impl, c, cfg.duration)
@@ -28,7 +29,8 @@ func runAdvisory(ctx context.Context, cfg config, emit func(Result)) error {
 func advisoryKey(w int) advisory.Key { return advisory.Int64(0x5047_0000 + int64(w)) }
 
 func runAdvisoryPoint(ctx context.Context, url, impl string, c int, d time.Duration) (Result, error) {
-	pool, err := newPool(ctx, url, "", min(c, 64)+2)
+	tr := &stmtTracer{}
+	pool, err := newPool(ctx, url, "", min(c, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
 	if err != nil {
 		return Result{}, err
 	}
@@ -87,7 +89,12 @@ func runAdvisoryPoint(ctx context.Context, url, impl string, c int, d time.Durat
 		return Result{}, errors.New("unknown advisory impl")
 	}
 	_ = measure(ctx, "warmup", impl, c, 200*time.Millisecond, newStep)
+	tr.reset(false, 0)
 	r := measure(ctx, "advisory", impl, c, d, newStep)
+	tr.mu.Lock()
+	// Round trips per lock+unlock cycle (session: 2; xact: BEGIN, lock, COMMIT).
+	r.Extra = map[string]float64{"stmts_per_cycle": float64(tr.all) / max(float64(r.Cycles), 1)}
+	tr.mu.Unlock()
 	if err := closeFn(); err != nil {
 		return Result{}, err
 	}

@@ -38,9 +38,11 @@ type workerSpec struct {
 // times (Unix ns) when Acquire returned and when Release was called.
 type csRecord struct {
 	Fence   int64 `json:"f"`
+	CallNs  int64 `json:"c"` // when Acquire was called
 	GrantNs int64 `json:"g"`
 	RelNs   int64 `json:"r"`
 	Proc    int   `json:"p"`
+	Caller  int   `json:"w"` // the caller (goroutine) within its process
 }
 
 // workerReport is what a worker prints when done.
@@ -164,7 +166,8 @@ func hotKeyWorker(spec workerSpec, in *bufio.Reader, out io.Writer) (rep workerR
 				if err := lk.Release(ctx); err != nil {
 					errs[w]++
 				}
-				recs[w] = append(recs[w], csRecord{Fence: int64(lk.Fence()), GrantNs: g.UnixNano(), RelNs: r.UnixNano(), Proc: spec.Proc})
+				recs[w] = append(recs[w], csRecord{Fence: int64(lk.Fence()), CallNs: t0.UnixNano(), GrantNs: g.UnixNano(),
+					RelNs: r.UnixNano(), Proc: spec.Proc, Caller: w})
 				waits[w] = append(waits[w], ms(g.Sub(t0)))
 			}
 		}()
@@ -179,15 +182,34 @@ func hotKeyWorker(spec workerSpec, in *bufio.Reader, out io.Writer) (rep workerR
 	return rep
 }
 
-func runHotKey(ctx context.Context, cfg config, emit func(Result)) error {
+func runHotKey(ctx context.Context, cfg config, emit func(Result), _ noteFunc) (err error) {
+	// The flush bound: measured right before and right after the hot-key
+	// points, on the same server, and reported as their mean.
+	fd := min(cfg.duration, 2*time.Second)
+	before, err := measureFlush(ctx, cfg.url, fd)
+	if err != nil {
+		return fmt.Errorf("flush bound: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			return
+		}
+		var after Result
+		if after, err = measureFlush(ctx, cfg.url, fd); err != nil {
+			err = fmt.Errorf("flush bound: %w", err)
+			return
+		}
+		emit(mergeFlush(before, after))
+	}()
 	for _, procs := range cfg.hotProcs {
 		for _, c := range cfg.hotCallers {
 			if c < procs {
 				continue
 			}
-			r, err := runHotKeyPoint(ctx, cfg, c, procs)
-			if err != nil {
-				return fmt.Errorf("C=%d P=%d: %w", c, procs, err)
+			r, perr := runHotKeyPoint(ctx, cfg, c, procs)
+			if perr != nil {
+				err = fmt.Errorf("C=%d P=%d: %w", c, procs, perr)
+				return err
 			}
 			emit(r)
 		}
@@ -310,8 +332,13 @@ func summarizeHotKey(reps []workerReport, callers, procs int, elapsed float64) R
 	r.Cycles = int64(len(recs))
 	r.CyclesPerSec = float64(len(recs)) / elapsed
 	_, p50, p99, mx := summarize([]latencies{all})
-	r.P50Ms, r.P99Ms, r.MaxMs = ms(p50), ms(p99), ms(mx)
-	r.Extra = map[string]float64{"timeouts": float64(timeouts)}
+	r.P50Ms, r.P99Ms, r.MaxMs, r.Latency = ms(p50), ms(p99), ms(mx), "handoff"
+	inv, worst := fifoInversions(recs, fifoTolerance)
+	r.Extra = map[string]float64{"timeouts": float64(timeouts), "fifo_inversions": float64(inv),
+		"max_share": maxShare(recs)}
+	if inv > 0 {
+		r.Extra["fifo_worst_ms"] = ms(worst)
+	}
 	if dupFence > 0 {
 		r.Extra["duplicate_fences"] = float64(dupFence)
 	}
@@ -327,4 +354,51 @@ func summarizeHotKey(reps []workerReport, callers, procs int, elapsed float64) R
 		r.Extra["wait_p99_ms"] = waits[int(0.99*float64(len(waits)-1))]
 	}
 	return r
+}
+
+// fifoTolerance is how much earlier a waiter must have called Acquire than
+// another of its process for being granted after it to count as a FIFO
+// inversion. The call time is taken just before Acquire, and the loop
+// queues the request a little later (validation, a channel send, a
+// goroutine switch on a busy machine), so near-simultaneous calls have no
+// defined order.
+const fifoTolerance = 5 * time.Millisecond
+
+// fifoInversions counts, among the records of each process (recs sorted by
+// fence, i.e. grant order), the pairs where a caller that called Acquire
+// more than tol before another was granted after it, and the largest such
+// head start. A caller that called earlier and was granted later waited the
+// whole time, so with a FIFO queue there are none.
+func fifoInversions(recs []csRecord, tol time.Duration) (n int, worst time.Duration) {
+	byProc := map[int][]csRecord{}
+	for _, r := range recs {
+		byProc[r.Proc] = append(byProc[r.Proc], r)
+	}
+	for _, rs := range byProc {
+		for i := range rs {
+			for j := i + 1; j < len(rs); j++ {
+				if d := time.Duration(rs[i].CallNs - rs[j].CallNs); d > tol {
+					n++
+					worst = max(worst, d)
+				}
+			}
+		}
+	}
+	return n, worst
+}
+
+// maxShare is the share of all critical sections taken by the busiest
+// caller (1/C when fair).
+func maxShare(recs []csRecord) float64 {
+	if len(recs) == 0 {
+		return 0
+	}
+	counts := map[[2]int]int{}
+	top := 0
+	for _, r := range recs {
+		k := [2]int{r.Proc, r.Caller}
+		counts[k]++
+		top = max(top, counts[k])
+	}
+	return float64(top) / float64(len(recs))
 }

@@ -33,9 +33,25 @@
 //
 // A pgx QueryTracer counts the statements each cycle sends
 // (stmts_per_cycle) and the items per acquire statement (acq_batch).
+// With -rounds N every point runs N times, the implementations
+// interleaved, and the median run is reported (min_per_s, max_per_s).
+//
+// peers: the libraries users would otherwise pick, cirello.io/pglock and
+// github.com/bsm/redislock, measured by the module bench/peers (a module
+// of its own, so pglease's go.mod gains no dependency; see its doc) on the
+// same PostgreSQL with the same -callers, -hot-callers and -duration; the
+// bench builds and runs it and prints its rows with pglease's. redislock
+// runs against a throwaway redis-server without persistence, only when
+// redis-server is installed (the output says so when it is not).
 //
 // Every caller cycles through 64 keys of its own, so keys never collide
 // between callers and the fence table stays small.
+//
+// flush: the flush bound of the server, measured right before and after
+// the hot-key points (see measureFlush): one client commits a one-row
+// UPDATE with synchronous_commit=on, one round trip per commit. A hot-key
+// critical section needs at least one durable commit (its grant) in
+// series, so the hot-key rates are judged as shares of this rate.
 //
 // hotkey: C callers (-hot-callers) split over P processes (-hot-procs; the
 // bench re-executes itself as worker processes, see runWorkerMode), each
@@ -48,10 +64,15 @@
 // are sorted by fence (grant order) and each grant is paired with the
 // previous holder's release. p50/p99/max of that scenario are handoff
 // latency; "xproc_*" extras are handoffs between different processes.
+// fifo_inversions counts pairs of one process's callers where the one that
+// called Acquire more than 5 ms earlier was granted later (0 with a FIFO
+// queue; see fifoInversions); max_share is the busiest caller's share of
+// the sections.
 //
-// heartbeat: one Manager holds N locks (-heartbeat-n; 100,000 with
-// -heartbeat-100k) with TTL 3 s (extends due every second) for
-// -heartbeat-duration. A pgx QueryTracer on the pool counts the extend
+// heartbeat: one Manager holds N locks (-heartbeat-n, default 1,000,
+// 10,000 and 100,000) with TTL 3 s (extends due every second; from
+// 100,000 locks the default TTL, 30 s, see heartbeatTTL) for
+// -heartbeat-duration rounded to whole extend periods, at least two. A pgx QueryTracer on the pool counts the extend
 // statements and their items; statements per tick = extend statements per
 // TTL/3 period. Transactions/s is the xact_commit delta of
 // pg_stat_database (PostgreSQL flushes backend statistics at most once a
@@ -60,12 +81,19 @@
 // acquiring them, divided by N. The Manager does not expose extend lag, so
 // it is measured by the tracer: for every lock, the time its extend was
 // sent minus (its previous extend's send time + TTL/3); negative = sent
-// early (the heartbeat batches extends due within TTL/12).
+// early (the heartbeat batches extends due within TTL/12). Its latency
+// columns are that extend lag ("lag").
 //
 // advisory: C callers (-advisory-callers) with distinct keys: "session"
 // runs Session.TryLock + Lock.Unlock on one advisory.Session per caller;
 // "xact" runs advisory.WithXactLock with an empty function on a pool of
-// min(C, 64) + 2 connections.
+// min(C, 64) + 2 connections. stmts_per_cycle counts their round trips.
+//
+// Targets: at the end the bench prints issue 12's targets as target /
+// measured / met or MISSED, judged on this run's results (computeTargets),
+// with the same targets judged on the baseline (-baseline, default
+// bench/baseline.json: the -json lines of an earlier run) next to them;
+// target 5 compares the advisory figures with the baseline's.
 //
 // The uncontended results are drawn as an SVG (-plot; -docs also writes
 // docs/bench-throughput.svg). -cpuprofile writes a CPU profile of the run
@@ -82,6 +110,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,18 +125,23 @@ import (
 // batched step), one handoff (hotkey); unused for heartbeat, whose
 // Cycles count lock extends and Callers the locks held.
 type Result struct {
-	Scenario     string             `json:"scenario"`
-	Impl         string             `json:"impl"`
-	Callers      int                `json:"callers"`
-	Processes    int                `json:"processes,omitempty"`
-	Seconds      float64            `json:"seconds"`
-	Cycles       int64              `json:"cycles"`
-	CyclesPerSec float64            `json:"cycles_per_sec"`
-	P50Ms        float64            `json:"p50_ms"`
-	P99Ms        float64            `json:"p99_ms"`
-	MaxMs        float64            `json:"max_ms"`
-	Errors       int64              `json:"errors"`
-	Extra        map[string]float64 `json:"extra,omitempty"`
+	Scenario     string  `json:"scenario"`
+	Impl         string  `json:"impl"`
+	Callers      int     `json:"callers"`
+	Processes    int     `json:"processes,omitempty"`
+	Seconds      float64 `json:"seconds"`
+	Cycles       int64   `json:"cycles"`
+	CyclesPerSec float64 `json:"cycles_per_sec"`
+	P50Ms        float64 `json:"p50_ms"`
+	P99Ms        float64 `json:"p99_ms"`
+	MaxMs        float64 `json:"max_ms"`
+	// Latency names what P50Ms/P99Ms/MaxMs measure: "cycle" (one
+	// acquire+release), "step" (one set-based step), "handoff" (release to
+	// the next holder's grant), "wait" (an Acquire's wait), "lag" (extend
+	// lag), "commit" (one durable commit); "" = no latency (not printed).
+	Latency string             `json:"latency,omitempty"`
+	Errors  int64              `json:"errors"`
+	Extra   map[string]float64 `json:"extra,omitempty"`
 }
 
 type config struct {
@@ -126,6 +160,10 @@ type config struct {
 	cpuprofile string
 	memprofile string
 	impls      map[string]bool // uncontended implementations to run; nil = all
+	rounds     int             // uncontended: interleaved rounds per point (median reported)
+	peersDir   string          // the peers module (pglock, redislock)
+	baseline   string          // earlier results (JSON lines) for target 5; "" = none
+	markdown   string          // write the README tables of the run here; "" = no
 }
 
 func main() {
@@ -140,11 +178,15 @@ func main() {
 	flag.StringVar(&callers, "callers", "1,8,64,256", "uncontended: concurrent callers (comma separated)")
 	flag.StringVar(&hotCallers, "hot-callers", "8,64", "hotkey: total callers over all processes")
 	flag.StringVar(&hotProcs, "hot-procs", "1,2", "hotkey: processes")
-	flag.StringVar(&hbN, "heartbeat-n", "1000,10000", "heartbeat: locks held")
-	flag.BoolVar(&hb100k, "heartbeat-100k", false, "heartbeat: also hold 100,000 locks")
+	flag.StringVar(&hbN, "heartbeat-n", "1000,10000,100000", "heartbeat: locks held")
+	flag.BoolVar(&hb100k, "heartbeat-100k", false, "heartbeat: also hold 100,000 locks (already in the default -heartbeat-n)")
 	flag.DurationVar(&cfg.hbDuration, "heartbeat-duration", 6*time.Second, "heartbeat: holding time per point")
 	flag.StringVar(&advCallers, "advisory-callers", "1,8,64", "advisory: callers (distinct keys)")
-	flag.StringVar(&scen, "scenarios", "uncontended,hotkey,heartbeat,advisory", "scenarios to run")
+	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory", "scenarios to run")
+	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, targets) as Markdown for the README here (empty: none)")
+	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
+	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
+	flag.StringVar(&cfg.baseline, "baseline", "bench/baseline.json", "target 5: earlier results (the -json output of a run) to compare the advisory figures with; empty: none")
 	flag.BoolVar(&cfg.json, "json", false, "print one JSON object per result instead of a table")
 	flag.StringVar(&cfg.plot, "plot", "bench/out/throughput.svg", "SVG plot of the uncontended results (empty: none)")
 	flag.BoolVar(&cfg.docs, "docs", false, "also write the plot to docs/bench-throughput.svg (committed copy)")
@@ -178,8 +220,12 @@ func main() {
 	if cfg.memprofile != "" {
 		runtime.MemProfileRate = 1 // exact heap profile (slow allocations)
 	}
-	if hb100k {
+	if hb100k && !slices.Contains(cfg.hbN, 100000) {
 		cfg.hbN = append(cfg.hbN, 100000)
+	}
+	if cfg.rounds < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -rounds must be at least 1")
+		os.Exit(2)
 	}
 	cfg.scenarios = map[string]bool{}
 	for _, s := range strings.Split(scen, ",") {
@@ -241,6 +287,10 @@ func run(ctx context.Context, cfg config, out io.Writer) ([]Result, error) {
 			fmt.Fprintf(out, "# %s\n", v)
 		}
 	}
+	serverLine := "PostgreSQL"
+	if v, err := serverInfo(ctx, cfg.url); err == nil {
+		serverLine = strings.SplitN(v, " on ", 2)[0] + "; " + v[strings.LastIndex(v, ";")+2:]
+	}
 	var results []Result
 	emit := func(r Result) {
 		results = append(results, r)
@@ -248,18 +298,34 @@ func run(ctx context.Context, cfg config, out io.Writer) ([]Result, error) {
 			_ = json.NewEncoder(out).Encode(r)
 			return
 		}
-		fmt.Fprintf(out, "%-11s %-18s C=%-4d P=%d %9.0f/s  p50 %6.2f ms  p99 %7.2f ms  max %7.2f ms  errors %d%s\n",
-			r.Scenario, r.Impl, r.Callers, max(r.Processes, 1), r.CyclesPerSec, r.P50Ms, r.P99Ms, r.MaxMs, r.Errors, extraString(r.Extra))
+		fmt.Fprintln(out, formatResult(r))
+	}
+	notef := func(format string, args ...any) {
+		if cfg.json {
+			_ = json.NewEncoder(out).Encode(map[string]string{"note": fmt.Sprintf(format, args...)})
+			return
+		}
+		fmt.Fprintf(out, "# "+format+"\n", args...)
 	}
 	for _, s := range scenarioOrder {
 		if !cfg.scenarios[s.name] {
 			continue
 		}
-		if err := s.run(ctx, cfg, emit); err != nil {
+		if err := s.run(ctx, cfg, emit, notef); err != nil {
 			return results, fmt.Errorf("%s: %w", s.name, err)
 		}
 	}
-	const title = "pglease vs baselines: uncontended acquire+release (same PostgreSQL)"
+	ts := printTargets(out, cfg, results, notef)
+	if cfg.markdown != "" {
+		_ = os.MkdirAll(dirOf(cfg.markdown), 0o755)
+		host, _ := os.Hostname()
+		header := fmt.Sprintf("Measured by `go run ./bench %s` on %s (%s/%s, %d CPUs), %s, %s.", strings.Join(os.Args[1:], " "), host,
+			runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format("2006-01-02"), serverLine)
+		if err := writeMarkdown(cfg.markdown, header, results, ts); err != nil {
+			return results, err
+		}
+	}
+	const title = "pglease, peers and baselines: uncontended acquire+release (same PostgreSQL)"
 	if cfg.plot != "" {
 		_ = os.MkdirAll(dirOf(cfg.plot), 0o755)
 		if err := writePlot(cfg.plot, title, results); err != nil {
@@ -293,13 +359,28 @@ func extraString(m map[string]float64) string {
 	return b.String()
 }
 
+// formatResult is one table row. The latency columns say what they
+// measure (Result.Latency) and are left out when there is none.
+func formatResult(r Result) string {
+	lat := "   -"
+	if r.Latency != "" {
+		lat = fmt.Sprintf("%-7s p50 %6.2f ms  p99 %7.2f ms  max %7.2f ms", r.Latency, r.P50Ms, r.P99Ms, r.MaxMs)
+	}
+	return fmt.Sprintf("%-11s %-18s C=%-4d P=%d %9.0f/s  %s  errors %d%s",
+		r.Scenario, r.Impl, r.Callers, max(r.Processes, 1), r.CyclesPerSec, lat, r.Errors, extraString(r.Extra))
+}
+
+// noteFunc prints a remark (a "# " line, or a {"note": …} object in JSON mode).
+type noteFunc func(format string, args ...any)
+
 type scenario struct {
 	name string
-	run  func(ctx context.Context, cfg config, emit func(Result)) error
+	run  func(ctx context.Context, cfg config, emit func(Result), note noteFunc) error
 }
 
 var scenarioOrder = []scenario{
 	{"uncontended", runUncontended},
+	{"peers", runPeers},
 	{"hotkey", runHotKey},
 	{"heartbeat", runHeartbeat},
 	{"advisory", runAdvisory},
@@ -351,7 +432,7 @@ func measure(ctx context.Context, scenarioName, impl string, callers int, d time
 	}
 	_, p50, p99, mx := summarize(lats)
 	return Result{Scenario: scenarioName, Impl: impl, Callers: callers, Seconds: elapsed, Cycles: total,
-		CyclesPerSec: float64(total) / elapsed, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Errors: nerr}
+		CyclesPerSec: float64(total) / elapsed, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "cycle", Errors: nerr}
 }
 
 func newPool(ctx context.Context, url, schema string, maxConns int, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -23,20 +26,51 @@ func setbasedDrivers(callers int) int { return min(callers, 4) }
 
 const uncontendedTTL = 30 * time.Second
 
-func runUncontended(ctx context.Context, cfg config, emit func(Result)) error {
+func runUncontended(ctx context.Context, cfg config, emit func(Result), _ noteFunc) error {
+	var impls []uncontendedImpl
+	for _, impl := range uncontendedImpls {
+		if cfg.impls != nil && !cfg.impls[impl.name] || cfg.impls == nil && impl.optional {
+			continue
+		}
+		impls = append(impls, impl)
+	}
 	for _, c := range cfg.callers {
-		for _, impl := range uncontendedImpls {
-			if cfg.impls != nil && !cfg.impls[impl.name] || cfg.impls == nil && impl.optional {
-				continue
+		// With -rounds N, every implementation runs N times, interleaved
+		// (round r starts with implementation r mod len), and the run with
+		// the median throughput is reported: load that comes and goes hits
+		// them all alike.
+		runs := make([][]Result, len(impls))
+		for round := range max(cfg.rounds, 1) {
+			for j := range impls {
+				i := (j + round) % len(impls)
+				r, err := runUncontendedPoint(ctx, cfg.url, impls[i], c, cfg.duration)
+				if err != nil {
+					return fmt.Errorf("%s C=%d: %w", impls[i].name, c, err)
+				}
+				runs[i] = append(runs[i], r)
 			}
-			r, err := runUncontendedPoint(ctx, cfg.url, impl, c, cfg.duration)
-			if err != nil {
-				return fmt.Errorf("%s C=%d: %w", impl.name, c, err)
-			}
-			emit(r)
+		}
+		for i := range impls {
+			emit(medianRun(runs[i]))
 		}
 	}
 	return nil
+}
+
+// medianRun returns the run with the median throughput; with several runs
+// it notes their number and the lowest and highest throughput.
+func medianRun(runs []Result) Result {
+	if len(runs) == 1 {
+		return runs[0]
+	}
+	sorted := slices.Clone(runs)
+	slices.SortFunc(sorted, func(a, b Result) int { return cmp.Compare(a.CyclesPerSec, b.CyclesPerSec) })
+	r := sorted[len(sorted)/2]
+	r.Extra = maps.Clone(r.Extra)
+	r.Extra["rounds"] = float64(len(runs))
+	r.Extra["min_per_s"] = sorted[0].CyclesPerSec
+	r.Extra["max_per_s"] = sorted[len(sorted)-1].CyclesPerSec
+	return r
 }
 
 func runUncontendedPoint(ctx context.Context, url string, impl uncontendedImpl, c int, d time.Duration) (Result, error) {
@@ -52,7 +86,7 @@ func runUncontendedPoint(ctx context.Context, url string, impl uncontendedImpl, 
 	}
 	// Warm up: open the connections and prepare statements on them.
 	_ = measure(ctx, "warmup", impl.name, workers, 200*time.Millisecond, newStep)
-	tr.reset(false)
+	tr.reset(false, 0)
 	r := measure(ctx, "uncontended", impl.name, workers, d, newStep)
 	r.Callers = c
 	tr.mu.Lock()
@@ -64,6 +98,7 @@ func runUncontendedPoint(ctx context.Context, url string, impl uncontendedImpl, 
 	tr.mu.Unlock()
 	if impl.name == "pg-setbased" {
 		r.Extra["drivers"] = float64(workers)
+		r.Latency = "step"
 	}
 	if err := closeImpl(); err != nil {
 		return Result{}, err

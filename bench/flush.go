@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// measureFlush measures the flush bound of the server: one client on one
+// connection commits a one-row UPDATE of a regular (WAL-logged) table with
+// synchronous_commit=on, one round trip per commit, for d. Every hot-key
+// critical section needs at least one such durable commit (its grant) in
+// series, so 1 / (mean commit round trip) bounds the hot-key rate; the
+// hot-key targets are shares of it. Latency is per commit.
+func measureFlush(ctx context.Context, url string, d time.Duration) (Result, error) {
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return Result{}, err
+	}
+	defer c.Close(context.Background())
+	table := pgx.Identifier{fmt.Sprintf("pglease_bench_flush_%d", time.Now().UnixNano())}.Sanitize()
+	if _, err := c.Exec(ctx, "CREATE TABLE "+table+" (id int PRIMARY KEY, n bigint NOT NULL)"); err != nil {
+		return Result{}, err
+	}
+	defer func() { _, _ = c.Exec(context.Background(), "DROP TABLE "+table) }()
+	if _, err := c.Exec(ctx, "INSERT INTO "+table+" VALUES (1, 0)"); err != nil {
+		return Result{}, err
+	}
+	if _, err := c.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		return Result{}, err
+	}
+	upd := "UPDATE " + table + " SET n = n + 1 WHERE id = 1"
+	for range 20 { // warm-up: prepare, fill caches
+		if _, err := c.Exec(ctx, upd); err != nil {
+			return Result{}, err
+		}
+	}
+	var lats latencies
+	start := time.Now()
+	for time.Since(start) < d {
+		t0 := time.Now()
+		if _, err := c.Exec(ctx, upd); err != nil {
+			return Result{}, err
+		}
+		lats = append(lats, time.Since(t0))
+	}
+	el := time.Since(start).Seconds()
+	_, p50, p99, mx := summarize([]latencies{lats})
+	return Result{Scenario: "flush", Impl: "one-row-commit", Callers: 1, Seconds: el, Cycles: int64(len(lats)),
+		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "commit"}, nil
+}
+
+// mergeFlush reports the flush bound measured before and after the hot-key
+// points as one result: their combined rate, the worse percentiles, and
+// each run's rate as extras.
+func mergeFlush(a, b Result) Result {
+	r := a
+	r.Seconds = a.Seconds + b.Seconds
+	r.Cycles = a.Cycles + b.Cycles
+	r.CyclesPerSec = float64(r.Cycles) / r.Seconds
+	r.P50Ms, r.P99Ms, r.MaxMs = (a.P50Ms+b.P50Ms)/2, max(a.P99Ms, b.P99Ms), max(a.MaxMs, b.MaxMs)
+	r.Extra = map[string]float64{"before_per_s": a.CyclesPerSec, "after_per_s": b.CyclesPerSec,
+		"mean_commit_ms": 1000 / r.CyclesPerSec}
+	return r
+}
