@@ -95,14 +95,80 @@ func childMain() int {
 		fmt.Println("fence", f)
 	}
 	fmt.Println("woken", woken)
+	// Then the parent's commands, one per line on stdin (see
+	// TestTwoProcessesHotKey): "park" waits for hotKey until a notification
+	// wakes the waiter; "hold" takes hotKey and "release" releases it.
+	var held *Lock
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		switch in.Text() {
+		case "park":
+			drain(&sig.woken)
+			drain(&sig.retrying)
+			type res struct {
+				lk  *Lock
+				err error
+			}
+			got := make(chan res, 1)
+			go func() {
+				lk, err := m.Acquire(ctx, hotKey, WithAcquireTimeout(30*time.Second))
+				got <- res{lk, err}
+			}()
+			for k := range sig.retrying.ch { // contended; next poll in 10–20 s
+				if k == hotKey {
+					break
+				}
+			}
+			fmt.Println("parked")
+			start := time.Now()
+			r := <-got
+			if r.err != nil {
+				return fail(r.err)
+			}
+			woken := 0
+			for len(sig.woken.ch) > 0 {
+				if <-sig.woken.ch == hotKey {
+					woken++
+				}
+			}
+			fmt.Println("got", time.Since(start).Milliseconds(), woken)
+			if err := r.lk.Release(ctx); err != nil {
+				return fail(err)
+			}
+			fmt.Println("released")
+		case "hold":
+			lk, ok, err := m.TryAcquire(ctx, hotKey)
+			if err != nil || !ok {
+				return fail(fmt.Errorf("hold: %v %v", ok, err))
+			}
+			held = lk
+			fmt.Println("held")
+		case "release":
+			if err := held.Release(ctx); err != nil {
+				return fail(err)
+			}
+			fmt.Println("released")
+		}
+	}
 	return 0
 }
 
-// TestTwoProcessesHotKey: this test binary and a re-executed copy of it
+// // TestTwoProcessesHotKey: this test binary and a re-executed copy of it
 // pass one hot key back and forth, each with a retry policy that polls
-// only every 10–20 s. Finishing well within 10 s proves every hand-over
-// across processes was a LISTEN/NOTIFY wake-up; the fenced counter proves
-// no overlap and no lost update; the fences are all distinct.
+// only every 10–20 s.
+//
+// First a free-running ping-pong: finishing well within 10 s proves that no
+// hand-over waited for polling; the fenced counter proves no overlap and no
+// lost update; the fences are all distinct. A hand-over there is either a
+// notification wake-up or an attempt that was already in flight, queued in
+// the database behind the holder's release (seen under CPU load: then no
+// wake-up is needed at all), so the ping-pong cannot prove that
+// notifications work.
+//
+// Then two hand-overs that only a notification can make: the waiter's
+// attempt came back "locked" and its next poll is 10–20 s away when the
+// holder in the other process releases. Once each way: parent to child and
+// child to parent.
 func TestTwoProcessesHotKey(t *testing.T) {
 	t.Parallel()
 	const rounds = 15
@@ -121,12 +187,31 @@ func TestTwoProcessesHotKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	defer cmd.Process.Kill() // a no-op after Wait; stops the child on t.Fatal
 	lines := bufio.NewScanner(out)
-	if !lines.Scan() || lines.Text() != "ready" {
-		t.Fatalf("child did not start: %s", stderr.String())
+	// next returns the child's next line.
+	next := func() string {
+		t.Helper()
+		if !lines.Scan() {
+			t.Fatalf("child ended early: %s", stderr.String())
+		}
+		return lines.Text()
+	}
+	send := func(command string) {
+		t.Helper()
+		if _, err := fmt.Fprintln(in, command); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := next(); l != "ready" {
+		t.Fatalf("child did not start: %q %s", l, stderr.String())
 	}
 	start := time.Now()
 	fences, woken, err := pingPong(ctx, b.m, b.pool, b.sig, rounds)
@@ -135,8 +220,8 @@ func TestTwoProcessesHotKey(t *testing.T) {
 	}
 	var childFences []int64
 	childWoken := -1
-	for lines.Scan() {
-		f := strings.Fields(lines.Text())
+	for childWoken < 0 {
+		f := strings.Fields(next())
 		if len(f) == 2 && f[0] == "fence" {
 			n, _ := strconv.ParseInt(f[1], 10, 64)
 			childFences = append(childFences, n)
@@ -144,9 +229,6 @@ func TestTwoProcessesHotKey(t *testing.T) {
 		if len(f) == 2 && f[0] == "woken" {
 			childWoken, _ = strconv.Atoi(f[1])
 		}
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("child: %v: %s", err, stderr.String())
 	}
 	elapsed := time.Since(start)
 	t.Logf("%d+%d rounds in %v; wake-ups: parent %d, child %d", len(fences), len(childFences), elapsed, woken, childWoken)
@@ -170,7 +252,68 @@ func TestTwoProcessesHotKey(t *testing.T) {
 	if total != 2*rounds {
 		t.Fatalf("counter %d, want %d", total, 2*rounds)
 	}
-	if woken+childWoken == 0 {
-		t.Fatal("no notification wake-up at all")
+
+	// Parent to child: the child parks behind our lock, we release.
+	lk, err := b.m.Acquire(ctx, hotKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send("park")
+	if l := next(); l != "parked" {
+		t.Fatalf("child: %q", l)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var ms, childWake int
+	if _, err := fmt.Sscanf(next(), "got %d %d", &ms, &childWake); err != nil {
+		t.Fatal(err)
+	}
+	if next() != "released" {
+		t.Fatal("child did not release")
+	}
+	t.Logf("parent → child hand-over: %d ms, %d wake-up(s)", ms, childWake)
+	if childWake == 0 || ms > 9000 {
+		t.Errorf("parent → child: %d ms, %d wake-ups: no notification woke the child", ms, childWake)
+	}
+
+	// Child to parent.
+	send("hold")
+	if l := next(); l != "held" {
+		t.Fatalf("child: %q", l)
+	}
+	drain(&b.sig.woken)
+	drain(&b.sig.retrying)
+	got := make(chan error, 1)
+	go func() {
+		lk, err := b.m.Acquire(ctx, hotKey, WithAcquireTimeout(30*time.Second))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, &b.sig.retrying, func(k string) bool { return k == hotKey })
+	send("release")
+	hstart := time.Now()
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(hstart)
+	if next() != "released" {
+		t.Fatal("child did not release")
+	}
+	parentWake := 0
+	for len(b.sig.woken.ch) > 0 {
+		if <-b.sig.woken.ch == hotKey {
+			parentWake++
+		}
+	}
+	t.Logf("child → parent hand-over: %v, %d wake-up(s)", took, parentWake)
+	if parentWake == 0 || took > 9*time.Second {
+		t.Errorf("child → parent: %v, %d wake-ups: no notification woke the parent", took, parentWake)
+	}
+	in.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("child: %v: %s", err, stderr.String())
 	}
 }

@@ -32,6 +32,7 @@ type signals struct {
 	lost         testSignal[string]    // a held lock was declared lost
 	released     testSignal[string]    // a release of the key's lock came back
 	woken        testSignal[string]    // a notification started an attempt for the key
+	retrying     testSignal[string]    // the key's attempt failed or was contended; its next one is scheduled
 	listening    testSignal[struct{}]  // the listener (re)subscribed
 }
 
@@ -47,6 +48,7 @@ func (s *signals) init() {
 	s.lost.init()
 	s.released.init()
 	s.woken.init()
+	s.retrying.init()
 	s.listening.init()
 }
 

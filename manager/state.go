@@ -161,6 +161,7 @@ func (st *loopState) scheduleRetry(ks *keyState, now time.Time) {
 	ks.retryAt = now.Add(ks.bo.NextBackOff())
 	ks.retryGen++
 	heap.Push(&st.retries, retryEntry{at: ks.retryAt, ks: ks, gen: ks.retryGen})
+	st.sig().retrying.signal(ks.key)
 }
 
 func (st *loopState) clearRetry(ks *keyState) {

@@ -338,16 +338,20 @@ func TestTelemetryContended(t *testing.T) {
 	}
 	first := acquire()
 	second := acquire()
-	// Both wait now. One attempt per key is in flight at a time, so two
-	// acquire batches sent from now on mean the first of them came back
-	// "locked" to both callers.
+	// Both wait now. One attempt per key is in flight at a time, so of the
+	// acquire batches sent from now on, the second was flushed after the
+	// first came back, with both callers queued: a root round trip serving
+	// both. The third is sent only after the second came back, and as the
+	// holder still holds the key, the second answered "locked". (Waiting
+	// for two sends only, the second could still be in flight when the
+	// holder releases, and be granted: no contended root round trip.)
 	drain(&b.sig.batchSent)
 	sent := 0
 	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool {
 		if bi.kind == kindAcquire {
 			sent++
 		}
-		return sent >= 2
+		return sent >= 3
 	})
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -450,7 +454,10 @@ func TestTelemetryHeartbeat(t *testing.T) {
 	rg := newRig(t)
 	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}})
 	ctx := ctxT(t)
-	lk, err := b.m.Acquire(ctx, "beat", WithTTL(300*time.Millisecond))
+	// Not the 300 ms floor: under CPU load (-race, burners) an extend 100 ms
+	// into a 300 ms lease can miss its 270 ms trust window, and the lock is
+	// then (correctly) lost. 1.5 s: first extend after 500 ms, 850 ms of slack.
+	lk, err := b.m.Acquire(ctx, "beat", WithTTL(1500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -595,13 +602,16 @@ func TestTelemetryNoRawKeysOrLockIDs(t *testing.T) {
 			t.Fatalf("TryAcquire of a held key = %v, %v", ok, err)
 		}
 	}
-	// keys[4:] are taken here, concurrently (batched), with a short TTL.
+	// keys[4:] are taken here, concurrently (batched), with a TTL short
+	// enough for an extend within the test (after 500 ms) and long enough
+	// that a starved extend does not lose them (850 ms of slack: the 300 ms
+	// floor lost one under CPU load).
 	locks := make([]*Lock, n)
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := 4; i < n; i++ {
 		wg.Go(func() {
-			lk, err := b.m.Acquire(ctx, keys[i], WithTTL(300*time.Millisecond))
+			lk, err := b.m.Acquire(ctx, keys[i], WithTTL(1500*time.Millisecond))
 			if err != nil {
 				errs <- err
 				return
