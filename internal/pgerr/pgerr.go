@@ -37,7 +37,8 @@ func CodeFor(sqlstate string) pglease.Code {
 		pgerrcode.CharacterNotInRepertoire, pgerrcode.UntranslatableCharacter,
 		pgerrcode.NotNullViolation, pgerrcode.ForeignKeyViolation, pgerrcode.CheckViolation,
 		pgerrcode.UndefinedTable, pgerrcode.UndefinedColumn, pgerrcode.UndefinedFunction,
-		pgerrcode.InvalidSchemaName, pgerrcode.SyntaxError:
+		pgerrcode.InvalidSchemaName, pgerrcode.SyntaxError,
+		pgerrcode.DuplicatePreparedStatement, pgerrcode.InvalidSQLStatementName:
 		return pglease.CodeInvalidArgument
 	case pgerrcode.InsufficientResources, pgerrcode.DiskFull, pgerrcode.OutOfMemory,
 		pgerrcode.TooManyConnections, pgerrcode.ConfigurationLimitExceeded:
@@ -64,6 +65,13 @@ func (e *safePgError) Error() string {
 // SQLState returns the SQLSTATE, as pgconn.PgError does.
 func (e *safePgError) SQLState() string { return e.Code }
 
+// StmtCacheMsg is the message of the error Map returns for 42P05/26000:
+// what is wrong and how to fix it.
+const StmtCacheMsg = "prepared statement conflict: pgx's statement cache is in use behind a transaction-mode pooler " +
+	"(e.g. PgBouncer pool_mode=transaction), which runs each transaction on another server connection; " +
+	"add default_query_exec_mode=exec to the connection string (or set ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec), " +
+	"or use PgBouncer >= 1.21 with max_prepared_statements > 0"
+
 // Map converts err, returned by pgx for operation op, into a *pglease.Error.
 // ctx is the caller's context: when it has ended, the error is Aborted
 // wrapping the context's error. An existing *pglease.Error passes through.
@@ -85,6 +93,13 @@ func Map(ctx context.Context, op string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		safe := &safePgError{Severity: pgErr.Severity, Code: pgErr.Code, Message: pgErr.Message}
+		if pgErr.Code == pgerrcode.DuplicatePreparedStatement || pgErr.Code == pgerrcode.InvalidSQLStatementName {
+			// pglease names no prepared statements or portals: these come
+			// from pgx's statement cache ("stmtcache_…") meeting a
+			// transaction-mode pooler that hands each transaction another
+			// server connection. Not retryable: the configuration is wrong.
+			return pglease.NewError(pglease.CodeInvalidArgument, op, StmtCacheMsg, safe)
+		}
 		if pgErr.Code == pgerrcode.UniqueViolation {
 			// The message names only the constraint; Detail (dropped) holds the value.
 			return pglease.NewError(pglease.CodeInternal, op, "unique violation", safe)

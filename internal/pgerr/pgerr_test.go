@@ -29,6 +29,8 @@ func TestMapBySQLSTATE(t *testing.T) {
 		"57014": pglease.CodeNetworkTimeout,
 		"55P03": pglease.CodeNetworkTimeout,
 		"23505": pglease.CodeInternal,
+		"42P05": pglease.CodeInvalidArgument, // pgx statement cache behind a transaction pooler
+		"26000": pglease.CodeInvalidArgument,
 		"XX000": pglease.CodeInternal,
 	}
 	for state, want := range cases {

@@ -12,7 +12,12 @@ import (
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(m.Run()) // a child of TestPgBouncerGoneWhenParentKilled: no database of its own
+	}
+	pgtest.Main(m)
+}
 
 func TestPoolIsolatedSchema(t *testing.T) {
 	t.Parallel()

@@ -91,7 +91,9 @@
 //     proxy lets go of its connection.
 //
 // A transaction-mode pooler is refused at Open (the backend changes
-// between transactions), and so is a change of backend seen by a probe.
+// between transactions, or a pooler answered the start-up and hands this
+// connection's backend to another client), and so is a change of backend
+// seen by a probe. A session-mode pooler is accepted (TestPgBouncer…).
 //
 // When the probe fails, a statement gets no reply within its bound, the
 // backend pid changes (a transaction-mode pooler), or pg_advisory_unlock

@@ -175,11 +175,13 @@ func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
 // lock_timeout = WaitSlice, tcp_keepalives_idle/interval/count,
 // tcp_user_timeout and client_connection_check_interval (each only if the
 // server knows it), and releases any advisory lock the pooled connection
-// already held (pg_advisory_unlock_all). It refuses (InvalidArgument)
-// when pg_backend_pid() differs between two transactions: a
-// transaction-mode pooler (pgbouncer pool_mode=transaction) is in front of
-// the database, and session locks would leak to other clients. The
-// check is repeated by every probe.
+// already held (pg_advisory_unlock_all). It refuses (InvalidArgument) a
+// transaction-mode pooler (pgbouncer pool_mode=transaction), where session
+// locks would leak to other clients: when pg_backend_pid() differs between
+// two transactions, or, when a pooler answered the connection's start-up
+// (its cancel key names another pid than pg_backend_pid(), as PgBouncer's
+// does), when a second connection Open makes is handed the same backend.
+// A session-mode pooler passes. The pid check is repeated by every probe.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, error) {
 	const op = "advisory.Open"
 	if err := pglease.CheckContext(op, ctx); err != nil {
@@ -199,6 +201,16 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 	conn := pc.Hijack()
 	alive := time.Now() // before setup's first statement: the session is alive at least since then
 	pid, err := setup(ctx, conn, o)
+	if err == nil && conn.PgConn().PID() != pid {
+		// Something other than the backend answered the start-up (its
+		// cancel key names another pid): a pooler. Refuse it unless it
+		// keeps this backend for this client (session mode).
+		var shared bool
+		if shared, err = sharedBackend(ctx, pool, conn, pid); err == nil && shared {
+			err = pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+		}
+		err = mapErr(ctx, op, err)
+	}
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.Background(), o.ProbeTimeout)
 		_ = conn.Close(cctx)
@@ -224,6 +236,42 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 // backend pid changes between transactions.
 var errPooler = errors.New("backend pid changed between transactions: a transaction-mode pooler is in front of the database; " +
 	"session advisory locks need a direct or session-mode connection")
+
+// sharedBackend reports whether the server connection (backend pid) that
+// conn runs on is handed to other clients between conn's statements: a
+// transaction- or statement-mode pooler. A second client asks for its
+// backend pid right after conn used (and, in those modes, gave back) pid;
+// PgBouncer reuses the most recently used idle server connection first,
+// so it gets pid. A direct connection or a session-mode pooler never
+// gives pid to another client. Three rounds, in case other clients took
+// that server connection in between.
+func sharedBackend(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, pid uint32) (bool, error) {
+	other, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		_ = other.Close(cctx)
+		cancel()
+	}()
+	for range 3 {
+		var mine, theirs uint32
+		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&mine); err != nil {
+			return false, err
+		}
+		if mine != pid {
+			return true, nil
+		}
+		if err := other.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&theirs); err != nil {
+			return false, err
+		}
+		if theirs == pid {
+			return true, nil
+		}
+	}
+	return false, nil
+}
 
 // setup configures a fresh lock connection; see Open. No lock is held
 // yet, so the caller's ctx may run on it.
