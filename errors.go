@@ -86,24 +86,53 @@ type Error struct {
 	Err  error
 }
 
-// Error formats as "pglease: Op: Code: Msg: cause".
+// Error formats as "pglease: Op: Code: Msg: cause", with one "pglease: "
+// prefix however deeply *Errors wrap each other: a cause that is itself an
+// *Error is written without the prefix, and without its Op and Code when
+// they repeat the outer ones; a cause of another type whose text starts
+// with the prefix (fmt.Errorf("%w …", err)) loses that prefix:
+//
+//	pglease: manager.Release: LockLost: the lock had been lost before it was released: manager.Lock: trust window passed
 func (e *Error) Error() string {
 	var b strings.Builder
-	b.WriteString("pglease: ")
-	if e.Op != "" {
-		b.WriteString(e.Op)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Code.String())
-	if e.Msg != "" {
-		b.WriteString(": ")
-		b.WriteString(e.Msg)
-	}
-	if e.Err != nil {
-		b.WriteString(": ")
-		b.WriteString(e.Err.Error())
-	}
+	b.WriteString(prefix)
+	e.write(&b, "", 0)
 	return b.String()
+}
+
+const prefix = "pglease: "
+
+// write appends "Op: Code: Msg: cause" to b, leaving out an Op or Code
+// equal to the enclosing error's.
+func (e *Error) write(b *strings.Builder, outerOp string, outerCode Code) {
+	sep := false
+	part := func(s string) {
+		if sep {
+			b.WriteString(": ")
+		}
+		b.WriteString(s)
+		sep = true
+	}
+	if e.Op != "" && e.Op != outerOp {
+		part(e.Op)
+	}
+	if e.Code != outerCode || e.Msg == "" {
+		part(e.Code.String())
+	}
+	if e.Msg != "" {
+		part(e.Msg)
+	}
+	if e.Err == nil {
+		return
+	}
+	if inner, ok := e.Err.(*Error); ok && inner != nil {
+		b.WriteString(": ")
+		inner.write(b, e.Op, e.Code)
+		return
+	}
+	// Another error type: its text, with the prefix of an *Error it
+	// carries at its start (fmt.Errorf("%w: …")) removed.
+	part(strings.TrimPrefix(e.Err.Error(), prefix))
 }
 
 // Unwrap returns the cause.

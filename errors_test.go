@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/pglease/pglease"
@@ -63,4 +64,42 @@ func ExampleError() {
 	// Output:
 	// true true
 	// AcquisitionTimeout
+}
+
+// TestErrorOnePrefix: an *Error wrapping *Errors reads with one "pglease: "
+// prefix, and a nested Op or Code is written only when it differs.
+func TestErrorOnePrefix(t *testing.T) {
+	t.Parallel()
+	eof := errors.New("EOF")
+	lost := pglease.NewError(pglease.CodeServiceUnavailable, "pg.AcquireMany", "connection lost", eof)
+	cases := []struct {
+		err  error
+		want string
+	}{
+		{pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "gave up", lost),
+			"pglease: manager.Acquire: AcquisitionTimeout: gave up: pg.AcquireMany: ServiceUnavailable: connection lost: EOF"},
+		{pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released",
+			pglease.NewError(pglease.CodeLockLost, "manager.Lock", "trust window passed", nil)),
+			"pglease: manager.Release: LockLost: the lock had been lost before it was released: manager.Lock: trust window passed"},
+		{pglease.NewError(pglease.CodeAmbiguous, "pg.AcquireMany", "outcome unknown", lost),
+			"pglease: pg.AcquireMany: Ambiguous: outcome unknown: ServiceUnavailable: connection lost: EOF"},
+		{pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "gave up",
+			pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "", nil)),
+			"pglease: manager.Acquire: AcquisitionTimeout: gave up: AcquisitionTimeout"},
+		{pglease.NewError(pglease.CodeAborted, "manager.Acquire", "", fmt.Errorf("%w after 3 attempts", lost)),
+			"pglease: manager.Acquire: Aborted: pg.AcquireMany: ServiceUnavailable: connection lost: EOF after 3 attempts"},
+		{pglease.NewError(pglease.CodeInternal, "", "", nil), "pglease: Internal"},
+	}
+	for _, c := range cases {
+		got := c.err.Error()
+		if got != c.want {
+			t.Errorf("Error() =\n  %q\nwant\n  %q", got, c.want)
+		}
+		if n := strings.Count(got, "pglease:"); n != 1 {
+			t.Errorf("%q has %d prefixes", got, n)
+		}
+		if !errors.Is(c.err, pglease.ErrServiceUnavailable) && strings.Contains(c.want, "ServiceUnavailable") {
+			t.Errorf("%q: the nested code is no longer reachable", got)
+		}
+	}
 }

@@ -174,7 +174,7 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		conn, err := pool.Acquire(ctx)
 		if err != nil {
-			return pgerr.Map(ctx, op, err)
+			return pgerr.MapSchema(ctx, op, err)
 		}
 		defer conn.Release()
 		db = conn
@@ -195,7 +195,7 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 	if err == nil {
 		return nil
 	}
-	mapped := pgerr.Map(ctx, op, err)
+	mapped := pgerr.MapSchema(ctx, op, err)
 	if write && sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
 		return pglease.NewError(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
 	}

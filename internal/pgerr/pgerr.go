@@ -72,11 +72,39 @@ const StmtCacheMsg = "prepared statement conflict: pgx's statement cache is in u
 	"add default_query_exec_mode=exec to the connection string (or set ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec), " +
 	"or use PgBouncer >= 1.21 with max_prepared_statements > 0"
 
+// SchemaMissing is the message of an error from a statement on pglease's
+// own tables and functions (MapSchema) that the server refused because one
+// of them does not exist.
+const SchemaMissing = "pglease's tables or functions are missing or out of date: run SetupSchema or apply pg/schema.sql"
+
+// missingObject reports whether sqlstate says a table, function or schema
+// does not exist.
+func missingObject(sqlstate string) bool {
+	switch sqlstate {
+	case pgerrcode.UndefinedTable, pgerrcode.UndefinedFunction, pgerrcode.InvalidSchemaName:
+		return true
+	}
+	return false
+}
+
+// MapSchema is Map for statements on pglease's own tables and functions
+// (pg.Store operations): an undefined table (42P01), function (42883) or
+// schema (3F000) is InvalidArgument with the message SchemaMissing, which
+// says how to create them. Errors from statements on other tables (a
+// FenceGuard's) or from SetupSchema itself go through Map.
+func MapSchema(ctx context.Context, op string, err error) error {
+	return mapErr(ctx, op, err, true)
+}
+
 // Map converts err, returned by pgx for operation op, into a *pglease.Error.
 // ctx is the caller's context: when it has ended, the error is Aborted
 // wrapping the context's error. An existing *pglease.Error passes through.
 // nil maps to nil.
 func Map(ctx context.Context, op string, err error) error {
+	return mapErr(ctx, op, err, false)
+}
+
+func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 	if err == nil {
 		return nil
 	}
@@ -103,6 +131,9 @@ func Map(ctx context.Context, op string, err error) error {
 		if pgErr.Code == pgerrcode.UniqueViolation {
 			// The message names only the constraint; Detail (dropped) holds the value.
 			return pglease.NewError(pglease.CodeInternal, op, "unique violation", safe)
+		}
+		if ownSchema && missingObject(pgErr.Code) {
+			return pglease.NewError(CodeFor(pgErr.Code), op, SchemaMissing, safe)
 		}
 		return pglease.NewError(CodeFor(pgErr.Code), op, "server error", safe)
 	}

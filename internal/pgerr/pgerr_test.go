@@ -82,3 +82,23 @@ func TestMapContextAndConnection(t *testing.T) {
 		t.Fatal("an existing *pglease.Error must pass through")
 	}
 }
+
+// TestMapSchemaSaysHowToCreateIt: on pglease's own statements, a missing
+// table, function or schema says how to create them; Map (other tables)
+// does not.
+func TestMapSchemaSaysHowToCreateIt(t *testing.T) {
+	t.Parallel()
+	for _, state := range []string{"42P01", "42883", "3F000"} {
+		pe := &pgconn.PgError{Code: state, Message: "m", Severity: "ERROR"}
+		err := MapSchema(context.Background(), "pg.Acquire", pe)
+		if pglease.CodeOf(err) != pglease.CodeInvalidArgument || !strings.Contains(err.Error(), "run SetupSchema or apply pg/schema.sql") {
+			t.Errorf("MapSchema %s: %v", state, err)
+		}
+		if err := Map(context.Background(), "pg.FenceGuard.Update", pe); strings.Contains(err.Error(), "SetupSchema") {
+			t.Errorf("Map %s: %v", state, err)
+		}
+	}
+	if err := MapSchema(context.Background(), "pg.Acquire", &pgconn.PgError{Code: "42501", Severity: "ERROR"}); strings.Contains(err.Error(), "SetupSchema") {
+		t.Errorf("42501: %v", err)
+	}
+}
