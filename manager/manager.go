@@ -34,6 +34,10 @@ type Config struct {
 	// LockTable and FenceTable name the lease tables (see pg.Config).
 	// Default "syncguard_locks" and "syncguard_fence_counters".
 	LockTable, FenceTable string
+	// Holder identifies this process as the holder of its leases, for
+	// operators (pg.Config.Holder): "" means pg.DefaultHolder(),
+	// "program[pid]@host".
+	Holder string
 
 	// NotifyChannel is the LISTEN/NOTIFY channel on which releases wake
 	// waiters in other processes. Default DefaultNotifyChannel. Every
@@ -198,7 +202,10 @@ type option func(*Manager)
 // its loop goroutine (and, unless DisableNotify, a listener goroutine on
 // one dedicated connection opened with the pool's connection config). It
 // validates cfg and does no I/O. The Manager does not close pool: the
-// caller closes it after Close. The tables must exist (see SetupSchema).
+// caller closes it after Close. The schema must be at the version this
+// pglease needs (see SetupSchema and package pg/migrations): the first
+// acquire checks it and fails with an error that says how to migrate (a
+// *pg.SchemaError cause) when it is not.
 func New(pool *pgxpool.Pool, cfg Config) (*Manager, error) {
 	return newManager("manager.New", pool, false, cfg)
 }
@@ -237,7 +244,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	pcfg := pg.Config{LockTable: cfg.LockTable, FenceTable: cfg.FenceTable}
+	pcfg := pg.Config{LockTable: cfg.LockTable, FenceTable: cfg.FenceTable, Holder: cfg.Holder}
 	if !cfg.DisableNotify {
 		pcfg.NotifyChannel = cfg.NotifyChannel
 	}
@@ -282,9 +289,10 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	return m, nil
 }
 
-// SetupSchema creates the lease tables and functions if they do not exist
-// (pg.Store.SetupSchema). Production deployments usually run pg.SchemaSQL
-// as a migration instead.
+// SetupSchema brings the lease schema to the version this pglease needs
+// (pg.Store.SetupSchema: creates the tables and functions if missing,
+// applies missing migrations). Production deployments usually apply the
+// migrations with their own tool instead (package pg/migrations).
 func (m *Manager) SetupSchema(ctx context.Context) error {
 	const op = "manager.SetupSchema"
 	if err := pglease.CheckContext(op, ctx); err != nil {

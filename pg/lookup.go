@@ -23,12 +23,16 @@ type LockInfo struct {
 	AcquiredAt, ExpiresAt time.Time
 	// Fence is the grant's fencing token.
 	Fence pglease.Fence
+	// Holder is the holder identity the granting pglease process recorded
+	// (Config.Holder, by default DefaultHolder()); "" when the holder did
+	// not record one (SyncGuard, or pglease before schema version 2).
+	Holder string
 }
 
 // String formats the sanitized fields.
 func (i LockInfo) String() string {
-	return fmt.Sprintf("pg.LockInfo{KeyHash:%s LockIDHash:%s AcquiredAt:%s ExpiresAt:%s Fence:%s}",
-		i.KeyHash, i.LockIDHash, i.AcquiredAt.UTC().Format(time.RFC3339Nano), i.ExpiresAt.UTC().Format(time.RFC3339Nano), i.Fence)
+	return fmt.Sprintf("pg.LockInfo{KeyHash:%s LockIDHash:%s AcquiredAt:%s ExpiresAt:%s Fence:%s Holder:%q}",
+		i.KeyHash, i.LockIDHash, i.AcquiredAt.UTC().Format(time.RFC3339Nano), i.ExpiresAt.UTC().Format(time.RFC3339Nano), i.Fence, i.Holder)
 }
 
 // RawLockInfo is LockInfo plus the raw key and lockId, returned only by
@@ -59,7 +63,8 @@ func (i RawLockInfo) LogValue() slog.Value { return i.LockInfo.LogValue() }
 // LogValue logs the fields (all sanitized).
 func (i LockInfo) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("key_hash", i.KeyHash), slog.String("lock_id_hash", i.LockIDHash),
-		slog.Time("acquired_at", i.AcquiredAt), slog.Time("expires_at", i.ExpiresAt), slog.String("fence", i.Fence.String()))
+		slog.Time("acquired_at", i.AcquiredAt), slog.Time("expires_at", i.ExpiresAt), slog.String("fence", i.Fence.String()),
+		slog.String("holder", i.Holder))
 }
 
 // IsLocked reports whether key has a live lock record, by SyncGuard's
@@ -159,7 +164,8 @@ func (s *Store) lookup(ctx context.Context, op, sql, arg string) (*RawLockInfo, 
 	err := s.run(ctx, op, false, sql, []any{arg}, func(rows pgx.Rows) error {
 		var key, id, fence, userKey string
 		var exp, acq int64
-		if err := rows.Scan(&key, &id, &exp, &acq, &fence, &userKey); err != nil {
+		var holder *string
+		if err := rows.Scan(&key, &id, &exp, &acq, &fence, &userKey, &holder); err != nil {
 			return err
 		}
 		f, err := pglease.ParseFence(fence)
@@ -170,6 +176,9 @@ func (s *Store) lookup(ctx context.Context, op, sql, arg string) (*RawLockInfo, 
 			LockInfo: LockInfo{KeyHash: pglease.HashKey(userKey), LockIDHash: pglease.HashKey(id),
 				AcquiredAt: time.UnixMilli(acq), ExpiresAt: time.UnixMilli(exp), Fence: f},
 			Key: userKey, LockID: id,
+		}
+		if holder != nil {
+			out.Holder = *holder
 		}
 		return nil
 	})

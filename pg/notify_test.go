@@ -19,7 +19,11 @@ func TestNotifyOnRelease(t *testing.T) {
 	t.Parallel()
 	s, pool, schema := newStore(t, pg.Config{NotifyChannel: "pglease_rel"})
 	c := ctx(t)
-	sqlFn := strings.Split(strings.Split(pg.SchemaFile, "FUNCTION ")[1], "(")[0] // "pglease_hashkey_v1"
+	sqlFn := "pglease_hashkey_v1"
+	if !strings.Contains(pg.SchemaFile, `FUNCTION "`+sqlFn+`"(p text)`) {
+		t.Fatal("schema.sql lacks " + sqlFn)
+	}
+	sqlFn = `"` + sqlFn + `"`
 	for _, v := range []string{"k1", "resource:123", "café", "😀", strings.Repeat("x", 512), "fence:k1", "a😀b\u00e9"} {
 		var got string
 		if err := pool.QueryRow(c, "SELECT "+sqlFn+"($1)", v).Scan(&got); err != nil {

@@ -94,7 +94,7 @@ func TestLifecycleAndStoredFormat(t *testing.T) {
 		t.Fatalf("LookupByKey = %v, %v", info, err)
 	}
 	want := pg.LockInfo{KeyHash: pglease.HashKey(nfc), LockIDHash: pglease.HashKey(r.LockID),
-		AcquiredAt: r.AcquiredAt, ExpiresAt: r.ExpiresAt, Fence: 1}
+		AcquiredAt: r.AcquiredAt, ExpiresAt: r.ExpiresAt, Fence: 1, Holder: pg.DefaultHolder()}
 	if *info != want {
 		t.Fatalf("LookupByKey = %v, want %v", info, want)
 	}

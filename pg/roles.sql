@@ -8,7 +8,8 @@
 --   owner role:   owns the tables and functions; runs SetupSchema (or
 --                 SchemaFile / SchemaSQL from a migration).
 --   runtime role: what the application connects as. CONNECT, USAGE on the
---                 schema, SELECT/INSERT/UPDATE/DELETE on the lock table,
+--                 schema, SELECT/INSERT/UPDATE/DELETE on the lock table
+--                 and on pglease's holder table (syncguard_locks_holders),
 --                 SELECT/INSERT/UPDATE on the fence table (never DELETE or
 --                 TRUNCATE: fence counters are never deleted), EXECUTE on
 --                 the pglease_* functions. Not superuser, no
@@ -19,7 +20,8 @@
 --   schema                    the schema holding the tables (e.g. public)
 --   DBNAME                    set by psql itself: the database connected to
 -- The table names are SyncGuard's defaults (syncguard_locks,
--- syncguard_fence_counters); edit step 2 for other names. Functions are
+-- syncguard_fence_counters, and pglease's syncguard_locks_holders); edit
+-- step 2 for other names. Functions are
 -- found by name (pglease_* in the schema), so they need no editing.
 --
 -- Two steps, run as an administrator (superuser, or CREATEROLE plus
@@ -55,6 +57,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks TO :"run
 -- No DELETE, no TRUNCATE: the privilege system enforces "fence counters are
 -- never deleted" for the runtime role.
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".syncguard_fence_counters TO :"runtime_role";
+-- pglease's holder identity table (schema version 2): written by acquire,
+-- deleted by release. SyncGuard never uses it.
+REVOKE ALL ON TABLE :"schema".syncguard_locks_holders FROM PUBLIC, :"runtime_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks_holders TO :"runtime_role";
 -- EXECUTE on every pglease_* function in the schema, for the runtime role
 -- only (also for functions created before step 1).
 SET pglease.roles_schema = :'schema';

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Default table names, SyncGuard's.
@@ -21,14 +20,16 @@ const (
 	DefaultFenceTable = "syncguard_fence_counters"
 )
 
-// schemaVersion is part of the server functions' names: a change to their
-// bodies or signatures must bump it, so old and new code never call each
-// other's functions.
-const schemaVersion = "v1"
+// fnVersion is part of the server functions' names (their hash input):
+// functions with a new body or signature get new names, so code of one
+// schema version never calls another version's functions. See
+// functionsTemplate for when to change it.
+const fnVersion = "v2"
 
-// SchemaFile is the DDL of SchemaSQL(Config{}) (default table names) as a
-// plain migration file, pg/schema.sql, for migration tools. A test checks
-// that it matches SchemaSQL.
+// SchemaFile is SchemaSQL(Config{}) (default table names): every
+// migration's up SQL in order, as one file, pg/schema.sql, for users who
+// apply the whole schema at once. A test checks that it matches
+// SchemaSQL. The numbered migrations are in package pg/migrations.
 //
 //go:embed schema.sql
 var SchemaFile string
@@ -40,11 +41,16 @@ type names struct {
 	lock, fence       string // quoted, possibly schema-qualified
 	lockSchema        string // "" when unqualified
 	lockIdent         string // unquoted table identifier
+	holders           string // quoted holder identity table, in the lock table's schema
 	idxLockID, idxExp string // quoted index names (unqualified: indexes live in the table's schema)
 	fnAcquire         string // quoted, qualified like the lock table
 	fnRelease         string
 	fnExtend          string
 	fnHash            string
+	fnSchema          string // the schema version record (migrations.go)
+	// v0's functions (SetupSchema before schema versions), dropped by
+	// migration 2.
+	fnAcquireV0, fnReleaseV0, fnExtendV0 string
 }
 
 func parseTable(op, what, s string) (schema, ident string, err error) {
@@ -103,60 +109,97 @@ func (c Config) names(op string) (names, error) {
 	n := names{
 		lock: quote(ls, li), fence: quote(fs, fi), lockSchema: ls, lockIdent: li,
 		idxLockID: indexName(li, "lock_id"), idxExp: indexName(li, "expires"),
+		holders: quote(ls, holdersName(li)),
 	}
-	sum := sha256.Sum256([]byte(schemaVersion + "\x00" + n.lock + "\x00" + n.fence))
-	h := hex.EncodeToString(sum[:5])
-	n.fnAcquire = quote(ls, "pglease_acquire_"+h)
-	n.fnRelease = quote(ls, "pglease_release_"+h)
-	n.fnExtend = quote(ls, "pglease_extend_"+h)
-	n.fnHash = quote(ls, "pglease_hashkey_"+schemaVersion)
+	h := func(version string) string {
+		sum := sha256.Sum256([]byte(version + "\x00" + n.lock + "\x00" + n.fence))
+		return hex.EncodeToString(sum[:5])
+	}
+	cur, v0 := h(fnVersion), h("v1")
+	n.fnAcquire = quote(ls, "pglease_acquire_"+cur)
+	n.fnRelease = quote(ls, "pglease_release_"+cur)
+	n.fnExtend = quote(ls, "pglease_extend_"+cur)
+	n.fnAcquireV0 = quote(ls, "pglease_acquire_"+v0)
+	n.fnReleaseV0 = quote(ls, "pglease_release_"+v0)
+	n.fnExtendV0 = quote(ls, "pglease_extend_"+v0)
+	// One per schema, shared by every table pair in it (and by release
+	// triggers): its body never changes, so neither does its name.
+	n.fnHash = quote(ls, "pglease_hashkey_v1")
+	n.fnSchema = quote(ls, "pglease_schema_"+h("schema"))
 	return n, nil
 }
 
-// SchemaSQL returns the DDL for cfg: SyncGuard's two tables and indexes
-// (all IF NOT EXISTS, so it runs against tables SyncGuard created) and
-// pglease's server functions (CREATE OR REPLACE). It is what SetupSchema
-// runs; use it to write a migration. Bad names are InvalidArgument.
+// holdersName is the holder identity table of lock table ident:
+// ident_holders, or, when that would not fit PostgreSQL's 63 bytes, a
+// prefix of ident and a hash of it.
+func holdersName(ident string) string {
+	const suffix = "_holders"
+	if len(ident)+len(suffix) <= 63 {
+		return ident + suffix
+	}
+	sum := sha256.Sum256([]byte(ident))
+	tail := "_" + hex.EncodeToString(sum[:4]) + suffix
+	return ident[:63-len(tail)] + tail
+}
+
+// SchemaSQL returns the DDL that takes an empty database (or one with
+// SyncGuard's tables) to the current schema version for cfg: every
+// migration's up SQL in order (see Migrations). Its table statements are
+// IF NOT EXISTS, so it runs against tables SyncGuard created. Bad names
+// are InvalidArgument.
 func SchemaSQL(cfg Config) (string, error) {
-	n, err := cfg.names("pg.SchemaSQL")
+	ms, err := Migrations(cfg)
 	if err != nil {
 		return "", err
 	}
-	return n.schemaSQL(), nil
+	var b strings.Builder
+	for _, m := range ms {
+		b.WriteString(m.Up)
+	}
+	return b.String(), nil
 }
 
-func (n names) schemaSQL() string {
+func (n names) render(tmpl string) string {
 	r := strings.NewReplacer(
-		"{t}", n.lock, "{f}", n.fence, "{idx_lock_id}", n.idxLockID, "{idx_expires}", n.idxExp,
+		"{t}", n.lock, "{f}", n.fence, "{h}", n.holders, "{idx_lock_id}", n.idxLockID, "{idx_expires}", n.idxExp,
 		"{fn_acquire}", n.fnAcquire, "{fn_release}", n.fnRelease, "{fn_extend}", n.fnExtend, "{fn_hash}", n.fnHash,
+		"{fn_schema}", n.fnSchema, "{fn_acquire_v0}", n.fnAcquireV0, "{fn_release_v0}", n.fnReleaseV0,
+		"{fn_extend_v0}", n.fnExtendV0,
 	)
-	return r.Replace(schemaTemplate)
+	return r.Replace(tmpl)
 }
 
-// setupLockKey serializes concurrent SetupSchema calls (CREATE … IF NOT
-// EXISTS and CREATE OR REPLACE FUNCTION race on the catalogs otherwise).
+// setupLock serializes SetupSchema, Migrate, the migration files and
+// SetupReleaseTrigger (CREATE … IF NOT EXISTS and CREATE OR REPLACE
+// FUNCTION race on the catalogs otherwise). Every migration starts with
+// it, so a migration tool and SetupSchema in a starting process also
+// serialize.
 const setupLock = "SELECT pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));\n"
 
-// SetupSchema creates the tables, indexes and functions if they are
-// missing (SchemaSQL). It is idempotent and safe to run from several
+// SetupSchema brings the schema to the version this pglease needs
+// (SchemaVersion), applying the missing migrations (see Migrations) up
+// from the recorded version: on an empty database it creates SyncGuard's
+// tables (if missing) and pglease's functions; on a current one it only
+// reads the version. It never goes down: a newer schema that still
+// serves this version is left alone, one that does not is an error
+// (*SchemaError). It is idempotent and safe to run from several
 // processes at once: the DDL runs as one implicit transaction that first
-// takes a transaction-level advisory lock. It needs CREATE on the schema;
-// production deployments may run SchemaSQL/SchemaFile from a migration
-// with an owner role instead.
+// takes a transaction-level advisory lock and checks that the version is
+// still the one read. It needs CREATE on the schema; production
+// deployments may apply the migrations (package pg/migrations) with an
+// owner role instead.
 func (s *Store) SetupSchema(ctx context.Context) error {
 	const op = "pg.SetupSchema"
 	if err := pglease.CheckContext(op, ctx); err != nil {
 		return err
 	}
-	// One simple-protocol Exec (no arguments): one round trip, one implicit
-	// transaction for all statements.
-	if _, err := s.db.Exec(ctx, setupLock+s.n.schemaSQL()); err != nil {
-		return pgerr.Map(ctx, op, err)
-	}
-	return nil
+	return s.migrate(ctx, op, SchemaVersion, false, true)
 }
 
-const schemaTemplate = `-- pglease schema: SyncGuard 2.5.2's tables (byte-compatible) and pglease's functions.
+// tablesTemplate is migration 1 (up): SyncGuard 2.5.2's tables, byte for
+// byte (IF NOT EXISTS: SyncGuard may have created them), and the schema
+// version record.
+const tablesTemplate = `-- SyncGuard 2.5.2's tables (byte-compatible; IF NOT EXISTS: SyncGuard may have created them).
 CREATE TABLE IF NOT EXISTS {t} (
   key TEXT PRIMARY KEY,
   lock_id TEXT NOT NULL,
@@ -172,6 +215,49 @@ CREATE TABLE IF NOT EXISTS {f} (
   fence BIGINT NOT NULL DEFAULT 0,
   key_debug TEXT
 );
+`
+
+// tablesDownTemplate is migration 1 (down). It keeps the tables (SyncGuard
+// may use them, and the fence counters must never be lost by accident)
+// unless the session setting pglease.drop_tables is 'on'.
+const tablesDownTemplate = `-- Keep SyncGuard's tables and fence counters unless asked explicitly:
+-- SET pglease.drop_tables = 'on' (or options=-c pglease.drop_tables=on in the connection string).
+DO $pglease$
+BEGIN
+  IF coalesce(current_setting('pglease.drop_tables', true), '') = 'on' THEN
+    DROP TABLE IF EXISTS {t};
+    DROP TABLE IF EXISTS {f};
+  ELSE
+    RAISE NOTICE 'pglease: kept the lock and fence counter tables (set pglease.drop_tables = on to drop them)';
+  END IF;
+END
+$pglease$;
+`
+
+// functionsTemplate is migration 2 (up): pglease's server functions and
+// the holder identity table.
+//
+// Changing a function body: pglease v0.1.0 is unreleased, so until its
+// release a body change is one edit here, followed by
+//
+//	go test ./pg/... -run 'TestSchemaFile|TestFilesUpToDate' -update
+//
+// which rewrites pg/schema.sql and the files in pg/migrations (tests fail
+// until they match). After a release, databases at version 2 would not
+// see the edit: copy the changed functions into a new migration (a new
+// entry in migrationTemplates, version 3), bump fnVersion so the new
+// functions get new names next to the old ones (old processes keep
+// working during a rolling upgrade), bump SchemaVersion, and drop the old
+// functions in a later migration.
+const functionsTemplate = `CREATE TABLE IF NOT EXISTS {h} (
+  key TEXT PRIMARY KEY,
+  lock_id TEXT NOT NULL,
+  holder TEXT NOT NULL
+);
+-- Superseded by the functions below: v0's (SetupSchema before schema versions).
+DROP FUNCTION IF EXISTS {fn_acquire_v0}(text[], text[], text[], text[], bigint[]);
+DROP FUNCTION IF EXISTS {fn_release_v0}(text[], text);
+DROP FUNCTION IF EXISTS {fn_extend_v0}(text[], bigint[]);
 
 -- SyncGuard's hashKey (3 x uint32 polynomial over UTF-16 code units) of an
 -- NFC string; needs a UTF8 database. Used for release notifications.
@@ -202,9 +288,10 @@ $fn$;
 -- order, so concurrent batches never deadlock. Per key: SyncGuard's
 -- advisory lock, the lock row FOR UPDATE, the server clock read after both
 -- waits, takeover only when expires_at_ms + 1000 <= now, fence upsert
--- (refused at FENCE MAX: status 2, nothing changed), lock row upsert.
--- Status: 0 acquired, 1 locked, 2 fence overflow.
-CREATE OR REPLACE FUNCTION {fn_acquire}(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[])
+-- (refused at FENCE MAX: status 2, nothing changed), lock row upsert,
+-- holder upsert (p_holder NULL: none). Status: 0 acquired, 1 locked,
+-- 2 fence overflow.
+CREATE OR REPLACE FUNCTION {fn_acquire}(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_holder text)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -244,6 +331,13 @@ BEGIN
       VALUES (r.k, r.id, v_now + r.ttl, v_now, lpad(v_fence::text, 15, '0'), r.uk)
       ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
         acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+    -- Holder identity, tied to this grant's lockId: a row left behind when
+    -- SyncGuard (which never writes here) takes the key over names another
+    -- lockId and is not shown.
+    IF p_holder IS NOT NULL THEN
+      INSERT INTO {h} AS h (key, lock_id, holder) VALUES (r.k, r.id, p_holder)
+        ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder;
+    END IF;
     o_status := 0; o_fence := v_fence; o_acquired_ms := v_now; o_expires_ms := v_now + r.ttl;
     RETURN NEXT;
   END LOOP;
@@ -252,8 +346,9 @@ $fn$;
 
 -- Release N lockIds in one statement: lock their rows in (hashtext, key)
 -- order, read the server clock, then delete each row still unexpired
--- (expires_at_ms > now: no release inside the tolerance window). With a
--- channel, each successful release also notifies hashKey(user_key).
+-- (expires_at_ms > now: no release inside the tolerance window) and its
+-- holder row. With a channel, each successful release also notifies
+-- hashKey(user_key).
 -- A release commits without waiting for its WAL flush: if a crash loses it,
 -- the lease simply runs to its expiry (safe), and any later acquire that saw
 -- the release flushes it (WAL is sequential) before it is acknowledged.
@@ -264,6 +359,7 @@ DECLARE
   r record;
   v_now bigint;
   v_uk text;
+  v_k text;
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   PERFORM 1 FROM {t} AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
@@ -271,8 +367,11 @@ BEGIN
   FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
     o_idx := r.i;
     v_uk := NULL;
-    DELETE FROM {t} AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.user_key INTO v_uk;
+    DELETE FROM {t} AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.key, l.user_key INTO v_k, v_uk;
     o_ok := v_uk IS NOT NULL;
+    IF o_ok THEN
+      DELETE FROM {h} AS h WHERE h.key = v_k AND h.lock_id = r.id;
+    END IF;
     IF o_ok AND p_channel IS NOT NULL THEN
       PERFORM pg_notify(p_channel, {fn_hash}(v_uk));
     END IF;

@@ -1,4 +1,6 @@
--- pglease schema: SyncGuard 2.5.2's tables (byte-compatible) and pglease's functions.
+-- pglease migration 1 (syncguard_tables), up: see package github.com/pglease/pglease/pg/migrations.
+SELECT pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
+-- SyncGuard 2.5.2's tables (byte-compatible; IF NOT EXISTS: SyncGuard may have created them).
 CREATE TABLE IF NOT EXISTS "syncguard_locks" (
   key TEXT PRIMARY KEY,
   lock_id TEXT NOT NULL,
@@ -14,6 +16,20 @@ CREATE TABLE IF NOT EXISTS "syncguard_fence_counters" (
   fence BIGINT NOT NULL DEFAULT 0,
   key_debug TEXT
 );
+-- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
+CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)
+LANGUAGE sql IMMUTABLE AS $fn$ SELECT 1, 1 $fn$;
+-- pglease migration 2 (pglease_functions), up: see package github.com/pglease/pglease/pg/migrations.
+SELECT pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
+CREATE TABLE IF NOT EXISTS "syncguard_locks_holders" (
+  key TEXT PRIMARY KEY,
+  lock_id TEXT NOT NULL,
+  holder TEXT NOT NULL
+);
+-- Superseded by the functions below: v0's (SetupSchema before schema versions).
+DROP FUNCTION IF EXISTS "pglease_acquire_b0b8b6694e"(text[], text[], text[], text[], bigint[]);
+DROP FUNCTION IF EXISTS "pglease_release_b0b8b6694e"(text[], text);
+DROP FUNCTION IF EXISTS "pglease_extend_b0b8b6694e"(text[], bigint[]);
 
 -- SyncGuard's hashKey (3 x uint32 polynomial over UTF-16 code units) of an
 -- NFC string; needs a UTF8 database. Used for release notifications.
@@ -44,9 +60,10 @@ $fn$;
 -- order, so concurrent batches never deadlock. Per key: SyncGuard's
 -- advisory lock, the lock row FOR UPDATE, the server clock read after both
 -- waits, takeover only when expires_at_ms + 1000 <= now, fence upsert
--- (refused at FENCE MAX: status 2, nothing changed), lock row upsert.
--- Status: 0 acquired, 1 locked, 2 fence overflow.
-CREATE OR REPLACE FUNCTION "pglease_acquire_b0b8b6694e"(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[])
+-- (refused at FENCE MAX: status 2, nothing changed), lock row upsert,
+-- holder upsert (p_holder NULL: none). Status: 0 acquired, 1 locked,
+-- 2 fence overflow.
+CREATE OR REPLACE FUNCTION "pglease_acquire_95ff2f1cda"(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_holder text)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -86,6 +103,13 @@ BEGIN
       VALUES (r.k, r.id, v_now + r.ttl, v_now, lpad(v_fence::text, 15, '0'), r.uk)
       ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
         acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+    -- Holder identity, tied to this grant's lockId: a row left behind when
+    -- SyncGuard (which never writes here) takes the key over names another
+    -- lockId and is not shown.
+    IF p_holder IS NOT NULL THEN
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder) VALUES (r.k, r.id, p_holder)
+        ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder;
+    END IF;
     o_status := 0; o_fence := v_fence; o_acquired_ms := v_now; o_expires_ms := v_now + r.ttl;
     RETURN NEXT;
   END LOOP;
@@ -94,18 +118,20 @@ $fn$;
 
 -- Release N lockIds in one statement: lock their rows in (hashtext, key)
 -- order, read the server clock, then delete each row still unexpired
--- (expires_at_ms > now: no release inside the tolerance window). With a
--- channel, each successful release also notifies hashKey(user_key).
+-- (expires_at_ms > now: no release inside the tolerance window) and its
+-- holder row. With a channel, each successful release also notifies
+-- hashKey(user_key).
 -- A release commits without waiting for its WAL flush: if a crash loses it,
 -- the lease simply runs to its expiry (safe), and any later acquire that saw
 -- the release flushes it (WAL is sequential) before it is acknowledged.
-CREATE OR REPLACE FUNCTION "pglease_release_b0b8b6694e"(p_lock_ids text[], p_channel text)
+CREATE OR REPLACE FUNCTION "pglease_release_95ff2f1cda"(p_lock_ids text[], p_channel text)
 RETURNS TABLE (o_idx integer, o_ok boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
   v_now bigint;
   v_uk text;
+  v_k text;
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
@@ -113,8 +139,11 @@ BEGIN
   FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
     o_idx := r.i;
     v_uk := NULL;
-    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.user_key INTO v_uk;
+    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.key, l.user_key INTO v_k, v_uk;
     o_ok := v_uk IS NOT NULL;
+    IF o_ok THEN
+      DELETE FROM "syncguard_locks_holders" AS h WHERE h.key = v_k AND h.lock_id = r.id;
+    END IF;
     IF o_ok AND p_channel IS NOT NULL THEN
       PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(v_uk));
     END IF;
@@ -126,7 +155,7 @@ $fn$;
 -- Extend N lockIds in one statement: same locking order as release; new
 -- expiry = server now + ttl (replaces, does not add), only for rows with
 -- expires_at_ms > now (no revival).
-CREATE OR REPLACE FUNCTION "pglease_extend_b0b8b6694e"(p_lock_ids text[], p_ttls bigint[])
+CREATE OR REPLACE FUNCTION "pglease_extend_95ff2f1cda"(p_lock_ids text[], p_ttls bigint[])
 RETURNS TABLE (o_idx integer, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -144,3 +173,6 @@ BEGIN
   END LOOP;
 END
 $fn$;
+-- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
+CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)
+LANGUAGE sql IMMUTABLE AS $fn$ SELECT 2, 2 $fn$;

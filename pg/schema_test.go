@@ -121,6 +121,7 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 		"my_fences fence_key text NO ", "my_fences fence bigint NO 0", "my_fences key_debug text YES ",
 		"my_locks key text NO ", "my_locks lock_id text NO ", "my_locks expires_at_ms bigint NO ",
 		"my_locks acquired_at_ms bigint NO ", "my_locks fence text NO ", "my_locks user_key text NO ",
+		"my_locks_holders key text NO ", "my_locks_holders lock_id text NO ", "my_locks_holders holder text NO ",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("columns:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -141,6 +142,7 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 		"CREATE INDEX idx_my_locks_expires ON my_locks USING btree (expires_at_ms)",
 		"CREATE UNIQUE INDEX idx_my_locks_lock_id ON my_locks USING btree (lock_id)",
 		"CREATE UNIQUE INDEX my_fences_pkey ON my_fences USING btree (fence_key)",
+		"CREATE UNIQUE INDEX my_locks_holders_pkey ON my_locks_holders USING btree (key)",
 		"CREATE UNIQUE INDEX my_locks_pkey ON my_locks USING btree (key)",
 	}
 	if strings.Join(idx, "\n") != strings.Join(wantIdx, "\n") {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -44,7 +45,18 @@ type Config struct {
 	// is approaching pglease.FenceMax. It gets pglease.HashKey of the key,
 	// never the key itself.
 	OnFenceWarning func(keyHash string, fence pglease.Fence)
+	// Holder identifies this process as the holder of the leases it
+	// acquires, for operators (Lookup, `pglease status`): at most
+	// MaxHolderBytes of UTF-8 without control characters. ""
+	// means DefaultHolder() (program, pid and host). It is stored in a
+	// table of its own next to the lock table, tied to the grant's
+	// lockId, so SyncGuard processes on the same tables are unaffected
+	// and a lease SyncGuard takes over never shows it.
+	Holder string
 }
+
+// MaxHolderBytes caps Config.Holder.
+const MaxHolderBytes = 256
 
 // MaxBatch is the largest number of items one batched call accepts.
 const MaxBatch = 10000
@@ -53,11 +65,17 @@ const MaxBatch = 10000
 // safe for concurrent use (as safe as its DB: a *pgx.Conn or pgx.Tx is
 // not). It does not own the DB and never closes it.
 type Store struct {
-	db  DB
-	cfg Config
-	n   names
+	db     DB
+	cfg    Config
+	n      names
+	holder string
+
+	// checked is set once the schema version is known to serve this
+	// code (checkOnce, CheckSchema, SetupSchema, Migrate).
+	checked atomic.Bool
 
 	acquireSQL, releaseSQL, extendSQL string
+	versionSQL                        string
 	lookupKeySQL, lookupIDSQL         string
 	isLockedSQL                       string
 }
@@ -73,12 +91,20 @@ func New(db DB, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	holder := cfg.Holder
+	if holder == "" {
+		holder = DefaultHolder()
+	} else if err := checkHolder(op, holder); err != nil {
+		return nil, err
+	}
 	const liveMs = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-	sel := "SELECT l.key, l.lock_id, l.expires_at_ms, l.acquired_at_ms, l.fence, l.user_key FROM " + n.lock + " AS l WHERE "
+	sel := "SELECT l.key, l.lock_id, l.expires_at_ms, l.acquired_at_ms, l.fence, l.user_key, h.holder FROM " + n.lock +
+		" AS l LEFT JOIN " + n.holders + " AS h ON h.key = l.key AND h.lock_id = l.lock_id WHERE "
 	live := " AND l.expires_at_ms + " + fmt.Sprint(pglease.TimeToleranceMs) + " > " + liveMs
 	return &Store{
-		db: db, cfg: cfg, n: n,
-		acquireSQL:   "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnAcquire + "($1, $2, $3, $4, $5)",
+		db: db, cfg: cfg, n: n, holder: holder,
+		acquireSQL:   "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
+		versionSQL:   "SELECT version, compatible_from FROM " + n.fnSchema + "()",
 		releaseSQL:   "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
 		extendSQL:    "SELECT o_idx, o_expires_ms FROM " + n.fnExtend + "($1, $2)",
 		lookupKeySQL: sel + "l.key = $1" + live,
@@ -284,10 +310,13 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 		seen[id] = struct{}{}
 		keys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
 	}
+	if err := s.checkOnce(ctx, op); err != nil {
+		return nil, err
+	}
 	// user_key is the NFC key, which for PostgreSQL equals the storage key.
 	out := make([]AcquireResult, len(reqs))
 	got := make([]bool, len(reqs))
-	err := s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls}, func(rows pgx.Rows) error {
+	err := s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls, s.holder}, func(rows pgx.Rows) error {
 		var idx, status int32
 		var fence, acq, exp *int64
 		if err := rows.Scan(&idx, &status, &fence, &acq, &exp); err != nil {

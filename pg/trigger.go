@@ -26,7 +26,8 @@ func checkChannel(op, channel string) error {
 // triggerFnName is the (unquoted) name of the trigger function, which
 // lives in the lock table's schema.
 func (n names) triggerFnName() string {
-	sum := sha256.Sum256([]byte(schemaVersion + "\x00" + n.lockIdent))
+	// "v1" is fixed: installed triggers keep their function's name.
+	sum := sha256.Sum256([]byte("v1\x00" + n.lockIdent))
 	return "pglease_release_notify_" + hex.EncodeToString(sum[:5])
 }
 

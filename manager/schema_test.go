@@ -1,0 +1,59 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pg"
+)
+
+// A Manager on a database without the schema it needs fails its first
+// acquire with an error that says how to migrate, works once SetupSchema
+// ran, and records its Holder on its leases.
+func TestManagerChecksSchemaAndRecordsHolder(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	ctx := ctxT(t)
+	m, err := New(pool, Config{Holder: "scheduler on host-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := m.Close(context.Background()); err != nil {
+			t.Error(err)
+		}
+	}()
+	_, err = m.Acquire(ctx, "k", WithAcquireTimeout(waitTimeout()))
+	var se *pg.SchemaError
+	if !errors.As(err, &se) || se.Found != 0 || !strings.Contains(err.Error(), "pglease migrate") {
+		t.Fatalf("Acquire without the schema = %v, want a *pg.SchemaError saying how to migrate", err)
+	}
+	if _, ok, err := m.TryAcquire(ctx, "k"); ok || !errors.As(err, &se) {
+		t.Fatalf("TryAcquire without the schema = %v, %v", ok, err)
+	}
+	if err := m.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lk, err := m.Acquire(ctx, "k", WithAcquireTimeout(waitTimeout()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := pg.New(pool, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.LookupByKey(ctx, "k")
+	if err != nil || info == nil || info.Holder != "scheduler on host-7" {
+		t.Fatalf("LookupByKey = %v, %v", info, err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(pool, Config{Holder: "bad\x00holder"}); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatalf("New with a bad Holder = %v", err)
+	}
+}

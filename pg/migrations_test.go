@@ -1,0 +1,588 @@
+package pg_test
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pg"
+)
+
+// schemaV0 is pg/schema.sql as SetupSchema created it before schema
+// versions (main at 4b739cd): v0, the version every upgrade test starts
+// from.
+//
+//go:embed testdata/schema_v0.sql
+var schemaV0 string
+
+// snapshot describes every object in schema (tables, columns, indexes,
+// functions with a hash of their body, triggers) and the pglease schema
+// version record, one line each, sorted.
+func snapshot(t testing.TB, db pg.DB, schema string) string {
+	t.Helper()
+	rows, err := db.Query(ctx(t), `
+SELECT 'column ' || c.table_name || '.' || c.column_name || ' ' || c.data_type || ' ' || c.is_nullable || ' ' || coalesce(c.column_default, '')
+  FROM information_schema.columns c WHERE c.table_schema = $1
+UNION ALL
+SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = $1
+UNION ALL
+SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(p.prosrc) || ' ' || p.provolatile::text
+  FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+UNION ALL
+SELECT 'trigger ' || t.tgname || ' on ' || t.tgrelid::regclass::text
+  FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid WHERE r.relnamespace = $1::regnamespace AND NOT t.tgisinternal
+ORDER BY 1`, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.ReplaceAll(strings.Join(lines, "\n"), schema+".", "")
+}
+
+func version(t testing.TB, s *pg.Store) (int, int) {
+	t.Helper()
+	v, c, err := s.SchemaVersion(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v, c
+}
+
+func migrate(t testing.TB, s *pg.Store, target int, opts pg.MigrateOptions) {
+	t.Helper()
+	if err := s.Migrate(ctx(t), target, opts); err != nil {
+		t.Fatalf("Migrate(%d, %+v): %v", target, opts, err)
+	}
+}
+
+// sgConn is a SyncGuard 2.5.2 process on one connection: its statements
+// (syncguard-facts.md §4.2), prepared once and then reused from the
+// connection's statement cache as postgres.js does, including the
+// `SELECT *` that would fail ("cached plan must not change result type")
+// if a migration changed the lock table's columns.
+type sgConn struct {
+	t    testing.TB
+	conn *pgx.Conn
+}
+
+func newSGConn(t testing.TB, pool *pgxpool.Pool) *sgConn {
+	t.Helper()
+	cfg := pool.Config().ConnConfig.Copy()
+	conn, err := pgx.ConnectConfig(ctx(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return &sgConn{t: t, conn: conn}
+}
+
+// acquire is SyncGuard's acquire: ok false when the key is live.
+func (s *sgConn) acquire(key string, ttl time.Duration) (lockID string, ok bool, err error) {
+	c := ctx(s.t)
+	tx, err := s.conn.Begin(c)
+	if err != nil {
+		return "", false, err
+	}
+	defer func() { _ = tx.Rollback(c) }()
+	if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext($1))", key); err != nil {
+		return "", false, err
+	}
+	var now float64
+	if err := tx.QueryRow(c, "SELECT EXTRACT(EPOCH FROM NOW()) * 1000 AS now_ms").Scan(&now); err != nil {
+		return "", false, err
+	}
+	rows, err := tx.Query(c, "SELECT * FROM syncguard_locks WHERE key = $1", key)
+	if err != nil {
+		return "", false, err
+	}
+	rs, err := pgx.CollectRows(rows, pgx.RowToMap)
+	if err != nil {
+		return "", false, err
+	}
+	if len(rs) == 1 && rs[0]["expires_at_ms"].(int64) > int64(now)-pglease.TimeToleranceMs {
+		return "", false, tx.Commit(c)
+	}
+	if _, err := tx.Exec(c, "INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ($1, 0, $2) ON CONFLICT (fence_key) DO NOTHING", "fence:"+key, key); err != nil {
+		return "", false, err
+	}
+	var fence int64
+	if err := tx.QueryRow(c, "UPDATE syncguard_fence_counters SET fence = fence + 1 WHERE fence_key = $1 RETURNING fence", "fence:"+key).Scan(&fence); err != nil {
+		return "", false, err
+	}
+	id := pglease.NewLockID()
+	if _, err := tx.Exec(c, `INSERT INTO syncguard_locks (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key) VALUES ($1, $2, $3, $4, $5, $6)
+		ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
+		acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key`,
+		key, id, int64(now)+ttl.Milliseconds(), int64(now), fmt.Sprintf("%015d", fence), key); err != nil {
+		return "", false, err
+	}
+	return id, true, tx.Commit(c)
+}
+
+// extendOrRelease is SyncGuard's extend (release when ttl is 0).
+func (s *sgConn) extendOrRelease(lockID string, ttl time.Duration) (bool, error) {
+	c := ctx(s.t)
+	tx, err := s.conn.Begin(c)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(c) }()
+	var now float64
+	if err := tx.QueryRow(c, "SELECT EXTRACT(EPOCH FROM NOW()) * 1000 AS now_ms").Scan(&now); err != nil {
+		return false, err
+	}
+	rows, err := tx.Query(c, "SELECT * FROM syncguard_locks WHERE lock_id = $1 FOR UPDATE", lockID)
+	if err != nil {
+		return false, err
+	}
+	rs, err := pgx.CollectRows(rows, pgx.RowToMap)
+	if err != nil {
+		return false, err
+	}
+	if len(rs) != 1 || rs[0]["expires_at_ms"].(int64) <= int64(now)-pglease.TimeToleranceMs {
+		return false, tx.Commit(c)
+	}
+	if ttl == 0 {
+		_, err = tx.Exec(c, "DELETE FROM syncguard_locks WHERE key = $1", rs[0]["key"])
+	} else {
+		_, err = tx.Exec(c, "UPDATE syncguard_locks SET expires_at_ms = $1 WHERE key = $2", int64(now)+ttl.Milliseconds(), rs[0]["key"])
+	}
+	if err != nil {
+		return false, err
+	}
+	return true, tx.Commit(c)
+}
+
+// Up, down and up again leaves the database as after one up, at every
+// step; down keeps SyncGuard's tables and their rows (fence counters
+// included), and a SyncGuard process working through it all (its
+// prepared statements cached) never fails and never loses its lock. (A
+// migration that added a column to the lock table would fail its cached
+// `SELECT *` with "cached plan must not change result type": checked by
+// trying it. Hence the holder table of its own.)
+func TestMigrateUpDownUp(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Pool(t)
+	s, err := pg.New(pool, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ctx(t)
+	snaps := map[int]string{0: snapshot(t, pool, schema)}
+	for v := 1; v <= pg.SchemaVersion; v++ {
+		migrate(t, s, v, pg.MigrateOptions{})
+		snaps[v] = snapshot(t, pool, schema)
+		if got, _ := version(t, s); got != v {
+			t.Fatalf("version after Migrate(%d) = %d", v, got)
+		}
+	}
+	if snaps[pg.SchemaVersion] == snaps[pg.SchemaVersion-1] {
+		t.Fatal("the last migration changed nothing")
+	}
+
+	// Data: a SyncGuard lease, a pglease lease, fence counters.
+	sg := newSGConn(t, pool)
+	sgID, ok, err := sg.acquire("sg-key", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("SyncGuard acquire: %v %v", ok, err)
+	}
+	pgID := mustAcquire(t, s, "pg-key", time.Minute)
+	if ok, err := sg.extendOrRelease(sgID, time.Minute); err != nil || !ok {
+		t.Fatalf("SyncGuard extend: %v %v", ok, err)
+	}
+	data := func() string {
+		rows, err := pool.Query(c, `SELECT key || ' ' || lock_id || ' ' || fence FROM syncguard_locks
+			UNION ALL SELECT fence_key || ' ' || fence FROM syncguard_fence_counters ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(lines, "\n")
+	}
+	before := data()
+
+	// Down one step at a time to 0, then up again, and every
+	// down-up pair from the top.
+	for v := pg.SchemaVersion - 1; v >= 0; v-- {
+		migrate(t, s, v, pg.MigrateOptions{})
+		if got := snapshot(t, pool, schema); !strings.Contains(got, "column syncguard_fence_counters.fence ") {
+			t.Fatalf("down to %d dropped SyncGuard's tables:\n%s", v, got)
+		}
+		if v > 0 {
+			if got := snapshot(t, pool, schema); got != snaps[v] {
+				t.Fatalf("down to %d:\n%s\nwant (as after up to %d):\n%s", v, got, v, snaps[v])
+			}
+		}
+		if d := data(); d != before {
+			t.Fatalf("down to %d changed the data:\n%s\nwant:\n%s", v, d, before)
+		}
+		// The SyncGuard process keeps working on its cached statements.
+		if ok, err := sg.extendOrRelease(sgID, time.Minute); err != nil || !ok {
+			t.Fatalf("SyncGuard extend at version %d: %v %v", v, ok, err)
+		}
+		before = data() // the extend changed expires_at_ms only
+	}
+	for v := 1; v <= pg.SchemaVersion; v++ {
+		migrate(t, s, v, pg.MigrateOptions{})
+		if got := snapshot(t, pool, schema); got != snaps[v] {
+			t.Fatalf("up/down/up to %d:\n%s\nwant:\n%s", v, got, snaps[v])
+		}
+		if ok, err := sg.extendOrRelease(sgID, time.Minute); err != nil || !ok {
+			t.Fatalf("SyncGuard extend at version %d: %v %v", v, ok, err)
+		}
+	}
+	if d := data(); d != before {
+		t.Fatalf("up/down/up changed the data:\n%s\nwant:\n%s", d, before)
+	}
+	// pglease's lease survived too (its holder row went with migration 2's
+	// down: the lease is still held, its holder no longer known).
+	if ok, err := s.Release(c, pgID); err != nil || !ok {
+		t.Fatalf("Release after up/down/up = %v, %v", ok, err)
+	}
+	if ok, err := sg.extendOrRelease(sgID, 0); err != nil || !ok {
+		t.Fatalf("SyncGuard release: %v %v", ok, err)
+	}
+	// A new acquire of the SyncGuard key continues its fence.
+	if r, err := s.Acquire(c, "sg-key", time.Minute); err != nil || !r.OK || r.Fence != 2 {
+		t.Fatalf("Acquire after SyncGuard's release = %v, %v; want fence 2", r, err)
+	}
+
+	// Down to 0 with DropTables drops them: only when asked.
+	migrate(t, s, 0, pg.MigrateOptions{DropTables: true})
+	if got := snapshot(t, pool, schema); got != "" {
+		t.Fatalf("down to 0 with DropTables left:\n%s", got)
+	}
+}
+
+// Each migration file, run on its own as a migration tool would (with the
+// tool's own bookkeeping, not SetupSchema's), goes up and down; down of
+// migration 1 keeps the tables without pglease.drop_tables and drops them
+// with it.
+func TestMigrationSQLStandalone(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Pool(t)
+	c := ctx(t)
+	ms, err := pg.Migrations(pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != pg.SchemaVersion {
+		t.Fatalf("%d migrations, SchemaVersion %d", len(ms), pg.SchemaVersion)
+	}
+	s, err := pg.New(pool, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, m := range ms {
+		if m.Version != i+1 || m.Name == "" {
+			t.Fatalf("migration %d: %+v", i, m)
+		}
+		if _, err := pool.Exec(c, m.Up); err != nil {
+			t.Fatalf("up %d: %v", m.Version, err)
+		}
+		if v, _ := version(t, s); v != m.Version {
+			t.Fatalf("up %d recorded %d", m.Version, v)
+		}
+	}
+	full := snapshot(t, pool, schema)
+	if err := s.CheckSchema(c); err != nil {
+		t.Fatal(err)
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		if _, err := pool.Exec(c, ms[i].Down); err != nil {
+			t.Fatalf("down %d: %v", ms[i].Version, err)
+		}
+		if v, _ := version(t, s); v != ms[i].Version-1 {
+			t.Fatalf("down %d recorded %d", ms[i].Version, v)
+		}
+	}
+	if got := snapshot(t, pool, schema); !strings.Contains(got, "syncguard_locks") || strings.Contains(got, "function") {
+		t.Fatalf("after all downs:\n%s", got)
+	}
+	// SchemaSQL is all the ups.
+	all, err := pg.SchemaSQL(pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(c, all); err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshot(t, pool, schema); got != full {
+		t.Fatalf("SchemaSQL:\n%s\nwant:\n%s", got, full)
+	}
+	// The explicit drop, the way a tool user asks for it: a session setting.
+	conn, err := pool.Acquire(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(c, "SET pglease.drop_tables = 'on'"); err != nil {
+		t.Fatal(err)
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		if _, err := conn.Exec(c, ms[i].Down); err != nil {
+			t.Fatalf("down %d: %v", ms[i].Version, err)
+		}
+	}
+	if _, err := conn.Exec(c, "RESET pglease.drop_tables"); err != nil {
+		t.Fatal(err)
+	}
+	if got := snapshot(t, pool, schema); got != "" {
+		t.Fatalf("after downs with pglease.drop_tables = on:\n%s", got)
+	}
+}
+
+// A database set up by SetupSchema before schema versions (v0), with a
+// live lease held through v0's functions, upgrades in place: the lease
+// stays held and its fence continues, v0's functions are gone, and the
+// result equals a fresh install.
+func TestUpgradeFromV0(t *testing.T) {
+	t.Parallel()
+	c := ctx(t)
+	fresh, freshSchema := pgtest.Pool(t)
+	fs, err := pg.New(fresh, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fs.SetupSchema(c); err != nil {
+		t.Fatal(err)
+	}
+	want := snapshot(t, fresh, freshSchema)
+
+	for _, how := range []string{"SetupSchema", "Migrate", "migration files"} {
+		t.Run(how, func(t *testing.T) {
+			pool, schema := pgtest.Pool(t)
+			if _, err := pool.Exec(c, schemaV0); err != nil {
+				t.Fatal(err)
+			}
+			v0fn := strings.Split(strings.Split(schemaV0, `FUNCTION "pglease_acquire_`)[1], `"`)[0]
+			var fence int64
+			var id = pglease.NewLockID()
+			if err := pool.QueryRow(c, `SELECT o_fence FROM "pglease_acquire_`+v0fn+`"($1, $1, $2, $3, $4)`,
+				[]string{"held"}, []string{"fence:held"}, []string{id}, []int64{60000}).Scan(&fence); err != nil || fence != 1 {
+				t.Fatalf("v0 acquire: %v %v", fence, err)
+			}
+			s, err := pg.New(pool, pg.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var se *pg.SchemaError
+			if _, err := s.Acquire(c, "other", time.Minute); !errors.As(err, &se) || se.Found != 0 || !errors.Is(err, pglease.ErrInvalidArgument) {
+				t.Fatalf("Acquire on v0 = %v, want a SchemaError with Found 0", err)
+			}
+			switch how {
+			case "SetupSchema":
+				err = s.SetupSchema(c)
+			case "Migrate":
+				err = s.Migrate(c, pg.SchemaVersion, pg.MigrateOptions{})
+			default:
+				ms, _ := pg.Migrations(pg.Config{})
+				for _, m := range ms {
+					if _, err = pool.Exec(c, m.Up); err != nil {
+						break
+					}
+				}
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := snapshot(t, pool, schema); got != want {
+				t.Fatalf("upgraded v0:\n%s\nwant (fresh install):\n%s", got, want)
+			}
+			if r, err := s.Acquire(c, "held", time.Minute); err != nil || r.OK {
+				t.Fatalf("Acquire of the key v0 holds = %v, %v; want locked", r, err)
+			}
+			info, err := s.LookupByID(c, id)
+			if err != nil || info == nil || info.Fence != 1 || info.Holder != "" {
+				t.Fatalf("LookupByID of v0's lease = %v, %v", info, err)
+			}
+			if ok, err := s.Release(c, id); err != nil || !ok {
+				t.Fatalf("Release of v0's lease = %v, %v", ok, err)
+			}
+			if r, err := s.Acquire(c, "held", time.Minute); err != nil || !r.OK || r.Fence != 2 {
+				t.Fatalf("Acquire after release = %v, %v; want fence 2", r, err)
+			}
+		})
+	}
+}
+
+// The Store checks the schema before its first acquire and says how to
+// migrate; a newer schema that still serves this version is accepted,
+// one that does not asks for a newer pglease.
+func TestSchemaCheck(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	c := ctx(t)
+	s, err := pg.New(pool, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantFound := func(s *pg.Store, found int, msg string) {
+		t.Helper()
+		_, err := s.Acquire(c, "k", time.Minute)
+		var se *pg.SchemaError
+		if !errors.As(err, &se) || se.Found != found || se.Want != pg.SchemaVersion || !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Fatalf("Acquire = %v, want SchemaError Found %d", err, found)
+		}
+		if !strings.Contains(err.Error(), msg) {
+			t.Fatalf("error %q does not say %q", err, msg)
+		}
+		if err := s.CheckSchema(c); !errors.As(err, &se) || se.Found != found {
+			t.Fatalf("CheckSchema = %v", err)
+		}
+	}
+	wantFound(s, 0, "pglease migrate")
+	migrate(t, s, 1, pg.MigrateOptions{})
+	wantFound(s, 1, "pglease migrate")
+	migrate(t, s, 2, pg.MigrateOptions{})
+	if r, err := s.Acquire(c, "k", time.Minute); err != nil || !r.OK {
+		t.Fatalf("Acquire at the current version = %v, %v", r, err)
+	}
+
+	// A future version 3 that still serves 2, then one that does not.
+	record := func(v, from int) {
+		t.Helper()
+		if _, err := pool.Exec(c, fmt.Sprintf(`DO $$ DECLARE f text; BEGIN
+			SELECT p.oid::regprocedure::text INTO f FROM pg_proc p WHERE p.proname LIKE 'pglease\_schema\_%%' AND p.pronamespace = current_schema()::regnamespace;
+			EXECUTE format('CREATE OR REPLACE FUNCTION %%s(OUT version integer, OUT compatible_from integer) LANGUAGE sql AS $f$ SELECT %d, %d $f$', replace(f, '()', ''));
+			END $$`, v, from)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record(3, 2)
+	s2, _ := pg.New(pool, pg.Config{})
+	if r, err := s2.Acquire(c, "k2", time.Minute); err != nil || !r.OK {
+		t.Fatalf("Acquire on a newer schema that serves 2 = %v, %v", r, err)
+	}
+	if err := s2.SetupSchema(c); err != nil {
+		t.Fatalf("SetupSchema on a newer compatible schema = %v", err)
+	}
+	if err := s2.Migrate(c, 1, pg.MigrateOptions{}); err == nil || !strings.Contains(err.Error(), "newer") {
+		t.Fatalf("Migrate down from an unknown version = %v", err)
+	}
+	record(3, 3)
+	s3, _ := pg.New(pool, pg.Config{})
+	wantFound(s3, 3, "upgrade pglease")
+	if err := s3.SetupSchema(c); !strings.Contains(fmt.Sprint(err), "upgrade pglease") {
+		t.Fatalf("SetupSchema on an incompatible newer schema = %v", err)
+	}
+	// The Store that already checked keeps working (it checked at start).
+	if r, err := s.Acquire(c, "k3", time.Minute); err != nil || !r.OK {
+		t.Fatalf("Acquire on the checked Store = %v, %v", r, err)
+	}
+	// Bad targets: no I/O needed to refuse.
+	for _, v := range []int{-1, pg.SchemaVersion + 1} {
+		if err := s.Migrate(c, v, pg.MigrateOptions{}); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Fatalf("Migrate(%d) = %v", v, err)
+		}
+	}
+}
+
+// The holder identity: recorded per grant, overridable, shown by Lookup,
+// gone with the release, and never shown for a lease SyncGuard took over
+// from a pglease holder.
+func TestHolderIdentity(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	c := ctx(t)
+	s, err := pg.New(pool, pg.Config{Holder: "billing-worker on web-3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetupSchema(c); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(pg.DefaultHolder(), "[") || !strings.Contains(pg.DefaultHolder(), "]@") {
+		t.Fatalf("DefaultHolder = %q, want program[pid]@host", pg.DefaultHolder())
+	}
+	for _, bad := range []string{strings.Repeat("x", pg.MaxHolderBytes+1), "a\nb", "\xff"} {
+		if _, err := pg.New(pool, pg.Config{Holder: bad}); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Fatalf("New(Holder %q) = %v", bad, err)
+		}
+	}
+	r, err := s.Acquire(c, "job", 300*time.Millisecond)
+	if err != nil || !r.OK {
+		t.Fatal(r, err)
+	}
+	if info, err := s.LookupByKey(c, "job"); err != nil || info == nil || info.Holder != "billing-worker on web-3" {
+		t.Fatalf("LookupByKey = %v, %v", info, err)
+	}
+	// It expires; SyncGuard takes the key over (its upsert leaves our
+	// holder row behind).
+	waitServer(t, pool, r.ExpiresAt.UnixMilli()+pglease.TimeToleranceMs+5)
+	sg := newSGConn(t, pool)
+	sgID, ok, err := sg.acquire("job", time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("SyncGuard takeover: %v %v", ok, err)
+	}
+	info, err := s.LookupByID(c, sgID)
+	if err != nil || info == nil || info.Holder != "" || info.Fence != 2 {
+		t.Fatalf("LookupByID of SyncGuard's grant = %v, %v; want no holder", info, err)
+	}
+	if ok, err := sg.extendOrRelease(sgID, 0); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	// Another pglease process takes it: its own identity.
+	s2, _ := pg.New(pool, pg.Config{})
+	r2, err := s2.Acquire(c, "job", time.Minute)
+	if err != nil || !r2.OK {
+		t.Fatal(r2, err)
+	}
+	if info, err := s.LookupByKey(c, "job"); err != nil || info == nil || info.Holder != pg.DefaultHolder() {
+		t.Fatalf("LookupByKey = %v, %v", info, err)
+	}
+	if ok, err := s2.Release(c, r2.LockID); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	var n int
+	if err := pool.QueryRow(c, "SELECT count(*) FROM syncguard_locks_holders").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d holder rows after release, %v", n, err)
+	}
+}
+
+// Going down with a release trigger installed keeps the hashKey function
+// the trigger calls, so SyncGuard's releases (DELETEs) keep working.
+func TestMigrateDownKeepsReleaseTrigger(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, pg.Config{})
+	c := ctx(t)
+	ch := pgtest.RandomName("trg")
+	if err := s.SetupReleaseTrigger(c, ch); err != nil {
+		t.Fatal(err)
+	}
+	sg := newSGConn(t, pool)
+	for _, v := range []int{1, 0} {
+		migrate(t, s, v, pg.MigrateOptions{})
+		id, ok, err := sg.acquire("k", time.Minute)
+		if err != nil || !ok {
+			t.Fatalf("SyncGuard acquire at %d: %v %v", v, ok, err)
+		}
+		if ok, err := sg.extendOrRelease(id, 0); err != nil || !ok {
+			t.Fatalf("SyncGuard release with the trigger at version %d: %v %v", v, ok, err)
+		}
+	}
+	if err := s.DropReleaseTrigger(c); err != nil {
+		t.Fatal(err)
+	}
+	migrate(t, s, 1, pg.MigrateOptions{})
+	migrate(t, s, 0, pg.MigrateOptions{})
+	var n int
+	if err := pool.QueryRow(c, "SELECT count(*) FROM pg_proc WHERE pronamespace = current_schema()::regnamespace").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d functions left at version 0 without the trigger (%v)", n, err)
+	}
+}
