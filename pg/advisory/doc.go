@@ -119,6 +119,20 @@
 // generate_lock_id, under collation "C") and the registry's TypeScript
 // hashString do. A Key never keeps the input it was derived from.
 //
+// # Registry and inspection
+//
+// A Registry is the process's table of named ids (fixed keys and hash
+// patterns) and refuses collisions when they are registered. Keep it in a
+// registry file (LoadRegistry, JSON) that the application loads at
+// start-up — a colliding id stops it there — and that operators load to
+// read Inspect: Inspect names every fixed key, and every pattern key the
+// inspecting Registry derived (Registry.Derive, Pattern.Key). A pattern
+// key cannot be named from the key alone (that would need the input), so
+// an operator who wants to find, say, the cleanup lock of the e-mail
+// address in a ticket derives it from the address; the Registry keeps
+// the key, never the address, and Inspect returns neither. Keys and
+// Inspect's rows print as "int64:ID" (ParseKey reads that back).
+//
 // # Security
 //
 // Advisory locks trust every role in the database: any role can take or

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -80,4 +81,62 @@ func Example() {
 func ExampleKey_String() {
 	fmt.Println(advisory.Int64(42424242), advisory.Pair(1, -2))
 	// Output: int64:42424242 pair:1,-2
+}
+
+// The team's registry file, loaded by the application at start-up and by
+// an operator's tool: the operator finds the lock of the e-mail address
+// in a support ticket by name, and the address appears nowhere in what
+// Inspect returns.
+func ExampleLoadRegistry() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	const file = `{"locks": [
+		{"name": "idempotency-cleanup", "key": 42424243, "doc": "cleanup scheduler (session)"},
+		{"name": "booking", "pattern": "{tenantId}:{date}", "hash": "fnv1a32", "doc": "per tenant and date (transaction)"},
+		{"name": "orphan-cleanup", "pattern": "{email}", "hash": "sha256", "doc": "email_to_lock_id (session)"}
+	]}`
+
+	// The application: a colliding id would stop it here.
+	app, err := advisory.LoadRegistry(strings.NewReader(file))
+	if err != nil {
+		panic(err)
+	}
+	key, err := app.Derive("orphan-cleanup", "ada@example.com")
+	if err != nil {
+		panic(err)
+	}
+	s, err := advisory.Open(ctx, pool, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close(ctx)
+	lock, ok, err := s.TryLock(ctx, key)
+	if err != nil || !ok {
+		panic(fmt.Sprint("cleanup lock: ", ok, err))
+	}
+	defer lock.Unlock(ctx)
+
+	// The operator's tool, in another process: the same file, and the
+	// address from the ticket.
+	ops, err := advisory.LoadRegistry(strings.NewReader(file))
+	if err != nil {
+		panic(err)
+	}
+	if _, err := ops.Derive("orphan-cleanup", "Ada@Example.com"); err != nil {
+		panic(err)
+	}
+	infos, err := advisory.Inspect(ctx, pool, ops)
+	if err != nil {
+		panic(err)
+	}
+	for _, li := range infos {
+		if li.Name == "orphan-cleanup" {
+			fmt.Println(li.Name, "held:", li.Granted, "by this session:", li.PID == s.BackendPID())
+		}
+	}
+	// Output: orphan-cleanup held: true by this session: true
 }

@@ -62,7 +62,9 @@ WHERE l.locktype = 'advisory'
 // Inspect lists the advisory locks held and awaited in q's current
 // database (advisory keys are per database), sorted by key, holders
 // first, then waiters by wait start. reg, if not nil, names the keys it
-// knows. It needs no privilege beyond connecting; without
+// knows: its fixed keys, and the pattern keys it derived (see "Registry
+// and inspection" in the package documentation). It needs no privilege
+// beyond connecting; without
 // pg_read_all_stats, State is empty for other roles' sessions.
 func Inspect(ctx context.Context, q Querier, reg *Registry) ([]LockInfo, error) {
 	const op = "advisory.Inspect"

@@ -23,6 +23,10 @@ type Entry struct {
 	// Template is the pattern, e.g. "{tenantId}:{date}"; "" for a fixed
 	// key.
 	Template string
+	// Hash names a pattern's derivation as a registry file writes it
+	// ("sha256", "fnv1a32", "namespaced:NS"); "" for a fixed key and for a
+	// pattern registered in Go with a Hash of its own.
+	Hash string
 	// Doc is the free-text description given at registration.
 	Doc string
 }
@@ -52,16 +56,17 @@ const derivedCap = 4096
 // A Registry is safe for concurrent use. The zero value is not usable;
 // call NewRegistry.
 type Registry struct {
-	mu      sync.Mutex
-	entries map[string]*Entry // by name
-	fixed   map[Key]string    // fixed key → name
-	derived map[Key]string    // pattern-derived key → pattern name (bounded)
-	order   []Key             // derived keys, oldest first, for eviction
+	mu       sync.Mutex
+	entries  map[string]*Entry   // by name
+	patterns map[string]*Pattern // by name
+	fixed    map[Key]string      // fixed key → name
+	derived  map[Key]string      // pattern-derived key → pattern name (bounded)
+	order    []Key               // derived keys, oldest first, for eviction
 }
 
 // NewRegistry returns an empty Registry.
 func NewRegistry() *Registry {
-	return &Registry{entries: map[string]*Entry{}, fixed: map[Key]string{}, derived: map[Key]string{}}
+	return &Registry{entries: map[string]*Entry{}, patterns: map[string]*Pattern{}, fixed: map[Key]string{}, derived: map[Key]string{}}
 }
 
 func checkName(op, name string) error {
@@ -110,6 +115,10 @@ func (r *Registry) Fixed(name string, k Key, doc string) error {
 // registry document's booking lock). Pattern.Key fills the placeholders in
 // order and hashes the result.
 func (r *Registry) Pattern(name, template string, hash Hash, doc string) (*Pattern, error) {
+	return r.pattern(name, template, hash, "", doc)
+}
+
+func (r *Registry) pattern(name, template string, hash Hash, hashName, doc string) (*Pattern, error) {
 	const op = "advisory.Registry.Pattern"
 	if r == nil || r.entries == nil {
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
@@ -129,8 +138,44 @@ func (r *Registry) Pattern(name, template string, hash Hash, doc string) (*Patte
 	if _, dup := r.entries[name]; dup {
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "name already registered", nil)
 	}
-	r.entries[name] = &Entry{Name: name, Template: template, Doc: doc}
-	return &Pattern{r: r, name: name, lits: lits, hash: hash}, nil
+	p := &Pattern{r: r, name: name, lits: lits, hash: hash}
+	r.entries[name] = &Entry{Name: name, Template: template, Hash: hashName, Doc: doc}
+	r.patterns[name] = p
+	return p, nil
+}
+
+// Lookup returns the entry registered under name.
+func (r *Registry) Lookup(name string) (Entry, bool) {
+	if r == nil || r.entries == nil {
+		return Entry{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e, ok := r.entries[name]
+	if !ok {
+		return Entry{}, false
+	}
+	return *e, true
+}
+
+// Derive is Pattern.Key of the pattern registered under name: the key
+// for parts, checked against the registry and remembered, so that
+// Inspect with this Registry names it. An operator who knows the input
+// (a tenant and a date, an e-mail address) finds that lock by name
+// without the input appearing anywhere: the Registry keeps only the key.
+// An unknown name or a fixed entry is InvalidArgument.
+func (r *Registry) Derive(name string, parts ...string) (Key, error) {
+	const op = "advisory.Registry.Derive"
+	if r == nil || r.entries == nil {
+		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
+	}
+	r.mu.Lock()
+	p, ok := r.patterns[name]
+	r.mu.Unlock()
+	if !ok {
+		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "no pattern registered under that name", nil)
+	}
+	return p.Key(parts...)
 }
 
 // parseTemplate splits template into the literal text around its
