@@ -39,13 +39,18 @@
 // CancelRequest, after which the lock state is checked in pg_locks and a
 // grant that raced the cancel is released. The other locks stay held.
 //
-// The Session sets idle_session_timeout and
-// idle_in_transaction_session_timeout to 0 and statement_timeout to 0 on its
-// connection (so role or database defaults cannot end it or cancel it),
-// lock_timeout to WaitSlice, and tcp_keepalives_* and tcp_user_timeout so
-// that the server frees a silently vanished holder's locks within about
-// 25 s, well after the holder's own probe (2 s) has reported the loss —
-// on a direct connection only: see "Behind a proxy or pooler".
+// The Session sets idle_in_transaction_session_timeout and
+// statement_timeout to 0 on its connection (so role or database defaults
+// cannot end it or cancel it), lock_timeout to WaitSlice, and
+// tcp_keepalives_*, tcp_user_timeout and idle_session_timeout so that the
+// server frees a silently vanished holder's locks within about 25 s
+// (Options: the keepalive bound and ServerIdleTimeout), well after the
+// holder's own probe (2 s) has reported the loss. A healthy Session is
+// never idle longer than ProbeInterval, so idle_session_timeout ends only
+// a holder that stopped talking: partitioned, or its process stopped
+// (SIGSTOP, a debugger) for that long, which then loses its locks like a
+// lease holder paused past its TTL, and hears of it at its next probe
+// when it runs again.
 //
 // # Loss notice
 //
@@ -67,28 +72,38 @@
 //
 // # Behind a proxy or pooler
 //
-// The server frees a silently vanished holder's locks through TCP
-// keepalives and tcp_user_timeout on its own socket, so only when the
-// holder is the server's TCP peer. Behind a TCP proxy or a session-mode
-// pooler (HAProxy, PgBouncer, a cloud proxy), the server's peer is the
-// proxy, which stays alive and answers the keepalives: when the holder is
-// partitioned from the proxy, the server keeps the holder's session locks
-// for as long as the proxy keeps its server connection, indefinitely by
-// default. The holder still hears of the loss in time (its probe times
-// out), but no one else can take the keys. Either
+// TCP keepalives and tcp_user_timeout act on the server's own socket, so
+// they free a vanished holder's locks only when the holder is the
+// server's TCP peer. Behind a TCP proxy or a session-mode pooler
+// (HAProxy, PgBouncer, a cloud proxy) the server's peer is the proxy,
+// which stays alive and answers the keepalives: they never fire, and a
+// partitioned holder's session locks would stay held for as long as the
+// proxy keeps its server connection, indefinitely by default. The holder
+// still hears of the loss in time (its probe times out), but no one else
+// could take the keys.
+//
+// That is why the Session also sets idle_session_timeout
+// (Options.ServerIdleTimeout, by default the same 25 s): a partitioned
+// holder sends no probes, so the server ends its idle session and frees
+// its locks, through any proxy. It needs PostgreSQL 14 or later. On older
+// servers, or to free them sooner:
 //
 //   - give session locks a direct connection to PostgreSQL (a pool of
 //     its own, used only for advisory.Open), or
-//   - make the proxy drop a silent client itself, well after the probe
-//     bound: an idle timeout on the client side longer than a few
-//     ProbeIntervals (a healthy Session is never idle for longer than
-//     ProbeInterval), or TCP keepalive/tcp_user_timeout on the proxy's
-//     client sockets. PgBouncer: client_idle_timeout, tcp_keepalive with
-//     tcp_keepidle/tcp_keepintvl/tcp_keepcnt, tcp_user_timeout; it then
-//     closes or resets the server connection (server_reset_query, by
-//     default DISCARD ALL, releases advisory locks). HAProxy: timeout
-//     client, option clitcpka. The server then frees the locks when the
-//     proxy lets go of its connection.
+//   - make the proxy drop a silent client, well after the probe bound: a
+//     client-side inactivity timeout longer than a few ProbeIntervals (a
+//     healthy Session sends a probe every ProbeInterval), such as
+//     HAProxy's "timeout client", or TCP keepalive and tcp_user_timeout on
+//     the proxy's client sockets (PgBouncer: tcp_keepalive,
+//     tcp_keepidle, tcp_keepintvl, tcp_keepcnt, tcp_user_timeout). The
+//     server frees the locks when the proxy closes its server connection
+//     (PgBouncer resets it with server_reset_query, DISCARD ALL by
+//     default, which releases advisory locks). PgBouncer's
+//     client_idle_timeout does not help: it skips clients linked to a
+//     server connection, which in session mode every client is.
+//
+// TestProxyPinsPartitionedHoldersLock, TestPgBouncerPartitionedHolder and
+// TestServerIdleTimeoutFreesPartitionedHolderBehindProxy show each case.
 //
 // A transaction-mode pooler is refused at Open (the backend changes
 // between transactions, or a pooler answered the start-up and hands this

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +16,12 @@ import (
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
-func TestMain(m *testing.M) { pgtest.Main(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(holderEnv) != "" {
+		os.Exit(holderProcess()) // a child started by a test: not a test run
+	}
+	pgtest.Main(m)
+}
 
 // testOpts probe fast so loss tests finish quickly.
 func testOpts() *Options {

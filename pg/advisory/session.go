@@ -53,6 +53,18 @@ type Options struct {
 	KeepaliveInterval time.Duration
 	KeepaliveCount    int
 	UserTimeout       time.Duration
+	// ServerIdleTimeout is the lock connection's idle_session_timeout
+	// (PostgreSQL 14 and later; ignored before): the server ends the
+	// session, freeing its locks, when no statement has arrived for that
+	// long. A healthy Session is never idle for longer than ProbeInterval
+	// (it probes), so this ends only a holder that stopped talking: one
+	// partitioned from the server, or whose process is stopped. Unlike the
+	// keepalive settings it works behind a TCP proxy or pooler, whose own
+	// connection to the server stays alive (see the package documentation,
+	// "Behind a proxy or pooler"). It must be at least twice ProbeInterval
+	// + ProbeTimeout, so the holder hears of the loss first. Default: the
+	// keepalive bound above (25 s by default); whole milliseconds.
+	ServerIdleTimeout time.Duration
 	// Reentrant lets the session take a key it already holds: PostgreSQL
 	// stacks the lock and each returned *Lock must be unlocked. Off by
 	// default: taking a held key again is InvalidArgument, with no I/O.
@@ -65,7 +77,7 @@ func (o *Options) resolve(op string) (Options, error) {
 		r = *o
 	}
 	if r.ProbeInterval < 0 || r.ProbeTimeout < 0 || r.WaitSlice < 0 || r.KeepaliveIdle < 0 ||
-		r.KeepaliveInterval < 0 || r.KeepaliveCount < 0 || r.UserTimeout < 0 {
+		r.KeepaliveInterval < 0 || r.KeepaliveCount < 0 || r.UserTimeout < 0 || r.ServerIdleTimeout < 0 {
 		return r, invalid(op, "negative option")
 	}
 	r.ProbeInterval = defDur(r.ProbeInterval, time.Second)
@@ -80,8 +92,8 @@ func (o *Options) resolve(op string) (Options, error) {
 	if r.WaitSlice > r.ProbeInterval {
 		return r, invalid(op, "WaitSlice must not exceed ProbeInterval")
 	}
-	if r.WaitSlice%time.Millisecond != 0 || r.UserTimeout%time.Millisecond != 0 {
-		return r, invalid(op, "WaitSlice and UserTimeout must be whole milliseconds")
+	if r.WaitSlice%time.Millisecond != 0 || r.UserTimeout%time.Millisecond != 0 || r.ServerIdleTimeout%time.Millisecond != 0 {
+		return r, invalid(op, "WaitSlice, UserTimeout and ServerIdleTimeout must be whole milliseconds")
 	}
 	if r.KeepaliveIdle%time.Second != 0 || r.KeepaliveInterval%time.Second != 0 {
 		return r, invalid(op, "KeepaliveIdle and KeepaliveInterval must be whole seconds")
@@ -89,6 +101,10 @@ func (o *Options) resolve(op string) (Options, error) {
 	release := min(r.UserTimeout, r.KeepaliveIdle+time.Duration(r.KeepaliveCount)*r.KeepaliveInterval)
 	if release < 2*(r.ProbeInterval+r.ProbeTimeout) {
 		return r, invalid(op, "server release bound (keepalive, user timeout) must be at least 2×(ProbeInterval+ProbeTimeout)")
+	}
+	r.ServerIdleTimeout = defDur(r.ServerIdleTimeout, release)
+	if r.ServerIdleTimeout < 2*(r.ProbeInterval+r.ProbeTimeout) {
+		return r, invalid(op, "ServerIdleTimeout must be at least 2×(ProbeInterval+ProbeTimeout)")
 	}
 	return r, nil
 }
@@ -170,8 +186,9 @@ func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
 // and starts its probe. The connection never goes back to the pool: Close
 // closes it. pool is not closed by the Session.
 //
-// Open sets, on that connection only: idle_session_timeout = 0,
-// idle_in_transaction_session_timeout = 0, statement_timeout = 0,
+// Open sets, on that connection only: idle_session_timeout =
+// ServerIdleTimeout, idle_in_transaction_session_timeout = 0,
+// statement_timeout = 0,
 // lock_timeout = WaitSlice, tcp_keepalives_idle/interval/count,
 // tcp_user_timeout and client_connection_check_interval (each only if the
 // server knows it), and releases any advisory lock the pooled connection
@@ -280,7 +297,7 @@ func setup(ctx context.Context, conn *pgx.Conn, o Options) (uint32, error) {
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	sec := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
 	settings := [][2]string{
-		{"idle_session_timeout", "0"},
+		{"idle_session_timeout", ms(o.ServerIdleTimeout)},
 		{"idle_in_transaction_session_timeout", "0"},
 		{"statement_timeout", "0"},
 		{"lock_timeout", ms(o.WaitSlice)},

@@ -65,7 +65,7 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 	}
 	<-s.sem
 	want := map[string]string{
-		"idle_session_timeout": "0", "idle_in_transaction_session_timeout": "0", "statement_timeout": "0",
+		"idle_session_timeout": "25s", "idle_in_transaction_session_timeout": "0", "statement_timeout": "0",
 		"lock_timeout": "5s", "tcp_keepalives_idle": "10", "tcp_keepalives_interval": "5",
 		"tcp_keepalives_count": "4", "tcp_user_timeout": "25000",
 	}
