@@ -51,6 +51,13 @@ const (
 	// saw for the same key: the database lost acknowledged writes
 	// (failover to an asynchronous replica, restore from backup).
 	CodeFenceRegression
+	// CodeHoldLimitExceeded means a held lock reached the hold limit its
+	// holder was given (the most time it may be held, so that a stuck
+	// holder cannot keep it forever): the handle's Context ends with it,
+	// telling the holder to stop. Unlike CodeLockLost, the lock is still
+	// held: it ends when the holder releases it (or, for a lease, when it
+	// expires), never earlier.
+	CodeHoldLimitExceeded
 )
 
 var codeNames = [...]string{
@@ -66,6 +73,7 @@ var codeNames = [...]string{
 	CodeLockLost:           "LockLost",
 	CodeAmbiguous:          "Ambiguous",
 	CodeFenceRegression:    "FenceRegression",
+	CodeHoldLimitExceeded:  "HoldLimitExceeded",
 }
 
 // String returns the code's name, e.g. "InvalidArgument".
@@ -162,6 +170,7 @@ var (
 	ErrLockLost           = &Error{Code: CodeLockLost}
 	ErrAmbiguous          = &Error{Code: CodeAmbiguous}
 	ErrFenceRegression    = &Error{Code: CodeFenceRegression}
+	ErrHoldLimitExceeded  = &Error{Code: CodeHoldLimitExceeded}
 )
 
 // NewError returns an *Error. cause may be nil.

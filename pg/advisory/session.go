@@ -65,6 +65,16 @@ type Options struct {
 	// + ProbeTimeout, so the holder hears of the loss first. Default: the
 	// keepalive bound above (25 s by default); whole milliseconds.
 	ServerIdleTimeout time.Duration
+	// HoldLimit caps how long each lock of the session is held, so that a
+	// stuck holder is told to stop (the designs' 30-second limit). When
+	// it passes, the lock's Context ends with a cause matching
+	// pglease.ErrHoldLimitExceeded — not ErrLockLost: the lock is still
+	// held, and stays held until the holder releases it, so that work
+	// stopping at the limit finishes under the lock. A holder that ignores
+	// its Context keeps the lock until it releases it or its session ends
+	// (the process exits, or stops talking for ServerIdleTimeout). Zero
+	// means no limit.
+	HoldLimit time.Duration
 	// Reentrant lets the session take a key it already holds: PostgreSQL
 	// stacks the lock and each returned *Lock must be unlocked. Off by
 	// default: taking a held key again is InvalidArgument, with no I/O.
@@ -77,7 +87,7 @@ func (o *Options) resolve(op string) (Options, error) {
 		r = *o
 	}
 	if r.ProbeInterval < 0 || r.ProbeTimeout < 0 || r.WaitSlice < 0 || r.KeepaliveIdle < 0 ||
-		r.KeepaliveInterval < 0 || r.KeepaliveCount < 0 || r.UserTimeout < 0 || r.ServerIdleTimeout < 0 {
+		r.KeepaliveInterval < 0 || r.KeepaliveCount < 0 || r.UserTimeout < 0 || r.ServerIdleTimeout < 0 || r.HoldLimit < 0 {
 		return r, invalid(op, "negative option")
 	}
 	r.ProbeInterval = defDur(r.ProbeInterval, time.Second)
@@ -163,13 +173,17 @@ type Session struct {
 // Context is cancelled when the lock ends: with cause context.Canceled
 // after Unlock, an error matching pglease.ErrLockLost when the session's
 // connection died or the server no longer held the lock, and one
-// matching pglease.ErrClosed when the Session was closed.
+// matching pglease.ErrClosed when the Session was closed. With
+// Options.HoldLimit it is also cancelled, with a cause matching
+// pglease.ErrHoldLimitExceeded, when the limit passes while the lock is
+// still held (it stays held until Unlock).
 type Lock struct {
 	s      *Session // immutable
 	key    Key      // immutable
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	ended  bool // guarded by s.mu
+	ended  bool        // guarded by s.mu
+	limit  *time.Timer // guarded by s.mu; the hold limit's timer, nil without one
 }
 
 // Key returns the lock's key.
@@ -445,7 +459,7 @@ func (s *Session) fail(cause error) {
 	locks := s.locks
 	s.locks, s.held = map[*Lock]struct{}{}, map[Key]int{}
 	for l := range locks {
-		l.ended = true
+		l.endLocked()
 	}
 	s.mu.Unlock()
 	s.closingCancel()
@@ -702,7 +716,29 @@ func (s *Session) grant(k Key) *Lock {
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
 	s.held[k]++
 	s.locks[l] = struct{}{}
+	if d := s.opts.HoldLimit; d > 0 {
+		l.limit = time.AfterFunc(d, func() { s.holdLimitPassed(l) })
+	}
 	return l
+}
+
+// holdLimitPassed ends l's Context with the hold-limit cause, unless l
+// has ended already; the lock stays held (see Options.HoldLimit).
+func (s *Session) holdLimitPassed(l *Lock) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !l.ended { // under mu: a Release, loss or Close that ended l first keeps its cause
+		l.cancel(pglease.NewError(pglease.CodeHoldLimitExceeded, "advisory.Lock",
+			"the lock reached the session's HoldLimit ("+s.opts.HoldLimit.String()+"); stop and release it (it is still held)", nil))
+	}
+}
+
+// endLocked marks l ended and stops its hold-limit timer; s.mu is held.
+func (l *Lock) endLocked() {
+	l.ended = true
+	if l.limit != nil {
+		l.limit.Stop()
+	}
 }
 
 // serverHolds asks pg_locks whether this session holds k; the caller owns
@@ -793,7 +829,7 @@ func (l *Lock) Unlock(ctx context.Context) (ok bool, err error) {
 		return false, nil
 	}
 	s.mu.Lock()
-	l.ended = true
+	l.endLocked()
 	delete(s.locks, l)
 	if s.held[l.key]--; s.held[l.key] <= 0 {
 		delete(s.held, l.key)
@@ -892,7 +928,7 @@ func (s *Session) Close(ctx context.Context) error {
 	locks := s.locks
 	s.locks, s.held = map[*Lock]struct{}{}, map[Key]int{}
 	for l := range locks {
-		l.ended = true
+		l.endLocked()
 	}
 	s.mu.Unlock()
 	if wasOpen && !s.conn.IsClosed() {

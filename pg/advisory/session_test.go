@@ -473,6 +473,7 @@ func TestBadInputNoIO(t *testing.T) {
 			_, err := Open(ctx, pool, &Options{UserTimeout: time.Second})
 			return err
 		}()},
+		{"Open negative HoldLimit", pglease.CodeInvalidArgument, func() error { _, err := Open(ctx, pool, &Options{HoldLimit: -1}); return err }()},
 		{"Open WaitSlice over ProbeInterval", pglease.CodeInvalidArgument, func() error {
 			_, err := Open(ctx, pool, &Options{ProbeInterval: time.Second, WaitSlice: 2 * time.Second})
 			return err
