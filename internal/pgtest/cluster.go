@@ -43,6 +43,9 @@ type Options struct {
 	MaxConnections int
 	// Log receives the server's output; nil discards it.
 	Log *os.File
+	// Settings are extra server settings (-c name=value), applied after
+	// the harness's own, so they may override them.
+	Settings map[string]string
 }
 
 // Cluster is a running throwaway PostgreSQL server.
@@ -151,6 +154,29 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	c, err := newCluster(binDir, cred, opts)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			c.Stop()
+		}
+	}()
+	if err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "-N"); err != nil {
+		return nil, err
+	}
+	if err := c.startOnFreePort(ctx); err != nil {
+		return nil, err
+	}
+	ok = true
+	return c, nil
+}
+
+// newCluster makes the temporary directory of a cluster (owned by the
+// server's user), without a data directory yet.
+func newCluster(binDir string, cred *syscall.Credential, opts Options) (*Cluster, error) {
 	removeStale()
 	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
 	if err != nil {
@@ -161,41 +187,47 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 	if opts.MaxConnections == 0 {
 		c.opts.MaxConnections = 300
 	}
-	ok := false
-	defer func() {
-		if !ok {
-			c.Stop()
-		}
-	}()
 	if err := os.Mkdir(c.sockDir, 0o700); err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
 	if cred != nil {
 		for _, p := range []string{dir, c.sockDir} {
 			if err := os.Chown(p, int(cred.Uid), int(cred.Gid)); err != nil {
+				_ = os.RemoveAll(dir)
 				return nil, fmt.Errorf("pgtest: chown %s: %w", p, err)
 			}
 		}
 	}
-	initdb := exec.CommandContext(ctx, filepath.Join(binDir, "initdb"),
-		"-D", c.dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C", "-N")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	initdb.Dir = dir
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("pgtest: initdb: %w\n%s", err, out)
+	return c, nil
+}
+
+// run runs one of the cluster's binaries (initdb, pg_basebackup, …) as the
+// server's user, in the cluster's directory.
+func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, filepath.Join(c.BinDir, name), args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred}
+	cmd.Dir = c.Dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("pgtest: %s: %w\n%s", name, err, out)
 	}
+	return nil
+}
+
+// startOnFreePort starts the server on a free loopback port, trying
+// another port if one was taken meanwhile.
+func (c *Cluster) startOnFreePort(ctx context.Context) error {
 	var lastErr error
 	for range 5 {
 		port, err := freePort()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if lastErr = c.startServer(ctx, port); lastErr == nil {
-			ok = true
-			return c, nil
+			return nil
 		}
 	}
-	return nil, lastErr
+	return lastErr
 }
 
 func freePort() (int, error) {
@@ -219,6 +251,14 @@ func (c *Cluster) startServer(ctx context.Context, port int) error {
 		"-c", "full_page_writes=" + fsync,
 		"-c", "shared_buffers=128MB",
 		"-c", "log_min_messages=warning",
+	}
+	keys := make([]string, 0, len(c.opts.Settings))
+	for k := range c.opts.Settings {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		args = append(args, "-c", k+"="+c.opts.Settings[k])
 	}
 	started := make(chan error, 1)
 	c.exited = make(chan struct{})

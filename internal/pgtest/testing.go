@@ -89,6 +89,7 @@ func run(m *testing.M, opts ...MainOption) int {
 	os.Setenv("DATABASE_URL", pkgURL)
 	os.Setenv("PGLEASE_TEST_SERVER_URL", base)
 	code := m.Run()
+	removeTemplate()
 	if err := DropDatabase(ctx, base, dbName); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		if code == 0 {
