@@ -55,3 +55,51 @@ func BenchmarkAcquireManyReleaseMany(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
 	b.ReportMetric(float64(b.N*len(reqs))/b.Elapsed().Seconds(), "locks/s")
 }
+
+// BenchmarkExtend measures one Extend (one round trip, one durable commit:
+// synchronous_commit = on) of a held lock on a single connection. Run it
+// against a server with fsync on (withpg -durable) to see the WAL flush.
+func BenchmarkExtend(b *testing.B) {
+	s, _, _ := newStore(b, pg.Config{}, maxConns(1))
+	c := ctx(b)
+	r, err := s.Acquire(c, "bench", 30*time.Second)
+	if err != nil || !r.OK {
+		b.Fatal(r, err)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if e, err := s.Extend(c, r.LockID, 30*time.Second); err != nil || !e.OK {
+			b.Fatal(e, err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "extends/s")
+}
+
+// BenchmarkExtendMany measures one ExtendMany of 1,000 held locks (a
+// heartbeat tick of a Manager holding them: one statement, one commit).
+func BenchmarkExtendMany(b *testing.B) {
+	s, _, _ := newStore(b, pg.Config{}, maxConns(1))
+	c := ctx(b)
+	reqs := make([]pg.AcquireRequest, 1000)
+	for i := range reqs {
+		reqs[i] = pg.AcquireRequest{Key: fmt.Sprint("bench-", i), TTL: 30 * time.Second}
+	}
+	res, err := s.AcquireMany(c, reqs)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ext := make([]pg.ExtendRequest, len(res))
+	for i, r := range res {
+		if !r.OK {
+			b.Fatal("not acquired")
+		}
+		ext[i] = pg.ExtendRequest{LockID: r.LockID, TTL: 30 * time.Second}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := s.ExtendMany(c, ext); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N*len(ext))/b.Elapsed().Seconds(), "locks/s")
+}

@@ -16,7 +16,11 @@
 //   - Fences per key strictly increase over successful acquires, across
 //     expiry, release and takeover, and are never reused. Acquire forces
 //     synchronous_commit = on for its transaction (set_config(…, true)),
-//     so a granted fence survives a server crash. Release, in contrast,
+//     so a granted fence survives a server crash. Extend does the same, so
+//     an acknowledged new expiry survives a crash too: the holder's trust
+//     window rests on it. That costs one WAL flush per extend statement,
+//     i.e. per Manager heartbeat tick whatever the number of locks in it
+//     (BenchmarkExtend, BenchmarkExtendMany). Release, in contrast,
 //     commits with synchronous_commit = off: a release lost in a crash
 //     only lets the lease run to its expiry, and an acquire that saw the
 //     release flushes it (WAL is sequential) before it is acknowledged.

@@ -154,7 +154,10 @@ $fn$;
 
 -- Extend N lockIds in one statement: same locking order as release; new
 -- expiry = server now + ttl (replaces, does not add), only for rows with
--- expires_at_ms > now (no revival).
+-- expires_at_ms > now (no revival). Commits with synchronous_commit = on,
+-- like acquire: the holder's trust window rests on the new expiry, and an
+-- extend acknowledged but lost in a crash would move the server's expiry
+-- back behind it (another holder could be granted while this one trusts).
 CREATE OR REPLACE FUNCTION "pglease_extend_95ff2f1cda"(p_lock_ids text[], p_ttls bigint[])
 RETURNS TABLE (o_idx integer, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -162,6 +165,7 @@ DECLARE
   r record;
   v_now bigint;
 BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
   PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
   v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   FOR r IN SELECT u.id, u.ttl, u.i::integer AS i FROM unnest(p_lock_ids, p_ttls) WITH ORDINALITY AS u(id, ttl, i) ORDER BY u.i LOOP
