@@ -23,6 +23,10 @@
 //     extend, on this process's monotonic clock, by a timer that does not
 //     depend on the Manager's loop; the server grants the key to someone
 //     else only after expires_at + 1 s ≥ attemptStart + TTL + 1 s.
+//     That margin is the holder's: a lock declared lost on this clock is
+//     not released in the database. Its row stays until the holder calls
+//     Release (it has stopped; Release then frees the key at once and
+//     returns the loss), Close, or the server's expiry.
 //   - Ambiguity is never success (S5): an acquire whose outcome is
 //     unknown is not granted, and its pre-generated lockId is released;
 //     an extend with an unknown outcome does not move the trust window.
@@ -68,7 +72,8 @@
 // computes expires_at from its own now() ≥ attemptStart, so, with clock
 // rates within the margin, the lock is declared lost here before the
 // server could give it to anybody else. A late extend that succeeds after
-// the window passed does not revive the lock: it is released instead.
+// the window passed does not revive the lock: it stays lost, and its row
+// is kept until Release, Close or expiry, like any lost lease.
 //
 // # Architecture
 //

@@ -103,8 +103,8 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 	if lostAt.After(sent.Add(time.Second)) {
 		t.Fatalf("lost %v after the acquire was sent: past the server expiry", lostAt.Sub(sent))
 	}
-	wait(t, &b.sig.released) // the loss tried to release the row (and failed: no table)
-	// The row is left to expire by itself; remove it for the post-check.
+	// The row is kept for its holder (S4, issue 9.4) until it expires;
+	// remove it for the post-check.
 	if _, err := b.pool.Exec(ctx, "ALTER TABLE moved RENAME TO syncguard_locks; DELETE FROM syncguard_locks"); err != nil {
 		t.Fatal(err)
 	}

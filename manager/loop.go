@@ -152,6 +152,12 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 
 func (st *loopState) handleRelease(req *releaseReq) {
 	h := req.lock.h
+	if st.unkeep(h) {
+		// Lost, but its row may still be on the server: the holder has
+		// stopped, so the row can go now.
+		st.releaseKept(h, req.reply)
+		return
+	}
 	if _, ok := st.held[h]; !ok || h == nil {
 		req.reply <- releasedAnswer(req.lock)
 		return
@@ -321,7 +327,9 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			continue
 		case h.lock.ctx.Err() != nil || !h.lossTimer.Stop():
 			// The trust window passed while the extend was in flight: the
-			// lock is lost even though the late extend succeeded.
+			// lock is lost even though the late extend succeeded (and its
+			// row, extended from d.start, is kept: see lose).
+			h.lease.Start = d.start
 			st.lose(h, lostCause("trust window passed without a successful extend"), true, telemetry.LossExpired, d.db)
 			lost++
 			continue
@@ -387,6 +395,7 @@ func (st *loopState) heartbeat(now time.Time) {
 	if st.closing {
 		return
 	}
+	st.pruneKept(now)
 	for h := range st.held {
 		if h.lock.ctx.Err() != nil { // its loss timer fired
 			st.lose(h, nil, true, telemetry.LossExpired, trace.SpanContext{})

@@ -11,7 +11,8 @@ import (
 
 // Close stops the Manager, in this order: new calls fail with ErrClosed;
 // every waiting Acquire fails with ErrClosed; every held lock's Context
-// is cancelled with cause ErrClosed; all held locks are released in one
+// is cancelled with cause ErrClosed; all held locks, and the rows kept for
+// lost locks whose holders never called Release, are released in one
 // round trip (detached from ctx, bounded by Config.CloseTimeout), and so is
 // whatever an acquire batch still in flight grants (such a batch is let
 // finish, bounded by Config.StatementTimeout, so its outcome is known); the
@@ -53,6 +54,15 @@ func (st *loopState) beginDrain() {
 		st.dropHolding(h, closedCause)
 		rel, sc := startRelease(h, trace.SpanContext{})
 		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, rel: rel, sc: sc})
+	}
+	// Lost locks whose rows were kept for their holders: Close releases
+	// them like the held ones (their holders were told long ago).
+	now := time.Now()
+	for h := range st.kept {
+		delete(st.kept, h)
+		if now.Before(h.keptUntil) {
+			st.releaseKept(h, nil)
+		}
 	}
 	st.pendExtend = nil
 	st.hbNext = time.Time{}

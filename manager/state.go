@@ -28,6 +28,7 @@ type loopState struct {
 	keys    map[string]*keyState     // keys with waiters, an attempt, a holder or a release in flight
 	byHash  map[string]*keyState     // pglease.HashKey(key) → key, for notifications
 	held    map[*holding]struct{}    // locks this process holds
+	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (S4)
 	fences  map[string]pglease.Fence // highest fence seen per key (S1 regression check)
 	retries retryHeap                // scheduled retries, earliest first
 	hbNext  time.Time                // next heartbeat event (zero: none)
@@ -67,6 +68,10 @@ type holding struct {
 	acq       *telemetry.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
 	lease     heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
 	lossTimer *time.Timer            // fires at lease.TrustedUntil(), independently of the loop
+	// keptUntil is set when the lock was lost while its row may still be
+	// on the server (in st.kept): after it, the server has expired the row
+	// for sure and forgetting it is safe.
+	keptUntil time.Time
 }
 
 type retryEntry struct {
@@ -94,6 +99,7 @@ func newLoopState(m *Manager) *loopState {
 		keys:   make(map[string]*keyState),
 		byHash: make(map[string]*keyState),
 		held:   make(map[*holding]struct{}),
+		kept:   make(map[*holding]struct{}),
 		fences: make(map[string]pglease.Fence),
 	}
 }
@@ -254,20 +260,69 @@ func startRelease(h *holding, parent trace.SpanContext) (telemetry.Release, trac
 }
 
 // lose declares h lost: its context is cancelled with cause (unless it
-// already ended), and, when the server may still have the row, its lockId
-// is released so the next holder need not wait for the expiry. lc and by
-// are for telemetry: the loss cause and the span that found it (the
-// extend round trip; invalid when the local clock did).
-func (st *loopState) lose(h *holding, cause error, releaseInDB bool, lc telemetry.LossCause, by trace.SpanContext) {
+// already ended). lc and by are for telemetry: the loss cause and the span
+// that found it (the extend round trip; invalid when the local clock did).
+//
+// When the server may still have the row (rowMayRemain: the trust window
+// passed, or a late extend succeeded after it), the row is not released:
+// the loss margin and the server's 1 s takeover tolerance protect a holder
+// slow to notice its loss, and releasing now would give them away (S4).
+// The row stays until the holder calls Release (it has stopped: releasing
+// is safe then), Close, or its expiry. Otherwise (the server refused the
+// extend: no row of ours is left) local waiters try at once.
+func (st *loopState) lose(h *holding, cause error, rowMayRemain bool, lc telemetry.LossCause, by trace.SpanContext) {
 	ks := h.ks
 	st.dropHolding(h, cause)
 	h.acq.Lost(lc, by)
 	st.sig().lost.signal(ks.key)
-	if releaseInDB {
-		st.orphanRelease(ks, h.lock.id)
-	} else {
-		st.forceKick(ks)
+	if rowMayRemain {
+		st.keep(h)
 	}
+	st.forceKick(ks)
+}
+
+// keep remembers a lost lock whose row may still be on the server, until
+// the server has expired it for sure: the last successful acquire or
+// extend was sent at lease.Start and answered within StatementTimeout, so
+// the server's expires_at is at most Start + StatementTimeout + TTL (plus
+// a second for the clocks' rates).
+func (st *loopState) keep(h *holding) {
+	h.keptUntil = h.lease.Start.Add(st.m.cfg.StatementTimeout + h.lock.ttl + time.Second)
+	st.kept[h] = struct{}{}
+}
+
+// unkeep forgets h and returns whether it was kept.
+func (st *loopState) unkeep(h *holding) bool {
+	if h == nil {
+		return false
+	}
+	if _, ok := st.kept[h]; !ok {
+		return false
+	}
+	delete(st.kept, h)
+	return true
+}
+
+// pruneKept forgets kept rows the server has surely expired.
+func (st *loopState) pruneKept(now time.Time) {
+	for h := range st.kept {
+		if now.After(h.keptUntil) {
+			delete(st.kept, h)
+		}
+	}
+}
+
+// releaseKept queues the release of a lost lock's kept row (its holder
+// called Release, or Close); reply, if set, gets the loss as the outcome.
+func (st *loopState) releaseKept(h *holding, reply chan error) {
+	it := releaseItem{lockID: h.lock.id, reply: reply,
+		lost: pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
+	if !st.closing {
+		ks := st.keyFor(h.ks.key, h.ks.hash) // h.ks may have been forgotten since
+		ks.releasing++
+		it.ks = ks
+	}
+	st.pendRelease = append(st.pendRelease, it)
 }
 
 func lostCause(msg string) error {
