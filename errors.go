@@ -58,6 +58,12 @@ const (
 	// held: it ends when the holder releases it (or, for a lease, when it
 	// expires), never earlier.
 	CodeHoldLimitExceeded
+	// CodeReleased means a lock handle ended because its holder released
+	// it: it is the cause of the handle's Context after Release, and the
+	// answer of a call that needs a held lock (Extend) afterwards. It is
+	// the end a holder asked for, not a failure: Release itself returns
+	// nil then.
+	CodeReleased
 )
 
 var codeNames = [...]string{
@@ -74,6 +80,7 @@ var codeNames = [...]string{
 	CodeAmbiguous:          "Ambiguous",
 	CodeFenceRegression:    "FenceRegression",
 	CodeHoldLimitExceeded:  "HoldLimitExceeded",
+	CodeReleased:           "Released",
 }
 
 // String returns the code's name, e.g. "InvalidArgument".
@@ -171,6 +178,7 @@ var (
 	ErrAmbiguous          = &Error{Code: CodeAmbiguous}
 	ErrFenceRegression    = &Error{Code: CodeFenceRegression}
 	ErrHoldLimitExceeded  = &Error{Code: CodeHoldLimitExceeded}
+	ErrReleased           = &Error{Code: CodeReleased}
 )
 
 // NewError returns an *Error. cause may be nil.

@@ -103,3 +103,22 @@ func TestErrorOnePrefix(t *testing.T) {
 		}
 	}
 }
+
+// TestReleasedSentinel (issue 9.12): ErrReleased is a *pglease.Error with
+// its own code, so errors.Is and errors.As work on a released lock's
+// cause like on every other pglease error.
+func TestReleasedSentinel(t *testing.T) {
+	t.Parallel()
+	var target error = pglease.ErrReleased
+	var e *pglease.Error
+	if !errors.As(target, &e) || e.Code != pglease.CodeReleased || e.Code.String() != "Released" {
+		t.Fatalf("ErrReleased = %#v", target)
+	}
+	cause := fmt.Errorf("wrapped: %w", pglease.NewError(pglease.CodeReleased, "manager.Release", "lock released", nil))
+	if !errors.Is(cause, pglease.ErrReleased) || errors.Is(cause, pglease.ErrLockLost) || errors.Is(cause, pglease.ErrClosed) {
+		t.Fatal("errors.Is by code wrong for Released")
+	}
+	if pglease.Retryable(cause) {
+		t.Fatal("Released is not retryable")
+	}
+}

@@ -68,8 +68,8 @@ func runAdvisoryPoint(ctx context.Context, url, impl string, c int, d time.Durat
 				if !ok {
 					return 0, errLocked
 				}
-				if ok, err := l.Unlock(ctx); err != nil || !ok {
-					return 0, fmt.Errorf("unlock failed: %v", err)
+				if err := l.Release(ctx); err != nil {
+					return 0, fmt.Errorf("release failed: %v", err)
 				}
 				return 1, nil
 			}

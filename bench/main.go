@@ -85,7 +85,7 @@
 // columns are that extend lag ("lag").
 //
 // advisory: C callers (-advisory-callers) with distinct keys: "session"
-// runs Session.TryLock + Lock.Unlock on one advisory.Session per caller;
+// runs Session.TryLock + Lock.Release on one advisory.Session per caller;
 // "xact" runs advisory.WithXactLock with an empty function on a pool of
 // min(C, 64) + 2 connections. stmts_per_cycle counts their round trips.
 //

@@ -155,7 +155,7 @@ var uncontendedImpls = []uncontendedImpl{
 		return callers, func(w int) step {
 			keys := keySet(w)
 			return func(ctx context.Context, w, i int) (int, error) {
-				r, err := st.Acquire(ctx, keys[i%len(keys)], uncontendedTTL)
+				r, err := st.Acquire(ctx, pg.AcquireRequest{Key: keys[i%len(keys)], TTL: uncontendedTTL})
 				if err != nil {
 					return 0, err
 				}

@@ -28,69 +28,98 @@ type advisoryState struct {
 	opening chan struct{}                  // non-nil while one caller opens a session; closed when done
 	keys    map[advisory.Key]*AdvisoryLock // held keys; a nil value is a key being taken
 	stopped chan struct{}                  // made by beginClose, closed when the close has finished
-	unlocks sync.WaitGroup                 // Unlock statements in flight; Add only under mu while !closed
+	unlocks sync.WaitGroup                 // unlock statements in flight (Release); Add only under mu while !closed
 }
 
 // AdvisoryLock is a session-level PostgreSQL advisory lock held through a
-// Manager (LockAdvisory, TryLockAdvisory). It has no fencing token and no
-// TTL: the server holds it until Unlock, until the Manager is closed, or
-// until the session's connection dies. See the package documentation,
-// section "Advisory locks". An AdvisoryLock is safe for concurrent use.
+// Manager (LockAdvisory, TryLockAdvisory): a pglease.Handle with no
+// fencing token and no TTL. The server holds it until Release, until the
+// Manager is closed, or until the session's connection dies. See the
+// package documentation, section "Advisory locks". An AdvisoryLock is safe
+// for concurrent use, and every method is safe on a nil *AdvisoryLock
+// (what TryLockAdvisory returns with ok=false): Release and Err return an
+// error matching pglease.ErrInvalidArgument, Context and Done an ended
+// context, Key the zero Key.
 type AdvisoryLock struct {
 	m      *Manager                // immutable
 	key    advisory.Key            // immutable
 	inner  *advisory.Lock          // immutable
 	acq    *telemetry.Acquisition  // immutable; the acquire that granted it
 	ctx    context.Context         // immutable; ends when inner's does, or before
-	cancel context.CancelCauseFunc // called by Unlock, by Close and when inner's context ends
+	cancel context.CancelCauseFunc // called by Release, by Close and when inner's context ends
 
-	unlockOnce sync.Once
+	releaseOnce sync.Once
 }
 
-// Key returns the lock's advisory key.
-func (l *AdvisoryLock) Key() advisory.Key { return l.key }
+var _ pglease.Handle = (*AdvisoryLock)(nil)
+
+// advReleasedCause is the cause of an AdvisoryLock's Context after
+// Release.
+var advReleasedCause = pglease.NewError(pglease.CodeReleased, "manager.AdvisoryLock.Release", "lock released", nil)
+
+// errNilAdvisoryLock is what the methods of a nil *AdvisoryLock answer.
+var errNilAdvisoryLock = invalid("manager.AdvisoryLock", "nil AdvisoryLock (TryLockAdvisory returns a nil lock when ok is false)")
+
+var nilAdvisoryCtx = endedContext(errNilAdvisoryLock)
+
+// Key returns the lock's advisory key (the zero Key for a nil lock).
+func (l *AdvisoryLock) Key() advisory.Key {
+	if l == nil {
+		return advisory.Key{}
+	}
+	return l.key
+}
 
 // Context returns a context that is cancelled when the lock stops being
-// held. context.Cause then tells why: an error matching
+// held. context.Cause then tells why (see Err).
+func (l *AdvisoryLock) Context() context.Context {
+	if l == nil || l.ctx == nil {
+		return nilAdvisoryCtx
+	}
+	return l.ctx
+}
+
+// Done is Context().Done().
+func (l *AdvisoryLock) Done() <-chan struct{} { return l.Context().Done() }
+
+// Err returns nil while the lock is held, and then the cause of its end,
+// a *pglease.Error matching one of: pglease.ErrReleased (Release),
 // pglease.ErrLockLost (the session's connection died, was terminated, or
 // the server no longer had the lock; reported within the session's probe
 // window, see package advisory), pglease.ErrClosed (the Manager was
-// closed), or ErrReleased (Unlock).
-func (l *AdvisoryLock) Context() context.Context { return l.ctx }
-
-// Done is Context().Done().
-func (l *AdvisoryLock) Done() <-chan struct{} { return l.ctx.Done() }
-
-// Err returns nil while the lock is held, and then the cause of its end
-// (see Context).
+// closed).
 func (l *AdvisoryLock) Err() error {
+	if l == nil || l.ctx == nil {
+		return errNilAdvisoryLock
+	}
 	if l.ctx.Err() == nil {
 		return nil
 	}
 	return context.Cause(l.ctx)
 }
 
-// Unlock releases the lock in PostgreSQL and returns once the server
+// Release releases the lock in PostgreSQL and returns once the server
 // answered. It returns nil if the lock was held until now (or until
 // Close released it), an error matching pglease.ErrLockLost if it had
 // been lost before, and another error if the unlock failed (the session
 // then usually ends, which frees the lock on the server). The lock's
-// Context is cancelled with cause ErrReleased at once. Unlocking twice is
-// a no-op. If ctx has ended or ends first, Unlock returns CodeAborted
-// while the unlock goes on in the background (even with an already-ended
-// ctx, so a deferred Unlock never leaves the key held).
-func (l *AdvisoryLock) Unlock(ctx context.Context) error {
-	const op = "manager.AdvisoryLock.Unlock"
+// Context is cancelled with a cause matching pglease.ErrReleased at once.
+// Releasing twice is a no-op. If ctx has ended or ends first, Release
+// returns CodeAborted while the unlock goes on in the background (even
+// with an already-ended ctx, so a deferred Release never leaves the key
+// held).
+func (l *AdvisoryLock) Release(ctx context.Context) error {
+	const op = "manager.AdvisoryLock.Release"
+	if l == nil || l.m == nil || l.inner == nil {
+		return errNilAdvisoryLock
+	}
 	if ctx == nil {
 		return invalid(op, "nil context")
 	}
-	if l == nil || l.m == nil || l.inner == nil {
-		return invalid(op, "nil or zero AdvisoryLock")
-	}
 	var res chan error
-	l.unlockOnce.Do(func() { res = l.startUnlock(ctx, op) })
+	l.releaseOnce.Do(func() { res = l.startUnlock(ctx, op) })
 	if res == nil {
-		return nil // a second Unlock
+		return nil // a second Release
 	}
 	if err := ctx.Err(); err != nil {
 		return pglease.NewError(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
@@ -108,7 +137,7 @@ func (l *AdvisoryLock) Unlock(ctx context.Context) error {
 // channel (capacity 1).
 //
 // Telemetry: whoever cancels l.ctx first owns the end of the lock's
-// telemetry. If Unlock does (cause ErrReleased), it records the
+// telemetry. If Release does (cause ErrReleased), it records the
 // pglease.release span, a child of ctx linked to the lock's acquire span,
 // with the pglease.advisory_unlock round trip as its child (or, when
 // Close has begun and releases the lock with the session, a release span
@@ -120,8 +149,8 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 	if ic := l.inner.Context(); ic.Err() != nil {
 		l.cancel(context.Cause(ic)) // ended; the AfterFunc of lockAdvisory may not have run yet
 	}
-	l.cancel(ErrReleased) // the first cause wins: a lost or closed lock keeps its own
-	if c := context.Cause(l.ctx); c != ErrReleased {
+	l.cancel(advReleasedCause) // the first cause wins: a lost or closed lock keeps its own
+	if c := context.Cause(l.ctx); c != advReleasedCause {
 		l.m.adv.forget(l)
 		res <- endedAnswer(op, c)
 		return res
@@ -139,23 +168,20 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 	a.mu.Unlock()
 	go func() {
 		defer a.unlocks.Done()
-		// Not the caller's context: a deferred Unlock with an ended
+		// Not the caller's context: a deferred Release with an ended
 		// context must still release. The wait for the connection ends
 		// when the session ends; the statement is bounded by the
 		// session's ProbeTimeout.
 		dctx, db := l.m.rec.StartDB(context.WithoutCancel(rctx), telemetry.OpAdvisoryUnlock, 1, trace.SpanContext{})
-		ok, err := l.inner.Unlock(dctx)
+		err := l.inner.Release(dctx)
 		released := 0
-		if ok {
-			released = 1
+		if err == nil && errors.Is(context.Cause(l.inner.Context()), pglease.ErrReleased) {
+			released = 1 // not when the session's Close released it
 		}
 		db.End(released, err)
 		rel.Served(db.SpanContext())
-		switch {
-		case err != nil:
+		if err != nil {
 			err = reop(op, err)
-		case !ok:
-			err = endedAnswer(op, context.Cause(l.inner.Context()))
 		}
 		a.forget(l)
 		rel.End(err)
@@ -164,10 +190,10 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 	return res
 }
 
-// endedAnswer is what Unlock returns for a lock that had ended before it.
+// endedAnswer is what Release returns for a lock that had ended before it.
 func endedAnswer(op string, cause error) error {
 	if errors.Is(cause, pglease.ErrLockLost) {
-		return pglease.NewError(pglease.CodeLockLost, op, "the advisory lock had been lost before it was unlocked", cause)
+		return pglease.NewError(pglease.CodeLockLost, op, "the advisory lock had been lost before it was released", cause)
 	}
 	return nil // closed: Close released it
 }
@@ -239,8 +265,8 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key) (*Advisory
 //     An attempt that fails because the session was lost is an "error"
 //     attempt, and the next one runs on a new session.
 //   - pglease.lock.held{kind=advisory} up by one on the grant, and down by
-//     one when the lock ends: Unlock (a pglease.release span, child of
-//     Unlock's ctx, with its pglease.advisory_unlock round trip as child),
+//     one when the lock ends: Release (a pglease.release span, child of
+//     Release's ctx, with its pglease.advisory_unlock round trip as child),
 //     Manager.Close (a pglease.release span per lock, root spans, and one
 //     pglease.advisory_unlock round trip for the session's
 //     pg_advisory_unlock_all, batch size = the locks released), or loss
@@ -248,7 +274,7 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key) (*Advisory
 //     pglease.loss.cause=session_ended, counted in pglease.lock.lost; it
 //     is recorded when the session notices, within its probe window, and
 //     links to no round trip, since the session's probe has no span).
-//     Unlock of a lock lost before records no release span.
+//     Release of a lock lost before records no release span.
 func (m *Manager) TryLockAdvisory(ctx context.Context, key advisory.Key) (lock *AdvisoryLock, ok bool, err error) {
 	l, err := m.lockAdvisory(ctx, "manager.TryLockAdvisory", key, false)
 	return l, l != nil, err
@@ -327,9 +353,9 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 		// l's context follows il's: the session reports a loss by
 		// cancelling il's context with a LockLost cause. The loss is
 		// recorded before l's context ends, so whoever watches l.Done()
-		// finds it in telemetry. il's context always ends (Unlock, loss,
+		// finds it in telemetry. il's context always ends (Release, loss,
 		// or the session's Close), so this never outlives the session;
-		// after Unlock or Close, l's context has ended already and keeps
+		// after Release or Close, l's context has ended already and keeps
 		// its own cause.
 		context.AfterFunc(il.Context(), func() {
 			cause := context.Cause(il.Context())

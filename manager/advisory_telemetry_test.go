@@ -40,7 +40,7 @@ func heldAdvisory(t *testing.T, rg *rig) int64 {
 	return sumOf(t, m, kindAdvisory)
 }
 
-// TestAdvisoryTelemetryTry: an uncontended TryLockAdvisory and its Unlock,
+// TestAdvisoryTelemetryTry: an uncontended TryLockAdvisory and its Release,
 // under a caller's span: the acquire span (advisory, try, granted, one
 // attempt, no fence) with its pg_try_advisory_lock round trip as a client
 // child it links to; the release span with its unlock round trip; the
@@ -59,7 +59,7 @@ func TestAdvisoryTelemetryTry(t *testing.T) {
 	if n := heldAdvisory(t, rg); n != 1 {
 		t.Errorf("lock.held{advisory} while held = %d, want 1", n)
 	}
-	if err := l.Unlock(ctx); err != nil {
+	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	root.End()
@@ -113,7 +113,7 @@ func TestAdvisoryTelemetryTry(t *testing.T) {
 
 	ms := rg.metrics(t)
 	if n := sumOf(t, ms["pglease.lock.held"], kindAdvisory); n != 0 {
-		t.Errorf("lock.held{advisory} after Unlock = %d", n)
+		t.Errorf("lock.held{advisory} after Release = %d", n)
 	}
 	if n := sumOf(t, ms["pglease.lock.held"], kindLease); n != 0 {
 		t.Errorf("lock.held{lease} = %d", n)
@@ -163,7 +163,7 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 		t.Errorf("lock.held{advisory} while waiting = %d", n)
 	}
 	beforeUnlock := time.Now()
-	if err := pl.Unlock(ctx); err != nil {
+	if err := pl.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var r lockResult
@@ -178,7 +178,7 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 	if n := heldAdvisory(t, rg); n != 1 {
 		t.Errorf("lock.held{advisory} while held = %d, want 1", n)
 	}
-	if err := r.l.Unlock(ctx); err != nil {
+	if err := r.l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 
@@ -244,7 +244,7 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 		t.Errorf("db.client.operation.duration{advisory_lock} count = %d", n)
 	}
 	if n := sumOf(t, ms["pglease.lock.held"], kindAdvisory); n != 0 {
-		t.Errorf("lock.held{advisory} after Unlock = %d", n)
+		t.Errorf("lock.held{advisory} after Release = %d", n)
 	}
 }
 
@@ -252,7 +252,7 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 // backend ends both held advisory locks. By the time each lock's Done
 // fires, its pglease.lost span (child of its acquire span, cause
 // session_ended, status Error LockLost) has been recorded; the held gauge
-// is back to 0; Unlock of a lost lock returns LockLost and records no
+// is back to 0; Release of a lost lock returns LockLost and records no
 // release span.
 func TestAdvisoryTelemetryLoss(t *testing.T) {
 	t.Parallel()
@@ -324,14 +324,14 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 	if n := sumOf(t, ms["pglease.lock.lost"], kindAdvisory, telemetry.AttrLossCause.String("session_ended")); n != 2 {
 		t.Errorf("lock.lost{advisory,session_ended} = %d, want 2", n)
 	}
-	if err := la.Unlock(ctx); !errors.Is(err, pglease.ErrLockLost) {
-		t.Fatalf("Unlock of a lost lock = %v, want ErrLockLost", err)
+	if err := la.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
+		t.Fatalf("Release of a lost lock = %v, want ErrLockLost", err)
 	}
 	if n := len(named(rg.spans.Ended(), telemetry.SpanRelease)); n != 0 {
 		t.Errorf("%d release spans for lost locks", n)
 	}
 	if n := heldAdvisory(t, rg); n != 0 {
-		t.Errorf("lock.held{advisory} after Unlock of a lost lock = %d", n)
+		t.Errorf("lock.held{advisory} after Release of a lost lock = %d", n)
 	}
 }
 
@@ -352,7 +352,7 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 		}
 		locks = append(locks, l)
 	}
-	if err := locks[2].Unlock(ctx); err != nil {
+	if err := locks[2].Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := heldAdvisory(t, rg); n != 2 {
@@ -369,7 +369,7 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 	spans := rg.spans.Ended()
 	rels := named(spans, telemetry.SpanRelease)
 	if len(rels) != 3 {
-		t.Fatalf("%d release spans, want 3 (one Unlock, two by Close)", len(rels))
+		t.Fatalf("%d release spans, want 3 (one Release, two by Close)", len(rels))
 	}
 	var closeDB sdktrace.ReadOnlySpan
 	for _, s := range named(spans, string(telemetry.OpAdvisoryUnlock)) {

@@ -97,7 +97,7 @@ type lockResult struct {
 
 // TestAdvisoryTwoManagers: two Managers race for one key and exactly one
 // wins; the loser's blocking LockAdvisory is granted once the winner
-// unlocks; an Unlock with an ended context still releases.
+// unlocks; a Release with an ended context still releases.
 func TestAdvisoryTwoManagers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{noSignals: true})
@@ -147,7 +147,7 @@ func TestAdvisoryTwoManagers(t *testing.T) {
 		t.Fatalf("loser TryLockAdvisory while held = %v, %v", ok, err)
 	}
 
-	// The loser waits; the winner's Unlock lets it in.
+	// The loser waits; the winner's Release lets it in.
 	got := make(chan lockResult, 1)
 	go func() {
 		l, err := loser.LockAdvisory(ctx, key)
@@ -159,23 +159,23 @@ func TestAdvisoryTwoManagers(t *testing.T) {
 		t.Fatalf("LockAdvisory returned while the key was held: %v", r.err)
 	default:
 	}
-	if err := winner.Unlock(ctx); err != nil {
-		t.Fatalf("Unlock: %v", err)
+	if err := winner.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
-	if c := context.Cause(winner.Context()); c != ErrReleased {
-		t.Fatalf("cause after Unlock = %v, want ErrReleased", c)
+	if c := context.Cause(winner.Context()); !errors.Is(c, pglease.ErrReleased) {
+		t.Fatalf("cause after Release = %v, want pglease.ErrReleased", c)
 	}
-	if err := winner.Unlock(ctx); err != nil {
-		t.Fatalf("second Unlock = %v, want nil", err)
+	if err := winner.Release(ctx); err != nil {
+		t.Fatalf("second Release = %v, want nil", err)
 	}
 	var r lockResult
 	select {
 	case r = <-got:
 	case <-time.After(waitTimeout()):
-		t.Fatal("the waiter was not granted the key after Unlock")
+		t.Fatal("the waiter was not granted the key after Release")
 	}
 	if r.err != nil {
-		t.Fatalf("LockAdvisory after Unlock: %v", r.err)
+		t.Fatalf("LockAdvisory after Release: %v", r.err)
 	}
 	other := m1
 	if loser == m1 {
@@ -185,17 +185,17 @@ func TestAdvisoryTwoManagers(t *testing.T) {
 		t.Fatalf("TryLockAdvisory of the new holder's key = %v, %v", ok, err)
 	}
 
-	// Unlock with an ended context: Aborted, but released in the background.
+	// Release with an ended context: Aborted, but released in the background.
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := r.l.Unlock(ended); !errors.Is(err, pglease.ErrAborted) {
-		t.Fatalf("Unlock(ended ctx) = %v, want Aborted", err)
+	if err := r.l.Release(ended); !errors.Is(err, pglease.ErrAborted) {
+		t.Fatalf("Release(ended ctx) = %v, want Aborted", err)
 	}
 	l, err := other.LockAdvisory(ctx, key)
 	if err != nil {
 		t.Fatalf("LockAdvisory after a background unlock: %v", err)
 	}
-	if err := l.Unlock(ctx); err != nil {
+	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -246,8 +246,8 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	check("cancelled ctx", pglease.ErrAborted, func() error { _, err := m.LockAdvisory(cancelled, key); return err })
 	check("zero key", pglease.ErrInvalidArgument, func() error { _, err := m.LockAdvisory(ctx, advisory.Key{}); return err })
 	check("try zero key", pglease.ErrInvalidArgument, func() error { _, _, err := m.TryLockAdvisory(ctx, advisory.Key{}); return err })
-	check("unlock nil ctx", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{m: m}).Unlock(nilCtx) })
-	check("unlock zero lock", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{}).Unlock(ctx) })
+	check("release nil ctx", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{m: m}).Release(nilCtx) })
+	check("release zero lock", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{}).Release(ctx) })
 	if pid := advPID(m); pid != 0 {
 		t.Fatalf("bad input opened a session (pid %d)", pid)
 	}
@@ -276,8 +276,8 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	check("closed", pglease.ErrClosed, func() error { _, err := m.LockAdvisory(ctx, advKey()); return err })
 	check("try closed", pglease.ErrClosed, func() error { _, _, err := m.TryLockAdvisory(ctx, advKey()); return err })
 	before = qc.n.Load()
-	if err := l.Unlock(ctx); err != nil || qc.n.Load() != before {
-		t.Fatalf("Unlock after Close = %v with %d statements, want nil and none", err, qc.n.Load()-before)
+	if err := l.Release(ctx); err != nil || qc.n.Load() != before {
+		t.Fatalf("Release after Close = %v with %d statements, want nil and none", err, qc.n.Load()-before)
 	}
 }
 
@@ -312,8 +312,8 @@ func TestAdvisoryTerminate(t *testing.T) {
 			t.Fatalf("cause = %v, want ErrLockLost", l.Err())
 		}
 	}
-	if err := la.Unlock(ctx); !errors.Is(err, pglease.ErrLockLost) {
-		t.Fatalf("Unlock of a lost lock = %v, want ErrLockLost", err)
+	if err := la.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
+		t.Fatalf("Release of a lost lock = %v, want ErrLockLost", err)
 	}
 	// The server freed kb with the session: another Manager takes it.
 	pl, ok, err := peer.TryLockAdvisory(ctx, kb)
@@ -332,7 +332,7 @@ func TestAdvisoryTerminate(t *testing.T) {
 		t.Fatalf("peer TryLockAdvisory of the re-taken key = %v, %v", ok, err)
 	}
 	// The stale lb entry does not block kb once the peer lets it go.
-	if err := pl.Unlock(ctx); err != nil {
+	if err := pl.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	lb2, err := m.LockAdvisory(ctx, kb)
@@ -340,7 +340,7 @@ func TestAdvisoryTerminate(t *testing.T) {
 		t.Fatalf("LockAdvisory of the lost key: %v", err)
 	}
 	for _, l := range []*AdvisoryLock{la2, lb2} {
-		if err := l.Unlock(ctx); err != nil {
+		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -386,8 +386,8 @@ func TestAdvisoryClose(t *testing.T) {
 	if c := context.Cause(l.Context()); !errors.Is(c, pglease.ErrClosed) {
 		t.Fatalf("cause = %v, want ErrClosed", c)
 	}
-	if err := l.Unlock(ctx); err != nil {
-		t.Fatalf("Unlock after Close = %v, want nil", err)
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after Close = %v, want nil", err)
 	}
 	pl2, ok, err := peer.TryLockAdvisory(ctx, held)
 	if err != nil || !ok {
@@ -397,7 +397,7 @@ func TestAdvisoryClose(t *testing.T) {
 		t.Fatalf("LockAdvisory after Close = %v", err)
 	}
 	for _, l := range []*AdvisoryLock{pl, pl2} {
-		if err := l.Unlock(ctx); err != nil {
+		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -437,7 +437,7 @@ func TestAdvisoryWaitBounded(t *testing.T) {
 	if _, ok, err := peer.TryLockAdvisory(ctx, mine); ok || err != nil {
 		t.Fatalf("peer TryLockAdvisory of the still-held key = %v, %v", ok, err)
 	}
-	if err := pl.Unlock(ctx); err != nil {
+	if err := pl.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	l2, err := m.LockAdvisory(ctx, theirs)
@@ -445,7 +445,7 @@ func TestAdvisoryWaitBounded(t *testing.T) {
 		t.Fatalf("LockAdvisory after the holder left: %v", err)
 	}
 	for _, l := range []*AdvisoryLock{l, l2} {
-		if err := l.Unlock(ctx); err != nil {
+		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -454,7 +454,7 @@ func TestAdvisoryWaitBounded(t *testing.T) {
 // TestAdvisoryCloseUnderLoad: goroutines lock and unlock a few shared
 // keys through one Manager while it is closed. Every call ends in a
 // lock, a refusal (key held through this Manager), ErrClosed or, for
-// Unlock, nil; no lock is held in the server afterwards; no goroutine
+// Release, nil; no lock is held in the server afterwards; no goroutine
 // leaks (goleak in TestMain).
 func TestAdvisoryCloseUnderLoad(t *testing.T) {
 	t.Parallel()
@@ -486,8 +486,8 @@ func TestAdvisoryCloseUnderLoad(t *testing.T) {
 				if granted.Add(1) == 50 {
 					once.Do(func() { close(halfway) })
 				}
-				if err := l.Unlock(ctx); err != nil {
-					t.Errorf("Unlock: %v", err)
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
 					return
 				}
 			}
@@ -507,7 +507,7 @@ func TestAdvisoryCloseUnderLoad(t *testing.T) {
 		if err != nil || !ok {
 			t.Fatalf("peer TryLockAdvisory after Close = %v, %v", ok, err)
 		}
-		if err := pl.Unlock(ctx); err != nil {
+		if err := pl.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -60,7 +60,16 @@
 // held/extending: the heartbeat (heartbeat package) extends every lock at
 // TTL/3 after its last successful attempt; all extends due in one tick
 // (within TTL/12) go out as one statement. A failed extend is retried
-// every TTL/10 until the trust window ends.
+// every TTL/10 until the trust window ends. A lock taken
+// WithoutAutoExtend is never extended by the heartbeat: its holder renews
+// it with Lock.Extend, which joins the same batched statement. Lock.ExpiresAt
+// is the server's expiry after the last successful acquire or extend, and
+// Lock.Remaining the time left in the trust window.
+//
+// Every ended state cancels the lock's Context once, with a
+// *pglease.Error cause (Lock.Err): ErrReleased, ErrLockLost or ErrClosed.
+// The Lock, AdvisoryLock and advisory.Lock handles share this shape
+// (pglease.Handle).
 //
 // # The trust window
 //
@@ -171,9 +180,9 @@
 // # Advisory locks
 //
 // LockAdvisory and TryLockAdvisory take PostgreSQL session-level advisory
-// locks (package advisory keys) with the same handle shape as a lease:
-// AdvisoryLock has Context, Done, Err, Key and Unlock. All advisory locks
-// of a Manager share one advisory.Session (one dedicated connection
+// locks (package advisory keys) with the same handle shape as a lease
+// (pglease.Handle): AdvisoryLock has Release, Context, Done, Err and Key.
+// All advisory locks of a Manager share one advisory.Session (one dedicated connection
 // hijacked from the pool, checked by a probe), opened on first use. When
 // that session is lost (connection cut, pg_terminate_backend, server
 // restart), the server has already freed its locks; every AdvisoryLock's

@@ -39,12 +39,12 @@ func ExampleManager_LockAdvisory() {
 	fmt.Println("again:", errors.Is(err, pglease.ErrInvalidArgument))
 
 	// work(lk.Context()) — cancelled with cause ErrLockLost if the session dies.
-	if err := lk.Unlock(ctx); err != nil {
+	if err := lk.Release(ctx); err != nil {
 		panic(err)
 	}
-	fmt.Println("cause after Unlock:", context.Cause(lk.Context()))
+	fmt.Println("cause after Release:", context.Cause(lk.Context()))
 	// Output:
 	// held: int64:7000001 true
 	// again: true
-	// cause after Unlock: pglease: lock released
+	// cause after Release: pglease: manager.AdvisoryLock.Release: Released: lock released
 }

@@ -44,8 +44,8 @@ func Example() {
 	}
 	fmt.Println("cause after release:", context.Cause(lk.Context()))
 
-	err = m.Do(ctx, "example:job:42", func(ctx context.Context) error {
-		fmt.Println("working under the lock")
+	err = m.Do(ctx, "example:job:42", func(ctx context.Context, lk *manager.Lock) error {
+		fmt.Println("working under the lock; fence > 0:", lk.Fence() > 0)
 		return nil
 	})
 	fmt.Println("Do:", err)
@@ -53,8 +53,8 @@ func Example() {
 	// held; fence > 0: true
 	// printed: true
 	// second TryAcquire: false <nil>
-	// cause after release: pglease: lock released
-	// working under the lock
+	// cause after release: pglease: manager.Release: Released: lock released
+	// working under the lock; fence > 0: true
 	// Do: <nil>
 }
 

@@ -6,19 +6,38 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/heartbeat"
 )
 
-// ErrReleased is the cause of a Lock's Context after Release.
-var ErrReleased = errors.New("pglease: lock released")
+// releasedCause is the cause of a Lock's Context after Release.
+var releasedCause = pglease.NewError(pglease.CodeReleased, "manager.Release", "lock released", nil)
 
-// Lock is a held lease lock. Its lockId, a bearer secret, never leaves
-// the handle: String, GoString, Format, LogValue and MarshalJSON print
-// only the fence and "[redacted]". A Lock is safe for concurrent use.
+// errNilLock is what the methods of a nil *Lock answer: the nil a
+// TryAcquire returns with ok=false holds nothing.
+var errNilLock = invalid("manager.Lock", "nil Lock (TryAcquire returns a nil Lock when ok is false)")
+
+// nilLockCtx is the Context of a nil *Lock: ended, with cause errNilLock.
+var nilLockCtx = endedContext(errNilLock)
+
+func endedContext(cause error) context.Context {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(cause)
+	return ctx
+}
+
+// Lock is a held lease lock: a pglease.Handle with a fencing token and a
+// lease. Its lockId, a bearer secret, never leaves the handle: String,
+// GoString, Format, LogValue and MarshalJSON print only the fence and
+// "[redacted]". A Lock is safe for concurrent use. Every method is safe on
+// a nil *Lock (what TryAcquire returns with ok=false): Release, Extend and
+// Err return an error matching pglease.ErrInvalidArgument, Context and
+// Done an ended context, the others zero values.
 type Lock struct {
 	m          *Manager                // immutable
 	key        string                  // immutable: NFC key; never printed
@@ -26,40 +45,114 @@ type Lock struct {
 	fence      pglease.Fence           // immutable
 	ttl        time.Duration           // immutable
 	acquiredAt time.Time               // immutable: server time of the grant
+	start      time.Time               // immutable: local (monotonic) start of the granting attempt
 	ctx        context.Context         // immutable; cancelled with a cause
 	cancel     context.CancelCauseFunc // called by run and by the loss timer
+
+	lease *leaseState // immutable pointer; see leaseState
 
 	h *holding // owned by run
 }
 
-// Key returns the lock's key, NFC-normalized.
-func (l *Lock) Key() string { return l.key }
+// leaseState is a Lock's current lease, written by run after the grant
+// and after each successful extend, read by anyone. (A pointer, so the
+// Lock's value-receiver printing methods copy no atomics.)
+type leaseState struct {
+	expiresAt atomic.Int64 // server expires_at, Unix milliseconds
+	trustedNs atomic.Int64 // trust deadline as nanoseconds after Lock.start
+}
+
+var _ pglease.Handle = (*Lock)(nil)
+
+// setLease records the lease's state after the grant or a successful
+// extend: the server's expiry and the local trust deadline. Called by run.
+func (l *Lock) setLease(lease heartbeat.Lease, expiresAt time.Time) {
+	l.lease.expiresAt.Store(expiresAt.UnixMilli())
+	l.lease.trustedNs.Store(int64(lease.TrustedUntil().Sub(l.start)))
+}
+
+// Key returns the lock's key, NFC-normalized ("" for a nil Lock).
+func (l *Lock) Key() string {
+	if l == nil {
+		return ""
+	}
+	return l.key
+}
 
 // Fence returns the lock's fencing token: strictly greater than the fence
 // of every earlier grant of the same key. Guard writes to the protected
 // resource with it (accept a write only if its fence is ≥ the highest
-// fence the resource has seen).
-func (l *Lock) Fence() pglease.Fence { return l.fence }
+// fence the resource has seen). 0 for a nil Lock.
+func (l *Lock) Fence() pglease.Fence {
+	if l == nil {
+		return 0
+	}
+	return l.fence
+}
 
-// TTL returns the lease TTL.
-func (l *Lock) TTL() time.Duration { return l.ttl }
+// TTL returns the lease TTL the lock was acquired with (WithTTL or
+// Config.TTL): every extend, automatic or by Extend, renews the lease for
+// this long. For the time left, see Remaining and ExpiresAt.
+func (l *Lock) TTL() time.Duration {
+	if l == nil {
+		return 0
+	}
+	return l.ttl
+}
 
 // AcquiredAt returns the server time of the grant (millisecond precision).
-func (l *Lock) AcquiredAt() time.Time { return l.acquiredAt }
+func (l *Lock) AcquiredAt() time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	return l.acquiredAt
+}
+
+// ExpiresAt returns the lease's current expiry on the server's clock
+// (expires_at, millisecond precision), as set by the grant or the last
+// successful extend. It is a server time: compare it with other server
+// times, not with this process's clock (use Remaining for that). After
+// the lock ended it keeps its last value.
+func (l *Lock) ExpiresAt() time.Time {
+	if l == nil || l.lease == nil {
+		return time.Time{}
+	}
+	return time.UnixMilli(l.lease.expiresAt.Load())
+}
+
+// Remaining returns how much longer this process trusts the lease, on its
+// own monotonic clock: until start + TTL − margin of the last successful
+// acquire or extend (see "The trust window" in the package
+// documentation). When it reaches zero without an extend, the lock's
+// Context is cancelled with a cause matching pglease.ErrLockLost. It is 0
+// once the lock has ended, for whatever cause. redislock calls this TTL.
+func (l *Lock) Remaining() time.Duration {
+	if l == nil || l.ctx == nil || l.lease == nil || l.ctx.Err() != nil {
+		return 0
+	}
+	return max(0, time.Until(l.start.Add(time.Duration(l.lease.trustedNs.Load()))))
+}
 
 // Context returns a context that is cancelled when the lock stops being
-// held. context.Cause then tells why: an error matching
-// pglease.ErrLockLost (extends failed past the trust window, or the
-// server no longer had the lock), pglease.ErrClosed (the Manager was
-// closed), or ErrReleased.
-func (l *Lock) Context() context.Context { return l.ctx }
+// held. context.Cause then tells why (see Err).
+func (l *Lock) Context() context.Context {
+	if l == nil || l.ctx == nil {
+		return nilLockCtx
+	}
+	return l.ctx
+}
 
 // Done is Context().Done().
-func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
+func (l *Lock) Done() <-chan struct{} { return l.Context().Done() }
 
-// Err returns nil while the lock is held, and then the cause of its end
-// (see Context).
+// Err returns nil while the lock is held, and then the cause of its end,
+// a *pglease.Error matching one of: pglease.ErrReleased (Release),
+// pglease.ErrLockLost (extends failed past the trust window, or the server
+// no longer had the lock), pglease.ErrClosed (the Manager was closed).
 func (l *Lock) Err() error {
+	if l == nil || l.ctx == nil {
+		return errNilLock
+	}
 	if l.ctx.Err() == nil {
 		return nil
 	}
@@ -71,13 +164,16 @@ func (l *Lock) Err() error {
 // held until now (or until Close released it), an error matching
 // pglease.ErrLockLost if it had been lost before, and another error if
 // the outcome is unknown (the lock is then no longer extended and expires
-// by itself). The lock's Context is cancelled with cause ErrReleased at
-// once. Releasing twice is a no-op. If ctx has ended or ends first,
-// Release returns CodeAborted while the release goes on in the background
-// (even with an already-ended ctx, so a deferred Release never leaves the
-// lock auto-extended).
+// by itself). The lock's Context is cancelled with a cause matching
+// pglease.ErrReleased at once. Releasing twice is a no-op. If ctx has
+// ended or ends first, Release returns CodeAborted while the release goes
+// on in the background (even with an already-ended ctx, so a deferred
+// Release never leaves the lock auto-extended).
 func (l *Lock) Release(ctx context.Context) error {
 	const op = "manager.Release"
+	if l == nil || l.m == nil {
+		return errNilLock
+	}
 	if ctx == nil {
 		return invalid(op, "nil context")
 	}
@@ -117,6 +213,61 @@ func releasedAnswer(l *Lock) error {
 		return pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 	}
 	return nil
+}
+
+// Extend renews the lease now, for the lock's TTL, and returns once the
+// server answered: on success the server's expiry becomes server now +
+// TTL (ExpiresAt) and the trust window moves forward (Remaining). It is
+// how a lock taken WithoutAutoExtend is kept longer than its first TTL;
+// on an auto-extended lock it forces the next heartbeat now.
+//
+// The extend goes through the Manager's loop: it joins the heartbeat's
+// next batched statement (one round trip for all extends due together)
+// and the same rules apply. A lock the server no longer has, or whose
+// trust window passed before the answer came, is lost: its Context is
+// cancelled with a cause matching pglease.ErrLockLost and Extend returns
+// that error. A lock that already ended returns an error with its cause's
+// code (ErrReleased, ErrLockLost, ErrClosed). When the outcome is unknown
+// (connection lost, timeout), Extend returns that error and the lease
+// keeps its previous expiry and trust window; calling Extend again is
+// safe. If ctx ends first, Extend returns CodeAborted and the extend
+// still completes (its result applies to the lock).
+func (l *Lock) Extend(ctx context.Context) error {
+	const op = "manager.Extend"
+	if l == nil || l.m == nil {
+		return errNilLock
+	}
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return err
+	}
+	if c := l.Err(); c != nil {
+		return endedExtend(c)
+	}
+	m := l.m
+	req := &extendReq{lock: l, reply: make(chan error, 1)}
+	select {
+	case m.extendCh <- req:
+	case <-ctx.Done():
+		return pglease.NewError(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
+	case <-m.done:
+		return endedExtend(l.Err())
+	}
+	select {
+	case err := <-req.reply:
+		return err
+	case <-ctx.Done():
+		return pglease.NewError(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
+	}
+}
+
+// endedExtend is Extend's answer for a lock that ended with cause: an
+// error with the cause's code, wrapping it.
+func endedExtend(cause error) error {
+	code := pglease.CodeOf(cause)
+	if code == 0 {
+		code = pglease.CodeInternal
+	}
+	return pglease.NewError(code, "manager.Extend", "the lock is no longer held", cause)
 }
 
 // The printing methods have value receivers, so a dereferenced Lock is
@@ -159,3 +310,13 @@ var (
 	_ slog.LogValuer = Lock{}
 	_ json.Marshaler = Lock{}
 )
+
+// extendUnknown is Extend's answer when the round trip failed: the
+// outcome is unknown, the lease keeps its previous expiry.
+func extendUnknown(err error) error {
+	code := pglease.CodeOf(err)
+	if code == 0 {
+		code = pglease.CodeInternal
+	}
+	return pglease.NewError(code, "manager.Extend", "extend outcome unknown; the lease keeps its previous expiry and trust window", err)
+}

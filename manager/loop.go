@@ -51,6 +51,9 @@ func (m *Manager) run(st *loopState) {
 		case req := <-m.abandonCh:
 			lm.Busy()
 			st.handleAbandon(req)
+		case req := <-m.extendCh:
+			lm.Busy()
+			st.handleExtend(req)
 		case d := <-m.acquireDoneCh:
 			lm.Busy()
 			st.handleAcquireDone(d)
@@ -336,11 +339,13 @@ func (st *loopState) handleExtendDone(d extendDone) {
 		default:
 			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
 			h.lossTimer.Reset(time.Until(h.lease.TrustedUntil()))
+			h.lock.setLease(h.lease, d.res[i].ExpiresAt)
 			h.acq.Extended(d.start.Sub(due))
 			n++
 		}
 		st.noteEvent(h.lease.NextEvent())
 	}
+	st.answerExtends(d)
 	d.hb.End(n, lost, d.err)
 	if d.err == nil {
 		st.sig().extended.signal(n)
@@ -477,6 +482,7 @@ func (st *loopState) flush() {
 		reqs := make([]pg.ExtendRequest, len(batch))
 		for i, h := range batch {
 			reqs[i] = pg.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
+			h.extSent, h.extWant = h.extWant, nil // Extend callers this round trip answers
 			if tu := h.lease.TrustedUntil(); tu.Before(deadline) {
 				deadline = tu
 			}

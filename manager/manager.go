@@ -27,6 +27,15 @@ const (
 	DefaultNotifyChannel    = "pglease_release"
 )
 
+// NoAcquireTimeout, as Config.AcquireTimeout or in WithAcquireTimeout,
+// makes Acquire and Do wait for the lock for as long as their context
+// allows, like etcd's Mutex.Lock(ctx) or pgxpool's Acquire(ctx): with a
+// context that never ends, until the lock is granted or the Manager is
+// closed. The default is DefaultAcquireTimeout (5 s, SyncGuard's
+// acquisition timeout), so that a caller who forgot a deadline still
+// gets an answer.
+const NoAcquireTimeout time.Duration = -1
+
 // Config configures a Manager. The zero value means "all defaults"; each
 // field documents its default. Invalid values make New fail with
 // CodeInvalidArgument, before any I/O.
@@ -53,9 +62,11 @@ type Config struct {
 	// locks are auto-extended by default, at least
 	// heartbeat.MinAutoExtendTTL (300 ms).
 	TTL time.Duration
-	// AcquireTimeout bounds the wait of Acquire without
+	// AcquireTimeout bounds the wait of Acquire and Do without
 	// WithAcquireTimeout. Default DefaultAcquireTimeout (5 s, SyncGuard's
-	// default). The caller's context bounds the wait too.
+	// default). The caller's context bounds the wait too. NoAcquireTimeout
+	// leaves the bound to the caller's context alone; any other negative
+	// value is InvalidArgument.
 	AcquireTimeout time.Duration
 	// Retry is the backoff between two attempts of a contended key. The
 	// zero value is SyncGuard's (100 ms base, ×2, equal jitter), capped at
@@ -114,8 +125,8 @@ func invalid(op, msg string) error {
 
 func (c Config) validate(op string) error {
 	switch {
-	case c.AcquireTimeout < 0:
-		return invalid(op, "AcquireTimeout must not be negative")
+	case c.AcquireTimeout < 0 && c.AcquireTimeout != NoAcquireTimeout:
+		return invalid(op, "AcquireTimeout must not be negative (use NoAcquireTimeout to wait as long as the context allows)")
 	case c.LossMargin < 0:
 		return invalid(op, "LossMargin must not be negative")
 	case c.StatementTimeout < 0:
@@ -178,6 +189,7 @@ type Manager struct {
 
 	acquireCh     chan *acquireReq // written by Acquire/TryAcquire, read only by run
 	releaseCh     chan *releaseReq // written by Lock.Release, read only by run
+	extendCh      chan *extendReq  // written by Lock.Extend, read only by run
 	abandonCh     chan *acquireReq // written by callers whose ctx ended, read only by run
 	acquireDoneCh chan acquireDone // written by acquire DB goroutines started by run, read only by run
 	releaseDoneCh chan releaseDone // written by release DB goroutines started by run, read only by run
@@ -264,6 +276,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		rec:           telemetry.New(cfg.Telemetry...),
 		acquireCh:     make(chan *acquireReq),
 		releaseCh:     make(chan *releaseReq),
+		extendCh:      make(chan *extendReq),
 		abandonCh:     make(chan *acquireReq),
 		acquireDoneCh: make(chan acquireDone),
 		releaseDoneCh: make(chan releaseDone),
@@ -341,13 +354,16 @@ func WithTTL(ttl time.Duration) AcquireOption {
 }
 
 // WithAcquireTimeout bounds how long Acquire or Do waits for the lock
-// (default Config.AcquireTimeout); it must be positive. The context
+// (default Config.AcquireTimeout); it must be positive, or
+// NoAcquireTimeout to wait as long as the context allows. The context
 // bounds the wait too; whichever ends first wins. When the wait ends
-// without the lock, the error is CodeAcquisitionTimeout.
+// without the lock, the error is CodeAcquisitionTimeout (a context
+// deadline included), or CodeAborted when the context was cancelled.
+// TryAcquire ignores it: it never waits.
 func WithAcquireTimeout(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
-		if d <= 0 {
-			return invalid("manager.WithAcquireTimeout", "acquire timeout must be positive")
+		if d <= 0 && d != NoAcquireTimeout {
+			return invalid("manager.WithAcquireTimeout", "acquire timeout must be positive (or NoAcquireTimeout)")
 		}
 		o.timeout = d
 		return nil
@@ -477,8 +493,9 @@ func waitErr(op string, ctx, wctx context.Context, lastErr error) error {
 // exponential backoff, and releases (local, or notified from other
 // processes) start the next attempt at once. The wait ends with
 // CodeAcquisitionTimeout after the acquire timeout (Config.AcquireTimeout
-// or WithAcquireTimeout) or the context's deadline, and with CodeAborted
-// when the context is cancelled; no lock is leaked either way.
+// or WithAcquireTimeout, 5 s by default; NoAcquireTimeout waits as long
+// as ctx allows) or the context's deadline, and with CodeAborted when the
+// context is cancelled; no lock is leaked either way.
 //
 // Locks are not re-entrant: Acquire of a key this Manager already holds
 // waits behind the holder like any other caller.
@@ -492,7 +509,13 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 		return nil, err
 	}
 	ctx = m.startAcquire(ctx, req)
-	wctx, cancel := context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
+	var wctx context.Context
+	var cancel context.CancelFunc
+	if timeout == NoAcquireTimeout {
+		wctx, cancel = context.WithCancel(ctx)
+	} else {
+		wctx, cancel = context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
+	}
 	defer cancel()
 	r := m.submit(op, wctx, req)
 	switch {
@@ -543,14 +566,18 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 	return nil, false, err
 }
 
-// Do acquires key (as Acquire, with the same options), runs fn, and
-// releases the lock. fn's context is cancelled when ctx ends or when the
-// lock is lost (then context.Cause is an ErrLockLost error). Do returns
-// fn's error; if fn succeeded but the lock was lost before it was
+// Do acquires key (as Acquire, with the same options), runs fn with the
+// lock, and releases it. fn gets the lock, so it can fence its writes
+// with lk.Fence(), and a context that is cancelled when ctx ends or when
+// the lock is lost (then context.Cause is an ErrLockLost error). Do
+// returns fn's error; if fn succeeded but the lock was lost before it was
 // released, Do returns the loss (CodeLockLost), because the work may not
 // have been protected. Other release errors are not returned: the lock
 // then expires by itself at the end of its TTL.
-func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...AcquireOption) error {
+//
+// If fn panics (or calls runtime.Goexit, as t.FailNow does), Do releases
+// the lock first and then lets the panic go on, with its original stack.
+func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Context, lk *Lock) error, opts ...AcquireOption) (err error) {
 	const op = "manager.Do"
 	if fn == nil {
 		return invalid(op, "nil function")
@@ -561,19 +588,21 @@ func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Contex
 	}
 	fctx, cancel := context.WithCancelCause(ctx)
 	stop := context.AfterFunc(lk.Context(), func() { cancel(context.Cause(lk.Context())) })
-	ferr := fn(fctx)
-	stop()
-	cancel(nil)
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StatementTimeout)
-	defer rcancel()
-	rerr := lk.Release(rctx)
-	if ferr != nil {
-		return ferr
-	}
-	if errors.Is(rerr, pglease.ErrLockLost) {
-		return rerr
-	}
-	return nil
+	returned := false
+	defer func() {
+		// Runs on return and while panicking: the lock never outlives fn.
+		stop()
+		cancel(nil)
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StatementTimeout)
+		rerr := lk.Release(rctx)
+		rcancel()
+		if returned && err == nil && errors.Is(rerr, pglease.ErrLockLost) {
+			err = rerr
+		}
+	}()
+	err = fn(fctx, lk)
+	returned = true
+	return err
 }
 
 func closedErr(op string) error {

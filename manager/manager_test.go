@@ -37,7 +37,7 @@ func TestAcquireReleaseBasics(t *testing.T) {
 	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(context.Cause(lk.Context()), ErrReleased) {
+	if !errors.Is(context.Cause(lk.Context()), pglease.ErrReleased) {
 		t.Fatalf("cause after release = %v", context.Cause(lk.Context()))
 	}
 	select {
@@ -68,10 +68,13 @@ func TestDo(t *testing.T) {
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
 	ran := false
-	err := b.m.Do(ctx, "job:42", func(ctx context.Context) error {
+	err := b.m.Do(ctx, "job:42", func(ctx context.Context, lk *Lock) error {
 		ran = true
-		if _, ok := lockRow(t, b.pool, "job:42"); !ok {
-			t.Error("not locked inside Do")
+		if id, ok := lockRow(t, b.pool, "job:42"); !ok || id != lk.id {
+			t.Error("not locked inside Do, or not by the Lock fn got")
+		}
+		if lk.Fence() <= 0 || lk.Key() != "job:42" || lk.Err() != nil {
+			t.Errorf("fn's lock: fence %v key %q err %v", lk.Fence(), lk.Key(), lk.Err())
 		}
 		return nil
 	})
@@ -82,7 +85,7 @@ func TestDo(t *testing.T) {
 		t.Fatal("still locked after Do")
 	}
 	boom := errors.New("boom")
-	if err := b.m.Do(ctx, "job:42", func(context.Context) error { return boom }); err != boom {
+	if err := b.m.Do(ctx, "job:42", func(context.Context, *Lock) error { return boom }); err != boom {
 		t.Fatalf("Do error = %v", err)
 	}
 	if err := b.m.Do(ctx, "job:42", nil); !errors.Is(err, pglease.ErrInvalidArgument) {
@@ -205,7 +208,8 @@ func TestConfigValidation(t *testing.T) {
 		{TTL: 100 * time.Millisecond},
 		{TTL: -1},
 		{TTL: 1500 * time.Microsecond},
-		{AcquireTimeout: -1},
+		{AcquireTimeout: -2}, // -1 is NoAcquireTimeout
+		{AcquireTimeout: -time.Second},
 		{LossMargin: -1},
 		{TTL: time.Second, LossMargin: 700 * time.Millisecond},
 		{StatementTimeout: -1},

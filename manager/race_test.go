@@ -186,7 +186,7 @@ func TestReleaseWithEndedContext(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	wait(t, &b.sig.released) // asynchronous: Release did not wait for it
-	if !errors.Is(lk.Err(), ErrReleased) {
+	if !errors.Is(lk.Err(), pglease.ErrReleased) {
 		t.Fatalf("cause = %v", lk.Err())
 	}
 	if _, ok := lockRow(t, b.pool, "ended"); ok {

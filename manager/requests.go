@@ -63,6 +63,12 @@ type releaseReq struct {
 	parent trace.SpanContext // immutable: the caller's span, parent of the pglease.release span
 }
 
+// extendReq is one Lock.Extend call.
+type extendReq struct {
+	lock  *Lock
+	reply chan error // cap 1; run sends exactly once
+}
+
 // notice is what the listener goroutine posts to run: a release
 // notification's payload (a key hash), or resync after (re)connecting,
 // when notifications may have been missed.

@@ -34,6 +34,7 @@ type signals struct {
 	woken        testSignal[string]    // a notification started an attempt for the key
 	retrying     testSignal[string]    // the key's attempt failed or was contended; its next one is scheduled
 	listening    testSignal[struct{}]  // the listener (re)subscribed
+	extendAsked  testSignal[string]    // the loop took a Lock.Extend call for the key
 }
 
 func (s *signals) init() {
@@ -50,6 +51,7 @@ func (s *signals) init() {
 	s.woken.init()
 	s.retrying.init()
 	s.listening.init()
+	s.extendAsked.init()
 }
 
 // batchKind names a kind of batched statement.

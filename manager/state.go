@@ -72,6 +72,11 @@ type holding struct {
 	// on the server (in st.kept): after it, the server has expired the row
 	// for sure and forgetting it is safe.
 	keptUntil time.Time
+
+	// Lock.Extend callers (extend.go): extWant wait for the next extend
+	// sent, extSent for the one in flight. Answered by answerExtends, or
+	// by dropHolding when the lock ends first.
+	extWant, extSent []chan error
 }
 
 type retryEntry struct {
@@ -230,13 +235,14 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 	if h.ks.holder == h {
 		h.ks.holder = nil
 	}
+	h.answerExtendWaiters(endedExtend(h.lock.Err()))
 }
 
 // releaseHolding drops h and queues the release of its lockId; reply, if
 // set, gets the outcome. parent is the releasing caller's span (invalid
 // when the loop releases on its own): the pglease.release span's parent.
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
-	st.dropHolding(h, ErrReleased)
+	st.dropHolding(h, releasedCause)
 	it := releaseItem{lockID: h.lock.id, ks: h.ks, reply: reply}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
 		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
@@ -345,7 +351,9 @@ var noSignals signals // all channels nil: every signal is a no-op
 func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.AcquireResult, lease heartbeat.Lease) {
 	m := st.m
 	lctx, cancel := context.WithCancelCause(context.Background())
-	lk := &Lock{m: m, key: ks.key, id: a.lockID, fence: r.Fence, ttl: a.ttl, acquiredAt: r.AcquiredAt, ctx: lctx, cancel: cancel}
+	lk := &Lock{m: m, key: ks.key, id: a.lockID, fence: r.Fence, ttl: a.ttl, acquiredAt: r.AcquiredAt,
+		start: lease.Start, ctx: lctx, cancel: cancel, lease: &leaseState{}}
+	lk.setLease(lease, r.ExpiresAt)
 	lease.Manual = req.manual
 	h := &holding{lock: lk, ks: ks, lease: lease, acq: req.acq}
 	lk.h = h

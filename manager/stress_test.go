@@ -114,7 +114,7 @@ func countBatches(s *signals, kind batchKind) (n int) {
 
 // TestCloseUnderLoad closes the Manager while 60 goroutines acquire and
 // release 10 keys: every call returns (a lock, ErrClosed, or a timeout),
-// every held lock ends with cause ErrClosed or ErrReleased, and nothing is
+// every held lock ends with cause ErrClosed or pglease.ErrReleased, and nothing is
 // left in the table.
 func TestCloseUnderLoad(t *testing.T) {
 	t.Parallel()
@@ -137,7 +137,7 @@ func TestCloseUnderLoad(t *testing.T) {
 					return
 				}
 				_ = lk.Release(ctx) // may race Close: nil either way
-				if c := context.Cause(lk.Context()); !errors.Is(c, ErrReleased) && !errors.Is(c, pglease.ErrClosed) {
+				if c := context.Cause(lk.Context()); !errors.Is(c, pglease.ErrReleased) && !errors.Is(c, pglease.ErrClosed) {
 					t.Errorf("cause = %v", c)
 				}
 			}

@@ -15,7 +15,7 @@ func BenchmarkAcquireRelease(b *testing.B) {
 	c := ctx(b)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		r, err := s.Acquire(c, "bench", 30*time.Second)
+		r, err := s.Acquire(c, pg.AcquireRequest{Key: "bench", TTL: 30 * time.Second})
 		if err != nil || !r.OK {
 			b.Fatal(r, err)
 		}
@@ -62,7 +62,7 @@ func BenchmarkAcquireManyReleaseMany(b *testing.B) {
 func BenchmarkExtend(b *testing.B) {
 	s, _, _ := newStore(b, pg.Config{}, maxConns(1))
 	c := ctx(b)
-	r, err := s.Acquire(c, "bench", 30*time.Second)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: "bench", TTL: 30 * time.Second})
 	if err != nil || !r.OK {
 		b.Fatal(r, err)
 	}

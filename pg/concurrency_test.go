@@ -44,7 +44,7 @@ func TestRace64OneWinner(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			<-start
-			results[i], errs[i] = s.Acquire(c, key, time.Minute)
+			results[i], errs[i] = s.Acquire(c, pg.AcquireRequest{Key: key, TTL: time.Minute})
 		}()
 	}
 	close(start)
@@ -69,7 +69,7 @@ func TestRace64OneWinner(t *testing.T) {
 	}
 	last := pglease.Fence(1)
 	for range 3 {
-		r, err := s.Acquire(c, key, time.Minute)
+		r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: time.Minute})
 		if err != nil || !r.OK || r.Fence <= last {
 			t.Fatalf("next grant %+v, %v; want fence > %s", r, err, last)
 		}
@@ -118,7 +118,7 @@ func TestFencesIncreaseAndGrantsNeverOverlap(t *testing.T) {
 				// server's expiry is later than that. Later answers (CPU
 				// load) may find the lease expired, rightly.
 				sent := time.Now()
-				r, err := s.Acquire(c, key, 100*time.Millisecond)
+				r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 100 * time.Millisecond})
 				if err != nil {
 					t.Error(err)
 					return
@@ -207,7 +207,7 @@ func TestTakeoverAfterTolerance(t *testing.T) {
 	s, pool, _ := newStore(t, pg.Config{})
 	c := ctx(t)
 	key := "takeover"
-	first, err := s.Acquire(c, key, 200*time.Millisecond)
+	first, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 200 * time.Millisecond})
 	if err != nil || !first.OK {
 		t.Fatal(first, err)
 	}
@@ -215,7 +215,7 @@ func TestTakeoverAfterTolerance(t *testing.T) {
 	waitServer(t, pool, exp+1) // expired, but inside the tolerance
 	checkedInside := false
 	for {
-		r, err := s.Acquire(c, key, 200*time.Millisecond)
+		r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 200 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +249,7 @@ func TestExtendReleaseRefuseAfterExpiry(t *testing.T) {
 	t.Parallel()
 	s, pool, _ := newStore(t, pg.Config{})
 	c := ctx(t)
-	r, err := s.Acquire(c, "exp", 100*time.Millisecond)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: "exp", TTL: 100 * time.Millisecond})
 	if err != nil || !r.OK {
 		t.Fatal(r, err)
 	}
@@ -282,7 +282,7 @@ func TestAcquireExtendRaceReplay(t *testing.T) {
 	s, pool, schema := newStore(t, pg.Config{}, maxConns(4))
 	c := ctx(t)
 	key := "race-43"
-	l1, err := s.Acquire(c, key, 100*time.Millisecond)
+	l1, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 100 * time.Millisecond})
 	if err != nil || !l1.OK {
 		t.Fatal(l1, err)
 	}
@@ -314,7 +314,7 @@ func TestAcquireExtendRaceReplay(t *testing.T) {
 	waitServer(t, pool, l1.ExpiresAt.UnixMilli()+pglease.TimeToleranceMs)
 	done := make(chan pg.AcquireResult, 1)
 	go func() {
-		r, err := s.Acquire(c, key, time.Minute)
+		r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: time.Minute})
 		if err != nil {
 			t.Error(err)
 		}
@@ -372,14 +372,14 @@ func TestFenceOverflowAndWarn(t *testing.T) {
 		('fence:max', $1, 'max'), ('fence:warn', $2, 'warn')`, int64(pglease.FenceMax-1), int64(pglease.FenceWarn)); err != nil {
 		t.Fatal(err)
 	}
-	r, err := s.Acquire(c, "max", time.Minute)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: "max", TTL: time.Minute})
 	if err != nil || !r.OK || r.Fence != pglease.FenceMax {
 		t.Fatalf("Acquire at MAX-1 = %+v, %v; want fence MAX", r, err)
 	}
 	if ok, err := s.Release(c, r.LockID); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	r, err = s.Acquire(c, "max", time.Minute)
+	r, err = s.Acquire(c, pg.AcquireRequest{Key: "max", TTL: time.Minute})
 	if !errors.Is(err, pglease.ErrInternal) || r.OK {
 		t.Fatalf("Acquire past MAX = %+v, %v; want Internal", r, err)
 	}
@@ -408,7 +408,7 @@ func TestBatches(t *testing.T) {
 	t.Parallel()
 	s, _, _ := newStore(t, pg.Config{}, maxConns(4))
 	c := ctx(t)
-	held, err := s.Acquire(c, "b-held", time.Minute)
+	held, err := s.Acquire(c, pg.AcquireRequest{Key: "b-held", TTL: time.Minute})
 	if err != nil || !held.OK {
 		t.Fatal(held, err)
 	}

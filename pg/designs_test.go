@@ -113,7 +113,7 @@ func TestDesignFunctionsEqualGo(t *testing.T) {
 	if err := sqlConn.QueryRow(c, "SELECT acquire_cleanup_lock($1)", "ANN@example.com").Scan(&ok); err != nil || ok {
 		t.Fatalf("acquire_cleanup_lock while Go holds = %v, %v", ok, err)
 	}
-	if _, err := lk.Unlock(c); err != nil {
+	if err := lk.Release(c); err != nil {
 		t.Fatal(err)
 	}
 

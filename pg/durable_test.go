@@ -68,7 +68,7 @@ func TestExtendDurableAcrossCrash(t *testing.T) {
 	ids := make([]string, n)
 	want := make([]int64, n)
 	for i := range n {
-		r, err := s.Acquire(ctx, fmt.Sprint("durable:", i), time.Minute)
+		r, err := s.Acquire(ctx, pg.AcquireRequest{Key: fmt.Sprint("durable:", i), TTL: time.Minute})
 		if err != nil || !r.OK {
 			t.Fatal(r, err)
 		}

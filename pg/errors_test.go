@@ -28,7 +28,7 @@ func TestErrorMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := missing.Acquire(c, "k", time.Second); !errors.Is(err, pglease.ErrInvalidArgument) {
+	if _, err := missing.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second}); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Errorf("Acquire without schema: %v", err)
 	}
 	if _, err := missing.IsLocked(c, "k"); !errors.Is(err, pglease.ErrInvalidArgument) {
@@ -61,7 +61,7 @@ func TestErrorMapping(t *testing.T) {
 	if _, err := pool.Exec(c, "DROP TABLE syncguard_locks"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Acquire(c, "k", time.Second); !errors.Is(err, pglease.ErrInvalidArgument) {
+	if _, err := s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second}); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Errorf("Acquire on a dropped table: %v", err)
 	}
 }
@@ -86,7 +86,7 @@ func TestCancelWhileWaiting(t *testing.T) {
 	}
 	cc, cancel := context.WithCancel(c)
 	done := make(chan error, 1)
-	go func() { _, err := s.Acquire(cc, "waiting", time.Second); done <- err }()
+	go func() { _, err := s.Acquire(cc, pg.AcquireRequest{Key: "waiting", TTL: time.Second}); done <- err }()
 	waitForLockWait(t, c, pool, "advisory")
 	cancel()
 	err = <-done

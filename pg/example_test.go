@@ -29,13 +29,13 @@ func Example() {
 		panic(err)
 	}
 
-	lease, err := store.Acquire(ctx, "invoice:42", 30*time.Second) // one round trip, never waits
+	lease, err := store.Acquire(ctx, pg.AcquireRequest{Key: "invoice:42", TTL: 30 * time.Second}) // one round trip, never waits
 	if err != nil {
 		panic(err)
 	}
 	fmt.Println("acquired:", lease.OK, "fence:", lease.Fence)
 
-	again, err := store.Acquire(ctx, "invoice:42", 30*time.Second)
+	again, err := store.Acquire(ctx, pg.AcquireRequest{Key: "invoice:42", TTL: 30 * time.Second})
 	if err != nil {
 		panic(err)
 	}

@@ -85,7 +85,9 @@ func (s *Store) IsLocked(ctx context.Context, key string) (bool, error) {
 }
 
 // LookupByKey returns the sanitized state of key's lock, or nil, nil when
-// there is none or it is not live (SyncGuard's rule, as IsLocked).
+// there is none or it is not live (SyncGuard's rule, as IsLocked). It is
+// SyncGuard's lookup({key}) and its getByKey helper; pglease has one name
+// for it.
 func (s *Store) LookupByKey(ctx context.Context, key string) (*LockInfo, error) {
 	r, err := s.lookupKey(ctx, "pg.LookupByKey", key)
 	if r == nil || err != nil {
@@ -95,7 +97,8 @@ func (s *Store) LookupByKey(ctx context.Context, key string) (*LockInfo, error) 
 }
 
 // LookupByID returns the sanitized state of the lock lockID holds, or
-// nil, nil when there is none or it is not live.
+// nil, nil when there is none or it is not live. It is SyncGuard's
+// lookup({lockId}) and its getById helper.
 func (s *Store) LookupByID(ctx context.Context, lockID string) (*LockInfo, error) {
 	r, err := s.lookupID(ctx, "pg.LookupByID", lockID)
 	if r == nil || err != nil {
@@ -114,16 +117,6 @@ func (s *Store) LookupRawByKey(ctx context.Context, key string) (*RawLockInfo, e
 // getByIdRaw).
 func (s *Store) LookupRawByID(ctx context.Context, lockID string) (*RawLockInfo, error) {
 	return s.lookupID(ctx, "pg.LookupRawByID", lockID)
-}
-
-// GetByKey is LookupByKey under SyncGuard's helper name.
-func (s *Store) GetByKey(ctx context.Context, key string) (*LockInfo, error) {
-	return s.LookupByKey(ctx, key)
-}
-
-// GetByID is LookupByID under SyncGuard's helper name.
-func (s *Store) GetByID(ctx context.Context, lockID string) (*LockInfo, error) {
-	return s.LookupByID(ctx, lockID)
 }
 
 // Owns reports whether lockID holds a live lock (SyncGuard's owns:

@@ -258,7 +258,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 		t.Fatalf("SyncGuard release: %v %v", ok, err)
 	}
 	// A new acquire of the SyncGuard key continues its fence.
-	if r, err := s.Acquire(c, "sg-key", time.Minute); err != nil || !r.OK || r.Fence != 2 {
+	if r, err := s.Acquire(c, pg.AcquireRequest{Key: "sg-key", TTL: time.Minute}); err != nil || !r.OK || r.Fence != 2 {
 		t.Fatalf("Acquire after SyncGuard's release = %v, %v; want fence 2", r, err)
 	}
 
@@ -382,7 +382,7 @@ func TestUpgradeFromV0(t *testing.T) {
 				t.Fatal(err)
 			}
 			var se *pg.SchemaError
-			if _, err := s.Acquire(c, "other", time.Minute); !errors.As(err, &se) || se.Found != 0 || !errors.Is(err, pglease.ErrInvalidArgument) {
+			if _, err := s.Acquire(c, pg.AcquireRequest{Key: "other", TTL: time.Minute}); !errors.As(err, &se) || se.Found != 0 || !errors.Is(err, pglease.ErrInvalidArgument) {
 				t.Fatalf("Acquire on v0 = %v, want a SchemaError with Found 0", err)
 			}
 			switch how {
@@ -404,7 +404,7 @@ func TestUpgradeFromV0(t *testing.T) {
 			if got := snapshot(t, pool, schema); got != want {
 				t.Fatalf("upgraded v0:\n%s\nwant (fresh install):\n%s", got, want)
 			}
-			if r, err := s.Acquire(c, "held", time.Minute); err != nil || r.OK {
+			if r, err := s.Acquire(c, pg.AcquireRequest{Key: "held", TTL: time.Minute}); err != nil || r.OK {
 				t.Fatalf("Acquire of the key v0 holds = %v, %v; want locked", r, err)
 			}
 			info, err := s.LookupByID(c, id)
@@ -414,7 +414,7 @@ func TestUpgradeFromV0(t *testing.T) {
 			if ok, err := s.Release(c, id); err != nil || !ok {
 				t.Fatalf("Release of v0's lease = %v, %v", ok, err)
 			}
-			if r, err := s.Acquire(c, "held", time.Minute); err != nil || !r.OK || r.Fence != 2 {
+			if r, err := s.Acquire(c, pg.AcquireRequest{Key: "held", TTL: time.Minute}); err != nil || !r.OK || r.Fence != 2 {
 				t.Fatalf("Acquire after release = %v, %v; want fence 2", r, err)
 			}
 		})
@@ -434,7 +434,7 @@ func TestSchemaCheck(t *testing.T) {
 	}
 	wantFound := func(s *pg.Store, found int, msg string) {
 		t.Helper()
-		_, err := s.Acquire(c, "k", time.Minute)
+		_, err := s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Minute})
 		var se *pg.SchemaError
 		if !errors.As(err, &se) || se.Found != found || se.Want != pg.SchemaVersion || !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Fatalf("Acquire = %v, want SchemaError Found %d", err, found)
@@ -450,7 +450,7 @@ func TestSchemaCheck(t *testing.T) {
 	migrate(t, s, 1, pg.MigrateOptions{})
 	wantFound(s, 1, "pglease migrate")
 	migrate(t, s, 2, pg.MigrateOptions{})
-	if r, err := s.Acquire(c, "k", time.Minute); err != nil || !r.OK {
+	if r, err := s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Minute}); err != nil || !r.OK {
 		t.Fatalf("Acquire at the current version = %v, %v", r, err)
 	}
 
@@ -466,7 +466,7 @@ func TestSchemaCheck(t *testing.T) {
 	}
 	record(3, 2)
 	s2, _ := pg.New(pool, pg.Config{})
-	if r, err := s2.Acquire(c, "k2", time.Minute); err != nil || !r.OK {
+	if r, err := s2.Acquire(c, pg.AcquireRequest{Key: "k2", TTL: time.Minute}); err != nil || !r.OK {
 		t.Fatalf("Acquire on a newer schema that serves 2 = %v, %v", r, err)
 	}
 	if err := s2.SetupSchema(c); err != nil {
@@ -482,7 +482,7 @@ func TestSchemaCheck(t *testing.T) {
 		t.Fatalf("SetupSchema on an incompatible newer schema = %v", err)
 	}
 	// The Store that already checked keeps working (it checked at start).
-	if r, err := s.Acquire(c, "k3", time.Minute); err != nil || !r.OK {
+	if r, err := s.Acquire(c, pg.AcquireRequest{Key: "k3", TTL: time.Minute}); err != nil || !r.OK {
 		t.Fatalf("Acquire on the checked Store = %v, %v", r, err)
 	}
 	// Bad targets: no I/O needed to refuse.
@@ -515,7 +515,7 @@ func TestHolderIdentity(t *testing.T) {
 			t.Fatalf("New(Holder %q) = %v", bad, err)
 		}
 	}
-	r, err := s.Acquire(c, "job", 300*time.Millisecond)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: "job", TTL: 300 * time.Millisecond})
 	if err != nil || !r.OK {
 		t.Fatal(r, err)
 	}
@@ -539,7 +539,7 @@ func TestHolderIdentity(t *testing.T) {
 	}
 	// Another pglease process takes it: its own identity.
 	s2, _ := pg.New(pool, pg.Config{})
-	r2, err := s2.Acquire(c, "job", time.Minute)
+	r2, err := s2.Acquire(c, pg.AcquireRequest{Key: "job", TTL: time.Minute})
 	if err != nil || !r2.OK {
 		t.Fatal(r2, err)
 	}

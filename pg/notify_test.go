@@ -42,7 +42,7 @@ func TestNotifyOnRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = schema
-	r, err := s.Acquire(c, "notify-😀", time.Minute)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: "notify-😀", TTL: time.Minute})
 	if err != nil || !r.OK {
 		t.Fatal(r, err)
 	}
@@ -99,7 +99,7 @@ func TestSyncGuardWrittenRow(t *testing.T) {
 	if err := tx.Commit(c); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := s.Acquire(c, "sg", time.Second); err != nil || r.OK {
+	if r, err := s.Acquire(c, pg.AcquireRequest{Key: "sg", TTL: time.Second}); err != nil || r.OK {
 		t.Fatalf("Acquire of a SyncGuard-held key = %+v, %v", r, err)
 	}
 	info, err := s.LookupByKey(c, "sg")
@@ -112,7 +112,7 @@ func TestSyncGuardWrittenRow(t *testing.T) {
 	if ok, err := s.Release(c, id); err != nil || !ok {
 		t.Fatalf("Release = %v, %v", ok, err)
 	}
-	r, err := s.Acquire(c, "sg", time.Second)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: "sg", TTL: time.Second})
 	if err != nil || !r.OK || r.Fence != 2 {
 		t.Fatalf("Acquire after SyncGuard's grant = %+v, %v; want fence 2", r, err)
 	}

@@ -61,7 +61,7 @@ func TestLifecycleAndStoredFormat(t *testing.T) {
 	key := "cafe\u0301:resource" // NFD input
 	nfc := "café:resource"
 	before := serverNow(t, pool)
-	r, err := s.Acquire(c, key, 30*time.Second)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 30 * time.Second})
 	if err != nil || !r.OK {
 		t.Fatalf("Acquire = %+v, %v", r, err)
 	}
@@ -81,7 +81,7 @@ func TestLifecycleAndStoredFormat(t *testing.T) {
 		t.Fatalf("counter = %d, key_debug %q", f, dbg)
 	}
 	// The NFC and NFD spellings are the same lock.
-	if r2, err := s.Acquire(c, nfc, time.Second); err != nil || r2.OK {
+	if r2, err := s.Acquire(c, pg.AcquireRequest{Key: nfc, TTL: time.Second}); err != nil || r2.OK {
 		t.Fatalf("second Acquire of the NFC form = %+v, %v; want locked", r2, err)
 	}
 	for _, k := range []string{key, nfc} {
@@ -101,12 +101,6 @@ func TestLifecycleAndStoredFormat(t *testing.T) {
 	byID, err := s.LookupByID(c, r.LockID)
 	if err != nil || byID == nil || *byID != want {
 		t.Fatalf("LookupByID = %v, %v", byID, err)
-	}
-	if g, err := s.GetByID(c, r.LockID); err != nil || g == nil || *g != want {
-		t.Fatalf("GetByID = %v, %v", g, err)
-	}
-	if g, err := s.GetByKey(c, nfc); err != nil || g == nil || *g != want {
-		t.Fatalf("GetByKey = %v, %v", g, err)
 	}
 	raw, err := s.LookupRawByID(c, r.LockID)
 	if err != nil || raw == nil || raw.Key != nfc || raw.LockID != r.LockID || raw.LockInfo != want {
@@ -162,7 +156,7 @@ func TestLifecycleAndStoredFormat(t *testing.T) {
 		t.Fatalf("Release(unknown) = %v, %v", ok, err)
 	}
 	// Re-acquire: the counter survives, the fence increases.
-	r3, err := s.Acquire(c, nfc, time.Second)
+	r3, err := s.Acquire(c, pg.AcquireRequest{Key: nfc, TTL: time.Second})
 	if err != nil || !r3.OK || r3.Fence != 2 || r3.LockID == r.LockID {
 		t.Fatalf("re-Acquire = %+v, %v", r3, err)
 	}
@@ -174,7 +168,7 @@ func TestHostileKeys(t *testing.T) {
 	s, pool, _ := newStore(t, pg.Config{})
 	c := ctx(t)
 	for _, k := range []string{"'; DROP TABLE syncguard_locks;--", `"); DELETE FROM syncguard_fence_counters; --`, "$1", "%s%n", "\\x00", "😀 emoji", strings.Repeat("é", 256)} {
-		r, err := s.Acquire(c, k, time.Minute)
+		r, err := s.Acquire(c, pg.AcquireRequest{Key: k, TTL: time.Minute})
 		if err != nil || !r.OK {
 			t.Fatalf("Acquire(hostile) = %+v, %v", r, err)
 		}
@@ -214,7 +208,7 @@ func TestBadInputNoIO(t *testing.T) {
 	var calls []call
 	for _, k := range badKeys {
 		calls = append(calls,
-			call{"Acquire", pglease.ErrInvalidArgument, func() error { _, err := s.Acquire(c, k, time.Second); return err }, k},
+			call{"Acquire", pglease.ErrInvalidArgument, func() error { _, err := s.Acquire(c, pg.AcquireRequest{Key: k, TTL: time.Second}); return err }, k},
 			call{"AcquireMany", pglease.ErrInvalidArgument, func() error {
 				_, err := s.AcquireMany(c, []pg.AcquireRequest{{Key: "ok", TTL: time.Second}, {Key: k, TTL: time.Second}})
 				return err
@@ -247,21 +241,24 @@ func TestBadInputNoIO(t *testing.T) {
 	}
 	for _, ttl := range badTTLs {
 		calls = append(calls,
-			call{"Acquire ttl", pglease.ErrInvalidArgument, func() error { _, err := s.Acquire(c, "k", ttl); return err }, ""},
+			call{"Acquire ttl", pglease.ErrInvalidArgument, func() error { _, err := s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: ttl}); return err }, ""},
 			call{"Extend ttl", pglease.ErrInvalidArgument, func() error { _, err := s.Extend(c, good, ttl); return err }, ""},
 		)
 	}
 	//nolint:staticcheck // nil context on purpose
 	var nilCtx context.Context
 	calls = append(calls,
-		call{"nil ctx Acquire", pglease.ErrInvalidArgument, func() error { _, err := s.Acquire(nilCtx, "k", time.Second); return err }, ""},
+		call{"nil ctx Acquire", pglease.ErrInvalidArgument, func() error { _, err := s.Acquire(nilCtx, pg.AcquireRequest{Key: "k", TTL: time.Second}); return err }, ""},
 		call{"nil ctx Release", pglease.ErrInvalidArgument, func() error { _, err := s.Release(nilCtx, good); return err }, ""},
 		call{"nil ctx Extend", pglease.ErrInvalidArgument, func() error { _, err := s.Extend(nilCtx, good, time.Second); return err }, ""},
 		call{"nil ctx IsLocked", pglease.ErrInvalidArgument, func() error { _, err := s.IsLocked(nilCtx, "k"); return err }, ""},
 		call{"nil ctx Lookup", pglease.ErrInvalidArgument, func() error { _, err := s.LookupByID(nilCtx, good); return err }, ""},
 		call{"nil ctx SetupSchema", pglease.ErrInvalidArgument, func() error { return s.SetupSchema(nilCtx) }, ""},
 		call{"nil ctx AcquireMany", pglease.ErrInvalidArgument, func() error { _, err := s.AcquireMany(nilCtx, nil); return err }, ""},
-		call{"cancelled Acquire", pglease.ErrAborted, func() error { _, err := s.Acquire(cancelled, "k", time.Second); return err }, ""},
+		call{"cancelled Acquire", pglease.ErrAborted, func() error {
+			_, err := s.Acquire(cancelled, pg.AcquireRequest{Key: "k", TTL: time.Second})
+			return err
+		}, ""},
 		call{"cancelled ReleaseMany", pglease.ErrAborted, func() error { _, err := s.ReleaseMany(cancelled, []string{good}); return err }, ""},
 		call{"cancelled ExtendMany", pglease.ErrAborted, func() error { _, err := s.ExtendMany(cancelled, nil); return err }, ""},
 		call{"cancelled LookupByKey", pglease.ErrAborted, func() error { _, err := s.LookupByKey(cancelled, "k"); return err }, ""},
@@ -285,7 +282,7 @@ func TestBadInputNoIO(t *testing.T) {
 			t.Errorf("%s: error echoes the input: %v", cl.name, err)
 		}
 	}
-	if _, err := s.Acquire(cancelled, "k", time.Second); !errors.Is(err, context.Canceled) {
+	if _, err := s.Acquire(cancelled, pg.AcquireRequest{Key: "k", TTL: time.Second}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Aborted does not wrap context.Canceled: %v", err)
 	}
 	if q, w := cnt.queries.Load(), cnt.writes.Load(); q != 0 || w != 0 {
@@ -320,7 +317,7 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 		fn   func() error
 	}{
 		{"Acquire", func() error {
-			r, err := s.Acquire(c, "rt", time.Minute)
+			r, err := s.Acquire(c, pg.AcquireRequest{Key: "rt", TTL: time.Minute})
 			if err == nil && !r.OK {
 				err = errors.New("not acquired")
 			}

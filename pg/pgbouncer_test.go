@@ -60,11 +60,11 @@ func storeRoundTrip(t *testing.T, s *pg.Store) {
 	t.Helper()
 	c := ctx(t)
 	key := pgtest.RandomName("k")
-	r, err := s.Acquire(c, key, 10*time.Second)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 10 * time.Second})
 	if err != nil || !r.OK {
 		t.Fatalf("Acquire: %+v %v", r, err)
 	}
-	if r2, err := s.Acquire(c, key, 10*time.Second); err != nil || r2.OK {
+	if r2, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 10 * time.Second}); err != nil || r2.OK {
 		t.Fatalf("second Acquire of a held key: %+v %v", r2, err)
 	}
 	if ok, err := s.IsLocked(c, key); err != nil || !ok {
@@ -79,7 +79,7 @@ func storeRoundTrip(t *testing.T, s *pg.Store) {
 	if ok, err := s.Release(c, r.LockID); err != nil || !ok {
 		t.Fatalf("Release: %v %v", ok, err)
 	}
-	r3, err := s.Acquire(c, key, 10*time.Second)
+	r3, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 10 * time.Second})
 	if err != nil || !r3.OK || r3.Fence <= r.Fence {
 		t.Fatalf("re-Acquire: %+v %v (fence must grow from %s)", r3, err, r.Fence)
 	}
@@ -136,7 +136,7 @@ func hammer(t *testing.T, s *pg.Store, n, cycles int) error {
 			defer cancel()
 			for i := range cycles {
 				key := fmt.Sprintf("hammer-%d-%d", g, i%3)
-				r, err := s.Acquire(c, key, 10*time.Second)
+				r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 10 * time.Second})
 				if err == nil && r.OK {
 					_, err = s.Extend(c, r.LockID, 10*time.Second)
 					if err == nil {
@@ -214,10 +214,10 @@ func TestPgBouncerStatementCacheError(t *testing.T) {
 	if err := stores[0].SetupSchema(ctx(t)); err != nil {
 		t.Fatal(err)
 	}
-	if r, err := stores[0].Acquire(ctx(t), "a", 10*time.Second); err != nil || !r.OK {
+	if r, err := stores[0].Acquire(ctx(t), pg.AcquireRequest{Key: "a", TTL: 10 * time.Second}); err != nil || !r.OK {
 		t.Fatalf("first client: %+v %v", r, err)
 	}
-	_, err := stores[1].Acquire(ctx(t), "b", 10*time.Second)
+	_, err := stores[1].Acquire(ctx(t), pg.AcquireRequest{Key: "b", TTL: 10 * time.Second})
 	if err == nil {
 		t.Fatal("second client's Acquire succeeded; want the statement-cache collision on the shared server connection")
 	}

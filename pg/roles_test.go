@@ -142,7 +142,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := s.Acquire(c, "roles:a", time.Minute)
+	a, err := s.Acquire(c, pg.AcquireRequest{Key: "roles:a", TTL: time.Minute})
 	if err != nil || !a.OK {
 		t.Fatalf("Acquire as runtime = %+v, %v", a, err)
 	}
@@ -179,7 +179,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	if err != nil || len(oks) != 2 || !oks[0] || !oks[1] {
 		t.Fatalf("ReleaseMany = %v, %v", oks, err)
 	}
-	again, err := s.Acquire(c, "roles:b", time.Minute)
+	again, err := s.Acquire(c, pg.AcquireRequest{Key: "roles:b", TTL: time.Minute})
 	if err != nil || !again.OK || again.Fence <= many[1].Fence {
 		t.Fatalf("re-Acquire = %+v, %v (previous fence %v)", again, err, many[1].Fence)
 	}

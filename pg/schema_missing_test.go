@@ -44,7 +44,7 @@ func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Acquire(c, "k", time.Second)
+	_, err = s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second})
 	wantSchemaMissing(t, "pg.Acquire without schema", err, "42883")
 	_, err = s.Release(c, "AAAAAAAAAAAAAAAAAAAAAA")
 	wantSchemaMissing(t, "pg.Release without schema", err, "42883")
@@ -68,7 +68,7 @@ func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	if _, err := pool.Exec(c, "DROP TABLE syncguard_locks"); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Acquire(c, "k", time.Second)
+	_, err = s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second})
 	wantSchemaMissing(t, "pg.Acquire without lock table", err, "42P01")
 }
 

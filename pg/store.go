@@ -113,13 +113,17 @@ func New(db DB, cfg Config) (*Store, error) {
 	}, nil
 }
 
-// AcquireRequest is one item of AcquireMany.
+// AcquireRequest is one acquire: the argument of Acquire and an item of
+// AcquireMany.
 type AcquireRequest struct {
+	// Key is the lock key (normalized to NFC; see pglease.NormalizeKey).
 	Key string
+	// TTL is the lease TTL, a whole number of milliseconds
+	// (pglease.ValidateTTL).
 	TTL time.Duration
 	// LockID is an optional pre-generated lockId (pglease.NewLockID);
 	// "" = generate one. Pre-generating lets a caller clean up after an
-	// ambiguous outcome.
+	// ambiguous outcome (see Acquire).
 	LockID string
 }
 
@@ -236,14 +240,19 @@ func withOp(op string, err error) error {
 	return err
 }
 
-// Acquire tries once to take key for ttl. A key held by someone else is
-// AcquireResult{OK: false}, not an error. One round trip.
-func (s *Store) Acquire(ctx context.Context, key string, ttl time.Duration) (AcquireResult, error) {
+// Acquire tries once to take req.Key for req.TTL. A key held by someone
+// else is AcquireResult{OK: false}, not an error. One round trip.
+//
+// req.LockID, if set (pglease.NewLockID), is the lockId the grant gets;
+// "" generates one. Choosing it before the call is how a caller cleans up
+// after an ambiguous outcome: when the error is CodeAmbiguous the grant
+// may have committed, and Release(ctx, req.LockID) removes it if it did.
+func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
 	const op = "pg.Acquire"
 	if err := pglease.CheckContext(op, ctx); err != nil {
 		return AcquireResult{}, err
 	}
-	res, err := s.acquire(ctx, op, []AcquireRequest{{Key: key, TTL: ttl}})
+	res, err := s.acquire(ctx, op, []AcquireRequest{req})
 	if err != nil {
 		return AcquireResult{}, err
 	}

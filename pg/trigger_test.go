@@ -100,7 +100,7 @@ func syncGuardRelease(c context.Context, db *pgxpool.Pool, lockID string) (bool,
 
 func mustAcquire(t testing.TB, s *pg.Store, key string, ttl time.Duration) string {
 	t.Helper()
-	r, err := s.Acquire(ctx(t), key, ttl)
+	r, err := s.Acquire(ctx(t), pg.AcquireRequest{Key: key, TTL: ttl})
 	if err != nil || !r.OK {
 		t.Fatalf("Acquire = %v, %v", r, err)
 	}
@@ -207,7 +207,7 @@ func TestReleaseTriggerNoDoubleNotify(t *testing.T) {
 
 	// Takeover: the expired row is overwritten (UPDATE), not deleted; the
 	// expired holder's release is refused and deletes nothing.
-	r, err := s.Acquire(c, "k3", time.Millisecond)
+	r, err := s.Acquire(c, pg.AcquireRequest{Key: "k3", TTL: time.Millisecond})
 	if err != nil || !r.OK {
 		t.Fatal(r, err)
 	}
@@ -476,7 +476,7 @@ func BenchmarkReleaseTrigger(b *testing.B) {
 						key := fmt.Sprintf("bench-%d", w)
 						wg.Go(func() {
 							for next.Add(1) <= int64(b.N) {
-								r, err := s.Acquire(c, key, 30*time.Second)
+								r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 30 * time.Second})
 								if err != nil || !r.OK {
 									errs <- fmt.Errorf("acquire: %v %v", r, err)
 									return

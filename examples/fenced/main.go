@@ -73,7 +73,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		return err
 	}
 
-	leaseA, err := storeA.Acquire(ctx, key, 500*time.Millisecond)
+	leaseA, err := storeA.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: 500 * time.Millisecond})
 	if err != nil {
 		return err
 	}

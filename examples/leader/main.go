@@ -161,10 +161,10 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	}
 	say("A learns it lost leadership %s after the kill (lock context: LockLost) and steps down", round(time.Since(killedAt)))
 
-	if ok, err := lkB.Unlock(ctx); err != nil || !ok {
-		return fmt.Errorf("B's unlock: %v, %v", ok, err)
+	if err := lkB.Release(ctx); err != nil {
+		return fmt.Errorf("B's release: %v", err)
 	}
-	say("B steps down (Unlock)")
+	say("B steps down (Release)")
 	return nil
 }
 

@@ -76,7 +76,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 
 	// 1. A 3 s job under a 1 s lease: the heartbeat keeps it.
 	start := time.Now()
-	err = m.Do(ctx, key, func(ctx context.Context) error {
+	err = m.Do(ctx, key, func(ctx context.Context, _ *manager.Lock) error {
 		n, err := job(ctx)
 		fmt.Fprintf(w, "job 1: %d of %d steps done, lock held throughout: %v\n", n, steps, err == nil)
 		return err

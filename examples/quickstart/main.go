@@ -43,8 +43,9 @@ func run(ctx context.Context, databaseURL string) error {
 		return err
 	}
 
-	// Acquire waits for the lock (up to 5 s by default), then heartbeats
-	// its lease until Release.
+	// Acquire waits for the lock (up to 5 s by default;
+	// manager.WithAcquireTimeout(manager.NoAcquireTimeout) waits as long as
+	// ctx allows), then heartbeats its lease until Release.
 	lk, err := m.Acquire(ctx, "payment:123", manager.WithTTL(30*time.Second))
 	if errors.Is(err, pglease.ErrAcquisitionTimeout) {
 		return fmt.Errorf("payment 123 is being charged elsewhere: %w", err)
@@ -78,9 +79,10 @@ func run(ctx context.Context, databaseURL string) error {
 		}
 	}
 
-	// Do acquires, runs the function under the lock's context and releases.
-	return m.Do(ctx, "job:42", func(ctx context.Context) error {
-		fmt.Println("running job 42")
+	// Do acquires, runs the function with the lock (its context, its
+	// fence) and releases, also if the function panics.
+	return m.Do(ctx, "job:42", func(ctx context.Context, lk *manager.Lock) error {
+		fmt.Println("running job 42 under fence", lk.Fence())
 		return nil
 	})
 }

@@ -23,7 +23,7 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 var wantOutput = regexp.MustCompile(`^charging payment 123 under fence 0000000000000\d\d
 writing the daily report
-running job 42
+running job 42 under fence 0000000000000\d\d
 $`)
 
 // TestRun runs the quick start in-process (with -race) against the
@@ -70,7 +70,7 @@ func TestRunReportHeldElsewhere(t *testing.T) {
 			t.Errorf("run: %v", err)
 		}
 	})
-	if !strings.Contains(out, "someone else is writing the daily report\n") || !strings.Contains(out, "running job 42\n") {
+	if !strings.Contains(out, "someone else is writing the daily report\n") || !strings.Contains(out, "running job 42 under fence ") {
 		t.Fatalf("output:\n%s", out)
 	}
 }

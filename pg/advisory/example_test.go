@@ -28,7 +28,7 @@ func Example() {
 		panic(err)
 	}
 
-	// A session lock: held on a dedicated connection until Unlock or Close.
+	// A session lock: held on a dedicated connection until Release or Close.
 	s, err := advisory.Open(ctx, pool, nil)
 	if err != nil {
 		panic(err)
@@ -54,8 +54,8 @@ func Example() {
 			fmt.Println("held by this session:", li.PID == s.BackendPID(), "name:", li.Name)
 		}
 	}
-	released, err := lock.Unlock(ctx)
-	fmt.Println("released:", released, err)
+	err = lock.Release(ctx)
+	fmt.Println("released:", err, lock.Err())
 
 	// A transaction lock on a key derived like the SQL email_to_lock_id.
 	k, err := advisory.SHA256Key("  User@Example.com ")
@@ -73,7 +73,7 @@ func Example() {
 	// Output:
 	// cleanup lock taken
 	// held by this session: true name: idempotency-cleanup
-	// released: true <nil>
+	// released: <nil> pglease: advisory.Lock.Release: Released: lock released
 	// normalised: true
 	// transaction: <nil>
 }
@@ -118,7 +118,7 @@ func ExampleLoadRegistry() {
 	if err != nil || !ok {
 		panic(fmt.Sprint("cleanup lock: ", ok, err))
 	}
-	defer lock.Unlock(ctx)
+	defer lock.Release(ctx)
 
 	// The operator's tool, in another process: the same file, and the
 	// address from the ticket.

@@ -51,17 +51,17 @@ func TestHoldLimit(t *testing.T) {
 		t.Fatalf("the hold limit ended the session: %v", s.Err())
 	}
 	// The holder returns: now it is released, and the cause stays.
-	if ok, err := l.Unlock(ctx); !ok || err != nil {
-		t.Fatalf("Unlock after the hold limit = %v %v, want true nil", ok, err)
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release after the hold limit = %v, want nil", err)
 	}
 	if !errors.Is(context.Cause(l.Context()), pglease.ErrHoldLimitExceeded) {
-		t.Errorf("cause after Unlock = %v", context.Cause(l.Context()))
+		t.Errorf("cause after Release = %v", context.Cause(l.Context()))
 	}
 	lo, ok, err := other.TryLock(ctx, k)
 	if !ok || err != nil {
 		t.Fatalf("lock not free after the holder released it: %v %v", ok, err)
 	}
-	_, _ = lo.Unlock(ctx)
+	_ = lo.Release(ctx)
 
 	// A lock released before its limit keeps its own cause: the limit's
 	// timer is stopped.
@@ -69,8 +69,8 @@ func TestHoldLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := l2.Unlock(ctx); !ok || err != nil {
-		t.Fatal(ok, err)
+	if err := l2.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 	time.Sleep(2 * limit) // past the limit: nothing may change
 	if c := context.Cause(l2.Context()); errors.Is(c, pglease.ErrHoldLimitExceeded) {

@@ -160,12 +160,12 @@ func TestPgBouncerSessionLockSessionMode(t *testing.T) {
 	if s.Err() != nil {
 		t.Fatalf("session through session-mode PgBouncer ended: %v", s.Err())
 	}
-	if ok, err := l.Unlock(ctx); err != nil || !ok {
-		t.Fatalf("Unlock: %v %v", ok, err)
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 	ld, ok, err := direct.TryLock(ctx, k)
 	if err != nil || !ok {
-		t.Fatalf("key not free after Unlock through PgBouncer: %v %v", ok, err)
+		t.Fatalf("key not free after Release through PgBouncer: %v %v", ok, err)
 	}
-	_, _ = ld.Unlock(ctx)
+	_ = ld.Release(ctx)
 }

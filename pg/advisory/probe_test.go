@@ -105,7 +105,7 @@ func TestProbeRunsEveryInterval(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	defer l.Unlock(ctx)
+	defer l.Release(ctx)
 	const want = 9
 	deadline := time.Now().Add(want * 4 * interval)
 	for len(tr.probeStarts()) < want && time.Now().Before(deadline) {
@@ -273,7 +273,7 @@ func TestLossNoticeBoundDuringWait(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	defer lb.Unlock(ctx)
+	defer lb.Release(ctx)
 	waited := make(chan error, 1)
 	took := lossAfterProbe(t, tr, l, func() {
 		if err := p.HalfOpen(); err != nil {

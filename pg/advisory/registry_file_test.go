@@ -132,7 +132,7 @@ func TestInspectNamesDesignLocks(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	defer sched.Unlock(ctx)
+	defer sched.Release(ctx)
 	cleanupKey, err := app.Derive("orphan-cleanup", email)
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +142,7 @@ func TestInspectNamesDesignLocks(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatal(ok, err)
 	}
-	defer cl.Unlock(ctx)
+	defer cl.Release(ctx)
 	bookingKey, err := app.Derive("booking", tenant, date)
 	if err != nil {
 		t.Fatal(err)

@@ -26,13 +26,13 @@ type Options struct {
 	// guarantees". Default 1 s.
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds each probe and every short statement (TryLock,
-	// Unlock). A statement that has no reply by then ends the session:
+	// Release). A statement that has no reply by then ends the session:
 	// the connection is closed and every held lock reports LockLost.
 	// Default 1 s.
 	ProbeTimeout time.Duration
 	// WaitSlice is the session's lock_timeout: a blocking Lock waits on
 	// the server in slices this long, freeing the connection between
-	// slices for probes, Unlock and other calls. At most ProbeInterval
+	// slices for probes, Release and other calls. At most ProbeInterval
 	// (a longer slice would keep the probe off the connection past the
 	// loss-notice bound); default ProbeInterval; whole milliseconds.
 	WaitSlice time.Duration
@@ -168,33 +168,6 @@ type Session struct {
 	// The next probe is due at alive + ProbeInterval.
 	alive time.Time
 }
-
-// Lock is one session-level advisory lock held by a Session. Its
-// Context is cancelled when the lock ends: with cause context.Canceled
-// after Unlock, an error matching pglease.ErrLockLost when the session's
-// connection died or the server no longer held the lock, and one
-// matching pglease.ErrClosed when the Session was closed. With
-// Options.HoldLimit it is also cancelled, with a cause matching
-// pglease.ErrHoldLimitExceeded, when the limit passes while the lock is
-// still held (it stays held until Unlock).
-type Lock struct {
-	s      *Session // immutable
-	key    Key      // immutable
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-	ended  bool        // guarded by s.mu
-	limit  *time.Timer // guarded by s.mu; the hold limit's timer, nil without one
-}
-
-// Key returns the lock's key.
-func (l *Lock) Key() Key { return l.key }
-
-// Context returns a context that ends when the lock ends; see Lock for
-// the causes (context.Cause).
-func (l *Lock) Context() context.Context { return l.ctx }
-
-// Done is Context().Done().
-func (l *Lock) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Open hijacks a connection from pool for session-level advisory locks
 // and starts its probe. The connection never goes back to the pool: Close
@@ -790,55 +763,6 @@ func (s *Session) unlockRaw(op string, k Key) (bool, error) {
 	return ok, mapErr(nil, op, err)
 }
 
-// Unlock releases the lock. ok is true when the server released it; it
-// is false, with a nil error, when the lock had already ended (unlocked,
-// lost or closed). If the server says it did not hold the lock
-// (pg_advisory_unlock returned false), the session's view of the server
-// is wrong: the session ends as lost, every held lock reports LockLost,
-// and Unlock returns false. Unlock waits for its turn on the connection
-// as long as ctx allows; once sent, the statement is not cancelled by
-// ctx (it is bounded by ProbeTimeout).
-func (l *Lock) Unlock(ctx context.Context) (ok bool, err error) {
-	const op = "advisory.Lock.Unlock"
-	if err := pglease.CheckContext(op, ctx); err != nil {
-		return false, err
-	}
-	if l == nil || l.s == nil {
-		return false, invalid(op, "nil Lock")
-	}
-	s := l.s
-	if !s.live(l) {
-		return false, nil
-	}
-	if err := s.own(ctx, op); err != nil {
-		if pglease.CodeOf(err) == pglease.CodeClosed {
-			return false, nil
-		}
-		return false, err
-	}
-	defer func() { <-s.sem }()
-	if !s.live(l) {
-		return false, nil
-	}
-	released, err := s.unlockRaw(op, l.key)
-	if err != nil {
-		return false, err
-	}
-	if !released {
-		s.fail(errors.New("pg_advisory_unlock returned false: the server no longer held a lock this session took"))
-		return false, nil
-	}
-	s.mu.Lock()
-	l.endLocked()
-	delete(s.locks, l)
-	if s.held[l.key]--; s.held[l.key] <= 0 {
-		delete(s.held, l.key)
-	}
-	s.mu.Unlock()
-	l.cancel(nil)
-	return true, nil
-}
-
 func (s *Session) live(l *Lock) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -881,7 +805,7 @@ func (s *Session) LockAll(ctx context.Context, keys ...Key) ([]*Lock, error) {
 		if err != nil {
 			for _, got := range out {
 				if got != nil {
-					_, _ = got.Unlock(context.WithoutCancel(ctx))
+					_ = got.Release(context.WithoutCancel(ctx))
 				}
 			}
 			return nil, err

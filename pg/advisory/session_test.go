@@ -40,25 +40,31 @@ func TestTwoSessionsOneWins(t *testing.T) {
 	if locks[0] == nil {
 		winner, loser = 1, 0
 	}
-	if ok, err := locks[winner].Unlock(ctx); !ok || err != nil {
-		t.Fatalf("Unlock: %v %v", ok, err)
+	if err := locks[winner].Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
 	}
 	select {
 	case <-locks[winner].Done():
 	default:
-		t.Fatal("Done not closed after Unlock")
+		t.Fatal("Done not closed after Release")
 	}
-	if c := context.Cause(locks[winner].Context()); !errors.Is(c, context.Canceled) {
-		t.Errorf("cause after Unlock = %v", c)
+	// The cause is the released sentinel, a *pglease.Error (it was
+	// context.Canceled before the handles had one shape).
+	var pe *pglease.Error
+	if c := context.Cause(locks[winner].Context()); !errors.Is(c, pglease.ErrReleased) || !errors.As(c, &pe) {
+		t.Errorf("cause after Release = %v, want ErrReleased", c)
 	}
-	if ok, err := locks[winner].Unlock(ctx); ok || err != nil {
-		t.Errorf("second Unlock = %v %v, want false nil", ok, err)
+	if err := locks[winner].Err(); !errors.Is(err, pglease.ErrReleased) {
+		t.Errorf("Err after Release = %v, want ErrReleased", err)
+	}
+	if err := locks[winner].Release(ctx); err != nil {
+		t.Errorf("second Release = %v, want nil", err)
 	}
 	l, ok, err := []*Session{s1, s2}[loser].TryLock(ctx, k)
 	if !ok || err != nil {
 		t.Fatalf("loser after release: %v %v", ok, err)
 	}
-	_, _ = l.Unlock(ctx)
+	_ = l.Release(ctx)
 }
 
 // TestConnectionCloseReleasesAndSignals: the holder's connection closes
@@ -81,7 +87,7 @@ func TestConnectionCloseReleasesAndSignals(t *testing.T) {
 	if err != nil {
 		t.Fatalf("contender: %v", err)
 	}
-	defer l2.Unlock(ctx)
+	defer l2.Release(ctx)
 	select {
 	case <-l.Done():
 	case <-ctx.Done():
@@ -124,14 +130,17 @@ func TestTerminateBackendSignalsLockLost(t *testing.T) {
 	}
 	_, _, err = s1.TryLock(ctx, randKey())
 	wantCode(t, err, pglease.CodeClosed)
-	if ok, err := locks[0].Unlock(ctx); ok || err != nil {
-		t.Errorf("Unlock after loss = %v %v", ok, err)
+	if err := locks[0].Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
+		t.Errorf("Release after loss = %v, want LockLost", err)
+	}
+	if err := locks[0].Err(); !errors.Is(err, pglease.ErrLockLost) {
+		t.Errorf("Err after loss = %v, want LockLost", err)
 	}
 	l, ok, err := s2.TryLock(ctx, k1)
 	if !ok || err != nil {
 		t.Fatalf("contender after terminate: %v %v", ok, err)
 	}
-	_, _ = l.Unlock(ctx)
+	_ = l.Release(ctx)
 }
 
 func TestReentrancy(t *testing.T) {
@@ -159,8 +168,8 @@ func TestReentrancy(t *testing.T) {
 				t.Errorf("%s: error shows the key id: %v", name, err)
 			}
 		}
-		if ok, err := l.Unlock(ctx); !ok || err != nil {
-			t.Fatal(ok, err)
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
 		}
 		if _, ok, _ := other.TryLock(ctx, k); !ok {
 			t.Fatal("one Unlock did not free a lock taken once (it was stacked)")
@@ -180,8 +189,8 @@ func TestReentrancy(t *testing.T) {
 		if !ok || err != nil {
 			t.Fatal(ok, err)
 		}
-		if ok, err := l1.Unlock(ctx); !ok || err != nil {
-			t.Fatal(ok, err)
+		if err := l1.Release(ctx); err != nil {
+			t.Fatal(err)
 		}
 		if _, ok, _ := other.TryLock(ctx, k); ok {
 			t.Fatal("lock free after one of two Unlocks")
@@ -189,14 +198,14 @@ func TestReentrancy(t *testing.T) {
 		if l2.Context().Err() != nil {
 			t.Fatal("second handle ended with the first")
 		}
-		if ok, err := l2.Unlock(ctx); !ok || err != nil {
-			t.Fatal(ok, err)
+		if err := l2.Release(ctx); err != nil {
+			t.Fatal(err)
 		}
 		lo, ok, _ := other.TryLock(ctx, k)
 		if !ok {
 			t.Fatal("lock still held after both Unlocks")
 		}
-		_, _ = lo.Unlock(ctx)
+		_ = lo.Release(ctx)
 	})
 }
 
@@ -252,8 +261,8 @@ func TestLockCancelKeepsOtherLocks(t *testing.T) {
 	if _, ok, _ := s2.TryLock(ctx, mine); ok {
 		t.Fatal("other session took the cancelled waiter's held lock")
 	}
-	_, _ = lb.Unlock(ctx)
-	_, _ = lm.Unlock(ctx)
+	_ = lb.Release(ctx)
+	_ = lm.Release(ctx)
 }
 
 // TestLockCancelRacesGrant: the holder releases at about the moment the
@@ -278,19 +287,19 @@ func TestLockCancelRacesGrant(t *testing.T) {
 		}
 		d := 20 * time.Millisecond
 		wctx, cancel := context.WithTimeout(ctx, d)
-		release := time.AfterFunc(d+time.Duration(rand.IntN(4000)-2000)*time.Microsecond, func() { _, _ = lh.Unlock(ctx) })
+		release := time.AfterFunc(d+time.Duration(rand.IntN(4000)-2000)*time.Microsecond, func() { _ = lh.Release(ctx) })
 		l, err := s1.Lock(wctx, k)
 		cancel()
 		release.Stop()
-		_, _ = lh.Unlock(ctx) // no-op if the timer did it
+		_ = lh.Release(ctx) // no-op if the timer did it
 		switch {
 		case err == nil:
 			granted++
 			if !heldBy(t, pool, s1.BackendPID(), k) {
 				t.Fatalf("round %d: Lock succeeded but the server does not hold it", round)
 			}
-			if ok, err := l.Unlock(ctx); !ok || err != nil {
-				t.Fatal(ok, err)
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
 			}
 		case pglease.CodeOf(err) == pglease.CodeAborted:
 			aborted++
@@ -332,8 +341,8 @@ func TestLockAllNoDeadlock(t *testing.T) {
 					if l.Key() != ks[j] {
 						errs[i] = errors.New("locks not in argument order")
 					}
-					if ok, err := l.Unlock(ctx); !ok || err != nil {
-						errs[i] = errors.Join(errors.New("unlock failed"), err)
+					if err := l.Release(ctx); err != nil {
+						errs[i] = errors.Join(errors.New("release failed"), err)
 					}
 				}
 			})
@@ -409,8 +418,8 @@ func TestPooledConnectionNeverLeaksLock(t *testing.T) {
 			t.Fatalf("pool user pid %d sees %d advisory locks (session pid %d)", pid, n, s.BackendPID())
 		}
 		if unlockFirst {
-			if ok, err := l.Unlock(ctx); !ok || err != nil {
-				t.Fatal(ok, err)
+			if err := l.Release(ctx); err != nil {
+				t.Fatal(err)
 			}
 		}
 		if err := s.Close(ctx); err != nil {
@@ -484,7 +493,7 @@ func TestBadInputNoIO(t *testing.T) {
 		{"Lock zero key", pglease.CodeInvalidArgument, func() error { _, err := s.Lock(ctx, Key{}); return err }()},
 		{"LockAll none", pglease.CodeInvalidArgument, func() error { _, err := s.LockAll(ctx); return err }()},
 		{"LockAll dup", pglease.CodeInvalidArgument, func() error { k := randKey(); _, err := s.LockAll(ctx, k, k); return err }()},
-		{"Unlock nil ctx", pglease.CodeInvalidArgument, func() error { _, err := held.Unlock(nilCtx); return err }()},
+		{"Release nil ctx", pglease.CodeInvalidArgument, func() error { return held.Release(nilCtx) }()},
 		{"nil session", pglease.CodeInvalidArgument, func() error { _, _, err := (*Session)(nil).TryLock(ctx, randKey()); return err }()},
 		{"XactLock nil tx", pglease.CodeInvalidArgument, XactLock(ctx, nil, randKey())},
 		{"XactLock zero key", pglease.CodeInvalidArgument, XactLock(ctx, tx, Key{})},
@@ -514,8 +523,11 @@ func TestBadInputNoIO(t *testing.T) {
 	wantCode(t, err, pglease.CodeClosed)
 	_, err = s.LockAll(ctx, randKey())
 	wantCode(t, err, pglease.CodeClosed)
-	if ok, err := held.Unlock(ctx); ok || err != nil {
-		t.Errorf("Unlock after Close = %v %v", ok, err)
+	if err := held.Release(ctx); err != nil {
+		t.Errorf("Release after Close = %v, want nil (Close released it)", err)
+	}
+	if err := held.Err(); !errors.Is(err, pglease.ErrClosed) {
+		t.Errorf("Err after Close = %v, want Closed", err)
 	}
 	if err := s.Close(ctx); err != nil {
 		t.Errorf("second Close: %v", err)
@@ -558,5 +570,5 @@ func TestLockTableFull(t *testing.T) {
 	if !ok || err != nil {
 		t.Fatalf("after capacity returned: %v %v", ok, err)
 	}
-	_, _ = l.Unlock(ctx)
+	_ = l.Release(ctx)
 }

@@ -87,7 +87,7 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 	go func() {
 		l, err := s.Lock(ctx, k)
 		if err == nil {
-			_, err = l.Unlock(ctx)
+			err = l.Release(ctx)
 		}
 		done <- err
 	}()
@@ -103,7 +103,7 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 		}
 		return false
 	})
-	_, _ = lh.Unlock(ctx)
+	_ = lh.Release(ctx)
 	if err := <-done; err != nil {
 		t.Fatalf("Lock under hostile role defaults: %v", err)
 	}
@@ -142,5 +142,5 @@ func TestBackendPIDChangeIsLoss(t *testing.T) {
 	if err != nil {
 		t.Fatalf("lock not freed on the server: %v", err)
 	}
-	_, _ = lo.Unlock(ctx)
+	_ = lo.Release(ctx)
 }

@@ -24,7 +24,7 @@ func TestXactLocks(t *testing.T) {
 			t.Fatal(err)
 		}
 		if ok {
-			_, _ = l.Unlock(ctx)
+			_ = l.Release(ctx)
 		}
 		return ok
 	}

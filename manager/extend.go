@@ -1,0 +1,70 @@
+package manager
+
+// Manual extends (Lock.Extend) go through the loop like the heartbeat's:
+// the lease joins the next extend batch, and its callers are answered
+// when that batch's result arrives (handleExtendDone → answerExtends) or,
+// if the lock ends first, by dropHolding.
+
+// handleExtend queues req.lock's lease for the next extend batch.
+func (st *loopState) handleExtend(req *extendReq) {
+	h := req.lock.h
+	if _, ok := st.held[h]; !ok || h == nil {
+		req.reply <- endedExtend(req.lock.Err())
+		return
+	}
+	if c := req.lock.Err(); c != nil {
+		// Its loss timer fired; the loop drops it on the nudge that
+		// follows (lossCh).
+		req.reply <- endedExtend(c)
+		return
+	}
+	h.extWant = append(h.extWant, req.reply)
+	st.queueExtend(h)
+	st.sig().extendAsked.signal(h.ks.key)
+}
+
+// queueExtend adds h to the next extend batch unless an extend of h is
+// already pending or in flight (answerExtends queues it again then).
+func (st *loopState) queueExtend(h *holding) {
+	if h.lease.Pending {
+		return
+	}
+	h.lease.Pending = true
+	st.pendExtend = append(st.pendExtend, h)
+}
+
+// answerExtends answers the Extend callers of the leases of d that are
+// still held (dropHolding answered the others): nil when the extend
+// succeeded, the round trip's error when its outcome is unknown. Leases
+// with callers who came while the round trip was in flight go into the
+// next batch. Called by handleExtendDone after it updated the leases.
+func (st *loopState) answerExtends(d extendDone) {
+	for _, h := range d.batch {
+		if _, ok := st.held[h]; !ok {
+			continue
+		}
+		var err error
+		if d.err != nil {
+			err = extendUnknown(d.err)
+		}
+		sent := h.extSent
+		h.extSent = nil
+		for _, c := range sent {
+			c <- err
+		}
+		if len(h.extWant) > 0 {
+			st.queueExtend(h)
+		}
+	}
+}
+
+// answerExtendWaiters answers every Extend caller of h with err.
+func (h *holding) answerExtendWaiters(err error) {
+	for _, c := range h.extSent {
+		c <- err
+	}
+	for _, c := range h.extWant {
+		c <- err
+	}
+	h.extSent, h.extWant = nil, nil
+}
