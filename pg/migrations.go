@@ -135,10 +135,17 @@ type SchemaError struct {
 	CompatibleFrom int
 	// Want is the version this pglease needs (SchemaVersion).
 	Want int
+	// Err is the server's answer that showed the schema missing (SQLSTATE
+	// 42883, the version record is undefined), if that is how it was
+	// found.
+	Err error
 }
 
-const howToMigrate = "migrate with `pglease migrate` (go install github.com/pglease/pglease/cmd/pglease@latest), " +
-	"Store.SetupSchema / Manager.SetupSchema, or by applying the files of package pg/migrations with goose or golang-migrate"
+// Unwrap returns Err.
+func (e *SchemaError) Unwrap() error { return e.Err }
+
+const howToMigrate = "run SetupSchema or apply pg/schema.sql (or the numbered files of package pg/migrations with goose or golang-migrate, " +
+	"or `pglease migrate`: go install github.com/pglease/pglease/cmd/pglease@latest)"
 
 // Error says what was found, what is needed and what to run.
 func (e *SchemaError) Error() string {
@@ -220,7 +227,8 @@ func (s *Store) checkOnce(ctx context.Context, op string) error {
 	err := s.run(ctx, op, false, s.versionSQL, nil, func(r pgx.Rows) error { return r.Scan(&v, &c) })
 	var st interface{ SQLState() string }
 	if errors.As(err, &st) && st.SQLState() == "42883" { // undefined_function: no record
-		v, c, err = 0, 0, nil
+		var cause error = st.(error)
+		return schemaErr(op, &SchemaError{Want: SchemaVersion, Err: cause})
 	}
 	if err != nil {
 		return err

@@ -549,9 +549,21 @@ func TestHolderIdentity(t *testing.T) {
 	if ok, err := s2.Release(c, r2.LockID); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
+	// The released lease's holder row stays (cheaper next grant) but is
+	// never shown: the next grant by SyncGuard has no holder.
 	var n int
-	if err := pool.QueryRow(c, "SELECT count(*) FROM syncguard_locks_holders").Scan(&n); err != nil || n != 0 {
+	if err := pool.QueryRow(c, "SELECT count(*) FROM syncguard_locks_holders").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("%d holder rows after release, %v", n, err)
+	}
+	sgID, ok, err = sg.acquire("job", time.Minute)
+	if err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if info, err := s.LookupByID(c, sgID); err != nil || info == nil || info.Holder != "" {
+		t.Fatalf("LookupByID after a released pglease grant = %v, %v; want no holder", info, err)
+	}
+	if ok, err := sg.extendOrRelease(sgID, 0); err != nil || !ok {
+		t.Fatal(ok, err)
 	}
 }
 

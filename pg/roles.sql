@@ -8,8 +8,9 @@
 --   owner role:   owns the tables and functions; runs SetupSchema (or
 --                 SchemaFile / SchemaSQL from a migration).
 --   runtime role: what the application connects as. CONNECT, USAGE on the
---                 schema, SELECT/INSERT/UPDATE/DELETE on the lock table
---                 and on pglease's holder table (syncguard_locks_holders),
+--                 schema, SELECT/INSERT/UPDATE/DELETE on the lock table,
+--                 SELECT/INSERT/UPDATE on pglease's holder table
+--                 (syncguard_locks_holders),
 --                 SELECT/INSERT/UPDATE on the fence table (never DELETE or
 --                 TRUNCATE: fence counters are never deleted), EXECUTE on
 --                 the pglease_* functions. Not superuser, no
@@ -57,10 +58,10 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks TO :"run
 -- No DELETE, no TRUNCATE: the privilege system enforces "fence counters are
 -- never deleted" for the runtime role.
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".syncguard_fence_counters TO :"runtime_role";
--- pglease's holder identity table (schema version 2): written by acquire,
--- deleted by release. SyncGuard never uses it.
+-- pglease's holder identity table (schema version 2): upserted by acquire
+-- (one row per key, never deleted). SyncGuard never uses it.
 REVOKE ALL ON TABLE :"schema".syncguard_locks_holders FROM PUBLIC, :"runtime_role";
-GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks_holders TO :"runtime_role";
+GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".syncguard_locks_holders TO :"runtime_role";
 -- EXECUTE on every pglease_* function in the schema, for the runtime role
 -- only (also for functions created before step 1).
 SET pglease.roles_schema = :'schema';

@@ -331,9 +331,11 @@ BEGIN
       VALUES (r.k, r.id, v_now + r.ttl, v_now, lpad(v_fence::text, 15, '0'), r.uk)
       ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
         acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
-    -- Holder identity, tied to this grant's lockId: a row left behind when
-    -- SyncGuard (which never writes here) takes the key over names another
-    -- lockId and is not shown.
+    -- Holder identity, tied to this grant's lockId: a row left behind
+    -- (release keeps it: the next grant's upsert is then a cheap HOT
+    -- update, measured in BenchmarkHolderCost) or when SyncGuard (which
+    -- never writes here) takes the key over names another lockId and is
+    -- not shown. One row per key, like the fence counters.
     IF p_holder IS NOT NULL THEN
       INSERT INTO {h} AS h (key, lock_id, holder) VALUES (r.k, r.id, p_holder)
         ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder;
@@ -346,9 +348,8 @@ $fn$;
 
 -- Release N lockIds in one statement: lock their rows in (hashtext, key)
 -- order, read the server clock, then delete each row still unexpired
--- (expires_at_ms > now: no release inside the tolerance window) and its
--- holder row. With a channel, each successful release also notifies
--- hashKey(user_key).
+-- (expires_at_ms > now: no release inside the tolerance window). With a
+-- channel, each successful release also notifies hashKey(user_key).
 -- A release commits without waiting for its WAL flush: if a crash loses it,
 -- the lease simply runs to its expiry (safe), and any later acquire that saw
 -- the release flushes it (WAL is sequential) before it is acknowledged.
@@ -359,7 +360,6 @@ DECLARE
   r record;
   v_now bigint;
   v_uk text;
-  v_k text;
 BEGIN
   PERFORM set_config('synchronous_commit', 'off', true);
   PERFORM 1 FROM {t} AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
@@ -367,11 +367,8 @@ BEGIN
   FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
     o_idx := r.i;
     v_uk := NULL;
-    DELETE FROM {t} AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.key, l.user_key INTO v_k, v_uk;
+    DELETE FROM {t} AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.user_key INTO v_uk;
     o_ok := v_uk IS NOT NULL;
-    IF o_ok THEN
-      DELETE FROM {h} AS h WHERE h.key = v_k AND h.lock_id = r.id;
-    END IF;
     IF o_ok AND p_channel IS NOT NULL THEN
       PERFORM pg_notify(p_channel, {fn_hash}(v_uk));
     END IF;

@@ -325,7 +325,11 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	// user_key is the NFC key, which for PostgreSQL equals the storage key.
 	out := make([]AcquireResult, len(reqs))
 	got := make([]bool, len(reqs))
-	err := s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls, s.holder}, func(rows pgx.Rows) error {
+	var holder *string // nil only in the holder cost benchmark
+	if s.holder != "" {
+		holder = &s.holder
+	}
+	err := s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
 		var idx, status int32
 		var fence, acq, exp *int64
 		if err := rows.Scan(&idx, &status, &fence, &acq, &exp); err != nil {
