@@ -85,3 +85,81 @@ func ExampleLock_Context() {
 	// Output:
 	// pglease: manager.Close: Closed: manager closed
 }
+
+// A lease taken WithoutAutoExtend is renewed by hand: each Extend renews
+// it for its TTL, through the Manager's batched heartbeat statement.
+func ExampleLock_Extend() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	m, err := manager.New(pool, manager.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close(ctx)
+	if err := m.SetupSchema(ctx); err != nil {
+		panic(err)
+	}
+
+	lk, err := m.Acquire(ctx, "example:batch-import", manager.WithTTL(10*time.Second), manager.WithoutAutoExtend())
+	if err != nil {
+		panic(err)
+	}
+	defer lk.Release(ctx)
+	for batch := range 3 {
+		before := lk.ExpiresAt() // the server's expires_at
+		// import(lk.Context(), batch) …
+		if err := lk.Extend(ctx); err != nil {
+			panic(err) // errors.Is(err, pglease.ErrLockLost): stop, the lease is gone
+		}
+		fmt.Println("batch", batch, "expiry moved:", !lk.ExpiresAt().Before(before),
+			"time left:", lk.Remaining() > 5*time.Second)
+	}
+	// Output:
+	// batch 0 expiry moved: true time left: true
+	// batch 1 expiry moved: true time left: true
+	// batch 2 expiry moved: true time left: true
+}
+
+// NoAcquireTimeout makes Acquire wait for as long as its context allows,
+// like etcd's Mutex.Lock(ctx), instead of the default 5 s.
+func ExampleNoAcquireTimeout() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	m, err := manager.New(pool, manager.Config{})
+	if err != nil {
+		panic(err)
+	}
+	defer m.Close(ctx)
+	if err := m.SetupSchema(ctx); err != nil {
+		panic(err)
+	}
+
+	holder, err := m.Acquire(ctx, "example:migration")
+	if err != nil {
+		panic(err)
+	}
+	released := make(chan struct{})
+	time.AfterFunc(200*time.Millisecond, func() {
+		holder.Release(ctx)
+		close(released)
+	})
+
+	// No deadline on ctx: wait until the holder lets go (or ctx is cancelled).
+	lk, err := m.Acquire(ctx, "example:migration", manager.WithAcquireTimeout(manager.NoAcquireTimeout))
+	if err != nil {
+		panic(err)
+	}
+	defer lk.Release(ctx)
+	<-released
+	fmt.Println("granted after the holder released, fence above the holder's:", lk.Fence() > holder.Fence())
+	// Output:
+	// granted after the holder released, fence above the holder's: true
+}
