@@ -13,6 +13,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/pg"
 )
 
 // releasedCause is the cause of a Lock's Context after Release.
@@ -88,6 +89,18 @@ func (l *Lock) Fence() pglease.Fence {
 		return 0
 	}
 	return l.fence
+}
+
+// GrantID returns pg.GrantID of the lock's lockId: an identity of this
+// grant that, unlike the lockId, grants nothing and may be stored or
+// logged. Give it with Fence to a pg.FenceGuard made WithGrantColumn
+// (UpdateGrant, UpsertGrant), which then tells a retry of this grant from
+// another grant that got the same fence.
+func (l *Lock) GrantID() string {
+	if l == nil {
+		return ""
+	}
+	return pg.GrantID(l.id)
 }
 
 // TTL returns the lease TTL the lock was acquired with (WithTTL or

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -363,4 +365,243 @@ func ExampleFenceGuard() {
 	// fence 6 writes late: false
 	// fence 7 finishes: true
 	// state: sent
+}
+
+// grantTable creates jobs with a grant column in the schema of a Store's
+// pool and returns the grant guard.
+func grantGuard(t *testing.T, db pg.DB) (*pg.FenceGuard, *pg.FenceGuard) {
+	t.Helper()
+	_, err := db.Exec(context.Background(),
+		`CREATE TABLE jobs (id text PRIMARY KEY, fence bigint, fence_grant text, status text NOT NULL DEFAULT 'new')`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	legacy := mustGuard(t)
+	g, err := legacy.WithGrantColumn("fence_grant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return legacy, g
+}
+
+func statusOf(t *testing.T, db pg.DB, id string) string {
+	t.Helper()
+	var s string
+	if err := db.QueryRow(context.Background(), `SELECT status FROM jobs WHERE id = $1`, id).Scan(&s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestFenceGuardRepeatedFence (issue 17.3, RELIABILITY F8 white-box): the
+// fence counter is lowered so that the next grant repeats the last fence,
+// as after a failover to an asynchronous replica. A guard with a grant
+// column refuses the repeated fence from the second grant with a typed
+// error and keeps the first grant's write, while the first grant's own
+// retries still pass; the guard without one lets the repeat through.
+func TestFenceGuardRepeatedFence(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, pg.Config{})
+	c := ctx(t)
+	legacy, g := grantGuard(t, pool)
+	if _, err := pool.Exec(c, `INSERT INTO jobs (id) VALUES ('legacy')`); err != nil {
+		t.Fatal(err)
+	}
+	key := pgtest.RandomName("job")
+	a, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 30 * time.Second})
+	if err != nil || !a.OK {
+		t.Fatal(a, err)
+	}
+	ga := pg.GrantID(a.LockID)
+	for i, status := range []string{"A1", "A2"} { // a write and a retry of the same grant
+		if ok, err := g.UpsertGrant(c, pool, "job", a.Fence, ga, pg.Set{Column: "status", Value: status}); err != nil || !ok {
+			t.Fatalf("grant A write %d: %v, %v", i, ok, err)
+		}
+	}
+	if ok, err := legacy.Update(c, pool, "legacy", a.Fence, pg.Set{Column: "status", Value: "A"}); err != nil || !ok {
+		t.Fatalf("legacy guard, grant A: %v, %v", ok, err)
+	}
+	if ok, err := s.Release(c, a.LockID); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	// Lose the last grant's fence increment, as an asynchronous failover would.
+	if _, err := pool.Exec(c, `UPDATE syncguard_fence_counters SET fence = fence - 1`); err != nil {
+		t.Fatal(err)
+	}
+	b, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 30 * time.Second})
+	if err != nil || !b.OK {
+		t.Fatal(b, err)
+	}
+	if b.Fence != a.Fence {
+		t.Fatalf("setup: second grant got fence %s, want the repeated %s", b.Fence, a.Fence)
+	}
+	gb := pg.GrantID(b.LockID)
+	if gb == ga {
+		t.Fatal("two grants have the same GrantID")
+	}
+	for _, write := range []func() (bool, error){
+		func() (bool, error) {
+			return g.UpdateGrant(c, pool, "job", b.Fence, gb, pg.Set{Column: "status", Value: "B"})
+		},
+		func() (bool, error) {
+			return g.UpsertGrant(c, pool, "job", b.Fence, gb, pg.Set{Column: "status", Value: "B"})
+		},
+	} {
+		ok, err := write()
+		if ok || !errors.Is(err, pglease.ErrFenceRegression) || !errors.Is(err, pg.ErrFenceRepeated) {
+			t.Fatalf("repeated fence from another grant: accepted=%v err=%v; want a FenceRegression error (ErrFenceRepeated)", ok, err)
+		}
+		if strings.Contains(err.Error(), b.LockID) || strings.Contains(err.Error(), gb) {
+			t.Fatalf("error text leaks the grant: %v", err)
+		}
+	}
+	if st := statusOf(t, pool, "job"); st != "A2" {
+		t.Fatalf("status = %q after the refused repeat, want A2", st)
+	}
+	// The first grant's retries still pass.
+	if ok, err := g.UpdateGrant(c, pool, "job", a.Fence, ga, pg.Set{Column: "status", Value: "A3"}); err != nil || !ok {
+		t.Fatalf("grant A retry after the repeat: %v, %v", ok, err)
+	}
+	// Without a grant column the repeat goes through: what the column fixes.
+	if ok, err := legacy.Update(c, pool, "legacy", b.Fence, pg.Set{Column: "status", Value: "B"}); err != nil || !ok {
+		t.Fatalf("legacy guard, repeated fence: %v, %v (documented: accepted)", ok, err)
+	}
+	// A newer grant takes over; then the older fence is an ordinary refusal.
+	if ok, err := s.Release(c, b.LockID); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	n, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: 30 * time.Second})
+	if err != nil || !n.OK || n.Fence <= a.Fence {
+		t.Fatal(n, err)
+	}
+	if ok, err := g.UpdateGrant(c, pool, "job", n.Fence, pg.GrantID(n.LockID), pg.Set{Column: "status", Value: "N"}); err != nil || !ok {
+		t.Fatalf("newer grant: %v, %v", ok, err)
+	}
+	if ok, err := g.UpdateGrant(c, pool, "job", a.Fence, ga, pg.Set{Column: "status", Value: "late"}); err != nil || ok {
+		t.Fatalf("older fence after a newer grant: %v, %v; want false, nil", ok, err)
+	}
+	if ok, err := g.UpdateGrant(c, pool, "missing", n.Fence, pg.GrantID(n.LockID)); err != nil || ok {
+		t.Fatalf("missing row: %v, %v; want false, nil", ok, err)
+	}
+	if st := statusOf(t, pool, "job"); st != "N" {
+		t.Fatalf("status = %q, want N", st)
+	}
+}
+
+// TestFenceGuardGrantBackCompat: a row written before the grant column
+// existed (grant NULL) takes an equal fence once from any grant, which
+// records it; from then on another grant with that fence is refused.
+func TestFenceGuardGrantBackCompat(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	legacy, g := grantGuard(t, pool)
+	c := ctx(t)
+	if ok, err := legacy.Upsert(c, pool, "j", 7, pg.Set{Column: "status", Value: "old"}); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	g1, g2 := pg.GrantID(pglease.NewLockID()), pg.GrantID(pglease.NewLockID())
+	if ok, err := g.UpdateGrant(c, pool, "j", 7, g1, pg.Set{Column: "status", Value: "g1"}); err != nil || !ok {
+		t.Fatalf("equal fence on a row without a grant: %v, %v; want accepted", ok, err)
+	}
+	if ok, err := g.UpdateGrant(c, pool, "j", 7, g2); !errors.Is(err, pg.ErrFenceRepeated) || ok {
+		t.Fatalf("second grant, same fence: %v, %v; want ErrFenceRepeated", ok, err)
+	}
+	var stored string
+	if err := pool.QueryRow(c, `SELECT fence_grant FROM jobs WHERE id = 'j'`).Scan(&stored); err != nil || stored != g1 {
+		t.Fatalf("stored grant = %q, %v; want g1's", stored, err)
+	}
+}
+
+// TestFenceGuardNilAndBadInput (issue 9.10): nil receivers, nil and
+// nil-pointer DBs and bad grants are InvalidArgument, never a panic.
+func TestFenceGuardNilAndBadInput(t *testing.T) {
+	t.Parallel()
+	c := context.Background()
+	var nilGuard *pg.FenceGuard
+	var nilPool *pgxpool.Pool
+	var nilConn *pgx.Conn
+	g := mustGuard(t)
+	gg, err := g.WithGrantColumn("fence_grant")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool, _ := pgtest.Pool(t)
+	grant := pg.GrantID(pglease.NewLockID())
+	for name, call := range map[string]func() (bool, error){
+		"nil guard Update":       func() (bool, error) { return nilGuard.Update(c, pool, "k", 1) },
+		"nil guard Upsert":       func() (bool, error) { return nilGuard.Upsert(c, pool, "k", 1) },
+		"nil guard UpdateGrant":  func() (bool, error) { return nilGuard.UpdateGrant(c, pool, "k", 1, grant) },
+		"nil guard UpsertGrant":  func() (bool, error) { return nilGuard.UpsertGrant(c, pool, "k", 1, grant) },
+		"zero guard":             func() (bool, error) { return (&pg.FenceGuard{}).Update(c, pool, "k", 1) },
+		"nil DB":                 func() (bool, error) { return g.Update(c, nil, "k", 1) },
+		"nil *pgxpool.Pool":      func() (bool, error) { return g.Update(c, nilPool, "k", 1) },
+		"nil *pgx.Conn Upsert":   func() (bool, error) { return g.Upsert(c, nilConn, "k", 1) },
+		"nil pool UpdateGrant":   func() (bool, error) { return gg.UpdateGrant(c, nilPool, "k", 1, grant) },
+		"nil context":            func() (bool, error) { return g.Update(nil, pool, "k", 1) }, //nolint:staticcheck // testing nil ctx
+		"raw lockId as grant":    func() (bool, error) { return gg.UpdateGrant(c, pool, "k", 1, pglease.NewLockID()) },
+		"empty grant":            func() (bool, error) { return gg.UpsertGrant(c, pool, "k", 1, pg.GrantID("not a lockId")) },
+		"Update on grant guard":  func() (bool, error) { return gg.Update(c, pool, "k", 1) },
+		"UpdateGrant, no column": func() (bool, error) { return g.UpdateGrant(c, pool, "k", 1, grant) },
+		"set the grant column": func() (bool, error) {
+			return gg.UpdateGrant(c, pool, "k", 1, grant, pg.Set{Column: "fence_grant", Value: "x"})
+		},
+		"nil key": func() (bool, error) { return gg.UpdateGrant(c, pool, nil, 1, grant) },
+		"fence 0": func() (bool, error) { return gg.UpsertGrant(c, pool, "k", 0, grant) },
+	} {
+		ok, err := call()
+		if ok || !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("%s: %v, %v; want InvalidArgument", name, ok, err)
+		}
+	}
+	for name, col := range map[string]string{"bad name": "a-b", "key column": "id", "fence column": "fence"} {
+		if _, err := g.WithGrantColumn(col); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("WithGrantColumn(%s): %v; want InvalidArgument", name, err)
+		}
+	}
+	if _, err := nilGuard.WithGrantColumn("fence_grant"); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("nil guard WithGrantColumn: %v", err)
+	}
+	id := pglease.NewLockID()
+	if gid := pg.GrantID(id); len(gid) != pg.GrantIDLen || gid != pg.GrantID(id) || strings.Contains(gid, id) {
+		t.Errorf("GrantID = %q: want 64 stable hex digits not containing the lockId", gid)
+	}
+}
+
+// TestFenceGuardRepeatedFenceRace: two grants with the same fence write
+// the same row concurrently. Only one grant's writes are ever accepted,
+// every write of the other is reported as a repeat (never as a silent
+// "refused"), including one whose statement waited for the winner's.
+func TestFenceGuardRepeatedFenceRace(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t, maxConns(8))
+	_, g := grantGuard(t, pool)
+	c := ctx(t)
+	grants := [2]string{pg.GrantID(pglease.NewLockID()), pg.GrantID(pglease.NewLockID())}
+	var mu sync.Mutex
+	accepted := map[int]int{}
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			who := w % 2
+			for range 20 {
+				ok, err := g.UpsertGrant(c, pool, "race", 5, grants[who], pg.Set{Column: "status", Value: strconv.Itoa(who)})
+				switch {
+				case ok && err == nil:
+					mu.Lock()
+					accepted[who]++
+					mu.Unlock()
+				case !ok && errors.Is(err, pg.ErrFenceRepeated):
+				default:
+					t.Errorf("grant %d: %v, %v; want accepted or ErrFenceRepeated", who, ok, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(accepted) != 1 {
+		t.Fatalf("accepted writes per grant: %v; want exactly one grant accepted", accepted)
+	}
 }
