@@ -598,3 +598,61 @@ func TestMigrateDownKeepsReleaseTrigger(t *testing.T) {
 		t.Fatalf("%d functions left at version 0 without the trigger (%v)", n, err)
 	}
 }
+
+// ListLeases: live rows first with counts of all, filters by key and
+// lockId, works on SyncGuard's tables alone (no holder table), and
+// rejects bad options before any I/O.
+func TestListLeases(t *testing.T) {
+	t.Parallel()
+	var cnt counter
+	s, pool, _ := newStore(t, pg.Config{}, withCounter(&cnt))
+	c := ctx(t)
+	short := mustAcquire(t, s, "short", 300*time.Millisecond)
+	_ = short
+	long := mustAcquire(t, s, "long", time.Minute)
+	list, err := s.ListLeases(c, pg.ListOptions{})
+	if err != nil || list.Total != 2 || list.Live != 2 || len(list.Rows) != 2 || !list.HolderKnown {
+		t.Fatalf("ListLeases = %+v, %v", list, err)
+	}
+	waitServer(t, pool, list.Now.UnixMilli()+300+pglease.TimeToleranceMs+5)
+	list, err = s.ListLeases(c, pg.ListOptions{Limit: 1})
+	if err != nil || list.Total != 2 || list.Live != 1 || len(list.Rows) != 1 || list.Rows[0].Key != "long" ||
+		list.Rows[0].Holder != pg.DefaultHolder() || !list.Rows[0].Live {
+		t.Fatalf("ListLeases(Limit 1) = %+v, %v", list, err)
+	}
+	var adv int64
+	if err := pool.QueryRow(c, "SELECT hashtext('long')::bigint").Scan(&adv); err != nil || list.Rows[0].AdvisoryKey != adv {
+		t.Fatalf("AdvisoryKey %d, want %d (%v)", list.Rows[0].AdvisoryKey, adv, err)
+	}
+	if got := fmt.Sprint(list.Rows[0]); strings.Contains(got, "long") || strings.Contains(got, long) {
+		t.Fatalf("LeaseRow prints raw fields: %s", got)
+	}
+	for _, o := range []pg.ListOptions{{Key: "short"}, {LockID: short}} {
+		l, err := s.ListLeases(c, o)
+		if err != nil || l.Total != 1 || l.Live != 0 || len(l.Rows) != 1 || l.Rows[0].Key != "short" || l.Rows[0].Live {
+			t.Fatalf("ListLeases(%+v) = %+v, %v", o, l, err)
+		}
+	}
+	if f, ok, err := s.FenceCounter(c, "long"); err != nil || !ok || f != 1 {
+		t.Fatalf("FenceCounter = %v %v %v", f, ok, err)
+	}
+	if _, ok, err := s.FenceCounter(c, "never"); err != nil || ok {
+		t.Fatalf("FenceCounter(never) = %v %v", ok, err)
+	}
+	migrate(t, s, 1, pg.MigrateOptions{}) // no holder table
+	if l, err := s.ListLeases(c, pg.ListOptions{}); err != nil || l.HolderKnown || l.Total != 2 || l.Rows[0].Holder != "" {
+		t.Fatalf("ListLeases without the holder table = %+v, %v", l, err)
+	}
+	cnt.reset()
+	for _, o := range []pg.ListOptions{{Limit: -1}, {Limit: pg.MaxBatch + 1}, {Key: "a", LockID: short}, {LockID: "bad"}, {Key: strings.Repeat("x", 600)}} {
+		if _, err := s.ListLeases(c, o); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Fatalf("ListLeases(%+v) = %v", o, err)
+		}
+	}
+	if _, _, err := s.FenceCounter(c, ""); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatal(err)
+	}
+	if n := cnt.queries.Load() + cnt.writes.Load(); n != 0 {
+		t.Fatalf("%d queries/writes for bad options", n)
+	}
+}

@@ -1,0 +1,280 @@
+// Command pglease is the operator's tool for pglease's locks: who holds
+// what, since when, who waits, release a stuck lock safely, and set up or
+// migrate the schema.
+//
+//	go install github.com/pglease/pglease/cmd/pglease@latest
+//
+// Usage:
+//
+//	pglease [flags] COMMAND [command flags] [args]
+//
+// Commands:
+//
+//	status          every lease and every advisory lock, with waiters; --json, --watch
+//	inspect KEY     one lease: holder, fence, fence counter, expiry, acquires waiting
+//	release         force-release a lease (--key or --lock-id) or end an advisory
+//	                holder's session (--pid); asks for confirmation unless --yes
+//	setup           bring the schema to the version this pglease needs (SetupSchema)
+//	migrate         migrate the schema up or down (--to N; --designs for the
+//	                optional design functions; --drop-tables to drop SyncGuard's tables at 0)
+//	version         the pglease and schema versions, and whether the schema is current
+//	sql             print SQL: schema (default), migrations, designs, roles
+//
+// Flags for every command (before or after it):
+//
+//	--database-url URL   a pgx connection string (default $DATABASE_URL)
+//	--lock-table NAME    default syncguard_locks
+//	--fence-table NAME   default syncguard_fence_counters
+//	--timeout D          bound on each command's database work (default 10s)
+//
+// Data goes to stdout, progress and errors to stderr; release writes one
+// audit record (a JSON slog line) to stderr. Keys are shown as
+// pglease.HashKey hashes unless --show-keys; lockIds are never shown.
+//
+// Exit codes:
+//
+//	0  done
+//	1  failed (database unreachable, SQL error, …)
+//	2  usage: bad flags or arguments
+//	3  not found: inspect or release found no such lease or lock
+//	4  refused: release not confirmed, or the lease is unexpired and --force is missing
+//	5  the schema is not at the version this pglease needs (version, status)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/pg"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitFailed   = 1
+	exitUsage    = 2
+	exitNotFound = 3
+	exitRefused  = 4
+	exitSchema   = 5
+)
+
+// exitError carries an exit code and a message for stderr.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+func fail(code int, format string, args ...any) error {
+	return &exitError{code: code, msg: fmt.Sprintf(format, args...)}
+}
+
+// common holds the flags every command takes.
+type common struct {
+	url, lockTable, fenceTable string
+	timeout                    time.Duration
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.url, "database-url", c.url, "pgx connection string (default $DATABASE_URL)")
+	fs.StringVar(&c.lockTable, "lock-table", c.lockTable, "lock table, ident or schema.ident")
+	fs.StringVar(&c.fenceTable, "fence-table", c.fenceTable, "fence counter table, ident or schema.ident")
+	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on the command's database work")
+}
+
+func (c *common) config() pg.Config {
+	return pg.Config{LockTable: c.lockTable, FenceTable: c.fenceTable}
+}
+
+// app is one run of the command.
+type app struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+	c              common
+	isTerminal     bool // stdout is a terminal (status --watch clears the screen)
+	stdinTerminal  bool // stdin is a terminal (confirmations are typed and echoed)
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	a := &app{stdin: os.Stdin, stdout: os.Stdout, stderr: os.Stderr, isTerminal: isTerminal(os.Stdout), stdinTerminal: isTerminal(os.Stdin)}
+	os.Exit(a.run(ctx, os.Args[1:]))
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+const usage = `usage: pglease [flags] COMMAND [command flags] [args]
+
+commands:
+  status          every lease and every advisory lock, with waiters (--json, --watch)
+  inspect KEY     one lease: holder, fence, fence counter, expiry, acquires waiting
+  release         force-release a lease (--key K | --lock-id ID) or end an advisory
+                  holder's session (--pid PID); confirmation or --yes; --force for a live lease
+  setup           bring the schema to the version this pglease needs
+  migrate         migrate the schema (--to N, --designs, --drop-tables)
+  version         pglease and schema versions
+  sql             print SQL: schema (default) | migrations [--down] | designs [--down] | roles
+
+flags (before or after the command):
+  --database-url URL   pgx connection string (default $DATABASE_URL)
+  --lock-table NAME    lock table (default syncguard_locks)
+  --fence-table NAME   fence counter table (default syncguard_fence_counters)
+  --timeout D          bound on the database work (default 10s)
+
+exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema not current
+`
+
+func (a *app) run(ctx context.Context, args []string) int {
+	a.c = common{url: os.Getenv("DATABASE_URL"), timeout: 10 * time.Second}
+	fs := flag.NewFlagSet("pglease", flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	fs.Usage = func() { fmt.Fprint(a.stderr, usage) }
+	a.c.register(fs)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		fmt.Fprint(a.stderr, usage)
+		return exitUsage
+	}
+	cmds := map[string]func(context.Context, []string) error{
+		"status": a.status, "inspect": a.inspect, "release": a.release, "setup": a.setup,
+		"migrate": a.migrate, "version": a.version, "sql": a.sql,
+		"help": func(context.Context, []string) error { fmt.Fprint(a.stdout, usage); return nil },
+	}
+	cmd, ok := cmds[rest[0]]
+	if !ok {
+		fmt.Fprintf(a.stderr, "pglease: unknown command %q\n\n%s", rest[0], usage)
+		return exitUsage
+	}
+	err := cmd(ctx, rest[1:])
+	if err == nil {
+		return exitOK
+	}
+	var ee *exitError
+	if errors.As(err, &ee) {
+		if ee.msg != "" {
+			fmt.Fprintln(a.stderr, "pglease:", strings.TrimPrefix(ee.msg, "pglease: "))
+		}
+		return ee.code
+	}
+	fmt.Fprintln(a.stderr, "pglease:", strings.TrimPrefix(err.Error(), "pglease: "))
+	return exitFailed
+}
+
+// flags returns a FlagSet for command name with the common flags.
+func (a *app) flags(name, args string) *flag.FlagSet {
+	fs := flag.NewFlagSet("pglease "+name, flag.ContinueOnError)
+	fs.SetOutput(a.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(a.stderr, "usage: pglease %s [flags] %s\n\nflags:\n", name, args)
+		fs.PrintDefaults()
+	}
+	a.c.register(fs)
+	return fs
+}
+
+// parse parses a command's flags, which may come before, between or
+// after its arguments ("--" ends the flags); the arguments are then in
+// fs.Args(). A bad flag is exitUsage (flag already printed why), -h is
+// exitOK.
+func parse(fs *flag.FlagSet, args []string) error {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return &exitError{code: exitOK}
+			}
+			return &exitError{code: exitUsage}
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if len(args) > len(rest) && args[len(args)-len(rest)-1] == "--" {
+			pos = append(pos, rest...) // everything after "--" is an argument
+			break
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+	// Leave the arguments in fs.Args().
+	_ = fs.Parse(append([]string{"--"}, pos...))
+	return nil
+}
+
+// connect opens a pool (one connection is enough) and a Store; it checks
+// the connection at once so a wrong URL fails here, with a clear message.
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *pg.Store, error) {
+	if a.c.url == "" {
+		return nil, nil, fail(exitUsage, "no database: set DATABASE_URL or --database-url")
+	}
+	if a.c.timeout <= 0 {
+		return nil, nil, fail(exitUsage, "--timeout must be positive")
+	}
+	cfg, err := pgxpool.ParseConfig(a.c.url)
+	if err != nil {
+		return nil, nil, fail(exitUsage, "bad connection string: %v", redactURL(err))
+	}
+	cfg.MaxConns = 2
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "pglease-cli"
+	}
+	if _, err := pg.SchemaSQL(a.c.config()); err != nil { // validates the table names
+		return nil, nil, fail(exitUsage, "%v", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, nil, fail(exitFailed, "cannot connect: %v", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, a.c.timeout)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, nil, fail(exitFailed, "cannot connect to the database: %v", err)
+	}
+	store, err := pg.New(pool, a.c.config())
+	if err != nil {
+		pool.Close()
+		return nil, nil, fail(exitUsage, "%v", err)
+	}
+	return pool, store, nil
+}
+
+// redactURL keeps a connection string's password out of an error message
+// (pgx's parse errors quote the string).
+func redactURL(err error) string {
+	msg := err.Error()
+	if i := strings.Index(msg, "://"); i >= 0 {
+		if j := strings.Index(msg[i+3:], "@"); j >= 0 {
+			if k := strings.Index(msg[i+3:i+3+j], ":"); k >= 0 {
+				msg = msg[:i+3+k+1] + "xxxxx" + msg[i+3+j:]
+			}
+		}
+	}
+	return msg
+}
+
+// withTimeout bounds one command's database work.
+func (a *app) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, a.c.timeout)
+}

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/advisory"
+)
+
+// multiFlag collects a repeatable flag.
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// viewOpts are the flags of status and inspect.
+type viewOpts struct {
+	json, showKeys bool
+	registry       string
+	names, derive  multiFlag
+	limit          int
+}
+
+func (a *app) viewFlags(fs *flag.FlagSet, o *viewOpts) {
+	fs.BoolVar(&o.json, "json", false, "print JSON (for scripts)")
+	fs.BoolVar(&o.showKeys, "show-keys", false, "show keys as stored (user_key) instead of their hashes")
+	fs.StringVar(&o.registry, "registry", "", "advisory lock registry file (JSON, see advisory.LoadRegistry) to name advisory locks")
+	fs.Var(&o.names, "name", "name an advisory key: NAME=int64:N or NAME=pair:A,B (repeatable)")
+	fs.Var(&o.derive, "derive", "name the key a registry pattern derives from an input: NAME=INPUT (repeatable; the input is not shown)")
+	fs.IntVar(&o.limit, "limit", 100, "show at most this many leases (live first)")
+}
+
+// loadRegistry builds the registry status and inspect name advisory locks with.
+func (o *viewOpts) loadRegistry() (*advisory.Registry, error) {
+	reg := advisory.NewRegistry()
+	if o.registry != "" {
+		f, err := os.Open(o.registry)
+		if err != nil {
+			return nil, fail(exitUsage, "--registry: %v", err)
+		}
+		defer f.Close()
+		if reg, err = advisory.LoadRegistry(f); err != nil {
+			return nil, fail(exitUsage, "--registry: %v", err)
+		}
+	}
+	for _, n := range o.names {
+		name, key, ok := strings.Cut(n, "=")
+		if !ok {
+			return nil, fail(exitUsage, "--name wants NAME=KEY, e.g. scheduler=int64:42424242")
+		}
+		k, err := advisory.ParseKey(key)
+		if err != nil {
+			return nil, fail(exitUsage, "--name %s: %v", name, err)
+		}
+		if err := reg.Fixed(name, k, ""); err != nil {
+			return nil, fail(exitUsage, "--name %s: %v", name, err)
+		}
+	}
+	for _, d := range o.derive {
+		name, input, ok := strings.Cut(d, "=")
+		if !ok {
+			return nil, fail(exitUsage, "--derive wants NAME=INPUT for a pattern of the registry")
+		}
+		if _, err := reg.Derive(name, input); err != nil {
+			return nil, fail(exitUsage, "--derive %s: %v", name, err)
+		}
+	}
+	return reg, nil
+}
+
+// leaseView is one lease as status and inspect print it.
+type leaseView struct {
+	KeyHash         string    `json:"key_hash"`
+	Key             string    `json:"key,omitempty"`
+	Holder          string    `json:"holder"`
+	Fence           string    `json:"fence"`
+	AcquiredAt      time.Time `json:"acquired_at"`
+	ExpiresAt       time.Time `json:"expires_at"`
+	ExpiresInMs     int64     `json:"expires_in_ms"`
+	Live            bool      `json:"live"`
+	AcquiresWaiting int       `json:"acquires_waiting"`
+	FenceCounter    *string   `json:"fence_counter,omitempty"`
+	advisoryKey     int64
+}
+
+// advisoryView is one advisory lock holder or waiter.
+type advisoryView struct {
+	Key          string    `json:"key"`
+	Name         string    `json:"name,omitempty"`
+	PID          int32     `json:"pid"`
+	Granted      bool      `json:"granted"`
+	Mode         string    `json:"mode"`
+	Application  string    `json:"application"`
+	User         string    `json:"user"`
+	State        string    `json:"state,omitempty"`
+	WaitingSince time.Time `json:"waiting_since,omitzero"`
+	WaitingMs    int64     `json:"waiting_ms,omitempty"`
+	BlockedBy    []int32   `json:"blocked_by,omitempty"`
+}
+
+// snapshotView is what status prints.
+type snapshotView struct {
+	Time   time.Time `json:"time"`
+	Schema struct {
+		Version int  `json:"version"`
+		Needs   int  `json:"needs"`
+		Current bool `json:"current"`
+	} `json:"schema"`
+	Leases struct {
+		Total int         `json:"total"`
+		Live  int         `json:"live"`
+		Rows  []leaseView `json:"rows"`
+	} `json:"leases"`
+	Advisory []advisoryView `json:"advisory"`
+}
+
+// collect reads one snapshot: leases (optionally one key's), the schema
+// version, and advisory locks, with lease acquires in progress (waiters
+// on a key's hashtext advisory lock) counted on their lease.
+func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advisory.Registry, o *viewOpts, lo pg.ListOptions) (*snapshotView, error) {
+	var v snapshotView
+	ver, from, err := store.SchemaVersion(ctx)
+	if err != nil {
+		return nil, err
+	}
+	v.Schema.Version, v.Schema.Needs = ver, pg.SchemaVersion
+	v.Schema.Current = ver >= pg.SchemaVersion && from <= pg.SchemaVersion
+	list, err := store.ListLeases(ctx, lo)
+	if err != nil {
+		return nil, err
+	}
+	v.Time = list.Now.UTC()
+	v.Leases.Total, v.Leases.Live = list.Total, list.Live
+	byAdv := map[int64]int{}
+	for _, r := range list.Rows {
+		lv := leaseView{
+			KeyHash: r.KeyHash, Holder: r.Holder, Fence: r.Fence.String(),
+			AcquiredAt: r.AcquiredAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(),
+			ExpiresInMs: r.ExpiresAt.Sub(list.Now).Milliseconds(), Live: r.Live, advisoryKey: r.AdvisoryKey,
+		}
+		if o.showKeys {
+			lv.Key = r.Key
+		}
+		byAdv[r.AdvisoryKey] = len(v.Leases.Rows)
+		v.Leases.Rows = append(v.Leases.Rows, lv)
+	}
+	locks, err := advisory.Inspect(ctx, pool, reg)
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range locks {
+		av := advisoryView{
+			Key: l.Key.String(), Name: l.Name, PID: l.PID, Granted: l.Granted, Mode: l.Mode,
+			Application: l.ApplicationName, User: l.User, State: l.State, BlockedBy: l.BlockingPIDs,
+		}
+		if !l.WaitStart.IsZero() {
+			av.WaitingSince = l.WaitStart.UTC()
+			av.WaitingMs = list.Now.Sub(l.WaitStart).Milliseconds()
+		}
+		if id, ok := l.Key.Int64(); ok {
+			if i, ok := byAdv[id]; ok && av.Name == "" {
+				av.Name = "lease acquire " + v.Leases.Rows[i].KeyHash
+				if !l.Granted {
+					v.Leases.Rows[i].AcquiresWaiting++
+				}
+			}
+		}
+		v.Advisory = append(v.Advisory, av)
+	}
+	return &v, nil
+}
+
+func (a *app) status(ctx context.Context, args []string) error {
+	fs := a.flags("status", "")
+	var o viewOpts
+	a.viewFlags(fs, &o)
+	watch := fs.Duration("watch", 0, "refresh every D (e.g. 2s) until interrupted")
+	count := fs.Int("count", 0, "with --watch: stop after N refreshes (0: until interrupted)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return fail(exitUsage, "status takes no arguments (got %q)", fs.Arg(0))
+	}
+	if *watch < 0 || (*watch > 0 && *watch < 100*time.Millisecond) {
+		return fail(exitUsage, "--watch must be at least 100ms")
+	}
+	reg, err := o.loadRegistry()
+	if err != nil {
+		return err
+	}
+	pool, store, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var prev map[string]string // key hash → fence, for grants since the last refresh
+	for n := 1; ; n++ {
+		cctx, cancel := a.withTimeout(ctx)
+		v, err := collect(cctx, pool, store, reg, &o, pg.ListOptions{Limit: o.limit})
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil && n > 1 {
+				return nil // interrupted while watching
+			}
+			return err
+		}
+		if *watch > 0 && a.isTerminal && !o.json {
+			fmt.Fprint(a.stdout, "\033[H\033[2J")
+		}
+		if o.json {
+			if err := json.NewEncoder(a.stdout).Encode(v); err != nil {
+				return err
+			}
+		} else {
+			printStatus(a.stdout, v, prev)
+		}
+		prev = map[string]string{}
+		for _, l := range v.Leases.Rows {
+			prev[l.KeyHash] = l.Fence
+		}
+		if *watch == 0 {
+			if !v.Schema.Current {
+				return fail(exitSchema, "")
+			}
+			return nil
+		}
+		if *count > 0 && n >= *count {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(*watch):
+		}
+		if !o.json {
+			fmt.Fprintln(a.stdout)
+		}
+	}
+}
+
+func ago(d time.Duration) string {
+	if d < 0 {
+		return "in " + short(-d)
+	}
+	return short(d) + " ago"
+}
+
+func short(d time.Duration) string {
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	default:
+		return d.Round(time.Minute).String()
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
+	schema := fmt.Sprintf("schema v%d (current)", v.Schema.Version)
+	if !v.Schema.Current {
+		schema = fmt.Sprintf("schema v%d, this pglease needs v%d: run `pglease migrate`", v.Schema.Version, v.Schema.Needs)
+	}
+	fmt.Fprintf(w, "pglease status  %s  %s\n\n", v.Time.Format("2006-01-02 15:04:05 MST"), schema)
+	fmt.Fprintf(w, "LEASES  %d live, %d expired", v.Leases.Live, v.Leases.Total-v.Leases.Live)
+	if len(v.Leases.Rows) < v.Leases.Total {
+		fmt.Fprintf(w, "  (showing %d)", len(v.Leases.Rows))
+	}
+	fmt.Fprintln(w)
+	if len(v.Leases.Rows) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tHOLDER\tFENCE\tACQUIRED\tEXPIRES\tACQUIRES WAITING")
+		for _, l := range v.Leases.Rows {
+			key := l.KeyHash
+			if l.Key != "" {
+				key = l.Key
+			}
+			fence := strings.TrimLeft(l.Fence, "0")
+			if p, ok := prev[l.KeyHash]; ok && p != l.Fence {
+				fence += fmt.Sprintf(" (+%d)", atoi(l.Fence)-atoi(p))
+			}
+			exp := "in " + short(time.Duration(l.ExpiresInMs)*time.Millisecond)
+			if !l.Live {
+				exp = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago"
+			} else if l.ExpiresInMs <= 0 {
+				exp = "expired, in tolerance"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", key, dash(l.Holder), fence,
+				ago(v.Time.Sub(l.AcquiredAt)), exp, l.AcquiresWaiting)
+		}
+		tw.Flush()
+	}
+	held, waiting := 0, 0
+	for _, a := range v.Advisory {
+		if a.Granted {
+			held++
+		} else {
+			waiting++
+		}
+	}
+	fmt.Fprintf(w, "\nADVISORY LOCKS  %d held, %d waiting\n", held, waiting)
+	if len(v.Advisory) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tNAME\tPID\tSTATE\tAPPLICATION\tWAITING SINCE\tBLOCKED BY")
+		for _, a := range v.Advisory {
+			state, since, by := "held", "-", "-"
+			if !a.Granted {
+				state = "waiting"
+				if !a.WaitingSince.IsZero() {
+					since = short(time.Duration(a.WaitingMs)*time.Millisecond) + " ago"
+				}
+				var ps []string
+				for _, p := range a.BlockedBy {
+					ps = append(ps, fmt.Sprint(p))
+				}
+				by = dash(strings.Join(ps, ","))
+			}
+			if a.Mode == "ShareLock" {
+				state += " (shared)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.Key, dash(a.Name), a.PID, state, dash(a.Application), since, by)
+		}
+		tw.Flush()
+	}
+	// Contention at a glance: the keys someone waits for.
+	type cont struct {
+		what    string
+		waiters int
+		longest int64
+	}
+	var cs []cont
+	for _, l := range v.Leases.Rows {
+		if l.AcquiresWaiting > 0 {
+			cs = append(cs, cont{what: "lease " + l.KeyHash, waiters: l.AcquiresWaiting})
+		}
+	}
+	idx := map[string]int{}
+	for _, a := range v.Advisory {
+		if a.Granted || strings.HasPrefix(a.Name, "lease acquire ") {
+			continue
+		}
+		what := a.Key
+		if a.Name != "" {
+			what += " (" + a.Name + ")"
+		}
+		i, ok := idx[what]
+		if !ok {
+			i = len(cs)
+			idx[what] = i
+			cs = append(cs, cont{what: what})
+		}
+		cs[i].waiters++
+		cs[i].longest = max(cs[i].longest, a.WaitingMs)
+	}
+	fmt.Fprintln(w)
+	if len(cs) == 0 {
+		fmt.Fprintln(w, "CONTENTION  none: nobody waits")
+		return
+	}
+	slices.SortFunc(cs, func(a, b cont) int { return b.waiters - a.waiters })
+	fmt.Fprintln(w, "CONTENTION")
+	for _, c := range cs {
+		line := fmt.Sprintf("  %s: %d waiting", c.what, c.waiters)
+		if c.longest > 0 {
+			line += ", longest " + short(time.Duration(c.longest)*time.Millisecond)
+		}
+		fmt.Fprintln(w, line)
+	}
+}
+
+func atoi(s string) int64 {
+	var n int64
+	for _, c := range s {
+		n = n*10 + int64(c-'0')
+	}
+	return n
+}
