@@ -23,13 +23,15 @@ const (
 	// deadline) before the outcome was known or before it started.
 	CodeAborted
 	// CodeClosed is a call on a Manager (or advisory session) that is closed
-	// or closing.
+	// or closing, or on a connection pool that was closed.
 	CodeClosed
 	// CodeServiceUnavailable is a lost or refused connection, a
 	// serialization failure or deadlock, or a read-only server.
 	CodeServiceUnavailable
 	// CodeNetworkTimeout is a statement or lock wait cancelled by a server
-	// timeout (57014 query_canceled, 55P03 lock_not_available).
+	// timeout (57014 query_canceled, 55P03 lock_not_available), a network
+	// timeout, or a statement ended by pglease's own statement timeout
+	// (manager.Config.StatementTimeout) while the caller's context was alive.
 	CodeNetworkTimeout
 	// CodeAuthFailed is a failed authentication or missing privilege.
 	CodeAuthFailed

@@ -516,7 +516,7 @@ func (m *Manager) sendAcquire(batch []*attempt, parent trace.SpanContext) {
 	// its lockId has already run, leaving the row until it expires. Letting
 	// the statement finish (bounded by StatementTimeout) gives a definite
 	// answer, and the drain releases whatever it granted.
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StatementTimeout)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindAcquire, len(batch))
 	ctx, db := m.rec.StartDB(ctx, telemetry.OpAcquireMany, len(batch), parent)
@@ -542,7 +542,7 @@ func (m *Manager) sendRelease(batch []releaseItem, parent trace.SpanContext) {
 		timeout = m.cfg.CloseTimeout
 	}
 	// Releases outlive every caller: detached, bounded by a timeout.
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), timeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindRelease, len(batch))
 	ctx, db := m.rec.StartDB(ctx, telemetry.OpReleaseMany, len(batch), parent)
@@ -560,7 +560,7 @@ func (m *Manager) sendRelease(batch []releaseItem, parent trace.SpanContext) {
 func (m *Manager) sendExtend(batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat) {
 	// Bounded by the earliest trust deadline of the batch (F4): an answer
 	// after it is useless.
-	ctx, cancel := context.WithDeadline(m.workCtx, deadline)
+	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindExtend, len(batch))
 	ctx, db := m.rec.StartDB(ctx, telemetry.OpExtendMany, len(batch), hb.SpanContext())

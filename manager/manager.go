@@ -479,7 +479,7 @@ func waitErr(op string, ctx, wctx context.Context, lastErr error) error {
 		wrapped = context.DeadlineExceeded
 	}
 	if lastErr != nil {
-		wrapped = lastErr
+		wrapped = userErr(op, lastErr)
 	}
 	if timedOut {
 		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended", wrapped)
@@ -522,7 +522,7 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	case r.lock != nil:
 		return r.lock, nil // the loop recorded the grant before replying
 	case r.err != nil:
-		err = r.err
+		err = userErr(op, r.err)
 	default: // abandoned (locked is impossible for Acquire)
 		err = waitErr(op, ctx, wctx, r.lastErr)
 	}
@@ -558,7 +558,7 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 		req.acq.NotAcquired()
 		return nil, false, nil
 	case r.err != nil:
-		err = r.err
+		err = userErr(op, r.err)
 	default:
 		err = waitErr(op, ctx, ctx, r.lastErr)
 	}
@@ -603,6 +603,31 @@ func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Contex
 	err = fn(fctx, lk)
 	returned = true
 	return err
+}
+
+// userErr labels the error of a database attempt made for a caller with
+// the call the caller made (op), keeping the attempt's error as the cause.
+// An ambiguous attempt is not ambiguous to the caller: the lock was not
+// granted to it, and the Manager releases the lockId it had sent (S5), so
+// the caller gets the code of what went wrong (a timeout, a lost
+// connection), which says whether trying again can work.
+func userErr(op string, err error) error {
+	var e *pglease.Error
+	if !errors.As(err, &e) {
+		return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
+	}
+	if e.Op == op {
+		return err
+	}
+	code, msg := e.Code, e.Msg
+	if code == pglease.CodeAmbiguous {
+		code = pglease.CodeOf(e.Err)
+		if code == 0 || code == pglease.CodeAmbiguous {
+			code = pglease.CodeServiceUnavailable
+		}
+		msg = "attempt failed with its outcome unknown; its lockId is being released"
+	}
+	return pglease.NewError(code, op, msg, err)
 }
 
 func closedErr(op string) error {

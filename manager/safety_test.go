@@ -1,11 +1,15 @@
 package manager
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
 )
 
 // TestLostLeaseRowKept (issue 9.4, S4): a lease the Manager declared lost
@@ -78,5 +82,97 @@ func TestLostLeaseRowKept(t *testing.T) {
 	}
 	if _, ok := lockRow(t, b.pool, "kept2"); ok {
 		t.Fatal("Close left a lost lock's kept row")
+	}
+}
+
+// TestStatementTimeoutIsRetryable (issue 9.3): when the Manager's own
+// statement timeout ends an attempt while the caller's context is alive,
+// the caller gets a retryable CodeNetworkTimeout, not CodeAborted (which
+// means the caller's context ended), and the error's Op is the call the
+// user made, not the Store's batch call. A retry then works.
+func TestStatementTimeoutIsRetryable(t *testing.T) {
+	t.Parallel()
+	app := pgtest.RandomName("stmt_")
+	b := setup(t, setupOpts{cfg: Config{StatementTimeout: 300 * time.Millisecond},
+		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app }}})
+	ctx := ctxT(t)
+	blocker, _ := pgtest.Pool(t)
+	// The acquire function waits for the key's advisory lock (SyncGuard's
+	// serialization), held here by another transaction.
+	tx, err := blocker.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('stuck'))"); err != nil {
+		t.Fatal(err)
+	}
+	for _, try := range []bool{true, false} {
+		var err error
+		if try {
+			_, _, err = b.m.TryAcquire(ctx, "stuck")
+		} else {
+			// The waiter's attempts time out until its wait ends: the
+			// last one is the cause of the AcquisitionTimeout.
+			_, err = b.m.Acquire(ctx, "stuck", WithAcquireTimeout(time.Second))
+			var e *pglease.Error
+			if !errors.As(err, &e) || e.Code != pglease.CodeAcquisitionTimeout || e.Op != "manager.Acquire" {
+				t.Fatalf("Acquire = %v", err)
+			}
+			err = e.Err
+		}
+		var e *pglease.Error
+		if !errors.As(err, &e) || e.Code != pglease.CodeNetworkTimeout || !pglease.Retryable(err) {
+			t.Fatalf("try=%v: %v: want a retryable NetworkTimeout", try, err)
+		}
+		if try && e.Op != "manager.TryAcquire" {
+			t.Fatalf("Op = %q, want manager.TryAcquire", e.Op)
+		}
+	}
+	// Hygiene, not the property under test: the server backends still
+	// waiting for the advisory lock (their clients gave up) would grant
+	// after the blocker ends, and such a late grant stays until it expires.
+	if _, err := blocker.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", app); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lk, ok, err := b.m.TryAcquire(ctx, "stuck")
+	if !ok || err != nil {
+		t.Fatalf("retry: %v %v", ok, err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClosedPoolFailsAtOnce (issue 9.12): a pool closed under the Manager
+// is not a retryable ServiceUnavailable that makes Acquire wait its whole
+// timeout: the wait ends at once with CodeClosed.
+func TestClosedPoolFailsAtOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	m, err := New(pool, Config{DisableNotify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	ctx := ctxT(t)
+	if err := m.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pool.Close()
+	start := time.Now()
+	_, err = m.Acquire(ctx, "k", WithAcquireTimeout(waitTimeout()))
+	var e *pglease.Error
+	if !errors.As(err, &e) || e.Code != pglease.CodeClosed || e.Op != "manager.Acquire" || pglease.Retryable(err) {
+		t.Fatalf("Acquire on a closed pool = %v", err)
+	}
+	if d := time.Since(start); d > waitTimeout()/2 {
+		t.Fatalf("took %v: waited for the acquire timeout", d)
+	}
+	if _, _, err := m.TryAcquire(ctx, "k"); pglease.CodeOf(err) != pglease.CodeClosed {
+		t.Fatalf("TryAcquire on a closed pool = %v", err)
 	}
 }

@@ -454,8 +454,8 @@ func (st *loopState) failAll(ks *keyState, err error) {
 // authentication and internal errors of the item itself.
 func retryable(err error) bool {
 	switch pglease.CodeOf(err) {
-	case pglease.CodeInvalidArgument, pglease.CodeAuthFailed:
-		return false
+	case pglease.CodeInvalidArgument, pglease.CodeAuthFailed, pglease.CodeClosed:
+		return false // CodeClosed: the pool was closed under the Manager
 	}
 	return true
 }

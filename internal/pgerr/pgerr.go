@@ -87,6 +87,13 @@ func missingObject(sqlstate string) bool {
 	return false
 }
 
+// ErrStatementTimeout is the cause a caller gives the context of its own
+// per-statement deadline (context.WithTimeoutCause), as the Manager does
+// for every batch it sends. When such a context ends, Map reports
+// CodeNetworkTimeout (a timeout of the library's, retryable: the caller's
+// context is alive), not CodeAborted (the caller's context ended).
+var ErrStatementTimeout = errors.New("statement timeout")
+
 // MapSchema is Map for statements on pglease's own tables and functions
 // (pg.Store operations): an undefined table (42P01), function (42883) or
 // schema (3F000) is InvalidArgument with the message SchemaMissing, which
@@ -113,7 +120,16 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 		return err
 	}
 	if ctx != nil && ctx.Err() != nil {
+		if cause := context.Cause(ctx); errors.Is(cause, ErrStatementTimeout) {
+			// The library's own per-statement deadline, not the caller's
+			// context: a timeout a retry may get past.
+			return pglease.NewError(pglease.CodeNetworkTimeout, op, "statement timeout passed", cause)
+		}
 		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
+	}
+	if errors.Is(err, puddle.ErrClosedPool) {
+		// Not retryable: a closed pool stays closed.
+		return pglease.NewError(pglease.CodeClosed, op, "connection pool closed", err)
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return pglease.NewError(pglease.CodeAborted, op, "context ended", err)
@@ -150,7 +166,7 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 		return pglease.NewError(pglease.CodeNetworkTimeout, op, "timeout", err)
 	}
 	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, net.ErrClosed) ||
-		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, puddle.ErrClosedPool) {
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		return pglease.NewError(pglease.CodeServiceUnavailable, op, "connection lost", err)
 	}
 	return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/puddle/v2"
 
 	"github.com/pglease/pglease"
 )
@@ -100,5 +101,27 @@ func TestMapSchemaSaysHowToCreateIt(t *testing.T) {
 	}
 	if err := MapSchema(context.Background(), "pg.Acquire", &pgconn.PgError{Code: "42501", Severity: "ERROR"}); strings.Contains(err.Error(), "SetupSchema") {
 		t.Errorf("42501: %v", err)
+	}
+}
+
+// TestMapOwnStatementTimeout: a context ended by the library's own
+// statement deadline (cause ErrStatementTimeout) is a retryable
+// NetworkTimeout; a caller's ended context stays Aborted; a closed pool is
+// Closed, not a retryable ServiceUnavailable (issues 9.3, 9.12).
+func TestMapOwnStatementTimeout(t *testing.T) {
+	t.Parallel()
+	own, cancel := context.WithTimeoutCause(context.Background(), 0, ErrStatementTimeout)
+	defer cancel()
+	<-own.Done()
+	if err := Map(own, "op", context.DeadlineExceeded); pglease.CodeOf(err) != pglease.CodeNetworkTimeout || !pglease.Retryable(err) {
+		t.Errorf("own statement timeout → %v", err)
+	}
+	callers, cancel2 := context.WithCancel(context.Background())
+	cancel2()
+	if err := Map(callers, "op", context.Canceled); pglease.CodeOf(err) != pglease.CodeAborted {
+		t.Errorf("caller's context → %v", err)
+	}
+	if err := Map(context.Background(), "op", puddle.ErrClosedPool); pglease.CodeOf(err) != pglease.CodeClosed || pglease.Retryable(err) {
+		t.Errorf("closed pool → %v", err)
 	}
 }
