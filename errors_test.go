@@ -40,8 +40,7 @@ func TestErrorIsAsByCode(t *testing.T) {
 
 func TestCheckContext(t *testing.T) {
 	t.Parallel()
-	//lint:ignore SA1012 testing the nil-context guard on purpose
-	if err := pglease.CheckContext("op", nil); !errors.Is(err, pglease.ErrInvalidArgument) { //nolint:staticcheck
+	if err := pglease.CheckContext("op", nil); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatalf("nil ctx: %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -122,7 +122,7 @@ func runHeartbeat(ctx context.Context, cfg config, emit func(Result), _ noteFunc
 	for _, n := range cfg.hbN {
 		r, err := runHeartbeatPoint(ctx, cfg, n)
 		if err != nil {
-			return fmt.Errorf("N=%d: %w", n, err)
+			return fmt.Errorf("with N=%d: %w", n, err)
 		}
 		emit(r)
 	}

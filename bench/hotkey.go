@@ -208,7 +208,7 @@ func runHotKey(ctx context.Context, cfg config, emit func(Result), _ noteFunc) (
 			}
 			r, perr := runHotKeyPoint(ctx, cfg, c, procs)
 			if perr != nil {
-				err = fmt.Errorf("C=%d P=%d: %w", c, procs, perr)
+				err = fmt.Errorf("with C=%d P=%d: %w", c, procs, perr)
 				return err
 			}
 			emit(r)

@@ -172,7 +172,7 @@ func wantAttrs(t *testing.T, s sdktrace.ReadOnlySpan, want ...attribute.KeyValue
 	t.Helper()
 	for _, kv := range want {
 		if got := attrOf(s.Attributes(), kv.Key); got != kv.Value {
-			t.Errorf("%s: %s = %q, want %q", s.Name(), kv.Key, got.Emit(), kv.Value.Emit())
+			t.Errorf("%s: %s = %q, want %q", s.Name(), kv.Key, got.String(), kv.Value.String())
 		}
 	}
 }
@@ -656,7 +656,7 @@ func TestTelemetryNoRawKeysOrLockIDs(t *testing.T) {
 	spans := rg.spans.Ended()
 	kv := func(attrs []attribute.KeyValue) {
 		for _, a := range attrs {
-			texts = append(texts, string(a.Key)+"="+a.Value.Emit())
+			texts = append(texts, string(a.Key)+"="+a.Value.String())
 		}
 	}
 	hashes := map[string]bool{}

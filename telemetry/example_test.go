@@ -68,7 +68,7 @@ func printTree(spans []sdktrace.ReadOnlySpan) {
 	get := func(attrs []attribute.KeyValue, k string) string {
 		for _, kv := range attrs {
 			if string(kv.Key) == k {
-				return kv.Value.Emit()
+				return kv.Value.String()
 			}
 		}
 		return "?"

@@ -196,7 +196,7 @@ func wantAttr(t testing.TB, what string, attrs []attribute.KeyValue, want attrib
 		return
 	}
 	if v != want.Value {
-		t.Errorf("%s: %s = %v, want %v", what, want.Key, v.Emit(), want.Value.Emit())
+		t.Errorf("%s: %s = %v, want %v", what, want.Key, v.String(), want.Value.String())
 	}
 }
 

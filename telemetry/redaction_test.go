@@ -124,7 +124,7 @@ func (h *harness) corpus() string {
 		for _, a := range attrs {
 			b.WriteString(string(a.Key))
 			b.WriteByte('=')
-			b.WriteString(a.Value.Emit())
+			b.WriteString(a.Value.String())
 			b.WriteByte(' ')
 		}
 	}

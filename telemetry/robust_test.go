@@ -53,7 +53,8 @@ func driveAll(r *Recorder) {
 func TestNilRecorderIsNoop(t *testing.T) {
 	t.Parallel()
 	var r *Recorder
-	ctx := context.WithValue(context.Background(), struct{}{}, 1)
+	type ctxKey struct{}
+	ctx := context.WithValue(context.Background(), ctxKey{}, 1)
 	if k := r.Key("secret"); k != (KeyID{}) {
 		t.Errorf("nil Recorder Key = %#v, want zero", k)
 	}
@@ -84,6 +85,7 @@ func TestNilRecorderIsNoop(t *testing.T) {
 	Release{}.End(nil)
 	// A nil ctx is tolerated by a live Recorder.
 	rec := New()
+	//lint:ignore SA1012 a nil ctx is what this checks
 	if got, _ := rec.StartAcquire(nil, rec.Key("k"), AcquireInfo{}); got == nil {
 		t.Errorf("StartAcquire(nil ctx) returned a nil ctx")
 	}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 )
@@ -27,7 +28,11 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Stdout, os.Getenv("DATABASE_URL")); err != nil {
+	// A schema of its own, dropped at the end: nothing is left in your database.
+	err := exampledb.Run(ctx, os.Getenv("DATABASE_URL"), "pglease_fenced", func(url string) error {
+		return run(ctx, os.Stdout, url)
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "fenced:", err)
 		os.Exit(1)
 	}
@@ -78,7 +83,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		return err
 	}
 	if !leaseA.OK {
-		return errors.New("A could not take a fresh key")
+		return errors.New("holder A could not take a fresh key")
 	}
 	fenceA := leaseA.Fence
 	ok, err := guard.Update(ctx, pool, invoice, fenceA, pg.Set{Column: "state", Value: "sending"}, pg.Set{Column: "sent_by", Value: "A"})
@@ -98,7 +103,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	waited := time.Since(waitStart)
 	fmt.Fprintf(w, "B acquires the lock once A's lease (0.5 s) + 1 s tolerance have passed: fence B > fence A: %v\n", lkB.Fence() > fenceA)
 	if waited < time.Second {
-		return fmt.Errorf("B got the lock after %v, before A's lease could have ended", waited)
+		return fmt.Errorf("holder B got the lock after %v, before A's lease could have ended", waited)
 	}
 	ok, err = guard.Update(ctx, pool, invoice, lkB.Fence(), pg.Set{Column: "state", Value: "sending"}, pg.Set{Column: "sent_by", Value: "B"})
 	if err != nil {

@@ -121,7 +121,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	// B waits on the server. Confirm it is waiting, not leading.
 	select {
 	case <-b.leading:
-		return errors.New("B leads while A holds the lock")
+		return errors.New("candidate B leads while A holds the lock")
 	case err := <-b.err:
 		return err
 	case <-time.After(300 * time.Millisecond):
@@ -153,16 +153,16 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	select {
 	case <-lkA.Done():
 	case <-ctx.Done():
-		return errors.New("A never learned that it lost the lock")
+		return errors.New("candidate A never learned that it lost the lock")
 	}
 	cause := context.Cause(lkA.Context())
 	if !errors.Is(cause, pglease.ErrLockLost) {
-		return fmt.Errorf("A's lock ended with %v, want LockLost", cause)
+		return fmt.Errorf("candidate A's lock ended with %v, want LockLost", cause)
 	}
 	say("A learns it lost leadership %s after the kill (lock context: LockLost) and steps down", round(time.Since(killedAt)))
 
 	if err := lkB.Release(ctx); err != nil {
-		return fmt.Errorf("B's release: %v", err)
+		return fmt.Errorf("candidate B's release: %v", err)
 	}
 	say("B steps down (Release)")
 	return nil

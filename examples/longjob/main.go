@@ -21,13 +21,18 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/manager"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Stdout, os.Getenv("DATABASE_URL")); err != nil {
+	// A schema of its own, dropped at the end: nothing is left in your database.
+	err := exampledb.Run(ctx, os.Getenv("DATABASE_URL"), "pglease_longjob", func(url string) error {
+		return run(ctx, os.Stdout, url)
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "longjob:", err)
 		os.Exit(1)
 	}
@@ -120,7 +125,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		return fmt.Errorf("job 2 stopped %v after the deletion, at step %d", lag, n)
 	}
 	if err := lk.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
-		return fmt.Errorf("Release after the loss = %v, want LockLost", err)
+		return fmt.Errorf("release after the loss = %v, want LockLost", err)
 	}
 	fmt.Fprintln(w, "job 2: Release reports the loss too (LockLost)")
 	return nil

@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -103,10 +102,9 @@ func TestQuickStartPastedIntoNewModule(t *testing.T) {
 	write("go.mod", "module example.com/quickstart\n\ngo 1.25.0\n\n"+
 		"require github.com/pglease/pglease v0.0.0\n\n"+
 		"replace github.com/pglease/pglease => "+root+"\n")
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	goCmd := func(args ...string) {
 		t.Helper()
-		cmd := exec.Command(gobin, args...)
+		cmd := exec.Command("go", args...) // go test puts its own go first on PATH
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -27,8 +27,8 @@ func invalid(op, msg string) error {
 
 // mapErr maps a pgx/PostgreSQL error with pgerr.Map (which drops server
 // Detail/Where/Hint) and gives the advisory-lock SQLSTATEs a clearer
-// message. ctx is the caller's context (nil when the caller's context is
-// not what bounded the statement).
+// message. ctx is the caller's context (context.Background() when the
+// caller's context is not what bounded the statement).
 func mapErr(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil

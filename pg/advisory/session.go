@@ -506,7 +506,7 @@ func (s *Session) ping(op string) error {
 	case s.closing.Err() != nil:
 		return s.check(op)
 	case err != nil:
-		m := mapErr(nil, op, err)
+		m := mapErr(context.Background(), op, err)
 		s.fail(m)
 		return m
 	case pid != s.pid:
@@ -637,19 +637,19 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 		// Close began: its pg_advisory_unlock_all releases this grant.
 		return nil, false, s.check(op)
 	case s.broken(err):
-		m := mapErr(nil, op, err)
+		m := mapErr(context.Background(), op, err)
 		s.fail(m)
 		return nil, false, m
 	}
 	state := sqlState(err)
 	if state == pgerrcode.OutOfMemory || (state != pgerrcode.LockNotAvailable && state != pgerrcode.QueryCanceled) {
-		return nil, false, mapErr(nil, op, err)
+		return nil, false, mapErr(context.Background(), op, err)
 	}
 	// 55P03 (a wait slice ended) or 57014 (cancelled): the grant can race
 	// the interruption, and a session lock granted just before the error
 	// stays held, so ask the server.
 	if stacking {
-		return nil, false, mapErr(nil, op, err)
+		return nil, false, mapErr(context.Background(), op, err)
 	}
 	held, verr := s.serverHolds(op, k)
 	if verr != nil {
@@ -674,7 +674,7 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 	case state == pgerrcode.LockNotAvailable && blocking && !sent:
 		return nil, true, nil
 	}
-	return nil, false, mapErr(nil, op, err)
+	return nil, false, mapErr(context.Background(), op, err)
 }
 
 // grant records a lock the server granted; nil if the session is no
@@ -730,7 +730,7 @@ func (s *Session) serverHolds(op string, k Key) (bool, error) {
 			return held, nil
 		}
 		if s.broken(err) {
-			m := mapErr(nil, op, err)
+			m := mapErr(context.Background(), op, err)
 			s.fail(m)
 			return false, m
 		}
@@ -738,7 +738,7 @@ func (s *Session) serverHolds(op string, k Key) (bool, error) {
 			break
 		}
 	}
-	return false, mapErr(nil, op, err)
+	return false, mapErr(context.Background(), op, err)
 }
 
 // unlockRaw runs pg_advisory_unlock(k); the caller owns sem.
@@ -756,11 +756,11 @@ func (s *Session) unlockRaw(op string, k Key) (bool, error) {
 		return c.QueryRow(ctx, q, args...).Scan(&ok)
 	})
 	if s.broken(err) {
-		m := mapErr(nil, op, err)
+		m := mapErr(context.Background(), op, err)
 		s.fail(m)
 		return false, m
 	}
-	return ok, mapErr(nil, op, err)
+	return ok, mapErr(context.Background(), op, err)
 }
 
 func (s *Session) live(l *Lock) bool {

@@ -466,7 +466,6 @@ func TestBadInputNoIO(t *testing.T) {
 	}
 	defer tx.Rollback(ctx)
 	var nilPool *pgxpool.Pool
-	//lint:ignore SA1012 testing nil context handling
 	var nilCtx context.Context
 	before := qc.n.Load()
 	cases := []struct {
