@@ -273,7 +273,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		pool:          pool,
 		ownsPool:      owns,
 		store:         store,
-		rec:           telemetry.New(cfg.Telemetry...),
+		rec:           telemetry.New(append([]telemetry.Option{dbTelemetry(pool)}, cfg.Telemetry...)...),
 		acquireCh:     make(chan *acquireReq),
 		releaseCh:     make(chan *releaseReq),
 		extendCh:      make(chan *extendReq),
@@ -632,4 +632,12 @@ func userErr(op string, err error) error {
 
 func closedErr(op string) error {
 	return pglease.NewError(pglease.CodeClosed, op, "manager closed", nil)
+}
+
+// dbTelemetry names the pool's server and database for the
+// semantic-convention attributes of database spans (server.address,
+// server.port, db.namespace).
+func dbTelemetry(pool *pgxpool.Pool) telemetry.Option {
+	cc := pool.Config().ConnConfig
+	return telemetry.WithDatabase(cc.Host, int(cc.Port), cc.Database)
 }

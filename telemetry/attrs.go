@@ -286,3 +286,13 @@ func errorType(err error) string {
 	}
 	return "_OTHER"
 }
+
+// sqlState returns the SQLSTATE of the server error in err's chain, or ""
+// (pgconn.PgError and pglease's mapped server errors have SQLState).
+func sqlState(err error) string {
+	var st interface{ SQLState() string }
+	if err != nil && errors.As(err, &st) {
+		return st.SQLState()
+	}
+	return ""
+}

@@ -49,6 +49,7 @@ func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, paren
 			semconv.DBSystemNamePostgreSQL,
 			semconv.DBOperationName(string(op)),
 			AttrBatchSize.Int(batch))
+		span.SetAttributes(r.dbAttrs...)
 	}
 	return ctx, DBSpan{r: r, span: span, op: op, batch: batch, start: time.Now()}
 }
@@ -77,9 +78,13 @@ func (d DBSpan) End(ok int, err error) {
 	o := r.dbOpts(d.op)
 	r.batchSize.Record(ctx, int64(d.batch), o.batch.rec...)
 	durOpt := o.success.rec
+	var status []attribute.KeyValue // db.response.status_code: the SQLSTATE, when the server answered one
+	if code := sqlState(err); code != "" {
+		status = []attribute.KeyValue{semconv.DBResponseStatusCode(code)}
+	}
 	if err != nil {
-		durOpt = []metric.RecordOption{metric.WithAttributes(
-			semconv.DBSystemNamePostgreSQL, o.op, semconv.ErrorTypeKey.String(errorType(err)))}
+		kv := append([]attribute.KeyValue{semconv.DBSystemNamePostgreSQL, o.op, semconv.ErrorTypeKey.String(errorType(err))}, r.dbAttrs...)
+		durOpt = []metric.RecordOption{metric.WithAttributes(append(kv, status...)...)}
 	}
 	r.dbDuration.Record(ctx, now.Sub(d.start).Seconds(), durOpt...)
 	if d.span.IsRecording() {
@@ -91,6 +96,7 @@ func (d DBSpan) End(ok int, err error) {
 		if err != nil {
 			et := errorType(err)
 			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
+			attrs = append(attrs, status...)
 			d.span.SetStatus(codes.Error, et)
 		}
 		d.span.SetAttributes(attrs...)

@@ -85,9 +85,11 @@
 //	                                                             link to the heartbeat/DB span that found the loss.
 //	pglease.heartbeat         internal  the loop's ctx (root)    pglease.heartbeat.due; + .extended, .lost, pglease.outcome.
 //	pglease.acquire_many,     client    the only operation it    db.system.name=postgresql, db.operation.name (= span name),
-//	pglease.release_many,               serves, else the span    pglease.batch.size; + pglease.batch.ok, pglease.outcome
-//	pglease.extend_many,                in ctx (heartbeat),      (ok, error), error.type.
-//	pglease.advisory_lock, …            else none (root)
+//	pglease.release_many,               serves, else the span    server.address, server.port, db.namespace (WithDatabase;
+//	pglease.extend_many,                in ctx (heartbeat),      the Manager sets them from its pool), pglease.batch.size;
+//	pglease.advisory_lock, …            else none (root)         + pglease.batch.ok, pglease.outcome (ok, error), error.type,
+//	                                                             db.response.status_code (the SQLSTATE, when the server
+//	                                                             refused the statement).
 //
 // Acquire outcomes (pglease.outcome on pglease.acquire and the acquire
 // metrics): granted; locked (TryAcquire found the key held; not an error);
@@ -111,7 +113,8 @@
 //	pglease.lock.lost              counter                {lock}     pglease.lock.kind, pglease.loss.cause
 //	pglease.lock.releases          counter                {release}  pglease.lock.kind, pglease.outcome
 //	pglease.db.batch.size          histogram              {item}     db.operation.name
-//	db.client.operation.duration   histogram              s          db.system.name, db.operation.name, error.type
+//	db.client.operation.duration   histogram              s          db.system.name, db.operation.name, server.address,
+//	                                                                 server.port, db.namespace, error.type, db.response.status_code
 //	pglease.manager.loop.busy      observable gauge       1          (none): share of time busy since the last collection
 //	pglease.manager.queue.depth    observable gauge       {item}     pglease.queue (waiters, mailbox, inflight, due)
 //

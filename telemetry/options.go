@@ -3,7 +3,9 @@ package telemetry
 import (
 	"log/slog"
 
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -23,6 +25,7 @@ type config struct {
 	logger    *slog.Logger
 	keySecret []byte
 	rawKeys   bool
+	db        []attribute.KeyValue
 }
 
 // WithTracerProvider sets the TracerProvider spans are created with. A nil
@@ -66,4 +69,24 @@ func WithKeySecret(secret []byte) Option {
 // whatever the options.
 func WithRawKeys(on bool) Option {
 	return optionFunc(func(c *config) { c.rawKeys = on })
+}
+
+// WithDatabase names the database server and database the round trips go
+// to: the semantic-convention attributes server.address, server.port and
+// db.namespace on every database span and on db.client.operation.duration
+// (empty or zero values are left out). The Manager sets it from its pool's
+// connection configuration (host, port, database), before the options of
+// Config.Telemetry, so an explicit WithDatabase there overrides it.
+func WithDatabase(address string, port int, namespace string) Option {
+	var kv []attribute.KeyValue
+	if address != "" {
+		kv = append(kv, semconv.ServerAddress(address))
+	}
+	if port > 0 {
+		kv = append(kv, semconv.ServerPort(port))
+	}
+	if namespace != "" {
+		kv = append(kv, semconv.DBNamespace(namespace))
+	}
+	return optionFunc(func(c *config) { c.db = kv })
 }

@@ -32,6 +32,7 @@ type Recorder struct {
 	log     *slog.Logger
 	keys    *keyHasher
 	rawKeys bool
+	dbAttrs []attribute.KeyValue // server.address, server.port, db.namespace (WithDatabase)
 
 	acqDuration  metric.Float64Histogram
 	acqAttempts  metric.Int64Histogram
@@ -101,6 +102,7 @@ func New(opts ...Option) *Recorder {
 		log:     c.logger,
 		keys:    newKeyHasher(c.keySecret),
 		rawKeys: c.rawKeys,
+		dbAttrs: c.db,
 	}
 	meter := c.mp.Meter(ScopeName,
 		metric.WithInstrumentationVersion(version),
@@ -278,16 +280,16 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 	r.dbOpt = make(map[DBOperation]dbOpts)
 	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany,
 		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen} {
-		r.dbOpt[op] = newDBOpts(op)
+		r.dbOpt[op] = r.newDBOpts(op)
 	}
 }
 
-func newDBOpts(op DBOperation) dbOpts {
+func (r *Recorder) newDBOpts(op DBOperation) dbOpts {
 	kv := semconv.DBOperationName(string(op))
 	return dbOpts{
 		op:      kv,
 		batch:   mset(kv),
-		success: mset(semconv.DBSystemNamePostgreSQL, kv),
+		success: mset(append([]attribute.KeyValue{semconv.DBSystemNamePostgreSQL, kv}, r.dbAttrs...)...),
 	}
 }
 
@@ -295,5 +297,5 @@ func (r *Recorder) dbOpts(op DBOperation) dbOpts {
 	if o, ok := r.dbOpt[op]; ok {
 		return o
 	}
-	return newDBOpts(op)
+	return r.newDBOpts(op)
 }
