@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -70,7 +71,12 @@ func main() {
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, os.Stdout, os.Getenv("DATABASE_URL"), o); err != nil {
+	// A schema of its own (the workers get it through their connection
+	// string), dropped at the end: nothing is left in your database.
+	err := exampledb.Run(ctx, os.Getenv("DATABASE_URL"), "pglease_demo", func(url string) error {
+		return run(ctx, os.Stdout, url, o)
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
@@ -216,6 +222,12 @@ type timeline struct {
 	fences  map[string][]int64
 	done    int
 	extends int
+	// per holding (job, fence): heartbeat extends seen, printed with the
+	// holding's end instead of one line each
+	hb map[string]int
+	// per job: runs completed, and how the job's last holding ended
+	doneBy    map[string]int
+	lastState map[string]string
 	// handoffs: release → next acquire by another worker, in ms
 	handoffs  []int64
 	takeovers int
@@ -236,7 +248,8 @@ type timeline struct {
 }
 
 func newTimeline(w io.Writer, o Options) *timeline {
-	return &timeline{w: w, o: o, evs: make(chan event, 256), holders: map[string]*holder{}, fences: map[string][]int64{}, frozen: -1}
+	return &timeline{w: w, o: o, evs: make(chan event, 256), holders: map[string]*holder{}, fences: map[string][]int64{}, frozen: -1,
+		hb: map[string]int{}, doneBy: map[string]int{}, lastState: map[string]string{}}
 }
 
 func (t *timeline) printf(who, job, format string, args ...any) {
@@ -423,14 +436,21 @@ func (t *timeline) show(ev event) {
 		}
 		t.fences[ev.Job] = append(t.fences[ev.Job], ev.Fence)
 		t.holders[ev.Job] = &holder{worker: ev.worker, fence: ev.Fence}
+		t.lastState[ev.Job] = "running"
 		t.printf(who, ev.Job, "acquired  fence %d, claimed the row%s", ev.Fence, note)
 	case "extended":
 		t.extends++
-		t.printf(who, ev.Job, "extended  (heartbeat; lease ends in %.1f s)", float64(ev.ExpiresInMs)/1000)
+		t.hb[holding(ev.Job, ev.Fence)]++
+		if t.extends == 1 {
+			t.printf(who, ev.Job, "extended  (heartbeat: the Manager renewed the lease, which now ends in %.1f s;", float64(ev.ExpiresInMs)/1000)
+			fmt.Fprintf(t.w, "%21s from here on extends are counted, and shown when the holding ends)\n", "")
+		}
 	case "done":
 		if ev.Accepted != nil && *ev.Accepted {
 			t.done++
-			t.printf(who, ev.Job, "done      result written with fence %d", ev.Fence)
+			t.doneBy[ev.Job]++
+			t.lastState[ev.Job] = "done"
+			t.printf(who, ev.Job, "done      result written with fence %d%s", ev.Fence, t.hbNote(ev))
 		} else {
 			t.doneNo++
 			t.printf(who, ev.Job, "done      but its write was REFUSED by the fence (a newer holder wrote the row)")
@@ -440,7 +460,8 @@ func (t *timeline) show(ev event) {
 			h.released = ev.at
 		}
 		if ev.Msg != "" {
-			t.printf(who, ev.Job, "released  (%s)", ev.Msg)
+			t.lastState[ev.Job] = "interrupted"
+			t.printf(who, ev.Job, "released  (%s)%s", ev.Msg, t.hbNote(ev))
 		} else {
 			t.printf(who, ev.Job, "released")
 		}
@@ -454,7 +475,7 @@ func (t *timeline) show(ev event) {
 			t.lostAfter = ev.at.Sub(t.contAt)
 			extra = fmt.Sprintf(" — noticed %d ms after SIGCONT", t.lostAfter.Milliseconds())
 		}
-		t.printf(who, ev.Job, "LOST      fence %d: lock context cancelled (%s)%s", ev.Fence, ev.Msg, extra)
+		t.printf(who, ev.Job, "LOST      fence %d: lock context cancelled (%s)%s%s", ev.Fence, ev.Msg, extra, t.hbNote(ev))
 	case "late_write":
 		if ev.worker == t.frozen {
 			t.lateSeen = true
@@ -478,6 +499,18 @@ func (t *timeline) show(ev event) {
 	default:
 		t.printf(who, ev.Job, "%s", ev.Ev)
 	}
+}
+
+// holding names one holding of a job: its fence.
+func holding(job string, fence int64) string { return job + "#" + strconv.FormatInt(fence, 10) }
+
+// hbNote says how many heartbeat extends the holding ev ends had.
+func (t *timeline) hbNote(ev event) string {
+	n := t.hb[holding(ev.Job, ev.Fence)]
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" · heartbeat renewed its lease %d×", n)
 }
 
 func (t *timeline) signalAll(sig syscall.Signal) {
@@ -541,7 +574,8 @@ func (t *timeline) summary(ctx context.Context, pool *pgxpool.Pool, jobs []strin
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(w, "jobs table now:")
+	fmt.Fprintln(w, "jobs table at the end (every row written with a fenced write):")
+	fmt.Fprintf(w, "  %-6s %-6s %-12s %-7s %s\n", "job", "fence", "last state", "by", "runs completed")
 	for rows.Next() {
 		var id, status, wk string
 		var fence int64
@@ -549,7 +583,10 @@ func (t *timeline) summary(ctx context.Context, pool *pgxpool.Pool, jobs []strin
 			rows.Close()
 			return err
 		}
-		fmt.Fprintf(w, "  %-6s fence %-4d %-8s by %s\n", id, fence, status, wk)
+		fmt.Fprintf(w, "  %-6s %-6d %-12s %-7s %d\n", id, fence, status, wk, t.doneBy[id])
+		if want := t.lastState[id]; want != "" && want != status {
+			t.errs = append(t.errs, fmt.Sprintf("%s: row says %q, its last holder reported %q", id, status, want))
+		}
 		if fs := t.fences[id]; len(fs) > 0 && fs[len(fs)-1] != fence {
 			t.errs = append(t.errs, fmt.Sprintf("%s: row fence %d, last granted %d", id, fence, fs[len(fs)-1]))
 		}

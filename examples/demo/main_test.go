@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -20,31 +19,17 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-	binDir    string
-)
-
-// workerBin builds examples/worker once for the package's tests.
+// workerBin builds examples/worker into the test's temporary directory,
+// which the test removes when it ends (a shared directory would outlive
+// the test binary: TestMain exits through pgtest.Main).
 func workerBin(t *testing.T) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "pglease-demo-test-")
-		if buildErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "worker")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/pglease/pglease/examples/worker").CombinedOutput()
-		if err != nil {
-			buildErr = errors.New(string(out))
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	bin := filepath.Join(t.TempDir(), "worker")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/pglease/pglease/examples/worker").CombinedOutput()
+	if err != nil {
+		t.Fatalf("building the worker: %v\n%s", err, out)
 	}
-	return binPath
+	return bin
 }
 
 func shortOptions(t *testing.T) Options {
@@ -79,6 +64,20 @@ func TestDemo(t *testing.T) {
 	}
 	if m := lockIDLike.FindString(s); m != "" {
 		t.Errorf("output contains a lockId-like token %q", m)
+	}
+	// Heartbeats are summarized: one explained line, then a count per
+	// holding.
+	if n := strings.Count(s, " extended "); n != 1 {
+		t.Errorf("%d heartbeat lines, want 1 (then counts)", n)
+	}
+	if !regexp.MustCompile(`heartbeat renewed its lease \d+×`).MatchString(s) {
+		t.Error("no holding reports its heartbeat extends")
+	}
+	// The final table shows each job's final state, not "running".
+	_, table, _ := strings.Cut(s, "jobs table at the end")
+	table, _, _ = strings.Cut(table, "OK:")
+	if strings.Contains(table, "running") || !regexp.MustCompile(`job-\d +\d+ +(done|interrupted) `).MatchString(table) {
+		t.Errorf("final table:\n%s", table)
 	}
 	assertNoLiveLocks(t)
 }

@@ -4,21 +4,25 @@
 // other; billing-b releases, the lock passes to worker 1 and then, when
 // worker 1 releases, to worker 2.
 //
-// The Manager of this process is built with an SDK tracer provider
-// (exporting to stdout with stdouttrace) and an SDK meter provider read by
-// the Prometheus exporter. The program prints:
+// The Manager of this process is built with an SDK tracer provider and an
+// SDK meter provider (read by the Prometheus exporter), both with the
+// resource service.name=billing-a. The program prints:
 //
-//  1. a compact trace summary: every trace as a span tree with durations,
+//  1. the story as it happens, in words;
+//  2. a compact trace summary: every trace as a span tree with durations,
 //     the attributes pglease sets, the events of the acquire spans, and
 //     the links from operation spans to the round trips that served them;
-//  2. the raw spans as stdouttrace exported them (one JSON object each);
 //  3. the metrics in Prometheus text exposition format.
+//
+// With -spans FILE it also writes the raw spans, as the stdouttrace
+// exporter exports them (one JSON object each), to FILE.
 //
 // Keys appear only as pglease.key.hash (SyncGuard's hashKey here, since no
 // key secret is set); lockIds never appear.
 //
 //	make trace                                  # throwaway PostgreSQL
-//	DATABASE_URL=postgres://… go run ./examples/trace
+//	make trace TRACEFLAGS="-spans spans.json"
+//	DATABASE_URL=postgres://… go run ./examples/trace [-spans FILE]
 package main
 
 import (
@@ -26,11 +30,13 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,6 +51,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/retry"
 	"github.com/pglease/pglease/telemetry"
@@ -54,34 +62,48 @@ import (
 const Key = "payment:123"
 
 func main() {
+	spansFile := flag.String("spans", "", "also write the raw spans (stdouttrace JSON) to this file")
+	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := run(ctx, os.Stdout); err != nil {
+	// A schema of its own, dropped at the end: nothing is left in your database.
+	err := exampledb.Run(ctx, os.Getenv("DATABASE_URL"), "pglease_trace", func(url string) error {
+		return run(ctx, os.Stdout, url, *spansFile)
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "trace:", err)
 		os.Exit(1)
 	}
 }
 
-// run tells the story against the database at DATABASE_URL and writes the
-// summary, the raw spans and the metrics to w.
-func run(ctx context.Context, w io.Writer) (err error) {
-	url := os.Getenv("DATABASE_URL")
+// run tells the story against the database at url and writes the story,
+// the trace summary and the metrics to w; the raw spans go to spansFile
+// unless it is "".
+func run(ctx context.Context, w io.Writer, url, spansFile string) (err error) {
 	if url == "" {
 		return errors.New("DATABASE_URL is not set (make trace starts a throwaway PostgreSQL)")
 	}
+	// One resource for traces and metrics.
+	res := resource.NewSchemaless(semconv.ServiceName("billing-a"))
 
-	// Tracing: stdouttrace for the raw export, a span recorder for the
-	// summary. Both synchronous, so every ended span is there at the end.
-	var raw bytes.Buffer
-	exp, err := stdouttrace.New(stdouttrace.WithWriter(&raw))
-	if err != nil {
-		return err
-	}
+	// Tracing: a span recorder for the summary and, with -spans,
+	// stdouttrace for the raw export. Both synchronous, so every ended
+	// span is there at the end.
 	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(
-		sdktrace.WithSyncer(exp),
-		sdktrace.WithSpanProcessor(spans),
-		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("billing-a"))))
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithSpanProcessor(spans), sdktrace.WithResource(res)}
+	if spansFile != "" {
+		f, err := os.Create(spansFile)
+		if err != nil {
+			return err
+		}
+		defer func() { err = errors.Join(err, f.Close()) }()
+		exp, err := stdouttrace.New(stdouttrace.WithWriter(f))
+		if err != nil {
+			return err
+		}
+		tpOpts = append(tpOpts, sdktrace.WithSyncer(exp))
+	}
+	tp := sdktrace.NewTracerProvider(tpOpts...)
 	defer func() { err = errors.Join(err, tp.Shutdown(context.Background())) }()
 
 	// Metrics: the Prometheus exporter is a reader of the meter provider,
@@ -91,7 +113,7 @@ func run(ctx context.Context, w io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(pexp))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(pexp), sdkmetric.WithResource(res))
 	defer func() { err = errors.Join(err, mp.Shutdown(context.Background())) }()
 
 	// billing-b: another process, as far as locking goes (own Manager and
@@ -123,7 +145,9 @@ func run(ctx context.Context, w io.Writer) (err error) {
 	// readme:end telemetry
 	defer func() { err = errors.Join(err, m.Close(context.Background())) }()
 
-	if err := story(ctx, tp.Tracer("billing-a"), m, other); err != nil {
+	fmt.Fprintf(w, "== The story (the key is shown by its hash, %s…) ==\n", pglease.HashKey(Key)[:8])
+	st := &storyteller{w: w, start: time.Now()}
+	if err := story(ctx, st, tp.Tracer("billing-a"), m, other); err != nil {
 		return err
 	}
 
@@ -140,26 +164,44 @@ func run(ctx context.Context, w io.Writer) (err error) {
 		}
 	}
 
-	fmt.Fprintf(w, "== Trace summary: one key held by billing-b, wanted by two workers of billing-a ==\n")
-	fmt.Fprintf(w, "   (the key appears only as pglease.key.hash; durations in ms; #n numbers spans for links)\n\n")
-	summarize(w, spans.Ended())
-	fmt.Fprintf(w, "\n== Raw spans (stdouttrace) ==\n")
-	if _, err := w.Write(raw.Bytes()); err != nil {
+	ended := spans.Ended()
+	fmt.Fprintf(w, "\n== Trace summary: the same story as spans (service.name=billing-a) ==\n")
+	fmt.Fprintf(w, "   durations in ms; #n numbers spans for links; every database span also carries%s\n\n", serverAttrs(ended))
+	summarize(w, ended)
+	fmt.Fprintf(w, "\n== Metrics (Prometheus text format) ==\n")
+	if _, err := w.Write(metrics.Bytes()); err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "\n== Metrics (Prometheus text format) ==\n")
-	_, err = w.Write(metrics.Bytes())
-	return err
+	if spansFile != "" {
+		fmt.Fprintf(w, "\nRaw spans (stdouttrace JSON): %s\n", spansFile)
+	} else {
+		fmt.Fprintf(w, "\nRaw spans: run with -spans FILE (make trace TRACEFLAGS=\"-spans spans.json\") to write them as stdouttrace exports them.\n")
+	}
+	return nil
+}
+
+// storyteller prints the story's steps with their time since the start.
+type storyteller struct {
+	mu    sync.Mutex
+	w     io.Writer
+	start time.Time
+}
+
+func (s *storyteller) say(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fmt.Fprintf(s.w, "%6.0f ms  %s\n", float64(time.Since(s.start).Microseconds())/1000, fmt.Sprintf(format, args...))
 }
 
 // story: billing-b holds Key; worker 1, then worker 2 wait for it; billing-b
 // releases after a while; worker 1 gets it, works, releases; worker 2 gets
 // it (local handoff), releases.
-func story(ctx context.Context, tracer trace.Tracer, m, other *manager.Manager) error {
+func story(ctx context.Context, st *storyteller, tracer trace.Tracer, m, other *manager.Manager) error {
 	held, err := other.Acquire(ctx, Key)
 	if err != nil {
 		return err
 	}
+	st.say("billing-b (another process) holds the key, fence %d", held.Fence())
 	type done struct {
 		n   int
 		err error
@@ -168,13 +210,18 @@ func story(ctx context.Context, tracer trace.Tracer, m, other *manager.Manager) 
 	worker := func(n int) {
 		wctx, span := tracer.Start(ctx, fmt.Sprintf("worker %d: charge payment", n))
 		defer span.End()
+		st.say("worker %d asks for the key: contended, it waits (backoff, and a NOTIFY wakes it)", n)
+		start := time.Now()
 		lk, err := m.Acquire(wctx, Key, manager.WithAcquireTimeout(10*time.Second))
 		if err != nil {
 			results <- done{n, err}
 			return
 		}
+		st.say("worker %d gets the key after %d ms, fence %d; works 50 ms", n, time.Since(start).Milliseconds(), lk.Fence())
 		time.Sleep(50 * time.Millisecond) // the protected work
-		results <- done{n, lk.Release(wctx)}
+		err = lk.Release(wctx)
+		st.say("worker %d releases the key", n)
+		results <- done{n, err}
 	}
 	go worker(1)
 	time.Sleep(20 * time.Millisecond) // pacing the story: worker 2 asks a little later
@@ -183,6 +230,7 @@ func story(ctx context.Context, tracer trace.Tracer, m, other *manager.Manager) 
 	if err := held.Release(ctx); err != nil {
 		return err
 	}
+	st.say("billing-b releases the key: its NOTIFY wakes this process")
 	var errs []error
 	for range 2 {
 		d := <-results
@@ -191,6 +239,34 @@ func story(ctx context.Context, tracer trace.Tracer, m, other *manager.Manager) 
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// serverAttrs returns " server.address=… server.port=… db.namespace=…" as
+// the first client span carries them.
+func serverAttrs(spans []sdktrace.ReadOnlySpan) string {
+	for _, s := range spans {
+		if s.SpanKind() != trace.SpanKindClient {
+			continue
+		}
+		var b strings.Builder
+		for _, kv := range s.Attributes() {
+			if hiddenAttr[string(kv.Key)] && kv.Key != semconv.DBOperationNameKey {
+				fmt.Fprintf(&b, " %s=%s", kv.Key, kv.Value.String())
+			}
+		}
+		return b.String()
+	}
+	return " (no database span)"
+}
+
+// hiddenAttr are the attributes the summary leaves out of each span: the
+// same on every database span (printed once) or said by the span name.
+var hiddenAttr = map[string]bool{
+	string(semconv.DBSystemNameKey):    true,
+	string(semconv.DBOperationNameKey): true,
+	string(semconv.ServerAddressKey):   true,
+	string(semconv.ServerPortKey):      true,
+	string(semconv.DBNamespaceKey):     true,
 }
 
 // summarize prints every trace as a tree of spans, in start order.
@@ -251,11 +327,10 @@ func attrs(kvs []attribute.KeyValue) string {
 	var b strings.Builder
 	for _, kv := range kvs {
 		k := string(kv.Key)
-		switch k {
-		case "db.system.name", "db.operation.name": // the span name says it
+		if hiddenAttr[k] {
 			continue
 		}
-		v := kv.Value.Emit()
+		v := kv.Value.String()
 		if k == string(telemetry.AttrKeyHash) {
 			v = v[:min(len(v), 8)] + "…"
 		}

@@ -26,13 +26,18 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/manager"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Stdout, os.Getenv("DATABASE_URL")); err != nil {
+	// A schema of its own, dropped at the end: nothing is left in your database.
+	err := exampledb.Run(ctx, os.Getenv("DATABASE_URL"), "pglease_webhook", func(url string) error {
+		return run(ctx, os.Stdout, url)
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "webhook:", err)
 		os.Exit(1)
 	}

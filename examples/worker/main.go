@@ -221,8 +221,14 @@ func doJob(ctx context.Context, out *emitter, pool *pgxpool.Pool, m *manager.Man
 		out.emit(Event{Ev: "late_write", Job: job, Fence: int64(fence), Accepted: ptr(ok), RowFence: rowFence})
 		_ = lk.Release(bg) // answers LockLost; stops nothing that still runs
 	case "shutdown":
+		// Record that the job stopped unfinished, so the row does not
+		// claim it is still running, then release.
+		if _, err := guard.Update(bg, pool, job, fence,
+			pg.Set{Column: "status", Value: "interrupted"}, pg.Set{Column: "worker", Value: cfg.ID}, pg.Set{Column: "updated_at", Value: time.Now()}); err != nil {
+			out.emit(Event{Ev: "error", Job: job, Msg: err.Error()})
+		}
 		_ = lk.Release(bg)
-		out.emit(Event{Ev: "released", Job: job, Fence: int64(fence), Msg: "shutdown"})
+		out.emit(Event{Ev: "released", Job: job, Fence: int64(fence), Msg: "shutdown: job interrupted"})
 	}
 	return nil
 }
