@@ -66,14 +66,21 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 		t.Error("db.client.operation.duration has no point with the server attributes")
 	}
 
-	// A second Manager of the same rig on a fresh schema without the
-	// lease tables: the server answers 42883 (function does not exist).
-	empty, _ := pgtest.Pool(t)
-	m2, err := newManager("test", empty, false, Config{Telemetry: r.opts, DisableNotify: true}, func(*Manager) {})
+	// A second Manager of the same rig on a schema whose lock table was
+	// dropped after SetupSchema: the server answers 42P01 (relation does
+	// not exist).
+	broken, _ := pgtest.Pool(t)
+	m2, err := newManager("test", broken, false, Config{Telemetry: r.opts, DisableNotify: true}, func(*Manager) {})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer m2.Close(ctx)
+	if err := m2.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := broken.Exec(ctx, "DROP TABLE syncguard_locks"); err != nil {
+		t.Fatal(err)
+	}
 	_, _, err = m2.TryAcquire(ctx, "semconv:missing")
 	var st interface{ SQLState() string }
 	if !errors.Is(err, pglease.ErrInvalidArgument) || !errors.As(err, &st) {

@@ -33,9 +33,11 @@ func wantSchemaMissing(t *testing.T, what string, err error, sqlstate string) {
 }
 
 // TestMissingSchemaSaysHowToCreateIt: operations on a database where
-// SetupSchema never ran (42883, no functions) or whose lock table is gone
-// (42P01) say "run SetupSchema or apply pg/schema.sql", through pg.Store
-// and through the Manager.
+// SetupSchema never ran, or whose lock table is gone, say how to create
+// the schema, with one "pglease:" prefix: an acquire's schema check
+// (pg.SchemaError) before the first acquire, and for statements that meet
+// a missing function (42883) or table (42P01) "run SetupSchema or apply
+// pg/schema.sql" — through pg.Store and through the Manager.
 func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	t.Parallel()
 	c := ctx(t)
@@ -44,8 +46,16 @@ func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	wantSchemaCheck := func(what string, err error) {
+		t.Helper()
+		var se *pg.SchemaError
+		if !errors.Is(err, pglease.ErrInvalidArgument) || !errors.As(err, &se) || se.Found != 0 ||
+			!strings.Contains(err.Error(), "SetupSchema") || strings.Count(err.Error(), "pglease:") != 1 {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
 	_, err = s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second})
-	wantSchemaMissing(t, "pg.Acquire without schema", err, "42883")
+	wantSchemaCheck("pg.Acquire without schema", err)
 	_, err = s.Release(c, "AAAAAAAAAAAAAAAAAAAAAA")
 	wantSchemaMissing(t, "pg.Release without schema", err, "42883")
 	_, err = s.IsLocked(c, "k")
@@ -57,15 +67,18 @@ func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	}
 	defer m.Close(c)
 	_, _, err = m.TryAcquire(c, "k")
-	wantSchemaMissing(t, "manager.TryAcquire without schema", err, "42883")
-	_, err = m.Acquire(c, "k")
-	wantSchemaMissing(t, "manager.Acquire without schema", err, "42883")
+	wantSchemaCheck("manager.TryAcquire without schema", err)
 
-	// Functions present, lock table dropped behind pglease's back.
-	if err := s.SetupSchema(c); err != nil {
+	// Schema set up, then the lock table dropped behind pglease's back.
+	if err := m.SetupSchema(c); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(c, "DROP TABLE syncguard_locks"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = m.TryAcquire(c, "k")
+	wantSchemaMissing(t, "manager.TryAcquire without lock table", err, "42P01")
+	if err := s.SetupSchema(c); err != nil { // the recorded version is current: nothing to do
 		t.Fatal(err)
 	}
 	_, err = s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second})
