@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/manager"
 )
@@ -52,7 +54,9 @@ type workerReport struct {
 	Errors   int64      `json:"errors"`
 	// WaitsMs are the Acquire wait times (ms) of this process's callers.
 	WaitsMs []float64 `json:"waits_ms"`
-	Err     string    `json:"err,omitempty"`
+	// Stmts is how many statements this process sent during the run.
+	Stmts int64  `json:"stmts"`
+	Err   string `json:"err,omitempty"`
 }
 
 // runWorkerMode runs a hotkey worker and returns true when this process
@@ -82,7 +86,8 @@ func runWorkerMode() bool {
 
 func hotKeyWorker(spec workerSpec, in *bufio.Reader, out io.Writer) (rep workerReport) {
 	ctx := context.Background()
-	pool, err := newPool(ctx, spec.URL, spec.Schema, min(spec.Callers, 64)+2)
+	tr := &stmtTracer{}
+	pool, err := newPool(ctx, spec.URL, spec.Schema, min(spec.Callers, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
 	if err != nil {
 		return workerReport{Err: err.Error()}
 	}
@@ -136,6 +141,7 @@ func hotKeyWorker(spec workerSpec, in *bufio.Reader, out io.Writer) (rep workerR
 	}
 	// Cancel (not a deadline: a deadline would end waits as
 	// AcquisitionTimeout) at the end of the run.
+	tr.reset(false, 0)
 	runCtx, cancel := context.WithCancel(ctx)
 	timer := time.AfterFunc(spec.Duration, cancel)
 	defer timer.Stop()
@@ -173,6 +179,9 @@ func hotKeyWorker(spec workerSpec, in *bufio.Reader, out io.Writer) (rep workerR
 		}()
 	}
 	wg.Wait()
+	tr.mu.Lock()
+	rep.Stmts = tr.all
+	tr.mu.Unlock()
 	for w := range spec.Callers {
 		rep.Records = append(rep.Records, recs[w]...)
 		rep.WaitsMs = append(rep.WaitsMs, waits[w]...)
@@ -308,8 +317,9 @@ func summarizeHotKey(reps []workerReport, callers, procs int, elapsed float64) R
 	var recs []csRecord
 	var waits []float64
 	r := Result{Scenario: "hotkey", Impl: "manager", Callers: callers, Processes: procs, Seconds: elapsed}
-	var timeouts int64
+	var timeouts, stmts int64
 	for _, rep := range reps {
+		stmts += rep.Stmts
 		recs = append(recs, rep.Records...)
 		waits = append(waits, rep.WaitsMs...)
 		timeouts += rep.Timeouts
@@ -338,6 +348,9 @@ func summarizeHotKey(reps []workerReport, callers, procs int, elapsed float64) R
 		"max_share": maxShare(recs)}
 	if inv > 0 {
 		r.Extra["fifo_worst_ms"] = ms(worst)
+	}
+	if len(recs) > 0 {
+		r.Extra["stmts_per_section"] = float64(stmts) / float64(len(recs))
 	}
 	if dupFence > 0 {
 		r.Extra["duplicate_fences"] = float64(dupFence)

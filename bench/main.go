@@ -67,7 +67,8 @@
 // fifo_inversions counts pairs of one process's callers where the one that
 // called Acquire more than 5 ms earlier was granted later (0 with a FIFO
 // queue; see fifoInversions); max_share is the busiest caller's share of
-// the sections.
+// the sections; stmts_per_section counts every statement the processes
+// sent (grants, releases, contended attempts) per critical section.
 //
 // heartbeat: one Manager holds N locks (-heartbeat-n, default 1,000,
 // 10,000 and 100,000) with TTL 3 s (extends due every second; from

@@ -53,9 +53,14 @@
 // waiting: the caller is in its key's FIFO queue. All callers waiting for
 // one key share one database attempt at a time. A failed attempt
 // schedules the next one after the key's jittered backoff (retry
-// package); a release in this process starts it at once (local handoff,
-// through the database: new lockId, new fence), and so does a release
-// notification from another process.
+// package); a release notification from another process starts it at
+// once. A release in this process hands the key to the head waiter (local
+// handoff, through the database: new lockId, new fence) in one statement
+// that releases and grants in one transaction (pg.Store.HandOff: one round
+// trip and one durable commit per handover). After maxLocalHandOffs (4)
+// handovers in a row the next release is a plain, notifying one and the
+// next local waiter attempts like any other, so that waiters in other
+// processes get their chance at a hot key.
 //
 // held/extending: the heartbeat (heartbeat package) extends every lock at
 // TTL/3 after its last successful attempt; all extends due in one tick
@@ -129,10 +134,11 @@
 //     coalesced, contended and the fence granted. It links to every
 //     round trip that carried one of its attempts.
 //   - pglease.acquire_many, pglease.release_many, pglease.extend_many,
-//     pglease.listen: one client span per database round trip
-//     (db.system.name=postgresql, batch size, items that succeeded). A
-//     round trip serving a single caller is a child of that caller's
-//     span; one serving several callers is a root span they all link to.
+//     pglease.handoff, pglease.listen: one client span per database round
+//     trip (db.system.name=postgresql, batch size, items that succeeded).
+//     A round trip serving a single caller is a child of that caller's
+//     span; one serving several callers (a handoff serves the releaser and
+//     the waiter) is a root span they all link to.
 //   - pglease.release: one per release the loop performs (Lock.Release,
 //     a grant taken back from a caller who left, Close), a child of the
 //     releasing caller's span, linked to the lock's acquire span and to

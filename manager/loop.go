@@ -422,6 +422,7 @@ func (st *loopState) heartbeat(now time.Time) {
 // batch of their kind is in flight wait for it and go together.
 func (st *loopState) flush() {
 	m := st.m
+	st.flushHandOffs() // first: a handoff that goes out as a plain release joins pendRelease
 	live := st.pendAcquire[:0]
 	for _, a := range st.pendAcquire {
 		if st.closing || len(a.ks.queue) == 0 {

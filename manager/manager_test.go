@@ -298,3 +298,112 @@ func TestClosedManager(t *testing.T) {
 		t.Fatal("Done not closed")
 	}
 }
+
+// TestLocalHandoffOneStatement: when the holder releases a key that other
+// callers of this process wait for, one statement releases it and grants
+// it to the head waiter (a handoff batch; no release or acquire batch in
+// between), with the next fence and a new lockId; the releaser's Release
+// reports success, and the old lockId is gone from the table.
+func TestLocalHandoffOneStatement(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	first, err := b.m.Acquire(ctx, "handoff")
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := make(chan *Lock, 1)
+	go func() {
+		lk, err := b.m.Acquire(ctx, "handoff", WithAcquireTimeout(time.Minute))
+		if err != nil {
+			t.Error(err)
+		}
+		next <- lk
+	}()
+	// Queued twice: the first caller, then the waiter (the holder is local,
+	// so the waiter sends no attempt of its own).
+	waitFor(t, &b.sig.queued, func(k string) bool { return k == "handoff" })
+	waitFor(t, &b.sig.queued, func(k string) bool { return k == "handoff" })
+	drain(&b.sig.batchSent)
+	if err := first.Release(ctx); err != nil {
+		t.Fatalf("Release of a handed-off lock: %v", err)
+	}
+	lk := <-next
+	if lk == nil {
+		t.Fatal("no lock")
+	}
+	if lk.Fence() != first.Fence()+1 || lk.id == first.id {
+		t.Fatalf("handoff fence %s (want %s), same lockId %v", lk.Fence(), first.Fence()+1, lk.id == first.id)
+	}
+	kinds := map[batchKind]int{}
+	for {
+		select {
+		case bi := <-b.sig.batchSent.ch:
+			kinds[bi.kind]++
+			continue
+		default:
+		}
+		break
+	}
+	if kinds[kindHandOff] != 1 || kinds[kindRelease] != 0 || kinds[kindAcquire] != 0 {
+		t.Fatalf("batches from release to grant: %v, want one handoff", kinds)
+	}
+	var n int
+	if err := b.pool.QueryRow(ctx, "SELECT count(*) FROM syncguard_locks WHERE lock_id = $1", first.id).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("old lockId rows: %d, %v", n, err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLocalHandoffBounded: a key is handed over inside the process at most
+// maxLocalHandOffs times in a row; the next release is a plain one (it
+// notifies, so other processes' waiters get their chance), and the next
+// waiter then acquires with an attempt of its own.
+func TestLocalHandoffBounded(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	first, err := b.m.Acquire(ctx, "bounded")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, &b.sig.queued, func(k string) bool { return k == "bounded" })
+	const n = maxLocalHandOffs + 2
+	done := make(chan error, n)
+	for range n {
+		go func() {
+			lk, err := b.m.Acquire(ctx, "bounded", WithAcquireTimeout(time.Minute))
+			if err == nil {
+				err = lk.Release(ctx)
+			}
+			done <- err
+		}()
+		waitFor(t, &b.sig.queued, func(k string) bool { return k == "bounded" })
+	}
+	drain(&b.sig.batchSent)
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// first → w1 … w3 → w4: maxLocalHandOffs handoffs; w4 releases plainly
+	// and w5 acquires; w5 → w6 is a handoff; w6 releases plainly.
+	kinds := map[batchKind]int{}
+	for {
+		select {
+		case bi := <-b.sig.batchSent.ch:
+			kinds[bi.kind]++
+			continue
+		default:
+		}
+		break
+	}
+	if kinds[kindHandOff] != maxLocalHandOffs+1 || kinds[kindRelease] != 2 || kinds[kindAcquire] != 1 {
+		t.Fatalf("batches %v, want %d handoffs, 2 releases, 1 acquire", kinds, maxLocalHandOffs+1)
+	}
+}

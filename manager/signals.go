@@ -61,6 +61,7 @@ const (
 	kindAcquire batchKind = "acquire"
 	kindRelease batchKind = "release"
 	kindExtend  batchKind = "extend"
+	kindHandOff batchKind = "handoff" // a release and the next local waiter's acquire in one statement
 )
 
 type batchInfo struct {

@@ -36,6 +36,7 @@ type loopState struct {
 	pendAcquire []*attempt    // attempts to send with the next acquire batch
 	pendRelease []releaseItem // lockIds to send with the next release batch
 	pendExtend  []*holding    // leases to send with the next extend batch
+	pendHandOff []handOffItem // local handoffs to send with the next handoff batch (handoff.go)
 
 	inAcquire, inRelease, inExtend int // batches in flight per kind
 	waiting                        int // callers in all keys' queues (telemetry: queue depth "waiters")
@@ -59,6 +60,7 @@ type keyState struct {
 	bo        *retry.Backoff // this key's backoff (not thread-safe; loop-owned)
 	lastErr   error          // last database error of an attempt, for timeout errors
 	woken     bool           // a release notification came while an attempt was in flight
+	handOffs  uint8          // local handoffs of the key in a row (handoff.go)
 }
 
 // holding is a held lock, as the loop sees it.
@@ -251,6 +253,9 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	}
 	it.rel, it.sc = startRelease(h, parent)
 	h.ks.releasing++
+	if st.queueHandOff(it) { // local waiters: release and grant in one statement
+		return
+	}
 	st.pendRelease = append(st.pendRelease, it)
 }
 
@@ -433,7 +438,7 @@ func (st *loopState) reportDepth(l *telemetry.Loop) {
 		return
 	}
 	l.SetDepth(telemetry.QueueWaiters, st.waiting)
-	l.SetDepth(telemetry.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend))
+	l.SetDepth(telemetry.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend)+len(st.pendHandOff))
 	l.SetDepth(telemetry.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
 	l.SetDepth(telemetry.QueueDue, len(st.retries)+len(st.held))
 }

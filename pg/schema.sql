@@ -174,6 +174,73 @@ BEGIN
   END LOOP;
 END
 $fn$;
+
+-- Hand N keys over in one statement: for each item, release the lockId
+-- p_old_ids[i] (the caller's lock on p_keys[i]) and acquire p_keys[i] for
+-- p_lock_ids[i], in one transaction. Same locking order, clock read and
+-- fence upsert as the acquire function; the old row is taken over in place
+-- when it is still live and holds the old lockId (o_released), or under the
+-- acquire rule otherwise (free, or expired past the tolerance). The grant
+-- commits durably, like an acquire; the holder row is written as by the
+-- acquire function. No notification: the key is taken
+-- again at once (a released key that could not be granted, status 2, is
+-- notified on p_channel when it is not NULL).
+CREATE OR REPLACE FUNCTION "pglease_handoff_95ff2f1cda"(p_old_ids text[], p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_holder text, p_channel text)
+RETURNS TABLE (o_idx integer, o_released boolean, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_exp bigint;
+  v_id text;
+  v_now bigint;
+  v_fence bigint;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
+  FOR r IN
+    SELECT u.old, u.k, u.uk, u.fk, u.id, u.ttl, u.i::integer AS i
+    FROM unnest(p_old_ids, p_keys, p_user_keys, p_fence_keys, p_lock_ids, p_ttls) WITH ORDINALITY AS u(old, k, uk, fk, id, ttl, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i;
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL;
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    v_exp := NULL; v_id := NULL;
+    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = r.k FOR UPDATE;
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    o_released := v_id IS NOT NULL AND v_id = r.old AND v_exp > v_now;
+    IF NOT o_released AND v_exp IS NOT NULL AND v_exp + 1000 > v_now THEN
+      o_status := 1;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    v_fence := NULL;
+    INSERT INTO "syncguard_fence_counters" AS c (fence_key, fence, key_debug) VALUES (r.fk, 1, r.uk)
+      ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+      RETURNING c.fence INTO v_fence;
+    IF v_fence IS NULL THEN
+      IF o_released THEN
+        DELETE FROM "syncguard_locks" AS l WHERE l.key = r.k;
+        IF p_channel IS NOT NULL THEN
+          PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(r.uk));
+        END IF;
+      END IF;
+      o_status := 2;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    INSERT INTO "syncguard_locks" AS l (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
+      VALUES (r.k, r.id, v_now + r.ttl, v_now, lpad(v_fence::text, 15, '0'), r.uk)
+      ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
+        acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+    IF p_holder IS NOT NULL THEN
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder) VALUES (r.k, r.id, p_holder)
+        ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder;
+    END IF;
+    o_status := 0; o_fence := v_fence; o_acquired_ms := v_now; o_expires_ms := v_now + r.ttl;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
 -- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
 CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)
 LANGUAGE sql IMMUTABLE AS $fn$ SELECT 2, 2 $fn$;

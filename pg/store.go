@@ -76,6 +76,7 @@ type Store struct {
 
 	acquireSQL, releaseSQL, extendSQL string
 	versionSQL                        string
+	handOffSQL                        string
 	lookupKeySQL, lookupIDSQL         string
 	isLockedSQL                       string
 }
@@ -107,6 +108,7 @@ func New(db DB, cfg Config) (*Store, error) {
 		versionSQL:   "SELECT version, compatible_from FROM " + n.fnSchema + "()",
 		releaseSQL:   "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
 		extendSQL:    "SELECT o_idx, o_expires_ms FROM " + n.fnExtend + "($1, $2)",
+		handOffSQL:   "SELECT o_idx, o_released, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnHandOff + "($1, $2, $3, $4, $5, $6, $7, $8)",
 		lookupKeySQL: sel + "l.key = $1" + live,
 		lookupIDSQL:  sel + "l.lock_id = $1" + live,
 		isLockedSQL:  "SELECT EXISTS (SELECT 1 FROM " + n.lock + " AS l WHERE l.key = $1" + live + ")",
@@ -283,41 +285,9 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	if len(reqs) == 0 {
 		return []AcquireResult{}, nil
 	}
-	keys := make([]string, len(reqs))
-	fenceKeys := make([]string, len(reqs))
-	ids := make([]string, len(reqs))
-	ttls := make([]int64, len(reqs))
-	seen := make(map[string]struct{}, len(reqs))
-	for i, r := range reqs {
-		k, err := pglease.NormalizeKey(r.Key)
-		if err != nil {
-			return nil, withOp(op, err)
-		}
-		if err := pglease.ValidateTTL(r.TTL); err != nil {
-			return nil, withOp(op, err)
-		}
-		// PostgreSQL: prefix "", limit 1700, reserve 0. A key ≤ 512 bytes is
-		// never hashed, so storage key == user key and fence key ==
-		// "fence:"+key (SyncGuard's two-step derivation).
-		sk, err := pglease.MakeStorageKey("", k, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
-		if err != nil {
-			return nil, withOp(op, err)
-		}
-		fk, err := pglease.MakeStorageKey("", "fence:"+sk, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
-		if err != nil {
-			return nil, withOp(op, err)
-		}
-		id := r.LockID
-		if id == "" {
-			id = pglease.NewLockID()
-		} else if err := pglease.ValidateLockID(id); err != nil {
-			return nil, withOp(op, err)
-		}
-		if _, dup := seen[id]; dup {
-			return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
-		}
-		seen[id] = struct{}{}
-		keys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
+	keys, fenceKeys, ids, ttls, err := prepareAcquire(op, reqs)
+	if err != nil {
+		return nil, err
 	}
 	if err := s.checkOnce(ctx, op); err != nil {
 		return nil, err
@@ -329,7 +299,7 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	if s.holder != "" {
 		holder = &s.holder
 	}
-	err := s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
+	err = s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
 		var idx, status int32
 		var fence, acq, exp *int64
 		if err := rows.Scan(&idx, &status, &fence, &acq, &exp); err != nil {
@@ -371,6 +341,49 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 		}
 	}
 	return out, nil
+}
+
+// prepareAcquire validates acquire items and derives the function's
+// arguments: storage keys, fence keys, lockIds (generated when empty) and
+// TTLs in ms.
+func prepareAcquire(op string, reqs []AcquireRequest) (keys, fenceKeys, ids []string, ttls []int64, err error) {
+	keys = make([]string, len(reqs))
+	fenceKeys = make([]string, len(reqs))
+	ids = make([]string, len(reqs))
+	ttls = make([]int64, len(reqs))
+	seen := make(map[string]struct{}, len(reqs))
+	for i, r := range reqs {
+		k, err := pglease.NormalizeKey(r.Key)
+		if err != nil {
+			return nil, nil, nil, nil, withOp(op, err)
+		}
+		if err := pglease.ValidateTTL(r.TTL); err != nil {
+			return nil, nil, nil, nil, withOp(op, err)
+		}
+		// PostgreSQL: prefix "", limit 1700, reserve 0. A key ≤ 512 bytes is
+		// never hashed, so storage key == user key and fence key ==
+		// "fence:"+key (SyncGuard's two-step derivation).
+		sk, err := pglease.MakeStorageKey("", k, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+		if err != nil {
+			return nil, nil, nil, nil, withOp(op, err)
+		}
+		fk, err := pglease.MakeStorageKey("", "fence:"+sk, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+		if err != nil {
+			return nil, nil, nil, nil, withOp(op, err)
+		}
+		id := r.LockID
+		if id == "" {
+			id = pglease.NewLockID()
+		} else if err := pglease.ValidateLockID(id); err != nil {
+			return nil, nil, nil, nil, withOp(op, err)
+		}
+		if _, dup := seen[id]; dup {
+			return nil, nil, nil, nil, pglease.NewError(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
+		}
+		seen[id] = struct{}{}
+		keys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
+	}
+	return keys, fenceKeys, ids, ttls, nil
 }
 
 func (s *Store) checkIDs(op string, ids []string) error {

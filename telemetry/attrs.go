@@ -174,6 +174,7 @@ const (
 	OpAcquireMany     DBOperation = "pglease.acquire_many"
 	OpReleaseMany     DBOperation = "pglease.release_many"
 	OpExtendMany      DBOperation = "pglease.extend_many"
+	OpHandOff         DBOperation = "pglease.handoff"           // a release and the next local waiter's acquire, one statement
 	OpAdvisoryLock    DBOperation = "pglease.advisory_lock"     // blocking wait on pg_advisory_lock
 	OpAdvisoryTryLock DBOperation = "pglease.advisory_try_lock" // pg_try_advisory_lock, batched
 	OpAdvisoryUnlock  DBOperation = "pglease.advisory_unlock"

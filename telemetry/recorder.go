@@ -278,7 +278,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		r.releaseOpt[k][2] = set(kk, AttrOutcome.String(outcomeError))
 	}
 	r.dbOpt = make(map[DBOperation]dbOpts)
-	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany,
+	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff,
 		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen} {
 		r.dbOpt[op] = r.newDBOpts(op)
 	}

@@ -3,6 +3,7 @@ SELECT pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
 DROP FUNCTION IF EXISTS "pglease_acquire_95ff2f1cda"(text[], text[], text[], text[], bigint[], text);
 DROP FUNCTION IF EXISTS "pglease_release_95ff2f1cda"(text[], text);
 DROP FUNCTION IF EXISTS "pglease_extend_95ff2f1cda"(text[], bigint[]);
+DROP FUNCTION IF EXISTS "pglease_handoff_95ff2f1cda"(text[], text[], text[], text[], text[], bigint[], text, text);
 DROP TABLE IF EXISTS "syncguard_locks_holders";
 -- The hashKey function is shared by every table pair in its schema and by
 -- release triggers (SetupReleaseTrigger): drop it only when no other

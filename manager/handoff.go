@@ -1,0 +1,137 @@
+package manager
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/telemetry"
+)
+
+// A local handoff: the holder of a key releases it while other callers of
+// this process wait for the same key. Instead of a release round trip and
+// then an acquire round trip for the next waiter, one statement
+// (pg.Store.HandOff) releases the holder's lockId and grants the key to a
+// new lockId for the head waiter, in one transaction: one round trip and
+// one durable commit per critical section of a hot key.
+//
+// The loop treats it as a release and an attempt of the key that travel
+// together: the key's release counter and attempt slot are taken as for
+// each of them, and the DB goroutine posts the outcome as a releaseDone
+// and then an acquireDone, which run handles as usual (the releaser's
+// answer, then the attempt's grant, contention or failure). An unknown
+// outcome is unknown for both halves: the release answers as an unknown
+// release does (the lock expires by itself if it was not handed over), and
+// the attempt's lockId is released like any ambiguous attempt's (S5).
+
+// maxLocalHandOffs bounds how many times in a row a key is handed over
+// inside this process. The next release is a plain one: it notifies, and
+// waiters of other processes (woken by it) race this process's next
+// waiter for the key. Without the bound, a process whose callers keep
+// coming back for a hot key would keep it forever, and other processes'
+// waiters would time out.
+const maxLocalHandOffs = 4
+
+// handOffItem is one handoff: the holder's release and the head waiter's
+// attempt.
+type handOffItem struct {
+	rel releaseItem
+	a   *attempt
+}
+
+// queueHandOff turns the release it of a key with local waiters into a
+// handoff, when nothing else is going on for the key: no attempt, no other
+// release in flight (it's own is counted in ks.releasing), the lock not
+// lost, and fewer than maxLocalHandOffs handoffs of the key in a row. It
+// reports whether it did; otherwise the caller queues a plain release.
+func (st *loopState) queueHandOff(it releaseItem) bool {
+	ks := it.ks
+	if ks == nil {
+		return false
+	}
+	if st.closing || it.lost != nil || len(ks.queue) == 0 || ks.attempt != nil || ks.releasing != 1 || ks.handOffs >= maxLocalHandOffs {
+		ks.handOffs = 0
+		return false
+	}
+	ks.handOffs++
+	st.clearRetry(ks)
+	ks.woken = false
+	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl}
+	ks.attempt = a
+	st.pendHandOff = append(st.pendHandOff, handOffItem{rel: it, a: a})
+	return true
+}
+
+// flushHandOffs sends the pending handoffs, in as few statements as the
+// acquire in-flight cap allows (a handoff's grant is an acquire: durable).
+// A handoff whose waiters all left meanwhile, or any during Close, goes out
+// as a plain release.
+func (st *loopState) flushHandOffs() {
+	if len(st.pendHandOff) == 0 {
+		return
+	}
+	m := st.m
+	live := st.pendHandOff[:0]
+	for _, h := range st.pendHandOff {
+		if st.closing || len(h.a.ks.queue) == 0 {
+			h.a.ks.attempt = nil
+			st.pendRelease = append(st.pendRelease, h.rel)
+			continue
+		}
+		live = append(live, h)
+	}
+	clear(st.pendHandOff[len(live):])
+	st.pendHandOff = live
+	for len(st.pendHandOff) > 0 && st.inAcquire < m.acqLimit {
+		n := min(len(st.pendHandOff), m.cfg.MaxBatch)
+		batch := slices.Clone(st.pendHandOff[:n])
+		st.pendHandOff = slices.Delete(st.pendHandOff, 0, n)
+		// Both halves are posted back (releaseDone, acquireDone), and each
+		// handler counts one batch of its kind done.
+		st.inAcquire++
+		st.inRelease++
+		// A handoff serves two callers (the releaser and the waiter): its
+		// round trip is a root span both link to.
+		go m.sendHandOff(batch, trace.SpanContext{})
+	}
+}
+
+// sendHandOff runs in its own goroutine, never on the loop.
+func (m *Manager) sendHandOff(batch []handOffItem, parent trace.SpanContext) {
+	reqs := make([]pg.HandOffRequest, len(batch))
+	rels := make([]releaseItem, len(batch))
+	atts := make([]*attempt, len(batch))
+	for i, h := range batch {
+		reqs[i] = pg.HandOffRequest{Old: h.rel.lockID, Key: h.a.ks.key, TTL: h.a.ttl, LockID: h.a.lockID}
+		rels[i], atts[i] = h.rel, h.a
+	}
+	// Like an acquire batch: not cancelled by Close, bounded by the
+	// statement timeout, so that its outcome is known.
+	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StatementTimeout)
+	defer cancel()
+	m.beforeBatch(kindHandOff, len(batch))
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpHandOff, len(batch), parent)
+	start := time.Now()
+	res, err := m.store.HandOff(ctx, reqs)
+	var released []bool
+	var granted []pg.AcquireResult
+	ok := 0
+	if err == nil {
+		released = make([]bool, len(res))
+		granted = make([]pg.AcquireResult, len(res))
+		for i, r := range res {
+			released[i], granted[i] = r.Released, r.AcquireResult
+			if r.OK {
+				ok++
+			}
+		}
+	}
+	db.End(ok, err)
+	sc := db.SpanContext()
+	m.releaseDoneCh <- releaseDone{batch: rels, res: released, err: err, db: sc}
+	m.acquireDoneCh <- acquireDone{batch: atts, start: start, res: granted, err: err, db: sc}
+}
