@@ -4,9 +4,14 @@
 // DATABASE_URL set to it, and stops and removes the cluster afterwards, also
 // when the command fails or on Ctrl-C.
 //
+// With -pgbouncer transaction|session it also starts a throwaway PgBouncer
+// in that pool mode in front of the server (the throwaway cluster's, or
+// DATABASE_URL's) and sets PGBOUNCER_URL to DATABASE_URL's database
+// through it, for benchmarks and examples that compare the two.
+//
 // Usage:
 //
-//	go run ./internal/cmd/withpg [-durable] [-log file] -- command [args...]
+//	go run ./internal/cmd/withpg [-durable] [-log file] [-pgbouncer mode] -- command [args...]
 package main
 
 import (
@@ -27,10 +32,11 @@ func main() { os.Exit(run()) }
 func run() int {
 	durable := flag.Bool("durable", false, "keep fsync on (benchmarks, demo)")
 	logPath := flag.String("log", "", "append the server log to this file")
+	bouncer := flag.String("pgbouncer", "", "also start PgBouncer in this pool mode (transaction, session) and set PGBOUNCER_URL")
 	flag.Parse()
 	args := flag.Args()
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: withpg [-durable] [-log file] -- command [args...]")
+		fmt.Fprintln(os.Stderr, "usage: withpg [-durable] [-log file] [-pgbouncer mode] -- command [args...]")
 		return 2
 	}
 	env := os.Environ()
@@ -55,6 +61,20 @@ func run() int {
 		defer cluster.Stop()
 		fmt.Fprintf(os.Stderr, "withpg: throwaway PostgreSQL (%s) on 127.0.0.1:%d\n", c.BinDir, c.Port)
 		env = append(env, "DATABASE_URL="+c.URL)
+	}
+	if *bouncer != "" {
+		dbURL := os.Getenv("DATABASE_URL")
+		if cluster != nil {
+			dbURL = cluster.URL
+		}
+		b, err := pgtest.StartPgBouncer(context.Background(), dbURL, pgtest.BouncerOptions{PoolMode: *bouncer})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "withpg:", err)
+			return 2
+		}
+		defer b.Stop()
+		fmt.Fprintf(os.Stderr, "withpg: throwaway PgBouncer (%s mode) on 127.0.0.1:%d\n", b.PoolMode, b.Port)
+		env = append(env, "PGBOUNCER_URL="+b.URL)
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = env
