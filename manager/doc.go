@@ -113,7 +113,14 @@
 // notification for a key with waiters starts its next attempt at once.
 // Notifications are only a nudge: polling with backoff stays, and after
 // the listening connection is re-established every waiting key is tried
-// once, since notifications sent in the gap are lost.
+// once, since notifications sent in the gap are lost. A listening
+// connection can die silently (half-open behind a NAT or proxy, or
+// blackholed), so whenever it has been quiet for a second the listener
+// probes it with a round trip bounded by a second, and replaces it if the
+// probe fails: wake-ups resume within about 2 s plus a reconnect. Its
+// session also sets TCP keepalives, tcp_user_timeout and a 30 s
+// idle_session_timeout (where the server has them), so the server ends
+// the backend of a listener that vanished.
 //
 // # Telemetry
 //
@@ -175,7 +182,8 @@
 //     database error is the cause of their AcquisitionTimeout); held locks
 //     keep retrying their extends and survive if one succeeds within the
 //     trust window, otherwise they are signalled lost, never silently.
-//     The pool reconnects by itself; the listener reconnects with backoff.
+//     The pool reconnects by itself; the listener probes its connection
+//     and reconnects with backoff.
 //   - Bad input (key, TTL, options, nil context) is CodeInvalidArgument
 //     before any I/O; a closed Manager answers CodeClosed.
 //   - Errors that retrying cannot fix (a missing table, failed

@@ -6,14 +6,12 @@ import (
 	"slices"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/retry"
 	"github.com/pglease/pglease/telemetry"
 )
 
@@ -575,80 +573,4 @@ func (m *Manager) sendExtend(batch []*holding, reqs []pg.ExtendRequest, deadline
 	}
 	db.End(ok, err)
 	m.extendDoneCh <- extendDone{batch: batch, start: start, res: res, err: err, hb: hb, db: db.SpanContext()}
-}
-
-// startListener starts the goroutine that LISTENs for release
-// notifications on one dedicated connection.
-func (st *loopState) startListener() {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	st.listenerDone, st.stopListener = done, cancel
-	go st.m.listen(ctx, done)
-}
-
-// listen keeps one connection LISTENing on the notify channel and posts
-// each notification's payload (a key hash) to run. After every
-// (re)connect it posts a resync, since notifications sent while it was
-// not listening are lost. Connection failures are retried with backoff
-// until ctx ends; polling covers the gap.
-func (m *Manager) listen(ctx context.Context, done chan struct{}) {
-	defer close(done)
-	bo := retry.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, retry.Options{})
-	for {
-		m.listenOnce(ctx, bo)
-		if ctx.Err() != nil {
-			return
-		}
-		t := time.NewTimer(bo.NextBackOff())
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
-	// The pglease.listen span covers connecting and subscribing, not the
-	// wait for notifications.
-	lctx, db := m.rec.StartDB(ctx, telemetry.OpListen, 1, trace.SpanContext{})
-	cfg := m.pool.Config().ConnConfig.Copy()
-	conn, err := pgx.ConnectConfig(lctx, cfg)
-	if err != nil {
-		db.End(0, pgerr.Map(ctx, "manager.listen", err))
-		return
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	if _, err := conn.Exec(lctx, "LISTEN "+pgx.Identifier{m.cfg.NotifyChannel}.Sanitize()); err != nil {
-		db.End(0, pgerr.Map(ctx, "manager.listen", err))
-		return
-	}
-	db.End(1, nil)
-	bo.Reset()
-	if !m.post(ctx, notice{resync: true}) {
-		return
-	}
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return
-		}
-		if !m.post(ctx, notice{hash: n.Payload}) {
-			return
-		}
-	}
-}
-
-func (m *Manager) post(ctx context.Context, n notice) bool {
-	select {
-	case m.notifyCh <- n:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

@@ -1,5 +1,11 @@
 package manager
 
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
 // testSignal is a River-style test signal: a no-op unless a test called
 // init, then a buffered channel the loop (or a DB goroutine) posts to
 // without ever blocking. Signals beyond the buffer are dropped, so tests
@@ -21,20 +27,21 @@ func (s *testSignal[T]) signal(v T) {
 // signals are the loop's test signals (all no-ops in production). Values
 // carrying a key carry the NFC key; they exist only in tests.
 type signals struct {
-	batchSent    testSignal[batchInfo] // a DB goroutine is about to send a batch
-	queued       testSignal[string]    // a caller joined the key's queue
-	granted      testSignal[string]    // a waiter was granted the key
-	abandoned    testSignal[string]    // a queued waiter left before its grant
-	takenBack    testSignal[string]    // a grant was taken back from a caller who had left
-	orphaned     testSignal[string]    // an attempt succeeded with no waiter left; released
-	extended     testSignal[int]       // an extend batch came back; n locks extended
-	extendFailed testSignal[error]     // an extend batch failed as a whole (retried)
-	lost         testSignal[string]    // a held lock was declared lost
-	released     testSignal[string]    // a release of the key's lock came back
-	woken        testSignal[string]    // a notification started an attempt for the key
-	retrying     testSignal[string]    // the key's attempt failed or was contended; its next one is scheduled
-	listening    testSignal[struct{}]  // the listener (re)subscribed
-	extendAsked  testSignal[string]    // the loop took a Lock.Extend call for the key
+	batchSent           testSignal[batchInfo] // a DB goroutine is about to send a batch
+	queued              testSignal[string]    // a caller joined the key's queue
+	granted             testSignal[string]    // a waiter was granted the key
+	abandoned           testSignal[string]    // a queued waiter left before its grant
+	takenBack           testSignal[string]    // a grant was taken back from a caller who had left
+	orphaned            testSignal[string]    // an attempt succeeded with no waiter left; released
+	extended            testSignal[int]       // an extend batch came back; n locks extended
+	extendFailed        testSignal[error]     // an extend batch failed as a whole (retried)
+	lost                testSignal[string]    // a held lock was declared lost
+	released            testSignal[string]    // a release of the key's lock came back
+	woken               testSignal[string]    // a notification started an attempt for the key
+	retrying            testSignal[string]    // the key's attempt failed or was contended; its next one is scheduled
+	listening           testSignal[struct{}]  // the listener (re)subscribed
+	listenerProbeFailed testSignal[struct{}]  // the listener's probe failed; it reconnects
+	extendAsked         testSignal[string]    // the loop took a Lock.Extend call for the key
 }
 
 func (s *signals) init() {
@@ -51,6 +58,7 @@ func (s *signals) init() {
 	s.woken.init()
 	s.retrying.init()
 	s.listening.init()
+	s.listenerProbeFailed.init()
 	s.extendAsked.init()
 }
 
@@ -75,4 +83,10 @@ type testHooks struct {
 	// beforeBatch runs in the DB goroutine just before the statement is
 	// sent (after the loop counted the batch as in flight).
 	beforeBatch func(kind batchKind, n int)
+	// listenConfig may change the listener's connection config (e.g.
+	// route it through a fault proxy) before each connect.
+	listenConfig func(*pgx.ConnConfig)
+	// listenProbe, if set, replaces the listener's probe interval and
+	// timeout.
+	listenProbe time.Duration
 }

@@ -1,0 +1,167 @@
+package manager
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/retry"
+	"github.com/pglease/pglease/telemetry"
+)
+
+// The listener's liveness settings. A connection can die without a word:
+// half-open (the server side is gone, a NAT or proxy dropped its state,
+// the client side stays open and silent) or blackholed. WaitForNotification
+// then blocks forever and the Manager silently loses its wake-ups, so the
+// listener probes its connection whenever it has been quiet for
+// listenProbeInterval, with a round trip bounded by listenProbeTimeout, and
+// reconnects when the probe fails. Notifications sent meanwhile are lost:
+// after reconnecting, every waiting key is tried once (resync).
+const (
+	listenProbeInterval = time.Second
+	listenProbeTimeout  = time.Second
+)
+
+// listenServerSettings are session settings of the listening connection,
+// each set only if the server has it: the server drops the session of a
+// client that vanished silently after about 25 s (keepalives, unacked
+// data), and a listener that stops probing is ended after 30 s idle, so a
+// dead listener's backend does not stay behind (a listener backend that
+// never reads pins PostgreSQL's notification queue). The probe keeps a
+// live listener from ever being idle that long.
+var listenServerSettings = [][2]string{
+	{"tcp_keepalives_idle", "10"},
+	{"tcp_keepalives_interval", "5"},
+	{"tcp_keepalives_count", "3"},
+	{"tcp_user_timeout", "25000"},
+	{"idle_session_timeout", "30000"},
+	{"idle_in_transaction_session_timeout", "0"},
+	{"statement_timeout", "0"},
+}
+
+// startListener starts the goroutine that LISTENs for release
+// notifications on one dedicated connection.
+func (st *loopState) startListener() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	st.listenerDone, st.stopListener = done, cancel
+	go st.m.listen(ctx, done)
+}
+
+// listen keeps one connection LISTENing on the notify channel and posts
+// each notification's payload (a key hash) to run. After every
+// (re)connect it posts a resync, since notifications sent while it was
+// not listening are lost. A connection that fails, or fails its probe, is
+// replaced, with backoff, until ctx ends; polling covers the gap.
+func (m *Manager) listen(ctx context.Context, done chan struct{}) {
+	defer close(done)
+	bo := retry.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, retry.Options{})
+	for {
+		m.listenOnce(ctx, bo)
+		if ctx.Err() != nil {
+			return
+		}
+		t := time.NewTimer(bo.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// listenSQL subscribes to channel and applies listenServerSettings, in one
+// simple-protocol round trip.
+func listenSQL(channel string) string {
+	sql := "SELECT set_config(s.name, s.value, false) FROM (VALUES "
+	for i, kv := range listenServerSettings {
+		if i > 0 {
+			sql += ", "
+		}
+		sql += "('" + kv[0] + "', '" + kv[1] + "')"
+	}
+	return sql + ") AS s(name, value) WHERE s.name IN (SELECT name FROM pg_settings);\nLISTEN " + pgx.Identifier{channel}.Sanitize()
+}
+
+func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
+	// The pglease.listen span covers connecting and subscribing, not the
+	// wait for notifications. Both are bounded: a silent server must not
+	// hold the listener in a connect that never ends.
+	sctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
+	defer cancel()
+	lctx, db := m.rec.StartDB(sctx, telemetry.OpListen, 1, trace.SpanContext{})
+	cfg := m.pool.Config().ConnConfig.Copy()
+	if m.test.listenConfig != nil {
+		m.test.listenConfig(cfg)
+	}
+	conn, err := pgx.ConnectConfig(lctx, cfg)
+	if err != nil {
+		db.End(0, pgerr.Map(sctx, "manager.listen", err))
+		return
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(lctx, listenSQL(m.cfg.NotifyChannel)); err != nil {
+		db.End(0, pgerr.Map(sctx, "manager.listen", err))
+		return
+	}
+	db.End(1, nil)
+	cancel()
+	bo.Reset()
+	if !m.post(ctx, notice{resync: true}) {
+		return
+	}
+	probeEvery, probeTimeout := listenProbeInterval, listenProbeTimeout
+	if m.test.listenProbe > 0 {
+		probeEvery, probeTimeout = m.test.listenProbe, m.test.listenProbe
+	}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, probeEvery)
+		n, err := conn.WaitForNotification(wctx)
+		quiet := wctx.Err() != nil
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			if !m.post(ctx, notice{hash: n.Payload}) {
+				return
+			}
+			continue
+		}
+		if !quiet || conn.PgConn().IsClosed() {
+			return // the connection failed: reconnect
+		}
+		// Quiet for probeEvery (pgconn leaves the connection usable after
+		// such a timeout): prove that it is alive.
+		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+		_, err = conn.Exec(pctx, "SELECT 1")
+		cancel()
+		if err != nil {
+			m.sigListenerProbeFailed()
+			return
+		}
+	}
+}
+
+func (m *Manager) sigListenerProbeFailed() {
+	if m.sig != nil {
+		m.sig.listenerProbeFailed.signal(struct{}{})
+	}
+}
+
+func (m *Manager) post(ctx context.Context, n notice) bool {
+	select {
+	case m.notifyCh <- n:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
