@@ -145,6 +145,9 @@ func xactCommit(ctx context.Context, c *pgx.Conn) (int64, error) {
 
 func runHeartbeatPoint(ctx context.Context, cfg config, n int) (Result, error) {
 	ttl := heartbeatTTL(n)
+	if cfg.hbTTL > 0 {
+		ttl = cfg.hbTTL
+	}
 	url, d := cfg.url, heartbeatWindow(ttl, cfg.hbDuration)
 	tr := &stmtTracer{period: ttl / 3}
 	pool, _, cleanup, err := benchSchema(ctx, url, heartbeatPoolSize, func(c *pgxpool.Config) {

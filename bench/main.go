@@ -153,6 +153,7 @@ type config struct {
 	hotProcs   []int
 	hbN        []int
 	hbDuration time.Duration
+	hbTTL      time.Duration // 0: heartbeatTTL(n)
 	advCallers []int
 	scenarios  map[string]bool
 	json       bool
@@ -182,6 +183,7 @@ func main() {
 	flag.StringVar(&hbN, "heartbeat-n", "1000,10000,100000", "heartbeat: locks held")
 	flag.BoolVar(&hb100k, "heartbeat-100k", false, "heartbeat: also hold 100,000 locks (already in the default -heartbeat-n)")
 	flag.DurationVar(&cfg.hbDuration, "heartbeat-duration", 6*time.Second, "heartbeat: holding time per point")
+	flag.DurationVar(&cfg.hbTTL, "heartbeat-ttl", 0, "heartbeat: lease TTL of the held locks (default 3 s, 30 s from 100,000 locks; longer keeps a slow machine from losing locks while it acquires them)")
 	flag.StringVar(&advCallers, "advisory-callers", "1,8,64", "advisory: callers (distinct keys)")
 	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory", "scenarios to run")
 	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, targets) as Markdown for the README here (empty: none)")
