@@ -528,16 +528,17 @@ func TestFenceGuardNilAndBadInput(t *testing.T) {
 	pool, _ := pgtest.Pool(t)
 	grant := pg.GrantID(pglease.NewLockID())
 	for name, call := range map[string]func() (bool, error){
-		"nil guard Update":       func() (bool, error) { return nilGuard.Update(c, pool, "k", 1) },
-		"nil guard Upsert":       func() (bool, error) { return nilGuard.Upsert(c, pool, "k", 1) },
-		"nil guard UpdateGrant":  func() (bool, error) { return nilGuard.UpdateGrant(c, pool, "k", 1, grant) },
-		"nil guard UpsertGrant":  func() (bool, error) { return nilGuard.UpsertGrant(c, pool, "k", 1, grant) },
-		"zero guard":             func() (bool, error) { return (&pg.FenceGuard{}).Update(c, pool, "k", 1) },
-		"nil DB":                 func() (bool, error) { return g.Update(c, nil, "k", 1) },
-		"nil *pgxpool.Pool":      func() (bool, error) { return g.Update(c, nilPool, "k", 1) },
-		"nil *pgx.Conn Upsert":   func() (bool, error) { return g.Upsert(c, nilConn, "k", 1) },
-		"nil pool UpdateGrant":   func() (bool, error) { return gg.UpdateGrant(c, nilPool, "k", 1, grant) },
-		"nil context":            func() (bool, error) { return g.Update(nil, pool, "k", 1) }, //nolint:staticcheck // testing nil ctx
+		"nil guard Update":      func() (bool, error) { return nilGuard.Update(c, pool, "k", 1) },
+		"nil guard Upsert":      func() (bool, error) { return nilGuard.Upsert(c, pool, "k", 1) },
+		"nil guard UpdateGrant": func() (bool, error) { return nilGuard.UpdateGrant(c, pool, "k", 1, grant) },
+		"nil guard UpsertGrant": func() (bool, error) { return nilGuard.UpsertGrant(c, pool, "k", 1, grant) },
+		"zero guard":            func() (bool, error) { return (&pg.FenceGuard{}).Update(c, pool, "k", 1) },
+		"nil DB":                func() (bool, error) { return g.Update(c, nil, "k", 1) },
+		"nil *pgxpool.Pool":     func() (bool, error) { return g.Update(c, nilPool, "k", 1) },
+		"nil *pgx.Conn Upsert":  func() (bool, error) { return g.Upsert(c, nilConn, "k", 1) },
+		"nil pool UpdateGrant":  func() (bool, error) { return gg.UpdateGrant(c, nilPool, "k", 1, grant) },
+		//lint:ignore SA1012 testing a nil context
+		"nil context":            func() (bool, error) { return g.Update(nil, pool, "k", 1) },
 		"raw lockId as grant":    func() (bool, error) { return gg.UpdateGrant(c, pool, "k", 1, pglease.NewLockID()) },
 		"empty grant":            func() (bool, error) { return gg.UpsertGrant(c, pool, "k", 1, pg.GrantID("not a lockId")) },
 		"Update on grant guard":  func() (bool, error) { return gg.Update(c, pool, "k", 1) },

@@ -125,7 +125,7 @@ func TestGoose(t *testing.T) {
 		t.Fatalf("goose up:\n%s\nwant (SetupSchema):\n%s", up, want)
 	}
 	// A lease and its fence counter survive down to 0 and up again.
-	r, err := e.store.Acquire(c, "k", time.Minute)
+	r, err := e.store.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Minute})
 	if err != nil || !r.OK {
 		t.Fatal(r, err)
 	}
@@ -142,7 +142,7 @@ func TestGoose(t *testing.T) {
 	if got := e.snapshot(t); got != up {
 		t.Fatalf("goose up/down/up:\n%s\nwant:\n%s", got, up)
 	}
-	if res, err := e.store.Acquire(c, "k", time.Minute); err != nil || res.OK {
+	if res, err := e.store.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Minute}); err != nil || res.OK {
 		t.Fatalf("the lease held before down/up: Acquire = %v, %v", res, err)
 	}
 	if ok, err := e.store.Release(c, r.LockID); err != nil || !ok {
@@ -227,12 +227,12 @@ func TestGolangMigrate(t *testing.T) {
 				t.Fatalf("migrate up/down/up:\n%s\nwant:\n%s", got, up)
 			}
 			if start == "v0" {
-				r, err := e.store.Acquire(c, "held", time.Minute)
+				r, err := e.store.Acquire(c, pg.AcquireRequest{Key: "held", TTL: time.Minute})
 				if err != nil || r.OK {
 					t.Fatalf("Acquire of the held key = %v, %v", r, err)
 				}
 			}
-			r, err := e.store.Acquire(c, "other", time.Minute)
+			r, err := e.store.Acquire(c, pg.AcquireRequest{Key: "other", TTL: time.Minute})
 			if err != nil || !r.OK {
 				t.Fatal(r, err)
 			}
