@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -46,9 +47,24 @@ type AdvisoryLock struct {
 	inner  *advisory.Lock          // immutable
 	acq    *telemetry.Acquisition  // immutable; the acquire that granted it
 	ctx    context.Context         // immutable; ends when inner's does, or before
-	cancel context.CancelCauseFunc // called by Release, by Close and when inner's context ends
+	cancel context.CancelCauseFunc // called by Release, by Close, when inner's context ends, and at the hold limit
+
+	// limitCause is the cause the hold limit cancels ctx with (nil
+	// without a limit): while ctx's cause is limitCause and inner is live,
+	// the lock is still held. pastLimitEnd decides, for such a lock, who
+	// records its end (Release or Close), as cancelling ctx first does
+	// otherwise.
+	limitCause   error // immutable
+	limitTimer   *time.Timer
+	pastLimitEnd atomic.Bool
 
 	releaseOnce sync.Once
+}
+
+// heldPastLimit reports whether the lock's Context ended at its hold
+// limit while the lock is still held.
+func (l *AdvisoryLock) heldPastLimit() bool {
+	return l.limitCause != nil && context.Cause(l.ctx) == l.limitCause && l.inner.Context().Err() == nil
 }
 
 var _ pglease.Handle = (*AdvisoryLock)(nil)
@@ -87,7 +103,8 @@ func (l *AdvisoryLock) Done() <-chan struct{} { return l.Context().Done() }
 // pglease.ErrLockLost (the session's connection died, was terminated, or
 // the server no longer had the lock; reported within the session's probe
 // window, see package advisory), pglease.ErrClosed (the Manager was
-// closed).
+// closed), pglease.ErrHoldLimitExceeded (WithHoldLimit: the limit
+// passed; the lock is still held until Release).
 func (l *AdvisoryLock) Err() error {
 	if l == nil || l.ctx == nil {
 		return errNilAdvisoryLock
@@ -151,9 +168,19 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 	}
 	l.cancel(advReleasedCause) // the first cause wins: a lost or closed lock keeps its own
 	if c := context.Cause(l.ctx); c != advReleasedCause {
-		l.m.adv.forget(l)
-		res <- endedAnswer(op, c)
-		return res
+		// Past its hold limit the lock is still held: release it, unless
+		// Close has already taken it over.
+		if !l.heldPastLimit() || !l.pastLimitEnd.CompareAndSwap(false, true) {
+			if c == l.limitCause {
+				c = context.Cause(l.inner.Context()) // lost or closed after the limit
+			}
+			l.m.adv.forget(l)
+			res <- endedAnswer(op, c)
+			return res
+		}
+	}
+	if l.limitTimer != nil {
+		l.limitTimer.Stop()
 	}
 	rctx, rel := l.acq.StartRelease(ctx)
 	a := &l.m.adv
@@ -224,13 +251,18 @@ func reop(op string, err error) error {
 // Advisory keys and lease keys are separate namespaces: an advisory lock
 // never conflicts with a lease lock of the same name.
 //
+// Of the options, only WithHoldLimit applies (anything else is
+// InvalidArgument): at the limit the lock's Context ends with a cause
+// matching pglease.ErrHoldLimitExceeded, and the lock stays held until
+// Release.
+//
 // LockAdvisory first makes one pg_try_advisory_lock attempt and waits
 // (pg_advisory_lock) only when that finds the key held, so an
 // uncontended call costs one statement and a contended one shows up as
 // contended in telemetry. See "Telemetry of advisory locks" below
 // (TryLockAdvisory).
-func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key) (*AdvisoryLock, error) {
-	return m.lockAdvisory(ctx, "manager.LockAdvisory", key, true)
+func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...AcquireOption) (*AdvisoryLock, error) {
+	return m.lockAdvisory(ctx, "manager.LockAdvisory", key, true, opts)
 }
 
 // TryLockAdvisory makes one attempt to take key without waiting: ok is
@@ -275,26 +307,52 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key) (*Advisory
 //     is recorded when the session notices, within its probe window, and
 //     links to no round trip, since the session's probe has no span).
 //     Release of a lock lost before records no release span.
-func (m *Manager) TryLockAdvisory(ctx context.Context, key advisory.Key) (lock *AdvisoryLock, ok bool, err error) {
-	l, err := m.lockAdvisory(ctx, "manager.TryLockAdvisory", key, false)
+func (m *Manager) TryLockAdvisory(ctx context.Context, key advisory.Key, opts ...AcquireOption) (lock *AdvisoryLock, ok bool, err error) {
+	l, err := m.lockAdvisory(ctx, "manager.TryLockAdvisory", key, false, opts)
 	return l, l != nil, err
+}
+
+// advisoryOpts reads the options of an advisory lock: only WithHoldLimit
+// applies (advisory locks have no TTL, and wait as long as ctx allows).
+func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err error) {
+	var o acquireOpts
+	for _, f := range opts {
+		if f == nil {
+			return 0, invalid(op, "nil option")
+		}
+		if err := f(&o); err != nil {
+			var e *pglease.Error
+			if errors.As(err, &e) {
+				return 0, pglease.NewError(e.Code, op, e.Msg, nil)
+			}
+			return 0, err
+		}
+	}
+	if o.ttl != 0 || o.timeout != 0 || o.manual {
+		return 0, invalid(op, "only WithHoldLimit applies to advisory locks (no TTL; the context bounds the wait)")
+	}
+	return o.holdLimit, nil
 }
 
 // maxAdvisorySessions bounds how many sessions one call opens when the
 // session it used turns out to have been lost.
 const maxAdvisorySessions = 3
 
-func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool) (*AdvisoryLock, error) {
+func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, opts []AcquireOption) (*AdvisoryLock, error) {
 	if err := pglease.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if !key.Valid() {
 		return nil, invalid(op, "invalid advisory key (build it with advisory.Int64, advisory.Pair or a derivation)")
 	}
+	holdLimit, err := advisoryOpts(op, opts)
+	if err != nil {
+		return nil, err
+	}
 	ctx, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), telemetry.AcquireInfo{
 		Kind: telemetry.KindAdvisory, Try: !blocking,
 	})
-	l, err := m.takeAdvisory(ctx, op, key, blocking, acq)
+	l, err := m.takeAdvisory(ctx, op, key, blocking, holdLimit, acq)
 	switch {
 	case l != nil: // install recorded the grant
 	case err == nil:
@@ -307,7 +365,7 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 
 // takeAdvisory is lockAdvisory after the argument checks; acq is the
 // call's acquisition (its grant is recorded by install).
-func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, acq *telemetry.Acquisition) (*AdvisoryLock, error) {
+func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, holdLimit time.Duration, acq *telemetry.Acquisition) (*AdvisoryLock, error) {
 	a := &m.adv
 	if err := a.reserve(op, key, m.isClosing()); err != nil {
 		return nil, err
@@ -344,8 +402,16 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 		}
 		l := &AdvisoryLock{m: m, key: key, inner: il, acq: acq}
 		l.ctx, l.cancel = context.WithCancelCause(context.Background())
+		if holdLimit > 0 {
+			l.limitCause = pglease.NewError(pglease.CodeHoldLimitExceeded, "manager.AdvisoryLock",
+				"the lock reached its hold limit ("+holdLimit.String()+"); stop and release it (it is still held)", nil)
+			l.limitTimer = time.AfterFunc(holdLimit, func() { l.cancel(l.limitCause) })
+		}
 		if !a.install(l) {
 			// Close began after the grant; its Session.Close releases it.
+			if l.limitTimer != nil {
+				l.limitTimer.Stop()
+			}
 			l.cancel(closedCause)
 			return nil, closedErr(op)
 		}
@@ -358,6 +424,9 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 		// after Release or Close, l's context has ended already and keeps
 		// its own cause.
 		context.AfterFunc(il.Context(), func() {
+			if l.limitTimer != nil {
+				l.limitTimer.Stop()
+			}
 			cause := context.Cause(il.Context())
 			if errors.Is(cause, pglease.ErrLockLost) {
 				acq.Lost(telemetry.LossSessionEnded, trace.SpanContext{})
@@ -577,8 +646,12 @@ func (a *advisoryState) beginClose(timeout time.Duration) {
 			if ic := l.inner.Context(); ic.Err() != nil {
 				l.cancel(context.Cause(ic)) // lost, and Lost recorded or about to be
 			}
+			held := l.heldPastLimit() && l.pastLimitEnd.CompareAndSwap(false, true)
 			l.cancel(closedCause)
-			if context.Cause(l.ctx) == closedCause { // not unlocked or lost before
+			if l.limitTimer != nil {
+				l.limitTimer.Stop()
+			}
+			if context.Cause(l.ctx) == closedCause || held { // not released or lost before
 				rctx, rel := l.acq.StartRelease(context.Background())
 				rels = append(rels, rel)
 				relSC = trace.SpanContextFromContext(rctx)

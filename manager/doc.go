@@ -211,4 +211,6 @@
 // cancels the held advisory locks with ErrClosed, fails waiting calls with
 // ErrClosed and closes the session (pg_advisory_unlock_all, then the
 // connection), bounded by Config.CloseTimeout, before Done is closed.
+// WithHoldLimit caps how long one is held: its Context then ends with
+// pglease.ErrHoldLimitExceeded, and it stays held until Release.
 package manager

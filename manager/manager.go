@@ -335,9 +335,29 @@ func (m *Manager) isClosing() bool {
 type AcquireOption func(*acquireOpts) error
 
 type acquireOpts struct {
-	ttl     time.Duration
-	timeout time.Duration
-	manual  bool
+	ttl       time.Duration
+	timeout   time.Duration
+	manual    bool
+	holdLimit time.Duration // 0: none
+}
+
+// WithHoldLimit caps how long the lock is held: d after the grant, the
+// lock's Context ends with a cause matching pglease.ErrHoldLimitExceeded
+// (not ErrLockLost), telling the holder to stop, so that a stuck holder
+// cannot keep the lock forever. The lock is not released early: a lease
+// is no longer extended and stays until the holder calls Release or it
+// expires (TTL after its last extend); an advisory lock stays until
+// Release (or its session ends). Lock.Extend is refused after the limit.
+// d must be positive. It applies to Acquire, TryAcquire, Do,
+// LockAdvisory and TryLockAdvisory.
+func WithHoldLimit(d time.Duration) AcquireOption {
+	return func(o *acquireOpts) error {
+		if d <= 0 {
+			return invalid("manager.WithHoldLimit", "hold limit must be positive")
+		}
+		o.holdLimit = d
+		return nil
+	}
 }
 
 // WithTTL sets the lease TTL (default Config.TTL). It must be a whole
