@@ -526,12 +526,12 @@ func showHolder(ctx context.Context, say func(string, ...any), pool *pgxpool.Poo
 	}
 	i := slices.IndexFunc(infos, func(li advisory.LockInfo) bool { return li.Name == "orphan-cleanup" && li.Granted })
 	if i < 0 {
-		return errors.New("Inspect does not show the cleanup lock")
+		return errors.New("the cleanup lock is not in advisory.Inspect")
 	}
 	say("  Inspect: %s held by backend %d (%s, %s)", infos[i].Name, infos[i].PID, infos[i].ApplicationName, infos[i].State)
 	// readme:end cleanup-inspect
 	if infos[i].PID != pid {
-		return fmt.Errorf("Inspect shows backend %d, the request's is %d", infos[i].PID, pid)
+		return fmt.Errorf("advisory.Inspect shows backend %d, the request's is %d", infos[i].PID, pid)
 	}
 	return nil
 }
