@@ -10,8 +10,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg/advisory"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // advisoryState is the Manager's share of session-level advisory locks:
@@ -274,7 +274,7 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...Ac
 // Both calls record, through the Manager's Recorder (Config.Telemetry),
 // what package telemetry documents with pglease.lock.kind=advisory, the
 // key identified by the hash of its String form ("int64:42", "pair:1,2")
-// like a lease key (the raw id only with telemetry.WithRawKeys):
+// like a lease key (the raw id only with telemetry.Config.RawKeys):
 //
 //   - a pglease.acquire span, child of the span in ctx, started after the
 //     no-I/O argument checks (nil ctx, ended ctx, zero key: no span). It

@@ -24,7 +24,7 @@ func advHash(k advisory.Key) attribute.KeyValue {
 	return telemetry.AttrKeyHash.String(pglease.HashKey(k.String()))
 }
 
-func dbOp(op telemetry.DBOperation) attribute.KeyValue {
+func dbOp(op string) attribute.KeyValue {
 	return attribute.String("db.operation.name", string(op))
 }
 
@@ -80,22 +80,22 @@ func TestAdvisoryTelemetryTry(t *testing.T) {
 	if acq.Status().Code != codes.Unset {
 		t.Errorf("acquire status = %v", acq.Status())
 	}
-	try := one(t, spans, string(telemetry.OpAdvisoryTryLock))
+	try := one(t, spans, telemetry.SpanAdvisoryTryLock)
 	if try.SpanKind() != trace.SpanKindClient || !childOf(try, acq.SpanContext()) || !linksTo(acq, try.SpanContext()) {
 		t.Errorf("advisory_try_lock: kind %v, child of acquire %v, linked %v", try.SpanKind(),
 			childOf(try, acq.SpanContext()), linksTo(acq, try.SpanContext()))
 	}
-	wantAttrs(t, try, dbPostgres, dbOp(telemetry.OpAdvisoryTryLock),
+	wantAttrs(t, try, dbPostgres, dbOp(telemetry.SpanAdvisoryTryLock),
 		telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1), outcomeOK)
 	if a := events(acq, telemetry.EventAttempt); len(a) != 1 || attrOf(a[0].Attributes, telemetry.AttrOutcome).AsString() != "granted" {
 		t.Errorf("attempt events = %v", a)
 	}
-	if n := len(named(spans, string(telemetry.OpAdvisoryLock))); n != 0 {
+	if n := len(named(spans, telemetry.SpanAdvisoryLock)); n != 0 {
 		t.Errorf("%d advisory_lock spans for a TryLockAdvisory", n)
 	}
 
 	rel := one(t, spans, telemetry.SpanRelease)
-	udb := one(t, spans, string(telemetry.OpAdvisoryUnlock))
+	udb := one(t, spans, telemetry.SpanAdvisoryUnlock)
 	if !childOf(rel, root.SpanContext()) || !linksTo(rel, acq.SpanContext()) || !linksTo(rel, udb.SpanContext()) {
 		t.Error("pglease.release: not a child of the caller's span, or not linked to the acquire and its round trip")
 	}
@@ -124,7 +124,7 @@ func TestAdvisoryTelemetryTry(t *testing.T) {
 	if n := sumOf(t, ms["pglease.lock.releases"], kindAdvisory, outcomeOK); n != 1 {
 		t.Errorf("lock.releases{advisory,ok} = %d", n)
 	}
-	for _, op := range []telemetry.DBOperation{telemetry.OpAdvisoryTryLock, telemetry.OpAdvisoryUnlock} {
+	for _, op := range []string{telemetry.SpanAdvisoryTryLock, telemetry.SpanAdvisoryUnlock} {
 		if n := countOf(t, ms["db.client.operation.duration"], dbPostgres, dbOp(op)); n != 1 {
 			t.Errorf("db.client.operation.duration{%s} count = %d", op, n)
 		}
@@ -207,7 +207,7 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 	}
 
 	var lockTry sdktrace.ReadOnlySpan
-	for _, s := range named(spans, string(telemetry.OpAdvisoryTryLock)) {
+	for _, s := range named(spans, telemetry.SpanAdvisoryTryLock) {
 		wantAttrs(t, s, telemetry.AttrBatchOK.Int(0), outcomeOK) // both tries found it held
 		if childOf(s, lockAcq.SpanContext()) {
 			lockTry = s
@@ -216,11 +216,11 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 	if lockTry == nil || !linksTo(lockAcq, lockTry.SpanContext()) {
 		t.Fatal("LockAdvisory's try round trip is not its linked child")
 	}
-	wait := one(t, spans, string(telemetry.OpAdvisoryLock))
+	wait := one(t, spans, telemetry.SpanAdvisoryLock)
 	if wait.SpanKind() != trace.SpanKindClient || !childOf(wait, lockAcq.SpanContext()) || !linksTo(lockAcq, wait.SpanContext()) {
 		t.Error("advisory_lock is not a linked client child of LockAdvisory's acquire span")
 	}
-	wantAttrs(t, wait, dbPostgres, dbOp(telemetry.OpAdvisoryLock),
+	wantAttrs(t, wait, dbPostgres, dbOp(telemetry.SpanAdvisoryLock),
 		telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1), outcomeOK)
 	if !wait.StartTime().Before(seenWaiting) || !wait.EndTime().After(beforeUnlock) {
 		t.Errorf("advisory_lock span [%v, %v] does not cover the wait (seen waiting %v, holder unlocked after %v)",
@@ -240,7 +240,7 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 	if n := countOf(t, ms["pglease.acquire.attempts"], kindAdvisory, outcomeGrnt); n != 1 {
 		t.Errorf("acquire.attempts{advisory,granted} count = %d", n)
 	}
-	if n := countOf(t, ms["db.client.operation.duration"], dbPostgres, dbOp(telemetry.OpAdvisoryLock)); n != 1 {
+	if n := countOf(t, ms["db.client.operation.duration"], dbPostgres, dbOp(telemetry.SpanAdvisoryLock)); n != 1 {
 		t.Errorf("db.client.operation.duration{advisory_lock} count = %d", n)
 	}
 	if n := sumOf(t, ms["pglease.lock.held"], kindAdvisory); n != 0 {
@@ -372,7 +372,7 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 		t.Fatalf("%d release spans, want 3 (one Release, two by Close)", len(rels))
 	}
 	var closeDB sdktrace.ReadOnlySpan
-	for _, s := range named(spans, string(telemetry.OpAdvisoryUnlock)) {
+	for _, s := range named(spans, telemetry.SpanAdvisoryUnlock) {
 		if attrOf(s.Attributes(), telemetry.AttrBatchSize).AsInt64() == 2 {
 			closeDB = s
 		}

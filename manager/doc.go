@@ -122,13 +122,34 @@
 // idle_session_timeout (where the server has them), so the server ends
 // the backend of a listener that vanished.
 //
+// # Configuration
+//
+// One style, by lifetime. Everything fixed for a Manager's life is a field
+// of Config, including the nested telemetry.Config (as pg.Config and
+// advisory.Options are in their packages): the zero value of each field
+// means its documented default, and a bad value makes New fail with
+// CodeInvalidArgument before any I/O. What varies per call is a small
+// functional AcquireOption (WithTTL, WithAcquireTimeout,
+// WithoutAutoExtend), validated before any I/O as well.
+//
+// Why: pgxpool.Config and river.Config configure a long-lived client the
+// same way. A struct documents every setting and its default in one
+// place, can be filled from a file, printed, copied and compared, and is
+// validated as a whole (a TTL against the LossMargin, a hold limit against
+// a TTL). Constructor options, as in etcd's concurrency.NewSession(client,
+// WithTTL(…)), scatter the settings over functions and are applied one at
+// a time. Per-call settings are few and usually absent, so options keep
+// call sites short, as etcd's and nats's do. Telemetry used to be a slice
+// of otel-contrib style options inside the struct, two styles in one
+// value; it is a nested struct now, like pgxpool.Config.ConnConfig.
+//
 // # Telemetry
 //
-// Config.Telemetry takes package telemetry's options: WithTracerProvider,
-// WithMeterProvider (default: the otel globals, which record nothing
-// until the program installs SDK providers), WithLogger (default: no
-// logging), WithKeySecret (default: keys identified by SyncGuard's
-// hashKey, which is not secret) and WithRawKeys (debugging only). Spans
+// Config.Telemetry is a telemetry.Config: TracerProvider and
+// MeterProvider (default: the otel globals, which record nothing until
+// the program installs SDK providers), Logger (default: no logging),
+// KeySecret (default: keys identified by SyncGuard's hashKey, which is
+// not secret) and RawKeys (debugging only). Spans
 // and log records identify keys by pglease.key.hash only, metrics carry no
 // key at all, and no lockId is ever recorded.
 //

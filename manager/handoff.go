@@ -8,8 +8,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // A local handoff: the holder of a key releases it while other callers of

@@ -8,8 +8,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/retry"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // The listener's liveness settings. A connection can die without a word:

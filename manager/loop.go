@@ -11,8 +11,8 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // run is the Manager's one goroutine that owns all state. It never

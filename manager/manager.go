@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	tel "github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 	"github.com/pglease/pglease/telemetry"
@@ -99,13 +100,12 @@ type Config struct {
 
 	// Telemetry configures the Manager's OpenTelemetry spans and metrics
 	// and its log records (see package telemetry and "Telemetry" in the
-	// package documentation): telemetry.WithTracerProvider,
-	// WithMeterProvider, WithLogger, WithKeySecret, WithRawKeys. Empty
-	// (the default) means the otel global providers, which record nothing
-	// unless the program installs SDK ones, no logging, and keys
+	// package documentation): providers, logger, key secret. The zero
+	// value (the default) means the otel global providers, which record
+	// nothing unless the program installs SDK ones, no logging, and keys
 	// identified by SyncGuard's unkeyed hashKey, which is not secret: set
-	// WithKeySecret to make key hashes keyed. Nil options are ignored.
-	Telemetry []telemetry.Option
+	// KeySecret to make key hashes keyed.
+	Telemetry telemetry.Config
 }
 
 func (c Config) withDefaults() Config {
@@ -179,9 +179,9 @@ type Manager struct {
 	pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
 	ownsPool bool          // immutable
 	store    *pg.Store     // immutable
-	// rec records spans, metrics and logs (package telemetry); immutable,
+	// rec records spans, metrics and logs (internal/telemetry); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
-	rec  *telemetry.Recorder
+	rec  *tel.Recorder
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
@@ -273,7 +273,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		pool:          pool,
 		ownsPool:      owns,
 		store:         store,
-		rec:           telemetry.New(append([]telemetry.Option{dbTelemetry(pool)}, cfg.Telemetry...)...),
+		rec:           tel.New(cfg.Telemetry, dbTelemetry(pool)),
 		acquireCh:     make(chan *acquireReq),
 		releaseCh:     make(chan *releaseReq),
 		extendCh:      make(chan *extendReq),
@@ -553,8 +553,8 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 // startAcquire starts req's pglease.acquire span, a child of the span in
 // ctx, and returns ctx carrying it (for the wait).
 func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Context {
-	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.Key(req.key), telemetry.AcquireInfo{
-		Kind: telemetry.KindLease, TTL: req.ttl, Try: req.try,
+	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.Key(req.key), tel.AcquireInfo{
+		Kind: tel.KindLease, TTL: req.ttl, Try: req.try,
 	})
 	return ctx
 }
@@ -657,7 +657,7 @@ func closedErr(op string) error {
 // dbTelemetry names the pool's server and database for the
 // semantic-convention attributes of database spans (server.address,
 // server.port, db.namespace).
-func dbTelemetry(pool *pgxpool.Pool) telemetry.Option {
+func dbTelemetry(pool *pgxpool.Pool) tel.Database {
 	cc := pool.Config().ConnConfig
-	return telemetry.WithDatabase(cc.Host, int(cc.Port), cc.Database)
+	return tel.Database{Address: cc.Host, Port: int(cc.Port), Namespace: cc.Database}
 }

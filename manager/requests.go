@@ -5,8 +5,8 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // reqState is where an acquireReq is in its life. Owned by run.

@@ -15,10 +15,10 @@ import (
 )
 
 // dbSpanAttrs returns the attributes of the ended client spans named op.
-func dbSpanAttrs(spans []sdktrace.ReadOnlySpan, op telemetry.DBOperation) []attribute.Set {
+func dbSpanAttrs(spans []sdktrace.ReadOnlySpan, op string) []attribute.Set {
 	var out []attribute.Set
 	for _, s := range spans {
-		if s.SpanKind() == trace.SpanKindClient && s.Name() == string(op) {
+		if s.SpanKind() == trace.SpanKindClient && s.Name() == op {
 			out = append(out, attribute.NewSet(s.Attributes()...))
 		}
 	}
@@ -50,7 +50,7 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	acq := dbSpanAttrs(r.spans.Ended(), telemetry.OpAcquireMany)
+	acq := dbSpanAttrs(r.spans.Ended(), telemetry.SpanAcquireMany)
 	if len(acq) == 0 {
 		t.Fatal("no acquire_many span")
 	}
@@ -62,7 +62,7 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 			t.Errorf("a successful round trip has db.response.status_code: %v", set.ToSlice())
 		}
 	}
-	if n := countOf(t, r.metrics(t)["db.client.operation.duration"], append(server, semconv.DBOperationName(string(telemetry.OpAcquireMany)))...); n == 0 {
+	if n := countOf(t, r.metrics(t)["db.client.operation.duration"], append(server, semconv.DBOperationName(telemetry.SpanAcquireMany))...); n == 0 {
 		t.Error("db.client.operation.duration has no point with the server attributes")
 	}
 
@@ -88,7 +88,7 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 	}
 	want := append(server, semconv.DBResponseStatusCode(st.SQLState()), semconv.ErrorTypeKey.String("InvalidArgument"))
 	found := false
-	for _, set := range dbSpanAttrs(r.spans.Ended(), telemetry.OpAcquireMany) {
+	for _, set := range dbSpanAttrs(r.spans.Ended(), telemetry.SpanAcquireMany) {
 		if _, ok := set.Value(semconv.DBResponseStatusCodeKey); ok {
 			found = true
 			if !has(set, want...) {

@@ -10,9 +10,9 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // maxFenceMemory caps how many keys' highest fences the loop remembers for

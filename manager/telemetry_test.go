@@ -35,7 +35,7 @@ type rig struct {
 	tp     *sdktrace.TracerProvider
 	reader *sdkmetric.ManualReader
 	logs   *syncBuffer
-	opts   []telemetry.Option
+	opts   telemetry.Config
 }
 
 type syncBuffer struct {
@@ -57,15 +57,16 @@ func (s *syncBuffer) String() string {
 
 // newRig must be called before setup, so that its providers shut down
 // after the Manager closed.
-func newRig(t *testing.T, extra ...telemetry.Option) *rig {
+func newRig(t *testing.T, extra ...func(*telemetry.Config)) *rig {
 	t.Helper()
 	r := &rig{spans: tracetest.NewSpanRecorder(), reader: sdkmetric.NewManualReader(), logs: &syncBuffer{}}
 	r.tp = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(r.spans))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(r.reader))
 	logger := slog.New(slog.NewJSONHandler(r.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	r.opts = append([]telemetry.Option{
-		telemetry.WithTracerProvider(r.tp), telemetry.WithMeterProvider(mp), telemetry.WithLogger(logger),
-	}, extra...)
+	r.opts = telemetry.Config{TracerProvider: r.tp, MeterProvider: mp, Logger: logger}
+	for _, f := range extra {
+		f(&r.opts)
+	}
 	t.Cleanup(func() {
 		_ = r.tp.Shutdown(context.Background())
 		_ = mp.Shutdown(context.Background())
@@ -249,7 +250,7 @@ func TestTelemetryUncontended(t *testing.T) {
 	if a := events(acq, telemetry.EventAttempt); len(a) != 1 || attrOf(a[0].Attributes, telemetry.AttrOutcome).AsString() != "granted" {
 		t.Errorf("attempt events = %v", a)
 	}
-	adb := one(t, spans, string(telemetry.OpAcquireMany))
+	adb := one(t, spans, telemetry.SpanAcquireMany)
 	if adb.SpanKind() != trace.SpanKindClient || !childOf(adb, acq.SpanContext()) || !linksTo(acq, adb.SpanContext()) {
 		t.Errorf("acquire_many: kind %v, child of acquire %v, linked %v", adb.SpanKind(),
 			childOf(adb, acq.SpanContext()), linksTo(acq, adb.SpanContext()))
@@ -258,7 +259,7 @@ func TestTelemetryUncontended(t *testing.T) {
 		telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1), outcomeOK)
 
 	rel := one(t, spans, telemetry.SpanRelease)
-	rdb := one(t, spans, string(telemetry.OpReleaseMany))
+	rdb := one(t, spans, telemetry.SpanReleaseMany)
 	if !childOf(rel, root.SpanContext()) || !linksTo(rel, acq.SpanContext()) || !linksTo(rel, rdb.SpanContext()) {
 		t.Error("pglease.release: not a child of the caller's span, or not linked to the acquire and its round trip")
 	}
@@ -270,7 +271,7 @@ func TestTelemetryUncontended(t *testing.T) {
 	if held := attrOf(rel.Attributes(), telemetry.AttrHeldFor).AsFloat64(); held <= 0 {
 		t.Errorf("held_for = %v", held)
 	}
-	if l := named(spans, string(telemetry.OpListen)); len(l) == 0 || attrOf(l[0].Attributes(), telemetry.AttrOutcome).AsString() != "ok" {
+	if l := named(spans, telemetry.SpanListen); len(l) == 0 || attrOf(l[0].Attributes(), telemetry.AttrOutcome).AsString() != "ok" {
 		t.Error("no successful pglease.listen span")
 	}
 	if n := len(named(spans, telemetry.SpanLost)); n != 0 {
@@ -411,7 +412,7 @@ func TestTelemetryContended(t *testing.T) {
 	// The first batch sent after both queued served both: a root span
 	// (it served two callers) that answered "locked", linked from both.
 	shared := 0
-	for _, db := range named(spans, string(telemetry.OpAcquireMany)) {
+	for _, db := range named(spans, telemetry.SpanAcquireMany) {
 		if linksTo(a1, db.SpanContext()) && linksTo(a2, db.SpanContext()) &&
 			!db.Parent().IsValid() && attrOf(db.Attributes(), telemetry.AttrBatchOK).AsInt64() == 0 {
 			shared++
@@ -424,7 +425,7 @@ func TestTelemetryContended(t *testing.T) {
 	// trip (pglease.handoff); it served two callers, so it is a root span,
 	// linked from the second caller's acquire span.
 	handoff := false
-	for _, db := range named(spans, string(telemetry.OpHandOff)) {
+	for _, db := range named(spans, telemetry.SpanHandOff) {
 		handoff = handoff || (!db.Parent().IsValid() && linksTo(a2, db.SpanContext()))
 	}
 	if !handoff {
@@ -479,7 +480,7 @@ func TestTelemetryHeartbeat(t *testing.T) {
 	}
 	wantAttrs(t, hb, telemetry.AttrDue.Int(1), telemetry.AttrLost.Int(0), outcomeOK)
 	found := false
-	for _, db := range named(spans, string(telemetry.OpExtendMany)) {
+	for _, db := range named(spans, telemetry.SpanExtendMany) {
 		if childOf(db, hb.SpanContext()) {
 			found = true
 			wantAttrs(t, db, dbPostgres, telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1))
@@ -528,7 +529,7 @@ func TestTelemetryLoss(t *testing.T) {
 		t.Errorf("lost status = %+v", st)
 	}
 	var by sdktrace.ReadOnlySpan
-	for _, db := range named(spans, string(telemetry.OpExtendMany)) {
+	for _, db := range named(spans, telemetry.SpanExtendMany) {
 		if linksTo(lost, db.SpanContext()) {
 			by = db
 		}
@@ -571,7 +572,7 @@ func TestTelemetryLoss(t *testing.T) {
 func TestTelemetryNoRawKeysOrLockIDs(t *testing.T) {
 	t.Parallel()
 	secret := []byte("a test secret of at least 32 bytes!!")
-	rg := newRig(t, telemetry.WithKeySecret(secret))
+	rg := newRig(t, func(c *telemetry.Config) { c.KeySecret = secret })
 	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts,
 		Retry: retry.Policy{Base: 10 * time.Millisecond, MaxDelay: 20 * time.Millisecond}}})
 	peer, _ := b.newPeer(t, Config{})

@@ -1,45 +1,43 @@
-// Package telemetry is pglease's OpenTelemetry instrumentation: spans,
-// metrics and log records for the Manager, with keys identified by hash
-// and lockIds never recorded.
+// Package telemetry is what a user of pglease configures and reads of its
+// OpenTelemetry instrumentation: the configuration (Config, set as
+// manager.Config.Telemetry) and the names of the spans, events, attributes
+// and metrics a Manager records, with keys identified by hash and lockIds
+// never recorded. The recording itself is internal to pglease.
+//
+//	tp := sdktrace.NewTracerProvider(...)          // or leave nil: the otel globals
+//	m, err := manager.New(pool, manager.Config{
+//		Telemetry: telemetry.Config{TracerProvider: tp, MeterProvider: mp, Logger: logger},
+//	})
 //
 // It follows the opentelemetry-go-contrib rules for instrumentation
-// libraries: it depends on the OpenTelemetry API only (otel, trace,
-// metric, attribute, codes, semconv/v1.40.0), never on the SDK; the
-// providers come from WithTracerProvider and WithMeterProvider and default
-// to the global ones; every tracer and meter is named ScopeName with
-// Version(). The Manager builds one Recorder per Manager with New and
-// calls it from its caller, loop and worker goroutines.
+// libraries: pglease depends on the OpenTelemetry API only (otel, trace,
+// metric, attribute, codes, semconv/v1.40.0), never on the SDK; it takes
+// providers, never a Tracer or Meter, and they default to the global ones;
+// every tracer and meter is named ScopeName with Version().
 //
 // # Guarantees
 //
-//   - Telemetry never fails the caller: New cannot fail, an instrument or
-//     callback the MeterProvider refuses is reported to otel.Handle and
-//     replaced by a no-op, and no method returns an error or panics on
-//     bad input (unknown enum values are clamped).
-//   - Telemetry never blocks: no method takes a lock shared with
-//     collection, does I/O, or waits, except what the configured providers
-//     and slog handler do themselves (the SDK's batch span processor does
-//     not block; a slow slog handler would, so give WithLogger a
-//     non-blocking one). Metric callbacks read atomics only.
+//   - Telemetry never fails the caller: an instrument or callback the
+//     MeterProvider refuses is reported to otel.Handle and replaced by a
+//     no-op, and nothing in the recording returns an error or panics.
+//   - Telemetry never blocks: recording takes no lock shared with
+//     collection, does no I/O and never waits, except what the configured
+//     providers and slog handler do themselves (the SDK's batch span
+//     processor does not block; a slow slog handler would, so give
+//     Config.Logger a non-blocking one). Metric callbacks read atomics
+//     only.
 //   - Telemetry is cheap: attribute sets and span options are built once
-//     in New; spans get their attributes only when IsRecording. Measured
-//     by BenchmarkAcquireCycle for one acquire plus its release (two
-//     operation spans, two DB spans, eight measurements): a nil Recorder
-//     costs ~60 ns and no allocation; New() with the never-configured
-//     global providers ~1.2 µs and 15 allocations (the global delegating
-//     tracer allocates per span); explicit noop providers ~0.8 µs, 6
-//     allocations; a recording SDK ~8 µs. A database round trip costs
-//     ≥ 100 µs.
-//   - A nil *Recorder, a nil *Acquisition, a nil *Loop and the zero
-//     DBSpan, Heartbeat and Release are valid and record nothing.
-//   - Each Acquisition reaches one end state (granted, failed, not
-//     acquired) and a granted one is counted out of pglease.lock.held once
-//     (released or lost), whatever goroutines race to end it.
+//     per Manager; spans get their attributes only when IsRecording. One
+//     acquire plus its release (two operation spans, two database spans,
+//     eight measurements) costs ~1.2 µs and 15 allocations with the
+//     never-configured global providers, ~0.8 µs with explicit no-op
+//     providers, ~8 µs with a recording SDK, against ≥ 100 µs for a
+//     database round trip.
 //
 // # Redaction
 //
 // A raw lock key never appears in a span name, attribute, event, link,
-// status message, metric attribute or log record, unless WithRawKeys(true)
+// status message, metric attribute or log record, unless Config.RawKeys
 // is set (debugging only), which adds it as pglease.key / "key". A lockId
 // never appears at all: no method accepts one. Error text is never
 // recorded either, since it may quote caller data: errors are recorded as
@@ -47,9 +45,9 @@
 // "context.Canceled", "context.DeadlineExceeded" or "_OTHER", and the span
 // status description is that same string.
 //
-// Keys are identified by pglease.key.hash (KeyID.Hash):
+// Keys are identified by pglease.key.hash (AttrKeyHash):
 //
-//   - with WithKeySecret(secret): HMAC-SHA-256(secret, NFC(key)) truncated
+//   - with Config.KeySecret: HMAC-SHA-256(secret, NFC(key)) truncated
 //     to 128 bits, 32 hex digits. Without the secret the hash reveals
 //     nothing about the key; processes sharing the secret produce the same
 //     hash for the same key.
@@ -123,22 +121,6 @@
 // without a successful extend), not_held (the database said the lock is
 // gone), session_ended (an advisory lock's connection ended), other.
 //
-// # Where the Manager calls what
-//
-//	caller  Acquire/TryAcquire/Do: k := rec.Key(key); ctx, a := rec.StartAcquire(ctx, k, info)
-//	loop    on enqueue: a.Queued(QueueInfo{...})
-//	worker  per round trip: dctx, db := rec.StartDB(ctx, OpAcquireMany, n, parent); …; db.End(ok, err)
-//	loop    on each attempt result, per waiter served: a.Attempt(db.SpanContext(), outcome, retryIn)
-//	loop    on grant, before replying: a.Granted(fence)
-//	caller  on any other answer (error, ctx ended, closed): a.Failed(err); Try found it held: a.NotAcquired()
-//	        (both no-ops if the loop granted first, e.g. a grant it took back from a caller who left)
-//	loop    per extend batch: _, hb := rec.StartHeartbeat(ctx, n); the extend's StartDB has parent hb.SpanContext();
-//	        per lock a.Extended(lag) / a.ExtendFailed(err) / a.Lost(cause, db.SpanContext()); hb.End(ext, lost, err)
-//	loop    when it releases a held lock (Lock.Release passes the caller's span context in the request; a
-//	        taken-back grant; Close): rctx, rel := a.StartRelease(ctx); rel.Served(db.SpanContext()); rel.End(err)
-//	loop    around its select: l := rec.Loop(); l.Idle() before select, l.Busy() after; l.SetDepth(q, n)
-//	Close   rec.Close() after the loop stopped (unregisters metric callbacks)
-//
 // # A contended acquire in a trace
 //
 // A caller asks for "payment:123", which another process holds. In the
@@ -156,7 +138,7 @@
 // process had asked meanwhile, its own acquire span would show
 // pglease.queued with coalesced=true and links to the same DB spans, and
 // a round trip serving several callers is a root span that each of them
-// links to. Example_contendedAcquire prints this trace.
+// links to. Example shows the spans of a real acquire.
 //
 // If the lock is later lost, a pglease.lost span appears in the same
 // trace, under the acquire span, with the cause and a link to the

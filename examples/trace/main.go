@@ -132,11 +132,11 @@ func run(ctx context.Context, w io.Writer, url, spansFile string) (err error) {
 	// tp and mp are an SDK TracerProvider and MeterProvider. Without them the
 	// Manager uses the otel globals, which record nothing until SDK
 	// providers are installed.
-	cfg.Telemetry = []telemetry.Option{
-		telemetry.WithTracerProvider(tp),
-		telemetry.WithMeterProvider(mp),
-		// Optional: telemetry.WithLogger(slogLogger), and
-		// telemetry.WithKeySecret(secret) for keyed (HMAC-SHA-256) key hashes.
+	cfg.Telemetry = telemetry.Config{
+		TracerProvider: tp,
+		MeterProvider:  mp,
+		// Optional: Logger: slogLogger, and
+		// KeySecret: secret for keyed (HMAC-SHA-256) key hashes.
 	}
 	m, err := manager.Open(ctx, url, cfg)
 	if err != nil {

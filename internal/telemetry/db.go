@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"time"
 
@@ -48,7 +49,7 @@ func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, paren
 		span.SetAttributes(
 			semconv.DBSystemNamePostgreSQL,
 			semconv.DBOperationName(string(op)),
-			AttrBatchSize.Int(batch))
+			ptel.AttrBatchSize.Int(batch))
 		span.SetAttributes(r.dbAttrs...)
 	}
 	return ctx, DBSpan{r: r, span: span, op: op, batch: batch, start: time.Now()}
@@ -92,7 +93,7 @@ func (d DBSpan) End(ok int, err error) {
 		if err != nil {
 			outcome = outcomeError
 		}
-		attrs := []attribute.KeyValue{AttrBatchOK.Int(ok), AttrOutcome.String(outcome)}
+		attrs := []attribute.KeyValue{ptel.AttrBatchOK.Int(ok), ptel.AttrOutcome.String(outcome)}
 		if err != nil {
 			et := errorType(err)
 			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
@@ -128,9 +129,9 @@ func (r *Recorder) StartHeartbeat(ctx context.Context, due int) (context.Context
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ctx, span := r.tracer.Start(ctx, SpanHeartbeat, startInternal...)
+	ctx, span := r.tracer.Start(ctx, ptel.SpanHeartbeat, startInternal...)
 	if span.IsRecording() {
-		span.SetAttributes(AttrDue.Int(due))
+		span.SetAttributes(ptel.AttrDue.Int(due))
 	}
 	return ctx, Heartbeat{r: r, span: span}
 }
@@ -156,7 +157,7 @@ func (h Heartbeat) End(extended, lost int, err error) {
 		if err != nil {
 			outcome = outcomeError
 		}
-		attrs := []attribute.KeyValue{AttrExtended.Int(extended), AttrLost.Int(lost), AttrOutcome.String(outcome)}
+		attrs := []attribute.KeyValue{ptel.AttrExtended.Int(extended), ptel.AttrLost.Int(lost), ptel.AttrOutcome.String(outcome)}
 		if err != nil {
 			et := errorType(err)
 			attrs = append(attrs, semconv.ErrorTypeKey.String(et))

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"time"
 
@@ -13,16 +14,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// ScopeName is the instrumentation scope name of every tracer and meter
-// pglease creates: the module path, since pglease instruments itself.
-const ScopeName = "github.com/pglease/pglease"
-
-// version is the instrumentation version reported with ScopeName.
-const version = "0.1.0"
-
-// Version returns the instrumentation version reported with ScopeName.
-func Version() string { return version }
-
 // Recorder turns Manager events into spans, metrics and log records. Build
 // one per Manager with New; all methods are safe for concurrent use, never
 // block on I/O, never fail, and never panic on bad input. A nil *Recorder
@@ -32,7 +23,7 @@ type Recorder struct {
 	log     *slog.Logger
 	keys    *keyHasher
 	rawKeys bool
-	dbAttrs []attribute.KeyValue // server.address, server.port, db.namespace (WithDatabase)
+	dbAttrs []attribute.KeyValue // server.address, server.port, db.namespace (Database)
 
 	acqDuration  metric.Float64Histogram
 	acqAttempts  metric.Int64Histogram
@@ -77,40 +68,63 @@ type dbOpts struct {
 	success mopts
 }
 
-// New returns a Recorder. It never fails: an instrument that cannot be
-// created is reported to otel.Handle and replaced by a no-op one.
-func New(opts ...Option) *Recorder {
-	var c config
-	for _, o := range opts {
-		if o != nil {
-			o.apply(&c)
-		}
+// New returns a Recorder configured by c (the user's
+// manager.Config.Telemetry; the zero value means the defaults), for round
+// trips to db. It never
+// fails: an instrument that cannot be created is reported to otel.Handle
+// and replaced by a no-op one.
+func New(c ptel.Config, db Database) *Recorder {
+	tp, mp, logger := c.TracerProvider, c.MeterProvider, c.Logger
+	if tp == nil {
+		tp = otel.GetTracerProvider()
 	}
-	if c.tp == nil {
-		c.tp = otel.GetTracerProvider()
+	if mp == nil {
+		mp = otel.GetMeterProvider()
 	}
-	if c.mp == nil {
-		c.mp = otel.GetMeterProvider()
-	}
-	if c.logger == nil {
-		c.logger = slog.New(slog.DiscardHandler)
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
 	}
 	r := &Recorder{
-		tracer: c.tp.Tracer(ScopeName,
-			trace.WithInstrumentationVersion(version),
+		tracer: tp.Tracer(ptel.ScopeName,
+			trace.WithInstrumentationVersion(ptel.Version()),
 			trace.WithSchemaURL(semconv.SchemaURL)),
-		log:     c.logger,
-		keys:    newKeyHasher(c.keySecret),
-		rawKeys: c.rawKeys,
-		dbAttrs: c.db,
+		log:     logger,
+		keys:    newKeyHasher(append([]byte(nil), c.KeySecret...)),
+		rawKeys: c.RawKeys,
+		dbAttrs: db.attributes(),
 	}
-	meter := c.mp.Meter(ScopeName,
-		metric.WithInstrumentationVersion(version),
+	meter := mp.Meter(ptel.ScopeName,
+		metric.WithInstrumentationVersion(ptel.Version()),
 		metric.WithSchemaURL(semconv.SchemaURL))
 	r.initInstruments(meter)
 	r.loop = newLoop(r, time.Now)
 	r.loop.register(r, meter)
 	return r
+}
+
+// Database names the database server and database the round trips go
+// to: the semantic-convention attributes server.address, server.port and
+// db.namespace on every database span and on db.client.operation.duration
+// (empty or zero fields are left out). The Manager fills it from its
+// pool's connection configuration.
+type Database struct {
+	Address   string
+	Port      int
+	Namespace string
+}
+
+func (d Database) attributes() []attribute.KeyValue {
+	var kv []attribute.KeyValue
+	if d.Address != "" {
+		kv = append(kv, semconv.ServerAddress(d.Address))
+	}
+	if d.Port > 0 {
+		kv = append(kv, semconv.ServerPort(d.Port))
+	}
+	if d.Namespace != "" {
+		kv = append(kv, semconv.DBNamespace(d.Namespace))
+	}
+	return kv
 }
 
 // Close unregisters the Recorder's metric callbacks (loop busy ratio and
@@ -142,9 +156,9 @@ func (r *Recorder) Key(key string) KeyID {
 // keyAttrs appends the key's attributes: the hash, and the raw key only
 // when opted in.
 func (r *Recorder) keyAttrs(dst []attribute.KeyValue, k KeyID) []attribute.KeyValue {
-	dst = append(dst, AttrKeyHash.String(k.hash))
+	dst = append(dst, ptel.AttrKeyHash.String(k.hash))
 	if r.rawKeys && k.raw != "" {
-		dst = append(dst, AttrKey.String(k.raw))
+		dst = append(dst, ptel.AttrKey.String(k.raw))
 	}
 	return dst
 }
@@ -178,7 +192,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 	nm := noop.Meter{}
 	var err error
 
-	r.acqDuration, err = m.Float64Histogram("pglease.acquire.duration",
+	r.acqDuration, err = m.Float64Histogram(ptel.MetricAcquireDuration,
 		metric.WithUnit("s"),
 		metric.WithDescription("Time from an acquire call to its outcome, including all waiting and retries."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
@@ -186,7 +200,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.acqDuration, _ = nm.Float64Histogram("")
 	}
-	r.acqAttempts, err = m.Int64Histogram("pglease.acquire.attempts",
+	r.acqAttempts, err = m.Int64Histogram(ptel.MetricAcquireAttempts,
 		metric.WithUnit("{attempt}"),
 		metric.WithDescription("Database attempts an acquire saw before its outcome."),
 		metric.WithExplicitBucketBoundaries(0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100))
@@ -194,35 +208,35 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.acqAttempts, _ = nm.Int64Histogram("")
 	}
-	r.acqContended, err = m.Int64Counter("pglease.acquire.contended",
+	r.acqContended, err = m.Int64Counter(ptel.MetricAcquireContended,
 		metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires that found their key held at least once."))
 	if err != nil || r.acqContended == nil {
 		handle(err)
 		r.acqContended, _ = nm.Int64Counter("")
 	}
-	r.acqCoalesced, err = m.Int64Counter("pglease.acquire.coalesced",
+	r.acqCoalesced, err = m.Int64Counter(ptel.MetricAcquireCoalesced,
 		metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires that queued behind another caller of this process for the same key."))
 	if err != nil || r.acqCoalesced == nil {
 		handle(err)
 		r.acqCoalesced, _ = nm.Int64Counter("")
 	}
-	r.held, err = m.Int64UpDownCounter("pglease.lock.held",
+	r.held, err = m.Int64UpDownCounter(ptel.MetricLockHeld,
 		metric.WithUnit("{lock}"),
 		metric.WithDescription("Locks currently held by this process."))
 	if err != nil || r.held == nil {
 		handle(err)
 		r.held, _ = nm.Int64UpDownCounter("")
 	}
-	r.extends, err = m.Int64Counter("pglease.lock.extends",
+	r.extends, err = m.Int64Counter(ptel.MetricLockExtends,
 		metric.WithUnit("{extend}"),
 		metric.WithDescription("Automatic extends of held locks, by outcome."))
 	if err != nil || r.extends == nil {
 		handle(err)
 		r.extends, _ = nm.Int64Counter("")
 	}
-	r.extendLag, err = m.Float64Histogram("pglease.lock.extend.lag",
+	r.extendLag, err = m.Float64Histogram(ptel.MetricLockExtendLag,
 		metric.WithUnit("s"),
 		metric.WithDescription("How late an extend started after it was due."),
 		metric.WithExplicitBucketBoundaries(0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
@@ -230,21 +244,21 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.extendLag, _ = nm.Float64Histogram("")
 	}
-	r.lost, err = m.Int64Counter("pglease.lock.lost",
+	r.lost, err = m.Int64Counter(ptel.MetricLockLost,
 		metric.WithUnit("{lock}"),
 		metric.WithDescription("Held locks lost, by cause."))
 	if err != nil || r.lost == nil {
 		handle(err)
 		r.lost, _ = nm.Int64Counter("")
 	}
-	r.releases, err = m.Int64Counter("pglease.lock.releases",
+	r.releases, err = m.Int64Counter(ptel.MetricLockReleases,
 		metric.WithUnit("{release}"),
 		metric.WithDescription("Releases of locks, by outcome."))
 	if err != nil || r.releases == nil {
 		handle(err)
 		r.releases, _ = nm.Int64Counter("")
 	}
-	r.batchSize, err = m.Int64Histogram("pglease.db.batch.size",
+	r.batchSize, err = m.Int64Histogram(ptel.MetricDBBatchSize,
 		metric.WithUnit("{item}"),
 		metric.WithDescription("Items (keys, locks) carried by one database round trip."),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
@@ -252,7 +266,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.batchSize, _ = nm.Int64Histogram("")
 	}
-	r.dbDuration, err = m.Float64Histogram("db.client.operation.duration",
+	r.dbDuration, err = m.Float64Histogram(ptel.MetricDBClientDuration,
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of database client operations."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10))
@@ -263,19 +277,19 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 
 	set := mset
 	for k := range numKinds {
-		kk := AttrLockKind.String(k.String())
+		kk := ptel.AttrLockKind.String(k.String())
 		r.kindOpt[k] = set(kk)
 		for o := range acquireOutcome(numAcquireOutcs) {
-			r.acqOpt[k][o] = set(kk, AttrOutcome.String(acquireOutcomeNames[o]))
+			r.acqOpt[k][o] = set(kk, ptel.AttrOutcome.String(acquireOutcomeNames[o]))
 		}
-		r.extendOpt[k][0] = set(kk, AttrOutcome.String(outcomeOK))
-		r.extendOpt[k][1] = set(kk, AttrOutcome.String(outcomeError))
+		r.extendOpt[k][0] = set(kk, ptel.AttrOutcome.String(outcomeOK))
+		r.extendOpt[k][1] = set(kk, ptel.AttrOutcome.String(outcomeError))
 		for c := range numLossCauses {
-			r.lostOpt[k][c] = set(kk, AttrLossCause.String(c.String()))
+			r.lostOpt[k][c] = set(kk, ptel.AttrLossCause.String(c.String()))
 		}
-		r.releaseOpt[k][0] = set(kk, AttrOutcome.String(outcomeOK))
-		r.releaseOpt[k][1] = set(kk, AttrOutcome.String(outcomeNotHeld))
-		r.releaseOpt[k][2] = set(kk, AttrOutcome.String(outcomeError))
+		r.releaseOpt[k][0] = set(kk, ptel.AttrOutcome.String(outcomeOK))
+		r.releaseOpt[k][1] = set(kk, ptel.AttrOutcome.String(outcomeNotHeld))
+		r.releaseOpt[k][2] = set(kk, ptel.AttrOutcome.String(outcomeError))
 	}
 	r.dbOpt = make(map[DBOperation]dbOpts)
 	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff,

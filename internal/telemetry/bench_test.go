@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	ptel "github.com/pglease/pglease/telemetry"
 	"testing"
 	"time"
 
@@ -30,7 +31,7 @@ func acquireCycle(r *Recorder, ctx context.Context, key string) {
 }
 
 // BenchmarkAcquireCycle: cost per acquire+release recorded, by provider.
-// "global-noop" is New() with no options and no global provider
+// "global-noop" is New(ptel.Config{}, Database{}) with no options and no global provider
 // installed: what a user who never configures OpenTelemetry pays.
 func BenchmarkAcquireCycle(b *testing.B) {
 	ctx := context.Background()
@@ -41,28 +42,28 @@ func BenchmarkAcquireCycle(b *testing.B) {
 		}
 	}
 	b.Run("nil", func(b *testing.B) { run(b, nil) })
-	b.Run("global-noop", func(b *testing.B) { run(b, New()) })
+	b.Run("global-noop", func(b *testing.B) { run(b, New(ptel.Config{}, Database{})) })
 	b.Run("explicit-noop", func(b *testing.B) {
-		run(b, New(WithTracerProvider(tracenoop.NewTracerProvider()), WithMeterProvider(metricnoop.NewMeterProvider())))
+		run(b, New(ptel.Config{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: metricnoop.NewMeterProvider()}, Database{}))
 	})
 	b.Run("sdk-recording", func(b *testing.B) {
 		tp := sdktrace.NewTracerProvider() // samples everything, exports nowhere
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { _ = tp.Shutdown(ctx); _ = mp.Shutdown(ctx) })
-		run(b, New(WithTracerProvider(tp), WithMeterProvider(mp)))
+		run(b, New(ptel.Config{TracerProvider: tp, MeterProvider: mp}, Database{}))
 	})
 }
 
 func BenchmarkKey(b *testing.B) {
 	b.Run("hashKey", func(b *testing.B) {
-		r := New()
+		r := New(ptel.Config{}, Database{})
 		b.ReportAllocs()
 		for b.Loop() {
 			r.Key("payment:1234567890")
 		}
 	})
 	b.Run("hmac", func(b *testing.B) {
-		r := New(WithKeySecret([]byte("0123456789abcdef0123456789abcdef")))
+		r := New(ptel.Config{KeySecret: []byte("0123456789abcdef0123456789abcdef")}, Database{})
 		b.ReportAllocs()
 		for b.Loop() {
 			r.Key("payment:1234567890")
@@ -71,7 +72,7 @@ func BenchmarkKey(b *testing.B) {
 }
 
 func BenchmarkLoopTurn(b *testing.B) {
-	l := New().Loop()
+	l := New(ptel.Config{}, Database{}).Loop()
 	b.ReportAllocs()
 	for b.Loop() {
 		l.Busy()

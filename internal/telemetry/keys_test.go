@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	ptel "github.com/pglease/pglease/telemetry"
 	"strings"
 	"testing"
 )
@@ -13,7 +14,7 @@ import (
 // the TypeScript implementation (reference/syncguard-facts.md §2.4).
 func TestHashKeyVectors(t *testing.T) {
 	t.Parallel()
-	r := New()
+	r := New(ptel.Config{}, Database{})
 	for _, tc := range []struct{ in, want string }{
 		{"", "000000000000000000000000"},
 		{"k1", "00000d2600009fd20017666a"},
@@ -33,9 +34,8 @@ func TestHashKeyVectors(t *testing.T) {
 func TestKeySecretHMAC(t *testing.T) {
 	t.Parallel()
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	opt := WithKeySecret(secret)
-	secret[0] = 'X' // the option copied it
-	r := New(opt)
+	r := New(ptel.Config{KeySecret: secret}, Database{})
+	secret[0] = 'X' // New copied it
 	mac := hmac.New(sha256.New, []byte("0123456789abcdef0123456789abcdef"))
 	mac.Write([]byte("café"))
 	want := hex.EncodeToString(mac.Sum(nil))[:32]
@@ -45,14 +45,14 @@ func TestKeySecretHMAC(t *testing.T) {
 			t.Errorf("Key(%q) = %s, want HMAC %s", in, got, want)
 		}
 	}
-	other := New(WithKeySecret([]byte("another secret, same length!!!!!")))
+	other := New(ptel.Config{KeySecret: []byte("another secret, same length!!!!!")}, Database{})
 	if a, b := r.Key("payment:1").Hash(), other.Key("payment:1").Hash(); a == b {
 		t.Errorf("different secrets gave the same hash %s", a)
 	}
 	if a, b := r.Key("payment:1").Hash(), r.Key("payment:2").Hash(); a == b {
 		t.Errorf("different keys gave the same hash %s", a)
 	}
-	if got := New(WithKeySecret(nil)).Key("k1").Hash(); got != "00000d2600009fd20017666a" {
+	if got := New(ptel.Config{}, Database{}).Key("k1").Hash(); got != "00000d2600009fd20017666a" {
 		t.Errorf("empty secret: got %s, want the unkeyed hashKey", got)
 	}
 }
@@ -60,9 +60,9 @@ func TestKeySecretHMAC(t *testing.T) {
 func TestKeyIDNeverPrintsRawKey(t *testing.T) {
 	t.Parallel()
 	const raw = "alice@example.com"
-	k := New(WithRawKeys(true)).Key(raw)
+	k := New(ptel.Config{RawKeys: true}, Database{}).Key(raw)
 	if k.raw != raw {
-		t.Fatalf("WithRawKeys did not keep the raw key")
+		t.Fatalf("RawKeys did not keep the raw key")
 	}
 	for _, s := range []string{
 		fmt.Sprint(k), fmt.Sprintf("%v %+v %#v %s %q", k, k, k, k, k), k.String(), k.LogValue().String(),

@@ -3,67 +3,9 @@ package telemetry
 import (
 	"context"
 	"errors"
-
-	"go.opentelemetry.io/otel/attribute"
+	ptel "github.com/pglease/pglease/telemetry"
 
 	"github.com/pglease/pglease"
-)
-
-// Attribute keys set by pglease on spans, events and metrics, beside the
-// semantic-convention ones (db.system.name, db.operation.name, error.type).
-// Durations are float64 seconds.
-const (
-	// AttrKeyHash identifies a key: see KeyID.Hash. On every per-key span,
-	// event and log record; never on metrics (unbounded cardinality).
-	AttrKeyHash = attribute.Key("pglease.key.hash")
-	// AttrKey is the raw key, only with WithRawKeys(true).
-	AttrKey = attribute.Key("pglease.key")
-	// AttrLockKind is "lease" or "advisory".
-	AttrLockKind = attribute.Key("pglease.lock.kind")
-	// AttrTTL is the lease TTL in seconds.
-	AttrTTL = attribute.Key("pglease.lock.ttl")
-	// AttrTry is true for TryAcquire (one attempt, no waiting).
-	AttrTry = attribute.Key("pglease.acquire.try")
-	// AttrOutcome is how an operation ended: see the doc.go table.
-	AttrOutcome = attribute.Key("pglease.outcome")
-	// AttrAttempts is the number of database attempts an acquire saw.
-	AttrAttempts = attribute.Key("pglease.acquire.attempts")
-	// AttrWait is the time an acquire waited, in seconds.
-	AttrWait = attribute.Key("pglease.acquire.wait")
-	// AttrCoalesced is true when the acquire queued behind another caller
-	// of this process for the same key instead of starting its own
-	// attempt loop.
-	AttrCoalesced = attribute.Key("pglease.acquire.coalesced")
-	// AttrContended is true when the acquire found the key held (by
-	// another process, or by another caller of this one) at least once.
-	AttrContended = attribute.Key("pglease.acquire.contended")
-	// AttrAttempt is the attempt number (from 1) on a pglease.attempt event.
-	AttrAttempt = attribute.Key("pglease.attempt")
-	// AttrRetryIn is the backoff delay before the next attempt, in seconds.
-	AttrRetryIn = attribute.Key("pglease.attempt.retry_in")
-	// AttrQueuePosition is the caller's place in the key's local FIFO (0 =
-	// first) on a pglease.queued event.
-	AttrQueuePosition = attribute.Key("pglease.queue.position")
-	// AttrFence is the fencing token granted (not a secret: §6.6).
-	AttrFence = attribute.Key("pglease.fence")
-	// AttrHeldFor is how long the lock was held, in seconds.
-	AttrHeldFor = attribute.Key("pglease.lock.held_for")
-	// AttrLossCause is why a lock was lost: see LossCause.
-	AttrLossCause = attribute.Key("pglease.loss.cause")
-	// AttrBatchSize is the number of items (keys, locks) in one database
-	// round trip.
-	AttrBatchSize = attribute.Key("pglease.batch.size")
-	// AttrBatchOK is how many of them succeeded (granted, extended,
-	// released).
-	AttrBatchOK = attribute.Key("pglease.batch.ok")
-	// AttrDue is the number of locks due for extension in a heartbeat round.
-	AttrDue = attribute.Key("pglease.heartbeat.due")
-	// AttrExtended is the number of locks a heartbeat round extended.
-	AttrExtended = attribute.Key("pglease.heartbeat.extended")
-	// AttrLost is the number of locks a heartbeat round found lost.
-	AttrLost = attribute.Key("pglease.heartbeat.lost")
-	// AttrQueue names a Manager queue on pglease.manager.queue.depth.
-	AttrQueue = attribute.Key("pglease.queue")
 )
 
 // LockKind is the kind of lock an operation is about.
@@ -171,14 +113,14 @@ type DBOperation string
 
 // Database operations the Manager performs. Each is one round trip.
 const (
-	OpAcquireMany     DBOperation = "pglease.acquire_many"
-	OpReleaseMany     DBOperation = "pglease.release_many"
-	OpExtendMany      DBOperation = "pglease.extend_many"
-	OpHandOff         DBOperation = "pglease.handoff"           // a release and the next local waiter's acquire, one statement
-	OpAdvisoryLock    DBOperation = "pglease.advisory_lock"     // blocking wait on pg_advisory_lock
-	OpAdvisoryTryLock DBOperation = "pglease.advisory_try_lock" // pg_try_advisory_lock, batched
-	OpAdvisoryUnlock  DBOperation = "pglease.advisory_unlock"
-	OpListen          DBOperation = "pglease.listen"
+	OpAcquireMany     DBOperation = ptel.SpanAcquireMany
+	OpReleaseMany     DBOperation = ptel.SpanReleaseMany
+	OpExtendMany      DBOperation = ptel.SpanExtendMany
+	OpHandOff         DBOperation = ptel.SpanHandOff
+	OpAdvisoryLock    DBOperation = ptel.SpanAdvisoryLock
+	OpAdvisoryTryLock DBOperation = ptel.SpanAdvisoryTryLock
+	OpAdvisoryUnlock  DBOperation = ptel.SpanAdvisoryUnlock
+	OpListen          DBOperation = ptel.SpanListen
 )
 
 // Queue names a Manager queue whose depth is reported by
@@ -216,7 +158,7 @@ func (q Queue) String() string {
 	return "unknown"
 }
 
-// outcome values of AttrOutcome.
+// outcome values of ptel.AttrOutcome.
 const (
 	outcomeGranted  = "granted"
 	outcomeLocked   = "locked" // TryAcquire: held elsewhere

@@ -14,22 +14,22 @@ import (
 )
 
 // KeyID is how telemetry identifies a lock key: a hash of the key, and the
-// raw key only when the Recorder was built with WithRawKeys(true).
+// raw key only when the Recorder was built with Config.RawKeys.
 //
 // Build it once per request with Recorder.Key, outside the Manager loop (in
 // the caller's goroutine), and pass it to StartAcquire. The zero KeyID is
 // valid and identifies nothing (a nil Recorder returns it).
 //
 // KeyID's String, GoString and LogValue never print the raw key, even when
-// it is kept for WithRawKeys: the raw key reaches telemetry only as the
+// it is kept for Config.RawKeys: the raw key reaches telemetry only as the
 // separate attribute pglease.key.
 type KeyID struct {
 	hash string // HMAC (32 hex) or SyncGuard hashKey (24 hex)
-	raw  string // only with WithRawKeys(true)
+	raw  string // only with Config.RawKeys
 }
 
 // Hash returns the key's hash: 32 lowercase hex digits (HMAC-SHA-256 keyed
-// with the WithKeySecret secret, truncated to 128 bits) or, without a
+// with the Config.KeySecret secret, truncated to 128 bits) or, without a
 // secret, 24 lowercase hex digits (SyncGuard's hashKey, not secret).
 func (k KeyID) Hash() string { return k.hash }
 
@@ -67,7 +67,7 @@ func newKeyHasher(secret []byte) *keyHasher {
 // UTF-16 code units, 24 hex digits): NOT a cryptographic hash. Anyone can
 // compute it, and a low-entropy key (an order number, an e-mail address)
 // can be recovered from it by trying candidates. It identifies keys; it
-// does not hide them. WithKeySecret hides them.
+// does not hide them. Config.KeySecret hides them.
 func (h *keyHasher) hash(key string) string {
 	if h.secret == nil {
 		return pglease.HashKey(key)

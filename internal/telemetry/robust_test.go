@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	ptel "github.com/pglease/pglease/telemetry"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -84,12 +85,12 @@ func TestNilRecorderIsNoop(t *testing.T) {
 	Release{}.Served(trace.SpanContext{})
 	Release{}.End(nil)
 	// A nil ctx is tolerated by a live Recorder.
-	rec := New()
+	rec := New(ptel.Config{}, Database{})
 	//lint:ignore SA1012 a nil ctx is what this checks
 	if got, _ := rec.StartAcquire(nil, rec.Key("k"), AcquireInfo{}); got == nil {
 		t.Errorf("StartAcquire(nil ctx) returned a nil ctx")
 	}
-	driveAll(New(nil, WithTracerProvider(nil), WithMeterProvider(nil), WithLogger(nil)))
+	driveAll(New(ptel.Config{TracerProvider: nil, MeterProvider: nil, Logger: nil}, Database{}))
 }
 
 var errInstrument = errors.New("instrument creation refused")
@@ -168,7 +169,7 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 	otel.SetErrorHandler(h)
 	t.Cleanup(func() { otel.SetErrorHandler(prev) })
 
-	r := New(WithMeterProvider(failingProvider{m: failingMeter{failInstruments: true}}))
+	r := New(ptel.Config{MeterProvider: failingProvider{m: failingMeter{failInstruments: true}}}, Database{})
 	if r == nil {
 		t.Fatal("New returned nil")
 	}
@@ -180,7 +181,7 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 	}
 
 	h.n.Store(0)
-	driveAll(New(WithMeterProvider(failingProvider{m: failingMeter{}})))
+	driveAll(New(ptel.Config{MeterProvider: failingProvider{m: failingMeter{}}}, Database{}))
 	if got := h.n.Load(); got != 1 {
 		t.Errorf("otel.Handle got %d errors for a refused callback, want 1", got)
 	}
@@ -244,10 +245,10 @@ func TestConcurrentEndStates(t *testing.T) {
 	if p := h.point(rm, "pglease.acquire.duration"); p.count != n {
 		t.Errorf("acquire.duration count = %d, want %d (one outcome each)", p.count, n)
 	}
-	if p := h.point(rm, "pglease.acquire.duration", AttrOutcome.String("granted")); p.count != uint64(granted.Load()) {
+	if p := h.point(rm, "pglease.acquire.duration", ptel.AttrOutcome.String("granted")); p.count != uint64(granted.Load()) {
 		t.Errorf("granted outcomes %d, want %d", p.count, granted.Load())
 	}
-	if len(h.spansNamed(SpanAcquire)) != n {
-		t.Errorf("%d acquire spans, want %d", len(h.spansNamed(SpanAcquire)), n)
+	if len(h.spansNamed(ptel.SpanAcquire)) != n {
+		t.Errorf("%d acquire spans, want %d", len(h.spansNamed(ptel.SpanAcquire)), n)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
+	ptel "github.com/pglease/pglease/telemetry"
 	"strings"
 	"sync"
 	"testing"
@@ -202,10 +203,10 @@ func TestNoRawKeysOrLockIDs(t *testing.T) {
 	secret := []byte("hmac-secret-" + randomToken(t, 24))
 	for _, tc := range []struct {
 		name string
-		opts []Option
+		opts []func(*ptel.Config)
 	}{
 		{"hashKey", nil},
-		{"hmac", []Option{WithKeySecret(secret)}},
+		{"hmac", []func(*ptel.Config){func(c *ptel.Config) { c.KeySecret = secret }}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -235,12 +236,12 @@ func TestNoRawKeysOrLockIDs(t *testing.T) {
 	// lockIds still never appear.
 	t.Run("rawKeysControl", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t, WithRawKeys(true))
+		h := newHarness(t, func(c *ptel.Config) { c.RawKeys = true })
 		s := newSecrets(t, 40)
 		exercise(t, h.rec, s)
 		corpus := h.corpus()
 		if n, _ := hits(corpus, s.keys); n != len(s.keys) {
-			t.Errorf("WithRawKeys(true): %d of %d raw keys found, want all", n, len(s.keys))
+			t.Errorf("RawKeys: %d of %d raw keys found, want all", n, len(s.keys))
 		}
 		if n, first := hits(corpus, s.lockIDs); n != 0 {
 			t.Errorf("%d lockIds found with raw keys on, e.g. %q", n, first)

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"bytes"
 	"context"
+	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"sync"
 	"testing"
@@ -42,7 +43,7 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func newHarness(t testing.TB, opts ...Option) *harness {
+func newHarness(t testing.TB, opts ...func(*ptel.Config)) *harness {
 	t.Helper()
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
@@ -50,8 +51,11 @@ func newHarness(t testing.TB, opts ...Option) *harness {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	all := append([]Option{WithTracerProvider(tp), WithMeterProvider(mp), WithLogger(logger)}, opts...)
-	h := &harness{t: t, rec: New(all...), spans: sr, reader: reader, logs: logs}
+	cfg := ptel.Config{TracerProvider: tp, MeterProvider: mp, Logger: logger}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	h := &harness{t: t, rec: New(cfg, Database{}), spans: sr, reader: reader, logs: logs}
 	t.Cleanup(func() {
 		h.rec.Close()
 		_ = tp.Shutdown(context.Background())

@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -12,20 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-)
-
-// Span names.
-const (
-	SpanAcquire   = "pglease.acquire"
-	SpanRelease   = "pglease.release"
-	SpanLost      = "pglease.lost"
-	SpanHeartbeat = "pglease.heartbeat"
-)
-
-// Event names on the pglease.acquire span.
-const (
-	EventQueued  = "pglease.queued"
-	EventAttempt = "pglease.attempt"
 )
 
 // Span start options, built once: an option and a variadic slice passed
@@ -107,14 +94,14 @@ func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo
 	}
 	kind := info.Kind.norm()
 	a := &Acquisition{r: r, key: key, kind: kind, try: info.Try, start: time.Now()}
-	ctx, a.span = r.tracer.Start(ctx, SpanAcquire, startInternal...)
+	ctx, a.span = r.tracer.Start(ctx, ptel.SpanAcquire, startInternal...)
 	a.sc = a.span.SpanContext()
 	if a.span.IsRecording() {
 		attrs := make([]attribute.KeyValue, 0, 5)
 		attrs = r.keyAttrs(attrs, key)
-		attrs = append(attrs, AttrLockKind.String(kind.String()), AttrTry.Bool(info.Try))
+		attrs = append(attrs, ptel.AttrLockKind.String(kind.String()), ptel.AttrTry.Bool(info.Try))
 		if info.TTL > 0 {
-			attrs = append(attrs, AttrTTL.Float64(info.TTL.Seconds()))
+			attrs = append(attrs, ptel.AttrTTL.Float64(info.TTL.Seconds()))
 		}
 		a.span.SetAttributes(attrs...)
 	}
@@ -154,10 +141,10 @@ func (a *Acquisition) Queued(q QueueInfo) {
 		a.flags.Or(f)
 	}
 	if a.span.IsRecording() {
-		a.span.AddEvent(EventQueued, trace.WithAttributes(
-			AttrCoalesced.Bool(q.Coalesced),
-			AttrContended.Bool(q.HeldLocally),
-			AttrQueuePosition.Int(q.Position)))
+		a.span.AddEvent(ptel.EventQueued, trace.WithAttributes(
+			ptel.AttrCoalesced.Bool(q.Coalesced),
+			ptel.AttrContended.Bool(q.HeldLocally),
+			ptel.AttrQueuePosition.Int(q.Position)))
 	}
 }
 
@@ -181,11 +168,11 @@ func (a *Acquisition) Attempt(db trace.SpanContext, outcome AttemptOutcome, retr
 	if db.IsValid() {
 		a.span.AddLink(trace.Link{SpanContext: db})
 	}
-	attrs := []attribute.KeyValue{AttrAttempt.Int64(n), AttrOutcome.String(outcome.String())}
+	attrs := []attribute.KeyValue{ptel.AttrAttempt.Int64(n), ptel.AttrOutcome.String(outcome.String())}
 	if retryIn > 0 {
-		attrs = append(attrs, AttrRetryIn.Float64(retryIn.Seconds()))
+		attrs = append(attrs, ptel.AttrRetryIn.Float64(retryIn.Seconds()))
 	}
-	a.span.AddEvent(EventAttempt, trace.WithAttributes(attrs...))
+	a.span.AddEvent(ptel.EventAttempt, trace.WithAttributes(attrs...))
 }
 
 // Granted ends the acquire as granted with the given fence (0 when the
@@ -243,14 +230,14 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 	}
 	if a.span.IsRecording() {
 		attrs := []attribute.KeyValue{
-			AttrOutcome.String(acquireOutcomeNames[o]),
-			AttrAttempts.Int64(n),
-			AttrWait.Float64(wait.Seconds()),
-			AttrCoalesced.Bool(f&flagCoalesced != 0),
-			AttrContended.Bool(f&flagContended != 0),
+			ptel.AttrOutcome.String(acquireOutcomeNames[o]),
+			ptel.AttrAttempts.Int64(n),
+			ptel.AttrWait.Float64(wait.Seconds()),
+			ptel.AttrCoalesced.Bool(f&flagCoalesced != 0),
+			ptel.AttrContended.Bool(f&flagContended != 0),
 		}
 		if o == aoGranted && fence != 0 {
-			attrs = append(attrs, AttrFence.Int64(fence))
+			attrs = append(attrs, ptel.AttrFence.Int64(fence))
 		}
 		if err != nil {
 			et := errorType(err)
@@ -340,7 +327,7 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 	r.lost.Add(ctx, 1, r.lostOpt[a.kind][cause].add...)
 
 	pctx := trace.ContextWithSpanContext(ctx, a.sc)
-	_, span := r.tracer.Start(pctx, SpanLost, startInternal...)
+	_, span := r.tracer.Start(pctx, ptel.SpanLost, startInternal...)
 	if span.IsRecording() {
 		if by.IsValid() {
 			span.AddLink(trace.Link{SpanContext: by})
@@ -348,9 +335,9 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 		attrs := make([]attribute.KeyValue, 0, 6)
 		attrs = r.keyAttrs(attrs, a.key)
 		attrs = append(attrs,
-			AttrLockKind.String(a.kind.String()),
-			AttrLossCause.String(cause.String()),
-			AttrHeldFor.Float64(held.Seconds()),
+			ptel.AttrLockKind.String(a.kind.String()),
+			ptel.AttrLossCause.String(cause.String()),
+			ptel.AttrHeldFor.Float64(held.Seconds()),
 			semconv.ErrorTypeKey.String(pglease.CodeLockLost.String()))
 		span.SetAttributes(attrs...)
 		span.SetStatus(codes.Error, pglease.CodeLockLost.String())
@@ -382,14 +369,14 @@ func (a *Acquisition) StartRelease(ctx context.Context) (context.Context, Releas
 		ctx = context.Background()
 	}
 	r := a.r
-	ctx, span := r.tracer.Start(ctx, SpanRelease, startInternal...)
+	ctx, span := r.tracer.Start(ctx, ptel.SpanRelease, startInternal...)
 	if span.IsRecording() {
 		if a.sc.IsValid() {
 			span.AddLink(trace.Link{SpanContext: a.sc})
 		}
 		attrs := make([]attribute.KeyValue, 0, 3)
 		attrs = r.keyAttrs(attrs, a.key)
-		attrs = append(attrs, AttrLockKind.String(a.kind.String()))
+		attrs = append(attrs, ptel.AttrLockKind.String(a.kind.String()))
 		span.SetAttributes(attrs...)
 	}
 	return ctx, Release{a: a, span: span, start: time.Now()}
@@ -429,9 +416,9 @@ func (rl Release) End(err error) {
 	}
 	r.releases.Add(ctx, 1, r.releaseOpt[a.kind][oi].add...)
 	if rl.span.IsRecording() {
-		attrs := []attribute.KeyValue{AttrOutcome.String(outcome)}
+		attrs := []attribute.KeyValue{ptel.AttrOutcome.String(outcome)}
 		if held > 0 {
-			attrs = append(attrs, AttrHeldFor.Float64(held.Seconds()))
+			attrs = append(attrs, ptel.AttrHeldFor.Float64(held.Seconds()))
 		}
 		if err != nil {
 			et := errorType(err)

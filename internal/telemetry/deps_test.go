@@ -4,17 +4,24 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 )
 
 // TestAPIOnly enforces the contrib rule (depguard no-sdk-instrumentation):
-// non-test files import the OpenTelemetry API, never the SDK or an
-// exporter.
+// non-test files of this package and of the public telemetry package
+// import the OpenTelemetry API, never the SDK or an exporter.
 func TestAPIOnly(t *testing.T) {
 	t.Parallel()
-	entries, err := os.ReadDir(".")
+	for _, dir := range []string{".", "../../telemetry"} {
+		checkAPIOnly(t, dir)
+	}
+}
+
+func checkAPIOnly(t *testing.T, dir string) {
+	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +36,7 @@ func TestAPIOnly(t *testing.T) {
 		if !strings.HasSuffix(name, ".go") || strings.HasSuffix(name, "_test.go") {
 			continue
 		}
-		f, err := parser.ParseFile(token.NewFileSet(), name, nil, parser.ImportsOnly)
+		f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, name), nil, parser.ImportsOnly)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,6 +56,6 @@ func TestAPIOnly(t *testing.T) {
 		}
 	}
 	if checked == 0 {
-		t.Fatal("no source files checked")
+		t.Fatalf("no source files checked in %s", dir)
 	}
 }

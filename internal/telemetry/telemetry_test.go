@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"errors"
+	ptel "github.com/pglease/pglease/telemetry"
 	"math"
 	"strings"
 	"testing"
@@ -16,8 +17,8 @@ import (
 )
 
 var (
-	lease    = AttrLockKind.String("lease")
-	advisory = AttrLockKind.String("advisory")
+	lease    = ptel.AttrLockKind.String("lease")
+	advisory = ptel.AttrLockKind.String("advisory")
 )
 
 // grant drives one uncontended acquire the way the Manager does for a lone
@@ -40,26 +41,26 @@ func TestAcquireUncontended(t *testing.T) {
 	grant(h, ctx, "resource:123", 7)
 	caller.End()
 
-	acq := h.oneSpan(SpanAcquire)
+	acq := h.oneSpan(ptel.SpanAcquire)
 	if acq.SpanKind() != trace.SpanKindInternal {
 		t.Errorf("acquire span kind %v", acq.SpanKind())
 	}
 	if acq.Parent().SpanID() != caller.SpanContext().SpanID() {
 		t.Errorf("acquire span is not a child of the caller's span")
 	}
-	if acq.InstrumentationScope().Name != ScopeName || acq.InstrumentationScope().Version != Version() {
+	if acq.InstrumentationScope().Name != ptel.ScopeName || acq.InstrumentationScope().Version != ptel.Version() {
 		t.Errorf("scope = %+v", acq.InstrumentationScope())
 	}
 	a := acq.Attributes()
-	wantAttr(t, "acquire", a, AttrKeyHash.String("e90a28c676a29a3291e2874a"))
+	wantAttr(t, "acquire", a, ptel.AttrKeyHash.String("e90a28c676a29a3291e2874a"))
 	wantAttr(t, "acquire", a, lease)
-	wantAttr(t, "acquire", a, AttrTry.Bool(false))
-	wantAttr(t, "acquire", a, AttrTTL.Float64(30))
-	wantAttr(t, "acquire", a, AttrOutcome.String("granted"))
-	wantAttr(t, "acquire", a, AttrAttempts.Int64(1))
-	wantAttr(t, "acquire", a, AttrContended.Bool(false))
-	wantAttr(t, "acquire", a, AttrCoalesced.Bool(false))
-	wantAttr(t, "acquire", a, AttrFence.Int64(7))
+	wantAttr(t, "acquire", a, ptel.AttrTry.Bool(false))
+	wantAttr(t, "acquire", a, ptel.AttrTTL.Float64(30))
+	wantAttr(t, "acquire", a, ptel.AttrOutcome.String("granted"))
+	wantAttr(t, "acquire", a, ptel.AttrAttempts.Int64(1))
+	wantAttr(t, "acquire", a, ptel.AttrContended.Bool(false))
+	wantAttr(t, "acquire", a, ptel.AttrCoalesced.Bool(false))
+	wantAttr(t, "acquire", a, ptel.AttrFence.Int64(7))
 	if acq.Status().Code != codes.Unset {
 		t.Errorf("acquire status %v", acq.Status())
 	}
@@ -74,15 +75,15 @@ func TestAcquireUncontended(t *testing.T) {
 	d := db.Attributes()
 	wantAttr(t, "db", d, semconv.DBSystemNamePostgreSQL)
 	wantAttr(t, "db", d, semconv.DBOperationName("pglease.acquire_many"))
-	wantAttr(t, "db", d, AttrBatchSize.Int(1))
-	wantAttr(t, "db", d, AttrBatchOK.Int(1))
-	wantAttr(t, "db", d, AttrOutcome.String("ok"))
+	wantAttr(t, "db", d, ptel.AttrBatchSize.Int(1))
+	wantAttr(t, "db", d, ptel.AttrBatchOK.Int(1))
+	wantAttr(t, "db", d, ptel.AttrOutcome.String("ok"))
 	if !hasLink(acq, db.SpanContext()) {
 		t.Errorf("acquire span does not link to its DB span")
 	}
 
 	rm := h.collect()
-	if p := h.point(rm, "pglease.acquire.duration", lease, AttrOutcome.String("granted")); p.count != 1 {
+	if p := h.point(rm, "pglease.acquire.duration", lease, ptel.AttrOutcome.String("granted")); p.count != 1 {
 		t.Errorf("acquire.duration count = %d, want 1", p.count)
 	}
 	if p := h.point(rm, "pglease.acquire.attempts", lease); p.count != 1 || p.sum != 1 {
@@ -128,19 +129,19 @@ func TestContendedAcquire(t *testing.T) {
 	}
 	a.Granted(42)
 
-	acq := h.oneSpan(SpanAcquire)
-	wantAttr(t, "acquire", acq.Attributes(), AttrContended.Bool(true))
-	wantAttr(t, "acquire", acq.Attributes(), AttrAttempts.Int64(3))
-	wantAttr(t, "acquire", acq.Attributes(), AttrFence.Int64(42))
+	acq := h.oneSpan(ptel.SpanAcquire)
+	wantAttr(t, "acquire", acq.Attributes(), ptel.AttrContended.Bool(true))
+	wantAttr(t, "acquire", acq.Attributes(), ptel.AttrAttempts.Int64(3))
+	wantAttr(t, "acquire", acq.Attributes(), ptel.AttrFence.Int64(42))
 	var outcomes []string
 	var retries []float64
 	for _, ev := range acq.Events() {
-		if ev.Name != EventAttempt {
+		if ev.Name != ptel.EventAttempt {
 			continue
 		}
-		v, _ := attrOf(ev.Attributes, AttrOutcome)
+		v, _ := attrOf(ev.Attributes, ptel.AttrOutcome)
 		outcomes = append(outcomes, v.AsString())
-		if v, ok := attrOf(ev.Attributes, AttrRetryIn); ok {
+		if v, ok := attrOf(ev.Attributes, ptel.AttrRetryIn); ok {
 			retries = append(retries, v.AsFloat64())
 		}
 	}
@@ -198,17 +199,17 @@ func TestCoalescedBatch(t *testing.T) {
 		t.Errorf("a batch serving two callers should be a root span")
 	}
 	var spA, spB trace.SpanContext = a.SpanContext(), b.SpanContext()
-	for _, s := range h.spansNamed(SpanAcquire) {
+	for _, s := range h.spansNamed(ptel.SpanAcquire) {
 		if !hasLink(s, batch.SpanContext()) {
 			t.Errorf("acquire span %s lacks a link to the shared batch", s.SpanContext().SpanID())
 		}
 		if s.SpanContext().Equal(spB) {
-			wantAttr(t, "b", s.Attributes(), AttrCoalesced.Bool(true))
-			wantAttr(t, "b", s.Attributes(), AttrContended.Bool(true))
-			wantAttr(t, "b", s.Attributes(), AttrAttempts.Int64(2))
+			wantAttr(t, "b", s.Attributes(), ptel.AttrCoalesced.Bool(true))
+			wantAttr(t, "b", s.Attributes(), ptel.AttrContended.Bool(true))
+			wantAttr(t, "b", s.Attributes(), ptel.AttrAttempts.Int64(2))
 		}
 		if s.SpanContext().Equal(spA) {
-			wantAttr(t, "a", s.Attributes(), AttrCoalesced.Bool(false))
+			wantAttr(t, "a", s.Attributes(), ptel.AttrCoalesced.Bool(false))
 		}
 	}
 	rm := h.collect()
@@ -241,15 +242,15 @@ func TestHeartbeatExtendAndLoss(t *testing.T) {
 	hb.End(1, 1, nil)
 	expire.Lost(LossExpired, trace.SpanContext{})
 
-	hbSpan := h.oneSpan(SpanHeartbeat)
-	wantAttr(t, "heartbeat", hbSpan.Attributes(), AttrDue.Int(3))
-	wantAttr(t, "heartbeat", hbSpan.Attributes(), AttrExtended.Int(1))
-	wantAttr(t, "heartbeat", hbSpan.Attributes(), AttrLost.Int(1))
+	hbSpan := h.oneSpan(ptel.SpanHeartbeat)
+	wantAttr(t, "heartbeat", hbSpan.Attributes(), ptel.AttrDue.Int(3))
+	wantAttr(t, "heartbeat", hbSpan.Attributes(), ptel.AttrExtended.Int(1))
+	wantAttr(t, "heartbeat", hbSpan.Attributes(), ptel.AttrLost.Int(1))
 	ext := h.oneSpan(string(OpExtendMany))
 	if ext.Parent().SpanID() != hbSpan.SpanContext().SpanID() {
 		t.Errorf("extend DB span is not the heartbeat's child")
 	}
-	lost := h.spansNamed(SpanLost)
+	lost := h.spansNamed(ptel.SpanLost)
 	if len(lost) != 2 {
 		t.Fatalf("%d lost spans, want 2", len(lost))
 	}
@@ -259,32 +260,32 @@ func TestHeartbeatExtendAndLoss(t *testing.T) {
 		}
 		switch s.Parent().SpanID() {
 		case lose.SpanContext().SpanID():
-			wantAttr(t, "lost", s.Attributes(), AttrLossCause.String("not_held"))
-			wantAttr(t, "lost", s.Attributes(), AttrKeyHash.String(r.Key("lose").Hash()))
+			wantAttr(t, "lost", s.Attributes(), ptel.AttrLossCause.String("not_held"))
+			wantAttr(t, "lost", s.Attributes(), ptel.AttrKeyHash.String(r.Key("lose").Hash()))
 			if !hasLink(s, ext.SpanContext()) {
 				t.Errorf("lost span does not link to the extend that found the loss")
 			}
 		case expire.SpanContext().SpanID():
-			wantAttr(t, "lost", s.Attributes(), AttrLossCause.String("expired"))
+			wantAttr(t, "lost", s.Attributes(), ptel.AttrLossCause.String("expired"))
 		default:
 			t.Errorf("lost span is not a child of the lock's acquire span")
 		}
 	}
 
 	rm := h.collect()
-	if p := h.point(rm, "pglease.lock.extends", lease, AttrOutcome.String("ok")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.extends", lease, ptel.AttrOutcome.String("ok")); p.value != 1 {
 		t.Errorf("extends ok = %v, want 1", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.extends", lease, AttrOutcome.String("error")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.extends", lease, ptel.AttrOutcome.String("error")); p.value != 1 {
 		t.Errorf("extends error = %v, want 1", p.value)
 	}
 	if p := h.point(rm, "pglease.lock.extend.lag", lease); p.count != 1 || math.Abs(p.sum-0.02) > 1e-9 {
 		t.Errorf("extend.lag = %+v, want one 0.02 s", p)
 	}
-	if p := h.point(rm, "pglease.lock.lost", lease, AttrLossCause.String("not_held")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.lost", lease, ptel.AttrLossCause.String("not_held")); p.value != 1 {
 		t.Errorf("lost{not_held} = %v, want 1", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.lost", lease, AttrLossCause.String("expired")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.lost", lease, ptel.AttrLossCause.String("expired")); p.value != 1 {
 		t.Errorf("lost{expired} = %v, want 1", p.value)
 	}
 	if p := h.point(rm, "pglease.lock.held", lease); p.value != 1 {
@@ -311,7 +312,7 @@ func TestRelease(t *testing.T) {
 	rb.End(pglease.NewError(pglease.CodeLockLost, "release", "lock was no longer held", nil))
 	b.Lost(LossNotHeld, trace.SpanContext{}) // after release: no-op
 
-	for _, s := range h.spansNamed(SpanRelease) {
+	for _, s := range h.spansNamed(ptel.SpanRelease) {
 		if !hasLink(s, db.SpanContext()) {
 			t.Errorf("release span lacks a link to its DB span")
 		}
@@ -319,17 +320,17 @@ func TestRelease(t *testing.T) {
 			t.Errorf("release span lacks a link to its acquire span")
 		}
 	}
-	if n := len(h.spansNamed(SpanLost)); n != 0 {
+	if n := len(h.spansNamed(ptel.SpanLost)); n != 0 {
 		t.Errorf("%d lost spans after release, want 0", n)
 	}
 	rm := h.collect()
 	if p := h.point(rm, "pglease.lock.held", lease); p.value != 0 {
 		t.Errorf("lock.held = %v, want 0", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.releases", lease, AttrOutcome.String("ok")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.releases", lease, ptel.AttrOutcome.String("ok")); p.value != 1 {
 		t.Errorf("releases ok = %v", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.releases", lease, AttrOutcome.String("not_held")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.releases", lease, ptel.AttrOutcome.String("not_held")); p.value != 1 {
 		t.Errorf("releases not_held = %v", p.value)
 	}
 	if p := h.point(rm, "pglease.db.batch.size", semconv.DBOperationName("pglease.release_many")); p.sum != 2 {
@@ -370,14 +371,14 @@ func TestAcquireFailures(t *testing.T) {
 		r.Key("l").Hash(): {"locked", "", codes.Unset},
 		r.Key("b").Hash(): {"error", "_OTHER", codes.Error},
 	}
-	spans := h.spansNamed(SpanAcquire)
+	spans := h.spansNamed(ptel.SpanAcquire)
 	if len(spans) != 4 {
 		t.Fatalf("%d acquire spans, want 4", len(spans))
 	}
 	for _, s := range spans {
-		kh, _ := attrOf(s.Attributes(), AttrKeyHash)
+		kh, _ := attrOf(s.Attributes(), ptel.AttrKeyHash)
 		want := byKey[kh.AsString()]
-		wantAttr(t, kh.AsString(), s.Attributes(), AttrOutcome.String(want.outcome))
+		wantAttr(t, kh.AsString(), s.Attributes(), ptel.AttrOutcome.String(want.outcome))
 		wantAttr(t, kh.AsString(), s.Attributes(), advisory)
 		if s.Status().Code != want.code || s.Status().Description != want.status {
 			t.Errorf("%s: status %+v, want %v %q", want.outcome, s.Status(), want.code, want.status)
@@ -385,13 +386,13 @@ func TestAcquireFailures(t *testing.T) {
 		if want.code == codes.Error {
 			wantAttr(t, want.outcome, s.Attributes(), semconv.ErrorTypeKey.String(want.status))
 		}
-		if _, ok := attrOf(s.Attributes(), AttrFence); ok {
+		if _, ok := attrOf(s.Attributes(), ptel.AttrFence); ok {
 			t.Errorf("%s: failed acquire carries a fence", want.outcome)
 		}
 	}
 	rm := h.collect()
 	for _, o := range []string{"timeout", "aborted", "locked", "error"} {
-		if p := h.point(rm, "pglease.acquire.duration", advisory, AttrOutcome.String(o)); p.count != 1 {
+		if p := h.point(rm, "pglease.acquire.duration", advisory, ptel.AttrOutcome.String(o)); p.count != 1 {
 			t.Errorf("acquire.duration{%s} count = %d, want 1", o, p.count)
 		}
 	}
@@ -443,10 +444,10 @@ func TestLoopMeter(t *testing.T) {
 	l.SetDepth(QueueInflight, 2)
 	l.SetDepth(Queue(200), 9) // ignored
 	rm := h.collect()
-	if p := h.point(rm, "pglease.manager.queue.depth", AttrQueue.String("waiters")); p.value != 5 {
+	if p := h.point(rm, "pglease.manager.queue.depth", ptel.AttrQueue.String("waiters")); p.value != 5 {
 		t.Errorf("waiters depth = %v", p.value)
 	}
-	if p := h.point(rm, "pglease.manager.queue.depth", AttrQueue.String("inflight")); p.value != 2 {
+	if p := h.point(rm, "pglease.manager.queue.depth", ptel.AttrQueue.String("inflight")); p.value != 2 {
 		t.Errorf("inflight depth = %v", p.value)
 	}
 	h.rec.Close()

@@ -1,0 +1,30 @@
+// Package telemetry records pglease's spans, metrics and log records: the
+// Manager's plumbing (Recorder, Acquisition, DBSpan, Heartbeat, Release,
+// Loop). It is internal so that only pglease can import it; what users
+// configure (Config) and read (span, event, attribute and metric names,
+// ScopeName, Version) is in the public package
+// github.com/pglease/pglease/telemetry, whose documentation describes
+// what is recorded, the redaction rules and the guarantees.
+//
+// A nil *Recorder, a nil *Acquisition, a nil *Loop and the zero DBSpan,
+// Heartbeat and Release are valid and record nothing. Each Acquisition
+// reaches one end state (granted, failed, not acquired) and a granted
+// one is counted out of pglease.lock.held once (released or lost),
+// whatever goroutines race to end it. Unknown enum values are clamped.
+//
+// # Where the Manager calls what
+//
+//	caller  Acquire/TryAcquire/Do: k := rec.Key(key); ctx, a := rec.StartAcquire(ctx, k, info)
+//	loop    on enqueue: a.Queued(QueueInfo{...})
+//	worker  per round trip: dctx, db := rec.StartDB(ctx, OpAcquireMany, n, parent); …; db.End(ok, err)
+//	loop    on each attempt result, per waiter served: a.Attempt(db.SpanContext(), outcome, retryIn)
+//	loop    on grant, before replying: a.Granted(fence)
+//	caller  on any other answer (error, ctx ended, closed): a.Failed(err); Try found it held: a.NotAcquired()
+//	        (both no-ops if the loop granted first, e.g. a grant it took back from a caller who left)
+//	loop    per extend batch: _, hb := rec.StartHeartbeat(ctx, n); the extend's StartDB has parent hb.SpanContext();
+//	        per lock a.Extended(lag) / a.ExtendFailed(err) / a.Lost(cause, db.SpanContext()); hb.End(ext, lost, err)
+//	loop    when it releases a held lock (Lock.Release passes the caller's span context in the request; a
+//	        taken-back grant; Close): rctx, rel := a.StartRelease(ctx); rel.Served(db.SpanContext()); rel.End(err)
+//	loop    around its select: l := rec.Loop(); l.Idle() before select, l.Busy() after; l.SetDepth(q, n)
+//	Close   rec.Close() after the loop stopped (unregisters metric callbacks)
+package telemetry
