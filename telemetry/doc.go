@@ -83,10 +83,10 @@
 //	                                                             link to the heartbeat/DB span that found the loss.
 //	pglease.heartbeat         internal  the loop's ctx (root)    pglease.heartbeat.due; + .extended, .lost, pglease.outcome.
 //	pglease.acquire_many,     client    the only operation it    db.system.name=postgresql, db.operation.name (= span name),
-//	pglease.release_many,               serves, else the span    server.address, server.port, db.namespace (WithDatabase;
-//	pglease.extend_many,                in ctx (heartbeat),      the Manager sets them from its pool), pglease.batch.size;
-//	pglease.advisory_lock, …            else none (root)         + pglease.batch.ok, pglease.outcome (ok, error), error.type,
-//	                                                             db.response.status_code (the SQLSTATE, when the server
+//	pglease.release_many,               serves, else the span    server.address, server.port, db.namespace (from the
+//	pglease.extend_many,                in ctx (heartbeat),      Manager's pool), pglease.batch.size;
+//	pglease.handoff,                    else none (root)         + pglease.batch.ok, pglease.outcome (ok, error), error.type,
+//	pglease.advisory_lock, …                                     db.response.status_code (the SQLSTATE, when the server
 //	                                                             refused the statement).
 //
 // Acquire outcomes (pglease.outcome on pglease.acquire and the acquire
