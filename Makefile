@@ -8,12 +8,16 @@ WITHPG  = $(GO) run ./internal/cmd/withpg
 # newest release whose own go.mod allows Go 1.25 (v0.8.x need 1.26).
 STATICCHECK = $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0
 
-.PHONY: test fmt vet staticcheck demo bench trace
+.PHONY: test fmt vet staticcheck demo bench trace soak soak-controls
 
 # pg/migrations/tooltest is a module of its own (goose and golang-migrate
 # apply the migration files there, kept out of pglease's go.mod).
+# internal/soak is a module of its own too (porcupine stays out of
+# pglease's go.mod); its TestSmoke runs a ~35 s fault soak with -race
+# workers on a throwaway server of its own.
 test: fmt vet staticcheck
 	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && cd pg/migrations/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
+	cd internal/soak && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 6m ./...
 
 fmt:
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
@@ -37,4 +41,20 @@ bench:
 
 # make trace TRACEFLAGS="-spans spans.json"   also writes the raw spans to spans.json
 trace:
+<<<<<<< HEAD
 	$(WITHPG) -- $(GO) run ./examples/trace $(TRACEFLAGS)
+=======
+	$(WITHPG) -- $(GO) run ./examples/trace
+
+# The fault soak (internal/soak/README.md): W worker processes with their
+# own Managers behind fault proxies, faults on a schedule, then every check.
+# Default: >= 100,000 lease cycles and >= 1,000 faults, at most 30 minutes.
+#   make soak SOAKFLAGS="-duration 2m -cycles 0 -faults 0 -seed 42"
+soak:
+	cd internal/soak && $(GO) run ./cmd/soak run $(SOAKFLAGS)
+
+# Negative controls: a deliberately broken worker (or driver) per check,
+# each of which must make its check fail.
+soak-controls:
+	cd internal/soak && $(GO) test -count=1 -timeout 30m -run TestControls -v . -soak.controls
+>>>>>>> 953c4f2 (soak: fault soak driver, workers and checks (issue 14), WIP)

@@ -1,0 +1,369 @@
+package check
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/soak/driver"
+	"github.com/pglease/pglease/internal/soak/event"
+)
+
+// The checks on synthetic runs: a clean history passes every check, and
+// each check fails on a history with the one defect it is there for. (The
+// end-to-end proof, a broken worker per check, is TestControls.)
+
+const sec = int64(time.Second)
+
+// hist is a synthetic run: two workers taking key 0 in turn, with
+// advisory locks, a blackhole on worker 1, and a clean stop. Server
+// time = monotonic time (offset 0).
+type hist struct {
+	meta   driver.Meta
+	final  driver.Final
+	drv    []event.Event
+	wlog   map[string][]event.Event
+	locks  []lockLogRow
+	res    []resLogRow
+	stderr map[string]string
+	seq    int64
+}
+
+func (h *hist) w(name string, e event.Event) { h.wlog[name] = append(h.wlog[name], e) }
+
+func (h *hist) lock(tg string, fence, atNs, expMs int64, id string) {
+	h.seq++
+	h.locks = append(h.locks, lockLogRow{Seq: h.seq, Tg: tg, UserKey: "soak:0", IDHash: id, OldIDHash: id,
+		Fence: fence, AcquiredMs: atNs / 1e6, ExpiresMs: expMs, AtUs: atNs / 1000})
+}
+
+func (h *hist) resRow(oldF, newF, oldC, newC, op, atNs int64) {
+	h.seq++
+	of := &oldF
+	if oldF == 0 {
+		of = nil
+	}
+	h.res = append(h.res, resLogRow{Seq: h.seq, Key: 0, OldFence: of, NewFence: &newF, OldCounter: oldC, NewCounter: newC, Op: &op, AtUs: atNs / 1000})
+}
+
+// grant adds one full lease cycle of worker w on key 0 at time t (ns):
+// acquire, claim, read, write, release; held 100 ms.
+func (h *hist) grant(w int, fence, t int64) {
+	name := fmt.Sprintf("w%d.0.jsonl", w)
+	op := int64(w+1)<<40 | fence*10
+	id := fmt.Sprintf("id%d", fence)
+	ms := int64(time.Millisecond)
+	h.w(name, event.Event{T: t, E: event.AcqCall, W: w, O: op})
+	h.lock("I", fence, t+ms, (t+ms)/1e6+1000, id)
+	h.w(name, event.Event{T: t + 2*ms, E: event.AcqOK, W: w, O: op, F: fence, V: (t + ms) / 1e6, V2: (t+ms)/1e6 + 1000})
+	// claim
+	h.w(name, event.Event{T: t + 3*ms, E: event.ResCall, W: w, O: op + 1, P: op, F: fence, M: "claim"})
+	h.resRow(fence-1, fence, fence-1, fence-1, op+1, t+4*ms)
+	h.w(name, event.Event{T: t + 5*ms, E: event.ResRet, W: w, O: op + 1, P: op, F: fence, C: "ok"})
+	// read
+	h.w(name, event.Event{T: t + 6*ms, E: event.ResCall, W: w, O: op + 2, P: op, F: fence, M: "read"})
+	h.w(name, event.Event{T: t + 7*ms, E: event.ResRet, W: w, O: op + 2, P: op, F: fence, C: "ok", V: fence - 1, V2: fence})
+	// write
+	h.w(name, event.Event{T: t + 8*ms, E: event.ResCall, W: w, O: op + 3, P: op, F: fence, M: "write", V: fence})
+	h.resRow(fence, fence, fence-1, fence, op+3, t+9*ms)
+	h.w(name, event.Event{T: t + 10*ms, E: event.ResRet, W: w, O: op + 3, P: op, F: fence, C: "ok"})
+	// release
+	h.w(name, event.Event{T: t + 100*ms, E: event.RelCall, W: w, O: op, F: fence})
+	h.lock("D", fence, t+101*ms, (t+ms)/1e6+1000, id)
+	h.w(name, event.Event{T: t + 101*ms, E: event.End, W: w, O: op, F: fence, C: "Released"})
+	h.w(name, event.Event{T: t + 102*ms, E: event.RelRet, W: w, O: op, F: fence})
+}
+
+func newHist() *hist {
+	h := &hist{wlog: map[string][]event.Event{}, stderr: map[string]string{}}
+	h.meta = driver.Meta{Options: driver.Options{Workers: 2, Keys: 1, AdvKeys: 1, LeaseG: 1, AdvG: 1,
+		TTL: time.Second, AcquireTimeout: 3 * time.Second, CloseTimeout: 5 * time.Second},
+		StatementTO: 5 * time.Second, RetryCap: 2 * time.Second, ProbeBound: 2 * time.Second, AdvServerTO: 25 * time.Second,
+		StopAt: 20 * sec}
+	h.drv = []event.Event{
+		{T: sec / 2, E: event.Offset, W: -1, V: 0},
+		{T: 2 * sec, E: event.Fault, W: 1, O: 1, M: driver.FBlackhole, V: 2 * sec},
+		{T: 4 * sec, E: event.Heal, W: 1, O: 1, M: driver.FBlackhole},
+		{T: 20 * sec, E: event.StopAll, W: -1},
+		{T: 20*sec + sec/2, E: event.Died, W: 0, C: "0", M: "killed"},
+		{T: 20*sec + sec/2, E: event.Died, W: 1, C: "0", M: "killed"},
+		{T: 21 * sec, E: event.Offset, W: -1, V: 0},
+	}
+	for w := range 2 {
+		name := fmt.Sprintf("w%d.0.jsonl", w)
+		h.w(name, event.Event{T: sec, E: event.Ready, W: w})
+	}
+	fence := int64(0)
+	for t := sec; t < 19*sec; t += sec / 2 {
+		fence++
+		h.grant(int(fence%2), fence, t)
+	}
+	// advisory: worker 0 then worker 1, alternating, every second
+	for i, t := 0, sec; t < 19*sec; i, t = i+1, t+sec {
+		w := i % 2
+		name := fmt.Sprintf("w%d.0.jsonl", w)
+		op := int64(w+1)<<40 | int64(1000+i)
+		h.w(name, event.Event{T: t + 200*int64(time.Millisecond), E: event.AdvOK, W: w, O: op})
+		h.w(name, event.Event{T: t + 300*int64(time.Millisecond), E: event.AdvRel, W: w, O: op})
+		h.w(name, event.Event{T: t + 301*int64(time.Millisecond), E: event.AdvEnd, W: w, O: op, C: "Released"})
+		h.w(name, event.Event{T: t + 302*int64(time.Millisecond), E: event.AdvRet, W: w, O: op})
+	}
+	for w := range 2 {
+		name := fmt.Sprintf("w%d.0.jsonl", w)
+		h.w(name, event.Event{T: 20*sec + 1000, E: event.CloseRet, W: w, V: int64(10 * time.Millisecond)})
+	}
+	h.final = driver.Final{Fences: map[string]int64{"soak:0": fence}, Counters: map[int]int64{0: fence}, ResFences: map[int]int64{0: fence}}
+	return h
+}
+
+func (h *hist) write(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	put := func(name string, v any) {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines := func(name string, rows []any) {
+		var b strings.Builder
+		for _, r := range rows {
+			j, err := json.Marshal(r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Write(j)
+			b.WriteByte('\n')
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("meta.json", h.meta)
+	put("final.json", h.final)
+	var rows []any
+	for _, e := range h.drv {
+		rows = append(rows, e)
+	}
+	lines("driver.jsonl", rows)
+	for name, evs := range h.wlog {
+		rows = rows[:0]
+		for _, e := range evs {
+			rows = append(rows, e)
+		}
+		lines(name, rows)
+	}
+	rows = rows[:0]
+	for _, r := range h.locks {
+		rows = append(rows, r)
+	}
+	lines("lock_log.jsonl", rows)
+	rows = rows[:0]
+	for _, r := range h.res {
+		rows = append(rows, r)
+	}
+	lines("res_log.jsonl", rows)
+	for name, s := range h.stderr {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func runChecks(t *testing.T, h *hist) *Report {
+	t.Helper()
+	rep, err := Run(h.write(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
+}
+
+func TestCleanHistoryPasses(t *testing.T) {
+	rep := runChecks(t, newHist())
+	for _, c := range rep.Checks {
+		if c.Failed > 0 {
+			t.Errorf("%s failed on a clean history: %v", c.Name, c.Examples)
+		}
+	}
+	for _, name := range []string{CFences, CGrantsReal, CRegister, CWrites, CLinear, CHolderEnded, CAdvisory, CRecovery, CStarve, CClose, CLeftovers} {
+		if rep.Check(name).Checked == 0 {
+			t.Errorf("%s checked nothing", name)
+		}
+	}
+	if !strings.Contains(rep.Markdown(), "| blackhole | 1 |") {
+		t.Errorf("report lacks the blackhole row:\n%s", rep.Markdown())
+	}
+}
+
+// A local handoff (one UPDATE releasing the holder's lockId and granting
+// the key to the next waiter) ends a lease like a release: a lease handed
+// over at the stop is not left behind.
+func TestHandOffIsARelease(t *testing.T) {
+	h := newHist()
+	f := h.final.Fences["soak:0"] + 1
+	h.grant(int(f%2), f, 19*sec+sec/2)
+	name, _ := h.find(event.AcqOK, f)
+	// the holder released, and the Manager handed the key over to a waiter
+	// that had left (fence f+1), then released that grant
+	last := &h.locks[len(h.locks)-1] // fence f's D row
+	at := last.AtUs * 1000
+	*last = lockLogRow{Seq: last.Seq, Tg: "U", UserKey: "soak:0", IDHash: "idnext", OldIDHash: last.IDHash, Fence: f + 1, OldFence: f,
+		AcquiredMs: at / 1e6, ExpiresMs: at/1e6 + 1000, AtUs: at / 1000}
+	h.lock("D", f+1, at+int64(time.Millisecond), at/1e6+1000, "idnext")
+	h.final.Fences["soak:0"] = f + 1
+	h.final.Counters[0] = f
+	h.meta.StopAt = h.wlog[name][len(h.wlog[name])-3].T - 1 // the stop came while fence f was held
+	rep := runChecks(t, h)
+	for _, c := range rep.Checks {
+		if c.Failed > 0 {
+			t.Errorf("%s failed: %v", c.Name, c.Examples)
+		}
+	}
+	if rep.Check(CLeftovers).Checked < 3 {
+		t.Errorf("nothing-left did not check the handed-over lease")
+	}
+}
+
+// findGrant returns the worker log name and index of the AcqOK with fence f.
+func (h *hist) find(kind string, f int64) (string, int) {
+	for name, evs := range h.wlog {
+		for i, e := range evs {
+			if e.E == kind && e.F == f {
+				return name, i
+			}
+		}
+	}
+	panic("not found")
+}
+
+func TestEachCheckFails(t *testing.T) {
+	ms := int64(time.Millisecond)
+	cases := []struct {
+		check string
+		mut   func(h *hist)
+	}{
+		{CFences, func(h *hist) { // the server grants fence 5 twice
+			for i := range h.locks {
+				if h.locks[i].Fence == 6 {
+					h.locks[i].Fence = 5
+				}
+			}
+		}},
+		{CFences, func(h *hist) { // a client gets a fence lower than one granted before its call
+			name, i := h.find(event.AcqOK, 8)
+			h.wlog[name][i].F = 3
+		}},
+		{CGrantsReal, func(h *hist) { // a grant the server never committed
+			h.grant(0, 999, 19*sec+sec/4)
+			h.locks = h.locks[:len(h.locks)-2]
+		}},
+		{CRegister, func(h *hist) { // an older fence accepted after a newer one
+			h.resRow(10, 4, 9, 9, 12345, 19*sec)
+			h.wlog["w0.0.jsonl"] = append(h.wlog["w0.0.jsonl"], event.Event{T: 19*sec - 1, E: event.ResCall, W: 0, O: 12345, M: "claim", F: 4})
+		}},
+		{CRegister, func(h *hist) { // a lost update
+			h.res[len(h.res)-1].NewCounter += 1
+		}},
+		{CWrites, func(h *hist) { // the worker was told "refused", the server applied it
+			name, i := h.find(event.ResRet, 7)
+			h.wlog[name][i].C = "refused"
+		}},
+		{CWrites, func(h *hist) { // the worker was told "ok", the server has no such write
+			h.res = h.res[:len(h.res)-1]
+			h.final.Counters[0]--
+		}},
+		{CLinear, func(h *hist) { // a read that returns a value never written
+			for name, evs := range h.wlog {
+				for i, e := range evs {
+					if e.E == event.ResRet && e.F == 9 && e.V2 == 9 {
+						h.wlog[name][i].V = 77
+					}
+				}
+			}
+		}},
+		{CHolderEnded, func(h *hist) { // the holder of fence 4 works on past fence 5's grant
+			name, i := h.find(event.RelCall, 4)
+			h.wlog[name][i].T += sec
+		}},
+		{CNoticeTimely, func(h *hist) { // fence 10's holder hears of the loss after the lease expired
+			name, _ := h.find(event.AcqOK, 10)
+			for i, e := range h.wlog[name] {
+				if e.E == event.End && e.F == 10 {
+					h.wlog[name][i].C = "LockLost"
+					h.wlog[name][i].T = e.T + 2*sec
+				}
+			}
+			for i := range h.locks {
+				if h.locks[i].Fence == 10 && h.locks[i].Tg == "D" {
+					h.locks[i].AtUs += 3 * sec / 1000
+				}
+			}
+		}},
+		{CAdvisory, func(h *hist) { // worker 0 holds advisory key 0 past worker 1's grant
+			for i, e := range h.wlog["w0.0.jsonl"] {
+				if e.E == event.AdvRel || e.E == event.AdvEnd && e.T < 3*sec {
+					h.wlog["w0.0.jsonl"][i].T += sec
+				}
+			}
+		}},
+		{CRecovery, func(h *hist) { // worker 1 never gets a lease after its fault
+			h.wlog["w1.0.jsonl"] = h.wlog["w1.0.jsonl"][:1]
+			h.meta.StopAt = 30 * sec
+		}},
+		{CStarve, func(h *hist) { // the key is not granted for 19+ s
+			h.meta.StopAt = 60 * sec
+		}},
+		{CClose, func(h *hist) {
+			for i, e := range h.wlog["w0.0.jsonl"] {
+				if e.E == event.CloseRet {
+					h.wlog["w0.0.jsonl"][i].V = int64(30 * time.Second)
+				}
+			}
+		}},
+		{CLeftovers, func(h *hist) { h.final.LiveRows = 1 }},
+		{CLeftovers, func(h *hist) { // a lease held at the stop that Close did not release
+			h.grant(0, 1000, 19*sec+sec/2)
+			name, _ := h.find(event.AcqOK, 1000)
+			evs := h.wlog[name]
+			h.wlog[name] = evs[:len(evs)-3] // no release
+			h.locks = h.locks[:len(h.locks)-1]
+			h.final.Fences["soak:0"] = 1000
+			h.final.Counters[0]++
+			h.res[len(h.res)-1].OldCounter = h.res[len(h.res)-3].NewCounter
+			h.res[len(h.res)-1].NewCounter = h.res[len(h.res)-1].OldCounter + 1
+		}},
+		{CCoded, func(h *hist) {
+			h.w("w0.0.jsonl", event.Event{T: 5 * sec, E: event.AcqErr, W: 0, C: "uncoded:*errors.errorString"})
+		}},
+		{CHygiene, func(h *hist) { h.stderr["w0.0.stderr"] = "panic: boom\n" }},
+		{CHygiene, func(h *hist) { h.stderr["w1.0.stderr"] = "==================\nWARNING: DATA RACE\n" }},
+		{CHygiene, func(h *hist) {
+			h.w("w1.0.jsonl", event.Event{T: 21 * sec, E: event.Leak, W: 1, M: "found unexpected goroutines"})
+		}},
+		{CClock, func(h *hist) { h.drv = append(h.drv, event.Event{T: 22 * sec, E: event.Offset, W: -1, V: 50 * ms}) }},
+	}
+	for _, c := range cases {
+		t.Run(c.check, func(t *testing.T) {
+			h := newHist()
+			c.mut(h)
+			rep := runChecks(t, h)
+			if rep.Check(c.check).Failed == 0 {
+				t.Errorf("%s did not fail", c.check)
+			}
+			for _, ch := range rep.Checks {
+				if ch.Failed > 0 {
+					t.Logf("%s: %v", ch.Name, ch.Examples)
+				}
+			}
+		})
+	}
+}

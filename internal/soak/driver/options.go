@@ -1,0 +1,155 @@
+package driver
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Fault types.
+const (
+	FTerminatePool   = "terminate-pool"   // pg_terminate_backend of the worker's pooled connections
+	FTerminateListen = "terminate-listen" // … of its LISTEN connection
+	FTerminateAdv    = "terminate-adv"    // … of its advisory session
+	FHalfOpen        = "half-open"        // proxy: server side closed, client side silent
+	FBlackhole       = "blackhole"        // proxy: nothing forwarded, longer than the TTL
+	FCut             = "cut"              // proxy: every connection closed, new ones refused
+	FDelay           = "delay"            // proxy: latency with jitter
+	FStop            = "sigstop"          // SIGSTOP for 1.5–3 TTL, then SIGCONT (a holder when there is one)
+	FKill            = "kill"             // SIGKILL of a holder, then a new process
+	FStarve          = "starve"           // CPU burners pinned with a holder
+	FCrash           = "crash"            // server stopped -m immediate, then started
+	FRestart         = "restart"          // server stopped -m fast, then started
+)
+
+// FaultTypes lists every fault type, in report order.
+var FaultTypes = []string{FTerminatePool, FTerminateListen, FTerminateAdv, FHalfOpen, FBlackhole, FCut,
+	FDelay, FStop, FKill, FStarve, FCrash, FRestart}
+
+// DefaultMix weighs the fault types: the server-wide faults are rarer
+// because each hits every worker at once.
+const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,crash=3,restart=3"
+
+// Driver-side broken modes (the worker ones are in package worker).
+const (
+	BrokenFenceRollback = "fence-rollback" // the driver moves fence counters back (F8)
+	BrokenClockJump     = "clock-jump"     // the driver moves lease expiries earlier (F3)
+)
+
+// Options configure a soak run (the flags of `soak run`).
+type Options struct {
+	Dir      string        // run directory (logs, dumps); created
+	Bin      string        // the soak binary (worker and burn subcommands)
+	Duration time.Duration // longest run (faults phase); the run stops earlier once Cycles and Faults are reached
+	Cycles   int64         // lease cycles to reach (0: run for Duration)
+	Faults   int           // faults to reach (0: run for Duration)
+	Tail     time.Duration // quiet time after the last fault, before the workers are closed
+
+	Workers, Keys, AdvKeys int
+	LeaseG, AdvG           int
+	TTL, Margin            time.Duration
+	AcquireTimeout         time.Duration
+	MaxHold                time.Duration
+	LongHold               float64
+	CloseTimeout           time.Duration
+	FaultEvery             time.Duration // mean interval between fault starts
+	Mix                    map[string]int
+	Seed                   uint64
+	// RoundRobin starts the fault types with a weight in turn (a type
+	// whose target is busy is tried again at the next start) instead of
+	// drawing them by weight: the smoke uses it so every type occurs.
+	RoundRobin bool
+
+	// Broken is "mode" or "mode:w1,w2" (worker modes apply to the listed
+	// workers, default worker 0; driver modes to the run).
+	Broken string
+
+	Log func(format string, args ...any) `json:"-"` // progress; nil = quiet
+}
+
+// ParseMix parses "type=weight,…"; types not named get weight 0.
+func ParseMix(s string) (map[string]int, error) {
+	m := map[string]int{}
+	known := map[string]bool{}
+	for _, t := range FaultTypes {
+		known[t] = true
+	}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		name, w, ok := strings.Cut(part, "=")
+		if !ok {
+			w = "1"
+		}
+		if !known[name] {
+			return nil, fmt.Errorf("unknown fault type %q (known: %s)", name, strings.Join(FaultTypes, ", "))
+		}
+		n, err := strconv.Atoi(w)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("bad weight in %q", part)
+		}
+		m[name] = n
+	}
+	return m, nil
+}
+
+// FormatMix is the inverse of ParseMix (types in report order).
+func FormatMix(m map[string]int) string {
+	var parts []string
+	for _, t := range FaultTypes {
+		if m[t] > 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", t, m[t]))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// BrokenMode splits Options.Broken into the mode and the workers it
+// applies to.
+func (o *Options) BrokenMode() (mode string, workers map[int]bool) {
+	if o.Broken == "" {
+		return "", nil
+	}
+	mode, list, _ := strings.Cut(o.Broken, ":")
+	workers = map[int]bool{}
+	if list == "" {
+		workers[0] = true
+	}
+	for _, s := range strings.Split(list, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(s)); err == nil {
+			workers[n] = true
+		}
+	}
+	return mode, workers
+}
+
+func (o *Options) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defi := func(d *int, v int) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defi(&o.Workers, 8)
+	defi(&o.Keys, 12)
+	defi(&o.AdvKeys, 4)
+	defi(&o.LeaseG, 3)
+	def(&o.TTL, time.Second)
+	def(&o.AcquireTimeout, 2*time.Second)
+	def(&o.CloseTimeout, 5*time.Second)
+	def(&o.FaultEvery, 1300*time.Millisecond)
+	def(&o.Duration, 30*time.Minute)
+	if o.Tail == 0 {
+		o.Tail = o.TTL + 3*time.Second
+	}
+	if o.Mix == nil {
+		o.Mix, _ = ParseMix(DefaultMix)
+	}
+}

@@ -1,0 +1,208 @@
+package soak_test
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/soak/check"
+	"github.com/pglease/pglease/internal/soak/driver"
+)
+
+var controls = flag.Bool("soak.controls", false, "also run the negative controls (a deliberately broken worker per check; make soak-controls)")
+
+// buildSoak builds the soak binary; with race, workers run under the race
+// detector.
+func buildSoak(t *testing.T, race bool) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "soak")
+	args := []string{"build", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	args = append(args, "./cmd/soak")
+	cmd := exec.Command("go", args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func needPostgres(t *testing.T) {
+	t.Helper()
+	if _, err := pgtest.FindBinDir(); errors.Is(err, pgtest.ErrNoPostgres) {
+		if os.Getenv("PGLEASE_REQUIRE_POSTGRES") != "" || os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+}
+
+// runDir returns a directory for a run's logs, kept (and named in the
+// log) when the test fails.
+func runDir(t *testing.T, name string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pglease-soak-"+name+"-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("run directory kept: %s", dir)
+			return
+		}
+		_ = os.RemoveAll(dir)
+	})
+	return dir
+}
+
+func smokeOptions(dir, bin string, seed uint64) driver.Options {
+	mix := map[string]int{}
+	for _, ft := range driver.FaultTypes {
+		mix[ft] = 1
+	}
+	return driver.Options{
+		Dir: dir, Bin: bin, Seed: seed,
+		Duration: 32 * time.Second, Tail: 4 * time.Second,
+		Workers: 3, Keys: 3, AdvKeys: 2, LeaseG: 2, AdvG: 1,
+		// TTL 1 s keeps the faults short; the 300 ms loss margin is what a
+		// loaded 2-core CI machine with -race workers may delay a timer by.
+		TTL: time.Second, Margin: 300 * time.Millisecond,
+		AcquireTimeout: 3 * time.Second, CloseTimeout: 5 * time.Second,
+		MaxHold: 20 * time.Millisecond, LongHold: 0.05,
+		FaultEvery: 1100 * time.Millisecond, Mix: mix, RoundRobin: true,
+	}
+}
+
+// TestSmoke is the soak in small: three -race worker processes, every
+// fault type in turn for about 30 s, then every check. It fails on any
+// violation, and when a fault type did not occur or the run did too
+// little to mean anything.
+func TestSmoke(t *testing.T) {
+	needPostgres(t)
+	bin := buildSoak(t, true)
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	dir := runDir(t, "smoke")
+	o := smokeOptions(dir, bin, seed)
+	o.Log = t.Logf
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	meta, err := driver.Run(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !meta.Race {
+		t.Error("the workers were not built with -race")
+	}
+	rep, err := check.Run(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := rep.Markdown()
+	t.Log("\n" + md)
+	if v := rep.Violations(); v > 0 {
+		t.Errorf("%d violations (seed %d)", v, seed)
+	}
+	for _, ft := range driver.FaultTypes {
+		if rep.FaultsByType[ft] == 0 {
+			t.Errorf("fault type %s never ran", ft)
+		}
+	}
+	if rep.LeaseGrants < 50 || rep.AdvGrants < 10 || rep.Writes < 50 {
+		t.Errorf("too little happened: %d lease grants, %d advisory grants, %d counter writes", rep.LeaseGrants, rep.AdvGrants, rep.Writes)
+	}
+	for _, c := range []string{check.CFences, check.CRegister, check.CLinear, check.CHolderEnded, check.CRecovery, check.CClose} {
+		if rep.Check(c).Checked == 0 {
+			t.Errorf("check %s checked nothing", c)
+		}
+	}
+}
+
+// control is one negative control: a broken mode and the checks that must
+// catch it.
+type control struct {
+	broken string
+	mix    string
+	race   bool
+	dur    time.Duration // default 15 s
+	want   []string
+}
+
+var controlList = []control{
+	{broken: "no-fence:0", mix: "sigstop=1,blackhole=1", want: []string{check.CRegister, check.CLinear}},
+	{broken: "ignore-loss:0", mix: "blackhole=1", want: []string{check.CHolderEnded}},
+	{broken: "old-fence:0", mix: "blackhole=1,cut=1", want: []string{check.CWrites}},
+	{broken: "fence-rollback", mix: "blackhole=1", want: []string{check.CFences}},
+	{broken: "clock-jump", mix: "blackhole=1", want: []string{check.CNoticeTimely, check.CHolderEnded}},
+	// The liveness bounds are 14 s (recovery) and 19 s (key gap) here, so
+	// these runs are longer.
+	{broken: "stall:0", mix: "blackhole=1,cut=1", dur: 30 * time.Second, want: []string{check.CRecovery}},
+	{broken: "hog:0", mix: "terminate-listen=1", dur: 30 * time.Second, want: []string{check.CStarve}},
+	{broken: "slow-close:0", mix: "cut=1", want: []string{check.CClose}},
+	{broken: "no-close:0", mix: "cut=1", want: []string{check.CLeftovers, check.CClose}},
+	{broken: "uncoded:0", mix: "cut=1,blackhole=1", want: []string{check.CCoded}},
+	{broken: "panic:0", mix: "cut=1", want: []string{check.CHygiene}},
+	{broken: "race:0", mix: "cut=1", race: true, want: []string{check.CHygiene}},
+	{broken: "leak:0", mix: "cut=1", want: []string{check.CHygiene}},
+}
+
+// TestControls runs a short soak per broken mode and checks that the
+// checks meant to catch it fail (make soak-controls).
+func TestControls(t *testing.T) {
+	if !*controls {
+		t.Skip("negative controls run with -soak.controls (make soak-controls)")
+	}
+	needPostgres(t)
+	bins := map[bool]string{false: buildSoak(t, false), true: buildSoak(t, true)}
+	for _, c := range controlList {
+		t.Run(strings.ReplaceAll(c.broken, ":", "_"), func(t *testing.T) {
+			dir := runDir(t, "control")
+			mix, err := driver.ParseMix(c.mix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			o := smokeOptions(dir, bins[c.race], uint64(time.Now().UnixNano()))
+			o.Duration, o.Workers, o.Keys, o.Mix, o.RoundRobin, o.Broken = 15*time.Second, 3, 2, mix, false, c.broken
+			if c.dur > 0 {
+				o.Duration = c.dur
+			}
+			o.LongHold = 0.02
+			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+			defer cancel()
+			if _, err := driver.Run(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+			rep, err := check.Run(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, ch := range rep.Checks {
+				if ch.Failed > 0 {
+					got = append(got, fmt.Sprintf("%s=%d", ch.Name, ch.Failed))
+				}
+			}
+			t.Logf("%s: failed checks %v", c.broken, got)
+			for _, ch := range rep.Checks {
+				if ch.Failed > 0 && !slices.Contains(c.want, ch.Name) {
+					t.Logf("also %s: %s", ch.Name, strings.Join(ch.Examples[:min(3, len(ch.Examples))], "; "))
+				}
+			}
+			for _, w := range c.want {
+				if rep.Check(w).Failed == 0 {
+					t.Errorf("%s: check %s did not fail", c.broken, w)
+				}
+			}
+		})
+	}
+}
