@@ -89,6 +89,20 @@
 // the window passed does not revive the lock: it stays lost, and its row
 // is kept until Release, Close or expiry, like any lost lease.
 //
+// # Hold limit
+//
+// WithHoldLimit(d) caps how long a lock is held, so that a stuck holder
+// cannot keep it forever (the advisory-lock designs' 30-second limit).
+// d after the grant the lock's Context ends with a cause matching
+// pglease.ErrHoldLimitExceeded — not ErrLockLost: the lock is still
+// held. The lease is not extended any more (Lock.Extend is refused) and
+// is not released early either: Release before its trust window passes
+// returns nil and frees it at once; a holder that never returns keeps it
+// until it expires, TTL after its last extend, after which it is lost
+// like any lease (Release then returns ErrLockLost). The margin and the
+// takeover tolerance thus still protect a holder slow to stop. Advisory
+// locks take the option too; they stay held until Release.
+//
 // # Architecture
 //
 // One goroutine (run, loop.go) owns all state (state.go): held locks, per

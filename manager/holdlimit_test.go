@@ -1,9 +1,12 @@
 package manager
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
 )
@@ -102,4 +105,120 @@ func TestAdvisoryHoldLimitOptions(t *testing.T) {
 	if pid := advPID(m); pid != 0 {
 		t.Fatalf("bad options opened a session (pid %d)", pid)
 	}
+}
+
+// expiresAtMs reads key's expires_at_ms, or 0 without a row.
+func expiresAtMs(t *testing.T, b *bundle, key string) int64 {
+	t.Helper()
+	var ms int64
+	err := b.pool.QueryRow(context.Background(), "SELECT expires_at_ms FROM syncguard_locks WHERE key = $1", key).Scan(&ms)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ms
+}
+
+// TestLeaseHoldLimit (issue 15.2): an auto-extended lease with
+// WithHoldLimit has its Context ended at the limit with
+// ErrHoldLimitExceeded (not LockLost), no earlier; from then on it is
+// not extended (Extend is refused too), but its row stays: another
+// Manager cannot take the key until the lease expires (a holder that
+// never returns cannot keep it forever), and a holder that does return
+// releases it at once with a nil error.
+func TestLeaseHoldLimit(t *testing.T) {
+	t.Parallel()
+	const ttl, limit = time.Second, 700 * time.Millisecond
+	b := setup(t, setupOpts{noSignals: true})
+	peer, _ := b.newPeer(t, Config{})
+	ctx := ctxT(t)
+
+	t.Run("stuck holder", func(t *testing.T) {
+		key := "holdlimit-stuck-" + t.Name()
+		start := time.Now()
+		lk, err := b.m.Acquire(ctx, key, WithTTL(ttl), WithHoldLimit(limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-lk.Done():
+		case <-time.After(waitTimeout()):
+			t.Fatal("the hold limit did not end the lock's context")
+		}
+		if took := time.Since(start); took < limit {
+			t.Fatalf("context ended %v after the grant, before the %v limit", took, limit)
+		}
+		if err := lk.Err(); !errors.Is(err, pglease.ErrHoldLimitExceeded) || errors.Is(err, pglease.ErrLockLost) {
+			t.Fatalf("Err = %v, want ErrHoldLimitExceeded", err)
+		}
+		if err := lk.Extend(ctx); !errors.Is(err, pglease.ErrHoldLimitExceeded) {
+			t.Errorf("Extend past the limit = %v, want ErrHoldLimitExceeded", err)
+		}
+		// Not extended any more: the expiry stays put for longer than
+		// the heartbeat period (TTL/3), while the row is still there.
+		exp := expiresAtMs(t, b, key)
+		if exp == 0 {
+			t.Fatal("the row was deleted at the hold limit")
+		}
+		if _, ok, err := peer.TryAcquire(ctx, key, WithTTL(ttl)); ok || err != nil {
+			t.Fatalf("another Manager took the key past the limit, before expiry: %v %v", ok, err)
+		}
+		time.Sleep(ttl / 2) // two heartbeat periods: nothing to wait for but the absence of an extend
+		if got := expiresAtMs(t, b, key); got != exp {
+			t.Fatalf("the lease was extended past the hold limit (expires_at_ms %d → %d)", exp, got)
+		}
+		// The holder never returns; the peer gets the key once the lease
+		// has expired (+ the 1 s takeover tolerance).
+		pl, err := peer.Acquire(ctx, key, WithTTL(ttl), WithAcquireTimeout(10*time.Second))
+		if err != nil {
+			t.Fatalf("peer after expiry: %v", err)
+		}
+		if nowMs := time.Now().UnixMilli(); nowMs < exp {
+			t.Fatalf("peer granted %d ms before the stuck holder's lease expired", exp-nowMs)
+		}
+		if err := pl.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
+			t.Errorf("Release after the lease expired = %v, want LockLost", err)
+		}
+	})
+
+	t.Run("holder returns", func(t *testing.T) {
+		key := "holdlimit-returns-" + t.Name()
+		lk, err := b.m.Acquire(ctx, key, WithTTL(ttl), WithHoldLimit(limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-lk.Done()
+		if err := lk.Release(ctx); err != nil {
+			t.Fatalf("Release past the limit, before expiry = %v, want nil", err)
+		}
+		if !errors.Is(lk.Err(), pglease.ErrHoldLimitExceeded) {
+			t.Errorf("Err after Release = %v", lk.Err())
+		}
+		pl, ok, err := peer.TryAcquire(ctx, key, WithTTL(ttl))
+		if !ok || err != nil {
+			t.Fatalf("the key is not free after Release: %v %v", ok, err)
+		}
+		if err := pl.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("Do", func(t *testing.T) {
+		key := "holdlimit-do-" + t.Name()
+		err := b.m.Do(ctx, key, func(ctx context.Context, _ *Lock) error {
+			<-ctx.Done()
+			return context.Cause(ctx)
+		}, WithTTL(ttl), WithHoldLimit(limit))
+		if !errors.Is(err, pglease.ErrHoldLimitExceeded) {
+			t.Fatalf("Do = %v, want the hold-limit cause from fn", err)
+		}
+		if _, held := lockRow(t, b.pool, key); held {
+			t.Fatal("Do left the row after fn returned at the hold limit")
+		}
+	})
 }

@@ -280,6 +280,9 @@ func endedExtend(cause error) error {
 	if code == 0 {
 		code = pglease.CodeInternal
 	}
+	if code == pglease.CodeHoldLimitExceeded {
+		return pglease.NewError(code, "manager.Extend", "the lock reached its hold limit: it is not extended any more", cause)
+	}
 	return pglease.NewError(code, "manager.Extend", "the lock is no longer held", cause)
 }
 

@@ -326,7 +326,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			st.lose(h, lostCause("the server no longer has the lock"), false, telemetry.LossNotHeld, d.db)
 			lost++
 			continue
-		case h.lock.ctx.Err() != nil || !h.lossTimer.Stop():
+		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lossTimer.Stop():
 			// The trust window passed while the extend was in flight: the
 			// lock is lost even though the late extend succeeded (and its
 			// row, extended from d.start, is kept: see lose).
@@ -335,6 +335,8 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			lost++
 			continue
 		default:
+			// A lease past its hold limit (pastLimit made it Manual) keeps
+			// this late extend but gets no more.
 			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
 			h.lossTimer.Reset(time.Until(h.lease.TrustedUntil()))
 			h.lock.setLease(h.lease, d.res[i].ExpiresAt)
@@ -400,7 +402,7 @@ func (st *loopState) heartbeat(now time.Time) {
 	}
 	st.pruneKept(now)
 	for h := range st.held {
-		if h.lock.ctx.Err() != nil { // its loss timer fired
+		if h.lock.ctx.Err() != nil && !st.pastLimit(h, now) { // its loss timer fired
 			st.lose(h, nil, true, telemetry.LossExpired, trace.SpanContext{})
 		}
 	}

@@ -434,13 +434,14 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		return nil, 0, closedErr(op)
 	}
 	return &acquireReq{
-		key:    nk,
-		hash:   pglease.HashKey(nk),
-		ttl:    o.ttl,
-		manual: o.manual,
-		try:    try,
-		reply:  make(chan acquireReply, 1),
-		final:  make(chan acquireReply, 1),
+		key:       nk,
+		hash:      pglease.HashKey(nk),
+		ttl:       o.ttl,
+		manual:    o.manual,
+		try:       try,
+		holdLimit: o.holdLimit,
+		reply:     make(chan acquireReply, 1),
+		final:     make(chan acquireReply, 1),
 	}, o.timeout, nil
 }
 

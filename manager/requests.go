@@ -28,6 +28,8 @@ type acquireReq struct {
 	manual bool          // immutable: no auto-extend
 	try    bool          // immutable: TryAcquire (one attempt, never queued behind others)
 
+	holdLimit time.Duration // immutable: WithHoldLimit; 0 for none
+
 	// acq is the request's telemetry (the pglease.acquire span), started
 	// by the caller before sending. The loop calls Queued, Attempt and
 	// Granted (before replying); the caller calls Failed or NotAcquired

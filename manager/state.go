@@ -70,6 +70,10 @@ type holding struct {
 	acq       *telemetry.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
 	lease     heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
 	lossTimer *time.Timer            // fires at lease.TrustedUntil(), independently of the loop
+	// limitTimer fires at the hold limit (WithHoldLimit; nil without
+	// one): it ends the lock's context with the hold-limit cause and
+	// nudges the loop, which then stops extending the lease (pastLimit).
+	limitTimer *time.Timer
 	// keptUntil is set when the lock was lost while its row may still be
 	// on the server (in st.kept): after it, the server has expired the row
 	// for sure and forgetting it is safe.
@@ -233,6 +237,9 @@ func (st *loopState) orphanRelease(ks *keyState, lockID string) {
 func (st *loopState) dropHolding(h *holding, cause error) {
 	delete(st.held, h)
 	h.lossTimer.Stop()
+	if h.limitTimer != nil {
+		h.limitTimer.Stop()
+	}
 	h.lock.cancel(cause)
 	if h.ks.holder == h {
 		h.ks.holder = nil
@@ -342,6 +349,24 @@ func lostCause(msg string) error {
 
 var closedCause = pglease.NewError(pglease.CodeClosed, "manager.Close", "manager closed", nil)
 
+// holdLimitCause is the cause of a lock's context at its hold limit.
+func holdLimitCause(d time.Duration) error {
+	return pglease.NewError(pglease.CodeHoldLimitExceeded, "manager.Lock",
+		"the lock reached its hold limit ("+d.String()+"); stop and release it (it is held until Release or expiry, no longer extended)", nil)
+}
+
+// pastLimit reports whether h's context ended at its hold limit while its
+// trust window has not passed: the lock is still held, but no longer
+// extended (its lease is made Manual here). It is lost as usual when the
+// trust window passes, and its row then kept until Release or expiry.
+func (st *loopState) pastLimit(h *holding, now time.Time) bool {
+	if !errors.Is(context.Cause(h.lock.ctx), pglease.ErrHoldLimitExceeded) || !now.Before(h.lease.TrustedUntil()) {
+		return false
+	}
+	h.lease.Manual = true
+	return true
+}
+
 func (st *loopState) sig() *signals {
 	if st.m.sig == nil {
 		return &noSignals
@@ -371,6 +396,17 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 		default:
 		}
 	})
+	if d := req.holdLimit; d > 0 {
+		// Measured from the grant. Like the loss timer, it ends the
+		// context by itself; the loop then stops extending (pastLimit).
+		h.limitTimer = time.AfterFunc(d, func() {
+			cancel(holdLimitCause(d))
+			select {
+			case m.lossCh <- struct{}{}:
+			default:
+			}
+		})
+	}
 	ks.holder = h
 	st.held[h] = struct{}{}
 	st.noteEvent(lease.NextEvent())
