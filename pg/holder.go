@@ -47,3 +47,7 @@ func checkHolder(op, h string) error {
 	}
 	return nil
 }
+
+// Holder returns the holder identity the Store records (Config.Holder or
+// DefaultHolder()).
+func (s *Store) Holder() string { return s.holder }

@@ -1,14 +1,12 @@
-// Command leader shows leader election with a session-level advisory
-// lock (package pg/advisory): two candidates each open a Session and
-// block on the same key; one leads. Then the leader's database session is
-// killed with pg_terminate_backend: the server frees its lock at once, the
-// other candidate's waiting Lock returns and it leads, and the old
-// leader's lock Context is cancelled with ErrLockLost at its next probe.
-//
-// A session lock has no fencing token: between the kill and the old
-// leader's probe, both believe they lead. Use it where that window is
-// harmless (a scheduler, a cleanup), or fence the work (see
-// examples/fenced).
+// Command leader shows leader election with manager.RunElection: two
+// candidates (each its own Manager and pool, as if they were two
+// processes) campaign for one lease. A leads and does fenced work with its
+// term's fence; B waits and learns who leads. A finishes and resigns: B
+// leads at once with a higher fence (the release wakes it), and A now sees
+// B lead. B shuts down; A leads again. A leader that dies or hangs instead
+// is replaced once its lease expires (TTL + 1 s tolerance), and its late
+// writes are refused by the fence: see TestElectionProcesses in package
+// manager (SIGKILL and SIGSTOP of the leader) and examples/demo.
 //
 //	go run ./internal/cmd/withpg -- go run ./examples/leader
 package main
@@ -25,80 +23,127 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/pg/advisory"
+	"github.com/pglease/pglease/internal/exampledb"
+	"github.com/pglease/pglease/manager"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Stdout, os.Getenv("DATABASE_URL")); err != nil {
+	// A schema of its own, dropped at the end: nothing is left in your database.
+	err := exampledb.Run(ctx, os.Getenv("DATABASE_URL"), "pglease_leader", func(url string) error {
+		return run(ctx, os.Stdout, url)
+	})
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "leader:", err)
 		os.Exit(1)
 	}
 }
 
-// candidate is one contender: its own pool and Session, as if it were
-// another process.
-type candidate struct {
-	name    string
-	pool    *pgxpool.Pool
-	sess    *advisory.Session
-	leading chan *advisory.Lock // receives the lock when it leads
-	err     chan error
-}
+// The work the leader does: a fenced write, refused once a newer term wrote.
+const fencedWrite = `UPDATE leader_work SET fence = $1, writes = writes + 1, last_writer = $2 WHERE fence <= $1`
 
 func run(ctx context.Context, w io.Writer, url string) error {
 	if url == "" {
 		return errors.New("DATABASE_URL is not set")
 	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	key, err := advisory.NamespacedKey("examples", "leader")
-	if err != nil {
-		return err
-	}
 	var mu sync.Mutex
 	say := func(format string, args ...any) {
 		mu.Lock()
 		defer mu.Unlock()
 		fmt.Fprintf(w, format+"\n", args...)
 	}
-	// Probe often, so a lost session is noticed within ~0.5 s.
-	opts := &advisory.Options{ProbeInterval: 250 * time.Millisecond, ProbeTimeout: 250 * time.Millisecond}
+
+	admin, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	setup, err := manager.New(admin, manager.Config{})
+	if err != nil {
+		return err
+	}
+	if err := setup.SetupSchema(ctx); err != nil {
+		return err
+	}
+	_ = setup.Close(ctx)
+	if _, err := admin.Exec(ctx, `CREATE TABLE leader_work (fence bigint NOT NULL, writes bigint NOT NULL, last_writer text);
+		INSERT INTO leader_work VALUES (0, 0, NULL)`); err != nil {
+		return err
+	}
+
+	type candidate struct {
+		name  string
+		m     *manager.Manager
+		pool  *pgxpool.Pool
+		stop  context.CancelFunc // ends its campaign
+		terms chan uint64        // the fence of each term it starts
+		done  chan error
+		// resign tells the leader to finish its work and return.
+		resign chan struct{}
+	}
 	start := func(name string) (*candidate, error) {
 		pool, err := pgxpool.New(ctx, url)
 		if err != nil {
 			return nil, err
 		}
-		sess, err := advisory.Open(ctx, pool, opts)
+		m, err := manager.New(pool, manager.Config{Holder: name})
 		if err != nil {
 			pool.Close()
 			return nil, err
 		}
-		c := &candidate{name: name, pool: pool, sess: sess, leading: make(chan *advisory.Lock, 1), err: make(chan error, 1)}
+		cctx, stop := context.WithCancel(ctx)
+		c := &candidate{name: name, m: m, pool: pool, stop: stop, terms: make(chan uint64, 10),
+			done: make(chan error, 1), resign: make(chan struct{}, 10)}
 		go func() {
-			lk, err := sess.Lock(ctx, key) // blocks until this candidate leads
-			if err != nil {
-				c.err <- err
-				return
-			}
-			c.leading <- lk
+			c.done <- m.RunElection(cctx, manager.Election{
+				Name: "examples:leader", TTL: 3 * time.Second,
+				OnNewLeader: func(id string, self bool) {
+					if !self {
+						say("%s sees %s lead", name, id)
+					}
+				},
+				OnStoppedLeading: func(term *manager.Lock, cause error) {
+					why := "resigned"
+					if cause != nil {
+						why = "stopped: " + cause.Error()
+					}
+					say("%s's term (fence %d) ended: %s", name, uint64(term.Fence()), why)
+				},
+			}, func(lctx context.Context, term *manager.Lock) error {
+				say("%s leads with fence %d", name, uint64(term.Fence()))
+				tag, err := pool.Exec(lctx, fencedWrite, int64(term.Fence()), name)
+				if err != nil {
+					return err
+				}
+				say("%s's fenced write: %d row(s) updated", name, tag.RowsAffected())
+				c.terms <- uint64(term.Fence())
+				select {
+				case <-c.resign:
+					return nil // done: resign
+				case <-lctx.Done():
+					return nil // lost, or shutting down
+				}
+			})
 		}()
 		return c, nil
 	}
-	stop := func(c *candidate) {
-		_ = c.sess.Close(context.Background())
+	shutdown := func(c *candidate) {
+		c.stop()
+		<-c.done
+		_ = c.m.Close(context.Background())
 		c.pool.Close()
 	}
-	await := func(c *candidate) (*advisory.Lock, error) {
+	await := func(c *candidate) (uint64, error) {
 		select {
-		case lk := <-c.leading:
-			return lk, nil
-		case err := <-c.err:
-			return nil, err
+		case f := <-c.terms:
+			return f, nil
+		case err := <-c.done:
+			return 0, fmt.Errorf("%s stopped campaigning: %v", c.name, err)
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return 0, ctx.Err()
 		}
 	}
 
@@ -106,65 +151,48 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	if err != nil {
 		return err
 	}
-	defer stop(a)
-	lkA, err := await(a)
+	defer shutdown(a)
+	f1, err := await(a)
 	if err != nil {
 		return err
 	}
-	say("A leads (session lock on %v)", key)
-
 	b, err := start("B")
 	if err != nil {
 		return err
 	}
-	defer stop(b)
-	// B waits on the server. Confirm it is waiting, not leading.
-	select {
-	case <-b.leading:
-		return errors.New("candidate B leads while A holds the lock")
-	case err := <-b.err:
-		return err
-	case <-time.After(300 * time.Millisecond):
-	}
-	say("B is waiting for the lock")
+	bStopped := false
+	defer func() {
+		if !bStopped {
+			shutdown(b)
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond) // B campaigns and observes A lead
 
-	// An operator (or a network failure) kills A's session.
-	admin, err := pgxpool.New(ctx, url)
+	a.resign <- struct{}{}
+	resigned := time.Now()
+	f2, err := await(b)
 	if err != nil {
 		return err
 	}
-	defer admin.Close()
-	var killed bool
-	if err := admin.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, a.sess.BackendPID()).Scan(&killed); err != nil {
-		return err
-	}
-	if !killed {
-		return errors.New("pg_terminate_backend refused")
-	}
-	killedAt := time.Now()
-	say("A's database session is terminated (pg_terminate_backend)")
+	say("B took over %s after A resigned (fence %d > %d)", round(time.Since(resigned)), f2, f1)
 
-	lkB, err := await(b)
+	time.Sleep(1500 * time.Millisecond) // A campaigns again and observes B lead
+	say("B shuts down")
+	shutdown(b)
+	bStopped = true
+	f3, err := await(a)
 	if err != nil {
 		return err
 	}
-	say("B leads: took over %s after the kill", round(time.Since(killedAt)))
-
-	select {
-	case <-lkA.Done():
-	case <-ctx.Done():
-		return errors.New("candidate A never learned that it lost the lock")
+	if !(f1 < f2 && f2 < f3) {
+		return fmt.Errorf("fences %d, %d, %d not increasing", f1, f2, f3)
 	}
-	cause := context.Cause(lkA.Context())
-	if !errors.Is(cause, pglease.ErrLockLost) {
-		return fmt.Errorf("candidate A's lock ended with %v, want LockLost", cause)
+	var fence, writes int64
+	var last string
+	if err := admin.QueryRow(ctx, "SELECT fence, writes, last_writer FROM leader_work").Scan(&fence, &writes, &last); err != nil {
+		return err
 	}
-	say("A learns it lost leadership %s after the kill (lock context: LockLost) and steps down", round(time.Since(killedAt)))
-
-	if err := lkB.Release(ctx); err != nil {
-		return fmt.Errorf("candidate B's release: %v", err)
-	}
-	say("B steps down (Release)")
+	say("work table: fence %d, %d writes, last by %s", fence, writes, last)
 	return nil
 }
 

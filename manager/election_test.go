@@ -1,0 +1,396 @@
+package manager
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/retry"
+)
+
+const (
+	electionChildEnv = "PGLEASE_ELECTION_CHILD" // the candidate's holder identity
+	electionTTL      = 1500 * time.Millisecond
+	electionName     = "leader:test"
+)
+
+// fencedWrite records one write of a term: accepted only while no higher
+// fence wrote (the fencing a leader's work uses).
+const fencedWrite = `WITH u AS (UPDATE election_log SET fence = $1 WHERE fence <= $1 RETURNING fence)
+INSERT INTO election_writes (fence) SELECT fence FROM u RETURNING fence`
+
+// electionChild is a candidate process: it campaigns, and while it leads
+// makes a fenced write every 50 ms, printing events on stdout.
+func electionChild() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var mu sync.Mutex
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Printf(format+"\n", args...)
+	}
+	cfg, err := pgxpool.ParseConfig(os.Getenv(childURLEnv))
+	if err != nil {
+		say("error %v", err)
+		return 1
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(childSchemaEnv)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		say("error %v", err)
+		return 1
+	}
+	defer pool.Close()
+	m, err := New(pool, Config{Holder: os.Getenv(electionChildEnv), Retry: retry.Policy{Kind: retry.Fixed, Base: 100 * time.Millisecond}})
+	if err != nil {
+		say("error %v", err)
+		return 1
+	}
+	defer m.Close(context.Background())
+	say("ready")
+	err = m.RunElection(ctx, Election{
+		Name: electionName, TTL: electionTTL,
+		OnNewLeader: func(id string, self bool) { say("leader %s %t", id, self) },
+		OnStoppedLeading: func(term *Lock, cause error) {
+			say("stopped %d %v", term.Fence(), errors.Is(cause, pglease.ErrLockLost))
+		},
+	}, func(ctx context.Context, term *Lock) error {
+		say("lead %d", term.Fence())
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			var f int64
+			err := pool.QueryRow(ctx, fencedWrite, int64(term.Fence())).Scan(&f)
+			switch {
+			case err == nil:
+				say("wrote %d", f)
+			case ctx.Err() == nil:
+				say("refused %d %v", term.Fence(), err)
+			}
+			select {
+			case <-ctx.Done():
+				say("lost %d", term.Fence())
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+	})
+	say("end %v", err)
+	return 0
+}
+
+// candidate is a running child process and the events it printed.
+type candidate struct {
+	id  string
+	cmd *exec.Cmd
+
+	mu     sync.Mutex
+	log    []string // "lead 3", "lost 3", "leader cand-1 false", …
+	cursor int      // events before it were consumed by next
+	exited bool
+}
+
+func startCandidate(t *testing.T, schema, id string) *candidate {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), electionChildEnv+"="+id, childURLEnv+"="+pgtest.URL(t), childSchemaEnv+"="+schema)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &candidate{id: id, cmd: cmd}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGCONT)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			c.mu.Lock()
+			c.log = append(c.log, sc.Text())
+			c.mu.Unlock()
+		}
+		c.mu.Lock()
+		c.exited = true
+		c.mu.Unlock()
+	}()
+	if ev := c.next(t, "ready", 30*time.Second); ev != "ready" {
+		t.Fatalf("%s: %s", id, ev)
+	}
+	return c
+}
+
+// take consumes events up to and including the next one starting with
+// prefix; ok is false (nothing consumed) when there is none yet.
+func (c *candidate) take(prefix string) (ev string, ok, exited bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := c.cursor; i < len(c.log); i++ {
+		if strings.HasPrefix(c.log[i], prefix) {
+			c.cursor = i + 1
+			return c.log[i], true, false
+		}
+	}
+	return "", false, c.exited
+}
+
+// next returns the next event starting with prefix, failing after d.
+func (c *candidate) next(t *testing.T, prefix string, d time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ev, ok, exited := c.take(prefix)
+		switch {
+		case ok:
+			return ev
+		case exited:
+			t.Fatalf("%s exited while waiting for %q", c.id, prefix)
+		case time.Now().After(deadline):
+			t.Fatalf("%s: no %q within %v", c.id, prefix, d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// firstLead waits for the first "lead" among cands, returning who and the fence.
+func firstLead(t *testing.T, cands []*candidate, d time.Duration) (*candidate, int64) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		for _, c := range cands {
+			if ev, ok, _ := c.take("lead "); ok {
+				n, _ := strconv.ParseInt(strings.TrimPrefix(ev, "lead "), 10, 64)
+				return c, n
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("no candidate led within %v", d)
+	return nil, 0
+}
+
+// TestElectionProcesses: three candidate processes. The leader is killed
+// with SIGKILL, then the next one is stopped with SIGSTOP: each time
+// another leads within TTL + tolerance (+ slack for a busy machine) with
+// a higher fence; the stopped leader, resumed, learns it lost and none of
+// its writes lands after the new leader's (the fenced writes form one
+// block per term, in fence order).
+func TestElectionProcesses(t *testing.T) {
+	t.Parallel()
+	pool, schema := pgtest.Pool(t)
+	ctx := ctxT(t)
+	m, err := New(pool, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(ctx)
+	if err := m.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE election_log (fence bigint NOT NULL); INSERT INTO election_log VALUES (0);
+		CREATE TABLE election_writes (id bigserial PRIMARY KEY, fence bigint NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	var cands []*candidate
+	for i := range 3 {
+		cands = append(cands, startCandidate(t, schema, fmt.Sprint("cand-", i)))
+	}
+	bound := electionTTL + pglease.TimeTolerance + 3*time.Second // + retry delay and a busy machine
+	a, fa := firstLead(t, cands, 30*time.Second)
+	a.next(t, "wrote", bound)
+	others := func(not ...*candidate) []*candidate {
+		var out []*candidate
+		for _, c := range cands {
+			skip := false
+			for _, n := range not {
+				skip = skip || c == n
+			}
+			if !skip {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+	// The others learn who leads.
+	for _, c := range others(a) {
+		if ev := c.next(t, "leader ", bound); ev != "leader "+a.id+" false" {
+			t.Fatalf("%s saw %q, want leader %s", c.id, ev, a.id)
+		}
+	}
+
+	// SIGKILL the leader.
+	if err := a.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	b, fb := firstLead(t, others(a), bound+time.Second)
+	took := time.Since(killed)
+	t.Logf("after SIGKILL: %s leads with fence %d after %v (bound %v)", b.id, fb, took, bound)
+	if took > bound {
+		t.Fatalf("new leader after %v, bound %v", took, bound)
+	}
+	if fb <= fa {
+		t.Fatalf("fence %d after %d", fb, fa)
+	}
+	b.next(t, "wrote", bound)
+
+	// SIGSTOP the new leader: the third leads; resumed, b learns it lost.
+	if err := b.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	c, fc := firstLead(t, others(a, b), bound+time.Second)
+	took = time.Since(stopped)
+	t.Logf("after SIGSTOP: %s leads with fence %d after %v", c.id, fc, took)
+	if took > bound || fc <= fb {
+		t.Fatalf("new leader after %v (bound %v), fence %d after %d", took, bound, fc, fb)
+	}
+	c.next(t, "wrote", bound)
+	if err := b.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed := time.Now()
+	b.next(t, fmt.Sprint("lost ", fb), bound)
+	t.Logf("the resumed leader learned its loss after %v", time.Since(resumed))
+	if ev := b.next(t, "stopped ", bound); ev != fmt.Sprintf("stopped %d true", fb) {
+		t.Fatalf("%s: %q, want a stop by loss", b.id, ev)
+	}
+	// It campaigns again and sees c lead.
+	if ev := b.next(t, "leader ", bound); ev != "leader "+c.id+" false" {
+		t.Fatalf("%s saw %q after its loss", b.id, ev)
+	}
+
+	// The writes: one block per term, fences increasing.
+	rows, err := pool.Query(ctx, "SELECT fence FROM election_writes ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq []int64
+	for rows.Next() {
+		var f int64
+		if err := rows.Scan(&f); err != nil {
+			t.Fatal(err)
+		}
+		seq = append(seq, f)
+	}
+	if rows.Err() != nil {
+		t.Fatal(rows.Err())
+	}
+	terms := map[int64]bool{}
+	for i, f := range seq {
+		if i > 0 && f < seq[i-1] {
+			t.Fatalf("a write of fence %d landed after one of fence %d: %v", f, seq[i-1], seq)
+		}
+		terms[f] = true
+	}
+	if !terms[fa] || !terms[fb] || !terms[fc] {
+		t.Fatalf("terms that wrote: %v, want %d, %d, %d", terms, fa, fb, fc)
+	}
+}
+
+// In one process: several candidates; a leader that returns resigns and
+// the next term starts with a higher fence; callbacks in order; a bad
+// configuration fails before any I/O.
+func TestElectionResignAndCallbacks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{cfg: Config{Retry: retry.Policy{Kind: retry.Fixed, Base: 50 * time.Millisecond}}})
+	ctx, cancel := context.WithCancel(ctxT(t))
+	defer cancel()
+	var mu sync.Mutex
+	var leading int
+	var fences []pglease.Fence
+	var events []string
+	var wg sync.WaitGroup
+	terms := make(chan struct{}, 100)
+	for i := range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			name := fmt.Sprint("c", i)
+			err := b.m.RunElection(ctx, Election{
+				Name: "leader:resign", TTL: time.Second,
+				OnStartedLeading: func(term *Lock) {
+					mu.Lock()
+					events = append(events, name+" started")
+					mu.Unlock()
+				},
+				OnStoppedLeading: func(term *Lock, cause error) {
+					mu.Lock()
+					events = append(events, fmt.Sprintf("%s stopped %v", name, cause))
+					mu.Unlock()
+				},
+			}, func(fctx context.Context, term *Lock) error {
+				mu.Lock()
+				leading++
+				n := leading
+				fences = append(fences, term.Fence())
+				mu.Unlock()
+				if n != 1 {
+					t.Errorf("%d leaders at once", n)
+				}
+				time.Sleep(20 * time.Millisecond) // work
+				mu.Lock()
+				leading--
+				mu.Unlock()
+				terms <- struct{}{}
+				return nil // resign
+			})
+			if !errors.Is(err, context.Canceled) {
+				t.Errorf("RunElection = %v", err)
+			}
+		}()
+	}
+	for range 6 {
+		select {
+		case <-terms:
+		case <-time.After(waitTimeout()):
+			t.Fatal("terms stopped coming")
+		}
+	}
+	cancel()
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Fatalf("fences %v not increasing", fences)
+		}
+	}
+	for i, ev := range events {
+		if strings.HasSuffix(ev, " started") != (i%2 == 0) {
+			t.Fatalf("events out of order: %v", events)
+		}
+		if i%2 == 1 && !strings.HasSuffix(ev, "stopped <nil>") && !strings.Contains(ev, "context canceled") {
+			t.Fatalf("a resignation reported %q", ev)
+		}
+	}
+
+	// Bad configuration: InvalidArgument, no I/O needed.
+	for _, e := range []Election{{Name: ""}, {Name: "x", TTL: time.Millisecond}, {Name: "x", ObserveInterval: -1}} {
+		if err := b.m.RunElection(ctxT(t), e, func(context.Context, *Lock) error { return nil }); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Fatalf("RunElection(%+v) = %v", e, err)
+		}
+	}
+	if err := b.m.RunElection(ctxT(t), Election{Name: "x"}, nil); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatal(err)
+	}
+}
