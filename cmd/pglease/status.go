@@ -159,6 +159,11 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 	if err != nil {
 		return nil, err
 	}
+	// The advisory lock SetupSchema and the migrations take.
+	var setupKey int64
+	if err := pool.QueryRow(ctx, "SELECT hashtext('pglease.SetupSchema')::bigint").Scan(&setupKey); err != nil {
+		return nil, err
+	}
 	for _, l := range locks {
 		av := advisoryView{
 			Key: l.Key.String(), Name: l.Name, PID: l.PID, Granted: l.Granted, Mode: l.Mode,
@@ -169,6 +174,9 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 			av.WaitingMs = list.Now.Sub(l.WaitStart).Milliseconds()
 		}
 		if id, ok := l.Key.Int64(); ok {
+			if id == setupKey && av.Name == "" {
+				av.Name = "pglease schema setup or migration"
+			}
 			if i, ok := byAdv[id]; ok && av.Name == "" {
 				av.Name = "lease acquire " + v.Leases.Rows[i].KeyHash
 				if !l.Granted {
