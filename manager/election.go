@@ -23,7 +23,8 @@ type Election struct {
 	// Manager's Config.Retry after the leader's last extend.
 	TTL time.Duration
 	// ObserveInterval is how often a candidate that does not lead reads
-	// who does, for OnNewLeader. Default TTL/4, at least 100 ms.
+	// who does, for OnNewLeader, and how long a leader that resigned
+	// waits before campaigning again. Default TTL/4, at least 100 ms.
 	ObserveInterval time.Duration
 
 	// OnStartedLeading, if set, is called when this candidate starts a
@@ -47,7 +48,9 @@ var errElectionEnded = errors.New("election term ended")
 
 // RunElection campaigns for leadership of e.Name until ctx ends: it waits
 // for the lease, runs fn while it leads, then resigns (releases the
-// lease) and campaigns again. fn's context ends when the lease is lost
+// lease) and campaigns again: after a loss at once, after a resignation
+// once ObserveInterval has passed, so that a waiting candidate takes
+// over. fn's context ends when the lease is lost
 // (context.Cause is then a pglease.ErrLockLost error), when ctx ends, or
 // when the Manager closes; fn must return then. The term's lock (fn's
 // second argument) carries the term's fence: use it for fenced writes
@@ -140,6 +143,17 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 			return ferr
 		case errors.Is(rerr, pglease.ErrClosed):
 			return rerr
+		}
+		if lost == nil {
+			// A resignation hands over: campaigning again at once would
+			// usually win again (the release and the next acquire come
+			// from this process first). Let a waiting candidate, which
+			// the release woke, take the lease.
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(every):
+			}
 		}
 	}
 }
