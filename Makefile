@@ -41,10 +41,7 @@ bench:
 
 # make trace TRACEFLAGS="-spans spans.json"   also writes the raw spans to spans.json
 trace:
-<<<<<<< HEAD
 	$(WITHPG) -- $(GO) run ./examples/trace $(TRACEFLAGS)
-=======
-	$(WITHPG) -- $(GO) run ./examples/trace
 
 # The fault soak (internal/soak/README.md): W worker processes with their
 # own Managers behind fault proxies, faults on a schedule, then every check.
@@ -57,4 +54,3 @@ soak:
 # each of which must make its check fail.
 soak-controls:
 	cd internal/soak && $(GO) test -count=1 -timeout 30m -run TestControls -v . -soak.controls
->>>>>>> 953c4f2 (soak: fault soak driver, workers and checks (issue 14), WIP)
