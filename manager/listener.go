@@ -2,11 +2,14 @@ package manager
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/retry"
@@ -60,7 +63,13 @@ func (m *Manager) listen(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	bo := retry.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, retry.Options{})
 	for {
-		m.listenOnce(ctx, bo)
+		if m.listenOnce(ctx, bo) {
+			m.rec.ListenerPolling(errListenPooler.Error() + "; set manager.Config.ListenConnString to a direct connection")
+			if m.sig != nil {
+				m.sig.polling.signal(struct{}{})
+			}
+			return
+		}
 		if ctx.Err() != nil {
 			return
 		}
@@ -87,36 +96,57 @@ func listenSQL(channel string) string {
 	return sql + ") AS s(name, value) WHERE s.name IN (SELECT name FROM pg_settings);\nLISTEN " + pgx.Identifier{channel}.Sanitize()
 }
 
-func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
+// errListenPooler is why the listener stops for good behind a
+// transaction-mode pooler.
+var errListenPooler = errors.New("the listening connection goes through a transaction-mode pooler " +
+	"(its server connection is handed to other clients between transactions), which does not keep a LISTEN")
+
+// listenOnce connects, subscribes and posts notifications until the
+// connection fails or ctx ends. It returns true when listening can never
+// work on this connection config (a transaction-mode pooler): the
+// listener then stops for good.
+func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool) {
 	// The pglease.listen span covers connecting and subscribing, not the
 	// wait for notifications. Both are bounded: a silent server must not
-	// hold the listener in a connect that never ends.
-	sctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
-	defer cancel()
-	lctx, db := m.rec.StartDB(sctx, telemetry.OpListen, 1, trace.SpanContext{})
-	cfg := m.pool.Config().ConnConfig.Copy()
+	// hold the listener in a connect that never ends, and each host's
+	// connect is bounded (m.listenCfg), so that a multi-host connection
+	// string moves on from a host that stopped answering (issue 17.2).
+	cfg := m.listenCfg.Copy()
 	if m.test.listenConfig != nil {
 		m.test.listenConfig(cfg)
 	}
+	bound := m.cfg.StatementTimeout + time.Duration(connx.Hosts(&cfg.Config))*cfg.ConnectTimeout
+	sctx, cancel := context.WithTimeoutCause(ctx, bound, pgerr.ErrStatementTimeout)
+	defer cancel()
+	lctx, db := m.rec.StartDB(sctx, telemetry.OpListen, 1, trace.SpanContext{})
 	conn, err := pgx.ConnectConfig(lctx, cfg)
 	if err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
-		return
+		return false
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	// Before any session setting: behind a transaction-mode pooler they
+	// would stay on a server connection other clients get next.
+	if shared, err := sharedListenBackend(lctx, cfg, conn); err != nil {
+		db.End(0, pgerr.Map(sctx, "manager.listen", err))
+		return false
+	} else if shared {
+		db.End(0, pglease.NewError(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
+		return true
+	}
 	if _, err := conn.Exec(lctx, listenSQL(m.cfg.NotifyChannel)); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
-		return
+		return false
 	}
 	db.End(1, nil)
 	cancel()
 	bo.Reset()
 	if !m.post(ctx, notice{resync: true}) {
-		return
+		return false
 	}
 	probeEvery, probeTimeout := listenProbeInterval, listenProbeTimeout
 	if m.test.listenProbe > 0 {
@@ -128,16 +158,16 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
 		quiet := wctx.Err() != nil
 		cancel()
 		if ctx.Err() != nil {
-			return
+			return false
 		}
 		if err == nil {
 			if !m.post(ctx, notice{hash: n.Payload}) {
-				return
+				return false
 			}
 			continue
 		}
 		if !quiet || conn.PgConn().IsClosed() {
-			return // the connection failed: reconnect
+			return false // the connection failed: reconnect
 		}
 		// Quiet for probeEvery (pgconn leaves the connection usable after
 		// such a timeout): prove that it is alive.
@@ -146,9 +176,22 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) {
 		cancel()
 		if err != nil {
 			m.sigListenerProbeFailed()
-			return
+			return false
 		}
 	}
+}
+
+// sharedListenBackend reports whether conn reaches PostgreSQL through a
+// pooler that hands its server connection to other clients between
+// transactions. A connection whose start-up the backend answered itself
+// (its cancel key names pg_backend_pid()) costs one round trip to check;
+// only behind a pooler does the check open a second connection.
+func sharedListenBackend(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) (bool, error) {
+	pid, err := connx.BackendPID(ctx, conn)
+	if err != nil || !connx.Pooled(conn, pid) {
+		return false, err
+	}
+	return connx.SharedBackend(ctx, cfg, conn, pid)
 }
 
 func (m *Manager) sigListenerProbeFailed() {

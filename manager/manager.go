@@ -7,10 +7,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/connx"
 	tel "github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
@@ -57,6 +59,20 @@ type Config struct {
 	// listening connection is opened. Waiters then learn of releases in
 	// other processes by polling alone.
 	DisableNotify bool
+	// ListenConnString, if set, is the connection string (pgx.ParseConfig
+	// syntax) of the one connection the Manager LISTENs on, instead of
+	// the pool's connection config. Set it to a direct connection to
+	// PostgreSQL (or through a session-mode pooler), same database, when
+	// the pool goes through a transaction-mode pooler (PgBouncer
+	// pool_mode=transaction, managed poolers in that mode): such a pooler
+	// hands the server connection that ran LISTEN to other clients, so
+	// notifications never reach the listener. The Manager tells: when its
+	// listening connection turns out to share its server connection with
+	// other clients, it stops listening for good, logs one Warn record
+	// that names this field, counts it in pglease.listener.polling, and
+	// waiters learn of other processes' releases by polling (Retry).
+	// Releases still send notifications either way.
+	ListenConnString string
 
 	// TTL is the lease TTL of an acquire without WithTTL. Default
 	// DefaultTTL (30 s). It must be a whole number of milliseconds and, as
@@ -137,6 +153,13 @@ func (c Config) validate(op string) error {
 		return invalid(op, "MaxBatch must be between 0 and pg.MaxBatch")
 	case c.MaxInFlight < 0:
 		return invalid(op, "MaxInFlight must not be negative")
+	case c.ListenConnString != "" && c.DisableNotify:
+		return invalid(op, "ListenConnString is set but DisableNotify turns listening off")
+	}
+	if c.ListenConnString != "" {
+		if _, err := pgx.ParseConfig(c.ListenConnString); err != nil {
+			return invalid(op, "bad ListenConnString") // the parse error may quote a password
+		}
 	}
 	if c.TTL != 0 {
 		if err := checkTTL(op, c.TTL, c.LossMargin, true); err != nil {
@@ -178,7 +201,11 @@ type Manager struct {
 	cfg      Config        // immutable after New (defaults filled)
 	pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
 	ownsPool bool          // immutable
-	store    *pg.Store     // immutable
+	// listenCfg is the listening connection's config (ListenConnString or
+	// the pool's), its connect bounded per host; immutable, nil with
+	// DisableNotify.
+	listenCfg *pgx.ConnConfig
+	store     *pg.Store // immutable
 	// rec records spans, metrics and logs (internal/telemetry); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	rec  *tel.Recorder
@@ -212,7 +239,11 @@ type option func(*Manager)
 
 // New returns a Manager that takes its connections from pool and starts
 // its loop goroutine (and, unless DisableNotify, a listener goroutine on
-// one dedicated connection opened with the pool's connection config). It
+// one dedicated connection opened with the pool's connection config, or
+// ListenConnString's; its connect to each host is bounded by 2 s unless
+// the connection string sets connect_timeout). A pool whose connection
+// string lists several hosts without connect_timeout gets one Warn log
+// record: it would never move off a host that stopped answering. It
 // validates cfg and does no I/O. The Manager does not close pool: the
 // caller closes it after Close. The schema must be at the version this
 // pglease needs (see SetupSchema and package pg/migrations): the first
@@ -224,8 +255,15 @@ func New(pool *pgxpool.Pool, cfg Config) (*Manager, error) {
 
 // Open is New on a pool it opens from connString (pgxpool.ParseConfig
 // syntax). The Manager owns that pool and closes it at the end of Close.
+// Unless connString sets connect_timeout, the pool's connect to each host
+// is bounded by 2 s, so that with several hosts (host=a,b …
+// target_session_attrs=read-write) it moves on from a host that stopped
+// answering without closing connections.
 func Open(ctx context.Context, connString string, cfg Config) (*Manager, error) {
-	const op = "manager.Open"
+	return openManager("manager.Open", ctx, connString, cfg)
+}
+
+func openManager(op string, ctx context.Context, connString string, cfg Config, opts ...option) (*Manager, error) {
 	if err := pglease.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
@@ -236,11 +274,17 @@ func Open(ctx context.Context, connString string, cfg Config) (*Manager, error) 
 	if err := cfg.validate(op); err != nil {
 		return nil, err
 	}
+	// A pool of its own moves off a host that stopped answering (several
+	// hosts, target_session_attrs=read-write): each host's connect is
+	// bounded unless the connection string bounds it.
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = connx.DefaultConnectTimeout
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
 	}
-	m, err := newManager(op, pool, true, cfg)
+	m, err := newManager(op, pool, true, cfg, opts...)
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -285,6 +329,17 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		lossCh:        make(chan struct{}, 1),
 		closing:       make(chan struct{}),
 		done:          make(chan struct{}),
+	}
+	if !cfg.DisableNotify {
+		lc := pool.Config().ConnConfig
+		if cfg.ListenConnString != "" {
+			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
+		}
+		m.listenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
+	}
+	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
+		m.rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +
+			"its connects wait on a host that stopped answering and never try the next one; add connect_timeout=2 (see the README, Failover)")
 	}
 	for _, o := range opts {
 		o(m)

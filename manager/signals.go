@@ -41,6 +41,7 @@ type signals struct {
 	retrying            testSignal[string]    // the key's attempt failed or was contended; its next one is scheduled
 	listening           testSignal[struct{}]  // the listener (re)subscribed
 	listenerProbeFailed testSignal[struct{}]  // the listener's probe failed; it reconnects
+	polling             testSignal[struct{}]  // the listener stopped for good (transaction-mode pooler)
 	extendAsked         testSignal[string]    // the loop took a Lock.Extend call for the key
 }
 
@@ -59,6 +60,7 @@ func (s *signals) init() {
 	s.retrying.init()
 	s.listening.init()
 	s.listenerProbeFailed.init()
+	s.polling.init()
 	s.extendAsked.init()
 }
 

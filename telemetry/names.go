@@ -117,6 +117,7 @@ const (
 	MetricLockLost          = "pglease.lock.lost"
 	MetricLockReleases      = "pglease.lock.releases"
 	MetricDBBatchSize       = "pglease.db.batch.size"
+	MetricListenerPolling   = "pglease.listener.polling"     // Managers that poll instead of listening (manager.Config.ListenConnString)
 	MetricDBClientDuration  = "db.client.operation.duration" // the semantic-convention histogram
 	MetricManagerLoopBusy   = "pglease.manager.loop.busy"
 	MetricManagerQueueDepth = "pglease.manager.queue.depth"

@@ -304,6 +304,88 @@ func (r *Replicated) Promote(ctx context.Context, i int) error {
 	return nil
 }
 
+// Rejoin makes node i, stopped (crashed or not) after the other node was
+// promoted, a streaming standby of that node again, so that a test can
+// fail over more than once: node i's data directory is replaced by a
+// fresh base backup of the primary (pg_basebackup -R with a slot named
+// after node i), it is started on its old port (its proxy, if any, still
+// reaches it), and with Sync the primary names it as its synchronous
+// standby. It returns once the primary counts it as streaming (and
+// synchronous with Sync). A node promoted later never names itself as its
+// own synchronous standby: the copied synchronous_standby_names is reset
+// in its configuration.
+func (r *Replicated) Rejoin(ctx context.Context, i int) error {
+	n, p := r.Nodes[i], r.Nodes[1-i]
+	if err := n.StopServer(true); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(n.dataDir); err != nil {
+		return fmt.Errorf("pgtest: rejoin %s: %w", n.Name, err)
+	}
+	conn, err := pgx.Connect(ctx, p.URL)
+	if err != nil {
+		return fmt.Errorf("pgtest: connect to primary %s: %w", p.Name, err)
+	}
+	defer conn.Close(context.Background())
+	// A slot left from an earlier round would make -C fail.
+	if _, err := conn.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+		WHERE slot_name = $1 AND NOT active`, n.Name); err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if err := n.run(ctx, "pg_basebackup", "-D", n.dataDir, "-R", "-X", "stream",
+		"-C", "-S", n.Name, "-c", "fast", "-N", "--no-manifest",
+		"-d", fmt.Sprintf("host=127.0.0.1 port=%d user=postgres", p.Port)); err != nil {
+		return err
+	}
+	// The copy carries the primary's postgresql.auto.conf, which may name
+	// this node as the synchronous standby: as a primary later it would
+	// wait for itself forever. A later line overrides an earlier one.
+	f, err := os.OpenFile(filepath.Join(n.dataDir, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	_, err = f.WriteString("synchronous_standby_names = ''\n")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	if err := n.StartServer(ctx); err != nil {
+		return err
+	}
+	want := "async"
+	if r.Sync {
+		want = "sync"
+		if _, err := conn.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = "+quoteLiteral(n.Name)); err != nil {
+			return fmt.Errorf("pgtest: %w", err)
+		}
+		if _, err := conn.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+			return fmt.Errorf("pgtest: %w", err)
+		}
+	}
+	if err := waitFor(ctx, 60*time.Second, func() (bool, error) {
+		var k int
+		err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_replication
+			WHERE application_name = $1 AND state = 'streaming' AND sync_state = $2`, n.Name, want).Scan(&k)
+		return k == 1, err
+	}); err != nil {
+		return fmt.Errorf("pgtest: %s did not stream again (%s): %w", n.Name, want, err)
+	}
+	return nil
+}
+
+// Primary returns the index of the node that accepts writes now (not in
+// recovery), or an error if neither does.
+func (r *Replicated) Primary(ctx context.Context) (int, error) {
+	for i := range r.Nodes {
+		if rec, err := r.InRecovery(ctx, i); err == nil && !rec {
+			return i, nil
+		}
+	}
+	return -1, errors.New("pgtest: no node accepts writes")
+}
+
 // InRecovery reports whether node i is a standby (pg_is_in_recovery).
 func (r *Replicated) InRecovery(ctx context.Context, i int) (bool, error) {
 	conn, err := pgx.Connect(ctx, r.Nodes[i].URL)

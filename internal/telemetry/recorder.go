@@ -36,6 +36,8 @@ type Recorder struct {
 	releases     metric.Int64Counter
 	batchSize    metric.Int64Histogram
 	dbDuration   metric.Float64Histogram
+	// listenPolling counts Managers that gave up LISTEN (ListenerPolling).
+	listenPolling metric.Int64Counter
 
 	// Precomputed attribute sets, so recording allocates nothing.
 	kindOpt    [numKinds]mopts
@@ -273,6 +275,13 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 	if err != nil || r.dbDuration == nil {
 		handle(err)
 		r.dbDuration, _ = nm.Float64Histogram("")
+	}
+	r.listenPolling, err = m.Int64Counter(ptel.MetricListenerPolling,
+		metric.WithUnit("{manager}"),
+		metric.WithDescription("Managers that do not listen for release notifications (their listening connection goes through a transaction-mode pooler) and poll instead."))
+	if err != nil || r.listenPolling == nil {
+		handle(err)
+		r.listenPolling, _ = nm.Int64Counter("")
 	}
 
 	set := mset

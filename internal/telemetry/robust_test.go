@@ -44,6 +44,8 @@ func driveAll(r *Recorder) {
 	b.NotAcquired()
 	_, c := r.StartAcquire(ctx, k, AcquireInfo{})
 	c.Failed(nil)
+	r.ListenerPolling("behind a transaction-mode pooler")
+	r.ConfigWarning("a setting")
 	l := r.Loop()
 	l.Busy()
 	l.SetDepth(QueueMailbox, 3)
@@ -174,10 +176,10 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 		t.Fatal("New returned nil")
 	}
 	driveAll(r)
-	// 11 synchronous instruments + 2 observable gauges; no callback is
+	// 12 synchronous instruments + 2 observable gauges; no callback is
 	// registered when both gauges failed.
-	if got := h.n.Load(); got != 13 {
-		t.Errorf("otel.Handle got %d instrument errors, want 13", got)
+	if got := h.n.Load(); got != 14 {
+		t.Errorf("otel.Handle got %d instrument errors, want 14", got)
 	}
 
 	h.n.Store(0)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/connx"
 )
 
 // Options tune a Session. The zero value (or a nil *Options) gives the
@@ -242,39 +243,13 @@ var errPooler = errors.New("backend pid changed between transactions: a transact
 	"session advisory locks need a direct or session-mode connection")
 
 // sharedBackend reports whether the server connection (backend pid) that
-// conn runs on is handed to other clients between conn's statements: a
-// transaction- or statement-mode pooler. A second client asks for its
-// backend pid right after conn used (and, in those modes, gave back) pid;
-// PgBouncer reuses the most recently used idle server connection first,
-// so it gets pid. A direct connection or a session-mode pooler never
-// gives pid to another client. Three rounds, in case other clients took
-// that server connection in between.
+// conn runs on is handed to other clients between conn's statements (a
+// transaction- or statement-mode pooler): connx.SharedBackend, with a
+// second connection made from the pool's config, its connect bounded per
+// host (connx.DefaultConnectTimeout unless the connection string sets
+// connect_timeout).
 func sharedBackend(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, pid uint32) (bool, error) {
-	other, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig)
-	if err != nil {
-		return false, err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		_ = other.Close(cctx)
-		cancel()
-	}()
-	for range 3 {
-		var mine, theirs uint32
-		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&mine); err != nil {
-			return false, err
-		}
-		if mine != pid {
-			return true, nil
-		}
-		if err := other.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&theirs); err != nil {
-			return false, err
-		}
-		if theirs == pid {
-			return true, nil
-		}
-	}
-	return false, nil
+	return connx.SharedBackend(ctx, pool.Config().ConnConfig, conn, pid)
 }
 
 // setup configures a fresh lock connection; see Open. No lock is held
