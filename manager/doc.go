@@ -219,6 +219,16 @@
 //     trust window, otherwise they are signalled lost, never silently.
 //     The pool reconnects by itself; the listener probes its connection
 //     and reconnects with backoff.
+//   - Dead pooled connections (half-open, blackholed): a connection is
+//     taken from the pool in tries of at most a second, so pgxpool's
+//     liveness check of an idle dead connection costs one try (then the
+//     pool destroys it); a batch without an answer after a second (or half
+//     the StatementTimeout) is "stuck": the in-flight caps stop counting
+//     it, and each key whose attempt it carries gets a new attempt (new
+//     lockId) on another connection, while whatever the stuck one grants
+//     or leaves unknown is released when its answer comes. A dead
+//     connection thus costs the callers it carried about a second, and
+//     nobody else anything.
 //   - Bad input (key, TTL, options, nil context) is CodeInvalidArgument
 //     before any I/O; a closed Manager answers CodeClosed.
 //   - Errors that retrying cannot fix (a missing table, failed

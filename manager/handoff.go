@@ -8,6 +8,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 )
@@ -60,7 +61,8 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	ks.handOffs++
 	st.clearRetry(ks)
 	ks.woken = false
-	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl}
+	ks.chains++
+	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
 	st.pendHandOff = append(st.pendHandOff, handOffItem{rel: it, a: a})
 	return true
@@ -86,7 +88,7 @@ func (st *loopState) flushHandOffs() {
 	}
 	clear(st.pendHandOff[len(live):])
 	st.pendHandOff = live
-	for len(st.pendHandOff) > 0 && st.inAcquire < m.acqLimit {
+	for len(st.pendHandOff) > 0 && st.room(st.inAcquire, st.stuckAcquire, m.acqLimit) {
 		n := min(len(st.pendHandOff), m.cfg.MaxBatch)
 		batch := slices.Clone(st.pendHandOff[:n])
 		st.pendHandOff = slices.Delete(st.pendHandOff, 0, n)
@@ -94,14 +96,19 @@ func (st *loopState) flushHandOffs() {
 		// handler counts one batch of its kind done.
 		st.inAcquire++
 		st.inRelease++
+		atts := make([]*attempt, len(batch))
+		for i, h := range batch {
+			atts[i] = h.a
+		}
+		fl := st.launch(&flight{acquire: true, release: true, attempts: atts})
 		// A handoff serves two callers (the releaser and the waiter): its
 		// round trip is a root span both link to.
-		go m.sendHandOff(batch, trace.SpanContext{})
+		go m.sendHandOff(fl, batch, trace.SpanContext{})
 	}
 }
 
 // sendHandOff runs in its own goroutine, never on the loop.
-func (m *Manager) sendHandOff(batch []handOffItem, parent trace.SpanContext) {
+func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanContext) {
 	reqs := make([]pg.HandOffRequest, len(batch))
 	rels := make([]releaseItem, len(batch))
 	atts := make([]*attempt, len(batch))
@@ -111,7 +118,7 @@ func (m *Manager) sendHandOff(batch []handOffItem, parent trace.SpanContext) {
 	}
 	// Like an acquire batch: not cancelled by Close, bounded by the
 	// statement timeout, so that its outcome is known.
-	ctx, cancel := context.WithTimeout(context.Background(), m.cfg.StatementTimeout)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindHandOff, len(batch))
 	ctx, db := m.rec.StartDB(ctx, telemetry.OpHandOff, len(batch), parent)
@@ -132,6 +139,6 @@ func (m *Manager) sendHandOff(batch []handOffItem, parent trace.SpanContext) {
 	}
 	db.End(ok, err)
 	sc := db.SpanContext()
-	m.releaseDoneCh <- releaseDone{batch: rels, res: released, err: err, db: sc}
-	m.acquireDoneCh <- acquireDone{batch: atts, start: start, res: granted, err: err, db: sc}
+	m.releaseDoneCh <- releaseDone{fl: fl, batch: rels, res: released, err: err, db: sc}
+	m.acquireDoneCh <- acquireDone{fl: fl, batch: atts, start: start, res: granted, err: err, db: sc}
 }

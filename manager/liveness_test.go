@@ -4,10 +4,12 @@ import (
 	"context"
 	"net"
 	"net/url"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/faultproxy"
 	"github.com/pglease/pglease/internal/pgtest"
@@ -91,3 +93,139 @@ func TestListenerRecoversFromHalfOpen(t *testing.T) {
 }
 
 var _ = context.Background
+
+// deadPool returns a Manager on a pool of at most 4 connections (pgxpool's
+// default on 2 cores) through a fault proxy, and a function that leaves n
+// idle pooled connections half-open (server side closed, client side
+// silent): dead, though nothing tells the pool.
+func deadPool(t *testing.T, cfg Config) (*bundle, func(n int)) {
+	t.Helper()
+	proxy := newProxy(t)
+	cfg.DisableNotify = true
+	b := setup(t, setupOpts{cfg: cfg, pool: []func(*pgxpool.Config){func(c *pgxpool.Config) {
+		viaProxy(proxy)(c.ConnConfig)
+		c.MaxConns, c.MinConns = 4, 0
+	}}})
+	// Runs first: Close (it waits for the statements stuck on dead
+	// connections to end, at their statement timeout), then cut the dead
+	// connections, which pgconn would otherwise drain for 15 s while
+	// closing them (holding up the pool's Close), and start the pool afresh
+	// for the post-checks.
+	t.Cleanup(func() {
+		if err := b.m.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+		proxy.Disconnect()
+		b.pool.Reset()
+	})
+	kill := func(n int) {
+		t.Helper()
+		ctx := ctxT(t)
+		var conns []*pgxpool.Conn
+		for range n {
+			c, err := b.pool.Acquire(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			conns = append(conns, c)
+		}
+		if err := proxy.HalfOpen(); err != nil {
+			t.Fatal(err)
+		}
+		if err := proxy.Pass(); err != nil { // new connections work
+			t.Fatal(err)
+		}
+		for _, c := range conns {
+			c.Release()
+		}
+	}
+	return b, kill
+}
+
+// TestDeadPooledConnections (issue 9.2, L3b): right after pooled
+// connections went half-open, an uncontended Acquire on a healthy server
+// costs at most a short timeout per dead connection it meets, not the
+// statement timeout, and never the whole wait: both when the dead
+// connections are reused at once (the statement is sent on one of them)
+// and after a second idle (pgxpool's liveness check meets them).
+func TestDeadPooledConnections(t *testing.T) {
+	t.Parallel()
+	// Before the fix each dead connection cost the statement timeout; now
+	// a dead connection costs about a second (stuckAfter, connCheckSlice).
+	const statementTimeout = 8 * time.Second
+	for _, c := range []struct {
+		name string
+		idle time.Duration
+	}{{"reused at once", 0}, {"after a second idle", 1200 * time.Millisecond}} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b, kill := deadPool(t, Config{StatementTimeout: statementTimeout})
+			ctx := ctxT(t)
+			kill(2)
+			time.Sleep(c.idle)
+			start := time.Now()
+			lk, err := b.m.Acquire(ctx, "k", WithAcquireTimeout(3*statementTimeout))
+			took := time.Since(start)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := lk.Release(ctx); err != nil {
+				t.Fatalf("release: %v", err)
+			}
+			t.Logf("uncontended Acquire after 2 dead pooled connections: %v", took)
+			if took >= statementTimeout {
+				t.Errorf("took %v: a dead connection cost the statement timeout", took)
+			}
+		})
+	}
+}
+
+// TestStuckBatchNoGlobalStall (issue 9.2): one acquire batch that gets no
+// answer (here held before it is sent; in life a statement on a dead
+// connection) must not hold back every other acquire of the process behind
+// the in-flight cap ((MaxConns − 1)/2 = 1 with 4 connections), and its own
+// callers are served by a new attempt: both within about stuckAfter.
+func TestStuckBatchNoGlobalStall(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	var sent atomic.Int32
+	b := setup(t, setupOpts{
+		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.MaxConns = 4 }},
+		hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
+			if kind == kindAcquire && sent.Add(1) == 1 {
+				<-gate
+			}
+		}},
+	})
+	defer close(gate)
+	ctx := ctxT(t)
+	if b.m.acqLimit != 1 {
+		t.Fatalf("acquire cap %d, want 1", b.m.acqLimit)
+	}
+	stuck := make(chan error, 1)
+	go func() {
+		lk, err := b.m.Acquire(ctx, "stuck", WithAcquireTimeout(waitTimeout()))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		stuck <- err
+	}()
+	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	const bound = 4 * stuckAfterMax // stuckAfter, plus a round trip, under load
+	start := time.Now()
+	lk, err := b.m.Acquire(ctx, "other", WithAcquireTimeout(waitTimeout()))
+	if err != nil {
+		t.Fatalf("another key's Acquire behind the stuck batch: %v", err)
+	}
+	took := time.Since(start)
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stuck; err != nil {
+		t.Fatalf("the stuck batch's caller: %v", err)
+	}
+	t.Logf("another key's Acquire while a batch was stuck: %v", took)
+	if took > bound {
+		t.Fatalf("took %v", took)
+	}
+}

@@ -168,16 +168,39 @@ func (st *loopState) handleRelease(req *releaseReq) {
 
 func (st *loopState) handleAcquireDone(d acquireDone) {
 	st.inAcquire--
+	st.land(d.fl, kindAcquire)
 	now := time.Now()
 	for i, a := range d.batch {
 		ks := a.ks
-		ks.attempt = nil
 		err := d.err
 		var r pg.AcquireResult
 		if err == nil {
 			r = d.res[i]
 			err = r.Err
 		}
+		if a.stale {
+			ks.stale--
+			if cur := ks.attempt; cur != nil && cur.chain == a.chain && !st.closing {
+				// The first answer of the key's current attempt chain
+				// (flight.go): it is the key's answer, the hedge still in
+				// flight is superseded.
+				cur.stale = true
+				ks.stale++
+				a.stale = false
+			}
+		}
+		if a.stale {
+			// Superseded: another attempt serves the key's waiters.
+			// Release whatever this one granted or may have granted.
+			if d.err != nil || r.OK {
+				// Not blocking the key's attempts: this release may meet
+				// a dead connection too.
+				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, ks: ks, unblocked: true})
+			}
+			st.gc(ks)
+			continue
+		}
+		ks.attempt = nil
 		switch {
 		case st.closing:
 			if d.err != nil || r.OK {
@@ -274,6 +297,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 
 func (st *loopState) handleReleaseDone(d releaseDone) {
 	st.inRelease--
+	st.land(d.fl, kindRelease)
 	for i, it := range d.batch {
 		var err error
 		switch {
@@ -294,7 +318,9 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 			it.reply <- err
 		}
 		if ks := it.ks; ks != nil {
-			ks.releasing--
+			if !it.unblocked {
+				ks.releasing--
+			}
 			st.sig().released.signal(ks.key)
 			st.forceKick(ks) // local handoff: the next waiter tries at once
 			st.gc(ks)
@@ -304,6 +330,7 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 
 func (st *loopState) handleExtendDone(d extendDone) {
 	st.inExtend--
+	st.land(d.fl, kindExtend)
 	now := time.Now()
 	if d.err != nil {
 		st.sig().extendFailed.signal(d.err)
@@ -376,8 +403,10 @@ func (st *loopState) handleNotice(n notice) {
 	st.sig().woken.signal(ks.key)
 }
 
-// handleDue runs what the timer found due: retries and the heartbeat.
+// handleDue runs what the timer found due: stuck batches (flight.go),
+// retries and the heartbeat.
 func (st *loopState) handleDue(now time.Time) {
+	st.checkStuck(now)
 	if st.closing {
 		return
 	}
@@ -434,38 +463,40 @@ func (st *loopState) flush() {
 	}
 	clear(st.pendAcquire[len(live):])
 	st.pendAcquire = live
-	for len(st.pendAcquire) > 0 && st.inAcquire < m.acqLimit {
+	for len(st.pendAcquire) > 0 && st.room(st.inAcquire, st.stuckAcquire, m.acqLimit) {
 		n := min(len(st.pendAcquire), m.cfg.MaxBatch)
 		batch := slices.Clone(st.pendAcquire[:n])
 		st.pendAcquire = slices.Delete(st.pendAcquire, 0, n)
 		st.inAcquire++
+		fl := st.launch(&flight{acquire: true, attempts: batch})
 		// A round trip serving one caller is a child of its acquire span;
 		// one serving several is a root span they all link to.
 		var parent trace.SpanContext
 		if n == 1 && len(batch[0].ks.queue) == 1 {
 			parent = batch[0].ks.queue[0].acq.SpanContext()
 		}
-		go m.sendAcquire(batch, parent)
+		go m.sendAcquire(fl, batch, parent)
 	}
 	relLimit, relMax := m.relLimit, m.cfg.MaxBatch
 	if st.closing {
 		relLimit, relMax = st.inRelease+1, pg.MaxBatch // all at once
 	}
-	for len(st.pendRelease) > 0 && st.inRelease < relLimit {
+	for len(st.pendRelease) > 0 && (st.closing && st.inRelease < relLimit || st.room(st.inRelease, st.stuckRelease, relLimit)) {
 		n := min(len(st.pendRelease), relMax)
 		batch := slices.Clone(st.pendRelease[:n])
 		st.pendRelease = slices.Delete(st.pendRelease, 0, n)
 		st.inRelease++
+		fl := st.launch(&flight{release: true})
 		var parent trace.SpanContext
 		if n == 1 {
 			parent = batch[0].sc
 		}
-		go m.sendRelease(batch, parent)
+		go m.sendRelease(fl, batch, parent)
 	}
 	if st.closing {
 		st.pendExtend = nil
 	}
-	for len(st.pendExtend) > 0 && st.inExtend < m.extLimit {
+	for len(st.pendExtend) > 0 && st.room(st.inExtend, st.stuckExtend, m.extLimit) {
 		live := st.pendExtend[:0]
 		for _, h := range st.pendExtend {
 			if _, ok := st.held[h]; ok {
@@ -489,10 +520,11 @@ func (st *loopState) flush() {
 			}
 		}
 		st.inExtend++
+		fl := st.launch(&flight{extend: true})
 		// One heartbeat round per extend batch: the span ends when run
 		// handles the result.
 		_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
-		go m.sendExtend(batch, reqs, deadline, hb)
+		go m.sendExtend(fl, batch, reqs, deadline, hb)
 	}
 }
 
@@ -507,7 +539,7 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 	}
 }
 
-func (m *Manager) sendAcquire(batch []*attempt, parent trace.SpanContext) {
+func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanContext) {
 	reqs := make([]pg.AcquireRequest, len(batch))
 	for i, a := range batch {
 		reqs[i] = pg.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
@@ -530,10 +562,10 @@ func (m *Manager) sendAcquire(batch []*attempt, parent trace.SpanContext) {
 		}
 	}
 	db.End(ok, err)
-	m.acquireDoneCh <- acquireDone{batch: batch, start: start, res: res, err: err, db: db.SpanContext()}
+	m.acquireDoneCh <- acquireDone{fl: fl, batch: batch, start: start, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendRelease(batch []releaseItem, parent trace.SpanContext) {
+func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext) {
 	ids := make([]string, len(batch))
 	for i, it := range batch {
 		ids[i] = it.lockID
@@ -555,10 +587,10 @@ func (m *Manager) sendRelease(batch []releaseItem, parent trace.SpanContext) {
 		}
 	}
 	db.End(ok, err)
-	m.releaseDoneCh <- releaseDone{batch: batch, res: res, err: err, db: db.SpanContext()}
+	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendExtend(batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat) {
+func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat) {
 	// Bounded by the earliest trust deadline of the batch (F4): an answer
 	// after it is useless.
 	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)
@@ -574,5 +606,5 @@ func (m *Manager) sendExtend(batch []*holding, reqs []pg.ExtendRequest, deadline
 		}
 	}
 	db.End(ok, err)
-	m.extendDoneCh <- extendDone{batch: batch, start: start, res: res, err: err, hb: hb, db: db.SpanContext()}
+	m.extendDoneCh <- extendDone{fl: fl, batch: batch, start: start, res: res, err: err, hb: hb, db: db.SpanContext()}
 }

@@ -212,7 +212,8 @@ type Manager struct {
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
-	acqLimit, relLimit, extLimit int // immutable: batches in flight per kind
+	acqLimit, relLimit, extLimit int // immutable: batches in flight per kind (not counting stuck ones, flight.go)
+	maxConns                     int // immutable: the pool's MaxConns
 
 	acquireCh     chan *acquireReq // written by Acquire/TryAcquire, read only by run
 	releaseCh     chan *releaseReq // written by Lock.Release, read only by run
@@ -344,7 +345,8 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	for _, o := range opts {
 		o(m)
 	}
-	perKind := max(1, (int(pool.Config().MaxConns)-1)/2)
+	m.maxConns = int(pool.Config().MaxConns)
+	perKind := max(1, (m.maxConns-1)/2)
 	m.acqLimit = min(cfg.MaxInFlight, perKind)
 	m.relLimit = min(cfg.MaxInFlight, perKind)
 	m.extLimit = cfg.MaxInFlight

@@ -85,6 +85,13 @@ type attempt struct {
 	ks     *keyState
 	lockID string // pre-generated, so an ambiguous outcome can be released (S5)
 	ttl    time.Duration
+	// Owned by run (flight.go): chain numbers the key's attempt and its
+	// hedges (an answer from any of them is the key's answer, the first
+	// wins); hedges counts the hedges before this one in its chain; stale
+	// marks an attempt superseded by a hedge or by another attempt's answer.
+	chain  uint64
+	hedges int
+	stale  bool
 }
 
 // releaseItem is one lockId to release, with the reply of a user's
@@ -94,6 +101,9 @@ type releaseItem struct {
 	ks     *keyState // the key to kick once released; nil during drain
 	reply  chan error
 	lost   error // the lock was lost before the release: reply with this
+	// unblocked: ks's attempts did not wait for this release (a hedged
+	// attempt's, flight.go); it only kicks ks when answered.
+	unblocked bool
 
 	rel telemetry.Release // the pglease.release span; zero for orphan releases
 	sc  trace.SpanContext // rel's span context: parent of a DB span serving only this item
@@ -101,6 +111,7 @@ type releaseItem struct {
 
 // Results posted by DB goroutines to run, one type per kind.
 type acquireDone struct {
+	fl    *flight
 	batch []*attempt
 	start time.Time // local time just before the statement was sent
 	res   []pg.AcquireResult
@@ -109,6 +120,7 @@ type acquireDone struct {
 }
 
 type releaseDone struct {
+	fl    *flight
 	batch []releaseItem
 	res   []bool
 	err   error
@@ -116,6 +128,7 @@ type releaseDone struct {
 }
 
 type extendDone struct {
+	fl    *flight
 	batch []*holding
 	start time.Time // local time just before the statement was sent
 	res   []pg.ExtendResult

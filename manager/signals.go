@@ -40,6 +40,7 @@ type signals struct {
 	woken               testSignal[string]    // a notification started an attempt for the key
 	retrying            testSignal[string]    // the key's attempt failed or was contended; its next one is scheduled
 	listening           testSignal[struct{}]  // the listener (re)subscribed
+	stuck               testSignal[batchKind] // a batch got no answer for stuckAfter: caps no longer count it; its attempts are hedged
 	listenerProbeFailed testSignal[struct{}]  // the listener's probe failed; it reconnects
 	polling             testSignal[struct{}]  // the listener stopped for good (transaction-mode pooler)
 	extendAsked         testSignal[string]    // the loop took a Lock.Extend call for the key
@@ -59,6 +60,7 @@ func (s *signals) init() {
 	s.woken.init()
 	s.retrying.init()
 	s.listening.init()
+	s.stuck.init()
 	s.listenerProbeFailed.init()
 	s.polling.init()
 	s.extendAsked.init()

@@ -39,7 +39,12 @@ type loopState struct {
 	pendHandOff []handOffItem // local handoffs to send with the next handoff batch (handoff.go)
 
 	inAcquire, inRelease, inExtend int // batches in flight per kind
-	waiting                        int // callers in all keys' queues (telemetry: queue depth "waiters")
+	// flights are the batches in flight; stuck* count those of each kind
+	// older than stuckAfter, which the in-flight caps no longer count
+	// (flight.go).
+	flights                                 map[*flight]struct{}
+	stuckAcquire, stuckRelease, stuckExtend int
+	waiting                                 int // callers in all keys' queues (telemetry: queue depth "waiters")
 
 	closing      bool
 	listenerDone chan struct{}      // closed by the listener goroutine; nil when none runs
@@ -60,6 +65,8 @@ type keyState struct {
 	bo        *retry.Backoff // this key's backoff (not thread-safe; loop-owned)
 	lastErr   error          // last database error of an attempt, for timeout errors
 	woken     bool           // a release notification came while an attempt was in flight
+	stale     int            // superseded attempts of this key still in flight (flight.go)
+	chains    uint64         // numbers the key's attempt chains (flight.go)
 	handOffs  uint8          // local handoffs of the key in a row (handoff.go)
 }
 
@@ -106,12 +113,13 @@ func (h *retryHeap) Pop() any {
 
 func newLoopState(m *Manager) *loopState {
 	return &loopState{
-		m:      m,
-		keys:   make(map[string]*keyState),
-		byHash: make(map[string]*keyState),
-		held:   make(map[*holding]struct{}),
-		kept:   make(map[*holding]struct{}),
-		fences: make(map[string]pglease.Fence),
+		m:       m,
+		keys:    make(map[string]*keyState),
+		byHash:  make(map[string]*keyState),
+		held:    make(map[*holding]struct{}),
+		kept:    make(map[*holding]struct{}),
+		flights: make(map[*flight]struct{}),
+		fences:  make(map[string]pglease.Fence),
 	}
 }
 
@@ -139,7 +147,7 @@ func (st *loopState) popWaiter(ks *keyState) *acquireReq {
 
 // gc forgets ks when nothing refers to it any more.
 func (st *loopState) gc(ks *keyState) {
-	if len(ks.queue) > 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 {
+	if len(ks.queue) > 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || ks.stale > 0 {
 		return
 	}
 	st.clearRetry(ks)
@@ -159,7 +167,8 @@ func (st *loopState) kick(ks *keyState) {
 		return
 	}
 	ks.woken = false
-	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl}
+	ks.chains++
+	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
 	st.pendAcquire = append(st.pendAcquire, a)
 }
@@ -201,6 +210,9 @@ func (st *loopState) nextWake() time.Time {
 		return time.Time{}
 	}
 	next := st.hbNext
+	if s := st.nextStuck(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
 	for len(st.retries) > 0 {
 		e := st.retries[0]
 		if e.gen != e.ks.retryGen || e.ks.retryAt.IsZero() {

@@ -204,7 +204,7 @@ func sent(err error) bool {
 func (s *Store) run(ctx context.Context, op string, write bool, sql string, args []any, scan func(pgx.Rows) error) error {
 	db := s.db
 	if pool, ok := db.(*pgxpool.Pool); ok {
-		conn, err := pool.Acquire(ctx)
+		conn, err := acquireConn(ctx, pool)
 		if err != nil {
 			return pgerr.MapSchema(ctx, op, err)
 		}
@@ -232,6 +232,29 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 		return pglease.NewError(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
 	}
 	return mapped
+}
+
+// connCheckSlice bounds each try of acquireConn. pgxpool checks a
+// connection idle for more than a second with a ping under the acquire's
+// context before handing it out; a dead one (half-open, blackholed) then
+// answers nothing until that context ends.
+const connCheckSlice = time.Second
+
+// acquireConn takes a connection from pool in tries of at most
+// connCheckSlice, until ctx ends: a dead idle connection's liveness check
+// costs one try (pgxpool destroys the connection when its ping fails at the
+// try's end, and the next try takes another), not the caller's whole
+// deadline. A try that merely waited for a busy pool is repeated too.
+func acquireConn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, connCheckSlice)
+		conn, err := pool.Acquire(tctx)
+		tried := tctx.Err() != nil
+		cancel()
+		if err == nil || ctx.Err() != nil || !tried {
+			return conn, err
+		}
+	}
 }
 
 func withOp(op string, err error) error {

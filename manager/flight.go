@@ -1,0 +1,165 @@
+package manager
+
+import (
+	"time"
+
+	"github.com/pglease/pglease"
+)
+
+// A statement sent on a dead pooled connection (half-open, blackholed)
+// gets no answer until its deadline (Config.StatementTimeout). Two things
+// keep such a connection from stalling more than the callers it carried:
+//
+//   - In-flight caps count only batches younger than stuckAfter: an older
+//     one no longer holds back the batches of its kind that come after it
+//     (the total stays bounded by the cap plus the pool's MaxConns).
+//   - The attempts of an acquire batch (or handoff) older than stuckAfter
+//     are hedged: each key whose current attempt it carries gets a new
+//     attempt, with a new lockId, in the same chain, on another connection
+//     (at most maxHedges per chain). The first answer of any attempt of
+//     the chain is the key's answer (granted, locked or failed); the
+//     others become stale: whatever they grant, or leave unknown, is
+//     released when their answer comes (S5), and they never grant a
+//     waiter. All are ordinary acquires, serialized by the server per key,
+//     so at most one can be granted while another is live.
+//
+// So a dead connection costs the callers whose statement it carried about
+// stuckAfter, not the statement timeout, and nobody else anything; an
+// attempt that is merely slow (a lock wait on the server) still gets its
+// answer, from whichever attempt of its chain answers first.
+
+// stuckAfterMax bounds stuckAfter; with a statement timeout shorter than
+// twice that, stuckAfter is half the statement timeout.
+const stuckAfterMax = time.Second
+
+func (m *Manager) stuckAfter() time.Duration {
+	return min(stuckAfterMax, m.cfg.StatementTimeout/2)
+}
+
+// flight is one batch in flight (a handoff counts as both an acquire and
+// a release). Owned by run; the DB goroutine only carries the pointer back
+// in its done message.
+type flight struct {
+	start    time.Time
+	acquire  bool       // counted in inAcquire (acquire batch or handoff)
+	release  bool       // counted in inRelease (release batch or handoff)
+	extend   bool       // counted in inExtend
+	attempts []*attempt // the attempts it carries (acquires, handoffs)
+	stuck    bool       // older than stuckAfter: not counted by the caps
+	landed   int        // done messages received (a handoff sends two)
+}
+
+// launch records a batch about to be sent.
+func (st *loopState) launch(fl *flight) *flight {
+	fl.start = time.Now()
+	st.flights[fl] = struct{}{}
+	return fl
+}
+
+// land records one done message of fl (of kind acquire, release or
+// extend).
+func (st *loopState) land(fl *flight, kind batchKind) {
+	if fl == nil {
+		return
+	}
+	if fl.stuck {
+		switch kind {
+		case kindAcquire:
+			st.stuckAcquire--
+		case kindRelease:
+			st.stuckRelease--
+		case kindExtend:
+			st.stuckExtend--
+		}
+	}
+	fl.landed++
+	n := 1
+	if fl.acquire && fl.release {
+		n = 2
+	}
+	if fl.landed >= n {
+		delete(st.flights, fl)
+	}
+}
+
+// checkStuck marks the batches older than stuckAfter as stuck and hedges
+// their attempts.
+func (st *loopState) checkStuck(now time.Time) {
+	after := st.m.stuckAfter()
+	for fl := range st.flights {
+		if fl.stuck || now.Sub(fl.start) < after {
+			continue
+		}
+		fl.stuck = true
+		if fl.acquire {
+			st.stuckAcquire++
+		}
+		if fl.release {
+			st.stuckRelease++
+		}
+		if fl.extend {
+			st.stuckExtend++
+		}
+		if st.closing {
+			continue
+		}
+		for _, a := range fl.attempts {
+			st.hedge(a)
+		}
+		st.sig().stuck.signal(fl.kind())
+	}
+}
+
+func (fl *flight) kind() batchKind {
+	switch {
+	case fl.acquire && fl.release:
+		return kindHandOff
+	case fl.acquire:
+		return kindAcquire
+	case fl.release:
+		return kindRelease
+	}
+	return kindExtend
+}
+
+// maxHedges bounds the hedges of one attempt: an attempt that is merely
+// slow (waiting for a lock on the server) must not make the key pile up
+// attempts, each holding a connection.
+const maxHedges = 2
+
+// hedge starts a new attempt for a's key in a's chain if a is the key's
+// current attempt and may still be hedged; a becomes stale.
+func (st *loopState) hedge(a *attempt) {
+	ks := a.ks
+	if ks.attempt != a || a.hedges >= maxHedges || len(ks.queue) == 0 || ks.holder != nil || ks.releasing > 0 {
+		return
+	}
+	a.stale = true
+	ks.stale++
+	h := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: a.ttl, chain: a.chain, hedges: a.hedges + 1}
+	ks.attempt = h
+	st.pendAcquire = append(st.pendAcquire, h)
+}
+
+// nextStuck returns when the oldest batch not yet stuck becomes stuck
+// (zero: none in flight).
+func (st *loopState) nextStuck() time.Time {
+	var next time.Time
+	after := st.m.stuckAfter()
+	for fl := range st.flights {
+		if fl.stuck {
+			continue
+		}
+		if at := fl.start.Add(after); next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	return next
+}
+
+// room reports whether one more batch may be sent: fewer than limit
+// batches of the kind that are not stuck, and fewer than limit + the
+// pool's MaxConns in all.
+func (st *loopState) room(inflight, stuck, limit int) bool {
+	return inflight-stuck < limit && inflight < limit+st.m.maxConns
+}
