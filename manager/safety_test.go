@@ -130,10 +130,25 @@ func TestStatementTimeoutIsRetryable(t *testing.T) {
 		}
 	}
 	// Hygiene, not the property under test: the server backends still
-	// waiting for the advisory lock (their clients gave up) would grant
-	// after the blocker ends, and such a late grant stays until it expires.
-	if _, err := blocker.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", app); err != nil {
-		t.Fatal(err)
+	// waiting for the advisory lock (their clients gave up, or their
+	// attempts were superseded by hedges still in flight) would grant after
+	// the blocker ends, and such a late grant stays until it is released
+	// or expires. End them until none of the Manager's statements is in
+	// flight (no new attempt starts: nobody waits for the key any more).
+	deadline := time.Now().Add(waitTimeout())
+	for idle := 0; idle < 2; {
+		if _, err := blocker.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'", app); err != nil {
+			t.Fatal(err)
+		}
+		if b.pool.Stat().AcquiredConns() == 0 {
+			idle++
+		} else {
+			idle = 0
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the Manager's statements are still in flight")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
