@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
+	"golang.org/x/text/unicode/rangetable"
 )
 
 // Key limits and time constants shared with SyncGuard 2.5.2
@@ -52,12 +54,48 @@ const (
 
 const opKey = "pglease.NormalizeKey"
 
+// UnicodeVersion is the Unicode version of the NFC tables pglease
+// normalizes keys with (golang.org/x/text/unicode/norm's Version, which
+// depends on the x/text version and the Go release it is built with).
+// NormalizeKey refuses keys containing code points unassigned in it.
+const UnicodeVersion = norm.Version
+
+// assigned is the set of code points assigned in UnicodeVersion.
+var assigned = rangetable.Assigned(norm.Version)
+
+// unassignedRune returns the first code point of s (valid UTF-8) that is
+// unassigned in UnicodeVersion. Without a table for that version (never
+// with a consistent x/text), every non-ASCII code point counts as
+// unassigned: refusing is safe, accepting is not.
+func unassignedRune(s string) (rune, bool) {
+	for _, r := range s {
+		if r < utf8.RuneSelf {
+			continue // ASCII: all assigned
+		}
+		if assigned == nil || !unicode.Is(assigned, r) {
+			return r, true
+		}
+	}
+	return 0, false
+}
+
 // NormalizeKey validates a lock key and returns its NFC form, the form
 // SyncGuard stores (normalizeAndValidateKey). In order: an empty key, a
-// key longer than MaxRawKeyBytes, invalid UTF-8, or a key containing NUL
-// is InvalidArgument (checked before normalizing); then the key is
+// key longer than MaxRawKeyBytes, invalid UTF-8, a key containing NUL, or
+// a key containing a code point unassigned in UnicodeVersion is
+// InvalidArgument (checked before normalizing); then the key is
 // NFC-normalized and must be at most MaxKeyBytes UTF-8 bytes. Error texts
 // never contain the key.
+//
+// Why unassigned code points are refused: NFC never changes for assigned
+// characters from one Unicode version to the next, but a code point
+// unassigned in the version one program normalizes with may be a
+// combining character in a newer one. Node 20's ICU (Unicode 17), for
+// instance, composes "𐗉" to "𐗉" and reorders
+// "x̖ࢗ", where Unicode 15 tables leave both unchanged: SyncGuard
+// and pglease would store different rows for the same key and both get
+// the lock. Refusing such keys means no two fleets can disagree about a
+// key pglease accepts.
 func NormalizeKey(key string) (string, error) {
 	switch {
 	case key == "":
@@ -68,6 +106,10 @@ func NormalizeKey(key string) (string, error) {
 		return "", NewError(CodeInvalidArgument, opKey, "key is not valid UTF-8", nil)
 	case strings.IndexByte(key, 0) >= 0:
 		return "", NewError(CodeInvalidArgument, opKey, "key contains a NUL byte", nil)
+	}
+	if _, ok := unassignedRune(key); ok { // the code point is not echoed either
+		return "", NewError(CodeInvalidArgument, opKey, "key contains a code point unassigned in Unicode "+norm.Version+
+			" (the version of pglease's NFC tables): processes with newer tables, such as SyncGuard on Node, may normalize it differently and lock another key", nil)
 	}
 	k := norm.NFC.String(key)
 	if len(k) > MaxKeyBytes {

@@ -6,7 +6,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+	"golang.org/x/text/unicode/rangetable"
 
 	"github.com/pglease/pglease"
 )
@@ -236,4 +240,61 @@ func FuzzNormalizeKey(f *testing.F) {
 			t.Fatalf("HashKey differs between input and its NFC form")
 		}
 	})
+}
+
+// TestNormalizeKeyUnassignedCodePoints (issue 9.6): keys with code points
+// unassigned in the Unicode version of pglease's NFC tables are refused
+// (InvalidArgument, the key not echoed), since a newer normalizer may
+// compose or reorder them (the issue's keys: Node 20's ICU, Unicode 17,
+// turns "\U000105D2\u0307" into "\U000105C9" and "x\u0897\u0316" into
+// "x\u0316\u0897"). Which code points are unassigned depends on the
+// version in force (x/text and the Go release): the expectations are
+// computed from it, and the keys assigned in it are accepted.
+func TestNormalizeKeyUnassignedCodePoints(t *testing.T) {
+	t.Parallel()
+	if pglease.UnicodeVersion != norm.Version {
+		t.Fatalf("UnicodeVersion %s, norm.Version %s", pglease.UnicodeVersion, norm.Version)
+	}
+	assigned := rangetable.Assigned(norm.Version)
+	if assigned == nil {
+		t.Fatalf("no table of assigned code points for Unicode %s", norm.Version)
+	}
+	keys := []string{
+		"\U000105D2\u0307", // Todhri (Unicode 16) + combining dot above
+		"x\u0897\u0316",    // Arabic pepet (Unicode 16) + a combining mark of another class
+		"job:\U000105C9",   // the composed form Node stores for the first
+		"\U0010FFFF",       // a noncharacter: unassigned in every version
+		"\u0378",           // never assigned (Greek block gap)
+	}
+	refused := 0
+	for _, k := range keys {
+		unassigned := false
+		for _, r := range k {
+			if !unicode.Is(assigned, r) {
+				unassigned = true
+			}
+		}
+		_, err := pglease.NormalizeKey(k)
+		switch {
+		case unassigned && !errors.Is(err, pglease.ErrInvalidArgument):
+			t.Errorf("NormalizeKey(%+q) = %v: it has a code point unassigned in Unicode %s", k, err, norm.Version)
+		case !unassigned && err != nil:
+			t.Errorf("NormalizeKey(%+q) = %v: every code point is assigned in Unicode %s", k, err, norm.Version)
+		}
+		if unassigned {
+			refused++
+			if err != nil && (strings.Contains(err.Error(), k) || !strings.Contains(err.Error(), norm.Version)) {
+				t.Errorf("error %q echoes the key or does not name the Unicode version", err)
+			}
+		}
+	}
+	if norm.Version == "15.0.0" && refused != len(keys) {
+		t.Errorf("with Unicode 15 tables all %d keys must be refused, %d were", len(keys), refused)
+	}
+	// Assigned characters of every age are accepted: NFC is stable for them.
+	for _, k := range []string{"café", "cafe\u0301", "日本語", "😀", "\uE000" /* private use */} {
+		if _, err := pglease.NormalizeKey(k); err != nil {
+			t.Errorf("NormalizeKey(%+q) = %v", k, err)
+		}
+	}
 }

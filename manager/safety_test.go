@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -189,5 +190,31 @@ func TestClosedPoolFailsAtOnce(t *testing.T) {
 	}
 	if _, _, err := m.TryAcquire(ctx, "k"); pglease.CodeOf(err) != pglease.CodeClosed {
 		t.Fatalf("TryAcquire on a closed pool = %v", err)
+	}
+}
+
+// TestUnassignedCodePointKeyNoIO (issue 9.6): a key with a code point
+// unassigned in pglease's Unicode version is InvalidArgument, with a
+// message that says why, before any query.
+func TestUnassignedCodePointKeyNoIO(t *testing.T) {
+	t.Parallel()
+	qc := &queryCounter{}
+	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
+	ctx := ctxT(t)
+	key := "\U000105D2\u0307"
+	if _, err := pglease.NormalizeKey(key); err == nil {
+		t.Skipf("U+105D2 is assigned in Unicode %s: nothing to refuse", pglease.UnicodeVersion)
+	}
+	before := qc.n.Load()
+	_, err := b.m.Acquire(ctx, key)
+	var e *pglease.Error
+	if !errors.As(err, &e) || e.Code != pglease.CodeInvalidArgument || e.Op != "manager.Acquire" || !strings.Contains(e.Msg, "unassigned in Unicode") {
+		t.Fatalf("Acquire = %v", err)
+	}
+	if _, _, err := b.m.TryAcquire(ctx, key); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Fatalf("TryAcquire = %v", err)
+	}
+	if n := qc.n.Load() - before; n != 0 {
+		t.Fatalf("%d queries", n)
 	}
 }
