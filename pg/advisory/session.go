@@ -187,6 +187,8 @@ type Session struct {
 // (its cancel key names another pid than pg_backend_pid(), as PgBouncer's
 // does), when a second connection Open makes is handed the same backend.
 // A session-mode pooler passes. The pid check is repeated by every probe.
+// A pooled connection that the server had already closed (idle timeout,
+// restart) is replaced once.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, error) {
 	const op = "advisory.Open"
 	if err := pglease.CheckContext(op, ctx); err != nil {
@@ -199,27 +201,27 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 	if err != nil {
 		return nil, err
 	}
-	pc, err := pool.Acquire(ctx)
-	if err != nil {
-		return nil, mapErr(ctx, op, err)
-	}
-	conn := pc.Hijack()
-	alive := time.Now() // before setup's first statement: the session is alive at least since then
-	pid, err := setup(ctx, conn, o)
-	if err == nil && conn.PgConn().PID() != pid {
-		// Something other than the backend answered the start-up (its
-		// cancel key names another pid): a pooler. Refuse it unless it
-		// keeps this backend for this client (session mode).
-		var shared bool
-		if shared, err = sharedBackend(ctx, pool, conn, pid); err == nil && shared {
-			err = pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+	var (
+		conn  *pgx.Conn
+		pid   uint32
+		alive time.Time
+	)
+	for try := 1; ; try++ {
+		conn, pid, alive, err = open(ctx, pool, o)
+		// A pooled connection the server had already closed (an idle
+		// timeout, a restart) fails at its first statement, before any
+		// lock is taken on it: take another one, once.
+		if err == nil || try == 2 || conn == nil || !conn.IsClosed() || ctx.Err() != nil {
+			break
 		}
-		err = mapErr(ctx, op, err)
+		_ = conn.Close(ctx) // already closed: releases nothing but the handle
 	}
 	if err != nil {
-		cctx, cancel := context.WithTimeout(context.Background(), o.ProbeTimeout)
-		_ = conn.Close(cctx)
-		cancel()
+		if conn != nil {
+			cctx, cancel := context.WithTimeout(context.Background(), o.ProbeTimeout)
+			_ = conn.Close(cctx)
+			cancel()
+		}
 		return nil, err
 	}
 	s := &Session{
@@ -235,6 +237,32 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 	s.closing, s.closingCancel = context.WithCancel(context.Background())
 	go s.probeLoop()
 	return s, nil
+}
+
+// open hijacks a connection from pool and sets it up (see Open). On an
+// error after the hijack it returns the connection too, for the caller to
+// close. alive is taken before setup's first statement: the session is
+// alive at least since then.
+func open(ctx context.Context, pool *pgxpool.Pool, o Options) (conn *pgx.Conn, pid uint32, alive time.Time, err error) {
+	const op = "advisory.Open"
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, 0, time.Time{}, mapErr(ctx, op, err)
+	}
+	conn = pc.Hijack()
+	alive = time.Now()
+	pid, err = setup(ctx, conn, o)
+	if err == nil && conn.PgConn().PID() != pid {
+		// Something other than the backend answered the start-up (its
+		// cancel key names another pid): a pooler. Refuse it unless it
+		// keeps this backend for this client (session mode).
+		var shared bool
+		if shared, err = sharedBackend(ctx, pool, conn, pid); err == nil && shared {
+			err = pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+		}
+		err = mapErr(ctx, op, err)
+	}
+	return conn, pid, alive, err
 }
 
 // errPooler is the cause of a refused Open or a lost session when the

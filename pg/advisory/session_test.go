@@ -571,3 +571,46 @@ func TestLockTableFull(t *testing.T) {
 	}
 	_ = l.Release(ctx)
 }
+
+// TestOpenReplacesDeadPooledConnection: the pool's idle connection was
+// ended by the server (here pg_terminate_backend; in production an
+// idle_session_timeout or a restart) and the pool does not know yet; Open
+// takes another connection instead of failing.
+func TestOpenReplacesDeadPooledConnection(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t, func(c *pgxpool.Config) { c.MaxConns = 2 })
+	ctx := ctxT(t, 20*time.Second)
+	var pid int32
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil { // the pool keeps this one idle
+		t.Fatal(err)
+	}
+	if pool.Stat().IdleConns() != 1 {
+		t.Fatalf("%d idle connections, want 1", pool.Stat().IdleConns())
+	}
+	admin := superConn(t)
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the backend to exit", func() bool {
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n == 0
+	})
+	s, err := Open(ctx, pool, testOpts())
+	if err != nil {
+		t.Fatalf("Open on a pool holding a dead connection: %v", err)
+	}
+	defer s.Close(ctx)
+	if s.BackendPID() == pid {
+		t.Fatal("the session runs on the terminated backend")
+	}
+	l, ok, err := s.TryLock(ctx, randKey())
+	if !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -23,11 +23,15 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 	sc := superConn(t)
 	for _, q := range []string{
 		"CREATE ROLE " + role + " LOGIN",
-		"ALTER ROLE " + role + " SET idle_session_timeout = '100ms'",
+		// 1 s, not less: on a loaded machine a pooled connection can sit
+		// idle that long before Open's first statement, and the server
+		// would end it first. That the Session overrides it is checked by
+		// its value below.
+		"ALTER ROLE " + role + " SET idle_session_timeout = '1s'",
 		"ALTER ROLE " + role + " SET idle_in_transaction_session_timeout = '100ms'",
 		// Long enough for Open's first statement (which runs under it) on a
 		// loaded machine; the wait below outlasts it twice.
-		"ALTER ROLE " + role + " SET statement_timeout = '250ms'",
+		"ALTER ROLE " + role + " SET statement_timeout = '1s'",
 		"ALTER ROLE " + role + " SET lock_timeout = '10ms'",
 	} {
 		if _, err := sc.Exec(ctx, q); err != nil {
@@ -97,7 +101,7 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, li := range infos {
-			if li.PID == s.BackendPID() && !li.Granted && !li.WaitStart.IsZero() && time.Since(li.WaitStart) > 500*time.Millisecond {
+			if li.PID == s.BackendPID() && !li.Granted && !li.WaitStart.IsZero() && time.Since(li.WaitStart) > 2*time.Second {
 				return true
 			}
 		}
