@@ -218,7 +218,20 @@
 //     keep retrying their extends and survive if one succeeds within the
 //     trust window, otherwise they are signalled lost, never silently.
 //     The pool reconnects by itself; the listener probes its connection
-//     and reconnects with backoff.
+//     and reconnects with backoff. A release whose outcome is unknown
+//     (Lock.Release's, or the best-effort release of an acquire whose
+//     answer was lost) is sent again with backoff (100 ms doubling to 2 s)
+//     until the server answers, for as long as the lease can be live on
+//     the server (and during Close, until CloseTimeout): releasing by
+//     lockId is safe to repeat, and the key is free as soon as the
+//     database answers again, not only at the lease's expiry.
+//   - Failover (a multi-host connection string with
+//     target_session_attrs=read-write): the pool and the listener move to
+//     the new primary; the connections pglease opens itself bound each
+//     host's connect (2 s unless connect_timeout is set), and Open bounds
+//     its pool's the same way, so a host that stopped answering without
+//     closing connections does not hold them. Fences stay safe only with
+//     synchronous replication (see the README, Failover).
 //   - Dead pooled connections (half-open, blackholed): a connection is
 //     taken from the pool in tries of at most a second, so pgxpool's
 //     liveness check of an idle dead connection costs one try (then the

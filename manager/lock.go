@@ -176,8 +176,10 @@ func (l *Lock) Err() error {
 // and returns once the server answered. It returns nil if the lock was
 // held until now (or until Close released it), an error matching
 // pglease.ErrLockLost if it had been lost before, and another error if
-// the outcome is unknown (the lock is then no longer extended and expires
-// by itself). The lock's Context is cancelled with a cause matching
+// the outcome is unknown (the lock is then no longer extended; the
+// Manager sends the release again, with backoff, until the server answers
+// or the lease has surely expired, so the key is free soon after the
+// database answers again). The lock's Context is cancelled with a cause matching
 // pglease.ErrReleased at once. Releasing twice is a no-op. If ctx has
 // ended or ends first, Release returns CodeAborted while the release goes
 // on in the background (even with an already-ended ctx, so a deferred

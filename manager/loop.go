@@ -195,7 +195,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			if d.err != nil || r.OK {
 				// Not blocking the key's attempts: this release may meet
 				// a dead connection too.
-				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, ks: ks, unblocked: true})
+				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, ks: ks, unblocked: true, ttl: a.ttl})
 			}
 			st.gc(ks)
 			continue
@@ -204,12 +204,12 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 		switch {
 		case st.closing:
 			if d.err != nil || r.OK {
-				st.orphanRelease(nil, a.lockID)
+				st.orphanRelease(nil, a)
 			}
 		case d.err != nil:
 			// Outcome unknown (S5): release the pre-generated lockId, then
 			// retry or fail.
-			st.orphanRelease(ks, a.lockID)
+			st.orphanRelease(ks, a)
 			st.attemptFailed(ks, err, now, d.db)
 		case err != nil: // this item failed on its own (fence overflow): nothing granted
 			ks.lastErr = err
@@ -258,7 +258,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		// acknowledged grants. Refuse it; the head waiter learns why.
 		err := pglease.NewError(pglease.CodeFenceRegression, "manager.Acquire",
 			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
-		st.orphanRelease(ks, a.lockID)
+		st.orphanRelease(ks, a)
 		ks.lastErr = err
 		if len(ks.queue) > 0 {
 			req := st.popWaiter(ks)
@@ -274,18 +274,18 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 	switch {
 	case len(ks.queue) == 0:
 		// Every waiter left while the attempt was in flight.
-		st.orphanRelease(ks, a.lockID)
+		st.orphanRelease(ks, a)
 		st.sig().orphaned.signal(ks.key)
 	case !lease.Trusted(now):
 		// The answer came after the grant's own trust window.
-		st.orphanRelease(ks, a.lockID)
+		st.orphanRelease(ks, a)
 		ks.lastErr = pglease.NewError(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
 		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
 	case ks.queue[0].ttl != a.ttl:
 		// The waiter it was for left; the next one wants another TTL.
 		// Release, then attempt again for it.
-		st.orphanRelease(ks, a.lockID)
+		st.orphanRelease(ks, a)
 	default:
 		req := st.popWaiter(ks)
 		req.acq.Attempt(db, telemetry.AttemptGranted, 0)
@@ -298,11 +298,19 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 func (st *loopState) handleReleaseDone(d releaseDone) {
 	st.inRelease--
 	st.land(d.fl, kindRelease)
+	now := time.Now()
 	for i, it := range d.batch {
 		var err error
+		// An unknown outcome is retried while the lease may be live on the
+		// server and a retry can help (relretry.go); the key stays
+		// "releasing" meanwhile.
+		retried := d.err != nil && retryable(d.err) && st.retryRelease(it, now)
 		switch {
 		case it.lost != nil:
 			err = it.lost
+		case d.err != nil && retried:
+			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
+				"release outcome unknown: the lock is no longer extended; the release is retried until the server answers or the lease expires", d.err)
 		case d.err != nil:
 			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
 				"release outcome unknown: the lock is no longer extended and expires by itself", d.err)
@@ -312,10 +320,15 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		case !d.res[i]:
 			err = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
 		}
-		it.rel.Served(d.db)
-		it.rel.End(err)
-		if it.reply != nil {
-			it.reply <- err
+		if !it.retry { // the first outcome: answer the caller, end the span
+			it.rel.Served(d.db)
+			it.rel.End(err)
+			if it.reply != nil {
+				it.reply <- err
+			}
+		}
+		if retried {
+			continue
 		}
 		if ks := it.ks; ks != nil {
 			if !it.unblocked {
@@ -407,6 +420,7 @@ func (st *loopState) handleNotice(n notice) {
 // retries and the heartbeat.
 func (st *loopState) handleDue(now time.Time) {
 	st.checkStuck(now)
+	st.dueReleases(now)
 	if st.closing {
 		return
 	}

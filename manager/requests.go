@@ -105,6 +105,16 @@ type releaseItem struct {
 	// attempt's, flight.go); it only kicks ks when answered.
 	unblocked bool
 
+	// Retries of a release whose outcome was unknown (relretry.go): ttl is
+	// the lease's TTL, until the time after which the server has surely
+	// expired the row, at when the next try is due, tries how many failed;
+	// retry is set once the caller was answered (a retry answers nobody).
+	ttl   time.Duration
+	until time.Time
+	at    time.Time
+	tries int
+	retry bool
+
 	rel telemetry.Release // the pglease.release span; zero for orphan releases
 	sc  trace.SpanContext // rel's span context: parent of a DB span serving only this item
 }

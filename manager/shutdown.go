@@ -42,6 +42,7 @@ func (m *Manager) Close(ctx context.Context) error {
 // beginDrain is run's first step of shutdown (steps 2–4 of Close).
 func (st *loopState) beginDrain() {
 	st.closing = true
+	st.closeBy = time.Now().Add(st.m.cfg.CloseTimeout)
 	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAcquire)
 	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
 	if st.stopListener != nil {
@@ -53,7 +54,7 @@ func (st *loopState) beginDrain() {
 	for h := range st.held {
 		st.dropHolding(h, closedCause)
 		rel, sc := startRelease(h, trace.SpanContext{})
-		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, rel: rel, sc: sc})
+		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, rel: rel, sc: sc, ttl: h.lock.ttl})
 	}
 	// Lost locks whose rows were kept for their holders: Close releases
 	// them like the held ones (their holders were told long ago).
@@ -71,7 +72,7 @@ func (st *loopState) beginDrain() {
 // drained reports whether nothing is pending or in flight any more.
 func (st *loopState) drained() bool {
 	return st.inAcquire == 0 && st.inRelease == 0 && st.inExtend == 0 &&
-		len(st.pendRelease) == 0 && st.listenerDone == nil
+		len(st.pendRelease) == 0 && len(st.relRetries) == 0 && st.listenerDone == nil
 }
 
 // finish is the last step of the drain: close an owned pool and record the

@@ -43,6 +43,7 @@ type signals struct {
 	stuck               testSignal[batchKind] // a batch got no answer for stuckAfter: caps no longer count it; its attempts are hedged
 	listenerProbeFailed testSignal[struct{}]  // the listener's probe failed; it reconnects
 	polling             testSignal[struct{}]  // the listener stopped for good (transaction-mode pooler)
+	releaseRetry        testSignal[string]    // a release with an unknown outcome was scheduled again (its lockId)
 	extendAsked         testSignal[string]    // the loop took a Lock.Extend call for the key
 }
 
@@ -63,6 +64,7 @@ func (s *signals) init() {
 	s.stuck.init()
 	s.listenerProbeFailed.init()
 	s.polling.init()
+	s.releaseRetry.init()
 	s.extendAsked.init()
 }
 

@@ -50,7 +50,10 @@ type loopState struct {
 	listenerDone chan struct{}      // closed by the listener goroutine; nil when none runs
 	stopListener context.CancelFunc // stops the listener
 
-	closeErr error // first release failure during the drain
+	closeErr error     // first release failure during the drain
+	closeBy  time.Time // when the drain gives up retrying releases (beginDrain + CloseTimeout)
+
+	relRetries []releaseItem // releases with an unknown outcome, to send again (relretry.go)
 }
 
 // keyState is one key's FIFO queue and attempt loop.
@@ -207,9 +210,12 @@ func (st *loopState) noteEvent(t time.Time) {
 // nextWake returns when the loop's one timer must fire (zero: never).
 func (st *loopState) nextWake() time.Time {
 	if st.closing {
-		return time.Time{}
+		return st.nextReleaseRetry()
 	}
 	next := st.hbNext
+	if r := st.nextReleaseRetry(); !r.IsZero() && (next.IsZero() || r.Before(next)) {
+		next = r
+	}
 	if s := st.nextStuck(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
@@ -237,11 +243,11 @@ func (st *loopState) margin(ttl time.Duration) time.Duration {
 // orphanRelease releases a lockId nobody holds (an attempt without a
 // waiter, an ambiguous attempt, a refused grant). The key's next attempt
 // waits until the release is answered.
-func (st *loopState) orphanRelease(ks *keyState, lockID string) {
+func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
 	if ks != nil {
 		ks.releasing++
 	}
-	st.pendRelease = append(st.pendRelease, releaseItem{lockID: lockID, ks: ks})
+	st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, ks: ks, ttl: a.ttl})
 }
 
 // dropHolding forgets h and ends its lock's context with cause (the first
@@ -264,7 +270,7 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 // when the loop releases on its own): the pglease.release span's parent.
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
 	st.dropHolding(h, releasedCause)
-	it := releaseItem{lockID: h.lock.id, ks: h.ks, reply: reply}
+	it := releaseItem{lockID: h.lock.id, ks: h.ks, reply: reply, ttl: h.lock.ttl}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
 		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 		// Its loss timer fired before the loop noticed: report the loss.
@@ -345,7 +351,7 @@ func (st *loopState) pruneKept(now time.Time) {
 // releaseKept queues the release of a lost lock's kept row (its holder
 // called Release, or Close); reply, if set, gets the loss as the outcome.
 func (st *loopState) releaseKept(h *holding, reply chan error) {
-	it := releaseItem{lockID: h.lock.id, reply: reply,
+	it := releaseItem{lockID: h.lock.id, reply: reply, ttl: h.lock.ttl,
 		lost: pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
 	if !st.closing {
 		ks := st.keyFor(h.ks.key, h.ks.hash) // h.ks may have been forgotten since
