@@ -8,7 +8,17 @@ WITHPG  = $(GO) run ./internal/cmd/withpg
 # newest release whose own go.mod allows Go 1.25 (v0.8.x need 1.26).
 STATICCHECK = $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0
 
-.PHONY: test fmt vet staticcheck demo bench trace soak soak-controls
+.PHONY: test fmt vet staticcheck gomin demo bench trace soak soak-controls
+
+# gomin builds and vets everything with the oldest Go that go.mod allows (the
+# go directive), so a user on that version is never the first to find a
+# newer API in pglease. The go command fetches that toolchain from the module
+# proxy (about 75 MB, once). .ci/run runs it after make test.
+GOMIN = $(shell sed -n 's/^go \([0-9.]*\)$$/\1/p' go.mod)
+gomin:
+	@if ! GOTOOLCHAIN=go$(GOMIN) $(GO) version >/dev/null 2>&1; then \
+		echo "gomin: could not fetch the go$(GOMIN) toolchain from the module proxy; not checked" >&2; exit 0; fi
+	GOTOOLCHAIN=go$(GOMIN) $(GO) build ./... && GOTOOLCHAIN=go$(GOMIN) $(GO) vet ./...
 
 # pg/migrations/tooltest is a module of its own (goose and golang-migrate
 # apply the migration files there, kept out of pglease's go.mod).
