@@ -28,14 +28,17 @@ type Election struct {
 	ObserveInterval time.Duration
 
 	// OnStartedLeading, if set, is called when this candidate starts a
-	// term, before the function runs, with the term's lock (its Fence is
-	// the term's fencing token).
-	OnStartedLeading func(term *Lock)
+	// term, before the function runs, with the term (its Fence is the
+	// term's fencing token).
+	OnStartedLeading func(term *Term)
 	// OnStoppedLeading, if set, is called when a term of this candidate
-	// ended: the function returned (and the lease was released) or the
-	// lease was lost. cause is nil after a resignation, else the lock's
-	// Err (a pglease.ErrLockLost error) or the context's end.
-	OnStoppedLeading func(term *Lock, cause error)
+	// ended, after the function returned and the lease was released (or
+	// found lost). cause is nil after a resignation (the function
+	// returned while leading, or called term.Release), else term.Err():
+	// an error matching pglease.ErrLockLost (the lease was lost),
+	// pglease.ErrClosed (the Manager closed) or pglease.ErrReleased
+	// wrapping the election context's error (ctx ended).
+	OnStoppedLeading func(term *Term, cause error)
 	// OnNewLeader, if set, is called when the observed leader changes,
 	// with the leader's identity (its Manager's Config.Holder, by default
 	// "program[pid]@host"; "" for a holder that recorded none, such as
@@ -43,27 +46,166 @@ type Election struct {
 	OnNewLeader func(identity string, self bool)
 }
 
-// errElectionEnded is the cause of fn's context once fn returned.
-var errElectionEnded = errors.New("election term ended")
+// Term is one leadership term of a RunElection candidate: a
+// pglease.Handle for the lease the candidate leads with, whose Context is
+// the context RunElection's function runs under. Err is nil while the
+// candidate leads, then why the term ended, always a *pglease.Error:
+//   - pglease.ErrLockLost: the lease was lost (not extended in time, or
+//     taken over after it expired); the function must stop at once;
+//   - pglease.ErrClosed: the Manager was closed;
+//   - pglease.ErrReleased: the term was resigned, by Release or because
+//     the function returned, or because the election's context ended
+//     (the error then wraps that context's error: errors.Is(err,
+//     context.Canceled) holds; the lease is released once the function
+//     returns).
+//
+// Release resigns early: the term's Context ends at once (ErrReleased)
+// and the lease is released; RunElection then goes on as if the function
+// had returned nil. Fence is the term's fencing token; Lock gives the
+// underlying lease (ExpiresAt, Remaining, GrantID, Extend). Every method
+// is safe for concurrent use, and on a nil *Term (Release and Err answer
+// pglease.ErrInvalidArgument, Context an ended context).
+type Term struct {
+	lock   *Lock                   // immutable
+	ctx    context.Context         // immutable: a child of lock's context
+	cancel context.CancelCauseFunc // ends the term with a cause (first wins)
+	parent context.Context         // immutable: the election's context
+}
+
+var _ pglease.Handle = (*Term)(nil)
+
+// errNilTerm is what the methods of a nil *Term answer.
+var errNilTerm = invalid("manager.Term", "nil Term")
+
+// nilTermCtx is the Context of a nil *Term: ended, with cause errNilTerm.
+var nilTermCtx = endedContext(errNilTerm)
+
+// newTerm starts the term of lock within the election context parent.
+// The term's context is a child of the lock's (it ends with the lock's
+// cause at once when the lock ends) that also ends, with ErrReleased
+// wrapping parent's cause, when parent ends; stop stops watching parent.
+func newTerm(parent context.Context, lock *Lock) (t *Term, stop func() bool) {
+	ctx, cancel := context.WithCancelCause(lock.Context())
+	t = &Term{lock: lock, ctx: ctx, cancel: cancel, parent: parent}
+	stop = context.AfterFunc(parent, t.parentEnded)
+	return t, stop
+}
+
+// parentEnded ends the term because the election's context ended.
+func (t *Term) parentEnded() {
+	t.cancel(pglease.NewError(pglease.CodeReleased, "manager.RunElection",
+		"the election's context ended: the term resigns", context.Cause(t.parent)))
+}
+
+// Key returns the election's Name, NFC-normalized ("" for a nil Term).
+func (t *Term) Key() string {
+	if t == nil {
+		return ""
+	}
+	return t.lock.Key()
+}
+
+// Fence returns the term's fencing token: strictly greater than the fence
+// of every earlier term of the election (0 for a nil Term). Guard the
+// leader's writes with it (pg.FenceGuard).
+func (t *Term) Fence() pglease.Fence {
+	if t == nil {
+		return 0
+	}
+	return t.lock.Fence()
+}
+
+// Lock returns the term's lease lock (nil for a nil Term). Its Context
+// ends only with the lease (loss, release, Close), not when the election's
+// context ends; use the Term's Context for the leader's work.
+func (t *Term) Lock() *Lock {
+	if t == nil {
+		return nil
+	}
+	return t.lock
+}
+
+// Context returns the context the leader's work runs under: cancelled
+// when the term ends; context.Cause then returns the same error as Err.
+func (t *Term) Context() context.Context {
+	if t == nil {
+		return nilTermCtx
+	}
+	return t.ctx
+}
+
+// Done is Context().Done().
+func (t *Term) Done() <-chan struct{} { return t.Context().Done() }
+
+// Err returns nil while the candidate leads in this term, then why the
+// term ended (see Term).
+func (t *Term) Err() error {
+	if t == nil {
+		return errNilTerm
+	}
+	t.settle()
+	if t.ctx.Err() == nil {
+		return nil
+	}
+	return context.Cause(t.ctx)
+}
+
+// settle ends the term if the election's context ended and the AfterFunc
+// watching it has not run yet, so Err and Release see the end at once.
+// (The lease's end reaches t.ctx synchronously: it is its parent.)
+func (t *Term) settle() {
+	if t.ctx.Err() == nil && t.parent.Err() != nil {
+		t.parentEnded()
+	}
+}
+
+// Release resigns the term: its Context ends at once with a cause
+// matching pglease.ErrReleased (unless it had ended already), and the
+// lease is released (see Lock.Release for the result: nil, an error
+// matching pglease.ErrLockLost if the lease had been lost before, or
+// another error if the outcome is unknown). Releasing twice is a no-op.
+// ctx may be the term's own Context (fn's ctx) or derived from it: the
+// term's end does not abort the release, which is then bounded by the
+// Manager's StatementTimeout.
+func (t *Term) Release(ctx context.Context) error {
+	if t == nil {
+		return errNilTerm
+	}
+	if ctx == nil {
+		return invalid("manager.Term.Release", "nil context")
+	}
+	t.settle()
+	t.cancel(releasedCause) // no effect if the term had ended
+	if ctx.Err() != nil && context.Cause(ctx) == context.Cause(t.ctx) {
+		// ctx is the term's Context or derived from it: its end is the
+		// term's, not the caller giving up on the release.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.lock.m.cfg.StatementTimeout)
+		defer cancel()
+		ctx = rctx
+	}
+	return t.lock.Release(ctx)
+}
 
 // RunElection campaigns for leadership of e.Name until ctx ends: it waits
 // for the lease, runs fn while it leads, then resigns (releases the
 // lease) and campaigns again: after a loss at once, after a resignation
 // once ObserveInterval has passed, so that a waiting candidate takes
-// over. fn's context ends when the lease is lost
-// (context.Cause is then a pglease.ErrLockLost error), when ctx ends, or
-// when the Manager closes; fn must return then. The term's lock (fn's
-// second argument) carries the term's fence: use it for fenced writes
-// (pg.FenceGuard), so a leader that lost its lease without noticing yet
-// (paused, partitioned) cannot overwrite the next leader's work. Only
-// one candidate leads at a time by the lease; by the fence, no old
-// leader's fenced write lands after a newer leader's.
+// over. fn runs under the term's Context, which ends when the lease is
+// lost (context.Cause is then a pglease.ErrLockLost error), when ctx ends
+// (pglease.ErrReleased wrapping ctx's error), when the Manager closes
+// (pglease.ErrClosed) or when fn resigns early with term.Release; fn must
+// return then. The term (fn's second argument, a pglease.Handle) carries
+// the term's fence: use it for fenced writes (pg.FenceGuard), so a leader
+// that lost its lease without noticing yet (paused, partitioned) cannot
+// overwrite the next leader's work. Only one candidate leads at a time
+// by the lease; by the fence, no old leader's fenced write lands after a
+// newer leader's.
 //
 // RunElection returns ctx's error when ctx ends, the error of fn when fn
-// fails while still holding the lease (after resigning), or the
-// Manager's error when the Manager closes or the election cannot run
-// (bad configuration: InvalidArgument, before any I/O).
-func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx context.Context, term *Lock) error) error {
+// fails while still leading (after resigning), or the Manager's error
+// when the Manager closes or the election cannot run (bad configuration:
+// InvalidArgument, before any I/O).
+func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx context.Context, term *Term) error) error {
 	const op = "manager.RunElection"
 	if err := pglease.CheckContext(op, ctx); err != nil {
 		return err
@@ -94,7 +236,7 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 		octx, stopObs := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); obs.watch(octx, every) }()
-		term, err := m.Acquire(ctx, e.Name, WithTTL(ttl), WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := m.Acquire(ctx, e.Name, WithTTL(ttl), WithAcquireTimeout(NoAcquireTimeout))
 		stopObs()
 		<-done
 		if err != nil {
@@ -113,27 +255,27 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 			return err
 		}
 		obs.saw(m.store.Holder(), true, true)
+		t, stopWatch := newTerm(ctx, lk)
 		if e.OnStartedLeading != nil {
-			e.OnStartedLeading(term)
+			e.OnStartedLeading(t)
 		}
-		fctx, cancel := context.WithCancelCause(ctx)
-		stop := context.AfterFunc(term.Context(), func() { cancel(context.Cause(term.Context())) })
-		ferr := fn(fctx, term)
-		stop()
-		cancel(errElectionEnded)
-		lost := term.Err() // nil while still held
+		ferr := fn(t.Context(), t)
+		stopWatch()
+		lost := lk.Err() // nil while the lease is still held
+		if errors.Is(lost, pglease.ErrReleased) {
+			lost = nil // fn resigned with term.Release
+		}
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StatementTimeout)
-		rerr := term.Release(rctx) // resign
+		rerr := t.Release(rctx) // resign (a no-op if fn released it)
 		rcancel()
-		cause := lost
-		if cause == nil && ctx.Err() != nil {
-			cause = ctx.Err()
-		}
-		if cause == nil && rerr != nil && errors.Is(rerr, pglease.ErrLockLost) {
-			cause = rerr
+		var cause error // nil for a resignation
+		if terr := t.Err(); terr != releasedCause {
+			cause = terr // lost, closed, or ctx ended
+		} else if errors.Is(rerr, pglease.ErrLockLost) {
+			cause = rerr // the release found the lease lost
 		}
 		if e.OnStoppedLeading != nil {
-			e.OnStoppedLeading(term, cause)
+			e.OnStoppedLeading(t, cause)
 		}
 		obs.saw("", false, false) // the next observation reports whoever leads next
 		switch {

@@ -65,10 +65,10 @@ func electionChild() int {
 	err = m.RunElection(ctx, Election{
 		Name: electionName, TTL: electionTTL,
 		OnNewLeader: func(id string, self bool) { say("leader %s %t", id, self) },
-		OnStoppedLeading: func(term *Lock, cause error) {
+		OnStoppedLeading: func(term *Term, cause error) {
 			say("stopped %d %v", term.Fence(), errors.Is(cause, pglease.ErrLockLost))
 		},
-	}, func(ctx context.Context, term *Lock) error {
+	}, func(ctx context.Context, term *Term) error {
 		say("lead %d", term.Fence())
 		t := time.NewTicker(50 * time.Millisecond)
 		defer t.Stop()
@@ -328,17 +328,17 @@ func TestElectionResignAndCallbacks(t *testing.T) {
 			name := fmt.Sprint("c", i)
 			err := b.m.RunElection(ctx, Election{
 				Name: "leader:resign", TTL: time.Second,
-				OnStartedLeading: func(term *Lock) {
+				OnStartedLeading: func(term *Term) {
 					mu.Lock()
 					events = append(events, name+" started")
 					mu.Unlock()
 				},
-				OnStoppedLeading: func(term *Lock, cause error) {
+				OnStoppedLeading: func(term *Term, cause error) {
 					mu.Lock()
 					events = append(events, fmt.Sprintf("%s stopped %v", name, cause))
 					mu.Unlock()
 				},
-			}, func(fctx context.Context, term *Lock) error {
+			}, func(fctx context.Context, term *Term) error {
 				mu.Lock()
 				leading++
 				n := leading
@@ -393,11 +393,178 @@ func TestElectionResignAndCallbacks(t *testing.T) {
 
 	// Bad configuration: InvalidArgument, no I/O needed.
 	for _, e := range []Election{{Name: ""}, {Name: "x", TTL: time.Millisecond}, {Name: "x", ObserveInterval: -1}} {
-		if err := b.m.RunElection(ctxT(t), e, func(context.Context, *Lock) error { return nil }); !errors.Is(err, pglease.ErrInvalidArgument) {
+		if err := b.m.RunElection(ctxT(t), e, func(context.Context, *Term) error { return nil }); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Fatalf("RunElection(%+v) = %v", e, err)
 		}
 	}
 	if err := b.m.RunElection(ctxT(t), Election{Name: "x"}, nil); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatal(err)
+	}
+}
+
+// termSeen is what a test's fn saw of its term.
+type termSeen struct {
+	term     *Term
+	whileErr error // Err while leading
+	sameCtx  bool  // fn's ctx is the term's Context
+}
+
+// TestElectionTermHandle: a term is a pglease.Handle whose Context is
+// fn's context and whose Err is nil while leading, then a *pglease.Error:
+// ErrReleased after term.Release (fn resigning early; a second Release is
+// a no-op), ErrReleased wrapping context.Canceled when the election's
+// context ends, ErrLockLost when the lease is taken away, ErrClosed when
+// the Manager closes. A nil *Term answers InvalidArgument.
+func TestElectionTermHandle(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	const ttl = time.Second
+
+	// run starts an election on name; fn reports its term and then does
+	// what act says, returning when the term's context ends.
+	type run struct {
+		seen    chan termSeen
+		stopped chan error
+		done    chan error
+		cancel  context.CancelFunc
+	}
+	start := func(m *Manager, name string, act func(*Term)) *run {
+		r := &run{seen: make(chan termSeen, 1), stopped: make(chan error, 1), done: make(chan error, 1)}
+		ectx, cancel := context.WithCancel(ctx)
+		r.cancel = cancel
+		first := true
+		go func() {
+			r.done <- m.RunElection(ectx, Election{Name: name, TTL: ttl,
+				OnStoppedLeading: func(term *Term, cause error) {
+					select {
+					case r.stopped <- cause:
+					default:
+					}
+				},
+			}, func(fctx context.Context, term *Term) error {
+				if first {
+					first = false
+					var h pglease.Handle = term
+					r.seen <- termSeen{term: term, whileErr: h.Err(), sameCtx: fctx == h.Context()}
+					act(term)
+				}
+				<-fctx.Done()
+				return nil
+			})
+		}()
+		return r
+	}
+	get := func(r *run) termSeen {
+		t.Helper()
+		select {
+		case s := <-r.seen:
+			if s.whileErr != nil || !s.sameCtx {
+				t.Fatalf("while leading: Err = %v, fn's ctx is the term's: %v", s.whileErr, s.sameCtx)
+			}
+			if s.term.Fence() == 0 || s.term.Lock() == nil || s.term.Key() == "" {
+				t.Fatalf("term accessors: fence %d, lock %v, key %q", s.term.Fence(), s.term.Lock(), s.term.Key())
+			}
+			return s
+		case <-time.After(waitTimeout()):
+			t.Fatal("no term")
+			panic("unreachable")
+		}
+	}
+	ended := func(name string, term *Term, want *pglease.Error) {
+		t.Helper()
+		select {
+		case <-term.Done():
+		case <-time.After(waitTimeout()):
+			t.Fatalf("%s: the term's context did not end", name)
+		}
+		var e *pglease.Error
+		if err := term.Err(); !errors.As(err, &e) || !errors.Is(err, want) {
+			t.Fatalf("%s: Err = %v (%T), want a *pglease.Error matching %v", name, err, err, want.Code)
+		}
+		if c := context.Cause(term.Context()); c != term.Err() {
+			t.Fatalf("%s: context.Cause %v != Err %v", name, c, term.Err())
+		}
+	}
+
+	// Release inside fn resigns at once.
+	relErr := make(chan error, 2)
+	r := start(b.m, "leader:term-release", func(term *Term) {
+		relErr <- term.Release(term.Context()) // fn's own ctx: not aborted by the term's end
+		relErr <- term.Release(ctx)
+	})
+	s := get(r)
+	ended("release", s.term, pglease.ErrReleased)
+	if e1, e2 := <-relErr, <-relErr; e1 != nil || e2 != nil {
+		t.Fatalf("Release = %v, again = %v", e1, e2)
+	}
+	if c := <-r.stopped; c != nil {
+		t.Fatalf("OnStoppedLeading after Release: cause %v, want nil (a resignation)", c)
+	}
+	r.cancel()
+	if err := <-r.done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunElection = %v", err)
+	}
+
+	// The election's context ends: ErrReleased wrapping context.Canceled,
+	// and the lease is released once fn returned.
+	r = start(b.m, "leader:term-cancel", func(*Term) {})
+	s = get(r)
+	r.cancel()
+	ended("cancel", s.term, pglease.ErrReleased)
+	if !errors.Is(s.term.Err(), context.Canceled) || errors.Is(s.term.Err(), pglease.ErrLockLost) {
+		t.Fatalf("cancel: Err = %v, want ErrReleased wrapping context.Canceled", s.term.Err())
+	}
+	if err := <-r.done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("RunElection = %v", err)
+	}
+	if c := <-r.stopped; !errors.Is(c, context.Canceled) {
+		t.Fatalf("OnStoppedLeading after cancel: cause %v", c)
+	}
+	if _, ok := lockRow(t, b.pool, "leader:term-cancel"); ok {
+		t.Fatal("the lease is still held after RunElection returned")
+	}
+
+	// The lease is taken away on the server: ErrLockLost.
+	r = start(b.m, "leader:term-lost", func(*Term) {})
+	s = get(r)
+	if _, err := b.pool.Exec(ctx, "DELETE FROM syncguard_locks WHERE key = $1", "leader:term-lost"); err != nil {
+		t.Fatal(err)
+	}
+	ended("lost", s.term, pglease.ErrLockLost)
+	if c := <-r.stopped; !errors.Is(c, pglease.ErrLockLost) {
+		t.Fatalf("OnStoppedLeading after the loss: cause %v", c)
+	}
+	r.cancel()
+	<-r.done
+
+	// The Manager closes: ErrClosed.
+	peer, _ := b.newPeer(t, Config{})
+	r = start(peer, "leader:term-closed", func(*Term) {})
+	s = get(r)
+	if err := peer.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ended("closed", s.term, pglease.ErrClosed)
+	if err := <-r.done; !errors.Is(err, pglease.ErrClosed) {
+		t.Fatalf("RunElection after Close = %v", err)
+	}
+
+	// A nil *Term.
+	var none *Term
+	var h pglease.Handle = none
+	if err := h.Release(ctx); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("nil Term Release = %v", err)
+	}
+	if err := h.Err(); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("nil Term Err = %v", err)
+	}
+	select {
+	case <-h.Done():
+	default:
+		t.Error("nil Term Done not closed")
+	}
+	if none.Fence() != 0 || none.Lock() != nil || none.Key() != "" {
+		t.Error("nil Term accessors are not zero")
 	}
 }

@@ -105,14 +105,14 @@ func run(ctx context.Context, w io.Writer, url string) error {
 						say("%s sees %s lead", name, id)
 					}
 				},
-				OnStoppedLeading: func(term *manager.Lock, cause error) {
+				OnStoppedLeading: func(term *manager.Term, cause error) {
 					why := "resigned"
 					if cause != nil {
 						why = "stopped: " + cause.Error()
 					}
 					say("%s's term (fence %d) ended: %s", name, uint64(term.Fence()), why)
 				},
-			}, func(lctx context.Context, term *manager.Lock) error {
+			}, func(lctx context.Context, term *manager.Term) error {
 				say("%s leads with fence %d", name, uint64(term.Fence()))
 				tag, err := pool.Exec(lctx, fencedWrite, int64(term.Fence()), name)
 				if err != nil {
