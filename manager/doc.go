@@ -21,7 +21,9 @@
 //     cause matching pglease.ErrLockLost no later than
 //     attemptStart + TTL − margin of its last successful acquire or
 //     extend, on this process's monotonic clock, by a timer that does not
-//     depend on the Manager's loop; the server grants the key to someone
+//     depend on the Manager's loop (Lock.Err checks that deadline itself,
+//     so it holds for Err even right after the process was stopped: see
+//     "After a pause"); the server grants the key to someone
 //     else only after expires_at + 1 s ≥ attemptStart + TTL + 1 s.
 //     That margin is the holder's: a lock declared lost on this clock is
 //     not released in the database. Its row stays until the holder calls
@@ -88,6 +90,33 @@
 // server could give it to anybody else. A late extend that succeeds after
 // the window passed does not revive the lock: it stays lost, and its row
 // is kept until Release, Close or expiry, like any lost lease.
+//
+// # After a pause
+//
+// A process can be stopped without knowing it: SIGSTOP, a debugger, a VM
+// or container pause, heavy swapping. No timer fires while it is stopped,
+// and after it runs again the runtime needs a moment (microseconds to a
+// few milliseconds, longer on a loaded machine) to run the loss timer
+// that is by then overdue. Meanwhile the server may have given the key
+// to someone else. So:
+//
+//   - Lock.Err, Lock.Extend and Lock.Release read the monotonic clock
+//     themselves: once the trust window has passed they answer
+//     ErrLockLost (and end the Context) even if the timer has not fired
+//     yet. The heartbeat treats an extend that comes back after the
+//     window as lost, whatever its timer says. Ask Err right before an
+//     action that needs the lock.
+//   - A bare ctx.Done() (or ctx.Err()) on the lock's Context promises
+//     only that the lock ended if it is closed. While it is open it says
+//     "not yet declared lost", not "held": just after a pause it can stay
+//     open for that moment after the window passed. Code that selects on
+//     Done between steps must still call Err before a step that needs the
+//     lock.
+//   - No check in this process can close the gap between its check and
+//     its write reaching the database: a pause can fall right after Err
+//     returned nil. Fence the write (pg.FenceGuard, or the fence in your
+//     own WHERE clause): the guard takes a fence value, not the Lock, and
+//     the database refuses a write whose fence is no longer the highest.
 //
 // # Hold limit
 //

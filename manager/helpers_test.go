@@ -17,6 +17,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(childEnv) != "" {
 		os.Exit(childMain())
 	}
+	if os.Getenv(pauseChildEnv) != "" {
+		os.Exit(pauseChild())
+	}
 	if os.Getenv(electionChildEnv) != "" {
 		os.Exit(electionChild())
 	}

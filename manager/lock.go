@@ -162,12 +162,22 @@ func (l *Lock) Done() <-chan struct{} { return l.Context().Done() }
 // a *pglease.Error matching one of: pglease.ErrReleased (Release),
 // pglease.ErrLockLost (extends failed past the trust window, or the server
 // no longer had the lock), pglease.ErrClosed (the Manager was closed).
+//
+// Err reads the monotonic clock itself: once the trust window has passed
+// it returns ErrLockLost (and ends the Context) even if the loss timer has
+// not fired yet, as happens for a moment after the process was stopped
+// (SIGSTOP, a VM pause) for longer than the window. Ask Err, not only
+// Done, right before an action that needs the lock; see "After a pause"
+// in the package documentation.
 func (l *Lock) Err() error {
 	if l == nil || l.ctx == nil {
 		return errNilLock
 	}
 	if l.ctx.Err() == nil {
-		return nil
+		l.checkTrust(time.Now())
+		if l.ctx.Err() == nil {
+			return nil
+		}
 	}
 	return context.Cause(l.ctx)
 }

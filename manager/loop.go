@@ -32,7 +32,8 @@ func (m *Manager) run(st *loopState) {
 			st.finish()
 			return
 		}
-		if w := st.nextWake(); w.IsZero() {
+		w := st.nextWake()
+		if w.IsZero() {
 			timer.Stop()
 		} else {
 			timer.Reset(time.Until(w))
@@ -69,6 +70,9 @@ func (m *Manager) run(st *loopState) {
 			st.heartbeat(time.Now())
 		case <-timer.C:
 			lm.Busy()
+			if m.test.timerFired != nil {
+				m.test.timerFired(time.Since(w))
+			}
 			st.handleDue(time.Now())
 		case <-st.listenerDone:
 			lm.Busy()
@@ -366,7 +370,9 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			st.lose(h, lostCause("the server no longer has the lock"), false, telemetry.LossNotHeld, d.db)
 			lost++
 			continue
-		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lossTimer.Stop():
+		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lease.Trusted(now) || !h.lossTimer.Stop():
+			// (!Trusted: the window passed though the timer may not have
+			// fired yet, e.g. the process was stopped; 16.3.)
 			// The trust window passed while the extend was in flight: the
 			// lock is lost even though the late extend succeeded (and its
 			// row, extended from d.start, is kept: see lose).

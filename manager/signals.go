@@ -95,4 +95,8 @@ type testHooks struct {
 	// listenProbe, if set, replaces the listener's probe interval and
 	// timeout.
 	listenProbe time.Duration
+	// timerFired, if set, runs when a loss timer or the loop's wake-up
+	// timer fires, before it acts, with how late it fired; a test makes
+	// the runtime's delay in running timers after SIGCONT certain.
+	timerFired func(late time.Duration)
 }

@@ -269,6 +269,7 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 // set, gets the outcome. parent is the releasing caller's span (invalid
 // when the loop releases on its own): the pglease.release span's parent.
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
+	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (16.3)
 	st.dropHolding(h, releasedCause)
 	it := releaseItem{lockID: h.lock.id, ks: h.ks, reply: reply, ttl: h.lock.ttl}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
@@ -361,6 +362,41 @@ func (st *loopState) releaseKept(h *holding, reply chan error) {
 	st.pendRelease = append(st.pendRelease, it)
 }
 
+// expire ends l as lost because its trust window passed: what its loss
+// timer does (from the timer's goroutine), and what anyone who finds the
+// window passed before the timer fired does (checkTrust). It then nudges
+// the loop. Idempotent: the first cause wins.
+func (l *Lock) expire() {
+	l.cancel(lostCause("trust window passed without a successful extend"))
+	select {
+	case l.m.lossCh <- struct{}{}:
+	default:
+	}
+}
+
+// lossTimerFired is the loss timer's function.
+func (l *Lock) lossTimerFired() {
+	if l.m.test.timerFired != nil {
+		l.m.test.timerFired(time.Since(l.start.Add(time.Duration(l.lease.trustedNs.Load()))))
+	}
+	l.expire()
+}
+
+// checkTrust ends l as lost if its trust window has passed at now, on the
+// monotonic clock, whether or not its loss timer has fired: after the
+// process was stopped (SIGSTOP, a VM pause) longer than the window, the
+// timer fires only some time after the process runs again, and until then
+// the context alone would still say "held" (16.3). Safe from any
+// goroutine; a no-op for a lock that already ended.
+func (l *Lock) checkTrust(now time.Time) {
+	if l.lease == nil || l.ctx.Err() != nil {
+		return
+	}
+	if !now.Before(l.start.Add(time.Duration(l.lease.trustedNs.Load()))) {
+		l.expire()
+	}
+}
+
 func lostCause(msg string) error {
 	return pglease.NewError(pglease.CodeLockLost, "manager.Lock", msg, nil)
 }
@@ -407,13 +443,7 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 	lk.h = h
 	// The loss deadline does not depend on the loop: the timer cancels the
 	// lock's context by itself, then nudges the loop.
-	h.lossTimer = time.AfterFunc(time.Until(lease.TrustedUntil()), func() {
-		cancel(lostCause("trust window passed without a successful extend"))
-		select {
-		case m.lossCh <- struct{}{}:
-		default:
-		}
-	})
+	h.lossTimer = time.AfterFunc(time.Until(lease.TrustedUntil()), lk.lossTimerFired)
 	if d := req.holdLimit; d > 0 {
 		// Measured from the grant. Like the loss timer, it ends the
 		// context by itself; the loop then stops extending (pastLimit).
