@@ -33,7 +33,7 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 	if _, err := pglease.NormalizeKey(key); err != nil {
 		return fail(exitUsage, "%v", err)
 	}
-	reg, err := o.loadRegistry()
+	reg, err := a.loadRegistry(&o)
 	if err != nil {
 		return err
 	}

@@ -471,3 +471,122 @@ func closedPortURL(t *testing.T) string {
 	l.Close()
 	return "postgres://u:s3cret@" + addr + "/db?connect_timeout=2"
 }
+
+// --derive and --derive-stdin name the advisory locks a registry pattern
+// derives: multi-placeholder patterns from the input as the template
+// joins the parts (booking=t1:2025-01-15) or split on --derive-sep, and
+// inputs read from stdin, one per line, so they stay out of argv. No
+// input is ever printed, in the output or in an error.
+func TestDerive(t *testing.T) {
+	t.Parallel()
+	w := newWorld(t, true)
+	c := ctx(t)
+	file := filepath.Join(t.TempDir(), "locks.json")
+	const registryJSON = `{"locks": [
+  {"name": "booking", "pattern": "{tenantId}:{date}", "hash": "fnv1a32"},
+  {"name": "balance", "pattern": "{tenantId}:balance:{bookingId}", "hash": "fnv1a32"},
+  {"name": "cleanup", "pattern": "{email}", "hash": "sha256"},
+  {"name": "scheduler", "key": 42424242}
+]}`
+	if err := os.WriteFile(file, []byte(registryJSON), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	reg, err := advisory.LoadRegistry(strings.NewReader(registryJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyOf := func(name string, parts ...string) advisory.Key {
+		k, err := reg.Derive(name, parts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	held := map[string]advisory.Key{ // what each held key must be named
+		"booking": keyOf("booking", "tenant-7", "2025-01-15"),
+		"balance": keyOf("balance", "tenant-7", "bk:99"), // a part with ':' in it
+		"alice":   keyOf("cleanup", "alice@example.com"),
+		"bob":     keyOf("cleanup", "bob@example.com"),
+	}
+	s, err := advisory.Open(c, w.pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = s.Close(context.Background()) }()
+	for _, k := range held {
+		if _, err := s.Lock(c, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secrets := []string{"tenant-7", "2025-01-15", "bk:99", "alice", "bob", "example.com"}
+	// names runs status --json and returns the name shown for each held key.
+	names := func(stdin string, args ...string) map[string]string {
+		t.Helper()
+		r := run(t, w.url, stdin, append([]string{"status", "--json", "--registry", file}, args...)...)
+		want(t, r, 0)
+		for _, sec := range secrets {
+			if strings.Contains(r.stdout+r.stderr, sec) {
+				t.Fatalf("output contains the input %q:\n%s", sec, r)
+			}
+		}
+		var v snapshotView
+		if err := json.Unmarshal([]byte(r.stdout), &v); err != nil {
+			t.Fatalf("JSON: %v\n%s", err, r)
+		}
+		byKey := map[string]string{}
+		for _, a := range v.Advisory {
+			byKey[a.Key] = a.Name
+		}
+		out := map[string]string{}
+		for what, k := range held {
+			n, ok := byKey[k.String()]
+			if !ok {
+				t.Fatalf("status lacks the held key of %s:\n%s", what, r)
+			}
+			out[what] = n
+		}
+		return out
+	}
+	check := func(got map[string]string, wantNames map[string]string) {
+		t.Helper()
+		for what := range held {
+			if got[what] != wantNames[what] {
+				t.Fatalf("%s's lock named %q, want %q (all: %v)", what, got[what], wantNames[what], got)
+			}
+		}
+	}
+
+	// Without inputs, the patterns' keys are unnamed (the control).
+	check(names(""), map[string]string{})
+	// Two placeholders: the input as the template joins the parts; one
+	// input from argv, the e-mail addresses from stdin (CRLF, blank lines).
+	check(names("alice@example.com\r\n\nbob@example.com\n",
+		"--derive", "booking=tenant-7:2025-01-15", "--derive", "balance=tenant-7:balance:bk:99", "--derive-stdin", "cleanup"),
+		map[string]string{"booking": "booking", "balance": "balance", "alice": "cleanup", "bob": "cleanup"})
+	// --derive-sep: parts split on a separator, from stdin too.
+	check(names("tenant-7|2025-01-15\n", "--derive-sep", "|", "--derive", "balance=tenant-7|bk:99", "--derive-stdin", "booking"),
+		map[string]string{"booking": "booking", "balance": "balance"})
+
+	// Bad inputs: usage errors that name the line but never the input.
+	for _, c := range []struct {
+		stdin string
+		args  []string
+		msg   string
+	}{
+		{"", []string{"--derive", "booking=tenant-7"}, "does not read as {tenantId}:{date}"},
+		{"tenant-7\n", []string{"--derive-stdin", "booking"}, "line 1"},
+		{"tenant-7:2025-01-15\n\ntenant-7\n", []string{"--derive-stdin", "booking"}, "line 3"},
+		{"", []string{"--derive-sep", ",", "--derive", "booking=tenant-7,2025-01-15,bob"}, "3 parts"},
+		{"", []string{"--derive-stdin", "cleanup"}, "no input on stdin"},
+		{"alice@example.com\n", []string{"--derive-stdin", "nosuch"}, "no such name"},
+		{"", []string{"--derive", "scheduler=alice"}, "fixed key"},
+	} {
+		r := run(t, w.url, c.stdin, append([]string{"status", "--registry", file}, c.args...)...)
+		want(t, r, exitUsage, c.msg)
+		for _, sec := range secrets {
+			if strings.Contains(r.stdout+r.stderr, sec) {
+				t.Fatalf("%v: error output contains the input %q:\n%s", c.args, sec, r)
+			}
+		}
+	}
+}

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,6 +31,8 @@ type viewOpts struct {
 	json, showKeys bool
 	registry       string
 	names, derive  multiFlag
+	deriveStdin    string // a pattern name: one input per line of stdin
+	deriveSep      string // splits an input into the pattern's parts
 	limit          int
 }
 
@@ -37,12 +41,19 @@ func (a *app) viewFlags(fs *flag.FlagSet, o *viewOpts) {
 	fs.BoolVar(&o.showKeys, "show-keys", false, "show keys as stored (user_key) instead of their hashes")
 	fs.StringVar(&o.registry, "registry", "", "advisory lock registry file (JSON, see advisory.LoadRegistry) to name advisory locks")
 	fs.Var(&o.names, "name", "name an advisory key: NAME=int64:N or NAME=pair:A,B (repeatable)")
-	fs.Var(&o.derive, "derive", "name the key a registry pattern derives from an input: NAME=INPUT (repeatable; the input is not shown)")
+	fs.Var(&o.derive, "derive", "name the key a registry pattern derives from an input: NAME=INPUT (repeatable; the input is not shown).\n"+
+		"For a pattern of several placeholders, INPUT is the parts joined by the template's text between them\n"+
+		"(booking=t1:2025-01-15 for {tenantId}:{date}), or joined by --derive-sep")
+	fs.StringVar(&o.deriveStdin, "derive-stdin", "", "like --derive NAME=INPUT for each line of stdin (one input per line), so that inputs\n"+
+		"such as e-mail addresses stay out of the command line (ps, shell history)")
+	fs.StringVar(&o.deriveSep, "derive-sep", "", "split each --derive/--derive-stdin INPUT into the pattern's parts on this separator")
 	fs.IntVar(&o.limit, "limit", 100, "show at most this many leases (live first)")
 }
 
-// loadRegistry builds the registry status and inspect name advisory locks with.
-func (o *viewOpts) loadRegistry() (*advisory.Registry, error) {
+// loadRegistry builds the registry status and inspect name advisory locks
+// with; --derive-stdin reads its inputs from stdin (a hint goes to stderr
+// when stdin is a terminal).
+func (a *app) loadRegistry(o *viewOpts) (*advisory.Registry, error) {
 	reg := advisory.NewRegistry()
 	if o.registry != "" {
 		f, err := os.Open(o.registry)
@@ -72,11 +83,95 @@ func (o *viewOpts) loadRegistry() (*advisory.Registry, error) {
 		if !ok {
 			return nil, fail(exitUsage, "--derive wants NAME=INPUT for a pattern of the registry")
 		}
-		if _, err := reg.Derive(name, input); err != nil {
+		if err := derive(reg, name, input, o.deriveSep); err != nil {
 			return nil, fail(exitUsage, "--derive %s: %v", name, err)
 		}
 	}
+	if name := o.deriveStdin; name != "" {
+		if a.stdinTerminal {
+			fmt.Fprintf(a.stderr, "reading inputs for %s from stdin, one per line; end with Ctrl-D\n", name)
+		}
+		sc := bufio.NewScanner(a.stdin)
+		sc.Buffer(make([]byte, 0, 4096), 1<<20)
+		n := 0
+		for line := 1; sc.Scan(); line++ {
+			input := strings.TrimSuffix(sc.Text(), "\r")
+			if input == "" {
+				continue
+			}
+			if err := derive(reg, name, input, o.deriveSep); err != nil {
+				return nil, fail(exitUsage, "--derive-stdin %s: line %d: %v", name, line, err)
+			}
+			n++
+		}
+		if err := sc.Err(); err != nil {
+			return nil, fail(exitUsage, "--derive-stdin %s: reading stdin: %v", name, err)
+		}
+		if n == 0 {
+			return nil, fail(exitUsage, "--derive-stdin %s: no input on stdin (one per line)", name)
+		}
+	}
 	return reg, nil
+}
+
+// derive names in reg the key the pattern name derives from input: the
+// pattern's parts split on sep, or, without sep, split on the template's
+// text between its placeholders (any split of input on it gives the same
+// key: the pattern hashes the filled-in template). Errors never contain
+// the input.
+func derive(reg *advisory.Registry, name, input, sep string) error {
+	e, ok := reg.Lookup(name)
+	if !ok {
+		return errors.New("no such name in the registry (--registry FILE)")
+	}
+	if e.Template == "" {
+		return errors.New("is a fixed key, not a pattern")
+	}
+	between := templateSeparators(e.Template)
+	var parts []string
+	switch {
+	case sep != "":
+		parts = strings.Split(input, sep)
+		if len(parts) != len(between)+1 {
+			return fmt.Errorf("%d parts split on --derive-sep for the %d placeholders of %s", len(parts), len(between)+1, e.Template)
+		}
+	default:
+		rest := input
+		for _, lit := range between {
+			i := strings.Index(rest, lit)
+			if i < 0 {
+				return fmt.Errorf("the input does not read as %s: want the parts joined by the template's text between them, or use --derive-sep", e.Template)
+			}
+			parts = append(parts, rest[:i])
+			rest = rest[i+len(lit):]
+		}
+		parts = append(parts, rest)
+	}
+	if _, err := reg.Derive(name, parts...); err != nil {
+		return err
+	}
+	return nil
+}
+
+// templateSeparators returns the text between a template's placeholders:
+// for "{tenantId}:{date}", [":"]; none for one placeholder. The text
+// before the first and after the last placeholder is not part of an input.
+func templateSeparators(t string) []string {
+	var lits []string
+	for {
+		i := strings.IndexByte(t, '{')
+		j := strings.IndexByte(t[max(i, 0):], '}')
+		if i < 0 || j < 0 {
+			lits = append(lits, t)
+			break
+		}
+		lits = append(lits, t[:i])
+		t = t[i+j+1:]
+	}
+	if len(lits) <= 2 {
+		return nil
+	}
+	return lits[1 : len(lits)-1]
 }
 
 // leaseView is one lease as status and inspect print it.
@@ -204,7 +299,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if *watch < 0 || (*watch > 0 && *watch < 100*time.Millisecond) {
 		return fail(exitUsage, "--watch must be at least 100ms")
 	}
-	reg, err := o.loadRegistry()
+	reg, err := a.loadRegistry(&o)
 	if err != nil {
 		return err
 	}
