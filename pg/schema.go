@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	_ "embed" // for schema.sql
 	"encoding/hex"
+	"fmt"
 	"regexp"
 	"strings"
 
@@ -99,8 +100,15 @@ func (c Config) names(op string) (names, error) {
 	if err != nil {
 		return names{}, err
 	}
-	if ls == fs && li == fi {
-		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, "LockTable and FenceTable must differ", nil)
+	if maySame(ls, li, fs, fi) {
+		// An unqualified name is resolved by the search_path, so "t" and
+		// "public.t" may well be the same table (issue 9.11).
+		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, fmt.Sprintf(
+			"LockTable %q and FenceTable %q may name the same table (an unqualified name is resolved by search_path): qualify both with their schema, or give them different names", lock, fence), nil)
+	}
+	if maySame(ls, holdersName(li), fs, fi) {
+		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, fmt.Sprintf(
+			"FenceTable %q may be the lock table's holder table %q: give it another name", fence, holdersName(li)), nil)
 	}
 	if c.NotifyChannel != "" {
 		if err := checkChannel(op, c.NotifyChannel); err != nil {
@@ -129,6 +137,13 @@ func (c Config) names(op string) (names, error) {
 	n.fnHash = quote(ls, "pglease_hashkey_v1")
 	n.fnSchema = quote(ls, "pglease_schema_"+h("schema"))
 	return n, nil
+}
+
+// maySame reports whether schema-qualified-or-not names s1.i1 and s2.i2
+// may resolve to the same table: the same identifier, and the same schema
+// or at least one of them unqualified (resolved by search_path).
+func maySame(s1, i1, s2, i2 string) bool {
+	return i1 == i2 && (s1 == s2 || s1 == "" || s2 == "")
 }
 
 // holdersName is the holder identity table of lock table ident:

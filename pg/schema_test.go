@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
@@ -48,6 +50,9 @@ func TestBadNamesNoIO(t *testing.T) {
 		{LockTable: "1abc"}, {LockTable: "lo-cks"}, {LockTable: "s."}, {LockTable: ".t"}, {LockTable: "é"},
 		{FenceTable: "f;--"}, {LockTable: "same", FenceTable: "same"}, {LockTable: "s.t", FenceTable: "s.t"},
 		{LockTable: "syncguard_fence_counters"}, {NotifyChannel: "ch; x"}, {NotifyChannel: long},
+		// Issue 9.11: an unqualified name may resolve to the qualified one.
+		{LockTable: "public.t", FenceTable: "t"}, {LockTable: "t", FenceTable: "s.t"},
+		{LockTable: "s.l", FenceTable: "l_holders"}, {LockTable: "l", FenceTable: "s.l_holders"},
 	}
 	for _, cfg := range bad {
 		if _, err := pg.New(pool, cfg); !errors.Is(err, pglease.ErrInvalidArgument) {
@@ -59,6 +64,16 @@ func TestBadNamesNoIO(t *testing.T) {
 	}
 	if _, err := pg.New(nil, pg.Config{}); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Errorf("New(nil) err = %v", err)
+	}
+	// Issue 9.10: a nil *pgxpool.Pool inside the DB interface.
+	if _, err := pg.New((*pgxpool.Pool)(nil), pg.Config{}); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("New(nil *pgxpool.Pool) err = %v", err)
+	}
+	// Different schemas, both qualified: two tables.
+	for _, cfg := range []pg.Config{{LockTable: "a.t", FenceTable: "b.t"}, {LockTable: "a.l", FenceTable: "b.l_holders"}} {
+		if _, err := pg.New(pool, cfg); err != nil {
+			t.Errorf("New(%+v) err = %v", cfg, err)
+		}
 	}
 	// A long but valid name keeps two distinct index names.
 	sql, err := pg.SchemaSQL(pg.Config{LockTable: strings.Repeat("l", 63)})

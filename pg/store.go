@@ -85,7 +85,7 @@ type Store struct {
 // InvalidArgument) and does no I/O.
 func New(db DB, cfg Config) (*Store, error) {
 	const op = "pg.New"
-	if db == nil {
+	if isNilDB(db) { // also a nil *pgxpool.Pool inside the interface
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil DB", nil)
 	}
 	n, err := cfg.names(op)

@@ -2,6 +2,7 @@ package advisory
 
 import (
 	"context"
+	"reflect"
 	"slices"
 	"time"
 
@@ -71,7 +72,7 @@ func Inspect(ctx context.Context, q Querier, reg *Registry) ([]LockInfo, error) 
 	if err := pglease.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
-	if q == nil {
+	if isNilQuerier(q) {
 		return nil, invalid(op, "nil querier")
 	}
 	rows, err := q.Query(ctx, inspectSQL)
@@ -136,4 +137,18 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// isNilQuerier reports whether q is nil or a nil pointer (a nil
+// *pgxpool.Pool or *pgx.Conn passed as a Querier).
+func isNilQuerier(q Querier) bool {
+	if q == nil {
+		return true
+	}
+	v := reflect.ValueOf(q)
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return v.IsNil()
+	}
+	return false
 }

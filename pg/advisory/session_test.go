@@ -501,6 +501,8 @@ func TestBadInputNoIO(t *testing.T) {
 		{"WithXactLock nil pool", pglease.CodeInvalidArgument, WithXactLock(ctx, nilPool, randKey(), func(pgx.Tx) error { return nil })},
 		{"WithXactLock nil fn", pglease.CodeInvalidArgument, WithXactLock(ctx, pool, randKey(), nil)},
 		{"Inspect nil querier", pglease.CodeInvalidArgument, func() error { _, err := Inspect(ctx, nil, nil); return err }()},
+		{"Inspect nil pool", pglease.CodeInvalidArgument, func() error { _, err := Inspect(ctx, nilPool, nil); return err }()},
+		{"Inspect nil conn", pglease.CodeInvalidArgument, func() error { _, err := Inspect(ctx, (*pgx.Conn)(nil), nil); return err }()},
 		{"Inspect nil ctx", pglease.CodeInvalidArgument, func() error { _, err := Inspect(nilCtx, pool, nil); return err }()},
 	}
 	for _, c := range cases {
