@@ -131,11 +131,15 @@ func TestSmoke(t *testing.T) {
 // control is one negative control: a broken mode and the checks that must
 // catch it.
 type control struct {
-	broken string
-	mix    string
-	race   bool
-	dur    time.Duration // default 15 s
-	want   []string
+	broken   string
+	mix      string
+	race     bool
+	dur      time.Duration // default 15 s
+	every    time.Duration // mean interval between faults; default 1.1 s
+	longHold float64       // default 0.02
+	regular  bool          // faults every `every` exactly
+	targets  []int         // worker faults only on these
+	want     []string
 }
 
 var controlList = []control{
@@ -143,10 +147,15 @@ var controlList = []control{
 	{broken: "ignore-loss:0", mix: "blackhole=1", want: []string{check.CHolderEnded}},
 	{broken: "old-fence:0", mix: "blackhole=1,cut=1", want: []string{check.CWrites}},
 	{broken: "fence-rollback", mix: "blackhole=1", want: []string{check.CFences}},
-	{broken: "clock-jump", mix: "blackhole=1", want: []string{check.CNoticeTimely, check.CHolderEnded}},
+	// Long holds, so that leases are live when the driver moves their
+	// expiry back.
+	{broken: "clock-jump", mix: "blackhole=1", longHold: 0.5, want: []string{check.CNoticeTimely, check.CHolderEnded}},
 	// The liveness bounds are 14 s (recovery) and 19 s (key gap) here, so
 	// these runs are longer.
-	{broken: "stall:0", mix: "blackhole=1,cut=1", dur: 30 * time.Second, want: []string{check.CRecovery}},
+	// One fault on worker 0 at 18 s, the next 18 s later (more than the
+	// 14 s bound): a recovery cut short by the next fault on the same
+	// worker within the bound would not count.
+	{broken: "stall:0", mix: "cut=1", dur: 40 * time.Second, every: 18 * time.Second, regular: true, targets: []int{0}, want: []string{check.CRecovery}},
 	{broken: "hog:0", mix: "terminate-listen=1", dur: 30 * time.Second, want: []string{check.CStarve}},
 	{broken: "slow-close:0", mix: "cut=1", want: []string{check.CClose}},
 	{broken: "no-close:0", mix: "cut=1", want: []string{check.CLeftovers, check.CClose}},
@@ -177,6 +186,13 @@ func TestControls(t *testing.T) {
 				o.Duration = c.dur
 			}
 			o.LongHold = 0.02
+			if c.longHold > 0 {
+				o.LongHold = c.longHold
+			}
+			if c.every > 0 {
+				o.FaultEvery = c.every
+			}
+			o.Regular, o.Targets = c.regular, c.targets
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			if _, err := driver.Run(ctx, o); err != nil {

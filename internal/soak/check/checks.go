@@ -561,14 +561,13 @@ func (r *run) checkRecovery() (*Check, []*Recovery) {
 		}
 		ts := okTimes[w]
 		i := sort.Search(len(ts), func(i int) bool { return ts[i] > from })
-		// Another fault on the same target (or the server) before the
-		// target recovered: this recovery is not this fault's alone.
-		if nf := r.nextFaultOn(w, f); nf > 0 && (i == len(ts) || ts[i] > nf) && nf < end {
-			rc.Censored++
-			row(f, w, "interrupted")
-			return
+		// The window in which this fault alone is to blame: until the
+		// next fault on the same target (or the server), or the end.
+		horizon := end
+		if nf := r.nextFaultOn(w, f); nf > 0 && nf < horizon {
+			horizon = nf
 		}
-		if i < len(ts) && ts[i] <= end {
+		if i < len(ts) && ts[i] <= horizon {
 			d := time.Duration(max(0, ts[i]-from))
 			row(f, w, strconv.FormatInt(d.Milliseconds(), 10))
 			byType[f.typ] = append(byType[f.typ], d)
@@ -580,7 +579,7 @@ func (r *run) checkRecovery() (*Check, []*Recovery) {
 			}
 			return
 		}
-		if time.Duration(end-from) < bound {
+		if time.Duration(horizon-from) < bound {
 			rc.Censored++
 			row(f, w, "censored")
 			return
@@ -589,8 +588,8 @@ func (r *run) checkRecovery() (*Check, []*Recovery) {
 		rc.Measured++
 		rc.Over++
 		c.Checked++
-		byType[f.typ] = append(byType[f.typ], time.Duration(end-from))
-		c.fail("%s on worker %d (fault %d): no lease in the %s from the heal to the end", f.typ, w, f.id, time.Duration(end-from).Round(time.Millisecond))
+		byType[f.typ] = append(byType[f.typ], time.Duration(horizon-from))
+		c.fail("%s on worker %d (fault %d): no lease in the %s after the heal", f.typ, w, f.id, time.Duration(horizon-from).Round(time.Millisecond))
 	}
 	for _, f := range r.faults {
 		recs[f.typ].Faults++

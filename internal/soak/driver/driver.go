@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -433,6 +434,9 @@ func (d *driver) schedule(ctx context.Context, start time.Time) {
 		// Exponential inter-arrival times (mean FaultEvery), capped.
 		wait := time.Duration(r.ExpFloat64() * float64(o.FaultEvery))
 		wait = min(wait, 4*o.FaultEvery)
+		if o.Regular {
+			wait = o.FaultEvery
+		}
 		// Everything drawn from r is drawn whether or not the fault can
 		// start, so the schedule of a seed does not depend on timing.
 		pick := r.IntN(max(total, 1))
@@ -494,16 +498,17 @@ func (d *driver) pickWorker(ctx context.Context, draw int, preferHolder bool) (i
 		return 0, false
 	}
 	n := d.o.Workers
+	allowed := func(w int) bool { return len(d.o.Targets) == 0 || slices.Contains(d.o.Targets, w) }
 	for i := range hs {
 		w := hs[(draw+i)%len(hs)]
-		if !d.busy[w] {
+		if !d.busy[w] && allowed(w) {
 			d.busy[w] = true
 			return w, true
 		}
 	}
 	for i := range n {
 		w := (draw + i) % n
-		if !d.busy[w] {
+		if !d.busy[w] && allowed(w) {
 			d.busy[w] = true
 			return w, true
 		}

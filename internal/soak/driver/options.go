@@ -60,6 +60,11 @@ type Options struct {
 	// whose target is busy is tried again at the next start) instead of
 	// drawing them by weight: the smoke uses it so every type occurs.
 	RoundRobin bool
+	// Regular starts faults every FaultEvery exactly instead of at
+	// exponential intervals, and Targets (if set) limits the worker faults
+	// to those workers: negative controls use them to place faults.
+	Regular bool
+	Targets []int
 
 	// Broken is "mode" or "mode:w1,w2" (worker modes apply to the listed
 	// workers, default worker 0; driver modes to the run).

@@ -337,7 +337,9 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 	if w.cfg.MaxHold > 0 {
 		hold = time.Duration(r.Int64N(int64(w.cfg.MaxHold)))
 	}
-	long := r.Float64() < w.cfg.LongHold || (w.cfg.Broken == BrokenHog && g == 0) || ignore
+	// hog and no-close: goroutine 0 always holds long, so it holds a
+	// lease whenever the stop comes.
+	long := r.Float64() < w.cfg.LongHold || ((w.cfg.Broken == BrokenHog || w.cfg.Broken == BrokenNoClose) && g == 0) || ignore
 	if long {
 		total := w.cfg.TTL*3/2 + time.Duration(r.Int64N(int64(w.cfg.TTL*3/2)))
 		switch {
@@ -475,8 +477,9 @@ func (w *worker) advLoop(g int) {
 		rcancel()
 		w.ev(event.Event{E: event.AdvRet, G: g, K: k, O: op, C: w.code(err)})
 		if w.stop.Err() == nil {
-			// Leave the key alone a moment, so other workers get it.
-			sleep(time.Duration(r.IntN(50))*time.Millisecond, w.stop)
+			// Leave the key alone a moment, so other workers get it (and
+			// the lease cycles most of the CPU).
+			sleep(time.Duration(50+r.IntN(100))*time.Millisecond, w.stop)
 		}
 	}
 }
