@@ -72,6 +72,9 @@ type driver struct {
 	stopping bool
 	burners  []*exec.Cmd
 
+	spawnCh  chan spawnReq // to the spawner thread (see startSpawner)
+	spawnEnd chan struct{} // closed at the end of the run: the spawner stops
+
 	faultID  atomic.Int64
 	faults   atomic.Int64
 	faultWG  sync.WaitGroup
@@ -103,6 +106,8 @@ func Run(ctx context.Context, o Options) (*Meta, error) {
 	defer lg.Close()
 	d := &driver{o: o, log: lg}
 	d.brokenMd, d.brokenW = o.BrokenMode()
+	d.startSpawner()
+	defer close(d.spawnEnd)
 	meta := &Meta{Options: o, MixString: FormatMix(o.Mix), Started: time.Now(),
 		StatementTO: 5 * time.Second, RetryCap: 2 * time.Second, ProbeBound: 2 * time.Second,
 		AdvServerTO: 25 * time.Second, Cmdline: strings.Join(os.Args, " ")}
@@ -266,6 +271,44 @@ func (d *driver) workerArgs(id, inc int) []string {
 	return args
 }
 
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+// startSpawner starts the one goroutine that starts every child process,
+// locked to its OS thread until the run ends. A child's parent-death
+// signal (Pdeathsig) fires when the *thread* that forked it exits, and Go
+// ends threads: pgtest starts postgres from a goroutine locked to its
+// thread, which exits when the server stops (crash and restart faults);
+// a worker forked earlier on that thread was SIGKILLed with it (seen:
+// workers "died by itself: signal: killed" right after server faults).
+func (d *driver) startSpawner() {
+	d.spawnCh, d.spawnEnd = make(chan spawnReq), make(chan struct{})
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the run
+		for {
+			select {
+			case r := <-d.spawnCh:
+				r.done <- r.cmd.Start()
+			case <-d.spawnEnd:
+				return
+			}
+		}
+	}()
+}
+
+// start starts cmd from the spawner thread.
+func (d *driver) start(cmd *exec.Cmd) error {
+	done := make(chan error, 1)
+	select {
+	case d.spawnCh <- spawnReq{cmd, done}:
+		return <-done
+	case <-d.spawnEnd:
+		return errors.New("soak: the run is over")
+	}
+}
+
 // spawn starts incarnation inc of worker id.
 func (d *driver) spawn(id, inc int) error {
 	cmd := exec.Command(d.o.Bin, d.workerArgs(id, inc)...)
@@ -275,7 +318,7 @@ func (d *driver) spawn(id, inc int) error {
 	}
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := d.start(cmd); err != nil {
 		out.Close()
 		return err
 	}
@@ -690,7 +733,7 @@ func (d *driver) starve(ctx context.Context, w int, dur time.Duration, param flo
 	for range 3 {
 		b := exec.Command(d.o.Bin, "burn", "-cpu", strconv.Itoa(cpu))
 		b.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := b.Start(); err == nil {
+		if err := d.start(b); err == nil {
 			bs = append(bs, b)
 		}
 	}
