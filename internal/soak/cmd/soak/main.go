@@ -16,12 +16,14 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/pglease/pglease/internal/soak/check"
 	"github.com/pglease/pglease/internal/soak/driver"
+	"github.com/pglease/pglease/internal/soak/event"
 	"github.com/pglease/pglease/internal/soak/worker"
 )
 
@@ -166,9 +168,25 @@ func workerCmd(args []string) int {
 	_ = fs.Parse(args)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	dumpOnSIGUSR1()
 	if err := worker.Run(ctx, c); err != nil {
 		fmt.Fprintln(os.Stderr, "soak worker:", err)
 		return 1
 	}
 	return 0
+}
+
+// dumpOnSIGUSR1 writes every goroutine's stack to stderr on SIGUSR1, so a
+// stalled worker can be looked at without ending it
+// (kill -USR1 <pid>; the pids are in driver.jsonl's spawn events).
+// It starts before the worker's goroutine-leak baseline.
+func dumpOnSIGUSR1() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	go func() {
+		for range ch {
+			fmt.Fprintf(os.Stderr, "=== goroutine dump (SIGUSR1) at CLOCK_MONOTONIC %d\n", event.Now())
+			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
+		}
+	}()
 }
