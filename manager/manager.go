@@ -246,7 +246,18 @@ type option func(*Manager)
 // string lists several hosts without connect_timeout gets one Warn log
 // record: it would never move off a host that stopped answering. It
 // validates cfg and does no I/O. The Manager does not close pool: the
-// caller closes it after Close. The schema must be at the version this
+// caller closes it after Close. Configure pool as Open configures its own
+// (bounded connects, broken connections' sockets closed at once):
+//
+//	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second // unless connect_timeout is set
+//	pcfg.BeforeClose = func(c *pgx.Conn) {
+//		if c.PgConn().IsClosed() { _ = c.PgConn().Conn().Close() }
+//	}
+//
+// Without them, after a network fault a connection pgx found broken keeps
+// its pool slot for up to 15 s and a connect begun during the fault for
+// up to 2 min: with every pooled connection broken, nothing of the
+// Manager runs for that long. The schema must be at the version this
 // pglease needs (see SetupSchema and package pg/migrations): the first
 // acquire checks it and fails with an error that says how to migrate (a
 // *pg.SchemaError cause) when it is not.
@@ -281,6 +292,7 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = connx.DefaultConnectTimeout
 	}
+	pcfg.BeforeClose = closeBroken
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
@@ -291,6 +303,22 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 		return nil, err
 	}
 	return m, nil
+}
+
+// closeBroken is the BeforeClose hook of the pools Open makes. pgxpool
+// keeps a destroyed connection's slot until pgconn has finished closing
+// it, and pgconn closes a connection broken mid-statement (a statement or
+// pgxpool's liveness ping ran out of time) by draining its socket for up
+// to 15 s: on a silent connection (half-open, blackholed) the slot stays
+// taken 15 s, and with every pooled connection broken no statement of the
+// Manager runs for 15 s after the network is back (the soak found it,
+// issue 14). The socket of a broken connection is of no further use:
+// closing it ends the drain at once. A healthy connection is left to
+// pgx's own clean close.
+func closeBroken(c *pgx.Conn) {
+	if pc := c.PgConn(); pc.IsClosed() {
+		_ = pc.Conn().Close()
+	}
 }
 
 func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...option) (*Manager, error) {
