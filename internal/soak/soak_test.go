@@ -83,13 +83,6 @@ func smokeOptions(dir, bin string, seed uint64) driver.Options {
 	}
 }
 
-// issue92Open excuses recovery-bound violations after half-open faults
-// while issue 9.2 is open: after a half-open, each dead pooled connection
-// costs the whole process a statement timeout (5 s), one after the other,
-// so a worker may get no lease for ~15 s (soak: BUG in the coordination
-// log, 08:58). The fix for 9.2 sets it to false.
-const issue92Open = true
-
 // TestSmoke is the soak in small: three -race worker processes, every
 // fault type in turn for about 30 s, then every check. It fails on any
 // violation, and when a fault type did not occur or the run did too
@@ -118,14 +111,6 @@ func TestSmoke(t *testing.T) {
 	md := rep.Markdown()
 	t.Log("\n" + md)
 	v := rep.Violations()
-	if issue92Open {
-		for _, rc := range rep.Recoveries {
-			if rc.Type == driver.FHalfOpen && rc.Over > 0 {
-				t.Logf("KNOWN issue 9.2 (L3b): %d half-open recoveries over the %s bound (max %s): dead pooled connections stall the process for a statement timeout each", rc.Over, rc.Bound, rc.Max)
-				v -= rc.Over
-			}
-		}
-	}
 	if v > 0 {
 		t.Errorf("%d violations (seed %d)", v, seed)
 	}

@@ -31,8 +31,12 @@ func (rep *Report) Markdown() string {
 	faults := rep.FaultCount()
 	fmt.Fprintf(&b, "### Soak run %s\n\n", m.Started.UTC().Format("2006-01-02 15:04 UTC"))
 	fmt.Fprintf(&b, "`%s`\n\n", m.Cmdline)
-	fmt.Fprintf(&b, "seed %d · %s · %d workers × (%d lease + %d advisory goroutines) · %d lease keys, %d advisory keys · TTL %s · margin %s · race %v\n\n",
+	fmt.Fprintf(&b, "seed %d · %s · %d workers × (%d lease + %d advisory goroutines) · %d lease keys, %d advisory keys · TTL %s · margin %s · race %v",
 		m.Seed, m.Elapsed.Round(time.Second), m.Workers, m.LeaseG, m.AdvG, m.Keys, m.AdvKeys, m.TTL, marginOf(m.Margin, m.TTL), m.Race)
+	if m.Machine != "" {
+		fmt.Fprintf(&b, " · %s", m.Machine)
+	}
+	b.WriteString("\n\n")
 	if m.Cycles > 0 || m.Faults > 0 {
 		verdict := "reached"
 		if !rep.TargetsReached() {

@@ -48,6 +48,7 @@ type Meta struct {
 	AdvServerTO time.Duration // advisory ServerIdleTimeout (a blackholed session's locks are freed then)
 	Race        bool          // the workers were built with -race
 	Cmdline     string
+	Machine     string // Go, OS/arch, CPUs, PostgreSQL version
 }
 
 type proc struct {
@@ -110,7 +111,11 @@ func Run(ctx context.Context, o Options) (*Meta, error) {
 	defer close(d.spawnEnd)
 	meta := &Meta{Options: o, MixString: FormatMix(o.Mix), Started: time.Now(),
 		StatementTO: 5 * time.Second, RetryCap: 2 * time.Second, ProbeBound: 2 * time.Second,
-		AdvServerTO: 25 * time.Second, Cmdline: strings.Join(os.Args, " ")}
+		AdvServerTO: 25 * time.Second, Cmdline: o.Command}
+	if meta.Cmdline == "" {
+		meta.Cmdline = strings.Join(os.Args, " ")
+	}
+	meta.Machine = fmt.Sprintf("%s %s/%s, %d CPUs", runtime.Version(), runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 	if bi, err := buildinfo.ReadFile(o.Bin); err == nil {
 		for _, st := range bi.Settings {
 			if st.Key == "-race" && st.Value == "true" {
@@ -132,6 +137,10 @@ func Run(ctx context.Context, o Options) (*Meta, error) {
 	defer d.cluster.Stop()
 	if err := d.setupDB(ctx); err != nil {
 		return nil, err
+	}
+	var ver string
+	if err := d.admin.QueryRow(ctx, "SHOW server_version").Scan(&ver); err == nil {
+		meta.Machine += ", PostgreSQL " + strings.Fields(ver)[0]
 	}
 	defer d.admin.Close()
 	d.ev(event.Event{E: event.Offset, W: -1, V: event.RealtimeOffset()})

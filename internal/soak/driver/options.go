@@ -40,6 +40,7 @@ const (
 // Options configure a soak run (the flags of `soak run`).
 type Options struct {
 	Dir      string        // run directory (logs, dumps); created
+	Command  string        // the command that replays the run, for the report (default: this process's command line)
 	Bin      string        // the soak binary (worker and burn subcommands)
 	Duration time.Duration // longest run (faults phase); the run stops earlier once Cycles and Faults are reached
 	Cycles   int64         // lease cycles to reach (0: run for Duration)

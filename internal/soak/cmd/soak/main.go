@@ -86,6 +86,7 @@ func runCmd(args []string) int {
 	if o.Seed == 0 {
 		o.Seed = uint64(time.Now().UnixNano())
 	}
+	o.Command = replayCommand(fs, o.Seed)
 	if o.Dir == "" {
 		o.Dir, err = os.MkdirTemp("", "pglease-soak-")
 		if err != nil {
@@ -189,4 +190,23 @@ func dumpOnSIGUSR1() {
 			_ = pprof.Lookup("goroutine").WriteTo(os.Stderr, 2)
 		}
 	}()
+}
+
+// replayCommand is the command that replays this run, for the report:
+// `make soak` with the flags given (not -dir, -worker-bin) and the seed.
+func replayCommand(fs *flag.FlagSet, seed uint64) string {
+	var flags []string
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "dir", "worker-bin", "seed":
+			return
+		}
+		v := f.Value.String()
+		if f.Name == "mix" || strings.ContainsAny(v, " ,=") {
+			v = "'" + v + "'"
+		}
+		flags = append(flags, "-"+f.Name+" "+v)
+	})
+	flags = append(flags, fmt.Sprintf("-seed %d", seed))
+	return `make soak SOAKFLAGS="` + strings.Join(flags, " ") + `"`
 }
