@@ -23,8 +23,8 @@ type Election struct {
 	// Manager's Config.Retry after the leader's last extend.
 	TTL time.Duration
 	// ObserveInterval is how often a candidate that does not lead reads
-	// who does, for OnNewLeader, and how long a leader that resigned
-	// waits before campaigning again. Default TTL/4, at least 100 ms.
+	// who does, for OnNewLeader (and a candidate that resigned, whether
+	// another one leads yet). Default TTL/4, at least 100 ms.
 	ObserveInterval time.Duration
 
 	// OnStartedLeading, if set, is called when this candidate starts a
@@ -188,9 +188,10 @@ func (t *Term) Release(ctx context.Context) error {
 
 // RunElection campaigns for leadership of e.Name until ctx ends: it waits
 // for the lease, runs fn while it leads, then resigns (releases the
-// lease) and campaigns again: after a loss at once, after a resignation
-// once ObserveInterval has passed, so that a waiting candidate takes
-// over. fn runs under the term's Context, which ends when the lease is
+// lease) and campaigns again: after a loss at once; after a resignation
+// once another candidate leads, so that a waiting candidate takes over,
+// or after TTL if none does (a lone candidate that resigned leads again
+// after TTL). fn runs under the term's Context, which ends when the lease is
 // lost (context.Cause is then a pglease.ErrLockLost error), when ctx ends
 // (pglease.ErrReleased wrapping ctx's error), when the Manager closes
 // (pglease.ErrClosed) or when fn resigns early with term.Release; fn must
@@ -290,11 +291,12 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 			// A resignation hands over: campaigning again at once would
 			// usually win again (the release and the next acquire come
 			// from this process first). Let a waiting candidate, which
-			// the release woke, take the lease.
-			select {
-			case <-ctx.Done():
+			// the release woke, take the lease: campaign again once
+			// another candidate leads, or after TTL if none does. (A
+			// fixed pause raced the other candidate's wake-up on a busy
+			// machine.)
+			if !obs.awaitOther(ctx, every, ttl) {
 				return ctx.Err()
-			case <-time.After(every):
 			}
 		}
 	}
@@ -324,6 +326,31 @@ func (o *observer) saw(identity string, lead, self bool) {
 	o.last, o.lastMe, o.leading = identity, self, true
 	if o.e.OnNewLeader != nil {
 		o.e.OnNewLeader(identity, self)
+	}
+}
+
+// awaitOther reads the lease's holder every interval until someone holds
+// it (reported to OnNewLeader) or d has passed; false if ctx ended.
+func (o *observer) awaitOther(ctx context.Context, every, d time.Duration) bool {
+	deadline := time.NewTimer(d)
+	defer deadline.Stop()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-deadline.C:
+			return true
+		case <-t.C:
+		}
+		lctx, cancel := context.WithTimeout(ctx, o.m.cfg.StatementTimeout)
+		info, err := o.m.store.LookupByKey(lctx, o.key)
+		cancel()
+		if err == nil && info != nil {
+			o.saw(info.Holder, true, false)
+			return true
+		}
 	}
 }
 

@@ -83,6 +83,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		done  chan error
 		// resign tells the leader to finish its work and return.
 		resign chan struct{}
+		sees   chan string // the identity of each other leader it observes
 	}
 	start := func(name string) (*candidate, error) {
 		pool, err := pgxpool.New(ctx, url)
@@ -96,13 +97,17 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		}
 		cctx, stop := context.WithCancel(ctx)
 		c := &candidate{name: name, m: m, pool: pool, stop: stop, terms: make(chan uint64, 10),
-			done: make(chan error, 1), resign: make(chan struct{}, 10)}
+			done: make(chan error, 1), resign: make(chan struct{}, 10), sees: make(chan string, 10)}
 		go func() {
 			c.done <- m.RunElection(cctx, manager.Election{
 				Name: "examples:leader", TTL: 3 * time.Second,
 				OnNewLeader: func(id string, self bool) {
 					if !self {
 						say("%s sees %s lead", name, id)
+						select {
+						case c.sees <- id:
+						default:
+						}
 					}
 				},
 				OnStoppedLeading: func(term *manager.Term, cause error) {
@@ -147,6 +152,22 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		}
 	}
 
+	// awaitSees waits until c observed who lead.
+	awaitSees := func(c *candidate, who string) error {
+		for {
+			select {
+			case id := <-c.sees:
+				if id == who {
+					return nil
+				}
+			case err := <-c.done:
+				return fmt.Errorf("%s stopped campaigning: %v", c.name, err)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+
 	a, err := start("A")
 	if err != nil {
 		return err
@@ -166,7 +187,9 @@ func run(ctx context.Context, w io.Writer, url string) error {
 			shutdown(b)
 		}
 	}()
-	time.Sleep(1500 * time.Millisecond) // B campaigns and observes A lead
+	if err := awaitSees(b, "A"); err != nil { // B campaigns and observes A lead
+		return err
+	}
 
 	a.resign <- struct{}{}
 	resigned := time.Now()
@@ -176,7 +199,9 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	}
 	say("B took over %s after A resigned (fence %d > %d)", round(time.Since(resigned)), f2, f1)
 
-	time.Sleep(1500 * time.Millisecond) // A campaigns again and observes B lead
+	if err := awaitSees(a, "B"); err != nil { // A, campaigning again, observes B lead
+		return err
+	}
 	say("B shuts down")
 	shutdown(b)
 	bStopped = true
