@@ -3,6 +3,7 @@ package pg_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
@@ -19,6 +20,26 @@ func TestDesignFunctionsEqualGo(t *testing.T) {
 	ms := pg.DesignMigrations()
 	if len(ms) != 1 || ms[0].Version != 1 {
 		t.Fatalf("DesignMigrations = %+v", ms)
+	}
+	// Next to the lease schema, with a lease and its fence counter: the
+	// design's down must leave them (issue 15.3).
+	store, err := pg.New(pool, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := store.SetupSchema(c); err != nil {
+		t.Fatal(err)
+	}
+	mustAcquire(t, store, "lease-next-to-designs", time.Minute)
+	countersAndLeases := func() (n int) {
+		t.Helper()
+		if err := pool.QueryRow(c, `SELECT (SELECT count(*) FROM syncguard_fence_counters) + (SELECT count(*) FROM syncguard_locks)`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := countersAndLeases(); n != 2 {
+		t.Fatalf("%d fence counters + leases, want 2", n)
 	}
 	empty := snapshot(t, pool, schema)
 	if _, err := pool.Exec(c, ms[0].Up); err != nil {
@@ -123,6 +144,9 @@ func TestDesignFunctionsEqualGo(t *testing.T) {
 	}
 	if got := snapshot(t, pool, schema); got != empty {
 		t.Fatalf("after down:\n%s\nwant:\n%s", got, empty)
+	}
+	if n := countersAndLeases(); n != 2 {
+		t.Fatalf("after the design's down: %d fence counters + leases, want 2", n)
 	}
 	if _, err := pool.Exec(c, ms[0].Up); err != nil {
 		t.Fatal(err)
