@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"math"
 	"strings"
 	"time"
 	"unicode"
@@ -236,14 +237,16 @@ func ValidateTTL(ttl time.Duration) error {
 	case ttl%time.Millisecond != 0:
 		return NewError(CodeInvalidArgument, op, "ttl must be a whole number of milliseconds", nil)
 	case ttl > MaxTTL():
-		return NewError(CodeInvalidArgument, op, "ttl too large: expiry would exceed 2^53-1 ms", nil)
+		return NewError(CodeInvalidArgument, op, "ttl too large: above MaxTTL (expiry would exceed 2^53-1 ms)", nil)
 	}
 	return nil
 }
 
-// MaxTTL returns the largest TTL ValidateTTL accepts now:
-// 2^53−1 ms − local now − one day (margin for server clock skew).
+// MaxTTL returns the largest TTL ValidateTTL accepts now: 2^53−1 ms −
+// local now − one day (margin for server clock skew), or the largest
+// whole-millisecond time.Duration (about 292 years) if that is smaller,
+// as it is for the next 285,000 years.
 func MaxTTL() time.Duration {
 	ms := int64(MaxSafeIntegerMs) - time.Now().UnixMilli() - int64(24*time.Hour/time.Millisecond)
-	return time.Duration(ms) * time.Millisecond
+	return time.Duration(min(ms, int64(math.MaxInt64/time.Millisecond))) * time.Millisecond
 }

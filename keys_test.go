@@ -187,14 +187,21 @@ func TestValidateLockID(t *testing.T) {
 
 func TestValidateTTL(t *testing.T) {
 	t.Parallel()
-	for _, ttl := range []time.Duration{time.Millisecond, 30 * time.Second, 100 * 365 * 24 * time.Hour} {
+	// Issue 9.12: 200 years fits 2^53-1 ms; MaxTTL overflowed int64 and refused it.
+	for _, ttl := range []time.Duration{time.Millisecond, 30 * time.Second, 100 * 365 * 24 * time.Hour, 200 * 365 * 24 * time.Hour} {
 		if err := pglease.ValidateTTL(ttl); err != nil {
 			t.Errorf("ValidateTTL(%v) = %v", ttl, err)
 		}
 	}
 	maxTTL := pglease.MaxTTL()
+	if maxTTL < 290*365*24*time.Hour || maxTTL%time.Millisecond != 0 {
+		t.Errorf("MaxTTL() = %v, want the largest whole-ms Duration (~292 years)", maxTTL)
+	}
+	if err := pglease.ValidateTTL(maxTTL); err != nil {
+		t.Errorf("ValidateTTL(MaxTTL()) = %v", err)
+	}
 	for _, ttl := range []time.Duration{0, -time.Millisecond, 1500 * time.Microsecond, time.Nanosecond,
-		maxTTL + time.Hour, 1<<63 - 1} {
+		maxTTL + time.Millisecond, 1<<63 - 1} {
 		if err := pglease.ValidateTTL(ttl); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Errorf("ValidateTTL(%v) = %v, want InvalidArgument", ttl, err)
 		}

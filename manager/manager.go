@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -191,8 +192,25 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 	if margin > 0 && margin >= ttl {
 		return invalid(op, "LossMargin must be below the ttl")
 	}
+	if !auto {
+		// The grant must come back within ttl − margin of its attempt's
+		// start, or it is refused as late (issue 9.12: a 11 ms lease left
+		// a 1 ms window and could never be granted).
+		m := margin
+		if m <= 0 {
+			m = heartbeat.DefaultMargin(ttl)
+		}
+		if ttl-m < minTrustWindow {
+			return invalid(op, fmt.Sprintf("ttl %v leaves a trust window of %v after the loss margin of %v: a grant's round trip must fit in it; use a ttl of at least %v",
+				ttl, ttl-m, m, m+minTrustWindow))
+		}
+	}
 	return nil
 }
+
+// minTrustWindow is the shortest trust window (ttl − margin) a
+// WithoutAutoExtend lease may have: the acquire's round trip must fit.
+const minTrustWindow = 10 * time.Millisecond
 
 // Manager hands out lease locks on one PostgreSQL database to the
 // goroutines of this process. See the package documentation. A Manager

@@ -606,3 +606,45 @@ func TestFenceGuardRepeatedFenceRace(t *testing.T) {
 		t.Fatalf("accepted writes per grant: %v; want exactly one grant accepted", accepted)
 	}
 }
+
+// TestFenceGuardNothingSentIsNotAmbiguous (issue 9.12): a write refused by
+// pgx before it was executed — a committed transaction, a value it cannot
+// encode for its column — is InvalidArgument, not Ambiguous: the caller
+// knows it did not happen. And the error does not echo the value.
+func TestFenceGuardNothingSentIsNotAmbiguous(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := fencedTable(t)
+	g := mustGuard(t)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.Upsert(ctx, tx, "done", 1, pg.Set{Column: "status", Value: "x"})
+	if pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Errorf("Upsert on a committed tx: %v, want InvalidArgument", err)
+	}
+	_, err = g.Update(ctx, tx, "done", 1, pg.Set{Column: "status", Value: "x"})
+	if pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Errorf("Update on a committed tx: %v, want InvalidArgument", err)
+	}
+	// A channel cannot be encoded as text.
+	_, err = g.Upsert(ctx, pool, "enc", 1, pg.Set{Column: "status", Value: make(chan int)})
+	if pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Errorf("Upsert of an unencodable value: %v, want InvalidArgument", err)
+	}
+	secret := struct{ S string }{"s3cr3t-value"}
+	_, err = g.Update(ctx, pool, "enc", 1, pg.Set{Column: "note", Value: secret})
+	if pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Errorf("Update of an unencodable value: %v, want InvalidArgument", err)
+	}
+	if err != nil && strings.Contains(fmt.Sprintf("%v %+v", err, err), "s3cr3t") {
+		t.Errorf("error echoes the value: %v", err)
+	}
+	if _, found := readJob(t, pool, "enc"); found {
+		t.Error("row written")
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -337,6 +339,20 @@ func (s *Store) migrate(ctx context.Context, op string, target int, dropTables, 
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == errConcurrent && attempt < 10 {
 			continue
+		}
+		if pgerr.CatalogRace(err) && ctx.Err() == nil {
+			// Someone without our advisory lock (SyncGuard's setupSchema,
+			// a hand-run migration) created the same objects at the same
+			// moment (issue 9.7). The transaction rolled back; again, after
+			// a short jittered pause, finds them there.
+			if attempt < 10 {
+				select {
+				case <-time.After(time.Duration(5+rand.IntN(20)) * time.Millisecond):
+				case <-ctx.Done():
+				}
+				continue
+			}
+			return pglease.NewError(pglease.CodeServiceUnavailable, op, pgerr.CatalogRaceMsg, pgerr.Map(ctx, op, err))
 		}
 		if err != nil {
 			return pgerr.Map(ctx, op, err)

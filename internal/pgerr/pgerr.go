@@ -1,5 +1,7 @@
 // Package pgerr maps errors from pgx and PostgreSQL to *pglease.Error by
-// SQLSTATE code constants (never by message text), and strips anything
+// SQLSTATE code constants (never by a server message's text; one pgx
+// client error, an argument it cannot encode, has no type but its
+// wording), and strips anything
 // from a server error that could echo a key or lockId.
 package pgerr
 
@@ -9,8 +11,10 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 
 	"github.com/jackc/pgerrcode"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/puddle/v2"
 
@@ -127,6 +131,16 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 		}
 		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
 	}
+	if errors.Is(err, pgx.ErrTxClosed) {
+		// pgx refuses before sending anything (issue 9.12).
+		return pglease.NewError(pglease.CodeInvalidArgument, op, "the transaction has already ended (committed or rolled back): nothing was sent", err)
+	}
+	if isEncodeErr(err) {
+		// An argument pgx cannot encode for its parameter's type: the
+		// statement was not executed (issue 9.12). Its text can carry the
+		// value, so only the cause's type is kept.
+		return pglease.NewError(pglease.CodeInvalidArgument, op, "an argument cannot be encoded for its column's type: nothing was executed", nil)
+	}
 	if errors.Is(err, puddle.ErrClosedPool) {
 		// Not retryable: a closed pool stays closed.
 		return pglease.NewError(pglease.CodeClosed, op, "connection pool closed", err)
@@ -171,3 +185,40 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 	}
 	return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
 }
+
+// isEncodeErr reports whether err is pgx's failure to encode a query
+// argument ("failed to encode args[i]: …", pgx v5's only wording for it,
+// from its extended-query builder, before the Execute message is sent).
+func isEncodeErr(err error) bool {
+	return strings.Contains(err.Error(), "failed to encode args[")
+}
+
+// CatalogRace reports whether err is PostgreSQL's answer to two sessions
+// running the same idempotent DDL at once (CREATE … IF NOT EXISTS, CREATE
+// OR REPLACE): the IF NOT EXISTS check passed in both, and the second
+// insert into the system catalog collides. Retrying the DDL succeeds (it
+// then finds the object). These are: a unique violation on a system
+// catalog index (pg_type_typname_nsp_index, pg_class_relname_nsp_index,
+// … all named pg_*), duplicate table/object/function/schema, a deadlock
+// or serialization failure between the two, and "tuple concurrently
+// updated" (XX000) from CREATE OR REPLACE FUNCTION.
+func CatalogRace(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case pgerrcode.UniqueViolation:
+		return strings.HasPrefix(pgErr.ConstraintName, "pg_")
+	case pgerrcode.DuplicateTable, pgerrcode.DuplicateObject, pgerrcode.DuplicateFunction,
+		pgerrcode.DuplicateSchema, pgerrcode.DeadlockDetected, pgerrcode.SerializationFailure:
+		return true
+	case pgerrcode.InternalError:
+		return strings.HasPrefix(pgErr.Message, "tuple concurrently ")
+	}
+	return false
+}
+
+// CatalogRaceMsg is the message of a catalog race that retries did not
+// get past (a retryable ServiceUnavailable).
+const CatalogRaceMsg = "another session was creating the same schema objects at the same moment; retry"

@@ -3,6 +3,8 @@ package advisory
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"sync"
@@ -45,8 +47,9 @@ type Options struct {
 	// by default 25 s. That bound must be at least twice ProbeInterval +
 	// ProbeTimeout, so the holder hears of the loss before the server
 	// frees its locks (RELIABILITY L2). Defaults 10 s, 5 s, 4 and 25 s;
-	// keepalive times in whole seconds, UserTimeout in whole
-	// milliseconds. They have no effect on Unix-socket connections, and
+	// keepalive times in whole seconds up to 32767 s, KeepaliveCount up to
+	// 127, UserTimeout in whole milliseconds up to 2^31−1 ms (what the
+	// server and its TCP stack accept). They have no effect on Unix-socket connections, and
 	// none through a TCP proxy or pooler, whose own connection to the
 	// server stays alive: see the package documentation, "Behind a proxy
 	// or pooler".
@@ -109,6 +112,18 @@ func (o *Options) resolve(op string) (Options, error) {
 	if r.KeepaliveIdle%time.Second != 0 || r.KeepaliveInterval%time.Second != 0 {
 		return r, invalid(op, "KeepaliveIdle and KeepaliveInterval must be whole seconds")
 	}
+	// The server's limits (issue 9.12): tcp_user_timeout,
+	// idle_session_timeout and lock_timeout are int milliseconds; Linux
+	// refuses TCP_KEEPIDLE/TCP_KEEPINTVL above 32767 s and TCP_KEEPCNT
+	// above 127, and PostgreSQL then only logs the failed setsockopt,
+	// leaving the session without the keepalive the bounds rely on.
+	const maxMs = time.Duration(math.MaxInt32) * time.Millisecond
+	if r.UserTimeout > maxMs || r.ServerIdleTimeout > maxMs || r.WaitSlice > maxMs {
+		return r, invalid(op, fmt.Sprintf("UserTimeout, ServerIdleTimeout and WaitSlice must be at most %v (the server's int32 milliseconds)", maxMs))
+	}
+	if r.KeepaliveIdle > maxKeepalive || r.KeepaliveInterval > maxKeepalive || r.KeepaliveCount > maxKeepaliveCount {
+		return r, invalid(op, fmt.Sprintf("KeepaliveIdle and KeepaliveInterval must be at most %v and KeepaliveCount at most %d (what the server's TCP stack accepts)", maxKeepalive, maxKeepaliveCount))
+	}
 	release := min(r.UserTimeout, r.KeepaliveIdle+time.Duration(r.KeepaliveCount)*r.KeepaliveInterval)
 	if release < 2*(r.ProbeInterval+r.ProbeTimeout) {
 		return r, invalid(op, "server release bound (keepalive, user timeout) must be at least 2×(ProbeInterval+ProbeTimeout)")
@@ -119,6 +134,12 @@ func (o *Options) resolve(op string) (Options, error) {
 	}
 	return r, nil
 }
+
+// Linux's limits for TCP_KEEPIDLE/TCP_KEEPINTVL and TCP_KEEPCNT.
+const (
+	maxKeepalive      = 32767 * time.Second
+	maxKeepaliveCount = 127
+)
 
 func defDur(d, def time.Duration) time.Duration {
 	if d == 0 {

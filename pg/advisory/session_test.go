@@ -481,6 +481,23 @@ func TestBadInputNoIO(t *testing.T) {
 			_, err := Open(ctx, pool, &Options{UserTimeout: time.Second})
 			return err
 		}()},
+		// Issue 9.12: beyond what the server accepts.
+		{"Open UserTimeout over int32 ms", pglease.CodeInvalidArgument, func() error {
+			_, err := Open(ctx, pool, &Options{UserTimeout: 25 * 24 * time.Hour})
+			return err
+		}()},
+		{"Open ServerIdleTimeout over int32 ms", pglease.CodeInvalidArgument, func() error {
+			_, err := Open(ctx, pool, &Options{ServerIdleTimeout: 25 * 24 * time.Hour})
+			return err
+		}()},
+		{"Open KeepaliveIdle over 32767 s", pglease.CodeInvalidArgument, func() error {
+			_, err := Open(ctx, pool, &Options{KeepaliveIdle: 32768 * time.Second})
+			return err
+		}()},
+		{"Open KeepaliveCount over 127", pglease.CodeInvalidArgument, func() error {
+			_, err := Open(ctx, pool, &Options{KeepaliveCount: 128})
+			return err
+		}()},
 		{"Open negative HoldLimit", pglease.CodeInvalidArgument, func() error { _, err := Open(ctx, pool, &Options{HoldLimit: -1}); return err }()},
 		{"Open WaitSlice over ProbeInterval", pglease.CodeInvalidArgument, func() error {
 			_, err := Open(ctx, pool, &Options{ProbeInterval: time.Second, WaitSlice: 2 * time.Second})
