@@ -92,7 +92,21 @@ func TestUncontendedSmoke(t *testing.T) {
 
 func TestHotKeySmoke(t *testing.T) {
 	t.Parallel()
-	res, table := runSmoke(t, smokeConfig(t, "hotkey"))
+	// The smoke checks that the scenario works, not how fast: on a loaded
+	// 2-core machine a 200 ms window over two processes can see a single
+	// section, so a window too short to see two in every point is measured
+	// again, longer.
+	cfg := smokeConfig(t, "hotkey")
+	var res []Result
+	var table string
+	for _, d := range []time.Duration{200 * time.Millisecond, time.Second, 4 * time.Second} {
+		cfg.duration = d
+		res, table = runSmoke(t, cfg)
+		if len(res) != 3 || (res[0].Cycles >= 2 && res[1].Cycles >= 2) {
+			break
+		}
+		t.Logf("window %v saw %d and %d sections (machine busy); measuring again, longer", d, res[0].Cycles, res[1].Cycles)
+	}
 	if len(res) != 3 {
 		t.Fatalf("got %d results, want 2 hot-key points and the flush bound:\n%s", len(res), table)
 	}
