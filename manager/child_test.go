@@ -175,7 +175,7 @@ func TestTwoProcessesHotKey(t *testing.T) {
 	b := setup(t, setupOpts{cfg: Config{Retry: pollingTooSlow}})
 	ctx := ctxT(t)
 	wait(t, &b.sig.listening)
-	if _, err := b.pool.Exec(ctx, "CREATE TABLE pingpong (value bigint NOT NULL, fence bigint NOT NULL); INSERT INTO pingpong VALUES (0, 0)"); err != nil {
+	if _, err := b.admin.Exec(ctx, "CREATE TABLE pingpong (value bigint NOT NULL, fence bigint NOT NULL); INSERT INTO pingpong VALUES (0, 0); GRANT SELECT, UPDATE ON pingpong TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")

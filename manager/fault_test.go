@@ -88,10 +88,10 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.pool.Exec(ctx, "REVOKE ALL ON syncguard_locks FROM PUBLIC; ALTER TABLE syncguard_locks RENAME TO moved"); err != nil {
+	if _, err := b.admin.Exec(ctx, "REVOKE ALL ON syncguard_locks FROM PUBLIC; ALTER TABLE syncguard_locks RENAME TO moved"); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _, _ = b.pool.Exec(context.Background(), "ALTER TABLE moved RENAME TO syncguard_locks") })
+	t.Cleanup(func() { _, _ = b.admin.Exec(context.Background(), "ALTER TABLE moved RENAME TO syncguard_locks") })
 	<-lk.Done()
 	lostAt := time.Now()
 	wait(t, &b.sig.extendFailed)
@@ -105,7 +105,7 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 	}
 	// The row is kept for its holder (S4, issue 9.4) until it expires;
 	// remove it for the post-check.
-	if _, err := b.pool.Exec(ctx, "ALTER TABLE moved RENAME TO syncguard_locks; DELETE FROM syncguard_locks"); err != nil {
+	if _, err := b.admin.Exec(ctx, "ALTER TABLE moved RENAME TO syncguard_locks; DELETE FROM syncguard_locks"); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -78,7 +78,8 @@ func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 type bundle struct {
-	pool   *pgxpool.Pool
+	pool   *pgxpool.Pool // the Manager's: the runtime role's
+	admin  *pgxpool.Pool // superuser, same schema: fault injection and DDL only
 	schema string
 	m      *Manager
 	sig    *signals
@@ -92,12 +93,22 @@ type setupOpts struct {
 }
 
 // setup returns a Manager with test signals on a pool whose search_path
-// is a fresh schema with the lease tables. The Manager is closed, and
-// the lease table checked empty, when the test ends.
+// is a fresh schema with the lease tables. The schema was set up by the
+// owner role of pg/roles.sql and the pool connects as its runtime role (no
+// DDL, no DELETE on the fence table, not superuser: issue 10 §3), so every
+// lock operation of these tests runs as production's runtime role; b.admin
+// is the superuser's pool on the same schema, for fault injection. The
+// Manager is closed, and the lease table checked empty, when the test
+// ends.
 func setup(t testing.TB, o setupOpts) *bundle {
 	t.Helper()
-	pool, schema := pgtest.Pool(t, o.pool...)
-	b := &bundle{pool: pool, schema: schema}
+	pool, rs := pgtest.RuntimePool(t, o.pool...)
+	b := &bundle{pool: pool, admin: rs.AdminPool(t), schema: rs.Schema}
+	// A connection ready for fault injection: a test's first statement
+	// through b.admin must not wait for a connect.
+	if err := b.admin.Ping(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
 	if !o.noSignals {
 		b.sig = &signals{}
 		b.sig.init()
@@ -110,6 +121,9 @@ func setup(t testing.TB, o setupOpts) *bundle {
 		t.Fatal(err)
 	}
 	b.m = m
+	// The owner set the schema up; on a current schema SetupSchema only
+	// checks its version (no DDL), which the runtime role may do. It also
+	// opens the pool's first connection before the test's first acquire.
 	if err := m.SetupSchema(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}

@@ -173,10 +173,7 @@ func TestAmbiguousAcquire(t *testing.T) {
 	s0, pool, schema := newStore(t, pg.Config{}, maxConns(2))
 	_ = s0
 	c := ctx(t)
-	cfg, err := pgx.ParseConfig(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := pool.Config().ConnConfig.Copy() // the runtime role, like pool's
 	if cfg.Host == "" || strings.HasPrefix(cfg.Host, "/") {
 		t.Skip("server is on a Unix socket")
 	}

@@ -401,7 +401,7 @@ func statusOf(t *testing.T, db pg.DB, id string) string {
 // retries still pass; the guard without one lets the repeat through.
 func TestFenceGuardRepeatedFence(t *testing.T) {
 	t.Parallel()
-	s, pool, _ := newStore(t, pg.Config{})
+	s, pool, _ := newSuperStore(t, pg.Config{})
 	c := ctx(t)
 	legacy, g := grantGuard(t, pool)
 	if _, err := pool.Exec(c, `INSERT INTO jobs (id) VALUES ('legacy')`); err != nil {

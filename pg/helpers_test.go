@@ -67,8 +67,29 @@ func maxConns(n int32) func(*pgxpool.Config) {
 	return func(cfg *pgxpool.Config) { cfg.MaxConns = n; cfg.MinConns = 0 }
 }
 
-// newStore returns a Store with its schema set up in a fresh schema.
+// newStore returns a Store with its schema set up in a fresh schema. With
+// SyncGuard's default table names (what pg/roles.sql grants on), the
+// schema is set up by the owner role and the Store and the returned pool
+// connect as the runtime role (issue 10 §3). With other table names,
+// everything runs as the harness's superuser (newSuperStore).
 func newStore(t testing.TB, cfg pg.Config, configure ...func(*pgxpool.Config)) (*pg.Store, *pgxpool.Pool, string) {
+	t.Helper()
+	if cfg.LockTable != "" || cfg.FenceTable != "" {
+		return newSuperStore(t, cfg, configure...)
+	}
+	pool, rs := pgtest.RuntimePool(t, configure...)
+	s, err := pg.New(pool, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, pool, rs.Schema
+}
+
+// newSuperStore is newStore as the harness's superuser, which also set
+// up the schema: for tests whose subject is a schema change the runtime
+// role may not make (the release trigger, migrations) or whose setup
+// does DDL through the Store's pool.
+func newSuperStore(t testing.TB, cfg pg.Config, configure ...func(*pgxpool.Config)) (*pg.Store, *pgxpool.Pool, string) {
 	t.Helper()
 	pool, schema := pgtest.Pool(t, configure...)
 	s, err := pg.New(pool, cfg)

@@ -571,7 +571,7 @@ func TestHolderIdentity(t *testing.T) {
 // the trigger calls, so SyncGuard's releases (DELETEs) keep working.
 func TestMigrateDownKeepsReleaseTrigger(t *testing.T) {
 	t.Parallel()
-	s, pool, _ := newStore(t, pg.Config{})
+	s, pool, _ := newSuperStore(t, pg.Config{})
 	c := ctx(t)
 	ch := pgtest.RandomName("trg")
 	if err := s.SetupReleaseTrigger(c, ch); err != nil {
@@ -605,7 +605,7 @@ func TestMigrateDownKeepsReleaseTrigger(t *testing.T) {
 func TestListLeases(t *testing.T) {
 	t.Parallel()
 	var cnt counter
-	s, pool, _ := newStore(t, pg.Config{}, withCounter(&cnt))
+	s, pool, _ := newSuperStore(t, pg.Config{}, withCounter(&cnt))
 	c := ctx(t)
 	short := mustAcquire(t, s, "short", 300*time.Millisecond)
 	_ = short

@@ -114,7 +114,7 @@ func equal(a, b []string) bool { return strings.Join(a, ",") == strings.Join(b, 
 // does not contain the lock table or the functions.
 func TestReleaseTriggerSyncGuardDelete(t *testing.T) {
 	t.Parallel()
-	s, pool, schema := newStore(t, pg.Config{})
+	s, pool, schema := newSuperStore(t, pg.Config{})
 	c := ctx(t)
 	ch := pgtest.RandomName("trg")
 	l := listen(t, ch)
@@ -173,7 +173,7 @@ func TestReleaseTriggerSyncGuardDelete(t *testing.T) {
 func TestReleaseTriggerNoDoubleNotify(t *testing.T) {
 	t.Parallel()
 	ch := pgtest.RandomName("trg")
-	s, pool, _ := newStore(t, pg.Config{NotifyChannel: ch})
+	s, pool, _ := newSuperStore(t, pg.Config{NotifyChannel: ch})
 	c := ctx(t)
 	l := listen(t, ch)
 
@@ -255,7 +255,7 @@ func triggerOID(t *testing.T, db pg.DB) (oids []uint32, args []string) {
 // is InvalidArgument.
 func TestReleaseTriggerIdempotent(t *testing.T) {
 	t.Parallel()
-	s, pool, _ := newStore(t, pg.Config{})
+	s, pool, _ := newSuperStore(t, pg.Config{})
 	c := ctx(t)
 	ch1, ch2 := pgtest.RandomName("trg"), pgtest.RandomName("trg")
 	var wg sync.WaitGroup

@@ -95,6 +95,11 @@ func run(m *testing.M, opts ...MainOption) int {
 		if code == 0 {
 			code = 1
 		}
+	} else if err := dropRoles(ctx, base); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		if code == 0 {
+			code = 1
+		}
 	}
 	if code == 0 && !o.noLeakCheck {
 		if err := goleak.Find(append(o.ignore, goleak.IgnoreCurrent())...); err != nil {

@@ -32,7 +32,30 @@ func testOpts() *Options {
 // database across parallel tests).
 func randKey() Key { return Int64(rand.Int64()) }
 
+// newPool returns a pool connecting as the runtime role of pg/roles.sql
+// (issue 10 §3: lock operations run without superuser, DDL or
+// pg_signal_backend; advisory locks need nothing beyond what every role
+// has), closed when the test ends. Fault injection goes through superConn.
 func newPool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.RuntimeRoleURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range configure {
+		f(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// adminPool is a superuser pool on a fresh schema, for tests whose setup
+// needs DDL (functions to compare key derivations with, scratch tables).
+func adminPool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	t.Helper()
 	pool, _ := pgtest.Pool(t, configure...)
 	return pool

@@ -24,6 +24,13 @@ func bouncerPool(t *testing.T, b *pgtest.Bouncer, maxConns int32) *pgxpool.Pool 
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	// As the runtime role (issue 10 §3), like newPool: PgBouncer passes
+	// each client's user on to the server.
+	rt, err := pgx.ParseConfig(pgtest.RuntimeRoleURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = rt.User
 	cfg.MaxConns = maxConns
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
@@ -45,7 +52,8 @@ func TestPgBouncerXactLocks(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 	schema := pgtest.Schema(t)
 	table := schema + ".counter"
-	if _, err := pool.Exec(ctx, "CREATE TABLE "+table+" (n int NOT NULL); INSERT INTO "+table+" VALUES (0)"); err != nil {
+	if _, err := superConn(t).Exec(ctx, "CREATE TABLE "+table+" (n int NOT NULL); INSERT INTO "+table+" VALUES (0); "+
+		"GRANT USAGE ON SCHEMA "+schema+" TO PUBLIC; GRANT SELECT, UPDATE ON "+table+" TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
 	k := randKey()
