@@ -52,7 +52,11 @@ func (rep *Report) Markdown() string {
 
 	fmt.Fprintf(&b, "| fault | count | recovery p50 | recovery max | bound | over bound | censored |\n|---|---|---|---|---|---|---|\n")
 	for _, rc := range rep.Recoveries {
-		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %d |\n", rc.Type, rc.Faults, ms(rc.P50), ms(rc.Max), ms(rc.Bound), rc.Over, rc.Censored)
+		p50, mx := ms(rc.P50), ms(rc.Max)
+		if rc.Measured == 0 { // every one censored: nothing measured, not 0
+			p50, mx = "–", "–"
+		}
+		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %d |\n", rc.Type, rc.Faults, p50, mx, ms(rc.Bound), rc.Over, rc.Censored)
 	}
 	b.WriteString("\nRecovery: from the heal (proxy back to pass, SIGCONT, new process, server up; at once for terminate) to the target's next lease; server faults count every worker. Censored: healed too close to the end to tell, or another fault hit the target (or the server) before it recovered.\n\n")
 

@@ -484,7 +484,7 @@ func (w *worker) advLoop(g int) {
 		if err != nil {
 			w.ev(event.Event{E: event.AdvErr, G: g, K: k, O: op, C: w.code(err)})
 			if w.stop.Err() == nil {
-				sleep(time.Duration(50+r.IntN(100))*time.Millisecond, w.stop)
+				sleep(advPause(r), w.stop)
 			}
 			continue
 		}
@@ -505,7 +505,14 @@ func (w *worker) advLoop(g int) {
 		if w.stop.Err() == nil {
 			// Leave the key alone a moment, so other workers get it (and
 			// the lease cycles most of the CPU).
-			sleep(time.Duration(50+r.IntN(100))*time.Millisecond, w.stop)
+			sleep(advPause(r), w.stop)
 		}
 	}
+}
+
+// advPause is an advisory goroutine's pause between cycles: advisory
+// locks take part at a few cycles a second per worker, leaving most of
+// the machine to the lease cycles the soak's target counts.
+func advPause(r *rand.Rand) time.Duration {
+	return time.Duration(150+r.IntN(200)) * time.Millisecond
 }
