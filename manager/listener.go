@@ -12,6 +12,7 @@ import (
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 )
 
@@ -138,6 +139,11 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 		db.End(0, pglease.NewError(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
 		return true
 	}
+	if !m.triggerChecked.Load() {
+		// Before the LISTEN, so that the session's last statement stays
+		// the LISTEN or the probe (what fault tests look for).
+		m.checkReleaseTrigger(lctx, conn)
+	}
 	if _, err := conn.Exec(lctx, listenSQL(m.cfg.NotifyChannel)); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
@@ -178,6 +184,29 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 			m.sigListenerProbeFailed()
 			return false
 		}
+	}
+}
+
+// checkReleaseTrigger asks, once per Manager, whether the lock table has
+// the release trigger for the notify channel (issue 9.8), on the listening
+// connection (not the pool, whose statements callers count). When it has
+// not, SyncGuard's releases wake waiters here only by polling: one Warn
+// log record and pglease.release_trigger.missing say so. A failed check
+// (privileges, a lost connection) is tried again at the next connect.
+func (m *Manager) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
+	st, err := pg.New(conn, m.storeCfg)
+	if err != nil {
+		return
+	}
+	ok, err := st.ReleaseTriggerInstalled(ctx, m.cfg.NotifyChannel)
+	if err != nil || m.triggerChecked.Swap(true) {
+		return
+	}
+	if !ok {
+		m.rec.ReleaseTriggerMissing(m.cfg.NotifyChannel)
+	}
+	if m.sig != nil {
+		m.sig.triggerChecked.signal(ok)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -223,7 +224,12 @@ type Manager struct {
 	// the pool's), its connect bounded per host; immutable, nil with
 	// DisableNotify.
 	listenCfg *pgx.ConnConfig
-	store     *pg.Store // immutable
+	// storeCfg is the Store's config (pg.New on the listening connection
+	// checks the release trigger there); triggerChecked is set once that
+	// check answered.
+	storeCfg       pg.Config
+	triggerChecked atomic.Bool
+	store          *pg.Store // immutable
 	// rec records spans, metrics and logs (internal/telemetry); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	rec  *tel.Recorder
@@ -364,6 +370,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		pool:          pool,
 		ownsPool:      owns,
 		store:         store,
+		storeCfg:      pcfg,
 		rec:           tel.New(cfg.Telemetry, dbTelemetry(pool)),
 		acquireCh:     make(chan *acquireReq),
 		releaseCh:     make(chan *releaseReq),

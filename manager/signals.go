@@ -45,6 +45,7 @@ type signals struct {
 	polling             testSignal[struct{}]  // the listener stopped for good (transaction-mode pooler)
 	releaseRetry        testSignal[string]    // a release with an unknown outcome was scheduled again (its lockId)
 	extendAsked         testSignal[string]    // the loop took a Lock.Extend call for the key
+	triggerChecked      testSignal[bool]      // the listener checked for the release trigger: installed?
 }
 
 func (s *signals) init() {
@@ -66,6 +67,7 @@ func (s *signals) init() {
 	s.polling.init()
 	s.releaseRetry.init()
 	s.extendAsked.init()
+	s.triggerChecked.init()
 }
 
 // batchKind names a kind of batched statement.

@@ -112,6 +112,7 @@
 //	pglease.lock.releases          counter                {release}  pglease.lock.kind, pglease.outcome
 //	pglease.db.batch.size          histogram              {item}     db.operation.name
 //	pglease.listener.polling       counter                {manager}  (none): Managers polling instead of listening (see manager.Config.ListenConnString)
+//	pglease.release_trigger.missing counter               {manager}  (none): Managers whose lock table has no release trigger for their channel (see pg.Store.SetupReleaseTrigger)
 //	db.client.operation.duration   histogram              s          db.system.name, db.operation.name, server.address,
 //	                                                                 server.port, db.namespace, error.type, db.response.status_code
 //	pglease.manager.loop.busy      observable gauge       1          (none): share of time busy since the last collection

@@ -30,3 +30,20 @@ func (r *Recorder) ConfigWarning(msg string) {
 	}
 	r.log.LogAttrs(context.Background(), slog.LevelWarn, "pglease: "+msg)
 }
+
+// ReleaseTriggerMissing records that the lock table has no release
+// trigger for the Manager's notify channel: releases by SyncGuard
+// processes (which delete the row themselves) then wake this Manager's
+// waiters only by polling. One Warn log record saying how to install it,
+// and pglease.release_trigger.missing goes up by one. Call it once per
+// Manager.
+func (r *Recorder) ReleaseTriggerMissing(channel string) {
+	if r == nil {
+		return
+	}
+	r.triggerMissing.Add(context.Background(), 1)
+	r.log.LogAttrs(context.Background(), slog.LevelWarn,
+		"pglease: no release trigger on the lock table for this Manager's notify channel; "+
+			"releases by SyncGuard processes wake waiters only by polling (install it with pg.Store.SetupReleaseTrigger)",
+		slog.String("channel", channel))
+}

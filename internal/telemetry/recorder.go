@@ -38,6 +38,9 @@ type Recorder struct {
 	dbDuration   metric.Float64Histogram
 	// listenPolling counts Managers that gave up LISTEN (ListenerPolling).
 	listenPolling metric.Int64Counter
+	// triggerMissing counts Managers without a release trigger
+	// (ReleaseTriggerMissing).
+	triggerMissing metric.Int64Counter
 
 	// Precomputed attribute sets, so recording allocates nothing.
 	kindOpt    [numKinds]mopts
@@ -282,6 +285,14 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 	if err != nil || r.listenPolling == nil {
 		handle(err)
 		r.listenPolling, _ = nm.Int64Counter("")
+	}
+
+	r.triggerMissing, err = m.Int64Counter(ptel.MetricReleaseTriggerMissing,
+		metric.WithUnit("{manager}"),
+		metric.WithDescription("Managers whose lock table has no release trigger for their notify channel: SyncGuard releases wake their waiters only by polling."))
+	if err != nil || r.triggerMissing == nil {
+		handle(err)
+		r.triggerMissing, _ = nm.Int64Counter("")
 	}
 
 	set := mset
