@@ -53,14 +53,6 @@ func newPool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
 	return pool
 }
 
-// adminPool is a superuser pool on a fresh schema, for tests whose setup
-// needs DDL (functions to compare key derivations with, scratch tables).
-func adminPool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
-	t.Helper()
-	pool, _ := pgtest.Pool(t, configure...)
-	return pool
-}
-
 func openSession(t testing.TB, pool *pgxpool.Pool, o *Options) *Session {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
