@@ -117,9 +117,9 @@ func (o *Options) resolve(op string) (Options, error) {
 	// refuses TCP_KEEPIDLE/TCP_KEEPINTVL above 32767 s and TCP_KEEPCNT
 	// above 127, and PostgreSQL then only logs the failed setsockopt,
 	// leaving the session without the keepalive the bounds rely on.
-	const maxMs = time.Duration(math.MaxInt32) * time.Millisecond
-	if r.UserTimeout > maxMs || r.ServerIdleTimeout > maxMs || r.WaitSlice > maxMs {
-		return r, invalid(op, fmt.Sprintf("UserTimeout, ServerIdleTimeout and WaitSlice must be at most %v (the server's int32 milliseconds)", maxMs))
+	const serverMax = time.Duration(math.MaxInt32) * time.Millisecond
+	if r.UserTimeout > serverMax || r.ServerIdleTimeout > serverMax || r.WaitSlice > serverMax {
+		return r, invalid(op, fmt.Sprintf("UserTimeout, ServerIdleTimeout and WaitSlice must be at most %v (the server's int32 milliseconds)", serverMax))
 	}
 	if r.KeepaliveIdle > maxKeepalive || r.KeepaliveInterval > maxKeepalive || r.KeepaliveCount > maxKeepaliveCount {
 		return r, invalid(op, fmt.Sprintf("KeepaliveIdle and KeepaliveInterval must be at most %v and KeepaliveCount at most %d (what the server's TCP stack accepts)", maxKeepalive, maxKeepaliveCount))
