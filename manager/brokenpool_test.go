@@ -9,13 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pg"
 )
 
 // TestOpenAllPooledConnectionsBroken (issue 14, found by the soak; L3b):
 // every connection of the pool Open made goes half-open (server side
 // closed, client side silent), then the network is back. pgxpool keeps a
 // broken connection's slot until pgconn has drained its socket, up to
-// 15 s on a silent one, so before closeBroken no statement of the Manager
+// 15 s on a silent one, so before pg.ConfigurePool no statement of the Manager
 // ran for about 15 s after the network was back (17.1 s / 16.1 s here,
 // -race; 3.3 s / 2.3 s with it):
 // about a statement timeout (reused at once) or a second per
@@ -27,9 +28,14 @@ func TestOpenAllPooledConnectionsBroken(t *testing.T) {
 	// statement timeout, then a second per connection.
 	const bound = statementTimeout + 7*time.Second
 	for _, c := range []struct {
-		name string
-		idle time.Duration
-	}{{"reused at once", 0}, {"after a second idle", 1200 * time.Millisecond}} {
+		name    string
+		idle    time.Duration
+		newPool bool // pg.NewPool given to New, rather than Open
+	}{
+		{"reused at once", 0, false},
+		{"after a second idle", 1200 * time.Millisecond, false},
+		{"pg.NewPool given to New", 0, true},
+	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			proxy := newProxy(t)
@@ -42,8 +48,19 @@ func TestOpenAllPooledConnectionsBroken(t *testing.T) {
 			q.Set("pool_max_conns", "4")
 			u.RawQuery = q.Encode()
 			ctx := ctxT(t)
-			m, err := Open(ctx, u.String(), Config{DisableNotify: true, StatementTimeout: statementTimeout})
-			if err != nil {
+			mcfg := Config{DisableNotify: true, StatementTimeout: statementTimeout}
+			var m *Manager
+			if c.newPool {
+				pool, err := pg.NewPool(ctx, u.String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(pool.Close) // after m.Close: cleanups run last-in first-out
+				m, err = New(pool, mcfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else if m, err = Open(ctx, u.String(), mcfg); err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() {

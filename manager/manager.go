@@ -270,17 +270,12 @@ type option func(*Manager)
 // string lists several hosts without connect_timeout gets one Warn log
 // record: it would never move off a host that stopped answering. It
 // validates cfg and does no I/O. The Manager does not close pool: the
-// caller closes it after Close. Configure pool as Open configures its own
-// (bounded connects, broken connections' sockets closed at once):
-//
-//	pcfg.ConnConfig.ConnectTimeout = 2 * time.Second // unless connect_timeout is set
-//	pcfg.BeforeClose = func(c *pgx.Conn) {
-//		if c.PgConn().IsClosed() { _ = c.PgConn().Conn().Close() }
-//	}
-//
-// Without them, after a network fault a connection pgx found broken keeps
-// its pool slot for up to 15 s and a connect begun during the fault for
-// up to 2 min: with every pooled connection broken, nothing of the
+// caller closes it after Close. Make pool with pg.NewPool, or configure
+// its pgxpool.Config with pg.ConfigurePool, as Open does for its own
+// (bounded connects, broken connections' sockets closed at once): with
+// pgxpool's defaults, after a network fault a connection pgx found broken
+// keeps its pool slot for up to 15 s and a connect begun during the fault
+// for up to 2 min, and with every pooled connection broken nothing of the
 // Manager runs for that long. The schema must be at the version this
 // pglease needs (see SetupSchema and package pg/migrations): the first
 // acquire checks it and fails with an error that says how to migrate (a
@@ -311,12 +306,11 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 		return nil, err
 	}
 	// A pool of its own moves off a host that stopped answering (several
-	// hosts, target_session_attrs=read-write): each host's connect is
-	// bounded unless the connection string bounds it.
-	if pcfg.ConnConfig.ConnectTimeout == 0 {
-		pcfg.ConnConfig.ConnectTimeout = connx.DefaultConnectTimeout
+	// hosts, target_session_attrs=read-write) and frees a broken
+	// connection's slot at once (see pg.ConfigurePool).
+	if err := pg.ConfigurePool(pcfg); err != nil {
+		return nil, err
 	}
-	pcfg.BeforeClose = closeBroken
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
@@ -327,22 +321,6 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 		return nil, err
 	}
 	return m, nil
-}
-
-// closeBroken is the BeforeClose hook of the pools Open makes. pgxpool
-// keeps a destroyed connection's slot until pgconn has finished closing
-// it, and pgconn closes a connection broken mid-statement (a statement or
-// pgxpool's liveness ping ran out of time) by draining its socket for up
-// to 15 s: on a silent connection (half-open, blackholed) the slot stays
-// taken 15 s, and with every pooled connection broken no statement of the
-// Manager runs for 15 s after the network is back (the soak found it,
-// issue 14). The socket of a broken connection is of no further use:
-// closing it ends the drain at once. A healthy connection is left to
-// pgx's own clean close.
-func closeBroken(c *pgx.Conn) {
-	if pc := c.PgConn(); pc.IsClosed() {
-		_ = pc.Conn().Close()
-	}
 }
 
 func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...option) (*Manager, error) {

@@ -6,14 +6,12 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease/pg"
 )
 
 func Example() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	pool, err := pg.NewPool(ctx, os.Getenv("DATABASE_URL")) // a pgxpool.Pool set up by pg.ConfigurePool
 	if err != nil {
 		panic(err)
 	}

@@ -12,10 +12,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/manager"
+	"github.com/pglease/pglease/pg"
 )
 
 func main() {
@@ -25,7 +24,8 @@ func main() {
 }
 
 func run(ctx context.Context, databaseURL string) error {
-	pool, err := pgxpool.New(ctx, databaseURL)
+	// A pgxpool.Pool that recovers fast from dead connections (pg.ConfigurePool).
+	pool, err := pg.NewPool(ctx, databaseURL)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,74 @@
+package pg
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/connx"
+)
+
+// ConfigurePool sets on cfg what a pool used for locks needs to recover
+// quickly from a network fault, keeping everything else as the caller set
+// it:
+//
+//   - The connect to each host is bounded by 2 s unless the connection
+//     string sets connect_timeout, so that with several hosts (host=a,b …
+//     target_session_attrs=read-write) the pool moves on from a host that
+//     stopped answering without closing connections. pgxpool's own
+//     default lets a connect begun during a fault hold a pool slot for up
+//     to 2 minutes.
+//   - BeforeClose closes the socket of a connection pgx found broken (a
+//     statement or pgxpool's liveness ping ran out of time). pgxpool keeps
+//     a destroyed connection's slot until pgconn has finished closing it,
+//     and pgconn drains a silent (half-open, blackholed) socket for up to
+//     15 s: with every pooled connection broken, nothing would run for
+//     15 s after the network is back. A BeforeClose already set on cfg is
+//     kept and runs first. Healthy connections are closed by pgx as usual.
+//
+// manager.Open and NewPool configure their pools with it. It returns an
+// InvalidArgument error for a nil cfg.
+func ConfigurePool(cfg *pgxpool.Config) error {
+	if cfg == nil || cfg.ConnConfig == nil {
+		return pglease.NewError(pglease.CodeInvalidArgument, "pg.ConfigurePool", "nil pool config (use pgxpool.ParseConfig)", nil)
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 {
+		cfg.ConnConfig.ConnectTimeout = connx.DefaultConnectTimeout
+	}
+	prev := cfg.BeforeClose
+	cfg.BeforeClose = func(c *pgx.Conn) {
+		if prev != nil {
+			prev(c)
+		}
+		if pc := c.PgConn(); pc.IsClosed() {
+			_ = pc.Conn().Close()
+		}
+	}
+	return nil
+}
+
+// NewPool opens a pgxpool.Pool from connString (pgxpool.ParseConfig
+// syntax) configured by ConfigurePool: the pool to give manager.New or New
+// when pglease is what the pool is for. Like pgxpool.New it connects
+// lazily; close it after the Manager or Store that uses it.
+func NewPool(ctx context.Context, connString string) (*pgxpool.Pool, error) {
+	const op = "pg.NewPool"
+	if err := pglease.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(connString)
+	if err != nil {
+		// The parse error can quote the connection string, password included.
+		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "bad connection string", nil)
+	}
+	if err := ConfigurePool(cfg); err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
+	}
+	return pool, nil
+}
