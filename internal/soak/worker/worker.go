@@ -21,7 +21,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
@@ -118,19 +117,14 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	pcfg.ConnConfig.RuntimeParams["application_name"] = fmt.Sprintf("soak-w%d", cfg.ID)
-	// The pool as manager.New's documentation says to configure it (what
+	// The pool configured by pg.ConfigurePool (what
 	// manager.Open does): connects bounded, a broken connection's socket
 	// closed at once. Without it a half-open costs the worker ~15 s
 	// (pgconn drains a broken connection's socket for up to 15 s while
 	// pgxpool keeps its slot) or, for a connect begun during the fault,
 	// a slot for 2 min.
-	if pcfg.ConnConfig.ConnectTimeout == 0 {
-		pcfg.ConnConfig.ConnectTimeout = 2 * time.Second
-	}
-	pcfg.BeforeClose = func(c *pgx.Conn) {
-		if c.PgConn().IsClosed() {
-			_ = c.PgConn().Conn().Close()
-		}
+	if err := pg.ConfigurePool(pcfg); err != nil {
+		return err
 	}
 	pool, err := pgxpool.NewWithConfig(setupCtx, pcfg)
 	if err != nil {
