@@ -383,6 +383,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 		default:
 			// A lease past its hold limit (pastLimit made it Manual) keeps
 			// this late extend but gets no more.
+			st.sig().extendTimed.signal(extendTiming{key: h.ks.key, prevStart: h.lease.Start, due: due, start: d.start})
 			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
 			h.lossTimer.Reset(time.Until(h.lease.TrustedUntil()))
 			h.lock.setLease(h.lease, d.res[i].ExpiresAt)

@@ -27,25 +27,26 @@ func (s *testSignal[T]) signal(v T) {
 // signals are the loop's test signals (all no-ops in production). Values
 // carrying a key carry the NFC key; they exist only in tests.
 type signals struct {
-	batchSent           testSignal[batchInfo] // a DB goroutine is about to send a batch
-	queued              testSignal[string]    // a caller joined the key's queue
-	granted             testSignal[string]    // a waiter was granted the key
-	abandoned           testSignal[string]    // a queued waiter left before its grant
-	takenBack           testSignal[string]    // a grant was taken back from a caller who had left
-	orphaned            testSignal[string]    // an attempt succeeded with no waiter left; released
-	extended            testSignal[int]       // an extend batch came back; n locks extended
-	extendFailed        testSignal[error]     // an extend batch failed as a whole (retried)
-	lost                testSignal[string]    // a held lock was declared lost
-	released            testSignal[string]    // a release of the key's lock came back
-	woken               testSignal[string]    // a notification started an attempt for the key
-	retrying            testSignal[string]    // the key's attempt failed or was contended; its next one is scheduled
-	listening           testSignal[struct{}]  // the listener (re)subscribed
-	stuck               testSignal[batchKind] // a batch got no answer for stuckAfter: caps no longer count it; its attempts are hedged
-	listenerProbeFailed testSignal[struct{}]  // the listener's probe failed; it reconnects
-	polling             testSignal[struct{}]  // the listener stopped for good (transaction-mode pooler)
-	releaseRetry        testSignal[string]    // a release with an unknown outcome was scheduled again (its lockId)
-	extendAsked         testSignal[string]    // the loop took a Lock.Extend call for the key
-	triggerChecked      testSignal[bool]      // the listener checked for the release trigger: installed?
+	batchSent           testSignal[batchInfo]    // a DB goroutine is about to send a batch
+	queued              testSignal[string]       // a caller joined the key's queue
+	granted             testSignal[string]       // a waiter was granted the key
+	abandoned           testSignal[string]       // a queued waiter left before its grant
+	takenBack           testSignal[string]       // a grant was taken back from a caller who had left
+	orphaned            testSignal[string]       // an attempt succeeded with no waiter left; released
+	extended            testSignal[int]          // an extend batch came back; n locks extended
+	extendFailed        testSignal[error]        // an extend batch failed as a whole (retried)
+	lost                testSignal[string]       // a held lock was declared lost
+	released            testSignal[string]       // a release of the key's lock came back
+	woken               testSignal[string]       // a notification started an attempt for the key
+	retrying            testSignal[string]       // the key's attempt failed or was contended; its next one is scheduled
+	listening           testSignal[struct{}]     // the listener (re)subscribed
+	stuck               testSignal[batchKind]    // a batch got no answer for stuckAfter: caps no longer count it; its attempts are hedged
+	listenerProbeFailed testSignal[struct{}]     // the listener's probe failed; it reconnects
+	polling             testSignal[struct{}]     // the listener stopped for good (transaction-mode pooler)
+	releaseRetry        testSignal[string]       // a release with an unknown outcome was scheduled again (its lockId)
+	extendAsked         testSignal[string]       // the loop took a Lock.Extend call for the key
+	triggerChecked      testSignal[bool]         // the listener checked for the release trigger: installed?
+	extendTimed         testSignal[extendTiming] // one lock's extend succeeded: when it was due and sent
 }
 
 func (s *signals) init() {
@@ -68,6 +69,7 @@ func (s *signals) init() {
 	s.releaseRetry.init()
 	s.extendAsked.init()
 	s.triggerChecked.init()
+	s.extendTimed.init()
 }
 
 // batchKind names a kind of batched statement.
@@ -87,6 +89,14 @@ type batchInfo struct {
 
 // testHooks let tests stop a DB goroutine at a chosen point. Nil in
 // production.
+// extendTiming is one successful extend of key: the previous lease's
+// start (acquire or last extend attempt), when the heartbeat had the
+// extend due, and when its attempt started.
+type extendTiming struct {
+	key                   string
+	prevStart, due, start time.Time
+}
+
 type testHooks struct {
 	// beforeBatch runs in the DB goroutine just before the statement is
 	// sent (after the loop counted the batch as in flight).
