@@ -18,7 +18,7 @@ func TestReleaseTriggerMissingWarnsOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	store, err := pg.New(b.pool, pg.Config{})
+	store, err := pg.New(b.admin, pg.Config{}) // the trigger needs the table owner
 	if err != nil {
 		t.Fatal(err)
 	}
