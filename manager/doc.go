@@ -21,7 +21,9 @@
 //     cause matching pglease.ErrLockLost no later than
 //     attemptStart + TTL − margin of its last successful acquire or
 //     extend, on this process's monotonic clock, by a timer that does not
-//     depend on the Manager's loop (Lock.Err checks that deadline itself,
+//     depend on the Manager's loop (one runtime timer, set for the earliest
+//     loss deadline of all held leases, whose callback ends the lock's
+//     Context itself; Lock.Err checks that deadline itself too,
 //     so it holds for Err even right after the process was stopped: see
 //     "After a pause"); the server grants the key to someone
 //     else only after expires_at + 1 s ≥ attemptStart + TTL + 1 s.

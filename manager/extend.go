@@ -18,7 +18,10 @@ func (st *loopState) handleExtend(req *extendReq) {
 		req.reply <- endedExtend(c)
 		return
 	}
-	h.extWant = append(h.extWant, req.reply)
+	if h.ext == nil {
+		h.ext = &extWaiters{}
+	}
+	h.ext.want = append(h.ext.want, req.reply)
 	st.queueExtend(h)
 	st.sig().extendAsked.signal(h.ks.key)
 }
@@ -47,24 +50,32 @@ func (st *loopState) answerExtends(d extendDone) {
 		if d.err != nil {
 			err = extendUnknown(d.err)
 		}
-		sent := h.extSent
-		h.extSent = nil
+		if h.ext == nil {
+			continue
+		}
+		sent := h.ext.sent
+		h.ext.sent = nil
 		for _, c := range sent {
 			c <- err
 		}
-		if len(h.extWant) > 0 {
+		if len(h.ext.want) > 0 {
 			st.queueExtend(h)
+		} else {
+			h.ext = nil
 		}
 	}
 }
 
 // answerExtendWaiters answers every Extend caller of h with err.
 func (h *holding) answerExtendWaiters(err error) {
-	for _, c := range h.extSent {
+	if h.ext == nil {
+		return
+	}
+	for _, c := range h.ext.sent {
 		c <- err
 	}
-	for _, c := range h.extWant {
+	for _, c := range h.ext.want {
 		c <- err
 	}
-	h.extSent, h.extWant = nil, nil
+	h.ext = nil
 }

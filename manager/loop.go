@@ -105,6 +105,7 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		Position:    len(ks.queue),
 	})
 	ks.queue = append(ks.queue, req)
+	st.queued(ks)
 	st.waiting++
 	st.sig().queued.signal(req.key)
 	st.kick(ks)
@@ -143,6 +144,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 		if i := slices.Index(ks.queue, req); i >= 0 {
 			ks.queue = slices.Delete(ks.queue, i, i+1)
 			st.waiting--
+			st.unqueued(ks)
 		}
 		lastErr = ks.lastErr
 		if len(ks.queue) == 0 {
@@ -256,7 +258,7 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 }
 
 func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time, db trace.SpanContext) {
-	if !st.noteFence(ks.key, r.Fence) {
+	if !st.noteFence(ks, r.Fence) {
 		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
 		// S1: a fence not above one already seen means the database lost
 		// acknowledged grants. Refuse it; the head waiter learns why.
@@ -370,7 +372,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			st.lose(h, lostCause("the server no longer has the lock"), false, telemetry.LossNotHeld, d.db)
 			lost++
 			continue
-		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lease.Trusted(now) || !h.lossTimer.Stop():
+		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lease.Trusted(now) || !st.loss.stop(h):
 			// (!Trusted: the window passed though the timer may not have
 			// fired yet, e.g. the process was stopped; 16.3.)
 			// The trust window passed while the extend was in flight: the
@@ -385,7 +387,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			// this late extend but gets no more.
 			st.sig().extendTimed.signal(extendTiming{key: h.ks.key, prevStart: h.lease.Start, due: due, start: d.start})
 			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
-			h.lossTimer.Reset(time.Until(h.lease.TrustedUntil()))
+			st.loss.start(h, h.lease.TrustedUntil())
 			h.lock.setLease(h.lease, d.res[i].ExpiresAt)
 			h.acq.Extended(d.start.Sub(due))
 			n++
@@ -535,7 +537,9 @@ func (st *loopState) flush() {
 		reqs := make([]pg.ExtendRequest, len(batch))
 		for i, h := range batch {
 			reqs[i] = pg.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
-			h.extSent, h.extWant = h.extWant, nil // Extend callers this round trip answers
+			if h.ext != nil {
+				h.ext.sent, h.ext.want = h.ext.want, nil // Extend callers this round trip answers
+			}
 			if tu := h.lease.TrustedUntil(); tu.Before(deadline) {
 				deadline = tu
 			}

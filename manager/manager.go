@@ -642,7 +642,7 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 // startAcquire starts req's pglease.acquire span, a child of the span in
 // ctx, and returns ctx carrying it (for the wait).
 func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Context {
-	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.Key(req.key), tel.AcquireInfo{
+	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(req.key, req.hash), tel.AcquireInfo{
 		Kind: tel.KindLease, TTL: req.ttl, Try: req.try,
 	})
 	return ctx

@@ -61,7 +61,7 @@ func (st *loopState) beginDrain() {
 	now := time.Now()
 	for h := range st.kept {
 		delete(st.kept, h)
-		if now.Before(h.keptUntil) {
+		if now.Before(st.keptUntil(h)) {
 			st.releaseKept(h, nil)
 		}
 	}
@@ -78,6 +78,7 @@ func (st *loopState) drained() bool {
 // finish is the last step of the drain: close an owned pool and record the
 // outcome for Close. run closes done right after.
 func (st *loopState) finish() {
+	st.loss.close()
 	st.m.adv.wait() // the advisory session is closed before an owned pool
 	st.m.closeErr = st.closeErr
 	st.m.rec.Close() // unregisters the loop's metric callbacks

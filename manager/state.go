@@ -26,11 +26,12 @@ type loopState struct {
 	m *Manager
 
 	keys    map[string]*keyState     // keys with waiters, an attempt, a holder or a release in flight
-	byHash  map[string]*keyState     // pglease.HashKey(key) → key, for notifications
+	byHash  map[string]*keyState     // pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
 	held    map[*holding]struct{}    // locks this process holds
 	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (S4)
-	fences  map[string]pglease.Fence // highest fence seen per key (S1 regression check)
+	fences  map[string]pglease.Fence // highest fence seen per key not in keys (S1 regression check; keyState.fence for the others)
 	retries retryHeap                // scheduled retries, earliest first
+	loss    *lossWatch               // loss deadlines of the held leases (losswatch.go); has its own mutex
 	hbNext  time.Time                // next heartbeat event (zero: none)
 
 	pendAcquire []*attempt    // attempts to send with the next acquire batch
@@ -56,43 +57,53 @@ type loopState struct {
 	relRetries []releaseItem // releases with an unknown outcome, to send again (relretry.go)
 }
 
-// keyState is one key's FIFO queue and attempt loop.
+// keyState is one key's FIFO queue and attempt loop. (Field sizes and
+// order keep it at 160 bytes: one is kept per held lock.)
 type keyState struct {
 	key, hash string
-	queue     []*acquireReq  // FIFO; the head is served by the next grant
+	queue     []*acquireReq  // FIFO; the head is served by the next grant; nil when empty
 	attempt   *attempt       // the one attempt pending or in flight
 	holder    *holding       // this process's holder
-	releasing int            // releases in flight for this key's lockIds; attempts wait for them
+	releasing int32          // releases in flight for this key's lockIds; attempts wait for them
+	stale     int32          // superseded attempts of this key still in flight (flight.go)
 	retryAt   time.Time      // scheduled retry (zero: none)
 	retryGen  uint64         // invalidates stale retryHeap entries
 	bo        *retry.Backoff // this key's backoff (not thread-safe; loop-owned)
 	lastErr   error          // last database error of an attempt, for timeout errors
-	woken     bool           // a release notification came while an attempt was in flight
-	stale     int            // superseded attempts of this key still in flight (flight.go)
 	chains    uint64         // numbers the key's attempt chains (flight.go)
-	handOffs  uint8          // local handoffs of the key in a row (handoff.go)
+	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
+	hasFence  bool
+	woken     bool  // a release notification came while an attempt was in flight
+	handOffs  uint8 // local handoffs of the key in a row (handoff.go)
 }
 
 // holding is a held lock, as the loop sees it.
 type holding struct {
-	lock      *Lock
-	ks        *keyState
-	acq       *telemetry.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
-	lease     heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
-	lossTimer *time.Timer            // fires at lease.TrustedUntil(), independently of the loop
+	lock  *Lock
+	ks    *keyState
+	acq   *telemetry.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
+	lease heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
+	// lossAt is lease.TrustedUntil() in st.loss, which ends the lock at
+	// that time independently of the loop; lossIdx is the holding's
+	// position in st.loss's heap (-1: not in it), lossFired tells that
+	// the deadline fired. All three guarded by st.loss.mu.
+	lossAt    int64
+	lossIdx   int32
+	lossFired bool
 	// limitTimer fires at the hold limit (WithHoldLimit; nil without
 	// one): it ends the lock's context with the hold-limit cause and
 	// nudges the loop, which then stops extending the lease (pastLimit).
 	limitTimer *time.Timer
-	// keptUntil is set when the lock was lost while its row may still be
-	// on the server (in st.kept): after it, the server has expired the row
-	// for sure and forgetting it is safe.
-	keptUntil time.Time
+	// ext holds the Lock.Extend callers (extend.go); nil while there are
+	// none, as for most locks.
+	ext *extWaiters
+}
 
-	// Lock.Extend callers (extend.go): extWant wait for the next extend
-	// sent, extSent for the one in flight. Answered by answerExtends, or
-	// by dropHolding when the lock ends first.
-	extWant, extSent []chan error
+// extWaiters are a holding's Lock.Extend callers: want wait for the next
+// extend sent, sent for the one in flight. Answered by answerExtends, or
+// by dropHolding when the lock ends first.
+type extWaiters struct {
+	want, sent []chan error
 }
 
 type retryEntry struct {
@@ -123,6 +134,7 @@ func newLoopState(m *Manager) *loopState {
 		kept:    make(map[*holding]struct{}),
 		flights: make(map[*flight]struct{}),
 		fences:  make(map[string]pglease.Fence),
+		loss:    newLossWatch((*Lock).lossTimerFired),
 	}
 }
 
@@ -131,10 +143,34 @@ func (st *loopState) keyFor(key, hash string) *keyState {
 	ks := st.keys[key]
 	if ks == nil {
 		ks = &keyState{key: key, hash: hash} // bo is made on first contention
+		if f, ok := st.fences[key]; ok {
+			ks.fence, ks.hasFence = f, true
+			delete(st.fences, key)
+		}
 		st.keys[key] = ks
-		st.byHash[hash] = ks
 	}
 	return ks
+}
+
+// queued adds ks to byHash when its queue got its first waiter:
+// notifications only matter to keys with waiters, and a held key without
+// waiters (most of them) then costs no byHash entry.
+func (st *loopState) queued(ks *keyState) {
+	if len(ks.queue) == 1 {
+		st.byHash[ks.hash] = ks
+	}
+}
+
+// unqueued drops ks from byHash, and its queue's backing array, when its
+// queue is empty.
+func (st *loopState) unqueued(ks *keyState) {
+	if len(ks.queue) > 0 {
+		return
+	}
+	ks.queue = nil
+	if st.byHash[ks.hash] == ks {
+		delete(st.byHash, ks.hash)
+	}
 }
 
 // popWaiter removes and returns the head of ks's queue. The vacated slot is
@@ -145,6 +181,7 @@ func (st *loopState) popWaiter(ks *keyState) *acquireReq {
 	ks.queue[0] = nil
 	ks.queue = ks.queue[1:]
 	st.waiting--
+	st.unqueued(ks)
 	return req
 }
 
@@ -156,6 +193,9 @@ func (st *loopState) gc(ks *keyState) {
 	st.clearRetry(ks)
 	if st.keys[ks.key] == ks {
 		delete(st.keys, ks.key)
+		if ks.hasFence {
+			st.rememberFence(ks.key, ks.fence)
+		}
 	}
 	if st.byHash[ks.hash] == ks {
 		delete(st.byHash, ks.hash)
@@ -254,7 +294,7 @@ func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
 // cause wins: a lock already lost stays lost).
 func (st *loopState) dropHolding(h *holding, cause error) {
 	delete(st.held, h)
-	h.lossTimer.Stop()
+	st.loss.stop(h)
 	if h.limitTimer != nil {
 		h.limitTimer.Stop()
 	}
@@ -324,8 +364,14 @@ func (st *loopState) lose(h *holding, cause error, rowMayRemain bool, lc telemet
 // the server's expires_at is at most Start + StatementTimeout + TTL (plus
 // a second for the clocks' rates).
 func (st *loopState) keep(h *holding) {
-	h.keptUntil = h.lease.Start.Add(st.m.cfg.StatementTimeout + h.lock.ttl + time.Second)
 	st.kept[h] = struct{}{}
+}
+
+// keptUntil is when the server has expired a kept row (see keep) for
+// sure: forgetting it is safe after that. (h.lease no longer changes once
+// h is lost.)
+func (st *loopState) keptUntil(h *holding) time.Time {
+	return h.lease.Start.Add(st.m.cfg.StatementTimeout + h.lock.ttl + time.Second)
 }
 
 // unkeep forgets h and returns whether it was kept.
@@ -343,7 +389,7 @@ func (st *loopState) unkeep(h *holding) bool {
 // pruneKept forgets kept rows the server has surely expired.
 func (st *loopState) pruneKept(now time.Time) {
 	for h := range st.kept {
-		if now.After(h.keptUntil) {
+		if now.After(st.keptUntil(h)) {
 			delete(st.kept, h)
 		}
 	}
@@ -374,7 +420,8 @@ func (l *Lock) expire() {
 	}
 }
 
-// lossTimerFired is the loss timer's function.
+// lossTimerFired is what st.loss calls, from its timer's goroutine, for a
+// lease whose deadline passed.
 func (l *Lock) lossTimerFired() {
 	if l.m.test.timerFired != nil {
 		l.m.test.timerFired(time.Since(l.start.Add(time.Duration(l.lease.trustedNs.Load()))))
@@ -439,11 +486,11 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 		start: lease.Start, ctx: lctx, cancel: cancel, lease: &leaseState{}}
 	lk.setLease(lease, r.ExpiresAt)
 	lease.Manual = req.manual
-	h := &holding{lock: lk, ks: ks, lease: lease, acq: req.acq}
+	h := &holding{lock: lk, ks: ks, lease: lease, acq: req.acq, lossIdx: -1}
 	lk.h = h
-	// The loss deadline does not depend on the loop: the timer cancels the
-	// lock's context by itself, then nudges the loop.
-	h.lossTimer = time.AfterFunc(time.Until(lease.TrustedUntil()), lk.lossTimerFired)
+	// The loss deadline does not depend on the loop: st.loss's timer
+	// cancels the lock's context by itself, then nudges the loop.
+	st.loss.start(h, lease.TrustedUntil())
 	if d := req.holdLimit; d > 0 {
 		// Measured from the grant. Like the loss timer, it ends the
 		// context by itself; the loop then stops extending (pastLimit).
@@ -468,24 +515,28 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 	st.sig().granted.signal(ks.key)
 }
 
-// noteFence records the highest fence seen for key and reports whether f
-// is acceptable (strictly above every fence seen before).
-func (st *loopState) noteFence(key string, f pglease.Fence) bool {
-	if prev, ok := st.fences[key]; ok && f <= prev {
+// noteFence records the highest fence seen for ks's key and reports
+// whether f is acceptable (strictly above every fence seen before).
+func (st *loopState) noteFence(ks *keyState, f pglease.Fence) bool {
+	if ks.hasFence && f <= ks.fence {
 		return false
 	}
+	ks.fence, ks.hasFence = f, true
+	return true
+}
+
+// rememberFence keeps the highest fence of a key whose state goes away,
+// for when it comes back; beyond maxFenceMemory keys, some are forgotten.
+func (st *loopState) rememberFence(key string, f pglease.Fence) {
 	if len(st.fences) >= maxFenceMemory {
-		for k := range st.fences { // drop entries of idle keys
-			if st.keys[k] == nil {
-				delete(st.fences, k)
-			}
+		for k := range st.fences { // every entry is an idle key's
+			delete(st.fences, k)
 			if len(st.fences) < maxFenceMemory/2 {
 				break
 			}
 		}
 	}
 	st.fences[key] = f
-	return true
 }
 
 // popTries answers the TryAcquire requests at the head of ks's queue.
@@ -535,6 +586,7 @@ func (st *loopState) failAll(ks *keyState, err error) {
 	}
 	st.waiting -= len(ks.queue)
 	ks.queue = nil
+	st.unqueued(ks)
 	st.clearRetry(ks)
 }
 

@@ -158,6 +158,20 @@ func (r *Recorder) Key(key string) KeyID {
 	return k
 }
 
+// KeyHashed is Key for a key whose pglease.HashKey the caller already
+// computed (hash): without a KeySecret that is the KeyID's hash, so the
+// key is not hashed twice and the KeyID shares the caller's string.
+func (r *Recorder) KeyHashed(key, hash string) KeyID {
+	if r == nil || r.keys.secret != nil {
+		return r.Key(key)
+	}
+	k := KeyID{hash: hash}
+	if r.rawKeys {
+		k.raw = key
+	}
+	return k
+}
+
 // keyAttrs appends the key's attributes: the hash, and the raw key only
 // when opted in.
 func (r *Recorder) keyAttrs(dst []attribute.KeyValue, k KeyID) []attribute.KeyValue {
