@@ -78,8 +78,11 @@ func pauseChild() int {
 		if err != nil {
 			return fail(err)
 		}
+		// The loop's clock starts before "held" is printed: the parent may
+		// stop this process right after the line, before the loop runs.
+		start := time.Now()
 		fmt.Println("held")
-		fmt.Println(firstErrAfterStop(lk))
+		fmt.Println(firstErrAfterStop(lk, start))
 		_ = lk.Release(ctx) // ErrLockLost; frees nothing the parent holds
 	}
 	return 0
@@ -87,10 +90,11 @@ func pauseChild() int {
 
 // firstErrAfterStop busy-loops on lk.Err until it sees that the process
 // was stopped (a gap of pauseGap on the monotonic clock), and describes the
-// answer of the first Err call that started after the stop.
-func firstErrAfterStop(lk *Lock) string {
+// answer of the first Err call that started after the stop. start is a
+// time taken before the parent was told the lock is held.
+func firstErrAfterStop(lk *Lock, start time.Time) string {
 	judgeNext := false
-	prev := time.Now()
+	prev := start
 	for {
 		t1 := time.Now()
 		err := lk.Err()
