@@ -63,16 +63,22 @@ func pingPong(ctx context.Context, m *Manager, work *pgxpool.Pool, sig *signals,
 	}
 }
 
+// childPool is the pool of a child test process: the parent's database
+// (childURLEnv) with the test's schema (childSchemaEnv) on its search_path.
+func childPool(ctx context.Context) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(os.Getenv(childURLEnv))
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(childSchemaEnv)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
 func childMain() int {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "child:", err); return 1 }
-	cfg, err := pgxpool.ParseConfig(os.Getenv(childURLEnv))
-	if err != nil {
-		return fail(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(childSchemaEnv)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := childPool(ctx)
 	if err != nil {
 		return fail(err)
 	}

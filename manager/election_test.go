@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/retry"
@@ -43,13 +41,7 @@ func electionChild() int {
 		defer mu.Unlock()
 		fmt.Printf(format+"\n", args...)
 	}
-	cfg, err := pgxpool.ParseConfig(os.Getenv(childURLEnv))
-	if err != nil {
-		say("error %v", err)
-		return 1
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(childSchemaEnv)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := childPool(ctx)
 	if err != nil {
 		say("error %v", err)
 		return 1

@@ -404,26 +404,7 @@ func wakeAfterFailover(t *testing.T, a, b *Manager, bsig *signals) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		lk, err := b.Acquire(ctx, "fo:wake", WithAcquireTimeout(NoAcquireTimeout))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		got <- err
-	}()
-	waitFor(t, &bsig.retrying, func(k string) bool { return k == "fo:wake" })
-	if err := lk.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("waiter in another Manager not woken after the failover: LISTEN is not back on the new primary")
-	}
+	handOver(t, ctx, lk, b, bsig, "fo:wake", "waiter in another Manager not woken after the failover: LISTEN is not back on the new primary")
 }
 
 // harnessCtx bounds a step of the replication harness (a base backup, a
@@ -753,24 +734,5 @@ func TestFailoverSilentHost(t *testing.T) {
 	listening := time.Now()
 	t.Logf("silent host: promoted %v after the fault, first grant %v after, both listeners back %v after",
 		promoted.Sub(t0).Round(time.Millisecond), granted.Sub(t0).Round(time.Millisecond), listening.Sub(t0).Round(time.Millisecond))
-	got := make(chan error, 1)
-	go func() {
-		lk, err := b.Acquire(ctx, "fo:silent", WithAcquireTimeout(NoAcquireTimeout))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		got <- err
-	}()
-	waitFor(t, &bsig.retrying, func(k string) bool { return k == "fo:silent" })
-	if err := lk.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("waiter not woken after the silent-host failover: its listener is not on the new primary")
-	}
+	handOver(t, ctx, lk, b, bsig, "fo:silent", "waiter not woken after the silent-host failover: its listener is not on the new primary")
 }

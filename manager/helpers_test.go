@@ -46,6 +46,37 @@ func wait[T any](t testing.TB, s *testSignal[T]) T {
 	}
 }
 
+// handOver checks a hand-over between Managers: it starts waiter's
+// Acquire of key (waiting as long as ctx allows), releases held once that
+// Acquire is retrying (wsig is waiter's signals), and fails the test with
+// notWoken unless the waiter is granted within waitTimeout. It returns how
+// long after the release the grant came.
+func handOver(t *testing.T, ctx context.Context, held *Lock, waiter *Manager, wsig *signals, key, notWoken string) time.Duration {
+	t.Helper()
+	got := make(chan error, 1)
+	go func() {
+		lk, err := waiter.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	waitFor(t, &wsig.retrying, func(k string) bool { return k == key })
+	t0 := time.Now()
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitTimeout()):
+		t.Fatal(notWoken)
+	}
+	return time.Since(t0)
+}
+
 // waitFor consumes values of s until one satisfies ok.
 func waitFor[T any](t testing.TB, s *testSignal[T], ok func(T) bool) T {
 	t.Helper()

@@ -11,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 )
@@ -41,12 +39,7 @@ func pauseChild() int {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "pause child:", err); return 1 }
-	cfg, err := pgxpool.ParseConfig(os.Getenv(childURLEnv))
-	if err != nil {
-		return fail(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(childSchemaEnv)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := childPool(ctx)
 	if err != nil {
 		return fail(err)
 	}

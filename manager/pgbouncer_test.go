@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strconv"
 	"strings"
@@ -140,26 +141,7 @@ func TestPgBouncerManagerTransactionMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		lk, err := m.Acquire(ctx, "pgb:poll", WithAcquireTimeout(NoAcquireTimeout))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		got <- err
-	}()
-	waitFor(t, &sig.retrying, func(k string) bool { return k == "pgb:poll" })
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("waiter not granted by polling after the other process released")
-	}
+	handOver(t, ctx, held, m, sig, "pgb:poll", "waiter not granted by polling after the other process released")
 }
 
 // TestPgBouncerManagerListenDirect: the pools of two Managers go through
@@ -185,28 +167,8 @@ func TestPgBouncerManagerListenDirect(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got := make(chan error, 1)
-		go func() {
-			lk, err := w.Acquire(ctx, "pgb:wake", WithAcquireTimeout(NoAcquireTimeout))
-			if err == nil {
-				err = lk.Release(ctx)
-			}
-			got <- err
-		}()
-		waitFor(t, &wsig.retrying, func(k string) bool { return k == "pgb:wake" })
-		t0 := time.Now()
-		if err := held.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case err := <-got:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(waitTimeout()):
-			t.Fatalf("round %d: waiter not woken: the direct listening connection got no notification", round)
-		}
-		t.Logf("round %d: woken and granted %v after the release", round, time.Since(t0).Round(time.Millisecond))
+		took := handOver(t, ctx, held, w, wsig, "pgb:wake", fmt.Sprintf("round %d: waiter not woken: the direct listening connection got no notification", round))
+		t.Logf("round %d: woken and granted %v after the release", round, took.Round(time.Millisecond))
 	}
 	for _, s := range []*signals{asig, wsig} {
 		select {
@@ -235,26 +197,7 @@ func TestPgBouncerManagerSessionMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan error, 1)
-	go func() {
-		lk, err := w.Acquire(ctx, "pgb:session", WithAcquireTimeout(NoAcquireTimeout))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		got <- err
-	}()
-	waitFor(t, &wsig.retrying, func(k string) bool { return k == "pgb:session" })
-	if err := held.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("waiter not woken through a session-mode PgBouncer")
-	}
+	handOver(t, ctx, held, w, wsig, "pgb:session", "waiter not woken through a session-mode PgBouncer")
 	select {
 	case <-wsig.polling.ch:
 		t.Fatal("fell back to polling behind a session-mode pooler")

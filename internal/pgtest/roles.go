@@ -102,18 +102,8 @@ func RoleSchemaForTest(tb testing.TB) *RoleSchema {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin := URL(tb)
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		tb.Fatalf("pgtest: connect: %v", err)
-	}
+	conn, owner, runtime := adminRoles(tb, ctx, admin)
 	defer conn.Close(context.Background())
-	owner, runtime, err := processRoles(ctx, conn)
-	if errors.Is(err, errNotSuperuser) {
-		tb.Skip(err.Error())
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
 	var db string
 	if err := conn.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
 		tb.Fatalf("pgtest: %v", err)
@@ -218,18 +208,8 @@ func RuntimeRoleURL(tb testing.TB) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	admin := URL(tb)
-	conn, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		tb.Fatalf("pgtest: connect: %v", err)
-	}
+	conn, _, runtime := adminRoles(tb, ctx, admin)
 	defer conn.Close(context.Background())
-	_, runtime, err := processRoles(ctx, conn)
-	if errors.Is(err, errNotSuperuser) {
-		tb.Skip(err.Error())
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
 	return roleURL(tb, admin, runtime, "")
 }
 
@@ -250,4 +230,25 @@ func (rs *RoleSchema) AdminPool(tb testing.TB) *pgxpool.Pool {
 	}
 	tb.Cleanup(p.Close)
 	return p
+}
+
+// adminRoles connects to the package database as the superuser at admin
+// and returns that connection (the caller closes it) with the test
+// process's owner and runtime roles; it skips the test when admin is not a
+// superuser.
+func adminRoles(tb testing.TB, ctx context.Context, admin string) (*pgx.Conn, string, string) {
+	tb.Helper()
+	conn, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		tb.Fatalf("pgtest: connect: %v", err)
+	}
+	owner, runtime, err := processRoles(ctx, conn)
+	if err != nil {
+		conn.Close(context.Background())
+		if errors.Is(err, errNotSuperuser) {
+			tb.Skip(err.Error())
+		}
+		tb.Fatal(err)
+	}
+	return conn, owner, runtime
 }
