@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -27,6 +28,9 @@ import (
 const (
 	listenProbeInterval = time.Second
 	listenProbeTimeout  = time.Second
+	// waiterRetryDelay is how soon the listener tries again to take a
+	// waiter lock it could not take (waiters.go).
+	waiterRetryDelay = 20 * time.Millisecond
 )
 
 // listenServerSettings are session settings of the listening connection,
@@ -148,6 +152,13 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	}
+	// A new session holds no waiter locks: take them all before the
+	// resync (which tries every waiting key).
+	have := make(map[string]struct{})
+	if _, err := m.registerWaiters(lctx, conn, have, false); err != nil {
+		db.End(0, pgerr.Map(sctx, "manager.listen", err))
+		return false
+	}
 	db.End(1, nil)
 	cancel()
 	bo.Reset()
@@ -158,13 +169,42 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 	if m.test.listenProbe > 0 {
 		probeEvery, probeTimeout = m.test.listenProbe, m.test.listenProbe
 	}
+	soon := false // some waiter locks could not be taken: try again soon
 	for {
-		wctx, cancel := context.WithTimeout(ctx, probeEvery)
+		if soon || m.waiters.isDirty() {
+			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
+			var err error
+			soon, err = m.registerWaiters(rctx, conn, have, true)
+			cancel()
+			if err != nil {
+				m.sigListenerProbeFailed()
+				return false
+			}
+		}
+		wait := probeEvery
+		if soon {
+			wait = min(wait, waiterRetryDelay)
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		// A registration asked for ends the wait (the connection stays
+		// usable: pgconn ends a wait by deadline, as for the timeout).
+		var kicked atomic.Bool
+		go func() {
+			select {
+			case <-m.waiters.kick:
+				kicked.Store(true)
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
 		n, err := conn.WaitForNotification(wctx)
 		quiet := wctx.Err() != nil
 		cancel()
 		if ctx.Err() != nil {
 			return false
+		}
+		if err != nil && kicked.Load() && !conn.PgConn().IsClosed() {
+			continue
 		}
 		if err == nil {
 			if !m.post(ctx, notice{hash: n.Payload}) {

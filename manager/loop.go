@@ -201,7 +201,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			if d.err != nil || r.OK {
 				// Not blocking the key's attempts: this release may meet
 				// a dead connection too.
-				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, ks: ks, unblocked: true, ttl: a.ttl})
+				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl})
 			}
 			st.gc(ks)
 			continue
@@ -225,6 +225,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			n := leadingTries(ks.queue)
 			noteAttempt(ks.queue[:n], d.db, telemetry.AttemptContended, 0)
 			st.popTries(ks, acquireReply{locked: true})
+			st.wantWaiter(ks)
 			var retryIn time.Duration
 			if ks.woken {
 				// A release was notified while this attempt was in flight:
@@ -402,6 +403,10 @@ func (st *loopState) handleExtendDone(d extendDone) {
 }
 
 func (st *loopState) handleNotice(n notice) {
+	if n.registered != nil {
+		st.handleRegistered(n.registered)
+		return
+	}
 	if n.resync {
 		// Notifications may have been missed while not listening.
 		for _, ks := range st.keys {
@@ -591,9 +596,9 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 }
 
 func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext) {
-	ids := make([]string, len(batch))
+	reqs := make([]pg.ReleaseRequest, len(batch))
 	for i, it := range batch {
-		ids[i] = it.lockID
+		reqs[i] = pg.ReleaseRequest{LockID: it.lockID, Key: it.key}
 	}
 	timeout := m.cfg.StatementTimeout
 	if m.isClosing() {
@@ -604,7 +609,7 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	defer cancel()
 	m.beforeBatch(kindRelease, len(batch))
 	ctx, db := m.rec.StartDB(ctx, telemetry.OpReleaseMany, len(batch), parent)
-	res, err := m.store.ReleaseMany(ctx, ids)
+	res, err := m.store.ReleaseWaited(ctx, reqs)
 	ok := 0
 	for _, r := range res {
 		if r {

@@ -236,8 +236,9 @@ type Manager struct {
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
-	acqLimit, relLimit, extLimit int // immutable: batches in flight per kind (not counting stuck ones, flight.go)
-	maxConns                     int // immutable: the pool's MaxConns
+	waiters                      *waiterSet // keys to register as waited for (waiters.go); nil without a listener
+	acqLimit, relLimit, extLimit int        // immutable: batches in flight per kind (not counting stuck ones, flight.go)
+	maxConns                     int        // immutable: the pool's MaxConns
 
 	acquireCh     chan *acquireReq // written by Acquire/TryAcquire, read only by run
 	releaseCh     chan *releaseReq // written by Lock.Release, read only by run
@@ -368,6 +369,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
 		}
 		m.listenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
+		m.waiters = newWaiterSet()
 	}
 	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
 		m.rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +

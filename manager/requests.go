@@ -75,8 +75,9 @@ type extendReq struct {
 // notification's payload (a key hash), or resync after (re)connecting,
 // when notifications may have been missed.
 type notice struct {
-	hash   string
-	resync bool
+	hash       string
+	resync     bool
+	registered []string // keys whose waiter locks were just taken (waiters.go)
 }
 
 // attempt is one key's database acquire attempt. Created by run; the DB
@@ -98,6 +99,7 @@ type attempt struct {
 // Release call if there is one.
 type releaseItem struct {
 	lockID string
+	key    string    // the key lockID holds (or may hold): decides whether the release notifies (waiters.go)
 	ks     *keyState // the key to kick once released; nil during drain
 	reply  chan error
 	lost   error // the lock was lost before the release: reply with this

@@ -54,7 +54,7 @@ func (st *loopState) beginDrain() {
 	for h := range st.held {
 		st.dropHolding(h, closedCause)
 		rel, sc := startRelease(h, trace.SpanContext{})
-		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, rel: rel, sc: sc, ttl: h.lock.ttl})
+		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, key: h.ks.key, rel: rel, sc: sc, ttl: h.lock.ttl})
 	}
 	// Lost locks whose rows were kept for their holders: Close releases
 	// them like the held ones (their holders were told long ago).

@@ -37,7 +37,7 @@ type signals struct {
 	extendFailed        testSignal[error]        // an extend batch failed as a whole (retried)
 	lost                testSignal[string]       // a held lock was declared lost
 	released            testSignal[string]       // a release of the key's lock came back
-	woken               testSignal[string]       // a notification started an attempt for the key
+	woken               testSignal[string]       // a notification, or the key's registration as waited for (waiters.go), started an attempt for the key
 	retrying            testSignal[string]       // the key's attempt failed or was contended; its next one is scheduled
 	listening           testSignal[struct{}]     // the listener (re)subscribed
 	stuck               testSignal[batchKind]    // a batch got no answer for stuckAfter: caps no longer count it; its attempts are hedged
@@ -47,6 +47,7 @@ type signals struct {
 	extendAsked         testSignal[string]       // the loop took a Lock.Extend call for the key
 	triggerChecked      testSignal[bool]         // the listener checked for the release trigger: installed?
 	extendTimed         testSignal[extendTiming] // one lock's extend succeeded: when it was due and sent
+	registered          testSignal[int]          // run got the keys the listener registered as waited for (how many)
 }
 
 func (s *signals) init() {
@@ -67,6 +68,7 @@ func (s *signals) init() {
 	s.listenerProbeFailed.init()
 	s.polling.init()
 	s.releaseRetry.init()
+	s.registered.init()
 	s.extendAsked.init()
 	s.triggerChecked.init()
 	s.extendTimed.init()

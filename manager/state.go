@@ -74,6 +74,7 @@ type keyState struct {
 	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
 	hasFence  bool
 	woken     bool  // a release notification came while an attempt was in flight
+	waitReg   bool  // its waiter lock is asked for (waiters.go)
 	handOffs  uint8 // local handoffs of the key in a row (handoff.go)
 }
 
@@ -191,6 +192,7 @@ func (st *loopState) gc(ks *keyState) {
 		return
 	}
 	st.clearRetry(ks)
+	st.dropWaiter(ks)
 	if st.keys[ks.key] == ks {
 		delete(st.keys, ks.key)
 		if ks.hasFence {
@@ -287,7 +289,7 @@ func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
 	if ks != nil {
 		ks.releasing++
 	}
-	st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, ks: ks, ttl: a.ttl})
+	st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl})
 }
 
 // dropHolding forgets h and ends its lock's context with cause (the first
@@ -311,7 +313,7 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
 	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (16.3)
 	st.dropHolding(h, releasedCause)
-	it := releaseItem{lockID: h.lock.id, ks: h.ks, reply: reply, ttl: h.lock.ttl}
+	it := releaseItem{lockID: h.lock.id, key: h.ks.key, ks: h.ks, reply: reply, ttl: h.lock.ttl}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
 		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 		// Its loss timer fired before the loop noticed: report the loss.
@@ -398,7 +400,7 @@ func (st *loopState) pruneKept(now time.Time) {
 // releaseKept queues the release of a lost lock's kept row (its holder
 // called Release, or Close); reply, if set, gets the loss as the outcome.
 func (st *loopState) releaseKept(h *holding, reply chan error) {
-	it := releaseItem{lockID: h.lock.id, reply: reply, ttl: h.lock.ttl,
+	it := releaseItem{lockID: h.lock.id, key: h.ks.key, reply: reply, ttl: h.lock.ttl,
 		lost: pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
 	if !st.closing {
 		ks := st.keyFor(h.ks.key, h.ks.hash) // h.ks may have been forgotten since

@@ -75,6 +75,7 @@ type Store struct {
 	checked atomic.Bool
 
 	acquireSQL, releaseSQL, extendSQL string
+	releaseWaitedSQL                  string
 	versionSQL                        string
 	handOffSQL                        string
 	lookupKeySQL, lookupIDSQL         string
@@ -104,14 +105,15 @@ func New(db DB, cfg Config) (*Store, error) {
 	live := " AND l.expires_at_ms + " + fmt.Sprint(pglease.TimeToleranceMs) + " > " + liveMs
 	return &Store{
 		db: db, cfg: cfg, n: n, holder: holder,
-		acquireSQL:   "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
-		versionSQL:   "SELECT version, compatible_from FROM " + n.fnSchema + "()",
-		releaseSQL:   "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
-		extendSQL:    "SELECT o_idx, o_expires_ms FROM " + n.fnExtend + "($1, $2)",
-		handOffSQL:   "SELECT o_idx, o_released, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnHandOff + "($1, $2, $3, $4, $5, $6, $7, $8)",
-		lookupKeySQL: sel + "l.key = $1" + live,
-		lookupIDSQL:  sel + "l.lock_id = $1" + live,
-		isLockedSQL:  "SELECT EXISTS (SELECT 1 FROM " + n.lock + " AS l WHERE l.key = $1" + live + ")",
+		acquireSQL:       "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
+		versionSQL:       "SELECT version, compatible_from FROM " + n.fnSchema + "()",
+		releaseSQL:       "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
+		releaseWaitedSQL: releaseWaitedSQL(n.fnRelease),
+		extendSQL:        "SELECT o_idx, o_expires_ms FROM " + n.fnExtend + "($1, $2)",
+		handOffSQL:       "SELECT o_idx, o_released, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnHandOff + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		lookupKeySQL:     sel + "l.key = $1" + live,
+		lookupIDSQL:      sel + "l.lock_id = $1" + live,
+		isLockedSQL:      "SELECT EXISTS (SELECT 1 FROM " + n.lock + " AS l WHERE l.key = $1" + live + ")",
 	}, nil
 }
 

@@ -1,0 +1,177 @@
+package manager
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/retry"
+)
+
+// noPolling makes a waiter's retries a minute apart: within a test, only
+// a wake-up (a notification, or its registration as a waiter) gets it
+// the key.
+var noPolling = retry.Policy{Base: time.Minute, MaxDelay: time.Minute}
+
+// waiterLocksSQL selects the holds of the waiter locks (pg.WaiterLockClass)
+// of the keys in $2 (other tests' keys are none of this test's business).
+const waiterLocksSQL = "FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid AND objsubid = 2 " +
+	"AND objid IN (SELECT hashtext(k)::oid FROM unnest($2::text[]) AS k)"
+
+// waiterLocksHeld counts sessions' holds of the waiter locks of keys.
+func waiterLocksHeld(t testing.TB, b *bundle, keys ...string) int {
+	t.Helper()
+	var n int
+	if err := b.admin.QueryRow(ctxT(t), "SELECT count(*) "+waiterLocksSQL, pg.WaiterLockClass, keys).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// eventually polls cond every 10 ms until it holds, failing after
+// waitTimeout.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout())
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Releases nobody waits for send no notification; a key another Manager
+// waits for is registered as waited for, its release notifies and wakes
+// that Manager (its retries are a minute apart), and the registration
+// ends when the waiter no longer needs it.
+func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
+	t.Parallel()
+	// A channel of its own: other tests' releases notify too.
+	cfg := Config{Retry: noPolling, NotifyChannel: "waited_" + strings.ToLower(strings.ReplaceAll(pglease.NewLockID()[:12], "-", "_"))}
+	b := setup(t, setupOpts{cfg: cfg})
+	w, wsig := b.newPeer(t, cfg)
+	ctx := ctxT(t)
+	l, err := pgx.Connect(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	if _, err := l.Exec(ctx, "LISTEN "+cfg.NotifyChannel); err != nil {
+		t.Fatal(err)
+	}
+	// Keys unique to this test: notifications are database-wide.
+	key := func(s string) string { return "waited:" + s + ":" + b.schema }
+	hot := key("hot")
+	var keys []string
+	for i := range 20 {
+		keys = append(keys, key(string(rune('a'+i))))
+	}
+
+	for _, k := range keys {
+		lk, err := b.m.Acquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := waiterLocksHeld(t, b, append(keys, hot)...); n != 0 {
+		t.Fatalf("%d waiter locks with nobody waiting", n)
+	}
+
+	held, err := b.m.Acquire(ctx, hot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A listener that connects after the first try registers the key
+	// and resyncs instead (no registered signal): let it connect first.
+	wait(t, &wsig.listening)
+	got := make(chan error, 1)
+	go func() {
+		lk, err := w.Acquire(ctx, hot, WithAcquireTimeout(NoAcquireTimeout))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	wait(t, &wsig.registered)
+	if n := waiterLocksHeld(t, b, hot); n != 1 {
+		t.Fatalf("%d waiter locks while one Manager waits for one key", n)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitTimeout()):
+		t.Fatal("the waiting Manager was not woken by the release")
+	}
+	wc, cancel := context.WithTimeout(ctx, waitTimeout())
+	defer cancel()
+	n, err := l.WaitForNotification(wc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Payload != pglease.HashKey(hot) {
+		t.Fatalf("first notification is %s, want the waited key's %s: a release nobody waited for notified", n.Payload, pglease.HashKey(hot))
+	}
+	eventually(t, "the waiter's registration ends", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
+}
+
+// A listener that reconnects takes its waiter locks again (a new session
+// holds none), so releases keep waking its waiters.
+func TestWaiterRegistrationAfterReconnect(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Retry: noPolling}
+	b := setup(t, setupOpts{cfg: cfg})
+	w, wsig := b.newPeer(t, cfg)
+	ctx := ctxT(t)
+	hot := "waited-reconnect:" + b.schema
+	held, err := b.m.Acquire(ctx, hot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A listener that connects after the first try registers the key
+	// and resyncs instead (no registered signal): let it connect first.
+	wait(t, &wsig.listening)
+	got := make(chan error, 1)
+	go func() {
+		lk, err := w.Acquire(ctx, hot, WithAcquireTimeout(NoAcquireTimeout))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	wait(t, &wsig.registered)
+	drain(&wsig.listening)
+	var killed int
+	if err := b.admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) "+waiterLocksSQL, pg.WaiterLockClass, []string{hot}).Scan(&killed); err != nil || killed != 1 {
+		t.Fatalf("terminated %d listener backends, %v", killed, err)
+	}
+	wait(t, &wsig.listening) // reconnected, waiter locks taken, resync
+	if n := waiterLocksHeld(t, b, hot); n != 1 {
+		t.Fatalf("%d waiter locks after the listener reconnected, want 1", n)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitTimeout()):
+		t.Fatal("waiter not woken after its listener reconnected")
+	}
+}
