@@ -535,7 +535,7 @@ func (st *loopState) flush() {
 		if len(live) == 0 {
 			break
 		}
-		n := min(len(st.pendExtend), m.cfg.MaxBatch)
+		n := min(len(st.pendExtend), m.extBatch)
 		batch := slices.Clone(st.pendExtend[:n])
 		st.pendExtend = slices.Delete(st.pendExtend, 0, n)
 		deadline := time.Now().Add(m.cfg.StatementTimeout)

@@ -106,9 +106,11 @@ type Config struct {
 	// CloseTimeout bounds the release of all held locks in Close. Default
 	// 5 s. The caller's context of Close bounds only how long Close waits.
 	CloseTimeout time.Duration
-	// MaxBatch caps the items of one batched statement. Default and
-	// maximum pg.MaxBatch (10,000), so a heartbeat tick of up to 10,000
-	// locks is one statement.
+	// MaxBatch caps the items of one batched statement, at most
+	// pg.MaxBatch (10,000). Default pg.MaxBatch for acquires and releases
+	// and pg.MaxExtendBatch (100,000) for extends, so a heartbeat tick of
+	// up to 100,000 locks is one statement; a value set here caps extends
+	// too.
 	MaxBatch int
 	// MaxInFlight caps the batches of one kind (acquire, release, extend)
 	// in flight at once. Default 2. Acquire and release batches are also
@@ -237,6 +239,7 @@ type Manager struct {
 	test testHooks // immutable; zero in production
 
 	waiters                      *waiterSet // keys to register as waited for (waiters.go); nil without a listener
+	extBatch                     int        // immutable: items of one extend statement
 	acqLimit, relLimit, extLimit int        // immutable: batches in flight per kind (not counting stuck ones, flight.go)
 	maxConns                     int        // immutable: the pool's MaxConns
 
@@ -331,6 +334,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	if err := cfg.validate(op); err != nil {
 		return nil, err
 	}
+	extBatch := cmp.Or(cfg.MaxBatch, pg.MaxExtendBatch)
 	cfg = cfg.withDefaults()
 	pcfg := pg.Config{LockTable: cfg.LockTable, FenceTable: cfg.FenceTable, Holder: cfg.Holder}
 	if !cfg.DisableNotify {
@@ -383,6 +387,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	m.acqLimit = min(cfg.MaxInFlight, perKind)
 	m.relLimit = min(cfg.MaxInFlight, perKind)
 	m.extLimit = cfg.MaxInFlight
+	m.extBatch = extBatch
 	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
 	st := newLoopState(m)
 	if !cfg.DisableNotify {

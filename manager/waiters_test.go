@@ -2,7 +2,9 @@ package manager
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -173,5 +175,52 @@ func TestWaiterRegistrationAfterReconnect(t *testing.T) {
 		}
 	case <-time.After(waitTimeout()):
 		t.Fatal("waiter not woken after its listener reconnected")
+	}
+}
+
+// Extend statements carry up to pg.MaxExtendBatch locks by default (one
+// statement per heartbeat tick for up to 100,000 locks: the bench's
+// 100,000-lock point shows it end to end); a MaxBatch set in Config caps
+// them too.
+func TestExtendBatchSize(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	if b.m.extBatch != pg.MaxExtendBatch {
+		t.Fatalf("default extend batch %d, want pg.MaxExtendBatch", b.m.extBatch)
+	}
+	const capped, locks = 20, 50
+	c := setup(t, setupOpts{cfg: Config{MaxBatch: capped}})
+	ctx := ctxT(t)
+	drain(&c.sig.batchSent)
+	var wg sync.WaitGroup
+	held := make(chan *Lock, locks)
+	for i := range locks {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lk, err := c.m.Acquire(ctx, fmt.Sprintf("extbatch:%d:%s", i, c.schema), WithTTL(3*time.Second))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			held <- lk
+		}()
+	}
+	wg.Wait()
+	close(held)
+	// Every lock's first extend (due 1 s after its grant) goes out in
+	// batches of at most capped.
+	extended := 0
+	for extended < locks {
+		bi := waitFor(t, &c.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindExtend })
+		if bi.n > capped {
+			t.Fatalf("extend batch of %d with MaxBatch %d", bi.n, capped)
+		}
+		extended += bi.n
+	}
+	for lk := range held {
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

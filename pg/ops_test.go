@@ -271,6 +271,10 @@ func TestBadInputNoIO(t *testing.T) {
 			_, err := s.ReleaseMany(c, make([]string, pg.MaxBatch+1))
 			return err
 		}, ""},
+		call{"extend batch too large", pglease.ErrInvalidArgument, func() error {
+			_, err := s.ExtendMany(c, make([]pg.ExtendRequest, pg.MaxExtendBatch+1))
+			return err
+		}, ""},
 	)
 	for _, cl := range calls {
 		err := cl.fn()
@@ -364,5 +368,56 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 				t.Errorf("%s: %d queries, %d prepares, %d writes; want 1, 0, 1", op.name, q, p, w)
 			}
 		}
+	}
+}
+
+// ExtendMany takes more than MaxBatch items (up to MaxExtendBatch) in one
+// statement: a large holder's heartbeat tick is one round trip.
+func TestExtendManyBeyondMaxBatch(t *testing.T) {
+	t.Parallel()
+	cnt := &counter{}
+	s, _, _ := newStore(t, pg.Config{}, withCounter(cnt))
+	c := ctx(t)
+	n := pg.MaxBatch + 1
+	ids := make([]string, 0, n)
+	for lo := 0; lo < n; lo += 1000 {
+		reqs := make([]pg.AcquireRequest, 0, 1000)
+		for i := lo; i < min(lo+1000, n); i++ {
+			reqs = append(reqs, pg.AcquireRequest{Key: fmt.Sprintf("ext-many-%d", i), TTL: time.Minute})
+		}
+		res, err := s.AcquireMany(c, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range res {
+			if !r.OK {
+				t.Fatal("acquire refused")
+			}
+			ids = append(ids, r.LockID)
+		}
+	}
+	reqs := make([]pg.ExtendRequest, n)
+	for i, id := range ids {
+		reqs[i] = pg.ExtendRequest{LockID: id, TTL: 2 * time.Minute}
+	}
+	cnt.reset()
+	res, err := s.ExtendMany(c, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if q := cnt.queries.Load(); q != 1 {
+		t.Fatalf("%d queries for one ExtendMany of %d, want 1", q, n)
+	}
+	for i, r := range res {
+		if !r.OK {
+			t.Fatalf("item %d not extended", i)
+		}
+	}
+	oks, err := s.ReleaseMany(c, ids[:pg.MaxBatch])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := s.Release(c, ids[pg.MaxBatch]); err != nil || !ok || len(oks) != pg.MaxBatch {
+		t.Fatal(ok, err)
 	}
 }

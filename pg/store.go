@@ -58,8 +58,15 @@ type Config struct {
 // MaxHolderBytes caps Config.Holder.
 const MaxHolderBytes = 256
 
-// MaxBatch is the largest number of items one batched call accepts.
+// MaxBatch is the largest number of items one batched call accepts,
+// except ExtendMany (MaxExtendBatch).
 const MaxBatch = 10000
+
+// MaxExtendBatch is the largest number of items ExtendMany accepts. An
+// extend takes no advisory lock per key (an acquire does, and PostgreSQL's
+// shared lock table bounds those per transaction), so one statement can
+// extend every lease a large holder keeps.
+const MaxExtendBatch = 100000
 
 // Store runs SyncGuard-compatible lease-lock operations on a DB. It is
 // safe for concurrent use (as safe as its DB: a *pgx.Conn or pgx.Tx is
@@ -501,8 +508,8 @@ func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (E
 	return res[0], nil
 }
 
-// ExtendMany extends every lock in one statement (one round trip);
-// results[i] answers reqs[i].
+// ExtendMany extends every lock in one statement (one round trip; at most
+// MaxExtendBatch items); results[i] answers reqs[i].
 func (s *Store) ExtendMany(ctx context.Context, reqs []ExtendRequest) ([]ExtendResult, error) {
 	const op = "pg.ExtendMany"
 	if err := pglease.CheckContext(op, ctx); err != nil {
@@ -512,7 +519,7 @@ func (s *Store) ExtendMany(ctx context.Context, reqs []ExtendRequest) ([]ExtendR
 }
 
 func (s *Store) extend(ctx context.Context, op string, reqs []ExtendRequest) ([]ExtendResult, error) {
-	if len(reqs) > MaxBatch {
+	if len(reqs) > MaxExtendBatch {
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	ids := make([]string, len(reqs))
