@@ -30,8 +30,8 @@
 //     caller runs m.Acquire(key, WithTTL(30 s)) then lk.Release.
 //   - "manager-nonotify" (only with -impls): the same with
 //     Config.DisableNotify, to show what the release notifications cost.
-//   - "manager-inflight1", "manager-inflight4" (only with -impls): the
-//     same with Config.MaxInFlight 1 or 4 (default 2), for A/B runs of the
+//   - "manager-inflight2", "manager-inflight4" (only with -impls): the
+//     same with Config.MaxInFlight 2 or 4 (default 1), for A/B runs of the
 //     in-flight caps.
 //
 // A pgx QueryTracer counts the statements each cycle sends

@@ -216,7 +216,7 @@ var uncontendedImpls = []uncontendedImpl{
 	{name: "manager", setup: managerSetup(manager.Config{})},
 	{name: "manager-nonotify", optional: true, setup: managerSetup(manager.Config{DisableNotify: true})},
 	// In-flight cap variants (only with -impls), for A/B runs of the caps.
-	{name: "manager-inflight1", optional: true, setup: managerSetup(manager.Config{MaxInFlight: 1})},
+	{name: "manager-inflight2", optional: true, setup: managerSetup(manager.Config{MaxInFlight: 2})},
 	{name: "manager-inflight4", optional: true, setup: managerSetup(manager.Config{MaxInFlight: 4})},
 }
 

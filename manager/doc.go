@@ -152,10 +152,16 @@
 // releases) leave a pool connection for heartbeats; heartbeat extends
 // have their own cap and never queue behind user requests in the loop.
 //
-// Wake-ups across processes: unless Config.DisableNotify, releases run
-// pg_notify(channel, pglease.HashKey(key)) (never the raw key), and each
-// Manager keeps one dedicated connection LISTENing on the channel. A
-// notification for a key with waiters starts its next attempt at once.
+// Wake-ups across processes: unless Config.DisableNotify, each Manager
+// keeps one dedicated connection LISTENing on the channel, and a release
+// runs pg_notify(channel, pglease.HashKey(key)) (never the raw key) when
+// another process waits for the key (pg.ReleaseWaited): a Manager whose
+// attempt found a key taken by someone else, with callers still waiting,
+// holds the key's waiter lock (pg.WaiterLockClass) on its listening
+// session until it no longer waits, and tries the key once more after
+// taking it. Releases nobody waits for elsewhere skip the notification,
+// whose commit serializes server-wide. A notification for a key with
+// waiters starts its next attempt at once.
 // Notifications are only a nudge: polling with backoff stays, and after
 // the listening connection is re-established every waiting key is tried
 // once, since notifications sent in the gap are lost. A listening

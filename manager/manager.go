@@ -28,7 +28,7 @@ const (
 	DefaultStatementTimeout = 5 * time.Second
 	DefaultCloseTimeout     = 5 * time.Second
 	DefaultMaxBatch         = pg.MaxBatch
-	DefaultMaxInFlight      = 2
+	DefaultMaxInFlight      = 1
 	DefaultNotifyChannel    = "pglease_release"
 )
 
@@ -113,7 +113,12 @@ type Config struct {
 	// too.
 	MaxBatch int
 	// MaxInFlight caps the batches of one kind (acquire, release, extend)
-	// in flight at once. Default 2. Acquire and release batches are also
+	// in flight at once (not counting stuck ones: a batch unanswered for
+	// a second no longer holds the others back). Default 1: the requests
+	// that arrive while a batch is in flight go together in the next,
+	// and fewer, larger statements outrun more, smaller ones (bench, 2
+	// cores: +38 % cycles/s at 8 callers, +25 % at 64 over a cap of 2;
+	// raise it for a server with many cores and a slow network). Acquire and release batches are also
 	// capped at (pool MaxConns − 1)/2 each, at least 1, so one connection
 	// stays free for heartbeats when only the Manager uses the pool.
 	MaxInFlight int
