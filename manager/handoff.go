@@ -103,7 +103,7 @@ func (st *loopState) flushHandOffs() {
 		fl := st.launch(&flight{acquire: true, release: true, attempts: atts})
 		// A handoff serves two callers (the releaser and the waiter): its
 		// round trip is a root span both link to.
-		go m.sendHandOff(fl, batch, trace.SpanContext{})
+		m.spawn(func() { m.sendHandOff(fl, batch, trace.SpanContext{}) })
 	}
 }
 

@@ -503,7 +503,7 @@ func (st *loopState) flush() {
 		if n == 1 && len(batch[0].ks.queue) == 1 {
 			parent = batch[0].ks.queue[0].acq.SpanContext()
 		}
-		go m.sendAcquire(fl, batch, parent)
+		m.spawn(func() { m.sendAcquire(fl, batch, parent) })
 	}
 	relLimit, relMax := m.relLimit, m.cfg.MaxBatch
 	if st.closing {
@@ -519,7 +519,7 @@ func (st *loopState) flush() {
 		if n == 1 {
 			parent = batch[0].sc
 		}
-		go m.sendRelease(fl, batch, parent)
+		m.spawn(func() { m.sendRelease(fl, batch, parent) })
 	}
 	if st.closing {
 		st.pendExtend = nil
@@ -554,11 +554,36 @@ func (st *loopState) flush() {
 		// One heartbeat round per extend batch: the span ends when run
 		// handles the result.
 		_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
-		go m.sendExtend(fl, batch, reqs, deadline, hb)
+		m.spawn(func() { m.sendExtend(fl, batch, reqs, deadline, hb) })
 	}
 }
 
-// The send* functions run in their own goroutine, never on the loop.
+// The send* functions run on a DB worker goroutine, never on the loop.
+
+// spawn runs f on an idle DB worker, or on a new one when none is idle.
+// Workers outlive their batch and wait for the next one until the loop
+// has ended: a new goroutine per batch would grow its stack to pgx's
+// depth every time (and be created and scheduled anew), which was a tenth
+// of the Manager's CPU per cycle for a lone caller. There are at most as
+// many as batches were ever in flight at once, which the caps bound.
+func (m *Manager) spawn(f func()) {
+	select {
+	case m.work <- f:
+	default:
+		go m.worker(f)
+	}
+}
+
+func (m *Manager) worker(f func()) {
+	for {
+		f()
+		select {
+		case f = <-m.work:
+		case <-m.done:
+			return
+		}
+	}
+}
 
 func (m *Manager) beforeBatch(kind batchKind, n int) {
 	if m.sig != nil {

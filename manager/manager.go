@@ -243,10 +243,11 @@ type Manager struct {
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
-	waiters                      *waiterSet // keys to register as waited for (waiters.go); nil without a listener
-	extBatch                     int        // immutable: items of one extend statement
-	acqLimit, relLimit, extLimit int        // immutable: batches in flight per kind (not counting stuck ones, flight.go)
-	maxConns                     int        // immutable: the pool's MaxConns
+	waiters                      *waiterSet  // keys to register as waited for (waiters.go); nil without a listener
+	extBatch                     int         // immutable: items of one extend statement
+	work                         chan func() // batches for idle DB workers (spawn)
+	acqLimit, relLimit, extLimit int         // immutable: batches in flight per kind (not counting stuck ones, flight.go)
+	maxConns                     int         // immutable: the pool's MaxConns
 
 	acquireCh     chan *acquireReq // written by Acquire/TryAcquire, read only by run
 	releaseCh     chan *releaseReq // written by Lock.Release, read only by run
@@ -371,6 +372,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		lossCh:        make(chan struct{}, 1),
 		closing:       make(chan struct{}),
 		done:          make(chan struct{}),
+		work:          make(chan func()),
 	}
 	if !cfg.DisableNotify {
 		lc := pool.Config().ConnConfig
