@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/pg"
 )
 
 // fnvCollision brute-forces two distinct inputs with the same FNV-1a-32
@@ -147,5 +148,23 @@ func TestRegistryRules(t *testing.T) {
 	}
 	if _, ok := r.Name(Int64(1)); ok {
 		t.Error("Name of an unknown key")
+	}
+}
+
+// Pair keys in the Managers' waiter-lock space are refused; the constant
+// here is pg's.
+func TestRegistryRefusesWaiterLockSpace(t *testing.T) {
+	if waiterLockClass != pg.WaiterLockClass {
+		t.Fatalf("waiterLockClass %d, pg.WaiterLockClass %d", waiterLockClass, pg.WaiterLockClass)
+	}
+	r := NewRegistry()
+	if err := r.Fixed("waiter", Pair(pg.WaiterLockClass, 5), ""); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Fatalf("Fixed in the waiter-lock space: %v", err)
+	}
+	if err := r.Fixed("neighbour", Pair(pg.WaiterLockClass+1, 5), ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Fixed("bigint", Int64(int64(pg.WaiterLockClass)<<32|5), ""); err != nil {
+		t.Fatalf("the bigint space is another lock space: %v", err)
 	}
 }
