@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/pg"
 )
 
 // measureFlush measures the flush bound of the server: one client on one
@@ -64,4 +67,62 @@ func mergeFlush(a, b Result) Result {
 	r.Extra = map[string]float64{"before_per_s": a.CyclesPerSec, "after_per_s": b.CyclesPerSec,
 		"mean_commit_ms": 1000 / r.CyclesPerSec}
 	return r
+}
+
+// measureHandOffChain measures what one hot-key section costs the server
+// without the Manager: one client on one connection keeps one key and
+// hands it to itself with pg.Store.HandOff (the statement of a local
+// hot-key section: release, fence increment, grant, holder row, durable
+// commit), one round trip each, for d. Its rate bounds what the Manager's
+// hot key can reach with this statement; next to the flush bound it
+// shows what the statement costs beyond a one-row commit.
+func measureHandOffChain(ctx context.Context, url string, d time.Duration) (Result, error) {
+	pool, _, cleanup, err := benchSchema(ctx, url, 1)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cleanup()
+	st, err := pg.New(pool, pg.Config{})
+	if err != nil {
+		return Result{}, err
+	}
+	key := fmt.Sprintf("bench-handoff-chain-%d", time.Now().UnixNano())
+	r, err := st.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !r.OK {
+		return Result{}, fmt.Errorf("acquire: %+v, %v", r, err)
+	}
+	cur := r.LockID
+	hand := func() error {
+		next := pglease.NewLockID()
+		res, err := st.HandOff(ctx, []pg.HandOffRequest{{Old: cur, Key: key, TTL: time.Minute, LockID: next}})
+		if err != nil {
+			return err
+		}
+		if !res[0].Released || !res[0].OK {
+			return fmt.Errorf("handoff not granted: %+v", res[0])
+		}
+		cur = next
+		return nil
+	}
+	for range 20 { // warm-up: prepare, fill caches
+		if err := hand(); err != nil {
+			return Result{}, err
+		}
+	}
+	var lats latencies
+	start := time.Now()
+	for time.Since(start) < d {
+		t0 := time.Now()
+		if err := hand(); err != nil {
+			return Result{}, err
+		}
+		lats = append(lats, time.Since(t0))
+	}
+	el := time.Since(start).Seconds()
+	if _, err := st.Release(ctx, cur); err != nil {
+		return Result{}, err
+	}
+	_, p50, p99, mx := summarize([]latencies{lats})
+	return Result{Scenario: "flush", Impl: "handoff-chain", Callers: 1, Seconds: el, Cycles: int64(len(lats)),
+		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "handoff"}, nil
 }

@@ -209,6 +209,12 @@ func runHotKey(ctx context.Context, cfg config, emit func(Result), _ noteFunc) (
 			return
 		}
 		emit(mergeFlush(before, after))
+		var chain Result
+		if chain, err = measureHandOffChain(ctx, cfg.url, fd); err != nil {
+			err = fmt.Errorf("handoff chain: %w", err)
+			return
+		}
+		emit(chain)
 	}()
 	for _, procs := range cfg.hotProcs {
 		for _, c := range cfg.hotCallers {

@@ -54,7 +54,10 @@
 // the hot-key points (see measureFlush): one client commits a one-row
 // UPDATE with synchronous_commit=on, one round trip per commit. A hot-key
 // critical section needs at least one durable commit (its grant) in
-// series, so the hot-key rates are judged as shares of this rate.
+// series, so the hot-key rates are judged as shares of this rate. After it,
+// the handoff chain (measureHandOffChain): one client handing one key to
+// itself with pg.Store.HandOff, the statement of a local hot-key section,
+// without the Manager: what the statement alone reaches.
 //
 // hotkey: C callers (-hot-callers) split over P processes (-hot-procs; the
 // bench re-executes itself as worker processes, see runWorkerMode), each

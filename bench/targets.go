@@ -104,6 +104,14 @@ func computeTargets(res, base resultSet) []Target {
 	if f, ok := res.find("flush", "one-row-commit", 1, 1); ok && f.CyclesPerSec > 0 {
 		add("3", "flush bound: 1 / (one durable one-row commit round trip, one client)",
 			fmt.Sprintf("%.0f/s (mean %.3f ms, p50 %.3f ms)", f.CyclesPerSec, 1000/f.CyclesPerSec, f.P50Ms), nil)
+		if c, ok := res.find("flush", "handoff-chain", 1, 1); ok && c.CyclesPerSec > 0 {
+			add("3", "hot-key statement alone: one client chaining pg.Store.HandOff on one key, no Manager",
+				fmt.Sprintf("%.0f/s (%.0f %% of the flush bound, p50 %.3f ms)", c.CyclesPerSec, 100*c.CyclesPerSec/f.CyclesPerSec, c.P50Ms), nil)
+			for _, h := range hot {
+				add("3", fmt.Sprintf("hot key against the statement alone, C=%d P=%d", h.Callers, max(h.Processes, 1)),
+					fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*h.CyclesPerSec/c.CyclesPerSec, h.CyclesPerSec, c.CyclesPerSec), nil)
+			}
+		}
 		for _, h := range hot {
 			want := hotShare1
 			if max(h.Processes, 1) > 1 {
