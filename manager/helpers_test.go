@@ -53,19 +53,34 @@ func wait[T any](t testing.TB, s *testSignal[T]) T {
 // long after the release the grant came.
 func handOver(t *testing.T, ctx context.Context, held *Lock, waiter *Manager, wsig *signals, key, notWoken string) time.Duration {
 	t.Helper()
-	got := make(chan error, 1)
-	go func() {
-		lk, err := waiter.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, waiter, key)
 	waitFor(t, &wsig.retrying, func(k string) bool { return k == key })
 	t0 := time.Now()
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+	expectGrant(t, got, notWoken)
+	return time.Since(t0)
+}
+
+// acquireAndRelease starts m.Acquire of key (waiting as long as ctx
+// allows) and its Release; the channel gets the first error, or nil.
+func acquireAndRelease(ctx context.Context, m *Manager, key string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		lk, err := m.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+		if err == nil {
+			err = lk.Release(ctx)
+		}
+		got <- err
+	}()
+	return got
+}
+
+// expectGrant fails the test unless got (from acquireAndRelease) reports
+// success within waitTimeout; notWoken says what it means if not.
+func expectGrant(t testing.TB, got <-chan error, notWoken string) {
+	t.Helper()
 	select {
 	case err := <-got:
 		if err != nil {
@@ -74,7 +89,6 @@ func handOver(t *testing.T, ctx context.Context, held *Lock, waiter *Manager, ws
 	case <-time.After(waitTimeout()):
 		t.Fatal(notWoken)
 	}
-	return time.Since(t0)
 }
 
 // waitFor consumes values of s until one satisfies ok.

@@ -96,14 +96,7 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	// A listener that connects after the first try registers the key
 	// and resyncs instead (no registered signal): let it connect first.
 	wait(t, &wsig.listening)
-	got := make(chan error, 1)
-	go func() {
-		lk, err := w.Acquire(ctx, hot, WithAcquireTimeout(NoAcquireTimeout))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, w, hot)
 	wait(t, &wsig.registered)
 	if n := waiterLocksHeld(t, b, hot); n != 1 {
 		t.Fatalf("%d waiter locks while one Manager waits for one key", n)
@@ -111,14 +104,7 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("the waiting Manager was not woken by the release")
-	}
+	expectGrant(t, got, "the waiting Manager was not woken by the release")
 	wc, cancel := context.WithTimeout(ctx, waitTimeout())
 	defer cancel()
 	n, err := l.WaitForNotification(wc)
@@ -147,14 +133,7 @@ func TestWaiterRegistrationAfterReconnect(t *testing.T) {
 	// A listener that connects after the first try registers the key
 	// and resyncs instead (no registered signal): let it connect first.
 	wait(t, &wsig.listening)
-	got := make(chan error, 1)
-	go func() {
-		lk, err := w.Acquire(ctx, hot, WithAcquireTimeout(NoAcquireTimeout))
-		if err == nil {
-			err = lk.Release(ctx)
-		}
-		got <- err
-	}()
+	got := acquireAndRelease(ctx, w, hot)
 	wait(t, &wsig.registered)
 	drain(&wsig.listening)
 	var killed int
@@ -168,14 +147,7 @@ func TestWaiterRegistrationAfterReconnect(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("waiter not woken after its listener reconnected")
-	}
+	expectGrant(t, got, "waiter not woken after its listener reconnected")
 }
 
 // Extend statements carry up to pg.MaxExtendBatch locks by default (one

@@ -468,25 +468,36 @@ func (s *Store) release(ctx context.Context, op string, ids []string) ([]bool, e
 	if s.cfg.NotifyChannel != "" {
 		channel = &s.cfg.NotifyChannel
 	}
-	out := make([]bool, len(ids))
-	n := 0
-	err := s.run(ctx, op, true, s.releaseSQL, []any{ids, channel}, func(rows pgx.Rows) error {
+	return s.runRelease(ctx, op, s.releaseSQL, []any{ids, channel}, len(ids), false)
+}
+
+// runRelease runs a release statement for n lockIds and collects its
+// (o_idx, o_ok) rows, with a third column ignored when extra is set.
+func (s *Store) runRelease(ctx context.Context, op, sql string, args []any, n int, extra bool) ([]bool, error) {
+	out := make([]bool, n)
+	got := 0
+	err := s.run(ctx, op, true, sql, args, func(rows pgx.Rows) error {
 		var idx int32
 		var ok bool
-		if err := rows.Scan(&idx, &ok); err != nil {
+		var ignored *bool
+		dest := []any{&idx, &ok}
+		if extra {
+			dest = append(dest, &ignored)
+		}
+		if err := rows.Scan(dest...); err != nil {
 			return err
 		}
 		if idx < 1 || int(idx) > len(out) {
 			return errors.New("pg: bad result index from release function")
 		}
 		out[idx-1] = ok
-		n++
+		got++
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	if n != len(ids) {
+	if got != n {
 		return nil, pglease.NewError(pglease.CodeAmbiguous, op, "release function returned a wrong row count", nil)
 	}
 	return out, nil

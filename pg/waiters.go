@@ -2,7 +2,6 @@ package pg
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -113,29 +112,9 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 	if s.cfg.NotifyChannel != "" {
 		channel = &s.cfg.NotifyChannel
 	}
-	out := make([]bool, len(ids))
-	n := 0
-	err := s.run(ctx, op, true, s.releaseWaitedSQL, []any{ids, channel, keys, hashes}, func(rows pgx.Rows) error {
-		var idx int32
-		var ok bool
-		var notified *bool
-		if err := rows.Scan(&idx, &ok, &notified); err != nil {
-			return err
-		}
-		if idx < 1 || int(idx) > len(out) {
-			return errors.New("pg: bad result index from release function")
-		}
-		out[idx-1] = ok
-		n++
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if n != len(ids) {
-		return nil, pglease.NewError(pglease.CodeAmbiguous, op, "release function returned a wrong row count", nil)
-	}
-	return out, nil
+	// The third column is the notification's (or the waiter lock
+	// check's) value, of no use to the caller.
+	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, keys, hashes}, len(ids), true)
 }
 
 // releaseWaitedSQL runs the release function without a channel; the
