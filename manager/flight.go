@@ -33,6 +33,9 @@ import (
 const stuckAfterMax = time.Second
 
 func (m *Manager) stuckAfter() time.Duration {
+	if m.test.stuckAfter > 0 {
+		return m.test.stuckAfter
+	}
 	return min(stuckAfterMax, m.cfg.StatementTimeout/2)
 }
 
@@ -155,6 +158,21 @@ func (st *loopState) nextStuck() time.Time {
 		}
 	}
 	return next
+}
+
+// fullBatch is the pending count from which one more batch of a kind may
+// go out beyond the in-flight cap (adapt).
+const fullBatch = 64
+
+// adapt returns the in-flight cap for a kind with pending requests
+// waiting: limit, or one more when a full batch's worth waits (heavy load:
+// the batch in flight is large already, and a second statement of that
+// size keeps the server's cores busy), within (pool MaxConns − 1)/2.
+func (st *loopState) adapt(limit, pending int) int {
+	if pending >= fullBatch {
+		return min(limit+1, max(limit, (st.m.maxConns-1)/2))
+	}
+	return limit
 }
 
 // room reports whether one more batch may be sent: fewer than limit

@@ -2,8 +2,10 @@ package manager
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/url"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -227,5 +229,60 @@ func TestStuckBatchNoGlobalStall(t *testing.T) {
 	t.Logf("another key's Acquire while a batch was stuck: %v", took)
 	if took > bound {
 		t.Fatalf("took %v", took)
+	}
+}
+
+// Under heavy load one more batch of a kind goes out beyond MaxInFlight:
+// with an acquire batch in flight (held here), 63 waiting acquires wait
+// for it, and the 64th (a full batch's worth, fullBatch) sends all 64 at
+// once as a second batch. (The held batch is never counted stuck here,
+// which would also let a batch out.)
+func TestAdaptiveInFlight(t *testing.T) {
+	t.Parallel()
+	gate := make(chan struct{})
+	var sent atomic.Int32
+	b := setup(t, setupOpts{
+		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.MaxConns = 20 }},
+		hooks: testHooks{stuckAfter: time.Hour, beforeBatch: func(kind batchKind, n int) {
+			if kind == kindAcquire && sent.Add(1) == 1 {
+				<-gate
+			}
+		}},
+	})
+	var open sync.Once
+	release := func() { open.Do(func() { close(gate) }) }
+	defer release() // before Close, which waits for the held batch
+	ctx := ctxT(t)
+	if b.m.acqLimit != 1 {
+		t.Fatalf("acquire cap %d, want 1", b.m.acqLimit)
+	}
+	results := make(chan error, fullBatch+1)
+	acquire := func(key string) {
+		go func() {
+			lk, err := b.m.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+			if err == nil {
+				err = lk.Release(ctx)
+			}
+			results <- err
+		}()
+	}
+	acquire("adapt:first")
+	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	for i := range fullBatch - 1 {
+		acquire(fmt.Sprintf("adapt:%d", i))
+	}
+	for range fullBatch { // the first's and the 63 others'
+		wait(t, &b.sig.queued)
+	}
+	acquire("adapt:last")
+	bi := waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	release()
+	if bi.n != fullBatch {
+		t.Fatalf("second acquire batch of %d, want the %d waiting (none may go out before a full batch waits)", bi.n, fullBatch)
+	}
+	for range fullBatch + 1 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
 	}
 }

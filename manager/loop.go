@@ -491,7 +491,7 @@ func (st *loopState) flush() {
 	}
 	clear(st.pendAcquire[len(live):])
 	st.pendAcquire = live
-	for len(st.pendAcquire) > 0 && st.room(st.inAcquire, st.stuckAcquire, m.acqLimit) {
+	for len(st.pendAcquire) > 0 && st.room(st.inAcquire, st.stuckAcquire, st.adapt(m.acqLimit, len(st.pendAcquire))) {
 		n := min(len(st.pendAcquire), m.cfg.MaxBatch)
 		batch := slices.Clone(st.pendAcquire[:n])
 		st.pendAcquire = slices.Delete(st.pendAcquire, 0, n)
@@ -509,7 +509,7 @@ func (st *loopState) flush() {
 	if st.closing {
 		relLimit, relMax = st.inRelease+1, pg.MaxBatch // all at once
 	}
-	for len(st.pendRelease) > 0 && (st.closing && st.inRelease < relLimit || st.room(st.inRelease, st.stuckRelease, relLimit)) {
+	for len(st.pendRelease) > 0 && (st.closing && st.inRelease < relLimit || st.room(st.inRelease, st.stuckRelease, st.adapt(relLimit, len(st.pendRelease)))) {
 		n := min(len(st.pendRelease), relMax)
 		batch := slices.Clone(st.pendRelease[:n])
 		st.pendRelease = slices.Delete(st.pendRelease, 0, n)

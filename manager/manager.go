@@ -118,7 +118,8 @@ type Config struct {
 	// that arrive while a batch is in flight go together in the next,
 	// and fewer, larger statements outrun more, smaller ones (bench, 2
 	// cores: +38 % cycles/s at 8 callers, +25 % at 64 over a cap of 2;
-	// raise it for a server with many cores and a slow network). Acquire and release batches are also
+	// raise it for a server with many cores and a slow network). When 64
+	// or more requests of a kind wait, one more batch may go out. Acquire and release batches are also
 	// capped at (pool MaxConns − 1)/2 each, at least 1, so one connection
 	// stays free for heartbeats when only the Manager uses the pool.
 	MaxInFlight int

@@ -113,4 +113,6 @@ type testHooks struct {
 	// timer fires, before it acts, with how late it fired; a test makes
 	// the runtime's delay in running timers after SIGCONT certain.
 	timerFired func(late time.Duration)
+	// stuckAfter, if set, replaces stuckAfter (flight.go).
+	stuckAfter time.Duration
 }
