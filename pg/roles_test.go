@@ -71,7 +71,7 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		cc, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		for _, q := range []string{"DROP OWNED BY " + owner + ", " + runtime, "DROP ROLE " + owner, "DROP ROLE " + runtime} {
-			if _, err := admin.Exec(cc, q); err != nil {
+			if err := pgtest.ExecGrants(cc, admin, q); err != nil { // DROP OWNED revokes on the database
 				t.Errorf("%s: %v", q, err)
 			}
 		}
@@ -104,10 +104,10 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 		t.Fatalf("SetupSchema before step 1 = %v, want AuthFailed", err)
 	}
 	// Step 2 refuses to run before the functions exist.
-	if _, err := admin.Exec(c, runtimeSQL); err == nil {
+	if err := pgtest.ExecGrants(c, admin, runtimeSQL); err == nil {
 		t.Fatal("runtime step ran before SetupSchema")
 	}
-	if _, err := admin.Exec(c, ownerSQL); err != nil {
+	if err := pgtest.ExecGrants(c, admin, ownerSQL); err != nil {
 		t.Fatalf("owner step: %v", err)
 	}
 	if err := ownerStore.SetupSchema(c); err != nil {
@@ -115,10 +115,10 @@ func TestLeastPrivilegeRoles(t *testing.T) {
 	}
 	// Both steps are idempotent; run them twice.
 	for range 2 {
-		if _, err := admin.Exec(c, ownerSQL); err != nil {
+		if err := pgtest.ExecGrants(c, admin, ownerSQL); err != nil {
 			t.Fatalf("owner step: %v", err)
 		}
-		if _, err := admin.Exec(c, runtimeSQL); err != nil {
+		if err := pgtest.ExecGrants(c, admin, runtimeSQL); err != nil {
 			t.Fatalf("runtime step: %v", err)
 		}
 	}

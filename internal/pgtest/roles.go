@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pg"
@@ -68,6 +69,19 @@ func processRoles(ctx context.Context, conn *pgx.Conn) (owner, runtime string, e
 }
 
 var grantMu sync.Mutex // serializes RoleSchemaForTest's grants
+
+// ExecGrants runs sql (roles.sql's steps, or other GRANTs on the package's
+// database) on conn while no RoleSchemaForTest of this process grants:
+// concurrent GRANTs on one database or role fail with "tuple concurrently
+// updated".
+func ExecGrants(ctx context.Context, conn interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, sql string) error {
+	grantMu.Lock()
+	defer grantMu.Unlock()
+	_, err := conn.Exec(ctx, sql)
+	return err
+}
 
 var errNotSuperuser = errors.New("pgtest: needs a superuser DATABASE_URL (pgtest's throwaway clusters are) to create login roles")
 
