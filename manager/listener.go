@@ -3,7 +3,6 @@ package manager
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -188,22 +187,18 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		// A registration asked for ends the wait (the connection stays
 		// usable: pgconn ends a wait by deadline, as for the timeout).
-		var kicked atomic.Bool
-		go func() {
-			select {
-			case <-m.waiters.kick:
-				kicked.Store(true)
-				cancel()
-			case <-wctx.Done():
-			}
-		}()
+		if !m.waiters.beginWait(cancel) {
+			cancel()
+			continue
+		}
 		n, err := conn.WaitForNotification(wctx)
 		quiet := wctx.Err() != nil
+		interrupted := m.waiters.endWait()
 		cancel()
 		if ctx.Err() != nil {
 			return false
 		}
-		if err != nil && kicked.Load() && !conn.PgConn().IsClosed() {
+		if err != nil && interrupted && !conn.PgConn().IsClosed() {
 			continue
 		}
 		if err == nil {

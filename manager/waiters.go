@@ -32,14 +32,15 @@ import (
 // waiterSet is the keys run wants registered, shared by run (which only
 // edits it, never blocking) and the listener (which applies it).
 type waiterSet struct {
-	mu    sync.Mutex
-	want  map[string]struct{} // NFC keys
-	dirty bool
-	kick  chan struct{} // cap 1: wakes the listener from its wait
+	mu          sync.Mutex
+	want        map[string]struct{} // NFC keys
+	dirty       bool
+	interrupt   context.CancelFunc // ends the listener's current wait; nil when it is not waiting
+	interrupted bool               // set called interrupt
 }
 
 func newWaiterSet() *waiterSet {
-	return &waiterSet{want: make(map[string]struct{}), kick: make(chan struct{}, 1)}
+	return &waiterSet{want: make(map[string]struct{})}
 }
 
 // set asks for key's registration (on) or its end.
@@ -56,11 +57,32 @@ func (w *waiterSet) set(key string, on bool) {
 		delete(w.want, key)
 	}
 	w.dirty = true
-	w.mu.Unlock()
-	select {
-	case w.kick <- struct{}{}:
-	default:
+	if w.interrupt != nil {
+		w.interrupt()
+		w.interrupt, w.interrupted = nil, true
 	}
+	w.mu.Unlock()
+}
+
+// beginWait records cancel as the way to end the listener's wait for
+// notifications; false (do not wait) when a change is already pending.
+func (w *waiterSet) beginWait(cancel context.CancelFunc) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dirty {
+		return false
+	}
+	w.interrupt, w.interrupted = cancel, false
+	return true
+}
+
+// endWait ends the wait beginWait recorded and reports whether set ended
+// it.
+func (w *waiterSet) endWait() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.interrupt = nil
+	return w.interrupted
 }
 
 // diff returns what to take and what to drop for the session's locks to
@@ -90,9 +112,9 @@ func (w *waiterSet) isDirty() bool {
 
 // registerWaiters brings the listening session's waiter locks (have) to
 // what run wants, and posts the keys it registered. Keys whose lock was
-// held exclusively at that instant are left for the next round (dirty
-// stays set, so the listener comes back soon). An error means the
-// connection failed.
+// held exclusively at that instant are left for the next round
+// (retrySoon: the listener comes back after waiterRetryDelay). An error
+// means the connection failed.
 func (m *Manager) registerWaiters(ctx context.Context, conn *pgx.Conn, have map[string]struct{}, post bool) (retrySoon bool, err error) {
 	add, drop := m.waiters.diff(have)
 	if len(drop) > 0 {
@@ -118,11 +140,6 @@ func (m *Manager) registerWaiters(ctx context.Context, conn *pgx.Conn, have map[
 		} else {
 			retrySoon = true
 		}
-	}
-	if retrySoon {
-		m.waiters.mu.Lock()
-		m.waiters.dirty = true
-		m.waiters.mu.Unlock()
 	}
 	if post && len(got) > 0 && !m.post(ctx, notice{registered: got}) {
 		return retrySoon, ctx.Err()

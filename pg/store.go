@@ -115,7 +115,7 @@ func New(db DB, cfg Config) (*Store, error) {
 		acquireSQL:       "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
 		versionSQL:       "SELECT version, compatible_from FROM " + n.fnSchema + "()",
 		releaseSQL:       "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
-		releaseWaitedSQL: releaseWaitedSQL(n.fnRelease),
+		releaseWaitedSQL: releaseWaitedSQL(n.fnRelease, n.fnHash),
 		extendSQL:        "SELECT o_idx, o_expires_ms FROM " + n.fnExtend + "($1, $2)",
 		handOffSQL:       "SELECT o_idx, o_released, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnHandOff + "($1, $2, $3, $4, $5, $6, $7, $8)",
 		lookupKeySQL:     sel + "l.key = $1" + live,

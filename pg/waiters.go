@@ -13,7 +13,7 @@ import (
 
 // WaiterLockClass is the first key of the advisory lock that marks a
 // session as waiting for a lease key: a session waiting for key holds
-// pg_advisory_lock_shared(WaiterLockClass, hashtext(StorageKey(key))),
+// pg_advisory_lock_shared(WaiterLockClass, hashtext(key in NFC)),
 // taken before its next try of the key and released when it stops
 // waiting. ReleaseWaited notifies a released key only when some session
 // holds that lock. The (int4, int4) advisory key space with this first
@@ -22,13 +22,13 @@ import (
 // fail (they then poll).
 const WaiterLockClass int32 = 0x706c7777 // "plww"
 
-// waiterRegisterSQL takes the waiter lock of each storage key in $1
+// waiterRegisterSQL takes the waiter lock of each NFC key in $1
 // (without waiting: false when an exclusive holder has it), in order.
 var waiterRegisterSQL = "SELECT pg_try_advisory_lock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
 	", hashtext(u.k)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
 
 // waiterUnregisterSQL releases one hold of the waiter lock of each
-// storage key in $1.
+// NFC key in $1.
 var waiterUnregisterSQL = "SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
 	", hashtext(u.k))) FROM unnest($1::text[]) AS u(k)"
 
@@ -44,21 +44,6 @@ type ReleaseRequest struct {
 // Format never prints the key or the lockId.
 func (r ReleaseRequest) Format(f fmt.State, _ rune) {
 	fmt.Fprintf(f, "pg.ReleaseRequest{LockID:[redacted] Key:%s}", pglease.HashKey(r.Key))
-}
-
-// StorageKey returns the lock table row key of key (SyncGuard's
-// derivation for PostgreSQL: the NFC key, or a hash of it when longer
-// than 512 bytes). Bad keys are InvalidArgument.
-func StorageKey(key string) (string, error) {
-	k, err := pglease.NormalizeKey(key)
-	if err != nil {
-		return "", withOp("pg.StorageKey", err)
-	}
-	sk, err := pglease.MakeStorageKey("", k, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
-	if err != nil {
-		return "", withOp("pg.StorageKey", err)
-	}
-	return sk, nil
 }
 
 // ReleaseWaited releases every item's lockId like ReleaseMany (one
@@ -87,7 +72,6 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 	}
 	ids := make([]string, len(reqs))
 	keys := make([]string, len(reqs))
-	hashes := make([]string, len(reqs))
 	for i, r := range reqs {
 		if err := pglease.ValidateLockID(r.LockID); err != nil {
 			return nil, withOp(op, err)
@@ -96,11 +80,7 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 		if err != nil {
 			return nil, withOp(op, err)
 		}
-		sk, err := pglease.MakeStorageKey("", k, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
-		if err != nil {
-			return nil, withOp(op, err)
-		}
-		ids[i], keys[i], hashes[i] = r.LockID, sk, pglease.HashKey(k)
+		ids[i], keys[i] = r.LockID, k
 	}
 	if len(reqs) == 0 {
 		return []bool{}, nil
@@ -114,7 +94,7 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 	}
 	// The third column is the notification's (or the waiter lock
 	// check's) value, of no use to the caller.
-	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, keys, hashes}, len(ids), true)
+	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, keys}, len(ids), true)
 }
 
 // releaseWaitedSQL runs the release function without a channel; the
@@ -122,13 +102,15 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 // PL/pgSQL set-returning function returns its rows materialized), then
 // notifies each released key whose waiter lock another session holds
 // (the exclusive try fails), or takes and drops that lock at once. CASE
-// fixes the order of evaluation.
-func releaseWaitedSQL(fnRelease string) string {
+// fixes the order of evaluation. $3 holds the NFC keys: the waiter lock's
+// second key is their hashtext, the payload their hashKey (computed only
+// for a release that notifies).
+func releaseWaitedSQL(fnRelease, fnHash string) string {
 	class := strconv.Itoa(int(WaiterLockClass))
 	return "SELECT r.o_idx, r.o_ok, CASE WHEN NOT r.o_ok OR $2::text IS NULL THEN NULL" +
 		" WHEN pg_try_advisory_lock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
 		" THEN NOT pg_advisory_unlock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
-		" ELSE pg_notify($2::text, ($4::text[])[r.o_idx]) IS NULL END" +
+		" ELSE pg_notify($2::text, " + fnHash + "(($3::text[])[r.o_idx])) IS NULL END" +
 		" FROM " + fnRelease + "($1::text[], NULL) AS r"
 }
 
@@ -142,12 +124,12 @@ func releaseWaitedSQL(fnRelease string) string {
 // connection. One round trip. Bad keys are InvalidArgument before I/O.
 func RegisterWaiters(ctx context.Context, conn *pgx.Conn, keys []string) (ok []bool, err error) {
 	const op = "pg.RegisterWaiters"
-	sks, err := waiterKeys(op, ctx, conn, keys)
-	if err != nil || len(sks) == 0 {
+	nks, err := waiterKeys(op, ctx, conn, keys)
+	if err != nil || len(nks) == 0 {
 		return []bool{}, err
 	}
-	ok = make([]bool, 0, len(sks))
-	rows, err := conn.Query(ctx, waiterRegisterSQL, sks)
+	ok = make([]bool, 0, len(nks))
+	rows, err := conn.Query(ctx, waiterRegisterSQL, nks)
 	if err != nil {
 		return nil, pgerr.Map(ctx, op, err)
 	}
@@ -162,7 +144,7 @@ func RegisterWaiters(ctx context.Context, conn *pgx.Conn, keys []string) (ok []b
 	if err := rows.Err(); err != nil {
 		return nil, pgerr.Map(ctx, op, err)
 	}
-	if len(ok) != len(sks) {
+	if len(ok) != len(nks) {
 		return nil, pglease.NewError(pglease.CodeInternal, op, "wrong row count", nil)
 	}
 	return ok, nil
@@ -173,11 +155,11 @@ func RegisterWaiters(ctx context.Context, conn *pgx.Conn, keys []string) (ok []b
 // InvalidArgument before I/O.
 func UnregisterWaiters(ctx context.Context, conn *pgx.Conn, keys []string) error {
 	const op = "pg.UnregisterWaiters"
-	sks, err := waiterKeys(op, ctx, conn, keys)
-	if err != nil || len(sks) == 0 {
+	nks, err := waiterKeys(op, ctx, conn, keys)
+	if err != nil || len(nks) == 0 {
 		return err
 	}
-	if _, err := conn.Exec(ctx, waiterUnregisterSQL, sks); err != nil {
+	if _, err := conn.Exec(ctx, waiterUnregisterSQL, nks); err != nil {
 		return pgerr.Map(ctx, op, err)
 	}
 	return nil
@@ -193,13 +175,13 @@ func waiterKeys(op string, ctx context.Context, conn *pgx.Conn, keys []string) (
 	if len(keys) > MaxBatch {
 		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
-	sks := make([]string, len(keys))
+	nks := make([]string, len(keys))
 	for i, k := range keys {
-		sk, err := StorageKey(k)
+		nk, err := pglease.NormalizeKey(k)
 		if err != nil {
 			return nil, withOp(op, err)
 		}
-		sks[i] = sk
+		nks[i] = nk
 	}
-	return sks, nil
+	return nks, nil
 }
