@@ -93,7 +93,7 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 			Lease           *leaseView     `json:"lease"`
 			FenceCounter    *string        `json:"fence_counter"`
 			Acquires        []advisoryView `json:"acquires_in_progress"`
-			WaitingManagers []int32        `json:"waiting_managers"`
+			WaitingManagers []int32        `json:"waiting_manager_pids"`
 		}{KeyHash: pglease.HashKey(nk), FenceCounter: counter, Acquires: waiters, WaitingManagers: managers}
 		if o.showKeys {
 			out.Key = nk

@@ -10,8 +10,12 @@
 //
 // Commands:
 //
-//	status          every lease and every advisory lock, with waiters; --json, --watch
-//	inspect KEY     one lease: holder, fence, fence counter, expiry, acquires waiting
+//	status          every lease and every advisory lock, with waiters (acquires in
+//	                progress, waiting Managers); which parts of the schema are
+//	                missing (the lease tables, the release trigger): advisory locks
+//	                are shown without any lease table; --json, --watch
+//	inspect KEY     one lease: holder, fence, fence counter, expiry, acquires and
+//	                Managers waiting
 //	release         force-release a lease (--key or --lock-id) or end an advisory
 //	                holder's session (--pid); asks for confirmation unless --yes
 //	setup           bring the schema to the version this pglease needs (SetupSchema)
@@ -137,8 +141,9 @@ func isTerminal(f *os.File) bool {
 const usage = `usage: pglease [flags] COMMAND [command flags] [args]
 
 commands:
-  status          every lease and every advisory lock, with waiters (--json, --watch)
-  inspect KEY     one lease: holder, fence, fence counter, expiry, acquires waiting
+  status          every lease and every advisory lock, with waiters and waiting Managers,
+                  and the schema's missing parts (--json, --watch)
+  inspect KEY     one lease: holder, fence, fence counter, expiry, acquires and Managers waiting
   release         force-release a lease (--key K | --lock-id ID) or end an advisory
                   holder's session (--pid PID); confirmation or --yes; --force for a live lease
   setup           bring the schema to the version this pglease needs
@@ -273,14 +278,11 @@ func parse(fs *flag.FlagSet, args []string) error {
 // without any I/O: a bad one is exitUsage. Every command that connects
 // calls it (through connect) after checking its own flags.
 func (a *app) checkCommon() (*pgxpool.Config, error) {
+	if err := a.checkLocal(); err != nil {
+		return nil, err
+	}
 	if a.c.url == "" {
 		return nil, fail(exitUsage, "no database: set DATABASE_URL or --database-url")
-	}
-	if a.c.timeout <= 0 {
-		return nil, fail(exitUsage, "--timeout must be positive")
-	}
-	if _, err := pg.SchemaSQL(a.c.config()); err != nil { // validates the table names
-		return nil, fail(exitUsage, "%v", err)
 	}
 	if err := checkAuthority(a.c.url); err != nil {
 		return nil, err
@@ -294,6 +296,17 @@ func (a *app) checkCommon() (*pgxpool.Config, error) {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pglease-cli"
 	}
 	return cfg, nil
+}
+
+// checkLocal checks the common flags but the connection string.
+func (a *app) checkLocal() error {
+	if a.c.timeout <= 0 {
+		return fail(exitUsage, "--timeout must be positive")
+	}
+	if _, err := pg.SchemaSQL(a.c.config()); err != nil { // validates the table names
+		return fail(exitUsage, "%v", err)
+	}
+	return nil
 }
 
 // connect opens a pool (two connections at most) and a Store; it checks

@@ -118,6 +118,14 @@ func (a *app) version(ctx context.Context, args []string) error {
 	if fs.NArg() != 0 {
 		return fail(exitUsage, "version takes no arguments")
 	}
+	if err := a.checkLocal(); err != nil {
+		return err
+	}
+	if a.c.url != "" {
+		if _, err := a.checkCommon(); err != nil {
+			return err
+		}
+	}
 	fmt.Fprintf(a.stdout, "pglease %s\nneeds schema version %d\n", buildVersion(), pg.SchemaVersion)
 	if a.c.url == "" {
 		fmt.Fprintln(a.stdout, "database schema version: not checked (no DATABASE_URL or --database-url)")
