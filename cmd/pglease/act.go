@@ -10,6 +10,7 @@ import (
 	"os/user"
 	"strconv"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -33,6 +34,9 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 	if _, err := pglease.NormalizeKey(key); err != nil {
 		return fail(exitUsage, "%v", err)
 	}
+	if err := o.check(&a.c); err != nil {
+		return err
+	}
 	reg, err := a.loadRegistry(&o)
 	if err != nil {
 		return err
@@ -44,9 +48,12 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 	defer pool.Close()
 	cctx, cancel := a.withTimeout(ctx)
 	defer cancel()
-	v, err := collect(cctx, pool, store, reg, &o, pg.ListOptions{Key: key})
+	v, err := collect(cctx, pool, store, reg, &o, pg.ListOptions{Key: key}, &a.c)
 	if err != nil {
 		return err
+	}
+	if !v.Schema.LockTable || !v.Schema.FenceTable {
+		return fail(exitSchema, "no lease tables (missing: %s): %s", strings.Join(v.Schema.Missing[:countTables(&v.Schema)], ", "), howToSetup)
 	}
 	fc, ok, err := store.FenceCounter(cctx, key)
 	if err != nil {
@@ -60,23 +67,36 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 	if len(v.Leases.Rows) == 1 {
 		v.Leases.Rows[0].FenceCounter = counter
 	}
+	nk := mustNFC(key)
 	// The acquires waiting for this key: waiters on its advisory lock.
-	var waiters []advisoryView
+	waiters := []advisoryView{}
 	for _, l := range v.Advisory {
 		if len(v.Leases.Rows) == 1 && l.Name == "lease acquire "+v.Leases.Rows[0].KeyHash {
 			waiters = append(waiters, l)
 		}
 	}
+	// The Managers waiting for it: holders of its waiter lock.
+	var ht int32
+	if err := pool.QueryRow(cctx, "SELECT hashtext($1)", nk).Scan(&ht); err != nil {
+		return err
+	}
+	managers := []int32{}
+	for _, w := range v.WaitingManagers {
+		if w.Hashtext == ht {
+			managers = w.PIDs
+		}
+	}
 	if o.json {
 		out := struct {
-			KeyHash      string         `json:"key_hash"`
-			Key          string         `json:"key,omitempty"`
-			Lease        *leaseView     `json:"lease"`
-			FenceCounter *string        `json:"fence_counter"`
-			Acquires     []advisoryView `json:"acquires_in_progress"`
-		}{KeyHash: pglease.HashKey(mustNFC(key)), FenceCounter: counter, Acquires: waiters}
+			KeyHash         string         `json:"key_hash"`
+			Key             string         `json:"key,omitempty"`
+			Lease           *leaseView     `json:"lease"`
+			FenceCounter    *string        `json:"fence_counter"`
+			Acquires        []advisoryView `json:"acquires_in_progress"`
+			WaitingManagers []int32        `json:"waiting_manager_pids"`
+		}{KeyHash: pglease.HashKey(nk), FenceCounter: counter, Acquires: waiters, WaitingManagers: managers}
 		if o.showKeys {
-			out.Key = mustNFC(key)
+			out.Key = nk
 		}
 		if len(v.Leases.Rows) == 1 {
 			out.Lease = &v.Leases.Rows[0]
@@ -85,19 +105,19 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 			return err
 		}
 	} else {
-		w := a.stdout
-		name := pglease.HashKey(mustNFC(key))
+		tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+		name := pglease.HashKey(nk)
 		if o.showKeys {
-			name = fmt.Sprintf("%q (hash %s)", mustNFC(key), name)
+			name = fmt.Sprintf("%q (hash %s)", nk, name)
 		}
-		fmt.Fprintf(w, "key        %s\n", name)
+		fmt.Fprintf(tw, "key\t%s\n", name)
 		if counter != nil {
-			fmt.Fprintf(w, "fence counter  %s (the last fence granted; the next grant gets a higher one)\n", strings.TrimLeft(*counter, "0"))
+			fmt.Fprintf(tw, "fence counter\t%s (the last fence granted; the next grant gets a higher one)\n", strings.TrimLeft(*counter, "0"))
 		} else {
-			fmt.Fprintln(w, "fence counter  none (never granted)")
+			fmt.Fprintln(tw, "fence counter\tnone (never granted)")
 		}
 		if len(v.Leases.Rows) == 0 {
-			fmt.Fprintln(w, "lease      none: free")
+			fmt.Fprintln(tw, "lease\tnone: free")
 		} else {
 			l := v.Leases.Rows[0]
 			state := "live, expires in " + short(time.Duration(l.ExpiresInMs)*time.Millisecond)
@@ -107,22 +127,43 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 			case l.ExpiresInMs <= 0:
 				state = "expired, within the 1 s tolerance: free for acquirers in under a second"
 			}
-			fmt.Fprintf(w, "lease      %s\n", state)
-			fmt.Fprintf(w, "holder     %s\n", dash(l.Holder))
-			fmt.Fprintf(w, "fence      %s\n", strings.TrimLeft(l.Fence, "0"))
-			fmt.Fprintf(w, "acquired   %s (%s)\n", l.AcquiredAt.Format(time.RFC3339Nano), ago(v.Time.Sub(l.AcquiredAt)))
-			fmt.Fprintf(w, "expires    %s\n", l.ExpiresAt.Format(time.RFC3339Nano))
+			fmt.Fprintf(tw, "lease\t%s\n", state)
+			fmt.Fprintf(tw, "holder\t%s\n", dash(l.Holder))
+			fmt.Fprintf(tw, "fence\t%s\n", strings.TrimLeft(l.Fence, "0"))
+			fmt.Fprintf(tw, "acquired\t%s (%s)\n", l.AcquiredAt.Format(time.RFC3339Nano), ago(v.Time.Sub(l.AcquiredAt)))
+			fmt.Fprintf(tw, "expires\t%s\n", l.ExpiresAt.Format(time.RFC3339Nano))
 		}
-		fmt.Fprintf(w, "acquires in progress  %d waiting in the database", len(waiters))
+		acq := fmt.Sprintf("%d waiting in the database", len(waiters))
 		for _, x := range waiters {
-			fmt.Fprintf(w, "; pid %d (%s) since %s", x.PID, dash(x.Application), short(time.Duration(x.WaitingMs)*time.Millisecond))
+			acq += fmt.Sprintf("; pid %d (%s) since %s", x.PID, dash(x.Application), short(time.Duration(x.WaitingMs)*time.Millisecond))
 		}
-		fmt.Fprintln(w, "\n(pglease Managers queue their waiters in process and retry: they show up here only while an attempt runs)")
+		fmt.Fprintf(tw, "acquires in progress\t%s\n", acq)
+		wm := "none"
+		if len(managers) > 0 {
+			wm = fmt.Sprintf("%d (listening sessions' pids %s)", len(managers), pids(managers))
+		}
+		fmt.Fprintf(tw, "waiting Managers\t%s\n", wm)
+		tw.Flush()
+		fmt.Fprintln(a.stdout, "(a pglease Manager queues its callers in process: it shows up among the waiting Managers while they wait,\n"+
+			"and among the acquires in progress only while an attempt runs)")
 	}
 	if len(v.Leases.Rows) == 0 {
 		return fail(exitNotFound, "")
 	}
 	return nil
+}
+
+// countTables is how many of s.Missing's first entries are lease tables
+// (collect lists the lock and fence counter tables first).
+func countTables(s *schemaView) int {
+	n := 0
+	if !s.LockTable {
+		n++
+	}
+	if !s.FenceTable {
+		n++
+	}
+	return n
 }
 
 func mustNFC(key string) string {

@@ -10,14 +10,19 @@
 //
 // Commands:
 //
-//	status          every lease and every advisory lock, with waiters; --json, --watch
-//	inspect KEY     one lease: holder, fence, fence counter, expiry, acquires waiting
+//	status          every lease and every advisory lock, with waiters (acquires in
+//	                progress, waiting Managers); which parts of the schema are
+//	                missing (the lease tables, the release trigger): advisory locks
+//	                are shown without any lease table; --json, --watch
+//	inspect KEY     one lease: holder, fence, fence counter, expiry, acquires and
+//	                Managers waiting
 //	release         force-release a lease (--key or --lock-id) or end an advisory
 //	                holder's session (--pid); asks for confirmation unless --yes
 //	setup           bring the schema to the version this pglease needs (SetupSchema)
 //	migrate         migrate the schema up or down (--to N; --designs for the
 //	                optional design functions; --drop-tables to drop SyncGuard's tables at 0)
-//	version         the pglease and schema versions, and whether the schema is current
+//	version         this pglease's version and the schema version it needs; with a
+//	                database, the schema's version and whether it is current
 //	sql             print SQL: schema (default), migrations, designs, roles
 //
 // Flags for every command (before or after it):
@@ -29,7 +34,12 @@
 //
 // Data goes to stdout, progress and errors to stderr; release writes one
 // audit record (a JSON slog line) to stderr. Keys are shown as
-// pglease.HashKey hashes unless --show-keys; lockIds are never shown.
+// pglease.HashKey hashes unless --show-keys; lockIds are never shown. The
+// connection string and its password are never printed: not as a flag's
+// default, not in an error.
+//
+// Every flag is checked before the command connects: a bad one is exit 2
+// without any connection.
 //
 // Exit codes:
 //
@@ -38,7 +48,8 @@
 //	2  usage: bad flags or arguments
 //	3  not found: inspect or release found no such lease or lock
 //	4  refused: release not confirmed, or the lease is unexpired and --force is missing
-//	5  the schema is not at the version this pglease needs (version, status)
+//	5  the schema is not at the version this pglease needs, or its tables are
+//	   missing: run pglease setup (version, status, inspect, release)
 package main
 
 import (
@@ -86,8 +97,17 @@ type common struct {
 	timeout                    time.Duration
 }
 
+// secretString is a string flag that is never printed: its String is
+// empty, so a usage message shows no default (the connection string's
+// password would be in it).
+type secretString struct{ p *string }
+
+func (s secretString) String() string { return "" }
+
+func (s secretString) Set(v string) error { *s.p = v; return nil }
+
 func (c *common) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.url, "database-url", c.url, "pgx connection string (default $DATABASE_URL)")
+	fs.Var(secretString{&c.url}, "database-url", "pgx connection string `URL` (default $DATABASE_URL; never printed)")
 	fs.StringVar(&c.lockTable, "lock-table", c.lockTable, "lock table, ident or schema.ident")
 	fs.StringVar(&c.fenceTable, "fence-table", c.fenceTable, "fence counter table, ident or schema.ident")
 	fs.DurationVar(&c.timeout, "timeout", c.timeout, "bound on the command's database work")
@@ -121,13 +141,14 @@ func isTerminal(f *os.File) bool {
 const usage = `usage: pglease [flags] COMMAND [command flags] [args]
 
 commands:
-  status          every lease and every advisory lock, with waiters (--json, --watch)
-  inspect KEY     one lease: holder, fence, fence counter, expiry, acquires waiting
+  status          every lease and every advisory lock, with waiters and waiting Managers,
+                  and the schema's missing parts (--json, --watch)
+  inspect KEY     one lease: holder, fence, fence counter, expiry, acquires and Managers waiting
   release         force-release a lease (--key K | --lock-id ID) or end an advisory
                   holder's session (--pid PID); confirmation or --yes; --force for a live lease
   setup           bring the schema to the version this pglease needs
   migrate         migrate the schema (--to N, --designs, --drop-tables)
-  version         pglease and schema versions
+  version         this pglease's version, the schema version it needs (and the database's)
   sql             print SQL: schema (default) | migrations [--down] | designs [--down] | roles
 
 flags (before or after the command):
@@ -136,7 +157,7 @@ flags (before or after the command):
   --fence-table NAME   fence counter table (default syncguard_fence_counters)
   --timeout D          bound on the database work (default 10s)
 
-exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema not current
+exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema missing or not current (run: pglease setup)
 `
 
 func (a *app) run(ctx context.Context, args []string) int {
@@ -170,15 +191,46 @@ func (a *app) run(ctx context.Context, args []string) int {
 	if err == nil {
 		return exitOK
 	}
+	code, msg := exitFailed, err.Error()
 	var ee *exitError
 	if errors.As(err, &ee) {
-		if ee.msg != "" {
-			fmt.Fprintln(a.stderr, "pglease:", strings.TrimPrefix(ee.msg, "pglease: "))
-		}
-		return ee.code
+		code, msg = ee.code, ee.msg
+	} else if m, ok := schemaProblem(err); ok {
+		code, msg = exitSchema, m
 	}
-	fmt.Fprintln(a.stderr, "pglease:", strings.TrimPrefix(err.Error(), "pglease: "))
-	return exitFailed
+	if msg != "" {
+		fmt.Fprintln(a.stderr, "pglease:", scrub(strings.TrimPrefix(msg, "pglease: "), passwords(a.c.url)))
+	}
+	return code
+}
+
+// howToSetup is what to run when the schema is missing or behind.
+const howToSetup = "run `pglease setup` (as a role that may create tables and functions; `pglease sql` prints the SQL to apply by hand)"
+
+// schemaProblem reports whether err says the pglease schema is missing
+// or not at the version this pglease needs, and what to tell the
+// operator then: its tables or functions do not exist (SQLSTATE 42P01,
+// 42883, 3F000) or the schema version is wrong (*pg.SchemaError).
+func schemaProblem(err error) (string, bool) {
+	var se *pg.SchemaError
+	if errors.As(err, &se) {
+		if se.Found > se.Want {
+			return fmt.Sprintf("the schema is at version %d (serving pglease schema versions %d..%d), newer than this pglease serves (it needs %d): upgrade pglease",
+				se.Found, se.CompatibleFrom, se.Found, se.Want), true
+		}
+		return fmt.Sprintf("the schema is at version %d, this pglease needs version %d: %s", se.Found, se.Want, howToSetup), true
+	}
+	var st interface {
+		error
+		SQLState() string
+	}
+	if errors.As(err, &st) {
+		switch st.SQLState() {
+		case "42P01", "42883", "3F000": // undefined table, function, schema
+			return fmt.Sprintf("pglease's tables or functions are missing (%v): %s", st, howToSetup), true
+		}
+	}
+	return "", false
 }
 
 // flags returns a FlagSet for command name with the common flags.
@@ -222,25 +274,47 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
-// connect opens a pool (one connection is enough) and a Store; it checks
-// the connection at once so a wrong URL fails here, with a clear message.
-func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *pg.Store, error) {
-	if a.c.url == "" {
-		return nil, nil, fail(exitUsage, "no database: set DATABASE_URL or --database-url")
+// checkCommon checks the common flags, the connection string included,
+// without any I/O: a bad one is exitUsage. Every command that connects
+// calls it (through connect) after checking its own flags.
+func (a *app) checkCommon() (*pgxpool.Config, error) {
+	if err := a.checkLocal(); err != nil {
+		return nil, err
 	}
-	if a.c.timeout <= 0 {
-		return nil, nil, fail(exitUsage, "--timeout must be positive")
+	if a.c.url == "" {
+		return nil, fail(exitUsage, "no database: set DATABASE_URL or --database-url")
+	}
+	if err := checkAuthority(a.c.url); err != nil {
+		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(a.c.url)
 	if err != nil {
-		return nil, nil, fail(exitUsage, "bad connection string: %v", redactURL(err))
+		return nil, fail(exitUsage, "bad connection string: %s", parseReason(err))
 	}
 	cfg.MaxConns = 2
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "pglease-cli"
 	}
+	return cfg, nil
+}
+
+// checkLocal checks the common flags but the connection string.
+func (a *app) checkLocal() error {
+	if a.c.timeout <= 0 {
+		return fail(exitUsage, "--timeout must be positive")
+	}
 	if _, err := pg.SchemaSQL(a.c.config()); err != nil { // validates the table names
-		return nil, nil, fail(exitUsage, "%v", err)
+		return fail(exitUsage, "%v", err)
+	}
+	return nil
+}
+
+// connect opens a pool (two connections at most) and a Store; it checks
+// the connection at once so a wrong URL fails here, with a clear message.
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *pg.Store, error) {
+	cfg, err := a.checkCommon()
+	if err != nil {
+		return nil, nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -258,20 +332,6 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *pg.Store, error) {
 		return nil, nil, fail(exitUsage, "%v", err)
 	}
 	return pool, store, nil
-}
-
-// redactURL keeps a connection string's password out of an error message
-// (pgx's parse errors quote the string).
-func redactURL(err error) string {
-	msg := err.Error()
-	if i := strings.Index(msg, "://"); i >= 0 {
-		if j := strings.Index(msg[i+3:], "@"); j >= 0 {
-			if k := strings.Index(msg[i+3:i+3+j], ":"); k >= 0 {
-				msg = msg[:i+3+k+1] + "xxxxx" + msg[i+3+j:]
-			}
-		}
-	}
-	return msg
 }
 
 // withTimeout bounds one command's database work.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"runtime/debug"
 	"strings"
 
 	"github.com/pglease/pglease/pg"
@@ -97,6 +98,18 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	return nil
 }
 
+// buildVersion is the binary's version: its main module's version as the
+// go command recorded it ("(devel)" when built from a checkout).
+func buildVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// version prints the binary's version and the schema version it needs,
+// without a database; with one (DATABASE_URL or --database-url), also
+// the schema's version, exiting 5 when it is not current.
 func (a *app) version(ctx context.Context, args []string) error {
 	fs := a.flags("version", "")
 	if err := parse(fs, args); err != nil {
@@ -104,6 +117,19 @@ func (a *app) version(ctx context.Context, args []string) error {
 	}
 	if fs.NArg() != 0 {
 		return fail(exitUsage, "version takes no arguments")
+	}
+	if err := a.checkLocal(); err != nil {
+		return err
+	}
+	if a.c.url != "" {
+		if _, err := a.checkCommon(); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(a.stdout, "pglease %s\nneeds schema version %d\n", buildVersion(), pg.SchemaVersion)
+	if a.c.url == "" {
+		fmt.Fprintln(a.stdout, "database schema version: not checked (no DATABASE_URL or --database-url)")
+		return nil
 	}
 	pool, store, err := a.connect(ctx)
 	if err != nil {
@@ -116,7 +142,7 @@ func (a *app) version(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stdout, "pglease needs schema version %d\ndatabase schema version %d", pg.SchemaVersion, v)
+	fmt.Fprintf(a.stdout, "database schema version %d", v)
 	if v > 0 {
 		fmt.Fprintf(a.stdout, " (serves pglease schema versions %d..%d)", from, v)
 	}
@@ -126,7 +152,7 @@ func (a *app) version(ctx context.Context, args []string) error {
 		fmt.Fprintln(a.stdout, "status: current")
 		return nil
 	case v < pg.SchemaVersion:
-		fmt.Fprintln(a.stdout, "status: behind: run `pglease migrate` (or `pglease setup`)")
+		fmt.Fprintln(a.stdout, "status: behind: run `pglease setup`")
 	default:
 		fmt.Fprintln(a.stdout, "status: newer than this pglease serves: upgrade pglease")
 	}

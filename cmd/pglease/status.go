@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,8 +15,11 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/advisory"
 )
@@ -34,6 +38,7 @@ type viewOpts struct {
 	deriveStdin    string // a pattern name: one input per line of stdin
 	deriveSep      string // splits an input into the pattern's parts
 	limit          int
+	notifyChannel  string // the release trigger's channel
 }
 
 func (a *app) viewFlags(fs *flag.FlagSet, o *viewOpts) {
@@ -47,7 +52,19 @@ func (a *app) viewFlags(fs *flag.FlagSet, o *viewOpts) {
 	fs.StringVar(&o.deriveStdin, "derive-stdin", "", "like --derive NAME=INPUT for each line of stdin (one input per line), so that inputs\n"+
 		"such as e-mail addresses stay out of the command line (ps, shell history)")
 	fs.StringVar(&o.deriveSep, "derive-sep", "", "split each --derive/--derive-stdin INPUT into the pattern's parts on this separator")
-	fs.IntVar(&o.limit, "limit", 100, "show at most this many leases (live first)")
+	fs.IntVar(&o.limit, "limit", 100, fmt.Sprintf("show at most this many leases (live first), 1..%d", pg.MaxBatch))
+	fs.StringVar(&o.notifyChannel, "notify-channel", manager.DefaultNotifyChannel, "the channel the Managers listen on (manager.Config.NotifyChannel), for the release trigger's check")
+}
+
+// check checks the flags of status and inspect, without any I/O.
+func (o *viewOpts) check(c *common) error {
+	if o.limit < 1 || o.limit > pg.MaxBatch {
+		return fail(exitUsage, "--limit must be 1..%d", pg.MaxBatch)
+	}
+	if _, err := pg.SchemaSQL(pg.Config{LockTable: c.lockTable, FenceTable: c.fenceTable, NotifyChannel: o.notifyChannel}); err != nil {
+		return fail(exitUsage, "--notify-channel: %v", err)
+	}
+	return nil
 }
 
 // loadRegistry builds the registry status and inspect name advisory locks
@@ -185,7 +202,10 @@ type leaseView struct {
 	ExpiresInMs     int64     `json:"expires_in_ms"`
 	Live            bool      `json:"live"`
 	AcquiresWaiting int       `json:"acquires_waiting"`
-	FenceCounter    *string   `json:"fence_counter,omitempty"`
+	// ManagersWaiting counts the pglease Managers (processes) waiting
+	// for the key: the holders of its waiter lock.
+	ManagersWaiting int     `json:"managers_waiting"`
+	FenceCounter    *string `json:"fence_counter,omitempty"`
 	advisoryKey     int64
 }
 
@@ -204,60 +224,174 @@ type advisoryView struct {
 	BlockedBy    []int32   `json:"blocked_by,omitempty"`
 }
 
+// waitersView is one lease key that pglease Managers wait for: the
+// holders of its waiter lock, pair:pg.WaiterLockClass,hashtext(key)
+// (pg.RegisterWaiters). A Manager holds it on its listening session
+// while callers of its wait for the key and someone else holds it.
+type waitersView struct {
+	// Hashtext is the lock's second key: hashtext of the key (in NFC).
+	Hashtext int32 `json:"hashtext"`
+	// KeyHashes are the hashes of the lease keys with this hashtext in
+	// the lock table: one, none when the key has no lease row (it was
+	// just released), several only on a hashtext collision.
+	KeyHashes []string `json:"key_hashes"`
+	Keys      []string `json:"keys,omitempty"` // with --show-keys
+	Managers  int      `json:"managers"`
+	PIDs      []int32  `json:"pids"`
+}
+
+func (w *waitersView) what() string {
+	switch len(w.KeyHashes) {
+	case 0:
+		return fmt.Sprintf("key with hashtext %d (no lease row)", w.Hashtext)
+	case 1:
+		if len(w.Keys) == 1 {
+			return "lease " + w.Keys[0]
+		}
+		return "lease " + w.KeyHashes[0]
+	}
+	ks := w.KeyHashes
+	if len(w.Keys) == len(ks) {
+		ks = w.Keys
+	}
+	return "lease " + strings.Join(ks, " or ") + " (same hashtext)"
+}
+
+// schemaView is the state of the pglease schema: what exists, what is
+// missing.
+type schemaView struct {
+	Version int  `json:"version"`
+	Needs   int  `json:"needs"`
+	Current bool `json:"current"`
+	// The lease tables: SyncGuard's lock and fence counter tables, and
+	// pglease's holder table (schema version 2).
+	LockTable   bool `json:"lock_table"`
+	FenceTable  bool `json:"fence_table"`
+	HolderTable bool `json:"holder_table"`
+	// ReleaseTrigger: the lock table has the release trigger for
+	// NotifyChannel (pg.Store.SetupReleaseTrigger), which makes
+	// SyncGuard processes' releases wake pglease waiters.
+	ReleaseTrigger bool   `json:"release_trigger"`
+	NotifyChannel  string `json:"notify_channel"`
+	// Missing names each missing part, for people.
+	Missing []string `json:"missing"`
+}
+
 // snapshotView is what status prints.
 type snapshotView struct {
-	Time   time.Time `json:"time"`
-	Schema struct {
-		Version int  `json:"version"`
-		Needs   int  `json:"needs"`
-		Current bool `json:"current"`
-	} `json:"schema"`
+	Time   time.Time  `json:"time"`
+	Schema schemaView `json:"schema"`
 	Leases struct {
 		Total int         `json:"total"`
 		Live  int         `json:"live"`
 		Rows  []leaseView `json:"rows"`
 	} `json:"leases"`
-	Advisory []advisoryView `json:"advisory"`
+	WaitingManagers []waitersView  `json:"waiting_managers"`
+	Advisory        []advisoryView `json:"advisory"`
 }
 
-// collect reads one snapshot: leases (optionally one key's), the schema
-// version, and advisory locks, with lease acquires in progress (waiters
-// on a key's hashtext advisory lock) counted on their lease.
-func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advisory.Registry, o *viewOpts, lo pg.ListOptions) (*snapshotView, error) {
-	var v snapshotView
+// quoteTable quotes a validated table name, ident or schema.ident, as
+// package pg does.
+func quoteTable(name string) string {
+	return pgx.Identifier(strings.Split(name, ".")).Sanitize()
+}
+
+// collect reads one snapshot: leases (optionally one key's), the schema's
+// state, and advisory locks, with lease acquires in progress (waiters on a
+// key's hashtext advisory lock) and waiting Managers (holders of a key's
+// waiter lock) counted on their lease. It needs none of the lease tables:
+// what is missing is reported in Schema, and advisory locks are listed
+// whatever exists.
+func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advisory.Registry, o *viewOpts, lo pg.ListOptions, c *common) (*snapshotView, error) {
+	v := &snapshotView{}
+	v.Leases.Rows = []leaseView{}
+	v.WaitingManagers = []waitersView{}
+	v.Advisory = []advisoryView{}
+	s := &v.Schema
 	ver, from, err := store.SchemaVersion(ctx)
 	if err != nil {
 		return nil, err
 	}
-	v.Schema.Version, v.Schema.Needs = ver, pg.SchemaVersion
-	v.Schema.Current = ver >= pg.SchemaVersion && from <= pg.SchemaVersion
-	list, err := store.ListLeases(ctx, lo)
+	s.Version, s.Needs, s.NotifyChannel = ver, pg.SchemaVersion, o.notifyChannel
+	s.Current = ver >= pg.SchemaVersion && from <= pg.SchemaVersion
+	// setupKey is the advisory lock SetupSchema and the migrations take.
+	var nowMs, setupKey int64
+	err = pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, "+
+		"floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, hashtext('pglease.SetupSchema')::bigint",
+		quoteTable(cmp.Or(c.lockTable, pg.DefaultLockTable)), quoteTable(cmp.Or(c.fenceTable, pg.DefaultFenceTable))).
+		Scan(&s.LockTable, &s.FenceTable, &nowMs, &setupKey)
 	if err != nil {
 		return nil, err
 	}
-	v.Time = list.Now.UTC()
-	v.Leases.Total, v.Leases.Live = list.Total, list.Live
+	now := time.UnixMilli(nowMs)
 	byAdv := map[int64]int{}
-	for _, r := range list.Rows {
-		lv := leaseView{
-			KeyHash: r.KeyHash, Holder: r.Holder, Fence: r.Fence.String(),
-			AcquiredAt: r.AcquiredAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(),
-			ExpiresInMs: r.ExpiresAt.Sub(list.Now).Milliseconds(), Live: r.Live, advisoryKey: r.AdvisoryKey,
+	if s.LockTable {
+		list, err := store.ListLeases(ctx, lo)
+		if err != nil {
+			return nil, err
 		}
-		if o.showKeys {
-			lv.Key = r.Key
+		now = list.Now
+		s.HolderTable = list.HolderKnown
+		v.Leases.Total, v.Leases.Live = list.Total, list.Live
+		for _, r := range list.Rows {
+			lv := leaseView{
+				KeyHash: r.KeyHash, Holder: r.Holder, Fence: r.Fence.String(),
+				AcquiredAt: r.AcquiredAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(),
+				ExpiresInMs: r.ExpiresAt.Sub(list.Now).Milliseconds(), Live: r.Live, advisoryKey: r.AdvisoryKey,
+			}
+			if o.showKeys {
+				lv.Key = r.Key
+			}
+			byAdv[r.AdvisoryKey] = len(v.Leases.Rows)
+			v.Leases.Rows = append(v.Leases.Rows, lv)
 		}
-		byAdv[r.AdvisoryKey] = len(v.Leases.Rows)
-		v.Leases.Rows = append(v.Leases.Rows, lv)
+		if s.ReleaseTrigger, err = store.ReleaseTriggerInstalled(ctx, o.notifyChannel); err != nil {
+			return nil, err
+		}
 	}
+	v.Time = now.UTC()
+	lockName, fenceName := cmp.Or(c.lockTable, pg.DefaultLockTable), cmp.Or(c.fenceTable, pg.DefaultFenceTable)
+	if !s.LockTable {
+		s.Missing = append(s.Missing, "lock table "+lockName)
+	}
+	if !s.FenceTable {
+		s.Missing = append(s.Missing, "fence counter table "+fenceName)
+	}
+	if s.LockTable && !s.HolderTable {
+		s.Missing = append(s.Missing, "holder table (schema version 2)")
+	}
+	if ver < pg.SchemaVersion {
+		s.Missing = append(s.Missing, fmt.Sprintf("pglease functions (schema version %d)", pg.SchemaVersion))
+	}
+	if !s.ReleaseTrigger {
+		s.Missing = append(s.Missing, "release trigger (channel "+o.notifyChannel+")")
+	}
+	if s.Missing == nil {
+		s.Missing = []string{}
+	}
+
 	locks, err := advisory.Inspect(ctx, pool, reg)
 	if err != nil {
 		return nil, err
 	}
-	// The advisory lock SetupSchema and the migrations take.
-	var setupKey int64
-	if err := pool.QueryRow(ctx, "SELECT hashtext('pglease.SetupSchema')::bigint").Scan(&setupKey); err != nil {
-		return nil, err
+	// The waiter locks: one group per key, its holders the Managers.
+	waiterIdx := map[int32]int{}
+	for _, l := range locks {
+		if a, b, ok := l.Key.Pair(); ok && a == pg.WaiterLockClass && l.Granted {
+			i, ok := waiterIdx[b]
+			if !ok {
+				i = len(v.WaitingManagers)
+				waiterIdx[b] = i
+				v.WaitingManagers = append(v.WaitingManagers, waitersView{Hashtext: b, KeyHashes: []string{}, PIDs: []int32{}})
+			}
+			v.WaitingManagers[i].Managers++
+			v.WaitingManagers[i].PIDs = append(v.WaitingManagers[i].PIDs, l.PID)
+		}
+	}
+	if len(waiterIdx) > 0 && s.LockTable {
+		if err := resolveWaiters(ctx, pool, lockName, v, waiterIdx, o.showKeys); err != nil {
+			return nil, err
+		}
 	}
 	for _, l := range locks {
 		av := advisoryView{
@@ -266,7 +400,7 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 		}
 		if !l.WaitStart.IsZero() {
 			av.WaitingSince = l.WaitStart.UTC()
-			av.WaitingMs = list.Now.Sub(l.WaitStart).Milliseconds()
+			av.WaitingMs = now.Sub(l.WaitStart).Milliseconds()
 		}
 		if id, ok := l.Key.Int64(); ok {
 			if id == setupKey && av.Name == "" {
@@ -279,9 +413,53 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 				}
 			}
 		}
+		if a, b, ok := l.Key.Pair(); ok && a == pg.WaiterLockClass && av.Name == "" {
+			av.Name = "waiting Manager"
+			if i, ok := waiterIdx[b]; ok {
+				av.Name += ": " + v.WaitingManagers[i].what()
+			}
+		}
 		v.Advisory = append(v.Advisory, av)
 	}
-	return &v, nil
+	for _, w := range v.WaitingManagers {
+		for _, h := range w.KeyHashes {
+			for i := range v.Leases.Rows {
+				if v.Leases.Rows[i].KeyHash == h {
+					v.Leases.Rows[i].ManagersWaiting += w.Managers
+				}
+			}
+		}
+	}
+	return v, nil
+}
+
+// resolveWaiters finds the lease keys of the waiter locks' hashtexts in
+// the lock table (their user_key, the NFC key the lock was taken for):
+// one scan of the table, only when some Manager waits.
+func resolveWaiters(ctx context.Context, pool *pgxpool.Pool, lockTable string, v *snapshotView, idx map[int32]int, showKeys bool) error {
+	hs := make([]int32, 0, len(idx))
+	for h := range idx {
+		hs = append(hs, h)
+	}
+	rows, err := pool.Query(ctx, "SELECT DISTINCT hashtext(user_key), user_key FROM "+quoteTable(lockTable)+
+		" WHERE hashtext(user_key) = ANY($1::int4[]) ORDER BY 2", hs)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var h int32
+		var key string
+		if err := rows.Scan(&h, &key); err != nil {
+			return err
+		}
+		w := &v.WaitingManagers[idx[h]]
+		w.KeyHashes = append(w.KeyHashes, pglease.HashKey(key))
+		if showKeys {
+			w.Keys = append(w.Keys, key)
+		}
+	}
+	return rows.Err()
 }
 
 func (a *app) status(ctx context.Context, args []string) error {
@@ -299,6 +477,12 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if *watch < 0 || (*watch > 0 && *watch < 100*time.Millisecond) {
 		return fail(exitUsage, "--watch must be at least 100ms")
 	}
+	if *count < 0 || (*count > 0 && *watch == 0) {
+		return fail(exitUsage, "--count must be positive, and only with --watch")
+	}
+	if err := o.check(&a.c); err != nil {
+		return err
+	}
 	reg, err := a.loadRegistry(&o)
 	if err != nil {
 		return err
@@ -311,7 +495,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 	var prev map[string]string // key hash → fence, for grants since the last refresh
 	for n := 1; ; n++ {
 		cctx, cancel := a.withTimeout(ctx)
-		v, err := collect(cctx, pool, store, reg, &o, pg.ListOptions{Limit: o.limit})
+		v, err := collect(cctx, pool, store, reg, &o, pg.ListOptions{Limit: o.limit}, &a.c)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil && n > 1 {
@@ -335,7 +519,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 		}
 		if *watch == 0 {
 			if !v.Schema.Current {
-				return fail(exitSchema, "")
+				return fail(exitSchema, "%s", schemaAdvice(&v.Schema))
 			}
 			return nil
 		}
@@ -378,20 +562,50 @@ func dash(s string) string {
 	return s
 }
 
-func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
-	schema := fmt.Sprintf("schema v%d (current)", v.Schema.Version)
-	if !v.Schema.Current {
-		schema = fmt.Sprintf("schema v%d, this pglease needs v%d: run `pglease migrate`", v.Schema.Version, v.Schema.Needs)
+// schemaAdvice says how a schema that is not current is wrong and what
+// to run.
+func schemaAdvice(s *schemaView) string {
+	if s.Version >= s.Needs {
+		return fmt.Sprintf("schema v%d is newer than this pglease serves (it needs v%d): upgrade pglease", s.Version, s.Needs)
 	}
-	fmt.Fprintf(w, "pglease status  %s  %s\n\n", v.Time.Format("2006-01-02 15:04:05 MST"), schema)
-	fmt.Fprintf(w, "LEASES  %d live, %d expired", v.Leases.Live, v.Leases.Total-v.Leases.Live)
-	if len(v.Leases.Rows) < v.Leases.Total {
-		fmt.Fprintf(w, "  (showing %d)", len(v.Leases.Rows))
+	return fmt.Sprintf("schema v%d, this pglease needs v%d: %s", s.Version, s.Needs, howToSetup)
+}
+
+func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
+	s := &v.Schema
+	schema := fmt.Sprintf("schema v%d (current)", s.Version)
+	if !s.Current {
+		schema = fmt.Sprintf("schema v%d, this pglease needs v%d: run `pglease setup`", s.Version, s.Needs)
+		if s.Version >= s.Needs {
+			schema = fmt.Sprintf("schema v%d, newer than this pglease serves (v%d): upgrade pglease", s.Version, s.Needs)
+		}
+	}
+	fmt.Fprintf(w, "pglease status  %s  %s\n", v.Time.Format("2006-01-02 15:04:05 MST"), schema)
+	if len(s.Missing) > 0 {
+		fmt.Fprintf(w, "MISSING  %s\n", strings.Join(s.Missing, ", "))
+	}
+	switch {
+	case !s.LockTable:
+		fmt.Fprintln(w, "RELEASE TRIGGER  none (no lock table)")
+	case s.ReleaseTrigger:
+		fmt.Fprintf(w, "RELEASE TRIGGER  installed (channel %s)\n", s.NotifyChannel)
+	default:
+		fmt.Fprintf(w, "RELEASE TRIGGER  not installed for channel %s: SyncGuard processes' releases wake pglease waiters only "+
+			"by polling (pg.Store.SetupReleaseTrigger installs it; --notify-channel for another channel)\n", s.NotifyChannel)
 	}
 	fmt.Fprintln(w)
+	if !s.LockTable {
+		fmt.Fprintln(w, "LEASES  none: no lock table (only advisory locks are shown)")
+	} else {
+		fmt.Fprintf(w, "LEASES  %d live, %d expired", v.Leases.Live, v.Leases.Total-v.Leases.Live)
+		if len(v.Leases.Rows) < v.Leases.Total {
+			fmt.Fprintf(w, "  (showing %d)", len(v.Leases.Rows))
+		}
+		fmt.Fprintln(w)
+	}
 	if len(v.Leases.Rows) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tHOLDER\tFENCE\tACQUIRED\tEXPIRES\tACQUIRES WAITING")
+		fmt.Fprintln(tw, "KEY\tHOLDER\tFENCE\tACQUIRED\tEXPIRES\tACQUIRES WAITING\tMANAGERS WAITING")
 		for _, l := range v.Leases.Rows {
 			key := l.KeyHash
 			if l.Key != "" {
@@ -407,8 +621,21 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 			} else if l.ExpiresInMs <= 0 {
 				exp = "expired, in tolerance"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\n", key, dash(l.Holder), fence,
-				ago(v.Time.Sub(l.AcquiredAt)), exp, l.AcquiresWaiting)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", key, dash(l.Holder), fence,
+				ago(v.Time.Sub(l.AcquiredAt)), exp, l.AcquiresWaiting, l.ManagersWaiting)
+		}
+		tw.Flush()
+	}
+	if len(v.WaitingManagers) > 0 {
+		n := 0
+		for _, m := range v.WaitingManagers {
+			n += m.Managers
+		}
+		fmt.Fprintf(w, "\nWAITING MANAGERS  %d on %d key(s): pglease Managers whose callers wait for a lease held elsewhere\n", n, len(v.WaitingManagers))
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "KEY\tMANAGERS\tPIDS")
+		for _, m := range v.WaitingManagers {
+			fmt.Fprintf(tw, "%s\t%d\t%s\n", strings.TrimPrefix(m.what(), "lease "), m.Managers, pids(m.PIDs))
 		}
 		tw.Flush()
 	}
@@ -431,11 +658,7 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 				if !a.WaitingSince.IsZero() {
 					since = short(time.Duration(a.WaitingMs)*time.Millisecond) + " ago"
 				}
-				var ps []string
-				for _, p := range a.BlockedBy {
-					ps = append(ps, fmt.Sprint(p))
-				}
-				by = dash(strings.Join(ps, ","))
+				by = dash(pids(a.BlockedBy))
 			}
 			if a.Mode == "ShareLock" {
 				state += " (shared)"
@@ -446,17 +669,33 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 	}
 	// Contention at a glance: the keys someone waits for.
 	type cont struct {
-		what    string
-		waiters int
-		longest int64
+		what              string
+		waiters, managers int
+		longest           int64
 	}
 	var cs []cont
+	idx := map[string]int{}
+	at := func(what string) *cont {
+		i, ok := idx[what]
+		if !ok {
+			i = len(cs)
+			idx[what] = i
+			cs = append(cs, cont{what: what})
+		}
+		return &cs[i]
+	}
 	for _, l := range v.Leases.Rows {
 		if l.AcquiresWaiting > 0 {
-			cs = append(cs, cont{what: "lease " + l.KeyHash, waiters: l.AcquiresWaiting})
+			at("lease " + l.KeyHash).waiters += l.AcquiresWaiting
 		}
 	}
-	idx := map[string]int{}
+	for _, m := range v.WaitingManagers {
+		what := m.what()
+		if len(m.KeyHashes) == 1 {
+			what = "lease " + m.KeyHashes[0] // the same entry as its acquires'
+		}
+		at(what).managers += m.Managers
+	}
 	for _, a := range v.Advisory {
 		if a.Granted || strings.HasPrefix(a.Name, "lease acquire ") {
 			continue
@@ -465,29 +704,40 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		if a.Name != "" {
 			what += " (" + a.Name + ")"
 		}
-		i, ok := idx[what]
-		if !ok {
-			i = len(cs)
-			idx[what] = i
-			cs = append(cs, cont{what: what})
-		}
-		cs[i].waiters++
-		cs[i].longest = max(cs[i].longest, a.WaitingMs)
+		c := at(what)
+		c.waiters++
+		c.longest = max(c.longest, a.WaitingMs)
 	}
 	fmt.Fprintln(w)
 	if len(cs) == 0 {
 		fmt.Fprintln(w, "CONTENTION  none: nobody waits")
 		return
 	}
-	slices.SortFunc(cs, func(a, b cont) int { return b.waiters - a.waiters })
+	slices.SortStableFunc(cs, func(a, b cont) int { return (b.waiters + b.managers) - (a.waiters + a.managers) })
 	fmt.Fprintln(w, "CONTENTION")
 	for _, c := range cs {
-		line := fmt.Sprintf("  %s: %d waiting", c.what, c.waiters)
-		if c.longest > 0 {
-			line += ", longest " + short(time.Duration(c.longest)*time.Millisecond)
+		var parts []string
+		if c.waiters > 0 {
+			p := fmt.Sprintf("%d waiting", c.waiters)
+			if c.longest > 0 {
+				p += ", longest " + short(time.Duration(c.longest)*time.Millisecond)
+			}
+			parts = append(parts, p)
 		}
-		fmt.Fprintln(w, line)
+		if c.managers > 0 {
+			parts = append(parts, fmt.Sprintf("%d waiting Manager(s)", c.managers))
+		}
+		fmt.Fprintf(w, "  %s: %s\n", c.what, strings.Join(parts, "; "))
 	}
+}
+
+// pids joins process ids with commas.
+func pids(ps []int32) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ",")
 }
 
 func atoi(s string) int64 {
