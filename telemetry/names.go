@@ -107,19 +107,19 @@ const (
 // Metric names; the package documentation gives each one's instrument,
 // unit and attributes.
 const (
-	MetricAcquireDuration       = "pglease.acquire.duration"
-	MetricAcquireAttempts       = "pglease.acquire.attempts"
-	MetricAcquireContended      = "pglease.acquire.contended"
-	MetricAcquireCoalesced      = "pglease.acquire.coalesced"
-	MetricLockHeld              = "pglease.lock.held"
-	MetricLockExtends           = "pglease.lock.extends"
-	MetricLockExtendLag         = "pglease.lock.extend.lag"
-	MetricLockLost              = "pglease.lock.lost"
-	MetricLockReleases          = "pglease.lock.releases"
-	MetricDBBatchSize           = "pglease.db.batch.size"
-	MetricListenerPolling       = "pglease.listener.polling"        // Managers that poll instead of listening (manager.Config.ListenConnString)
-	MetricReleaseTriggerMissing = "pglease.release_trigger.missing" // Managers whose lock table has no release trigger for their channel (pg.Store.SetupReleaseTrigger)
-	MetricDBClientDuration      = "db.client.operation.duration"    // the semantic-convention histogram
-	MetricManagerLoopBusy       = "pglease.manager.loop.busy"
-	MetricManagerQueueDepth     = "pglease.manager.queue.depth"
+	MetricAcquireDuration         = "pglease.acquire.duration"
+	MetricAcquireAttempts         = "pglease.acquire.attempts"
+	MetricAcquireContended        = "pglease.acquire.contended"
+	MetricAcquireCoalesced        = "pglease.acquire.coalesced"
+	MetricLockHeld                = "pglease.lock.held"
+	MetricLockExtends             = "pglease.lock.extends"
+	MetricLockExtendLag           = "pglease.lock.extend.lag"
+	MetricLockLost                = "pglease.lock.lost"
+	MetricLockReleases            = "pglease.lock.releases"
+	MetricDBBatchSize             = "pglease.db.batch.size"
+	MetricListenerPolling         = "pglease.listener.polling"          // Managers that poll instead of listening (manager.Config.ListenConnString)
+	MetricReleaseTriggerInstalled = "pglease.release_trigger.installed" // 1 per Manager whose lock table has the release trigger for its channel, 0 without (pg.Store.SetupReleaseTrigger)
+	MetricDBClientDuration        = "db.client.operation.duration"      // the semantic-convention histogram
+	MetricManagerLoopBusy         = "pglease.manager.loop.busy"
+	MetricManagerQueueDepth       = "pglease.manager.queue.depth"
 )
