@@ -257,7 +257,7 @@ func TestTelemetryDurationsInSeconds(t *testing.T) {
 	acq := one(t, spans, telemetry.SpanAcquire)
 	lost := one(t, spans, telemetry.SpanLost)
 	if v := attrOf(acq.Attributes(), telemetry.AttrTTL); v.AsFloat64() != 1.5 {
-		t.Errorf("pglease.lock.ttl = %v, want 1.5 (seconds)", v.Emit())
+		t.Errorf("pglease.lock.ttl = %v, want 1.5 (seconds)", v.String())
 	}
 	wantSeconds := map[string]float64{
 		"pglease: acquire":   attrOf(acq.Attributes(), telemetry.AttrWait).AsFloat64(),
