@@ -215,9 +215,13 @@
 //   - pglease.acquire_many, pglease.release_many, pglease.extend_many,
 //     pglease.handoff, pglease.listen: one client span per database round
 //     trip (db.system.name=postgresql, batch size, items that succeeded).
-//     A round trip serving a single caller is a child of that caller's
-//     span; one serving several callers (a handoff serves the releaser and
-//     the waiter) is a root span they all link to.
+//     A round trip carrying one key is a child of the acquire span of its
+//     head waiter (the caller it grants; a handoff too), one carrying one
+//     release a child of that release (or of the acquire round trip whose
+//     orphaned grant it undoes); one carrying several is a root span. Each
+//     links, from its start, to every other caller span it serves, and
+//     those link to it: a caller's trace reaches every round trip made
+//     for it.
 //   - pglease.release: one per release the loop performs (Lock.Release,
 //     a grant taken back from a caller who left, Close), a child of the
 //     releasing caller's span, linked to the lock's acquire span and to

@@ -101,14 +101,20 @@ func (st *loopState) flushHandOffs() {
 			atts[i] = h.a
 		}
 		fl := st.launch(&flight{acquire: true, release: true, attempts: atts})
-		// A handoff serves two callers (the releaser and the waiter): its
-		// round trip is a root span both link to.
-		m.spawn(func() { m.sendHandOff(fl, batch, trace.SpanContext{}) })
+		// A handoff of one key is made for the head waiter (it grants it):
+		// a child of that waiter's acquire span, linked to the releaser's
+		// release span and the other waiters (roundTripSpans).
+		rels := make([]releaseItem, len(batch))
+		for i, h := range batch {
+			rels[i] = h.rel
+		}
+		parent, served := roundTripSpans(atts, rels)
+		m.spawn(func() { m.sendHandOff(fl, batch, parent, served) })
 	}
 }
 
 // sendHandOff runs in its own goroutine, never on the loop.
-func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanContext) {
+func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]pg.HandOffRequest, len(batch))
 	rels := make([]releaseItem, len(batch))
 	atts := make([]*attempt, len(batch))
@@ -121,7 +127,7 @@ func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.Span
 	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindHandOff, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpHandOff, len(batch), parent)
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpHandOff, len(batch), parent, served...)
 	start := time.Now()
 	res, err := m.store.HandOff(ctx, reqs)
 	var released []bool
@@ -139,6 +145,9 @@ func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.Span
 	}
 	db.End(ok, err)
 	sc := db.SpanContext()
+	for _, a := range atts {
+		a.db = sc
+	}
 	m.releaseDoneCh <- releaseDone{fl: fl, batch: rels, res: released, err: err, db: sc}
 	m.acquireDoneCh <- acquireDone{fl: fl, batch: atts, start: start, res: granted, err: err, db: sc}
 }

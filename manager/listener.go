@@ -223,11 +223,13 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 }
 
 // checkReleaseTrigger asks, once per Manager, whether the lock table has
-// the release trigger for the notify channel (issue 9.8), on the listening
-// connection (not the pool, whose statements callers count). When it has
-// not, SyncGuard's releases wake waiters here only by polling: one Warn
-// log record and pglease.release_trigger.missing say so. A failed check
-// (privileges, a lost connection) is tried again at the next connect.
+// the release trigger for the notify channel, on the listening
+// connection (not the pool, whose statements callers count), and reports
+// it as pglease.release_trigger.installed. When it has not, SyncGuard's
+// releases wake waiters here only by polling: one Info log record says so
+// (not a warning: a fleet without SyncGuard processes does not need the
+// trigger). A failed check (privileges, a lost connection) is tried again
+// at the next connect.
 func (m *Manager) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
 	st, err := pg.New(conn, m.storeCfg)
 	if err != nil {
@@ -237,9 +239,7 @@ func (m *Manager) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
 	if err != nil || m.triggerChecked.Swap(true) {
 		return
 	}
-	if !ok {
-		m.rec.ReleaseTriggerMissing(m.cfg.NotifyChannel)
-	}
+	m.rec.ReleaseTrigger(ok, m.cfg.NotifyChannel)
 	if m.sig != nil {
 		m.sig.triggerChecked.signal(ok)
 	}

@@ -201,7 +201,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			if d.err != nil || r.OK {
 				// Not blocking the key's attempts: this release may meet
 				// a dead connection too.
-				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl})
+				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
 			}
 			st.gc(ks)
 			continue
@@ -497,13 +497,8 @@ func (st *loopState) flush() {
 		st.pendAcquire = slices.Delete(st.pendAcquire, 0, n)
 		st.inAcquire++
 		fl := st.launch(&flight{acquire: true, attempts: batch})
-		// A round trip serving one caller is a child of its acquire span;
-		// one serving several is a root span they all link to.
-		var parent trace.SpanContext
-		if n == 1 && len(batch[0].ks.queue) == 1 {
-			parent = batch[0].ks.queue[0].acq.SpanContext()
-		}
-		m.spawn(func() { m.sendAcquire(fl, batch, parent) })
+		parent, served := roundTripSpans(batch, nil)
+		m.spawn(func() { m.sendAcquire(fl, batch, parent, served) })
 	}
 	relLimit, relMax := m.relLimit, m.cfg.MaxBatch
 	if st.closing {
@@ -515,11 +510,8 @@ func (st *loopState) flush() {
 		st.pendRelease = slices.Delete(st.pendRelease, 0, n)
 		st.inRelease++
 		fl := st.launch(&flight{release: true})
-		var parent trace.SpanContext
-		if n == 1 {
-			parent = batch[0].sc
-		}
-		m.spawn(func() { m.sendRelease(fl, batch, parent) })
+		parent, served := roundTripSpans(nil, batch)
+		m.spawn(func() { m.sendRelease(fl, batch, parent, served) })
 	}
 	if st.closing {
 		st.pendExtend = nil
@@ -552,10 +544,55 @@ func (st *loopState) flush() {
 		st.inExtend++
 		fl := st.launch(&flight{extend: true})
 		// One heartbeat round per extend batch: the span ends when run
-		// handles the result.
+		// handles the result. Its round trip links to the acquire span of
+		// each lock it extends.
 		_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
-		m.spawn(func() { m.sendExtend(fl, batch, reqs, deadline, hb) })
+		var served []trace.SpanContext
+		for _, h := range batch {
+			if sc := h.acq.SpanContext(); sc.IsValid() && len(served) < telemetry.MaxLinks {
+				served = append(served, sc)
+			}
+		}
+		m.spawn(func() { m.sendExtend(fl, batch, reqs, deadline, hb, served) })
 	}
+}
+
+// roundTripSpans returns where the span of a round trip carrying the
+// attempts atts (one per key) and the releases rels goes (telemetry), and
+// the spans it serves, which it links to (at most telemetry.MaxLinks).
+// A round trip carrying one key is made for that key's head waiter (the
+// caller it grants, if it grants), so it is a child of that waiter's
+// acquire span, even when others wait behind it; one carrying one release
+// only (a holder's, or an orphan's: rels[i].sc) is that release's child.
+// Otherwise (several keys, several releases) it is a root span. In every
+// case it serves every waiter of its keys and every release it carries.
+// Loop only: it reads the keys' queues.
+func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanContext, served []trace.SpanContext) {
+	switch {
+	case len(atts) == 1 && len(atts[0].ks.queue) > 0:
+		parent = atts[0].ks.queue[0].acq.SpanContext()
+	case len(atts) == 0 && len(rels) == 1:
+		parent = rels[0].sc
+	}
+	add := func(sc trace.SpanContext) bool {
+		if sc.IsValid() {
+			served = append(served, sc)
+		}
+		return len(served) < telemetry.MaxLinks
+	}
+	for _, it := range rels {
+		if !add(it.sc) {
+			return parent, served
+		}
+	}
+	for _, a := range atts {
+		for _, req := range a.ks.queue {
+			if !add(req.acq.SpanContext()) {
+				return parent, served
+			}
+		}
+	}
+	return parent, served
 }
 
 // The send* functions run on a DB worker goroutine, never on the loop.
@@ -594,7 +631,7 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 	}
 }
 
-func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanContext) {
+func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]pg.AcquireRequest, len(batch))
 	for i, a := range batch {
 		reqs[i] = pg.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
@@ -607,7 +644,7 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindAcquire, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpAcquireMany, len(batch), parent)
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpAcquireMany, len(batch), parent, served...)
 	start := time.Now()
 	res, err := m.store.AcquireMany(ctx, reqs)
 	ok := 0
@@ -617,10 +654,14 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 		}
 	}
 	db.End(ok, err)
-	m.acquireDoneCh <- acquireDone{fl: fl, batch: batch, start: start, res: res, err: err, db: db.SpanContext()}
+	sc := db.SpanContext()
+	for _, a := range batch {
+		a.db = sc
+	}
+	m.acquireDoneCh <- acquireDone{fl: fl, batch: batch, start: start, res: res, err: err, db: sc}
 }
 
-func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext) {
+func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]pg.ReleaseRequest, len(batch))
 	for i, it := range batch {
 		reqs[i] = pg.ReleaseRequest{LockID: it.lockID, Key: it.key}
@@ -633,7 +674,7 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	ctx, cancel := context.WithTimeoutCause(context.Background(), timeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindRelease, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpReleaseMany, len(batch), parent)
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpReleaseMany, len(batch), parent, served...)
 	res, err := m.store.ReleaseWaited(ctx, reqs)
 	ok := 0
 	for _, r := range res {
@@ -645,13 +686,13 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat) {
+func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat, served []trace.SpanContext) {
 	// Bounded by the earliest trust deadline of the batch (F4): an answer
 	// after it is useless.
 	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindExtend, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpExtendMany, len(batch), hb.SpanContext())
+	ctx, db := m.rec.StartDB(ctx, telemetry.OpExtendMany, len(batch), hb.SpanContext(), served...)
 	start := time.Now()
 	res, err := m.store.ExtendMany(ctx, reqs)
 	ok := 0

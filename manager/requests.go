@@ -93,6 +93,11 @@ type attempt struct {
 	chain  uint64
 	hedges int
 	stale  bool
+	// db is the span of the round trip that carried the attempt
+	// (telemetry): an orphan release of its lockId goes in that span's
+	// trace. Written by the DB goroutine before it posts the result, read
+	// by run after.
+	db trace.SpanContext
 }
 
 // releaseItem is one lockId to release, with the reply of a user's
@@ -118,7 +123,11 @@ type releaseItem struct {
 	retry bool
 
 	rel telemetry.Release // the pglease.release span; zero for orphan releases
-	sc  trace.SpanContext // rel's span context: parent of a DB span serving only this item
+	// sc is the span the release is made for: rel's, or for an orphan
+	// release the round trip whose attempt it undoes (attempt.db). The
+	// parent of a DB span carrying only this item; linked from one
+	// carrying more.
+	sc trace.SpanContext
 }
 
 // Results posted by DB goroutines to run, one type per kind.

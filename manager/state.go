@@ -289,7 +289,7 @@ func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
 	if ks != nil {
 		ks.releasing++
 	}
-	st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl})
+	st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
 }
 
 // dropHolding forgets h and ends its lock's context with cause (the first

@@ -311,8 +311,8 @@ func TestTelemetryUncontended(t *testing.T) {
 // TestTelemetryContended: another process holds the key while two callers
 // of this Manager wait for it. The first caller's span shows contended
 // attempts and its grant; the second shows it coalesced behind the first
-// and waited for the local handoff; a round trip serving both is a root
-// span both link to.
+// and waited for the local handoff; a round trip serving both is a child
+// of the head waiter's acquire span, linked to and from the other's.
 func TestTelemetryContended(t *testing.T) {
 	t.Parallel()
 	rg := newRig(t)
@@ -409,27 +409,32 @@ func TestTelemetryContended(t *testing.T) {
 		attrOf(q[0].Attributes, telemetry.AttrQueuePosition).AsInt64() != 1 {
 		t.Errorf("second caller's queued event = %v", q)
 	}
-	// The first batch sent after both queued served both: a root span
-	// (it served two callers) that answered "locked", linked from both.
+	// The first batch sent after both queued served both and answered
+	// "locked": it was made for the head waiter (a child of the first
+	// caller's acquire span) and links, from its start, to the second
+	// caller's, which links to it too.
 	shared := 0
 	for _, db := range named(spans, telemetry.SpanAcquireMany) {
 		if linksTo(a1, db.SpanContext()) && linksTo(a2, db.SpanContext()) &&
-			!db.Parent().IsValid() && attrOf(db.Attributes(), telemetry.AttrBatchOK).AsInt64() == 0 {
+			childOf(db, a1.SpanContext()) && linksTo(db, a2.SpanContext()) &&
+			attrOf(db.Attributes(), telemetry.AttrBatchOK).AsInt64() == 0 {
 			shared++
 		}
 	}
 	if shared == 0 {
-		t.Error("no contended root round trip linked from both callers")
+		t.Error("no contended round trip under the first caller's acquire span linked to and from the second's")
 	}
 	// The first caller's release handed the key to the second in one round
-	// trip (pglease.handoff); it served two callers, so it is a root span,
-	// linked from the second caller's acquire span.
+	// trip (pglease.handoff): a child of the second caller's acquire span
+	// (it grants it), linked to the first caller's release span.
 	handoff := false
 	for _, db := range named(spans, telemetry.SpanHandOff) {
-		handoff = handoff || (!db.Parent().IsValid() && linksTo(a2, db.SpanContext()))
+		for _, rel := range named(spans, telemetry.SpanRelease) {
+			handoff = handoff || (childOf(db, a2.SpanContext()) && linksTo(a2, db.SpanContext()) && linksTo(db, rel.SpanContext()))
+		}
 	}
 	if !handoff {
-		t.Error("the second caller's grant is not linked to a root handoff round trip")
+		t.Error("the second caller's grant is not a handoff round trip under its acquire span, linked to the releaser's release span")
 	}
 	ms := rg.metrics(t)
 	if n := sumOf(t, ms["pglease.acquire.contended"], kindLease); n != 2 {

@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -10,11 +11,13 @@ import (
 	"github.com/pglease/pglease/pg"
 )
 
-// TestReleaseTriggerMissingWarnsOnce (issue 9.8): a Manager tells whether
-// the lock table has the release trigger for its channel. With it: no
-// warning. Without it (dropped): one Warn log record naming the fix, and
-// pglease.release_trigger.missing = 1.
-func TestReleaseTriggerMissingWarnsOnce(t *testing.T) {
+// TestReleaseTriggerReportedQuietly: a Manager tells whether the lock
+// table has the release trigger for its channel, as the metric
+// pglease.release_trigger.installed (1 or 0). The trigger matters only
+// when SyncGuard processes share the tables, so a Manager without it
+// starts quietly: no record at Warn or above, one Info record naming the
+// fix. With the trigger installed: no record about it at all.
+func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
@@ -37,14 +40,25 @@ func TestReleaseTriggerMissingWarnsOnce(t *testing.T) {
 		t.Cleanup(func() { _ = m.Close(context.Background()) })
 		return r, sig
 	}
-	const warning = "no release trigger on the lock table"
+	const note = "no release trigger on the lock table"
+	installedMetric := func(r *rig) (int64, bool) {
+		t.Helper()
+		m, ok := r.metrics(t)["pglease.release_trigger.installed"]
+		if !ok {
+			return 0, false
+		}
+		return sumOf(t, m), true
+	}
 
 	r, sig := start(b.pool)
 	if installed := wait(t, &sig.triggerChecked); !installed {
 		t.Fatal("the trigger was installed, the Manager says it is not")
 	}
-	if strings.Contains(r.logs.String(), warning) {
-		t.Fatalf("warned with the trigger installed:\n%s", r.logs)
+	if strings.Contains(r.logs.String(), note) {
+		t.Fatalf("logged about the trigger although it is installed:\n%s", r.logs)
+	}
+	if v, ok := installedMetric(r); !ok || v != 1 {
+		t.Fatalf("%s = %d (reported %v), want 1", "pglease.release_trigger.installed", v, ok)
 	}
 	// Another channel than the trigger's: missing for that Manager.
 	r2 := newRig(t)
@@ -66,13 +80,26 @@ func TestReleaseTriggerMissingWarnsOnce(t *testing.T) {
 	if installed := wait(t, &sig.triggerChecked); installed {
 		t.Fatal("the trigger was dropped, the Manager says it is installed")
 	}
-	if n := strings.Count(r.logs.String(), warning); n != 1 {
-		t.Fatalf("%d warnings about the missing trigger, want 1:\n%s", n, r.logs)
+	var notes int
+	for line := range strings.Lines(r.logs.String()) {
+		var rec struct{ Level, Msg string }
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Level == "WARN" || rec.Level == "ERROR" {
+			t.Errorf("a Manager without the trigger logged at %s: %s", rec.Level, rec.Msg)
+		}
+		if strings.Contains(rec.Msg, note) {
+			notes++
+			if rec.Level != "INFO" || !strings.Contains(rec.Msg, "SetupReleaseTrigger") {
+				t.Errorf("the record about the missing trigger is at %s or does not name the fix: %s", rec.Level, rec.Msg)
+			}
+		}
 	}
-	if !strings.Contains(r.logs.String(), "SetupReleaseTrigger") {
-		t.Fatalf("the warning does not name the fix:\n%s", r.logs)
+	if notes != 1 {
+		t.Fatalf("%d records about the missing trigger, want 1:\n%s", notes, r.logs)
 	}
-	if got := sumOf(t, r.metrics(t)["pglease.release_trigger.missing"]); got != 1 {
-		t.Fatalf("pglease.release_trigger.missing = %d, want 1", got)
+	if v, ok := installedMetric(r); !ok || v != 0 {
+		t.Fatalf("%s = %d (reported %v), want 0", "pglease.release_trigger.installed", v, ok)
 	}
 }

@@ -68,26 +68,47 @@
 //
 //	name                      kind      parent                   attributes (+ at end)
 //	pglease.acquire           internal  the caller's ctx         pglease.key.hash, pglease.lock.kind, pglease.acquire.try,
-//	                                                             pglease.lock.ttl; + pglease.outcome, pglease.acquire.attempts,
-//	                                                             pglease.acquire.wait, pglease.acquire.coalesced,
+//	                                                             pglease.lock.ttl (s); + pglease.outcome, pglease.acquire.attempts,
+//	                                                             pglease.acquire.wait (s), pglease.acquire.coalesced,
 //	                                                             pglease.acquire.contended, pglease.fence (granted),
 //	                                                             error.type (failed). Events pglease.queued
 //	                                                             (coalesced, contended, queue.position) and pglease.attempt
-//	                                                             (pglease.attempt, pglease.outcome, pglease.attempt.retry_in);
+//	                                                             (pglease.attempt, pglease.outcome, pglease.attempt.retry_in (s));
 //	                                                             links to every DB span that carried an attempt.
 //	pglease.release           internal  the releasing ctx        pglease.key.hash, pglease.lock.kind; + pglease.outcome
-//	                                                             (ok, not_held, error), pglease.lock.held_for, error.type;
+//	                                                             (ok, not_held, error), pglease.lock.held_for (s), error.type;
 //	                                                             links to the acquire span and the DB span.
 //	pglease.lost              internal  the lock's acquire span  pglease.key.hash, pglease.lock.kind, pglease.loss.cause,
-//	                                                             pglease.lock.held_for, error.type=LockLost; status Error;
+//	                                                             pglease.lock.held_for (s), error.type=LockLost; status Error;
 //	                                                             link to the heartbeat/DB span that found the loss.
 //	pglease.heartbeat         internal  the loop's ctx (root)    pglease.heartbeat.due; + .extended, .lost, pglease.outcome.
-//	pglease.acquire_many,     client    the only operation it    db.system.name=postgresql, db.operation.name (= span name),
-//	pglease.release_many,               serves, else the span    server.address, server.port, db.namespace (from the
-//	pglease.extend_many,                in ctx (heartbeat),      Manager's pool), pglease.batch.size;
-//	pglease.handoff,                    else none (root)         + pglease.batch.ok, pglease.outcome (ok, error), error.type,
+//	pglease.acquire_many,     client    the operation it is      db.system.name=postgresql, db.operation.name (= span name),
+//	pglease.release_many,               made for (see below),    server.address, server.port, db.namespace (from the
+//	pglease.extend_many,                the heartbeat, or none   Manager's pool), pglease.batch.size;
+//	pglease.handoff,                    (root)                   + pglease.batch.ok, pglease.outcome (ok, error), error.type,
 //	pglease.advisory_lock, …                                     db.response.status_code (the SQLSTATE, when the server
-//	                                                             refused the statement).
+//	                                                             refused the statement). Links to the spans it serves.
+//
+// A database round trip goes in the trace of the operation it is made
+// for. One carrying one key is a child of the acquire span of that key's
+// head waiter (the caller it grants, if it grants), however many callers
+// wait behind it; a handoff too (it grants the head waiter). One carrying
+// one release is a child of that pglease.release span, or, for a release
+// the Manager makes on its own of a lockId no caller holds (an attempt's
+// whose callers left, whose outcome was unknown, or which another attempt
+// superseded), a child of the acquire round trip whose grant it undoes. An extend is a child of its pglease.heartbeat
+// span. A round trip carrying several keys or releases is a root span.
+// Every lease round trip links, from its start, to each span it serves
+// that is not its parent (each waiter of each key it carries, each
+// release, each extended lock's acquire span; at most 128), as the
+// messaging conventions link a batch to the messages it processes; and
+// each pglease.acquire and pglease.release span links to the round trips
+// that carried it. (An advisory lock's round trips are children of its
+// acquire or release span; the one ending the session at Close, which
+// releases several, is a root span each release span links to.) A caller following its own trace reaches every round trip
+// made for it, as a descendant or through a link, and a contended acquire
+// adds no trace besides its caller's unless its key was batched with
+// others.
 //
 // Acquire outcomes (pglease.outcome on pglease.acquire and the acquire
 // metrics): granted; locked (TryAcquire found the key held; not an error);
@@ -112,7 +133,8 @@
 //	pglease.lock.releases          counter                {release}  pglease.lock.kind, pglease.outcome
 //	pglease.db.batch.size          histogram              {item}     db.operation.name
 //	pglease.listener.polling       counter                {manager}  (none): Managers polling instead of listening (see manager.Config.ListenConnString)
-//	pglease.release_trigger.missing counter               {manager}  (none): Managers whose lock table has no release trigger for their channel (see pg.Store.SetupReleaseTrigger)
+//	pglease.release_trigger.installed updowncounter       {manager}  (none): 1 per Manager whose lock table has the release trigger for its
+//	                                                                 notify channel, 0 for one without (see pg.Store.SetupReleaseTrigger)
 //	db.client.operation.duration   histogram              s          db.system.name, db.operation.name, server.address,
 //	                                                                 server.port, db.namespace, error.type, db.response.status_code
 //	pglease.manager.loop.busy      observable gauge       1          (none): share of time busy since the last collection
@@ -122,6 +144,30 @@
 // to its outcome. Loss causes: expired (the local trust window passed
 // without a successful extend), not_held (the database said the lock is
 // gone), session_ended (an advisory lock's connection ended), other.
+//
+// pglease.release_trigger.installed follows the semantic conventions'
+// 0/1 status metrics (k8s.container.ready): summed over Managers, it
+// counts those with the trigger; a series at 0 is a Manager without it.
+// The trigger (pg.Store.SetupReleaseTrigger) matters only when SyncGuard
+// processes share the tables: their releases delete the row without a
+// NOTIFY, so without it this Manager's waiters learn of them by polling.
+// A Manager without it therefore logs one Info record, not a warning.
+//
+// # Units
+//
+// Every duration is in seconds, as the OpenTelemetry semantic conventions
+// record durations. Metric instruments that measure time have unit "s"
+// (pglease.acquire.duration, pglease.lock.extend.lag,
+// db.client.operation.duration); duration attributes are float64 seconds
+// (pglease.lock.ttl=30 is 30 s; pglease.acquire.wait,
+// pglease.attempt.retry_in, pglease.lock.held_for), as the conventions'
+// own duration attributes are (app.jank.period,
+// messaging.gcp_pubsub.message.ack_deadline); log fields are the same
+// numbers (wait, held_for). Names carry no unit, as in the conventions: a
+// metric's unit is its metadata (a Prometheus exporter appends _seconds
+// itself), and an attribute's is the one stated here. Counts have
+// annotation units ({lock}, {attempt}, {manager}); pglease.manager.loop.busy
+// is a ratio (unit 1).
 //
 // # A contended acquire in a trace
 //
@@ -138,9 +184,14 @@
 // wait, also recorded in pglease.acquire.duration{outcome=granted}, and
 // pglease.acquire.contended goes up by one. If a second caller of the same
 // process had asked meanwhile, its own acquire span would show
-// pglease.queued with coalesced=true and links to the same DB spans, and
-// a round trip serving several callers is a root span that each of them
-// links to. Example shows the spans of a real acquire.
+// pglease.queued with coalesced=true and links to the DB spans made for
+// the key from then on; those stay children of the first caller's acquire
+// span (the head waiter) and link to the second caller's. When the first
+// caller releases, one pglease.handoff round trip releases its lock and
+// grants the key to the second: a child of the second caller's acquire
+// span, linked to the first caller's pglease.release span. Each caller's
+// trace holds or links to every round trip made for it. Example shows the
+// spans of a real acquire.
 //
 // If the lock is later lost, a pglease.lost span appears in the same
 // trace, under the acquire span, with the cause and a link to the

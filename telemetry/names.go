@@ -47,7 +47,8 @@ const (
 // Attribute keys set by pglease on spans, events and metrics, beside the
 // semantic-convention ones (db.system.name, db.operation.name,
 // db.namespace, server.address, server.port, db.response.status_code,
-// error.type). Durations are float64 seconds. The values of the
+// error.type). Durations are float64 seconds, with no unit in the name
+// (see "Units" in the package documentation). The values of the
 // enumerated ones are listed in the package documentation.
 const (
 	// AttrKeyHash identifies a key: see "Redaction". On every per-key
@@ -58,7 +59,7 @@ const (
 	AttrKey = attribute.Key("pglease.key")
 	// AttrLockKind is "lease" or "advisory".
 	AttrLockKind = attribute.Key("pglease.lock.kind")
-	// AttrTTL is the lease TTL in seconds.
+	// AttrTTL is the lease TTL, in seconds (float64).
 	AttrTTL = attribute.Key("pglease.lock.ttl")
 	// AttrTry is true for TryAcquire (one attempt, no waiting).
 	AttrTry = attribute.Key("pglease.acquire.try")
@@ -66,7 +67,7 @@ const (
 	AttrOutcome = attribute.Key("pglease.outcome")
 	// AttrAttempts is the number of database attempts an acquire saw.
 	AttrAttempts = attribute.Key("pglease.acquire.attempts")
-	// AttrWait is the time an acquire waited, in seconds.
+	// AttrWait is the time an acquire waited, in seconds (float64).
 	AttrWait = attribute.Key("pglease.acquire.wait")
 	// AttrCoalesced is true when the acquire queued behind another caller
 	// of this process for the same key instead of starting its own
@@ -77,14 +78,15 @@ const (
 	AttrContended = attribute.Key("pglease.acquire.contended")
 	// AttrAttempt is the attempt number (from 1) on a pglease.attempt event.
 	AttrAttempt = attribute.Key("pglease.attempt")
-	// AttrRetryIn is the backoff delay before the next attempt, in seconds.
+	// AttrRetryIn is the backoff delay before the next attempt, in
+	// seconds (float64).
 	AttrRetryIn = attribute.Key("pglease.attempt.retry_in")
 	// AttrQueuePosition is the caller's place in the key's local FIFO (0 =
 	// first) on a pglease.queued event.
 	AttrQueuePosition = attribute.Key("pglease.queue.position")
 	// AttrFence is the fencing token granted (not a secret).
 	AttrFence = attribute.Key("pglease.fence")
-	// AttrHeldFor is how long the lock was held, in seconds.
+	// AttrHeldFor is how long the lock was held, in seconds (float64).
 	AttrHeldFor = attribute.Key("pglease.lock.held_for")
 	// AttrLossCause is why a lock was lost.
 	AttrLossCause = attribute.Key("pglease.loss.cause")
@@ -107,19 +109,19 @@ const (
 // Metric names; the package documentation gives each one's instrument,
 // unit and attributes.
 const (
-	MetricAcquireDuration       = "pglease.acquire.duration"
-	MetricAcquireAttempts       = "pglease.acquire.attempts"
-	MetricAcquireContended      = "pglease.acquire.contended"
-	MetricAcquireCoalesced      = "pglease.acquire.coalesced"
-	MetricLockHeld              = "pglease.lock.held"
-	MetricLockExtends           = "pglease.lock.extends"
-	MetricLockExtendLag         = "pglease.lock.extend.lag"
-	MetricLockLost              = "pglease.lock.lost"
-	MetricLockReleases          = "pglease.lock.releases"
-	MetricDBBatchSize           = "pglease.db.batch.size"
-	MetricListenerPolling       = "pglease.listener.polling"        // Managers that poll instead of listening (manager.Config.ListenConnString)
-	MetricReleaseTriggerMissing = "pglease.release_trigger.missing" // Managers whose lock table has no release trigger for their channel (pg.Store.SetupReleaseTrigger)
-	MetricDBClientDuration      = "db.client.operation.duration"    // the semantic-convention histogram
-	MetricManagerLoopBusy       = "pglease.manager.loop.busy"
-	MetricManagerQueueDepth     = "pglease.manager.queue.depth"
+	MetricAcquireDuration         = "pglease.acquire.duration"
+	MetricAcquireAttempts         = "pglease.acquire.attempts"
+	MetricAcquireContended        = "pglease.acquire.contended"
+	MetricAcquireCoalesced        = "pglease.acquire.coalesced"
+	MetricLockHeld                = "pglease.lock.held"
+	MetricLockExtends             = "pglease.lock.extends"
+	MetricLockExtendLag           = "pglease.lock.extend.lag"
+	MetricLockLost                = "pglease.lock.lost"
+	MetricLockReleases            = "pglease.lock.releases"
+	MetricDBBatchSize             = "pglease.db.batch.size"
+	MetricListenerPolling         = "pglease.listener.polling"          // Managers that poll instead of listening (manager.Config.ListenConnString)
+	MetricReleaseTriggerInstalled = "pglease.release_trigger.installed" // 1 per Manager whose lock table has the release trigger for its channel, 0 without (pg.Store.SetupReleaseTrigger)
+	MetricDBClientDuration        = "db.client.operation.duration"      // the semantic-convention histogram
+	MetricManagerLoopBusy         = "pglease.manager.loop.busy"
+	MetricManagerQueueDepth       = "pglease.manager.queue.depth"
 )

@@ -266,7 +266,7 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 		attrs := []slog.Attr{
 			slog.String("outcome", acquireOutcomeNames[o]),
 			slog.Int64("attempts", n),
-			slog.Duration("wait", wait),
+			slog.Float64("wait", wait.Seconds()),
 		}
 		if err != nil {
 			attrs = append(attrs, slog.String("error.type", errorType(err)))
@@ -355,7 +355,7 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 
 	if r.logEnabled(ctx, slog.LevelWarn) {
 		r.logKey(pctx, slog.LevelWarn, "pglease: lock lost", a.key, a.kind,
-			slog.String("cause", cause.String()), slog.Duration("held_for", held))
+			slog.String("cause", cause.String()), slog.Float64("held_for", held.Seconds()))
 	}
 }
 

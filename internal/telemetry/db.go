@@ -4,6 +4,7 @@ import (
 	"context"
 	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -25,16 +26,29 @@ type DBSpan struct {
 	start time.Time
 }
 
+// MaxLinks bounds the links StartDB gives one round trip's span: the
+// OpenTelemetry SDK's default link limit per span, beyond which it would
+// drop them anyway. A batch serving more callers links to the first
+// MaxLinks (collect no more than that).
+const MaxLinks = 128
+
 // StartDB starts the client span of one round trip carrying batch items.
 // Call it in the worker goroutine, right before the SQL, and pass the
 // returned ctx to pgx. The parent is:
-//   - parent, when valid: the span context of the only operation the round
-//     trip serves (Acquisition.SpanContext of a lone acquire), so a
-//     single-caller acquire shows its round trips inside the caller's trace;
+//   - parent, when valid: the span of the operation the round trip is
+//     made for (the acquire span of the one key's head waiter, the one
+//     release it carries), so a caller's round trips are in its trace;
 //   - otherwise the span in ctx (e.g. a Heartbeat's), or none: a batch
-//     serving many callers is its own trace, and each caller's span links
-//     to it (Acquisition.Attempt, Release.Served).
-func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, parent trace.SpanContext) (context.Context, DBSpan) {
+//     carrying several keys or releases is a root span.
+//
+// served are the spans of the operations the round trip serves (every
+// waiter of every key it carries, the releases, the held locks it
+// extends): the span links to each valid one other than its parent, from
+// its start, as the messaging conventions link a batch to the messages it
+// processes. So every caller's trace reaches every round trip made for it,
+// as a child or through a link; the operation spans also link to the
+// round trip (Acquisition.Attempt, Release.Served). At most MaxLinks.
+func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, parent trace.SpanContext, served ...trace.SpanContext) (context.Context, DBSpan) {
 	if r == nil {
 		return ctx, DBSpan{}
 	}
@@ -44,7 +58,11 @@ func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, paren
 	if parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, parent)
 	}
-	ctx, span := r.tracer.Start(ctx, string(op), startClient...)
+	opts := startClient
+	if links := servedLinks(served, trace.SpanContextFromContext(ctx)); len(links) > 0 {
+		opts = append(opts[:len(opts):len(opts)], trace.WithLinks(links...))
+	}
+	ctx, span := r.tracer.Start(ctx, string(op), opts...)
 	if span.IsRecording() {
 		span.SetAttributes(
 			semconv.DBSystemNamePostgreSQL,
@@ -53,6 +71,23 @@ func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, paren
 		span.SetAttributes(r.dbAttrs...)
 	}
 	return ctx, DBSpan{r: r, span: span, op: op, batch: batch, start: time.Now()}
+}
+
+// servedLinks returns a link to each valid span context of served other
+// than parent, each once, at most MaxLinks; nil (no allocation) when
+// there is none.
+func servedLinks(served []trace.SpanContext, parent trace.SpanContext) []trace.Link {
+	var links []trace.Link
+	for _, sc := range served {
+		if len(links) == MaxLinks {
+			break
+		}
+		if !sc.IsValid() || sc.Equal(parent) || slices.ContainsFunc(links, func(l trace.Link) bool { return l.SpanContext.Equal(sc) }) {
+			continue
+		}
+		links = append(links, trace.Link{SpanContext: sc})
+	}
+	return links
 }
 
 // SpanContext returns the span's context, for Acquisition.Attempt,

@@ -16,15 +16,20 @@
 //
 //	caller  Acquire/TryAcquire/Do: k := rec.Key(key); ctx, a := rec.StartAcquire(ctx, k, info)
 //	loop    on enqueue: a.Queued(QueueInfo{...})
-//	worker  per round trip: dctx, db := rec.StartDB(ctx, OpAcquireMany, n, parent); …; db.End(ok, err)
+//	loop    per batch: the parent (the one key's head waiter's acquire span, the one release's span) and the
+//	        spans it serves (every waiter's, release's, extended lock's acquire span), which its span links to
+//	worker  per round trip: dctx, db := rec.StartDB(ctx, OpAcquireMany, n, parent, served...); …; db.End(ok, err)
 //	loop    on each attempt result, per waiter served: a.Attempt(db.SpanContext(), outcome, retryIn)
 //	loop    on grant, before replying: a.Granted(fence)
 //	caller  on any other answer (error, ctx ended, closed): a.Failed(err); Try found it held: a.NotAcquired()
 //	        (both no-ops if the loop granted first, e.g. a grant it took back from a caller who left)
-//	loop    per extend batch: _, hb := rec.StartHeartbeat(ctx, n); the extend's StartDB has parent hb.SpanContext();
+//	loop    per extend batch: _, hb := rec.StartHeartbeat(ctx, n); the extend's StartDB has parent hb.SpanContext()
+//	        and serves the extended locks' acquire spans;
 //	        per lock a.Extended(lag) / a.ExtendFailed(err) / a.Lost(cause, db.SpanContext()); hb.End(ext, lost, err)
 //	loop    when it releases a held lock (Lock.Release passes the caller's span context in the request; a
 //	        taken-back grant; Close): rctx, rel := a.StartRelease(ctx); rel.Served(db.SpanContext()); rel.End(err)
 //	loop    around its select: l := rec.Loop(); l.Idle() before select, l.Busy() after; l.SetDepth(q, n)
-//	Close   rec.Close() after the loop stopped (unregisters metric callbacks)
+//	listen  once per Manager: rec.ReleaseTrigger(installed, channel) (metric; Info record when missing)
+//	Close   rec.Close() after the loop stopped (unregisters metric callbacks, takes the Manager out of
+//	        pglease.release_trigger.installed)
 package telemetry

@@ -31,19 +31,37 @@ func (r *Recorder) ConfigWarning(msg string) {
 	r.log.LogAttrs(context.Background(), slog.LevelWarn, "pglease: "+msg)
 }
 
-// ReleaseTriggerMissing records that the lock table has no release
-// trigger for the Manager's notify channel: releases by SyncGuard
-// processes (which delete the row themselves) then wake this Manager's
-// waiters only by polling. One Warn log record saying how to install it,
-// and pglease.release_trigger.missing goes up by one. Call it once per
-// Manager.
-func (r *Recorder) ReleaseTriggerMissing(channel string) {
+// ReleaseTrigger records whether the lock table has the release trigger
+// for the Manager's notify channel: pglease.release_trigger.installed is
+// 1 for this Manager when it has, 0 when it has not (until Close). Without
+// the trigger, releases by SyncGuard processes sharing the tables (which
+// delete the row themselves, without NOTIFY) wake this Manager's waiters
+// only by polling; a fleet of pglease Managers alone does not need it, so
+// a missing trigger is one Info log record saying how to install it, not
+// a warning. Call it once per Manager.
+func (r *Recorder) ReleaseTrigger(installed bool, channel string) {
 	if r == nil {
 		return
 	}
-	r.triggerMissing.Add(context.Background(), 1)
-	r.log.LogAttrs(context.Background(), slog.LevelWarn,
-		"pglease: no release trigger on the lock table for this Manager's notify channel; "+
-			"releases by SyncGuard processes wake waiters only by polling (install it with pg.Store.SetupReleaseTrigger)",
-		slog.String("channel", channel))
+	ctx := context.Background()
+	if !installed {
+		r.triggerInstalled.Add(ctx, 0) // the series exists, at 0
+		r.log.LogAttrs(ctx, slog.LevelInfo,
+			"pglease: no release trigger on the lock table for this Manager's notify channel; "+
+				"releases by SyncGuard processes sharing the tables, if any, wake waiters here by polling only "+
+				"(install it with pg.Store.SetupReleaseTrigger)",
+			slog.String("channel", channel))
+		return
+	}
+	if r.trigger.CompareAndSwap(triggerUnknown, triggerCounted) {
+		r.triggerInstalled.Add(ctx, 1)
+	}
 }
+
+// States of Recorder.trigger: whether this Manager counts in
+// pglease.release_trigger.installed, which Close undoes.
+const (
+	triggerUnknown int32 = iota
+	triggerCounted
+	triggerClosed
+)

@@ -4,6 +4,7 @@ import (
 	"context"
 	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -38,9 +39,11 @@ type Recorder struct {
 	dbDuration   metric.Float64Histogram
 	// listenPolling counts Managers that gave up LISTEN (ListenerPolling).
 	listenPolling metric.Int64Counter
-	// triggerMissing counts Managers without a release trigger
-	// (ReleaseTriggerMissing).
-	triggerMissing metric.Int64Counter
+	// triggerInstalled is 1 per Manager whose lock table has the release
+	// trigger, 0 for one without (ReleaseTrigger); trigger says whether
+	// this Recorder added its 1, which Close takes back.
+	triggerInstalled metric.Int64UpDownCounter
+	trigger          atomic.Int32
 
 	// Precomputed attribute sets, so recording allocates nothing.
 	kindOpt    [numKinds]mopts
@@ -133,10 +136,17 @@ func (d Database) attributes() []attribute.KeyValue {
 }
 
 // Close unregisters the Recorder's metric callbacks (loop busy ratio and
-// queue depths). Call it when the Manager has stopped. Other methods keep
-// working after Close.
+// queue depths) and takes the Manager out of
+// pglease.release_trigger.installed. Call it when the Manager has
+// stopped. Other methods keep working after Close.
 func (r *Recorder) Close() {
-	if r == nil || r.reg == nil {
+	if r == nil {
+		return
+	}
+	if r.trigger.Swap(triggerClosed) == triggerCounted {
+		r.triggerInstalled.Add(context.Background(), -1)
+	}
+	if r.reg == nil {
 		return
 	}
 	if err := r.reg.Unregister(); err != nil {
@@ -301,12 +311,13 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		r.listenPolling, _ = nm.Int64Counter("")
 	}
 
-	r.triggerMissing, err = m.Int64Counter(ptel.MetricReleaseTriggerMissing,
+	r.triggerInstalled, err = m.Int64UpDownCounter(ptel.MetricReleaseTriggerInstalled,
 		metric.WithUnit("{manager}"),
-		metric.WithDescription("Managers whose lock table has no release trigger for their notify channel: SyncGuard releases wake their waiters only by polling."))
-	if err != nil || r.triggerMissing == nil {
+		metric.WithDescription("Whether the lock table has the release trigger for the Manager's notify channel (1 = installed, 0 = not): "+
+			"without it, releases by SyncGuard processes sharing the tables wake waiters only by polling."))
+	if err != nil || r.triggerInstalled == nil {
 		handle(err)
-		r.triggerMissing, _ = nm.Int64Counter("")
+		r.triggerInstalled, _ = nm.Int64UpDownCounter("")
 	}
 
 	set := mset

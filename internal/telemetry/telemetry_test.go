@@ -170,8 +170,10 @@ func TestContendedAcquire(t *testing.T) {
 }
 
 // TestCoalescedBatch: two callers of one process wait for one key; one
-// batch round trip serves both (a root span both link to); the second is
-// coalesced and gets the key by local handoff after the first releases.
+// round trip serves both (made for the head waiter: its child, linked to
+// and from the second); the second is coalesced and gets the key by local
+// handoff after the first releases (a child of the second's acquire span,
+// linked to and from the first's release span).
 func TestCoalescedBatch(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
@@ -181,13 +183,14 @@ func TestCoalescedBatch(t *testing.T) {
 	_, b := r.StartAcquire(context.Background(), k, AcquireInfo{Kind: KindLease})
 	a.Queued(QueueInfo{Position: 0})
 	b.Queued(QueueInfo{Coalesced: true, Position: 1})
-	_, db := r.StartDB(context.Background(), OpAcquireMany, 2, trace.SpanContext{})
+	_, db := r.StartDB(context.Background(), OpAcquireMany, 1, a.SpanContext(), a.SpanContext(), b.SpanContext())
 	db.End(1, nil)
 	a.Attempt(db.SpanContext(), AttemptGranted, 0)
 	b.Attempt(db.SpanContext(), AttemptContended, 0)
 	a.Granted(1)
-	_, rel := a.StartRelease(context.Background())
-	_, db2 := r.StartDB(context.Background(), OpAcquireMany, 1, b.SpanContext()) // handoff: release + acquire for b
+	rctx, rel := a.StartRelease(context.Background())
+	relSC := trace.SpanContextFromContext(rctx)
+	_, db2 := r.StartDB(context.Background(), OpHandOff, 1, b.SpanContext(), relSC, b.SpanContext()) // release + acquire for b
 	db2.End(1, nil)
 	rel.Served(db2.SpanContext())
 	rel.End(nil)
@@ -195,10 +198,14 @@ func TestCoalescedBatch(t *testing.T) {
 	b.Granted(2)
 
 	batch := h.spansNamed(string(OpAcquireMany))[0]
-	if batch.Parent().IsValid() {
-		t.Errorf("a batch serving two callers should be a root span")
-	}
 	var spA, spB trace.SpanContext = a.SpanContext(), b.SpanContext()
+	if batch.Parent().SpanID() != spA.SpanID() || len(batch.Links()) != 1 || !hasLink(batch, spB) {
+		t.Errorf("the shared round trip: parent %v, links %v; want a child of the head waiter linked to the other", batch.Parent().SpanID(), batch.Links())
+	}
+	handoff := h.oneSpan(string(OpHandOff))
+	if handoff.Parent().SpanID() != spB.SpanID() || !hasLink(handoff, relSC) || !hasLink(h.oneSpan(ptel.SpanRelease), handoff.SpanContext()) {
+		t.Errorf("the handoff: parent %v, links %v; want a child of the waiter linked to and from the release", handoff.Parent().SpanID(), handoff.Links())
+	}
 	for _, s := range h.spansNamed(ptel.SpanAcquire) {
 		if !hasLink(s, batch.SpanContext()) {
 			t.Errorf("acquire span %s lacks a link to the shared batch", s.SpanContext().SpanID())
@@ -216,8 +223,8 @@ func TestCoalescedBatch(t *testing.T) {
 	if p := h.point(rm, "pglease.acquire.coalesced", lease); p.value != 1 {
 		t.Errorf("acquire.coalesced = %v, want 1", p.value)
 	}
-	if p := h.point(rm, "pglease.db.batch.size"); p.count != 2 || p.sum != 3 {
-		t.Errorf("db.batch.size = %+v, want 2 batches carrying 3", p)
+	if p := h.point(rm, "pglease.db.batch.size"); p.count != 2 || p.sum != 2 {
+		t.Errorf("db.batch.size = %+v, want 2 batches of one key each", p)
 	}
 	if p := h.point(rm, "pglease.lock.held", lease); p.value != 1 {
 		t.Errorf("lock.held = %v, want 1", p.value)
@@ -463,4 +470,84 @@ func containsAll(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// TestDBSpanLinksServed: a round trip's span links, from its start, to
+// every operation span it serves, except its parent, each once; invalid
+// span contexts are skipped; at most MaxLinks. Without a parent it is a
+// root span.
+func TestDBSpanLinksServed(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r := h.rec
+	ctx := context.Background()
+	var scs []trace.SpanContext
+	for range 3 {
+		_, a := r.StartAcquire(ctx, r.Key("k"), AcquireInfo{})
+		scs = append(scs, a.SpanContext())
+	}
+	head, b, c := scs[0], scs[1], scs[2]
+	_, db := r.StartDB(ctx, OpAcquireMany, 1, head, head, b, trace.SpanContext{}, b, c)
+	db.End(0, nil)
+	_, root := r.StartDB(ctx, OpReleaseMany, 2, trace.SpanContext{}, b, c)
+	root.End(2, nil)
+	many := make([]trace.SpanContext, 0, MaxLinks+10)
+	for range MaxLinks + 10 {
+		_, a := r.StartAcquire(ctx, r.Key("k"), AcquireInfo{})
+		many = append(many, a.SpanContext())
+	}
+	_, big := r.StartDB(ctx, OpAcquireMany, len(many), trace.SpanContext{}, many...)
+	big.End(0, nil)
+
+	for _, s := range h.ended() {
+		switch s.SpanContext().SpanID() {
+		case db.SpanContext().SpanID():
+			if s.Parent().SpanID() != head.SpanID() {
+				t.Error("the round trip is not a child of its parent")
+			}
+			if len(s.Links()) != 2 || !hasLink(s, b) || !hasLink(s, c) {
+				t.Errorf("links %v, want b and c once each", s.Links())
+			}
+		case root.SpanContext().SpanID():
+			if s.Parent().IsValid() || len(s.Links()) != 2 || !hasLink(s, b) || !hasLink(s, c) {
+				t.Errorf("root batch: parent %v, links %v", s.Parent().SpanID(), s.Links())
+			}
+		case big.SpanContext().SpanID():
+			if len(s.Links()) != MaxLinks || s.DroppedLinks() != 0 {
+				t.Errorf("%d links (%d dropped), want %d", len(s.Links()), s.DroppedLinks(), MaxLinks)
+			}
+		}
+	}
+}
+
+// TestReleaseTriggerInstalledMetric: pglease.release_trigger.installed is
+// 1 for a Manager with the trigger (counted once), 0 for one without, and
+// Close takes the 1 back; a missing trigger is one Info record, no Warn.
+func TestReleaseTriggerInstalledMetric(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t)
+	r := h.rec
+	r.ReleaseTrigger(true, "pglease_release")
+	r.ReleaseTrigger(true, "pglease_release")
+	if p := h.point(h.collect(), ptel.MetricReleaseTriggerInstalled); !p.found || p.value != 1 {
+		t.Errorf("installed = %+v, want 1", p)
+	}
+	r.Close()
+	r.ReleaseTrigger(true, "pglease_release") // after Close: not counted again
+	if p := h.point(h.collect(), ptel.MetricReleaseTriggerInstalled); !p.found || p.value != 0 {
+		t.Errorf("installed after Close = %+v, want 0", p)
+	}
+	if logs := h.logs.String(); strings.Contains(logs, "release trigger") {
+		t.Errorf("logged about an installed trigger: %s", logs)
+	}
+
+	h2 := newHarness(t)
+	h2.rec.ReleaseTrigger(false, "pglease_release")
+	if p := h2.point(h2.collect(), ptel.MetricReleaseTriggerInstalled); !p.found || p.value != 0 {
+		t.Errorf("installed without the trigger = %+v, want a 0 point", p)
+	}
+	logs := h2.logs.String()
+	if strings.Count(logs, "\n") != 1 || !strings.Contains(logs, `"level":"INFO"`) || !strings.Contains(logs, "SetupReleaseTrigger") {
+		t.Errorf("want one Info record naming the fix, got: %s", logs)
+	}
 }
