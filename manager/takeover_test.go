@@ -195,6 +195,7 @@ func TestAcquireTimeoutNamesHolder(t *testing.T) {
 	if strings.Contains(err.Error(), key) {
 		t.Fatalf("timeout error %q shows the key", err)
 	}
+	t.Log(err)
 	h.release(t)
 }
 
