@@ -68,7 +68,7 @@ type keyState struct {
 	stale     int32          // superseded attempts of this key still in flight (flight.go)
 	retryAt   time.Time      // scheduled retry (zero: none)
 	retryGen  uint64         // invalidates stale retryHeap entries
-	cont      *contention    // made on the key's first failed or "locked" attempt (most keys have none)
+	cont      *keyContention // made on the key's first failed or "locked" attempt (most keys have none)
 	lastErr   error          // last database error of an attempt, for timeout errors
 	chains    uint64         // numbers the key's attempt chains (flight.go)
 	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
@@ -78,8 +78,8 @@ type keyState struct {
 	handOffs  uint8 // local handoffs of the key in a row (handoff.go)
 }
 
-// contention is what a contended key keeps between attempts.
-type contention struct {
+// keyContention is what a contended key keeps between attempts.
+type keyContention struct {
 	bo *retry.Backoff // the key's backoff (not thread-safe; loop-owned)
 	// heldBy is the holder identity the last "locked" answer named ("":
 	// none known), for the error of a wait that ends without the lock
@@ -162,7 +162,7 @@ func newLoopState(m *Manager) *loopState {
 func (st *loopState) keyFor(key, hash string) *keyState {
 	ks := st.keys[key]
 	if ks == nil {
-		ks = &keyState{key: key, hash: hash} // bo is made on first contention
+		ks = &keyState{key: key, hash: hash} // cont is made on first contention
 		if f, ok := st.fences[key]; ok {
 			ks.fence, ks.hasFence = f, true
 			delete(st.fences, key)
@@ -260,9 +260,9 @@ func (st *loopState) scheduleRetry(ks *keyState, now, freeAt time.Time) {
 
 // contended returns ks's contention state, making it on first use: most
 // keys are never contended and keep none.
-func (st *loopState) contended(ks *keyState) *contention {
+func (st *loopState) contended(ks *keyState) *keyContention {
 	if ks.cont == nil {
-		ks.cont = &contention{bo: retry.New(st.m.cfg.Retry, retry.Options{})}
+		ks.cont = &keyContention{bo: retry.New(st.m.cfg.Retry, retry.Options{})}
 	}
 	return ks.cont
 }
