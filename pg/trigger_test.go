@@ -439,7 +439,9 @@ func BenchmarkReleaseTrigger(b *testing.B) {
 			if v.notify {
 				cfg.NotifyChannel = ch
 			}
-			s, pool, _ := newStore(b, cfg, maxConns(8))
+			// As the superuser: installing the trigger (and the statement
+			// trigger) is DDL the runtime role may not run.
+			s, pool, _ := newSuperStore(b, cfg, maxConns(8))
 			c, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			if v.row {
