@@ -185,7 +185,7 @@ func TestAcquireTimeoutNamesHolder(t *testing.T) {
 	b := setup(t, setupOpts{})
 	const key = "takeover:named-holder"
 	h := startHolder(t, b, key, 30*time.Second)
-	_, err := b.m.Acquire(ctxT(t), key, WithAcquireTimeout(300*time.Millisecond))
+	_, err := b.m.Acquire(ctxT(t), key, WithAcquireTimeout(time.Second))
 	if pglease.CodeOf(err) != pglease.CodeAcquisitionTimeout {
 		t.Fatalf("Acquire = %v, want AcquisitionTimeout", err)
 	}
