@@ -57,8 +57,12 @@
 // waiting: the caller is in its key's FIFO queue. All callers waiting for
 // one key share one database attempt at a time. A failed attempt
 // schedules the next one after the key's jittered backoff (retry
-// package); a release notification from another process starts it at
-// once. A release in this process hands the key to the head waiter (local
+// package), or sooner when its "locked" answer says that the holder's
+// lease can be taken over sooner (the holder's expires_at + 1 s, with the
+// server's clock read in the same statement: a holder that died is taken
+// over then, not at the next poll); a release notification from another
+// process starts it at once. A wait that ends without the lock names the
+// holder its last "locked" answer saw (pg.Config.Holder), if known. A release in this process hands the key to the head waiter (local
 // handoff, through the database: new lockId, new fence) in one statement
 // that releases and grants in one transaction (pg.Store.HandOff: one round
 // trip and one durable commit per handover). After maxLocalHandOffs (4)

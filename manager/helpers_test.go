@@ -23,6 +23,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(electionChildEnv) != "" {
 		os.Exit(electionChild())
 	}
+	if os.Getenv(holdChildEnv) != "" {
+		os.Exit(holdChild())
+	}
 	pgtest.Main(m)
 }
 

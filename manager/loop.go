@@ -140,20 +140,21 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 	}
 	ks := st.keys[req.key]
 	var lastErr error
+	var heldBy string
 	if ks != nil {
 		if i := slices.Index(ks.queue, req); i >= 0 {
 			ks.queue = slices.Delete(ks.queue, i, i+1)
 			st.waiting--
 			st.unqueued(ks)
 		}
-		lastErr = ks.lastErr
+		lastErr, heldBy = ks.lastErr, ks.heldBy()
 		if len(ks.queue) == 0 {
 			st.clearRetry(ks) // an attempt in flight finds no waiter and releases its grant
 		}
 		st.gc(ks)
 	}
 	req.state = reqAnswered
-	req.final <- acquireReply{abandoned: true, lastErr: lastErr}
+	req.final <- acquireReply{abandoned: true, lastErr: lastErr, heldBy: heldBy}
 	st.sig().abandoned.signal(req.key)
 }
 
@@ -226,13 +227,19 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			noteAttempt(ks.queue[:n], d.db, telemetry.AttemptContended, 0)
 			st.popTries(ks, acquireReply{locked: true})
 			st.wantWaiter(ks)
+			if len(ks.queue) > 0 {
+				st.contended(ks).heldBy = r.Holder
+			}
 			var retryIn time.Duration
 			if ks.woken {
 				// A release was notified while this attempt was in flight:
 				// its "locked" may predate the release. Try again at once.
 				st.kick(ks)
 			} else if len(ks.queue) > 0 {
-				st.scheduleRetry(ks, now)
+				// Nothing wakes this process when a holder elsewhere dies:
+				// try again when its lease can be taken over, if the
+				// backoff would wait longer.
+				st.scheduleRetry(ks, now, takeoverAt(r, now))
 				retryIn = ks.retryAt.Sub(now)
 			}
 			noteAttempt(ks.queue, d.db, telemetry.AttemptContended, retryIn)
@@ -253,7 +260,7 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, telemetry.AttemptFailed, 0)
 	st.popTries(ks, acquireReply{err: err})
 	if len(ks.queue) > 0 {
-		st.scheduleRetry(ks, now)
+		st.scheduleRetry(ks, now, time.Time{})
 		noteAttempt(ks.queue, db, telemetry.AttemptFailed, ks.retryAt.Sub(now))
 	}
 }
@@ -273,7 +280,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 			req.reply <- acquireReply{err: err}
 		}
 		if len(ks.queue) > 0 {
-			st.scheduleRetry(ks, now)
+			st.scheduleRetry(ks, now, time.Time{})
 		}
 		return
 	}

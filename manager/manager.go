@@ -591,8 +591,9 @@ func (m *Manager) submit(op string, wctx context.Context, req *acquireReq) acqui
 // waitErr maps a wait that ended without the lock: the acquire timeout
 // or a context deadline is AcquisitionTimeout, a cancelled context is
 // Aborted. lastErr, the last database error seen for the key, is the
-// cause when there is one.
-func waitErr(op string, ctx, wctx context.Context, lastErr error) error {
+// cause when there is one. heldBy, the holder identity the key's last
+// "locked" answer named ("": none), is said in the timeout's message.
+func waitErr(op string, ctx, wctx context.Context, lastErr error, heldBy string) error {
 	cause := context.Cause(wctx)
 	if cause == nil {
 		cause = ctx.Err()
@@ -606,7 +607,11 @@ func waitErr(op string, ctx, wctx context.Context, lastErr error) error {
 		wrapped = userErr(op, lastErr)
 	}
 	if timedOut {
-		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended", wrapped)
+		msg := "lock not acquired before the wait ended"
+		if heldBy != "" {
+			msg += " (held by " + heldBy + " when last checked)"
+		}
+		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 	}
 	return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
 }
@@ -648,7 +653,7 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	case r.err != nil:
 		err = userErr(op, r.err)
 	default: // abandoned (locked is impossible for Acquire)
-		err = waitErr(op, ctx, wctx, r.lastErr)
+		err = waitErr(op, ctx, wctx, r.lastErr, r.heldBy)
 	}
 	req.acq.Failed(err) // a no-op if the loop granted first (a grant it took back)
 	return nil, err
@@ -684,7 +689,7 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 	case r.err != nil:
 		err = userErr(op, r.err)
 	default:
-		err = waitErr(op, ctx, ctx, r.lastErr)
+		err = waitErr(op, ctx, ctx, r.lastErr, r.heldBy)
 	}
 	req.acq.Failed(err)
 	return nil, false, err

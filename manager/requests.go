@@ -49,13 +49,15 @@ type acquireReq struct {
 
 // acquireReply carries exactly one of: lock (granted), locked (TryAcquire
 // found the key held), err, or abandoned (the caller left; lastErr is the
-// last database error seen for the key, if any).
+// last database error seen for the key, if any, and heldBy the holder
+// identity its last "locked" answer named, if any: keyState.heldBy).
 type acquireReply struct {
 	lock      *Lock
 	locked    bool
 	err       error
 	abandoned bool
 	lastErr   error
+	heldBy    string
 }
 
 // releaseReq is one Lock.Release call.

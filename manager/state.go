@@ -68,7 +68,7 @@ type keyState struct {
 	stale     int32          // superseded attempts of this key still in flight (flight.go)
 	retryAt   time.Time      // scheduled retry (zero: none)
 	retryGen  uint64         // invalidates stale retryHeap entries
-	bo        *retry.Backoff // this key's backoff (not thread-safe; loop-owned)
+	cont      *keyContention // made on the key's first failed or "locked" attempt (most keys have none)
 	lastErr   error          // last database error of an attempt, for timeout errors
 	chains    uint64         // numbers the key's attempt chains (flight.go)
 	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
@@ -76,6 +76,25 @@ type keyState struct {
 	woken     bool  // a release notification came while an attempt was in flight
 	waitReg   bool  // its waiter lock is asked for (waiters.go)
 	handOffs  uint8 // local handoffs of the key in a row (handoff.go)
+}
+
+// keyContention is what a contended key keeps between attempts.
+type keyContention struct {
+	bo *retry.Backoff // the key's backoff (not thread-safe; loop-owned)
+	// heldBy is the holder identity the last "locked" answer named ("":
+	// none known), for the error of a wait that ends without the lock
+	// (heldBy).
+	heldBy string
+}
+
+// heldBy returns the holder of ks's key as its last "locked" answer
+// named it ("" when unknown): the identity the holder's pg.Store
+// recorded, e.g. "worker[4242]@web-1". Never a key or lockId.
+func (ks *keyState) heldBy() string {
+	if ks.cont == nil {
+		return ""
+	}
+	return ks.cont.heldBy
 }
 
 // holding is a held lock, as the loop sees it.
@@ -143,7 +162,7 @@ func newLoopState(m *Manager) *loopState {
 func (st *loopState) keyFor(key, hash string) *keyState {
 	ks := st.keys[key]
 	if ks == nil {
-		ks = &keyState{key: key, hash: hash} // bo is made on first contention
+		ks = &keyState{key: key, hash: hash} // cont is made on first contention
 		if f, ok := st.fences[key]; ok {
 			ks.fence, ks.hasFence = f, true
 			delete(st.fences, key)
@@ -225,14 +244,42 @@ func (st *loopState) forceKick(ks *keyState) {
 	st.kick(ks)
 }
 
-func (st *loopState) scheduleRetry(ks *keyState, now time.Time) {
-	if ks.bo == nil { // most keys are never contended: no backoff state for them
-		ks.bo = retry.New(st.m.cfg.Retry, retry.Options{})
+// scheduleRetry schedules ks's next attempt after its jittered backoff,
+// or at freeAt if that comes first (zero: none): when the holder's lease,
+// as the last "locked" answer saw it, can be taken over (takeoverAt).
+// Polling with backoff goes on either way: the holder may extend.
+func (st *loopState) scheduleRetry(ks *keyState, now, freeAt time.Time) {
+	ks.retryAt = now.Add(st.contended(ks).bo.NextBackOff())
+	if !freeAt.IsZero() && freeAt.Before(ks.retryAt) {
+		ks.retryAt = freeAt
 	}
-	ks.retryAt = now.Add(ks.bo.NextBackOff())
 	ks.retryGen++
 	heap.Push(&st.retries, retryEntry{at: ks.retryAt, ks: ks, gen: ks.retryGen})
 	st.sig().retrying.signal(ks.key)
+}
+
+// contended returns ks's contention state, making it on first use: most
+// keys are never contended and keep none.
+func (st *loopState) contended(ks *keyState) *keyContention {
+	if ks.cont == nil {
+		ks.cont = &keyContention{bo: retry.New(st.m.cfg.Retry, retry.Options{})}
+	}
+	return ks.cont
+}
+
+// takeoverAt is when a key found held can be taken over on this process's
+// monotonic clock, if its holder neither extends nor releases it: r is
+// the "locked" answer, received by now. The server grants the key from
+// the holder's expires_at + pglease.TimeTolerance on its own clock,
+// r.RetryAfter after its clock reading during the attempt, which came
+// before now: now + RetryAfter is not early, and late by at most the
+// round trip. 1 ms + 500 ppm of the wait cover the clocks' rates. Zero
+// when the answer did not say (RetryAfter 0).
+func takeoverAt(r pg.AcquireResult, now time.Time) time.Time {
+	if r.RetryAfter <= 0 {
+		return time.Time{}
+	}
+	return now.Add(r.RetryAfter + r.RetryAfter/2000 + time.Millisecond)
 }
 
 func (st *loopState) clearRetry(ks *keyState) {
@@ -510,8 +557,9 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.Acqui
 	req.state = reqGranted
 	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
 	req.reply <- acquireReply{lock: lk}
-	if ks.bo != nil {
-		ks.bo.Reset()
+	if ks.cont != nil {
+		ks.cont.bo.Reset()
+		ks.cont.heldBy = ""
 	}
 	ks.lastErr = nil
 	st.sig().granted.signal(ks.key)

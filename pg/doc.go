@@ -133,7 +133,9 @@
 // later). Store.SetupReleaseTrigger(ctx, channel) (opt-in; DDL also from
 // ReleaseTriggerSQL) adds a row-level AFTER DELETE trigger on the lock
 // table running pg_notify(channel, hashKey(user_key)), so any deleting
-// session wakes them; takeover is an UPDATE and notifies nothing. Use the
+// session wakes them, whatever its role (the trigger function is SECURITY
+// DEFINER: SyncGuard's role needs no grant on pglease's functions);
+// takeover is an UPDATE and notifies nothing. Use the
 // Managers' channel: pglease's own release then notifies the same payload
 // twice in one transaction and PostgreSQL delivers it once (tested).
 // Measured (BenchmarkReleaseTrigger, fsync on, 2 busy cores, 3 runs):

@@ -20,7 +20,7 @@ import (
 // number of the last migration in Migrations. Version 0 is no pglease
 // schema at all, which includes the schema SetupSchema created before
 // schema versions existed (migration 1 and 2 upgrade it in place).
-const SchemaVersion = 2
+const SchemaVersion = 3
 
 // Migration is one numbered step of the lease schema, rendered for a
 // Config's table names. Up takes the schema from Version-1 to Version,
@@ -52,18 +52,25 @@ type migrationTemplate struct {
 var migrationTemplates = []migrationTemplate{
 	{name: "syncguard_tables", up: tablesTemplate, down: tablesDownTemplate + dropHashKeyIfUnused, compatibleFrom: 1},
 	{name: "pglease_functions", up: functionsTemplate, down: functionsDownTemplate, compatibleFrom: 2},
+	// Adds an acquire function; version 2's code still runs on it.
+	{name: "acquire_holder_expiry", up: acquireTemplate, down: acquireDownTemplate, compatibleFrom: 2},
 }
 
 // functionsDownTemplate is migration 2 (down): it drops what migration 2
 // created and never touches SyncGuard's tables.
-const functionsDownTemplate = `DROP FUNCTION IF EXISTS {fn_acquire}(text[], text[], text[], text[], bigint[], text);
+const functionsDownTemplate = `DROP FUNCTION IF EXISTS {fn_acquire_v2}(text[], text[], text[], text[], bigint[], text);
 DROP FUNCTION IF EXISTS {fn_release}(text[], text);
 DROP FUNCTION IF EXISTS {fn_extend}(text[], bigint[]);
 DROP FUNCTION IF EXISTS {fn_handoff}(text[], text[], text[], text[], text[], bigint[], text, text);
 DROP TABLE IF EXISTS {h};
 ` + dropHashKeyIfUnused
 
-// dropHashKeyIfUnused ends both downs (a release trigger can keep the
+// acquireDownTemplate is migration 3 (down): it drops version 3's acquire
+// function (version 2's stays).
+const acquireDownTemplate = `DROP FUNCTION IF EXISTS {fn_acquire}(text[], text[], text[], text[], bigint[], text);
+`
+
+// dropHashKeyIfUnused ends the downs of migrations 1 and 2 (a release trigger can keep the
 // function alive past migration 2's down).
 const dropHashKeyIfUnused = `-- The hashKey function is shared by every table pair in its schema and by
 -- release triggers (SetupReleaseTrigger): drop it only when no other

@@ -447,14 +447,17 @@ func TestSchemaCheck(t *testing.T) {
 		}
 	}
 	wantFound(s, 0, "pglease migrate")
-	migrate(t, s, 1, pg.MigrateOptions{})
-	wantFound(s, 1, "pglease migrate")
-	migrate(t, s, 2, pg.MigrateOptions{})
+	for v := 1; v < pg.SchemaVersion; v++ {
+		migrate(t, s, v, pg.MigrateOptions{})
+		wantFound(s, v, "pglease migrate")
+	}
+	migrate(t, s, pg.SchemaVersion, pg.MigrateOptions{})
 	if r, err := s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Minute}); err != nil || !r.OK {
 		t.Fatalf("Acquire at the current version = %v, %v", r, err)
 	}
 
-	// A future version 3 that still serves 2, then one that does not.
+	// A future version that still serves this one, then one that does not.
+	next := pg.SchemaVersion + 1
 	record := func(v, from int) {
 		t.Helper()
 		if _, err := pool.Exec(c, fmt.Sprintf(`DO $$ DECLARE f text; BEGIN
@@ -464,10 +467,10 @@ func TestSchemaCheck(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	record(3, 2)
+	record(next, pg.SchemaVersion)
 	s2, _ := pg.New(pool, pg.Config{})
 	if r, err := s2.Acquire(c, pg.AcquireRequest{Key: "k2", TTL: time.Minute}); err != nil || !r.OK {
-		t.Fatalf("Acquire on a newer schema that serves 2 = %v, %v", r, err)
+		t.Fatalf("Acquire on a newer schema that serves this version = %v, %v", r, err)
 	}
 	if err := s2.SetupSchema(c); err != nil {
 		t.Fatalf("SetupSchema on a newer compatible schema = %v", err)
@@ -475,9 +478,9 @@ func TestSchemaCheck(t *testing.T) {
 	if err := s2.Migrate(c, 1, pg.MigrateOptions{}); err == nil || !strings.Contains(err.Error(), "newer") {
 		t.Fatalf("Migrate down from an unknown version = %v", err)
 	}
-	record(3, 3)
+	record(next, next)
 	s3, _ := pg.New(pool, pg.Config{})
-	wantFound(s3, 3, "upgrade pglease")
+	wantFound(s3, next, "upgrade pglease")
 	if err := s3.SetupSchema(c); !strings.Contains(fmt.Sprint(err), "upgrade pglease") {
 		t.Fatalf("SetupSchema on an incompatible newer schema = %v", err)
 	}

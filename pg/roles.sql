@@ -15,6 +15,11 @@
 --                 TRUNCATE: fence counters are never deleted), EXECUTE on
 --                 the pglease_* functions. Not superuser, no
 --                 pg_signal_backend: pglease never needs either.
+--   A SyncGuard service on the same tables may keep a role of its own with
+--   only SyncGuard's grants (SELECT/INSERT/UPDATE/DELETE on the lock table,
+--   SELECT/INSERT/UPDATE on the fence table): the release trigger
+--   (SetupReleaseTrigger, run as the owner role) runs as its owner, so that
+--   role's releases notify without EXECUTE on any pglease_* function.
 --
 -- psql variables (all required):
 --   owner_role, runtime_role  the two role names

@@ -21,11 +21,17 @@ const (
 	DefaultFenceTable = "syncguard_fence_counters"
 )
 
-// fnVersion is part of the server functions' names (their hash input):
-// functions with a new body or signature get new names, so code of one
-// schema version never calls another version's functions. See
-// functionsTemplate for when to change it.
-const fnVersion = "v2"
+// fnVersion and acquireVersion are part of the server functions' names
+// (their hash input): functions with a new body or signature get new
+// names, so code of one schema version never calls another version's
+// functions. fnVersion names the release, extend and handoff functions
+// (schema version 2), acquireVersion the acquire function (schema version
+// 3; version 2's stays, named with fnVersion). See functionsTemplate for
+// when to change them.
+const (
+	fnVersion      = "v2"
+	acquireVersion = "v3"
+)
 
 // SchemaFile is SchemaSQL(Config{}) (default table names): every
 // migration's up SQL in order, as one file, pg/schema.sql, for users who
@@ -45,6 +51,7 @@ type names struct {
 	holders           string // quoted holder identity table, in the lock table's schema
 	idxLockID, idxExp string // quoted index names (unqualified: indexes live in the table's schema)
 	fnAcquire         string // quoted, qualified like the lock table
+	fnAcquireV2       string // schema version 2's acquire function, kept for version 2's code
 	fnRelease         string
 	fnExtend          string
 	fnHandOff         string
@@ -125,7 +132,8 @@ func (c Config) names(op string) (names, error) {
 		return hex.EncodeToString(sum[:5])
 	}
 	cur, v0 := h(fnVersion), h("v1")
-	n.fnAcquire = quote(ls, "pglease_acquire_"+cur)
+	n.fnAcquire = quote(ls, "pglease_acquire_"+h(acquireVersion))
+	n.fnAcquireV2 = quote(ls, "pglease_acquire_"+cur)
 	n.fnRelease = quote(ls, "pglease_release_"+cur)
 	n.fnExtend = quote(ls, "pglease_extend_"+cur)
 	n.fnHandOff = quote(ls, "pglease_handoff_"+cur)
@@ -180,7 +188,7 @@ func (n names) render(tmpl string) string {
 	r := strings.NewReplacer(
 		"{t}", n.lock, "{f}", n.fence, "{h}", n.holders, "{idx_lock_id}", n.idxLockID, "{idx_expires}", n.idxExp,
 		"{fn_acquire}", n.fnAcquire, "{fn_release}", n.fnRelease, "{fn_extend}", n.fnExtend, "{fn_handoff}", n.fnHandOff, "{fn_hash}", n.fnHash,
-		"{fn_schema}", n.fnSchema, "{fn_acquire_v0}", n.fnAcquireV0, "{fn_release_v0}", n.fnReleaseV0,
+		"{fn_schema}", n.fnSchema, "{fn_acquire_v0}", n.fnAcquireV0, "{fn_release_v0}", n.fnReleaseV0, "{fn_acquire_v2}", n.fnAcquireV2,
 		"{fn_extend_v0}", n.fnExtendV0,
 	)
 	return r.Replace(tmpl)
@@ -262,10 +270,10 @@ $pglease$;
 // which rewrites pg/schema.sql and the files in pg/migrations (tests fail
 // until they match). After a release, databases at version 2 would not
 // see the edit: copy the changed functions into a new migration (a new
-// entry in migrationTemplates, version 3), bump fnVersion so the new
-// functions get new names next to the old ones (old processes keep
-// working during a rolling upgrade), bump SchemaVersion, and drop the old
-// functions in a later migration.
+// entry in migrationTemplates), give them a new version in their names
+// (as acquireVersion did for migration 3) so that they sit next to the
+// old ones (old processes keep working during a rolling upgrade), bump
+// SchemaVersion, and drop the old functions in a later migration.
 const functionsTemplate = `CREATE TABLE IF NOT EXISTS {h} (
   key TEXT PRIMARY KEY,
   lock_id TEXT NOT NULL,
@@ -308,7 +316,7 @@ $fn$;
 -- (refused at FENCE MAX: status 2, nothing changed), lock row upsert,
 -- holder upsert (p_holder NULL: none). Status: 0 acquired, 1 locked,
 -- 2 fence overflow.
-CREATE OR REPLACE FUNCTION {fn_acquire}(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_holder text)
+CREATE OR REPLACE FUNCTION {fn_acquire_v2}(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_holder text)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -477,6 +485,75 @@ BEGIN
       VALUES (r.k, r.id, v_now + r.ttl, v_now, lpad(v_fence::text, 15, '0'), r.uk)
       ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
         acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+    IF p_holder IS NOT NULL THEN
+      INSERT INTO {h} AS h (key, lock_id, holder) VALUES (r.k, r.id, p_holder)
+        ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder;
+    END IF;
+    o_status := 0; o_fence := v_fence; o_acquired_ms := v_now; o_expires_ms := v_now + r.ttl;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+`
+
+// acquireTemplate is migration 3 (up): an acquire function whose "locked"
+// answer also says until when and by whom the key is held, so that a
+// waiter can try again right when the key can be taken over instead of at
+// its next poll, and can say who held the key when it gives up. Version
+// 2's acquire function stays, for version 2's code during a rolling
+// upgrade.
+const acquireTemplate = `-- The acquire function of schema version 3. As version 2's, plus: every row
+-- has the server clock the key was checked at (o_now_ms); a "locked" row
+-- (status 1) has the holder's expires_at_ms (o_expires_ms: the key can be
+-- taken from o_expires_ms + 1000 unless the holder extends it) and the
+-- holder identity recorded for the holder's lockId (o_holder; NULL when
+-- none was, e.g. a SyncGuard holder). Status: 0 acquired, 1 locked,
+-- 2 fence overflow.
+CREATE OR REPLACE FUNCTION {fn_acquire}(p_keys text[], p_user_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_holder text)
+RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_holder text)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_exp bigint;
+  v_id text;
+  v_now bigint;
+  v_fence bigint;
+BEGIN
+  -- A fence handed out and lost in a crash would be handed out again.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  FOR r IN
+    SELECT u.k, u.uk, u.fk, u.id, u.ttl, u.i::integer AS i
+    FROM unnest(p_keys, p_user_keys, p_fence_keys, p_lock_ids, p_ttls) WITH ORDINALITY AS u(k, uk, fk, id, ttl, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i;
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_holder := NULL;
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    v_exp := NULL; v_id := NULL;
+    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = r.k FOR UPDATE;
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    o_now_ms := v_now;
+    IF v_exp IS NOT NULL AND v_exp + 1000 > v_now THEN
+      o_status := 1;
+      o_expires_ms := v_exp;
+      SELECT h.holder INTO o_holder FROM {h} AS h WHERE h.key = r.k AND h.lock_id = v_id;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    v_fence := NULL;
+    INSERT INTO {f} AS c (fence_key, fence, key_debug) VALUES (r.fk, 1, r.uk)
+      ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+      RETURNING c.fence INTO v_fence;
+    IF v_fence IS NULL THEN
+      o_status := 2;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    INSERT INTO {t} AS l (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
+      VALUES (r.k, r.id, v_now + r.ttl, v_now, lpad(v_fence::text, 15, '0'), r.uk)
+      ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
+        acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+    -- Holder identity, tied to this grant's lockId (see version 2's).
     IF p_holder IS NOT NULL THEN
       INSERT INTO {h} AS h (key, lock_id, holder) VALUES (r.k, r.id, p_holder)
         ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder;

@@ -112,7 +112,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	live := " AND l.expires_at_ms + " + fmt.Sprint(pglease.TimeToleranceMs) + " > " + liveMs
 	return &Store{
 		db: db, cfg: cfg, n: n, holder: holder,
-		acquireSQL:       "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
+		acquireSQL:       "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms, o_now_ms, o_holder FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
 		versionSQL:       "SELECT version, compatible_from FROM " + n.fnSchema + "()",
 		releaseSQL:       "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
 		releaseWaitedSQL: releaseWaitedSQL(n.fnRelease, n.fnHash),
@@ -154,8 +154,22 @@ type AcquireResult struct {
 	Fence pglease.Fence
 	// AcquiredAt and ExpiresAt are server times with millisecond
 	// precision, set when OK. The record stays live for acquirers until
-	// ExpiresAt + pglease.TimeTolerance.
+	// ExpiresAt + pglease.TimeTolerance. When the key is held by someone
+	// else, ExpiresAt is that holder's expiry (AcquiredAt stays zero).
 	AcquiredAt, ExpiresAt time.Time
+	// RetryAfter is set when the key is held by someone else: the time
+	// from the server's clock reading in this attempt to the moment the
+	// key can be taken over (ExpiresAt + pglease.TimeTolerance) unless
+	// the holder extends or releases it first. Counted from the call's
+	// return it is never early (clock rate differences apart), so a
+	// caller that polls can try again then instead of at its next poll;
+	// keep polling too, since the holder may extend.
+	RetryAfter time.Duration
+	// Holder is set when the key is held by someone else and its holder
+	// recorded an identity (Config.Holder of the pglease Store that took
+	// it; "" for a SyncGuard holder, or none recorded), for messages and
+	// operators.
+	Holder string
 	// Err is set (and OK false) in AcquireMany results for an item that
 	// failed on its own: today only a fence counter past
 	// pglease.FenceMax (CodeInternal). Acquire returns it as its error.
@@ -164,8 +178,8 @@ type AcquireResult struct {
 
 // Format never prints the lockId.
 func (r AcquireResult) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "pg.AcquireResult{OK:%t LockID:[redacted] Fence:%s AcquiredAt:%s ExpiresAt:%s Err:%v}",
-		r.OK, r.Fence, r.AcquiredAt.Format(time.RFC3339Nano), r.ExpiresAt.Format(time.RFC3339Nano), r.Err)
+	fmt.Fprintf(f, "pg.AcquireResult{OK:%t LockID:[redacted] Fence:%s AcquiredAt:%s ExpiresAt:%s RetryAfter:%v Holder:%q Err:%v}",
+		r.OK, r.Fence, r.AcquiredAt.Format(time.RFC3339Nano), r.ExpiresAt.Format(time.RFC3339Nano), r.RetryAfter, r.Holder, r.Err)
 }
 
 // ExtendRequest is one item of ExtendMany.
@@ -333,8 +347,9 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	}
 	err = s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
 		var idx, status int32
-		var fence, acq, exp *int64
-		if err := rows.Scan(&idx, &status, &fence, &acq, &exp); err != nil {
+		var fence, acq, exp, now *int64
+		var holder *string
+		if err := rows.Scan(&idx, &status, &fence, &acq, &exp, &now, &holder); err != nil {
 			return err
 		}
 		i := int(idx) - 1
@@ -350,6 +365,7 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 			out[i] = AcquireResult{OK: true, LockID: ids[i], Fence: pglease.Fence(*fence),
 				AcquiredAt: time.UnixMilli(*acq), ExpiresAt: time.UnixMilli(*exp)}
 		case 1:
+			out[i] = lockedResult(exp, now, holder)
 		case 2:
 			out[i].Err = pglease.NewError(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
 		default:
@@ -373,6 +389,23 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 		}
 	}
 	return out, nil
+}
+
+// lockedResult is the answer for a key held by someone else: the holder's
+// expiry and identity, when the acquire function returned them.
+func lockedResult(exp, now *int64, holder *string) AcquireResult {
+	var r AcquireResult
+	if exp != nil && now != nil {
+		r.ExpiresAt = time.UnixMilli(*exp)
+		// now is the server clock floored to the ms: the true remaining
+		// time is at most this.
+		r.RetryAfter = max(time.Duration(*exp+pglease.TimeToleranceMs-*now)*time.Millisecond, 0)
+	}
+	// Shown in messages and on terminals: only what Config.Holder accepts.
+	if holder != nil && checkHolder("", *holder) == nil {
+		r.Holder = *holder
+	}
+	return r
 }
 
 // prepareAcquire validates acquire items and derives the function's

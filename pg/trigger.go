@@ -69,6 +69,12 @@ func (n names) dropTriggerSQL() string {
 // twice with the same payload in one transaction, which PostgreSQL
 // delivers once.
 //
+// The trigger function runs as the role that ran SetupReleaseTrigger
+// (SECURITY DEFINER; run it as pg/roles.sql's owner role, the owner of the
+// lock table and the hashKey function): every role that may delete lock
+// rows, SyncGuard's included, then releases without EXECUTE on pglease's
+// functions.
+//
 // It is idempotent and safe to run from several processes at once: one
 // implicit transaction serialized with SetupSchema's advisory lock. When
 // the trigger already exists with this channel it does not touch the
@@ -136,9 +142,15 @@ func (s *Store) DropReleaseTrigger(ctx context.Context) error {
 // The trigger function is created in the lock table's schema and calls
 // the hashKey function by its schema-qualified name, both resolved here
 // through the setup session's search_path: the trigger then works from
-// sessions (SyncGuard's) with any search_path. Row level: measured as
-// cheap as a statement-level trigger with a transition table (see
-// BenchmarkReleaseTrigger) and simpler.
+// sessions (SyncGuard's) with any search_path. It is SECURITY DEFINER, so
+// that a role allowed to DELETE lock rows but not to EXECUTE pglease's
+// functions (SyncGuard's own role, next to pg/roles.sql's grants) can
+// still release: it runs the hashKey function as the trigger function's
+// owner, and nothing else. Its search_path is pinned (pg_catalog, then
+// pg_temp), so a deleting session cannot put objects of its own in its
+// way; and a trigger function cannot be called other than as a trigger.
+// Row level: measured as cheap as a statement-level trigger with a
+// transition table (see BenchmarkReleaseTrigger) and simpler.
 const triggerTemplate = `-- pglease release trigger: deleting a lock row notifies hashKey(user_key).
 DO $do$
 DECLARE
@@ -159,7 +171,7 @@ BEGIN
   END IF;
   v_fn := format('%I.%I', v_schema, '{fn}');
   EXECUTE format($f$CREATE OR REPLACE FUNCTION %s() RETURNS trigger
-LANGUAGE plpgsql VOLATILE AS $fn$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 BEGIN
   PERFORM pg_notify(TG_ARGV[0], %s(OLD.user_key));
   RETURN NULL;

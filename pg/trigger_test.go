@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -438,7 +439,9 @@ func BenchmarkReleaseTrigger(b *testing.B) {
 			if v.notify {
 				cfg.NotifyChannel = ch
 			}
-			s, pool, _ := newStore(b, cfg, maxConns(8))
+			// As the superuser: installing the trigger (and the statement
+			// trigger) is DDL the runtime role may not run.
+			s, pool, _ := newSuperStore(b, cfg, maxConns(8))
 			c, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 			defer cancel()
 			if v.row {
@@ -504,5 +507,92 @@ func BenchmarkReleaseTrigger(b *testing.B) {
 				})
 			}
 		})
+	}
+}
+
+// TestReleaseTriggerSyncGuardRole: with the release trigger installed by
+// the owner role and pg/roles.sql applied, a SyncGuard service connecting
+// as a role of its own, with only the table grants SyncGuard needs (no
+// EXECUTE on any pglease function), releases by its DELETE: the row goes
+// and the trigger notifies hashKey(key). That role still cannot call
+// pglease's functions itself; pglease's runtime role releases as before.
+func TestReleaseTriggerSyncGuardRole(t *testing.T) {
+	t.Parallel()
+	c := ctx(t)
+	rs := pgtest.RoleSchemaForTest(t)
+	admin := rs.AdminPool(t)
+	ch := pgtest.RandomName("trg")
+	l := listen(t, ch)
+
+	owner, err := pgx.Connect(c, rs.OwnerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer owner.Close(context.Background())
+	ownerStore, err := pg.New(owner, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ownerStore.SetupReleaseTrigger(c, ch); err != nil {
+		t.Fatalf("SetupReleaseTrigger as the owner role: %v", err)
+	}
+
+	// SyncGuard's role: CONNECT, USAGE on the schema, and the table grants
+	// of SyncGuard's backend (lock table: SELECT/INSERT/UPDATE/DELETE;
+	// fence table: SELECT/INSERT/UPDATE).
+	sg := pgtest.RandomName("syncguard_")
+	var db string
+	if err := admin.QueryRow(c, "SELECT current_database()").Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	schema := pgx.Identifier{rs.Schema}.Sanitize()
+	if err := pgtest.ExecGrants(c, admin, "CREATE ROLE "+sg+" LOGIN; GRANT CONNECT ON DATABASE "+pgx.Identifier{db}.Sanitize()+" TO "+sg+
+		"; GRANT USAGE ON SCHEMA "+schema+" TO "+sg+
+		"; GRANT SELECT, INSERT, UPDATE, DELETE ON "+schema+".syncguard_locks TO "+sg+
+		"; GRANT SELECT, INSERT, UPDATE ON "+schema+".syncguard_fence_counters TO "+sg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // before the schema is dropped (cleanups run LIFO)
+		cc, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, q := range []string{"DROP OWNED BY " + sg, "DROP ROLE " + sg} {
+			if err := pgtest.ExecGrants(cc, admin, q); err != nil {
+				t.Errorf("%s: %v", q, err)
+			}
+		}
+	})
+	sgPool := rolePool(t, sg, rs.Schema)
+
+	rt := rs.RuntimePool(t)
+	s, err := pg.New(rt, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key = "sg-role-😀"
+	id := mustAcquire(t, s, key, time.Minute)
+	if ok, err := syncGuardRelease(c, sgPool, id); err != nil || !ok {
+		t.Fatalf("SyncGuard's release as its own role = %v, %v", ok, err)
+	}
+	var left int
+	if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks WHERE key = $1", key).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("rows left after SyncGuard's release: %d, %v", left, err)
+	}
+	if got, want := l.drain(t, admin), []string{pglease.HashKey(key)}; !equal(got, want) {
+		t.Fatalf("notifications %q, want %q", got, want)
+	}
+
+	// No more than that: SyncGuard's role cannot run pglease's functions.
+	_, err = sgPool.Exec(c, "SELECT "+schema+".pglease_hashkey_v1('x')")
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42501" {
+		t.Fatalf("hashKey as SyncGuard's role: %v, want SQLSTATE 42501", err)
+	}
+
+	// pglease's runtime role still releases (and notifies through the trigger).
+	if ok, err := s.Release(c, mustAcquire(t, s, key, time.Minute)); err != nil || !ok {
+		t.Fatalf("Release as the runtime role = %v, %v", ok, err)
+	}
+	if got, want := l.drain(t, admin), []string{pglease.HashKey(key)}; !equal(got, want) {
+		t.Fatalf("runtime release: notifications %q, want %q", got, want)
 	}
 }

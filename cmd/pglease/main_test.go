@@ -216,7 +216,7 @@ func TestStatus(t *testing.T) {
 		r = run(t, w.url, "", "status", "--name", "scheduler=int64:42424242")
 		return strings.Contains(r.stdout, "int64:42424242 (scheduler): 1 waiting")
 	})
-	want(t, r, 0, "schema v2 (current)", "LEASES  1 live, 1 expired", pglease.HashKey("job:1"), "billing[42]@web-1",
+	want(t, r, 0, fmt.Sprintf("schema v%d (current)", pg.SchemaVersion), "LEASES  1 live, 1 expired", pglease.HashKey("job:1"), "billing[42]@web-1",
 		"ADVISORY LOCKS", "scheduler", fmt.Sprint(holder.BackendPID()), "waiting", "lease acquire "+pglease.HashKey("job:1"),
 		"CONTENTION", "lease "+pglease.HashKey("job:1")+": 1 waiting", "int64:42424242 (scheduler): 1 waiting")
 	if strings.Contains(r.stdout, "job:1") || strings.Contains(r.stdout, job.LockID) {
@@ -394,18 +394,18 @@ func TestSchemaCommands(t *testing.T) {
 	r = run(t, w.url, "", "status")
 	want(t, r, exitSchema, "LEASES  none: no lock table", "run `pglease setup`") // no tables at all yet
 	r = run(t, w.url, "", "setup")
-	want(t, r, 0, "schema migrated from version 0 to 2")
+	want(t, r, 0, fmt.Sprint("schema migrated from version 0 to ", pg.SchemaVersion))
 	r = run(t, w.url, "", "setup")
-	want(t, r, 0, "already at version 2")
+	want(t, r, 0, fmt.Sprint("already at version ", pg.SchemaVersion))
 	r = run(t, w.url, "", "version")
 	want(t, r, 0, "status: current")
 	w.acquire(t, "keep", time.Minute)
 	r = run(t, w.url, "", "migrate", "--to", "0")
-	want(t, r, 0, "from version 2 to 0", "tables and fence counters kept")
+	want(t, r, 0, fmt.Sprintf("from version %d to 0", pg.SchemaVersion), "tables and fence counters kept")
 	r = run(t, w.url, "", "status")
-	want(t, r, exitSchema, "schema v0, this pglease needs v2", "1 live") // SyncGuard's tables still show their leases
+	want(t, r, exitSchema, fmt.Sprint("schema v0, this pglease needs v", pg.SchemaVersion), "1 live") // SyncGuard's tables still show their leases
 	r = run(t, w.url, "", "migrate")
-	want(t, r, 0, "from version 0 to 2")
+	want(t, r, 0, fmt.Sprint("from version 0 to ", pg.SchemaVersion))
 	r = run(t, w.url, "", "migrate", "--designs", "--to", "1")
 	want(t, r, 0, "design functions installed")
 	var id int64

@@ -12,6 +12,7 @@
 //
 //	0001_syncguard_tables.up.sql     0001_syncguard_tables.down.sql
 //	0002_pglease_functions.up.sql    0002_pglease_functions.down.sql
+//	0003_acquire_holder_expiry.up.sql  0003_acquire_holder_expiry.down.sql
 //
 // The same migrations for goose (one file each, -- +goose Up / Down) in
 // goose/. The optional design functions (email_to_lock_id,
