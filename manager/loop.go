@@ -92,11 +92,8 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		return
 	}
 	ks := st.keyFor(req.key, req.hash)
-	if req.try && (ks.holder != nil || len(ks.queue) > 0) {
-		// Held here, or callers here are already waiting ahead of it.
-		req.state = reqAnswered
-		req.reply <- acquireReply{locked: true}
-		st.gc(ks)
+	if req.try {
+		st.tryAcquire(ks, req) // tryattempt.go
 		return
 	}
 	req.acq.Queued(telemetry.QueueInfo{
@@ -139,21 +136,22 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 	default:
 	}
 	ks := st.keys[req.key]
-	var lastErr error
+	ans := acquireReply{abandoned: true}
 	if ks != nil {
 		if i := slices.Index(ks.queue, req); i >= 0 {
 			ks.queue = slices.Delete(ks.queue, i, i+1)
 			st.waiting--
 			st.unqueued(ks)
 		}
-		lastErr = ks.lastErr
+		// What the wait ended on (waitErr): a holder here, or an outage.
+		ans.heldHere, ans.lastErr = ks.holder != nil, ks.lastErr
 		if len(ks.queue) == 0 {
 			st.clearRetry(ks) // an attempt in flight finds no waiter and releases its grant
 		}
 		st.gc(ks)
 	}
 	req.state = reqAnswered
-	req.final <- acquireReply{abandoned: true, lastErr: lastErr}
+	req.final <- ans
 	st.sig().abandoned.signal(req.key)
 }
 
@@ -177,6 +175,10 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 	st.land(d.fl, kindAcquire)
 	now := time.Now()
 	for i, a := range d.batch {
+		if a.try != nil {
+			st.tryDone(a, d, i, now) // tryattempt.go
+			continue
+		}
 		ks := a.ks
 		err := d.err
 		var r pg.AcquireResult
@@ -198,7 +200,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 		if a.stale {
 			// Superseded: another attempt serves the key's waiters.
 			// Release whatever this one granted or may have granted.
-			if d.err != nil || r.OK {
+			if mayHaveGranted(d.err) || r.OK {
 				// Not blocking the key's attempts: this release may meet
 				// a dead connection too.
 				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl})
@@ -207,15 +209,20 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			continue
 		}
 		ks.attempt = nil
+		if d.err == nil && err == nil {
+			ks.lastErr = nil // it reached the database: whatever it found, no outage (waitErr)
+		}
 		switch {
 		case st.closing:
-			if d.err != nil || r.OK {
+			if mayHaveGranted(d.err) || r.OK {
 				st.orphanRelease(nil, a)
 			}
 		case d.err != nil:
-			// Outcome unknown (S5): release the pre-generated lockId, then
-			// retry or fail.
-			st.orphanRelease(ks, a)
+			// Outcome unknown (S5): release the pre-generated lockId (when
+			// the statement may have run), then retry or fail.
+			if mayHaveGranted(d.err) {
+				st.orphanRelease(ks, a)
+			}
 			st.attemptFailed(ks, err, now, d.db)
 		case err != nil: // this item failed on its own (fence overflow): nothing granted
 			ks.lastErr = err
@@ -321,8 +328,8 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		case d.err != nil:
 			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
 				"release outcome unknown: the lock is no longer extended and expires by itself", d.err)
-			if st.closeErr == nil && st.closing {
-				st.closeErr = err
+			if st.closeErr == nil && st.closing && it.handed {
+				st.closeErr = err // a lock a caller held (Close)
 			}
 		case !d.res[i]:
 			err = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
@@ -482,6 +489,12 @@ func (st *loopState) flush() {
 	st.flushHandOffs() // first: a handoff that goes out as a plain release joins pendRelease
 	live := st.pendAcquire[:0]
 	for _, a := range st.pendAcquire {
+		if a.try != nil {
+			if st.keepTry(a) {
+				live = append(live, a)
+			}
+			continue
+		}
 		if st.closing || len(a.ks.queue) == 0 {
 			a.ks.attempt = nil // nobody left to serve
 			st.gc(a.ks)
@@ -500,8 +513,8 @@ func (st *loopState) flush() {
 		// A round trip serving one caller is a child of its acquire span;
 		// one serving several is a root span they all link to.
 		var parent trace.SpanContext
-		if n == 1 && len(batch[0].ks.queue) == 1 {
-			parent = batch[0].ks.queue[0].acq.SpanContext()
+		if n == 1 {
+			parent = batch[0].soleCaller()
 		}
 		m.spawn(func() { m.sendAcquire(fl, batch, parent) })
 	}
