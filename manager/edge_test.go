@@ -102,6 +102,20 @@ func TestTryAcquireDuringOutageAnswersAtOnce(t *testing.T) {
 			t.Errorf("TryAcquire(%s) = %v, %v; want the outage (ServiceUnavailable)", key, ok, err)
 		}
 	}
+	// A key that callers of this Manager wait for is theirs first; while
+	// they wait out the outage, a try answers the outage, not "locked".
+	wctx, stopWaiter := context.WithCancel(ctx)
+	waiter := make(chan error, 1)
+	go func() { _, err := b.m.Acquire(wctx, "waited"); waiter <- err }()
+	waitFor(t, &b.sig.retrying, func(k string) bool { return k == "waited" })
+	if _, ok, err := b.m.TryAcquire(ctx, "waited"); ok || !errors.Is(err, pglease.ErrServiceUnavailable) {
+		t.Errorf("TryAcquire of a key waited for during the outage = %v, %v; want the outage (ServiceUnavailable)", ok, err)
+	}
+	stopWaiter()
+	if err := <-waiter; !errors.Is(err, pglease.ErrAborted) {
+		t.Errorf("cancelled waiter = %v", err)
+	}
+
 	// The database is back: the key is free (no row was ever written).
 	// (A try may still meet a connection the outage broke: try again.)
 	if err := proxy.Pass(); err != nil {

@@ -319,6 +319,11 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		// server and a retry can help (relretry.go); the key stays
 		// "releasing" meanwhile.
 		retried := d.err != nil && retryable(d.err) && st.retryRelease(it, now)
+		if it.ks != nil {
+			// Waiters of the key wait for this release: whether the
+			// database answered decides how their wait ends (waitErr).
+			it.ks.lastErr = d.err
+		}
 		switch {
 		case it.lost != nil:
 			err = it.lost
@@ -397,6 +402,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
 			st.loss.start(h, h.lease.TrustedUntil())
 			h.lock.setLease(h.lease, d.res[i].ExpiresAt)
+			h.ks.lastErr = nil // the database answered
 			h.acq.Extended(d.start.Sub(due))
 			n++
 		}

@@ -586,9 +586,8 @@ const heldHereMsg = "the key was held by this process (another caller of this Ma
 // a cancelled context is Aborted; a wait bound (acquire timeout or
 // deadline) is AcquisitionTimeout when the key was held (here: the
 // message says so; or elsewhere), and the code of the failure when the
-// key's last attempt could not reach the database (r.lastErr, see
-// unreachable). The last database error seen for the key is the cause
-// when there is one.
+// key's last round trip could not reach the database (r.lastErr, see
+// unreachable). That failure is the cause when there is one.
 func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	cause := context.Cause(wctx)
 	if cause == nil {
@@ -611,7 +610,7 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
 	case r.lastErr != nil && unreachable(wrapped):
 		return pglease.NewError(pglease.CodeOf(wrapped), op,
-			"the database could not be reached before the wait ended (the key's last attempt failed and no attempt since reached it); no lock was granted", wrapped)
+			"the database could not be reached before the wait ended (the key's last round trip failed and none since reached it); no lock was granted", wrapped)
 	}
 	return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended", wrapped)
 }
@@ -627,11 +626,13 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 // (or Config.AcquireTimeout). When it ends without the lock, no lock is
 // leaked and the error says why:
 //   - ctx cancelled: CodeAborted.
-//   - The deadline or the cap passed while the key's last attempt had
-//     failed to reach the database (connection refused or lost, no
-//     answer within its statement timeout or within a second, too many
-//     connections) and no attempt since had reached it: an outage, not
-//     contention. The error has that failure's code
+//   - The deadline or the cap passed while the database could not be
+//     reached: the key's last round trip (its last attempt, or the
+//     release of an earlier lockId of the key that its next attempt
+//     waits for) had failed to reach the database (connection refused or
+//     lost, no answer within its statement timeout or within a second,
+//     too many connections) and none had reached it since. That is an
+//     outage, not contention: the error has that failure's code
 //     (CodeServiceUnavailable, CodeNetworkTimeout or
 //     CodeResourceExhausted; pglease.Retryable) with the failure as its
 //     cause, and does not match pglease.ErrAcquisitionTimeout.
@@ -691,7 +692,7 @@ func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Con
 // holder: ok is false (and err nil) when the key is held, by another
 // process or by this Manager (callers of one Manager exclude each other:
 // locks are not re-entrant), or when callers of this Manager are already
-// waiting for it (they come first; when their key's last attempt could
+// waiting for it (they come first; when their key's last round trip could
 // not reach the database, TryAcquire answers that failure instead).
 //
 // Otherwise its attempt goes out at once, whatever else this Manager is
