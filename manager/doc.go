@@ -264,8 +264,9 @@
 //
 //   - Database unavailable, connections terminated, server restarted:
 //     waiters keep retrying with backoff until their wait ends. A wait
-//     that ends while the key's last round trip could not reach the
-//     database (and none since did) ends with that failure's code
+//     that ends while the key's last attempt (or a release its next one
+//     waits for) could not reach the database, and no attempt since did,
+//     ends with that failure's code
 //     (ServiceUnavailable, NetworkTimeout), not AcquisitionTimeout: an
 //     outage is not contention (see Manager.Acquire). A TryAcquire
 //     answers at once with its own attempt's outcome. Held locks

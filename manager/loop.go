@@ -319,9 +319,10 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		// server and a retry can help (relretry.go); the key stays
 		// "releasing" meanwhile.
 		retried := d.err != nil && retryable(d.err) && st.retryRelease(it, now)
-		if it.ks != nil {
-			// Waiters of the key wait for this release: whether the
-			// database answered decides how their wait ends (waitErr).
+		if it.ks != nil && d.err != nil {
+			// The key's waiters wait for this release: it failing to
+			// reach the database is how their wait may end (waitErr). Its
+			// success clears nothing: the attempt it lets go decides.
 			it.ks.lastErr = d.err
 		}
 		switch {

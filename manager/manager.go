@@ -586,7 +586,7 @@ const heldHereMsg = "the key was held by this process (another caller of this Ma
 // a cancelled context is Aborted; a wait bound (acquire timeout or
 // deadline) is AcquisitionTimeout when the key was held (here: the
 // message says so; or elsewhere), and the code of the failure when the
-// key's last round trip could not reach the database (r.lastErr, see
+// database could not be reached (r.lastErr, see keyState.lastErr and
 // unreachable). That failure is the cause when there is one.
 func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	cause := context.Cause(wctx)
@@ -610,7 +610,7 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
 	case r.lastErr != nil && unreachable(wrapped):
 		return pglease.NewError(pglease.CodeOf(wrapped), op,
-			"the database could not be reached before the wait ended (the key's last round trip failed and none since reached it); no lock was granted", wrapped)
+			"the database could not be reached before the wait ended (the key's last attempt, or a release it waited for, failed and no attempt since reached it); no lock was granted", wrapped)
 	}
 	return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended", wrapped)
 }
@@ -627,11 +627,11 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 // leaked and the error says why:
 //   - ctx cancelled: CodeAborted.
 //   - The deadline or the cap passed while the database could not be
-//     reached: the key's last round trip (its last attempt, or the
-//     release of an earlier lockId of the key that its next attempt
-//     waits for) had failed to reach the database (connection refused or
-//     lost, no answer within its statement timeout or within a second,
-//     too many connections) and none had reached it since. That is an
+//     reached: the key's last attempt, or a later round trip its next
+//     attempt waits for (the release of an earlier lockId of the key),
+//     had failed to reach the database (connection refused or lost, no
+//     answer within its statement timeout or within a second, too many
+//     connections), and no attempt had reached it since. That is an
 //     outage, not contention: the error has that failure's code
 //     (CodeServiceUnavailable, CodeNetworkTimeout or
 //     CodeResourceExhausted; pglease.Retryable) with the failure as its
@@ -692,8 +692,8 @@ func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Con
 // holder: ok is false (and err nil) when the key is held, by another
 // process or by this Manager (callers of one Manager exclude each other:
 // locks are not re-entrant), or when callers of this Manager are already
-// waiting for it (they come first; when their key's last round trip could
-// not reach the database, TryAcquire answers that failure instead).
+// waiting for it (they come first; when they are waiting out an outage,
+// by the rule of Acquire, TryAcquire answers that failure instead).
 //
 // Otherwise its attempt goes out at once, whatever else this Manager is
 // doing for the key (an attempt of callers who left, or the release of a

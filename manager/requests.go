@@ -49,8 +49,8 @@ type acquireReq struct {
 
 // acquireReply carries exactly one of: lock (granted), locked (TryAcquire
 // found the key held), err, or abandoned (the caller left; lastErr is the
-// failure of the key's last round trip if none reached the database
-// since, and heldHere tells that a caller of this Manager held the key).
+// key's outage record, keyState.lastErr, and heldHere tells that a
+// caller of this Manager held the key).
 type acquireReply struct {
 	lock      *Lock
 	locked    bool

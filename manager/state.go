@@ -69,7 +69,7 @@ type keyState struct {
 	retryAt   time.Time      // scheduled retry (zero: none)
 	retryGen  uint64         // invalidates stale retryHeap entries
 	bo        *retry.Backoff // this key's backoff (not thread-safe; loop-owned)
-	lastErr   error          // failure of the key's last round trip (attempt, release, extend), until one reaches the database again (waitErr)
+	lastErr   error          // failure of the key's last attempt, or of a later release or extend of it, until an attempt or extend reaches the database (waitErr)
 	chains    uint64         // numbers the key's attempt chains (flight.go)
 	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
 	hasFence  bool

@@ -24,8 +24,8 @@ import (
 // What a try does not race is this process's own callers: a key held here
 // is "locked" (callers of one Manager exclude each other), and a key with
 // callers of this Manager waiting is theirs first ("locked", or the
-// failure of the key's last round trip when it could not reach the
-// database: they are waiting out an outage, not a holder).
+// failure that keeps them from reaching the database, keyState.lastErr:
+// they are waiting out an outage, not a holder).
 
 // tryAcquire answers req at once, or queues its attempt.
 func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
