@@ -9,9 +9,11 @@
 //
 // # Errors
 //
-// Every error returned by pglease is, or wraps, an *Error. Test for a
-// condition with errors.Is against the sentinels (ErrInvalidArgument,
-// ErrClosed, ErrLockLost, …), which compare by Code, or extract the
-// *Error with errors.As. Retryable reports whether trying the same call
+// Every error returned by pglease is, or wraps, an *Error, except the
+// error of a function of yours that pglease runs and passes back unchanged
+// (manager.Manager.Do's and RunElection's fn). Test for a condition with
+// errors.Is against the sentinels (ErrInvalidArgument, ErrClosed,
+// ErrLockLost, …), which compare by Code, or extract the *Error with
+// errors.As. Retryable reports whether trying the same call
 // again may succeed. Error texts never contain a raw lock key or lockId.
 package pglease

@@ -17,7 +17,9 @@ const (
 	CodeInternal Code = iota + 1
 	// CodeInvalidArgument is bad input rejected before any I/O (key, lockId,
 	// TTL, table name, nil context …), or a server error that says the
-	// request itself is malformed (e.g. a missing table).
+	// request itself is malformed (e.g. a missing table) or the
+	// configuration wrong (a database that does not exist, 3D000). Not
+	// retryable: a waiting acquire fails at once.
 	CodeInvalidArgument
 	// CodeAborted is a call whose context ended (cancelled or past its
 	// deadline) before the outcome was known or before it started.
@@ -33,14 +35,19 @@ const (
 	// timeout, or a statement ended by pglease's own statement timeout
 	// (manager.Config.StatementTimeout) while the caller's context was alive.
 	CodeNetworkTimeout
-	// CodeAuthFailed is a failed authentication or missing privilege.
+	// CodeAuthFailed is a failed authentication (28P01), a role that does
+	// not exist or may not log in (28000), or a missing privilege. Not
+	// retryable: a waiting acquire fails at once.
 	CodeAuthFailed
 	// CodeResourceExhausted is a server out of a resource: 53200 out of
 	// shared memory (the lock table is full), too many connections, disk
 	// full.
 	CodeResourceExhausted
 	// CodeAcquisitionTimeout is a waiting acquire that gave up: its wait
-	// bound (acquire timeout) passed before the lock could be taken.
+	// bound (acquire timeout or context deadline) passed while the lock was
+	// held by someone else. A wait that ended because the database could
+	// not be reached has the code of that failure instead
+	// (CodeServiceUnavailable, CodeNetworkTimeout): see manager.Acquire.
 	CodeAcquisitionTimeout
 	// CodeLockLost means a held lock is no longer held: it expired, its
 	// extend failed past the trust window, or its session ended.

@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,9 +29,25 @@ type advisoryState struct {
 	sess    *advisory.Session              // the current session; nil before first use and after loss
 	opening chan struct{}                  // non-nil while one caller opens a session; closed when done
 	keys    map[advisory.Key]*AdvisoryLock // held keys; a nil value is a key being taken
+	queues  map[advisory.Key][]*advWaiter  // LockAdvisory callers waiting for a key in keys, FIFO
 	stopped chan struct{}                  // made by beginClose, closed when the close has finished
 	unlocks sync.WaitGroup                 // unlock statements in flight (Release); Add only under mu while !closed
 }
+
+// advWaiter is a LockAdvisory caller waiting for a key held (or being
+// taken) by another caller of this Manager. ready is closed when the key
+// is handed to it (granted: the key is reserved for it, as by reserve)
+// or when Close begins (not granted).
+type advWaiter struct {
+	ready   chan struct{}
+	granted bool // guarded by advisoryState.mu
+	pos     int  // immutable: callers ahead of it when it came (telemetry)
+}
+
+// errHeldHere tells takeAdvisory that a TryLockAdvisory found its key
+// held or being taken through this Manager: ok=false, like a key held by
+// another session. Never returned to callers.
+var errHeldHere = errors.New("advisory key held through this Manager")
 
 // AdvisoryLock is a session-level PostgreSQL advisory lock held through a
 // Manager (LockAdvisory, TryLockAdvisory): a pglease.Handle with no
@@ -225,28 +242,39 @@ func endedAnswer(op string, cause error) error {
 	return nil // closed: Close released it
 }
 
-// reop gives a *pglease.Error from package advisory the Manager's op.
+// reop gives a *pglease.Error (from package advisory, pg or pglease) the
+// Manager's op; any other error, which none of them returns, becomes
+// CodeInternal: every error of the Manager is a *pglease.Error.
 func reop(op string, err error) error {
 	var e *pglease.Error
 	if errors.As(err, &e) {
 		return pglease.NewError(e.Code, op, e.Msg, e.Err)
 	}
-	return err
+	return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
 }
 
 // LockAdvisory takes the session-level advisory lock key, waiting as long
 // as ctx allows, and returns it. When ctx ends first the error is
 // CodeAborted: the server-side wait is cancelled, a grant that raced the
 // cancel is released, and the other advisory locks of this Manager stay
-// held. Waiting is not FIFO (see advisory.Session.Lock).
+// held. Waiting for another session is not FIFO (see
+// advisory.Session.Lock).
+//
+// Locks are not re-entrant: callers of one Manager exclude each other
+// like any two holders, as for leases. LockAdvisory of a key held (or
+// being taken) through this Manager waits for that caller's Release, or
+// for the lock's loss, in FIFO order with the other callers of this
+// Manager waiting for it, without I/O; when ctx ends during that wait
+// the error is CodeAborted and says the key was held by this process.
+// The key is handed on only once the holder's unlock has been answered
+// (or its session has ended), so the shared session never stacks a key.
 //
 // All advisory locks of a Manager share one advisory.Session (a dedicated
 // connection hijacked from the pool, with a probe), opened on first use;
 // after that session is lost, the next call opens a new one. These fail
-// with no I/O: a nil context, an invalid (zero) key, and a key already
-// held or being taken through this Manager (advisory locks are not
-// re-entrant and do not queue) with CodeInvalidArgument; an ended context
-// with CodeAborted; a closed Manager with CodeClosed.
+// with no I/O: a nil context and an invalid (zero) key with
+// CodeInvalidArgument; an ended context with CodeAborted; a closed
+// Manager with CodeClosed.
 //
 // Advisory keys and lease keys are separate namespaces: an advisory lock
 // never conflicts with a lease lock of the same name.
@@ -266,8 +294,10 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...Ac
 }
 
 // TryLockAdvisory makes one attempt to take key without waiting: ok is
-// false (and err nil) when another session holds it. Errors as
-// LockAdvisory; ctx bounds the attempt (and the opening of the session).
+// false (and err nil) when another session holds it, or when a caller of
+// this Manager holds it or is taking it (without I/O: locks are not
+// re-entrant). Errors as LockAdvisory; ctx bounds the attempt (and the
+// opening of the session).
 //
 // # Telemetry of advisory locks
 //
@@ -279,11 +309,12 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...Ac
 //   - a pglease.acquire span, child of the span in ctx, started after the
 //     no-I/O argument checks (nil ctx, ended ctx, zero key: no span). It
 //     ends as granted (no pglease.fence: advisory locks have none),
-//     locked (TryLockAdvisory found the key held), aborted, closed, or
-//     error (including a key already held through this Manager, which is
-//     InvalidArgument). pglease.acquire.attempts counts the round trips
-//     below; pglease.acquire.contended is true when one of them found
-//     the key held.
+//     locked (TryLockAdvisory found the key held, by another session or
+//     through this Manager), aborted, closed, or error.
+//     pglease.acquire.attempts counts the round trips below;
+//     pglease.acquire.contended is true when one of them found the key
+//     held, or when a LockAdvisory waited for a caller of this Manager
+//     (a pglease.queued event with pglease.acquire.contended=true).
 //   - one client span per call to the advisory.Session, child of the
 //     acquire span, with a pglease.attempt event on the acquire span
 //     linking to it: pglease.advisory_try_lock (one
@@ -325,7 +356,7 @@ func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err
 			if errors.As(err, &e) {
 				return 0, pglease.NewError(e.Code, op, e.Msg, nil)
 			}
-			return 0, err
+			return 0, reop(op, err)
 		}
 	}
 	if o.ttl != 0 || o.timeout != 0 || o.manual {
@@ -367,8 +398,17 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 // call's acquisition (its grant is recorded by install).
 func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, holdLimit time.Duration, acq *telemetry.Acquisition) (*AdvisoryLock, error) {
 	a := &m.adv
-	if err := a.reserve(op, key, m.isClosing()); err != nil {
+	w, err := a.reserve(op, key, m.isClosing(), blocking)
+	switch {
+	case err == errHeldHere:
+		return nil, nil // TryLock: held through this Manager
+	case err != nil:
 		return nil, err
+	case w != nil:
+		acq.Queued(telemetry.QueueInfo{HeldLocally: true, Coalesced: w.pos > 0, Position: w.pos})
+		if err := a.await(ctx, op, key, w); err != nil {
+			return nil, err
+		}
 	}
 	granted := false
 	defer func() {
@@ -430,6 +470,7 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 			cause := context.Cause(il.Context())
 			if errors.Is(cause, pglease.ErrLockLost) {
 				acq.Lost(telemetry.LossSessionEnded, trace.SpanContext{})
+				a.forget(l) // the server freed it with the session: hand it on
 			}
 			l.cancel(cause)
 		})
@@ -472,29 +513,98 @@ func (a *advisoryState) isClosed() bool {
 	return a.closed
 }
 
-// reserve marks key as being taken, refusing a key held or being taken
-// through this Manager. No I/O.
-func (a *advisoryState) reserve(op string, key advisory.Key, closing bool) error {
+// reserve marks key as being taken, unless a caller of this Manager holds
+// it or is taking it: then a blocking caller gets a place in the key's
+// queue (wait for it with await) and a TryLock errHeldHere. No I/O.
+func (a *advisoryState) reserve(op string, key advisory.Key, closing, blocking bool) (*advWaiter, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if closing || a.closed {
-		return closedErr(op)
+		return nil, closedErr(op)
 	}
-	if l, ok := a.keys[key]; ok && (l == nil || l.inner.Context().Err() == nil) {
-		return invalid(op, "advisory key already held or being taken through this Manager (advisory locks are not re-entrant)")
+	if a.heldLocked(key) {
+		if !blocking {
+			return nil, errHeldHere
+		}
+		w := &advWaiter{ready: make(chan struct{}), pos: len(a.queues[key])}
+		if a.queues == nil {
+			a.queues = map[advisory.Key][]*advWaiter{}
+		}
+		a.queues[key] = append(a.queues[key], w)
+		return w, nil
 	}
 	if a.keys == nil {
 		a.keys = map[advisory.Key]*AdvisoryLock{}
 	}
 	a.keys[key] = nil
-	return nil
+	return nil, nil
+}
+
+// heldLocked reports whether a caller of this Manager holds key or is
+// taking it (or it is reserved for a waiter). A lock lost with its
+// session no longer holds its key, even before its Release: it is handed
+// on here if the loss's own hand-on has not run yet. a.mu is held.
+func (a *advisoryState) heldLocked(key advisory.Key) bool {
+	l, ok := a.keys[key]
+	if ok && l != nil && l.inner.Context().Err() != nil {
+		a.freeLocked(key)
+		_, ok = a.keys[key]
+	}
+	return ok
+}
+
+// freeLocked frees key: it is handed to the first waiter in its queue
+// (reserved for it), or forgotten when nobody waits. a.mu is held.
+func (a *advisoryState) freeLocked(key advisory.Key) {
+	q := a.queues[key]
+	if len(q) == 0 {
+		delete(a.keys, key)
+		return
+	}
+	w := q[0]
+	q[0] = nil
+	if len(q) == 1 {
+		delete(a.queues, key)
+	} else {
+		a.queues[key] = q[1:]
+	}
+	a.keys[key] = nil
+	w.granted = true
+	close(w.ready)
+}
+
+// await waits until key is handed to w (nil: it is reserved for the
+// caller now, as by reserve), ctx ends, or Close begins.
+func (a *advisoryState) await(ctx context.Context, op string, key advisory.Key, w *advWaiter) error {
+	select {
+	case <-w.ready:
+	case <-ctx.Done():
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case w.granted:
+		return nil // the caller's deferred unreserve hands it on if it fails
+	case a.closed:
+		return closedErr(op)
+	}
+	q := a.queues[key]
+	if i := slices.Index(q, w); i >= 0 {
+		q = slices.Delete(q, i, i+1)
+		if len(q) == 0 {
+			delete(a.queues, key)
+		} else {
+			a.queues[key] = q
+		}
+	}
+	return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the advisory lock: "+heldHereMsg, ctx.Err())
 }
 
 func (a *advisoryState) unreserve(key advisory.Key) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if l, ok := a.keys[key]; ok && l == nil {
-		delete(a.keys, key)
+		a.freeLocked(key)
 	}
 }
 
@@ -514,12 +624,15 @@ func (a *advisoryState) install(l *AdvisoryLock) bool {
 	return true
 }
 
-// forget removes l's entry, if the entry is still l.
+// forget removes l's entry, if the entry is still l, handing its key to
+// the first caller of this Manager waiting for it. Called once the key is
+// no longer held on the session: after l's unlock was answered, or when
+// l was lost with its session.
 func (a *advisoryState) forget(l *AdvisoryLock) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.keys[l.key] == l {
-		delete(a.keys, l.key)
+		a.freeLocked(l.key)
 	}
 }
 
@@ -531,7 +644,7 @@ func (a *advisoryState) drop(s *advisory.Session) {
 		a.sess = nil
 		for k, l := range a.keys {
 			if l != nil && l.inner.Context().Err() != nil {
-				delete(a.keys, k) // lost with the session
+				a.freeLocked(k) // lost with the session
 			}
 		}
 	}
@@ -622,6 +735,12 @@ func (a *advisoryState) beginClose(timeout time.Duration) {
 	stopped := make(chan struct{})
 	a.stopped = stopped
 	opening := a.opening
+	for k, q := range a.queues {
+		for _, w := range q {
+			close(w.ready) // not granted: await answers ErrClosed
+		}
+		delete(a.queues, k)
+	}
 	a.mu.Unlock()
 	go func() {
 		defer close(stopped)

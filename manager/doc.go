@@ -38,8 +38,21 @@
 //     timeout) before, during or after its grant.
 //   - Close is bounded and leaks no goroutine (L4).
 //
-// Locks are not re-entrant: Acquire of a key this Manager already holds
-// waits behind the holder (FIFO), and TryAcquire answers "locked".
+// # Callers of one Manager
+//
+// Locks are not re-entrant, and one rule holds for every kind (leases and
+// the Manager's advisory locks): callers of one Manager exclude each
+// other like any two holders. A try (TryAcquire, TryLockAdvisory) of a
+// key held in this process answers ok=false; a waiting acquire (Acquire,
+// LockAdvisory) waits for the local holder, in FIFO order with the other
+// callers of this Manager; when such a wait ends without the lock, its
+// error says that the key was held by this process (another caller of
+// this Manager). So a goroutine that acquires a key it already holds
+// waits for itself until its context ends, as with sync.Mutex: give the
+// context a deadline. Why this rule, rather than refusing the second
+// acquire: the Manager cannot tell the goroutine that holds a lock from
+// another goroutine of the process, and two workers of one process
+// taking turns on a key is the common case.
 //
 // # State diagram of a lock
 //
@@ -49,7 +62,7 @@
 //	             │     or a release/notification: at once        ▼ last attempt │ moves forward
 //	             │                                            extending ────────┘
 //	             ▼                                               │
-//	   ctx/timeout: Aborted or AcquisitionTimeout                ├─ Release ─────────────────► released (cause ErrReleased)
+//	   ctx/deadline: Aborted, AcquisitionTimeout or an outage    ├─ Release ─────────────────► released (cause ErrReleased)
 //	   (a grant racing the caller's departure is                 ├─ extend not ok, or trust
 //	    taken back and released)                                 │  window passed ───────────► lost     (cause ErrLockLost)
 //	                                                             └─ Close ───────────────────► closed   (cause ErrClosed)
@@ -258,8 +271,13 @@
 // # Failures
 //
 //   - Database unavailable, connections terminated, server restarted:
-//     waiters keep retrying with backoff until their wait ends (the last
-//     database error is the cause of their AcquisitionTimeout); held locks
+//     waiters keep retrying with backoff until their wait ends. A wait
+//     that ends while the key's last attempt (or a release its next one
+//     waits for) could not reach the database, and no attempt since did,
+//     ends with that failure's code
+//     (ServiceUnavailable, NetworkTimeout), not AcquisitionTimeout: an
+//     outage is not contention (see Manager.Acquire). A TryAcquire
+//     answers at once with its own attempt's outcome. Held locks
 //     keep retrying their extends and survive if one succeeds within the
 //     trust window, otherwise they are signalled lost, never silently.
 //     The pool reconnects by itself; the listener probes its connection
@@ -267,7 +285,8 @@
 //     (Lock.Release's, or the best-effort release of an acquire whose
 //     answer was lost) is sent again with backoff (100 ms doubling to 2 s)
 //     until the server answers, for as long as the lease can be live on
-//     the server (and during Close, until CloseTimeout): releasing by
+//     the server (during Close: until CloseTimeout for a lock a caller
+//     held, once more for the others; see Manager.Close): releasing by
 //     lockId is safe to repeat, and the key is free as soon as the
 //     database answers again, not only at the lease's expiry.
 //   - Failover (a multi-host connection string with
@@ -289,9 +308,9 @@
 //     nobody else anything.
 //   - Bad input (key, TTL, options, nil context) is CodeInvalidArgument
 //     before any I/O; a closed Manager answers CodeClosed.
-//   - Errors that retrying cannot fix (a missing table, failed
-//     authentication, a fence counter past its maximum) fail the waiters
-//     of the key at once.
+//   - Errors that retrying cannot fix (a missing table or database,
+//     failed authentication, a role that does not exist, a fence counter
+//     past its maximum) fail the waiters of the key at once.
 //   - Close: see Manager.Close.
 //
 // # Advisory locks
@@ -309,8 +328,9 @@
 // TTL and no fencing token, so that detection window is not covered by a
 // fence: see package advisory for when to prefer a lease or a
 // transaction lock. A key held or being taken through this Manager is
-// refused with CodeInvalidArgument (not re-entrant, no queueing); a wait
-// ended by ctx is CodeAborted and leaves the other locks held. Close
+// waited for (LockAdvisory, FIFO) or answered ok=false (TryLockAdvisory),
+// as for leases (see "Callers of one Manager"); a wait ended by ctx is
+// CodeAborted and leaves the other locks held. Close
 // cancels the held advisory locks with ErrClosed, fails waiting calls with
 // ErrClosed and closes the session (pg_advisory_unlock_all, then the
 // connection), bounded by Config.CloseTimeout, before Done is closed.

@@ -202,10 +202,12 @@ func (t *Term) Release(ctx context.Context) error {
 // by the lease; by the fence, no old leader's fenced write lands after a
 // newer leader's.
 //
-// RunElection returns ctx's error when ctx ends, the error of fn when fn
-// fails while still leading (after resigning), or the Manager's error
-// when the Manager closes or the election cannot run (bad configuration:
-// InvalidArgument, before any I/O).
+// RunElection returns, when ctx ends, a CodeAborted error wrapping ctx's
+// error (errors.Is(err, context.Canceled) holds after a cancel); the
+// error of fn, unchanged, when fn fails while still leading (after
+// resigning); or the Manager's error when the Manager closes or the
+// election cannot run (bad configuration: InvalidArgument, before any
+// I/O). Every error but fn's own is a *pglease.Error.
 func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx context.Context, term *Term) error) error {
 	const op = "manager.RunElection"
 	if err := pglease.CheckContext(op, ctx); err != nil {
@@ -232,23 +234,28 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 		return invalid(op, "ObserveInterval must not be negative")
 	}
 	obs := &observer{m: m, e: e, key: e.Name}
+	// ctx's end, as a *pglease.Error like every error of the package:
+	// errors.Is(err, context.Canceled) still holds.
+	ended := func() error {
+		return pglease.NewError(pglease.CodeAborted, op, "the election's context ended", ctx.Err())
+	}
 	for {
 		// Campaign: wait for the lease while watching who leads.
 		octx, stopObs := context.WithCancel(ctx)
 		done := make(chan struct{})
 		go func() { defer close(done); obs.watch(octx, every) }()
-		lk, err := m.Acquire(ctx, e.Name, WithTTL(ttl), WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := m.Acquire(ctx, e.Name, WithTTL(ttl))
 		stopObs()
 		<-done
 		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return ended()
 			}
 			if pglease.Retryable(err) {
 				// The database is away: campaign again after a pause.
 				select {
 				case <-ctx.Done():
-					return ctx.Err()
+					return ended()
 				case <-time.After(every):
 				}
 				continue
@@ -281,7 +288,7 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 		obs.saw("", false, false) // the next observation reports whoever leads next
 		switch {
 		case ctx.Err() != nil:
-			return ctx.Err()
+			return ended()
 		case ferr != nil && lost == nil:
 			return ferr
 		case errors.Is(rerr, pglease.ErrClosed):
@@ -296,7 +303,7 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 			// fixed pause raced the other candidate's wake-up on a busy
 			// machine.)
 			if !obs.awaitOther(ctx, every, ttl) {
-				return ctx.Err()
+				return ended()
 			}
 		}
 	}

@@ -2,13 +2,11 @@ package manager_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg/advisory"
 )
@@ -34,9 +32,11 @@ func ExampleManager_LockAdvisory() {
 	}
 	fmt.Println("held:", lk.Key(), lk.Err() == nil)
 
-	// Not re-entrant: this Manager refuses a key it already holds.
-	_, _, err = m.TryLockAdvisory(ctx, key)
-	fmt.Println("again:", errors.Is(err, pglease.ErrInvalidArgument))
+	// Not re-entrant: callers of one Manager exclude each other, so a try
+	// of a key this Manager holds answers ok=false (LockAdvisory would
+	// wait for the holder's Release).
+	_, ok, err := m.TryLockAdvisory(ctx, key)
+	fmt.Println("again:", ok, err)
 
 	// work(lk.Context()) — cancelled with cause ErrLockLost if the session dies.
 	if err := lk.Release(ctx); err != nil {
@@ -45,6 +45,6 @@ func ExampleManager_LockAdvisory() {
 	fmt.Println("cause after Release:", context.Cause(lk.Context()))
 	// Output:
 	// held: int64:7000001 true
-	// again: true
+	// again: false <nil>
 	// cause after Release: pglease: manager.AdvisoryLock.Release: Released: lock released
 }

@@ -56,5 +56,5 @@ func ExampleManager_RunElection() {
 	// leader: worker-1 self: true
 	// leading; fence > 0: true err: <nil>
 	// term ended; resigned: true released: true
-	// RunElection: context canceled
+	// RunElection: pglease: manager.RunElection: Aborted: the election's context ended: context canceled
 }

@@ -124,9 +124,9 @@ func ExampleLock_Extend() {
 	// batch 2 expiry moved: true time left: true
 }
 
-// NoAcquireTimeout makes Acquire wait for as long as its context allows,
-// like etcd's Mutex.Lock(ctx), instead of the default 5 s.
-func ExampleNoAcquireTimeout() {
+// Acquire waits for as long as its context allows, like etcd's
+// Mutex.Lock(ctx): without a deadline, until the holder lets go.
+func ExampleManager_Acquire_wait() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 	if err != nil {
@@ -153,7 +153,7 @@ func ExampleNoAcquireTimeout() {
 	})
 
 	// No deadline on ctx: wait until the holder lets go (or ctx is cancelled).
-	lk, err := m.Acquire(ctx, "example:migration", manager.WithAcquireTimeout(manager.NoAcquireTimeout))
+	lk, err := m.Acquire(ctx, "example:migration")
 	if err != nil {
 		panic(err)
 	}

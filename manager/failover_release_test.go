@@ -78,7 +78,7 @@ func TestFailoverReleasesRetried(t *testing.T) {
 	defer cancelAcquire()
 	acquired := make(chan error, 1)
 	go func() {
-		lk, err := a.Acquire(actx, amb, WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := a.Acquire(actx, amb)
 		if err == nil {
 			err = errGranted
 			_ = lk.Release(ctx)

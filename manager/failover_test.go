@@ -235,7 +235,7 @@ func (s *workerStats) add(f func(*workerStats)) {
 func churn(ctx context.Context, m *Manager, mgr int, keys []string, led *ledger, st *workerStats) {
 	for ctx.Err() == nil {
 		key := keys[rand.IntN(len(keys))]
-		lk, err := m.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := m.Acquire(ctx, key)
 		if err != nil {
 			if ctx.Err() == nil {
 				st.add(func(s *workerStats) {
@@ -551,7 +551,7 @@ func TestFailoverAsyncLostGrants(t *testing.T) {
 	}
 	take := func(m *Manager, key string) *Lock {
 		t.Helper()
-		lk, err := m.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := m.Acquire(ctx, key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -628,14 +628,14 @@ func TestFailoverAsyncLostGrants(t *testing.T) {
 
 	// 5. The process that saw them refuses the first reissued fence of a
 	// key with a clear error, then gets a fence above all it saw.
-	_, err = a.Acquire(ctx, "other", WithAcquireTimeout(NoAcquireTimeout))
+	_, err = a.Acquire(ctx, "other")
 	var pe *pglease.Error
 	if !errors.As(err, &pe) || pe.Code != pglease.CodeFenceRegression {
 		t.Fatalf("Acquire of a key whose grants were lost: %v, want CodeFenceRegression", err)
 	}
 	t.Logf("the process that saw the lost grants: %v", err)
 	for {
-		lk, err := a.Acquire(ctx, "other", WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := a.Acquire(ctx, "other")
 		if errors.Is(err, pglease.ErrFenceRegression) {
 			continue // the next reissued fence
 		}
@@ -724,7 +724,7 @@ func TestFailoverSilentHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	promoted := time.Now()
-	lk, err = a.Acquire(ctx, "fo:silent", WithAcquireTimeout(NoAcquireTimeout))
+	lk, err = a.Acquire(ctx, "fo:silent")
 	if err != nil {
 		t.Fatal(err)
 	}

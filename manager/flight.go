@@ -107,6 +107,7 @@ func (st *loopState) checkStuck(now time.Time) {
 			continue
 		}
 		for _, a := range fl.attempts {
+			st.noAnswer(a, after)
 			st.hedge(a)
 		}
 		st.sig().stuck.signal(fl.kind())
@@ -142,6 +143,19 @@ func (st *loopState) hedge(a *attempt) {
 	h := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: a.ttl, chain: a.chain, hedges: a.hedges + 1}
 	ks.attempt = h
 	st.pendAcquire = append(st.pendAcquire, h)
+}
+
+// noAnswer records, for a key whose current attempt a is stuck and that
+// has no failure on record, that the database has not answered: a wait
+// that ends before any answer comes ended on an outage, not on contention
+// (waitErr). The next answer that reaches the database clears it.
+func (st *loopState) noAnswer(a *attempt, after time.Duration) {
+	ks := a.ks
+	if a.try != nil || ks.attempt == nil || ks.attempt.chain != a.chain || ks.lastErr != nil {
+		return
+	}
+	ks.lastErr = pglease.NewError(pglease.CodeNetworkTimeout, "manager.Acquire",
+		"no answer from the database within "+after.String(), nil)
 }
 
 // nextStuck returns when the oldest batch not yet stuck becomes stuck

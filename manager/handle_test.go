@@ -166,11 +166,10 @@ func TestReleasedCauseIsError(t *testing.T) {
 	}
 }
 
-// TestAcquireWaitsAsLongAsContext: with NoAcquireTimeout, Acquire waits
-// past the Manager's acquire timeout until the holder releases; the
+// TestAcquireWaitsAsLongAsContext: by default (no Config.AcquireTimeout,
+// no WithAcquireTimeout) Acquire waits until the holder releases; the
 // context alone bounds the wait (cancel: Aborted; deadline:
-// AcquisitionTimeout). Without it, the same wait gives up after the
-// configured timeout.
+// AcquisitionTimeout). A configured cap ends the same wait sooner.
 func TestAcquireWaitsAsLongAsContext(t *testing.T) {
 	t.Parallel()
 	const bound = 200 * time.Millisecond
@@ -182,24 +181,32 @@ func TestAcquireWaitsAsLongAsContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-
-	// The control: the configured bound applies.
+	// The control: the configured cap applies.
 	_, err = b.m.Acquire(ctx, "long-wait")
 	if !errors.Is(err, pglease.ErrAcquisitionTimeout) {
-		t.Fatalf("Acquire with the default bound = %v, want AcquisitionTimeout", err)
+		t.Fatalf("Acquire with the configured cap = %v, want AcquisitionTimeout", err)
+	}
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 
+	// The default: no cap.
+	m2 := setup(t, setupOpts{})
+	holder, err = m2.m.Acquire(ctx, "long-wait")
+	if err != nil {
+		t.Fatal(err)
+	}
 	type result struct {
 		lk  *Lock
 		err error
 	}
 	res := make(chan result, 1)
-	drain(&b.sig.queued)
+	drain(&m2.sig.queued)
 	go func() {
-		lk, err := b.m.Acquire(context.WithoutCancel(ctx), "long-wait", WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := m2.m.Acquire(context.WithoutCancel(ctx), "long-wait")
 		res <- result{lk, err}
 	}()
-	waitFor(t, &b.sig.queued, func(k string) bool { return k == "long-wait" })
+	waitFor(t, &m2.sig.queued, func(k string) bool { return k == "long-wait" })
 	select {
 	case r := <-res:
 		t.Fatalf("Acquire without a bound returned early: %v, %v", r.lk, r.err)
@@ -218,16 +225,11 @@ func TestAcquireWaitsAsLongAsContext(t *testing.T) {
 		t.Fatalf("unbounded Acquire = %v", r.err)
 	}
 
-	// Config-wide, and the context's end decides the error.
-	m2 := setup(t, setupOpts{cfg: Config{AcquireTimeout: NoAcquireTimeout}})
-	other, err := m2.m.Acquire(ctx, "ctx-bound")
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The context's end decides the error.
 	cctx, cancel := context.WithCancel(ctx)
 	time.AfterFunc(5*bound, cancel)
 	start := time.Now()
-	if _, err := m2.m.Acquire(cctx, "ctx-bound"); !errors.Is(err, pglease.ErrAborted) {
+	if _, err := m2.m.Acquire(cctx, "long-wait"); !errors.Is(err, pglease.ErrAborted) {
 		t.Fatalf("cancelled wait = %v, want Aborted", err)
 	}
 	if d := time.Since(start); d < 5*bound {
@@ -235,18 +237,17 @@ func TestAcquireWaitsAsLongAsContext(t *testing.T) {
 	}
 	dctx, dcancel := context.WithTimeout(ctx, 2*bound)
 	defer dcancel()
-	if _, err := m2.m.Acquire(dctx, "ctx-bound"); !errors.Is(err, pglease.ErrAcquisitionTimeout) {
+	if _, err := m2.m.Acquire(dctx, "long-wait"); !errors.Is(err, pglease.ErrAcquisitionTimeout) {
 		t.Fatalf("deadline wait = %v, want AcquisitionTimeout", err)
 	}
-	for _, lk := range []*Lock{r.lk, other} {
-		if err := lk.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
+	if err := r.lk.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 
-// TestAcquireTimeoutValidation: a negative bound other than
-// NoAcquireTimeout is InvalidArgument.
+// TestAcquireTimeoutValidation: a cap must be positive (WithAcquireTimeout)
+// or zero for none (Config.AcquireTimeout); anything else is
+// InvalidArgument.
 func TestAcquireTimeoutValidation(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})

@@ -71,7 +71,7 @@ func handOver(t *testing.T, ctx context.Context, held *Lock, waiter *Manager, ws
 func acquireAndRelease(ctx context.Context, m *Manager, key string) <-chan error {
 	got := make(chan error, 1)
 	go func() {
-		lk, err := m.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := m.Acquire(ctx, key)
 		if err == nil {
 			err = lk.Release(ctx)
 		}

@@ -259,7 +259,7 @@ func TestAdaptiveInFlight(t *testing.T) {
 	results := make(chan error, fullBatch+1)
 	acquire := func(key string) {
 		go func() {
-			lk, err := b.m.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+			lk, err := b.m.Acquire(ctx, key)
 			if err == nil {
 				err = lk.Release(ctx)
 			}

@@ -92,11 +92,8 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		return
 	}
 	ks := st.keyFor(req.key, req.hash)
-	if req.try && (ks.holder != nil || len(ks.queue) > 0) {
-		// Held here, or callers here are already waiting ahead of it.
-		req.state = reqAnswered
-		req.reply <- acquireReply{locked: true}
-		st.gc(ks)
+	if req.try {
+		st.tryAcquire(ks, req) // tryattempt.go
 		return
 	}
 	req.acq.Queued(telemetry.QueueInfo{
@@ -139,22 +136,23 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 	default:
 	}
 	ks := st.keys[req.key]
-	var lastErr error
-	var heldBy string
+	ans := acquireReply{abandoned: true}
 	if ks != nil {
 		if i := slices.Index(ks.queue, req); i >= 0 {
 			ks.queue = slices.Delete(ks.queue, i, i+1)
 			st.waiting--
 			st.unqueued(ks)
 		}
-		lastErr, heldBy = ks.lastErr, ks.heldBy()
+		// What the wait ended on (waitErr): a holder here, a holder
+		// elsewhere (named by its last "locked" answer), or an outage.
+		ans.heldHere, ans.lastErr, ans.heldBy = ks.holder != nil, ks.lastErr, ks.heldBy()
 		if len(ks.queue) == 0 {
 			st.clearRetry(ks) // an attempt in flight finds no waiter and releases its grant
 		}
 		st.gc(ks)
 	}
 	req.state = reqAnswered
-	req.final <- acquireReply{abandoned: true, lastErr: lastErr, heldBy: heldBy}
+	req.final <- ans
 	st.sig().abandoned.signal(req.key)
 }
 
@@ -178,6 +176,10 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 	st.land(d.fl, kindAcquire)
 	now := time.Now()
 	for i, a := range d.batch {
+		if a.try != nil {
+			st.tryDone(a, d, i, now) // tryattempt.go
+			continue
+		}
 		ks := a.ks
 		err := d.err
 		var r pg.AcquireResult
@@ -199,7 +201,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 		if a.stale {
 			// Superseded: another attempt serves the key's waiters.
 			// Release whatever this one granted or may have granted.
-			if d.err != nil || r.OK {
+			if mayHaveGranted(d.err) || r.OK {
 				// Not blocking the key's attempts: this release may meet
 				// a dead connection too.
 				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
@@ -208,15 +210,20 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			continue
 		}
 		ks.attempt = nil
+		if d.err == nil && err == nil {
+			ks.lastErr = nil // it reached the database: whatever it found, no outage (waitErr)
+		}
 		switch {
 		case st.closing:
-			if d.err != nil || r.OK {
+			if mayHaveGranted(d.err) || r.OK {
 				st.orphanRelease(nil, a)
 			}
 		case d.err != nil:
-			// Outcome unknown (S5): release the pre-generated lockId, then
-			// retry or fail.
-			st.orphanRelease(ks, a)
+			// Outcome unknown (S5): release the pre-generated lockId (when
+			// the statement may have run), then retry or fail.
+			if mayHaveGranted(d.err) {
+				st.orphanRelease(ks, a)
+			}
 			st.attemptFailed(ks, err, now, d.db)
 		case err != nil: // this item failed on its own (fence overflow): nothing granted
 			ks.lastErr = err
@@ -319,6 +326,12 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		// server and a retry can help (relretry.go); the key stays
 		// "releasing" meanwhile.
 		retried := d.err != nil && retryable(d.err) && st.retryRelease(it, now)
+		if it.ks != nil && d.err != nil {
+			// The key's waiters wait for this release: it failing to
+			// reach the database is how their wait may end (waitErr). Its
+			// success clears nothing: the attempt it lets go decides.
+			it.ks.lastErr = d.err
+		}
 		switch {
 		case it.lost != nil:
 			err = it.lost
@@ -328,8 +341,8 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		case d.err != nil:
 			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
 				"release outcome unknown: the lock is no longer extended and expires by itself", d.err)
-			if st.closeErr == nil && st.closing {
-				st.closeErr = err
+			if st.closeErr == nil && st.closing && it.handed {
+				st.closeErr = err // a lock a caller held (Close)
 			}
 		case !d.res[i]:
 			err = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
@@ -397,6 +410,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
 			st.loss.start(h, h.lease.TrustedUntil())
 			h.lock.setLease(h.lease, d.res[i].ExpiresAt)
+			h.ks.lastErr = nil // the database answered
 			h.acq.Extended(d.start.Sub(due))
 			n++
 		}
@@ -489,6 +503,12 @@ func (st *loopState) flush() {
 	st.flushHandOffs() // first: a handoff that goes out as a plain release joins pendRelease
 	live := st.pendAcquire[:0]
 	for _, a := range st.pendAcquire {
+		if a.try != nil {
+			if st.keepTry(a) {
+				live = append(live, a)
+			}
+			continue
+		}
 		if st.closing || len(a.ks.queue) == 0 {
 			a.ks.attempt = nil // nobody left to serve
 			st.gc(a.ks)
@@ -571,11 +591,14 @@ func (st *loopState) flush() {
 // caller it grants, if it grants), so it is a child of that waiter's
 // acquire span, even when others wait behind it; one carrying one release
 // only (a holder's, or an orphan's: rels[i].sc) is that release's child.
-// Otherwise (several keys, several releases) it is a root span. In every
+// A try's attempt serves that try alone. Otherwise (several keys,
+// several releases) it is a root span. In every
 // case it serves every waiter of its keys and every release it carries.
 // Loop only: it reads the keys' queues.
 func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanContext, served []trace.SpanContext) {
 	switch {
+	case len(atts) == 1 && atts[0].try != nil:
+		parent = atts[0].try.acq.SpanContext()
 	case len(atts) == 1 && len(atts[0].ks.queue) > 0:
 		parent = atts[0].ks.queue[0].acq.SpanContext()
 	case len(atts) == 0 && len(rels) == 1:
@@ -593,6 +616,12 @@ func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanConte
 		}
 	}
 	for _, a := range atts {
+		if a.try != nil { // a try's attempt serves the try alone (tryattempt.go)
+			if !add(a.try.acq.SpanContext()) {
+				return parent, served
+			}
+			continue
+		}
 		for _, req := range a.ks.queue {
 			if !add(req.acq.SpanContext()) {
 				return parent, served

@@ -24,22 +24,12 @@ import (
 // Defaults of Config's zero fields.
 const (
 	DefaultTTL              = 30 * time.Second
-	DefaultAcquireTimeout   = 5 * time.Second // SyncGuard's acquisition.timeoutMs
 	DefaultStatementTimeout = 5 * time.Second
 	DefaultCloseTimeout     = 5 * time.Second
 	DefaultMaxBatch         = pg.MaxBatch
 	DefaultMaxInFlight      = 1
 	DefaultNotifyChannel    = "pglease_release"
 )
-
-// NoAcquireTimeout, as Config.AcquireTimeout or in WithAcquireTimeout,
-// makes Acquire and Do wait for the lock for as long as their context
-// allows, like etcd's Mutex.Lock(ctx) or pgxpool's Acquire(ctx): with a
-// context that never ends, until the lock is granted or the Manager is
-// closed. The default is DefaultAcquireTimeout (5 s, SyncGuard's
-// acquisition timeout), so that a caller who forgot a deadline still
-// gets an answer.
-const NoAcquireTimeout time.Duration = -1
 
 // Config configures a Manager. The zero value means "all defaults"; each
 // field documents its default. Invalid values make New fail with
@@ -81,11 +71,13 @@ type Config struct {
 	// locks are auto-extended by default, at least
 	// heartbeat.MinAutoExtendTTL (300 ms).
 	TTL time.Duration
-	// AcquireTimeout bounds the wait of Acquire and Do without
-	// WithAcquireTimeout. Default DefaultAcquireTimeout (5 s, SyncGuard's
-	// default). The caller's context bounds the wait too. NoAcquireTimeout
-	// leaves the bound to the caller's context alone; any other negative
-	// value is InvalidArgument.
+	// AcquireTimeout caps the wait of Acquire and Do without
+	// WithAcquireTimeout. Zero (the default) is no cap: they wait as long
+	// as the caller's context allows, like etcd's Mutex.Lock(ctx),
+	// semaphore.Acquire(ctx) or pgxpool's Acquire(ctx), so that a worker
+	// can wait out a crashed holder (up to a TTL) without tuning. Put the
+	// deadline in the context, or set a cap here. Negative is
+	// InvalidArgument.
 	AcquireTimeout time.Duration
 	// Retry is the backoff between two attempts of a contended key. The
 	// zero value is SyncGuard's (100 ms base, ×2, equal jitter), capped at
@@ -136,7 +128,6 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	c.TTL = cmp.Or(c.TTL, DefaultTTL)
-	c.AcquireTimeout = cmp.Or(c.AcquireTimeout, DefaultAcquireTimeout)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
 	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
 	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
@@ -151,8 +142,8 @@ func invalid(op, msg string) error {
 
 func (c Config) validate(op string) error {
 	switch {
-	case c.AcquireTimeout < 0 && c.AcquireTimeout != NoAcquireTimeout:
-		return invalid(op, "AcquireTimeout must not be negative (use NoAcquireTimeout to wait as long as the context allows)")
+	case c.AcquireTimeout < 0:
+		return invalid(op, "AcquireTimeout must not be negative (zero: no cap, the context bounds the wait)")
 	case c.LossMargin < 0:
 		return invalid(op, "LossMargin must not be negative")
 	case c.StatementTimeout < 0:
@@ -190,7 +181,7 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 		if errors.As(err, &e) {
 			return pglease.NewError(e.Code, op, e.Msg, nil)
 		}
-		return err
+		return reop(op, err)
 	}
 	if auto && ttl < heartbeat.MinAutoExtendTTL {
 		return invalid(op, "ttl below the auto-extend floor of 300ms (use WithoutAutoExtend for shorter single-shot leases)")
@@ -353,7 +344,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		if errors.As(err, &e) {
 			return nil, pglease.NewError(e.Code, op, e.Msg, e.Err)
 		}
-		return nil, err
+		return nil, reop(op, err)
 	}
 	m := &Manager{
 		cfg:           cfg,
@@ -476,17 +467,16 @@ func WithTTL(ttl time.Duration) AcquireOption {
 	}
 }
 
-// WithAcquireTimeout bounds how long Acquire or Do waits for the lock
-// (default Config.AcquireTimeout); it must be positive, or
-// NoAcquireTimeout to wait as long as the context allows. The context
-// bounds the wait too; whichever ends first wins. When the wait ends
-// without the lock, the error is CodeAcquisitionTimeout (a context
-// deadline included), or CodeAborted when the context was cancelled.
-// TryAcquire ignores it: it never waits.
+// WithAcquireTimeout caps how long Acquire or Do waits for the lock
+// (default Config.AcquireTimeout, which is no cap: the context alone
+// bounds the wait); d must be positive. The context bounds the wait too;
+// whichever ends first wins, and the cap ends the wait as the context's
+// deadline would (see Acquire for the error). TryAcquire ignores it: it
+// never waits.
 func WithAcquireTimeout(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
-		if d <= 0 && d != NoAcquireTimeout {
-			return invalid("manager.WithAcquireTimeout", "acquire timeout must be positive (or NoAcquireTimeout)")
+		if d <= 0 {
+			return invalid("manager.WithAcquireTimeout", "acquire timeout must be positive (without the option the context alone bounds the wait)")
 		}
 		o.timeout = d
 		return nil
@@ -515,7 +505,7 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		if errors.As(err, &e) {
 			return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
 		}
-		return nil, 0, err
+		return nil, 0, reop(op, err)
 	}
 	o := acquireOpts{ttl: m.cfg.TTL, timeout: m.cfg.AcquireTimeout}
 	for _, f := range opts {
@@ -527,7 +517,7 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 			if errors.As(err, &e) {
 				return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
 			}
-			return nil, 0, err
+			return nil, 0, reop(op, err)
 		}
 	}
 	if err := checkTTL(op, o.ttl, m.cfg.LossMargin, !o.manual); err != nil {
@@ -588,12 +578,19 @@ func (m *Manager) submit(op string, wctx context.Context, req *acquireReq) acqui
 	}
 }
 
-// waitErr maps a wait that ended without the lock: the acquire timeout
-// or a context deadline is AcquisitionTimeout, a cancelled context is
-// Aborted. lastErr, the last database error seen for the key, is the
-// cause when there is one. heldBy, the holder identity the key's last
-// "locked" answer named ("": none), is said in the timeout's message.
-func waitErr(op string, ctx, wctx context.Context, lastErr error, heldBy string) error {
+// heldHereMsg ends the message of a wait that ended while the key was
+// held by a caller of this Manager.
+const heldHereMsg = "the key was held by this process (another caller of this Manager; locks are not re-entrant)"
+
+// waitErr maps a wait that ended without the lock (the rule is Acquire's):
+// a cancelled context is Aborted; a wait bound (acquire timeout or
+// deadline) is AcquisitionTimeout when the key was held (here: the
+// message says so; or elsewhere: the message names the holder identity
+// the key's last "locked" answer gave, r.heldBy, when there was one), and
+// the code of the failure when the database could not be reached
+// (r.lastErr, see keyState.lastErr and unreachable). That failure is the
+// cause when there is one.
+func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	cause := context.Cause(wctx)
 	if cause == nil {
 		cause = ctx.Err()
@@ -603,31 +600,60 @@ func waitErr(op string, ctx, wctx context.Context, lastErr error, heldBy string)
 	if wrapped == nil {
 		wrapped = context.DeadlineExceeded
 	}
-	if lastErr != nil {
-		wrapped = userErr(op, lastErr)
+	if r.lastErr != nil && !r.heldHere {
+		wrapped = userErr(op, r.lastErr)
 	}
-	if timedOut {
-		msg := "lock not acquired before the wait ended"
-		if heldBy != "" {
-			msg += " (held by " + heldBy + " when last checked)"
-		}
-		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
+	switch {
+	case !timedOut && r.heldHere:
+		return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock: "+heldHereMsg, wrapped)
+	case !timedOut:
+		return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
+	case r.heldHere:
+		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
+	case r.lastErr != nil && unreachable(wrapped):
+		return pglease.NewError(pglease.CodeOf(wrapped), op,
+			"the database could not be reached before the wait ended (the key's last attempt, or a release it waited for, failed and no attempt since reached it); no lock was granted", wrapped)
 	}
-	return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
+	msg := "lock not acquired before the wait ended"
+	if r.heldBy != "" {
+		msg += " (held by " + r.heldBy + " when last checked)"
+	}
+	return pglease.NewError(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 }
 
 // Acquire waits for the lock on key and returns it. All callers of this
 // Manager waiting for the same key share one database attempt loop and
 // are served in FIFO order; contended keys are retried with jittered
 // exponential backoff, and releases (local, or notified from other
-// processes) start the next attempt at once. The wait ends with
-// CodeAcquisitionTimeout after the acquire timeout (Config.AcquireTimeout
-// or WithAcquireTimeout, 5 s by default; NoAcquireTimeout waits as long
-// as ctx allows) or the context's deadline, and with CodeAborted when the
-// context is cancelled; no lock is leaked either way.
+// processes) start the next attempt at once.
 //
-// Locks are not re-entrant: Acquire of a key this Manager already holds
-// waits behind the holder like any other caller.
+// The wait lasts as long as ctx allows, like etcd's Mutex.Lock(ctx) or
+// sync.Mutex: put a deadline in ctx, or cap it with WithAcquireTimeout
+// (or Config.AcquireTimeout). When it ends without the lock, no lock is
+// leaked and the error says why:
+//   - ctx cancelled: CodeAborted.
+//   - The deadline or the cap passed while the database could not be
+//     reached: the key's last attempt, or a later round trip its next
+//     attempt waits for (the release of an earlier lockId of the key),
+//     had failed to reach the database (connection refused or lost, no
+//     answer within its statement timeout or within a second, too many
+//     connections), and no attempt had reached it since. That is an
+//     outage, not contention: the error has that failure's code
+//     (CodeServiceUnavailable, CodeNetworkTimeout or
+//     CodeResourceExhausted; pglease.Retryable) with the failure as its
+//     cause, and does not match pglease.ErrAcquisitionTimeout.
+//   - Otherwise CodeAcquisitionTimeout: the key was held (the last
+//     attempt found it taken), or no attempt had been answered yet. When
+//     the key was held by this process, the message says so.
+//
+// Errors no retry can fix (a missing table or database, failed
+// authentication, a role that does not exist) end the wait at once with
+// their own code (CodeInvalidArgument, CodeAuthFailed).
+//
+// Locks are not re-entrant: callers of one Manager exclude each other
+// like any two holders. Acquire of a key this Manager already holds
+// waits behind the holder (FIFO) like any other caller; a wait that ends
+// that way says the key was held by this process.
 //
 // The returned Lock is extended automatically until Release (see
 // WithoutAutoExtend); its Context is cancelled if it is lost.
@@ -640,10 +666,10 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	ctx = m.startAcquire(ctx, req)
 	var wctx context.Context
 	var cancel context.CancelFunc
-	if timeout == NoAcquireTimeout {
-		wctx, cancel = context.WithCancel(ctx)
-	} else {
+	if timeout > 0 {
 		wctx, cancel = context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
+	} else {
+		wctx, cancel = context.WithCancel(ctx)
 	}
 	defer cancel()
 	r := m.submit(op, wctx, req)
@@ -653,7 +679,7 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	case r.err != nil:
 		err = userErr(op, r.err)
 	default: // abandoned (locked is impossible for Acquire)
-		err = waitErr(op, ctx, wctx, r.lastErr, r.heldBy)
+		err = waitErr(op, ctx, wctx, r)
 	}
 	req.acq.Failed(err) // a no-op if the loop granted first (a grant it took back)
 	return nil, err
@@ -670,8 +696,20 @@ func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Con
 
 // TryAcquire makes one attempt to take key, without waiting for a
 // holder: ok is false (and err nil) when the key is held, by another
-// process or by this Manager, or when callers of this Manager are already
-// waiting for it. The context bounds the attempt.
+// process or by this Manager (callers of one Manager exclude each other:
+// locks are not re-entrant), or when callers of this Manager are already
+// waiting for it (they come first; when they are waiting out an outage,
+// by the rule of Acquire, TryAcquire answers that failure instead).
+//
+// Otherwise its attempt goes out at once, whatever else this Manager is
+// doing for the key (an attempt of callers who left, or the release of a
+// lockId whose grant is uncertain, retried during an outage): the server
+// decides, and answers "held" while such a lockId may still hold the key.
+// So TryAcquire waits only for a slot in the Manager's acquire batches
+// (behind at most a batch in flight, which stops counting after a second
+// without an answer) and for its attempt's round trip, bounded by ctx and
+// Config.StatementTimeout. A failed attempt is its error; it is not
+// retried.
 func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (lock *Lock, ok bool, err error) {
 	const op = "manager.TryAcquire"
 	req, _, err := m.newAcquireReq(op, ctx, key, true, opts)
@@ -689,7 +727,7 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 	case r.err != nil:
 		err = userErr(op, r.err)
 	default:
-		err = waitErr(op, ctx, ctx, r.lastErr, r.heldBy)
+		err = waitErr(op, ctx, ctx, r)
 	}
 	req.acq.Failed(err)
 	return nil, false, err
@@ -748,15 +786,11 @@ func userErr(op string, err error) error {
 	if e.Op == op {
 		return err
 	}
-	code, msg := e.Code, e.Msg
-	if code == pglease.CodeAmbiguous {
-		code = pglease.CodeOf(e.Err)
-		if code == 0 || code == pglease.CodeAmbiguous {
-			code = pglease.CodeServiceUnavailable
-		}
+	msg := e.Msg
+	if e.Code == pglease.CodeAmbiguous {
 		msg = "attempt failed with its outcome unknown; its lockId is being released"
 	}
-	return pglease.NewError(code, op, msg, err)
+	return pglease.NewError(attemptCode(e), op, msg, err)
 }
 
 func closedErr(op string) error {

@@ -217,7 +217,7 @@ func TestConfigValidation(t *testing.T) {
 		{TTL: 100 * time.Millisecond},
 		{TTL: -1},
 		{TTL: 1500 * time.Microsecond},
-		{AcquireTimeout: -2}, // -1 is NoAcquireTimeout
+		{AcquireTimeout: -1},
 		{AcquireTimeout: -time.Second},
 		{LossMargin: -1},
 		{TTL: time.Second, LossMargin: 700 * time.Millisecond},

@@ -17,7 +17,9 @@ import (
 // still be live on the server: its last acquire or extend was answered
 // before the first failure, so it expires at most TTL after it (plus the
 // statement timeout and a second of slack for an acquire whose outcome was
-// unknown). During Close, retries stop at the end of CloseTimeout.
+// unknown). During Close, all of them are sent once more at once; then
+// the releases of locks handed to callers are retried until the end of
+// CloseTimeout, and the others (lockIds no caller ever got) not at all.
 //
 // The caller of Release gets the first failure at once (the release goes
 // on in the background); a retried release answers nobody. The key's
@@ -52,8 +54,13 @@ func (st *loopState) retryRelease(it releaseItem, now time.Time) bool {
 		it.until = now.Add(ttl + st.m.cfg.StatementTimeout + time.Second)
 	}
 	bound := it.until
-	if st.closing && st.closeBy.Before(bound) {
-		bound = st.closeBy
+	if st.closing {
+		if !it.handed {
+			return false // best effort during Close: no caller holds it (Close)
+		}
+		if st.closeBy.Before(bound) {
+			bound = st.closeBy
+		}
 	}
 	it.tries++
 	it.at = now.Add(relRetryDelay(it.tries))

@@ -49,13 +49,15 @@ type acquireReq struct {
 
 // acquireReply carries exactly one of: lock (granted), locked (TryAcquire
 // found the key held), err, or abandoned (the caller left; lastErr is the
-// last database error seen for the key, if any, and heldBy the holder
-// identity its last "locked" answer named, if any: keyState.heldBy).
+// key's outage record, keyState.lastErr; heldHere tells that a caller of
+// this Manager held the key, and heldBy names the holder elsewhere that
+// the key's last "locked" answer named, if any: keyState.heldBy).
 type acquireReply struct {
 	lock      *Lock
 	locked    bool
 	err       error
 	abandoned bool
+	heldHere  bool
 	lastErr   error
 	heldBy    string
 }
@@ -100,6 +102,11 @@ type attempt struct {
 	// trace. Written by the DB goroutine before it posts the result, read
 	// by run after.
 	db trace.SpanContext
+	// try is the TryAcquire this attempt alone serves (nil: the key's
+	// attempt, serving its queue). A try's attempt is outside the key's
+	// attempt chain: it never waits for the key's attempt, retry or
+	// releases, and never serves the queue (tryattempt.go).
+	try *acquireReq
 }
 
 // releaseItem is one lockId to release, with the reply of a user's
@@ -113,6 +120,10 @@ type releaseItem struct {
 	// unblocked: ks's attempts did not wait for this release (a hedged
 	// attempt's, flight.go); it only kicks ks when answered.
 	unblocked bool
+	// handed: the lockId was handed to a caller (a held lock, released by
+	// its holder or by Close, or a lost one's kept row). Close reports on
+	// these only; the others (lockIds no caller ever got) are best effort.
+	handed bool
 
 	// Retries of a release whose outcome was unknown (relretry.go): ttl is
 	// the lease's TTL, until the time after which the server has surely

@@ -59,7 +59,7 @@ func TestRuntimeRoleManager(t *testing.T) {
 	drain(&asig.queued)
 	got := make(chan *Lock, 1)
 	go func() {
-		l, err := a.Acquire(ctx, "rr:a", WithAcquireTimeout(NoAcquireTimeout))
+		l, err := a.Acquire(ctx, "rr:a")
 		if err != nil {
 			t.Error(err)
 		}
@@ -82,7 +82,7 @@ func TestRuntimeRoleManager(t *testing.T) {
 	// A waiter in the other Manager is woken by the release's NOTIFY.
 	woken := make(chan error, 1)
 	go func() {
-		l, err := b.Acquire(ctx, "rr:a", WithAcquireTimeout(NoAcquireTimeout))
+		l, err := b.Acquire(ctx, "rr:a")
 		if err == nil {
 			err = l.Release(ctx)
 		}

@@ -23,8 +23,17 @@ import (
 // ctx bounds only how long Close waits: if it ends first, Close returns
 // CodeAborted and the shutdown goes on in the background (Done is closed
 // when it has finished). Close is idempotent and safe to call
-// concurrently; every call waits for the same shutdown. It returns the
-// first release failure, if any (those locks expire by themselves).
+// concurrently; every call waits for the same shutdown.
+//
+// Close reports on the locks callers hold: it returns the first failure
+// to release a lock handed to a caller and not released by it (held at
+// Close, lost with its row kept, or whose Release had an unknown outcome
+// still being retried), after retrying it until CloseTimeout; such a
+// lock expires by itself at the end of its TTL. The clean-up of lockIds
+// no caller ever got (an acquire whose answer was lost, a grant taken
+// back from a caller who left) is best effort: each is sent once more,
+// never retried, and never the error Close returns. So with the database
+// down and no lock held, Close takes about one failed round trip.
 func (m *Manager) Close(ctx context.Context) error {
 	const op = "manager.Close"
 	if ctx == nil {
@@ -54,7 +63,7 @@ func (st *loopState) beginDrain() {
 	for h := range st.held {
 		st.dropHolding(h, closedCause)
 		rel, sc := startRelease(h, trace.SpanContext{})
-		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, key: h.ks.key, rel: rel, sc: sc, ttl: h.lock.ttl})
+		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, key: h.ks.key, rel: rel, sc: sc, ttl: h.lock.ttl, handed: true})
 	}
 	// Lost locks whose rows were kept for their holders: Close releases
 	// them like the held ones (their holders were told long ago).
@@ -65,6 +74,10 @@ func (st *loopState) beginDrain() {
 			st.releaseKept(h, nil)
 		}
 	}
+	// Releases waiting for their retry go out now, once more (relretry.go).
+	st.pendRelease = append(st.pendRelease, st.relRetries...)
+	clear(st.relRetries)
+	st.relRetries = st.relRetries[:0]
 	st.pendExtend = nil
 	st.hbNext = time.Time{}
 }

@@ -69,7 +69,7 @@ type keyState struct {
 	retryAt   time.Time      // scheduled retry (zero: none)
 	retryGen  uint64         // invalidates stale retryHeap entries
 	cont      *keyContention // made on the key's first failed or "locked" attempt (most keys have none)
-	lastErr   error          // last database error of an attempt, for timeout errors
+	lastErr   error          // failure of the key's last attempt, or of a later release or extend of it, until an attempt or extend reaches the database (waitErr)
 	chains    uint64         // numbers the key's attempt chains (flight.go)
 	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
 	hasFence  bool
@@ -360,7 +360,9 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
 	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (16.3)
 	st.dropHolding(h, releasedCause)
-	it := releaseItem{lockID: h.lock.id, key: h.ks.key, ks: h.ks, reply: reply, ttl: h.lock.ttl}
+	// A grant taken back from a caller who left (no reply) was never
+	// handed to anyone.
+	it := releaseItem{lockID: h.lock.id, key: h.ks.key, ks: h.ks, reply: reply, ttl: h.lock.ttl, handed: reply != nil}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
 		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 		// Its loss timer fired before the loop noticed: report the loss.
@@ -447,7 +449,7 @@ func (st *loopState) pruneKept(now time.Time) {
 // releaseKept queues the release of a lost lock's kept row (its holder
 // called Release, or Close); reply, if set, gets the loss as the outcome.
 func (st *loopState) releaseKept(h *holding, reply chan error) {
-	it := releaseItem{lockID: h.lock.id, key: h.ks.key, reply: reply, ttl: h.lock.ttl,
+	it := releaseItem{lockID: h.lock.id, key: h.ks.key, reply: reply, ttl: h.lock.ttl, handed: true,
 		lost: pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
 	if !st.closing {
 		ks := st.keyFor(h.ks.key, h.ks.hash) // h.ks may have been forgotten since

@@ -139,7 +139,7 @@ func takeOver(t testing.TB, b *bundle, key string, ttl time.Duration) (late, sin
 	}
 	got := make(chan result, 1)
 	go func() {
-		lk, err := b.m.Acquire(ctx, key, WithAcquireTimeout(NoAcquireTimeout))
+		lk, err := b.m.Acquire(ctx, key)
 		got <- result{lk, err}
 	}()
 	waitFor(t, &b.sig.retrying, func(k string) bool { return k == key })

@@ -43,11 +43,17 @@ func run(ctx context.Context, databaseURL string) error {
 		return err
 	}
 
-	// Acquire waits for the lock (up to 5 s by default;
-	// manager.WithAcquireTimeout(manager.NoAcquireTimeout) waits as long as
-	// ctx allows), then heartbeats its lease until Release.
-	lk, err := m.Acquire(ctx, "payment:123", manager.WithTTL(30*time.Second))
+	// Acquire waits for the lock as long as its ctx allows (like
+	// sync.Mutex or etcd's Mutex.Lock; manager.WithAcquireTimeout caps
+	// it), then heartbeats its lease until Release. The deadline here is
+	// long enough to wait out a crashed holder's 30 s lease.
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	lk, err := m.Acquire(wctx, "payment:123", manager.WithTTL(30*time.Second))
 	if errors.Is(err, pglease.ErrAcquisitionTimeout) {
+		// Held by someone else until the deadline. (An outage is not
+		// this: it ends the wait with ErrServiceUnavailable or
+		// ErrNetworkTimeout, and pglease.Retryable says so.)
 		return fmt.Errorf("payment 123 is being charged elsewhere: %w", err)
 	}
 	if err != nil {

@@ -22,6 +22,8 @@ func TestMapBySQLSTATE(t *testing.T) {
 		"40P01": pglease.CodeServiceUnavailable,
 		"25006": pglease.CodeServiceUnavailable,
 		"28P01": pglease.CodeAuthFailed,
+		"28000": pglease.CodeAuthFailed,
+		"3D000": pglease.CodeInvalidArgument, // database does not exist: no retry fixes it
 		"42501": pglease.CodeAuthFailed,
 		"42P01": pglease.CodeInvalidArgument,
 		"22021": pglease.CodeInvalidArgument,

@@ -1,0 +1,179 @@
+package manager
+
+import (
+	"errors"
+	"time"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/pg"
+)
+
+// A TryAcquire makes one attempt of its own. It does not join its key's
+// queue, and its attempt is outside the key's attempt chain: it does not
+// wait for the key's attempt in flight, its scheduled retry, or the
+// release of a lockId of the key (an attempt whose callers left, an
+// ambiguous one, retried with backoff while the database is away, for up
+// to a TTL). Exclusion does not need that wait: the server decides, and
+// answers "locked" while any such lockId may still hold the key; a
+// release by lockId never touches another lockId's grant.
+//
+// What a try does not race is this process's own callers: a key held here
+// is "locked" (callers of one Manager exclude each other), and a key with
+// callers of this Manager waiting is theirs first ("locked", or the
+// failure that keeps them from reaching the database, keyState.lastErr:
+// they are waiting out an outage, not a holder).
+
+// tryAcquire answers req at once, or queues its attempt.
+func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
+	switch {
+	case ks.holder != nil:
+		st.answerTry(req, acquireReply{locked: true})
+	case len(ks.queue) > 0 && ks.lastErr != nil && unreachable(ks.lastErr):
+		st.answerTry(req, acquireReply{err: ks.lastErr})
+	case len(ks.queue) > 0:
+		st.answerTry(req, acquireReply{locked: true})
+	default:
+		req.acq.Queued(telemetry.QueueInfo{})
+		st.pendAcquire = append(st.pendAcquire, &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: req.ttl, try: req})
+		return // ks is looked up again when the answer comes (tryDone)
+	}
+	st.gc(ks)
+}
+
+func (st *loopState) answerTry(req *acquireReq, r acquireReply) {
+	req.state = reqAnswered
+	req.reply <- r
+}
+
+// keepTry reports whether flush sends a try's pending attempt: not once
+// its caller left, nor during Close (which answers it).
+func (st *loopState) keepTry(a *attempt) bool {
+	switch {
+	case a.try.state != reqQueued: // the caller left before it was sent
+	case st.closing:
+		st.answerTry(a.try, acquireReply{err: closedErr("manager.TryAcquire")})
+	default:
+		return true
+	}
+	st.gcKey(a.ks.key)
+	return false
+}
+
+// gcKey forgets key's state if nothing refers to it any more.
+func (st *loopState) gcKey(key string) {
+	if ks := st.keys[key]; ks != nil {
+		st.gc(ks)
+	}
+}
+
+// tryDone handles the answer (item i of d) to a try's attempt a.
+func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
+	req := a.try
+	ks := st.keyFor(a.ks.key, a.ks.hash) // a.ks may have been forgotten meanwhile
+	err := d.err
+	var r pg.AcquireResult
+	if err == nil {
+		r = d.res[i]
+		err = r.Err
+	}
+	left := req.state != reqQueued // the caller's context ended
+	release := func() {
+		it := releaseItem{lockID: a.lockID, key: ks.key, ttl: a.ttl}
+		if !st.closing {
+			// Kicks the key when answered; the key's attempts do not wait
+			// for it (it is not one of theirs).
+			it.ks, it.unblocked = ks, true
+		}
+		st.pendRelease = append(st.pendRelease, it)
+	}
+	if mayHaveGranted(d.err) {
+		release()
+	}
+	switch {
+	case d.err != nil:
+		ks.lastErr = d.err
+	case err == nil:
+		ks.lastErr = nil // it reached the database
+	}
+	var ans acquireReply
+	outcome := telemetry.AttemptFailed
+	switch {
+	case st.closing:
+		if r.OK {
+			release()
+		}
+		ans.err = closedErr("manager.TryAcquire")
+	case err != nil:
+		ans.err = err
+	case !r.OK:
+		ans.locked, outcome = true, telemetry.AttemptContended
+	case !st.noteFence(ks, r.Fence):
+		// S1, as for any grant (attemptGranted).
+		release()
+		ans.err = pglease.NewError(pglease.CodeFenceRegression, "manager.TryAcquire",
+			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
+	case left || ks.holder != nil:
+		// Nobody to give it to; or a caller here got the key meanwhile
+		// (the server granted this attempt only after that holder's row
+		// was gone: it finds out at its next extend). One holder here at
+		// a time: this grant goes back.
+		release()
+		ans.locked, outcome = true, telemetry.AttemptContended
+	default:
+		lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
+		if !lease.Trusted(now) {
+			release()
+			ans.err = pglease.NewError(pglease.CodeNetworkTimeout, "manager.TryAcquire", "grant arrived after its trust window", nil)
+			break
+		}
+		req.acq.Attempt(d.db, telemetry.AttemptGranted, 0)
+		st.grant(ks, req, a, r, lease) // answers req
+		st.gc(ks)
+		return
+	}
+	if !left {
+		req.acq.Attempt(d.db, outcome, 0)
+		st.answerTry(req, ans)
+	}
+	st.gc(ks)
+}
+
+// mayHaveGranted reports whether an acquire round trip that failed with
+// err may have granted its lockIds: only when its outcome is unknown
+// (CodeAmbiguous, pg.Store's contract). Any other failure (no connection,
+// a server error) ran nothing, or rolled back: there is nothing to
+// release.
+func mayHaveGranted(err error) bool {
+	return err != nil && pglease.CodeOf(err) == pglease.CodeAmbiguous
+}
+
+// attemptCode is the code a caller gets for an attempt's error e (see
+// userErr): an ambiguous attempt is not ambiguous to the caller, who was
+// not granted the lock, so it gets the code of what went wrong.
+func attemptCode(e *pglease.Error) pglease.Code {
+	if e.Code != pglease.CodeAmbiguous {
+		return e.Code
+	}
+	code := pglease.CodeOf(e.Err)
+	if code == 0 || code == pglease.CodeAmbiguous {
+		code = pglease.CodeServiceUnavailable
+	}
+	return code
+}
+
+// unreachable reports whether err, an attempt's failure, says the
+// database could not be reached or did not answer in time (rather than
+// that the key was taken or the request was wrong).
+func unreachable(err error) bool {
+	var e *pglease.Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch attemptCode(e) {
+	case pglease.CodeServiceUnavailable, pglease.CodeNetworkTimeout, pglease.CodeResourceExhausted:
+		return true
+	}
+	return false
+}
