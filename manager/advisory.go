@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg/advisory"
 )
@@ -88,7 +89,7 @@ var _ pglease.Handle = (*AdvisoryLock)(nil)
 
 // advReleasedCause is the cause of an AdvisoryLock's Context after
 // Release.
-var advReleasedCause = pglease.NewError(pglease.CodeReleased, "manager.AdvisoryLock.Release", "lock released", nil)
+var advReleasedCause = pgerr.New(pglease.CodeReleased, "manager.AdvisoryLock.Release", "lock released", nil)
 
 // errNilAdvisoryLock is what the methods of a nil *AdvisoryLock answer.
 var errNilAdvisoryLock = invalid("manager.AdvisoryLock", "nil AdvisoryLock (TryLockAdvisory returns a nil lock when ok is false)")
@@ -156,13 +157,13 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		return nil // a second Release
 	}
 	if err := ctx.Err(); err != nil {
-		return pglease.NewError(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
+		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
 	}
 	select {
 	case err := <-res:
 		return err
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the unlock was confirmed", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the unlock was confirmed", ctx.Err())
 	}
 }
 
@@ -237,7 +238,7 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 // endedAnswer is what Release returns for a lock that had ended before it.
 func endedAnswer(op string, cause error) error {
 	if errors.Is(cause, pglease.ErrLockLost) {
-		return pglease.NewError(pglease.CodeLockLost, op, "the advisory lock had been lost before it was released", cause)
+		return pgerr.New(pglease.CodeLockLost, op, "the advisory lock had been lost before it was released", cause)
 	}
 	return nil // closed: Close released it
 }
@@ -248,9 +249,9 @@ func endedAnswer(op string, cause error) error {
 func reop(op string, err error) error {
 	var e *pglease.Error
 	if errors.As(err, &e) {
-		return pglease.NewError(e.Code, op, e.Msg, e.Err)
+		return pgerr.New(e.Code, op, e.Msg, e.Err)
 	}
-	return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
+	return pgerr.New(pglease.CodeInternal, op, "unexpected error", err)
 }
 
 // LockAdvisory takes the session-level advisory lock key, waiting as long
@@ -354,7 +355,7 @@ func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err
 		if err := f(&o); err != nil {
 			var e *pglease.Error
 			if errors.As(err, &e) {
-				return 0, pglease.NewError(e.Code, op, e.Msg, nil)
+				return 0, pgerr.New(e.Code, op, e.Msg, nil)
 			}
 			return 0, reop(op, err)
 		}
@@ -370,7 +371,7 @@ func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err
 const maxAdvisorySessions = 3
 
 func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, opts []AcquireOption) (*AdvisoryLock, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if !key.Valid() {
@@ -443,7 +444,7 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 		l := &AdvisoryLock{m: m, key: key, inner: il, acq: acq}
 		l.ctx, l.cancel = context.WithCancelCause(context.Background())
 		if holdLimit > 0 {
-			l.limitCause = pglease.NewError(pglease.CodeHoldLimitExceeded, "manager.AdvisoryLock",
+			l.limitCause = pgerr.New(pglease.CodeHoldLimitExceeded, "manager.AdvisoryLock",
 				"the lock reached its hold limit ("+holdLimit.String()+"); stop and release it (it is still held)", nil)
 			l.limitTimer = time.AfterFunc(holdLimit, func() { l.cancel(l.limitCause) })
 		}
@@ -597,7 +598,7 @@ func (a *advisoryState) await(ctx context.Context, op string, key advisory.Key, 
 			a.queues[key] = q
 		}
 	}
-	return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the advisory lock: "+heldHereMsg, ctx.Err())
+	return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the advisory lock: "+heldHereMsg, ctx.Err())
 }
 
 func (a *advisoryState) unreserve(key advisory.Key) {
@@ -679,7 +680,7 @@ func (m *Manager) advisorySession(ctx context.Context, op string) (*advisory.Ses
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, pglease.NewError(pglease.CodeAborted, op, "context ended while the advisory session was being opened", ctx.Err())
+				return nil, pgerr.New(pglease.CodeAborted, op, "context ended while the advisory session was being opened", ctx.Err())
 			}
 		}
 		ch := make(chan struct{})

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/retry"
 )
@@ -206,7 +207,7 @@ func TestElectionProcesses(t *testing.T) {
 	for i := range 3 {
 		cands = append(cands, startCandidate(t, schema, fmt.Sprint("cand-", i)))
 	}
-	bound := electionTTL + pglease.TimeTolerance + 3*time.Second // + retry delay and a busy machine
+	bound := electionTTL + keys.TimeTolerance + 3*time.Second // + retry delay and a busy machine
 	a, fa := firstLead(t, cands, 30*time.Second)
 	a.next(t, "wrote", bound)
 	others := func(not ...*candidate) []*candidate {

@@ -7,7 +7,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
@@ -62,7 +62,7 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	st.clearRetry(ks)
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
 	st.pendHandOff = append(st.pendHandOff, handOffItem{rel: it, a: a})
 	return true

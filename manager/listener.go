@@ -139,7 +139,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	} else if shared {
-		db.End(0, pglease.NewError(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
+		db.End(0, pgerr.New(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
 		return true
 	}
 	if !m.triggerChecked.Load() {

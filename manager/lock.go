@@ -13,11 +13,12 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 )
 
 // releasedCause is the cause of a Lock's Context after Release.
-var releasedCause = pglease.NewError(pglease.CodeReleased, "manager.Release", "lock released", nil)
+var releasedCause = pgerr.New(pglease.CodeReleased, "manager.Release", "lock released", nil)
 
 // errNilLock is what the methods of a nil *Lock answer: the nil a
 // TryAcquire returns with ok=false holds nothing.
@@ -214,12 +215,12 @@ func (l *Lock) Release(ctx context.Context) error {
 		case m.releaseCh <- req: // the loop takes it at once; its reply is dropped
 		case <-m.done:
 		}
-		return pglease.NewError(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
+		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
 	}
 	select {
 	case m.releaseCh <- req:
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
 	case <-m.done:
 		return releasedAnswer(l) // Close released it
 	}
@@ -227,7 +228,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	case err := <-req.reply:
 		return err
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the release was confirmed", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was confirmed", ctx.Err())
 	}
 }
 
@@ -235,7 +236,7 @@ func (l *Lock) Release(ctx context.Context) error {
 // held in this process.
 func releasedAnswer(l *Lock) error {
 	if c := context.Cause(l.ctx); errors.Is(c, pglease.ErrLockLost) {
-		return pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+		return pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 	}
 	return nil
 }
@@ -262,7 +263,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	if l == nil || l.m == nil {
 		return errNilLock
 	}
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if c := l.Err(); c != nil {
@@ -273,7 +274,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	select {
 	case m.extendCh <- req:
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
 	case <-m.done:
 		return endedExtend(l.Err())
 	}
@@ -281,7 +282,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	case err := <-req.reply:
 		return err
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
 	}
 }
 
@@ -293,9 +294,9 @@ func endedExtend(cause error) error {
 		code = pglease.CodeInternal
 	}
 	if code == pglease.CodeHoldLimitExceeded {
-		return pglease.NewError(code, "manager.Extend", "the lock reached its hold limit: it is not extended any more", cause)
+		return pgerr.New(code, "manager.Extend", "the lock reached its hold limit: it is not extended any more", cause)
 	}
-	return pglease.NewError(code, "manager.Extend", "the lock is no longer held", cause)
+	return pgerr.New(code, "manager.Extend", "the lock is no longer held", cause)
 }
 
 // The printing methods have value receivers, so a dereferenced Lock is
@@ -346,5 +347,5 @@ func extendUnknown(err error) error {
 	if code == 0 {
 		code = pglease.CodeInternal
 	}
-	return pglease.NewError(code, "manager.Extend", "extend outcome unknown; the lease keeps its previous expiry and trust window", err)
+	return pgerr.New(code, "manager.Extend", "extend outcome unknown; the lease keeps its previous expiry and trust window", err)
 }

@@ -277,7 +277,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
 		// S1: a fence not above one already seen means the database lost
 		// acknowledged grants. Refuse it; the head waiter learns why.
-		err := pglease.NewError(pglease.CodeFenceRegression, "manager.Acquire",
+		err := pgerr.New(pglease.CodeFenceRegression, "manager.Acquire",
 			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
 		st.orphanRelease(ks, a)
 		ks.lastErr = err
@@ -300,7 +300,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 	case !lease.Trusted(now):
 		// The answer came after the grant's own trust window.
 		st.orphanRelease(ks, a)
-		ks.lastErr = pglease.NewError(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
+		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
 		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
 	case ks.queue[0].ttl != a.ttl:
@@ -336,16 +336,16 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		case it.lost != nil:
 			err = it.lost
 		case d.err != nil && retried:
-			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
+			err = pgerr.New(pglease.CodeOf(d.err), "manager.Release",
 				"release outcome unknown: the lock is no longer extended; the release is retried until the server answers or the lease expires", d.err)
 		case d.err != nil:
-			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
+			err = pgerr.New(pglease.CodeOf(d.err), "manager.Release",
 				"release outcome unknown: the lock is no longer extended and expires by itself", d.err)
 			if st.closeErr == nil && st.closing && it.handed {
 				st.closeErr = err // a lock a caller held (Close)
 			}
 		case !d.res[i]:
-			err = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
+			err = pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
 		}
 		if !it.retry { // the first outcome: answer the caller, end the span
 			it.rel.Served(d.db)

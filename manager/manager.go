@@ -15,6 +15,8 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 	tel "github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
@@ -137,7 +139,7 @@ func (c Config) withDefaults() Config {
 }
 
 func invalid(op, msg string) error {
-	return pglease.NewError(pglease.CodeInvalidArgument, op, msg, nil)
+	return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
 }
 
 func (c Config) validate(op string) error {
@@ -176,10 +178,10 @@ func (c Config) validate(op string) error {
 // checkTTL validates a lease TTL (whole ms, not too large) and, for an
 // auto-extended lease, the floor and the margin.
 func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
-	if err := pglease.ValidateTTL(ttl); err != nil {
+	if err := keys.ValidateTTL(ttl); err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
-			return pglease.NewError(e.Code, op, e.Msg, nil)
+			return pgerr.New(e.Code, op, e.Msg, nil)
 		}
 		return reop(op, err)
 	}
@@ -297,12 +299,12 @@ func Open(ctx context.Context, connString string, cfg Config) (*Manager, error) 
 }
 
 func openManager(op string, ctx context.Context, connString string, cfg Config, opts ...option) (*Manager, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	pcfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "bad connection string", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "bad connection string", nil)
 	}
 	if err := cfg.validate(op); err != nil {
 		return nil, err
@@ -315,7 +317,7 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "cannot create pool", err)
 	}
 	m, err := newManager(op, pool, true, cfg, opts...)
 	if err != nil {
@@ -342,7 +344,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	if err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
-			return nil, pglease.NewError(e.Code, op, e.Msg, e.Err)
+			return nil, pgerr.New(e.Code, op, e.Msg, e.Err)
 		}
 		return nil, reop(op, err)
 	}
@@ -402,7 +404,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 // migrations with their own tool instead (package pg/migrations).
 func (m *Manager) SetupSchema(ctx context.Context) error {
 	const op = "manager.SetupSchema"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if m.isClosing() {
@@ -459,7 +461,7 @@ func WithHoldLimit(d time.Duration) AcquireOption {
 // (300 ms) unless WithoutAutoExtend is given too.
 func WithTTL(ttl time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
-		if err := pglease.ValidateTTL(ttl); err != nil {
+		if err := keys.ValidateTTL(ttl); err != nil {
 			return err
 		}
 		o.ttl = ttl
@@ -496,14 +498,14 @@ func WithoutAutoExtend() AcquireOption {
 
 // newAcquireReq validates everything before any I/O.
 func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try bool, opts []AcquireOption) (*acquireReq, time.Duration, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, 0, err
 	}
-	nk, err := pglease.NormalizeKey(key)
+	nk, err := keys.NormalizeKey(key)
 	if err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
-			return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
+			return nil, 0, pgerr.New(e.Code, op, e.Msg, nil)
 		}
 		return nil, 0, reop(op, err)
 	}
@@ -515,7 +517,7 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		if err := f(&o); err != nil {
 			var e *pglease.Error
 			if errors.As(err, &e) {
-				return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
+				return nil, 0, pgerr.New(e.Code, op, e.Msg, nil)
 			}
 			return nil, 0, reop(op, err)
 		}
@@ -605,20 +607,20 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	}
 	switch {
 	case !timedOut && r.heldHere:
-		return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock: "+heldHereMsg, wrapped)
+		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock: "+heldHereMsg, wrapped)
 	case !timedOut:
-		return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
+		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
 	case r.heldHere:
-		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
+		return pgerr.New(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
 	case r.lastErr != nil && unreachable(wrapped):
-		return pglease.NewError(pglease.CodeOf(wrapped), op,
+		return pgerr.New(pglease.CodeOf(wrapped), op,
 			"the database could not be reached before the wait ended (the key's last attempt, or a release it waited for, failed and no attempt since reached it); no lock was granted", wrapped)
 	}
 	msg := "lock not acquired before the wait ended"
 	if r.heldBy != "" {
 		msg += " (held by " + r.heldBy + " when last checked)"
 	}
-	return pglease.NewError(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
+	return pgerr.New(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 }
 
 // Acquire waits for the lock on key and returns it. All callers of this
@@ -781,7 +783,7 @@ func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Contex
 func userErr(op string, err error) error {
 	var e *pglease.Error
 	if !errors.As(err, &e) {
-		return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
+		return pgerr.New(pglease.CodeInternal, op, "unexpected error", err)
 	}
 	if e.Op == op {
 		return err
@@ -790,11 +792,11 @@ func userErr(op string, err error) error {
 	if e.Code == pglease.CodeAmbiguous {
 		msg = "attempt failed with its outcome unknown; its lockId is being released"
 	}
-	return pglease.NewError(attemptCode(e), op, msg, err)
+	return pgerr.New(attemptCode(e), op, msg, err)
 }
 
 func closedErr(op string) error {
-	return pglease.NewError(pglease.CodeClosed, op, "manager closed", nil)
+	return pgerr.New(pglease.CodeClosed, op, "manager closed", nil)
 }
 
 // dbTelemetry names the pool's server and database for the

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
@@ -202,8 +203,8 @@ func TestUnassignedCodePointKeyNoIO(t *testing.T) {
 	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
 	key := "\U000105D2\u0307"
-	if _, err := pglease.NormalizeKey(key); err == nil {
-		t.Skipf("U+105D2 is assigned in Unicode %s: nothing to refuse", pglease.UnicodeVersion)
+	if _, err := keys.NormalizeKey(key); err == nil {
+		t.Skipf("U+105D2 is assigned in Unicode %s: nothing to refuse", keys.UnicodeVersion)
 	}
 	before := qc.n.Load()
 	_, err := b.m.Acquire(ctx, key)

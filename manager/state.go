@@ -10,6 +10,8 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
@@ -232,7 +234,7 @@ func (st *loopState) kick(ks *keyState) {
 	}
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
 	st.pendAcquire = append(st.pendAcquire, a)
 }
@@ -270,7 +272,7 @@ func (st *loopState) contended(ks *keyState) *keyContention {
 // takeoverAt is when a key found held can be taken over on this process's
 // monotonic clock, if its holder neither extends nor releases it: r is
 // the "locked" answer, received by now. The server grants the key from
-// the holder's expires_at + pglease.TimeTolerance on its own clock,
+// the holder's expires_at + 1 s (keys.TimeTolerance) on its own clock,
 // r.RetryAfter after its clock reading during the attempt, which came
 // before now: now + RetryAfter is not early, and late by at most the
 // round trip. 1 ms + 500 ppm of the wait cover the clocks' rates. Zero
@@ -364,7 +366,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	// handed to anyone.
 	it := releaseItem{lockID: h.lock.id, key: h.ks.key, ks: h.ks, reply: reply, ttl: h.lock.ttl, handed: reply != nil}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
-		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+		it.lost = pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 		// Its loss timer fired before the loop noticed: report the loss.
 		h.acq.Lost(telemetry.LossExpired, trace.SpanContext{})
 	}
@@ -450,7 +452,7 @@ func (st *loopState) pruneKept(now time.Time) {
 // called Release, or Close); reply, if set, gets the loss as the outcome.
 func (st *loopState) releaseKept(h *holding, reply chan error) {
 	it := releaseItem{lockID: h.lock.id, key: h.ks.key, reply: reply, ttl: h.lock.ttl, handed: true,
-		lost: pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
+		lost: pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
 	if !st.closing {
 		ks := st.keyFor(h.ks.key, h.ks.hash) // h.ks may have been forgotten since
 		ks.releasing++
@@ -496,14 +498,14 @@ func (l *Lock) checkTrust(now time.Time) {
 }
 
 func lostCause(msg string) error {
-	return pglease.NewError(pglease.CodeLockLost, "manager.Lock", msg, nil)
+	return pgerr.New(pglease.CodeLockLost, "manager.Lock", msg, nil)
 }
 
-var closedCause = pglease.NewError(pglease.CodeClosed, "manager.Close", "manager closed", nil)
+var closedCause = pgerr.New(pglease.CodeClosed, "manager.Close", "manager closed", nil)
 
 // holdLimitCause is the cause of a lock's context at its hold limit.
 func holdLimitCause(d time.Duration) error {
-	return pglease.NewError(pglease.CodeHoldLimitExceeded, "manager.Lock",
+	return pgerr.New(pglease.CodeHoldLimitExceeded, "manager.Lock",
 		"the lock reached its hold limit ("+d.String()+"); stop and release it (it is held until Release or expiry, no longer extended)", nil)
 }
 

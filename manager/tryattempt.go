@@ -6,6 +6,8 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 )
@@ -36,7 +38,7 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(telemetry.QueueInfo{})
-		st.pendAcquire = append(st.pendAcquire, &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: req.ttl, try: req})
+		st.pendAcquire = append(st.pendAcquire, &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req})
 		return // ks is looked up again when the answer comes (tryDone)
 	}
 	st.gc(ks)
@@ -112,7 +114,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 	case !st.noteFence(ks, r.Fence):
 		// S1, as for any grant (attemptGranted).
 		release()
-		ans.err = pglease.NewError(pglease.CodeFenceRegression, "manager.TryAcquire",
+		ans.err = pgerr.New(pglease.CodeFenceRegression, "manager.TryAcquire",
 			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
 	case left || ks.holder != nil:
 		// Nobody to give it to; or a caller here got the key meanwhile
@@ -125,7 +127,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 		lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
 		if !lease.Trusted(now) {
 			release()
-			ans.err = pglease.NewError(pglease.CodeNetworkTimeout, "manager.TryAcquire", "grant arrived after its trust window", nil)
+			ans.err = pgerr.New(pglease.CodeNetworkTimeout, "manager.TryAcquire", "grant arrived after its trust window", nil)
 			break
 		}
 		req.acq.Attempt(d.db, telemetry.AttemptGranted, 0)

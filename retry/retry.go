@@ -7,6 +7,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Kind is how the nominal delay grows from one attempt to the next.
@@ -77,7 +78,7 @@ func (p Policy) WithDefaults() Policy {
 // CodeInvalidArgument. Zero fields are valid (they mean the defaults).
 func (p Policy) Validate() error {
 	const op = "retry.Policy"
-	bad := func(msg string) error { return pglease.NewError(pglease.CodeInvalidArgument, op, msg, nil) }
+	bad := func(msg string) error { return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil) }
 	if p.Kind > Fixed {
 		return bad("unknown backoff kind")
 	}

@@ -3,7 +3,6 @@ package telemetry
 import (
 	"context"
 	"errors"
-	ptel "github.com/pglease/pglease/telemetry"
 	"math"
 	"strings"
 	"testing"
@@ -14,6 +13,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 var (
@@ -245,7 +246,7 @@ func TestHeartbeatExtendAndLoss(t *testing.T) {
 	keep.Extended(20 * time.Millisecond)
 	lose.Lost(LossNotHeld, db.SpanContext())
 	lose.Lost(LossNotHeld, db.SpanContext()) // once only
-	expire.ExtendFailed(pglease.NewError(pglease.CodeServiceUnavailable, "extend", "conn lost", nil))
+	expire.ExtendFailed(pgerr.New(pglease.CodeServiceUnavailable, "extend", "conn lost", nil))
 	hb.End(1, 1, nil)
 	expire.Lost(LossExpired, trace.SpanContext{})
 
@@ -316,7 +317,7 @@ func TestRelease(t *testing.T) {
 	ra.Served(db.SpanContext())
 	rb.Served(db.SpanContext())
 	ra.End(nil)
-	rb.End(pglease.NewError(pglease.CodeLockLost, "release", "lock was no longer held", nil))
+	rb.End(pgerr.New(pglease.CodeLockLost, "release", "lock was no longer held", nil))
 	b.Lost(LossNotHeld, trace.SpanContext{}) // after release: no-op
 
 	for _, s := range h.spansNamed(ptel.SpanRelease) {
@@ -355,7 +356,7 @@ func TestAcquireFailures(t *testing.T) {
 	}
 	timeout := start("t", false)
 	timeout.Attempt(trace.SpanContext{}, AttemptContended, time.Second)
-	timeout.Failed(pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "wait bound passed", nil))
+	timeout.Failed(pgerr.New(pglease.CodeAcquisitionTimeout, "manager.Acquire", "wait bound passed", nil))
 	timeout.Granted(9) // too late: no-op
 
 	aborted := start("a", false)

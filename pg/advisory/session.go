@@ -16,6 +16,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Options tune a Session. The zero value (or a nil *Options) gives the
@@ -212,7 +213,7 @@ type Session struct {
 // restart) is replaced once.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, error) {
 	const op = "advisory.Open"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if pool == nil {
@@ -279,7 +280,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, o Options) (conn *pgx.Conn, p
 		// keeps this backend for this client (session mode).
 		var shared bool
 		if shared, err = sharedBackend(ctx, pool, conn, pid); err == nil && shared {
-			err = pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+			err = pgerr.New(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
 		}
 		err = mapErr(ctx, op, err)
 	}
@@ -338,7 +339,7 @@ func setup(ctx context.Context, conn *pgx.Conn, o Options) (uint32, error) {
 		return 0, mapErr(ctx, op, err)
 	}
 	if pid1 != pid2 {
-		return 0, pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+		return 0, pgerr.New(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
 	}
 	return pid1, nil
 }
@@ -361,9 +362,9 @@ func (s *Session) Err() error {
 func (s *Session) endedErrLocked(op string) error {
 	switch s.state {
 	case stateLost:
-		return pglease.NewError(pglease.CodeClosed, op, "session lost its connection; open a new one", s.cause)
+		return pgerr.New(pglease.CodeClosed, op, "session lost its connection; open a new one", s.cause)
 	case stateClosed:
-		return pglease.NewError(pglease.CodeClosed, op, "session closed", nil)
+		return pgerr.New(pglease.CodeClosed, op, "session closed", nil)
 	}
 	return nil
 }
@@ -384,7 +385,7 @@ func (s *Session) own(ctx context.Context, op string) error {
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended", ctx.Err())
 	case <-s.closing.Done():
 		return s.check(op)
 	}
@@ -451,7 +452,7 @@ func (s *Session) fail(cause error) {
 		s.mu.Unlock()
 		return
 	}
-	lost := pglease.NewError(pglease.CodeLockLost, "advisory.Session", "session ended; its advisory locks are gone", cause)
+	lost := pgerr.New(pglease.CodeLockLost, "advisory.Session", "session ended; its advisory locks are gone", cause)
 	s.state, s.cause = stateLost, lost
 	locks := s.locks
 	s.locks, s.held = map[*Lock]struct{}{}, map[Key]int{}
@@ -576,7 +577,7 @@ func (s *Session) precheck(op string, k Key) error {
 }
 
 func (s *Session) acquire(ctx context.Context, op string, k Key, blocking bool) (*Lock, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if err := s.check(op); err != nil {
@@ -595,7 +596,7 @@ func (s *Session) acquire(ctx context.Context, op string, k Key, blocking bool) 
 			return l, err
 		}
 		if ctx.Err() != nil {
-			return nil, pglease.NewError(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
+			return nil, pgerr.New(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
 		}
 	}
 }
@@ -694,7 +695,7 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 	case s.closing.Err() != nil:
 		return nil, false, s.check(op)
 	case ctx.Err() != nil:
-		return nil, false, pglease.NewError(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
+		return nil, false, pgerr.New(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
 	case state == pgerrcode.LockNotAvailable && blocking && !sent:
 		return nil, true, nil
 	}
@@ -725,7 +726,7 @@ func (s *Session) holdLimitPassed(l *Lock) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !l.ended { // under mu: a Release, loss or Close that ended l first keeps its cause
-		l.cancel(pglease.NewError(pglease.CodeHoldLimitExceeded, "advisory.Lock",
+		l.cancel(pgerr.New(pglease.CodeHoldLimitExceeded, "advisory.Lock",
 			"the lock reached the session's HoldLimit ("+s.opts.HoldLimit.String()+"); stop and release it (it is still held)", nil))
 	}
 }
@@ -801,7 +802,7 @@ func (s *Session) live(l *Lock) bool {
 // this session holds (without Reentrant) is InvalidArgument with no I/O.
 func (s *Session) LockAll(ctx context.Context, keys ...Key) ([]*Lock, error) {
 	const op = "advisory.Session.LockAll"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if err := s.check(op); err != nil {
@@ -891,7 +892,7 @@ func (s *Session) Close(ctx context.Context) error {
 	s.stmtCancel()
 	<-s.sem
 	<-s.probeDone
-	closed := pglease.NewError(pglease.CodeClosed, op, "session closed", nil)
+	closed := pgerr.New(pglease.CodeClosed, op, "session closed", nil)
 	for l := range locks {
 		l.cancel(closed)
 	}

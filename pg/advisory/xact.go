@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 func xactSQL(k Key, try bool) (string, []any) {
@@ -25,7 +26,7 @@ func xactSQL(k Key, try bool) (string, []any) {
 }
 
 func checkXact(op string, ctx context.Context, tx pgx.Tx, k Key) error {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if tx == nil {
@@ -88,7 +89,7 @@ const rollbackTimeout = 5 * time.Second
 // reply was lost is Ambiguous: the transaction may have committed.
 func WithXactLock(ctx context.Context, db Beginner, k Key, fn func(pgx.Tx) error) (err error) {
 	const op = "advisory.WithXactLock"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if isNil(db) {
@@ -122,12 +123,12 @@ func WithXactLock(ctx context.Context, db Beginner, k Key, fn func(pgx.Tx) error
 	if err := tx.Commit(ctx); err != nil {
 		var pe *pgconn.PgError
 		if errors.Is(err, pgx.ErrTxCommitRollback) {
-			return pglease.NewError(pglease.CodeInternal, op, "transaction had failed; COMMIT rolled it back", err)
+			return pgerr.New(pglease.CodeInternal, op, "transaction had failed; COMMIT rolled it back", err)
 		}
 		if errors.As(err, &pe) {
 			return mapErr(ctx, op, err)
 		}
-		return pglease.NewError(pglease.CodeAmbiguous, op, "commit outcome unknown", mapErr(ctx, op, err))
+		return pgerr.New(pglease.CodeAmbiguous, op, "commit outcome unknown", mapErr(ctx, op, err))
 	}
 	return nil
 }
