@@ -171,8 +171,9 @@ func (e *Error) Is(target error) bool {
 	return ok && t.Code == e.Code
 }
 
-// Sentinels, one per Code. Compare with errors.Is; never return them
-// directly (use New or Errorf so the Op and cause are kept).
+// Sentinels, one per Code, to compare with errors.Is: each matches every
+// *Error of its Code, whatever its Op, Msg and cause, so an error of your
+// own that should match one is an &Error{Code: …, Op: …, Err: cause}.
 var (
 	ErrInternal           = &Error{Code: CodeInternal}
 	ErrInvalidArgument    = &Error{Code: CodeInvalidArgument}
