@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 	tel "github.com/pglease/pglease/internal/telemetry"
