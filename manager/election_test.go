@@ -48,7 +48,7 @@ func electionChild() int {
 		return 1
 	}
 	defer pool.Close()
-	m, err := New(pool, Config{Holder: os.Getenv(electionChildEnv), Retry: retry.Policy{Kind: retry.Fixed, Base: 100 * time.Millisecond}})
+	m, err := New(pool, Config{Holder: os.Getenv(electionChildEnv), Retry: retry.Policy{Multiplier: 1, Base: 100 * time.Millisecond}})
 	if err != nil {
 		say("error %v", err)
 		return 1
@@ -305,7 +305,7 @@ func TestElectionProcesses(t *testing.T) {
 // configuration fails before any I/O.
 func TestElectionResignAndCallbacks(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{cfg: Config{Retry: retry.Policy{Kind: retry.Fixed, Base: 50 * time.Millisecond}}})
+	b := setup(t, setupOpts{cfg: Config{Retry: retry.Policy{Multiplier: 1, Base: 50 * time.Millisecond}}})
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
 	var mu sync.Mutex

@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
@@ -65,7 +66,7 @@ func (st *loopState) startListener() {
 // replaced, with backoff, until ctx ends; polling covers the gap.
 func (m *Manager) listen(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	bo := retry.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, retry.Options{})
+	bo := backoff.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, backoff.Options{})
 	for {
 		if m.listenOnce(ctx, bo) {
 			m.rec.ListenerPolling(errListenPooler.Error() + "; set manager.Config.ListenConnString to a direct connection")
@@ -109,7 +110,7 @@ var errListenPooler = errors.New("the listening connection goes through a transa
 // connection fails or ctx ends. It returns true when listening can never
 // work on this connection config (a transaction-mode pooler): the
 // listener then stops for good.
-func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool) {
+func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop bool) {
 	// The pglease.listen span covers connecting and subscribing, not the
 	// wait for notifications. Both are bounded: a silent server must not
 	// hold the listener in a connect that never ends, and each host's

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
@@ -169,7 +170,7 @@ func (c Config) validate(op string) error {
 			return err
 		}
 	}
-	if err := c.Retry.Validate(); err != nil {
+	if err := backoff.Validate(op, c.Retry); err != nil {
 		return err
 	}
 	return nil

@@ -9,12 +9,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/retry"
 )
 
 // maxFenceMemory caps how many keys' highest fences the loop remembers for
@@ -82,7 +82,7 @@ type keyState struct {
 
 // keyContention is what a contended key keeps between attempts.
 type keyContention struct {
-	bo *retry.Backoff // the key's backoff (not thread-safe; loop-owned)
+	bo *backoff.Backoff // the key's backoff (not thread-safe; loop-owned)
 	// heldBy is the holder identity the last "locked" answer named ("":
 	// none known), for the error of a wait that ends without the lock
 	// (heldBy).
@@ -264,7 +264,7 @@ func (st *loopState) scheduleRetry(ks *keyState, now, freeAt time.Time) {
 // keys are never contended and keep none.
 func (st *loopState) contended(ks *keyState) *keyContention {
 	if ks.cont == nil {
-		ks.cont = &keyContention{bo: retry.New(st.m.cfg.Retry, retry.Options{})}
+		ks.cont = &keyContention{bo: backoff.New(st.m.cfg.Retry, backoff.Options{})}
 	}
 	return ks.cont
 }
