@@ -11,8 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg/advisory"
 )
 
@@ -63,7 +63,7 @@ type AdvisoryLock struct {
 	m      *Manager                // immutable
 	key    advisory.Key            // immutable
 	inner  *advisory.Lock          // immutable
-	acq    *telemetry.Acquisition  // immutable; the acquire that granted it
+	acq    *obs.Acquisition  // immutable; the acquire that granted it
 	ctx    context.Context         // immutable; ends when inner's does, or before
 	cancel context.CancelCauseFunc // called by Release, by Close, when inner's context ends, and at the hold limit
 
@@ -217,7 +217,7 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 		// context must still release. The wait for the connection ends
 		// when the session ends; the statement is bounded by the
 		// session's ProbeTimeout.
-		dctx, db := l.m.rec.StartDB(context.WithoutCancel(rctx), telemetry.OpAdvisoryUnlock, 1, trace.SpanContext{})
+		dctx, db := l.m.rec.StartDB(context.WithoutCancel(rctx), obs.OpAdvisoryUnlock, 1, trace.SpanContext{})
 		err := l.inner.Release(dctx)
 		released := 0
 		if err == nil && errors.Is(context.Cause(l.inner.Context()), pglease.ErrReleased) {
@@ -305,7 +305,7 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...Ac
 // Both calls record, through the Manager's Recorder (Config.Telemetry),
 // what package telemetry documents with pglease.lock.kind=advisory, the
 // key identified by the hash of its String form ("int64:42", "pair:1,2")
-// like a lease key (the raw id only with telemetry.Config.RawKeys):
+// like a lease key (the raw id only with obs.Config.RawKeys):
 //
 //   - a pglease.acquire span, child of the span in ctx, started after the
 //     no-I/O argument checks (nil ctx, ended ctx, zero key: no span). It
@@ -381,8 +381,8 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 	if err != nil {
 		return nil, err
 	}
-	ctx, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), telemetry.AcquireInfo{
-		Kind: telemetry.KindAdvisory, Try: !blocking,
+	ctx, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), obs.AcquireInfo{
+		Kind: obs.KindAdvisory, Try: !blocking,
 	})
 	l, err := m.takeAdvisory(ctx, op, key, blocking, holdLimit, acq)
 	switch {
@@ -397,7 +397,7 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 
 // takeAdvisory is lockAdvisory after the argument checks; acq is the
 // call's acquisition (its grant is recorded by install).
-func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, holdLimit time.Duration, acq *telemetry.Acquisition) (*AdvisoryLock, error) {
+func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, holdLimit time.Duration, acq *obs.Acquisition) (*AdvisoryLock, error) {
 	a := &m.adv
 	w, err := a.reserve(op, key, m.isClosing(), blocking)
 	switch {
@@ -406,7 +406,7 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 	case err != nil:
 		return nil, err
 	case w != nil:
-		acq.Queued(telemetry.QueueInfo{HeldLocally: true, Coalesced: w.pos > 0, Position: w.pos})
+		acq.Queued(obs.QueueInfo{HeldLocally: true, Coalesced: w.pos > 0, Position: w.pos})
 		if err := a.await(ctx, op, key, w); err != nil {
 			return nil, err
 		}
@@ -470,7 +470,7 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 			}
 			cause := context.Cause(il.Context())
 			if errors.Is(cause, pglease.ErrLockLost) {
-				acq.Lost(telemetry.LossSessionEnded, trace.SpanContext{})
+				acq.Lost(obs.LossSessionEnded, trace.SpanContext{})
 				a.forget(l) // the server freed it with the session: hand it on
 			}
 			l.cancel(cause)
@@ -483,10 +483,10 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 // Lock, as a pglease.advisory_try_lock or pglease.advisory_lock client
 // span under acq's span, and records it as an attempt of acq. A nil lock
 // with a nil error is a TryLock that found the key held.
-func (m *Manager) advisoryRoundTrip(ctx context.Context, s *advisory.Session, key advisory.Key, blocking bool, acq *telemetry.Acquisition) (*advisory.Lock, error) {
-	op := telemetry.OpAdvisoryTryLock
+func (m *Manager) advisoryRoundTrip(ctx context.Context, s *advisory.Session, key advisory.Key, blocking bool, acq *obs.Acquisition) (*advisory.Lock, error) {
+	op := obs.OpAdvisoryTryLock
 	if blocking {
-		op = telemetry.OpAdvisoryLock
+		op = obs.OpAdvisoryLock
 	}
 	dctx, db := m.rec.StartDB(ctx, op, 1, acq.SpanContext())
 	var il *advisory.Lock
@@ -496,12 +496,12 @@ func (m *Manager) advisoryRoundTrip(ctx context.Context, s *advisory.Session, ke
 	} else {
 		il, _, err = s.TryLock(dctx, key)
 	}
-	ok, outcome := 1, telemetry.AttemptGranted
+	ok, outcome := 1, obs.AttemptGranted
 	switch {
 	case err != nil:
-		ok, outcome = 0, telemetry.AttemptFailed
+		ok, outcome = 0, obs.AttemptFailed
 	case il == nil:
-		ok, outcome = 0, telemetry.AttemptContended
+		ok, outcome = 0, obs.AttemptContended
 	}
 	db.End(ok, err)
 	acq.Attempt(db.SpanContext(), outcome, 0)
@@ -612,7 +612,7 @@ func (a *advisoryState) unreserve(key advisory.Key) {
 // install records a granted lock, and its grant in telemetry; false
 // once Close has begun. The grant is recorded under mu, before the lock
 // is visible to beginClose, so that Granted precedes any release or loss
-// of the lock (the order telemetry.Acquisition requires), and a lock
+// of the lock (the order obs.Acquisition requires), and a lock
 // refused here is recorded as closed, not granted.
 func (a *advisoryState) install(l *AdvisoryLock) bool {
 	a.mu.Lock()
@@ -758,9 +758,9 @@ func (a *advisoryState) beginClose(timeout time.Duration) {
 			}
 		}
 		a.mu.Unlock()
-		var rels []telemetry.Release
+		var rels []obs.Release
 		var relSC trace.SpanContext
-		var rec *telemetry.Recorder // every lock's, the Manager's
+		var rec *obs.Recorder // every lock's, the Manager's
 		for _, l := range held {
 			rec = l.m.rec
 			if ic := l.inner.Context(); ic.Err() != nil {
@@ -778,13 +778,13 @@ func (a *advisoryState) beginClose(timeout time.Duration) {
 			}
 		}
 		if s != nil {
-			var db telemetry.DBSpan
+			var db obs.DBSpan
 			if len(rels) > 0 {
 				parent := trace.SpanContext{} // a round trip serving several releases is a root span
 				if len(rels) == 1 {
 					parent = relSC
 				}
-				_, db = rec.StartDB(context.Background(), telemetry.OpAdvisoryUnlock, len(rels), parent)
+				_, db = rec.StartDB(context.Background(), obs.OpAdvisoryUnlock, len(rels), parent)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			err := s.Close(ctx)

@@ -8,8 +8,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -127,7 +127,7 @@ func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.Span
 	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindHandOff, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpHandOff, len(batch), parent, served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpHandOff, len(batch), parent, served...)
 	start := time.Now()
 	res, err := m.store.HandOff(ctx, reqs)
 	var released []bool

@@ -11,8 +11,8 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 )
@@ -123,7 +123,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 	bound := m.cfg.StatementTimeout + time.Duration(connx.Hosts(&cfg.Config))*cfg.ConnectTimeout
 	sctx, cancel := context.WithTimeoutCause(ctx, bound, pgerr.ErrStatementTimeout)
 	defer cancel()
-	lctx, db := m.rec.StartDB(sctx, telemetry.OpListen, 1, trace.SpanContext{})
+	lctx, db := m.rec.StartDB(sctx, obs.OpListen, 1, trace.SpanContext{})
 	conn, err := pgx.ConnectConfig(lctx, cfg)
 	if err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))

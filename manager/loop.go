@@ -10,8 +10,8 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -96,7 +96,7 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		st.tryAcquire(ks, req) // tryattempt.go
 		return
 	}
-	req.acq.Queued(telemetry.QueueInfo{
+	req.acq.Queued(obs.QueueInfo{
 		Coalesced:   len(ks.queue) > 0,
 		HeldLocally: ks.holder != nil,
 		Position:    len(ks.queue),
@@ -227,11 +227,11 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			st.attemptFailed(ks, err, now, d.db)
 		case err != nil: // this item failed on its own (fence overflow): nothing granted
 			ks.lastErr = err
-			noteAttempt(ks.queue, d.db, telemetry.AttemptFailed, 0)
+			noteAttempt(ks.queue, d.db, obs.AttemptFailed, 0)
 			st.failAll(ks, err)
 		case !r.OK:
 			n := leadingTries(ks.queue)
-			noteAttempt(ks.queue[:n], d.db, telemetry.AttemptContended, 0)
+			noteAttempt(ks.queue[:n], d.db, obs.AttemptContended, 0)
 			st.popTries(ks, acquireReply{locked: true})
 			st.wantWaiter(ks)
 			if len(ks.queue) > 0 {
@@ -249,7 +249,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 				st.scheduleRetry(ks, now, takeoverAt(r, now))
 				retryIn = ks.retryAt.Sub(now)
 			}
-			noteAttempt(ks.queue, d.db, telemetry.AttemptContended, retryIn)
+			noteAttempt(ks.queue, d.db, obs.AttemptContended, retryIn)
 		default:
 			st.attemptGranted(ks, a, r, d.start, now, d.db)
 		}
@@ -260,21 +260,21 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db trace.SpanContext) {
 	ks.lastErr = err
 	if !retryable(err) {
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
+		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.failAll(ks, err)
 		return
 	}
-	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, telemetry.AttemptFailed, 0)
+	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, obs.AttemptFailed, 0)
 	st.popTries(ks, acquireReply{err: err})
 	if len(ks.queue) > 0 {
 		st.scheduleRetry(ks, now, time.Time{})
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, ks.retryAt.Sub(now))
+		noteAttempt(ks.queue, db, obs.AttemptFailed, ks.retryAt.Sub(now))
 	}
 }
 
 func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time, db trace.SpanContext) {
 	if !st.noteFence(ks, r.Fence) {
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
+		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		// S1: a fence not above one already seen means the database lost
 		// acknowledged grants. Refuse it; the head waiter learns why.
 		err := pgerr.New(pglease.CodeFenceRegression, "manager.Acquire",
@@ -301,7 +301,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		// The answer came after the grant's own trust window.
 		st.orphanRelease(ks, a)
 		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
+		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
 	case ks.queue[0].ttl != a.ttl:
 		// The waiter it was for left; the next one wants another TTL.
@@ -309,9 +309,9 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		st.orphanRelease(ks, a)
 	default:
 		req := st.popWaiter(ks)
-		req.acq.Attempt(db, telemetry.AttemptGranted, 0)
+		req.acq.Attempt(db, obs.AttemptGranted, 0)
 		// The others now wait for this holder: for them the key was taken.
-		noteAttempt(ks.queue, db, telemetry.AttemptContended, 0)
+		noteAttempt(ks.queue, db, obs.AttemptContended, 0)
 		st.grant(ks, req, a, r, lease)
 	}
 }
@@ -390,7 +390,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			h.ks.lastErr = d.err
 			h.acq.ExtendFailed(d.err)
 		case !d.res[i].OK:
-			st.lose(h, lostCause("the server no longer has the lock"), false, telemetry.LossNotHeld, d.db)
+			st.lose(h, lostCause("the server no longer has the lock"), false, obs.LossNotHeld, d.db)
 			lost++
 			continue
 		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lease.Trusted(now) || !st.loss.stop(h):
@@ -400,7 +400,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			// lock is lost even though the late extend succeeded (and its
 			// row, extended from d.start, is kept: see lose).
 			h.lease.Start = d.start
-			st.lose(h, lostCause("trust window passed without a successful extend"), true, telemetry.LossExpired, d.db)
+			st.lose(h, lostCause("trust window passed without a successful extend"), true, obs.LossExpired, d.db)
 			lost++
 			continue
 		default:
@@ -481,12 +481,12 @@ func (st *loopState) heartbeat(now time.Time) {
 	st.pruneKept(now)
 	for h := range st.held {
 		if h.lock.ctx.Err() != nil && !st.pastLimit(h, now) { // its loss timer fired
-			st.lose(h, nil, true, telemetry.LossExpired, trace.SpanContext{})
+			st.lose(h, nil, true, obs.LossExpired, trace.SpanContext{})
 		}
 	}
 	t := heartbeat.Collect(now, st.leases)
 	for _, h := range t.Lost {
-		st.lose(h, lostCause("trust window passed without a successful extend"), true, telemetry.LossExpired, trace.SpanContext{})
+		st.lose(h, lostCause("trust window passed without a successful extend"), true, obs.LossExpired, trace.SpanContext{})
 	}
 	for _, h := range t.Due {
 		h.lease.Pending = true
@@ -576,7 +576,7 @@ func (st *loopState) flush() {
 		_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
 		var served []trace.SpanContext
 		for _, h := range batch {
-			if sc := h.acq.SpanContext(); sc.IsValid() && len(served) < telemetry.MaxLinks {
+			if sc := h.acq.SpanContext(); sc.IsValid() && len(served) < obs.MaxLinks {
 				served = append(served, sc)
 			}
 		}
@@ -586,7 +586,7 @@ func (st *loopState) flush() {
 
 // roundTripSpans returns where the span of a round trip carrying the
 // attempts atts (one per key) and the releases rels goes (telemetry), and
-// the spans it serves, which it links to (at most telemetry.MaxLinks).
+// the spans it serves, which it links to (at most obs.MaxLinks).
 // A round trip carrying one key is made for that key's head waiter (the
 // caller it grants, if it grants), so it is a child of that waiter's
 // acquire span, even when others wait behind it; one carrying one release
@@ -608,7 +608,7 @@ func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanConte
 		if sc.IsValid() {
 			served = append(served, sc)
 		}
-		return len(served) < telemetry.MaxLinks
+		return len(served) < obs.MaxLinks
 	}
 	for _, it := range rels {
 		if !add(it.sc) {
@@ -680,7 +680,7 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindAcquire, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpAcquireMany, len(batch), parent, served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireMany, len(batch), parent, served...)
 	start := time.Now()
 	res, err := m.store.AcquireMany(ctx, reqs)
 	ok := 0
@@ -710,7 +710,7 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	ctx, cancel := context.WithTimeoutCause(context.Background(), timeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindRelease, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpReleaseMany, len(batch), parent, served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpReleaseMany, len(batch), parent, served...)
 	res, err := m.store.ReleaseWaited(ctx, reqs)
 	ok := 0
 	for _, r := range res {
@@ -722,13 +722,13 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat, served []trace.SpanContext) {
+func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
 	// Bounded by the earliest trust deadline of the batch (F4): an answer
 	// after it is useless.
 	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindExtend, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpExtendMany, len(batch), hb.SpanContext(), served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpExtendMany, len(batch), hb.SpanContext(), served...)
 	start := time.Now()
 	res, err := m.store.ExtendMany(ctx, reqs)
 	ok := 0

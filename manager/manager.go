@@ -17,8 +17,8 @@ import (
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	tel "github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 	"github.com/pglease/pglease/telemetry"
@@ -232,9 +232,9 @@ type Manager struct {
 	storeCfg       pg.Config
 	triggerChecked atomic.Bool
 	store          *pg.Store // immutable
-	// rec records spans, metrics and logs (internal/telemetry); immutable,
+	// rec records spans, metrics and logs (internal/obs); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
-	rec  *tel.Recorder
+	rec  *obs.Recorder
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
@@ -355,7 +355,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		ownsPool:      owns,
 		store:         store,
 		storeCfg:      pcfg,
-		rec:           tel.New(cfg.Telemetry, dbTelemetry(pool)),
+		rec:           obs.New(cfg.Telemetry, dbTelemetry(pool)),
 		acquireCh:     make(chan *acquireReq),
 		releaseCh:     make(chan *releaseReq),
 		extendCh:      make(chan *extendReq),
@@ -691,8 +691,8 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 // startAcquire starts req's pglease.acquire span, a child of the span in
 // ctx, and returns ctx carrying it (for the wait).
 func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Context {
-	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(req.key, req.hash), tel.AcquireInfo{
-		Kind: tel.KindLease, TTL: req.ttl, Try: req.try,
+	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(req.key, req.hash), obs.AcquireInfo{
+		Kind: obs.KindLease, TTL: req.ttl, Try: req.try,
 	})
 	return ctx
 }
@@ -803,7 +803,7 @@ func closedErr(op string) error {
 // dbTelemetry names the pool's server and database for the
 // semantic-convention attributes of database spans (server.address,
 // server.port, db.namespace).
-func dbTelemetry(pool *pgxpool.Pool) tel.Database {
+func dbTelemetry(pool *pgxpool.Pool) obs.Database {
 	cc := pool.Config().ConnConfig
-	return tel.Database{Address: cc.Host, Port: int(cc.Port), Namespace: cc.Database}
+	return obs.Database{Address: cc.Host, Port: int(cc.Port), Namespace: cc.Database}
 }

@@ -12,8 +12,8 @@ import (
 	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -103,7 +103,7 @@ func (ks *keyState) heldBy() string {
 type holding struct {
 	lock  *Lock
 	ks    *keyState
-	acq   *telemetry.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
+	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
 	lease heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
 	// lossAt is lease.TrustedUntil() in st.loss, which ends the lock at
 	// that time independently of the loop; lossIdx is the holding's
@@ -368,7 +368,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
 		it.lost = pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 		// Its loss timer fired before the loop noticed: report the loss.
-		h.acq.Lost(telemetry.LossExpired, trace.SpanContext{})
+		h.acq.Lost(obs.LossExpired, trace.SpanContext{})
 	}
 	it.rel, it.sc = startRelease(h, parent)
 	h.ks.releasing++
@@ -380,7 +380,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 
 // startRelease starts h's pglease.release span (loop), as a child of
 // parent when it is valid, and returns it with its span context.
-func startRelease(h *holding, parent trace.SpanContext) (telemetry.Release, trace.SpanContext) {
+func startRelease(h *holding, parent trace.SpanContext) (obs.Release, trace.SpanContext) {
 	ctx := context.Background()
 	if parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, parent)
@@ -400,7 +400,7 @@ func startRelease(h *holding, parent trace.SpanContext) (telemetry.Release, trac
 // The row stays until the holder calls Release (it has stopped: releasing
 // is safe then), Close, or its expiry. Otherwise (the server refused the
 // extend: no row of ours is left) local waiters try at once.
-func (st *loopState) lose(h *holding, cause error, rowMayRemain bool, lc telemetry.LossCause, by trace.SpanContext) {
+func (st *loopState) lose(h *holding, cause error, rowMayRemain bool, lc obs.LossCause, by trace.SpanContext) {
 	ks := h.ks
 	st.dropHolding(h, cause)
 	h.acq.Lost(lc, by)
@@ -615,21 +615,21 @@ func leadingTries(q []*acquireReq) int {
 // noteAttempt records one database attempt, carried by the round trip
 // db, on behalf of every waiter in reqs: attempts are counted per caller.
 // Call it before answering them.
-func noteAttempt(reqs []*acquireReq, db trace.SpanContext, o telemetry.AttemptOutcome, retryIn time.Duration) {
+func noteAttempt(reqs []*acquireReq, db trace.SpanContext, o obs.AttemptOutcome, retryIn time.Duration) {
 	for _, r := range reqs {
 		r.acq.Attempt(db, o, retryIn)
 	}
 }
 
 // reportDepth publishes the loop's queue depths (atomic stores only).
-func (st *loopState) reportDepth(l *telemetry.Loop) {
+func (st *loopState) reportDepth(l *obs.Loop) {
 	if l == nil {
 		return
 	}
-	l.SetDepth(telemetry.QueueWaiters, st.waiting)
-	l.SetDepth(telemetry.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend)+len(st.pendHandOff))
-	l.SetDepth(telemetry.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
-	l.SetDepth(telemetry.QueueDue, len(st.retries)+len(st.held))
+	l.SetDepth(obs.QueueWaiters, st.waiting)
+	l.SetDepth(obs.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend)+len(st.pendHandOff))
+	l.SetDepth(obs.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
+	l.SetDepth(obs.QueueDue, len(st.retries)+len(st.held))
 }
 
 // failAll answers every waiter of ks with err.
