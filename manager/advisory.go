@@ -63,7 +63,7 @@ type AdvisoryLock struct {
 	m      *Manager                // immutable
 	key    advisory.Key            // immutable
 	inner  *advisory.Lock          // immutable
-	acq    *obs.Acquisition  // immutable; the acquire that granted it
+	acq    *obs.Acquisition        // immutable; the acquire that granted it
 	ctx    context.Context         // immutable; ends when inner's does, or before
 	cancel context.CancelCauseFunc // called by Release, by Close, when inner's context ends, and at the hold limit
 

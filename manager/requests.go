@@ -167,6 +167,6 @@ type extendDone struct {
 	start time.Time // local time just before the statement was sent
 	res   []pg.ExtendResult
 	err   error
-	hb    obs.Heartbeat // the round's pglease.heartbeat span, ended by run
-	db    trace.SpanContext   // the round trip's pglease.extend_many span
+	hb    obs.Heartbeat     // the round's pglease.heartbeat span, ended by run
+	db    trace.SpanContext // the round trip's pglease.extend_many span
 }

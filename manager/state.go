@@ -104,7 +104,7 @@ type holding struct {
 	lock  *Lock
 	ks    *keyState
 	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
-	lease heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
+	lease heartbeat.Lease  // last successful attempt; Pending/NotBefore/Manual
 	// lossAt is lease.TrustedUntil() in st.loss, which ends the lock at
 	// that time independently of the loop; lossIdx is the holding's
 	// position in st.loss's heap (-1: not in it), lossFired tells that
