@@ -64,7 +64,7 @@ type Election struct {
 // Release resigns early: the term's Context ends at once (ErrReleased)
 // and the lease is released; RunElection then goes on as if the function
 // had returned nil. Fence is the term's fencing token; Lock gives the
-// underlying lease (ExpiresAt, Remaining, GrantID, Extend). Every method
+// underlying lease (Key, ExpiresAt, Remaining, GrantID, Extend). Every method
 // is safe for concurrent use, and on a nil *Term (Release and Err answer
 // pglease.ErrInvalidArgument, Context an ended context).
 type Term struct {
@@ -97,14 +97,6 @@ func newTerm(parent context.Context, lock *Lock) (t *Term, stop func() bool) {
 func (t *Term) parentEnded() {
 	t.cancel(pgerr.New(pglease.CodeReleased, "manager.RunElection",
 		"the election's context ended: the term resigns", context.Cause(t.parent)))
-}
-
-// Key returns the election's Name, NFC-normalized ("" for a nil Term).
-func (t *Term) Key() string {
-	if t == nil {
-		return ""
-	}
-	return t.lock.Key()
 }
 
 // Fence returns the term's fencing token: strictly greater than the fence

@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,8 +34,8 @@ func endedContext(cause error) context.Context {
 
 // Lock is a held lease lock: a pglease.Handle with a fencing token and a
 // lease. Its lockId, a bearer secret, never leaves the handle: String,
-// GoString, Format, LogValue and MarshalJSON print only the fence and
-// "[redacted]". A Lock is safe for concurrent use. Every method is safe on
+// Format (every verb, %#v included) and LogValue print only the fence and
+// "[redacted]", and encoding/json sees no exported field ({}). A Lock is safe for concurrent use. Every method is safe on
 // a nil *Lock (what TryAcquire returns with ok=false): Release, Extend and
 // Err return an error matching pglease.ErrInvalidArgument, Context and
 // Done an ended context, the others zero values.
@@ -307,9 +306,6 @@ func (l Lock) String() string {
 	return fmt.Sprintf("pglease.Lock{fence:%s, lockId:[redacted]}", l.fence)
 }
 
-// GoString is String: the lockId never appears in %#v.
-func (l Lock) GoString() string { return l.String() }
-
 // Format prints String for every verb and flag (%v, %+v, %#v, %s, %q …).
 func (l Lock) Format(f fmt.State, verb rune) {
 	if verb == 'q' {
@@ -324,20 +320,10 @@ func (l Lock) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("fence", l.fence.String()), slog.String("lockId", "[redacted]"))
 }
 
-// MarshalJSON encodes {"fence":"…","lockId":"[redacted]"}.
-func (l Lock) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		Fence  string `json:"fence"`
-		LockID string `json:"lockId"`
-	}{l.fence.String(), "[redacted]"})
-}
-
 var (
 	_ fmt.Stringer   = Lock{}
-	_ fmt.GoStringer = Lock{}
 	_ fmt.Formatter  = Lock{}
 	_ slog.LogValuer = Lock{}
-	_ json.Marshaler = Lock{}
 )
 
 // extendUnknown is Extend's answer when the round trip failed: the

@@ -24,32 +24,36 @@ import (
 	"github.com/pglease/pglease/telemetry"
 )
 
-// Defaults of Config's zero fields.
+// DefaultNotifyChannel is the LISTEN/NOTIFY channel of a Manager whose
+// Config.NotifyChannel is empty: name it where something outside the
+// Managers must use their channel, such as the release trigger that lets
+// SyncGuard processes sharing the tables wake this fleet's waiters.
+const DefaultNotifyChannel = "pglease_release"
+
+// Defaults of Config's zero fields (each field's documentation says its
+// default in words).
 const (
-	DefaultTTL              = 30 * time.Second
-	DefaultStatementTimeout = 5 * time.Second
-	DefaultCloseTimeout     = 5 * time.Second
-	DefaultMaxBatch         = pg.MaxBatch
-	DefaultMaxInFlight      = 1
-	DefaultNotifyChannel    = "pglease_release"
+	defaultTTL              = 30 * time.Second
+	defaultStatementTimeout = 5 * time.Second
+	defaultCloseTimeout     = 5 * time.Second
+	defaultMaxInFlight      = 1
 )
 
 // Config configures a Manager. The zero value means "all defaults"; each
 // field documents its default. Invalid values make New fail with
 // CodeInvalidArgument, before any I/O.
 type Config struct {
-	// LockTable and FenceTable name the lease tables (see pg.Config).
-	// Default "syncguard_locks" and "syncguard_fence_counters".
-	LockTable, FenceTable string
-	// Holder identifies this process as the holder of its leases, for
-	// operators (pg.Config.Holder): "" means pg.DefaultHolder(),
-	// "program[pid]@host".
-	Holder string
-
-	// NotifyChannel is the LISTEN/NOTIFY channel on which releases wake
-	// waiters in other processes. Default DefaultNotifyChannel. Every
+	// Config names the lease tables and this process's identity, as for a
+	// pg.Store: LockTable and FenceTable (default "syncguard_locks" and
+	// "syncguard_fence_counters"), Holder ("" means "program[pid]@host"),
+	// OnFenceWarning (called from the Manager's database goroutines: it
+	// must not block), and NotifyChannel, the LISTEN/NOTIFY channel on
+	// which releases wake waiters in other processes. Unlike a Store's, a
+	// Manager's empty NotifyChannel means DefaultNotifyChannel
+	// ("pglease_release"); DisableNotify turns notifications off. Every
 	// Manager that should wake the others must use the same channel.
-	NotifyChannel string
+	pg.Config
+
 	// DisableNotify turns notifications off: releases send none, and no
 	// listening connection is opened. Waiters then learn of releases in
 	// other processes by polling alone.
@@ -69,10 +73,11 @@ type Config struct {
 	// Releases still send notifications either way.
 	ListenConnString string
 
-	// TTL is the lease TTL of an acquire without WithTTL. Default
-	// DefaultTTL (30 s). It must be a whole number of milliseconds and, as
-	// locks are auto-extended by default, at least
-	// heartbeat.MinAutoExtendTTL (300 ms).
+	// TTL is the lease TTL of an acquire without WithTTL. Default 30 s.
+	// It must be a whole number of milliseconds and, as locks are
+	// auto-extended by default, at least 300 ms: below that the part of
+	// the TTL left for retries of a failing extend is too short for a
+	// real network (WithoutAutoExtend allows shorter leases).
 	TTL time.Duration
 	// AcquireTimeout caps the wait of Acquire and Do without
 	// WithAcquireTimeout. Zero (the default) is no cap: they wait as long
@@ -88,10 +93,11 @@ type Config struct {
 	// another, starts the next attempt at once.
 	Retry retry.Policy
 	// LossMargin is subtracted from the trust window of every lease:
-	// a lease is declared lost at attemptStart + TTL − LossMargin. Zero
-	// means heartbeat.DefaultMargin(TTL) (TTL/10 within [10 ms, 5 s]). A
-	// margin that leaves no room after the first extend (≥ 2/3 TTL) makes
-	// the acquire fail with InvalidArgument.
+	// a lease is declared lost at attemptStart + TTL − LossMargin, before
+	// the server can give it to anyone else (the timely loss signal).
+	// Zero means TTL/10, at least 10 ms and at most 5 s. A margin that
+	// leaves no room after the first extend (≥ 2/3 TTL) makes the acquire
+	// fail with InvalidArgument.
 	LossMargin time.Duration
 
 	// StatementTimeout bounds each batched round trip. Default 5 s.
@@ -101,11 +107,10 @@ type Config struct {
 	// CloseTimeout bounds the release of all held locks in Close. Default
 	// 5 s. The caller's context of Close bounds only how long Close waits.
 	CloseTimeout time.Duration
-	// MaxBatch caps the items of one batched statement, at most
-	// pg.MaxBatch (10,000). Default pg.MaxBatch for acquires and releases
-	// and pg.MaxExtendBatch (100,000) for extends, so a heartbeat tick of
-	// up to 100,000 locks is one statement; a value set here caps extends
-	// too.
+	// MaxBatch caps the items of one batched statement, at most 10,000.
+	// Default 10,000 for acquires and releases and 100,000 for extends, so
+	// a heartbeat tick of up to 100,000 locks is one statement; a value
+	// set here caps extends too.
 	MaxBatch int
 	// MaxInFlight caps the batches of one kind (acquire, release, extend)
 	// in flight at once (not counting stuck ones: a batch unanswered for
@@ -130,11 +135,11 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	c.TTL = cmp.Or(c.TTL, DefaultTTL)
-	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
-	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
-	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
-	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.TTL = cmp.Or(c.TTL, defaultTTL)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, defaultStatementTimeout)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, defaultCloseTimeout)
+	c.MaxBatch = cmp.Or(c.MaxBatch, pg.MaxBatch)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, defaultMaxInFlight)
 	c.NotifyChannel = cmp.Or(c.NotifyChannel, DefaultNotifyChannel)
 	return c
 }
@@ -154,7 +159,7 @@ func (c Config) validate(op string) error {
 	case c.CloseTimeout < 0:
 		return invalid(op, "CloseTimeout must not be negative")
 	case c.MaxBatch < 0 || c.MaxBatch > pg.MaxBatch:
-		return invalid(op, "MaxBatch must be between 0 and pg.MaxBatch")
+		return invalid(op, "MaxBatch must be between 0 and 10000")
 	case c.MaxInFlight < 0:
 		return invalid(op, "MaxInFlight must not be negative")
 	case c.ListenConnString != "" && c.DisableNotify:
@@ -197,8 +202,8 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 	}
 	if !auto {
 		// The grant must come back within ttl − margin of its attempt's
-		// start, or it is refused as late (issue 9.12: a 11 ms lease left
-		// a 1 ms window and could never be granted).
+		// start, or it is refused as late (an 11 ms lease would leave a
+		// 1 ms window and could never be granted).
 		m := margin
 		if m <= 0 {
 			m = heartbeat.DefaultMargin(ttl)
@@ -337,9 +342,9 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	}
 	extBatch := cmp.Or(cfg.MaxBatch, pg.MaxExtendBatch)
 	cfg = cfg.withDefaults()
-	pcfg := pg.Config{LockTable: cfg.LockTable, FenceTable: cfg.FenceTable, Holder: cfg.Holder}
-	if !cfg.DisableNotify {
-		pcfg.NotifyChannel = cfg.NotifyChannel
+	pcfg := cfg.Config
+	if cfg.DisableNotify {
+		pcfg.NotifyChannel = ""
 	}
 	store, err := pg.New(pool, pcfg)
 	if err != nil {
@@ -458,8 +463,12 @@ func WithHoldLimit(d time.Duration) AcquireOption {
 }
 
 // WithTTL sets the lease TTL (default Config.TTL). It must be a whole
-// number of milliseconds, and at least heartbeat.MinAutoExtendTTL
-// (300 ms) unless WithoutAutoExtend is given too.
+// number of milliseconds, and at least 300 ms unless WithoutAutoExtend is
+// given too: the heartbeat extends a lease a third of the way into its
+// TTL and keeps the rest for retries, which a shorter TTL leaves too
+// little time for. The trust window of the lease is the TTL less the loss
+// margin (Config.LossMargin; by default TTL/10, at least 10 ms and at most
+// 5 s).
 func WithTTL(ttl time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
 		if err := keys.ValidateTTL(ttl); err != nil {

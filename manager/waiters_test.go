@@ -57,7 +57,7 @@ func eventually(t testing.TB, what string, cond func() bool) {
 func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	t.Parallel()
 	// A channel of its own: other tests' releases notify too.
-	cfg := Config{Retry: noPolling, NotifyChannel: "waited_" + strings.ToLower(strings.ReplaceAll(keys.NewLockID()[:12], "-", "_"))}
+	cfg := Config{Retry: noPolling, Config: pg.Config{NotifyChannel: "waited_" + strings.ToLower(strings.ReplaceAll(keys.NewLockID()[:12], "-", "_"))}}
 	b := setup(t, setupOpts{cfg: cfg})
 	w, wsig := b.newPeer(t, cfg)
 	ctx := ctxT(t)

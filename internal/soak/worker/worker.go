@@ -133,7 +133,7 @@ func Run(ctx context.Context, cfg Config) error {
 	mc := manager.Config{
 		TTL:          cfg.TTL,
 		LossMargin:   cfg.Margin,
-		Holder:       fmt.Sprintf("soak-w%d", cfg.ID),
+		Config:       pg.Config{Holder: fmt.Sprintf("soak-w%d", cfg.ID)},
 		CloseTimeout: cfg.CloseTimeout,
 	}
 	w.m, err = manager.New(pool, mc)
