@@ -196,7 +196,9 @@ func XactLockAll(ctx context.Context, tx pgx.Tx, keys ...Key) error {
 // SAVEPOINT when all were taken, or ROLLBACK TO SAVEPOINT and RELEASE
 // SAVEPOINT (one more round trip) when one was busy: two round trips
 // either way. A single key (after dropping duplicates) needs no
-// savepoint: one round trip, as TryXactLock. The savepoint is
+// savepoint: one round trip, as TryXactLock. (Counts are for a
+// connection that has run the call before: pgx's default statement cache
+// spends one more round trip preparing a statement the first time.) The savepoint is
 // invisible to the caller: tx is in the state it was in before, plus the
 // locks. It does count as a subtransaction on the server while it lasts.
 //
