@@ -156,6 +156,9 @@ func TestFleetWorkerKilledWithParent(t *testing.T) {
 	cmd.Env = append(os.Environ(), "PGLEASE_FLEET_HELPER_PARENT=1")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
+	// Surviving workers would hold the stderr pipe open: do not wait for
+	// them in Wait, find them below.
+	cmd.WaitDelay = 5 * time.Second
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

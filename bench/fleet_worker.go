@@ -117,7 +117,9 @@ func withConnParams(conn string, kv [][2]string) (string, error) {
 		for _, p := range kv {
 			q.Set(p[0], p[1])
 		}
-		u.RawQuery = q.Encode()
+		// Encode writes a space as "+", which libpq and pgx read as a
+		// plus sign (a literal "+" is "%2B", so every "+" left is a space).
+		u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20")
 		return u.String(), nil
 	}
 	if strings.Contains(conn, "://") {
