@@ -377,6 +377,7 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // fleetDelta is what the workers did between two reports.
 type fleetDelta struct {
 	grants, own, shared, held, releases, lost, skipped int64
+	stmts                                              fleetStmts
 	errors                                             map[string]int64
 	sharedMs                                           []float64
 	rssKB                                              int64 // of the later reports; -1 unknown
@@ -396,6 +397,7 @@ func fleetDiff(before, after []fleetReport) fleetDelta {
 		d.releases += a.Releases - b.Releases
 		d.lost += a.Lost - b.Lost
 		d.skipped += a.OwnSkipped - b.OwnSkipped
+		d.stmts = d.stmts.plus(a.Stmts.minus(b.Stmts))
 		for k, v := range a.Errors {
 			if v -= b.Errors[k]; v != 0 {
 				d.errors[k] += v
@@ -507,19 +509,29 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 		r.P50Ms, r.P99Ms, r.MaxMs = d.sharedMs[int(0.5*float64(k-1))], d.sharedMs[int(0.99*float64(k-1))], d.sharedMs[k-1]
 	}
 	x := map[string]float64{
-		"conns":          float64(end.conns),
-		"listen_conns":   float64(end.listen),
-		"conns_max":      float64(max(maxConns, end.conns)),
-		"server_conns":   float64(end.clients),
-		"xact_per_s":     float64(s1.xacts-s0.xacts) / secs,
-		"wal_kB_per_s":   float64(s1.walBytes-s0.walBytes) / 1024 / secs,
-		"own_per_s":      float64(d.own) / secs,
-		"shared_per_s":   float64(d.shared) / secs,
-		"releases_per_s": float64(d.releases) / secs,
-		"adv_locks_max":  float64(max(maxAdv, end.advisory)),
-		"adv_locks_end":  float64(end.advisory),
-		"lost":           float64(lost),
-		"own_skipped":    float64(d.skipped),
+		"conns":               float64(end.conns),
+		"listen_conns":        float64(end.listen),
+		"conns_max":           float64(max(maxConns, end.conns)),
+		"server_conns":        float64(end.clients),
+		"xact_per_s":          float64(s1.xacts-s0.xacts) / secs,
+		"wal_kB_per_s":        float64(s1.walBytes-s0.walBytes) / 1024 / secs,
+		"own_per_s":           float64(d.own) / secs,
+		"shared_per_s":        float64(d.shared) / secs,
+		"releases_per_s":      float64(d.releases) / secs,
+		"adv_locks_max":       float64(max(maxAdv, end.advisory)),
+		"adv_locks_end":       float64(end.advisory),
+		"lost":                float64(lost),
+		"own_skipped":         float64(d.skipped),
+		"client_stmts_per_s":  float64(d.stmts.All) / secs,
+		"acquire_stmts_per_s": float64(d.stmts.Acquire) / secs,
+		"handoffs_per_s":      float64(d.stmts.HandOff) / secs,
+	}
+	if d.grants > 0 {
+		x["client_stmts_per_grant"] = float64(d.stmts.All) / float64(d.grants)
+		// Every key of an acquire statement is one attempt, granted or
+		// found locked; a local handoff grants without one.
+		x["attempts_per_grant"] = float64(d.stmts.AcqItems) / float64(d.grants)
+		x["xact_per_grant"] = float64(s1.xacts-s0.xacts) / float64(d.grants)
 	}
 	if s0.cpuTicks >= 0 && s1.cpuTicks >= 0 {
 		cpuMs := float64(s1.cpuTicks-s0.cpuTicks) * 1000 / userHZ
@@ -548,7 +560,7 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 
 // fleetColumns are the fleet table's columns, in order; fleetCells gives
 // a row's cells (text and Markdown alike).
-var fleetColumns = []string{"N", "conns", "listen", "srv CPU ms/1k grants", "grants/s", "xact/s", "WAL kB/s",
+var fleetColumns = []string{"N", "conns", "listen", "srv CPU ms/1k grants", "grants/s", "attempts/grant", "xact/s", "WAL kB/s",
 	"notify/release", "deliveries/release", "adv locks max/end", "shared p50/p99 ms", "lost", "client RSS MB", "errors"}
 
 func fleetCells(r Result) []string {
@@ -569,6 +581,7 @@ func fleetCells(r Result) []string {
 		fmt.Sprintf("%.0f", x["listen_conns"]),
 		opt("cpu_ms_per_1k_grants", "%.0f"),
 		fmt.Sprintf("%.0f", r.CyclesPerSec),
+		opt("attempts_per_grant", "%.2f"),
 		fmt.Sprintf("%.0f", x["xact_per_s"]),
 		fmt.Sprintf("%.0f", x["wal_kB_per_s"]),
 		opt("notify_per_release", "%.3f"),

@@ -14,8 +14,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/manager"
+	"github.com/pglease/pglease/pg"
 )
 
 // fleetWorkerEnv marks a process started as a fleet worker (the bench, or
@@ -55,24 +59,51 @@ type fleetReport struct {
 	Lost         int64            `json:"lost"`     // lock contexts that ended with ErrLockLost
 	OwnSkipped   int64            `json:"own_skipped"`
 	Errors       map[string]int64 `json:"errors,omitempty"` // "acquire:<Code>", "release:<Code>"
+	Stmts        fleetStmts       `json:"stmts"`            // statements sent on the Manager's pool
 	SharedMs     []float64        `json:"shared_ms,omitempty"`
 	RSSKB        int64            `json:"rss_kb"` // VmRSS; -1 where /proc is missing
 	Err          string           `json:"err,omitempty"`
 }
 
-// ---- The fleet's use of pglease, in one place (manager, pglease). ----
+// fleetStmts counts the statements a worker's Manager sends on its pool,
+// by pglease server function, and the keys its acquire statements carry
+// (every key is one attempt: granted, or found locked).
+type fleetStmts struct {
+	All      int64 `json:"all"`
+	Acquire  int64 `json:"acquire"`
+	AcqItems int64 `json:"acq_items"`
+	Release  int64 `json:"release"`
+	Extend   int64 `json:"extend"`
+	HandOff  int64 `json:"handoff"`
+}
 
-// fleetManager is one worker's Manager: manager.Open with the defaults,
-// except a notify channel of the run's own (so that an observer can count
-// this run's notifications) and ListenConnString set to the same
-// connection as the pool's with another application_name, so that the
-// server tells the listening connection from the pool's.
-type fleetManager struct{ m *manager.Manager }
+func (a fleetStmts) minus(b fleetStmts) fleetStmts {
+	return fleetStmts{a.All - b.All, a.Acquire - b.Acquire, a.AcqItems - b.AcqItems, a.Release - b.Release, a.Extend - b.Extend, a.HandOff - b.HandOff}
+}
+
+func (a fleetStmts) plus(b fleetStmts) fleetStmts {
+	return fleetStmts{a.All + b.All, a.Acquire + b.Acquire, a.AcqItems + b.AcqItems, a.Release + b.Release, a.Extend + b.Extend, a.HandOff + b.HandOff}
+}
+
+// ---- The fleet's use of pglease, in one place (manager, pg, pglease). ----
+
+// fleetManager is one worker's Manager: manager.New on a pool made as
+// manager.Open makes its own (pg.ConfigurePool, pgxpool's default size),
+// with the defaults, except: a statement counter on the pool (fleetTracer),
+// a notify channel of the run's own (so that an observer can count this
+// run's notifications), and ListenConnString set to the pool's connection
+// with another application_name, so that the server tells the listening
+// connection from the pool's.
+type fleetManager struct {
+	m    *manager.Manager
+	pool *pgxpool.Pool
+	tr   *fleetTracer
+}
 
 type fleetLock = *manager.Lock
 
 func openFleetManager(ctx context.Context, spec fleetSpec) (*fleetManager, error) {
-	pool, err := withConnParams(spec.URL, [][2]string{{"application_name", spec.App}, {"search_path", spec.Schema}})
+	conn, err := withConnParams(spec.URL, [][2]string{{"application_name", spec.App}, {"search_path", spec.Schema}})
 	if err != nil {
 		return nil, err
 	}
@@ -80,18 +111,72 @@ func openFleetManager(ctx context.Context, spec fleetSpec) (*fleetManager, error
 	if err != nil {
 		return nil, err
 	}
-	m, err := manager.Open(ctx, pool, manager.Config{NotifyChannel: spec.Channel, ListenConnString: listen})
+	pc, err := pgxpool.ParseConfig(conn)
 	if err != nil {
 		return nil, err
 	}
-	return &fleetManager{m}, nil
+	if err := pg.ConfigurePool(pc); err != nil {
+		return nil, err
+	}
+	tr := &fleetTracer{}
+	pc.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, err
+	}
+	m, err := manager.New(pool, manager.Config{NotifyChannel: spec.Channel, ListenConnString: listen})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &fleetManager{m, pool, tr}, nil
+}
+
+// fleetTracer counts the statements on a worker's pool by the pglease
+// server function they call (pg's function names, pglease_<op>_<hash>).
+type fleetTracer struct {
+	mu sync.Mutex
+	n  fleetStmts
+}
+
+func (t *fleetTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n.All++
+	switch {
+	case strings.Contains(data.SQL, "pglease_acquire_"):
+		t.n.Acquire++
+		if len(data.Args) > 0 {
+			keys, _ := data.Args[0].([]string)
+			t.n.AcqItems += int64(len(keys))
+		}
+	case strings.Contains(data.SQL, "pglease_release_"):
+		t.n.Release++
+	case strings.Contains(data.SQL, "pglease_extend_"):
+		t.n.Extend++
+	case strings.Contains(data.SQL, "pglease_handoff_"):
+		t.n.HandOff++
+	}
+	return ctx
+}
+
+func (t *fleetTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (t *fleetTracer) counts() fleetStmts {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
 }
 
 func (f *fleetManager) acquire(ctx context.Context, key string, ttl time.Duration) (fleetLock, error) {
 	return f.m.Acquire(ctx, key, manager.WithTTL(ttl))
 }
 
-func (f *fleetManager) close(ctx context.Context) error { return f.m.Close(ctx) }
+func (f *fleetManager) close(ctx context.Context) error {
+	err := f.m.Close(ctx)
+	f.pool.Close()
+	return err
+}
 
 // errCode names an error's pglease code ("other" for an error without one).
 func errCode(err error) string {
@@ -163,8 +248,9 @@ func runFleetWorkerMode() bool {
 // fleetCounters are a worker's counters; mu guards them all (a few
 // hundred updates per second at most).
 type fleetCounters struct {
-	mu  sync.Mutex
-	rep fleetReport
+	mu    sync.Mutex
+	rep   fleetReport
+	stmts func() fleetStmts
 }
 
 func (c *fleetCounters) add(f func(r *fleetReport)) {
@@ -194,6 +280,9 @@ func (c *fleetCounters) snapshot() fleetReport {
 	}
 	c.rep.SharedMs = nil
 	r.RSSKB = selfRSSKB()
+	if c.stmts != nil {
+		r.Stmts = c.stmts()
+	}
 	return r
 }
 
@@ -213,7 +302,7 @@ func fleetWorker(spec fleetSpec, in *bufio.Reader, stdout io.Writer) int {
 		defer cancel()
 		return m.close(cctx)
 	}
-	var c fleetCounters
+	c := fleetCounters{stmts: m.tr.counts}
 	// End of stdin means the bench is gone: end at once (the leases
 	// expire by themselves).
 	cmds := make(chan string)
