@@ -560,7 +560,7 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 
 // fleetColumns are the fleet table's columns, in order; fleetCells gives
 // a row's cells (text and Markdown alike).
-var fleetColumns = []string{"N", "conns", "listen", "srv CPU ms/1k grants", "grants/s", "attempts/grant", "xact/s", "WAL kB/s",
+var fleetColumns = []string{"N", "conns", "listen", "srv CPU ms/1k grants", "grants/s", "attempts/grant", "xact/s", "non-pool xact/s", "WAL kB/s",
 	"notify/release", "deliveries/release", "adv locks max/end", "shared p50/p99 ms", "lost", "client RSS MB", "errors"}
 
 func fleetCells(r Result) []string {
@@ -583,6 +583,7 @@ func fleetCells(r Result) []string {
 		fmt.Sprintf("%.0f", r.CyclesPerSec),
 		opt("attempts_per_grant", "%.2f"),
 		fmt.Sprintf("%.0f", x["xact_per_s"]),
+		fmt.Sprintf("%.0f", x["nonpool_xact_per_s"]),
 		fmt.Sprintf("%.0f", x["wal_kB_per_s"]),
 		opt("notify_per_release", "%.3f"),
 		opt("deliveries_per_release", "%.2f"),
