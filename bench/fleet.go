@@ -45,15 +45,18 @@ func (fc fleetConfig) describe() string {
 		"%d goroutines acquire/hold %v/release on %d keys shared by the fleet", fleetHeld, fleetTTL, fleetOwnRate, fleetShared, fc.hold, fleetSharedKeys)
 }
 
-// fleetConnsPerWorker is the most connections one worker can open: its
-// pool (manager.Open's default size, pgxpool's max(4, CPUs), read from the
-// same connection string) and its listening connection.
+// fleetConnsPerWorker is how many connections one worker may open: its
+// listening connection, and of its pool (manager.Open's default size,
+// pgxpool's max(4, CPUs), read from the same connection string) what a
+// Manager uses under full load: one acquire, release and extend batch in
+// flight, one more acquire and release batch when 64 or more of a kind
+// wait (docs/scaling.md, "connections"), so at most 5.
 func fleetConnsPerWorker(url string) (int, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return 0, err
 	}
-	return int(pc.MaxConns) + 1, nil
+	return min(int(pc.MaxConns), 5) + 1, nil
 }
 
 func runFleet(ctx context.Context, cfg config, emit func(Result), note noteFunc) error {
@@ -72,7 +75,7 @@ func runFleet(ctx context.Context, cfg config, emit func(Result), note noteFunc)
 	}
 	for _, n := range fc.n {
 		if need := n*per + 5; need > budget {
-			return fmt.Errorf("N=%d may need %d connections (%d per worker: pool and listener, plus the bench's), the server accepts %d more: "+
+			return fmt.Errorf("N=%d may need %d connections (%d per worker: pool and listener; and the bench's), the server accepts %d more: "+
 				"raise max_connections (the throwaway server: go run ./internal/cmd/withpg -durable -max-connections %d -- go run ./bench …)",
 				n, need, per, budget, roundUp(need+50, 100))
 		}
@@ -647,23 +650,25 @@ var churnSeries = []struct {
 	{"fence_rows", func(n int) float64 { return float64(20 + 2*n) }},
 	{"conns", func(int) float64 { return 2 }},
 	{"listen_conns", func(int) float64 { return 1 }},
-	{"rss_MB", func(n int) float64 { return 4 * float64(n) }},
+	{"rss_MB", func(n int) float64 { return float64(n) }},
 }
 
 type fleetChurnResult struct{ result Result }
 
 // growthVerdict judges one series sampled at equal intervals.
 type growthVerdict struct {
-	first, last, max float64
-	slopePerSample   float64 // least squares over the second half
-	known, grows     bool
+	first, last, max     float64
+	slopePerSample       float64 // least squares over the second half
+	known, rising, grows bool
 }
 
-// judgeGrowth calls a series growing when the mean of its last third
-// exceeds the mean of its first third by more than slack and 10 %, and it
-// still rises over its second half (least-squares slope > 0). A series
-// that rose once and then stayed flat (pools filling, a cache warming) is
-// not growing. Fewer than 6 samples: no verdict.
+// judgeGrowth calls a series rising when the mean of its last third
+// exceeds the mean of its first third by more than slack and it still
+// rises over its second half (least-squares slope > 0), and growing when
+// the rise is also more than 10 %. A series that rose once and then stayed
+// flat (pools filling, a cache warming) is neither. A slow leak shows as
+// rising before it shows as growing: read the rise per minute. Fewer than
+// 6 samples: no verdict.
 func judgeGrowth(xs []float64, slack float64) growthVerdict {
 	v := growthVerdict{}
 	if len(xs) == 0 {
@@ -680,7 +685,8 @@ func judgeGrowth(xs []float64, slack float64) growthVerdict {
 	third := len(xs) / 3
 	a, b := mean(xs[:third]), mean(xs[len(xs)-third:])
 	v.slopePerSample = slope(xs[len(xs)/2:])
-	v.grows = b > a*1.10+slack && v.slopePerSample > 0
+	v.rising = b > a+slack && v.slopePerSample > 0
+	v.grows = v.rising && b > a*1.10+slack
 	return v
 }
 
@@ -780,6 +786,7 @@ func runFleetChurn(ctx context.Context, cfg config, n int, note noteFunc) (fleet
 		if v.known {
 			r.Extra[s.name+"_per_min"] = v.slopePerSample * 60 / fc.sample.Seconds()
 			r.Extra[s.name+"_grows"] = float64(boolInt(v.grows))
+			r.Extra[s.name+"_rising"] = float64(boolInt(v.rising))
 		}
 	}
 	for k, v := range d.errors {
@@ -809,6 +816,9 @@ func churnRows(r Result) [][]string {
 		if g, ok := x[s.name+"_grows"]; ok {
 			rate = fmt.Sprintf("%+.1f", x[s.name+"_per_min"])
 			verdict = "bounded"
+			if x[s.name+"_rising"] == 1 {
+				verdict = "rising"
+			}
 			if g == 1 {
 				verdict = "GROWS"
 				if s.name == "fence_rows" {

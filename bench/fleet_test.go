@@ -290,19 +290,20 @@ func TestJudgeGrowth(t *testing.T) {
 		return xs
 	}
 	for _, tc := range []struct {
-		name  string
-		xs    []float64
-		grows bool
+		name          string
+		xs            []float64
+		rising, grows bool
 	}{
-		{"flat", ramp(60, func(int) float64 { return 100 }), false},
-		{"noise", ramp(60, func(i int) float64 { return 100 + float64(i%3) }), false},
-		{"steps up once then flat (pools filling)", ramp(60, func(i int) float64 { return 100 + 50*float64(min(i, 3)) }), false},
-		{"linear", ramp(60, func(i int) float64 { return 100 + 10*float64(i) }), true},
-		{"slow but steady", ramp(60, func(i int) float64 { return 1000 + 5*float64(i) }), true},
+		{"flat", ramp(60, func(int) float64 { return 100 }), false, false},
+		{"noise", ramp(60, func(i int) float64 { return 100 + float64(i%3) }), false, false},
+		{"steps up once then flat (pools filling)", ramp(60, func(i int) float64 { return 100 + 50*float64(min(i, 3)) }), false, false},
+		{"linear", ramp(60, func(i int) float64 { return 100 + 10*float64(i) }), true, true},
+		{"slow but steady", ramp(60, func(i int) float64 { return 1000 + 5*float64(i) }), true, true},
+		{"slower: 4 % in the run", ramp(60, func(i int) float64 { return 1000 + float64(i) }), true, false},
 	} {
 		v := judgeGrowth(tc.xs, 20)
-		if !v.known || v.grows != tc.grows {
-			t.Errorf("%s: %+v, want grows=%v", tc.name, v, tc.grows)
+		if !v.known || v.grows != tc.grows || v.rising != tc.rising {
+			t.Errorf("%s: %+v, want rising=%v grows=%v", tc.name, v, tc.rising, tc.grows)
 		}
 	}
 	if v := judgeGrowth([]float64{1, 2, 3}, 0); v.known {
