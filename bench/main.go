@@ -119,8 +119,14 @@
 //     server_cpu_cores in the JSON is the same CPU per second of wall time.
 //   - grants/s: successful Acquires (own, shared, held re-acquired) per
 //     second, counted by the workers.
+//   - attempts/grant: keys sent in acquire statements (each one attempt,
+//     granted or found locked) per grant, counted by a pgx tracer on each
+//     worker's pool; the JSON adds statements per grant and handoffs/s.
 //   - xact/s: pg_stat_database xact_commit + xact_rollback delta (backends
-//     flush their statistics about once a second: approximate).
+//     flush their statistics about once a second: approximate). non-pool
+//     xact/s is that less the pools' statements (each its own
+//     transaction): the listening connections' waiter-lock statements and
+//     probes, and the bench's own sampling (about 1/s).
 //   - WAL kB/s: pg_current_wal_lsn delta.
 //   - notify/release: notifications sent per successful Release, counted
 //     by an observer session LISTENing on the fleet's channel (it sees
@@ -137,14 +143,15 @@
 //   - errors: failed Acquires and Releases in the window, by operation and
 //     pglease code (acquire:AcquisitionTimeout …).
 //
-// Before starting, the bench checks that the server accepts N × (pool size
-// + 1) more connections and otherwise says how to raise max_connections.
+// Before starting, the bench checks that the server accepts N × (min(pool
+// size, 5) + 1) more connections (fleetConnsPerWorker) and otherwise says
+// how to raise max_connections (withpg -max-connections).
 //
 // With -fleet-churn D (e.g. 10m) the fleet runs the churn mode instead:
 // the own-key cycles use a new key every time, and every -fleet-sample
 // (10 s) the bench samples advisory locks, pg_locks rows, lock and fence
 // table rows, connections and the workers' RSS, then judges each series
-// bounded or growing (judgeGrowth). Fence counter rows grow by design (one
+// bounded, rising or growing (judgeGrowth). Fence counter rows grow by design (one
 // per key ever used, never deleted, so a fence never repeats).
 //
 // Targets: at the end the bench prints issue 12's targets as target /
