@@ -75,7 +75,7 @@ func runFleet(ctx context.Context, cfg config, emit func(Result), note noteFunc)
 	}
 	for _, n := range fc.n {
 		if need := n*per + 5; need > budget {
-			return fmt.Errorf("N=%d may need %d connections (%d per worker: pool and listener; and the bench's), the server accepts %d more: "+
+			return fmt.Errorf("with N=%d the fleet may need %d connections (%d per worker: pool and listener; and the bench's), the server accepts %d more: "+
 				"raise max_connections (the throwaway server: go run ./internal/cmd/withpg -durable -max-connections %d -- go run ./bench …)",
 				n, need, per, budget, roundUp(need+50, 100))
 		}
@@ -89,7 +89,7 @@ func runFleet(ctx context.Context, cfg config, emit func(Result), note noteFunc)
 		if fc.churn > 0 {
 			cr, err := runFleetChurn(ctx, cfg, n, note)
 			if err != nil {
-				return fmt.Errorf("churn N=%d: %w", n, err)
+				return fmt.Errorf("churn with N=%d: %w", n, err)
 			}
 			emit(cr.result)
 			churns = append(churns, cr)
@@ -97,7 +97,7 @@ func runFleet(ctx context.Context, cfg config, emit func(Result), note noteFunc)
 		}
 		r, err := runFleetStep(ctx, cfg, n)
 		if err != nil {
-			return fmt.Errorf("N=%d: %w", n, err)
+			return fmt.Errorf("with N=%d: %w", n, err)
 		}
 		emit(r)
 		rows = append(rows, r)

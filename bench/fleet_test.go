@@ -335,3 +335,16 @@ func TestSummarizeFleetStep(t *testing.T) {
 		t.Fatalf("cells %q", cells)
 	}
 }
+
+// TestFleetConnectionBudget: a fleet the server has no connections for is
+// refused before any worker starts, with a way out.
+func TestFleetConnectionBudget(t *testing.T) {
+	t.Parallel()
+	cfg := fleetSmokeConfig(t)
+	cfg.fleet.n = []int{1, 100000}
+	var out bytes.Buffer
+	res, err := run(context.Background(), cfg, &out)
+	if err == nil || !strings.Contains(err.Error(), "with N=100000") || !strings.Contains(err.Error(), "-max-connections") || len(res) != 0 {
+		t.Fatalf("run = %v, %v; want the budget refused before N=1 ran", res, err)
+	}
+}
