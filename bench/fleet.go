@@ -187,14 +187,15 @@ func startFleet(ctx context.Context, cfg config, n int, ownKeys int) (*fleetRun,
 // so the workers are forked from a thread that lives exactly as long as
 // the fleet. When close ends it, any worker still alive is killed.
 func (f *fleetRun) startSpawner() {
-	f.spawn, f.end = make(chan spawnReq), make(chan struct{})
+	spawn, end := make(chan spawnReq), make(chan struct{})
+	f.spawn, f.end = spawn, end
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the fleet
 		for {
 			select {
-			case r := <-f.spawn:
+			case r := <-spawn:
 				r.done <- r.cmd.Start()
-			case <-f.end:
+			case <-end:
 				return
 			}
 		}
