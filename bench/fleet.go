@@ -529,6 +529,10 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 		"client_stmts_per_s":  float64(d.stmts.All) / secs,
 		"acquire_stmts_per_s": float64(d.stmts.Acquire) / secs,
 		"handoffs_per_s":      float64(d.stmts.HandOff) / secs,
+		// Each pool statement is a transaction of its own; the rest are
+		// the listening connections' (waiter locks, probes) and the
+		// bench's own sampling (about one per second).
+		"nonpool_xact_per_s": max(0, float64(s1.xacts-s0.xacts-d.stmts.All)) / secs,
 	}
 	if d.grants > 0 {
 		x["client_stmts_per_grant"] = float64(d.stmts.All) / float64(d.grants)

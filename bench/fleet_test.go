@@ -318,16 +318,20 @@ func TestSummarizeFleetStep(t *testing.T) {
 	s1 := serverSnap{at: t0.Add(10 * time.Second), xacts: 2100, walBytes: 10 * 1024 * 1024, cpuTicks: 1500}
 	before := []fleetReport{{Grants: 100, Releases: 10, Errors: map[string]int64{"acquire:AcquisitionTimeout": 1}}, {Grants: 100}}
 	after := []fleetReport{
-		{Grants: 1100, OwnGrants: 900, SharedGrants: 100, Releases: 1010, Errors: map[string]int64{"acquire:AcquisitionTimeout": 3}, SharedMs: []float64{1, 2, 3}, RSSKB: 10240},
-		{Grants: 1100, OwnGrants: 900, SharedGrants: 100, Releases: 1000, SharedMs: []float64{4}, RSSKB: 10240},
+		{Grants: 1100, OwnGrants: 900, SharedGrants: 100, Releases: 1010, Errors: map[string]int64{"acquire:AcquisitionTimeout": 3}, SharedMs: []float64{1, 2, 3}, RSSKB: 10240,
+			Stmts: fleetStmts{All: 500, Acquire: 300, AcqItems: 600}},
+		{Grants: 1100, OwnGrants: 900, SharedGrants: 100, Releases: 1000, SharedMs: []float64{4}, RSSKB: 10240, Stmts: fleetStmts{All: 500, Acquire: 300, AcqItems: 600}},
 	}
 	d := fleetDiff(before, after)
 	r := summarizeFleetStep(2, s0, s1, d, 0, 400, serverCounts{conns: 8, listen: 2, clients: 10, advisory: 1}, 3, 9)
 	x := r.Extra
-	// 500 ticks = 5 s of CPU for 2,000 grants: 2,500 ms per 1,000.
+	// 500 ticks = 5 s of CPU for 2,000 grants: 2,500 ms per 1,000. 2,000
+	// transactions, 1,000 of them the pools' statements: 100/s from
+	// elsewhere.
 	if r.Cycles != 2000 || r.CyclesPerSec != 200 || x["cpu_ms_per_1k_grants"] != 2500 || x["server_cpu_cores"] != 0.5 ||
 		x["xact_per_s"] != 200 || x["wal_kB_per_s"] != 1024 || x["notify_per_release"] != 0.2 || x["deliveries_per_release"] != 0.4 ||
-		x["adv_locks_max"] != 3 || x["rss_MB"] != 20 || x["err_acquire:AcquisitionTimeout"] != 2 || r.Errors != 2 || r.P50Ms != 2 || r.MaxMs != 4 {
+		x["adv_locks_max"] != 3 || x["rss_MB"] != 20 || x["client_stmts_per_grant"] != 0.5 || x["attempts_per_grant"] != 0.6 || x["xact_per_grant"] != 1 ||
+		x["nonpool_xact_per_s"] != 100 || x["err_acquire:AcquisitionTimeout"] != 2 || r.Errors != 2 || r.P50Ms != 2 || r.MaxMs != 4 {
 		t.Fatalf("got %+v", r)
 	}
 	cells := fleetCells(r)
