@@ -168,8 +168,13 @@ func (t *fleetTracer) counts() fleetStmts {
 	return t.n
 }
 
+// fleetAcquireTimeout caps every Acquire of the fleet, so that a wait too
+// long counts as an AcquisitionTimeout (SyncGuard's default, 5 s) instead
+// of lasting as long as the run.
+const fleetAcquireTimeout = 5 * time.Second
+
 func (f *fleetManager) acquire(ctx context.Context, key string, ttl time.Duration) (fleetLock, error) {
-	return f.m.Acquire(ctx, key, manager.WithTTL(ttl))
+	return f.m.Acquire(ctx, key, manager.WithTTL(ttl), manager.WithAcquireTimeout(fleetAcquireTimeout))
 }
 
 func (f *fleetManager) close(ctx context.Context) error {

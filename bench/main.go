@@ -107,7 +107,8 @@
 // (64 keys of its own), and 2 goroutines that acquire one of 8 keys shared
 // by the whole fleet, hold it -fleet-hold (5 ms) and release it. Each
 // step loads for -fleet-warmup (10 s), then measures -fleet-duration
-// (60 s). Per N (a table at the end, and in -markdown):
+// (60 s). Every Acquire waits at most 5 s (WithAcquireTimeout), so that a
+// wait too long is counted as an AcquisitionTimeout. Per N (a table at the end, and in -markdown):
 //
 //   - conns, listen: the fleet's server connections at the window's end
 //     (pg_stat_activity by application_name: pools and listening
