@@ -19,14 +19,17 @@ gomin:
 	@if ! GOTOOLCHAIN=go$(GOMIN) $(GO) version >/dev/null 2>&1; then \
 		echo "gomin: could not fetch the go$(GOMIN) toolchain from the module proxy; not checked" >&2; exit 0; fi
 	GOTOOLCHAIN=go$(GOMIN) $(GO) build ./... && GOTOOLCHAIN=go$(GOMIN) $(GO) vet ./...
+	cd examples && GOTOOLCHAIN=go$(GOMIN) $(GO) build ./... && GOTOOLCHAIN=go$(GOMIN) $(GO) vet ./...
 
+# examples/ is a module of its own, so that the exporters and Prometheus
+# client its programs use stay out of the library's go.mod.
 # pg/migrations/tooltest is a module of its own (goose and golang-migrate
 # apply the migration files there, kept out of pglease's go.mod).
 # internal/soak is a module of its own too (porcupine stays out of
 # pglease's go.mod); its TestSmoke runs a ~35 s fault soak with -race
 # workers on a throwaway server of its own.
 test: fmt vet staticcheck
-	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && cd pg/migrations/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
+	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && (cd examples && $(GO) test -race -count=1 -timeout 5m ./...) && cd pg/migrations/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
 	cd internal/soak && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 6m ./...
 
 fmt:
@@ -34,16 +37,18 @@ fmt:
 
 vet:
 	$(GO) vet ./...
+	cd examples && $(GO) vet ./...
 
 staticcheck:
 	$(STATICCHECK) ./...
+	cd examples && $(STATICCHECK) ./...
 
 demo:
 	@echo "make demo: compiling the demo, its worker and the PostgreSQL harness (about 30 s the first time) …"
-	@$(GO) build ./examples/demo ./examples/worker ./internal/cmd/withpg
+	@$(GO) build ./internal/cmd/withpg && cd examples && $(GO) build ./demo ./worker
 	@if [ -z "$$DATABASE_URL" ]; then echo "make demo: starting a throwaway PostgreSQL (initdb and start, a few seconds) …"; \
 	else echo "make demo: using DATABASE_URL, in a schema of its own that is dropped at the end …"; fi
-	$(WITHPG) -durable -- $(GO) run ./examples/demo
+	$(WITHPG) -durable -C examples -- $(GO) run ./demo
 
 # make bench BENCHFLAGS="-duration 3s -docs"   (see bench/main.go for the flags)
 bench:
@@ -51,7 +56,7 @@ bench:
 
 # make trace TRACEFLAGS="-spans spans.json"   also writes the raw spans to spans.json
 trace:
-	$(WITHPG) -- $(GO) run ./examples/trace $(TRACEFLAGS)
+	$(WITHPG) -C examples -- $(GO) run ./trace $(TRACEFLAGS)
 
 # The fault soak (internal/soak/README.md): W worker processes with their
 # own Managers behind fault proxies, faults on a schedule, then every check.

@@ -59,13 +59,17 @@ type workerReport struct {
 	Err   string `json:"err,omitempty"`
 }
 
-// runWorkerMode runs a hotkey worker and returns true when this process
-// was started as one (workerEnv set); main and TestMain call it first.
+// runWorkerMode runs a hotkey worker (or a fleet worker, see
+// runFleetWorkerMode) and returns true when this process was started as
+// one (workerEnv set); main and TestMain call it first.
 //
 // Protocol on stdin/stdout: the worker connects, warms up and prints
 // "ready"; on a "go" line it runs for the spec's duration and prints one
 // JSON workerReport line.
 func runWorkerMode() bool {
+	if runFleetWorkerMode() { // exits when this is a fleet worker
+		return true
+	}
 	raw := os.Getenv(workerEnv)
 	if raw == "" {
 		return false

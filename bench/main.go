@@ -96,6 +96,65 @@
 // "xact" runs advisory.WithXactLock with an empty function on a pool of
 // min(C, 64) + 2 connections. stmts_per_cycle counts their round trips.
 //
+// fleet (only when named in -scenarios): N worker processes (-fleet-n,
+// default 1,10,50,100,200) on one PostgreSQL, as real deployments grow:
+// by processes, each with its own Manager. The bench re-executes itself
+// as the workers (fleet_worker.go; the parent-death signal kills them if
+// the bench dies, and Ctrl-C stops them). Each worker: manager.Open with
+// the defaults (a notify channel of the run's own, and its listening
+// connection named apart, see fleetManager), 100 leases held for the whole
+// run (TTL 10 s, auto-extended), 20 own-key acquire+release cycles/s
+// (64 keys of its own), and 2 goroutines that acquire one of 8 keys shared
+// by the whole fleet, hold it -fleet-hold (5 ms) and release it. Each
+// step loads for -fleet-warmup (10 s), then measures -fleet-duration
+// (60 s). Every Acquire waits at most 5 s (WithAcquireTimeout), so that a
+// wait too long is counted as an AcquisitionTimeout. Per N (a table at the end, and in -markdown):
+//
+//   - conns, listen: the fleet's server connections at the window's end
+//     (pg_stat_activity by application_name: pools and listening
+//     connections carry different names), and how many of them LISTEN.
+//   - srv CPU ms/1k grants: user+system CPU of the postmaster and all its
+//     children (/proc/<pid>/stat; exited children's time is in the
+//     postmaster's cutime/cstime), window delta, per 1,000 successful
+//     Acquires of all kinds; "n/a" when the server is not on this machine.
+//     server_cpu_cores in the JSON is the same CPU per second of wall time.
+//   - grants/s: successful Acquires (own, shared, held re-acquired) per
+//     second, counted by the workers.
+//   - attempts/grant: keys sent in acquire statements (each one attempt,
+//     granted or found locked) per grant, counted by a pgx tracer on each
+//     worker's pool; the JSON adds statements per grant and handoffs/s.
+//   - xact/s: pg_stat_database xact_commit + xact_rollback delta (backends
+//     flush their statistics about once a second: approximate). non-pool
+//     xact/s is that less the pools' statements (each its own
+//     transaction): the listening connections' waiter-lock statements and
+//     probes, and the bench's own sampling (about 1/s).
+//   - WAL kB/s: pg_current_wal_lsn delta.
+//   - notify/release: notifications sent per successful Release, counted
+//     by an observer session LISTENing on the fleet's channel (it sees
+//     each NOTIFY once); deliveries/release is that times the fleet's
+//     listening connections (PostgreSQL delivers every notification to
+//     every session listening on the channel).
+//   - adv locks max/end: pg_locks advisory rows of the database, sampled
+//     every second (max) and at the window's end.
+//   - shared p50/p99 ms: the workers' own timing of Acquire on the shared
+//     keys (the Result's latency, "wait").
+//   - lost: lock contexts that ended with pglease.ErrLockLost (held leases,
+//     and Release answering ErrLockLost), over the whole run.
+//   - client RSS MB: the sum of the workers' VmRSS at the window's end.
+//   - errors: failed Acquires and Releases in the window, by operation and
+//     pglease code (acquire:AcquisitionTimeout …).
+//
+// Before starting, the bench checks that the server accepts N × (min(pool
+// size, 5) + 1) more connections (fleetConnsPerWorker) and otherwise says
+// how to raise max_connections (withpg -max-connections).
+//
+// With -fleet-churn D (e.g. 10m) the fleet runs the churn mode instead:
+// the own-key cycles use a new key every time, and every -fleet-sample
+// (10 s) the bench samples advisory locks, pg_locks rows, lock and fence
+// table rows, connections and the workers' RSS, then judges each series
+// bounded, rising or growing (judgeGrowth). Fence counter rows grow by design (one
+// per key ever used, never deleted, so a fence never repeats).
+//
 // Targets: at the end the bench prints issue 12's targets as target /
 // measured / met or MISSED, judged on this run's results (computeTargets),
 // with the same targets judged on the baseline (-baseline, default
@@ -172,6 +231,8 @@ type config struct {
 	peersDir   string          // the peers module (pglock, redislock)
 	baseline   string          // earlier results (JSON lines) for target 5; "" = none
 	markdown   string          // write the README tables of the run here; "" = no
+	fleet      fleetConfig
+	out        io.Writer // the run's output (set by run)
 }
 
 func main() {
@@ -179,7 +240,7 @@ func main() {
 		return
 	}
 	var cfg config
-	var callers, hotCallers, hotProcs, hbN, advCallers, scen string
+	var callers, hotCallers, hotProcs, hbN, advCallers, fleetN, scen string
 	var hb100k bool
 	var impls string
 	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measuring time per point")
@@ -191,7 +252,13 @@ func main() {
 	flag.DurationVar(&cfg.hbDuration, "heartbeat-duration", 6*time.Second, "heartbeat: holding time per point")
 	flag.DurationVar(&cfg.hbTTL, "heartbeat-ttl", 0, "heartbeat: lease TTL of the held locks (default 3 s, 30 s from 100,000 locks; longer keeps a slow machine from losing locks while it acquires them)")
 	flag.StringVar(&advCallers, "advisory-callers", "1,8,64", "advisory: callers (distinct keys)")
-	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory", "scenarios to run")
+	flag.StringVar(&fleetN, "fleet-n", "1,10,50,100,200", "fleet: worker processes (comma separated), one step each")
+	flag.DurationVar(&cfg.fleet.duration, "fleet-duration", 60*time.Second, "fleet: measured window per step")
+	flag.DurationVar(&cfg.fleet.warmup, "fleet-warmup", 10*time.Second, "fleet: load before each step's window (and before the churn mode's first sample)")
+	flag.DurationVar(&cfg.fleet.hold, "fleet-hold", 5*time.Millisecond, "fleet: how long a shared key is held")
+	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
+	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
+	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory", "scenarios to run (also: fleet, not run by default)")
 	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, targets) as Markdown for the README here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
 	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
@@ -214,7 +281,7 @@ func main() {
 		s    string
 		dst  *[]int
 	}{{"callers", callers, &cfg.callers}, {"hot-callers", hotCallers, &cfg.hotCallers}, {"hot-procs", hotProcs, &cfg.hotProcs},
-		{"heartbeat-n", hbN, &cfg.hbN}, {"advisory-callers", advCallers, &cfg.advCallers}} {
+		{"heartbeat-n", hbN, &cfg.hbN}, {"advisory-callers", advCallers, &cfg.advCallers}, {"fleet-n", fleetN, &cfg.fleet.n}} {
 		if *p.dst, err = parseInts(p.s); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: bad -%s %q\n", p.name, p.s)
 			os.Exit(2)
@@ -231,6 +298,10 @@ func main() {
 	}
 	if hb100k && !slices.Contains(cfg.hbN, 100000) {
 		cfg.hbN = append(cfg.hbN, 100000)
+	}
+	if cfg.fleet.duration <= 0 || cfg.fleet.warmup < 0 || cfg.fleet.hold < 0 || cfg.fleet.churn < 0 || cfg.fleet.sample <= 0 {
+		fmt.Fprintln(os.Stderr, "bench: -fleet-duration and -fleet-sample must be positive, -fleet-warmup, -fleet-hold and -fleet-churn not negative")
+		os.Exit(2)
 	}
 	if cfg.rounds < 1 {
 		fmt.Fprintln(os.Stderr, "bench: -rounds must be at least 1")
@@ -288,6 +359,7 @@ func knownScenario(name string) bool {
 }
 
 func run(ctx context.Context, cfg config, out io.Writer) ([]Result, error) {
+	cfg.out = out
 	if !cfg.json {
 		host, _ := os.Hostname()
 		fmt.Fprintf(out, "# pglease bench on %s: %s/%s, %d CPUs, GOMAXPROCS=%d, %s per point, %s\n",
@@ -393,6 +465,7 @@ var scenarioOrder = []scenario{
 	{"hotkey", runHotKey},
 	{"heartbeat", runHeartbeat},
 	{"advisory", runAdvisory},
+	{"fleet", runFleet},
 }
 
 // step performs one unit of work for worker w and returns how many

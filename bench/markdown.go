@@ -9,8 +9,8 @@ import (
 )
 
 // writeMarkdown writes the run's tables in the README's form (-markdown):
-// uncontended cycles/s per implementation and C, hot key, heartbeat, and
-// the targets, with the command, date and machine, ready to paste.
+// uncontended cycles/s per implementation and C, hot key, heartbeat, the
+// fleet, and the targets, with the command, date and machine, ready to paste.
 func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -84,6 +84,32 @@ func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 			}
 			w("| %s | %.0f s | %.2f | %s | %.0f | %.0f B |\n", thousands(float64(r.Callers)), r.Extra["ttl_s"], r.Extra["stmts_per_tick"], lag,
 				r.Extra["lost"], r.Extra["heap_B_per_lock"])
+		}
+		w("\n")
+	}
+	var fleet, churn []Result
+	for _, r := range res {
+		switch r.Scenario {
+		case "fleet":
+			fleet = append(fleet, r)
+		case "fleet-churn":
+			churn = append(churn, r)
+		}
+	}
+	if len(fleet) > 0 {
+		w("Fleet (N worker processes, each one default Manager; see docs/scaling.md for the load and how each column is measured):\n\n")
+		w("| %s |\n|%s\n", strings.Join(fleetColumns, " | "), strings.Repeat("---|", len(fleetColumns)))
+		for _, r := range fleet {
+			w("| %s |\n", strings.Join(fleetCells(r), " | "))
+		}
+		w("\n")
+	}
+	for _, r := range churn {
+		w("Fleet churn, N=%d: %.0f s, %.0f samples, %s grants/s, %d errors, %.0f lost:\n\n", r.Processes, r.Seconds, r.Extra["samples"],
+			thousands(r.CyclesPerSec), r.Errors, r.Extra["lost"])
+		w("| %s |\n|%s\n", strings.Join(churnColumns, " | "), strings.Repeat("---|", len(churnColumns)))
+		for _, row := range churnRows(r) {
+			w("| %s |\n", strings.Join(row, " | "))
 		}
 		w("\n")
 	}

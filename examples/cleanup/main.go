@@ -21,9 +21,9 @@
 // processes (the limit shortened to 2 s; -limit 30s for the design's) and
 // returns an error if any of it does not hold:
 //
-//	go run ./internal/cmd/withpg -- go run ./examples/cleanup
+//	go run ./internal/cmd/withpg -C examples -- go run ./cleanup
 //
-// One request: echo user@example.com | go run ./examples/cleanup request
+// One request: echo user@example.com | go run ./cleanup request
 // (the address is read from stdin, so it is not in the process list, and
 // it is never printed).
 package main

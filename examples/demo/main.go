@@ -10,7 +10,7 @@
 // summary and exits 0 if everything happened as it should.
 //
 //	make demo                          # throwaway PostgreSQL
-//	DATABASE_URL=postgres://… go run ./examples/demo [-ttl 2s -workers 3 …]
+//	DATABASE_URL=postgres://… go run ./demo [-ttl 2s -workers 3 …]
 //
 // It never prints a lockId (a bearer secret). Unix only (SIGSTOP).
 package main

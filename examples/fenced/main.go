@@ -6,7 +6,7 @@
 // write, because the row already carries B's higher fence; A needs no
 // timing assumptions for that.
 //
-//	go run ./internal/cmd/withpg -- go run ./examples/fenced
+//	go run ./internal/cmd/withpg -C examples -- go run ./fenced
 package main
 
 import (

@@ -8,7 +8,7 @@
 // writes are refused by the fence: see TestElectionProcesses in package
 // manager (SIGKILL and SIGSTOP of the leader) and examples/demo.
 //
-//	go run ./internal/cmd/withpg -- go run ./examples/leader
+//	go run ./internal/cmd/withpg -C examples -- go run ./leader
 package main
 
 import (

@@ -6,7 +6,7 @@
 // heartbeat finds no lease, the Context is cancelled with ErrLockLost and
 // the job stops at its next step instead of working unprotected.
 //
-//	go run ./internal/cmd/withpg -- go run ./examples/longjob
+//	go run ./internal/cmd/withpg -C examples -- go run ./longjob
 package main
 
 import (

@@ -20,7 +20,7 @@
 // It prints what happens and returns an error if any of that does not
 // hold.
 //
-//	go run ./internal/cmd/withpg -- go run ./examples/registry
+//	go run ./internal/cmd/withpg -C examples -- go run ./registry
 //
 // It is also the scheduler process it starts (registry scheduler …).
 package main

@@ -22,7 +22,7 @@
 //
 //	make trace                                  # throwaway PostgreSQL
 //	make trace TRACEFLAGS="-spans spans.json"
-//	DATABASE_URL=postgres://… go run ./examples/trace [-spans FILE]
+//	DATABASE_URL=postgres://… go run ./trace [-spans FILE]
 package main
 
 import (

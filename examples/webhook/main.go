@@ -9,7 +9,7 @@
 // already processed → acknowledge the duplicate; otherwise perform the
 // side effect, record the event as processed, release.
 //
-//	go run ./internal/cmd/withpg -- go run ./examples/webhook
+//	go run ./internal/cmd/withpg -C examples -- go run ./webhook
 package main
 
 import (

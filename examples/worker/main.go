@@ -7,7 +7,7 @@
 //
 // Run it alone with:
 //
-//	DATABASE_URL=postgres://… go run ./examples/worker -id w1 -jobs job-1,job-2
+//	DATABASE_URL=postgres://… go run ./worker -id w1 -jobs job-1,job-2
 //
 // (the demo creates the tables; see examples/demo).
 package main

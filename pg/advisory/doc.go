@@ -6,7 +6,8 @@
 //
 // # Which lock to use
 //
-//   - Transaction-level (XactLock, TryXactLock, WithXactLock): the lock
+//   - Transaction-level (XactLock, TryXactLock, WithXactLock, XactLockAll,
+//     TryXactLockAll): the lock
 //     lives exactly as long as one transaction, and writes made in that
 //     transaction are safe, because a holder that lost its connection
 //     cannot commit. Prefer these whenever the protected work is database
@@ -122,8 +123,27 @@
 // lock silently and need two unlocks. Sessions are independent: two
 // Sessions in one process contend like two processes.
 //
-// LockAll takes several keys in ascending Key order (int64 space before
-// pairs, then by id), so callers taking overlapping sets never deadlock.
+// # Shared locks
+//
+// LockShared and TryLockShared (on a Session) and XactLockShared and
+// TryXactLockShared (in a transaction) take a key in shared mode: any
+// number of holders share it, and an exclusive holder (Lock, XactLock, …)
+// excludes them all and is excluded by each of them, across sessions and
+// transactions alike. A shared request waits behind a waiting exclusive
+// one (PostgreSQL does not let readers starve a writer). Inspect reports
+// the mode as pg_locks does: "ShareLock" for a shared holder or waiter,
+// "ExclusiveLock" for an exclusive one. A Session holds each key in one
+// mode only: taking a key in the other mode is InvalidArgument (see
+// Options.Reentrant).
+//
+// # Several keys
+//
+// Session.LockAll, XactLockAll and TryXactLockAll take several keys in
+// ascending Key order (int64 space before pairs, then by id), whatever
+// order they are given in, so callers taking overlapping sets never
+// deadlock each other. XactLockAll takes them all in one statement;
+// TryXactLockAll takes all or none, giving back what it took when one is
+// busy by rolling back to a savepoint.
 //
 // # Keys
 //

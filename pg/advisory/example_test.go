@@ -140,3 +140,174 @@ func ExampleLoadRegistry() {
 	}
 	// Output: orphan-cleanup held: true by this session: true
 }
+
+// Readers hold a key shared at the same time; a writer takes it
+// exclusively only when no reader holds it.
+func ExampleSession_LockShared() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	config := advisory.Int64(42424244)
+	open := func() *advisory.Session {
+		s, err := advisory.Open(ctx, pool, nil)
+		if err != nil {
+			panic(err)
+		}
+		return s
+	}
+	reader1, reader2, writer := open(), open(), open()
+	defer reader1.Close(ctx)
+	defer reader2.Close(ctx)
+	defer writer.Close(ctx)
+
+	r1, err := reader1.LockShared(ctx, config) // waits only for a writer
+	if err != nil {
+		panic(err)
+	}
+	r2, ok, err := reader2.TryLockShared(ctx, config)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("second reader:", ok)
+	_, ok, err = writer.TryLock(ctx, config)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("writer while read:", ok)
+
+	_ = r1.Release(ctx) // pg_advisory_unlock_shared
+	_ = r2.Release(ctx)
+	w, ok, err := writer.TryLock(ctx, config)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("writer after the readers:", ok)
+	_ = w.Release(ctx)
+	// Output:
+	// second reader: true
+	// writer while read: false
+	// writer after the readers: true
+}
+
+// Transactions that only read hold the key shared, together; one that
+// rewrites what it protects holds it exclusively.
+func ExampleXactLockShared() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	catalog := advisory.Int64(42424245)
+
+	err = pgx.BeginFunc(ctx, pool, func(reader pgx.Tx) error {
+		if err := advisory.XactLockShared(ctx, reader, catalog); err != nil {
+			return err
+		}
+		// Another reader gets in beside it...
+		return pgx.BeginFunc(ctx, pool, func(other pgx.Tx) error {
+			ok, err := advisory.TryXactLockShared(ctx, other, catalog)
+			fmt.Println("second reader:", ok)
+			if err != nil {
+				return err
+			}
+			// ...a writer does not, until both have ended.
+			return pgx.BeginFunc(ctx, pool, func(writer pgx.Tx) error {
+				ok, err := advisory.TryXactLock(ctx, writer, catalog)
+				fmt.Println("writer:", ok)
+				return err
+			})
+		})
+	})
+	fmt.Println("done:", err)
+	// Output:
+	// second reader: true
+	// writer: false
+	// done: <nil>
+}
+
+// A transfer locks both accounts in one statement. A transfer the other
+// way asks for the same keys in the other order, but both take them in
+// Key order, so the two cannot deadlock.
+func ExampleXactLockAll() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	alice, err := advisory.NamespacedKey("account", "alice@example.com")
+	if err != nil {
+		panic(err)
+	}
+	bob, err := advisory.NamespacedKey("account", "bob@example.com")
+	if err != nil {
+		panic(err)
+	}
+	transfer := func(from, to advisory.Key) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			if err := advisory.XactLockAll(ctx, tx, from, to); err != nil {
+				return err
+			}
+			// Update both balances here; the locks end at COMMIT.
+			return nil
+		})
+	}
+	errs := make(chan error, 2)
+	go func() { errs <- transfer(alice, bob) }()
+	go func() { errs <- transfer(bob, alice) }()
+	fmt.Println(<-errs, <-errs)
+	// Output: <nil> <nil>
+}
+
+// TryXactLockAll takes every key or none: when one is busy it answers
+// false and the transaction holds none of them.
+func ExampleTryXactLockAll() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+	seat1, seat2 := advisory.Pair(7, 1), advisory.Pair(7, 2)
+	s, err := advisory.Open(ctx, pool, nil)
+	if err != nil {
+		panic(err)
+	}
+	defer s.Close(ctx)
+	other, _, err := s.TryLock(ctx, seat2) // someone else holds seat 2
+	if err != nil {
+		panic(err)
+	}
+
+	book := func() {
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			ok, err := advisory.TryXactLockAll(ctx, tx, seat1, seat2)
+			if err != nil {
+				return err
+			}
+			fmt.Println("both seats:", ok)
+			return nil // book both seats when ok
+		})
+		if err != nil {
+			panic(err)
+		}
+	}
+	book()
+	// The failed try left seat 1 free.
+	l, ok, err := s.TryLock(ctx, seat1)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("seat 1 free:", ok)
+	_ = l.Release(ctx)
+	_ = other.Release(ctx)
+	book()
+	// Output:
+	// both seats: false
+	// seat 1 free: true
+	// both seats: true
+}

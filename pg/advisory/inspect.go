@@ -26,8 +26,9 @@ type LockInfo struct {
 	Key Key
 	// Name is the key's name in the Registry given to Inspect, or "".
 	Name string
-	// Mode is the pg_locks mode: "ExclusiveLock" (pg_advisory_lock) or
-	// "ShareLock" (pg_advisory_lock_shared).
+	// Mode is the pg_locks mode, for holders and waiters alike:
+	// "ExclusiveLock" (Lock, TryLock, XactLock, …) or "ShareLock"
+	// (LockShared, TryLockShared, XactLockShared, TryXactLockShared).
 	Mode string
 	// Granted is true for a holder, false for a waiter.
 	Granted bool

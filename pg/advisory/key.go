@@ -89,8 +89,8 @@ func (k Key) String() string {
 }
 
 // Compare orders keys by space (int64 before pair), then by id (signed;
-// for pairs the first, then the second int4). LockAll takes keys in this
-// order.
+// for pairs the first, then the second int4). Session.LockAll,
+// XactLockAll and TryXactLockAll take keys in this order.
 func (k Key) Compare(o Key) int {
 	if c := cmp.Compare(k.space, o.space); c != 0 {
 		return c

@@ -9,7 +9,8 @@ import (
 	"github.com/pglease/pglease/internal/pgerr"
 )
 
-// Lock is one session-level advisory lock held by a Session: a
+// Lock is one session-level advisory lock held by a Session, exclusive
+// (Lock, TryLock, LockAll) or shared (LockShared, TryLockShared): a
 // pglease.Handle with no fencing token and no TTL. Its Context is
 // cancelled when the lock ends, and Err (or context.Cause) tells why: an
 // error matching pglease.ErrReleased after Release, pglease.ErrLockLost
@@ -24,6 +25,7 @@ import (
 type Lock struct {
 	s      *Session // immutable
 	key    Key      // immutable
+	shared bool     // immutable: taken with LockShared or TryLockShared
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	ended  bool        // guarded by s.mu
@@ -76,12 +78,13 @@ func (l *Lock) Err() error {
 	return context.Cause(l.ctx)
 }
 
-// Release releases the lock (pg_advisory_unlock) and returns once the
+// Release releases the lock (pg_advisory_unlock, or
+// pg_advisory_unlock_shared for a shared lock) and returns once the
 // server answered. It returns nil when the server released it, and also
 // when the lock had already been released or the Session closed (Close
 // released it). It returns an error matching pglease.ErrLockLost when the
 // lock had been lost before, and also when the server says it did not
-// hold the lock (pg_advisory_unlock returned false): the session's view
+// hold the lock (the unlock returned false): the session's view
 // of the server is then wrong, so the session ends as lost and every
 // lock it held reports LockLost. The lock's Context is cancelled with a
 // cause matching pglease.ErrReleased once the server released it.
@@ -125,18 +128,20 @@ func (l *Lock) release(ctx context.Context, op string) error {
 	if !s.live(l) {
 		return l.endedAnswer(ctx, op)
 	}
-	released, err := s.unlockRaw(op, l.key)
+	released, err := s.unlockRaw(op, l.key, l.shared)
 	if err != nil {
 		return err
 	}
 	if !released {
-		s.fail(errors.New("pg_advisory_unlock returned false: the server no longer held a lock this session took"))
+		s.fail(errors.New("pg_advisory_unlock (or _shared) returned false: the server no longer held a lock this session took"))
 		return l.endedAnswer(ctx, op)
 	}
 	s.mu.Lock()
 	l.endLocked()
 	delete(s.locks, l)
-	if s.held[l.key]--; s.held[l.key] <= 0 {
+	if h := s.held[l.key]; h.n > 1 {
+		s.held[l.key] = holding{n: h.n - 1, shared: h.shared}
+	} else {
 		delete(s.held, l.key)
 	}
 	s.mu.Unlock()

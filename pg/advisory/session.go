@@ -80,9 +80,16 @@ type Options struct {
 	// (the process exits, or stops talking for ServerIdleTimeout). Zero
 	// means no limit.
 	HoldLimit time.Duration
-	// Reentrant lets the session take a key it already holds: PostgreSQL
-	// stacks the lock and each returned *Lock must be unlocked. Off by
-	// default: taking a held key again is InvalidArgument, with no I/O.
+	// Reentrant lets the session take a key it already holds in the same
+	// mode: PostgreSQL stacks the lock and each returned *Lock must be
+	// unlocked. Off by default: taking a held key again is
+	// InvalidArgument, with no I/O. Taking a key in the other mode than
+	// the session holds it (shared while held exclusive, or the reverse)
+	// is InvalidArgument with no I/O whether or not Reentrant is set:
+	// PostgreSQL would grant it (a session never conflicts with itself),
+	// so the key would need one unlock of each kind, and turning a shared
+	// hold into an exclusive one waits for every other shared holder and
+	// deadlocks with a second session doing the same.
 	Reentrant bool
 }
 
@@ -182,7 +189,7 @@ type Session struct {
 	mu    sync.Mutex         // guards the fields below
 	state int                // stateOpen, stateLost, stateClosed
 	cause error              // why the session was lost
-	held  map[Key]int        // how many times the server holds each key for us
+	held  map[Key]holding    // how the server holds each key for us
 	locks map[*Lock]struct{} // live handles
 	// alive is the latest time (monotonic) at which the server is known
 	// to have held the session: the send time of the last statement it
@@ -190,6 +197,13 @@ type Session struct {
 	// for a wait slice that ended with 55P03 its send time + WaitSlice.
 	// The next probe is due at alive + ProbeInterval.
 	alive time.Time
+}
+
+// holding is how the server holds one key for a session: n stacked
+// locks, all in one mode (precheck refuses the other mode).
+type holding struct {
+	n      int
+	shared bool
 }
 
 // Open hijacks a connection from pool for session-level advisory locks
@@ -251,7 +265,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 		sem:       make(chan struct{}, 1),
 		probeDone: make(chan struct{}),
 		closeDone: make(chan struct{}),
-		held:      map[Key]int{},
+		held:      map[Key]holding{},
 		locks:     map[*Lock]struct{}{},
 		alive:     alive,
 	}
@@ -455,7 +469,7 @@ func (s *Session) fail(cause error) {
 	lost := pgerr.New(pglease.CodeLockLost, "advisory.Session", "session ended; its advisory locks are gone", cause)
 	s.state, s.cause = stateLost, lost
 	locks := s.locks
-	s.locks, s.held = map[*Lock]struct{}{}, map[Key]int{}
+	s.locks, s.held = map[*Lock]struct{}{}, map[Key]holding{}
 	for l := range locks {
 		l.endLocked()
 	}
@@ -546,7 +560,7 @@ func (s *Session) ping(op string) error {
 // holds is InvalidArgument unless Options.Reentrant. A nil or ended ctx,
 // an invalid key and a closed session are errors with no I/O.
 func (s *Session) TryLock(ctx context.Context, k Key) (l *Lock, ok bool, err error) {
-	l, err = s.acquire(ctx, "advisory.Session.TryLock", k, false)
+	l, err = s.acquire(ctx, "advisory.Session.TryLock", k, false, false)
 	return l, l != nil, err
 }
 
@@ -557,11 +571,36 @@ func (s *Session) TryLock(ctx context.Context, k Key) (l *Lock, ok bool, err err
 // wrapping ctx.Err(). Waiting is not FIFO across sessions: the wait is
 // renewed every WaitSlice. Errors otherwise as TryLock.
 func (s *Session) Lock(ctx context.Context, k Key) (*Lock, error) {
-	return s.acquire(ctx, "advisory.Session.Lock", k, true)
+	return s.acquire(ctx, "advisory.Session.Lock", k, true, false)
 }
 
-// precheck validates a key for this session (no I/O).
-func (s *Session) precheck(op string, k Key) error {
+// TryLockShared takes k in shared mode if it can without waiting
+// (pg_try_advisory_lock_shared). Any number of sessions and transactions
+// may hold a key shared at once; a shared hold excludes every exclusive
+// one (Lock, TryLock, XactLock, on any session or transaction) and waits
+// for it. ok is false (and err nil) when the key is held exclusively, and
+// also while another session waits to take it exclusively: PostgreSQL
+// queues a shared request behind a waiting exclusive one, so a stream of
+// shared holders cannot starve an exclusive taker. The returned Lock is
+// released with pg_advisory_unlock_shared, and is watched for loss like
+// an exclusive one. A key this session holds exclusively is
+// InvalidArgument, and so is one it holds shared unless Options.Reentrant
+// (see there). Errors otherwise as TryLock.
+func (s *Session) TryLockShared(ctx context.Context, k Key) (l *Lock, ok bool, err error) {
+	l, err = s.acquire(ctx, "advisory.Session.TryLockShared", k, false, true)
+	return l, l != nil, err
+}
+
+// LockShared takes k in shared mode (pg_advisory_lock_shared), waiting as
+// long as ctx allows, as Lock does; see TryLockShared for what a shared
+// lock excludes and which keys are refused.
+func (s *Session) LockShared(ctx context.Context, k Key) (*Lock, error) {
+	return s.acquire(ctx, "advisory.Session.LockShared", k, true, true)
+}
+
+// precheck validates a key for this session and mode (no I/O): see
+// Options.Reentrant.
+func (s *Session) precheck(op string, k Key, shared bool) error {
 	if !k.Valid() {
 		return invalid(op, "invalid key")
 	}
@@ -570,27 +609,32 @@ func (s *Session) precheck(op string, k Key) error {
 	if err := s.endedErrLocked(op); err != nil {
 		return err
 	}
-	if !s.opts.Reentrant && s.held[k] > 0 {
+	h := s.held[k]
+	switch {
+	case h.n == 0:
+	case h.shared != shared:
+		return invalid(op, "key already held by this session in the other mode (shared or exclusive); release it first")
+	case !s.opts.Reentrant:
 		return invalid(op, "key already held by this session (Options.Reentrant is off)")
 	}
 	return nil
 }
 
-func (s *Session) acquire(ctx context.Context, op string, k Key, blocking bool) (*Lock, error) {
+func (s *Session) acquire(ctx context.Context, op string, k Key, blocking, shared bool) (*Lock, error) {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if err := s.check(op); err != nil {
 		return nil, err
 	}
-	if err := s.precheck(op, k); err != nil {
+	if err := s.precheck(op, k, shared); err != nil {
 		return nil, err
 	}
 	for {
 		if err := s.own(ctx, op); err != nil {
 			return nil, err
 		}
-		l, again, err := s.attempt(ctx, op, k, blocking)
+		l, again, err := s.attempt(ctx, op, k, blocking, shared)
 		<-s.sem
 		if !again {
 			return l, err
@@ -601,11 +645,20 @@ func (s *Session) acquire(ctx context.Context, op string, k Key, blocking bool) 
 	}
 }
 
-func lockSQL(k Key, blocking bool) (string, []any) {
+func lockSQL(k Key, blocking, shared bool) (string, []any) {
 	fn := "pg_try_advisory_lock"
 	if blocking {
 		fn = "pg_advisory_lock"
 	}
+	if shared {
+		fn += "_shared"
+	}
+	return keyCall(fn, k)
+}
+
+// keyCall returns "SELECT fn(k)::text" with k's arguments: one bigint, or
+// the int4 pair.
+func keyCall(fn string, k Key) (string, []any) {
 	if a, b, ok := k.Pair(); ok {
 		return "SELECT " + fn + "($1::int4, $2::int4)::text", []any{a, b}
 	}
@@ -615,12 +668,12 @@ func lockSQL(k Key, blocking bool) (string, []any) {
 
 // attempt makes one try (or one WaitSlice of waiting); the caller owns
 // sem. again reports a wait slice that ended without the lock.
-func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) (l *Lock, again bool, err error) {
-	if err := s.precheck(op, k); err != nil {
+func (s *Session) attempt(ctx context.Context, op string, k Key, blocking, shared bool) (l *Lock, again bool, err error) {
+	if err := s.precheck(op, k, shared); err != nil {
 		return nil, false, err
 	}
 	s.mu.Lock()
-	stacking := s.held[k] > 0
+	stacking := s.held[k].n > 0
 	s.mu.Unlock()
 	// The caller's ctx (and Close) may interrupt the statement, except when
 	// stacking a held key: that never waits, and after an interruption the
@@ -646,7 +699,7 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 			}
 		}
 	}
-	q, args := lockSQL(k, blocking)
+	q, args := lockSQL(k, blocking, shared)
 	var res string
 	sent, err := s.do(cancelOn, bound, func(qctx context.Context, c *pgx.Conn) error {
 		return c.QueryRow(qctx, q, args...).Scan(&res)
@@ -656,7 +709,7 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 		if !blocking && res != "true" {
 			return nil, false, nil
 		}
-		if l := s.grant(k); l != nil {
+		if l := s.grant(k, shared); l != nil {
 			return l, false, nil
 		}
 		// Close began: its pg_advisory_unlock_all releases this grant.
@@ -676,18 +729,18 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 	if stacking {
 		return nil, false, mapErr(context.Background(), op, err)
 	}
-	held, verr := s.serverHolds(op, k)
+	held, verr := s.serverHolds(op, k, shared)
 	if verr != nil {
 		return nil, false, verr
 	}
 	gaveUp := ctx.Err() != nil || s.closing.Err() != nil
 	if held && !gaveUp {
-		if l := s.grant(k); l != nil {
+		if l := s.grant(k, shared); l != nil {
 			return l, false, nil
 		}
 	}
 	if held {
-		if _, uerr := s.unlockRaw(op, k); uerr != nil {
+		if _, uerr := s.unlockRaw(op, k, shared); uerr != nil {
 			return nil, false, uerr
 		}
 	}
@@ -704,15 +757,15 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking bool) 
 
 // grant records a lock the server granted; nil if the session is no
 // longer open. The caller owns sem.
-func (s *Session) grant(k Key) *Lock {
+func (s *Session) grant(k Key, shared bool) *Lock {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state != stateOpen {
 		return nil
 	}
-	l := &Lock{s: s, key: k}
+	l := &Lock{s: s, key: k, shared: shared}
 	l.ctx, l.cancel = context.WithCancelCause(context.Background())
-	s.held[k]++
+	s.held[k] = holding{n: s.held[k].n + 1, shared: shared}
 	s.locks[l] = struct{}{}
 	if d := s.opts.HoldLimit; d > 0 {
 		l.limit = time.AfterFunc(d, func() { s.holdLimitPassed(l) })
@@ -739,17 +792,22 @@ func (l *Lock) endLocked() {
 	}
 }
 
-// serverHolds asks pg_locks whether this session holds k; the caller owns
-// sem. A stray CancelRequest can hit this statement: it is retried.
-func (s *Session) serverHolds(op string, k Key) (bool, error) {
+// serverHolds asks pg_locks whether this session holds k in the given
+// mode; the caller owns sem. A stray CancelRequest can hit this
+// statement: it is retried.
+func (s *Session) serverHolds(op string, k Key, shared bool) (bool, error) {
 	classid, objid, objsubid := k.pgLocksIDs()
+	mode := "ExclusiveLock"
+	if shared {
+		mode = "ShareLock"
+	}
 	var held bool
 	var err error
 	for range 3 {
 		_, err = s.do(context.Background(), s.opts.ProbeTimeout, func(ctx context.Context, c *pgx.Conn) error {
 			return c.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory'
-				AND pid = pg_backend_pid() AND granted AND classid = $1 AND objid = $2 AND objsubid = $3)`,
-				classid, objid, objsubid).Scan(&held)
+				AND pid = pg_backend_pid() AND granted AND classid = $1 AND objid = $2 AND objsubid = $3 AND mode = $4)`,
+				classid, objid, objsubid, mode).Scan(&held)
 		})
 		if err == nil {
 			return held, nil
@@ -766,20 +824,19 @@ func (s *Session) serverHolds(op string, k Key) (bool, error) {
 	return false, mapErr(context.Background(), op, err)
 }
 
-// unlockRaw runs pg_advisory_unlock(k); the caller owns sem.
-func (s *Session) unlockRaw(op string, k Key) (bool, error) {
-	var q string
-	var args []any
-	if a, b, ok := k.Pair(); ok {
-		q, args = "SELECT pg_advisory_unlock($1::int4, $2::int4)", []any{a, b}
-	} else {
-		id, _ := k.Int64()
-		q, args = "SELECT pg_advisory_unlock($1::int8)", []any{id}
+// unlockRaw runs pg_advisory_unlock(k), or pg_advisory_unlock_shared(k);
+// the caller owns sem.
+func (s *Session) unlockRaw(op string, k Key, shared bool) (bool, error) {
+	fn := "pg_advisory_unlock"
+	if shared {
+		fn += "_shared"
 	}
-	var ok bool
+	q, args := keyCall(fn, k)
+	var res string
 	_, err := s.do(context.Background(), s.opts.ProbeTimeout, func(ctx context.Context, c *pgx.Conn) error {
-		return c.QueryRow(ctx, q, args...).Scan(&ok)
+		return c.QueryRow(ctx, q, args...).Scan(&res)
 	})
+	ok := res == "true"
 	if s.broken(err) {
 		m := mapErr(context.Background(), op, err)
 		s.fail(m)
@@ -813,7 +870,7 @@ func (s *Session) LockAll(ctx context.Context, keys ...Key) ([]*Lock, error) {
 	}
 	order := make([]int, len(keys))
 	for i, k := range keys {
-		if err := s.precheck(op, k); err != nil {
+		if err := s.precheck(op, k, false); err != nil {
 			return nil, err
 		}
 		order[i] = i
@@ -875,7 +932,7 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	s.mu.Lock()
 	locks := s.locks
-	s.locks, s.held = map[*Lock]struct{}{}, map[Key]int{}
+	s.locks, s.held = map[*Lock]struct{}{}, map[Key]holding{}
 	for l := range locks {
 		l.endLocked()
 	}

@@ -515,6 +515,24 @@ func TestBadInputNoIO(t *testing.T) {
 		{"XactLock zero key", pglease.CodeInvalidArgument, XactLock(ctx, tx, Key{})},
 		{"XactLock ended ctx", pglease.CodeAborted, XactLock(ended, tx, randKey())},
 		{"TryXactLock nil ctx", pglease.CodeInvalidArgument, func() error { _, err := TryXactLock(nilCtx, tx, randKey()); return err }()},
+		{"TryLockShared nil ctx", pglease.CodeInvalidArgument, func() error { _, _, err := s.TryLockShared(nilCtx, randKey()); return err }()},
+		{"TryLockShared zero key", pglease.CodeInvalidArgument, func() error { _, _, err := s.TryLockShared(ctx, Key{}); return err }()},
+		{"LockShared ended ctx", pglease.CodeAborted, func() error { _, err := s.LockShared(ended, randKey()); return err }()},
+		{"LockShared zero key", pglease.CodeInvalidArgument, func() error { _, err := s.LockShared(ctx, Key{}); return err }()},
+		{"LockShared of a key held exclusive", pglease.CodeInvalidArgument, func() error { _, err := s.LockShared(ctx, held.Key()); return err }()},
+		{"XactLockShared nil tx", pglease.CodeInvalidArgument, XactLockShared(ctx, nil, randKey())},
+		{"XactLockShared zero key", pglease.CodeInvalidArgument, XactLockShared(ctx, tx, Key{})},
+		{"TryXactLockShared nil tx", pglease.CodeInvalidArgument, func() error { _, err := TryXactLockShared(ctx, nil, randKey()); return err }()},
+		{"TryXactLockShared zero key", pglease.CodeInvalidArgument, func() error { _, err := TryXactLockShared(ctx, tx, Key{}); return err }()},
+		{"XactLockAll nil tx", pglease.CodeInvalidArgument, XactLockAll(ctx, nil, randKey())},
+		{"XactLockAll none", pglease.CodeInvalidArgument, XactLockAll(ctx, tx)},
+		{"XactLockAll zero key", pglease.CodeInvalidArgument, XactLockAll(ctx, tx, randKey(), Key{})},
+		{"XactLockAll nil ctx", pglease.CodeInvalidArgument, XactLockAll(nilCtx, tx, randKey())},
+		{"XactLockAll ended ctx", pglease.CodeAborted, XactLockAll(ended, tx, randKey())},
+		{"TryXactLockAll nil tx", pglease.CodeInvalidArgument, func() error { _, err := TryXactLockAll(ctx, nil, randKey(), randKey()); return err }()},
+		{"TryXactLockAll none", pglease.CodeInvalidArgument, func() error { _, err := TryXactLockAll(ctx, tx); return err }()},
+		{"TryXactLockAll zero key", pglease.CodeInvalidArgument, func() error { _, err := TryXactLockAll(ctx, tx, randKey(), Key{}); return err }()},
+		{"TryXactLockAll nil ctx", pglease.CodeInvalidArgument, func() error { _, err := TryXactLockAll(nilCtx, tx, randKey()); return err }()},
 		{"WithXactLock nil pool", pglease.CodeInvalidArgument, WithXactLock(ctx, nilPool, randKey(), func(pgx.Tx) error { return nil })},
 		{"WithXactLock nil fn", pglease.CodeInvalidArgument, WithXactLock(ctx, pool, randKey(), nil)},
 		{"Inspect nil querier", pglease.CodeInvalidArgument, func() error { _, err := Inspect(ctx, nil, nil); return err }()},
@@ -540,6 +558,10 @@ func TestBadInputNoIO(t *testing.T) {
 	_, err = s.Lock(ctx, randKey())
 	wantCode(t, err, pglease.CodeClosed)
 	_, err = s.LockAll(ctx, randKey())
+	wantCode(t, err, pglease.CodeClosed)
+	_, err = s.LockShared(ctx, randKey())
+	wantCode(t, err, pglease.CodeClosed)
+	_, _, err = s.TryLockShared(ctx, randKey())
 	wantCode(t, err, pglease.CodeClosed)
 	if err := held.Release(ctx); err != nil {
 		t.Errorf("Release after Close = %v, want nil (Close released it)", err)

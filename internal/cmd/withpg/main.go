@@ -11,7 +11,12 @@
 //
 // Usage:
 //
-//	go run ./internal/cmd/withpg [-durable] [-log file] [-pgbouncer mode] -- command [args...]
+//	go run ./internal/cmd/withpg [-C dir] [-durable] [-log file] [-pgbouncer mode] [-max-connections n] -- command [args...]
+//
+// For example, one of the examples (a module of their own) on a throwaway
+// server:
+//
+//	go run ./internal/cmd/withpg -C examples -- go run ./webhook
 package main
 
 import (
@@ -33,16 +38,18 @@ func run() int {
 	durable := flag.Bool("durable", false, "keep fsync on (benchmarks, demo)")
 	logPath := flag.String("log", "", "append the server log to this file")
 	bouncer := flag.String("pgbouncer", "", "also start PgBouncer in this pool mode (transaction, session) and set PGBOUNCER_URL")
+	dir := flag.String("C", "", "run the command in this directory (e.g. -C examples: the examples are a module of their own)")
+	maxConns := flag.Int("max-connections", 0, "the throwaway server's max_connections (default 300; the bench's fleet scenario needs more from 50 workers)")
 	flag.Parse()
 	args := flag.Args()
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: withpg [-durable] [-log file] [-pgbouncer mode] -- command [args...]")
+		fmt.Fprintln(os.Stderr, "usage: withpg [-durable] [-log file] [-pgbouncer mode] [-max-connections n] -- command [args...]")
 		return 2
 	}
 	env := os.Environ()
 	var cluster *pgtest.Cluster
 	if os.Getenv("DATABASE_URL") == "" {
-		opts := pgtest.Options{Durable: *durable}
+		opts := pgtest.Options{Durable: *durable, MaxConnections: *maxConns}
 		if *logPath != "" {
 			f, err := os.OpenFile(*logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 			if err != nil {
@@ -78,6 +85,7 @@ func run() int {
 	}
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Env = env
+	cmd.Dir = *dir
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
