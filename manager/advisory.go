@@ -322,7 +322,7 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...Ac
 //     pg_try_advisory_lock; batch.ok 1 when granted, 0 when held), then,
 //     for a contended LockAdvisory, pglease.advisory_lock, whose duration
 //     is the server-side wait. That wait is several statements on the
-//     session's connection (a pg_advisory_lock per WaitSlice, and a
+//     session's connection (a pg_advisory_lock per wait slice, and a
 //     pg_locks check after an interrupted slice) that the Manager cannot
 //     see one by one: the span covers them all. Opening the session
 //     (advisory.Open) has no span of its own; it is part of the acquire.
