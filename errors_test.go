@@ -88,7 +88,7 @@ func TestErrorOnePrefix(t *testing.T) {
 	}
 }
 
-// TestReleasedSentinel (issue 9.12): ErrReleased is a *pglease.Error with
+// TestReleasedSentinel: ErrReleased is a *pglease.Error with
 // its own code, so errors.Is and errors.As work on a released lock's
 // cause like on every other pglease error.
 func TestReleasedSentinel(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 //     (at most maxHedges per chain). The first answer of any attempt of
 //     the chain is the key's answer (granted, locked or failed); the
 //     others become stale: whatever they grant, or leave unknown, is
-//     released when their answer comes (S5), and they never grant a
+//     released when their answer comes (ambiguity is never success), and they never grant a
 //     waiter. All are ordinary acquires, serialized by the server per key,
 //     so at most one can be granted while another is live.
 //

@@ -27,7 +27,7 @@ import (
 // answer, then the attempt's grant, contention or failure). An unknown
 // outcome is unknown for both halves: the release answers as an unknown
 // release does (the lock expires by itself if it was not handed over), and
-// the attempt's lockId is released like any ambiguous attempt's (S5).
+// the attempt's lockId is released like any ambiguous attempt's (ambiguity is never success).
 
 // maxLocalHandOffs bounds how many times in a row a key is handed over
 // inside this process. The next release is a plain one: it notifies, and

@@ -115,7 +115,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 	// wait for notifications. Both are bounded: a silent server must not
 	// hold the listener in a connect that never ends, and each host's
 	// connect is bounded (m.listenCfg), so that a multi-host connection
-	// string moves on from a host that stopped answering (issue 17.2).
+	// string moves on from a host that stopped answering.
 	cfg := m.listenCfg.Copy()
 	if m.test.listenConfig != nil {
 		m.test.listenConfig(cfg)

@@ -219,7 +219,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 				st.orphanRelease(nil, a)
 			}
 		case d.err != nil:
-			// Outcome unknown (S5): release the pre-generated lockId (when
+			// Outcome unknown (ambiguity is never success): release the pre-generated lockId (when
 			// the statement may have run), then retry or fail.
 			if mayHaveGranted(d.err) {
 				st.orphanRelease(ks, a)
@@ -275,7 +275,7 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time, db trace.SpanContext) {
 	if !st.noteFence(ks, r.Fence) {
 		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
-		// S1: a fence not above one already seen means the database lost
+		// Fence monotonicity: a fence not above one already seen means the database lost
 		// acknowledged grants. Refuse it; the head waiter learns why.
 		err := pgerr.New(pglease.CodeFenceRegression, "manager.Acquire",
 			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
@@ -395,7 +395,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			continue
 		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lease.Trusted(now) || !st.loss.stop(h):
 			// (!Trusted: the window passed though the timer may not have
-			// fired yet, e.g. the process was stopped; 16.3.)
+			// fired yet, e.g. the process was stopped: see "After a pause".)
 			// The trust window passed while the extend was in flight: the
 			// lock is lost even though the late extend succeeded (and its
 			// row, extended from d.start, is kept: see lose).

@@ -787,7 +787,7 @@ func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Contex
 // userErr labels the error of a database attempt made for a caller with
 // the call the caller made (op), keeping the attempt's error as the cause.
 // An ambiguous attempt is not ambiguous to the caller: the lock was not
-// granted to it, and the Manager releases the lockId it had sent (S5), so
+// granted to it, and the Manager releases the lockId it had sent (ambiguity is never success), so
 // the caller gets the code of what went wrong (a timeout, a lost
 // connection), which says whether trying again can work.
 func userErr(op string, err error) error {

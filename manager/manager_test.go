@@ -166,7 +166,7 @@ func TestBadInputNoIO(t *testing.T) {
 		{"ttl 0", func() error { _, err := b.m.Acquire(ctx, "k", WithTTL(0)); return err }(), pglease.ErrInvalidArgument},
 		{"ttl 1.5ms", func() error { _, err := b.m.Acquire(ctx, "k", WithTTL(1500*time.Microsecond)); return err }(), pglease.ErrInvalidArgument},
 		{"ttl below floor", func() error { _, err := b.m.Acquire(ctx, "k", WithTTL(299*time.Millisecond)); return err }(), pglease.ErrInvalidArgument},
-		// Issue 9.12: 11 ms − the 10 ms margin leaves 1 ms for the round trip.
+		// 11 ms − the 10 ms margin leaves 1 ms for the round trip.
 		{"manual ttl 11ms", func() error {
 			_, err := b.m.Acquire(ctx, "k", WithTTL(11*time.Millisecond), WithoutAutoExtend())
 			return err

@@ -88,7 +88,7 @@ type notice struct {
 // goroutine only reads lockID and ttl.
 type attempt struct {
 	ks     *keyState
-	lockID string // pre-generated, so an ambiguous outcome can be released (S5)
+	lockID string // pre-generated, so an ambiguous outcome can be released (ambiguity is never success)
 	ttl    time.Duration
 	// Owned by run (flight.go): chain numbers the key's attempt and its
 	// hedges (an answer from any of them is the key's answer, the first

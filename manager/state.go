@@ -18,7 +18,7 @@ import (
 )
 
 // maxFenceMemory caps how many keys' highest fences the loop remembers for
-// the fence-regression check (S1); beyond it, entries of idle keys are
+// the fence-regression check (fence monotonicity); beyond it, entries of idle keys are
 // dropped.
 const maxFenceMemory = 100_000
 
@@ -30,8 +30,8 @@ type loopState struct {
 	keys    map[string]*keyState     // keys with waiters, an attempt, a holder or a release in flight
 	byHash  map[string]*keyState     // pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
 	held    map[*holding]struct{}    // locks this process holds
-	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (S4)
-	fences  map[string]pglease.Fence // highest fence seen per key not in keys (S1 regression check; keyState.fence for the others)
+	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
+	fences  map[string]pglease.Fence // highest fence seen per key not in keys (fence-regression check; keyState.fence for the others)
 	retries retryHeap                // scheduled retries, earliest first
 	loss    *lossWatch               // loss deadlines of the held leases (losswatch.go); has its own mutex
 	hbNext  time.Time                // next heartbeat event (zero: none)
@@ -73,7 +73,7 @@ type keyState struct {
 	cont      *keyContention // made on the key's first failed or "locked" attempt (most keys have none)
 	lastErr   error          // failure of the key's last attempt, or of a later release or extend of it, until an attempt or extend reaches the database (waitErr)
 	chains    uint64         // numbers the key's attempt chains (flight.go)
-	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
+	fence     pglease.Fence  // highest fence seen for the key, if hasFence (fence monotonicity; st.fences keeps it when ks goes)
 	hasFence  bool
 	woken     bool  // a release notification came while an attempt was in flight
 	waitReg   bool  // its waiter lock is asked for (waiters.go)
@@ -360,7 +360,7 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 // set, gets the outcome. parent is the releasing caller's span (invalid
 // when the loop releases on its own): the pglease.release span's parent.
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
-	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (16.3)
+	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (after a pause)
 	st.dropHolding(h, releasedCause)
 	// A grant taken back from a caller who left (no reply) was never
 	// handed to anyone.
@@ -396,7 +396,7 @@ func startRelease(h *holding, parent trace.SpanContext) (obs.Release, trace.Span
 // When the server may still have the row (rowMayRemain: the trust window
 // passed, or a late extend succeeded after it), the row is not released:
 // the loss margin and the server's 1 s takeover tolerance protect a holder
-// slow to notice its loss, and releasing now would give them away (S4).
+// slow to notice its loss, and releasing now would give them away (timely loss signal).
 // The row stays until the holder calls Release (it has stopped: releasing
 // is safe then), Close, or its expiry. Otherwise (the server refused the
 // extend: no row of ours is left) local waiters try at once.
@@ -486,7 +486,7 @@ func (l *Lock) lossTimerFired() {
 // monotonic clock, whether or not its loss timer has fired: after the
 // process was stopped (SIGSTOP, a VM pause) longer than the window, the
 // timer fires only some time after the process runs again, and until then
-// the context alone would still say "held" (16.3). Safe from any
+// the context alone would still say "held" (after a pause). Safe from any
 // goroutine; a no-op for a lock that already ended.
 func (l *Lock) checkTrust(now time.Time) {
 	if l.lease == nil || l.ctx.Err() != nil {

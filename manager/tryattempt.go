@@ -112,7 +112,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 	case !r.OK:
 		ans.locked, outcome = true, obs.AttemptContended
 	case !st.noteFence(ks, r.Fence):
-		// S1, as for any grant (attemptGranted).
+		// Fence monotonicity, as for any grant (attemptGranted).
 		release()
 		ans.err = pgerr.New(pglease.CodeFenceRegression, "manager.TryAcquire",
 			"fence not above one already seen for this key: the database lost acknowledged writes", nil)

@@ -168,7 +168,7 @@ func TestValidateLockID(t *testing.T) {
 
 func TestValidateTTL(t *testing.T) {
 	t.Parallel()
-	// Issue 9.12: 200 years fits 2^53-1 ms; MaxTTL overflowed int64 and refused it.
+	// 200 years fits 2^53-1 ms; MaxTTL overflowed int64 and refused it.
 	for _, ttl := range []time.Duration{time.Millisecond, 30 * time.Second, 100 * 365 * 24 * time.Hour, 200 * 365 * 24 * time.Hour} {
 		if err := keys.ValidateTTL(ttl); err != nil {
 			t.Errorf("ValidateTTL(%v) = %v", ttl, err)
@@ -230,10 +230,10 @@ func FuzzNormalizeKey(f *testing.F) {
 	})
 }
 
-// TestNormalizeKeyUnassignedCodePoints (issue 9.6): keys with code points
+// TestNormalizeKeyUnassignedCodePoints: keys with code points
 // unassigned in the Unicode version of pglease's NFC tables are refused
 // (InvalidArgument, the key not echoed), since a newer normalizer may
-// compose or reorder them (the issue's keys: Node 20's ICU, Unicode 17,
+// compose or reorder them (these keys: Node 20's ICU, Unicode 17,
 // turns "\U000105D2\u0307" into "\U000105C9" and "x\u0897\u0316" into
 // "x\u0316\u0897"). Which code points are unassigned depends on the
 // version in force (x/text and the Go release): the expectations are
