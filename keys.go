@@ -9,8 +9,11 @@ import (
 
 // HashKey is SyncGuard's hashKey (common/crypto.ts): a non-cryptographic
 // triple 32-bit polynomial hash over the UTF-16 code units of NFC(s),
-// returned as 24 lowercase hex digits. It is what LockInfo.KeyHash and
-// LockInfo.LockIDHash hold. It is NOT SHA-256 (SyncGuard's type comments
+// returned as 24 lowercase hex digits. pglease identifies keys by it
+// wherever it must not show them: it is what LockInfo.KeyHash and
+// LockInfo.LockIDHash hold, what `pglease status` prints, and the
+// pglease.key.hash of spans and log records when telemetry has no
+// KeySecret. Compute it from your own keys to find theirs there. It is NOT SHA-256 (SyncGuard's type comments
 // say so wrongly) and it is easy to invert for short inputs: it hides a
 // value from casual view, not from an attacker.
 func HashKey(s string) string {

@@ -113,7 +113,10 @@ func (l *Lock) TTL() time.Duration {
 	return l.ttl
 }
 
-// AcquiredAt returns the server time of the grant (millisecond precision).
+// AcquiredAt returns the server time of the grant (millisecond precision):
+// the acquired_at_ms of the lease's row, on the same clock as ExpiresAt, so
+// that a holder can log or compare its grant with what operators see in
+// the table (`pglease status`) without mixing in its own clock.
 func (l *Lock) AcquiredAt() time.Time {
 	if l == nil {
 		return time.Time{}
