@@ -1,6 +1,7 @@
 // Package pglease holds the types shared by every pglease package: the one
-// error type (*Error with a Code), the fencing token (Fence), and the
-// SyncGuard-compatible key and lockId helpers.
+// error type (*Error with a Code) and its sentinels, the fencing token
+// (Fence), the Handle every held lock satisfies, and HashKey, the key hash
+// that telemetry, logs and lock listings identify keys by.
 //
 // It imports no other pglease package, so pg/, manager/, telemetry/ and
 // user code can all depend on it. Most programs start in package manager;

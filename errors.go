@@ -1,7 +1,6 @@
 package pglease
 
 import (
-	"context"
 	"errors"
 	"strings"
 )
@@ -13,7 +12,8 @@ type Code uint8
 // The error codes.
 const (
 	// CodeInternal is an unexpected condition: a bug, a fence counter past
-	// FenceMax, or a server error with no better mapping.
+	// the largest fence ever granted (900,000,000,000,000), or a server
+	// error with no better mapping.
 	CodeInternal Code = iota + 1
 	// CodeInvalidArgument is bad input rejected before any I/O (key, lockId,
 	// TTL, table name, nil context …), or a server error that says the
@@ -171,8 +171,9 @@ func (e *Error) Is(target error) bool {
 	return ok && t.Code == e.Code
 }
 
-// Sentinels, one per Code. Compare with errors.Is; never return them
-// directly (use New or Errorf so the Op and cause are kept).
+// Sentinels, one per Code, to compare with errors.Is: each matches every
+// *Error of its Code, whatever its Op, Msg and cause, so an error of your
+// own that should match one is an &Error{Code: …, Op: …, Err: cause}.
 var (
 	ErrInternal           = &Error{Code: CodeInternal}
 	ErrInvalidArgument    = &Error{Code: CodeInvalidArgument}
@@ -189,11 +190,6 @@ var (
 	ErrHoldLimitExceeded  = &Error{Code: CodeHoldLimitExceeded}
 	ErrReleased           = &Error{Code: CodeReleased}
 )
-
-// NewError returns an *Error. cause may be nil.
-func NewError(code Code, op, msg string, cause error) *Error {
-	return &Error{Code: code, Op: op, Msg: msg, Err: cause}
-}
 
 // CodeOf returns the Code of the first *Error in err's chain, or 0 when
 // err is nil or carries no *Error.
@@ -217,17 +213,4 @@ func Retryable(err error) bool {
 		return true
 	}
 	return false
-}
-
-// CheckContext validates a caller's context before any I/O: a nil context
-// is InvalidArgument; a context that has already ended is Aborted wrapping
-// ctx.Err() (context.Canceled or context.DeadlineExceeded).
-func CheckContext(op string, ctx context.Context) error {
-	if ctx == nil {
-		return NewError(CodeInvalidArgument, op, "nil context", nil)
-	}
-	if err := ctx.Err(); err != nil {
-		return NewError(CodeAborted, op, "context ended", err)
-	}
-	return nil
 }

@@ -13,7 +13,7 @@ import (
 func TestErrorIsAsByCode(t *testing.T) {
 	t.Parallel()
 	cause := errors.New("boom")
-	err := fmt.Errorf("wrapped: %w", pglease.NewError(pglease.CodeServiceUnavailable, "pg.Acquire", "connection lost", cause))
+	err := fmt.Errorf("wrapped: %w", newErr(pglease.CodeServiceUnavailable, "pg.Acquire", "connection lost", cause))
 	if !errors.Is(err, pglease.ErrServiceUnavailable) {
 		t.Fatal("errors.Is by code failed")
 	}
@@ -30,7 +30,7 @@ func TestErrorIsAsByCode(t *testing.T) {
 	if got, want := e.Error(), "pglease: pg.Acquire: ServiceUnavailable: connection lost: boom"; got != want {
 		t.Fatalf("Error() = %q, want %q", got, want)
 	}
-	if !pglease.Retryable(err) || pglease.Retryable(pglease.NewError(pglease.CodeInvalidArgument, "", "", nil)) {
+	if !pglease.Retryable(err) || pglease.Retryable(newErr(pglease.CodeInvalidArgument, "", "", nil)) {
 		t.Fatal("Retryable wrong")
 	}
 	if pglease.Retryable(context.Canceled) || pglease.CodeOf(nil) != 0 {
@@ -38,23 +38,8 @@ func TestErrorIsAsByCode(t *testing.T) {
 	}
 }
 
-func TestCheckContext(t *testing.T) {
-	t.Parallel()
-	if err := pglease.CheckContext("op", nil); !errors.Is(err, pglease.ErrInvalidArgument) {
-		t.Fatalf("nil ctx: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := pglease.CheckContext("op", ctx); !errors.Is(err, pglease.ErrAborted) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("ended ctx: %v", err)
-	}
-	if err := pglease.CheckContext("op", context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func ExampleError() {
-	err := fmt.Errorf("job 42: %w", pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "wait bound passed", nil))
+	err := fmt.Errorf("job 42: %w", &pglease.Error{Code: pglease.CodeAcquisitionTimeout, Op: "manager.Acquire", Msg: "wait bound passed"})
 	fmt.Println(errors.Is(err, pglease.ErrAcquisitionTimeout), pglease.Retryable(err))
 	var e *pglease.Error
 	if errors.As(err, &e) {
@@ -70,24 +55,24 @@ func ExampleError() {
 func TestErrorOnePrefix(t *testing.T) {
 	t.Parallel()
 	eof := errors.New("EOF")
-	lost := pglease.NewError(pglease.CodeServiceUnavailable, "pg.AcquireMany", "connection lost", eof)
+	lost := newErr(pglease.CodeServiceUnavailable, "pg.AcquireMany", "connection lost", eof)
 	cases := []struct {
 		err  error
 		want string
 	}{
-		{pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "gave up", lost),
+		{newErr(pglease.CodeAcquisitionTimeout, "manager.Acquire", "gave up", lost),
 			"pglease: manager.Acquire: AcquisitionTimeout: gave up: pg.AcquireMany: ServiceUnavailable: connection lost: EOF"},
-		{pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released",
-			pglease.NewError(pglease.CodeLockLost, "manager.Lock", "trust window passed", nil)),
+		{newErr(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released",
+			newErr(pglease.CodeLockLost, "manager.Lock", "trust window passed", nil)),
 			"pglease: manager.Release: LockLost: the lock had been lost before it was released: manager.Lock: trust window passed"},
-		{pglease.NewError(pglease.CodeAmbiguous, "pg.AcquireMany", "outcome unknown", lost),
+		{newErr(pglease.CodeAmbiguous, "pg.AcquireMany", "outcome unknown", lost),
 			"pglease: pg.AcquireMany: Ambiguous: outcome unknown: ServiceUnavailable: connection lost: EOF"},
-		{pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "gave up",
-			pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "", nil)),
+		{newErr(pglease.CodeAcquisitionTimeout, "manager.Acquire", "gave up",
+			newErr(pglease.CodeAcquisitionTimeout, "manager.Acquire", "", nil)),
 			"pglease: manager.Acquire: AcquisitionTimeout: gave up: AcquisitionTimeout"},
-		{pglease.NewError(pglease.CodeAborted, "manager.Acquire", "", fmt.Errorf("%w after 3 attempts", lost)),
+		{newErr(pglease.CodeAborted, "manager.Acquire", "", fmt.Errorf("%w after 3 attempts", lost)),
 			"pglease: manager.Acquire: Aborted: pg.AcquireMany: ServiceUnavailable: connection lost: EOF after 3 attempts"},
-		{pglease.NewError(pglease.CodeInternal, "", "", nil), "pglease: Internal"},
+		{newErr(pglease.CodeInternal, "", "", nil), "pglease: Internal"},
 	}
 	for _, c := range cases {
 		got := c.err.Error()
@@ -103,7 +88,7 @@ func TestErrorOnePrefix(t *testing.T) {
 	}
 }
 
-// TestReleasedSentinel (issue 9.12): ErrReleased is a *pglease.Error with
+// TestReleasedSentinel: ErrReleased is a *pglease.Error with
 // its own code, so errors.Is and errors.As work on a released lock's
 // cause like on every other pglease error.
 func TestReleasedSentinel(t *testing.T) {
@@ -113,11 +98,16 @@ func TestReleasedSentinel(t *testing.T) {
 	if !errors.As(target, &e) || e.Code != pglease.CodeReleased || e.Code.String() != "Released" {
 		t.Fatalf("ErrReleased = %#v", target)
 	}
-	cause := fmt.Errorf("wrapped: %w", pglease.NewError(pglease.CodeReleased, "manager.Release", "lock released", nil))
+	cause := fmt.Errorf("wrapped: %w", newErr(pglease.CodeReleased, "manager.Release", "lock released", nil))
 	if !errors.Is(cause, pglease.ErrReleased) || errors.Is(cause, pglease.ErrLockLost) || errors.Is(cause, pglease.ErrClosed) {
 		t.Fatal("errors.Is by code wrong for Released")
 	}
 	if pglease.Retryable(cause) {
 		t.Fatal("Released is not retryable")
 	}
+}
+
+// newErr builds an *Error field by field, as the library does internally.
+func newErr(code pglease.Code, op, msg string, cause error) *pglease.Error {
+	return &pglease.Error{Code: code, Op: op, Msg: msg, Err: cause}
 }

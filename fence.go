@@ -15,16 +15,6 @@ import (
 // compare correctly as text.
 type Fence int64
 
-// Fence thresholds (SyncGuard's FENCE_THRESHOLDS).
-const (
-	// FenceMax is the largest fence ever granted: an acquire that would
-	// produce a higher one fails with Internal and grants nothing.
-	FenceMax Fence = 900000000000000
-	// FenceWarn is the level above which a grant is reported as
-	// approaching FenceMax.
-	FenceWarn Fence = 90000000000000
-)
-
 // String returns the fence as 15 zero-padded decimal digits, the format
 // SyncGuard stores (formatFence).
 func (f Fence) String() string {
@@ -34,21 +24,4 @@ func (f Fence) String() string {
 	}
 	const zeros = "000000000000000"
 	return zeros[:15-len(s)] + s
-}
-
-// ParseFence parses a fence in SyncGuard's format: exactly 15 decimal
-// digits. Anything else is InvalidArgument (the text is not echoed).
-func ParseFence(s string) (Fence, error) {
-	if len(s) != 15 {
-		return 0, NewError(CodeInvalidArgument, "pglease.ParseFence", "fence must be 15 decimal digits", nil)
-	}
-	var n int64
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c < '0' || c > '9' {
-			return 0, NewError(CodeInvalidArgument, "pglease.ParseFence", "fence must be 15 decimal digits", nil)
-		}
-		n = n*10 + int64(c-'0')
-	}
-	return Fence(n), nil
 }

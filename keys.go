@@ -1,128 +1,19 @@
 package pglease
 
 import (
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
-	"math"
-	"strings"
-	"time"
-	"unicode"
 	"unicode/utf16"
-	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
-	"golang.org/x/text/unicode/rangetable"
 )
-
-// Key limits and time constants shared with SyncGuard 2.5.2
-// (common/constants.ts, common/time-predicates.ts).
-const (
-	// MaxKeyBytes is the largest lock key, in UTF-8 bytes after NFC
-	// normalization (SyncGuard's MAX_KEY_LENGTH_BYTES).
-	MaxKeyBytes = 512
-	// MaxRawKeyBytes caps a key's raw length before NFC normalization, so
-	// a hostile 10 MiB key is rejected without normalizing it. NFC can
-	// grow or shrink a string, but a key that is valid after NFC
-	// (≤ 512 bytes) is far below this cap before it in any practical case
-	// (a decomposed key shrinks by at most a small factor).
-	MaxRawKeyBytes = 16 << 10
-	// TimeToleranceMs is SyncGuard's TIME_TOLERANCE_MS: a lease record
-	// stays live for acquirers until expires_at_ms + 1000 on the server
-	// clock.
-	TimeToleranceMs = 1000
-	// TimeTolerance is TimeToleranceMs as a time.Duration.
-	TimeTolerance = TimeToleranceMs * time.Millisecond
-	// MaxSafeIntegerMs is 2^53−1, JavaScript's Number.MAX_SAFE_INTEGER:
-	// the largest expires_at_ms a Node reader of the same table can
-	// represent exactly.
-	MaxSafeIntegerMs = 1<<53 - 1
-	// LockIDLen is the length of a lockId: 16 random bytes in unpadded
-	// base64url.
-	LockIDLen = 22
-)
-
-// Storage-key limits of SyncGuard's backends (BACKEND_LIMITS and
-// RESERVE_BYTES), for MakeStorageKey.
-const (
-	PostgresLimitBytes   = 1700
-	PostgresReserveBytes = 0
-	RedisLimitBytes      = 1000
-	RedisReserveBytes    = 26
-	FirestoreLimitBytes  = 1500
-)
-
-const opKey = "pglease.NormalizeKey"
-
-// UnicodeVersion is the Unicode version of the NFC tables pglease
-// normalizes keys with (golang.org/x/text/unicode/norm's Version, which
-// depends on the x/text version and the Go release it is built with).
-// NormalizeKey refuses keys containing code points unassigned in it.
-const UnicodeVersion = norm.Version
-
-// assigned is the set of code points assigned in UnicodeVersion.
-var assigned = rangetable.Assigned(norm.Version)
-
-// unassignedRune returns the first code point of s (valid UTF-8) that is
-// unassigned in UnicodeVersion. Without a table for that version (never
-// with a consistent x/text), every non-ASCII code point counts as
-// unassigned: refusing is safe, accepting is not.
-func unassignedRune(s string) (rune, bool) {
-	for _, r := range s {
-		if r < utf8.RuneSelf {
-			continue // ASCII: all assigned
-		}
-		if assigned == nil || !unicode.Is(assigned, r) {
-			return r, true
-		}
-	}
-	return 0, false
-}
-
-// NormalizeKey validates a lock key and returns its NFC form, the form
-// SyncGuard stores (normalizeAndValidateKey). In order: an empty key, a
-// key longer than MaxRawKeyBytes, invalid UTF-8, a key containing NUL, or
-// a key containing a code point unassigned in UnicodeVersion is
-// InvalidArgument (checked before normalizing); then the key is
-// NFC-normalized and must be at most MaxKeyBytes UTF-8 bytes. Error texts
-// never contain the key.
-//
-// Why unassigned code points are refused: NFC never changes for assigned
-// characters from one Unicode version to the next, but a code point
-// unassigned in the version one program normalizes with may be a
-// combining character in a newer one. Node 20's ICU (Unicode 17), for
-// instance, composes "𐗉" to "𐗉" and reorders
-// "x̖ࢗ", where Unicode 15 tables leave both unchanged: SyncGuard
-// and pglease would store different rows for the same key and both get
-// the lock. Refusing such keys means no two fleets can disagree about a
-// key pglease accepts.
-func NormalizeKey(key string) (string, error) {
-	switch {
-	case key == "":
-		return "", NewError(CodeInvalidArgument, opKey, "key must not be empty", nil)
-	case len(key) > MaxRawKeyBytes:
-		return "", NewError(CodeInvalidArgument, opKey, "key exceeds the raw length cap before normalization", nil)
-	case !utf8.ValidString(key):
-		return "", NewError(CodeInvalidArgument, opKey, "key is not valid UTF-8", nil)
-	case strings.IndexByte(key, 0) >= 0:
-		return "", NewError(CodeInvalidArgument, opKey, "key contains a NUL byte", nil)
-	}
-	if _, ok := unassignedRune(key); ok { // the code point is not echoed either
-		return "", NewError(CodeInvalidArgument, opKey, "key contains a code point unassigned in Unicode "+norm.Version+
-			" (the version of pglease's NFC tables): processes with newer tables, such as SyncGuard on Node, may normalize it differently and lock another key", nil)
-	}
-	k := norm.NFC.String(key)
-	if len(k) > MaxKeyBytes {
-		return "", NewError(CodeInvalidArgument, opKey, "key exceeds 512 bytes after NFC normalization", nil)
-	}
-	return k, nil
-}
 
 // HashKey is SyncGuard's hashKey (common/crypto.ts): a non-cryptographic
 // triple 32-bit polynomial hash over the UTF-16 code units of NFC(s),
-// returned as 24 lowercase hex digits. It is what LockInfo.KeyHash and
-// LockInfo.LockIDHash hold. It is NOT SHA-256 (SyncGuard's type comments
+// returned as 24 lowercase hex digits. pglease identifies keys by it
+// wherever it must not show them: it is what LockInfo.KeyHash and
+// LockInfo.LockIDHash hold, what `pglease status` prints, and the
+// pglease.key.hash of spans and log records when telemetry has no
+// KeySecret. Compute it from your own keys to find theirs there. It is NOT SHA-256 (SyncGuard's type comments
 // say so wrongly) and it is easy to invert for short inputs: it hides a
 // value from casual view, not from an attacker.
 func HashKey(s string) string {
@@ -138,115 +29,4 @@ func HashKey(s string) string {
 		b[4*i], b[4*i+1], b[4*i+2], b[4*i+3] = byte(h>>24), byte(h>>16), byte(h>>8), byte(h)
 	}
 	return hex.EncodeToString(b[:])
-}
-
-const opStorageKey = "pglease.MakeStorageKey"
-
-// MakeStorageKey is SyncGuard's makeStorageKey (common/crypto.ts): it
-// returns prefix+":"+NFC(key) (or NFC(key) when prefix is empty after
-// stripping its trailing colons) when that fits in limitBytes−reserveBytes
-// UTF-8 bytes, and otherwise the same prefix followed by the unpadded
-// base64url of the first 16 bytes of SHA-256(prefix+":"+NFC(key)). An empty
-// key, or a prefix that leaves no room, is InvalidArgument. The prefix is
-// not normalized.
-func MakeStorageKey(prefix, key string, limitBytes, reserveBytes int) (string, error) {
-	if key == "" {
-		return "", NewError(CodeInvalidArgument, opStorageKey, "key must not be empty", nil)
-	}
-	key = norm.NFC.String(key)
-	prefix = strings.TrimRight(prefix, ":")
-	sep := 0
-	if prefix != "" {
-		sep = 1
-	}
-	if len(prefix)+sep+reserveBytes > limitBytes {
-		return "", NewError(CodeInvalidArgument, opStorageKey, "prefix leaves no room for the key", nil)
-	}
-	prefixed := key
-	if prefix != "" {
-		prefixed = prefix + ":" + key
-	}
-	if len(prefixed)+reserveBytes <= limitBytes {
-		return prefixed, nil
-	}
-	sum := sha256.Sum256([]byte(prefixed))
-	out := base64.RawURLEncoding.EncodeToString(sum[:16])
-	if prefix != "" {
-		out = prefix + ":" + out
-	}
-	if len(out)+reserveBytes > limitBytes {
-		return "", NewError(CodeInvalidArgument, opStorageKey, "hashed storage key exceeds the limit", nil)
-	}
-	return out, nil
-}
-
-// FenceKey is SyncGuard's two-step fence-key derivation
-// (docs/specs/interface.md "Two-Step Fence Key Derivation"):
-// MakeStorageKey(prefix, "fence:"+MakeStorageKey(prefix, key, …), …).
-// For PostgreSQL (prefix "", PostgresLimitBytes, PostgresReserveBytes) and
-// keys of at most MaxKeyBytes this is always "fence:"+NFC(key).
-func FenceKey(prefix, key string, limitBytes, reserveBytes int) (string, error) {
-	base, err := MakeStorageKey(prefix, key, limitBytes, reserveBytes)
-	if err != nil {
-		return "", err
-	}
-	return MakeStorageKey(prefix, "fence:"+base, limitBytes, reserveBytes)
-}
-
-// NewLockID returns a fresh lockId: 16 bytes from crypto/rand in unpadded
-// base64url, 22 characters, as SyncGuard's generateLockId. A lockId is a
-// bearer secret: whoever has it can extend or release the lock. It panics
-// only if the system's random source fails, as crypto/rand.Read does.
-func NewLockID() string {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("pglease: crypto/rand failed: " + err.Error())
-	}
-	return base64.RawURLEncoding.EncodeToString(b[:])
-}
-
-// ValidateLockID reports whether id has lockId syntax,
-// ^[A-Za-z0-9_-]{22}$ (SyncGuard's validateLockId; like SyncGuard it
-// does not check that the last character is canonical). The error is
-// InvalidArgument and never contains id.
-func ValidateLockID(id string) error {
-	if len(id) != LockIDLen {
-		return NewError(CodeInvalidArgument, "pglease.ValidateLockID", "lockId must be 22 base64url characters", nil)
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !('A' <= c && c <= 'Z' || 'a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
-			return NewError(CodeInvalidArgument, "pglease.ValidateLockID", "lockId must be 22 base64url characters", nil)
-		}
-	}
-	return nil
-}
-
-// ValidateTTL checks a lease TTL: it must be positive, a whole number of
-// milliseconds (SyncGuard stores integer ttlMs), and small enough that
-// expires_at_ms = now + ttl stays at most MaxSafeIntegerMs (2^53−1), so
-// Node readers of the same table read it exactly. "now" is the local
-// clock at the time of the check; the server computes the real expiry
-// from its own clock, so this bound leaves a margin of one day for clock
-// differences. Errors are InvalidArgument.
-func ValidateTTL(ttl time.Duration) error {
-	const op = "pglease.ValidateTTL"
-	switch {
-	case ttl <= 0:
-		return NewError(CodeInvalidArgument, op, "ttl must be positive", nil)
-	case ttl%time.Millisecond != 0:
-		return NewError(CodeInvalidArgument, op, "ttl must be a whole number of milliseconds", nil)
-	case ttl > MaxTTL():
-		return NewError(CodeInvalidArgument, op, "ttl too large: above MaxTTL (expiry would exceed 2^53-1 ms)", nil)
-	}
-	return nil
-}
-
-// MaxTTL returns the largest TTL ValidateTTL accepts now: 2^53−1 ms −
-// local now − one day (margin for server clock skew), or the largest
-// whole-millisecond time.Duration (about 292 years) if that is smaller,
-// as it is for the next 285,000 years.
-func MaxTTL() time.Duration {
-	ms := int64(MaxSafeIntegerMs) - time.Now().UnixMilli() - int64(24*time.Hour/time.Millisecond)
-	return time.Duration(min(ms, int64(math.MaxInt64/time.Millisecond))) * time.Millisecond
 }

@@ -124,7 +124,7 @@ func openFleetManager(ctx context.Context, spec fleetSpec) (*fleetManager, error
 	if err != nil {
 		return nil, err
 	}
-	m, err := manager.New(pool, manager.Config{NotifyChannel: spec.Channel, ListenConnString: listen})
+	m, err := manager.New(pool, manager.Config{Config: pg.Config{NotifyChannel: spec.Channel}, ListenConnString: listen})
 	if err != nil {
 		pool.Close()
 		return nil, err

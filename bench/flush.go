@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -93,7 +93,7 @@ func measureHandOffChain(ctx context.Context, url string, d time.Duration) (Resu
 	}
 	cur := r.LockID
 	hand := func() error {
-		next := pglease.NewLockID()
+		next := keys.NewLockID()
 		res, err := st.HandOff(ctx, []pg.HandOffRequest{{Old: cur, Key: key, TTL: time.Minute, LockID: next}})
 		if err != nil {
 			return err

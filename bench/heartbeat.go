@@ -25,7 +25,7 @@ import (
 // batching (statements per tick, lag, losses) that this point is about.
 func heartbeatTTL(n int) time.Duration {
 	if n >= 100000 {
-		return manager.DefaultTTL
+		return 30 * time.Second // the Manager's default TTL
 	}
 	return 3 * time.Second
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 )
 
 // syncGuardProtocol replays SyncGuard 2.5.2's PostgreSQL protocol as
@@ -26,11 +26,11 @@ func newSyncGuardProtocol(pool *pgxpool.Pool, lockTable, fenceTable string) *syn
 		locks: pgx.Identifier{lockTable}.Sanitize(), fence: pgx.Identifier{fenceTable}.Sanitize()}
 }
 
-func isLive(expiresAtMs, nowMs int64) bool { return expiresAtMs > nowMs-pglease.TimeToleranceMs }
+func isLive(expiresAtMs, nowMs int64) bool { return expiresAtMs > nowMs-keys.TimeToleranceMs }
 
 // acquire returns the lockId, or "" when the key is held.
 func (s *syncGuardProtocol) acquire(ctx context.Context, key string, ttl time.Duration) (string, error) {
-	lockID := pglease.NewLockID()
+	lockID := keys.NewLockID()
 	storageKey := key
 	fenceKey := "fence:" + key
 	tx, err := s.pool.Begin(ctx) // 1 BEGIN

@@ -11,7 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg/advisory"
 )
 
@@ -62,7 +63,7 @@ type AdvisoryLock struct {
 	m      *Manager                // immutable
 	key    advisory.Key            // immutable
 	inner  *advisory.Lock          // immutable
-	acq    *telemetry.Acquisition  // immutable; the acquire that granted it
+	acq    *obs.Acquisition        // immutable; the acquire that granted it
 	ctx    context.Context         // immutable; ends when inner's does, or before
 	cancel context.CancelCauseFunc // called by Release, by Close, when inner's context ends, and at the hold limit
 
@@ -88,7 +89,7 @@ var _ pglease.Handle = (*AdvisoryLock)(nil)
 
 // advReleasedCause is the cause of an AdvisoryLock's Context after
 // Release.
-var advReleasedCause = pglease.NewError(pglease.CodeReleased, "manager.AdvisoryLock.Release", "lock released", nil)
+var advReleasedCause = pgerr.New(pglease.CodeReleased, "manager.AdvisoryLock.Release", "lock released", nil)
 
 // errNilAdvisoryLock is what the methods of a nil *AdvisoryLock answer.
 var errNilAdvisoryLock = invalid("manager.AdvisoryLock", "nil AdvisoryLock (TryLockAdvisory returns a nil lock when ok is false)")
@@ -156,13 +157,13 @@ func (l *AdvisoryLock) Release(ctx context.Context) error {
 		return nil // a second Release
 	}
 	if err := ctx.Err(); err != nil {
-		return pglease.NewError(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
+		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
 	}
 	select {
 	case err := <-res:
 		return err
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the unlock was confirmed", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the unlock was confirmed", ctx.Err())
 	}
 }
 
@@ -216,7 +217,7 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 		// context must still release. The wait for the connection ends
 		// when the session ends; the statement is bounded by the
 		// session's ProbeTimeout.
-		dctx, db := l.m.rec.StartDB(context.WithoutCancel(rctx), telemetry.OpAdvisoryUnlock, 1, trace.SpanContext{})
+		dctx, db := l.m.rec.StartDB(context.WithoutCancel(rctx), obs.OpAdvisoryUnlock, 1, trace.SpanContext{})
 		err := l.inner.Release(dctx)
 		released := 0
 		if err == nil && errors.Is(context.Cause(l.inner.Context()), pglease.ErrReleased) {
@@ -237,7 +238,7 @@ func (l *AdvisoryLock) startUnlock(ctx context.Context, op string) chan error {
 // endedAnswer is what Release returns for a lock that had ended before it.
 func endedAnswer(op string, cause error) error {
 	if errors.Is(cause, pglease.ErrLockLost) {
-		return pglease.NewError(pglease.CodeLockLost, op, "the advisory lock had been lost before it was released", cause)
+		return pgerr.New(pglease.CodeLockLost, op, "the advisory lock had been lost before it was released", cause)
 	}
 	return nil // closed: Close released it
 }
@@ -248,9 +249,9 @@ func endedAnswer(op string, cause error) error {
 func reop(op string, err error) error {
 	var e *pglease.Error
 	if errors.As(err, &e) {
-		return pglease.NewError(e.Code, op, e.Msg, e.Err)
+		return pgerr.New(e.Code, op, e.Msg, e.Err)
 	}
-	return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
+	return pgerr.New(pglease.CodeInternal, op, "unexpected error", err)
 }
 
 // LockAdvisory takes the session-level advisory lock key, waiting as long
@@ -304,7 +305,7 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...Ac
 // Both calls record, through the Manager's Recorder (Config.Telemetry),
 // what package telemetry documents with pglease.lock.kind=advisory, the
 // key identified by the hash of its String form ("int64:42", "pair:1,2")
-// like a lease key (the raw id only with telemetry.Config.RawKeys):
+// like a lease key (the raw id only with obs.Config.RawKeys):
 //
 //   - a pglease.acquire span, child of the span in ctx, started after the
 //     no-I/O argument checks (nil ctx, ended ctx, zero key: no span). It
@@ -321,7 +322,7 @@ func (m *Manager) LockAdvisory(ctx context.Context, key advisory.Key, opts ...Ac
 //     pg_try_advisory_lock; batch.ok 1 when granted, 0 when held), then,
 //     for a contended LockAdvisory, pglease.advisory_lock, whose duration
 //     is the server-side wait. That wait is several statements on the
-//     session's connection (a pg_advisory_lock per WaitSlice, and a
+//     session's connection (a pg_advisory_lock per wait slice, and a
 //     pg_locks check after an interrupted slice) that the Manager cannot
 //     see one by one: the span covers them all. Opening the session
 //     (advisory.Open) has no span of its own; it is part of the acquire.
@@ -354,7 +355,7 @@ func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err
 		if err := f(&o); err != nil {
 			var e *pglease.Error
 			if errors.As(err, &e) {
-				return 0, pglease.NewError(e.Code, op, e.Msg, nil)
+				return 0, pgerr.New(e.Code, op, e.Msg, nil)
 			}
 			return 0, reop(op, err)
 		}
@@ -370,7 +371,7 @@ func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err
 const maxAdvisorySessions = 3
 
 func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, opts []AcquireOption) (*AdvisoryLock, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if !key.Valid() {
@@ -380,8 +381,8 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 	if err != nil {
 		return nil, err
 	}
-	ctx, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), telemetry.AcquireInfo{
-		Kind: telemetry.KindAdvisory, Try: !blocking,
+	ctx, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), obs.AcquireInfo{
+		Kind: obs.KindAdvisory, Try: !blocking,
 	})
 	l, err := m.takeAdvisory(ctx, op, key, blocking, holdLimit, acq)
 	switch {
@@ -396,7 +397,7 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 
 // takeAdvisory is lockAdvisory after the argument checks; acq is the
 // call's acquisition (its grant is recorded by install).
-func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, holdLimit time.Duration, acq *telemetry.Acquisition) (*AdvisoryLock, error) {
+func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key, blocking bool, holdLimit time.Duration, acq *obs.Acquisition) (*AdvisoryLock, error) {
 	a := &m.adv
 	w, err := a.reserve(op, key, m.isClosing(), blocking)
 	switch {
@@ -405,7 +406,7 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 	case err != nil:
 		return nil, err
 	case w != nil:
-		acq.Queued(telemetry.QueueInfo{HeldLocally: true, Coalesced: w.pos > 0, Position: w.pos})
+		acq.Queued(obs.QueueInfo{HeldLocally: true, Coalesced: w.pos > 0, Position: w.pos})
 		if err := a.await(ctx, op, key, w); err != nil {
 			return nil, err
 		}
@@ -443,7 +444,7 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 		l := &AdvisoryLock{m: m, key: key, inner: il, acq: acq}
 		l.ctx, l.cancel = context.WithCancelCause(context.Background())
 		if holdLimit > 0 {
-			l.limitCause = pglease.NewError(pglease.CodeHoldLimitExceeded, "manager.AdvisoryLock",
+			l.limitCause = pgerr.New(pglease.CodeHoldLimitExceeded, "manager.AdvisoryLock",
 				"the lock reached its hold limit ("+holdLimit.String()+"); stop and release it (it is still held)", nil)
 			l.limitTimer = time.AfterFunc(holdLimit, func() { l.cancel(l.limitCause) })
 		}
@@ -469,7 +470,7 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 			}
 			cause := context.Cause(il.Context())
 			if errors.Is(cause, pglease.ErrLockLost) {
-				acq.Lost(telemetry.LossSessionEnded, trace.SpanContext{})
+				acq.Lost(obs.LossSessionEnded, trace.SpanContext{})
 				a.forget(l) // the server freed it with the session: hand it on
 			}
 			l.cancel(cause)
@@ -482,10 +483,10 @@ func (m *Manager) takeAdvisory(ctx context.Context, op string, key advisory.Key,
 // Lock, as a pglease.advisory_try_lock or pglease.advisory_lock client
 // span under acq's span, and records it as an attempt of acq. A nil lock
 // with a nil error is a TryLock that found the key held.
-func (m *Manager) advisoryRoundTrip(ctx context.Context, s *advisory.Session, key advisory.Key, blocking bool, acq *telemetry.Acquisition) (*advisory.Lock, error) {
-	op := telemetry.OpAdvisoryTryLock
+func (m *Manager) advisoryRoundTrip(ctx context.Context, s *advisory.Session, key advisory.Key, blocking bool, acq *obs.Acquisition) (*advisory.Lock, error) {
+	op := obs.OpAdvisoryTryLock
 	if blocking {
-		op = telemetry.OpAdvisoryLock
+		op = obs.OpAdvisoryLock
 	}
 	dctx, db := m.rec.StartDB(ctx, op, 1, acq.SpanContext())
 	var il *advisory.Lock
@@ -495,12 +496,12 @@ func (m *Manager) advisoryRoundTrip(ctx context.Context, s *advisory.Session, ke
 	} else {
 		il, _, err = s.TryLock(dctx, key)
 	}
-	ok, outcome := 1, telemetry.AttemptGranted
+	ok, outcome := 1, obs.AttemptGranted
 	switch {
 	case err != nil:
-		ok, outcome = 0, telemetry.AttemptFailed
+		ok, outcome = 0, obs.AttemptFailed
 	case il == nil:
-		ok, outcome = 0, telemetry.AttemptContended
+		ok, outcome = 0, obs.AttemptContended
 	}
 	db.End(ok, err)
 	acq.Attempt(db.SpanContext(), outcome, 0)
@@ -597,7 +598,7 @@ func (a *advisoryState) await(ctx context.Context, op string, key advisory.Key, 
 			a.queues[key] = q
 		}
 	}
-	return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the advisory lock: "+heldHereMsg, ctx.Err())
+	return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the advisory lock: "+heldHereMsg, ctx.Err())
 }
 
 func (a *advisoryState) unreserve(key advisory.Key) {
@@ -611,7 +612,7 @@ func (a *advisoryState) unreserve(key advisory.Key) {
 // install records a granted lock, and its grant in telemetry; false
 // once Close has begun. The grant is recorded under mu, before the lock
 // is visible to beginClose, so that Granted precedes any release or loss
-// of the lock (the order telemetry.Acquisition requires), and a lock
+// of the lock (the order obs.Acquisition requires), and a lock
 // refused here is recorded as closed, not granted.
 func (a *advisoryState) install(l *AdvisoryLock) bool {
 	a.mu.Lock()
@@ -679,7 +680,7 @@ func (m *Manager) advisorySession(ctx context.Context, op string) (*advisory.Ses
 			case <-ch:
 				continue
 			case <-ctx.Done():
-				return nil, pglease.NewError(pglease.CodeAborted, op, "context ended while the advisory session was being opened", ctx.Err())
+				return nil, pgerr.New(pglease.CodeAborted, op, "context ended while the advisory session was being opened", ctx.Err())
 			}
 		}
 		ch := make(chan struct{})
@@ -757,9 +758,9 @@ func (a *advisoryState) beginClose(timeout time.Duration) {
 			}
 		}
 		a.mu.Unlock()
-		var rels []telemetry.Release
+		var rels []obs.Release
 		var relSC trace.SpanContext
-		var rec *telemetry.Recorder // every lock's, the Manager's
+		var rec *obs.Recorder // every lock's, the Manager's
 		for _, l := range held {
 			rec = l.m.rec
 			if ic := l.inner.Context(); ic.Err() != nil {
@@ -777,13 +778,13 @@ func (a *advisoryState) beginClose(timeout time.Duration) {
 			}
 		}
 		if s != nil {
-			var db telemetry.DBSpan
+			var db obs.DBSpan
 			if len(rels) > 0 {
 				parent := trace.SpanContext{} // a round trip serving several releases is a root span
 				if len(rels) == 1 {
 					parent = relSC
 				}
-				_, db = rec.StartDB(context.Background(), telemetry.OpAdvisoryUnlock, len(rels), parent)
+				_, db = rec.StartDB(context.Background(), obs.OpAdvisoryUnlock, len(rels), parent)
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), timeout)
 			err := s.Close(ctx)

@@ -13,15 +13,14 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg/advisory"
-	"github.com/pglease/pglease/telemetry"
 )
 
-var kindAdvisory = telemetry.AttrLockKind.String("advisory")
+var kindAdvisory = attrLockKind.String("advisory")
 
 // advHash is the key hash telemetry records for an advisory key (no
 // key secret): SyncGuard's hashKey of the key's String form.
 func advHash(k advisory.Key) attribute.KeyValue {
-	return telemetry.AttrKeyHash.String(pglease.HashKey(k.String()))
+	return attrKeyHash.String(pglease.HashKey(k.String()))
 }
 
 func dbOp(op string) attribute.KeyValue {
@@ -65,37 +64,37 @@ func TestAdvisoryTelemetryTry(t *testing.T) {
 	root.End()
 
 	spans := rg.spans.Ended()
-	acq := one(t, spans, telemetry.SpanAcquire)
+	acq := one(t, spans, spanAcquire)
 	if !childOf(acq, root.SpanContext()) {
 		t.Error("pglease.acquire is not a child of the caller's span")
 	}
-	wantAttrs(t, acq, advHash(key), kindAdvisory, telemetry.AttrTry.Bool(true), outcomeGrnt,
-		telemetry.AttrAttempts.Int64(1), telemetry.AttrContended.Bool(false))
-	if v := attrOf(acq.Attributes(), telemetry.AttrFence); v.Type() != attribute.EMPTY {
+	wantAttrs(t, acq, advHash(key), kindAdvisory, attrTry.Bool(true), outcomeGrnt,
+		attrAttempts.Int64(1), attrContended.Bool(false))
+	if v := attrOf(acq.Attributes(), attrFence); v.Type() != attribute.EMPTY {
 		t.Errorf("advisory acquire carries a fence: %v", v.String())
 	}
-	if v := attrOf(acq.Attributes(), telemetry.AttrTTL); v.Type() != attribute.EMPTY {
+	if v := attrOf(acq.Attributes(), attrTTL); v.Type() != attribute.EMPTY {
 		t.Errorf("advisory acquire carries a TTL: %v", v.String())
 	}
 	if acq.Status().Code != codes.Unset {
 		t.Errorf("acquire status = %v", acq.Status())
 	}
-	try := one(t, spans, telemetry.SpanAdvisoryTryLock)
+	try := one(t, spans, spanAdvisoryTryLock)
 	if try.SpanKind() != trace.SpanKindClient || !childOf(try, acq.SpanContext()) || !linksTo(acq, try.SpanContext()) {
 		t.Errorf("advisory_try_lock: kind %v, child of acquire %v, linked %v", try.SpanKind(),
 			childOf(try, acq.SpanContext()), linksTo(acq, try.SpanContext()))
 	}
-	wantAttrs(t, try, dbPostgres, dbOp(telemetry.SpanAdvisoryTryLock),
-		telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1), outcomeOK)
-	if a := events(acq, telemetry.EventAttempt); len(a) != 1 || attrOf(a[0].Attributes, telemetry.AttrOutcome).AsString() != "granted" {
+	wantAttrs(t, try, dbPostgres, dbOp(spanAdvisoryTryLock),
+		attrBatchSize.Int(1), attrBatchOK.Int(1), outcomeOK)
+	if a := events(acq, eventAttempt); len(a) != 1 || attrOf(a[0].Attributes, attrOutcome).AsString() != "granted" {
 		t.Errorf("attempt events = %v", a)
 	}
-	if n := len(named(spans, telemetry.SpanAdvisoryLock)); n != 0 {
+	if n := len(named(spans, spanAdvisoryLock)); n != 0 {
 		t.Errorf("%d advisory_lock spans for a TryLockAdvisory", n)
 	}
 
-	rel := one(t, spans, telemetry.SpanRelease)
-	udb := one(t, spans, telemetry.SpanAdvisoryUnlock)
+	rel := one(t, spans, spanRelease)
+	udb := one(t, spans, spanAdvisoryUnlock)
 	if !childOf(rel, root.SpanContext()) || !linksTo(rel, acq.SpanContext()) || !linksTo(rel, udb.SpanContext()) {
 		t.Error("pglease.release: not a child of the caller's span, or not linked to the acquire and its round trip")
 	}
@@ -103,11 +102,11 @@ func TestAdvisoryTelemetryTry(t *testing.T) {
 		t.Error("advisory_unlock is not a client child of pglease.release")
 	}
 	wantAttrs(t, rel, outcomeOK, kindAdvisory, advHash(key))
-	wantAttrs(t, udb, dbPostgres, telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1), outcomeOK)
-	if held := attrOf(rel.Attributes(), telemetry.AttrHeldFor).AsFloat64(); held <= 0 {
+	wantAttrs(t, udb, dbPostgres, attrBatchSize.Int(1), attrBatchOK.Int(1), outcomeOK)
+	if held := attrOf(rel.Attributes(), attrHeldFor).AsFloat64(); held <= 0 {
 		t.Errorf("held_for = %v", held)
 	}
-	if n := len(named(spans, telemetry.SpanLost)); n != 0 {
+	if n := len(named(spans, spanLost)); n != 0 {
 		t.Errorf("%d pglease.lost spans", n)
 	}
 
@@ -124,7 +123,7 @@ func TestAdvisoryTelemetryTry(t *testing.T) {
 	if n := sumOf(t, ms["pglease.lock.releases"], kindAdvisory, outcomeOK); n != 1 {
 		t.Errorf("lock.releases{advisory,ok} = %d", n)
 	}
-	for _, op := range []string{telemetry.SpanAdvisoryTryLock, telemetry.SpanAdvisoryUnlock} {
+	for _, op := range []string{spanAdvisoryTryLock, spanAdvisoryUnlock} {
 		if n := countOf(t, ms["db.client.operation.duration"], dbPostgres, dbOp(op)); n != 1 {
 			t.Errorf("db.client.operation.duration{%s} count = %d", op, n)
 		}
@@ -183,32 +182,32 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 	}
 
 	spans := rg.spans.Ended()
-	acqs := named(spans, telemetry.SpanAcquire)
+	acqs := named(spans, spanAcquire)
 	if len(acqs) != 2 { // the peer has no telemetry configured here
 		t.Fatalf("%d acquire spans, want 2", len(acqs))
 	}
 	tryAcq, lockAcq := acqs[0], acqs[1]
-	if !attrOf(tryAcq.Attributes(), telemetry.AttrTry).AsBool() {
+	if !attrOf(tryAcq.Attributes(), attrTry).AsBool() {
 		tryAcq, lockAcq = lockAcq, tryAcq
 	}
-	wantAttrs(t, tryAcq, advHash(key), kindAdvisory, telemetry.AttrTry.Bool(true),
-		telemetry.AttrOutcome.String("locked"), telemetry.AttrAttempts.Int64(1), telemetry.AttrContended.Bool(true))
+	wantAttrs(t, tryAcq, advHash(key), kindAdvisory, attrTry.Bool(true),
+		attrOutcome.String("locked"), attrAttempts.Int64(1), attrContended.Bool(true))
 	if tryAcq.Status().Code != codes.Unset {
 		t.Errorf("a locked TryLockAdvisory has status %v", tryAcq.Status())
 	}
-	wantAttrs(t, lockAcq, advHash(key), kindAdvisory, telemetry.AttrTry.Bool(false), outcomeGrnt,
-		telemetry.AttrAttempts.Int64(2), telemetry.AttrContended.Bool(true))
+	wantAttrs(t, lockAcq, advHash(key), kindAdvisory, attrTry.Bool(false), outcomeGrnt,
+		attrAttempts.Int64(2), attrContended.Bool(true))
 	var outcomes []string
-	for _, e := range events(lockAcq, telemetry.EventAttempt) {
-		outcomes = append(outcomes, attrOf(e.Attributes, telemetry.AttrOutcome).AsString())
+	for _, e := range events(lockAcq, eventAttempt) {
+		outcomes = append(outcomes, attrOf(e.Attributes, attrOutcome).AsString())
 	}
 	if len(outcomes) != 2 || outcomes[0] != "contended" || outcomes[1] != "granted" {
 		t.Errorf("LockAdvisory attempt outcomes = %v, want [contended granted]", outcomes)
 	}
 
 	var lockTry sdktrace.ReadOnlySpan
-	for _, s := range named(spans, telemetry.SpanAdvisoryTryLock) {
-		wantAttrs(t, s, telemetry.AttrBatchOK.Int(0), outcomeOK) // both tries found it held
+	for _, s := range named(spans, spanAdvisoryTryLock) {
+		wantAttrs(t, s, attrBatchOK.Int(0), outcomeOK) // both tries found it held
 		if childOf(s, lockAcq.SpanContext()) {
 			lockTry = s
 		}
@@ -216,12 +215,12 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 	if lockTry == nil || !linksTo(lockAcq, lockTry.SpanContext()) {
 		t.Fatal("LockAdvisory's try round trip is not its linked child")
 	}
-	wait := one(t, spans, telemetry.SpanAdvisoryLock)
+	wait := one(t, spans, spanAdvisoryLock)
 	if wait.SpanKind() != trace.SpanKindClient || !childOf(wait, lockAcq.SpanContext()) || !linksTo(lockAcq, wait.SpanContext()) {
 		t.Error("advisory_lock is not a linked client child of LockAdvisory's acquire span")
 	}
-	wantAttrs(t, wait, dbPostgres, dbOp(telemetry.SpanAdvisoryLock),
-		telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1), outcomeOK)
+	wantAttrs(t, wait, dbPostgres, dbOp(spanAdvisoryLock),
+		attrBatchSize.Int(1), attrBatchOK.Int(1), outcomeOK)
 	if !wait.StartTime().Before(seenWaiting) || !wait.EndTime().After(beforeUnlock) {
 		t.Errorf("advisory_lock span [%v, %v] does not cover the wait (seen waiting %v, holder unlocked after %v)",
 			wait.StartTime(), wait.EndTime(), seenWaiting, beforeUnlock)
@@ -234,13 +233,13 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 	if n := sumOf(t, ms["pglease.acquire.contended"], kindAdvisory); n != 2 {
 		t.Errorf("acquire.contended{advisory} = %d, want 2", n)
 	}
-	if n := countOf(t, ms["pglease.acquire.duration"], kindAdvisory, telemetry.AttrOutcome.String("locked")); n != 1 {
+	if n := countOf(t, ms["pglease.acquire.duration"], kindAdvisory, attrOutcome.String("locked")); n != 1 {
 		t.Errorf("acquire.duration{advisory,locked} count = %d", n)
 	}
 	if n := countOf(t, ms["pglease.acquire.attempts"], kindAdvisory, outcomeGrnt); n != 1 {
 		t.Errorf("acquire.attempts{advisory,granted} count = %d", n)
 	}
-	if n := countOf(t, ms["db.client.operation.duration"], dbPostgres, dbOp(telemetry.SpanAdvisoryLock)); n != 1 {
+	if n := countOf(t, ms["db.client.operation.duration"], dbPostgres, dbOp(spanAdvisoryLock)); n != 1 {
 		t.Errorf("db.client.operation.duration{advisory_lock} count = %d", n)
 	}
 	if n := sumOf(t, ms["pglease.lock.held"], kindAdvisory); n != 0 {
@@ -285,20 +284,20 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 	}
 	// Recorded before Done fired: no waiting needed.
 	spans := rg.spans.Ended()
-	losts := named(spans, telemetry.SpanLost)
+	losts := named(spans, spanLost)
 	if len(losts) != 2 {
 		t.Fatalf("%d pglease.lost spans, want 2", len(losts))
 	}
-	acqs := named(spans, telemetry.SpanAcquire)
+	acqs := named(spans, spanAcquire)
 	for _, k := range []advisory.Key{ka, kb} {
 		var acq, lost sdktrace.ReadOnlySpan
 		for _, s := range acqs {
-			if attrOf(s.Attributes(), telemetry.AttrKeyHash) == advHash(k).Value {
+			if attrOf(s.Attributes(), attrKeyHash) == advHash(k).Value {
 				acq = s
 			}
 		}
 		for _, s := range losts {
-			if attrOf(s.Attributes(), telemetry.AttrKeyHash) == advHash(k).Value {
+			if attrOf(s.Attributes(), attrKeyHash) == advHash(k).Value {
 				lost = s
 			}
 		}
@@ -308,12 +307,12 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 		if !childOf(lost, acq.SpanContext()) {
 			t.Errorf("key %v: pglease.lost is not a child of its acquire span", k)
 		}
-		wantAttrs(t, lost, kindAdvisory, telemetry.AttrLossCause.String("session_ended"),
+		wantAttrs(t, lost, kindAdvisory, attrLossCause.String("session_ended"),
 			attribute.String("error.type", "LockLost"))
 		if st := lost.Status(); st.Code != codes.Error || st.Description != "LockLost" {
 			t.Errorf("key %v: lost status = %+v", k, st)
 		}
-		if held := attrOf(lost.Attributes(), telemetry.AttrHeldFor).AsFloat64(); held <= 0 {
+		if held := attrOf(lost.Attributes(), attrHeldFor).AsFloat64(); held <= 0 {
 			t.Errorf("key %v: held_for = %v", k, held)
 		}
 	}
@@ -321,13 +320,13 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 	if n := sumOf(t, ms["pglease.lock.held"], kindAdvisory); n != 0 {
 		t.Errorf("lock.held{advisory} after the loss = %d", n)
 	}
-	if n := sumOf(t, ms["pglease.lock.lost"], kindAdvisory, telemetry.AttrLossCause.String("session_ended")); n != 2 {
+	if n := sumOf(t, ms["pglease.lock.lost"], kindAdvisory, attrLossCause.String("session_ended")); n != 2 {
 		t.Errorf("lock.lost{advisory,session_ended} = %d, want 2", n)
 	}
 	if err := la.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
 		t.Fatalf("Release of a lost lock = %v, want ErrLockLost", err)
 	}
-	if n := len(named(rg.spans.Ended(), telemetry.SpanRelease)); n != 0 {
+	if n := len(named(rg.spans.Ended(), spanRelease)); n != 0 {
 		t.Errorf("%d release spans for lost locks", n)
 	}
 	if n := heldAdvisory(t, rg); n != 0 {
@@ -367,13 +366,13 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 		}
 	}
 	spans := rg.spans.Ended()
-	rels := named(spans, telemetry.SpanRelease)
+	rels := named(spans, spanRelease)
 	if len(rels) != 3 {
 		t.Fatalf("%d release spans, want 3 (one Release, two by Close)", len(rels))
 	}
 	var closeDB sdktrace.ReadOnlySpan
-	for _, s := range named(spans, telemetry.SpanAdvisoryUnlock) {
-		if attrOf(s.Attributes(), telemetry.AttrBatchSize).AsInt64() == 2 {
+	for _, s := range named(spans, spanAdvisoryUnlock) {
+		if attrOf(s.Attributes(), attrBatchSize).AsInt64() == 2 {
 			closeDB = s
 		}
 	}
@@ -383,7 +382,7 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 	if closeDB.Parent().IsValid() {
 		t.Error("Close's round trip serving two releases is not a root span")
 	}
-	wantAttrs(t, closeDB, telemetry.AttrBatchOK.Int(2), outcomeOK)
+	wantAttrs(t, closeDB, attrBatchOK.Int(2), outcomeOK)
 	linked := 0
 	for _, r := range rels {
 		wantAttrs(t, r, outcomeOK, kindAdvisory)

@@ -12,7 +12,7 @@ import (
 	"github.com/pglease/pglease/pg"
 )
 
-// TestOpenAllPooledConnectionsBroken (issue 14, found by the soak; L3b):
+// TestOpenAllPooledConnectionsBroken (found by the soak; dead connections cost one bounded timeout):
 // every connection of the pool Open made goes half-open (server side
 // closed, client side silent), then the network is back. pgxpool keeps a
 // broken connection's slot until pgconn has drained its socket, up to

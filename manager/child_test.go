@@ -30,7 +30,7 @@ const (
 
 // pollingTooSlow makes polling useless within the test's time bound: a
 // waiter that misses a wake-up waits 10–20 s.
-var pollingTooSlow = retry.Policy{Kind: retry.Fixed, Base: 20 * time.Second}
+var pollingTooSlow = retry.Policy{Multiplier: 1, Base: 20 * time.Second}
 
 // pingPong takes hotKey rounds times, each time doing a fenced increment
 // of the shared counter, and returns the fences it got and how many times

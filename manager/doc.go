@@ -11,13 +11,17 @@
 //
 // # Guarantees
 //
-//   - Mutual exclusion is the server's (S2): a key is granted to one
-//     lockId at a time, and every grant carries a fence strictly greater
-//     than all earlier ones (S1). The Manager additionally remembers the
+// docs/guarantees.md states each guarantee in full, under the names used
+// here.
+//
+//   - Server-time exclusivity: a key is granted to one lockId at a time.
+//     Fence monotonicity: every grant carries a fence strictly greater
+//     than all earlier ones. The Manager additionally remembers the
 //     highest fence it has seen per key and refuses a lower or equal one
 //     with CodeFenceRegression (the database lost acknowledged writes).
-//     Fence your writes: that, not time, is what protects data.
-//   - Timely loss signal (S4): a held lock's Context is cancelled with a
+//     Fence your writes (fenced-resource safety): that, not time, is what
+//     protects data.
+//   - Timely loss signal: a held lock's Context is cancelled with a
 //     cause matching pglease.ErrLockLost no later than
 //     attemptStart + TTL − margin of its last successful acquire or
 //     extend, on this process's monotonic clock, by a timer that does not
@@ -31,12 +35,12 @@
 //     not released in the database. Its row stays until the holder calls
 //     Release (it has stopped; Release then frees the key at once and
 //     returns the loss), Close, or the server's expiry.
-//   - Ambiguity is never success (S5): an acquire whose outcome is
+//   - Ambiguity is never success: an acquire whose outcome is
 //     unknown is not granted, and its pre-generated lockId is released;
 //     an extend with an unknown outcome does not move the trust window.
 //   - No leaked lock when a caller leaves (context cancelled or acquire
 //     timeout) before, during or after its grant.
-//   - Close is bounded and leaks no goroutine (L4).
+//   - Close is bounded and leaks no goroutine.
 //
 // # Callers of one Manager
 //

@@ -637,7 +637,7 @@ func TestCloseWithDatabaseDown(t *testing.T) {
 		if err != nil {
 			t.Errorf("Close = %v, want nil: no caller held a lock", err)
 		}
-		if took > DefaultCloseTimeout/2 {
+		if took > defaultCloseTimeout/2 {
 			t.Errorf("Close took %v: it retried the release of a lockId nobody held", took)
 		}
 	})

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Election configures RunElection: leader election on one lease key, in
@@ -19,7 +21,7 @@ type Election struct {
 	// TTL is the leadership lease's TTL (default the Manager's
 	// Config.TTL). The leader's lease is extended by the Manager's
 	// heartbeat; when the leader dies or hangs, another candidate leads
-	// at most TTL + pglease.TimeTolerance (1 s) + one retry delay of the
+	// at most TTL + 1 s (the tolerance past a lease's expiry) + one retry delay of the
 	// Manager's Config.Retry after the leader's last extend.
 	TTL time.Duration
 	// ObserveInterval is how often a candidate that does not lead reads
@@ -62,7 +64,7 @@ type Election struct {
 // Release resigns early: the term's Context ends at once (ErrReleased)
 // and the lease is released; RunElection then goes on as if the function
 // had returned nil. Fence is the term's fencing token; Lock gives the
-// underlying lease (ExpiresAt, Remaining, GrantID, Extend). Every method
+// underlying lease (Key, ExpiresAt, Remaining, GrantID, Extend). Every method
 // is safe for concurrent use, and on a nil *Term (Release and Err answer
 // pglease.ErrInvalidArgument, Context an ended context).
 type Term struct {
@@ -93,16 +95,8 @@ func newTerm(parent context.Context, lock *Lock) (t *Term, stop func() bool) {
 
 // parentEnded ends the term because the election's context ended.
 func (t *Term) parentEnded() {
-	t.cancel(pglease.NewError(pglease.CodeReleased, "manager.RunElection",
+	t.cancel(pgerr.New(pglease.CodeReleased, "manager.RunElection",
 		"the election's context ended: the term resigns", context.Cause(t.parent)))
-}
-
-// Key returns the election's Name, NFC-normalized ("" for a nil Term).
-func (t *Term) Key() string {
-	if t == nil {
-		return ""
-	}
-	return t.lock.Key()
 }
 
 // Fence returns the term's fencing token: strictly greater than the fence
@@ -210,13 +204,13 @@ func (t *Term) Release(ctx context.Context) error {
 // I/O). Every error but fn's own is a *pglease.Error.
 func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx context.Context, term *Term) error) error {
 	const op = "manager.RunElection"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if fn == nil {
 		return invalid(op, "nil function")
 	}
-	if _, err := pglease.NormalizeKey(e.Name); err != nil {
+	if _, err := keys.NormalizeKey(e.Name); err != nil {
 		return invalid(op, "bad election Name")
 	}
 	ttl := e.TTL
@@ -237,7 +231,7 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 	// ctx's end, as a *pglease.Error like every error of the package:
 	// errors.Is(err, context.Canceled) still holds.
 	ended := func() error {
-		return pglease.NewError(pglease.CodeAborted, op, "the election's context ended", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "the election's context ended", ctx.Err())
 	}
 	for {
 		// Campaign: wait for the lease while watching who leads.

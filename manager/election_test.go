@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 )
 
@@ -47,7 +49,7 @@ func electionChild() int {
 		return 1
 	}
 	defer pool.Close()
-	m, err := New(pool, Config{Holder: os.Getenv(electionChildEnv), Retry: retry.Policy{Kind: retry.Fixed, Base: 100 * time.Millisecond}})
+	m, err := New(pool, Config{Config: pg.Config{Holder: os.Getenv(electionChildEnv)}, Retry: retry.Policy{Multiplier: 1, Base: 100 * time.Millisecond}})
 	if err != nil {
 		say("error %v", err)
 		return 1
@@ -206,7 +208,7 @@ func TestElectionProcesses(t *testing.T) {
 	for i := range 3 {
 		cands = append(cands, startCandidate(t, schema, fmt.Sprint("cand-", i)))
 	}
-	bound := electionTTL + pglease.TimeTolerance + 3*time.Second // + retry delay and a busy machine
+	bound := electionTTL + keys.TimeTolerance + 3*time.Second // + retry delay and a busy machine
 	a, fa := firstLead(t, cands, 30*time.Second)
 	a.next(t, "wrote", bound)
 	others := func(not ...*candidate) []*candidate {
@@ -304,7 +306,7 @@ func TestElectionProcesses(t *testing.T) {
 // configuration fails before any I/O.
 func TestElectionResignAndCallbacks(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{cfg: Config{Retry: retry.Policy{Kind: retry.Fixed, Base: 50 * time.Millisecond}}})
+	b := setup(t, setupOpts{cfg: Config{Retry: retry.Policy{Multiplier: 1, Base: 50 * time.Millisecond}}})
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
 	var mu sync.Mutex
@@ -454,8 +456,8 @@ func TestElectionTermHandle(t *testing.T) {
 			if s.whileErr != nil || !s.sameCtx {
 				t.Fatalf("while leading: Err = %v, fn's ctx is the term's: %v", s.whileErr, s.sameCtx)
 			}
-			if s.term.Fence() == 0 || s.term.Lock() == nil || s.term.Key() == "" {
-				t.Fatalf("term accessors: fence %d, lock %v, key %q", s.term.Fence(), s.term.Lock(), s.term.Key())
+			if s.term.Fence() == 0 || s.term.Lock() == nil || s.term.Lock().Key() == "" || s.term.Lock().Fence() != s.term.Fence() {
+				t.Fatalf("term accessors: fence %d, lock %v", s.term.Fence(), s.term.Lock())
 			}
 			return s
 		case <-time.After(waitTimeout()):
@@ -556,7 +558,7 @@ func TestElectionTermHandle(t *testing.T) {
 	default:
 		t.Error("nil Term Done not closed")
 	}
-	if none.Fence() != 0 || none.Lock() != nil || none.Key() != "" {
+	if none.Fence() != 0 || none.Lock() != nil {
 		t.Error("nil Term accessors are not zero")
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/manager"
+	"github.com/pglease/pglease/pg"
 )
 
 // RunElection runs a function while this process leads. The term is a
@@ -25,7 +26,7 @@ func ExampleManager_RunElection() {
 		panic(err)
 	}
 	defer pool.Close()
-	m, err := manager.New(pool, manager.Config{Holder: "worker-1"})
+	m, err := manager.New(pool, manager.Config{Config: pg.Config{Holder: "worker-1"}})
 	if err != nil {
 		panic(err)
 	}

@@ -31,7 +31,7 @@ func keyFreeAfter(ctx context.Context, other *Manager, key string, since time.Ti
 
 var errGranted = errors.New("granted although its answer was blackholed")
 
-// TestFailoverReleasesRetried (issue 17.1): releases whose outcome is
+// TestFailoverReleasesRetried: releases whose outcome is
 // unknown because the primary stopped answering are retried, with backoff,
 // until the promoted standby answers, so their keys are free soon after
 // the promotion instead of at the lease's expiry + 1 s (20 s TTL here):

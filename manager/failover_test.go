@@ -46,7 +46,7 @@ func failoverRounds(t *testing.T) int {
 
 // failoverURL is the multi-host URL the tests' Managers use: a bounded
 // connect timeout per host, so that a pool moves on from a host that does
-// not answer (issue 17.2; the README's recipe).
+// not answer (the README's recipe).
 func failoverURL(r *pgtest.Replicated) string { return r.URL("", "connect_timeout=2") }
 
 // failoverManager returns a Manager with test signals on its own pool (its
@@ -86,7 +86,7 @@ func failoverManager(t *testing.T, url string, cfg Config, hooks testHooks) (*Ma
 // only while the lock is held (lk.Err() == nil, checked under the ledger's
 // mutex), and it must carry a fence above every fence written before for
 // the key, or equal to it from the same grant. An accepted write that
-// breaks that rule is a violation of S1 (a fence repeated or going
+// breaks that rule is a violation of fence monotonicity (a fence repeated or going
 // backwards) or of the loss signal (a holder not told before another
 // holder's grant).
 type ledger struct {
@@ -450,7 +450,7 @@ func reportRounds(t *testing.T, mode string, rounds []failoverRound, led *ledger
 
 // TestFailoverSync: with a synchronous standby, Managers on a multi-host
 // URL under load survive crashes of the primary and promotions of the
-// standby with S1 intact (no fence repeated or going backwards across
+// standby with fence monotonicity intact (no fence repeated or going backwards across
 // Managers), every holder that lost its lease told before another could be
 // granted the key, every Manager's waiters granted on the new primary, and
 // every listener back on it (a release in one Manager wakes a waiter in
@@ -647,7 +647,7 @@ func TestFailoverAsyncLostGrants(t *testing.T) {
 	}
 }
 
-// TestFailoverSilentHost (issue 17.2): the primary's address stops
+// TestFailoverSilentHost: the primary's address stops
 // answering without closing connections (a proxy that forwards nothing:
 // a crashed machine or a partition, not a refused connect), the primary
 // dies behind it, and the standby is promoted. The connection string sets

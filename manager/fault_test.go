@@ -122,7 +122,7 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 	if !errors.Is(lk.Err(), pglease.ErrLockLost) {
 		t.Fatalf("cause = %v", lk.Err())
 	}
-	// S4: the deadline the Manager enforces (attempt start + TTL − margin,
+	// The timely loss signal: the deadline the Manager enforces (attempt start + TTL − margin,
 	// on this process's clock; its timer and Err act on it) comes at least
 	// the margin (100 ms) before the server's expiry (server now + TTL,
 	// server now ≥ attempt start; same host, same clock; ms precision).
@@ -138,7 +138,7 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 	}
 	t.Logf("trust deadline %v after the send, %v before the server's expiry; Done observed %v after the deadline",
 		deadline.Sub(sent), lk.ExpiresAt().Sub(deadline), lostAt.Sub(deadline))
-	// The row is kept for its holder (S4, issue 9.4) until it expires;
+	// The row is kept for its holder (timely loss signal) until it expires;
 	// remove it for the post-check.
 	if _, err := b.admin.Exec(ctx, "ALTER TABLE moved RENAME TO syncguard_locks; DELETE FROM syncguard_locks"); err != nil {
 		t.Fatal(err)

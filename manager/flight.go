@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // A statement sent on a dead pooled connection (half-open, blackholed)
@@ -19,7 +21,7 @@ import (
 //     (at most maxHedges per chain). The first answer of any attempt of
 //     the chain is the key's answer (granted, locked or failed); the
 //     others become stale: whatever they grant, or leave unknown, is
-//     released when their answer comes (S5), and they never grant a
+//     released when their answer comes (ambiguity is never success), and they never grant a
 //     waiter. All are ordinary acquires, serialized by the server per key,
 //     so at most one can be granted while another is live.
 //
@@ -140,7 +142,7 @@ func (st *loopState) hedge(a *attempt) {
 	}
 	a.stale = true
 	ks.stale++
-	h := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: a.ttl, chain: a.chain, hedges: a.hedges + 1}
+	h := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: a.ttl, chain: a.chain, hedges: a.hedges + 1}
 	ks.attempt = h
 	st.pendAcquire = append(st.pendAcquire, h)
 }
@@ -154,7 +156,7 @@ func (st *loopState) noAnswer(a *attempt, after time.Duration) {
 	if a.try != nil || ks.attempt == nil || ks.attempt.chain != a.chain || ks.lastErr != nil {
 		return
 	}
-	ks.lastErr = pglease.NewError(pglease.CodeNetworkTimeout, "manager.Acquire",
+	ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire",
 		"no answer from the database within "+after.String(), nil)
 }
 

@@ -18,7 +18,7 @@ import (
 // the lock, of waiting as long as the context allows, and of Extend and
 // the lease's expiry on the Lock.
 
-// TestDoReleasesOnPanic (issue 9.9): a panicking fn does not leave the
+// TestDoReleasesOnPanic: a panicking fn does not leave the
 // lock held and heartbeated until Close: Do releases it, then the panic
 // goes on with its original value.
 func TestDoReleasesOnPanic(t *testing.T) {
@@ -77,7 +77,7 @@ func TestDoReleasesOnGoexit(t *testing.T) {
 	}
 }
 
-// TestNilHandles (issue 9.10): the nil a TryAcquire or TryLockAdvisory
+// TestNilHandles: the nil a TryAcquire or TryLockAdvisory
 // returns with ok=false answers every method without a panic and without
 // I/O: errors are InvalidArgument, the context has ended.
 func TestNilHandles(t *testing.T) {
@@ -130,7 +130,7 @@ func TestNilHandles(t *testing.T) {
 	}
 }
 
-// TestReleasedCauseIsError (issue 9.12): the cause after Release is a
+// TestReleasedCauseIsError: the cause after Release is a
 // *pglease.Error with CodeReleased, for both Manager handles, matched by
 // errors.Is(pglease.ErrReleased) and by nothing else.
 func TestReleasedCauseIsError(t *testing.T) {

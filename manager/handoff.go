@@ -7,9 +7,9 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -27,7 +27,7 @@ import (
 // answer, then the attempt's grant, contention or failure). An unknown
 // outcome is unknown for both halves: the release answers as an unknown
 // release does (the lock expires by itself if it was not handed over), and
-// the attempt's lockId is released like any ambiguous attempt's (S5).
+// the attempt's lockId is released like any ambiguous attempt's (ambiguity is never success).
 
 // maxLocalHandOffs bounds how many times in a row a key is handed over
 // inside this process. The next release is a plain one: it notifies, and
@@ -62,7 +62,7 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	st.clearRetry(ks)
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
 	st.pendHandOff = append(st.pendHandOff, handOffItem{rel: it, a: a})
 	return true
@@ -127,7 +127,7 @@ func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.Span
 	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindHandOff, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpHandOff, len(batch), parent, served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpHandOff, len(batch), parent, served...)
 	start := time.Now()
 	res, err := m.store.HandOff(ctx, reqs)
 	var released []bool

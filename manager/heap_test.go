@@ -77,7 +77,7 @@ func TestLossWatchFiresInOrder(t *testing.T) {
 	}
 }
 
-// TestHeapPerHeldLock: issue 12 target 4, ≤ 1 KiB of Go heap per held
+// TestHeapPerHeldLock: ≤ 1 KiB of Go heap per held
 // lock (everything the Manager keeps for it: handle, context, loop
 // records, telemetry, map entries), measured on 5,000 locks held at once.
 // No extend is due while measuring (60 s TTL), so only the held state is

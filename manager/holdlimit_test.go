@@ -11,7 +11,7 @@ import (
 	"github.com/pglease/pglease"
 )
 
-// TestAdvisoryHoldLimit (issue 15.2): WithHoldLimit ends an advisory
+// TestAdvisoryHoldLimit: WithHoldLimit ends an advisory
 // lock's Context at the limit with ErrHoldLimitExceeded (not LockLost),
 // no earlier; the lock stays held (another Manager cannot take it, this
 // one refuses it as held) until Release, which returns nil and frees it.
@@ -121,7 +121,7 @@ func expiresAtMs(t *testing.T, b *bundle, key string) int64 {
 	return ms
 }
 
-// TestLeaseHoldLimit (issue 15.2): an auto-extended lease with
+// TestLeaseHoldLimit: an auto-extended lease with
 // WithHoldLimit has its Context ended at the limit with
 // ErrHoldLimitExceeded (not LockLost), no earlier; from then on it is
 // not extended (Extend is refused too), but its row stays: another

@@ -9,9 +9,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 )
@@ -65,7 +66,7 @@ func (st *loopState) startListener() {
 // replaced, with backoff, until ctx ends; polling covers the gap.
 func (m *Manager) listen(ctx context.Context, done chan struct{}) {
 	defer close(done)
-	bo := retry.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, retry.Options{})
+	bo := backoff.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, backoff.Options{})
 	for {
 		if m.listenOnce(ctx, bo) {
 			m.rec.ListenerPolling(errListenPooler.Error() + "; set manager.Config.ListenConnString to a direct connection")
@@ -109,12 +110,12 @@ var errListenPooler = errors.New("the listening connection goes through a transa
 // connection fails or ctx ends. It returns true when listening can never
 // work on this connection config (a transaction-mode pooler): the
 // listener then stops for good.
-func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool) {
+func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop bool) {
 	// The pglease.listen span covers connecting and subscribing, not the
 	// wait for notifications. Both are bounded: a silent server must not
 	// hold the listener in a connect that never ends, and each host's
 	// connect is bounded (m.listenCfg), so that a multi-host connection
-	// string moves on from a host that stopped answering (issue 17.2).
+	// string moves on from a host that stopped answering.
 	cfg := m.listenCfg.Copy()
 	if m.test.listenConfig != nil {
 		m.test.listenConfig(cfg)
@@ -122,7 +123,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 	bound := m.cfg.StatementTimeout + time.Duration(connx.Hosts(&cfg.Config))*cfg.ConnectTimeout
 	sctx, cancel := context.WithTimeoutCause(ctx, bound, pgerr.ErrStatementTimeout)
 	defer cancel()
-	lctx, db := m.rec.StartDB(sctx, telemetry.OpListen, 1, trace.SpanContext{})
+	lctx, db := m.rec.StartDB(sctx, obs.OpListen, 1, trace.SpanContext{})
 	conn, err := pgx.ConnectConfig(lctx, cfg)
 	if err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
@@ -139,7 +140,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	} else if shared {
-		db.End(0, pglease.NewError(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
+		db.End(0, pgerr.New(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
 		return true
 	}
 	if !m.triggerChecked.Load() {

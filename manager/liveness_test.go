@@ -47,7 +47,7 @@ func viaProxy(p *faultproxy.Proxy) func(*pgx.ConnConfig) {
 	}
 }
 
-// TestListenerRecoversFromHalfOpen (issue 9.1, L3b): the listening
+// TestListenerRecoversFromHalfOpen (dead connections cost one bounded timeout): the listening
 // connection goes half-open (server side closed, client side open and
 // silent, as a NAT or proxy dropping its state leaves it). The listener
 // must notice, reconnect and retry the waiting keys, so that a release in
@@ -144,7 +144,7 @@ func deadPool(t *testing.T, cfg Config) (*bundle, func(n int)) {
 	return b, kill
 }
 
-// TestDeadPooledConnections (issue 9.2, L3b): right after pooled
+// TestDeadPooledConnections (dead connections cost one bounded timeout): right after pooled
 // connections went half-open, an uncontended Acquire on a healthy server
 // costs at most a short timeout per dead connection it meets, not the
 // statement timeout, and never the whole wait: both when the dead
@@ -182,7 +182,7 @@ func TestDeadPooledConnections(t *testing.T) {
 	}
 }
 
-// TestStuckBatchNoGlobalStall (issue 9.2): one acquire batch that gets no
+// TestStuckBatchNoGlobalStall: one acquire batch that gets no
 // answer (here held before it is sent; in life a statement on a dead
 // connection) must not hold back every other acquire of the process behind
 // the in-flight cap ((MaxConns − 1)/2 = 1 with 4 connections), and its own

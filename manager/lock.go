@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,12 +11,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 )
 
 // releasedCause is the cause of a Lock's Context after Release.
-var releasedCause = pglease.NewError(pglease.CodeReleased, "manager.Release", "lock released", nil)
+var releasedCause = pgerr.New(pglease.CodeReleased, "manager.Release", "lock released", nil)
 
 // errNilLock is what the methods of a nil *Lock answer: the nil a
 // TryAcquire returns with ok=false holds nothing.
@@ -34,8 +34,8 @@ func endedContext(cause error) context.Context {
 
 // Lock is a held lease lock: a pglease.Handle with a fencing token and a
 // lease. Its lockId, a bearer secret, never leaves the handle: String,
-// GoString, Format, LogValue and MarshalJSON print only the fence and
-// "[redacted]". A Lock is safe for concurrent use. Every method is safe on
+// Format (every verb, %#v included) and LogValue print only the fence and
+// "[redacted]", and encoding/json sees no exported field ({}). A Lock is safe for concurrent use. Every method is safe on
 // a nil *Lock (what TryAcquire returns with ok=false): Release, Extend and
 // Err return an error matching pglease.ErrInvalidArgument, Context and
 // Done an ended context, the others zero values.
@@ -113,7 +113,10 @@ func (l *Lock) TTL() time.Duration {
 	return l.ttl
 }
 
-// AcquiredAt returns the server time of the grant (millisecond precision).
+// AcquiredAt returns the server time of the grant (millisecond precision):
+// the acquired_at_ms of the lease's row, on the same clock as ExpiresAt, so
+// that a holder can log or compare its grant with what operators see in
+// the table (`pglease status`) without mixing in its own clock.
 func (l *Lock) AcquiredAt() time.Time {
 	if l == nil {
 		return time.Time{}
@@ -214,12 +217,12 @@ func (l *Lock) Release(ctx context.Context) error {
 		case m.releaseCh <- req: // the loop takes it at once; its reply is dropped
 		case <-m.done:
 		}
-		return pglease.NewError(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
+		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
 	}
 	select {
 	case m.releaseCh <- req:
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
 	case <-m.done:
 		return releasedAnswer(l) // Close released it
 	}
@@ -227,7 +230,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	case err := <-req.reply:
 		return err
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the release was confirmed", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was confirmed", ctx.Err())
 	}
 }
 
@@ -235,7 +238,7 @@ func (l *Lock) Release(ctx context.Context) error {
 // held in this process.
 func releasedAnswer(l *Lock) error {
 	if c := context.Cause(l.ctx); errors.Is(c, pglease.ErrLockLost) {
-		return pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+		return pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 	}
 	return nil
 }
@@ -262,7 +265,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	if l == nil || l.m == nil {
 		return errNilLock
 	}
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if c := l.Err(); c != nil {
@@ -273,7 +276,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	select {
 	case m.extendCh <- req:
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
 	case <-m.done:
 		return endedExtend(l.Err())
 	}
@@ -281,7 +284,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	case err := <-req.reply:
 		return err
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
 	}
 }
 
@@ -293,9 +296,9 @@ func endedExtend(cause error) error {
 		code = pglease.CodeInternal
 	}
 	if code == pglease.CodeHoldLimitExceeded {
-		return pglease.NewError(code, "manager.Extend", "the lock reached its hold limit: it is not extended any more", cause)
+		return pgerr.New(code, "manager.Extend", "the lock reached its hold limit: it is not extended any more", cause)
 	}
-	return pglease.NewError(code, "manager.Extend", "the lock is no longer held", cause)
+	return pgerr.New(code, "manager.Extend", "the lock is no longer held", cause)
 }
 
 // The printing methods have value receivers, so a dereferenced Lock is
@@ -305,9 +308,6 @@ func endedExtend(cause error) error {
 func (l Lock) String() string {
 	return fmt.Sprintf("pglease.Lock{fence:%s, lockId:[redacted]}", l.fence)
 }
-
-// GoString is String: the lockId never appears in %#v.
-func (l Lock) GoString() string { return l.String() }
 
 // Format prints String for every verb and flag (%v, %+v, %#v, %s, %q …).
 func (l Lock) Format(f fmt.State, verb rune) {
@@ -323,20 +323,10 @@ func (l Lock) LogValue() slog.Value {
 	return slog.GroupValue(slog.String("fence", l.fence.String()), slog.String("lockId", "[redacted]"))
 }
 
-// MarshalJSON encodes {"fence":"…","lockId":"[redacted]"}.
-func (l Lock) MarshalJSON() ([]byte, error) {
-	return json.Marshal(struct {
-		Fence  string `json:"fence"`
-		LockID string `json:"lockId"`
-	}{l.fence.String(), "[redacted]"})
-}
-
 var (
 	_ fmt.Stringer   = Lock{}
-	_ fmt.GoStringer = Lock{}
 	_ fmt.Formatter  = Lock{}
 	_ slog.LogValuer = Lock{}
-	_ json.Marshaler = Lock{}
 )
 
 // extendUnknown is Extend's answer when the round trip failed: the
@@ -346,5 +336,5 @@ func extendUnknown(err error) error {
 	if code == 0 {
 		code = pglease.CodeInternal
 	}
-	return pglease.NewError(code, "manager.Extend", "extend outcome unknown; the lease keeps its previous expiry and trust window", err)
+	return pgerr.New(code, "manager.Extend", "extend outcome unknown; the lease keeps its previous expiry and trust window", err)
 }

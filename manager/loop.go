@@ -9,9 +9,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -96,7 +96,7 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		st.tryAcquire(ks, req) // tryattempt.go
 		return
 	}
-	req.acq.Queued(telemetry.QueueInfo{
+	req.acq.Queued(obs.QueueInfo{
 		Coalesced:   len(ks.queue) > 0,
 		HeldLocally: ks.holder != nil,
 		Position:    len(ks.queue),
@@ -219,7 +219,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 				st.orphanRelease(nil, a)
 			}
 		case d.err != nil:
-			// Outcome unknown (S5): release the pre-generated lockId (when
+			// Outcome unknown (ambiguity is never success): release the pre-generated lockId (when
 			// the statement may have run), then retry or fail.
 			if mayHaveGranted(d.err) {
 				st.orphanRelease(ks, a)
@@ -227,11 +227,11 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			st.attemptFailed(ks, err, now, d.db)
 		case err != nil: // this item failed on its own (fence overflow): nothing granted
 			ks.lastErr = err
-			noteAttempt(ks.queue, d.db, telemetry.AttemptFailed, 0)
+			noteAttempt(ks.queue, d.db, obs.AttemptFailed, 0)
 			st.failAll(ks, err)
 		case !r.OK:
 			n := leadingTries(ks.queue)
-			noteAttempt(ks.queue[:n], d.db, telemetry.AttemptContended, 0)
+			noteAttempt(ks.queue[:n], d.db, obs.AttemptContended, 0)
 			st.popTries(ks, acquireReply{locked: true})
 			st.wantWaiter(ks)
 			if len(ks.queue) > 0 {
@@ -249,7 +249,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 				st.scheduleRetry(ks, now, takeoverAt(r, now))
 				retryIn = ks.retryAt.Sub(now)
 			}
-			noteAttempt(ks.queue, d.db, telemetry.AttemptContended, retryIn)
+			noteAttempt(ks.queue, d.db, obs.AttemptContended, retryIn)
 		default:
 			st.attemptGranted(ks, a, r, d.start, now, d.db)
 		}
@@ -260,24 +260,24 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db trace.SpanContext) {
 	ks.lastErr = err
 	if !retryable(err) {
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
+		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.failAll(ks, err)
 		return
 	}
-	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, telemetry.AttemptFailed, 0)
+	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, obs.AttemptFailed, 0)
 	st.popTries(ks, acquireReply{err: err})
 	if len(ks.queue) > 0 {
 		st.scheduleRetry(ks, now, time.Time{})
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, ks.retryAt.Sub(now))
+		noteAttempt(ks.queue, db, obs.AttemptFailed, ks.retryAt.Sub(now))
 	}
 }
 
 func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time, db trace.SpanContext) {
 	if !st.noteFence(ks, r.Fence) {
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
-		// S1: a fence not above one already seen means the database lost
+		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
+		// Fence monotonicity: a fence not above one already seen means the database lost
 		// acknowledged grants. Refuse it; the head waiter learns why.
-		err := pglease.NewError(pglease.CodeFenceRegression, "manager.Acquire",
+		err := pgerr.New(pglease.CodeFenceRegression, "manager.Acquire",
 			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
 		st.orphanRelease(ks, a)
 		ks.lastErr = err
@@ -300,8 +300,8 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 	case !lease.Trusted(now):
 		// The answer came after the grant's own trust window.
 		st.orphanRelease(ks, a)
-		ks.lastErr = pglease.NewError(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
-		noteAttempt(ks.queue, db, telemetry.AttemptFailed, 0)
+		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
+		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
 	case ks.queue[0].ttl != a.ttl:
 		// The waiter it was for left; the next one wants another TTL.
@@ -309,9 +309,9 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult
 		st.orphanRelease(ks, a)
 	default:
 		req := st.popWaiter(ks)
-		req.acq.Attempt(db, telemetry.AttemptGranted, 0)
+		req.acq.Attempt(db, obs.AttemptGranted, 0)
 		// The others now wait for this holder: for them the key was taken.
-		noteAttempt(ks.queue, db, telemetry.AttemptContended, 0)
+		noteAttempt(ks.queue, db, obs.AttemptContended, 0)
 		st.grant(ks, req, a, r, lease)
 	}
 }
@@ -336,16 +336,16 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		case it.lost != nil:
 			err = it.lost
 		case d.err != nil && retried:
-			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
+			err = pgerr.New(pglease.CodeOf(d.err), "manager.Release",
 				"release outcome unknown: the lock is no longer extended; the release is retried until the server answers or the lease expires", d.err)
 		case d.err != nil:
-			err = pglease.NewError(pglease.CodeOf(d.err), "manager.Release",
+			err = pgerr.New(pglease.CodeOf(d.err), "manager.Release",
 				"release outcome unknown: the lock is no longer extended and expires by itself", d.err)
 			if st.closeErr == nil && st.closing && it.handed {
 				st.closeErr = err // a lock a caller held (Close)
 			}
 		case !d.res[i]:
-			err = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
+			err = pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had already expired on the server", nil)
 		}
 		if !it.retry { // the first outcome: answer the caller, end the span
 			it.rel.Served(d.db)
@@ -390,17 +390,17 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			h.ks.lastErr = d.err
 			h.acq.ExtendFailed(d.err)
 		case !d.res[i].OK:
-			st.lose(h, lostCause("the server no longer has the lock"), false, telemetry.LossNotHeld, d.db)
+			st.lose(h, lostCause("the server no longer has the lock"), false, obs.LossNotHeld, d.db)
 			lost++
 			continue
 		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lease.Trusted(now) || !st.loss.stop(h):
 			// (!Trusted: the window passed though the timer may not have
-			// fired yet, e.g. the process was stopped; 16.3.)
+			// fired yet, e.g. the process was stopped: see "After a pause".)
 			// The trust window passed while the extend was in flight: the
 			// lock is lost even though the late extend succeeded (and its
 			// row, extended from d.start, is kept: see lose).
 			h.lease.Start = d.start
-			st.lose(h, lostCause("trust window passed without a successful extend"), true, telemetry.LossExpired, d.db)
+			st.lose(h, lostCause("trust window passed without a successful extend"), true, obs.LossExpired, d.db)
 			lost++
 			continue
 		default:
@@ -481,12 +481,12 @@ func (st *loopState) heartbeat(now time.Time) {
 	st.pruneKept(now)
 	for h := range st.held {
 		if h.lock.ctx.Err() != nil && !st.pastLimit(h, now) { // its loss timer fired
-			st.lose(h, nil, true, telemetry.LossExpired, trace.SpanContext{})
+			st.lose(h, nil, true, obs.LossExpired, trace.SpanContext{})
 		}
 	}
 	t := heartbeat.Collect(now, st.leases)
 	for _, h := range t.Lost {
-		st.lose(h, lostCause("trust window passed without a successful extend"), true, telemetry.LossExpired, trace.SpanContext{})
+		st.lose(h, lostCause("trust window passed without a successful extend"), true, obs.LossExpired, trace.SpanContext{})
 	}
 	for _, h := range t.Due {
 		h.lease.Pending = true
@@ -576,7 +576,7 @@ func (st *loopState) flush() {
 		_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
 		var served []trace.SpanContext
 		for _, h := range batch {
-			if sc := h.acq.SpanContext(); sc.IsValid() && len(served) < telemetry.MaxLinks {
+			if sc := h.acq.SpanContext(); sc.IsValid() && len(served) < obs.MaxLinks {
 				served = append(served, sc)
 			}
 		}
@@ -586,7 +586,7 @@ func (st *loopState) flush() {
 
 // roundTripSpans returns where the span of a round trip carrying the
 // attempts atts (one per key) and the releases rels goes (telemetry), and
-// the spans it serves, which it links to (at most telemetry.MaxLinks).
+// the spans it serves, which it links to (at most obs.MaxLinks).
 // A round trip carrying one key is made for that key's head waiter (the
 // caller it grants, if it grants), so it is a child of that waiter's
 // acquire span, even when others wait behind it; one carrying one release
@@ -608,7 +608,7 @@ func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanConte
 		if sc.IsValid() {
 			served = append(served, sc)
 		}
-		return len(served) < telemetry.MaxLinks
+		return len(served) < obs.MaxLinks
 	}
 	for _, it := range rels {
 		if !add(it.sc) {
@@ -680,7 +680,7 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindAcquire, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpAcquireMany, len(batch), parent, served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireMany, len(batch), parent, served...)
 	start := time.Now()
 	res, err := m.store.AcquireMany(ctx, reqs)
 	ok := 0
@@ -710,7 +710,7 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	ctx, cancel := context.WithTimeoutCause(context.Background(), timeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindRelease, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpReleaseMany, len(batch), parent, served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpReleaseMany, len(batch), parent, served...)
 	res, err := m.store.ReleaseWaited(ctx, reqs)
 	ok := 0
 	for _, r := range res {
@@ -722,13 +722,13 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb telemetry.Heartbeat, served []trace.SpanContext) {
+func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
 	// Bounded by the earliest trust deadline of the batch (F4): an answer
 	// after it is useless.
 	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindExtend, len(batch))
-	ctx, db := m.rec.StartDB(ctx, telemetry.OpExtendMany, len(batch), hb.SpanContext(), served...)
+	ctx, db := m.rec.StartDB(ctx, obs.OpExtendMany, len(batch), hb.SpanContext(), served...)
 	start := time.Now()
 	res, err := m.store.ExtendMany(ctx, reqs)
 	ok := 0

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// lossWatch ends the leases whose trust window passed (S4): the loss
+// lossWatch ends the leases whose trust window passed (timely loss signal): the loss
 // deadline of every held lease sits in one min-heap, and one runtime timer
 // (time.AfterFunc, so its callback runs in a goroutine of its own) fires
 // at the earliest. The callback cancels the lock's context by itself and
@@ -15,7 +15,7 @@ import (
 //
 // One heap entry costs a pointer and 16 bytes in the holding, where a
 // per-lock timer cost its runtime timer and callback closure (≈ 200 bytes
-// of heap per held lock, issue 12 target 4).
+// of heap per held lock).
 //
 // Removing an entry (the lease was extended or dropped) does not re-arm the
 // timer: a timer set for a deadline that went away fires, finds nothing

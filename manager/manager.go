@@ -13,40 +13,47 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/connx"
-	tel "github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 	"github.com/pglease/pglease/telemetry"
 )
 
-// Defaults of Config's zero fields.
+// DefaultNotifyChannel is the LISTEN/NOTIFY channel of a Manager whose
+// Config.NotifyChannel is empty: name it where something outside the
+// Managers must use their channel, such as the release trigger that lets
+// SyncGuard processes sharing the tables wake this fleet's waiters.
+const DefaultNotifyChannel = "pglease_release"
+
+// Defaults of Config's zero fields (each field's documentation says its
+// default in words).
 const (
-	DefaultTTL              = 30 * time.Second
-	DefaultStatementTimeout = 5 * time.Second
-	DefaultCloseTimeout     = 5 * time.Second
-	DefaultMaxBatch         = pg.MaxBatch
-	DefaultMaxInFlight      = 1
-	DefaultNotifyChannel    = "pglease_release"
+	defaultTTL              = 30 * time.Second
+	defaultStatementTimeout = 5 * time.Second
+	defaultCloseTimeout     = 5 * time.Second
+	defaultMaxInFlight      = 1
 )
 
 // Config configures a Manager. The zero value means "all defaults"; each
 // field documents its default. Invalid values make New fail with
 // CodeInvalidArgument, before any I/O.
 type Config struct {
-	// LockTable and FenceTable name the lease tables (see pg.Config).
-	// Default "syncguard_locks" and "syncguard_fence_counters".
-	LockTable, FenceTable string
-	// Holder identifies this process as the holder of its leases, for
-	// operators (pg.Config.Holder): "" means pg.DefaultHolder(),
-	// "program[pid]@host".
-	Holder string
-
-	// NotifyChannel is the LISTEN/NOTIFY channel on which releases wake
-	// waiters in other processes. Default DefaultNotifyChannel. Every
+	// Config names the lease tables and this process's identity, as for a
+	// pg.Store: LockTable and FenceTable (default "syncguard_locks" and
+	// "syncguard_fence_counters"), Holder ("" means "program[pid]@host"),
+	// OnFenceWarning (called from the Manager's database goroutines: it
+	// must not block), and NotifyChannel, the LISTEN/NOTIFY channel on
+	// which releases wake waiters in other processes. Unlike a Store's, a
+	// Manager's empty NotifyChannel means DefaultNotifyChannel
+	// ("pglease_release"); DisableNotify turns notifications off. Every
 	// Manager that should wake the others must use the same channel.
-	NotifyChannel string
+	pg.Config
+
 	// DisableNotify turns notifications off: releases send none, and no
 	// listening connection is opened. Waiters then learn of releases in
 	// other processes by polling alone.
@@ -66,10 +73,11 @@ type Config struct {
 	// Releases still send notifications either way.
 	ListenConnString string
 
-	// TTL is the lease TTL of an acquire without WithTTL. Default
-	// DefaultTTL (30 s). It must be a whole number of milliseconds and, as
-	// locks are auto-extended by default, at least
-	// heartbeat.MinAutoExtendTTL (300 ms).
+	// TTL is the lease TTL of an acquire without WithTTL. Default 30 s.
+	// It must be a whole number of milliseconds and, as locks are
+	// auto-extended by default, at least 300 ms: below that the part of
+	// the TTL left for retries of a failing extend is too short for a
+	// real network (WithoutAutoExtend allows shorter leases).
 	TTL time.Duration
 	// AcquireTimeout caps the wait of Acquire and Do without
 	// WithAcquireTimeout. Zero (the default) is no cap: they wait as long
@@ -85,10 +93,11 @@ type Config struct {
 	// another, starts the next attempt at once.
 	Retry retry.Policy
 	// LossMargin is subtracted from the trust window of every lease:
-	// a lease is declared lost at attemptStart + TTL − LossMargin. Zero
-	// means heartbeat.DefaultMargin(TTL) (TTL/10 within [10 ms, 5 s]). A
-	// margin that leaves no room after the first extend (≥ 2/3 TTL) makes
-	// the acquire fail with InvalidArgument.
+	// a lease is declared lost at attemptStart + TTL − LossMargin, before
+	// the server can give it to anyone else (the timely loss signal).
+	// Zero means TTL/10, at least 10 ms and at most 5 s. A margin that
+	// leaves no room after the first extend (≥ 2/3 TTL) makes the acquire
+	// fail with InvalidArgument.
 	LossMargin time.Duration
 
 	// StatementTimeout bounds each batched round trip. Default 5 s.
@@ -98,11 +107,10 @@ type Config struct {
 	// CloseTimeout bounds the release of all held locks in Close. Default
 	// 5 s. The caller's context of Close bounds only how long Close waits.
 	CloseTimeout time.Duration
-	// MaxBatch caps the items of one batched statement, at most
-	// pg.MaxBatch (10,000). Default pg.MaxBatch for acquires and releases
-	// and pg.MaxExtendBatch (100,000) for extends, so a heartbeat tick of
-	// up to 100,000 locks is one statement; a value set here caps extends
-	// too.
+	// MaxBatch caps the items of one batched statement, at most 10,000.
+	// Default 10,000 for acquires and releases and 100,000 for extends, so
+	// a heartbeat tick of up to 100,000 locks is one statement; a value
+	// set here caps extends too.
 	MaxBatch int
 	// MaxInFlight caps the batches of one kind (acquire, release, extend)
 	// in flight at once (not counting stuck ones: a batch unanswered for
@@ -127,17 +135,17 @@ type Config struct {
 }
 
 func (c Config) withDefaults() Config {
-	c.TTL = cmp.Or(c.TTL, DefaultTTL)
-	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
-	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
-	c.MaxBatch = cmp.Or(c.MaxBatch, DefaultMaxBatch)
-	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.TTL = cmp.Or(c.TTL, defaultTTL)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, defaultStatementTimeout)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, defaultCloseTimeout)
+	c.MaxBatch = cmp.Or(c.MaxBatch, pg.MaxBatch)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, defaultMaxInFlight)
 	c.NotifyChannel = cmp.Or(c.NotifyChannel, DefaultNotifyChannel)
 	return c
 }
 
 func invalid(op, msg string) error {
-	return pglease.NewError(pglease.CodeInvalidArgument, op, msg, nil)
+	return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
 }
 
 func (c Config) validate(op string) error {
@@ -151,7 +159,7 @@ func (c Config) validate(op string) error {
 	case c.CloseTimeout < 0:
 		return invalid(op, "CloseTimeout must not be negative")
 	case c.MaxBatch < 0 || c.MaxBatch > pg.MaxBatch:
-		return invalid(op, "MaxBatch must be between 0 and pg.MaxBatch")
+		return invalid(op, "MaxBatch must be between 0 and 10000")
 	case c.MaxInFlight < 0:
 		return invalid(op, "MaxInFlight must not be negative")
 	case c.ListenConnString != "" && c.DisableNotify:
@@ -167,7 +175,7 @@ func (c Config) validate(op string) error {
 			return err
 		}
 	}
-	if err := c.Retry.Validate(); err != nil {
+	if err := backoff.Validate(op, c.Retry); err != nil {
 		return err
 	}
 	return nil
@@ -176,10 +184,10 @@ func (c Config) validate(op string) error {
 // checkTTL validates a lease TTL (whole ms, not too large) and, for an
 // auto-extended lease, the floor and the margin.
 func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
-	if err := pglease.ValidateTTL(ttl); err != nil {
+	if err := keys.ValidateTTL(ttl); err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
-			return pglease.NewError(e.Code, op, e.Msg, nil)
+			return pgerr.New(e.Code, op, e.Msg, nil)
 		}
 		return reop(op, err)
 	}
@@ -194,8 +202,8 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 	}
 	if !auto {
 		// The grant must come back within ttl − margin of its attempt's
-		// start, or it is refused as late (issue 9.12: a 11 ms lease left
-		// a 1 ms window and could never be granted).
+		// start, or it is refused as late (an 11 ms lease would leave a
+		// 1 ms window and could never be granted).
 		m := margin
 		if m <= 0 {
 			m = heartbeat.DefaultMargin(ttl)
@@ -229,9 +237,9 @@ type Manager struct {
 	storeCfg       pg.Config
 	triggerChecked atomic.Bool
 	store          *pg.Store // immutable
-	// rec records spans, metrics and logs (internal/telemetry); immutable,
+	// rec records spans, metrics and logs (internal/obs); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
-	rec  *tel.Recorder
+	rec  *obs.Recorder
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
@@ -297,12 +305,12 @@ func Open(ctx context.Context, connString string, cfg Config) (*Manager, error) 
 }
 
 func openManager(op string, ctx context.Context, connString string, cfg Config, opts ...option) (*Manager, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	pcfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "bad connection string", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "bad connection string", nil)
 	}
 	if err := cfg.validate(op); err != nil {
 		return nil, err
@@ -315,7 +323,7 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "cannot create pool", err)
 	}
 	m, err := newManager(op, pool, true, cfg, opts...)
 	if err != nil {
@@ -334,15 +342,15 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	}
 	extBatch := cmp.Or(cfg.MaxBatch, pg.MaxExtendBatch)
 	cfg = cfg.withDefaults()
-	pcfg := pg.Config{LockTable: cfg.LockTable, FenceTable: cfg.FenceTable, Holder: cfg.Holder}
-	if !cfg.DisableNotify {
-		pcfg.NotifyChannel = cfg.NotifyChannel
+	pcfg := cfg.Config
+	if cfg.DisableNotify {
+		pcfg.NotifyChannel = ""
 	}
 	store, err := pg.New(pool, pcfg)
 	if err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
-			return nil, pglease.NewError(e.Code, op, e.Msg, e.Err)
+			return nil, pgerr.New(e.Code, op, e.Msg, e.Err)
 		}
 		return nil, reop(op, err)
 	}
@@ -352,7 +360,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		ownsPool:      owns,
 		store:         store,
 		storeCfg:      pcfg,
-		rec:           tel.New(cfg.Telemetry, dbTelemetry(pool)),
+		rec:           obs.New(cfg.Telemetry, dbTelemetry(pool)),
 		acquireCh:     make(chan *acquireReq),
 		releaseCh:     make(chan *releaseReq),
 		extendCh:      make(chan *extendReq),
@@ -402,7 +410,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 // migrations with their own tool instead (package pg/migrations).
 func (m *Manager) SetupSchema(ctx context.Context) error {
 	const op = "manager.SetupSchema"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if m.isClosing() {
@@ -455,11 +463,15 @@ func WithHoldLimit(d time.Duration) AcquireOption {
 }
 
 // WithTTL sets the lease TTL (default Config.TTL). It must be a whole
-// number of milliseconds, and at least heartbeat.MinAutoExtendTTL
-// (300 ms) unless WithoutAutoExtend is given too.
+// number of milliseconds, and at least 300 ms unless WithoutAutoExtend is
+// given too: the heartbeat extends a lease a third of the way into its
+// TTL and keeps the rest for retries, which a shorter TTL leaves too
+// little time for. The trust window of the lease is the TTL less the loss
+// margin (Config.LossMargin; by default TTL/10, at least 10 ms and at most
+// 5 s).
 func WithTTL(ttl time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
-		if err := pglease.ValidateTTL(ttl); err != nil {
+		if err := keys.ValidateTTL(ttl); err != nil {
 			return err
 		}
 		o.ttl = ttl
@@ -496,14 +508,14 @@ func WithoutAutoExtend() AcquireOption {
 
 // newAcquireReq validates everything before any I/O.
 func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try bool, opts []AcquireOption) (*acquireReq, time.Duration, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, 0, err
 	}
-	nk, err := pglease.NormalizeKey(key)
+	nk, err := keys.NormalizeKey(key)
 	if err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
-			return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
+			return nil, 0, pgerr.New(e.Code, op, e.Msg, nil)
 		}
 		return nil, 0, reop(op, err)
 	}
@@ -515,7 +527,7 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		if err := f(&o); err != nil {
 			var e *pglease.Error
 			if errors.As(err, &e) {
-				return nil, 0, pglease.NewError(e.Code, op, e.Msg, nil)
+				return nil, 0, pgerr.New(e.Code, op, e.Msg, nil)
 			}
 			return nil, 0, reop(op, err)
 		}
@@ -605,20 +617,20 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	}
 	switch {
 	case !timedOut && r.heldHere:
-		return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock: "+heldHereMsg, wrapped)
+		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock: "+heldHereMsg, wrapped)
 	case !timedOut:
-		return pglease.NewError(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
+		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
 	case r.heldHere:
-		return pglease.NewError(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
+		return pgerr.New(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
 	case r.lastErr != nil && unreachable(wrapped):
-		return pglease.NewError(pglease.CodeOf(wrapped), op,
+		return pgerr.New(pglease.CodeOf(wrapped), op,
 			"the database could not be reached before the wait ended (the key's last attempt, or a release it waited for, failed and no attempt since reached it); no lock was granted", wrapped)
 	}
 	msg := "lock not acquired before the wait ended"
 	if r.heldBy != "" {
 		msg += " (held by " + r.heldBy + " when last checked)"
 	}
-	return pglease.NewError(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
+	return pgerr.New(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 }
 
 // Acquire waits for the lock on key and returns it. All callers of this
@@ -688,8 +700,8 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 // startAcquire starts req's pglease.acquire span, a child of the span in
 // ctx, and returns ctx carrying it (for the wait).
 func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Context {
-	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(req.key, req.hash), tel.AcquireInfo{
-		Kind: tel.KindLease, TTL: req.ttl, Try: req.try,
+	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(req.key, req.hash), obs.AcquireInfo{
+		Kind: obs.KindLease, TTL: req.ttl, Try: req.try,
 	})
 	return ctx
 }
@@ -775,13 +787,13 @@ func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Contex
 // userErr labels the error of a database attempt made for a caller with
 // the call the caller made (op), keeping the attempt's error as the cause.
 // An ambiguous attempt is not ambiguous to the caller: the lock was not
-// granted to it, and the Manager releases the lockId it had sent (S5), so
+// granted to it, and the Manager releases the lockId it had sent (ambiguity is never success), so
 // the caller gets the code of what went wrong (a timeout, a lost
 // connection), which says whether trying again can work.
 func userErr(op string, err error) error {
 	var e *pglease.Error
 	if !errors.As(err, &e) {
-		return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
+		return pgerr.New(pglease.CodeInternal, op, "unexpected error", err)
 	}
 	if e.Op == op {
 		return err
@@ -790,17 +802,17 @@ func userErr(op string, err error) error {
 	if e.Code == pglease.CodeAmbiguous {
 		msg = "attempt failed with its outcome unknown; its lockId is being released"
 	}
-	return pglease.NewError(attemptCode(e), op, msg, err)
+	return pgerr.New(attemptCode(e), op, msg, err)
 }
 
 func closedErr(op string) error {
-	return pglease.NewError(pglease.CodeClosed, op, "manager closed", nil)
+	return pgerr.New(pglease.CodeClosed, op, "manager closed", nil)
 }
 
 // dbTelemetry names the pool's server and database for the
 // semantic-convention attributes of database spans (server.address,
 // server.port, db.namespace).
-func dbTelemetry(pool *pgxpool.Pool) tel.Database {
+func dbTelemetry(pool *pgxpool.Pool) obs.Database {
 	cc := pool.Config().ConnConfig
-	return tel.Database{Address: cc.Host, Port: int(cc.Port), Namespace: cc.Database}
+	return obs.Database{Address: cc.Host, Port: int(cc.Port), Namespace: cc.Database}
 }

@@ -48,7 +48,7 @@ func pauseChild() int {
 	// fires over a second late, i.e. after the stop, acts only
 	// pauseTimerLate later: after SIGCONT the runtime runs timers within
 	// microseconds to a few milliseconds (an Err in that gap answered nil
-	// in 10 of 12 trials of issue 16.3); the hook makes the gap certain, so
+	// in 10 of 12 trials); the hook makes the gap certain, so
 	// that the test fails every time Err relies on a timer.
 	afterStop := func(late time.Duration) {
 		if late > time.Second {
@@ -112,7 +112,7 @@ func firstErrAfterStop(lk *Lock, start time.Time) string {
 	}
 }
 
-// TestErrAfterStop (issue 16.3): a holder whose process was stopped
+// TestErrAfterStop: a holder whose process was stopped
 // (SIGSTOP) longer than its trust window, while another process took the
 // key, must not read "held" from Lock.Err after it resumes, not even for
 // the few microseconds before its loss timer fires: Err reads the

@@ -263,7 +263,7 @@ func BenchmarkPgBouncer(b *testing.B) {
 		if err := st.SetupSchema(context.Background()); err != nil {
 			b.Fatal(err)
 		}
-		m, err := New(pool, Config{LockTable: schema + ".locks", FenceTable: schema + ".fences", ListenConnString: direct})
+		m, err := New(pool, Config{Config: pg.Config{LockTable: schema + ".locks", FenceTable: schema + ".fences"}, ListenConnString: direct})
 		if err != nil {
 			b.Fatal(err)
 		}

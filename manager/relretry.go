@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Releases whose outcome is unknown are retried (issue 17.1). A release
+// Releases whose outcome is unknown are retried. A release
 // that fails because the database does not answer (a crash, a failover, a
 // dead connection) may or may not have happened; until it does, the key's
 // row blocks every acquirer, of this process and of others, until the

@@ -5,7 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -35,7 +35,7 @@ type acquireReq struct {
 	// Granted (before replying); the caller calls Failed or NotAcquired
 	// after its answer. Never nil (a Manager always has a Recorder), but
 	// nil-safe anyway.
-	acq *telemetry.Acquisition
+	acq *obs.Acquisition
 
 	// reply has capacity 1; run sends on it at most once. After the
 	// caller sent the request on abandonCh it never reads reply again:
@@ -88,7 +88,7 @@ type notice struct {
 // goroutine only reads lockID and ttl.
 type attempt struct {
 	ks     *keyState
-	lockID string // pre-generated, so an ambiguous outcome can be released (S5)
+	lockID string // pre-generated, so an ambiguous outcome can be released (ambiguity is never success)
 	ttl    time.Duration
 	// Owned by run (flight.go): chain numbers the key's attempt and its
 	// hedges (an answer from any of them is the key's answer, the first
@@ -135,7 +135,7 @@ type releaseItem struct {
 	tries int
 	retry bool
 
-	rel telemetry.Release // the pglease.release span; zero for orphan releases
+	rel obs.Release // the pglease.release span; zero for orphan releases
 	// sc is the span the release is made for: rel's, or for an orphan
 	// release the round trip whose attempt it undoes (attempt.db). The
 	// parent of a DB span carrying only this item; linked from one
@@ -167,6 +167,6 @@ type extendDone struct {
 	start time.Time // local time just before the statement was sent
 	res   []pg.ExtendResult
 	err   error
-	hb    telemetry.Heartbeat // the round's pglease.heartbeat span, ended by run
-	db    trace.SpanContext   // the round trip's pglease.extend_many span
+	hb    obs.Heartbeat     // the round's pglease.heartbeat span, ended by run
+	db    trace.SpanContext // the round trip's pglease.extend_many span
 }

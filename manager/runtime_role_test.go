@@ -15,7 +15,7 @@ import (
 	"github.com/pglease/pglease/pg/advisory"
 )
 
-// TestRuntimeRoleManager (issue 10 §3): every lock operation of the
+// TestRuntimeRoleManager: every lock operation of the
 // Manager runs as the runtime role of pg/roles.sql (no DDL, no DELETE on
 // the fence table, not superuser); only the schema setup ran as the owner
 // (pgtest.RoleSchemaForTest). Two Managers, each on its own pool of the

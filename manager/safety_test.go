@@ -10,10 +10,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
-// TestLostLeaseRowKept (issue 9.4, S4): a lease the Manager declared lost
+// TestLostLeaseRowKept (timely loss signal): a lease the Manager declared lost
 // on its own clock stays on the server until its holder calls Release or
 // it expires: the loss margin and the takeover tolerance protect a holder
 // slow to notice. Neither this Manager nor another process gets the key in
@@ -86,7 +87,7 @@ func TestLostLeaseRowKept(t *testing.T) {
 	}
 }
 
-// TestStatementTimeoutIsRetryable (issue 9.3): when the Manager's own
+// TestStatementTimeoutIsRetryable: when the Manager's own
 // statement timeout ends an attempt while the caller's context is alive,
 // the caller gets a retryable CodeNetworkTimeout, not CodeAborted (which
 // means the caller's context ended), and the error's Op is the call the
@@ -163,7 +164,7 @@ func TestStatementTimeoutIsRetryable(t *testing.T) {
 	}
 }
 
-// TestClosedPoolFailsAtOnce (issue 9.12): a pool closed under the Manager
+// TestClosedPoolFailsAtOnce: a pool closed under the Manager
 // is not a retryable ServiceUnavailable that makes Acquire wait its whole
 // timeout: the wait ends at once with CodeClosed.
 func TestClosedPoolFailsAtOnce(t *testing.T) {
@@ -193,7 +194,7 @@ func TestClosedPoolFailsAtOnce(t *testing.T) {
 	}
 }
 
-// TestUnassignedCodePointKeyNoIO (issue 9.6): a key with a code point
+// TestUnassignedCodePointKeyNoIO: a key with a code point
 // unassigned in pglease's Unicode version is InvalidArgument, with a
 // message that says why, before any query.
 func TestUnassignedCodePointKeyNoIO(t *testing.T) {
@@ -202,8 +203,8 @@ func TestUnassignedCodePointKeyNoIO(t *testing.T) {
 	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
 	key := "\U000105D2\u0307"
-	if _, err := pglease.NormalizeKey(key); err == nil {
-		t.Skipf("U+105D2 is assigned in Unicode %s: nothing to refuse", pglease.UnicodeVersion)
+	if _, err := keys.NormalizeKey(key); err == nil {
+		t.Skipf("U+105D2 is assigned in Unicode %s: nothing to refuse", keys.UnicodeVersion)
 	}
 	before := qc.n.Load()
 	_, err := b.m.Acquire(ctx, key)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // dbSpanAttrs returns the attributes of the ended client spans named op.
@@ -50,7 +49,7 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	acq := dbSpanAttrs(r.spans.Ended(), telemetry.SpanAcquireMany)
+	acq := dbSpanAttrs(r.spans.Ended(), spanAcquireMany)
 	if len(acq) == 0 {
 		t.Fatal("no acquire_many span")
 	}
@@ -62,7 +61,7 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 			t.Errorf("a successful round trip has db.response.status_code: %v", set.ToSlice())
 		}
 	}
-	if n := countOf(t, r.metrics(t)["db.client.operation.duration"], append(server, semconv.DBOperationName(telemetry.SpanAcquireMany))...); n == 0 {
+	if n := countOf(t, r.metrics(t)["db.client.operation.duration"], append(server, semconv.DBOperationName(spanAcquireMany))...); n == 0 {
 		t.Error("db.client.operation.duration has no point with the server attributes")
 	}
 
@@ -88,7 +87,7 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 	}
 	want := append(server, semconv.DBResponseStatusCode(st.SQLState()), semconv.ErrorTypeKey.String("InvalidArgument"))
 	found := false
-	for _, set := range dbSpanAttrs(r.spans.Ended(), telemetry.SpanAcquireMany) {
+	for _, set := range dbSpanAttrs(r.spans.Ended(), spanAcquireMany) {
 		if _, ok := set.Value(semconv.DBResponseStatusCodeKey); ok {
 			found = true
 			if !has(set, want...) {

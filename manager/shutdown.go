@@ -7,6 +7,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Close stops the Manager, in this order: new calls fail with ErrClosed;
@@ -44,7 +45,7 @@ func (m *Manager) Close(ctx context.Context) error {
 	case <-m.done:
 		return m.closeErr
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the shutdown finished", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the shutdown finished", ctx.Err())
 	}
 }
 

@@ -9,14 +9,16 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
-	"github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/internal/backoff"
+	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/retry"
 )
 
 // maxFenceMemory caps how many keys' highest fences the loop remembers for
-// the fence-regression check (S1); beyond it, entries of idle keys are
+// the fence-regression check (fence monotonicity); beyond it, entries of idle keys are
 // dropped.
 const maxFenceMemory = 100_000
 
@@ -28,8 +30,8 @@ type loopState struct {
 	keys    map[string]*keyState     // keys with waiters, an attempt, a holder or a release in flight
 	byHash  map[string]*keyState     // pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
 	held    map[*holding]struct{}    // locks this process holds
-	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (S4)
-	fences  map[string]pglease.Fence // highest fence seen per key not in keys (S1 regression check; keyState.fence for the others)
+	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
+	fences  map[string]pglease.Fence // highest fence seen per key not in keys (fence-regression check; keyState.fence for the others)
 	retries retryHeap                // scheduled retries, earliest first
 	loss    *lossWatch               // loss deadlines of the held leases (losswatch.go); has its own mutex
 	hbNext  time.Time                // next heartbeat event (zero: none)
@@ -71,7 +73,7 @@ type keyState struct {
 	cont      *keyContention // made on the key's first failed or "locked" attempt (most keys have none)
 	lastErr   error          // failure of the key's last attempt, or of a later release or extend of it, until an attempt or extend reaches the database (waitErr)
 	chains    uint64         // numbers the key's attempt chains (flight.go)
-	fence     pglease.Fence  // highest fence seen for the key, if hasFence (S1; st.fences keeps it when ks goes)
+	fence     pglease.Fence  // highest fence seen for the key, if hasFence (fence monotonicity; st.fences keeps it when ks goes)
 	hasFence  bool
 	woken     bool  // a release notification came while an attempt was in flight
 	waitReg   bool  // its waiter lock is asked for (waiters.go)
@@ -80,7 +82,7 @@ type keyState struct {
 
 // keyContention is what a contended key keeps between attempts.
 type keyContention struct {
-	bo *retry.Backoff // the key's backoff (not thread-safe; loop-owned)
+	bo *backoff.Backoff // the key's backoff (not thread-safe; loop-owned)
 	// heldBy is the holder identity the last "locked" answer named ("":
 	// none known), for the error of a wait that ends without the lock
 	// (heldBy).
@@ -101,8 +103,8 @@ func (ks *keyState) heldBy() string {
 type holding struct {
 	lock  *Lock
 	ks    *keyState
-	acq   *telemetry.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
-	lease heartbeat.Lease        // last successful attempt; Pending/NotBefore/Manual
+	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
+	lease heartbeat.Lease  // last successful attempt; Pending/NotBefore/Manual
 	// lossAt is lease.TrustedUntil() in st.loss, which ends the lock at
 	// that time independently of the loop; lossIdx is the holding's
 	// position in st.loss's heap (-1: not in it), lossFired tells that
@@ -232,7 +234,7 @@ func (st *loopState) kick(ks *keyState) {
 	}
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
 	st.pendAcquire = append(st.pendAcquire, a)
 }
@@ -262,7 +264,7 @@ func (st *loopState) scheduleRetry(ks *keyState, now, freeAt time.Time) {
 // keys are never contended and keep none.
 func (st *loopState) contended(ks *keyState) *keyContention {
 	if ks.cont == nil {
-		ks.cont = &keyContention{bo: retry.New(st.m.cfg.Retry, retry.Options{})}
+		ks.cont = &keyContention{bo: backoff.New(st.m.cfg.Retry, backoff.Options{})}
 	}
 	return ks.cont
 }
@@ -270,7 +272,7 @@ func (st *loopState) contended(ks *keyState) *keyContention {
 // takeoverAt is when a key found held can be taken over on this process's
 // monotonic clock, if its holder neither extends nor releases it: r is
 // the "locked" answer, received by now. The server grants the key from
-// the holder's expires_at + pglease.TimeTolerance on its own clock,
+// the holder's expires_at + 1 s (keys.TimeTolerance) on its own clock,
 // r.RetryAfter after its clock reading during the attempt, which came
 // before now: now + RetryAfter is not early, and late by at most the
 // round trip. 1 ms + 500 ppm of the wait cover the clocks' rates. Zero
@@ -358,15 +360,15 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 // set, gets the outcome. parent is the releasing caller's span (invalid
 // when the loop releases on its own): the pglease.release span's parent.
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
-	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (16.3)
+	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (after a pause)
 	st.dropHolding(h, releasedCause)
 	// A grant taken back from a caller who left (no reply) was never
 	// handed to anyone.
 	it := releaseItem{lockID: h.lock.id, key: h.ks.key, ks: h.ks, reply: reply, ttl: h.lock.ttl, handed: reply != nil}
 	if c := context.Cause(h.lock.ctx); errors.Is(c, pglease.ErrLockLost) {
-		it.lost = pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+		it.lost = pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 		// Its loss timer fired before the loop noticed: report the loss.
-		h.acq.Lost(telemetry.LossExpired, trace.SpanContext{})
+		h.acq.Lost(obs.LossExpired, trace.SpanContext{})
 	}
 	it.rel, it.sc = startRelease(h, parent)
 	h.ks.releasing++
@@ -378,7 +380,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 
 // startRelease starts h's pglease.release span (loop), as a child of
 // parent when it is valid, and returns it with its span context.
-func startRelease(h *holding, parent trace.SpanContext) (telemetry.Release, trace.SpanContext) {
+func startRelease(h *holding, parent trace.SpanContext) (obs.Release, trace.SpanContext) {
 	ctx := context.Background()
 	if parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, parent)
@@ -394,11 +396,11 @@ func startRelease(h *holding, parent trace.SpanContext) (telemetry.Release, trac
 // When the server may still have the row (rowMayRemain: the trust window
 // passed, or a late extend succeeded after it), the row is not released:
 // the loss margin and the server's 1 s takeover tolerance protect a holder
-// slow to notice its loss, and releasing now would give them away (S4).
+// slow to notice its loss, and releasing now would give them away (timely loss signal).
 // The row stays until the holder calls Release (it has stopped: releasing
 // is safe then), Close, or its expiry. Otherwise (the server refused the
 // extend: no row of ours is left) local waiters try at once.
-func (st *loopState) lose(h *holding, cause error, rowMayRemain bool, lc telemetry.LossCause, by trace.SpanContext) {
+func (st *loopState) lose(h *holding, cause error, rowMayRemain bool, lc obs.LossCause, by trace.SpanContext) {
 	ks := h.ks
 	st.dropHolding(h, cause)
 	h.acq.Lost(lc, by)
@@ -450,7 +452,7 @@ func (st *loopState) pruneKept(now time.Time) {
 // called Release, or Close); reply, if set, gets the loss as the outcome.
 func (st *loopState) releaseKept(h *holding, reply chan error) {
 	it := releaseItem{lockID: h.lock.id, key: h.ks.key, reply: reply, ttl: h.lock.ttl, handed: true,
-		lost: pglease.NewError(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
+		lost: pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.ctx))}
 	if !st.closing {
 		ks := st.keyFor(h.ks.key, h.ks.hash) // h.ks may have been forgotten since
 		ks.releasing++
@@ -484,7 +486,7 @@ func (l *Lock) lossTimerFired() {
 // monotonic clock, whether or not its loss timer has fired: after the
 // process was stopped (SIGSTOP, a VM pause) longer than the window, the
 // timer fires only some time after the process runs again, and until then
-// the context alone would still say "held" (16.3). Safe from any
+// the context alone would still say "held" (after a pause). Safe from any
 // goroutine; a no-op for a lock that already ended.
 func (l *Lock) checkTrust(now time.Time) {
 	if l.lease == nil || l.ctx.Err() != nil {
@@ -496,14 +498,14 @@ func (l *Lock) checkTrust(now time.Time) {
 }
 
 func lostCause(msg string) error {
-	return pglease.NewError(pglease.CodeLockLost, "manager.Lock", msg, nil)
+	return pgerr.New(pglease.CodeLockLost, "manager.Lock", msg, nil)
 }
 
-var closedCause = pglease.NewError(pglease.CodeClosed, "manager.Close", "manager closed", nil)
+var closedCause = pgerr.New(pglease.CodeClosed, "manager.Close", "manager closed", nil)
 
 // holdLimitCause is the cause of a lock's context at its hold limit.
 func holdLimitCause(d time.Duration) error {
-	return pglease.NewError(pglease.CodeHoldLimitExceeded, "manager.Lock",
+	return pgerr.New(pglease.CodeHoldLimitExceeded, "manager.Lock",
 		"the lock reached its hold limit ("+d.String()+"); stop and release it (it is held until Release or expiry, no longer extended)", nil)
 }
 
@@ -613,21 +615,21 @@ func leadingTries(q []*acquireReq) int {
 // noteAttempt records one database attempt, carried by the round trip
 // db, on behalf of every waiter in reqs: attempts are counted per caller.
 // Call it before answering them.
-func noteAttempt(reqs []*acquireReq, db trace.SpanContext, o telemetry.AttemptOutcome, retryIn time.Duration) {
+func noteAttempt(reqs []*acquireReq, db trace.SpanContext, o obs.AttemptOutcome, retryIn time.Duration) {
 	for _, r := range reqs {
 		r.acq.Attempt(db, o, retryIn)
 	}
 }
 
 // reportDepth publishes the loop's queue depths (atomic stores only).
-func (st *loopState) reportDepth(l *telemetry.Loop) {
+func (st *loopState) reportDepth(l *obs.Loop) {
 	if l == nil {
 		return
 	}
-	l.SetDepth(telemetry.QueueWaiters, st.waiting)
-	l.SetDepth(telemetry.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend)+len(st.pendHandOff))
-	l.SetDepth(telemetry.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
-	l.SetDepth(telemetry.QueueDue, len(st.retries)+len(st.held))
+	l.SetDepth(obs.QueueWaiters, st.waiting)
+	l.SetDepth(obs.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend)+len(st.pendHandOff))
+	l.SetDepth(obs.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
+	l.SetDepth(obs.QueueDue, len(st.retries)+len(st.held))
 }
 
 // failAll answers every waiter of ks with err.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
@@ -150,7 +151,7 @@ func takeOver(t testing.TB, b *bundle, key string, ttl time.Duration) (late, sin
 		t.Fatal(r.err)
 	}
 	sinceKill = time.Since(killed)
-	late = r.lk.AcquiredAt().Sub(time.UnixMilli(h.expiresAt).Add(pglease.TimeTolerance))
+	late = r.lk.AcquiredAt().Sub(time.UnixMilli(h.expiresAt).Add(keys.TimeTolerance))
 	if err := r.lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -202,10 +202,10 @@ func events(s sdktrace.ReadOnlySpan, name string) []sdktrace.Event {
 }
 
 var (
-	kindLease   = telemetry.AttrLockKind.String("lease")
+	kindLease   = attrLockKind.String("lease")
 	dbPostgres  = attribute.String("db.system.name", "postgresql")
-	outcomeOK   = telemetry.AttrOutcome.String("ok")
-	outcomeGrnt = telemetry.AttrOutcome.String("granted")
+	outcomeOK   = attrOutcome.String("ok")
+	outcomeGrnt = attrOutcome.String("granted")
 )
 
 // TestTelemetryUncontended: one acquire and its release, under a caller's
@@ -232,49 +232,49 @@ func TestTelemetryUncontended(t *testing.T) {
 	root.End()
 
 	spans := rg.spans.Ended()
-	acq := one(t, spans, telemetry.SpanAcquire)
+	acq := one(t, spans, spanAcquire)
 	if !childOf(acq, root.SpanContext()) {
 		t.Error("pglease.acquire is not a child of the caller's span")
 	}
 	wantAttrs(t, acq,
-		telemetry.AttrKeyHash.String(pglease.HashKey("solo")), kindLease,
-		telemetry.AttrTTL.Float64(10), telemetry.AttrTry.Bool(false), outcomeGrnt,
-		telemetry.AttrAttempts.Int64(1), telemetry.AttrContended.Bool(false), telemetry.AttrCoalesced.Bool(false),
-		telemetry.AttrFence.Int64(int64(lk.Fence())))
+		attrKeyHash.String(pglease.HashKey("solo")), kindLease,
+		attrTTL.Float64(10), attrTry.Bool(false), outcomeGrnt,
+		attrAttempts.Int64(1), attrContended.Bool(false), attrCoalesced.Bool(false),
+		attrFence.Int64(int64(lk.Fence())))
 	if acq.Status().Code != codes.Unset {
 		t.Errorf("acquire status = %v", acq.Status())
 	}
-	if q := events(acq, telemetry.EventQueued); len(q) != 1 || attrOf(q[0].Attributes, telemetry.AttrQueuePosition).AsInt64() != 0 {
+	if q := events(acq, eventQueued); len(q) != 1 || attrOf(q[0].Attributes, attrQueuePosition).AsInt64() != 0 {
 		t.Errorf("queued events = %v", q)
 	}
-	if a := events(acq, telemetry.EventAttempt); len(a) != 1 || attrOf(a[0].Attributes, telemetry.AttrOutcome).AsString() != "granted" {
+	if a := events(acq, eventAttempt); len(a) != 1 || attrOf(a[0].Attributes, attrOutcome).AsString() != "granted" {
 		t.Errorf("attempt events = %v", a)
 	}
-	adb := one(t, spans, telemetry.SpanAcquireMany)
+	adb := one(t, spans, spanAcquireMany)
 	if adb.SpanKind() != trace.SpanKindClient || !childOf(adb, acq.SpanContext()) || !linksTo(acq, adb.SpanContext()) {
 		t.Errorf("acquire_many: kind %v, child of acquire %v, linked %v", adb.SpanKind(),
 			childOf(adb, acq.SpanContext()), linksTo(acq, adb.SpanContext()))
 	}
 	wantAttrs(t, adb, dbPostgres, attribute.String("db.operation.name", "pglease.acquire_many"),
-		telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1), outcomeOK)
+		attrBatchSize.Int(1), attrBatchOK.Int(1), outcomeOK)
 
-	rel := one(t, spans, telemetry.SpanRelease)
-	rdb := one(t, spans, telemetry.SpanReleaseMany)
+	rel := one(t, spans, spanRelease)
+	rdb := one(t, spans, spanReleaseMany)
 	if !childOf(rel, root.SpanContext()) || !linksTo(rel, acq.SpanContext()) || !linksTo(rel, rdb.SpanContext()) {
 		t.Error("pglease.release: not a child of the caller's span, or not linked to the acquire and its round trip")
 	}
 	if !childOf(rdb, rel.SpanContext()) || rdb.SpanKind() != trace.SpanKindClient {
 		t.Error("release_many is not a client child of pglease.release")
 	}
-	wantAttrs(t, rel, outcomeOK, kindLease, telemetry.AttrKeyHash.String(pglease.HashKey("solo")))
-	wantAttrs(t, rdb, telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1))
-	if held := attrOf(rel.Attributes(), telemetry.AttrHeldFor).AsFloat64(); held <= 0 {
+	wantAttrs(t, rel, outcomeOK, kindLease, attrKeyHash.String(pglease.HashKey("solo")))
+	wantAttrs(t, rdb, attrBatchSize.Int(1), attrBatchOK.Int(1))
+	if held := attrOf(rel.Attributes(), attrHeldFor).AsFloat64(); held <= 0 {
 		t.Errorf("held_for = %v", held)
 	}
-	if l := named(spans, telemetry.SpanListen); len(l) == 0 || attrOf(l[0].Attributes(), telemetry.AttrOutcome).AsString() != "ok" {
+	if l := named(spans, spanListen); len(l) == 0 || attrOf(l[0].Attributes(), attrOutcome).AsString() != "ok" {
 		t.Error("no successful pglease.listen span")
 	}
-	if n := len(named(spans, telemetry.SpanLost)); n != 0 {
+	if n := len(named(spans, spanLost)); n != 0 {
 		t.Errorf("%d pglease.lost spans", n)
 	}
 
@@ -373,40 +373,40 @@ func TestTelemetryContended(t *testing.T) {
 	}
 
 	spans := rg.spans.Ended()
-	acqs := named(spans, telemetry.SpanAcquire)
+	acqs := named(spans, spanAcquire)
 	if len(acqs) != 2 {
 		t.Fatalf("%d acquire spans", len(acqs))
 	}
 	a1, a2 := acqs[0], acqs[1]
-	if attrOf(a1.Attributes(), telemetry.AttrFence).AsInt64() > attrOf(a2.Attributes(), telemetry.AttrFence).AsInt64() {
+	if attrOf(a1.Attributes(), attrFence).AsInt64() > attrOf(a2.Attributes(), attrFence).AsInt64() {
 		a1, a2 = a2, a1
 	}
-	wantAttrs(t, a1, outcomeGrnt, telemetry.AttrContended.Bool(true), telemetry.AttrCoalesced.Bool(false),
-		telemetry.AttrFence.Int64(int64(r1.lk.Fence())))
-	wantAttrs(t, a2, outcomeGrnt, telemetry.AttrContended.Bool(true), telemetry.AttrCoalesced.Bool(true),
-		telemetry.AttrFence.Int64(int64(r2.lk.Fence())))
+	wantAttrs(t, a1, outcomeGrnt, attrContended.Bool(true), attrCoalesced.Bool(false),
+		attrFence.Int64(int64(r1.lk.Fence())))
+	wantAttrs(t, a2, outcomeGrnt, attrContended.Bool(true), attrCoalesced.Bool(true),
+		attrFence.Int64(int64(r2.lk.Fence())))
 	for i, a := range []sdktrace.ReadOnlySpan{a1, a2} {
-		attempts := events(a, telemetry.EventAttempt)
-		n := attrOf(a.Attributes(), telemetry.AttrAttempts).AsInt64()
+		attempts := events(a, eventAttempt)
+		n := attrOf(a.Attributes(), attrAttempts).AsInt64()
 		if n < 2 || int(n) != len(attempts) {
 			t.Errorf("caller %d: attempts attribute %d, %d attempt events", i+1, n, len(attempts))
 		}
 		contended := 0
 		for _, e := range attempts {
-			if attrOf(e.Attributes, telemetry.AttrOutcome).AsString() == "contended" {
+			if attrOf(e.Attributes, attrOutcome).AsString() == "contended" {
 				contended++
 			}
 		}
 		last := attempts[len(attempts)-1]
-		if contended == 0 || attrOf(last.Attributes, telemetry.AttrOutcome).AsString() != "granted" {
+		if contended == 0 || attrOf(last.Attributes, attrOutcome).AsString() != "granted" {
 			t.Errorf("caller %d: %d contended attempts, last %v", i+1, contended, last.Attributes)
 		}
 		if len(a.Links()) == 0 {
 			t.Errorf("caller %d: no links to round trips", i+1)
 		}
 	}
-	if q := events(a2, telemetry.EventQueued); len(q) != 1 || !attrOf(q[0].Attributes, telemetry.AttrCoalesced).AsBool() ||
-		attrOf(q[0].Attributes, telemetry.AttrQueuePosition).AsInt64() != 1 {
+	if q := events(a2, eventQueued); len(q) != 1 || !attrOf(q[0].Attributes, attrCoalesced).AsBool() ||
+		attrOf(q[0].Attributes, attrQueuePosition).AsInt64() != 1 {
 		t.Errorf("second caller's queued event = %v", q)
 	}
 	// The first batch sent after both queued served both and answered
@@ -414,10 +414,10 @@ func TestTelemetryContended(t *testing.T) {
 	// caller's acquire span) and links, from its start, to the second
 	// caller's, which links to it too.
 	shared := 0
-	for _, db := range named(spans, telemetry.SpanAcquireMany) {
+	for _, db := range named(spans, spanAcquireMany) {
 		if linksTo(a1, db.SpanContext()) && linksTo(a2, db.SpanContext()) &&
 			childOf(db, a1.SpanContext()) && linksTo(db, a2.SpanContext()) &&
-			attrOf(db.Attributes(), telemetry.AttrBatchOK).AsInt64() == 0 {
+			attrOf(db.Attributes(), attrBatchOK).AsInt64() == 0 {
 			shared++
 		}
 	}
@@ -428,8 +428,8 @@ func TestTelemetryContended(t *testing.T) {
 	// trip (pglease.handoff): a child of the second caller's acquire span
 	// (it grants it), linked to the first caller's release span.
 	handoff := false
-	for _, db := range named(spans, telemetry.SpanHandOff) {
-		for _, rel := range named(spans, telemetry.SpanRelease) {
+	for _, db := range named(spans, spanHandOff) {
+		for _, rel := range named(spans, spanRelease) {
 			handoff = handoff || (childOf(db, a2.SpanContext()) && linksTo(a2, db.SpanContext()) && linksTo(db, rel.SpanContext()))
 		}
 	}
@@ -447,7 +447,7 @@ func TestTelemetryContended(t *testing.T) {
 	// went back to zero (reported on every loop iteration since).
 	d := ms["pglease.manager.queue.depth"].Data.(metricdata.Gauge[int64])
 	for _, dp := range d.DataPoints {
-		if has(dp.Attributes, telemetry.AttrQueue.String("waiters")) && dp.Value != 0 {
+		if has(dp.Attributes, attrQueue.String("waiters")) && dp.Value != 0 {
 			t.Errorf("queue.depth{waiters} = %d after both were served", dp.Value)
 		}
 	}
@@ -474,8 +474,8 @@ func TestTelemetryHeartbeat(t *testing.T) {
 	}
 	spans := rg.spans.Ended()
 	var hb sdktrace.ReadOnlySpan
-	for _, s := range named(spans, telemetry.SpanHeartbeat) {
-		if attrOf(s.Attributes(), telemetry.AttrExtended).AsInt64() >= 1 {
+	for _, s := range named(spans, spanHeartbeat) {
+		if attrOf(s.Attributes(), attrExtended).AsInt64() >= 1 {
 			hb = s
 			break
 		}
@@ -483,12 +483,12 @@ func TestTelemetryHeartbeat(t *testing.T) {
 	if hb == nil {
 		t.Fatal("no pglease.heartbeat span that extended a lock")
 	}
-	wantAttrs(t, hb, telemetry.AttrDue.Int(1), telemetry.AttrLost.Int(0), outcomeOK)
+	wantAttrs(t, hb, attrDue.Int(1), attrLost.Int(0), outcomeOK)
 	found := false
-	for _, db := range named(spans, telemetry.SpanExtendMany) {
+	for _, db := range named(spans, spanExtendMany) {
 		if childOf(db, hb.SpanContext()) {
 			found = true
-			wantAttrs(t, db, dbPostgres, telemetry.AttrBatchSize.Int(1), telemetry.AttrBatchOK.Int(1))
+			wantAttrs(t, db, dbPostgres, attrBatchSize.Int(1), attrBatchOK.Int(1))
 		}
 	}
 	if !found {
@@ -523,18 +523,18 @@ func TestTelemetryLoss(t *testing.T) {
 		t.Fatalf("Release = %v", err)
 	}
 	spans := rg.spans.Ended()
-	acq := one(t, spans, telemetry.SpanAcquire)
-	lost := one(t, spans, telemetry.SpanLost)
+	acq := one(t, spans, spanAcquire)
+	lost := one(t, spans, spanLost)
 	if !childOf(lost, acq.SpanContext()) {
 		t.Error("pglease.lost is not a child of the lock's acquire span")
 	}
-	wantAttrs(t, lost, telemetry.AttrKeyHash.String(pglease.HashKey("vanish")), kindLease,
-		telemetry.AttrLossCause.String("not_held"), attribute.String("error.type", "LockLost"))
+	wantAttrs(t, lost, attrKeyHash.String(pglease.HashKey("vanish")), kindLease,
+		attrLossCause.String("not_held"), attribute.String("error.type", "LockLost"))
 	if st := lost.Status(); st.Code != codes.Error || st.Description != "LockLost" {
 		t.Errorf("lost status = %+v", st)
 	}
 	var by sdktrace.ReadOnlySpan
-	for _, db := range named(spans, telemetry.SpanExtendMany) {
+	for _, db := range named(spans, spanExtendMany) {
 		if linksTo(lost, db.SpanContext()) {
 			by = db
 		}
@@ -542,22 +542,22 @@ func TestTelemetryLoss(t *testing.T) {
 	if by == nil {
 		t.Fatal("pglease.lost is not linked to an extend round trip")
 	}
-	wantAttrs(t, by, telemetry.AttrBatchOK.Int(0))
+	wantAttrs(t, by, attrBatchOK.Int(0))
 	hbFound := false
-	for _, hb := range named(spans, telemetry.SpanHeartbeat) {
+	for _, hb := range named(spans, spanHeartbeat) {
 		if by.Parent().SpanID() == hb.SpanContext().SpanID() {
 			hbFound = true
-			wantAttrs(t, hb, telemetry.AttrLost.Int(1), telemetry.AttrExtended.Int(0))
+			wantAttrs(t, hb, attrLost.Int(1), attrExtended.Int(0))
 		}
 	}
 	if !hbFound {
 		t.Error("the extend that found the loss has no heartbeat parent")
 	}
-	if n := len(named(spans, telemetry.SpanRelease)); n != 0 {
+	if n := len(named(spans, spanRelease)); n != 0 {
 		t.Errorf("%d release spans for a lock that was lost", n)
 	}
 	ms := rg.metrics(t)
-	if n := sumOf(t, ms["pglease.lock.lost"], kindLease, telemetry.AttrLossCause.String("not_held")); n != 1 {
+	if n := sumOf(t, ms["pglease.lock.lost"], kindLease, attrLossCause.String("not_held")); n != 1 {
 		t.Errorf("lock.lost{not_held} = %d", n)
 	}
 	if n := sumOf(t, ms["pglease.lock.held"], kindLease); n != 0 {
@@ -677,7 +677,7 @@ func TestTelemetryNoRawKeysOrLockIDs(t *testing.T) {
 		for _, l := range s.Links() {
 			kv(l.Attributes)
 		}
-		if h := attrOf(s.Attributes(), telemetry.AttrKeyHash); h.Type() == attribute.STRING {
+		if h := attrOf(s.Attributes(), attrKeyHash); h.Type() == attribute.STRING {
 			hashes[h.AsString()] = true
 		}
 	}

@@ -16,13 +16,12 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/retry"
-	"github.com/pglease/pglease/telemetry"
 )
 
 // roundTrip reports whether s is a database round trip made for callers
 // (not the listener's connect).
 func roundTrip(s sdktrace.ReadOnlySpan) bool {
-	return s.SpanKind() == trace.SpanKindClient && s.Name() != telemetry.SpanListen
+	return s.SpanKind() == trace.SpanKindClient && s.Name() != spanListen
 }
 
 // callerRoots returns the root spans that are not the Manager's own
@@ -30,7 +29,7 @@ func roundTrip(s sdktrace.ReadOnlySpan) bool {
 func callerRoots(spans []sdktrace.ReadOnlySpan) []sdktrace.ReadOnlySpan {
 	var out []sdktrace.ReadOnlySpan
 	for _, s := range spans {
-		if !s.Parent().IsValid() && s.Name() != telemetry.SpanListen && s.Name() != telemetry.SpanHeartbeat {
+		if !s.Parent().IsValid() && s.Name() != spanListen && s.Name() != spanHeartbeat {
 			out = append(out, s)
 		}
 	}
@@ -123,7 +122,7 @@ func TestTelemetryContendedAcquireOneTracePerCaller(t *testing.T) {
 			}
 		}
 	}
-	acqs := named(spans, telemetry.SpanAcquire)
+	acqs := named(spans, spanAcquire)
 	if len(acqs) != 2 || trips < 4 {
 		t.Fatalf("%d acquire spans, %d round trips", len(acqs), trips)
 	}
@@ -139,7 +138,7 @@ func TestTelemetryContendedAcquireOneTracePerCaller(t *testing.T) {
 		// link to it; the acquire span's own link reaches it): at most
 		// one, since one attempt per key is in flight at a time, and the
 		// first of them to start.
-		q := events(a, telemetry.EventQueued)
+		q := events(a, eventQueued)
 		if len(q) != 1 {
 			t.Fatalf("%d queued events", len(q))
 		}
@@ -155,11 +154,11 @@ func TestTelemetryContendedAcquireOneTracePerCaller(t *testing.T) {
 			if !childOf(db, a.SpanContext()) {
 				shared++
 			}
-			if db.Name() == telemetry.SpanHandOff {
+			if db.Name() == spanHandOff {
 				handoff++
 				// The handoff grants this caller (its parent) and releases
 				// the other caller's lock: it links to that release span.
-				rels := named(spans, telemetry.SpanRelease)
+				rels := named(spans, spanRelease)
 				linked := false
 				for _, rel := range rels {
 					linked = linked || (linksTo(db, rel.SpanContext()) && linksTo(rel, db.SpanContext()))
@@ -219,9 +218,9 @@ func TestTelemetryOrphanReleaseInCallersTrace(t *testing.T) {
 	waitFor(t, &b.sig.released, func(k string) bool { return k == "gone" })
 
 	spans := rg.spans.Ended()
-	acq := one(t, spans, telemetry.SpanAcquire)
-	adb := one(t, spans, telemetry.SpanAcquireMany)
-	rdb := one(t, spans, telemetry.SpanReleaseMany) // ended before the result reached the loop
+	acq := one(t, spans, spanAcquire)
+	adb := one(t, spans, spanAcquireMany)
+	rdb := one(t, spans, spanReleaseMany) // ended before the result reached the loop
 	if !childOf(adb, acq.SpanContext()) {
 		t.Error("the lone caller's acquire_many is not a child of its acquire span")
 	}
@@ -254,14 +253,14 @@ func TestTelemetryDurationsInSeconds(t *testing.T) {
 		t.Fatalf("Release = %v", err)
 	}
 	spans := rg.spans.Ended()
-	acq := one(t, spans, telemetry.SpanAcquire)
-	lost := one(t, spans, telemetry.SpanLost)
-	if v := attrOf(acq.Attributes(), telemetry.AttrTTL); v.AsFloat64() != 1.5 {
+	acq := one(t, spans, spanAcquire)
+	lost := one(t, spans, spanLost)
+	if v := attrOf(acq.Attributes(), attrTTL); v.AsFloat64() != 1.5 {
 		t.Errorf("pglease.lock.ttl = %v, want 1.5 (seconds)", v.String())
 	}
 	wantSeconds := map[string]float64{
-		"pglease: acquire":   attrOf(acq.Attributes(), telemetry.AttrWait).AsFloat64(),
-		"pglease: lock lost": attrOf(lost.Attributes(), telemetry.AttrHeldFor).AsFloat64(),
+		"pglease: acquire":   attrOf(acq.Attributes(), attrWait).AsFloat64(),
+		"pglease: lock lost": attrOf(lost.Attributes(), attrHeldFor).AsFloat64(),
 	}
 	field := map[string]string{"pglease: acquire": "wait", "pglease: lock lost": "held_for"}
 	for line := range strings.Lines(rg.logs.String()) {

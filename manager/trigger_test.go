@@ -64,7 +64,7 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	r2 := newRig(t)
 	sig2 := &signals{}
 	sig2.init()
-	m2, err := newManager("test", b.pool, false, Config{Telemetry: r2.opts, NotifyChannel: "other_channel"}, func(m *Manager) { m.sig = sig2 })
+	m2, err := newManager("test", b.pool, false, Config{Telemetry: r2.opts, Config: pg.Config{NotifyChannel: "other_channel"}}, func(m *Manager) { m.sig = sig2 })
 	if err != nil {
 		t.Fatal(err)
 	}

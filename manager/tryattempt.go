@@ -5,8 +5,10 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
-	"github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -35,8 +37,8 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 	case len(ks.queue) > 0:
 		st.answerTry(req, acquireReply{locked: true})
 	default:
-		req.acq.Queued(telemetry.QueueInfo{})
-		st.pendAcquire = append(st.pendAcquire, &attempt{ks: ks, lockID: pglease.NewLockID(), ttl: req.ttl, try: req})
+		req.acq.Queued(obs.QueueInfo{})
+		st.pendAcquire = append(st.pendAcquire, &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req})
 		return // ks is looked up again when the answer comes (tryDone)
 	}
 	st.gc(ks)
@@ -98,7 +100,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 		ks.lastErr = nil // it reached the database
 	}
 	var ans acquireReply
-	outcome := telemetry.AttemptFailed
+	outcome := obs.AttemptFailed
 	switch {
 	case st.closing:
 		if r.OK {
@@ -108,11 +110,11 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 	case err != nil:
 		ans.err = err
 	case !r.OK:
-		ans.locked, outcome = true, telemetry.AttemptContended
+		ans.locked, outcome = true, obs.AttemptContended
 	case !st.noteFence(ks, r.Fence):
-		// S1, as for any grant (attemptGranted).
+		// Fence monotonicity, as for any grant (attemptGranted).
 		release()
-		ans.err = pglease.NewError(pglease.CodeFenceRegression, "manager.TryAcquire",
+		ans.err = pgerr.New(pglease.CodeFenceRegression, "manager.TryAcquire",
 			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
 	case left || ks.holder != nil:
 		// Nobody to give it to; or a caller here got the key meanwhile
@@ -120,15 +122,15 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 		// was gone: it finds out at its next extend). One holder here at
 		// a time: this grant goes back.
 		release()
-		ans.locked, outcome = true, telemetry.AttemptContended
+		ans.locked, outcome = true, obs.AttemptContended
 	default:
 		lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
 		if !lease.Trusted(now) {
 			release()
-			ans.err = pglease.NewError(pglease.CodeNetworkTimeout, "manager.TryAcquire", "grant arrived after its trust window", nil)
+			ans.err = pgerr.New(pglease.CodeNetworkTimeout, "manager.TryAcquire", "grant arrived after its trust window", nil)
 			break
 		}
-		req.acq.Attempt(d.db, telemetry.AttemptGranted, 0)
+		req.acq.Attempt(d.db, obs.AttemptGranted, 0)
 		st.grant(ks, req, a, r, lease) // answers req
 		st.gc(ks)
 		return

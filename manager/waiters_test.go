@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
@@ -56,7 +57,7 @@ func eventually(t testing.TB, what string, cond func() bool) {
 func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	t.Parallel()
 	// A channel of its own: other tests' releases notify too.
-	cfg := Config{Retry: noPolling, NotifyChannel: "waited_" + strings.ToLower(strings.ReplaceAll(pglease.NewLockID()[:12], "-", "_"))}
+	cfg := Config{Retry: noPolling, Config: pg.Config{NotifyChannel: "waited_" + strings.ToLower(strings.ReplaceAll(keys.NewLockID()[:12], "-", "_"))}}
 	b := setup(t, setupOpts{cfg: cfg})
 	w, wsig := b.newPeer(t, cfg)
 	ctx := ctxT(t)

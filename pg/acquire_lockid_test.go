@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -23,7 +24,7 @@ func TestAcquireCallerLockID(t *testing.T) {
 	cnt := &counter{}
 	s, pool, _ := newStore(t, pg.Config{}, withCounter(cnt))
 	c := ctx(t)
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	r, err := s.Acquire(c, pg.AcquireRequest{Key: "chosen-id", TTL: time.Minute, LockID: id})
 	if err != nil || !r.OK {
 		t.Fatalf("Acquire = %+v, %v", r, err)
@@ -70,7 +71,7 @@ func ExampleStore_Acquire() {
 		panic(err)
 	}
 
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	res, err := store.Acquire(ctx, pg.AcquireRequest{Key: "invoice:43", TTL: 30 * time.Second, LockID: id})
 	if errors.Is(err, pglease.ErrAmbiguous) {
 		// The grant may have committed: remove it if it did.

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -130,7 +131,7 @@ func TestFencesIncreaseAndGrantsNeverOverlap(t *testing.T) {
 				n := len(grants)
 				grants = append(grants, grant{r: r})
 				mu.Unlock()
-				g := grant{r: r, liveEnd: r.ExpiresAt.Add(pglease.TimeTolerance)}
+				g := grant{r: r, liveEnd: r.ExpiresAt.Add(keys.TimeTolerance)}
 				live := func(since time.Time, ttl time.Duration) bool { return time.Since(since) < ttl }
 				switch n % 4 {
 				case 0: // release at once
@@ -146,7 +147,7 @@ func TestFencesIncreaseAndGrantsNeverOverlap(t *testing.T) {
 						t.Errorf("extend: %+v %v", e, err)
 					}
 					if e.OK {
-						g.liveEnd = e.ExpiresAt.Add(pglease.TimeTolerance)
+						g.liveEnd = e.ExpiresAt.Add(keys.TimeTolerance)
 					}
 					ok, err := s.Release(c, r.LockID)
 					if err != nil || (!ok && e.OK && live(esent, 150*time.Millisecond)) {
@@ -159,7 +160,7 @@ func TestFencesIncreaseAndGrantsNeverOverlap(t *testing.T) {
 						t.Errorf("extend: %+v %v", e, err)
 					}
 					if e.OK {
-						g.liveEnd = e.ExpiresAt.Add(pglease.TimeTolerance)
+						g.liveEnd = e.ExpiresAt.Add(keys.TimeTolerance)
 					}
 				default: // abandon
 				}
@@ -221,7 +222,7 @@ func TestTakeoverAfterTolerance(t *testing.T) {
 		}
 		after := serverNow(t, pool)
 		if r.OK {
-			if r.AcquiredAt.UnixMilli() < exp+pglease.TimeToleranceMs {
+			if r.AcquiredAt.UnixMilli() < exp+keys.TimeToleranceMs {
 				t.Fatalf("taken over at %d, before expiry+tolerance %d", r.AcquiredAt.UnixMilli(), exp+1000)
 			}
 			if r.Fence != first.Fence+1 {
@@ -229,7 +230,7 @@ func TestTakeoverAfterTolerance(t *testing.T) {
 			}
 			break
 		}
-		if after < exp+pglease.TimeToleranceMs {
+		if after < exp+keys.TimeToleranceMs {
 			checkedInside = true
 			// The old record is still reported live inside the tolerance.
 			if locked, err := s.IsLocked(c, key); err != nil || (!locked && serverNow(t, pool) < exp+1000) {
@@ -311,7 +312,7 @@ func TestAcquireExtendRaceReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Dead for acquirers now.
-	waitServer(t, pool, l1.ExpiresAt.UnixMilli()+pglease.TimeToleranceMs)
+	waitServer(t, pool, l1.ExpiresAt.UnixMilli()+keys.TimeToleranceMs)
 	done := make(chan pg.AcquireResult, 1)
 	go func() {
 		r, err := s.Acquire(c, pg.AcquireRequest{Key: key, TTL: time.Minute})
@@ -369,11 +370,11 @@ func TestFenceOverflowAndWarn(t *testing.T) {
 	}})
 	c := ctx(t)
 	if _, err := pool.Exec(c, `INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES
-		('fence:max', $1, 'max'), ('fence:warn', $2, 'warn')`, int64(pglease.FenceMax-1), int64(pglease.FenceWarn)); err != nil {
+		('fence:max', $1, 'max'), ('fence:warn', $2, 'warn')`, int64(keys.FenceMax-1), int64(keys.FenceWarn)); err != nil {
 		t.Fatal(err)
 	}
 	r, err := s.Acquire(c, pg.AcquireRequest{Key: "max", TTL: time.Minute})
-	if err != nil || !r.OK || r.Fence != pglease.FenceMax {
+	if err != nil || !r.OK || r.Fence != keys.FenceMax {
 		t.Fatalf("Acquire at MAX-1 = %+v, %v; want fence MAX", r, err)
 	}
 	if ok, err := s.Release(c, r.LockID); err != nil || !ok {
@@ -383,7 +384,7 @@ func TestFenceOverflowAndWarn(t *testing.T) {
 	if !errors.Is(err, pglease.ErrInternal) || r.OK {
 		t.Fatalf("Acquire past MAX = %+v, %v; want Internal", r, err)
 	}
-	if f, _ := readCounter(t, pool, "fence:max"); f != int64(pglease.FenceMax) {
+	if f, _ := readCounter(t, pool, "fence:max"); f != int64(keys.FenceMax) {
 		t.Fatalf("counter moved to %d", f)
 	}
 	if row := readRow(t, pool, "max"); row != nil {
@@ -391,12 +392,12 @@ func TestFenceOverflowAndWarn(t *testing.T) {
 	}
 	// In a batch the overflow is per item; the other key is granted.
 	res, err := s.AcquireMany(c, []pg.AcquireRequest{{Key: "max", TTL: time.Minute}, {Key: "warn", TTL: time.Minute}})
-	if err != nil || res[0].OK || !errors.Is(res[0].Err, pglease.ErrInternal) || !res[1].OK || res[1].Fence != pglease.FenceWarn+1 {
+	if err != nil || res[0].OK || !errors.Is(res[0].Err, pglease.ErrInternal) || !res[1].OK || res[1].Fence != keys.FenceWarn+1 {
 		t.Fatalf("AcquireMany = %+v, %v", res, err)
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	want := []warn{{pglease.HashKey("max"), pglease.FenceMax}, {pglease.HashKey("warn"), pglease.FenceWarn + 1}}
+	want := []warn{{pglease.HashKey("max"), keys.FenceMax}, {pglease.HashKey("warn"), keys.FenceWarn + 1}}
 	if !slices.Equal(warns, want) {
 		t.Fatalf("warnings = %v, want %v", warns, want)
 	}
@@ -412,7 +413,7 @@ func TestBatches(t *testing.T) {
 	if err != nil || !held.OK {
 		t.Fatal(held, err)
 	}
-	pre := pglease.NewLockID()
+	pre := keys.NewLockID()
 	res, err := s.AcquireMany(c, []pg.AcquireRequest{
 		{Key: "b-1", TTL: time.Minute}, {Key: "b-held", TTL: time.Minute}, {Key: "b-1", TTL: time.Minute},
 		{Key: "b-2", TTL: 2 * time.Minute, LockID: pre},
@@ -423,11 +424,11 @@ func TestBatches(t *testing.T) {
 	if !res[0].OK || res[1].OK || res[2].OK || !res[3].OK || res[3].LockID != pre || res[3].ExpiresAt.Sub(res[3].AcquiredAt) != 2*time.Minute {
 		t.Fatalf("AcquireMany = %+v", res)
 	}
-	ext, err := s.ExtendMany(c, []pg.ExtendRequest{{LockID: res[3].LockID, TTL: time.Second}, {LockID: pglease.NewLockID(), TTL: time.Second}, {LockID: res[0].LockID, TTL: 3 * time.Second}})
+	ext, err := s.ExtendMany(c, []pg.ExtendRequest{{LockID: res[3].LockID, TTL: time.Second}, {LockID: keys.NewLockID(), TTL: time.Second}, {LockID: res[0].LockID, TTL: 3 * time.Second}})
 	if err != nil || !ext[0].OK || ext[1].OK || !ext[2].OK || ext[2].ExpiresAt.Sub(ext[0].ExpiresAt) != 2*time.Second {
 		t.Fatalf("ExtendMany = %+v, %v", ext, err)
 	}
-	rel, err := s.ReleaseMany(c, []string{res[0].LockID, pglease.NewLockID(), res[0].LockID, res[3].LockID, held.LockID})
+	rel, err := s.ReleaseMany(c, []string{res[0].LockID, keys.NewLockID(), res[0].LockID, res[3].LockID, held.LockID})
 	if err != nil || !slices.Equal(rel, []bool{true, false, false, true, true}) {
 		t.Fatalf("ReleaseMany = %v, %v", rel, err)
 	}

@@ -25,9 +25,9 @@
 //     only lets the lease run to its expiry, and an acquire that saw the
 //     release flushes it (WAL is sequential) before it is acknowledged.
 //     This saves one WAL flush per acquire+release cycle. Fence counters are
-//     never deleted. A grant that would exceed pglease.FenceMax is
-//     refused (CodeInternal, nothing changed); grants above
-//     pglease.FenceWarn are reported through Config.OnFenceWarning with
+//     never deleted. A grant that would exceed the largest fence,
+//     900,000,000,000,000, is refused (CodeInternal, nothing changed);
+//     grants above 90,000,000,000,000 are reported through Config.OnFenceWarning with
 //     the key's hash, never the key.
 //   - At most one live lease per key in server time. A record is live for
 //     acquirers until expires_at_ms + 1000 ms (SyncGuard's tolerance), so

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -49,7 +50,7 @@ func TestErrorMapping(t *testing.T) {
 	}
 	// Unique violation on lock_id (a pre-generated id reused on another
 	// key): Internal, Detail (which holds the lockId) dropped.
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	if r, err := s.AcquireMany(c, []pg.AcquireRequest{{Key: "u1", TTL: time.Minute, LockID: id}}); err != nil || !r[0].OK {
 		t.Fatal(r, err)
 	}
@@ -197,7 +198,7 @@ func TestAmbiguousAcquire(t *testing.T) {
 	if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext('amb'))"); err != nil {
 		t.Fatal(err)
 	}
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	done := make(chan error, 1)
 	go func() {
 		r, err := s.AcquireMany(c, []pg.AcquireRequest{{Key: "amb", TTL: time.Minute, LockID: id}})

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -59,7 +60,7 @@ func ExampleFenceGuard_WithGrantColumn() {
 	ok, err = guard.UpsertGrant(ctx, pool, "7", lease.Fence, grant, pg.Set{Column: "status", Value: "paid"})
 	fmt.Println("retry:", ok, err)
 
-	other := pg.GrantID(pglease.NewLockID()) // as if a second grant got the same fence
+	other := pg.GrantID(keys.NewLockID()) // as if a second grant got the same fence
 	ok, err = guard.UpdateGrant(ctx, pool, "7", lease.Fence, other, pg.Set{Column: "status", Value: "void"})
 	fmt.Println("repeat:", ok, errors.Is(err, pglease.ErrFenceRegression), errors.Is(err, pg.ErrFenceRepeated))
 	// Output:

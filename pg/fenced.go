@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 )
 
@@ -84,7 +85,7 @@ const GrantIDLen = 2 * sha256.Size
 // lockId; the guard refuses "" with InvalidArgument. manager.Lock.GrantID
 // returns the same value for a held lock.
 func GrantID(lockID string) string {
-	if pglease.ValidateLockID(lockID) != nil {
+	if keys.ValidateLockID(lockID) != nil {
 		return ""
 	}
 	sum := sha256.Sum256([]byte("pglease grant v1\x00" + lockID))
@@ -135,13 +136,13 @@ func NewFenceGuard(table, keyColumn, fenceColumn string) (*FenceGuard, error) {
 		return nil, err
 	}
 	if !identRe.MatchString(keyColumn) {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "key column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "key column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
 	}
 	if !identRe.MatchString(fenceColumn) {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "fence column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "fence column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
 	}
 	if keyColumn == fenceColumn {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "key and fence columns must differ", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "key and fence columns must differ", nil)
 	}
 	return &FenceGuard{
 		table:    quote(schema, ident),
@@ -163,11 +164,11 @@ func (g *FenceGuard) WithGrantColumn(column string) (*FenceGuard, error) {
 	const op = "pg.FenceGuard.WithGrantColumn"
 	switch {
 	case g == nil || g.table == "":
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil or zero FenceGuard (use NewFenceGuard)", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil or zero FenceGuard (use NewFenceGuard)", nil)
 	case !identRe.MatchString(column):
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "grant column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "grant column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
 	case column == g.keyName || column == g.fenceNm:
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "the grant column must differ from the key and fence columns", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "the grant column must differ from the key and fence columns", nil)
 	}
 	c := *g
 	c.grantCol, c.grantNm = pgx.Identifier{column}.Sanitize(), column
@@ -179,12 +180,12 @@ func (g *FenceGuard) WithGrantColumn(column string) (*FenceGuard, error) {
 // methods, nil for Update/Upsert.
 func (g *FenceGuard) check(op string, ctx context.Context, db DB, key any, fence pglease.Fence, grant *string, sets []Set) ([]string, []any, error) {
 	bad := func(msg string) ([]string, []any, error) {
-		return nil, nil, pglease.NewError(pglease.CodeInvalidArgument, op, msg, nil)
+		return nil, nil, pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
 	}
 	if g == nil || g.table == "" {
 		return bad("nil or zero FenceGuard (use NewFenceGuard)")
 	}
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, nil, err
 	}
 	switch {
@@ -198,8 +199,8 @@ func (g *FenceGuard) check(op string, ctx context.Context, db DB, key any, fence
 		return bad("nil DB")
 	case key == nil:
 		return bad("nil key")
-	case fence <= 0 || fence > pglease.FenceMax:
-		return bad("fence must be between 1 and pglease.FenceMax")
+	case fence <= 0 || fence > keys.FenceMax:
+		return bad("fence must be between 1 and keys.FenceMax")
 	case len(sets) > MaxFencedColumns:
 		return bad("too many columns")
 	}
@@ -379,13 +380,13 @@ func (g *FenceGuard) exec(ctx context.Context, op string, db DB, sql string, arg
 			return false, pgerr.Map(ctx, op, err)
 		}
 		if repeated {
-			return false, pglease.NewError(pglease.CodeFenceRegression, op, "refused", ErrFenceRepeated)
+			return false, pgerr.New(pglease.CodeFenceRegression, op, "refused", ErrFenceRepeated)
 		}
 		return false, nil
 	}
 	mapped := pgerr.Map(ctx, op, err)
 	if sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
-		return false, pglease.NewError(pglease.CodeAmbiguous, op, "outcome unknown: the write may have been applied", mapped)
+		return false, pgerr.New(pglease.CodeAmbiguous, op, "outcome unknown: the write may have been applied", mapped)
 	}
 	return false, mapped
 }

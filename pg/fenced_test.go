@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -285,7 +286,7 @@ func TestFenceGuardInjection(t *testing.T) {
 		{"too many", func() (bool, error) { return g.Update(ctx, closed, "a", 1, many...) }, pglease.CodeInvalidArgument},
 		{"fence 0", func() (bool, error) { return g.Update(ctx, closed, "a", 0) }, pglease.CodeInvalidArgument},
 		{"fence < 0", func() (bool, error) { return g.Upsert(ctx, closed, "a", -1) }, pglease.CodeInvalidArgument},
-		{"fence > max", func() (bool, error) { return g.Update(ctx, closed, "a", pglease.FenceMax+1) }, pglease.CodeInvalidArgument},
+		{"fence > max", func() (bool, error) { return g.Update(ctx, closed, "a", keys.FenceMax+1) }, pglease.CodeInvalidArgument},
 		{"nil key", func() (bool, error) { return g.Update(ctx, closed, nil, 1) }, pglease.CodeInvalidArgument},
 		{"nil db", func() (bool, error) { return g.Update(ctx, nil, "a", 1) }, pglease.CodeInvalidArgument},
 		{"nil guard", func() (bool, error) { return nilGuard.Update(ctx, closed, "a", 1) }, pglease.CodeInvalidArgument},
@@ -499,7 +500,7 @@ func TestFenceGuardGrantBackCompat(t *testing.T) {
 	if ok, err := legacy.Upsert(c, pool, "j", 7, pg.Set{Column: "status", Value: "old"}); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	g1, g2 := pg.GrantID(pglease.NewLockID()), pg.GrantID(pglease.NewLockID())
+	g1, g2 := pg.GrantID(keys.NewLockID()), pg.GrantID(keys.NewLockID())
 	if ok, err := g.UpdateGrant(c, pool, "j", 7, g1, pg.Set{Column: "status", Value: "g1"}); err != nil || !ok {
 		t.Fatalf("equal fence on a row without a grant: %v, %v; want accepted", ok, err)
 	}
@@ -526,7 +527,7 @@ func TestFenceGuardNilAndBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	pool, _ := pgtest.Pool(t)
-	grant := pg.GrantID(pglease.NewLockID())
+	grant := pg.GrantID(keys.NewLockID())
 	for name, call := range map[string]func() (bool, error){
 		"nil guard Update":      func() (bool, error) { return nilGuard.Update(c, pool, "k", 1) },
 		"nil guard Upsert":      func() (bool, error) { return nilGuard.Upsert(c, pool, "k", 1) },
@@ -539,7 +540,7 @@ func TestFenceGuardNilAndBadInput(t *testing.T) {
 		"nil pool UpdateGrant":  func() (bool, error) { return gg.UpdateGrant(c, nilPool, "k", 1, grant) },
 		//lint:ignore SA1012 testing a nil context
 		"nil context":            func() (bool, error) { return g.Update(nil, pool, "k", 1) },
-		"raw lockId as grant":    func() (bool, error) { return gg.UpdateGrant(c, pool, "k", 1, pglease.NewLockID()) },
+		"raw lockId as grant":    func() (bool, error) { return gg.UpdateGrant(c, pool, "k", 1, keys.NewLockID()) },
 		"empty grant":            func() (bool, error) { return gg.UpsertGrant(c, pool, "k", 1, pg.GrantID("not a lockId")) },
 		"Update on grant guard":  func() (bool, error) { return gg.Update(c, pool, "k", 1) },
 		"UpdateGrant, no column": func() (bool, error) { return g.UpdateGrant(c, pool, "k", 1, grant) },
@@ -562,7 +563,7 @@ func TestFenceGuardNilAndBadInput(t *testing.T) {
 	if _, err := nilGuard.WithGrantColumn("fence_grant"); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Errorf("nil guard WithGrantColumn: %v", err)
 	}
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	if gid := pg.GrantID(id); len(gid) != pg.GrantIDLen || gid != pg.GrantID(id) || strings.Contains(gid, id) {
 		t.Errorf("GrantID = %q: want 64 stable hex digits not containing the lockId", gid)
 	}
@@ -577,7 +578,7 @@ func TestFenceGuardRepeatedFenceRace(t *testing.T) {
 	pool, _ := pgtest.Pool(t, maxConns(8))
 	_, g := grantGuard(t, pool)
 	c := ctx(t)
-	grants := [2]string{pg.GrantID(pglease.NewLockID()), pg.GrantID(pglease.NewLockID())}
+	grants := [2]string{pg.GrantID(keys.NewLockID()), pg.GrantID(keys.NewLockID())}
 	var mu sync.Mutex
 	accepted := map[int]int{}
 	var wg sync.WaitGroup

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // HandOffRequest is one item of HandOff: release Old, the caller's lock on
@@ -50,11 +52,11 @@ type HandOffResult struct {
 // the whole call before I/O.
 func (s *Store) HandOff(ctx context.Context, reqs []HandOffRequest) ([]HandOffResult, error) {
 	const op = "pg.HandOff"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if len(reqs) > MaxBatch {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	if len(reqs) == 0 {
 		return []HandOffResult{}, nil
@@ -62,16 +64,16 @@ func (s *Store) HandOff(ctx context.Context, reqs []HandOffRequest) ([]HandOffRe
 	acq := make([]AcquireRequest, len(reqs))
 	olds := make([]string, len(reqs))
 	for i, r := range reqs {
-		if err := pglease.ValidateLockID(r.Old); err != nil {
+		if err := keys.ValidateLockID(r.Old); err != nil {
 			return nil, withOp(op, err)
 		}
 		if r.LockID == r.Old {
-			return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "the new lockId must differ from the old one", nil)
+			return nil, pgerr.New(pglease.CodeInvalidArgument, op, "the new lockId must differ from the old one", nil)
 		}
 		acq[i] = AcquireRequest{Key: r.Key, TTL: r.TTL, LockID: r.LockID}
 		olds[i] = r.Old
 	}
-	keys, fenceKeys, ids, ttls, err := prepareAcquire(op, acq)
+	storageKeys, fenceKeys, ids, ttls, err := prepareAcquire(op, acq)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +90,7 @@ func (s *Store) HandOff(ctx context.Context, reqs []HandOffRequest) ([]HandOffRe
 	}
 	out := make([]HandOffResult, len(reqs))
 	got := make([]bool, len(reqs))
-	err = s.run(ctx, op, true, s.handOffSQL, []any{olds, keys, keys, fenceKeys, ids, ttls, holder, channel}, func(rows pgx.Rows) error {
+	err = s.run(ctx, op, true, s.handOffSQL, []any{olds, storageKeys, storageKeys, fenceKeys, ids, ttls, holder, channel}, func(rows pgx.Rows) error {
 		var idx, status int32
 		var released bool
 		var fence, acqMs, exp *int64
@@ -110,7 +112,7 @@ func (s *Store) HandOff(ctx context.Context, reqs []HandOffRequest) ([]HandOffRe
 				AcquiredAt: time.UnixMilli(*acqMs), ExpiresAt: time.UnixMilli(*exp)}
 		case 1:
 		case 2:
-			out[i].Err = pglease.NewError(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
+			out[i].Err = pgerr.New(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
 		default:
 			return errors.New("pg: unknown status from handoff function")
 		}
@@ -121,13 +123,13 @@ func (s *Store) HandOff(ctx context.Context, reqs []HandOffRequest) ([]HandOffRe
 	}
 	for i := range got {
 		if !got[i] {
-			return nil, pglease.NewError(pglease.CodeAmbiguous, op, "handoff function returned too few rows", nil)
+			return nil, pgerr.New(pglease.CodeAmbiguous, op, "handoff function returned too few rows", nil)
 		}
 	}
 	if s.cfg.OnFenceWarning != nil {
 		for i, r := range out {
-			if r.OK && r.Fence > pglease.FenceWarn {
-				s.cfg.OnFenceWarning(pglease.HashKey(keys[i]), r.Fence)
+			if r.OK && r.Fence > keys.FenceWarn {
+				s.cfg.OnFenceWarning(pglease.HashKey(storageKeys[i]), r.Fence)
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -46,7 +47,7 @@ func TestHandOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := acquireOne(t, s, "handoff", time.Minute)
-	next := pglease.NewLockID()
+	next := keys.NewLockID()
 	cnt.reset()
 	res, err := s.HandOff(c, []pg.HandOffRequest{{Old: first.LockID, Key: "handoff", TTL: 30 * time.Second, LockID: next}})
 	if err != nil {
@@ -103,10 +104,10 @@ func TestHandOffAfterLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res[0].Released || (res[0].OK && res[0].AcquiredAt.UnixMilli() < exp+pglease.TimeToleranceMs) {
+	if res[0].Released || (res[0].OK && res[0].AcquiredAt.UnixMilli() < exp+keys.TimeToleranceMs) {
 		t.Fatalf("handoff of an expired lock inside the tolerance = %+v", res[0])
 	}
-	waitServer(t, pool, exp+pglease.TimeToleranceMs)
+	waitServer(t, pool, exp+keys.TimeToleranceMs)
 	res, err = s.HandOff(c, []pg.HandOffRequest{{Old: old.LockID, Key: "lost", TTL: time.Minute}})
 	if err != nil || res[0].Released || !res[0].OK || res[0].Fence <= old.Fence {
 		t.Fatalf("handoff of an expired lock after the tolerance = %+v, %v", res, err)
@@ -128,7 +129,7 @@ func TestHandOffFenceOverflow(t *testing.T) {
 	s, pool, _ := newStore(t, pg.Config{NotifyChannel: "pglease_handoff_max"})
 	c := ctx(t)
 	if _, err := pool.Exec(c, `INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ('fence:max', $1, 'max')`,
-		int64(pglease.FenceMax-1)); err != nil {
+		int64(keys.FenceMax-1)); err != nil {
 		t.Fatal(err)
 	}
 	l, err := pgx.Connect(c, pgtest.URL(t))
@@ -159,7 +160,7 @@ func TestHandOffBadInput(t *testing.T) {
 	var cnt counter
 	s, _, _ := newStore(t, pg.Config{}, withCounter(&cnt))
 	c := ctx(t)
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	cnt.reset()
 	for name, reqs := range map[string][]pg.HandOffRequest{
 		"bad old":     {{Old: "x", Key: "k", TTL: time.Minute}},

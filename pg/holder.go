@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 var defaultHolder = sync.OnceValue(func() string {
@@ -38,11 +39,11 @@ func DefaultHolder() string { return defaultHolder() }
 // UTF-8 without control characters (it is shown on terminals).
 func checkHolder(op, h string) error {
 	if h == "" || len(h) > MaxHolderBytes || !utf8.ValidString(h) {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "Holder must be 1-256 bytes of UTF-8", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "Holder must be 1-256 bytes of UTF-8", nil)
 	}
 	for _, r := range h {
 		if unicode.IsControl(r) {
-			return pglease.NewError(pglease.CodeInvalidArgument, op, "Holder contains a control character", nil)
+			return pgerr.New(pglease.CodeInvalidArgument, op, "Holder contains a control character", nil)
 		}
 	}
 	return nil

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // LeaseRow is one row of the lock table as an operator sees it
@@ -62,7 +64,7 @@ type ListOptions struct {
 // options are InvalidArgument before any I/O. Two round trips.
 func (s *Store) ListLeases(ctx context.Context, opts ListOptions) (*LeaseList, error) {
 	const op = "pg.ListLeases"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	limit := opts.Limit
@@ -70,21 +72,21 @@ func (s *Store) ListLeases(ctx context.Context, opts ListOptions) (*LeaseList, e
 		limit = 100
 	}
 	if limit < 1 || limit > MaxBatch {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, fmt.Sprintf("Limit must be 0..%d", MaxBatch), nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, fmt.Sprintf("Limit must be 0..%d", MaxBatch), nil)
 	}
 	if opts.Key != "" && opts.LockID != "" {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "Key and LockID are exclusive", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "Key and LockID are exclusive", nil)
 	}
 	where, arg := "true", ""
 	if opts.Key != "" {
-		k, err := pglease.NormalizeKey(opts.Key)
+		k, err := keys.NormalizeKey(opts.Key)
 		if err != nil {
 			return nil, withOp(op, err)
 		}
 		where, arg = "l.key = $2", k
 	}
 	if opts.LockID != "" {
-		if err := pglease.ValidateLockID(opts.LockID); err != nil {
+		if err := keys.ValidateLockID(opts.LockID); err != nil {
 			return nil, withOp(op, err)
 		}
 		where, arg = "l.lock_id = $2", opts.LockID
@@ -102,12 +104,12 @@ func (s *Store) ListLeases(ctx context.Context, opts ListOptions) (*LeaseList, e
 		join = " LEFT JOIN " + s.n.holders + " AS h ON h.key = l.key AND h.lock_id = l.lock_id"
 	}
 	const now = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-	live := fmt.Sprintf("l.expires_at_ms + %d > n.now", pglease.TimeToleranceMs)
+	live := fmt.Sprintf("l.expires_at_ms + %d > n.now", keys.TimeToleranceMs)
 	sql := "WITH n AS (SELECT " + now + " AS now), c AS (SELECT count(*) AS total, count(*) FILTER (WHERE " + live + ") AS live FROM " +
 		s.n.lock + " AS l, n WHERE " + where + ") " +
 		"SELECT l.key, l.lock_id, l.expires_at_ms, l.acquired_at_ms, l.fence, l.user_key, " + holder + ", " + live +
 		", hashtext(l.key)::bigint, n.now, c.total, c.live FROM n, c LEFT JOIN LATERAL (SELECT l.* FROM " + s.n.lock +
-		" AS l WHERE " + where + " ORDER BY l.expires_at_ms + " + fmt.Sprint(pglease.TimeToleranceMs) + " > (SELECT now FROM n) DESC, l.acquired_at_ms DESC, l.key LIMIT $1) AS l ON true" +
+		" AS l WHERE " + where + " ORDER BY l.expires_at_ms + " + fmt.Sprint(keys.TimeToleranceMs) + " > (SELECT now FROM n) DESC, l.acquired_at_ms DESC, l.key LIMIT $1) AS l ON true" +
 		join + " ORDER BY 8 DESC, 4 DESC, 1"
 	args := []any{limit}
 	if arg != "" {
@@ -125,9 +127,9 @@ func (s *Store) ListLeases(ctx context.Context, opts ListOptions) (*LeaseList, e
 		if key == nil { // the empty table's one row from the LEFT JOIN
 			return nil
 		}
-		f, err := pglease.ParseFence(*fence)
+		f, err := keys.ParseFence(*fence)
 		if err != nil {
-			return pglease.NewError(pglease.CodeInternal, op, "stored fence is not 15 digits", nil)
+			return pgerr.New(pglease.CodeInternal, op, "stored fence is not 15 digits", nil)
 		}
 		r := LeaseRow{
 			RawLockInfo: RawLockInfo{
@@ -154,14 +156,14 @@ func (s *Store) ListLeases(ctx context.Context, opts ListOptions) (*LeaseList, e
 // Read-only, one round trip.
 func (s *Store) FenceCounter(ctx context.Context, key string) (pglease.Fence, bool, error) {
 	const op = "pg.FenceCounter"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return 0, false, err
 	}
-	k, err := pglease.NormalizeKey(key)
+	k, err := keys.NormalizeKey(key)
 	if err != nil {
 		return 0, false, withOp(op, err)
 	}
-	fk, err := pglease.MakeStorageKey("", "fence:"+k, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+	fk, err := keys.MakeStorageKey("", "fence:"+k, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
 	if err != nil {
 		return 0, false, withOp(op, err)
 	}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -38,7 +38,7 @@ func TestAcquireLockedTellsExpiryAndHolder(t *testing.T) {
 	if r.Holder != "worker-a[42]@web-1" || !r.ExpiresAt.Equal(held.ExpiresAt) || !r.AcquiredAt.IsZero() {
 		t.Fatalf("locked answer %v; want holder worker-a[42]@web-1, expiry %v", r, held.ExpiresAt)
 	}
-	free := held.ExpiresAt.UnixMilli() + pglease.TimeToleranceMs
+	free := held.ExpiresAt.UnixMilli() + keys.TimeToleranceMs
 	if ms := r.RetryAfter.Milliseconds(); ms < free-after || ms > free-before || r.RetryAfter%time.Millisecond != 0 {
 		t.Fatalf("RetryAfter %v; want whole ms in [%d, %d] ms", r.RetryAfter, free-after, free-before)
 	}

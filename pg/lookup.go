@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // LockInfo is the sanitized state of a live lock (SyncGuard's LockInfo):
@@ -72,10 +74,10 @@ func (i LockInfo) LogValue() slog.Value {
 // checks). One round trip, read-only.
 func (s *Store) IsLocked(ctx context.Context, key string) (bool, error) {
 	const op = "pg.IsLocked"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return false, err
 	}
-	k, err := pglease.NormalizeKey(key)
+	k, err := keys.NormalizeKey(key)
 	if err != nil {
 		return false, withOp(op, err)
 	}
@@ -128,10 +130,10 @@ func (s *Store) Owns(ctx context.Context, lockID string) (bool, error) {
 }
 
 func (s *Store) lookupKey(ctx context.Context, op, key string) (*RawLockInfo, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
-	k, err := pglease.NormalizeKey(key)
+	k, err := keys.NormalizeKey(key)
 	if err != nil {
 		return nil, withOp(op, err)
 	}
@@ -139,10 +141,10 @@ func (s *Store) lookupKey(ctx context.Context, op, key string) (*RawLockInfo, er
 }
 
 func (s *Store) lookupID(ctx context.Context, op, lockID string) (*RawLockInfo, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
-	if err := pglease.ValidateLockID(lockID); err != nil {
+	if err := keys.ValidateLockID(lockID); err != nil {
 		return nil, withOp(op, err)
 	}
 	r, err := s.lookup(ctx, op, s.lookupIDSQL, lockID)
@@ -161,9 +163,9 @@ func (s *Store) lookup(ctx context.Context, op, sql, arg string) (*RawLockInfo, 
 		if err := rows.Scan(&key, &id, &exp, &acq, &fence, &userKey, &holder); err != nil {
 			return err
 		}
-		f, err := pglease.ParseFence(fence)
+		f, err := keys.ParseFence(fence)
 		if err != nil {
-			return pglease.NewError(pglease.CodeInternal, op, "stored fence is not 15 digits", nil)
+			return pgerr.New(pglease.CodeInternal, op, "stored fence is not 15 digits", nil)
 		}
 		out = &RawLockInfo{
 			LockInfo: LockInfo{KeyHash: pglease.HashKey(userKey), LockIDHash: pglease.HashKey(id),

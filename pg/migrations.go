@@ -176,7 +176,7 @@ func serves(found, from, want int) bool { return found >= want && from <= want }
 
 // schemaErr wraps a SchemaError for op.
 func schemaErr(op string, e *SchemaError) error {
-	return pglease.NewError(pglease.CodeInvalidArgument, op, "wrong schema version", e)
+	return pgerr.New(pglease.CodeInvalidArgument, op, "wrong schema version", e)
 }
 
 // readVersion reads the recorded version. It first looks the record up in
@@ -200,7 +200,7 @@ func (s *Store) readVersion(ctx context.Context, op string) (version, from int, 
 // EXECUTE on the record function, which pg/roles.sql grants).
 func (s *Store) SchemaVersion(ctx context.Context) (version, compatibleFrom int, err error) {
 	const op = "pg.SchemaVersion"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return 0, 0, err
 	}
 	return s.readVersion(ctx, op)
@@ -212,7 +212,7 @@ func (s *Store) SchemaVersion(ctx context.Context) (version, compatibleFrom int,
 // itself, before its first acquire.
 func (s *Store) CheckSchema(ctx context.Context) error {
 	const op = "pg.CheckSchema"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	v, c, err := s.readVersion(ctx, op)
@@ -290,11 +290,11 @@ type MigrateOptions struct {
 // InvalidArgument before any I/O.
 func (s *Store) Migrate(ctx context.Context, target int, opts MigrateOptions) error {
 	const op = "pg.Migrate"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if target < 0 || target > SchemaVersion {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "target version out of range 0.."+strconv.Itoa(SchemaVersion), nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "target version out of range 0.."+strconv.Itoa(SchemaVersion), nil)
 	}
 	return s.migrate(ctx, op, target, opts.DropTables, false)
 }
@@ -322,7 +322,7 @@ func (s *Store) migrate(ctx context.Context, op string, target int, dropTables, 
 			return nil
 		}
 		if v > len(ms) {
-			return pglease.NewError(pglease.CodeInvalidArgument, op,
+			return pgerr.New(pglease.CodeInvalidArgument, op,
 				fmt.Sprintf("schema version %d is newer than this pglease knows (%d): migrate it with the newer pglease", v, len(ms)), nil)
 		}
 		var b strings.Builder
@@ -359,7 +359,7 @@ func (s *Store) migrate(ctx context.Context, op string, target int, dropTables, 
 				}
 				continue
 			}
-			return pglease.NewError(pglease.CodeServiceUnavailable, op, pgerr.CatalogRaceMsg, pgerr.Map(ctx, op, err))
+			return pgerr.New(pglease.CodeServiceUnavailable, op, pgerr.CatalogRaceMsg, pgerr.Map(ctx, op, err))
 		}
 		if err != nil {
 			return pgerr.Map(ctx, op, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -111,7 +112,7 @@ func (s *sgConn) acquire(key string, ttl time.Duration) (lockID string, ok bool,
 	if err != nil {
 		return "", false, err
 	}
-	if len(rs) == 1 && rs[0]["expires_at_ms"].(int64) > int64(now)-pglease.TimeToleranceMs {
+	if len(rs) == 1 && rs[0]["expires_at_ms"].(int64) > int64(now)-keys.TimeToleranceMs {
 		return "", false, tx.Commit(c)
 	}
 	if _, err := tx.Exec(c, "INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ($1, 0, $2) ON CONFLICT (fence_key) DO NOTHING", "fence:"+key, key); err != nil {
@@ -121,7 +122,7 @@ func (s *sgConn) acquire(key string, ttl time.Duration) (lockID string, ok bool,
 	if err := tx.QueryRow(c, "UPDATE syncguard_fence_counters SET fence = fence + 1 WHERE fence_key = $1 RETURNING fence", "fence:"+key).Scan(&fence); err != nil {
 		return "", false, err
 	}
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	if _, err := tx.Exec(c, `INSERT INTO syncguard_locks (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key) VALUES ($1, $2, $3, $4, $5, $6)
 		ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
 		acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key`,
@@ -151,7 +152,7 @@ func (s *sgConn) extendOrRelease(lockID string, ttl time.Duration) (bool, error)
 	if err != nil {
 		return false, err
 	}
-	if len(rs) != 1 || rs[0]["expires_at_ms"].(int64) <= int64(now)-pglease.TimeToleranceMs {
+	if len(rs) != 1 || rs[0]["expires_at_ms"].(int64) <= int64(now)-keys.TimeToleranceMs {
 		return false, tx.Commit(c)
 	}
 	if ttl == 0 {
@@ -372,7 +373,7 @@ func TestUpgradeFromV0(t *testing.T) {
 			}
 			v0fn := strings.Split(strings.Split(schemaV0, `FUNCTION "pglease_acquire_`)[1], `"`)[0]
 			var fence int64
-			var id = pglease.NewLockID()
+			var id = keys.NewLockID()
 			if err := pool.QueryRow(c, `SELECT o_fence FROM "pglease_acquire_`+v0fn+`"($1, $1, $2, $3, $4)`,
 				[]string{"held"}, []string{"fence:held"}, []string{id}, []int64{60000}).Scan(&fence); err != nil || fence != 1 {
 				t.Fatalf("v0 acquire: %v %v", fence, err)
@@ -527,7 +528,7 @@ func TestHolderIdentity(t *testing.T) {
 	}
 	// It expires; SyncGuard takes the key over (its upsert leaves our
 	// holder row behind).
-	waitServer(t, pool, r.ExpiresAt.UnixMilli()+pglease.TimeToleranceMs+5)
+	waitServer(t, pool, r.ExpiresAt.UnixMilli()+keys.TimeToleranceMs+5)
 	sg := newSGConn(t, pool)
 	sgID, ok, err := sg.acquire("job", time.Minute)
 	if err != nil || !ok {
@@ -617,7 +618,7 @@ func TestListLeases(t *testing.T) {
 	if err != nil || list.Total != 2 || list.Live != 2 || len(list.Rows) != 2 || !list.HolderKnown {
 		t.Fatalf("ListLeases = %+v, %v", list, err)
 	}
-	waitServer(t, pool, list.Now.UnixMilli()+300+pglease.TimeToleranceMs+5)
+	waitServer(t, pool, list.Now.UnixMilli()+300+keys.TimeToleranceMs+5)
 	list, err = s.ListLeases(c, pg.ListOptions{Limit: 1})
 	if err != nil || list.Total != 2 || list.Live != 1 || len(list.Rows) != 1 || list.Rows[0].Key != "long" ||
 		list.Rows[0].Holder != pg.DefaultHolder() || !list.Rows[0].Live {

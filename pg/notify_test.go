@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -76,7 +77,7 @@ func TestSyncGuardWrittenRow(t *testing.T) {
 	t.Parallel()
 	s, pool, _ := newStore(t, pg.Config{})
 	c := ctx(t)
-	id := pglease.NewLockID()
+	id := keys.NewLockID()
 	// SyncGuard's acquire, statements 2–7 of syncguard-facts.md §4.2.
 	tx, err := pool.Begin(c)
 	if err != nil {

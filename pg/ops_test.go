@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -194,7 +195,7 @@ func TestBadInputNoIO(t *testing.T) {
 	c := ctx(t)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	good := pglease.NewLockID()
+	good := keys.NewLockID()
 	badKeys := []string{"", "\xff\xfe", "a\x80b", "a\x00b", strings.Repeat("x", 513), strings.Repeat("é", 256) + "a", strings.Repeat("k", 10<<20)}
 	badIDs := []string{"", "AAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAA+A", "AAAAAAAAAAAAAAAAAAAA/A", "AAAAAAAAAAAAAAAAAAAAA=", "AAAAAAAAAA AAAAAAAAAAA", "'; DROP TABLE x;--xxxx"}
 	badTTLs := []time.Duration{0, -time.Second, 1500 * time.Microsecond, time.Nanosecond, 1<<63 - 1}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // ConfigurePool sets on cfg what a pool used for locks needs to recover
@@ -32,7 +33,7 @@ import (
 // InvalidArgument error for a nil cfg.
 func ConfigurePool(cfg *pgxpool.Config) error {
 	if cfg == nil || cfg.ConnConfig == nil {
-		return pglease.NewError(pglease.CodeInvalidArgument, "pg.ConfigurePool", "nil pool config (use pgxpool.ParseConfig)", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, "pg.ConfigurePool", "nil pool config (use pgxpool.ParseConfig)", nil)
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connx.DefaultConnectTimeout
@@ -55,20 +56,20 @@ func ConfigurePool(cfg *pgxpool.Config) error {
 // lazily; close it after the Manager or Store that uses it.
 func NewPool(ctx context.Context, connString string) (*pgxpool.Pool, error) {
 	const op = "pg.NewPool"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		// The parse error can quote the connection string, password included.
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "bad connection string", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "bad connection string", nil)
 	}
 	if err := ConfigurePool(cfg); err != nil {
 		return nil, err
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot create pool", err)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "cannot create pool", err)
 	}
 	return pool, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // RolesFile is pg/roles.sql: the grants for a least-privilege owner
@@ -48,7 +49,7 @@ func RolesSQL(r Roles) (owner, runtime string, err error) {
 		{"Owner", r.Owner}, {"Runtime", r.Runtime}, {"Schema", r.Schema}, {"Database", r.Database},
 	} {
 		if f.v == "" || len(f.v) > 63 || !utf8.ValidString(f.v) || strings.IndexByte(f.v, 0) >= 0 {
-			return "", "", pglease.NewError(pglease.CodeInvalidArgument, op, f.what+" must be 1-63 bytes of UTF-8 without NUL", nil)
+			return "", "", pgerr.New(pglease.CodeInvalidArgument, op, f.what+" must be 1-63 bytes of UTF-8 without NUL", nil)
 		}
 	}
 	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
@@ -62,7 +63,7 @@ func RolesSQL(r Roles) (owner, runtime string, err error) {
 	)
 	before, after, ok := strings.Cut(RolesFile, rolesStep2)
 	if !ok {
-		return "", "", pglease.NewError(pglease.CodeInternal, op, "roles.sql lacks its step 2 marker", nil)
+		return "", "", pgerr.New(pglease.CodeInternal, op, "roles.sql lacks its step 2 marker", nil)
 	}
 	return rep.Replace(before + "\n"), rep.Replace(rolesStep2[1:] + after), nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Default table names, SyncGuard's.
@@ -65,11 +66,11 @@ type names struct {
 func parseTable(op, what, s string) (schema, ident string, err error) {
 	parts := strings.Split(s, ".")
 	if len(parts) > 2 {
-		return "", "", pglease.NewError(pglease.CodeInvalidArgument, op, what+" must be ident or schema.ident", nil)
+		return "", "", pgerr.New(pglease.CodeInvalidArgument, op, what+" must be ident or schema.ident", nil)
 	}
 	for _, p := range parts {
 		if !identRe.MatchString(p) {
-			return "", "", pglease.NewError(pglease.CodeInvalidArgument, op, what+" must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$ (optionally schema-qualified)", nil)
+			return "", "", pgerr.New(pglease.CodeInvalidArgument, op, what+" must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$ (optionally schema-qualified)", nil)
 		}
 	}
 	if len(parts) == 2 {
@@ -110,11 +111,11 @@ func (c Config) names(op string) (names, error) {
 	if maySame(ls, li, fs, fi) {
 		// An unqualified name is resolved by the search_path, so "t" and
 		// "public.t" may well be the same table (issue 9.11).
-		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, fmt.Sprintf(
+		return names{}, pgerr.New(pglease.CodeInvalidArgument, op, fmt.Sprintf(
 			"LockTable %q and FenceTable %q may name the same table (an unqualified name is resolved by search_path): qualify both with their schema, or give them different names", lock, fence), nil)
 	}
 	if maySame(ls, holdersName(li), fs, fi) {
-		return names{}, pglease.NewError(pglease.CodeInvalidArgument, op, fmt.Sprintf(
+		return names{}, pgerr.New(pglease.CodeInvalidArgument, op, fmt.Sprintf(
 			"FenceTable %q may be the lock table's holder table %q: give it another name", fence, holdersName(li)), nil)
 	}
 	if c.NotifyChannel != "" {
@@ -215,7 +216,7 @@ const setupLock = "SELECT pg_advisory_xact_lock(hashtext('pglease.SetupSchema'))
 // owner role instead.
 func (s *Store) SetupSchema(ctx context.Context) error {
 	const op = "pg.SetupSchema"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	return s.migrate(ctx, op, SchemaVersion, false, true)

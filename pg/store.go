@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 )
 
@@ -41,8 +42,9 @@ type Config struct {
 	// processes can wake up. "" = no notification.
 	NotifyChannel string
 	// OnFenceWarning, if set, is called (synchronously, after the grant)
-	// for each grant whose fence is above pglease.FenceWarn: the counter
-	// is approaching pglease.FenceMax. It gets pglease.HashKey of the key,
+	// for each grant whose fence is above 90,000,000,000,000: the counter
+	// is approaching the largest fence ever granted, 900,000,000,000,000
+	// (SyncGuard's thresholds). It gets pglease.HashKey of the key,
 	// never the key itself.
 	OnFenceWarning func(keyHash string, fence pglease.Fence)
 	// Holder identifies this process as the holder of the leases it
@@ -94,7 +96,7 @@ type Store struct {
 func New(db DB, cfg Config) (*Store, error) {
 	const op = "pg.New"
 	if isNilDB(db) { // also a nil *pgxpool.Pool inside the interface
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil DB", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil DB", nil)
 	}
 	n, err := cfg.names(op)
 	if err != nil {
@@ -109,7 +111,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	const liveMs = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 	sel := "SELECT l.key, l.lock_id, l.expires_at_ms, l.acquired_at_ms, l.fence, l.user_key, h.holder FROM " + n.lock +
 		" AS l LEFT JOIN " + n.holders + " AS h ON h.key = l.key AND h.lock_id = l.lock_id WHERE "
-	live := " AND l.expires_at_ms + " + fmt.Sprint(pglease.TimeToleranceMs) + " > " + liveMs
+	live := " AND l.expires_at_ms + " + fmt.Sprint(keys.TimeToleranceMs) + " > " + liveMs
 	return &Store{
 		db: db, cfg: cfg, n: n, holder: holder,
 		acquireSQL:       "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms, o_now_ms, o_holder FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
@@ -127,12 +129,11 @@ func New(db DB, cfg Config) (*Store, error) {
 // AcquireRequest is one acquire: the argument of Acquire and an item of
 // AcquireMany.
 type AcquireRequest struct {
-	// Key is the lock key (normalized to NFC; see pglease.NormalizeKey).
+	// Key is the lock key (normalized to NFC; at most 512 bytes after NFC normalization).
 	Key string
-	// TTL is the lease TTL, a whole number of milliseconds
-	// (pglease.ValidateTTL).
+	// TTL is the lease TTL, a positive whole number of milliseconds.
 	TTL time.Duration
-	// LockID is an optional pre-generated lockId (pglease.NewLockID);
+	// LockID is an optional pre-generated lockId (22 base64url characters);
 	// "" = generate one. Pre-generating lets a caller clean up after an
 	// ambiguous outcome (see Acquire).
 	LockID string
@@ -154,12 +155,12 @@ type AcquireResult struct {
 	Fence pglease.Fence
 	// AcquiredAt and ExpiresAt are server times with millisecond
 	// precision, set when OK. The record stays live for acquirers until
-	// ExpiresAt + pglease.TimeTolerance. When the key is held by someone
+	// ExpiresAt + 1 s (SyncGuard's tolerance). When the key is held by someone
 	// else, ExpiresAt is that holder's expiry (AcquiredAt stays zero).
 	AcquiredAt, ExpiresAt time.Time
 	// RetryAfter is set when the key is held by someone else: the time
 	// from the server's clock reading in this attempt to the moment the
-	// key can be taken over (ExpiresAt + pglease.TimeTolerance) unless
+	// key can be taken over (ExpiresAt + 1 s) unless
 	// the holder extends or releases it first. Counted from the call's
 	// return it is never early (clock rate differences apart), so a
 	// caller that polls can try again then instead of at its next poll;
@@ -171,8 +172,8 @@ type AcquireResult struct {
 	// operators.
 	Holder string
 	// Err is set (and OK false) in AcquireMany results for an item that
-	// failed on its own: today only a fence counter past
-	// pglease.FenceMax (CodeInternal). Acquire returns it as its error.
+	// failed on its own: today only a fence counter past the largest
+	// fence ever granted, 900,000,000,000,000 (CodeInternal). Acquire returns it as its error.
 	Err error
 }
 
@@ -252,7 +253,7 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 	}
 	mapped := pgerr.MapSchema(ctx, op, err)
 	if write && sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
-		return pglease.NewError(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
+		return pgerr.New(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
 	}
 	return mapped
 }
@@ -283,7 +284,7 @@ func acquireConn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error)
 func withOp(op string, err error) error {
 	var e *pglease.Error
 	if errors.As(err, &e) {
-		return pglease.NewError(e.Code, op, e.Msg, e.Err)
+		return pgerr.New(e.Code, op, e.Msg, e.Err)
 	}
 	return err
 }
@@ -291,13 +292,13 @@ func withOp(op string, err error) error {
 // Acquire tries once to take req.Key for req.TTL. A key held by someone
 // else is AcquireResult{OK: false}, not an error. One round trip.
 //
-// req.LockID, if set (pglease.NewLockID), is the lockId the grant gets;
+// req.LockID, if set (22 base64url characters), is the lockId the grant gets;
 // "" generates one. Choosing it before the call is how a caller cleans up
 // after an ambiguous outcome: when the error is CodeAmbiguous the grant
 // may have committed, and Release(ctx, req.LockID) removes it if it did.
 func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
 	const op = "pg.Acquire"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return AcquireResult{}, err
 	}
 	res, err := s.acquire(ctx, op, []AcquireRequest{req})
@@ -318,7 +319,7 @@ func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult,
 // returns no results without I/O.
 func (s *Store) AcquireMany(ctx context.Context, reqs []AcquireRequest) ([]AcquireResult, error) {
 	const op = "pg.AcquireMany"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	return s.acquire(ctx, op, reqs)
@@ -326,12 +327,12 @@ func (s *Store) AcquireMany(ctx context.Context, reqs []AcquireRequest) ([]Acqui
 
 func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) ([]AcquireResult, error) {
 	if len(reqs) > MaxBatch {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	if len(reqs) == 0 {
 		return []AcquireResult{}, nil
 	}
-	keys, fenceKeys, ids, ttls, err := prepareAcquire(op, reqs)
+	storageKeys, fenceKeys, ids, ttls, err := prepareAcquire(op, reqs)
 	if err != nil {
 		return nil, err
 	}
@@ -345,7 +346,7 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	if s.holder != "" {
 		holder = &s.holder
 	}
-	err = s.run(ctx, op, true, s.acquireSQL, []any{keys, keys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
+	err = s.run(ctx, op, true, s.acquireSQL, []any{storageKeys, storageKeys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
 		var idx, status int32
 		var fence, acq, exp, now *int64
 		var holder *string
@@ -367,7 +368,7 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 		case 1:
 			out[i] = lockedResult(exp, now, holder)
 		case 2:
-			out[i].Err = pglease.NewError(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
+			out[i].Err = pgerr.New(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
 		default:
 			return errors.New("pg: unknown status from acquire function")
 		}
@@ -378,13 +379,13 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	}
 	for i := range got {
 		if !got[i] {
-			return nil, pglease.NewError(pglease.CodeAmbiguous, op, "acquire function returned too few rows", nil)
+			return nil, pgerr.New(pglease.CodeAmbiguous, op, "acquire function returned too few rows", nil)
 		}
 	}
 	if s.cfg.OnFenceWarning != nil {
 		for i, r := range out {
-			if r.OK && r.Fence > pglease.FenceWarn {
-				s.cfg.OnFenceWarning(pglease.HashKey(keys[i]), r.Fence)
+			if r.OK && r.Fence > keys.FenceWarn {
+				s.cfg.OnFenceWarning(pglease.HashKey(storageKeys[i]), r.Fence)
 			}
 		}
 	}
@@ -399,7 +400,7 @@ func lockedResult(exp, now *int64, holder *string) AcquireResult {
 		r.ExpiresAt = time.UnixMilli(*exp)
 		// now is the server clock floored to the ms: the true remaining
 		// time is at most this.
-		r.RetryAfter = max(time.Duration(*exp+pglease.TimeToleranceMs-*now)*time.Millisecond, 0)
+		r.RetryAfter = max(time.Duration(*exp+keys.TimeToleranceMs-*now)*time.Millisecond, 0)
 	}
 	// Shown in messages and on terminals: only what Config.Holder accepts.
 	if holder != nil && checkHolder("", *holder) == nil {
@@ -411,52 +412,52 @@ func lockedResult(exp, now *int64, holder *string) AcquireResult {
 // prepareAcquire validates acquire items and derives the function's
 // arguments: storage keys, fence keys, lockIds (generated when empty) and
 // TTLs in ms.
-func prepareAcquire(op string, reqs []AcquireRequest) (keys, fenceKeys, ids []string, ttls []int64, err error) {
-	keys = make([]string, len(reqs))
+func prepareAcquire(op string, reqs []AcquireRequest) (storageKeys, fenceKeys, ids []string, ttls []int64, err error) {
+	storageKeys = make([]string, len(reqs))
 	fenceKeys = make([]string, len(reqs))
 	ids = make([]string, len(reqs))
 	ttls = make([]int64, len(reqs))
 	seen := make(map[string]struct{}, len(reqs))
 	for i, r := range reqs {
-		k, err := pglease.NormalizeKey(r.Key)
+		k, err := keys.NormalizeKey(r.Key)
 		if err != nil {
 			return nil, nil, nil, nil, withOp(op, err)
 		}
-		if err := pglease.ValidateTTL(r.TTL); err != nil {
+		if err := keys.ValidateTTL(r.TTL); err != nil {
 			return nil, nil, nil, nil, withOp(op, err)
 		}
 		// PostgreSQL: prefix "", limit 1700, reserve 0. A key ≤ 512 bytes is
 		// never hashed, so storage key == user key and fence key ==
 		// "fence:"+key (SyncGuard's two-step derivation).
-		sk, err := pglease.MakeStorageKey("", k, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+		sk, err := keys.MakeStorageKey("", k, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
 		if err != nil {
 			return nil, nil, nil, nil, withOp(op, err)
 		}
-		fk, err := pglease.MakeStorageKey("", "fence:"+sk, pglease.PostgresLimitBytes, pglease.PostgresReserveBytes)
+		fk, err := keys.MakeStorageKey("", "fence:"+sk, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
 		if err != nil {
 			return nil, nil, nil, nil, withOp(op, err)
 		}
 		id := r.LockID
 		if id == "" {
-			id = pglease.NewLockID()
-		} else if err := pglease.ValidateLockID(id); err != nil {
+			id = keys.NewLockID()
+		} else if err := keys.ValidateLockID(id); err != nil {
 			return nil, nil, nil, nil, withOp(op, err)
 		}
 		if _, dup := seen[id]; dup {
-			return nil, nil, nil, nil, pglease.NewError(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
+			return nil, nil, nil, nil, pgerr.New(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
 		}
 		seen[id] = struct{}{}
-		keys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
+		storageKeys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
 	}
-	return keys, fenceKeys, ids, ttls, nil
+	return storageKeys, fenceKeys, ids, ttls, nil
 }
 
 func (s *Store) checkIDs(op string, ids []string) error {
 	if len(ids) > MaxBatch {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	for _, id := range ids {
-		if err := pglease.ValidateLockID(id); err != nil {
+		if err := keys.ValidateLockID(id); err != nil {
 			return withOp(op, err)
 		}
 	}
@@ -469,7 +470,7 @@ func (s *Store) checkIDs(op string, ids []string) error {
 // next acquirer after the tolerance). One round trip.
 func (s *Store) Release(ctx context.Context, lockID string) (bool, error) {
 	const op = "pg.Release"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return false, err
 	}
 	res, err := s.release(ctx, op, []string{lockID})
@@ -484,7 +485,7 @@ func (s *Store) Release(ctx context.Context, lockID string) (bool, error) {
 // (the later occurrence answers false).
 func (s *Store) ReleaseMany(ctx context.Context, lockIDs []string) ([]bool, error) {
 	const op = "pg.ReleaseMany"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	return s.release(ctx, op, lockIDs)
@@ -531,7 +532,7 @@ func (s *Store) runRelease(ctx context.Context, op, sql string, args []any, n in
 		return nil, err
 	}
 	if got != n {
-		return nil, pglease.NewError(pglease.CodeAmbiguous, op, "release function returned a wrong row count", nil)
+		return nil, pgerr.New(pglease.CodeAmbiguous, op, "release function returned a wrong row count", nil)
 	}
 	return out, nil
 }
@@ -542,7 +543,7 @@ func (s *Store) runRelease(ctx context.Context, op, sql string, args []any, n in
 // (no revival inside the tolerance window). One round trip.
 func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (ExtendResult, error) {
 	const op = "pg.Extend"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return ExtendResult{}, err
 	}
 	res, err := s.extend(ctx, op, []ExtendRequest{{LockID: lockID, TTL: ttl}})
@@ -556,7 +557,7 @@ func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (E
 // MaxExtendBatch items); results[i] answers reqs[i].
 func (s *Store) ExtendMany(ctx context.Context, reqs []ExtendRequest) ([]ExtendResult, error) {
 	const op = "pg.ExtendMany"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	return s.extend(ctx, op, reqs)
@@ -564,15 +565,15 @@ func (s *Store) ExtendMany(ctx context.Context, reqs []ExtendRequest) ([]ExtendR
 
 func (s *Store) extend(ctx context.Context, op string, reqs []ExtendRequest) ([]ExtendResult, error) {
 	if len(reqs) > MaxExtendBatch {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	ids := make([]string, len(reqs))
 	ttls := make([]int64, len(reqs))
 	for i, r := range reqs {
-		if err := pglease.ValidateLockID(r.LockID); err != nil {
+		if err := keys.ValidateLockID(r.LockID); err != nil {
 			return nil, withOp(op, err)
 		}
-		if err := pglease.ValidateTTL(r.TTL); err != nil {
+		if err := keys.ValidateTTL(r.TTL); err != nil {
 			return nil, withOp(op, err)
 		}
 		ids[i], ttls[i] = r.LockID, r.TTL.Milliseconds()
@@ -601,7 +602,7 @@ func (s *Store) extend(ctx context.Context, op string, reqs []ExtendRequest) ([]
 		return nil, err
 	}
 	if n != len(reqs) {
-		return nil, pglease.NewError(pglease.CodeAmbiguous, op, "extend function returned a wrong row count", nil)
+		return nil, pgerr.New(pglease.CodeAmbiguous, op, "extend function returned a wrong row count", nil)
 	}
 	return out, nil
 }

@@ -20,7 +20,7 @@ const releaseTriggerName = "pglease_release_notify"
 // (Config.NotifyChannel, SetupReleaseTrigger): an unquoted identifier.
 func checkChannel(op, channel string) error {
 	if !identRe.MatchString(channel) {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
 	}
 	return nil
 }
@@ -87,7 +87,7 @@ func (s *Store) SetupReleaseTrigger(ctx context.Context, channel string) error {
 	if err := checkChannel(op, channel); err != nil {
 		return err
 	}
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if _, err := s.db.Exec(ctx, setupLock+s.n.triggerSQL(channel)); err != nil {
@@ -108,7 +108,7 @@ func (s *Store) ReleaseTriggerInstalled(ctx context.Context, channel string) (bo
 	if err := checkChannel(op, channel); err != nil {
 		return false, err
 	}
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return false, err
 	}
 	var ok bool
@@ -130,7 +130,7 @@ const releaseTriggerInstalledSQL = `SELECT EXISTS (SELECT 1 FROM pg_trigger t
 // SetupSchema and SetupReleaseTrigger like they do.
 func (s *Store) DropReleaseTrigger(ctx context.Context) error {
 	const op = "pg.DropReleaseTrigger"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if _, err := s.db.Exec(ctx, setupLock+s.n.dropTriggerSQL()); err != nil {

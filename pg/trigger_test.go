@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -90,7 +91,7 @@ func syncGuardRelease(c context.Context, db *pgxpool.Pool, lockID string) (bool,
 	if err != nil {
 		return false, err
 	}
-	if exp <= int64(now)-pglease.TimeToleranceMs {
+	if exp <= int64(now)-keys.TimeToleranceMs {
 		return false, tx.Commit(c)
 	}
 	if _, err := tx.Exec(c, "DELETE FROM syncguard_locks WHERE key = $1", key); err != nil {
@@ -212,7 +213,7 @@ func TestReleaseTriggerNoDoubleNotify(t *testing.T) {
 	if err != nil || !r.OK {
 		t.Fatal(r, err)
 	}
-	waitServer(t, pool, r.ExpiresAt.UnixMilli()+pglease.TimeToleranceMs)
+	waitServer(t, pool, r.ExpiresAt.UnixMilli()+keys.TimeToleranceMs)
 	if ok, err := s.Release(c, r.LockID); err != nil || ok {
 		t.Fatalf("expired Release = %v, %v", ok, err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 )
 
@@ -64,23 +65,23 @@ func (r ReleaseRequest) Format(f fmt.State, _ rune) {
 // Invalid input anywhere fails the whole call before I/O.
 func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]bool, error) {
 	const op = "pg.ReleaseWaited"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if len(reqs) > MaxBatch {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	ids := make([]string, len(reqs))
-	keys := make([]string, len(reqs))
+	nks := make([]string, len(reqs))
 	for i, r := range reqs {
-		if err := pglease.ValidateLockID(r.LockID); err != nil {
+		if err := keys.ValidateLockID(r.LockID); err != nil {
 			return nil, withOp(op, err)
 		}
-		k, err := pglease.NormalizeKey(r.Key)
+		k, err := keys.NormalizeKey(r.Key)
 		if err != nil {
 			return nil, withOp(op, err)
 		}
-		ids[i], keys[i] = r.LockID, k
+		ids[i], nks[i] = r.LockID, k
 	}
 	if len(reqs) == 0 {
 		return []bool{}, nil
@@ -94,7 +95,7 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 	}
 	// The third column is the notification's (or the waiter lock
 	// check's) value, of no use to the caller.
-	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, keys}, len(ids), true)
+	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, nks}, len(ids), true)
 }
 
 // releaseWaitedSQL runs the release function without a channel; the
@@ -145,7 +146,7 @@ func RegisterWaiters(ctx context.Context, conn *pgx.Conn, keys []string) (ok []b
 		return nil, pgerr.Map(ctx, op, err)
 	}
 	if len(ok) != len(nks) {
-		return nil, pglease.NewError(pglease.CodeInternal, op, "wrong row count", nil)
+		return nil, pgerr.New(pglease.CodeInternal, op, "wrong row count", nil)
 	}
 	return ok, nil
 }
@@ -165,19 +166,19 @@ func UnregisterWaiters(ctx context.Context, conn *pgx.Conn, keys []string) error
 	return nil
 }
 
-func waiterKeys(op string, ctx context.Context, conn *pgx.Conn, keys []string) ([]string, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+func waiterKeys(op string, ctx context.Context, conn *pgx.Conn, raw []string) ([]string, error) {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if conn == nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil conn", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil conn", nil)
 	}
-	if len(keys) > MaxBatch {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	if len(raw) > MaxBatch {
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
-	nks := make([]string, len(keys))
-	for i, k := range keys {
-		nk, err := pglease.NormalizeKey(k)
+	nks := make([]string, len(raw))
+	for i, k := range raw {
+		nk, err := keys.NormalizeKey(k)
 		if err != nil {
 			return nil, withOp(op, err)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
@@ -87,7 +88,7 @@ func TestReleaseWaitedNotifiesOnlyWaitedKeys(t *testing.T) {
 		t.Fatalf("%d waiter locks after registering one key", n)
 	}
 	free, waited := acquireOK(t, s, kFree), acquireOK(t, s, kWaited)
-	res, err := s.ReleaseWaited(c, []pg.ReleaseRequest{{LockID: free, Key: kFree}, {LockID: pglease.NewLockID(), Key: kFree}})
+	res, err := s.ReleaseWaited(c, []pg.ReleaseRequest{{LockID: free, Key: kFree}, {LockID: keys.NewLockID(), Key: kFree}})
 	if err != nil || len(res) != 2 || !res[0] || res[1] {
 		t.Fatalf("ReleaseWaited(free, unknown) = %v, %v; want [true false]", res, err)
 	}
@@ -206,7 +207,7 @@ func TestReleaseWaitedBadInputNoIO(t *testing.T) {
 	s, _, _ := newStore(t, pg.Config{NotifyChannel: "pglease_bad"}, withCounter(cnt))
 	c := ctx(t)
 	cnt.reset()
-	good := pglease.NewLockID()
+	good := keys.NewLockID()
 	for name, reqs := range map[string][]pg.ReleaseRequest{
 		"bad lockId": {{LockID: "nope", Key: "k"}},
 		"empty key":  {{LockID: good, Key: ""}},

@@ -1,7 +1,6 @@
-// Package retry is the pure retry policy of pglease: it computes how long to
-// wait before the next attempt to take a contended lock. It starts no
-// goroutine, never sleeps and owns no timer; the caller (the Manager loop)
-// asks for the next delay and arms its own timer.
+// Package retry is what a user configures of pglease's retry schedule:
+// the Policy a Manager follows between two attempts to take a contended
+// key (manager.Config.Retry).
 //
 // # Defaults (SyncGuard's)
 //
@@ -13,21 +12,21 @@
 //	attempt   1        2         3         4         5          6
 //	delay     50–100   100–200   200–400   400–800   800–1600   1000–2000 ms (capped)
 //
-// Full jitter gives [0, d) and no jitter gives d; Fixed backoff keeps
-// d = Base for every attempt. MaxDelay (default 2 s) caps the nominal delay
-// d; SyncGuard has no cap, but its 5 s acquire timeout makes delays beyond
-// 3.2 s unreachable, and a cap keeps the polling fallback responsive when a
-// wake-up notification is lost during a long wait.
+// Full jitter gives [0, d) and no jitter gives d; a Multiplier of 1 keeps
+// d = Base for every attempt (a fixed delay). MaxDelay (default 2 s) caps
+// the nominal delay d; SyncGuard has no cap, but its 5 s acquire timeout
+// makes delays beyond 3.2 s unreachable, and a cap keeps the polling
+// fallback responsive when a wake-up notification is lost during a long
+// wait.
 //
 // # Guarantees
 //
 //   - Every delay lies in the bounds above; a delay is never negative and
 //     never exceeds MaxDelay.
-//   - A Backoff never gives up: MaxElapsedTime of the underlying
-//     cenkalti/backoff ExponentialBackOff is 0, because the caller's context
-//     or acquire timeout bounds the wait (backoff's 15-minute default would
-//     otherwise silently stop retrying).
-//   - A Backoff is not safe for concurrent use (neither is backoff's
-//     ExponentialBackOff); keep one per key, owned by one goroutine.
-//   - Randomness is injectable (Options.Rand), so tests can pin the jitter.
+//   - The schedule never gives up: the caller's context, or the acquire
+//     timeout, bounds the wait.
+//   - The policy is pure: it starts no goroutine and owns no timer. Each
+//     key waited for has its own schedule (github.com/cenkalti/backoff/v4
+//     underneath), owned by the Manager's loop, which arms its own timer;
+//     a success starts the key's schedule again from Base.
 package retry

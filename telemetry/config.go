@@ -35,7 +35,7 @@ type Config struct {
 	// the same one in every process that should produce matching hashes.
 	// It is copied by manager.New and never appears in telemetry.
 	KeySecret []byte
-	// RawKeys adds the raw key, as attribute pglease.key (AttrKey) and
+	// RawKeys adds the raw key, as attribute pglease.key and
 	// log field "key", next to its hash. For debugging only: keys may be
 	// personal or secret data, and this sends them to every span exporter
 	// and log sink. Default false. LockIds are never recorded, whatever

@@ -1,8 +1,9 @@
 // Package telemetry is what a user of pglease configures and reads of its
 // OpenTelemetry instrumentation: the configuration (Config, set as
-// manager.Config.Telemetry) and the names of the spans, events, attributes
-// and metrics a Manager records, with keys identified by hash and lockIds
-// never recorded. The recording itself is internal to pglease.
+// manager.Config.Telemetry), and, in the table under "Names" below, every
+// span, event, attribute and metric a Manager records, with its unit and
+// meaning. Keys are identified by hash and lockIds are never recorded. The
+// recording itself is internal to pglease.
 //
 //	tp := sdktrace.NewTracerProvider(...)          // or leave nil: the otel globals
 //	m, err := manager.New(pool, manager.Config{
@@ -45,7 +46,7 @@
 // "context.Canceled", "context.DeadlineExceeded" or "_OTHER", and the span
 // status description is that same string.
 //
-// Keys are identified by pglease.key.hash (AttrKeyHash):
+// Keys are identified by pglease.key.hash:
 //
 //   - with Config.KeySecret: HMAC-SHA-256(secret, NFC(key)) truncated
 //     to 128 bits, 32 hex digits. Without the secret the hash reveals
@@ -64,30 +65,127 @@
 // hundreds of keys with errors whose text quotes the key and its lockId,
 // and scans every exported span, metric and log record for them.
 //
-// # Spans
+// # Names
 //
-//	name                      kind      parent                   attributes (+ at end)
-//	pglease.acquire           internal  the caller's ctx         pglease.key.hash, pglease.lock.kind, pglease.acquire.try,
-//	                                                             pglease.lock.ttl (s); + pglease.outcome, pglease.acquire.attempts,
-//	                                                             pglease.acquire.wait (s), pglease.acquire.coalesced,
-//	                                                             pglease.acquire.contended, pglease.fence (granted),
-//	                                                             error.type (failed). Events pglease.queued
-//	                                                             (coalesced, contended, queue.position) and pglease.attempt
-//	                                                             (pglease.attempt, pglease.outcome, pglease.attempt.retry_in (s));
-//	                                                             links to every DB span that carried an attempt.
-//	pglease.release           internal  the releasing ctx        pglease.key.hash, pglease.lock.kind; + pglease.outcome
-//	                                                             (ok, not_held, error), pglease.lock.held_for (s), error.type;
-//	                                                             links to the acquire span and the DB span.
-//	pglease.lost              internal  the lock's acquire span  pglease.key.hash, pglease.lock.kind, pglease.loss.cause,
-//	                                                             pglease.lock.held_for (s), error.type=LockLost; status Error;
-//	                                                             link to the heartbeat/DB span that found the loss.
-//	pglease.heartbeat         internal  the loop's ctx (root)    pglease.heartbeat.due; + .extended, .lost, pglease.outcome.
-//	pglease.acquire_many,     client    the operation it is      db.system.name=postgresql, db.operation.name (= span name),
-//	pglease.release_many,               made for (see below),    server.address, server.port, db.namespace (from the
-//	pglease.extend_many,                the heartbeat, or none   Manager's pool), pglease.batch.size;
-//	pglease.handoff,                    (root)                   + pglease.batch.ok, pglease.outcome (ok, error), error.type,
-//	pglease.advisory_lock, …                                     db.response.status_code (the SQLSTATE, when the server
-//	                                                             refused the statement). Links to the spans it serves.
+// Every name pglease records, one row each: spans (kind internal for an
+// operation, client for a database round trip), the events on them, their
+// attributes, and the metrics (with their instrument). Units: s is
+// seconds; a name in braces counts things; 1 is a ratio; - is no unit (a
+// span, an event, a string, a boolean). Names carry no unit themselves
+// (see "Units"). Names marked semconv are the OpenTelemetry semantic
+// conventions' own (v1.40.0). Every client span has db.system.name,
+// db.operation.name (its own name), server.address, server.port,
+// db.namespace (the Manager's pool) and pglease.batch.size; at its end
+// pglease.batch.ok, pglease.outcome (ok, error), and for a failed one
+// error.type and db.response.status_code. It links to the spans it serves
+// (see "Traces").
+//
+//	name                               kind                       unit       meaning
+//	pglease.acquire                    span, internal             -          One Acquire, TryAcquire, Do, LockAdvisory or TryLockAdvisory, from the
+//	                                                                         call to its outcome (the caller's wait); a child of the caller's span.
+//	                                                                         Attributes pglease.key.hash, pglease.lock.kind, pglease.acquire.try,
+//	                                                                         pglease.lock.ttl (leases); at its end pglease.outcome,
+//	                                                                         pglease.acquire.attempts, pglease.acquire.wait, pglease.acquire.coalesced,
+//	                                                                         pglease.acquire.contended, pglease.fence (granted), error.type (failed).
+//	                                                                         Events pglease.queued and pglease.attempt; links to the round trips
+//	                                                                         that carried its attempts.
+//	pglease.release                    span, internal             -          One release the Manager makes, a child of the releasing caller's span.
+//	                                                                         Attributes pglease.key.hash, pglease.lock.kind; at its end
+//	                                                                         pglease.outcome (ok, not_held, error), pglease.lock.held_for,
+//	                                                                         error.type. Links to the lock's acquire span and its round trip.
+//	pglease.lost                       span, internal             -          A held lock found lost, a child of its pglease.acquire span; status
+//	                                                                         Error. Attributes pglease.key.hash, pglease.lock.kind,
+//	                                                                         pglease.loss.cause, pglease.lock.held_for, error.type=LockLost; a link
+//	                                                                         to the heartbeat or round trip that found the loss.
+//	pglease.heartbeat                  span, internal             -          One round of extends of the locks due, a root span. Attributes
+//	                                                                         pglease.heartbeat.due; at its end pglease.heartbeat.extended,
+//	                                                                         pglease.heartbeat.lost, pglease.outcome (ok, error), error.type.
+//	pglease.acquire_many               span, client               -          A round trip of lease acquire attempts, one or more keys.
+//	pglease.release_many               span, client               -          A round trip of lease releases.
+//	pglease.extend_many                span, client               -          A round trip of lease extends, a child of its pglease.heartbeat.
+//	pglease.handoff                    span, client               -          One statement releasing a lease and granting the key to the next
+//	                                                                         local waiter.
+//	pglease.advisory_lock              span, client               -          A blocking wait on pg_advisory_lock: its duration is the wait.
+//	pglease.advisory_try_lock          span, client               -          One pg_try_advisory_lock.
+//	pglease.advisory_unlock            span, client               -          Advisory unlocks: one lock's, or all of a session's at Close.
+//	pglease.listen                     span, client               -          Connecting the listening connection and subscribing to the notify
+//	                                                                         channel (not the wait for notifications).
+//	pglease.queued                     event                      -          On pglease.acquire, when the caller joined the key's local queue:
+//	                                                                         pglease.acquire.coalesced, pglease.acquire.contended,
+//	                                                                         pglease.queue.position.
+//	pglease.attempt                    event                      -          On pglease.acquire, one per database attempt that served it:
+//	                                                                         pglease.attempt, pglease.outcome (granted, contended, error),
+//	                                                                         pglease.attempt.retry_in.
+//	pglease.key.hash                   attribute, string          -          The key's hash (see "Redaction"): on every per-key span, event and
+//	                                                                         log record; never on metrics (unbounded cardinality).
+//	pglease.key                        attribute, string          -          The raw key, only with Config.RawKeys (debugging).
+//	pglease.lock.kind                  attribute, string          -          lease or advisory.
+//	pglease.lock.ttl                   attribute, float64         s          The lease TTL.
+//	pglease.lock.held_for              attribute, float64         s          How long the lock was held.
+//	pglease.acquire.try                attribute, bool            -          True for TryAcquire and TryLockAdvisory (one attempt, no waiting).
+//	pglease.acquire.attempts           attribute, int             {attempt}  The database attempts an acquire saw.
+//	pglease.acquire.wait               attribute, float64         s          The time an acquire waited.
+//	pglease.acquire.coalesced          attribute, bool            -          The acquire queued behind another caller of this process for the
+//	                                                                         same key instead of starting its own attempts.
+//	pglease.acquire.contended          attribute, bool            -          The acquire found the key held (by another process, or by another
+//	                                                                         caller of this one) at least once.
+//	pglease.outcome                    attribute, string          -          How an operation ended. Acquires: granted, locked (a try found the
+//	                                                                         key held; not an error), timeout (AcquisitionTimeout), aborted (the
+//	                                                                         caller's context ended), closed (the Manager closed), error
+//	                                                                         (anything else); attempts: granted, contended, error; releases: ok,
+//	                                                                         not_held, error; round trips and heartbeats: ok, error.
+//	pglease.attempt                    attribute, int             -          The attempt's number, from 1, on a pglease.attempt event.
+//	pglease.attempt.retry_in           attribute, float64         s          The backoff delay before the next attempt.
+//	pglease.queue.position             attribute, int             -          The caller's place in the key's local queue (0 = first).
+//	pglease.fence                      attribute, int             -          The fencing token granted (not a secret).
+//	pglease.loss.cause                 attribute, string          -          Why a lock was lost: expired (the local trust window passed without
+//	                                                                         a successful extend), not_held (the database said the lock is
+//	                                                                         gone), session_ended (an advisory lock's connection ended), other.
+//	pglease.batch.size                 attribute, int             {item}     The items (keys, locks) one round trip carries.
+//	pglease.batch.ok                   attribute, int             {item}     How many of them succeeded (granted, extended, released).
+//	pglease.heartbeat.due              attribute, int             {lock}     The locks due for extension in a heartbeat round.
+//	pglease.heartbeat.extended         attribute, int             {lock}     The locks a heartbeat round extended.
+//	pglease.heartbeat.lost             attribute, int             {lock}     The locks a heartbeat round found lost.
+//	pglease.queue                      attribute, string          -          A Manager queue on pglease.manager.queue.depth: waiters (callers in
+//	                                                                         the keys' queues), mailbox (work accepted and not yet sent),
+//	                                                                         inflight (round trips started and not yet answered), due (scheduled
+//	                                                                         extends and retries).
+//	db.system.name                     attribute, string          -          semconv: postgresql.
+//	db.operation.name                  attribute, string          -          semconv: the round trip's span name (pglease.acquire_many, …).
+//	db.namespace                       attribute, string          -          semconv: the database of the Manager's pool.
+//	db.response.status_code            attribute, string          -          semconv: the SQLSTATE, when the server refused the statement.
+//	server.address                     attribute, string          -          semconv: the host of the Manager's pool.
+//	server.port                        attribute, int             -          semconv: the port of the Manager's pool.
+//	error.type                         attribute, string          -          semconv: the pglease Code name of a failure ("LockLost",
+//	                                                                         "AcquisitionTimeout"), "context.Canceled",
+//	                                                                         "context.DeadlineExceeded" or "_OTHER"; never the error's text.
+//	pglease.acquire.duration           metric, histogram          s          An acquire's whole wait, from the call to its outcome, including
+//	                                                                         retries; by pglease.lock.kind, pglease.outcome.
+//	pglease.acquire.attempts           metric, histogram          {attempt}  The database attempts an acquire saw; by pglease.lock.kind,
+//	                                                                         pglease.outcome.
+//	pglease.acquire.contended          metric, counter            {acquire}  Acquires that found their key held at least once; by
+//	                                                                         pglease.lock.kind.
+//	pglease.acquire.coalesced          metric, counter            {acquire}  Acquires that queued behind another caller of this process for the
+//	                                                                         same key; by pglease.lock.kind.
+//	pglease.lock.held                  metric, updowncounter      {lock}     Locks held by this process now; by pglease.lock.kind.
+//	pglease.lock.extends               metric, counter            {extend}   Automatic extends; by pglease.lock.kind, pglease.outcome (ok, error).
+//	pglease.lock.extend.lag            metric, histogram          s          How late an extend started after it was due; by pglease.lock.kind.
+//	pglease.lock.lost                  metric, counter            {lock}     Held locks lost; by pglease.lock.kind, pglease.loss.cause.
+//	pglease.lock.releases              metric, counter            {release}  Releases; by pglease.lock.kind, pglease.outcome.
+//	pglease.db.batch.size              metric, histogram          {item}     The items one round trip carries; by db.operation.name.
+//	pglease.listener.polling           metric, counter            {manager}  Managers polling instead of listening, because their listening
+//	                                                                         connection goes through a transaction-mode pooler (see
+//	                                                                         manager.Config.ListenConnString).
+//	pglease.release_trigger.installed  metric, updowncounter      {manager}  1 per Manager whose lock table has the release trigger for its
+//	                                                                         notify channel, 0 for one without (see "The release trigger").
+//	pglease.manager.loop.busy          metric, observable gauge   1          The share of time the Manager's loop was busy since the last
+//	                                                                         collection.
+//	pglease.manager.queue.depth        metric, observable gauge   {item}     The length of each Manager queue, by pglease.queue.
+//	db.client.operation.duration       metric, histogram          s          semconv: one round trip's duration; by db.system.name,
+//	                                                                         db.operation.name, server.address, server.port, db.namespace, and
+//	                                                                         for a failed one error.type and db.response.status_code.
+//
+// # Traces
 //
 // A database round trip goes in the trace of the operation it is made
 // for. One carrying one key is a child of the acquire span of that key's
@@ -110,40 +208,11 @@
 // adds no trace besides its caller's unless its key was batched with
 // others.
 //
-// Acquire outcomes (pglease.outcome on pglease.acquire and the acquire
-// metrics): granted; locked (TryAcquire found the key held; not an error);
-// timeout (AcquisitionTimeout); aborted (the caller's ctx ended); closed
-// (the Manager closed); error (anything else).
-//
 // Advisory locks use the same spans with pglease.lock.kind=advisory; a
 // blocking advisory wait is one pglease.advisory_lock client span whose
 // duration is the wait.
 //
-// # Metrics
-//
-//	name                           instrument             unit       attributes
-//	pglease.acquire.duration       histogram              s          pglease.lock.kind, pglease.outcome
-//	pglease.acquire.attempts       histogram              {attempt}  pglease.lock.kind, pglease.outcome
-//	pglease.acquire.contended      counter                {acquire}  pglease.lock.kind
-//	pglease.acquire.coalesced      counter                {acquire}  pglease.lock.kind
-//	pglease.lock.held              updowncounter          {lock}     pglease.lock.kind
-//	pglease.lock.extends           counter                {extend}   pglease.lock.kind, pglease.outcome (ok, error)
-//	pglease.lock.extend.lag        histogram              s          pglease.lock.kind
-//	pglease.lock.lost              counter                {lock}     pglease.lock.kind, pglease.loss.cause
-//	pglease.lock.releases          counter                {release}  pglease.lock.kind, pglease.outcome
-//	pglease.db.batch.size          histogram              {item}     db.operation.name
-//	pglease.listener.polling       counter                {manager}  (none): Managers polling instead of listening (see manager.Config.ListenConnString)
-//	pglease.release_trigger.installed updowncounter       {manager}  (none): 1 per Manager whose lock table has the release trigger for its
-//	                                                                 notify channel, 0 for one without (see pg.Store.SetupReleaseTrigger)
-//	db.client.operation.duration   histogram              s          db.system.name, db.operation.name, server.address,
-//	                                                                 server.port, db.namespace, error.type, db.response.status_code
-//	pglease.manager.loop.busy      observable gauge       1          (none): share of time busy since the last collection
-//	pglease.manager.queue.depth    observable gauge       {item}     pglease.queue (waiters, mailbox, inflight, due)
-//
-// pglease.acquire.duration is the caller's whole wait, from StartAcquire
-// to its outcome. Loss causes: expired (the local trust window passed
-// without a successful extend), not_held (the database said the lock is
-// gone), session_ended (an advisory lock's connection ended), other.
+// # The release trigger
 //
 // pglease.release_trigger.installed follows the semantic conventions'
 // 0/1 status metrics (k8s.container.ready): summed over Managers, it

@@ -53,9 +53,9 @@ func Example() {
 		line := s.Name()
 		for _, kv := range s.Attributes() {
 			switch kv.Key {
-			case telemetry.AttrKeyHash:
+			case "pglease.key.hash": // the names are in the package documentation's table
 				line += " key.hash=" + kv.Value.AsString()[:8] + "…"
-			case telemetry.AttrOutcome:
+			case "pglease.outcome":
 				line += " outcome=" + kv.Value.AsString()
 			}
 			if strings.Contains(kv.Value.String(), "alice") {

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/advisory"
 )
@@ -31,7 +32,7 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 		return fail(exitUsage, "inspect takes one KEY (got %d arguments)", fs.NArg())
 	}
 	key := fs.Arg(0)
-	if _, err := pglease.NormalizeKey(key); err != nil {
+	if _, err := keys.NormalizeKey(key); err != nil {
 		return fail(exitUsage, "%v", err)
 	}
 	if err := o.check(&a.c); err != nil {
@@ -167,7 +168,7 @@ func countTables(s *schemaView) int {
 }
 
 func mustNFC(key string) string {
-	k, err := pglease.NormalizeKey(key)
+	k, err := keys.NormalizeKey(key)
 	if err != nil {
 		return key
 	}
@@ -218,12 +219,12 @@ func (a *app) release(ctx context.Context, args []string) error {
 		return fail(exitUsage, "release takes exactly one of --key, --lock-id, --pid, and no arguments")
 	}
 	if *key != "" {
-		if _, err := pglease.NormalizeKey(*key); err != nil {
+		if _, err := keys.NormalizeKey(*key); err != nil {
 			return fail(exitUsage, "%v", err)
 		}
 	}
 	if *lockID != "" {
-		if err := pglease.ValidateLockID(*lockID); err != nil {
+		if err := keys.ValidateLockID(*lockID); err != nil {
 			return fail(exitUsage, "%v", err)
 		}
 	}

@@ -239,7 +239,7 @@ func TestStatusWaitingManagers(t *testing.T) {
 	ectx, cancel := context.WithCancel(c)
 	var started atomic.Int32
 	for i := range 2 {
-		m, err := manager.Open(c, w.url, manager.Config{Holder: fmt.Sprintf("candidate-%d", i)})
+		m, err := manager.Open(c, w.url, manager.Config{Config: pg.Config{Holder: fmt.Sprintf("candidate-%d", i)}})
 		if err != nil {
 			t.Fatal(err)
 		}

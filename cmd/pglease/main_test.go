@@ -209,7 +209,7 @@ func TestStatus(t *testing.T) {
 	})
 	time.Sleep(time.Second + 400*time.Millisecond) // job:old expires past the tolerance
 
-	// A session lock waiter waits in slices (advisory.Options.WaitSlice)
+	// A session lock waiter waits in slices (of its ProbeInterval)
 	// and is briefly absent between two: retry until a snapshot has it.
 	var r result
 	waitFor(t, "a status that shows the advisory waiter", func() bool {

@@ -85,6 +85,10 @@ func main() {
 // jobsTable is the table the workers write with fenced writes.
 const jobsTable = "pglease_demo_jobs"
 
+// timeTolerance is how long past its expiry a lease still counts as held
+// for other acquirers: SyncGuard's tolerance of 1 s, which pglease keeps.
+const timeTolerance = time.Second
+
 func run(ctx context.Context, w io.Writer, url string, o Options) error {
 	if url == "" {
 		return errors.New("DATABASE_URL is not set (make demo starts a throwaway PostgreSQL)")
@@ -321,7 +325,7 @@ func (t *timeline) play(ctx context.Context, bin, url string, jobs []string) err
 	ready := 0
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
-	takeoverBound := t.o.TTL + pglease.TimeTolerance + 4*time.Second + t.o.WorkMax
+	takeoverBound := t.o.TTL + timeTolerance + 4*time.Second + t.o.WorkMax
 	exited := 0
 	for exited < len(t.ws) {
 		select {

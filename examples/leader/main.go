@@ -25,6 +25,7 @@ import (
 
 	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/manager"
+	"github.com/pglease/pglease/pg"
 )
 
 func main() {
@@ -90,7 +91,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		if err != nil {
 			return nil, err
 		}
-		m, err := manager.New(pool, manager.Config{Holder: name})
+		m, err := manager.New(pool, manager.Config{Config: pg.Config{Holder: name}})
 		if err != nil {
 			pool.Close()
 			return nil, err

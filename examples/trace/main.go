@@ -331,7 +331,7 @@ func attrs(kvs []attribute.KeyValue) string {
 			continue
 		}
 		v := kv.Value.String()
-		if k == string(telemetry.AttrKeyHash) {
+		if k == "pglease.key.hash" { // see the table in package telemetry
 			v = v[:min(len(v), 8)] + "…"
 		}
 		if kv.Value.Type() == attribute.FLOAT64 {

@@ -130,26 +130,26 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 		if cause := context.Cause(ctx); errors.Is(cause, ErrStatementTimeout) {
 			// The library's own per-statement deadline, not the caller's
 			// context: a timeout a retry may get past.
-			return pglease.NewError(pglease.CodeNetworkTimeout, op, "statement timeout passed", cause)
+			return New(pglease.CodeNetworkTimeout, op, "statement timeout passed", cause)
 		}
-		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
+		return New(pglease.CodeAborted, op, "context ended", ctx.Err())
 	}
 	if errors.Is(err, pgx.ErrTxClosed) {
-		// pgx refuses before sending anything (issue 9.12).
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "the transaction has already ended (committed or rolled back): nothing was sent", err)
+		// pgx refuses before sending anything.
+		return New(pglease.CodeInvalidArgument, op, "the transaction has already ended (committed or rolled back): nothing was sent", err)
 	}
 	if isEncodeErr(err) {
 		// An argument pgx cannot encode for its parameter's type: the
-		// statement was not executed (issue 9.12). Its text can carry the
+		// statement was not executed. Its text can carry the
 		// value, so only the cause's type is kept.
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "an argument cannot be encoded for its column's type: nothing was executed", nil)
+		return New(pglease.CodeInvalidArgument, op, "an argument cannot be encoded for its column's type: nothing was executed", nil)
 	}
 	if errors.Is(err, puddle.ErrClosedPool) {
 		// Not retryable: a closed pool stays closed.
-		return pglease.NewError(pglease.CodeClosed, op, "connection pool closed", err)
+		return New(pglease.CodeClosed, op, "connection pool closed", err)
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return pglease.NewError(pglease.CodeAborted, op, "context ended", err)
+		return New(pglease.CodeAborted, op, "context ended", err)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -159,34 +159,34 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 			// from pgx's statement cache ("stmtcache_…") meeting a
 			// transaction-mode pooler that hands each transaction another
 			// server connection. Not retryable: the configuration is wrong.
-			return pglease.NewError(pglease.CodeInvalidArgument, op, StmtCacheMsg, safe)
+			return New(pglease.CodeInvalidArgument, op, StmtCacheMsg, safe)
 		}
 		if pgErr.Code == pgerrcode.UniqueViolation {
 			// The message names only the constraint; Detail (dropped) holds the value.
-			return pglease.NewError(pglease.CodeInternal, op, "unique violation", safe)
+			return New(pglease.CodeInternal, op, "unique violation", safe)
 		}
 		if ownSchema && missingObject(pgErr.Code) {
-			return pglease.NewError(CodeFor(pgErr.Code), op, SchemaMissing, safe)
+			return New(CodeFor(pgErr.Code), op, SchemaMissing, safe)
 		}
-		return pglease.NewError(CodeFor(pgErr.Code), op, "server error", safe)
+		return New(CodeFor(pgErr.Code), op, "server error", safe)
 	}
 	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
 		// A ConnectError may wrap a PgError (auth failure) — handled above.
-		return pglease.NewError(pglease.CodeServiceUnavailable, op, "cannot connect", err)
+		return New(pglease.CodeServiceUnavailable, op, "cannot connect", err)
 	}
 	var netErr net.Error
 	if errors.As(err, &netErr) && netErr.Timeout() {
-		return pglease.NewError(pglease.CodeNetworkTimeout, op, "network timeout", err)
+		return New(pglease.CodeNetworkTimeout, op, "network timeout", err)
 	}
 	if pgconn.Timeout(err) {
-		return pglease.NewError(pglease.CodeNetworkTimeout, op, "timeout", err)
+		return New(pglease.CodeNetworkTimeout, op, "timeout", err)
 	}
 	if errors.As(err, &netErr) || pgconn.SafeToRetry(err) || errors.Is(err, net.ErrClosed) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return pglease.NewError(pglease.CodeServiceUnavailable, op, "connection lost", err)
+		return New(pglease.CodeServiceUnavailable, op, "connection lost", err)
 	}
-	return pglease.NewError(pglease.CodeInternal, op, "unexpected error", err)
+	return New(pglease.CodeInternal, op, "unexpected error", err)
 }
 
 // isEncodeErr reports whether err is pgx's failure to encode a query

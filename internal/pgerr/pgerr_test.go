@@ -80,7 +80,7 @@ func TestMapContextAndConnection(t *testing.T) {
 	if got := pglease.CodeOf(Map(context.Background(), "op", errors.New("scan failed"))); got != pglease.CodeInternal {
 		t.Fatalf("unknown error → %v", got)
 	}
-	le := pglease.NewError(pglease.CodeLockLost, "x", "", nil)
+	le := New(pglease.CodeLockLost, "x", "", nil)
 	if Map(context.Background(), "op", le) != error(le) {
 		t.Fatal("an existing *pglease.Error must pass through")
 	}
@@ -109,7 +109,7 @@ func TestMapSchemaSaysHowToCreateIt(t *testing.T) {
 // TestMapOwnStatementTimeout: a context ended by the library's own
 // statement deadline (cause ErrStatementTimeout) is a retryable
 // NetworkTimeout; a caller's ended context stays Aborted; a closed pool is
-// Closed, not a retryable ServiceUnavailable (issues 9.3, 9.12).
+// Closed, not a retryable ServiceUnavailable.
 func TestMapOwnStatementTimeout(t *testing.T) {
 	t.Parallel()
 	own, cancel := context.WithTimeoutCause(context.Background(), 0, ErrStatementTimeout)
@@ -125,5 +125,20 @@ func TestMapOwnStatementTimeout(t *testing.T) {
 	}
 	if err := Map(context.Background(), "op", puddle.ErrClosedPool); pglease.CodeOf(err) != pglease.CodeClosed || pglease.Retryable(err) {
 		t.Errorf("closed pool → %v", err)
+	}
+}
+
+func TestCheckContext(t *testing.T) {
+	t.Parallel()
+	if err := CheckContext("op", nil); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatalf("nil ctx: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := CheckContext("op", ctx); !errors.Is(err, pglease.ErrAborted) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("ended ctx: %v", err)
+	}
+	if err := CheckContext("op", context.Background()); err != nil {
+		t.Fatal(err)
 	}
 }

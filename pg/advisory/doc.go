@@ -42,10 +42,10 @@
 //
 // The Session sets idle_in_transaction_session_timeout and
 // statement_timeout to 0 on its connection (so role or database defaults
-// cannot end it or cancel it), lock_timeout to WaitSlice, and
-// tcp_keepalives_*, tcp_user_timeout and idle_session_timeout so that the
-// server frees a silently vanished holder's locks within about 25 s
-// (Options: the keepalive bound and ServerIdleTimeout), well after the
+// cannot end it or cancel it), lock_timeout to ProbeInterval (a blocking
+// Lock waits in slices that long), and tcp_keepalives_*, tcp_user_timeout
+// and idle_session_timeout so that the server frees a silently vanished
+// holder's locks within about 25 s, well after the
 // holder's own probe (2 s) has reported the loss. A healthy Session is
 // never idle longer than ProbeInterval, so idle_session_timeout ends only
 // a holder that stopped talking: partitioned, or its process stopped
@@ -63,7 +63,7 @@
 // server held it (the send time of the last statement the server
 // answered) and sends a probe ProbeInterval after it; the probe is
 // answered, fails at once, or times out after ProbeTimeout. A blocking
-// Lock's wait slice (up to WaitSlice, which may not exceed ProbeInterval)
+// Lock's wait slice (up to ProbeInterval)
 // is started only if it ends before the probe would have given up, and
 // is preceded by a probe otherwise, so a wait in progress never pushes
 // the notice past the bound. The bound assumes the holder's process runs:
@@ -84,7 +84,7 @@
 // could take the keys.
 //
 // That is why the Session also sets idle_session_timeout
-// (Options.ServerIdleTimeout, by default the same 25 s): a partitioned
+// (the same 25 s): a partitioned
 // holder sends no probes, so the server ends its idle session and frees
 // its locks, through any proxy. It needs PostgreSQL 14 or later. On older
 // servers, or to free them sooner:

@@ -22,7 +22,7 @@ func sqlState(err error) string {
 }
 
 func invalid(op, msg string) error {
-	return pglease.NewError(pglease.CodeInvalidArgument, op, msg, nil)
+	return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
 }
 
 // mapErr maps a pgx/PostgreSQL error with pgerr.Map (which drops server
@@ -49,5 +49,5 @@ func mapErr(ctx context.Context, op string, err error) error {
 	default:
 		return m
 	}
-	return pglease.NewError(e.Code, e.Op, msg, e.Err)
+	return pgerr.New(e.Code, e.Op, msg, e.Err)
 }

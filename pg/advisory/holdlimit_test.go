@@ -9,7 +9,7 @@ import (
 	"github.com/pglease/pglease"
 )
 
-// TestHoldLimit (issue 15.2): at the session's HoldLimit a lock's Context
+// TestHoldLimit: at the session's HoldLimit a lock's Context
 // ends with its own cause (ErrHoldLimitExceeded, not ErrLockLost), no
 // earlier; the lock is still held on the server until the holder
 // releases it, and then it is free.

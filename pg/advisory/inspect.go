@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Querier runs a query: *pgxpool.Pool, *pgx.Conn and pgx.Tx all are.
@@ -70,7 +70,7 @@ WHERE l.locktype = 'advisory'
 // pg_read_all_stats, State is empty for other roles' sessions.
 func Inspect(ctx context.Context, q Querier, reg *Registry) ([]LockInfo, error) {
 	const op = "advisory.Inspect"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if isNilQuerier(q) {

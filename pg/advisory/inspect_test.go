@@ -16,9 +16,9 @@ func TestInspect(t *testing.T) {
 	app := pgtest.RandomName("insp_")
 	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
 	o := testOpts()
-	o.WaitSlice = 20 * time.Second // one continuous wait, so the waiter row stays
-	o.ProbeInterval = o.WaitSlice  // a wait slice may not exceed the probe interval
-	o.UserTimeout, o.KeepaliveIdle = 60*time.Second, 60*time.Second
+	o.waitSlice = 20 * time.Second // one continuous wait, so the waiter row stays
+	o.ProbeInterval = o.waitSlice  // a wait slice may not exceed the probe interval
+	o.userTimeout, o.keepaliveIdle = 60*time.Second, 60*time.Second
 	holder, waiter := openSession(t, pool, o), openSession(t, pool, o)
 	ctx := ctxT(t, 20*time.Second)
 	reg := NewRegistry()

@@ -10,6 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Space is one of PostgreSQL's two advisory key spaces. A lock taken with
@@ -131,13 +132,13 @@ const MaxInputBytes = 16 << 10
 // NUL) and oversized input. The message never echoes the input.
 func checkInput(op, what, s string) error {
 	if len(s) > MaxInputBytes {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, what+" longer than MaxInputBytes", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, what+" longer than MaxInputBytes", nil)
 	}
 	if !utf8.ValidString(s) {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, what+" is not valid UTF-8", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, what+" is not valid UTF-8", nil)
 	}
 	if strings.IndexByte(s, 0) >= 0 {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, what+" contains NUL", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, what+" contains NUL", nil)
 	}
 	return nil
 }
@@ -190,7 +191,7 @@ func SHA256Key(input string) (Key, error) {
 	}
 	n := normalize(input)
 	if n == "" {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "empty input", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "empty input", nil)
 	}
 	return Int64(sha256Prefix(n)), nil
 }
@@ -213,14 +214,14 @@ func NamespacedKey(namespace, key string) (Key, error) {
 		return Key{}, err
 	}
 	if namespace == "" {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "empty namespace", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "empty namespace", nil)
 	}
 	if strings.IndexByte(namespace, ':') >= 0 {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "namespace contains ':'", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "namespace contains ':'", nil)
 	}
 	n := normalize(key)
 	if n == "" {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "empty key", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "empty key", nil)
 	}
 	return Int64(sha256Prefix(namespace + ":" + n)), nil
 }
@@ -262,7 +263,7 @@ func FNV1a32(input string) (Key, error) {
 		return Key{}, err
 	}
 	if input == "" {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "empty input", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "empty input", nil)
 	}
 	return Int64(int64(FNV1a32Sum(input))), nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Lock is one session-level advisory lock held by a Session, exclusive
@@ -34,7 +35,7 @@ type Lock struct {
 var _ pglease.Handle = (*Lock)(nil)
 
 // releasedCause is the cause of a Lock's Context after Release.
-var releasedCause = pglease.NewError(pglease.CodeReleased, "advisory.Lock.Release", "lock released", nil)
+var releasedCause = pgerr.New(pglease.CodeReleased, "advisory.Lock.Release", "lock released", nil)
 
 // errNilLock is what the methods of a nil *Lock answer.
 var errNilLock = invalid("advisory.Lock", "nil Lock (TryLock returns a nil Lock when ok is false)")
@@ -107,7 +108,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	}
 	if err := ctx.Err(); err != nil {
 		go func() { _ = l.release(context.Background(), op) }()
-		return pglease.NewError(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
+		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
 	}
 	return l.release(ctx, op)
 }
@@ -121,7 +122,7 @@ func (l *Lock) release(ctx context.Context, op string) error {
 			return l.endedAnswer(context.Background(), op) // closed or lost meanwhile
 		}
 		go func() { _ = l.release(context.Background(), op) }()
-		return pglease.NewError(pglease.CodeAborted, op, "context ended before the connection was free; the lock is being released in the background", err)
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the connection was free; the lock is being released in the background", err)
 	}
 	defer func() { <-s.sem }()
 	if !s.live(l) {
@@ -155,10 +156,10 @@ func (l *Lock) endedAnswer(ctx context.Context, op string) error {
 	select {
 	case <-l.ctx.Done():
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended", ctx.Err())
 	}
 	if c := context.Cause(l.ctx); errors.Is(c, pglease.ErrLockLost) {
-		return pglease.NewError(pglease.CodeLockLost, op, "the lock had been lost before it was released", c)
+		return pgerr.New(pglease.CodeLockLost, op, "the lock had been lost before it was released", c)
 	}
 	return nil
 }

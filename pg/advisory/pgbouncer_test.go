@@ -24,7 +24,7 @@ func bouncerPool(t *testing.T, b *pgtest.Bouncer, maxConns int32) *pgxpool.Pool 
 		t.Fatal(err)
 	}
 	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
-	// As the runtime role (issue 10 §3), like newPool: PgBouncer passes
+	// As the runtime role, like newPool: PgBouncer passes
 	// each client's user on to the server.
 	rt, err := pgx.ParseConfig(pgtest.RuntimeRoleURL(t))
 	if err != nil {

@@ -91,7 +91,7 @@ func tracedSession(t *testing.T, o *Options, configure ...func(*pgxpool.Config))
 	return s, tr
 }
 
-// TestProbeRunsEveryInterval (issue 16.1): an idle session that holds a
+// TestProbeRunsEveryInterval: an idle session that holds a
 // lock is probed every ProbeInterval, not every other one. Before the
 // fix, the probe's own reply counted as "talked to the server within the
 // interval" at the next tick, so every second tick was skipped and the
@@ -182,7 +182,7 @@ func checkNoticeBound(t *testing.T, fault string, o *Options, took time.Duration
 	}
 }
 
-// TestLossNoticeBoundTerminate (issue 16.2): the backend is terminated
+// TestLossNoticeBoundTerminate: the backend is terminated
 // just after a probe was answered; the holder is told within
 // ProbeInterval + ProbeTimeout (about ProbeInterval, 2 s). With the old
 // every-other-tick probe it took 2 × ProbeInterval (4 s).
@@ -225,7 +225,7 @@ func viaProxy(t *testing.T) (func(*pgxpool.Config), *faultproxy.Proxy) {
 	}, p
 }
 
-// TestLossNoticeBoundProxyFaults (issue 16.2): the connection is cut,
+// TestLossNoticeBoundProxyFaults: the connection is cut,
 // left half-open (server side closed, client side silent) or blackholed
 // just after a probe was answered; the holder is told within
 // ProbeInterval + ProbeTimeout. The old probe schedule took 2 ×
@@ -253,7 +253,7 @@ func TestLossNoticeBoundProxyFaults(t *testing.T) {
 	}
 }
 
-// TestLossNoticeBoundDuringWait (issue 16.2): a blocking Lock starts its
+// TestLossNoticeBoundDuringWait: a blocking Lock starts its
 // wait slice on an idle session shortly before the probe is due, just
 // after the connection went half-open. The wait slice would keep the
 // probe off the connection for WaitSlice + ProbeTimeout, past the bound;

@@ -19,7 +19,7 @@ import (
 	"github.com/pglease/pglease/internal/pgtest"
 )
 
-// TestProxyPinsPartitionedHoldersLock (issue 16.4) shows why the
+// TestProxyPinsPartitionedHoldersLock shows why the
 // keepalive settings alone do not free a partitioned holder's locks
 // behind a TCP proxy: a connection through a proxy takes a session lock
 // with the keepalive and user timeouts a Session sets (here 1 s) but no
@@ -28,7 +28,7 @@ import (
 // arrive either). The server's TCP peer is the proxy, which is alive and
 // answers keepalives, so three times the keepalive bound later the
 // server still holds the lock and nobody else can take it. This is why a
-// Session also sets idle_session_timeout (Options.ServerIdleTimeout;
+// Session also sets idle_session_timeout (Options.serverIdleTimeout;
 // TestServerIdleTimeoutFreesPartitionedHolderBehindProxy).
 func TestProxyPinsPartitionedHoldersLock(t *testing.T) {
 	t.Parallel()
@@ -93,7 +93,7 @@ func lockThrough(t *testing.T, ctx context.Context, url string, through func(*pg
 	return k, pid
 }
 
-// TestPgBouncerPartitionedHolder (issue 16.4): a holder reaches
+// TestPgBouncerPartitionedHolder: a holder reaches
 // PostgreSQL through a session-mode PgBouncer and is partitioned from it
 // (a blackholed proxy between them). PgBouncer's client_idle_timeout
 // does not free the lock: it skips clients linked to a server
@@ -171,7 +171,7 @@ func holderProcess() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	s, err := Open(ctx, pool, &Options{ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond, ServerIdleTimeout: idle})
+	s, err := Open(ctx, pool, &Options{ProbeInterval: 100 * time.Millisecond, ProbeTimeout: 200 * time.Millisecond, connSettings: connSettings{serverIdleTimeout: idle}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -185,7 +185,7 @@ func holderProcess() int {
 	select {}
 }
 
-// TestServerIdleTimeoutFreesPartitionedHolderBehindProxy (issue 16.4):
+// TestServerIdleTimeoutFreesPartitionedHolderBehindProxy:
 // a holder process reaches the server through a TCP proxy, takes a lock,
 // and is then partitioned (the proxy goes silent both ways) and stopped
 // (SIGSTOP, so that it cannot close its connection either: a partitioned

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Hash derives a Key from a filled-in pattern. SHA256Key and FNV1a32 are
@@ -71,11 +72,11 @@ func NewRegistry() *Registry {
 
 func checkName(op, name string) error {
 	if name == "" || len(name) > 128 || !utf8.ValidString(name) {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "name must be 1–128 bytes of UTF-8", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "name must be 1–128 bytes of UTF-8", nil)
 	}
 	for _, r := range name {
 		if unicode.IsControl(r) {
-			return pglease.NewError(pglease.CodeInvalidArgument, op, "name contains a control character", nil)
+			return pgerr.New(pglease.CodeInvalidArgument, op, "name contains a control character", nil)
 		}
 	}
 	return nil
@@ -91,27 +92,27 @@ const waiterLockClass int32 = 0x706c7777
 func (r *Registry) Fixed(name string, k Key, doc string) error {
 	const op = "advisory.Registry.Fixed"
 	if r == nil || r.entries == nil {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
 	}
 	if err := checkName(op, name); err != nil {
 		return err
 	}
 	if !k.Valid() {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "invalid key", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "invalid key", nil)
 	}
 	if a, _, ok := k.Pair(); ok && a == waiterLockClass {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "key in the pair space pglease's Managers use for waiter locks (first key pg.WaiterLockClass)", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "key in the pair space pglease's Managers use for waiter locks (first key pg.WaiterLockClass)", nil)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.entries[name]; dup {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "name already registered", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "name already registered", nil)
 	}
 	if other, dup := r.fixed[k]; dup {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "key already registered under the name "+strconvQuote(other), nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "key already registered under the name "+strconvQuote(other), nil)
 	}
 	if other, dup := r.derived[k]; dup {
-		return pglease.NewError(pglease.CodeInvalidArgument, op, "key collides with a key derived by pattern "+strconvQuote(other), nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "key collides with a key derived by pattern "+strconvQuote(other), nil)
 	}
 	r.entries[name] = &Entry{Name: name, Key: k, Doc: doc}
 	r.fixed[k] = name
@@ -129,13 +130,13 @@ func (r *Registry) Pattern(name, template string, hash Hash, doc string) (*Patte
 func (r *Registry) pattern(name, template string, hash Hash, hashName, doc string) (*Pattern, error) {
 	const op = "advisory.Registry.Pattern"
 	if r == nil || r.entries == nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
 	}
 	if err := checkName(op, name); err != nil {
 		return nil, err
 	}
 	if hash == nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "nil hash", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil hash", nil)
 	}
 	lits, err := parseTemplate(op, template)
 	if err != nil {
@@ -144,7 +145,7 @@ func (r *Registry) pattern(name, template string, hash Hash, hashName, doc strin
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if _, dup := r.entries[name]; dup {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "name already registered", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "name already registered", nil)
 	}
 	p := &Pattern{r: r, name: name, lits: lits, hash: hash}
 	r.entries[name] = &Entry{Name: name, Template: template, Hash: hashName, Doc: doc}
@@ -175,13 +176,13 @@ func (r *Registry) Lookup(name string) (Entry, bool) {
 func (r *Registry) Derive(name string, parts ...string) (Key, error) {
 	const op = "advisory.Registry.Derive"
 	if r == nil || r.entries == nil {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "nil or zero Registry (use NewRegistry)", nil)
 	}
 	r.mu.Lock()
 	p, ok := r.patterns[name]
 	r.mu.Unlock()
 	if !ok {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "no pattern registered under that name", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "no pattern registered under that name", nil)
 	}
 	return p.Key(parts...)
 }
@@ -190,7 +191,7 @@ func (r *Registry) Derive(name string, parts ...string) (Key, error) {
 // placeholders: len(lits) = placeholders + 1.
 func parseTemplate(op, t string) ([]string, error) {
 	if t == "" || len(t) > 1024 || !utf8.ValidString(t) {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "template must be 1–1024 bytes of UTF-8", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "template must be 1–1024 bytes of UTF-8", nil)
 	}
 	var lits []string
 	for {
@@ -200,17 +201,17 @@ func parseTemplate(op, t string) ([]string, error) {
 			break
 		}
 		if t[i] == '}' {
-			return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "unbalanced '}' in template", nil)
+			return nil, pgerr.New(pglease.CodeInvalidArgument, op, "unbalanced '}' in template", nil)
 		}
 		j := strings.IndexAny(t[i+1:], "{}")
 		if j < 0 || t[i+1+j] != '}' || j == 0 {
-			return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "placeholders must be {name}", nil)
+			return nil, pgerr.New(pglease.CodeInvalidArgument, op, "placeholders must be {name}", nil)
 		}
 		lits = append(lits, t[:i])
 		t = t[i+1+j+1:]
 	}
 	if len(lits) < 2 {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "template has no {placeholder} (use Fixed)", nil)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "template has no {placeholder} (use Fixed)", nil)
 	}
 	return lits, nil
 }
@@ -267,10 +268,10 @@ func (p *Pattern) Name() string { return p.name }
 func (p *Pattern) Key(parts ...string) (Key, error) {
 	const op = "advisory.Pattern.Key"
 	if p == nil || p.r == nil {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "nil Pattern", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "nil Pattern", nil)
 	}
 	if len(parts) != len(p.lits)-1 {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "wrong number of parts for the template", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "wrong number of parts for the template", nil)
 	}
 	var b strings.Builder
 	for i, part := range parts {
@@ -286,7 +287,7 @@ func (p *Pattern) Key(parts ...string) (Key, error) {
 		return Key{}, err
 	}
 	if !k.Valid() {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "hash returned an invalid key", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "hash returned an invalid key", nil)
 	}
 	r := p.r
 	r.mu.Lock()
@@ -294,15 +295,15 @@ func (p *Pattern) Key(parts ...string) (Key, error) {
 	if p.space == 0 {
 		p.space = k.space
 	} else if p.space != k.space {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op, "pattern "+strconvQuote(p.name)+" derived keys in two key spaces", nil)
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "pattern "+strconvQuote(p.name)+" derived keys in two key spaces", nil)
 	}
 	if other, dup := r.fixed[k]; dup {
-		return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op,
+		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op,
 			"pattern "+strconvQuote(p.name)+" derived the key registered as "+strconvQuote(other), nil)
 	}
 	if other, seen := r.derived[k]; seen {
 		if other != p.name {
-			return Key{}, pglease.NewError(pglease.CodeInvalidArgument, op,
+			return Key{}, pgerr.New(pglease.CodeInvalidArgument, op,
 				"patterns "+strconvQuote(p.name)+" and "+strconvQuote(other)+" derived the same key", nil)
 		}
 		return k, nil

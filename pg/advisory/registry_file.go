@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // maxRegistryFile bounds what LoadRegistry reads.
@@ -55,7 +56,7 @@ func LoadRegistry(r io.Reader) (*Registry, error) {
 	}
 	data, err := io.ReadAll(io.LimitReader(r, maxRegistryFile+1))
 	if err != nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "cannot read the registry file", err)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "cannot read the registry file", err)
 	}
 	if len(data) > maxRegistryFile {
 		return nil, invalid(op, "registry file larger than 1 MiB")
@@ -64,7 +65,7 @@ func LoadRegistry(r io.Reader) (*Registry, error) {
 	dec.DisallowUnknownFields()
 	var f registryFile
 	if err := dec.Decode(&f); err != nil {
-		return nil, pglease.NewError(pglease.CodeInvalidArgument, op, "registry file is not valid JSON of the documented form", err)
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "registry file is not valid JSON of the documented form", err)
 	}
 	if dec.More() {
 		return nil, invalid(op, "registry file has data after its JSON object")
@@ -78,7 +79,7 @@ func LoadRegistry(r io.Reader) (*Registry, error) {
 		if err := reg.load(e); err != nil {
 			var pe *pglease.Error
 			if errors.As(err, &pe) {
-				return nil, pglease.NewError(pe.Code, op, where+": "+pe.Msg, pe.Err)
+				return nil, pgerr.New(pe.Code, op, where+": "+pe.Msg, pe.Err)
 			}
 			return nil, err
 		}

@@ -112,7 +112,7 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
-// TestInspectNamesDesignLocks (issue 15.4): the locks of both designs
+// TestInspectNamesDesignLocks: the locks of both designs
 // held by other sessions show up in Inspect by their registry names for
 // an inspector that loaded the same registry file (as an operator's
 // tool in another process does): fixed ids at once, pattern keys once

@@ -16,59 +16,34 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 // Options tune a Session. The zero value (or a nil *Options) gives the
 // defaults; a negative or inconsistent value is InvalidArgument at Open.
+//
+// The lock connection's own settings are not options: a blocking Lock
+// waits on the server in slices of ProbeInterval (lock_timeout), and the
+// server frees the locks of a holder that vanished or stopped talking
+// after 25 s (TCP keepalives, tcp_user_timeout and idle_session_timeout;
+// see the package documentation, "Session guarantees" and "Behind a proxy
+// or pooler").
 type Options struct {
 	// ProbeInterval is how long the session goes without proof that the
 	// server still holds it before it checks: a probe is sent
 	// ProbeInterval after the last statement the server answered was
 	// sent. Together with ProbeTimeout it bounds how late the holder
 	// hears of a lost session: see the package documentation, "Session
-	// guarantees". Default 1 s.
+	// guarantees". Default 1 s. ProbeInterval + ProbeTimeout must be at
+	// most 12.5 s, half the 25 s after which the server frees the locks
+	// of a holder that stopped talking, so that the holder hears of the
+	// loss first.
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds each probe and every short statement (TryLock,
 	// Release). A statement that has no reply by then ends the session:
 	// the connection is closed and every held lock reports LockLost.
 	// Default 1 s.
 	ProbeTimeout time.Duration
-	// WaitSlice is the session's lock_timeout: a blocking Lock waits on
-	// the server in slices this long, freeing the connection between
-	// slices for probes, Release and other calls. At most ProbeInterval
-	// (a longer slice would keep the probe off the connection past the
-	// loss-notice bound); default ProbeInterval; whole milliseconds.
-	WaitSlice time.Duration
-	// KeepaliveIdle, KeepaliveInterval and KeepaliveCount set the server
-	// side tcp_keepalives_idle/interval/count of the lock connection, and
-	// UserTimeout its tcp_user_timeout, so the server drops a silently
-	// vanished holder (and frees its locks) after about
-	// min(UserTimeout, KeepaliveIdle + KeepaliveInterval × KeepaliveCount):
-	// by default 25 s. That bound must be at least twice ProbeInterval +
-	// ProbeTimeout, so the holder hears of the loss before the server
-	// frees its locks (RELIABILITY L2). Defaults 10 s, 5 s, 4 and 25 s;
-	// keepalive times in whole seconds up to 32767 s, KeepaliveCount up to
-	// 127, UserTimeout in whole milliseconds up to 2^31−1 ms (what the
-	// server and its TCP stack accept). They have no effect on Unix-socket connections, and
-	// none through a TCP proxy or pooler, whose own connection to the
-	// server stays alive: see the package documentation, "Behind a proxy
-	// or pooler".
-	KeepaliveIdle     time.Duration
-	KeepaliveInterval time.Duration
-	KeepaliveCount    int
-	UserTimeout       time.Duration
-	// ServerIdleTimeout is the lock connection's idle_session_timeout
-	// (PostgreSQL 14 and later; ignored before): the server ends the
-	// session, freeing its locks, when no statement has arrived for that
-	// long. A healthy Session is never idle for longer than ProbeInterval
-	// (it probes), so this ends only a holder that stopped talking: one
-	// partitioned from the server, or whose process is stopped. Unlike the
-	// keepalive settings it works behind a TCP proxy or pooler, whose own
-	// connection to the server stays alive (see the package documentation,
-	// "Behind a proxy or pooler"). It must be at least twice ProbeInterval
-	// + ProbeTimeout, so the holder hears of the loss first. Default: the
-	// keepalive bound above (25 s by default); whole milliseconds.
-	ServerIdleTimeout time.Duration
 	// HoldLimit caps how long each lock of the session is held, so that a
 	// stuck holder is told to stop (the designs' 30-second limit). When
 	// it passes, the lock's Context ends with a cause matching
@@ -76,8 +51,8 @@ type Options struct {
 	// held, and stays held until the holder releases it, so that work
 	// stopping at the limit finishes under the lock. A holder that ignores
 	// its Context keeps the lock until it releases it or its session ends
-	// (the process exits, or stops talking for ServerIdleTimeout). Zero
-	// means no limit.
+	// (the process exits, or stops talking for 25 s). Zero means no
+	// limit.
 	HoldLimit time.Duration
 	// Reentrant lets the session take a key it already holds in the same
 	// mode: PostgreSQL stacks the lock and each returned *Lock must be
@@ -90,6 +65,45 @@ type Options struct {
 	// hold into an exclusive one waits for every other shared holder and
 	// deadlocks with a second session doing the same.
 	Reentrant bool
+
+	connSettings // internal defaults; this package's tests change them
+}
+
+// connSettings are the lock connection's settings. Zero fields mean the
+// defaults (resolve).
+type connSettings struct {
+	// waitSlice is the session's lock_timeout: a blocking Lock waits on
+	// the server in slices this long, freeing the connection between
+	// slices for probes, Release and other calls. At most ProbeInterval
+	// (a longer slice would keep the probe off the connection past the
+	// loss-notice bound); default ProbeInterval; whole milliseconds.
+	waitSlice time.Duration
+	// keepaliveIdle, keepaliveInterval and keepaliveCount set the server
+	// side tcp_keepalives_idle/interval/count of the lock connection, and
+	// userTimeout its tcp_user_timeout, so the server drops a silently
+	// vanished holder (and frees its locks) after about
+	// min(userTimeout, keepaliveIdle + keepaliveInterval × keepaliveCount):
+	// by default 25 s. That bound must be at least twice ProbeInterval +
+	// ProbeTimeout, so the holder hears of the loss before the server
+	// frees its locks (the timely loss signal). Defaults 10 s, 5 s, 4 and
+	// 25 s; keepalive times in whole seconds up to 32767 s,
+	// keepaliveCount up to 127, userTimeout in whole milliseconds up to
+	// 2^31−1 ms (what the server and its TCP stack accept). They have no
+	// effect on Unix-socket connections, and none through a TCP proxy or
+	// pooler, whose own connection to the server stays alive.
+	keepaliveIdle     time.Duration
+	keepaliveInterval time.Duration
+	keepaliveCount    int
+	userTimeout       time.Duration
+	// serverIdleTimeout is the lock connection's idle_session_timeout
+	// (PostgreSQL 14 and later; ignored before): the server ends the
+	// session, freeing its locks, when no statement has arrived for that
+	// long. A healthy Session is never idle for longer than ProbeInterval
+	// (it probes), so this ends only a holder that stopped talking. Unlike
+	// the keepalive settings it works behind a TCP proxy or pooler. It
+	// must be at least twice ProbeInterval + ProbeTimeout. Default: the
+	// keepalive bound above (25 s by default); whole milliseconds.
+	serverIdleTimeout time.Duration
 }
 
 func (o *Options) resolve(op string) (Options, error) {
@@ -97,47 +111,47 @@ func (o *Options) resolve(op string) (Options, error) {
 	if o != nil {
 		r = *o
 	}
-	if r.ProbeInterval < 0 || r.ProbeTimeout < 0 || r.WaitSlice < 0 || r.KeepaliveIdle < 0 ||
-		r.KeepaliveInterval < 0 || r.KeepaliveCount < 0 || r.UserTimeout < 0 || r.ServerIdleTimeout < 0 || r.HoldLimit < 0 {
+	if r.ProbeInterval < 0 || r.ProbeTimeout < 0 || r.waitSlice < 0 || r.keepaliveIdle < 0 ||
+		r.keepaliveInterval < 0 || r.keepaliveCount < 0 || r.userTimeout < 0 || r.serverIdleTimeout < 0 || r.HoldLimit < 0 {
 		return r, invalid(op, "negative option")
 	}
 	r.ProbeInterval = defDur(r.ProbeInterval, time.Second)
 	r.ProbeTimeout = defDur(r.ProbeTimeout, time.Second)
-	r.WaitSlice = defDur(r.WaitSlice, r.ProbeInterval)
-	r.KeepaliveIdle = defDur(r.KeepaliveIdle, 10*time.Second)
-	r.KeepaliveInterval = defDur(r.KeepaliveInterval, 5*time.Second)
-	if r.KeepaliveCount == 0 {
-		r.KeepaliveCount = 4
+	r.waitSlice = defDur(r.waitSlice, r.ProbeInterval)
+	r.keepaliveIdle = defDur(r.keepaliveIdle, 10*time.Second)
+	r.keepaliveInterval = defDur(r.keepaliveInterval, 5*time.Second)
+	if r.keepaliveCount == 0 {
+		r.keepaliveCount = 4
 	}
-	r.UserTimeout = defDur(r.UserTimeout, 25*time.Second)
-	if r.WaitSlice > r.ProbeInterval {
-		return r, invalid(op, "WaitSlice must not exceed ProbeInterval")
+	r.userTimeout = defDur(r.userTimeout, 25*time.Second)
+	if r.waitSlice > r.ProbeInterval {
+		return r, invalid(op, "the wait slice must not exceed ProbeInterval")
 	}
-	if r.WaitSlice%time.Millisecond != 0 || r.UserTimeout%time.Millisecond != 0 || r.ServerIdleTimeout%time.Millisecond != 0 {
-		return r, invalid(op, "WaitSlice, UserTimeout and ServerIdleTimeout must be whole milliseconds")
+	if r.waitSlice%time.Millisecond != 0 || r.userTimeout%time.Millisecond != 0 || r.serverIdleTimeout%time.Millisecond != 0 {
+		return r, invalid(op, "the wait slice, user timeout and server idle timeout must be whole milliseconds")
 	}
-	if r.KeepaliveIdle%time.Second != 0 || r.KeepaliveInterval%time.Second != 0 {
-		return r, invalid(op, "KeepaliveIdle and KeepaliveInterval must be whole seconds")
+	if r.keepaliveIdle%time.Second != 0 || r.keepaliveInterval%time.Second != 0 {
+		return r, invalid(op, "the keepalive idle time and interval must be whole seconds")
 	}
-	// The server's limits (issue 9.12): tcp_user_timeout,
-	// idle_session_timeout and lock_timeout are int milliseconds; Linux
-	// refuses TCP_KEEPIDLE/TCP_KEEPINTVL above 32767 s and TCP_KEEPCNT
-	// above 127, and PostgreSQL then only logs the failed setsockopt,
-	// leaving the session without the keepalive the bounds rely on.
+	// The server's limits: tcp_user_timeout, idle_session_timeout and
+	// lock_timeout are int milliseconds; Linux refuses
+	// TCP_KEEPIDLE/TCP_KEEPINTVL above 32767 s and TCP_KEEPCNT above 127,
+	// and PostgreSQL then only logs the failed setsockopt, leaving the
+	// session without the keepalive the bounds rely on.
 	const serverMax = time.Duration(math.MaxInt32) * time.Millisecond
-	if r.UserTimeout > serverMax || r.ServerIdleTimeout > serverMax || r.WaitSlice > serverMax {
-		return r, invalid(op, fmt.Sprintf("UserTimeout, ServerIdleTimeout and WaitSlice must be at most %v (the server's int32 milliseconds)", serverMax))
+	if r.userTimeout > serverMax || r.serverIdleTimeout > serverMax || r.waitSlice > serverMax {
+		return r, invalid(op, fmt.Sprintf("the user timeout, server idle timeout and wait slice must be at most %v (the server's int32 milliseconds)", serverMax))
 	}
-	if r.KeepaliveIdle > maxKeepalive || r.KeepaliveInterval > maxKeepalive || r.KeepaliveCount > maxKeepaliveCount {
-		return r, invalid(op, fmt.Sprintf("KeepaliveIdle and KeepaliveInterval must be at most %v and KeepaliveCount at most %d (what the server's TCP stack accepts)", maxKeepalive, maxKeepaliveCount))
+	if r.keepaliveIdle > maxKeepalive || r.keepaliveInterval > maxKeepalive || r.keepaliveCount > maxKeepaliveCount {
+		return r, invalid(op, fmt.Sprintf("the keepalive idle time and interval must be at most %v and the keepalive count at most %d (what the server's TCP stack accepts)", maxKeepalive, maxKeepaliveCount))
 	}
-	release := min(r.UserTimeout, r.KeepaliveIdle+time.Duration(r.KeepaliveCount)*r.KeepaliveInterval)
+	release := min(r.userTimeout, r.keepaliveIdle+time.Duration(r.keepaliveCount)*r.keepaliveInterval)
 	if release < 2*(r.ProbeInterval+r.ProbeTimeout) {
-		return r, invalid(op, "server release bound (keepalive, user timeout) must be at least 2×(ProbeInterval+ProbeTimeout)")
+		return r, invalid(op, fmt.Sprintf("ProbeInterval + ProbeTimeout must be at most half of %v, after which the server frees the locks of a holder that stopped talking: the holder must hear of the loss first", release))
 	}
-	r.ServerIdleTimeout = defDur(r.ServerIdleTimeout, release)
-	if r.ServerIdleTimeout < 2*(r.ProbeInterval+r.ProbeTimeout) {
-		return r, invalid(op, "ServerIdleTimeout must be at least 2×(ProbeInterval+ProbeTimeout)")
+	r.serverIdleTimeout = defDur(r.serverIdleTimeout, release)
+	if r.serverIdleTimeout < 2*(r.ProbeInterval+r.ProbeTimeout) {
+		return r, invalid(op, "the server idle timeout must be at least 2×(ProbeInterval+ProbeTimeout)")
 	}
 	return r, nil
 }
@@ -193,7 +207,7 @@ type Session struct {
 	// alive is the latest time (monotonic) at which the server is known
 	// to have held the session: the send time of the last statement it
 	// answered (its reply came later, so the session was alive then), or
-	// for a wait slice that ended with 55P03 its send time + WaitSlice.
+	// for a wait slice that ended with 55P03 its send time + the wait slice.
 	// The next probe is due at alive + ProbeInterval.
 	alive time.Time
 }
@@ -209,13 +223,13 @@ type holding struct {
 // and starts its probe. The connection never goes back to the pool: Close
 // closes it. pool is not closed by the Session.
 //
-// Open sets, on that connection only: idle_session_timeout =
-// ServerIdleTimeout, idle_in_transaction_session_timeout = 0,
-// statement_timeout = 0,
-// lock_timeout = WaitSlice, tcp_keepalives_idle/interval/count,
-// tcp_user_timeout and client_connection_check_interval (each only if the
-// server knows it), and releases any advisory lock the pooled connection
-// already held (pg_advisory_unlock_all). It refuses (InvalidArgument) a
+// Open sets, on that connection only: idle_session_timeout = 25 s,
+// idle_in_transaction_session_timeout = 0, statement_timeout = 0,
+// lock_timeout = ProbeInterval (the wait slice),
+// tcp_keepalives_idle/interval/count (10 s, 5 s, 4),
+// tcp_user_timeout (25 s) and client_connection_check_interval (5 s)
+// (each only if the server knows it), and releases any advisory lock the
+// pooled connection already held (pg_advisory_unlock_all). It refuses (InvalidArgument) a
 // transaction-mode pooler (pgbouncer pool_mode=transaction), where session
 // locks would leak to other clients: when pg_backend_pid() differs between
 // two transactions, or, when a pooler answered the connection's start-up
@@ -226,7 +240,7 @@ type holding struct {
 // restart) is replaced once.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, error) {
 	const op = "advisory.Open"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if pool == nil {
@@ -293,7 +307,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, o Options) (conn *pgx.Conn, p
 		// keeps this backend for this client (session mode).
 		var shared bool
 		if shared, err = sharedBackend(ctx, pool, conn, pid); err == nil && shared {
-			err = pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+			err = pgerr.New(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
 		}
 		err = mapErr(ctx, op, err)
 	}
@@ -322,15 +336,15 @@ func setup(ctx context.Context, conn *pgx.Conn, o Options) (uint32, error) {
 	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 	sec := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
 	settings := [][2]string{
-		{"idle_session_timeout", ms(o.ServerIdleTimeout)},
+		{"idle_session_timeout", ms(o.serverIdleTimeout)},
 		{"idle_in_transaction_session_timeout", "0"},
 		{"statement_timeout", "0"},
-		{"lock_timeout", ms(o.WaitSlice)},
-		{"tcp_keepalives_idle", sec(o.KeepaliveIdle)},
-		{"tcp_keepalives_interval", sec(o.KeepaliveInterval)},
-		{"tcp_keepalives_count", strconv.Itoa(o.KeepaliveCount)},
-		{"tcp_user_timeout", ms(o.UserTimeout)},
-		{"client_connection_check_interval", ms(o.KeepaliveInterval)},
+		{"lock_timeout", ms(o.waitSlice)},
+		{"tcp_keepalives_idle", sec(o.keepaliveIdle)},
+		{"tcp_keepalives_interval", sec(o.keepaliveInterval)},
+		{"tcp_keepalives_count", strconv.Itoa(o.keepaliveCount)},
+		{"tcp_user_timeout", ms(o.userTimeout)},
+		{"client_connection_check_interval", ms(o.keepaliveInterval)},
 	}
 	names := make([]string, len(settings))
 	values := make([]string, len(settings))
@@ -352,7 +366,7 @@ func setup(ctx context.Context, conn *pgx.Conn, o Options) (uint32, error) {
 		return 0, mapErr(ctx, op, err)
 	}
 	if pid1 != pid2 {
-		return 0, pglease.NewError(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
+		return 0, pgerr.New(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
 	}
 	return pid1, nil
 }
@@ -375,9 +389,9 @@ func (s *Session) Err() error {
 func (s *Session) endedErrLocked(op string) error {
 	switch s.state {
 	case stateLost:
-		return pglease.NewError(pglease.CodeClosed, op, "session lost its connection; open a new one", s.cause)
+		return pgerr.New(pglease.CodeClosed, op, "session lost its connection; open a new one", s.cause)
 	case stateClosed:
-		return pglease.NewError(pglease.CodeClosed, op, "session closed", nil)
+		return pgerr.New(pglease.CodeClosed, op, "session closed", nil)
 	}
 	return nil
 }
@@ -398,7 +412,7 @@ func (s *Session) own(ctx context.Context, op string) error {
 	select {
 	case s.sem <- struct{}{}:
 	case <-ctx.Done():
-		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended", ctx.Err())
 	case <-s.closing.Done():
 		return s.check(op)
 	}
@@ -436,12 +450,12 @@ func (s *Session) do(cancelOn context.Context, bound time.Duration, fn func(cont
 	if err == nil || (sqlState(err) != "" && !s.conn.IsClosed()) {
 		// The server answered, so it held the session when it received
 		// the statement, after sentAt; a wait slice that ran out (55P03,
-		// lock_timeout = WaitSlice) proves it for WaitSlice longer. Never
-		// the reply's arrival time: the session may have died right after
-		// the server sent it.
+		// lock_timeout = the wait slice) proves it for one wait slice
+		// longer. Never the reply's arrival time: the session may have
+		// died right after the server sent it.
 		at := sentAt
 		if sqlState(err) == pgerrcode.LockNotAvailable {
-			at = at.Add(s.opts.WaitSlice)
+			at = at.Add(s.opts.waitSlice)
 		}
 		s.mu.Lock()
 		if at.After(s.alive) {
@@ -465,7 +479,7 @@ func (s *Session) fail(cause error) {
 		s.mu.Unlock()
 		return
 	}
-	lost := pglease.NewError(pglease.CodeLockLost, "advisory.Session", "session ended; its advisory locks are gone", cause)
+	lost := pgerr.New(pglease.CodeLockLost, "advisory.Session", "session ended; its advisory locks are gone", cause)
 	s.state, s.cause = stateLost, lost
 	locks := s.locks
 	s.locks, s.held = map[*Lock]struct{}{}, map[Key]holding{}
@@ -568,7 +582,7 @@ func (s *Session) TryLock(ctx context.Context, k Key) (l *Lock, ok bool, err err
 // the session's other locks are untouched), the lock state is checked
 // (a grant that raced the cancel is released) and the error is Aborted
 // wrapping ctx.Err(). Waiting is not FIFO across sessions: the wait is
-// renewed every WaitSlice. Errors otherwise as TryLock.
+// renewed every wait slice (ProbeInterval). Errors otherwise as TryLock.
 func (s *Session) Lock(ctx context.Context, k Key) (*Lock, error) {
 	return s.acquire(ctx, "advisory.Session.Lock", k, true, false)
 }
@@ -620,7 +634,7 @@ func (s *Session) precheck(op string, k Key, shared bool) error {
 }
 
 func (s *Session) acquire(ctx context.Context, op string, k Key, blocking, shared bool) (*Lock, error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if err := s.check(op); err != nil {
@@ -639,7 +653,7 @@ func (s *Session) acquire(ctx context.Context, op string, k Key, blocking, share
 			return l, err
 		}
 		if ctx.Err() != nil {
-			return nil, pglease.NewError(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
+			return nil, pgerr.New(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
 		}
 	}
 }
@@ -665,7 +679,7 @@ func keyCall(fn string, k Key) (string, []any) {
 	return "SELECT " + fn + "($1::int8)::text", []any{id}
 }
 
-// attempt makes one try (or one WaitSlice of waiting); the caller owns
+// attempt makes one try (or one wait slice of waiting); the caller owns
 // sem. again reports a wait slice that ended without the lock.
 func (s *Session) attempt(ctx context.Context, op string, k Key, blocking, shared bool) (l *Lock, again bool, err error) {
 	if err := s.precheck(op, k, shared); err != nil {
@@ -686,13 +700,13 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking, share
 	}
 	bound := s.opts.ProbeTimeout
 	if blocking {
-		bound += s.opts.WaitSlice
+		bound += s.opts.waitSlice
 		// A wait slice keeps the probe off the connection for up to
-		// WaitSlice + ProbeTimeout. Start one only if it ends before the
+		// the wait slice + ProbeTimeout. Start one only if it ends before the
 		// probe would have given up (alive + ProbeInterval +
 		// ProbeTimeout); otherwise probe first, so a session that died
 		// just after its last answer is still noticed in time.
-		if !stacking && s.probeDue() < s.opts.WaitSlice {
+		if !stacking && s.probeDue() < s.opts.waitSlice {
 			if err := s.ping(op); err != nil {
 				return nil, false, err
 			}
@@ -747,7 +761,7 @@ func (s *Session) attempt(ctx context.Context, op string, k Key, blocking, share
 	case s.closing.Err() != nil:
 		return nil, false, s.check(op)
 	case ctx.Err() != nil:
-		return nil, false, pglease.NewError(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
+		return nil, false, pgerr.New(pglease.CodeAborted, op, "gave up waiting for the lock", ctx.Err())
 	case state == pgerrcode.LockNotAvailable && blocking && !sent:
 		return nil, true, nil
 	}
@@ -778,7 +792,7 @@ func (s *Session) holdLimitPassed(l *Lock) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !l.ended { // under mu: a Release, loss or Close that ended l first keeps its cause
-		l.cancel(pglease.NewError(pglease.CodeHoldLimitExceeded, "advisory.Lock",
+		l.cancel(pgerr.New(pglease.CodeHoldLimitExceeded, "advisory.Lock",
 			"the lock reached the session's HoldLimit ("+s.opts.HoldLimit.String()+"); stop and release it (it is still held)", nil))
 	}
 }
@@ -858,7 +872,7 @@ func (s *Session) live(l *Lock) bool {
 // this session holds (without Reentrant) is InvalidArgument with no I/O.
 func (s *Session) LockAll(ctx context.Context, keys ...Key) ([]*Lock, error) {
 	const op = "advisory.Session.LockAll"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
 	if err := s.check(op); err != nil {
@@ -948,7 +962,7 @@ func (s *Session) Close(ctx context.Context) error {
 	s.stmtCancel()
 	<-s.sem
 	<-s.probeDone
-	closed := pglease.NewError(pglease.CodeClosed, op, "session closed", nil)
+	closed := pgerr.New(pglease.CodeClosed, op, "session closed", nil)
 	for l := range locks {
 		l.cancel(closed)
 	}

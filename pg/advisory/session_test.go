@@ -216,10 +216,10 @@ func TestLockCancelKeepsOtherLocks(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	o := testOpts()
-	o.WaitSlice = 20 * time.Second // so only the CancelRequest can end the wait early
-	o.ProbeInterval = o.WaitSlice
-	o.UserTimeout = 60 * time.Second
-	o.KeepaliveIdle = 60 * time.Second
+	o.waitSlice = 20 * time.Second // so only the CancelRequest can end the wait early
+	o.ProbeInterval = o.waitSlice
+	o.userTimeout = 60 * time.Second
+	o.keepaliveIdle = 60 * time.Second
 	s1, s2 := openSession(t, pool, o), openSession(t, pool, o)
 	ctx := ctxT(t, 20*time.Second)
 	mine, busy := randKey(), randKey()
@@ -272,10 +272,10 @@ func TestLockCancelRacesGrant(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	o := testOpts()
-	o.WaitSlice = 20 * time.Second
-	o.ProbeInterval = o.WaitSlice
-	o.UserTimeout = 60 * time.Second
-	o.KeepaliveIdle = 60 * time.Second
+	o.waitSlice = 20 * time.Second
+	o.ProbeInterval = o.waitSlice
+	o.userTimeout = 60 * time.Second
+	o.keepaliveIdle = 60 * time.Second
 	s1, s2 := openSession(t, pool, o), openSession(t, pool, o)
 	ctx := ctxT(t, 30*time.Second)
 	granted, aborted := 0, 0
@@ -477,30 +477,34 @@ func TestBadInputNoIO(t *testing.T) {
 		{"Open ended ctx", pglease.CodeAborted, func() error { _, err := Open(ended, pool, nil); return err }()},
 		{"Open nil pool", pglease.CodeInvalidArgument, func() error { _, err := Open(ctx, nilPool, nil); return err }()},
 		{"Open negative", pglease.CodeInvalidArgument, func() error { _, err := Open(ctx, pool, &Options{ProbeTimeout: -1}); return err }()},
-		{"Open keepalive too short", pglease.CodeInvalidArgument, func() error {
-			_, err := Open(ctx, pool, &Options{UserTimeout: time.Second})
+		{"Open ProbeInterval + ProbeTimeout over half the server's 25 s", pglease.CodeInvalidArgument, func() error {
+			_, err := Open(ctx, pool, &Options{ProbeInterval: 12 * time.Second})
 			return err
 		}()},
-		// Issue 9.12: beyond what the server accepts.
+		{"Open keepalive too short", pglease.CodeInvalidArgument, func() error {
+			_, err := Open(ctx, pool, &Options{connSettings: connSettings{userTimeout: time.Second}})
+			return err
+		}()},
+		// Beyond what the server accepts.
 		{"Open UserTimeout over int32 ms", pglease.CodeInvalidArgument, func() error {
-			_, err := Open(ctx, pool, &Options{UserTimeout: 25 * 24 * time.Hour})
+			_, err := Open(ctx, pool, &Options{connSettings: connSettings{userTimeout: 25 * 24 * time.Hour}})
 			return err
 		}()},
 		{"Open ServerIdleTimeout over int32 ms", pglease.CodeInvalidArgument, func() error {
-			_, err := Open(ctx, pool, &Options{ServerIdleTimeout: 25 * 24 * time.Hour})
+			_, err := Open(ctx, pool, &Options{connSettings: connSettings{serverIdleTimeout: 25 * 24 * time.Hour}})
 			return err
 		}()},
 		{"Open KeepaliveIdle over 32767 s", pglease.CodeInvalidArgument, func() error {
-			_, err := Open(ctx, pool, &Options{KeepaliveIdle: 32768 * time.Second})
+			_, err := Open(ctx, pool, &Options{connSettings: connSettings{keepaliveIdle: 32768 * time.Second}})
 			return err
 		}()},
 		{"Open KeepaliveCount over 127", pglease.CodeInvalidArgument, func() error {
-			_, err := Open(ctx, pool, &Options{KeepaliveCount: 128})
+			_, err := Open(ctx, pool, &Options{connSettings: connSettings{keepaliveCount: 128}})
 			return err
 		}()},
 		{"Open negative HoldLimit", pglease.CodeInvalidArgument, func() error { _, err := Open(ctx, pool, &Options{HoldLimit: -1}); return err }()},
 		{"Open WaitSlice over ProbeInterval", pglease.CodeInvalidArgument, func() error {
-			_, err := Open(ctx, pool, &Options{ProbeInterval: time.Second, WaitSlice: 2 * time.Second})
+			_, err := Open(ctx, pool, &Options{ProbeInterval: time.Second, connSettings: connSettings{waitSlice: 2 * time.Second}})
 			return err
 		}()},
 		{"TryLock nil ctx", pglease.CodeInvalidArgument, func() error { _, _, err := s.TryLock(nilCtx, randKey()); return err }()},

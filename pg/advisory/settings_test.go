@@ -52,8 +52,8 @@ func TestSessionOverridesRoleTimeouts(t *testing.T) {
 		_, _ = sc.Exec(context.Background(), "DROP ROLE "+role)
 	})
 	o := testOpts()
-	o.WaitSlice = 5 * time.Second // one wait, longer than the role's timeouts
-	o.ProbeInterval = o.WaitSlice
+	o.waitSlice = 5 * time.Second // one wait, longer than the role's timeouts
+	o.ProbeInterval = o.waitSlice
 	s := openSession(t, pool, o)
 
 	s.sem <- struct{}{}

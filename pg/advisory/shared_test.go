@@ -455,10 +455,10 @@ func TestLockSharedCancelRacesGrant(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	o := testOpts()
-	o.WaitSlice = 20 * time.Second
-	o.ProbeInterval = o.WaitSlice
-	o.UserTimeout = 60 * time.Second
-	o.KeepaliveIdle = 60 * time.Second
+	o.waitSlice = 20 * time.Second
+	o.ProbeInterval = o.waitSlice
+	o.userTimeout = 60 * time.Second
+	o.keepaliveIdle = 60 * time.Second
 	s1, s2 := openSession(t, pool, o), openSession(t, pool, o)
 	ctx := ctxT(t, 30*time.Second)
 	granted, aborted := 0, 0
@@ -507,9 +507,9 @@ func TestInspectSharedAndWaiters(t *testing.T) {
 	t.Parallel()
 	pool := newPool(t)
 	o := testOpts()
-	o.WaitSlice = 20 * time.Second // one continuous wait, so the waiter row stays
-	o.ProbeInterval = o.WaitSlice
-	o.UserTimeout, o.KeepaliveIdle = 60*time.Second, 60*time.Second
+	o.waitSlice = 20 * time.Second // one continuous wait, so the waiter row stays
+	o.ProbeInterval = o.waitSlice
+	o.userTimeout, o.keepaliveIdle = 60*time.Second, 60*time.Second
 	reader, writer := openSession(t, pool, o), openSession(t, pool, o)
 	ctx := ctxT(t, 20*time.Second)
 	k, k2 := randKey(), randKey()

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
 )
 
 func xactSQL(k Key, try, shared bool) (string, []any) {
@@ -26,7 +27,7 @@ func xactSQL(k Key, try, shared bool) (string, []any) {
 }
 
 func checkXact(op string, ctx context.Context, tx pgx.Tx, k Key) error {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if tx == nil {
@@ -124,7 +125,7 @@ const tryAllSavepoint = "pglease_try_xact_lock_all"
 // checkXactSet validates a set of keys (no I/O) and returns them sorted
 // by Key.Compare without duplicates, as the arrays of xactAllSQL.
 func checkXactSet(op string, ctx context.Context, tx pgx.Tx, keys []Key) (sorted []Key, a []int64, b []*int32, err error) {
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, nil, nil, err
 	}
 	if tx == nil {
@@ -179,7 +180,7 @@ func XactLockAll(ctx context.Context, tx pgx.Tx, keys ...Key) error {
 		return mapErr(ctx, op, err)
 	}
 	if n != int64(len(sorted)) {
-		return pglease.NewError(pglease.CodeInternal, op, "the server took "+strconv.FormatInt(n, 10)+" of "+strconv.Itoa(len(sorted))+" keys", nil)
+		return pgerr.New(pglease.CodeInternal, op, "the server took "+strconv.FormatInt(n, 10)+" of "+strconv.Itoa(len(sorted))+" keys", nil)
 	}
 	return nil
 }
@@ -266,7 +267,7 @@ const rollbackTimeout = 5 * time.Second
 // reply was lost is Ambiguous: the transaction may have committed.
 func WithXactLock(ctx context.Context, db Beginner, k Key, fn func(pgx.Tx) error) (err error) {
 	const op = "advisory.WithXactLock"
-	if err := pglease.CheckContext(op, ctx); err != nil {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if isNil(db) {
@@ -300,12 +301,12 @@ func WithXactLock(ctx context.Context, db Beginner, k Key, fn func(pgx.Tx) error
 	if err := tx.Commit(ctx); err != nil {
 		var pe *pgconn.PgError
 		if errors.Is(err, pgx.ErrTxCommitRollback) {
-			return pglease.NewError(pglease.CodeInternal, op, "transaction had failed; COMMIT rolled it back", err)
+			return pgerr.New(pglease.CodeInternal, op, "transaction had failed; COMMIT rolled it back", err)
 		}
 		if errors.As(err, &pe) {
 			return mapErr(ctx, op, err)
 		}
-		return pglease.NewError(pglease.CodeAmbiguous, op, "commit outcome unknown", mapErr(ctx, op, err))
+		return pgerr.New(pglease.CodeAmbiguous, op, "commit outcome unknown", mapErr(ctx, op, err))
 	}
 	return nil
 }

@@ -45,7 +45,7 @@ type Meta struct {
 	StatementTO time.Duration
 	RetryCap    time.Duration
 	ProbeBound  time.Duration // advisory ProbeInterval + ProbeTimeout
-	AdvServerTO time.Duration // advisory ServerIdleTimeout (a blackholed session's locks are freed then)
+	AdvServerTO time.Duration // an advisory session's idle_session_timeout (a blackholed session's locks are freed then)
 	Race        bool          // the workers were built with -race
 	Cmdline     string
 	Machine     string // Go, OS/arch, CPUs, PostgreSQL version

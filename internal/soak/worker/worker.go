@@ -133,7 +133,7 @@ func Run(ctx context.Context, cfg Config) error {
 	mc := manager.Config{
 		TTL:          cfg.TTL,
 		LossMargin:   cfg.Margin,
-		Holder:       fmt.Sprintf("soak-w%d", cfg.ID),
+		Config:       pg.Config{Holder: fmt.Sprintf("soak-w%d", cfg.ID)},
 		CloseTimeout: cfg.CloseTimeout,
 	}
 	w.m, err = manager.New(pool, mc)
@@ -413,7 +413,7 @@ func (w *worker) resOp(ctx context.Context, g, k int, grant, fence int64, kind s
 		tag, e := w.res.Exec(ctx, sql, args...)
 		ok, err = e == nil && tag.RowsAffected() == 1, e
 		if err != nil {
-			err = pglease.NewError(pglease.CodeAmbiguous, "soak.unfenced", "write failed", err)
+			err = &pglease.Error{Code: pglease.CodeAmbiguous, Op: "soak.unfenced", Msg: "write failed", Err: err}
 		}
 	} else {
 		sets := []pg.Set{{Column: "op", Value: op}}

@@ -1,9 +1,8 @@
-package telemetry
+package obs
 
 import (
 	"bytes"
 	"context"
-	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"sync"
 	"testing"
@@ -14,6 +13,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // harness is a Recorder wired to in-memory SDK exporters and a JSON log
@@ -45,6 +46,12 @@ func (s *syncBuffer) String() string {
 
 func newHarness(t testing.TB, opts ...func(*ptel.Config)) *harness {
 	t.Helper()
+	return newHarnessDB(t, Database{}, opts...)
+}
+
+// newHarnessDB is newHarness with the database the round trips go to.
+func newHarnessDB(t testing.TB, db Database, opts ...func(*ptel.Config)) *harness {
+	t.Helper()
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	reader := sdkmetric.NewManualReader()
@@ -55,7 +62,7 @@ func newHarness(t testing.TB, opts ...func(*ptel.Config)) *harness {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	h := &harness{t: t, rec: New(cfg, Database{}), spans: sr, reader: reader, logs: logs}
+	h := &harness{t: t, rec: New(cfg, db), spans: sr, reader: reader, logs: logs}
 	t.Cleanup(func() {
 		h.rec.Close()
 		_ = tp.Shutdown(context.Background())

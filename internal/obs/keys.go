@@ -1,4 +1,4 @@
-package telemetry
+package obs
 
 import (
 	"crypto/hmac"
@@ -40,7 +40,7 @@ func (k KeyID) String() string { return k.hash }
 func (k KeyID) LogValue() slog.Value { return slog.StringValue(k.hash) }
 
 // GoString returns the hash in Go syntax, so %#v cannot reveal the raw key.
-func (k KeyID) GoString() string { return `telemetry.KeyID("` + k.hash + `")` }
+func (k KeyID) GoString() string { return `obs.KeyID("` + k.hash + `")` }
 
 // hmacSize is the number of HMAC-SHA-256 bytes kept: 16 bytes, 128 bits,
 // printed as 32 hex digits.

@@ -1,4 +1,4 @@
-package retry_test
+package backoff_test
 
 import (
 	"errors"
@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cenkalti/backoff/v4"
+	cbackoff "github.com/cenkalti/backoff/v4"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/retry"
 )
 
@@ -17,8 +18,8 @@ const ms = time.Millisecond
 
 func TestDefaultsAreSyncGuards(t *testing.T) {
 	t.Parallel()
-	p := retry.Policy{}.WithDefaults()
-	if p.Base != 100*ms || p.Multiplier != 2 || p.Kind != retry.Exponential || p.Jitter != retry.EqualJitter || p.MaxDelay != 2*time.Second {
+	p := backoff.WithDefaults(retry.Policy{})
+	if p.Base != 100*ms || p.Multiplier != 2 || p.Jitter != retry.EqualJitter || p.MaxDelay != 2*time.Second {
 		t.Fatalf("defaults = %+v", p)
 	}
 }
@@ -42,8 +43,8 @@ func TestDelayBounds(t *testing.T) {
 		{"full/4", retry.Policy{Jitter: retry.FullJitter}, 4, 0, 800 * ms},
 		{"none/1", retry.Policy{Jitter: retry.NoJitter}, 1, 100 * ms, 100 * ms},
 		{"none/4", retry.Policy{Jitter: retry.NoJitter}, 4, 800 * ms, 800 * ms},
-		{"fixed/none/9", retry.Policy{Kind: retry.Fixed, Jitter: retry.NoJitter, Base: 30 * ms}, 9, 30 * ms, 30 * ms},
-		{"fixed/equal/9", retry.Policy{Kind: retry.Fixed, Base: 30 * ms}, 9, 15 * ms, 30 * ms},
+		{"fixed/none/9", retry.Policy{Multiplier: 1, Jitter: retry.NoJitter, Base: 30 * ms}, 9, 30 * ms, 30 * ms},
+		{"fixed/equal/9", retry.Policy{Multiplier: 1, Base: 30 * ms}, 9, 15 * ms, 30 * ms},
 		{"custom x3", retry.Policy{Base: 10 * ms, Multiplier: 3, MaxDelay: time.Second, Jitter: retry.NoJitter}, 3, 90 * ms, 90 * ms},
 		{"custom cap", retry.Policy{Base: 10 * ms, Multiplier: 3, MaxDelay: 50 * ms, Jitter: retry.NoJitter}, 3, 50 * ms, 50 * ms},
 	}
@@ -51,13 +52,13 @@ func TestDelayBounds(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			for _, r := range []float64{0, 1e-9, 0.25, 0.5, 0.999999999, 1 - 1e-16} {
-				d := tt.p.Delay(tt.n, r)
+				d := backoff.Delay(tt.p, tt.n, r)
 				if d < tt.lo || d > tt.hi {
 					t.Errorf("Delay(%d, %v) = %v, want in [%v, %v]", tt.n, r, d, tt.lo, tt.hi)
 				}
 			}
 			// The extremes are reached: r=0 gives the lower bound.
-			if d := tt.p.Delay(tt.n, 0); d != tt.lo {
+			if d := backoff.Delay(tt.p, tt.n, 0); d != tt.lo {
 				t.Errorf("Delay(%d, 0) = %v, want %v", tt.n, d, tt.lo)
 			}
 		})
@@ -67,11 +68,11 @@ func TestDelayBounds(t *testing.T) {
 func TestJitterApplyClampsR(t *testing.T) {
 	t.Parallel()
 	for _, r := range []float64{-1, 2, 1} {
-		if d := retry.EqualJitter.Apply(100*ms, r); d < 50*ms || d > 100*ms {
+		if d := backoff.Apply(retry.EqualJitter, 100*ms, r); d < 50*ms || d > 100*ms {
 			t.Errorf("Apply(r=%v) = %v", r, d)
 		}
 	}
-	if d := retry.FullJitter.Apply(0, 0.5); d != 0 {
+	if d := backoff.Apply(retry.FullJitter, 0, 0.5); d != 0 {
 		t.Errorf("Apply(0) = %v", d)
 	}
 }
@@ -84,14 +85,14 @@ func TestBackoffMatchesPureDelay(t *testing.T) {
 	for _, p := range []retry.Policy{
 		{},
 		{Jitter: retry.FullJitter},
-		{Kind: retry.Fixed, Base: 20 * ms},
+		{Multiplier: 1, Base: 20 * ms},
 		{Base: 7 * ms, Multiplier: 1.5, MaxDelay: 300 * ms},
 	} {
 		t.Run(fmt.Sprintf("%+v", p), func(t *testing.T) {
 			t.Parallel()
 			src := rand.New(rand.NewPCG(1, 2))
 			var rs []float64
-			b := retry.New(p, retry.Options{Rand: func() float64 {
+			b := backoff.New(p, backoff.Options{Rand: func() float64 {
 				r := src.Float64()
 				rs = append(rs, r)
 				return r
@@ -99,10 +100,10 @@ func TestBackoffMatchesPureDelay(t *testing.T) {
 			for round := 0; round < 2; round++ {
 				for n := 1; n <= 20; n++ {
 					got := b.NextBackOff()
-					if want := p.Delay(n, rs[len(rs)-1]); got != want {
+					if want := backoff.Delay(p, n, rs[len(rs)-1]); got != want {
 						t.Fatalf("round %d attempt %d: NextBackOff = %v, Delay = %v", round, n, got, want)
 					}
-					if got == backoff.Stop {
+					if got == cbackoff.Stop {
 						t.Fatal("Backoff gave up")
 					}
 				}
@@ -124,10 +125,10 @@ func (c *fakeClock) Now() time.Time { return c.now }
 func TestBackoffNeverStops(t *testing.T) {
 	t.Parallel()
 	clk := &fakeClock{now: time.Unix(0, 0)}
-	b := retry.New(retry.Policy{}, retry.Options{Clock: clk, Rand: func() float64 { return 0.5 }})
+	b := backoff.New(retry.Policy{}, backoff.Options{Clock: clk, Rand: func() float64 { return 0.5 }})
 	for i := 0; i < 100; i++ {
 		clk.now = clk.now.Add(time.Hour)
-		if d := b.NextBackOff(); d == backoff.Stop || d <= 0 || d > 2*time.Second {
+		if d := b.NextBackOff(); d == cbackoff.Stop || d <= 0 || d > 2*time.Second {
 			t.Fatalf("attempt %d: delay %v", i+1, d)
 		}
 	}
@@ -136,7 +137,6 @@ func TestBackoffNeverStops(t *testing.T) {
 func TestValidate(t *testing.T) {
 	t.Parallel()
 	bad := []retry.Policy{
-		{Kind: 7},
 		{Jitter: 9},
 		{Base: -1},
 		{Multiplier: 0.5},
@@ -146,17 +146,17 @@ func TestValidate(t *testing.T) {
 		{Base: 3 * time.Second}, // default MaxDelay follows Base: valid? see below
 	}
 	for i, p := range bad[:len(bad)-1] {
-		err := p.Validate()
+		err := backoff.Validate("op", p)
 		if !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Errorf("%d %+v: err = %v, want InvalidArgument", i, p, err)
 		}
 	}
 	// A Base above the default cap raises the default cap with it.
-	if err := bad[len(bad)-1].Validate(); err != nil {
+	if err := backoff.Validate("op", bad[len(bad)-1]); err != nil {
 		t.Errorf("large base: %v", err)
 	}
-	for _, p := range []retry.Policy{{}, {Kind: retry.Fixed}, {Multiplier: 1}, {MaxDelay: 100 * ms}} {
-		if err := p.Validate(); err != nil {
+	for _, p := range []retry.Policy{{}, {Multiplier: 1}, {Multiplier: 1000}, {MaxDelay: 100 * ms}} {
+		if err := backoff.Validate("op", p); err != nil {
 			t.Errorf("%+v: %v", p, err)
 		}
 	}
@@ -165,13 +165,13 @@ func TestValidate(t *testing.T) {
 			t.Error("New with an invalid policy did not panic")
 		}
 	}()
-	retry.New(retry.Policy{Base: -1}, retry.Options{})
+	backoff.New(retry.Policy{Base: -1}, backoff.Options{})
 }
 
-func ExamplePolicy_Delay() {
+func ExampleDelay() {
 	p := retry.Policy{} // SyncGuard's defaults
 	for n := 1; n <= 4; n++ {
-		fmt.Printf("attempt %d: %v..%v\n", n, p.Delay(n, 0), p.Nominal(n))
+		fmt.Printf("attempt %d: %v..%v\n", n, backoff.Delay(p, n, 0), backoff.Nominal(p, n))
 	}
 	// Output:
 	// attempt 1: 50ms..100ms

@@ -1,4 +1,4 @@
-package telemetry_test
+package obs_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease/internal/telemetry"
+	"github.com/pglease/pglease/internal/obs"
 	ptel "github.com/pglease/pglease/telemetry"
 )
 
@@ -24,28 +24,28 @@ import (
 func Example_contendedAcquire() {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	rec := telemetry.New(ptel.Config{TracerProvider: tp}, telemetry.Database{})
+	rec := obs.New(ptel.Config{TracerProvider: tp}, obs.Database{})
 	defer rec.Close()
 
 	// Caller goroutine: Manager.Acquire(ctx, "payment:123", WithTTL(30s)).
 	key := rec.Key("payment:123")
 	_, acq := rec.StartAcquire(context.Background(), key,
-		telemetry.AcquireInfo{Kind: telemetry.KindLease, TTL: 30 * time.Second})
+		obs.AcquireInfo{Kind: obs.KindLease, TTL: 30 * time.Second})
 	// Loop: the request joins the key's FIFO; no one else waits here.
-	acq.Queued(telemetry.QueueInfo{})
-	for i, outcome := range []telemetry.AttemptOutcome{
-		telemetry.AttemptContended, telemetry.AttemptContended, telemetry.AttemptGranted,
+	acq.Queued(obs.QueueInfo{})
+	for i, outcome := range []obs.AttemptOutcome{
+		obs.AttemptContended, obs.AttemptContended, obs.AttemptGranted,
 	} {
 		// Worker goroutine: one round trip, serving only this caller.
-		_, db := rec.StartDB(context.Background(), telemetry.OpAcquireMany, 1, acq.SpanContext())
+		_, db := rec.StartDB(context.Background(), obs.OpAcquireMany, 1, acq.SpanContext())
 		ok := 0
-		if outcome == telemetry.AttemptGranted {
+		if outcome == obs.AttemptGranted {
 			ok = 1
 		}
 		db.End(ok, nil)
 		// Loop: the result arrives; schedule the next try with backoff.
 		var retryIn time.Duration
-		if outcome == telemetry.AttemptContended {
+		if outcome == obs.AttemptContended {
 			retryIn = 100 * time.Millisecond << i
 		}
 		acq.Attempt(db.SpanContext(), outcome, retryIn)
@@ -83,14 +83,14 @@ func printTree(spans []sdktrace.ReadOnlySpan) {
 		return b.String()
 	}
 	for _, root := range spans {
-		if root.Name() != ptel.SpanAcquire {
+		if root.Name() != "pglease.acquire" {
 			continue
 		}
 		fmt.Println(show(root, "pglease.key.hash", "pglease.lock.kind", "pglease.outcome",
 			"pglease.acquire.attempts", "pglease.acquire.contended", "pglease.acquire.coalesced",
 			"pglease.fence") + fmt.Sprintf(" links=%d", len(root.Links())))
 		for _, e := range root.Events() {
-			if e.Name == ptel.EventQueued {
+			if e.Name == "pglease.queued" {
 				fmt.Printf("  event %s pglease.queue.position=%s\n", e.Name, get(e.Attributes, "pglease.queue.position"))
 				continue
 			}

@@ -1,8 +1,7 @@
-package telemetry
+package obs
 
 import (
 	"context"
-	ptel "github.com/pglease/pglease/telemetry"
 	"testing"
 	"time"
 
@@ -11,6 +10,8 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // acquireCycle is everything the Manager records for one uncontended

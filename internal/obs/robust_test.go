@@ -1,9 +1,8 @@
-package telemetry
+package obs
 
 import (
 	"context"
 	"errors"
-	ptel "github.com/pglease/pglease/telemetry"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // driveAll calls every method once, in the Manager's order.
@@ -249,10 +249,10 @@ func TestConcurrentEndStates(t *testing.T) {
 	if p := h.point(rm, "pglease.acquire.duration"); p.count != n {
 		t.Errorf("acquire.duration count = %d, want %d (one outcome each)", p.count, n)
 	}
-	if p := h.point(rm, "pglease.acquire.duration", ptel.AttrOutcome.String("granted")); p.count != uint64(granted.Load()) {
+	if p := h.point(rm, "pglease.acquire.duration", attrOutcome.String("granted")); p.count != uint64(granted.Load()) {
 		t.Errorf("granted outcomes %d, want %d", p.count, granted.Load())
 	}
-	if len(h.spansNamed(ptel.SpanAcquire)) != n {
-		t.Errorf("%d acquire spans, want %d", len(h.spansNamed(ptel.SpanAcquire)), n)
+	if len(h.spansNamed(spanAcquire)) != n {
+		t.Errorf("%d acquire spans, want %d", len(h.spansNamed(spanAcquire)), n)
 	}
 }

@@ -1,13 +1,14 @@
-package telemetry
+package obs
 
 import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	ptel "github.com/pglease/pglease/telemetry"
 	"strings"
 	"testing"
+
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // Vectors from SyncGuard's hashKey (common/crypto.ts), verified against

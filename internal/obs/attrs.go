@@ -1,9 +1,8 @@
-package telemetry
+package obs
 
 import (
 	"context"
 	"errors"
-	ptel "github.com/pglease/pglease/telemetry"
 
 	"github.com/pglease/pglease"
 )
@@ -113,14 +112,14 @@ type DBOperation string
 
 // Database operations the Manager performs. Each is one round trip.
 const (
-	OpAcquireMany     DBOperation = ptel.SpanAcquireMany
-	OpReleaseMany     DBOperation = ptel.SpanReleaseMany
-	OpExtendMany      DBOperation = ptel.SpanExtendMany
-	OpHandOff         DBOperation = ptel.SpanHandOff
-	OpAdvisoryLock    DBOperation = ptel.SpanAdvisoryLock
-	OpAdvisoryTryLock DBOperation = ptel.SpanAdvisoryTryLock
-	OpAdvisoryUnlock  DBOperation = ptel.SpanAdvisoryUnlock
-	OpListen          DBOperation = ptel.SpanListen
+	OpAcquireMany     DBOperation = spanAcquireMany
+	OpReleaseMany     DBOperation = spanReleaseMany
+	OpExtendMany      DBOperation = spanExtendMany
+	OpHandOff         DBOperation = spanHandOff
+	OpAdvisoryLock    DBOperation = spanAdvisoryLock
+	OpAdvisoryTryLock DBOperation = spanAdvisoryTryLock
+	OpAdvisoryUnlock  DBOperation = spanAdvisoryUnlock
+	OpListen          DBOperation = spanListen
 )
 
 // Queue names a Manager queue whose depth is reported by
@@ -158,7 +157,7 @@ func (q Queue) String() string {
 	return "unknown"
 }
 
-// outcome values of ptel.AttrOutcome.
+// outcome values of attrOutcome.
 const (
 	outcomeGranted  = "granted"
 	outcomeLocked   = "locked" // TryAcquire: held elsewhere

@@ -1,8 +1,7 @@
-package telemetry
+package obs
 
 import (
 	"context"
-	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"slices"
 	"time"
@@ -67,7 +66,7 @@ func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, paren
 		span.SetAttributes(
 			semconv.DBSystemNamePostgreSQL,
 			semconv.DBOperationName(string(op)),
-			ptel.AttrBatchSize.Int(batch))
+			attrBatchSize.Int(batch))
 		span.SetAttributes(r.dbAttrs...)
 	}
 	return ctx, DBSpan{r: r, span: span, op: op, batch: batch, start: time.Now()}
@@ -128,7 +127,7 @@ func (d DBSpan) End(ok int, err error) {
 		if err != nil {
 			outcome = outcomeError
 		}
-		attrs := []attribute.KeyValue{ptel.AttrBatchOK.Int(ok), ptel.AttrOutcome.String(outcome)}
+		attrs := []attribute.KeyValue{attrBatchOK.Int(ok), attrOutcome.String(outcome)}
 		if err != nil {
 			et := errorType(err)
 			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
@@ -164,9 +163,9 @@ func (r *Recorder) StartHeartbeat(ctx context.Context, due int) (context.Context
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	ctx, span := r.tracer.Start(ctx, ptel.SpanHeartbeat, startInternal...)
+	ctx, span := r.tracer.Start(ctx, spanHeartbeat, startInternal...)
 	if span.IsRecording() {
-		span.SetAttributes(ptel.AttrDue.Int(due))
+		span.SetAttributes(attrDue.Int(due))
 	}
 	return ctx, Heartbeat{r: r, span: span}
 }
@@ -192,7 +191,7 @@ func (h Heartbeat) End(extended, lost int, err error) {
 		if err != nil {
 			outcome = outcomeError
 		}
-		attrs := []attribute.KeyValue{ptel.AttrExtended.Int(extended), ptel.AttrLost.Int(lost), ptel.AttrOutcome.String(outcome)}
+		attrs := []attribute.KeyValue{attrExtended.Int(extended), attrLost.Int(lost), attrOutcome.String(outcome)}
 		if err != nil {
 			et := errorType(err)
 			attrs = append(attrs, semconv.ErrorTypeKey.String(et))

@@ -1,8 +1,7 @@
-package telemetry
+package obs
 
 import (
 	"context"
-	ptel "github.com/pglease/pglease/telemetry"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -98,13 +97,13 @@ func (l *Loop) busyRatio() float64 {
 }
 
 func (l *Loop) register(r *Recorder, m metric.Meter) {
-	busy, err := m.Float64ObservableGauge(ptel.MetricManagerLoopBusy,
+	busy, err := m.Float64ObservableGauge(metricManagerLoopBusy,
 		metric.WithUnit("1"),
 		metric.WithDescription("Share of time the Manager loop spent working (not waiting in select) since the previous collection."))
 	if err != nil {
 		otel.Handle(err)
 	}
-	depth, err2 := m.Int64ObservableGauge(ptel.MetricManagerQueueDepth,
+	depth, err2 := m.Int64ObservableGauge(metricManagerQueueDepth,
 		metric.WithUnit("{item}"),
 		metric.WithDescription("Items waiting in the Manager's queues, by queue."))
 	if err2 != nil {
@@ -126,7 +125,7 @@ func (l *Loop) register(r *Recorder, m metric.Meter) {
 	}
 	var qOpt [numQueues]metric.ObserveOption
 	for q := range numQueues {
-		qOpt[q] = metric.WithAttributeSet(attribute.NewSet(ptel.AttrQueue.String(q.String())))
+		qOpt[q] = metric.WithAttributeSet(attribute.NewSet(attrQueue.String(q.String())))
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		if busy != nil {

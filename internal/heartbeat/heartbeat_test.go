@@ -8,7 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/heartbeat"
 )
 
 const ms = time.Millisecond

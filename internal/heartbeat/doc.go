@@ -1,4 +1,4 @@
-// Package heartbeat is the pure heartbeat policy of pglease: given a held
+// Package heartbeat is the pure heartbeat policy of the Manager: given a held
 // lease's TTL, the local start time of its last successful acquire or extend
 // attempt, and the current time, it says when the next extend is due and
 // until when the lease may be trusted. It starts no goroutine, owns no

@@ -1,9 +1,8 @@
-package telemetry
+package obs
 
 import (
 	"context"
 	"errors"
-	ptel "github.com/pglease/pglease/telemetry"
 	"math"
 	"strings"
 	"testing"
@@ -14,11 +13,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 var (
-	lease    = ptel.AttrLockKind.String("lease")
-	advisory = ptel.AttrLockKind.String("advisory")
+	lease    = attrLockKind.String("lease")
+	advisory = attrLockKind.String("advisory")
 )
 
 // grant drives one uncontended acquire the way the Manager does for a lone
@@ -41,7 +42,7 @@ func TestAcquireUncontended(t *testing.T) {
 	grant(h, ctx, "resource:123", 7)
 	caller.End()
 
-	acq := h.oneSpan(ptel.SpanAcquire)
+	acq := h.oneSpan(spanAcquire)
 	if acq.SpanKind() != trace.SpanKindInternal {
 		t.Errorf("acquire span kind %v", acq.SpanKind())
 	}
@@ -52,15 +53,15 @@ func TestAcquireUncontended(t *testing.T) {
 		t.Errorf("scope = %+v", acq.InstrumentationScope())
 	}
 	a := acq.Attributes()
-	wantAttr(t, "acquire", a, ptel.AttrKeyHash.String("e90a28c676a29a3291e2874a"))
+	wantAttr(t, "acquire", a, attrKeyHash.String("e90a28c676a29a3291e2874a"))
 	wantAttr(t, "acquire", a, lease)
-	wantAttr(t, "acquire", a, ptel.AttrTry.Bool(false))
-	wantAttr(t, "acquire", a, ptel.AttrTTL.Float64(30))
-	wantAttr(t, "acquire", a, ptel.AttrOutcome.String("granted"))
-	wantAttr(t, "acquire", a, ptel.AttrAttempts.Int64(1))
-	wantAttr(t, "acquire", a, ptel.AttrContended.Bool(false))
-	wantAttr(t, "acquire", a, ptel.AttrCoalesced.Bool(false))
-	wantAttr(t, "acquire", a, ptel.AttrFence.Int64(7))
+	wantAttr(t, "acquire", a, attrTry.Bool(false))
+	wantAttr(t, "acquire", a, attrTTL.Float64(30))
+	wantAttr(t, "acquire", a, attrOutcome.String("granted"))
+	wantAttr(t, "acquire", a, attrAttempts.Int64(1))
+	wantAttr(t, "acquire", a, attrContended.Bool(false))
+	wantAttr(t, "acquire", a, attrCoalesced.Bool(false))
+	wantAttr(t, "acquire", a, attrFence.Int64(7))
 	if acq.Status().Code != codes.Unset {
 		t.Errorf("acquire status %v", acq.Status())
 	}
@@ -75,15 +76,15 @@ func TestAcquireUncontended(t *testing.T) {
 	d := db.Attributes()
 	wantAttr(t, "db", d, semconv.DBSystemNamePostgreSQL)
 	wantAttr(t, "db", d, semconv.DBOperationName("pglease.acquire_many"))
-	wantAttr(t, "db", d, ptel.AttrBatchSize.Int(1))
-	wantAttr(t, "db", d, ptel.AttrBatchOK.Int(1))
-	wantAttr(t, "db", d, ptel.AttrOutcome.String("ok"))
+	wantAttr(t, "db", d, attrBatchSize.Int(1))
+	wantAttr(t, "db", d, attrBatchOK.Int(1))
+	wantAttr(t, "db", d, attrOutcome.String("ok"))
 	if !hasLink(acq, db.SpanContext()) {
 		t.Errorf("acquire span does not link to its DB span")
 	}
 
 	rm := h.collect()
-	if p := h.point(rm, "pglease.acquire.duration", lease, ptel.AttrOutcome.String("granted")); p.count != 1 {
+	if p := h.point(rm, "pglease.acquire.duration", lease, attrOutcome.String("granted")); p.count != 1 {
 		t.Errorf("acquire.duration count = %d, want 1", p.count)
 	}
 	if p := h.point(rm, "pglease.acquire.attempts", lease); p.count != 1 || p.sum != 1 {
@@ -129,19 +130,19 @@ func TestContendedAcquire(t *testing.T) {
 	}
 	a.Granted(42)
 
-	acq := h.oneSpan(ptel.SpanAcquire)
-	wantAttr(t, "acquire", acq.Attributes(), ptel.AttrContended.Bool(true))
-	wantAttr(t, "acquire", acq.Attributes(), ptel.AttrAttempts.Int64(3))
-	wantAttr(t, "acquire", acq.Attributes(), ptel.AttrFence.Int64(42))
+	acq := h.oneSpan(spanAcquire)
+	wantAttr(t, "acquire", acq.Attributes(), attrContended.Bool(true))
+	wantAttr(t, "acquire", acq.Attributes(), attrAttempts.Int64(3))
+	wantAttr(t, "acquire", acq.Attributes(), attrFence.Int64(42))
 	var outcomes []string
 	var retries []float64
 	for _, ev := range acq.Events() {
-		if ev.Name != ptel.EventAttempt {
+		if ev.Name != eventAttempt {
 			continue
 		}
-		v, _ := attrOf(ev.Attributes, ptel.AttrOutcome)
+		v, _ := attrOf(ev.Attributes, attrOutcome)
 		outcomes = append(outcomes, v.AsString())
-		if v, ok := attrOf(ev.Attributes, ptel.AttrRetryIn); ok {
+		if v, ok := attrOf(ev.Attributes, attrRetryIn); ok {
 			retries = append(retries, v.AsFloat64())
 		}
 	}
@@ -203,20 +204,20 @@ func TestCoalescedBatch(t *testing.T) {
 		t.Errorf("the shared round trip: parent %v, links %v; want a child of the head waiter linked to the other", batch.Parent().SpanID(), batch.Links())
 	}
 	handoff := h.oneSpan(string(OpHandOff))
-	if handoff.Parent().SpanID() != spB.SpanID() || !hasLink(handoff, relSC) || !hasLink(h.oneSpan(ptel.SpanRelease), handoff.SpanContext()) {
+	if handoff.Parent().SpanID() != spB.SpanID() || !hasLink(handoff, relSC) || !hasLink(h.oneSpan(spanRelease), handoff.SpanContext()) {
 		t.Errorf("the handoff: parent %v, links %v; want a child of the waiter linked to and from the release", handoff.Parent().SpanID(), handoff.Links())
 	}
-	for _, s := range h.spansNamed(ptel.SpanAcquire) {
+	for _, s := range h.spansNamed(spanAcquire) {
 		if !hasLink(s, batch.SpanContext()) {
 			t.Errorf("acquire span %s lacks a link to the shared batch", s.SpanContext().SpanID())
 		}
 		if s.SpanContext().Equal(spB) {
-			wantAttr(t, "b", s.Attributes(), ptel.AttrCoalesced.Bool(true))
-			wantAttr(t, "b", s.Attributes(), ptel.AttrContended.Bool(true))
-			wantAttr(t, "b", s.Attributes(), ptel.AttrAttempts.Int64(2))
+			wantAttr(t, "b", s.Attributes(), attrCoalesced.Bool(true))
+			wantAttr(t, "b", s.Attributes(), attrContended.Bool(true))
+			wantAttr(t, "b", s.Attributes(), attrAttempts.Int64(2))
 		}
 		if s.SpanContext().Equal(spA) {
-			wantAttr(t, "a", s.Attributes(), ptel.AttrCoalesced.Bool(false))
+			wantAttr(t, "a", s.Attributes(), attrCoalesced.Bool(false))
 		}
 	}
 	rm := h.collect()
@@ -245,19 +246,19 @@ func TestHeartbeatExtendAndLoss(t *testing.T) {
 	keep.Extended(20 * time.Millisecond)
 	lose.Lost(LossNotHeld, db.SpanContext())
 	lose.Lost(LossNotHeld, db.SpanContext()) // once only
-	expire.ExtendFailed(pglease.NewError(pglease.CodeServiceUnavailable, "extend", "conn lost", nil))
+	expire.ExtendFailed(pgerr.New(pglease.CodeServiceUnavailable, "extend", "conn lost", nil))
 	hb.End(1, 1, nil)
 	expire.Lost(LossExpired, trace.SpanContext{})
 
-	hbSpan := h.oneSpan(ptel.SpanHeartbeat)
-	wantAttr(t, "heartbeat", hbSpan.Attributes(), ptel.AttrDue.Int(3))
-	wantAttr(t, "heartbeat", hbSpan.Attributes(), ptel.AttrExtended.Int(1))
-	wantAttr(t, "heartbeat", hbSpan.Attributes(), ptel.AttrLost.Int(1))
+	hbSpan := h.oneSpan(spanHeartbeat)
+	wantAttr(t, "heartbeat", hbSpan.Attributes(), attrDue.Int(3))
+	wantAttr(t, "heartbeat", hbSpan.Attributes(), attrExtended.Int(1))
+	wantAttr(t, "heartbeat", hbSpan.Attributes(), attrLost.Int(1))
 	ext := h.oneSpan(string(OpExtendMany))
 	if ext.Parent().SpanID() != hbSpan.SpanContext().SpanID() {
 		t.Errorf("extend DB span is not the heartbeat's child")
 	}
-	lost := h.spansNamed(ptel.SpanLost)
+	lost := h.spansNamed(spanLost)
 	if len(lost) != 2 {
 		t.Fatalf("%d lost spans, want 2", len(lost))
 	}
@@ -267,32 +268,32 @@ func TestHeartbeatExtendAndLoss(t *testing.T) {
 		}
 		switch s.Parent().SpanID() {
 		case lose.SpanContext().SpanID():
-			wantAttr(t, "lost", s.Attributes(), ptel.AttrLossCause.String("not_held"))
-			wantAttr(t, "lost", s.Attributes(), ptel.AttrKeyHash.String(r.Key("lose").Hash()))
+			wantAttr(t, "lost", s.Attributes(), attrLossCause.String("not_held"))
+			wantAttr(t, "lost", s.Attributes(), attrKeyHash.String(r.Key("lose").Hash()))
 			if !hasLink(s, ext.SpanContext()) {
 				t.Errorf("lost span does not link to the extend that found the loss")
 			}
 		case expire.SpanContext().SpanID():
-			wantAttr(t, "lost", s.Attributes(), ptel.AttrLossCause.String("expired"))
+			wantAttr(t, "lost", s.Attributes(), attrLossCause.String("expired"))
 		default:
 			t.Errorf("lost span is not a child of the lock's acquire span")
 		}
 	}
 
 	rm := h.collect()
-	if p := h.point(rm, "pglease.lock.extends", lease, ptel.AttrOutcome.String("ok")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.extends", lease, attrOutcome.String("ok")); p.value != 1 {
 		t.Errorf("extends ok = %v, want 1", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.extends", lease, ptel.AttrOutcome.String("error")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.extends", lease, attrOutcome.String("error")); p.value != 1 {
 		t.Errorf("extends error = %v, want 1", p.value)
 	}
 	if p := h.point(rm, "pglease.lock.extend.lag", lease); p.count != 1 || math.Abs(p.sum-0.02) > 1e-9 {
 		t.Errorf("extend.lag = %+v, want one 0.02 s", p)
 	}
-	if p := h.point(rm, "pglease.lock.lost", lease, ptel.AttrLossCause.String("not_held")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.lost", lease, attrLossCause.String("not_held")); p.value != 1 {
 		t.Errorf("lost{not_held} = %v, want 1", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.lost", lease, ptel.AttrLossCause.String("expired")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.lost", lease, attrLossCause.String("expired")); p.value != 1 {
 		t.Errorf("lost{expired} = %v, want 1", p.value)
 	}
 	if p := h.point(rm, "pglease.lock.held", lease); p.value != 1 {
@@ -316,10 +317,10 @@ func TestRelease(t *testing.T) {
 	ra.Served(db.SpanContext())
 	rb.Served(db.SpanContext())
 	ra.End(nil)
-	rb.End(pglease.NewError(pglease.CodeLockLost, "release", "lock was no longer held", nil))
+	rb.End(pgerr.New(pglease.CodeLockLost, "release", "lock was no longer held", nil))
 	b.Lost(LossNotHeld, trace.SpanContext{}) // after release: no-op
 
-	for _, s := range h.spansNamed(ptel.SpanRelease) {
+	for _, s := range h.spansNamed(spanRelease) {
 		if !hasLink(s, db.SpanContext()) {
 			t.Errorf("release span lacks a link to its DB span")
 		}
@@ -327,17 +328,17 @@ func TestRelease(t *testing.T) {
 			t.Errorf("release span lacks a link to its acquire span")
 		}
 	}
-	if n := len(h.spansNamed(ptel.SpanLost)); n != 0 {
+	if n := len(h.spansNamed(spanLost)); n != 0 {
 		t.Errorf("%d lost spans after release, want 0", n)
 	}
 	rm := h.collect()
 	if p := h.point(rm, "pglease.lock.held", lease); p.value != 0 {
 		t.Errorf("lock.held = %v, want 0", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.releases", lease, ptel.AttrOutcome.String("ok")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.releases", lease, attrOutcome.String("ok")); p.value != 1 {
 		t.Errorf("releases ok = %v", p.value)
 	}
-	if p := h.point(rm, "pglease.lock.releases", lease, ptel.AttrOutcome.String("not_held")); p.value != 1 {
+	if p := h.point(rm, "pglease.lock.releases", lease, attrOutcome.String("not_held")); p.value != 1 {
 		t.Errorf("releases not_held = %v", p.value)
 	}
 	if p := h.point(rm, "pglease.db.batch.size", semconv.DBOperationName("pglease.release_many")); p.sum != 2 {
@@ -355,7 +356,7 @@ func TestAcquireFailures(t *testing.T) {
 	}
 	timeout := start("t", false)
 	timeout.Attempt(trace.SpanContext{}, AttemptContended, time.Second)
-	timeout.Failed(pglease.NewError(pglease.CodeAcquisitionTimeout, "manager.Acquire", "wait bound passed", nil))
+	timeout.Failed(pgerr.New(pglease.CodeAcquisitionTimeout, "manager.Acquire", "wait bound passed", nil))
 	timeout.Granted(9) // too late: no-op
 
 	aborted := start("a", false)
@@ -378,14 +379,14 @@ func TestAcquireFailures(t *testing.T) {
 		r.Key("l").Hash(): {"locked", "", codes.Unset},
 		r.Key("b").Hash(): {"error", "_OTHER", codes.Error},
 	}
-	spans := h.spansNamed(ptel.SpanAcquire)
+	spans := h.spansNamed(spanAcquire)
 	if len(spans) != 4 {
 		t.Fatalf("%d acquire spans, want 4", len(spans))
 	}
 	for _, s := range spans {
-		kh, _ := attrOf(s.Attributes(), ptel.AttrKeyHash)
+		kh, _ := attrOf(s.Attributes(), attrKeyHash)
 		want := byKey[kh.AsString()]
-		wantAttr(t, kh.AsString(), s.Attributes(), ptel.AttrOutcome.String(want.outcome))
+		wantAttr(t, kh.AsString(), s.Attributes(), attrOutcome.String(want.outcome))
 		wantAttr(t, kh.AsString(), s.Attributes(), advisory)
 		if s.Status().Code != want.code || s.Status().Description != want.status {
 			t.Errorf("%s: status %+v, want %v %q", want.outcome, s.Status(), want.code, want.status)
@@ -393,13 +394,13 @@ func TestAcquireFailures(t *testing.T) {
 		if want.code == codes.Error {
 			wantAttr(t, want.outcome, s.Attributes(), semconv.ErrorTypeKey.String(want.status))
 		}
-		if _, ok := attrOf(s.Attributes(), ptel.AttrFence); ok {
+		if _, ok := attrOf(s.Attributes(), attrFence); ok {
 			t.Errorf("%s: failed acquire carries a fence", want.outcome)
 		}
 	}
 	rm := h.collect()
 	for _, o := range []string{"timeout", "aborted", "locked", "error"} {
-		if p := h.point(rm, "pglease.acquire.duration", advisory, ptel.AttrOutcome.String(o)); p.count != 1 {
+		if p := h.point(rm, "pglease.acquire.duration", advisory, attrOutcome.String(o)); p.count != 1 {
 			t.Errorf("acquire.duration{%s} count = %d, want 1", o, p.count)
 		}
 	}
@@ -451,10 +452,10 @@ func TestLoopMeter(t *testing.T) {
 	l.SetDepth(QueueInflight, 2)
 	l.SetDepth(Queue(200), 9) // ignored
 	rm := h.collect()
-	if p := h.point(rm, "pglease.manager.queue.depth", ptel.AttrQueue.String("waiters")); p.value != 5 {
+	if p := h.point(rm, "pglease.manager.queue.depth", attrQueue.String("waiters")); p.value != 5 {
 		t.Errorf("waiters depth = %v", p.value)
 	}
-	if p := h.point(rm, "pglease.manager.queue.depth", ptel.AttrQueue.String("inflight")); p.value != 2 {
+	if p := h.point(rm, "pglease.manager.queue.depth", attrQueue.String("inflight")); p.value != 2 {
 		t.Errorf("inflight depth = %v", p.value)
 	}
 	h.rec.Close()
@@ -529,12 +530,12 @@ func TestReleaseTriggerInstalledMetric(t *testing.T) {
 	r := h.rec
 	r.ReleaseTrigger(true, "pglease_release")
 	r.ReleaseTrigger(true, "pglease_release")
-	if p := h.point(h.collect(), ptel.MetricReleaseTriggerInstalled); !p.found || p.value != 1 {
+	if p := h.point(h.collect(), metricReleaseTriggerInstalled); !p.found || p.value != 1 {
 		t.Errorf("installed = %+v, want 1", p)
 	}
 	r.Close()
 	r.ReleaseTrigger(true, "pglease_release") // after Close: not counted again
-	if p := h.point(h.collect(), ptel.MetricReleaseTriggerInstalled); !p.found || p.value != 0 {
+	if p := h.point(h.collect(), metricReleaseTriggerInstalled); !p.found || p.value != 0 {
 		t.Errorf("installed after Close = %+v, want 0", p)
 	}
 	if logs := h.logs.String(); strings.Contains(logs, "release trigger") {
@@ -543,7 +544,7 @@ func TestReleaseTriggerInstalledMetric(t *testing.T) {
 
 	h2 := newHarness(t)
 	h2.rec.ReleaseTrigger(false, "pglease_release")
-	if p := h2.point(h2.collect(), ptel.MetricReleaseTriggerInstalled); !p.found || p.value != 0 {
+	if p := h2.point(h2.collect(), metricReleaseTriggerInstalled); !p.found || p.value != 0 {
 		t.Errorf("installed without the trigger = %+v, want a 0 point", p)
 	}
 	logs := h2.logs.String()

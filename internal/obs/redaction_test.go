@@ -1,11 +1,10 @@
-package telemetry
+package obs
 
 import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"fmt"
-	ptel "github.com/pglease/pglease/telemetry"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 func randomToken(t testing.TB, n int) string {
@@ -59,7 +60,7 @@ func leakyErr(code pglease.Code, key, lockID string) error {
 	if code == 0 {
 		return fmt.Errorf("driver: %s", msg)
 	}
-	return pglease.NewError(code, "test", msg, fmt.Errorf("cause: %s %s", key, lockID))
+	return pgerr.New(code, "test", msg, fmt.Errorf("cause: %s %s", key, lockID))
 }
 
 // exercise drives every Recorder path for every key, concurrently, with

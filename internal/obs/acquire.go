@@ -1,8 +1,7 @@
-package telemetry
+package obs
 
 import (
 	"context"
-	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -98,7 +97,7 @@ func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo
 	}
 	kind := info.Kind.norm()
 	a := &Acquisition{r: r, key: key, kind: kind, try: info.Try, start: time.Now()}
-	ctx, a.span = r.tracer.Start(ctx, ptel.SpanAcquire, startInternal...)
+	ctx, a.span = r.tracer.Start(ctx, spanAcquire, startInternal...)
 	a.sc = a.span.SpanContext()
 	if !a.span.IsRecording() {
 		// Nothing to record (no SDK, or not sampled): keep no reference to
@@ -108,9 +107,9 @@ func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo
 	} else {
 		attrs := make([]attribute.KeyValue, 0, 5)
 		attrs = r.keyAttrs(attrs, key)
-		attrs = append(attrs, ptel.AttrLockKind.String(kind.String()), ptel.AttrTry.Bool(info.Try))
+		attrs = append(attrs, attrLockKind.String(kind.String()), attrTry.Bool(info.Try))
 		if info.TTL > 0 {
-			attrs = append(attrs, ptel.AttrTTL.Float64(info.TTL.Seconds()))
+			attrs = append(attrs, attrTTL.Float64(info.TTL.Seconds()))
 		}
 		a.span.SetAttributes(attrs...)
 	}
@@ -150,10 +149,10 @@ func (a *Acquisition) Queued(q QueueInfo) {
 		a.flags.Or(f)
 	}
 	if a.span.IsRecording() {
-		a.span.AddEvent(ptel.EventQueued, trace.WithAttributes(
-			ptel.AttrCoalesced.Bool(q.Coalesced),
-			ptel.AttrContended.Bool(q.HeldLocally),
-			ptel.AttrQueuePosition.Int(q.Position)))
+		a.span.AddEvent(eventQueued, trace.WithAttributes(
+			attrCoalesced.Bool(q.Coalesced),
+			attrContended.Bool(q.HeldLocally),
+			attrQueuePosition.Int(q.Position)))
 	}
 }
 
@@ -177,11 +176,11 @@ func (a *Acquisition) Attempt(db trace.SpanContext, outcome AttemptOutcome, retr
 	if db.IsValid() {
 		a.span.AddLink(trace.Link{SpanContext: db})
 	}
-	attrs := []attribute.KeyValue{ptel.AttrAttempt.Int64(n), ptel.AttrOutcome.String(outcome.String())}
+	attrs := []attribute.KeyValue{attrAttempt.Int64(n), attrOutcome.String(outcome.String())}
 	if retryIn > 0 {
-		attrs = append(attrs, ptel.AttrRetryIn.Float64(retryIn.Seconds()))
+		attrs = append(attrs, attrRetryIn.Float64(retryIn.Seconds()))
 	}
-	a.span.AddEvent(ptel.EventAttempt, trace.WithAttributes(attrs...))
+	a.span.AddEvent(eventAttempt, trace.WithAttributes(attrs...))
 }
 
 // Granted ends the acquire as granted with the given fence (0 when the
@@ -239,14 +238,14 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 	}
 	if a.span.IsRecording() {
 		attrs := []attribute.KeyValue{
-			ptel.AttrOutcome.String(acquireOutcomeNames[o]),
-			ptel.AttrAttempts.Int64(n),
-			ptel.AttrWait.Float64(wait.Seconds()),
-			ptel.AttrCoalesced.Bool(f&flagCoalesced != 0),
-			ptel.AttrContended.Bool(f&flagContended != 0),
+			attrOutcome.String(acquireOutcomeNames[o]),
+			attrAttempts.Int64(n),
+			attrWait.Float64(wait.Seconds()),
+			attrCoalesced.Bool(f&flagCoalesced != 0),
+			attrContended.Bool(f&flagContended != 0),
 		}
 		if o == aoGranted && fence != 0 {
-			attrs = append(attrs, ptel.AttrFence.Int64(fence))
+			attrs = append(attrs, attrFence.Int64(fence))
 		}
 		if err != nil {
 			et := errorType(err)
@@ -336,7 +335,7 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 	r.lost.Add(ctx, 1, r.lostOpt[a.kind][cause].add...)
 
 	pctx := trace.ContextWithSpanContext(ctx, a.sc)
-	_, span := r.tracer.Start(pctx, ptel.SpanLost, startInternal...)
+	_, span := r.tracer.Start(pctx, spanLost, startInternal...)
 	if span.IsRecording() {
 		if by.IsValid() {
 			span.AddLink(trace.Link{SpanContext: by})
@@ -344,9 +343,9 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 		attrs := make([]attribute.KeyValue, 0, 6)
 		attrs = r.keyAttrs(attrs, a.key)
 		attrs = append(attrs,
-			ptel.AttrLockKind.String(a.kind.String()),
-			ptel.AttrLossCause.String(cause.String()),
-			ptel.AttrHeldFor.Float64(held.Seconds()),
+			attrLockKind.String(a.kind.String()),
+			attrLossCause.String(cause.String()),
+			attrHeldFor.Float64(held.Seconds()),
 			semconv.ErrorTypeKey.String(pglease.CodeLockLost.String()))
 		span.SetAttributes(attrs...)
 		span.SetStatus(codes.Error, pglease.CodeLockLost.String())
@@ -378,14 +377,14 @@ func (a *Acquisition) StartRelease(ctx context.Context) (context.Context, Releas
 		ctx = context.Background()
 	}
 	r := a.r
-	ctx, span := r.tracer.Start(ctx, ptel.SpanRelease, startInternal...)
+	ctx, span := r.tracer.Start(ctx, spanRelease, startInternal...)
 	if span.IsRecording() {
 		if a.sc.IsValid() {
 			span.AddLink(trace.Link{SpanContext: a.sc})
 		}
 		attrs := make([]attribute.KeyValue, 0, 3)
 		attrs = r.keyAttrs(attrs, a.key)
-		attrs = append(attrs, ptel.AttrLockKind.String(a.kind.String()))
+		attrs = append(attrs, attrLockKind.String(a.kind.String()))
 		span.SetAttributes(attrs...)
 	}
 	return ctx, Release{a: a, span: span, start: time.Now()}
@@ -425,9 +424,9 @@ func (rl Release) End(err error) {
 	}
 	r.releases.Add(ctx, 1, r.releaseOpt[a.kind][oi].add...)
 	if rl.span.IsRecording() {
-		attrs := []attribute.KeyValue{ptel.AttrOutcome.String(outcome)}
+		attrs := []attribute.KeyValue{attrOutcome.String(outcome)}
 		if held > 0 {
-			attrs = append(attrs, ptel.AttrHeldFor.Float64(held.Seconds()))
+			attrs = append(attrs, attrHeldFor.Float64(held.Seconds()))
 		}
 		if err != nil {
 			et := errorType(err)

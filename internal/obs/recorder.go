@@ -1,8 +1,7 @@
-package telemetry
+package obs
 
 import (
 	"context"
-	ptel "github.com/pglease/pglease/telemetry"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -13,6 +12,8 @@ import (
 	"go.opentelemetry.io/otel/metric/noop"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
+
+	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // Recorder turns Manager events into spans, metrics and log records. Build
@@ -185,9 +186,9 @@ func (r *Recorder) KeyHashed(key, hash string) KeyID {
 // keyAttrs appends the key's attributes: the hash, and the raw key only
 // when opted in.
 func (r *Recorder) keyAttrs(dst []attribute.KeyValue, k KeyID) []attribute.KeyValue {
-	dst = append(dst, ptel.AttrKeyHash.String(k.hash))
+	dst = append(dst, attrKeyHash.String(k.hash))
 	if r.rawKeys && k.raw != "" {
-		dst = append(dst, ptel.AttrKey.String(k.raw))
+		dst = append(dst, attrKey.String(k.raw))
 	}
 	return dst
 }
@@ -221,7 +222,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 	nm := noop.Meter{}
 	var err error
 
-	r.acqDuration, err = m.Float64Histogram(ptel.MetricAcquireDuration,
+	r.acqDuration, err = m.Float64Histogram(metricAcquireDuration,
 		metric.WithUnit("s"),
 		metric.WithDescription("Time from an acquire call to its outcome, including all waiting and retries."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
@@ -229,7 +230,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.acqDuration, _ = nm.Float64Histogram("")
 	}
-	r.acqAttempts, err = m.Int64Histogram(ptel.MetricAcquireAttempts,
+	r.acqAttempts, err = m.Int64Histogram(metricAcquireAttempts,
 		metric.WithUnit("{attempt}"),
 		metric.WithDescription("Database attempts an acquire saw before its outcome."),
 		metric.WithExplicitBucketBoundaries(0, 1, 2, 3, 4, 5, 7, 10, 15, 20, 30, 50, 100))
@@ -237,35 +238,35 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.acqAttempts, _ = nm.Int64Histogram("")
 	}
-	r.acqContended, err = m.Int64Counter(ptel.MetricAcquireContended,
+	r.acqContended, err = m.Int64Counter(metricAcquireContended,
 		metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires that found their key held at least once."))
 	if err != nil || r.acqContended == nil {
 		handle(err)
 		r.acqContended, _ = nm.Int64Counter("")
 	}
-	r.acqCoalesced, err = m.Int64Counter(ptel.MetricAcquireCoalesced,
+	r.acqCoalesced, err = m.Int64Counter(metricAcquireCoalesced,
 		metric.WithUnit("{acquire}"),
 		metric.WithDescription("Acquires that queued behind another caller of this process for the same key."))
 	if err != nil || r.acqCoalesced == nil {
 		handle(err)
 		r.acqCoalesced, _ = nm.Int64Counter("")
 	}
-	r.held, err = m.Int64UpDownCounter(ptel.MetricLockHeld,
+	r.held, err = m.Int64UpDownCounter(metricLockHeld,
 		metric.WithUnit("{lock}"),
 		metric.WithDescription("Locks currently held by this process."))
 	if err != nil || r.held == nil {
 		handle(err)
 		r.held, _ = nm.Int64UpDownCounter("")
 	}
-	r.extends, err = m.Int64Counter(ptel.MetricLockExtends,
+	r.extends, err = m.Int64Counter(metricLockExtends,
 		metric.WithUnit("{extend}"),
 		metric.WithDescription("Automatic extends of held locks, by outcome."))
 	if err != nil || r.extends == nil {
 		handle(err)
 		r.extends, _ = nm.Int64Counter("")
 	}
-	r.extendLag, err = m.Float64Histogram(ptel.MetricLockExtendLag,
+	r.extendLag, err = m.Float64Histogram(metricLockExtendLag,
 		metric.WithUnit("s"),
 		metric.WithDescription("How late an extend started after it was due."),
 		metric.WithExplicitBucketBoundaries(0, 0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
@@ -273,21 +274,21 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.extendLag, _ = nm.Float64Histogram("")
 	}
-	r.lost, err = m.Int64Counter(ptel.MetricLockLost,
+	r.lost, err = m.Int64Counter(metricLockLost,
 		metric.WithUnit("{lock}"),
 		metric.WithDescription("Held locks lost, by cause."))
 	if err != nil || r.lost == nil {
 		handle(err)
 		r.lost, _ = nm.Int64Counter("")
 	}
-	r.releases, err = m.Int64Counter(ptel.MetricLockReleases,
+	r.releases, err = m.Int64Counter(metricLockReleases,
 		metric.WithUnit("{release}"),
 		metric.WithDescription("Releases of locks, by outcome."))
 	if err != nil || r.releases == nil {
 		handle(err)
 		r.releases, _ = nm.Int64Counter("")
 	}
-	r.batchSize, err = m.Int64Histogram(ptel.MetricDBBatchSize,
+	r.batchSize, err = m.Int64Histogram(metricDBBatchSize,
 		metric.WithUnit("{item}"),
 		metric.WithDescription("Items (keys, locks) carried by one database round trip."),
 		metric.WithExplicitBucketBoundaries(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
@@ -295,7 +296,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.batchSize, _ = nm.Int64Histogram("")
 	}
-	r.dbDuration, err = m.Float64Histogram(ptel.MetricDBClientDuration,
+	r.dbDuration, err = m.Float64Histogram(metricDBClientDuration,
 		metric.WithUnit("s"),
 		metric.WithDescription("Duration of database client operations."),
 		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10))
@@ -303,7 +304,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		handle(err)
 		r.dbDuration, _ = nm.Float64Histogram("")
 	}
-	r.listenPolling, err = m.Int64Counter(ptel.MetricListenerPolling,
+	r.listenPolling, err = m.Int64Counter(metricListenerPolling,
 		metric.WithUnit("{manager}"),
 		metric.WithDescription("Managers that do not listen for release notifications (their listening connection goes through a transaction-mode pooler) and poll instead."))
 	if err != nil || r.listenPolling == nil {
@@ -311,7 +312,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		r.listenPolling, _ = nm.Int64Counter("")
 	}
 
-	r.triggerInstalled, err = m.Int64UpDownCounter(ptel.MetricReleaseTriggerInstalled,
+	r.triggerInstalled, err = m.Int64UpDownCounter(metricReleaseTriggerInstalled,
 		metric.WithUnit("{manager}"),
 		metric.WithDescription("Whether the lock table has the release trigger for the Manager's notify channel (1 = installed, 0 = not): "+
 			"without it, releases by SyncGuard processes sharing the tables wake waiters only by polling."))
@@ -322,19 +323,19 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 
 	set := mset
 	for k := range numKinds {
-		kk := ptel.AttrLockKind.String(k.String())
+		kk := attrLockKind.String(k.String())
 		r.kindOpt[k] = set(kk)
 		for o := range acquireOutcome(numAcquireOutcs) {
-			r.acqOpt[k][o] = set(kk, ptel.AttrOutcome.String(acquireOutcomeNames[o]))
+			r.acqOpt[k][o] = set(kk, attrOutcome.String(acquireOutcomeNames[o]))
 		}
-		r.extendOpt[k][0] = set(kk, ptel.AttrOutcome.String(outcomeOK))
-		r.extendOpt[k][1] = set(kk, ptel.AttrOutcome.String(outcomeError))
+		r.extendOpt[k][0] = set(kk, attrOutcome.String(outcomeOK))
+		r.extendOpt[k][1] = set(kk, attrOutcome.String(outcomeError))
 		for c := range numLossCauses {
-			r.lostOpt[k][c] = set(kk, ptel.AttrLossCause.String(c.String()))
+			r.lostOpt[k][c] = set(kk, attrLossCause.String(c.String()))
 		}
-		r.releaseOpt[k][0] = set(kk, ptel.AttrOutcome.String(outcomeOK))
-		r.releaseOpt[k][1] = set(kk, ptel.AttrOutcome.String(outcomeNotHeld))
-		r.releaseOpt[k][2] = set(kk, ptel.AttrOutcome.String(outcomeError))
+		r.releaseOpt[k][0] = set(kk, attrOutcome.String(outcomeOK))
+		r.releaseOpt[k][1] = set(kk, attrOutcome.String(outcomeNotHeld))
+		r.releaseOpt[k][2] = set(kk, attrOutcome.String(outcomeError))
 	}
 	r.dbOpt = make(map[DBOperation]dbOpts)
 	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff,

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/heartbeat"
 )
 
 func ExampleLease() {

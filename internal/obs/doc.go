@@ -1,10 +1,13 @@
-// Package telemetry records pglease's spans, metrics and log records: the
+// Package obs records pglease's spans, metrics and log records: the
 // Manager's plumbing (Recorder, Acquisition, DBSpan, Heartbeat, Release,
-// Loop). It is internal so that only pglease can import it; what users
-// configure (Config) and read (span, event, attribute and metric names,
-// ScopeName, Version) is in the public package
-// github.com/pglease/pglease/telemetry, whose documentation describes
-// what is recorded, the redaction rules and the guarantees.
+// Loop). It is internal so that only pglease can import it, and named obs
+// so that "telemetry." in the Manager means the public package: what users
+// configure (Config) and read (ScopeName, Version, and the table of every
+// span, event, attribute and metric name in its documentation) is in
+// github.com/pglease/pglease/telemetry, whose documentation also describes
+// the redaction rules and the guarantees. The names this package records
+// are unexported constants (names.go), held to that table by
+// TestNamesMatchDocTable.
 //
 // A nil *Recorder, a nil *Acquisition, a nil *Loop and the zero DBSpan,
 // Heartbeat and Release are valid and record nothing. Each Acquisition
@@ -32,4 +35,4 @@
 //	listen  once per Manager: rec.ReleaseTrigger(installed, channel) (metric; Info record when missing)
 //	Close   rec.Close() after the loop stopped (unregisters metric callbacks, takes the Manager out of
 //	        pglease.release_trigger.installed)
-package telemetry
+package obs
