@@ -36,18 +36,18 @@ type loopState struct {
 	loss    *lossWatch               // loss deadlines of the held leases (losswatch.go); has its own mutex
 	hbNext  time.Time                // next heartbeat event (zero: none)
 
-	pendAcquire []*attempt    // attempts to send with the next acquire batch
-	pendRelease []releaseItem // lockIds to send with the next release batch
-	pendExtend  []*holding    // leases to send with the next extend batch
-	pendHandOff []handOffItem // local handoffs to send with the next handoff batch (handoff.go)
+	// The batched statements, one lane per kind (lane.go), and the
+	// batches in flight of each kind against its cap. A handoff batch
+	// takes an acquire and a release slot.
+	acquires                                lane[*attempt]
+	releases                                lane[releaseItem]
+	extends                                 lane[*holding]
+	handOffs                                lane[handOffItem]
+	lanes                                   []batchLane // in flush order
+	acquireSlots, releaseSlots, extendSlots slots
+	flights                                 map[*flight]struct{} // the batches in flight (flight.go)
 
-	inAcquire, inRelease, inExtend int // batches in flight per kind
-	// flights are the batches in flight; stuck* count those of each kind
-	// older than stuckAfter, which the in-flight caps no longer count
-	// (flight.go).
-	flights                                 map[*flight]struct{}
-	stuckAcquire, stuckRelease, stuckExtend int
-	waiting                                 int // callers in all keys' queues (telemetry: queue depth "waiters")
+	waiting int // callers in all keys' queues (telemetry: queue depth "waiters")
 
 	closing      bool
 	listenerDone chan struct{}      // closed by the listener goroutine; nil when none runs
@@ -148,16 +148,29 @@ func (h *retryHeap) Pop() any {
 }
 
 func newLoopState(m *Manager) *loopState {
-	return &loopState{
-		m:       m,
-		keys:    make(map[string]*keyState),
-		byHash:  make(map[string]*keyState),
-		held:    make(map[*holding]struct{}),
-		kept:    make(map[*holding]struct{}),
-		flights: make(map[*flight]struct{}),
-		fences:  make(map[string]pglease.Fence),
-		loss:    newLossWatch((*Lock).lossTimerFired),
+	st := &loopState{
+		m:            m,
+		keys:         make(map[string]*keyState),
+		byHash:       make(map[string]*keyState),
+		held:         make(map[*holding]struct{}),
+		kept:         make(map[*holding]struct{}),
+		flights:      make(map[*flight]struct{}),
+		fences:       make(map[string]pglease.Fence),
+		loss:         newLossWatch((*Lock).lossTimerFired),
+		acquireSlots: slots{limit: m.acqLimit},
+		releaseSlots: slots{limit: m.relLimit},
+		extendSlots:  slots{limit: m.extLimit},
 	}
+	st.acquires = lane[*attempt]{kind: kindAcquire, slots: []*slots{&st.acquireSlots},
+		maxBatch: m.cfg.MaxBatch, adaptive: true, keep: st.keepAttempt, send: st.sendAcquires}
+	st.releases = lane[releaseItem]{kind: kindRelease, slots: []*slots{&st.releaseSlots},
+		maxBatch: m.cfg.MaxBatch, adaptive: true, drains: true, send: st.sendReleases}
+	st.extends = lane[*holding]{kind: kindExtend, slots: []*slots{&st.extendSlots},
+		maxBatch: m.extBatch, keep: st.isHeld, keepLazily: true, send: st.sendExtends}
+	st.handOffs = lane[handOffItem]{kind: kindHandOff, slots: []*slots{&st.acquireSlots, &st.releaseSlots},
+		maxBatch: m.cfg.MaxBatch, keep: st.keepHandOff, send: st.sendHandOffs}
+	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.releases, &st.extends}
+	return st
 }
 
 // keyFor returns the state of key, creating it.
@@ -236,7 +249,7 @@ func (st *loopState) kick(ks *keyState) {
 	ks.chains++
 	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
-	st.pendAcquire = append(st.pendAcquire, a)
+	st.acquires.add(a)
 }
 
 // forceKick cancels a scheduled retry and kicks: the key was (probably)
@@ -338,7 +351,7 @@ func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
 	if ks != nil {
 		ks.releasing++
 	}
-	st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
+	st.releases.add(releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
 }
 
 // dropHolding forgets h and ends its lock's context with cause (the first
@@ -375,7 +388,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	if st.queueHandOff(it) { // local waiters: release and grant in one statement
 		return
 	}
-	st.pendRelease = append(st.pendRelease, it)
+	st.releases.add(it)
 }
 
 // startRelease starts h's pglease.release span (loop), as a child of
@@ -458,7 +471,7 @@ func (st *loopState) releaseKept(h *holding, reply chan error) {
 		ks.releasing++
 		it.ks = ks
 	}
-	st.pendRelease = append(st.pendRelease, it)
+	st.releases.add(it)
 }
 
 // expire ends l as lost because its trust window passed: what its loss
@@ -627,8 +640,8 @@ func (st *loopState) reportDepth(l *obs.Loop) {
 		return
 	}
 	l.SetDepth(obs.QueueWaiters, st.waiting)
-	l.SetDepth(obs.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend)+len(st.pendHandOff))
-	l.SetDepth(obs.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
+	l.SetDepth(obs.QueueMailbox, st.pendingItems())
+	l.SetDepth(obs.QueueInflight, st.inFlight())
 	l.SetDepth(obs.QueueDue, len(st.retries)+len(st.held))
 }
 

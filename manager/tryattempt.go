@@ -38,7 +38,7 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(obs.QueueInfo{})
-		st.pendAcquire = append(st.pendAcquire, &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req})
+		st.acquires.add(&attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req})
 		return // ks is looked up again when the answer comes (tryDone)
 	}
 	st.gc(ks)
@@ -88,7 +88,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 			// for it (it is not one of theirs).
 			it.ks, it.unblocked = ks, true
 		}
-		st.pendRelease = append(st.pendRelease, it)
+		st.releases.add(it)
 	}
 	if mayHaveGranted(d.err) {
 		release()
