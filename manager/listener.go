@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
@@ -29,7 +30,7 @@ const (
 	listenProbeInterval = time.Second
 	listenProbeTimeout  = time.Second
 	// waiterRetryDelay is how soon the listener tries again to take a
-	// waiter lock it could not take (waiters.go).
+	// session lock it could not take (waiters.go).
 	waiterRetryDelay = 20 * time.Millisecond
 )
 
@@ -50,25 +51,45 @@ var listenServerSettings = [][2]string{
 	{"statement_timeout", "0"},
 }
 
-// startListener starts the goroutine that LISTENs for release
-// notifications on one dedicated connection.
-func (st *loopState) startListener() {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	st.listenerDone, st.stopListener = done, cancel
-	go st.m.listen(ctx, done)
+// listener is the actor that owns the listening connection: one
+// goroutine (run), started by the loop, that LISTENs on the notify
+// channel and posts each notification's payload to the loop (notifyCh),
+// and holds on its session the locks the loop asks for (sessionLock: for
+// now the waiter locks of the keys this process waits for, waiters.go).
+// It shares no memory with the loop: the loop hands it the changes of the
+// locks it wants through mail, and the listener posts back on notifyCh.
+// Every field is owned by run.
+type listener struct {
+	m    *Manager
+	mail <-chan listenerMail      // from the loop (listenerLink)
+	want map[sessionLock]struct{} // the locks the loop wants held: every mail applied
+	have map[sessionLock]struct{} // the locks the current session holds
+	// triggerChecked: the release trigger check answered once
+	// (checkReleaseTrigger); it is not asked again.
+	triggerChecked bool
 }
 
-// listen keeps one connection LISTENing on the notify channel and posts
-// each notification's payload (a key hash) to run. After every
+// startListener starts the listener goroutine (listener.run) and keeps the
+// loop's end of its mailbox.
+func (st *loopState) startListener() {
+	ctx, cancel := context.WithCancel(context.Background())
+	mail := make(chan listenerMail)
+	done := make(chan struct{})
+	st.lis = listenerLink{mail: mail, done: done, stop: cancel}
+	l := &listener{m: st.m, mail: mail, want: make(map[sessionLock]struct{}), have: make(map[sessionLock]struct{})}
+	go l.run(ctx, done)
+}
+
+// run keeps one connection LISTENing on the notify channel. After every
 // (re)connect it posts a resync, since notifications sent while it was
 // not listening are lost. A connection that fails, or fails its probe, is
 // replaced, with backoff, until ctx ends; polling covers the gap.
-func (m *Manager) listen(ctx context.Context, done chan struct{}) {
+func (l *listener) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	m := l.m
 	bo := backoff.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, backoff.Options{})
 	for {
-		if m.listenOnce(ctx, bo) {
+		if l.session(ctx, bo) {
 			m.rec.ListenerPolling(errListenPooler.Error() + "; set manager.Config.ListenConnString to a direct connection")
 			if m.sig != nil {
 				m.sig.polling.signal(struct{}{})
@@ -78,12 +99,20 @@ func (m *Manager) listen(ctx context.Context, done chan struct{}) {
 		if ctx.Err() != nil {
 			return
 		}
+		// Mail that comes meanwhile is applied: the next session takes
+		// what the loop wants then.
 		t := time.NewTimer(bo.NextBackOff())
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+	backoff:
+		for {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case mail := <-l.mail:
+				l.apply(mail)
+			case <-t.C:
+				break backoff
+			}
 		}
 	}
 }
@@ -106,11 +135,12 @@ func listenSQL(channel string) string {
 var errListenPooler = errors.New("the listening connection goes through a transaction-mode pooler " +
 	"(its server connection is handed to other clients between transactions), which does not keep a LISTEN")
 
-// listenOnce connects, subscribes and posts notifications until the
+// session connects, subscribes and posts notifications until the
 // connection fails or ctx ends. It returns true when listening can never
 // work on this connection config (a transaction-mode pooler): the
 // listener then stops for good.
-func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop bool) {
+func (l *listener) session(ctx context.Context, bo *backoff.Backoff) (stop bool) {
+	m := l.m
 	// The pglease.listen span covers connecting and subscribing, not the
 	// wait for notifications. Both are bounded: a silent server must not
 	// hold the listener in a connect that never ends, and each host's
@@ -143,67 +173,67 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 		db.End(0, pgerr.New(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
 		return true
 	}
-	if !m.triggerChecked.Load() {
+	if !l.triggerChecked {
 		// Before the LISTEN, so that the session's last statement stays
 		// the LISTEN or the probe (what fault tests look for).
-		m.checkReleaseTrigger(lctx, conn)
+		l.checkReleaseTrigger(lctx, conn)
 	}
 	if _, err := conn.Exec(lctx, listenSQL(m.cfg.NotifyChannel)); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	}
-	// A new session holds no waiter locks: take them all before the
-	// resync (which tries every waiting key).
-	have := make(map[string]struct{})
-	if _, err := m.registerWaiters(lctx, conn, have, false); err != nil {
+	// A new session holds no locks: take every one the loop wants
+	// before the resync (which tries every waiting key).
+	clear(l.have)
+	l.drainMail()
+	if _, err := l.sync(lctx, conn, false); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	}
 	db.End(1, nil)
 	cancel()
 	bo.Reset()
-	if !m.post(ctx, notice{resync: true}) {
+	if !l.post(ctx, notice{resync: true}) {
 		return false
 	}
 	probeEvery, probeTimeout := listenProbeInterval, listenProbeTimeout
 	if m.test.listenProbe > 0 {
 		probeEvery, probeTimeout = m.test.listenProbe, m.test.listenProbe
 	}
-	soon := false // some waiter locks could not be taken: try again soon
+	changed := false // mail came: the session's locks may differ from want
+	soon := false    // some locks could not be taken: try again soon
 	for {
-		if soon || m.waiters.isDirty() {
+		if l.drainMail() {
+			changed = true
+		}
+		if changed || soon {
 			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			var err error
-			soon, err = m.registerWaiters(rctx, conn, have, true)
+			soon, err = l.sync(rctx, conn, true)
 			cancel()
 			if err != nil {
-				m.sigListenerProbeFailed()
+				l.probeFailed()
 				return false
 			}
+			changed = false
 		}
 		wait := probeEvery
 		if soon {
 			wait = min(wait, waiterRetryDelay)
 		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		// A registration asked for ends the wait (the connection stays
-		// usable: pgconn ends a wait by deadline, as for the timeout).
-		if !m.waiters.beginWait(cancel) {
-			cancel()
-			continue
+		n, mail, quiet, err := l.wait(ctx, conn, wait)
+		if mail != nil {
+			l.apply(mail)
+			changed = true
 		}
-		n, err := conn.WaitForNotification(wctx)
-		quiet := wctx.Err() != nil
-		interrupted := m.waiters.endWait()
-		cancel()
 		if ctx.Err() != nil {
 			return false
 		}
-		if err != nil && interrupted && !conn.PgConn().IsClosed() {
-			continue
+		if err != nil && mail != nil && !conn.PgConn().IsClosed() {
+			continue // the mail ended the wait: take the locks it asks for
 		}
 		if err == nil {
-			if !m.post(ctx, notice{hash: n.Payload}) {
+			if !l.post(ctx, notice{hash: n.Payload}) {
 				return false
 			}
 			continue
@@ -217,9 +247,55 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 		_, err = conn.Exec(pctx, "SELECT 1")
 		cancel()
 		if err != nil {
-			m.sigListenerProbeFailed()
+			l.probeFailed()
 			return false
 		}
+	}
+}
+
+// wait waits up to d for a notification on conn, and ends early when mail
+// from the loop comes (returned: the caller applies it). quiet tells that
+// the wait ended by its deadline or by the mail, after which pgconn
+// leaves the connection usable; any other error means it failed.
+func (l *listener) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) (n *pgconn.Notification, mail listenerMail, quiet bool, err error) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	got := make(chan listenerMail, 1)
+	go func() {
+		select {
+		case mail := <-l.mail:
+			got <- mail
+			cancel()
+		case <-wctx.Done():
+			got <- nil
+		}
+	}()
+	n, err = conn.WaitForNotification(wctx)
+	quiet = wctx.Err() != nil
+	cancel()
+	return n, <-got, quiet, err
+}
+
+// apply records the loop's latest wishes.
+func (l *listener) apply(mail listenerMail) {
+	for k, on := range mail {
+		if on {
+			l.want[k] = struct{}{}
+		} else {
+			delete(l.want, k)
+		}
+	}
+}
+
+// drainMail applies the mail waiting, if any, and reports whether there
+// was some.
+func (l *listener) drainMail() bool {
+	select {
+	case mail := <-l.mail:
+		l.apply(mail)
+		return true
+	default:
+		return false
 	}
 }
 
@@ -231,15 +307,17 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 // (not a warning: a fleet without SyncGuard processes does not need the
 // trigger). A failed check (privileges, a lost connection) is tried again
 // at the next connect.
-func (m *Manager) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
+func (l *listener) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
+	m := l.m
 	st, err := pg.New(conn, m.storeCfg)
 	if err != nil {
 		return
 	}
 	ok, err := st.ReleaseTriggerInstalled(ctx, m.cfg.NotifyChannel)
-	if err != nil || m.triggerChecked.Swap(true) {
+	if err != nil {
 		return
 	}
+	l.triggerChecked = true
 	m.rec.ReleaseTrigger(ok, m.cfg.NotifyChannel)
 	if m.sig != nil {
 		m.sig.triggerChecked.signal(ok)
@@ -259,15 +337,16 @@ func sharedListenBackend(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Con
 	return connx.SharedBackend(ctx, cfg, conn, pid)
 }
 
-func (m *Manager) sigListenerProbeFailed() {
-	if m.sig != nil {
-		m.sig.listenerProbeFailed.signal(struct{}{})
+func (l *listener) probeFailed() {
+	if l.m.sig != nil {
+		l.m.sig.listenerProbeFailed.signal(struct{}{})
 	}
 }
 
-func (m *Manager) post(ctx context.Context, n notice) bool {
+// post hands n to the loop; false when ctx ended first.
+func (l *listener) post(ctx context.Context, n notice) bool {
 	select {
-	case m.notifyCh <- n:
+	case l.m.notifyCh <- n:
 		return true
 	case <-ctx.Done():
 		return false

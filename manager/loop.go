@@ -74,9 +74,12 @@ func (m *Manager) run(st *loopState) {
 				m.test.timerFired(time.Since(w))
 			}
 			st.handleDue(time.Now())
-		case <-st.listenerDone:
+		case st.lis.mailbox() <- st.lis.outbox:
 			lm.Busy()
-			st.listenerDone = nil
+			st.lis.outbox = nil // the listener's now
+		case <-st.lis.done:
+			lm.Busy()
+			st.lis.ended()
 		case <-closing:
 			lm.Busy()
 			closing = nil // nil-channel gating: handled once

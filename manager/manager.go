@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -232,18 +231,15 @@ type Manager struct {
 	// DisableNotify.
 	listenCfg *pgx.ConnConfig
 	// storeCfg is the Store's config (pg.New on the listening connection
-	// checks the release trigger there); triggerChecked is set once that
-	// check answered.
-	storeCfg       pg.Config
-	triggerChecked atomic.Bool
-	store          *pg.Store // immutable
+	// checks the release trigger there); immutable.
+	storeCfg pg.Config
+	store    *pg.Store // immutable
 	// rec records spans, metrics and logs (internal/obs); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	rec  *obs.Recorder
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
-	waiters                      *waiterSet  // keys to register as waited for (waiters.go); nil without a listener
 	extBatch                     int         // immutable: items of one extend statement
 	work                         chan func() // batches for idle DB workers (spawn)
 	acqLimit, relLimit, extLimit int         // immutable: batches in flight per kind (not counting stuck ones, flight.go)
@@ -380,7 +376,6 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
 		}
 		m.listenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
-		m.waiters = newWaiterSet()
 	}
 	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
 		m.rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +

@@ -81,7 +81,7 @@ type extendReq struct {
 type notice struct {
 	hash       string
 	resync     bool
-	registered []string // keys whose waiter locks were just taken (waiters.go)
+	registered []sessionLock // session locks the listener just took (waiters.go)
 }
 
 // attempt is one key's database acquire attempt. Created by run; the DB

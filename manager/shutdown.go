@@ -55,8 +55,8 @@ func (st *loopState) beginDrain() {
 	st.closeBy = time.Now().Add(st.m.cfg.CloseTimeout)
 	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAcquire)
 	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
-	if st.stopListener != nil {
-		st.stopListener()
+	if st.lis.stop != nil {
+		st.lis.stop()
 	}
 	for _, ks := range st.keys {
 		st.failAll(ks, closedErr("manager.Acquire"))
@@ -85,7 +85,7 @@ func (st *loopState) beginDrain() {
 
 // drained reports whether nothing is pending or in flight any more.
 func (st *loopState) drained() bool {
-	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && st.listenerDone == nil
+	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && st.lis.done == nil
 }
 
 // finish is the last step of the drain: close an owned pool and record the

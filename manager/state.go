@@ -49,9 +49,8 @@ type loopState struct {
 
 	waiting int // callers in all keys' queues (telemetry: queue depth "waiters")
 
-	closing      bool
-	listenerDone chan struct{}      // closed by the listener goroutine; nil when none runs
-	stopListener context.CancelFunc // stops the listener
+	closing bool
+	lis     listenerLink // the listener's mailbox and lifetime (waiters.go, listener.go)
 
 	closeErr error     // first release failure during the drain
 	closeBy  time.Time // when the drain gives up retrying releases (beginDrain + CloseTimeout)
