@@ -34,23 +34,6 @@ const (
 	waiterRetryDelay = 20 * time.Millisecond
 )
 
-// listenServerSettings are session settings of the listening connection,
-// each set only if the server has it: the server drops the session of a
-// client that vanished silently after about 25 s (keepalives, unacked
-// data), and a listener that stops probing is ended after 30 s idle, so a
-// dead listener's backend does not stay behind (a listener backend that
-// never reads pins PostgreSQL's notification queue). The probe keeps a
-// live listener from ever being idle that long.
-var listenServerSettings = [][2]string{
-	{"tcp_keepalives_idle", "10"},
-	{"tcp_keepalives_interval", "5"},
-	{"tcp_keepalives_count", "3"},
-	{"tcp_user_timeout", "25000"},
-	{"idle_session_timeout", "30000"},
-	{"idle_in_transaction_session_timeout", "0"},
-	{"statement_timeout", "0"},
-}
-
 // listener is the actor that owns the listening connection: one
 // goroutine (run), started by the loop, that LISTENs on the notify
 // channel and posts each notification's payload to the loop (notifyCh),
@@ -117,17 +100,13 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 	}
 }
 
-// listenSQL subscribes to channel and applies listenServerSettings, in one
-// simple-protocol round trip.
+// listenSQL applies the dedicated-connection settings (connx.Liveness:
+// the server ends the session of a listener that vanished or stopped
+// probing after about 25 s, so that a dead listener's backend, which
+// pins PostgreSQL's notification queue, does not stay behind) and
+// subscribes to channel, in one simple-protocol round trip.
 func listenSQL(channel string) string {
-	sql := "SELECT set_config(s.name, s.value, false) FROM (VALUES "
-	for i, kv := range listenServerSettings {
-		if i > 0 {
-			sql += ", "
-		}
-		sql += "('" + kv[0] + "', '" + kv[1] + "')"
-	}
-	return sql + ") AS s(name, value) WHERE s.name IN (SELECT name FROM pg_settings);\nLISTEN " + pgx.Identifier{channel}.Sanitize()
+	return connx.SQL(connx.DefaultLiveness.Settings()) + ";\nLISTEN " + pgx.Identifier{channel}.Sanitize()
 }
 
 // errListenPooler is why the listener stops for good behind a
@@ -154,7 +133,7 @@ func (l *listener) session(ctx context.Context, bo *backoff.Backoff) (stop bool)
 	sctx, cancel := context.WithTimeoutCause(ctx, bound, pgerr.ErrStatementTimeout)
 	defer cancel()
 	lctx, db := m.rec.StartDB(sctx, obs.OpListen, 1, trace.SpanContext{})
-	conn, err := pgx.ConnectConfig(lctx, cfg)
+	conn, err := connx.Dial(lctx, cfg)
 	if err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
@@ -166,7 +145,7 @@ func (l *listener) session(ctx context.Context, bo *backoff.Backoff) (stop bool)
 	}()
 	// Before any session setting: behind a transaction-mode pooler they
 	// would stay on a server connection other clients get next.
-	if shared, err := sharedListenBackend(lctx, cfg, conn); err != nil {
+	if shared, err := transactionPooled(lctx, cfg, conn); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	} else if shared {
@@ -324,17 +303,16 @@ func (l *listener) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
 	}
 }
 
-// sharedListenBackend reports whether conn reaches PostgreSQL through a
+// transactionPooled reports whether conn reaches PostgreSQL through a
 // pooler that hands its server connection to other clients between
-// transactions. A connection whose start-up the backend answered itself
-// (its cancel key names pg_backend_pid()) costs one round trip to check;
-// only behind a pooler does the check open a second connection.
-func sharedListenBackend(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) (bool, error) {
+// transactions: one round trip for its backend pid, then
+// connx.TransactionPooled.
+func transactionPooled(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) (bool, error) {
 	pid, err := connx.BackendPID(ctx, conn)
-	if err != nil || !connx.Pooled(conn, pid) {
+	if err != nil {
 		return false, err
 	}
-	return connx.SharedBackend(ctx, cfg, conn, pid)
+	return connx.TransactionPooled(ctx, cfg, conn, pid)
 }
 
 func (l *listener) probeFailed() {
