@@ -39,8 +39,9 @@ type acquireReq struct {
 
 	// reply has capacity 1; run sends on it at most once. After the
 	// caller sent the request on abandonCh it never reads reply again:
-	// run takes back whatever it finds there (§4.4 of STYLE.md) and sends
-	// the one final answer on final (capacity 1).
+	// run takes back whatever it finds there (a grant the caller never
+	// received is released, handleAbandon) and sends the one final answer
+	// on final (capacity 1).
 	reply chan acquireReply
 	final chan acquireReply
 
