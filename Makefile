@@ -20,13 +20,13 @@ gomin:
 		echo "gomin: could not fetch the go$(GOMIN) toolchain from the module proxy; not checked" >&2; exit 0; fi
 	GOTOOLCHAIN=go$(GOMIN) $(GO) build ./... && GOTOOLCHAIN=go$(GOMIN) $(GO) vet ./...
 
-# pg/migrations/tooltest is a module of its own (goose and golang-migrate
+# pg/migrate/tooltest is a module of its own (goose and golang-migrate
 # apply the migration files there, kept out of pglease's go.mod).
 # internal/soak is a module of its own too (porcupine stays out of
 # pglease's go.mod); its TestSmoke runs a ~35 s fault soak with -race
 # workers on a throwaway server of its own.
 test: fmt vet staticcheck
-	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && cd pg/migrations/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
+	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && cd pg/migrate/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
 	cd internal/soak && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 6m ./...
 
 fmt:

@@ -11,8 +11,8 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/internal/telemetry"
-	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 )
 
@@ -231,7 +231,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *retry.Backoff) (stop bool)
 // trigger). A failed check (privileges, a lost connection) is tried again
 // at the next connect.
 func (m *Manager) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
-	st, err := pg.New(conn, m.storeCfg)
+	st, err := store.New("pg.New", conn, store.Config(m.storeCfg))
 	if err != nil {
 		return
 	}

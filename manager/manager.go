@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,8 +16,10 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/connx"
+	"github.com/pglease/pglease/internal/store"
 	tel "github.com/pglease/pglease/internal/telemetry"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 	"github.com/pglease/pglease/retry"
 	"github.com/pglease/pglease/telemetry"
 )
@@ -26,7 +29,7 @@ const (
 	DefaultTTL              = 30 * time.Second
 	DefaultStatementTimeout = 5 * time.Second
 	DefaultCloseTimeout     = 5 * time.Second
-	DefaultMaxBatch         = pg.MaxBatch
+	DefaultMaxBatch         = store.MaxBatch
 	DefaultMaxInFlight      = 1
 	DefaultNotifyChannel    = "pglease_release"
 )
@@ -39,8 +42,7 @@ type Config struct {
 	// Default "syncguard_locks" and "syncguard_fence_counters".
 	LockTable, FenceTable string
 	// Holder identifies this process as the holder of its leases, for
-	// operators (pg.Config.Holder): "" means pg.DefaultHolder(),
-	// "program[pid]@host".
+	// operators (pg.Config.Holder): "" means "program[pid]@host".
 	Holder string
 
 	// NotifyChannel is the LISTEN/NOTIFY channel on which releases wake
@@ -98,9 +100,9 @@ type Config struct {
 	// CloseTimeout bounds the release of all held locks in Close. Default
 	// 5 s. The caller's context of Close bounds only how long Close waits.
 	CloseTimeout time.Duration
-	// MaxBatch caps the items of one batched statement, at most
-	// pg.MaxBatch (10,000). Default pg.MaxBatch for acquires and releases
-	// and pg.MaxExtendBatch (100,000) for extends, so a heartbeat tick of
+	// MaxBatch caps the items of one batched statement, at most 10,000.
+	// Default 10,000 for acquires and releases and 100,000 for extends,
+	// so a heartbeat tick of
 	// up to 100,000 locks is one statement; a value set here caps extends
 	// too.
 	MaxBatch int
@@ -150,8 +152,8 @@ func (c Config) validate(op string) error {
 		return invalid(op, "StatementTimeout must not be negative")
 	case c.CloseTimeout < 0:
 		return invalid(op, "CloseTimeout must not be negative")
-	case c.MaxBatch < 0 || c.MaxBatch > pg.MaxBatch:
-		return invalid(op, "MaxBatch must be between 0 and pg.MaxBatch")
+	case c.MaxBatch < 0 || c.MaxBatch > store.MaxBatch:
+		return invalid(op, "MaxBatch must be between 0 and "+strconv.Itoa(store.MaxBatch))
 	case c.MaxInFlight < 0:
 		return invalid(op, "MaxInFlight must not be negative")
 	case c.ListenConnString != "" && c.DisableNotify:
@@ -223,12 +225,12 @@ type Manager struct {
 	// the pool's), its connect bounded per host; immutable, nil with
 	// DisableNotify.
 	listenCfg *pgx.ConnConfig
-	// storeCfg is the Store's config (pg.New on the listening connection
+	// storeCfg is the Store's config (store.New on the listening connection
 	// checks the release trigger there); triggerChecked is set once that
 	// check answered.
 	storeCfg       pg.Config
 	triggerChecked atomic.Bool
-	store          *pg.Store // immutable
+	store          *store.Store // immutable
 	// rec records spans, metrics and logs (internal/telemetry); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	rec  *tel.Recorder
@@ -279,9 +281,9 @@ type option func(*Manager)
 // keeps its pool slot for up to 15 s and a connect begun during the fault
 // for up to 2 min, and with every pooled connection broken nothing of the
 // Manager runs for that long. The schema must be at the version this
-// pglease needs (see SetupSchema and package pg/migrations): the first
+// pglease needs (see SetupSchema and package pg/migrate): the first
 // acquire checks it and fails with an error that says how to migrate (a
-// *pg.SchemaError cause) when it is not.
+// *migrate.SchemaError cause) when it is not.
 func New(pool *pgxpool.Pool, cfg Config) (*Manager, error) {
 	return newManager("manager.New", pool, false, cfg)
 }
@@ -332,13 +334,13 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	if err := cfg.validate(op); err != nil {
 		return nil, err
 	}
-	extBatch := cmp.Or(cfg.MaxBatch, pg.MaxExtendBatch)
+	extBatch := cmp.Or(cfg.MaxBatch, store.MaxExtendBatch)
 	cfg = cfg.withDefaults()
 	pcfg := pg.Config{LockTable: cfg.LockTable, FenceTable: cfg.FenceTable, Holder: cfg.Holder}
 	if !cfg.DisableNotify {
 		pcfg.NotifyChannel = cfg.NotifyChannel
 	}
-	store, err := pg.New(pool, pcfg)
+	ls, err := store.New("pg.New", pool, store.Config(pcfg))
 	if err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
@@ -350,7 +352,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		cfg:           cfg,
 		pool:          pool,
 		ownsPool:      owns,
-		store:         store,
+		store:         ls,
 		storeCfg:      pcfg,
 		rec:           tel.New(cfg.Telemetry, dbTelemetry(pool)),
 		acquireCh:     make(chan *acquireReq),
@@ -397,9 +399,10 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 }
 
 // SetupSchema brings the lease schema to the version this pglease needs
-// (pg.Store.SetupSchema: creates the tables and functions if missing,
-// applies missing migrations). Production deployments usually apply the
-// migrations with their own tool instead (package pg/migrations).
+// (migrate.Migrator.Up on the Manager's pool and tables: creates the
+// tables and functions if missing, applies missing migrations).
+// Production deployments usually apply the migrations with their own tool
+// instead (package pg/migrate).
 func (m *Manager) SetupSchema(ctx context.Context) error {
 	const op = "manager.SetupSchema"
 	if err := pglease.CheckContext(op, ctx); err != nil {
@@ -408,7 +411,16 @@ func (m *Manager) SetupSchema(ctx context.Context) error {
 	if m.isClosing() {
 		return closedErr(op)
 	}
-	return m.store.SetupSchema(ctx)
+	mg, err := migrate.New(m.pool, m.storeCfg)
+	if err != nil {
+		return err
+	}
+	if err := mg.Up(ctx); err != nil {
+		return err
+	}
+	// The schema serves this pglease: the first acquire need not check.
+	m.store.MarkChecked()
+	return nil
 }
 
 // Done is closed when the Manager has fully stopped (after Close).

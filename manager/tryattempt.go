@@ -6,8 +6,8 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/internal/telemetry"
-	"github.com/pglease/pglease/pg"
 )
 
 // A TryAcquire makes one attempt of its own. It does not join its key's
@@ -73,7 +73,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 	req := a.try
 	ks := st.keyFor(a.ks.key, a.ks.hash) // a.ks may have been forgotten meanwhile
 	err := d.err
-	var r pg.AcquireResult
+	var r store.AcquireResult
 	if err == nil {
 		r = d.res[i]
 		err = r.Err
@@ -142,7 +142,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 
 // mayHaveGranted reports whether an acquire round trip that failed with
 // err may have granted its lockIds: only when its outcome is unknown
-// (CodeAmbiguous, pg.Store's contract). Any other failure (no connection,
+// (CodeAmbiguous, the store's contract). Any other failure (no connection,
 // a server error) ran nothing, or rolled back: there is nothing to
 // release.
 func mayHaveGranted(err error) bool {

@@ -134,7 +134,7 @@
 //	pglease.db.batch.size          histogram              {item}     db.operation.name
 //	pglease.listener.polling       counter                {manager}  (none): Managers polling instead of listening (see manager.Config.ListenConnString)
 //	pglease.release_trigger.installed updowncounter       {manager}  (none): 1 per Manager whose lock table has the release trigger for its
-//	                                                                 notify channel, 0 for one without (see pg.Store.SetupReleaseTrigger)
+//	                                                                 notify channel, 0 for one without (see migrate.Migrator.SetupReleaseTrigger)
 //	db.client.operation.duration   histogram              s          db.system.name, db.operation.name, server.address,
 //	                                                                 server.port, db.namespace, error.type, db.response.status_code
 //	pglease.manager.loop.busy      observable gauge       1          (none): share of time busy since the last collection
@@ -148,7 +148,7 @@
 // pglease.release_trigger.installed follows the semantic conventions'
 // 0/1 status metrics (k8s.container.ready): summed over Managers, it
 // counts those with the trigger; a series at 0 is a Manager without it.
-// The trigger (pg.Store.SetupReleaseTrigger) matters only when SyncGuard
+// The trigger (migrate.Migrator.SetupReleaseTrigger) matters only when SyncGuard
 // processes share the tables: their releases delete the row without a
 // NOTIFY, so without it this Manager's waiters learn of them by polling.
 // A Manager without it therefore logs one Info record, not a warning.

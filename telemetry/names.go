@@ -120,7 +120,7 @@ const (
 	MetricLockReleases            = "pglease.lock.releases"
 	MetricDBBatchSize             = "pglease.db.batch.size"
 	MetricListenerPolling         = "pglease.listener.polling"          // Managers that poll instead of listening (manager.Config.ListenConnString)
-	MetricReleaseTriggerInstalled = "pglease.release_trigger.installed" // 1 per Manager whose lock table has the release trigger for its channel, 0 without (pg.Store.SetupReleaseTrigger)
+	MetricReleaseTriggerInstalled = "pglease.release_trigger.installed" // 1 per Manager whose lock table has the release trigger for its channel, 0 without (migrate.Migrator.SetupReleaseTrigger)
 	MetricDBClientDuration        = "db.client.operation.duration"      // the semantic-convention histogram
 	MetricManagerLoopBusy         = "pglease.manager.loop.busy"
 	MetricManagerQueueDepth       = "pglease.manager.queue.depth"
