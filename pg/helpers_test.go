@@ -116,22 +116,6 @@ func serverNow(t testing.TB, db testDB) int64 {
 	return ms
 }
 
-// waitServer polls until the server clock reaches ms.
-func waitServer(t testing.TB, db testDB, ms int64) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		now := serverNow(t, db)
-		if now >= ms {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("server clock did not advance")
-		}
-		time.Sleep(time.Duration(min(ms-now, 50)) * time.Millisecond)
-	}
-}
-
 // testDB is what the tests' own statements run on (a pool, a connection,
 // a transaction).
 type testDB interface {

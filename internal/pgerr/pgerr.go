@@ -135,12 +135,12 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 		return pglease.NewError(pglease.CodeAborted, op, "context ended", ctx.Err())
 	}
 	if errors.Is(err, pgx.ErrTxClosed) {
-		// pgx refuses before sending anything (issue 9.12).
+		// pgx refuses before sending anything.
 		return pglease.NewError(pglease.CodeInvalidArgument, op, "the transaction has already ended (committed or rolled back): nothing was sent", err)
 	}
 	if isEncodeErr(err) {
 		// An argument pgx cannot encode for its parameter's type: the
-		// statement was not executed (issue 9.12). Its text can carry the
+		// statement was not executed. Its text can carry the
 		// value, so only the cause's type is kept.
 		return pglease.NewError(pglease.CodeInvalidArgument, op, "an argument cannot be encoded for its column's type: nothing was executed", nil)
 	}

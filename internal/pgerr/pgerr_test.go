@@ -109,7 +109,7 @@ func TestMapSchemaSaysHowToCreateIt(t *testing.T) {
 // TestMapOwnStatementTimeout: a context ended by the library's own
 // statement deadline (cause ErrStatementTimeout) is a retryable
 // NetworkTimeout; a caller's ended context stays Aborted; a closed pool is
-// Closed, not a retryable ServiceUnavailable (issues 9.3, 9.12).
+// Closed, not a retryable ServiceUnavailable.
 func TestMapOwnStatementTimeout(t *testing.T) {
 	t.Parallel()
 	own, cancel := context.WithTimeoutCause(context.Background(), 0, ErrStatementTimeout)

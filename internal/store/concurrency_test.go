@@ -271,7 +271,7 @@ func TestExtendReleaseRefuseAfterExpiry(t *testing.T) {
 	}
 }
 
-// syncguard-facts.md §4.3 replayed: an extend (SyncGuard's statements, on
+// SyncGuard's acquire/extend race replayed: an extend (SyncGuard's statements, on
 // its own connection) holds the lock row FOR UPDATE after the lease
 // expired beyond the tolerance; a concurrent pglease acquire waits for the
 // row, sees the revived lease and answers locked instead of overwriting it

@@ -12,7 +12,7 @@ import (
 	"github.com/pglease/pglease/internal/store"
 )
 
-// TestExtendDurableAcrossCrash (issue 9.5): on a server whose default is
+// TestExtendDurableAcrossCrash: on a server whose default is
 // synchronous_commit = off and whose WAL writer flushes only every 10 s,
 // acknowledged extends survive a crash (immediate shutdown) as acquires
 // do: after the restart every lease's expiry is the one Extend returned,

@@ -76,7 +76,7 @@ func TestSyncGuardWrittenRow(t *testing.T) {
 	s, pool, _ := newStore(t, store.Config{})
 	c := ctx(t)
 	id := pglease.NewLockID()
-	// SyncGuard's acquire, statements 2–7 of syncguard-facts.md §4.2.
+	// SyncGuard 2.5.2's acquire statements, after its BEGIN.
 	tx, err := pool.Begin(c)
 	if err != nil {
 		t.Fatal(err)

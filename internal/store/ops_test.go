@@ -185,8 +185,8 @@ func TestHostileKeys(t *testing.T) {
 	}
 }
 
-// Every row of RELIABILITY.md §5 that applies to pg/: typed error, no I/O,
-// no echo of the input.
+// Every bad input of the lease operations: typed error, no I/O, no echo
+// of the input.
 func TestBadInputNoIO(t *testing.T) {
 	t.Parallel()
 	cnt := &counter{}

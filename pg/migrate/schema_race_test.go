@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS {f} (
   key_debug TEXT
 );`
 
-// TestSetupSchemaRacesSyncGuard (issue 9.7): pglease's SetupSchema and
+// TestSetupSchemaRacesSyncGuard: pglease's SetupSchema (Up) and
 // SyncGuard's setupSchema started at once on a fresh schema, each on its
 // own connection: the catalog races of their idempotent DDL (23505 on
 // pg_type/pg_class, 42P07, 42710) are retried inside SetupSchema, which

@@ -70,9 +70,8 @@ func (l *listener) drain(t testing.TB, db testDB) []string {
 	}
 }
 
-// syncGuardRelease runs SyncGuard 2.5.2's release statements
-// (syncguard-facts.md §4.2): BEGIN; now; SELECT … FOR UPDATE; DELETE by
-// key; COMMIT.
+// syncGuardRelease runs SyncGuard 2.5.2's release statements: BEGIN;
+// now; SELECT … FOR UPDATE; DELETE by key; COMMIT.
 func syncGuardRelease(c context.Context, db *pgxpool.Pool, lockID string) (bool, error) {
 	tx, err := db.Begin(c)
 	if err != nil {
