@@ -415,6 +415,15 @@ func TestSchemaCommands(t *testing.T) {
 	}
 	r = run(t, w.url, "", "migrate", "--designs", "--to", "0")
 	want(t, r, 0, "design functions removed")
+	// Down to 0 with --drop-tables drops SyncGuard's tables too.
+	r = run(t, w.url, "", "migrate", "--to", "0", "--drop-tables")
+	want(t, r, 0, fmt.Sprintf("from version %d to 0", migrate.Latest))
+	var tables int
+	if err := w.pool.QueryRow(ctx(t), "SELECT count(*) FROM pg_class WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r'").Scan(&tables); err != nil || tables != 0 {
+		t.Fatalf("%d tables left after migrate --to 0 --drop-tables (%v)", tables, err)
+	}
+	r = run(t, w.url, "", "setup")
+	want(t, r, 0, fmt.Sprint("schema migrated from version 0 to ", migrate.Latest))
 
 	// sql needs no database.
 	r = run(t, "-", "", "sql")
