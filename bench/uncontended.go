@@ -11,8 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 )
 
