@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // A lane is one kind of batched statement: acquires, releases, extends,
@@ -24,7 +24,7 @@ import (
 //   - An adaptive lane may send one more batch while fullBatch or more
 //     requests wait (adapt).
 //   - During Close, a lane that drains (releases) sends everything pending
-//     at once, in batches of pg.MaxBatch; every other lane's pending items
+//     at once, in batches of store.MaxBatch; every other lane's pending items
 //     are dropped, after keep has settled them (answered a try, turned a
 //     handoff into a plain release).
 //
@@ -104,7 +104,7 @@ func (l *lane[T]) flush(st *loopState) {
 		}
 		size := l.maxBatch
 		if st.closing {
-			size = pg.MaxBatch // all at once
+			size = store.MaxBatch // all at once
 		}
 		n := min(len(l.pending), size)
 		batch := slices.Clone(l.pending[:n])

@@ -14,7 +14,7 @@ import (
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/retry"
 )
 
@@ -288,7 +288,7 @@ func (l *listener) drainMail() bool {
 // at the next connect.
 func (l *listener) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
 	m := l.m
-	st, err := pg.New(conn, m.storeCfg)
+	st, err := store.New("pg.New", conn, store.Config(m.storeCfg))
 	if err != nil {
 		return
 	}

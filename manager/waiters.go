@@ -5,19 +5,19 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
-// Releases notify only the keys some process waits for (pg.ReleaseWaited):
+// Releases notify only the keys some process waits for (store.ReleaseWaited):
 // a notifying commit serializes with every other one on the server and
 // wakes every listener, and most releases have nobody waiting elsewhere.
 // A process tells the server it waits for a key by holding the key's
-// waiter lock (pg.WaiterLockClass) on its listening connection:
+// waiter lock (store.WaiterLockClass) on its listening connection:
 //
 //   - When an attempt finds the key taken by someone else and callers
 //     still wait for it, the loop asks the listener for the key's waiter
 //     lock (wantWaiter).
-//   - The listener takes the locks asked for (pg.RegisterWaiters) and
+//   - The listener takes the locks asked for (store.RegisterWaiters) and
 //     posts the keys it registered; the loop then tries each of them once
 //     more: a release that committed before the registration could not
 //     see it, and that try finds the key free.
@@ -46,7 +46,7 @@ import (
 type lockClass uint8
 
 const (
-	// classWaiter: this process waits for the key (pg.WaiterLockClass).
+	// classWaiter: this process waits for the key (store.WaiterLockClass).
 	classWaiter lockClass = iota
 )
 
@@ -58,7 +58,7 @@ var sessionLockClasses = [...]struct {
 	take func(ctx context.Context, conn *pgx.Conn, keys []string) ([]bool, error)
 	drop func(ctx context.Context, conn *pgx.Conn, keys []string) error
 }{
-	classWaiter: {take: pg.RegisterWaiters, drop: pg.UnregisterWaiters},
+	classWaiter: {take: store.RegisterWaiters, drop: store.UnregisterWaiters},
 }
 
 // sessionLock is one lock the listener holds on its session for the loop.
