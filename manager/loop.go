@@ -90,7 +90,7 @@ func (m *Manager) run(st *loopState) {
 
 func (st *loopState) handleAcquire(req *acquireReq) {
 	if st.closing {
-		req.state = reqAnswered
+		req.answered = true
 		req.reply <- acquireReply{err: closedErr("manager.Acquire")}
 		return
 	}
@@ -132,7 +132,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 				st.releaseHolding(h, nil, trace.SpanContext{})
 			}
 		}
-		req.state = reqAnswered
+		req.answered = true
 		req.final <- acquireReply{abandoned: true}
 		st.sig().takenBack.signal(req.key)
 		return
@@ -154,7 +154,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 		}
 		st.gc(ks)
 	}
-	req.state = reqAnswered
+	req.answered = true
 	req.final <- ans
 	st.sig().abandoned.signal(req.key)
 }
@@ -285,7 +285,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 		ks.lastErr = err
 		if len(ks.queue) > 0 {
 			req := st.popWaiter(ks)
-			req.state = reqAnswered
+			req.answered = true
 			req.reply <- acquireReply{err: err}
 		}
 		if len(ks.queue) > 0 {

@@ -570,7 +570,7 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r store.Ac
 	ks.holder = h
 	st.held[h] = struct{}{}
 	st.noteEvent(lease.NextEvent())
-	req.state = reqGranted
+	req.answered = true
 	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
 	req.reply <- acquireReply{lock: lk}
 	if ks.cont != nil {
@@ -609,7 +609,7 @@ func (st *loopState) rememberFence(key string, f pglease.Fence) {
 func (st *loopState) popTries(ks *keyState, r acquireReply) {
 	for len(ks.queue) > 0 && ks.queue[0].try {
 		req := st.popWaiter(ks)
-		req.state = reqAnswered
+		req.answered = true
 		req.reply <- r
 	}
 }
@@ -647,7 +647,7 @@ func (st *loopState) reportDepth(l *obs.Loop) {
 // failAll answers every waiter of ks with err.
 func (st *loopState) failAll(ks *keyState, err error) {
 	for _, req := range ks.queue {
-		req.state = reqAnswered
+		req.answered = true
 		req.reply <- acquireReply{err: err}
 	}
 	st.waiting -= len(ks.queue)

@@ -45,7 +45,7 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 }
 
 func (st *loopState) answerTry(req *acquireReq, r acquireReply) {
-	req.state = reqAnswered
+	req.answered = true
 	req.reply <- r
 }
 
@@ -53,7 +53,7 @@ func (st *loopState) answerTry(req *acquireReq, r acquireReply) {
 // its caller left, nor during Close (which answers it).
 func (st *loopState) keepTry(a *attempt) bool {
 	switch {
-	case a.try.state != reqQueued: // the caller left before it was sent
+	case a.try.answered: // the caller left before it was sent
 	case st.closing:
 		st.answerTry(a.try, acquireReply{err: closedErr("manager.TryAcquire")})
 	default:
@@ -80,7 +80,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 		r = d.res[i]
 		err = r.Err
 	}
-	left := req.state != reqQueued // the caller's context ended
+	left := req.answered // the caller's context ended
 	release := func() {
 		it := releaseItem{lockID: a.lockID, key: ks.key, ttl: a.ttl}
 		if !st.closing {
