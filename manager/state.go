@@ -23,22 +23,29 @@ import (
 const maxFenceMemory = 100_000
 
 // loopState is every map, queue and counter the loop owns. It is touched
-// only by (*Manager).run and the methods it calls: no mutex.
+// only by (*Manager).run and the methods it calls: no mutex. Every field
+// is owned by run, as is everything it reaches (keyState, holding,
+// attempt, the lanes' items), except where a comment says otherwise: the
+// loss watch, shared with its timer goroutine under its own mutex.
 type loopState struct {
-	m *Manager
+	m *Manager // immutable
 
-	keys    map[string]*keyState     // keys with waiters, an attempt, a holder or a release in flight
-	byHash  map[string]*keyState     // pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
-	held    map[*holding]struct{}    // locks this process holds
-	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
-	fences  map[string]pglease.Fence // highest fence seen per key not in keys (fence-regression check; keyState.fence for the others)
-	retries retryHeap                // scheduled retries, earliest first
-	loss    *lossWatch               // loss deadlines of the held leases (losswatch.go); has its own mutex
-	hbNext  time.Time                // next heartbeat event (zero: none)
+	keys    map[string]*keyState     // owned by run: keys with waiters, an attempt, a holder or a release in flight
+	byHash  map[string]*keyState     // owned by run: pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
+	held    map[*holding]struct{}    // owned by run: locks this process holds
+	kept    map[*holding]struct{}    // owned by run: lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
+	fences  map[string]pglease.Fence // owned by run: highest fence seen per key not in keys (fence monotonicity; keyState.fence for the others)
+	retries retryHeap                // owned by run: scheduled retries, earliest first
+	hbNext  time.Time                // owned by run: next heartbeat event (zero: none)
+	// loss holds the loss deadlines of the held leases (losswatch.go):
+	// written by run (start, stop), read by its timer goroutine, which
+	// ends the leases whose deadline passed; guarded by loss.mu.
+	loss *lossWatch
 
-	// The batched statements, one lane per kind (lane.go), and the
-	// batches in flight of each kind against its cap. A handoff batch
-	// takes an acquire and a release slot.
+	// Owned by run: the batched statements, one lane per kind (lane.go),
+	// and the batches in flight of each kind against its cap. A handoff
+	// batch takes an acquire and a release slot. The DB worker of a batch
+	// reads only what it was handed (its flight pointer and items).
 	acquires                                lane[*attempt]
 	releases                                lane[releaseItem]
 	extends                                 lane[*holding]
@@ -47,19 +54,20 @@ type loopState struct {
 	acquireSlots, releaseSlots, extendSlots slots
 	flights                                 map[*flight]struct{} // the batches in flight (flight.go)
 
-	waiting int // callers in all keys' queues (telemetry: queue depth "waiters")
+	waiting int // owned by run: callers in all keys' queues (telemetry: queue depth "waiters")
 
-	closing bool
-	lis     listenerLink // the listener's mailbox and lifetime (waiters.go, listener.go)
+	closing bool         // owned by run: Close began (beginDrain)
+	lis     listenerLink // owned by run: the listener's mailbox and lifetime (waiters.go, listener.go)
 
-	closeErr error     // first release failure during the drain
-	closeBy  time.Time // when the drain gives up retrying releases (beginDrain + CloseTimeout)
+	closeErr error     // owned by run: first release failure during the drain, handed to Close through Manager.closeErr
+	closeBy  time.Time // owned by run: when the drain gives up retrying releases (beginDrain + CloseTimeout)
 
-	relRetries []releaseItem // releases with an unknown outcome, to send again (relretry.go)
+	relRetries []releaseItem // owned by run: releases with an unknown outcome, to send again (relretry.go)
 }
 
-// keyState is one key's FIFO queue and attempt loop. (Field sizes and
-// order keep it at 160 bytes: one is kept per held lock.)
+// keyState is one key's FIFO queue and attempt loop. Owned by run.
+// (Field sizes and order keep it at 160 bytes: one is kept per held
+// lock.)
 type keyState struct {
 	key, hash string
 	queue     []*acquireReq  // FIFO; the head is served by the next grant; nil when empty
@@ -98,7 +106,8 @@ func (ks *keyState) heldBy() string {
 	return ks.cont.heldBy
 }
 
-// holding is a held lock, as the loop sees it.
+// holding is a held lock, as the loop sees it. Owned by run, except the
+// loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
 type holding struct {
 	lock  *Lock
 	ks    *keyState
@@ -112,8 +121,9 @@ type holding struct {
 	lossIdx   int32
 	lossFired bool
 	// limitTimer fires at the hold limit (WithHoldLimit; nil without
-	// one): it ends the lock's context with the hold-limit cause and
-	// nudges the loop, which then stops extending the lease (pastLimit).
+	// one): its callback, on a timer goroutine, ends the lock's context
+	// with the hold-limit cause and nudges the loop (lossCh), which then
+	// stops extending the lease (pastLimit). Set and stopped by run.
 	limitTimer *time.Timer
 	// ext holds the Lock.Extend callers (extend.go); nil while there are
 	// none, as for most locks.
