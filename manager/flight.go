@@ -45,9 +45,9 @@ func (m *Manager) stuckAfter() time.Duration {
 // carries the pointer back in its done messages (a handoff posts two: one
 // for each slot it took).
 type flight struct {
-	kind     batchKind
+	spec     *batchSpec // its lane's kind and slots (lane.go)
 	start    time.Time
-	open     []*slots   // the slots it takes whose done message has not landed yet (lane.go)
+	landed   uint8      // bit i: the done message for spec.slots[i] has landed
 	attempts []*attempt // the attempts it carries (acquires, handoffs): hedged when it is stuck
 	stuck    bool       // older than stuckAfter: the caps no longer count it
 }
@@ -61,8 +61,10 @@ func (st *loopState) checkStuck(now time.Time) {
 			continue
 		}
 		fl.stuck = true
-		for _, s := range fl.open {
-			s.stuck++
+		for i, s := range fl.spec.slots {
+			if fl.landed&(1<<i) == 0 { // still counted there
+				s.stuck++
+			}
 		}
 		if st.closing {
 			continue
@@ -71,7 +73,7 @@ func (st *loopState) checkStuck(now time.Time) {
 			st.noAnswer(a, after)
 			st.hedge(a)
 		}
-		st.sig().stuck.signal(fl.kind)
+		st.sig().stuck.signal(fl.spec.kind)
 	}
 }
 

@@ -32,12 +32,8 @@ import (
 // take a slot of each (counted by both caps), and go out when the acquire
 // cap has room (handoff.go).
 type lane[T any] struct {
-	kind    batchKind
-	pending []T // items waiting for the next batch, oldest first
-	// slots are what one batch takes: it may go out when slots[0] has
-	// room, and is counted in each of them until its done message for
-	// that slot lands.
-	slots    []*slots
+	batchSpec
+	pending  []T  // items waiting for the next batch, oldest first
 	maxBatch int  // items per statement (immutable)
 	adaptive bool // one more batch in flight while fullBatch or more wait
 	drains   bool // during Close everything pending goes out at once (releases)
@@ -52,6 +48,14 @@ type lane[T any] struct {
 	// may read loop state (the keys' queues, for telemetry); the worker
 	// posts its outcome back to run.
 	send func(fl *flight, batch []T)
+}
+
+// batchSpec is what every batch of a lane shares (immutable): its kind,
+// and the slots it takes. A batch may go out when slots[0] has room, and
+// is counted in each of them until its done message for that slot lands.
+type batchSpec struct {
+	kind  batchKind
+	slots []*slots
 }
 
 // slots counts the batches of one kind in flight against that kind's
@@ -109,7 +113,7 @@ func (l *lane[T]) flush(st *loopState) {
 		n := min(len(l.pending), size)
 		batch := slices.Clone(l.pending[:n])
 		l.pending = slices.Delete(l.pending, 0, n)
-		l.send(st.launch(l.kind, l.slots), batch)
+		l.send(st.launch(&l.batchSpec), batch)
 	}
 }
 
@@ -143,11 +147,11 @@ func (st *loopState) room(s *slots, adaptive bool, pending int, drains bool) boo
 	return s.n-s.stuck < limit && s.n < limit+st.m.maxConns
 }
 
-// launch records a batch of kind about to be sent, taking one of each of
-// slots.
-func (st *loopState) launch(kind batchKind, ss []*slots) *flight {
-	fl := &flight{kind: kind, start: time.Now(), open: slices.Clone(ss)}
-	for _, s := range ss {
+// launch records a batch of spec about to be sent, taking one of each of
+// its slots.
+func (st *loopState) launch(spec *batchSpec) *flight {
+	fl := &flight{spec: spec, start: time.Now()}
+	for _, s := range spec.slots {
 		s.n++
 	}
 	st.flights[fl] = struct{}{}
@@ -157,16 +161,16 @@ func (st *loopState) launch(kind batchKind, ss []*slots) *flight {
 // land records the done message of fl for its slot s: the batch no longer
 // counts there. fl is forgotten once every slot it took has landed.
 func (st *loopState) land(fl *flight, s *slots) {
-	i := slices.Index(fl.open, s)
-	if i < 0 {
+	i := slices.Index(fl.spec.slots, s)
+	if i < 0 || fl.landed&(1<<i) != 0 {
 		return
 	}
-	fl.open = slices.Delete(fl.open, i, i+1)
+	fl.landed |= 1 << i
 	s.n--
 	if fl.stuck {
 		s.stuck--
 	}
-	if len(fl.open) == 0 {
+	if fl.landed == 1<<len(fl.spec.slots)-1 {
 		delete(st.flights, fl)
 	}
 }

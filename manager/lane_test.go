@@ -14,7 +14,7 @@ func TestStuckHandOffLandsEachSlotOnce(t *testing.T) {
 	m := &Manager{cfg: Config{StatementTimeout: time.Second, MaxBatch: 10}, acqLimit: 1, relLimit: 1, extLimit: 1, maxConns: 4}
 	st := newLoopState(m)
 	defer st.loss.close()
-	fl := st.launch(kindHandOff, st.handOffs.slots)
+	fl := st.launch(&st.handOffs.batchSpec)
 	if st.acquireSlots.n != 1 || st.releaseSlots.n != 1 {
 		t.Fatalf("a handoff in flight: acquire %d, release %d batches; want 1, 1", st.acquireSlots.n, st.releaseSlots.n)
 	}

@@ -170,13 +170,13 @@ func newLoopState(m *Manager) *loopState {
 		releaseSlots: slots{limit: m.relLimit},
 		extendSlots:  slots{limit: m.extLimit},
 	}
-	st.acquires = lane[*attempt]{kind: kindAcquire, slots: []*slots{&st.acquireSlots},
+	st.acquires = lane[*attempt]{batchSpec: batchSpec{kindAcquire, []*slots{&st.acquireSlots}},
 		maxBatch: m.cfg.MaxBatch, adaptive: true, keep: st.keepAttempt, send: st.sendAcquires}
-	st.releases = lane[releaseItem]{kind: kindRelease, slots: []*slots{&st.releaseSlots},
+	st.releases = lane[releaseItem]{batchSpec: batchSpec{kindRelease, []*slots{&st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, adaptive: true, drains: true, send: st.sendReleases}
-	st.extends = lane[*holding]{kind: kindExtend, slots: []*slots{&st.extendSlots},
+	st.extends = lane[*holding]{batchSpec: batchSpec{kindExtend, []*slots{&st.extendSlots}},
 		maxBatch: m.extBatch, keep: st.isHeld, keepLazily: true, send: st.sendExtends}
-	st.handOffs = lane[handOffItem]{kind: kindHandOff, slots: []*slots{&st.acquireSlots, &st.releaseSlots},
+	st.handOffs = lane[handOffItem]{batchSpec: batchSpec{kindHandOff, []*slots{&st.acquireSlots, &st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, keep: st.keepHandOff, send: st.sendHandOffs}
 	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.releases, &st.extends}
 	return st
