@@ -23,13 +23,13 @@ gomin:
 
 # examples/ is a module of its own, so that the exporters and Prometheus
 # client its programs use stay out of the library's go.mod.
-# pg/migrations/tooltest is a module of its own (goose and golang-migrate
+# pg/migrate/tooltest is a module of its own (goose and golang-migrate
 # apply the migration files there, kept out of pglease's go.mod).
 # internal/soak is a module of its own too (porcupine stays out of
 # pglease's go.mod); its TestSmoke runs a ~35 s fault soak with -race
 # workers on a throwaway server of its own.
 test: fmt vet staticcheck
-	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && (cd examples && $(GO) test -race -count=1 -timeout 5m ./...) && cd pg/migrations/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
+	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && (cd examples && $(GO) test -race -count=1 -timeout 5m ./...) && cd pg/migrate/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
 	cd internal/soak && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 6m ./...
 
 fmt:

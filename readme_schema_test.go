@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // quickStartCreates is README.md's Quick start sentence about what the
@@ -49,11 +50,11 @@ func TestReadmeQuickStartCreates(t *testing.T) {
 
 	pool, schema := pgtest.Pool(t)
 	c := t.Context()
-	s, err := pg.New(pool, pg.Config{})
+	mg, err := migrate.New(pool, pg.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetupSchema(c); err != nil {
+	if err := mg.Up(c); err != nil {
 		t.Fatal(err)
 	}
 	rows, err := pool.Query(c, "SELECT relname::text FROM pg_class WHERE relnamespace = $1::regnamespace AND relkind IN ('r', 'p') ORDER BY 1", schema)

@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // serverProbe reads what the fleet scenario measures on the server side:
@@ -29,8 +29,8 @@ type serverProbe struct {
 
 func newServerProbe(ctx context.Context, pool *pgxpool.Pool, app, schema string) (*serverProbe, error) {
 	p := &serverProbe{pool: pool, app: app, listenApp: app + "-listen",
-		lockTable:  pgx.Identifier{schema, pg.DefaultLockTable}.Sanitize(),
-		fenceTable: pgx.Identifier{schema, pg.DefaultFenceTable}.Sanitize()}
+		lockTable:  pgx.Identifier{schema, store.DefaultLockTable}.Sanitize(),
+		fenceTable: pgx.Identifier{schema, store.DefaultFenceTable}.Sanitize()}
 	var pid int
 	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 		return nil, err

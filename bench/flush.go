@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/internal/keys"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // measureFlush measures the flush bound of the server: one client on one
@@ -71,7 +71,7 @@ func mergeFlush(a, b Result) Result {
 
 // measureHandOffChain measures what one hot-key section costs the server
 // without the Manager: one client on one connection keeps one key and
-// hands it to itself with pg.Store.HandOff (the statement of a local
+// hands it to itself with the store's HandOff (the statement of a local
 // hot-key section: release, fence increment, grant, holder row, durable
 // commit), one round trip each, for d. Its rate bounds what the Manager's
 // hot key can reach with this statement; next to the flush bound it
@@ -82,19 +82,19 @@ func measureHandOffChain(ctx context.Context, url string, d time.Duration) (Resu
 		return Result{}, err
 	}
 	defer cleanup()
-	st, err := pg.New(pool, pg.Config{})
+	st, err := store.New("pg.New", pool, store.Config{})
 	if err != nil {
 		return Result{}, err
 	}
 	key := fmt.Sprintf("bench-handoff-chain-%d", time.Now().UnixNano())
-	r, err := st.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: time.Minute})
+	r, err := st.Acquire(ctx, store.AcquireRequest{Key: key, TTL: time.Minute})
 	if err != nil || !r.OK {
 		return Result{}, fmt.Errorf("acquire: %+v, %v", r, err)
 	}
 	cur := r.LockID
 	hand := func() error {
 		next := keys.NewLockID()
-		res, err := st.HandOff(ctx, []pg.HandOffRequest{{Old: cur, Key: key, TTL: time.Minute, LockID: next}})
+		res, err := st.HandOff(ctx, []store.HandOffRequest{{Old: cur, Key: key, TTL: time.Minute, LockID: next}})
 		if err != nil {
 			return err
 		}

@@ -56,7 +56,7 @@
 // critical section needs at least one durable commit (its grant) in
 // series, so the hot-key rates are judged as shares of this rate. After it,
 // the handoff chain (measureHandOffChain): one client handing one key to
-// itself with pg.Store.HandOff, the statement of a local hot-key section,
+// itself with the store's HandOff, the statement of a local hot-key section,
 // without the Manager: what the statement alone reaches.
 //
 // hotkey: C callers (-hot-callers) split over P processes (-hot-procs; the

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 func sortedKeys(m map[string]float64) []string {
@@ -39,7 +40,7 @@ func serverInfo(ctx context.Context, url string) (string, error) {
 func newSchemaName() string { return fmt.Sprintf("pglease_bench_%d", time.Now().UnixNano()) }
 
 // benchSchema creates a fresh schema holding SyncGuard's tables and
-// pglease's server functions (pg.Store.SetupSchema, default table names)
+// pglease's server functions (migrate.Migrator.Up, default table names)
 // and returns a pool of maxConns connections whose search_path points at
 // it, the schema name, and a cleanup func that closes the pool and drops
 // the schema.
@@ -66,9 +67,9 @@ func benchSchema(ctx context.Context, url string, maxConns int, configure ...fun
 		drop()
 		return nil, "", nil, err
 	}
-	st, err := pg.New(pool, pg.Config{})
+	mg, err := migrate.New(pool, pg.Config{})
 	if err == nil {
-		err = st.SetupSchema(ctx)
+		err = mg.Up(ctx)
 	}
 	if err != nil {
 		pool.Close()

@@ -105,7 +105,7 @@ func computeTargets(res, base resultSet) []Target {
 		add("3", "flush bound: 1 / (one durable one-row commit round trip, one client)",
 			fmt.Sprintf("%.0f/s (mean %.3f ms, p50 %.3f ms)", f.CyclesPerSec, 1000/f.CyclesPerSec, f.P50Ms), nil)
 		if c, ok := res.find("flush", "handoff-chain", 1, 1); ok && c.CyclesPerSec > 0 {
-			add("3", "hot-key statement alone: one client chaining pg.Store.HandOff on one key, no Manager",
+			add("3", "hot-key statement alone: one client chaining the handoff statement (internal/store HandOff) on one key, no Manager",
 				fmt.Sprintf("%.0f/s (%.0f %% of the flush bound, p50 %.3f ms)", c.CyclesPerSec, 100*c.CyclesPerSec/f.CyclesPerSec, c.P50Ms), nil)
 			for _, h := range hot {
 				add("3", fmt.Sprintf("hot key against the statement alone, C=%d P=%d", h.Callers, max(h.Processes, 1)),

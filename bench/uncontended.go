@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 )
@@ -155,7 +156,7 @@ var uncontendedImpls = []uncontendedImpl{
 		return callers, func(w int) step {
 			keys := keySet(w)
 			return func(ctx context.Context, w, i int) (int, error) {
-				r, err := st.Acquire(ctx, pg.AcquireRequest{Key: keys[i%len(keys)], TTL: uncontendedTTL})
+				r, err := st.Acquire(ctx, keys[i%len(keys)], uncontendedTTL)
 				if err != nil {
 					return 0, err
 				}
@@ -171,7 +172,7 @@ var uncontendedImpls = []uncontendedImpl{
 		}, func() error { return nil }, nil
 	}},
 	{name: "pg-setbased", setup: func(ctx context.Context, pool *pgxpool.Pool, callers int) (int, func(int) step, func() error, error) {
-		st, err := pg.New(pool, pg.Config{})
+		st, err := store.New("pg.New", pool, store.Config{})
 		if err != nil {
 			return 0, nil, nil, err
 		}
@@ -179,13 +180,13 @@ var uncontendedImpls = []uncontendedImpl{
 		return drivers, func(w int) step {
 			// Driver w owns batch slots [lo, hi) of the C callers' slots.
 			lo, hi := w*callers/drivers, (w+1)*callers/drivers
-			sets := make([][]pg.AcquireRequest, 64)
+			sets := make([][]store.AcquireRequest, 64)
 			for i := range sets {
-				sets[i] = make([]pg.AcquireRequest, 0, hi-lo)
+				sets[i] = make([]store.AcquireRequest, 0, hi-lo)
 			}
 			for s := lo; s < hi; s++ {
 				for i, k := range keySet(s) {
-					sets[i] = append(sets[i], pg.AcquireRequest{Key: k, TTL: uncontendedTTL})
+					sets[i] = append(sets[i], store.AcquireRequest{Key: k, TTL: uncontendedTTL})
 				}
 			}
 			ids := make([]string, hi-lo)

@@ -81,7 +81,7 @@
 // process starts it at once. A wait that ends without the lock names the
 // holder its last "locked" answer saw (pg.Config.Holder), if known. A release in this process hands the key to the head waiter (local
 // handoff, through the database: new lockId, new fence) in one statement
-// that releases and grants in one transaction (pg.Store.HandOff: one round
+// that releases and grants in one transaction (internal/store's HandOff: one round
 // trip and one durable commit per handover). After maxLocalHandOffs (4)
 // handovers in a row the next release is a plain, notifying one and the
 // next local waiter attempts like any other, so that waiters in other
@@ -165,7 +165,7 @@
 // batch, which posts the result back.
 //
 // Batching: acquires, releases and extends each go out as one set-based
-// statement per batch (pg.Store's AcquireMany, ReleaseMany, ExtendMany).
+// statement per batch (internal/store's AcquireMany, ReleaseMany, ExtendMany).
 // A request is sent at once when fewer than the in-flight cap of batches
 // of its kind are running (so a lone caller never waits for a batch to
 // fill); requests that arrive meanwhile go together in the next batch.
@@ -176,9 +176,9 @@
 // Wake-ups across processes: unless Config.DisableNotify, each Manager
 // keeps one dedicated connection LISTENing on the channel, and a release
 // runs pg_notify(channel, pglease.HashKey(key)) (never the raw key) when
-// another process waits for the key (pg.ReleaseWaited): a Manager whose
+// another process waits for the key (internal/store's ReleaseWaited): a Manager whose
 // attempt found a key taken by someone else, with callers still waiting,
-// holds the key's waiter lock (pg.WaiterLockClass) on its listening
+// holds the key's waiter lock (internal/store's WaiterLockClass) on its listening
 // session until it no longer waits, and tries the key once more after
 // taking it. Releases nobody waits for elsewhere skip the notification,
 // whose commit serializes server-wide. A notification for a key with

@@ -213,7 +213,7 @@ func TestOutageIsNotContention(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := other.Acquire(ctx, pg.AcquireRequest{Key: "k", TTL: time.Minute}); err != nil {
+		if _, err := other.Acquire(ctx, "k", time.Minute); err != nil {
 			t.Fatal(err)
 		}
 		_, err = b.m.Acquire(ctx, "k", WithAcquireTimeout(500*time.Millisecond))
@@ -411,7 +411,7 @@ func TestAcquireWaitsOutCrashedHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := crashed.Acquire(ctx, pg.AcquireRequest{Key: "job", TTL: 5 * time.Second}); err != nil {
+	if _, err := crashed.Acquire(ctx, "job", 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()

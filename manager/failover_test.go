@@ -543,7 +543,7 @@ func TestFailoverAsyncLostGrants(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ok2, err := gg.UpsertGrant(ctx, res, "r", lk.Fence(), lk.GrantID(), pg.Set{Column: "v", Value: v})
+		ok2, err := gg.Upsert(ctx, res, "r", lk.Fence(), pg.Set{Column: "fence_grant", Value: lk.GrantID()}, pg.Set{Column: "v", Value: v})
 		if err == nil && !ok2 {
 			err = errors.New("refused (older fence)")
 		}

@@ -10,13 +10,13 @@ import (
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // A local handoff: the holder of a key releases it while other callers of
 // this process wait for the same key. Instead of a release round trip and
 // then an acquire round trip for the next waiter, one statement
-// (pg.Store.HandOff) releases the holder's lockId and grants the key to a
+// (internal/store's HandOff) releases the holder's lockId and grants the key to a
 // new lockId for the head waiter, in one transaction: one round trip and
 // one durable commit per critical section of a hot key.
 //
@@ -115,11 +115,11 @@ func (st *loopState) flushHandOffs() {
 
 // sendHandOff runs in its own goroutine, never on the loop.
 func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanContext, served []trace.SpanContext) {
-	reqs := make([]pg.HandOffRequest, len(batch))
+	reqs := make([]store.HandOffRequest, len(batch))
 	rels := make([]releaseItem, len(batch))
 	atts := make([]*attempt, len(batch))
 	for i, h := range batch {
-		reqs[i] = pg.HandOffRequest{Old: h.rel.lockID, Key: h.a.ks.key, TTL: h.a.ttl, LockID: h.a.lockID}
+		reqs[i] = store.HandOffRequest{Old: h.rel.lockID, Key: h.a.ks.key, TTL: h.a.ttl, LockID: h.a.lockID}
 		rels[i], atts[i] = h.rel, h.a
 	}
 	// Like an acquire batch: not cancelled by Close, bounded by the
@@ -131,11 +131,11 @@ func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.Span
 	start := time.Now()
 	res, err := m.store.HandOff(ctx, reqs)
 	var released []bool
-	var granted []pg.AcquireResult
+	var granted []store.AcquireResult
 	ok := 0
 	if err == nil {
 		released = make([]bool, len(res))
-		granted = make([]pg.AcquireResult, len(res))
+		granted = make([]store.AcquireResult, len(res))
 		for i, r := range res {
 			released[i], granted[i] = r.Released, r.AcquireResult
 			if r.OK {

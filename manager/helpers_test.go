@@ -142,7 +142,7 @@ type setupOpts struct {
 
 // setup returns a Manager with test signals on a pool whose search_path
 // is a fresh schema with the lease tables. The schema was set up by the
-// owner role of pg/roles.sql and the pool connects as its runtime role (no
+// owner role of roles.sql and the pool connects as its runtime role (no
 // DDL, no DELETE on the fence table, not superuser), so every
 // lock operation of these tests runs as production's runtime role; b.admin
 // is the superuser's pool on the same schema, for fault injection. The

@@ -13,7 +13,7 @@ import (
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/retry"
 )
 
@@ -232,7 +232,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 // trigger). A failed check (privileges, a lost connection) is tried again
 // at the next connect.
 func (m *Manager) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
-	st, err := pg.New(conn, m.storeCfg)
+	st, err := store.New("pg.New", conn, store.Config(m.storeCfg))
 	if err != nil {
 		return
 	}

@@ -93,9 +93,9 @@ func (l *Lock) Fence() pglease.Fence {
 
 // GrantID returns pg.GrantID of the lock's lockId: an identity of this
 // grant that, unlike the lockId, grants nothing and may be stored or
-// logged. Give it with Fence to a pg.FenceGuard made WithGrantColumn
-// (UpdateGrant, UpsertGrant), which then tells a retry of this grant from
-// another grant that got the same fence.
+// logged. Give it with Fence to a pg.FenceGuard made WithGrantColumn (as
+// the value of its grant column's pg.Set), which then tells a retry of
+// this grant from another grant that got the same fence.
 func (l *Lock) GrantID() string {
 	if l == nil {
 		return ""

@@ -12,7 +12,7 @@ import (
 	"github.com/pglease/pglease/internal/heartbeat"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // run is the Manager's one goroutine that owns all state. It never
@@ -182,7 +182,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 		}
 		ks := a.ks
 		err := d.err
-		var r pg.AcquireResult
+		var r store.AcquireResult
 		if err == nil {
 			r = d.res[i]
 			err = r.Err
@@ -272,7 +272,7 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 	}
 }
 
-func (st *loopState) attemptGranted(ks *keyState, a *attempt, r pg.AcquireResult, start, now time.Time, db trace.SpanContext) {
+func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireResult, start, now time.Time, db trace.SpanContext) {
 	if !st.noteFence(ks, r.Fence) {
 		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		// Fence monotonicity: a fence not above one already seen means the database lost
@@ -529,7 +529,7 @@ func (st *loopState) flush() {
 	}
 	relLimit, relMax := m.relLimit, m.cfg.MaxBatch
 	if st.closing {
-		relLimit, relMax = st.inRelease+1, pg.MaxBatch // all at once
+		relLimit, relMax = st.inRelease+1, store.MaxBatch // all at once
 	}
 	for len(st.pendRelease) > 0 && (st.closing && st.inRelease < relLimit || st.room(st.inRelease, st.stuckRelease, st.adapt(relLimit, len(st.pendRelease)))) {
 		n := min(len(st.pendRelease), relMax)
@@ -558,9 +558,9 @@ func (st *loopState) flush() {
 		batch := slices.Clone(st.pendExtend[:n])
 		st.pendExtend = slices.Delete(st.pendExtend, 0, n)
 		deadline := time.Now().Add(m.cfg.StatementTimeout)
-		reqs := make([]pg.ExtendRequest, len(batch))
+		reqs := make([]store.ExtendRequest, len(batch))
 		for i, h := range batch {
-			reqs[i] = pg.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
+			reqs[i] = store.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
 			if h.ext != nil {
 				h.ext.sent, h.ext.want = h.ext.want, nil // Extend callers this round trip answers
 			}
@@ -668,9 +668,9 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 }
 
 func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
-	reqs := make([]pg.AcquireRequest, len(batch))
+	reqs := make([]store.AcquireRequest, len(batch))
 	for i, a := range batch {
-		reqs[i] = pg.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
+		reqs[i] = store.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
 	}
 	// Not cancelled by Close: an acquire abandoned mid-statement has an
 	// unknown outcome, and the server may commit it after the release of
@@ -698,9 +698,9 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 }
 
 func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext, served []trace.SpanContext) {
-	reqs := make([]pg.ReleaseRequest, len(batch))
+	reqs := make([]store.ReleaseRequest, len(batch))
 	for i, it := range batch {
-		reqs[i] = pg.ReleaseRequest{LockID: it.lockID, Key: it.key}
+		reqs[i] = store.ReleaseRequest{LockID: it.lockID, Key: it.key}
 	}
 	timeout := m.cfg.StatementTimeout
 	if m.isClosing() {
@@ -722,7 +722,7 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, db: db.SpanContext()}
 }
 
-func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []pg.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
+func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
 	// Bounded by the earliest trust deadline of the batch (F4): an answer
 	// after it is useless.
 	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)

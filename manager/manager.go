@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +20,9 @@ import (
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 	"github.com/pglease/pglease/retry"
 	"github.com/pglease/pglease/telemetry"
 )
@@ -138,7 +141,7 @@ func (c Config) withDefaults() Config {
 	c.TTL = cmp.Or(c.TTL, defaultTTL)
 	c.StatementTimeout = cmp.Or(c.StatementTimeout, defaultStatementTimeout)
 	c.CloseTimeout = cmp.Or(c.CloseTimeout, defaultCloseTimeout)
-	c.MaxBatch = cmp.Or(c.MaxBatch, pg.MaxBatch)
+	c.MaxBatch = cmp.Or(c.MaxBatch, store.MaxBatch)
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, defaultMaxInFlight)
 	c.NotifyChannel = cmp.Or(c.NotifyChannel, DefaultNotifyChannel)
 	return c
@@ -158,8 +161,8 @@ func (c Config) validate(op string) error {
 		return invalid(op, "StatementTimeout must not be negative")
 	case c.CloseTimeout < 0:
 		return invalid(op, "CloseTimeout must not be negative")
-	case c.MaxBatch < 0 || c.MaxBatch > pg.MaxBatch:
-		return invalid(op, "MaxBatch must be between 0 and 10000")
+	case c.MaxBatch < 0 || c.MaxBatch > store.MaxBatch:
+		return invalid(op, "MaxBatch must be between 0 and "+strconv.Itoa(store.MaxBatch))
 	case c.MaxInFlight < 0:
 		return invalid(op, "MaxInFlight must not be negative")
 	case c.ListenConnString != "" && c.DisableNotify:
@@ -231,12 +234,12 @@ type Manager struct {
 	// the pool's), its connect bounded per host; immutable, nil with
 	// DisableNotify.
 	listenCfg *pgx.ConnConfig
-	// storeCfg is the Store's config (pg.New on the listening connection
+	// storeCfg is the Store's config (store.New on the listening connection
 	// checks the release trigger there); triggerChecked is set once that
 	// check answered.
 	storeCfg       pg.Config
 	triggerChecked atomic.Bool
-	store          *pg.Store // immutable
+	store          *store.Store // immutable
 	// rec records spans, metrics and logs (internal/obs); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	rec  *obs.Recorder
@@ -287,9 +290,9 @@ type option func(*Manager)
 // keeps its pool slot for up to 15 s and a connect begun during the fault
 // for up to 2 min, and with every pooled connection broken nothing of the
 // Manager runs for that long. The schema must be at the version this
-// pglease needs (see SetupSchema and package pg/migrations): the first
+// pglease needs (see SetupSchema and package pg/migrate): the first
 // acquire checks it and fails with an error that says how to migrate (a
-// *pg.SchemaError cause) when it is not.
+// *migrate.SchemaError cause) when it is not.
 func New(pool *pgxpool.Pool, cfg Config) (*Manager, error) {
 	return newManager("manager.New", pool, false, cfg)
 }
@@ -340,13 +343,13 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	if err := cfg.validate(op); err != nil {
 		return nil, err
 	}
-	extBatch := cmp.Or(cfg.MaxBatch, pg.MaxExtendBatch)
+	extBatch := cmp.Or(cfg.MaxBatch, store.MaxExtendBatch)
 	cfg = cfg.withDefaults()
 	pcfg := cfg.Config
 	if cfg.DisableNotify {
 		pcfg.NotifyChannel = ""
 	}
-	store, err := pg.New(pool, pcfg)
+	ls, err := store.New("pg.New", pool, store.Config(pcfg))
 	if err != nil {
 		var e *pglease.Error
 		if errors.As(err, &e) {
@@ -358,7 +361,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		cfg:           cfg,
 		pool:          pool,
 		ownsPool:      owns,
-		store:         store,
+		store:         ls,
 		storeCfg:      pcfg,
 		rec:           obs.New(cfg.Telemetry, dbTelemetry(pool)),
 		acquireCh:     make(chan *acquireReq),
@@ -405,9 +408,10 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 }
 
 // SetupSchema brings the lease schema to the version this pglease needs
-// (pg.Store.SetupSchema: creates the tables and functions if missing,
-// applies missing migrations). Production deployments usually apply the
-// migrations with their own tool instead (package pg/migrations).
+// (migrate.Migrator.Up on the Manager's pool and tables: creates the
+// tables and functions if missing, applies missing migrations).
+// Production deployments usually apply the migrations with their own tool
+// instead (package pg/migrate).
 func (m *Manager) SetupSchema(ctx context.Context) error {
 	const op = "manager.SetupSchema"
 	if err := pgerr.CheckContext(op, ctx); err != nil {
@@ -416,7 +420,16 @@ func (m *Manager) SetupSchema(ctx context.Context) error {
 	if m.isClosing() {
 		return closedErr(op)
 	}
-	return m.store.SetupSchema(ctx)
+	mg, err := migrate.New(m.pool, m.storeCfg)
+	if err != nil {
+		return err
+	}
+	if err := mg.Up(ctx); err != nil {
+		return err
+	}
+	// The schema serves this pglease: the first acquire need not check.
+	m.store.MarkChecked()
+	return nil
 }
 
 // Done is closed when the Manager has fully stopped (after Close).

@@ -16,6 +16,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // The TestPgBouncerManager… tests run the Manager with its pool through a
@@ -256,11 +257,16 @@ func BenchmarkPgBouncer(b *testing.B) {
 		}
 		b.Cleanup(pool.Close)
 		schema := pgtest.Schema(b)
-		st, err := pg.New(pool, pg.Config{LockTable: schema + ".locks", FenceTable: schema + ".fences"})
+		scfg := pg.Config{LockTable: schema + ".locks", FenceTable: schema + ".fences"}
+		mg, err := migrate.New(pool, scfg)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := st.SetupSchema(context.Background()); err != nil {
+		if err := mg.Up(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		st, err := pg.New(pool, scfg)
+		if err != nil {
 			b.Fatal(err)
 		}
 		m, err := New(pool, Config{Config: pg.Config{LockTable: schema + ".locks", FenceTable: schema + ".fences"}, ListenConnString: direct})
@@ -270,7 +276,7 @@ func BenchmarkPgBouncer(b *testing.B) {
 		b.Cleanup(func() { _ = m.Close(context.Background()) })
 		cycle := map[string]func(ctx context.Context, key string) error{
 			"store": func(ctx context.Context, key string) error {
-				r, err := st.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: 30 * time.Second})
+				r, err := st.Acquire(ctx, key, 30*time.Second)
 				if err == nil && !r.OK {
 					err = errors.New("uncontended key was locked")
 				}

@@ -6,7 +6,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease/internal/obs"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // reqState is where an acquireReq is in its life. Owned by run.
@@ -148,7 +148,7 @@ type acquireDone struct {
 	fl    *flight
 	batch []*attempt
 	start time.Time // local time just before the statement was sent
-	res   []pg.AcquireResult
+	res   []store.AcquireResult
 	err   error
 	db    trace.SpanContext // the round trip's pglease.acquire_many span
 }
@@ -165,7 +165,7 @@ type extendDone struct {
 	fl    *flight
 	batch []*holding
 	start time.Time // local time just before the statement was sent
-	res   []pg.ExtendResult
+	res   []store.ExtendResult
 	err   error
 	hb    obs.Heartbeat     // the round's pglease.heartbeat span, ended by run
 	db    trace.SpanContext // the round trip's pglease.extend_many span

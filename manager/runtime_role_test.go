@@ -16,7 +16,7 @@ import (
 )
 
 // TestRuntimeRoleManager: every lock operation of the
-// Manager runs as the runtime role of pg/roles.sql (no DDL, no DELETE on
+// Manager runs as the runtime role of roles.sql (no DDL, no DELETE on
 // the fence table, not superuser); only the schema setup ran as the owner
 // (pgtest.RoleSchemaForTest). Two Managers, each on its own pool of the
 // runtime role: acquire, contended TryAcquire, Extend, release with a
@@ -156,8 +156,8 @@ func TestRuntimeRoleManager(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := g.UpsertGrant(ctx, res, "r1", w.Fence(), w.GrantID(), pg.Set{Column: "v", Value: 1}); err != nil || !ok {
-		t.Fatalf("UpsertGrant = %v, %v", ok, err)
+	if ok, err := g.Upsert(ctx, res, "r1", w.Fence(), pg.Set{Column: "fence_grant", Value: w.GrantID()}, pg.Set{Column: "v", Value: 1}); err != nil || !ok {
+		t.Fatalf("Upsert with the grant = %v, %v", ok, err)
 	}
 
 	// Close releases what is still held.

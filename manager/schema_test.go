@@ -10,6 +10,7 @@ import (
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // A Manager on a database without the schema it needs fails its first
@@ -29,9 +30,9 @@ func TestManagerChecksSchemaAndRecordsHolder(t *testing.T) {
 		}
 	}()
 	_, err = m.Acquire(ctx, "k", WithAcquireTimeout(waitTimeout()))
-	var se *pg.SchemaError
+	var se *migrate.SchemaError
 	if !errors.As(err, &se) || se.Found != 0 || !strings.Contains(err.Error(), "pglease migrate") {
-		t.Fatalf("Acquire without the schema = %v, want a *pg.SchemaError saying how to migrate", err)
+		t.Fatalf("Acquire without the schema = %v, want a *migrate.SchemaError saying how to migrate", err)
 	}
 	if _, ok, err := m.TryAcquire(ctx, "k"); ok || !errors.As(err, &se) {
 		t.Fatalf("TryAcquire without the schema = %v, %v", ok, err)
@@ -47,9 +48,9 @@ func TestManagerChecksSchemaAndRecordsHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := s.LookupByKey(ctx, "k")
+	info, err := s.Lookup(ctx, "k")
 	if err != nil || info == nil || info.Holder != "scheduler on host-7" {
-		t.Fatalf("LookupByKey = %v, %v", info, err)
+		t.Fatalf("Lookup = %v, %v", info, err)
 	}
 	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -14,7 +14,7 @@ import (
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // maxFenceMemory caps how many keys' highest fences the loop remembers for
@@ -90,7 +90,7 @@ type keyContention struct {
 }
 
 // heldBy returns the holder of ks's key as its last "locked" answer
-// named it ("" when unknown): the identity the holder's pg.Store
+// named it ("" when unknown): the identity the holder's store
 // recorded, e.g. "worker[4242]@web-1". Never a key or lockId.
 func (ks *keyState) heldBy() string {
 	if ks.cont == nil {
@@ -277,7 +277,7 @@ func (st *loopState) contended(ks *keyState) *keyContention {
 // before now: now + RetryAfter is not early, and late by at most the
 // round trip. 1 ms + 500 ppm of the wait cover the clocks' rates. Zero
 // when the answer did not say (RetryAfter 0).
-func takeoverAt(r pg.AcquireResult, now time.Time) time.Time {
+func takeoverAt(r store.AcquireResult, now time.Time) time.Time {
 	if r.RetryAfter <= 0 {
 		return time.Time{}
 	}
@@ -532,7 +532,7 @@ var noSignals signals // all channels nil: every signal is a no-op
 
 // grant makes a holding for req from a successful attempt and answers
 // req.
-func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r pg.AcquireResult, lease heartbeat.Lease) {
+func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r store.AcquireResult, lease heartbeat.Lease) {
 	m := st.m
 	lctx, cancel := context.WithCancelCause(context.Background())
 	lk := &Lock{m: m, key: ks.key, id: a.lockID, fence: r.Fence, ttl: a.ttl, acquiredAt: r.AcquiredAt,

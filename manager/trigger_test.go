@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // TestReleaseTriggerReportedQuietly: a Manager tells whether the lock
@@ -21,11 +22,11 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	store, err := pg.New(b.admin, pg.Config{}) // the trigger needs the table owner
+	mg, err := migrate.New(b.admin, pg.Config{}) // the trigger needs the table owner
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := store.SetupReleaseTrigger(ctx, DefaultNotifyChannel); err != nil {
+	if err := mg.SetupReleaseTrigger(ctx, DefaultNotifyChannel); err != nil {
 		t.Fatal(err)
 	}
 	start := func(pool *pgxpool.Pool) (*rig, *signals) {
@@ -73,7 +74,7 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 		t.Fatal("the trigger notifies another channel, the Manager says it is installed")
 	}
 
-	if err := store.DropReleaseTrigger(ctx); err != nil {
+	if err := mg.DropReleaseTrigger(ctx); err != nil {
 		t.Fatal(err)
 	}
 	r, sig = start(b.pool)

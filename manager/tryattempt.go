@@ -9,7 +9,7 @@ import (
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // A TryAcquire makes one attempt of its own. It does not join its key's
@@ -75,7 +75,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 	req := a.try
 	ks := st.keyFor(a.ks.key, a.ks.hash) // a.ks may have been forgotten meanwhile
 	err := d.err
-	var r pg.AcquireResult
+	var r store.AcquireResult
 	if err == nil {
 		r = d.res[i]
 		err = r.Err
@@ -144,7 +144,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 
 // mayHaveGranted reports whether an acquire round trip that failed with
 // err may have granted its lockIds: only when its outcome is unknown
-// (CodeAmbiguous, pg.Store's contract). Any other failure (no connection,
+// (CodeAmbiguous, the store's contract). Any other failure (no connection,
 // a server error) ran nothing, or rolled back: there is nothing to
 // release.
 func mayHaveGranted(err error) bool {

@@ -6,18 +6,18 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // Releases notify only the keys some process waits for (pg.ReleaseWaited):
 // a notifying commit serializes with every other one on the server and
 // wakes every listener, and most releases have nobody waiting elsewhere.
 // A process tells the server it waits for a key by holding the key's
-// waiter lock (pg.WaiterLockClass) on its listening connection:
+// waiter lock (store.WaiterLockClass) on its listening connection:
 //
 //   - When an attempt finds the key taken by someone else and callers
 //     still wait for it, run asks for the key's registration (waiterSet).
-//   - The listener takes the waiter locks asked for (pg.RegisterWaiters)
+//   - The listener takes the waiter locks asked for (store.RegisterWaiters)
 //     and posts the keys it registered; run then tries each of them once
 //     more: a release that committed before the registration could not
 //     see it, and that try finds the key free.
@@ -118,7 +118,7 @@ func (w *waiterSet) isDirty() bool {
 func (m *Manager) registerWaiters(ctx context.Context, conn *pgx.Conn, have map[string]struct{}, post bool) (retrySoon bool, err error) {
 	add, drop := m.waiters.diff(have)
 	if len(drop) > 0 {
-		if err := pg.UnregisterWaiters(ctx, conn, drop); err != nil {
+		if err := store.UnregisterWaiters(ctx, conn, drop); err != nil {
 			return false, err
 		}
 		for _, k := range drop {
@@ -128,7 +128,7 @@ func (m *Manager) registerWaiters(ctx context.Context, conn *pgx.Conn, have map[
 	if len(add) == 0 {
 		return false, nil
 	}
-	ok, err := pg.RegisterWaiters(ctx, conn, add)
+	ok, err := store.RegisterWaiters(ctx, conn, add)
 	if err != nil {
 		return false, err
 	}

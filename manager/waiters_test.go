@@ -13,6 +13,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 )
@@ -22,7 +23,7 @@ import (
 // the key.
 var noPolling = retry.Policy{Base: time.Minute, MaxDelay: time.Minute}
 
-// waiterLocksSQL selects the holds of the waiter locks (pg.WaiterLockClass)
+// waiterLocksSQL selects the holds of the waiter locks (store.WaiterLockClass)
 // of the keys in $2 (other tests' keys are none of this test's business).
 const waiterLocksSQL = "FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid AND objsubid = 2 " +
 	"AND objid IN (SELECT hashtext(k)::oid FROM unnest($2::text[]) AS k)"
@@ -31,7 +32,7 @@ const waiterLocksSQL = "FROM pg_locks WHERE locktype = 'advisory' AND classid = 
 func waiterLocksHeld(t testing.TB, b *bundle, keys ...string) int {
 	t.Helper()
 	var n int
-	if err := b.admin.QueryRow(ctxT(t), "SELECT count(*) "+waiterLocksSQL, pg.WaiterLockClass, keys).Scan(&n); err != nil {
+	if err := b.admin.QueryRow(ctxT(t), "SELECT count(*) "+waiterLocksSQL, store.WaiterLockClass, keys).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -138,7 +139,7 @@ func TestWaiterRegistrationAfterReconnect(t *testing.T) {
 	wait(t, &wsig.registered)
 	drain(&wsig.listening)
 	var killed int
-	if err := b.admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) "+waiterLocksSQL, pg.WaiterLockClass, []string{hot}).Scan(&killed); err != nil || killed != 1 {
+	if err := b.admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) "+waiterLocksSQL, store.WaiterLockClass, []string{hot}).Scan(&killed); err != nil || killed != 1 {
 		t.Fatalf("terminated %d listener backends, %v", killed, err)
 	}
 	wait(t, &wsig.listening) // reconnected, waiter locks taken, resync
@@ -151,15 +152,15 @@ func TestWaiterRegistrationAfterReconnect(t *testing.T) {
 	expectGrant(t, got, "waiter not woken after its listener reconnected")
 }
 
-// Extend statements carry up to pg.MaxExtendBatch locks by default (one
+// Extend statements carry up to store.MaxExtendBatch locks by default (one
 // statement per heartbeat tick for up to 100,000 locks: the bench's
 // 100,000-lock point shows it end to end); a MaxBatch set in Config caps
 // them too.
 func TestExtendBatchSize(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	if b.m.extBatch != pg.MaxExtendBatch {
-		t.Fatalf("default extend batch %d, want pg.MaxExtendBatch", b.m.extBatch)
+	if b.m.extBatch != store.MaxExtendBatch {
+		t.Fatalf("default extend batch %d, want store.MaxExtendBatch", b.m.extBatch)
 	}
 	const capped, locks = 20, 50
 	c := setup(t, setupOpts{cfg: Config{MaxBatch: capped}})

@@ -1,6 +1,10 @@
 // Package pg implements SyncGuard-compatible lease locks on PostgreSQL
 // with pgx: one network round trip per operation, and stronger guarantees
-// than SyncGuard 2.5.2 where it is weak.
+// than SyncGuard 2.5.2 where it is weak. A Store takes, extends and
+// releases leases one call at a time, without a Manager (package
+// manager batches, heartbeats and waits on top of the same tables); a
+// FenceGuard makes writes to your own tables safe against holders that
+// lost their lease; package pg/migrate creates and upgrades the schema.
 //
 // A Store shares its two tables (syncguard_locks, syncguard_fence_counters
 // by default) byte for byte with SyncGuard's PostgreSQL backend, so Go
@@ -48,24 +52,24 @@
 //     pglease.ErrAborted) and errors.Is(err, context.Canceled) still
 //     hold for a cancelled context. (With pgx's default context handling
 //     the connection is abandoned, so a cancelled acquire is Ambiguous:
-//     the server may still grant it once its wait ends. Pass a
-//     pre-generated AcquireRequest.LockID to be able to release it.)
+//     the server may still grant it once its wait ends. The result's
+//     LockID is then set, to release it.)
 //   - Every call validates its input before any I/O (key: non-empty,
 //     ≤ 16 KiB raw, valid UTF-8, no NUL, ≤ 512 bytes after NFC; lockId:
 //     ^[A-Za-z0-9_-]{22}$; ttl: positive whole milliseconds with
 //     expires_at_ms ≤ 2^53−1; table names: identifiers, quoted) and
 //     returns *pglease.Error. Error texts never contain a key or lockId;
-//     server errors go through internal/pgerr, which drops PgError
-//     Detail/Where/Hint.
+//     server errors are mapped to codes without PgError's
+//     Detail/Where/Hint (which can quote values).
 //
 // # Design: server functions, one round trip
 //
 // SyncGuard's acquire costs 8 round trips (BEGIN, advisory lock, now,
 // select, two fence statements, upsert, COMMIT) and release/extend 5.
 // Here every operation is a single statement in its own implicit
-// transaction: SetupSchema (or SchemaSQL / the embedded schema.sql)
-// creates four PL/pgSQL functions next to the lock table, named
-// pglease_{acquire,release,extend}_<hash of the table names> and
+// transaction: the schema (package pg/migrate) has PL/pgSQL functions
+// next to the lock table, named
+// pglease_{acquire,release,extend,handoff}_<hash of the table names> and
 // pglease_hashkey_v1. A function is needed rather than a CTE because
 // under READ COMMITTED a single SQL statement keeps the snapshot it took
 // before waiting for the advisory lock and would not see a row the
@@ -73,8 +77,8 @@
 // a fresh snapshot for each statement, and it lets acquire read the
 // clock after its waits.
 //
-// Acquire and AcquireMany call the acquire function with arrays (keys,
-// fence keys, lockIds, ttls). It visits the keys in ascending
+// Acquire (and the Manager's batches) call the acquire function with
+// arrays (keys, fence keys, lockIds, ttls). It visits the keys in ascending
 // (hashtext(key), key) order — so two batches can never deadlock — and
 // for each: pg_advisory_xact_lock(hashtext(key)); SELECT the lock row FOR
 // UPDATE; read clock_timestamp(); if the row is live (expires + 1000 >
@@ -85,30 +89,29 @@
 // overflow are statuses, not exceptions, so one item does not roll back
 // the others.
 //
-// Release/ReleaseMany and Extend/ExtendMany call functions that first
-// lock all matching rows in the same (hashtext(key), key) order
+// Release and Extend (and the Manager's batches) call functions that
+// first lock all matching rows in the same (hashtext(key), key) order
 // (SELECT … ORDER BY … FOR UPDATE), read clock_timestamp(), then delete
 // or update each row whose lock_id matches and whose expires_at_ms is
 // still in the future. Extend sets expires_at_ms = now + ttl (replace,
 // not add). With Config.NotifyChannel, each successful release runs
 // pg_notify(channel, hashKey(user_key)) in the same transaction.
 //
-// IsLocked and the lookups are one plain SELECT each (no transaction),
-// using SyncGuard's liveness rule (expires_at_ms + 1000 > server now).
+// IsLocked and Lookup are one plain SELECT each (no transaction), using
+// SyncGuard's liveness rule (expires_at_ms + 1000 > server now).
 //
 // Round trips, after pgx has prepared each statement once per connection
 // (its default statement cache; the first use on a connection adds one
-// describe round trip): Acquire 1, AcquireMany 1, Release 1, ReleaseMany
-// 1, Extend 1, ExtendMany 1, IsLocked 1, Lookup* 1, SetupSchema 1
-// (simple protocol, one implicit transaction, serialized with a
-// transaction-level advisory lock). A *pgxpool.Pool may add a liveness
-// ping when it hands out a connection idle for over a second.
+// describe round trip): Acquire 1, Release 1, Extend 1, IsLocked 1,
+// Lookup 1, and one more before a Store's first acquire, which checks the
+// schema version. A *pgxpool.Pool may add a liveness ping when it hands
+// out a connection idle for over a second.
 //
 // # Notes
 //
 //   - Unqualified table names resolve through search_path, and so do the
-//     functions created next to them: use the same search_path for
-//     SetupSchema and at run time, or schema-qualify the names.
+//     functions created next to them: use the same search_path for the
+//     migrations and at run time, or schema-qualify the names.
 //   - The database must use the UTF8 encoding (keys are Unicode; the
 //     server-side hashKey reads code points).
 //   - A lockId is a bearer secret and stored in plain text, as SyncGuard
@@ -118,10 +121,10 @@
 //   - The runtime role needs EXECUTE on the functions (the default for
 //     PUBLIC), SELECT/INSERT/UPDATE/DELETE on the lock table and
 //     SELECT/INSERT/UPDATE on the fence table; never DELETE there.
-//     pg/roles.sql (RolesFile, RolesSQL) sets up an owner role that runs
-//     SetupSchema and such a runtime role, and revokes PUBLIC's EXECUTE
-//     on the functions; TestLeastPrivilegeRoles runs the operations as
-//     that runtime role.
+//     migrate.RolesSQL (roles.sql) sets up an owner role that runs the
+//     migrations and such a runtime role, and revokes PUBLIC's EXECUTE on
+//     the functions; the test suite runs the operations as that runtime
+//     role.
 //   - Like SyncGuard, keys whose hashtext collides serialize each other's
 //     acquires, and the advisory keys share the one-argument bigint space
 //     with application advisory locks.
@@ -130,8 +133,8 @@
 //
 // SyncGuard's release deletes the row itself and notifies nobody, so
 // pglease waiters only see it at their next backoff poll (up to seconds
-// later). Store.SetupReleaseTrigger(ctx, channel) (opt-in; DDL also from
-// ReleaseTriggerSQL) adds a row-level AFTER DELETE trigger on the lock
+// later). migrate.Migrator.SetupReleaseTrigger(ctx, channel) (opt-in;
+// DDL also from migrate.SQL) adds a row-level AFTER DELETE trigger on the lock
 // table running pg_notify(channel, hashKey(user_key)), so any deleting
 // session wakes them, whatever its role (the trigger function is SECURITY
 // DEFINER: SyncGuard's role needs no grant on pglease's functions);

@@ -12,6 +12,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // A guard with a grant column keeps which grant wrote each row's fence:
@@ -40,28 +41,34 @@ func ExampleFenceGuard_WithGrantColumn() {
 	if err != nil {
 		panic(err)
 	}
-	store, err := pg.New(pool, pg.Config{LockTable: "example_locks", FenceTable: "example_fences"})
+	cfg := pg.Config{LockTable: "example_locks", FenceTable: "example_fences"}
+	mg, err := migrate.New(pool, cfg)
 	if err != nil {
 		panic(err)
 	}
-	if err := store.SetupSchema(ctx); err != nil {
+	if err := mg.Up(ctx); err != nil {
 		panic(err)
 	}
-	lease, err := store.Acquire(ctx, pg.AcquireRequest{Key: "invoice:7", TTL: 30 * time.Second})
+	store, err := pg.New(pool, cfg)
+	if err != nil {
+		panic(err)
+	}
+	lease, err := store.Acquire(ctx, "invoice:7", 30*time.Second)
 	if err != nil || !lease.OK {
 		panic(fmt.Sprint(lease.OK, err))
 	}
 	defer store.Release(ctx, lease.LockID) //nolint:errcheck
 
-	// With a manager.Lock: guard.UpsertGrant(ctx, pool, "7", lk.Fence(), lk.GrantID(), …)
-	grant := pg.GrantID(lease.LockID)
-	ok, err := guard.UpsertGrant(ctx, pool, "7", lease.Fence, grant, pg.Set{Column: "status", Value: "paid"})
+	// Every write sets the grant column to the writer's GrantID (with a
+	// manager.Lock: lk.GrantID()).
+	grant := pg.Set{Column: "fence_grant", Value: pg.GrantID(lease.LockID)}
+	ok, err := guard.Upsert(ctx, pool, "7", lease.Fence, grant, pg.Set{Column: "status", Value: "paid"})
 	fmt.Println("write:", ok, err)
-	ok, err = guard.UpsertGrant(ctx, pool, "7", lease.Fence, grant, pg.Set{Column: "status", Value: "paid"})
+	ok, err = guard.Upsert(ctx, pool, "7", lease.Fence, grant, pg.Set{Column: "status", Value: "paid"})
 	fmt.Println("retry:", ok, err)
 
-	other := pg.GrantID(keys.NewLockID()) // as if a second grant got the same fence
-	ok, err = guard.UpdateGrant(ctx, pool, "7", lease.Fence, other, pg.Set{Column: "status", Value: "void"})
+	other := pg.Set{Column: "fence_grant", Value: pg.GrantID(keys.NewLockID())} // as if a second grant got the same fence
+	ok, err = guard.Update(ctx, pool, "7", lease.Fence, other, pg.Set{Column: "status", Value: "void"})
 	fmt.Println("repeat:", ok, errors.Is(err, pglease.ErrFenceRegression), errors.Is(err, pg.ErrFenceRepeated))
 	// Output:
 	// write: true <nil>

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"reflect"
 	"strconv"
 	"strings"
 
@@ -15,13 +14,15 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
 )
 
-// MaxFencedColumns caps the columns one fenced write may set.
-const MaxFencedColumns = 100
+// maxFencedColumns caps the columns one fenced write may set.
+const maxFencedColumns = 100
 
 // FenceGuard writes rows of one table only for the holder of the newest
-// lease: each guarded row stores the fence of the last accepted write in
+// lease, so that a holder that lost its lease cannot overwrite the work
+// of the next one: each guarded row stores the fence of the last accepted write in
 // a BIGINT column, and a write carrying a lower fence is refused, in the
 // same statement, by the database itself. It builds the statements users
 // would otherwise hand-write:
@@ -44,13 +45,18 @@ const MaxFencedColumns = 100
 // the same fence, which happens only when the lock database lost
 // acknowledged grants (failover to an asynchronous replica, a restore
 // from backup): both would be accepted. A guard made WithGrantColumn also
-// stores which grant wrote the fence, as GrantID (a SHA-256 digest of the
-// grant's lockId, never the lockId itself), and its UpdateGrant and
-// UpsertGrant accept an equal fence only from the grant that wrote it: a
-// repeat from another grant is an error matching both
-// pglease.ErrFenceRegression and ErrFenceRepeated, and changes nothing.
-// Rows written before the column existed (grant NULL) accept an equal
-// fence once, from any grant, as before, and record it.
+// stores which grant wrote the fence, as its GrantID (a SHA-256 digest of
+// the grant's lockId, never the lockId itself), and accepts an equal
+// fence only from the grant that wrote it: a repeat from another grant is
+// an error matching both pglease.ErrFenceRegression and ErrFenceRepeated,
+// and changes nothing. Each write to such a guard sets the grant column
+// like any other column, to the writer's GrantID:
+//
+//	guard.Update(ctx, tx, key, fence, pg.Set{Column: "grant_id", Value: pg.GrantID(res.LockID)}, …)
+//
+// (with a Manager: lock.GrantID()). Rows written before the column existed
+// (grant NULL) accept an equal fence once, from any grant, as before, and
+// record it.
 //
 // Table and column names are validated (identifiers,
 // ^[A-Za-z_][A-Za-z0-9_]{0,62}$, the table optionally schema-qualified)
@@ -66,24 +72,27 @@ type FenceGuard struct {
 	grantNm  string // unquoted; "" without a grant column
 }
 
-// ErrFenceRepeated is the cause of the error UpdateGrant and UpsertGrant
-// return when the row's fence equals the writer's but was written by
-// another grant: the lock service handed out the same fence twice. The
-// returned *pglease.Error has Code CodeFenceRegression.
+// ErrFenceRepeated is the cause of the error a guard made WithGrantColumn
+// returns when the row's fence equals the writer's but was written by
+// another grant: the lock service handed out the same fence twice (it
+// lost acknowledged grants), which operators must hear of, so that it can
+// be told from an ordinary late write (errors.Is). The returned
+// *pglease.Error has Code CodeFenceRegression.
 var ErrFenceRepeated = errors.New("fence repeated: another grant already wrote this fence " +
 	"(the lock database lost acknowledged grants: failover to an asynchronous replica or a restore?)")
 
-// GrantIDLen is the length of a GrantID: 64 lowercase hex digits.
-const GrantIDLen = 2 * sha256.Size
+// grantIDLen is the length of a GrantID: 64 lowercase hex digits.
+const grantIDLen = 2 * sha256.Size
 
 // GrantID returns the identity of the lease grant whose lockId is lockID,
-// as a FenceGuard with a grant column stores it: the hex SHA-256 of a
-// fixed prefix and the lockId. The lockId is a bearer secret (it extends
-// and releases the lease); its GrantID grants nothing and cannot be turned
-// back into it (a lockId holds 128 random bits), so it may be stored in
-// resource tables and shown in logs. It returns "" when lockID is not a
-// lockId; the guard refuses "" with InvalidArgument. manager.Lock.GrantID
-// returns the same value for a held lock.
+// the value a writer sets a FenceGuard's grant column to (see
+// FenceGuard): 64 lowercase hex digits, the SHA-256 of a fixed prefix and
+// the lockId. The lockId is a bearer secret (it extends and releases the
+// lease); its GrantID grants nothing and cannot be turned back into it (a
+// lockId holds 128 random bits), so it may be stored in resource tables
+// and shown in logs. It returns "" when lockID is not a lockId; the guard
+// refuses "" with InvalidArgument. manager.Lock.GrantID returns the same
+// value for a held lock.
 func GrantID(lockID string) string {
 	if keys.ValidateLockID(lockID) != nil {
 		return ""
@@ -93,7 +102,7 @@ func GrantID(lockID string) string {
 }
 
 func validGrantID(g string) bool {
-	if len(g) != GrantIDLen {
+	if len(g) != grantIDLen {
 		return false
 	}
 	for i := 0; i < len(g); i++ {
@@ -104,22 +113,9 @@ func validGrantID(g string) bool {
 	return true
 }
 
-// isNilDB reports whether db is nil or holds a nil pointer (a nil
-// *pgxpool.Pool or *pgx.Conn would otherwise panic at first use).
-func isNilDB(db DB) bool {
-	if db == nil {
-		return true
-	}
-	v := reflect.ValueOf(db)
-	switch v.Kind() {
-	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
-		return v.IsNil()
-	}
-	return false
-}
-
-// Set is one column assignment of a fenced write: Column (an identifier,
-// validated and quoted) gets Value (bound as a parameter).
+// Set is one column assignment of a fenced write, so that the columns a
+// write sets are named in the call: Column (an identifier, validated and
+// quoted) gets Value (bound as a parameter).
 type Set struct {
 	Column string
 	Value  any
@@ -131,21 +127,21 @@ type Set struct {
 // keyColumn alone. Bad names are InvalidArgument; no I/O.
 func NewFenceGuard(table, keyColumn, fenceColumn string) (*FenceGuard, error) {
 	const op = "pg.NewFenceGuard"
-	schema, ident, err := parseTable(op, "table", table)
+	schema, ident, err := store.ParseTable(op, "table", table)
 	if err != nil {
 		return nil, err
 	}
-	if !identRe.MatchString(keyColumn) {
+	if !store.ValidIdent(keyColumn) {
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "key column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
 	}
-	if !identRe.MatchString(fenceColumn) {
+	if !store.ValidIdent(fenceColumn) {
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "fence column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
 	}
 	if keyColumn == fenceColumn {
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "key and fence columns must differ", nil)
 	}
 	return &FenceGuard{
-		table:    quote(schema, ident),
+		table:    store.Quote(schema, ident),
 		keyCol:   pgx.Identifier{keyColumn}.Sanitize(),
 		fenceCol: pgx.Identifier{fenceColumn}.Sanitize(),
 		keyName:  keyColumn,
@@ -156,16 +152,16 @@ func NewFenceGuard(table, keyColumn, fenceColumn string) (*FenceGuard, error) {
 // WithGrantColumn returns a copy of g that also keeps, in column (TEXT,
 // NULL allowed; add it with ALTER TABLE … ADD COLUMN column text), the
 // GrantID of the grant that wrote each row's fence, so that a repeated
-// fence is told from a retry of the same grant (see FenceGuard). Its
-// writes go through UpdateGrant and UpsertGrant; Update and Upsert refuse
-// to run on it (they would erase the grant). Bad names are
-// InvalidArgument; no I/O.
+// fence is told from a retry of the same grant (see FenceGuard). Every
+// write through it must set column to the writer's GrantID (a Set like
+// the others); one that does not is InvalidArgument before any I/O (it
+// would erase the grant). Bad names are InvalidArgument; no I/O.
 func (g *FenceGuard) WithGrantColumn(column string) (*FenceGuard, error) {
 	const op = "pg.FenceGuard.WithGrantColumn"
 	switch {
 	case g == nil || g.table == "":
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil or zero FenceGuard (use NewFenceGuard)", nil)
-	case !identRe.MatchString(column):
+	case !store.ValidIdent(column):
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "grant column must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
 	case column == g.keyName || column == g.fenceNm:
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "the grant column must differ from the key and fence columns", nil)
@@ -176,51 +172,62 @@ func (g *FenceGuard) WithGrantColumn(column string) (*FenceGuard, error) {
 }
 
 // check validates a write before any I/O and returns the quoted set
-// columns and their values. grant is the writer's GrantID for the *Grant
-// methods, nil for Update/Upsert.
-func (g *FenceGuard) check(op string, ctx context.Context, db DB, key any, fence pglease.Fence, grant *string, sets []Set) ([]string, []any, error) {
-	bad := func(msg string) ([]string, []any, error) {
-		return nil, nil, pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
+// columns and their values, and, for a guard with a grant column, the
+// writer's GrantID (the value of the Set of that column, left out of the
+// columns: the statements set it themselves).
+func (g *FenceGuard) check(op string, ctx context.Context, db DB, key any, fence pglease.Fence, sets []Set) ([]string, []any, *string, error) {
+	bad := func(msg string) ([]string, []any, *string, error) {
+		return nil, nil, nil, pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
 	}
 	if g == nil || g.table == "" {
 		return bad("nil or zero FenceGuard (use NewFenceGuard)")
 	}
 	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	limit := maxFencedColumns
+	if g.grantCol != "" {
+		limit++ // the grant column's Set
 	}
 	switch {
-	case grant == nil && g.grantCol != "":
-		return bad("this guard keeps grants (WithGrantColumn): use UpdateGrant/UpsertGrant")
-	case grant != nil && g.grantCol == "":
-		return bad("this guard has no grant column: make it with WithGrantColumn, or use Update/Upsert")
-	case grant != nil && !validGrantID(*grant):
-		return bad("grant must be a GrantID (64 hex digits; pg.GrantID(lockID) or manager.Lock.GrantID), never the lockId itself")
-	case isNilDB(db):
+	case store.IsNilDB(db):
 		return bad("nil DB")
 	case key == nil:
 		return bad("nil key")
 	case fence <= 0 || fence > keys.FenceMax:
-		return bad("fence must be between 1 and keys.FenceMax")
-	case len(sets) > MaxFencedColumns:
+		return bad("fence must be between 1 and 900000000000000")
+	case len(sets) > limit:
 		return bad("too many columns")
 	}
 	cols := make([]string, 0, len(sets))
 	vals := make([]any, 0, len(sets))
 	seen := make(map[string]bool, len(sets))
+	var grant *string
 	for _, s := range sets {
 		switch {
-		case !identRe.MatchString(s.Column):
+		case !store.ValidIdent(s.Column):
 			return bad("column names must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-		case s.Column == g.keyName || s.Column == g.fenceNm || s.Column == g.grantNm:
-			return bad("the key, fence and grant columns cannot be set")
+		case s.Column == g.keyName || s.Column == g.fenceNm:
+			return bad("the key and fence columns cannot be set")
 		case seen[s.Column]:
 			return bad("duplicate column")
 		}
 		seen[s.Column] = true
+		if g.grantNm != "" && s.Column == g.grantNm {
+			v, ok := s.Value.(string)
+			if !ok || !validGrantID(v) {
+				return bad("the grant column must be set to a GrantID (64 hex digits; pg.GrantID(lockID) or manager.Lock.GrantID), never the lockId itself")
+			}
+			grant = &v
+			continue
+		}
 		cols = append(cols, pgx.Identifier{s.Column}.Sanitize())
 		vals = append(vals, s.Value)
 	}
-	return cols, vals, nil
+	if g.grantCol != "" && grant == nil {
+		return bad("this guard keeps grants (WithGrantColumn): set its grant column " + g.grantNm + " to the writer's GrantID")
+	}
+	return cols, vals, grant, nil
 }
 
 // Update sets the given columns (possibly none: then only the fence is
@@ -230,43 +237,24 @@ func (g *FenceGuard) check(op string, ctx context.Context, db DB, key any, fence
 // the row or because no row has that key (use Upsert to create it). One
 // statement; pass a pgx.Tx as db to make it part of a transaction.
 //
+// On a guard made WithGrantColumn, sets must set the grant column to the
+// writer's GrantID, and the row is written when its stored fence is NULL
+// or lower than fence, or equal to it and written by the same grant (a
+// retry) or by no recorded grant; the stored fence and grant become the
+// writer's. An equal fence written by another grant is an error
+// (CodeFenceRegression, cause ErrFenceRepeated) and changes nothing. A
+// refused write then costs a second statement, which reads the row to
+// tell these apart.
+//
 // Errors: bad input is InvalidArgument before any I/O (a nil or zero
-// guard, a nil or nil-pointer DB, a nil key, a fence out of range, a guard
-// made WithGrantColumn); a connection failure after the statement may have
-// reached the server is Ambiguous (the write may have been applied);
-// server errors go through the usual SQLSTATE mapping (a value of the
-// wrong type, for instance).
+// guard, a nil or nil-pointer DB, a nil key, a fence out of range, a
+// missing or malformed GrantID on a guard made WithGrantColumn); a
+// connection failure after the statement may have reached the server is
+// Ambiguous (the write may have been applied); server errors go through
+// the usual SQLSTATE mapping (a value of the wrong type, for instance).
 func (g *FenceGuard) Update(ctx context.Context, db DB, key any, fence pglease.Fence, sets ...Set) (accepted bool, err error) {
 	const op = "pg.FenceGuard.Update"
-	return g.update(ctx, op, db, key, fence, nil, sets)
-}
-
-// UpdateGrant is Update for a guard made WithGrantColumn: grant is the
-// writer's GrantID. The row is written when its stored fence is NULL or
-// lower than fence, or equal to it and written by the same grant (a
-// retry) or by no recorded grant; the stored fence and grant become the
-// writer's. accepted is false, as with Update, when a newer lease has
-// written the row or no row has key. An equal fence written by another
-// grant is an error (CodeFenceRegression, cause ErrFenceRepeated) and
-// changes nothing. A refused write costs a second statement, which reads
-// the row to tell these apart.
-func (g *FenceGuard) UpdateGrant(ctx context.Context, db DB, key any, fence pglease.Fence, grant string, sets ...Set) (accepted bool, err error) {
-	const op = "pg.FenceGuard.UpdateGrant"
-	return g.update(ctx, op, db, key, fence, &grant, sets)
-}
-
-// accepts returns the SQL condition under which a row t may take a write
-// with fence $2 (and grant $3) given as the expression f (and gr).
-func (g *FenceGuard) accepts(f, gr string) string {
-	if g.grantCol == "" {
-		return "t." + g.fenceCol + " IS NULL OR t." + g.fenceCol + " <= " + f
-	}
-	return "t." + g.fenceCol + " IS NULL OR t." + g.fenceCol + " < " + f +
-		" OR (t." + g.fenceCol + " = " + f + " AND (t." + g.grantCol + " IS NULL OR t." + g.grantCol + " = " + gr + "))"
-}
-
-func (g *FenceGuard) update(ctx context.Context, op string, db DB, key any, fence pglease.Fence, grant *string, sets []Set) (bool, error) {
-	cols, vals, err := g.check(op, ctx, db, key, fence, grant, sets)
+	cols, vals, grant, err := g.check(op, ctx, db, key, fence, sets)
 	if err != nil {
 		return false, err
 	}
@@ -289,28 +277,26 @@ func (g *FenceGuard) update(ctx context.Context, op string, db DB, key any, fenc
 	return g.exec(ctx, op, db, b.String(), append(args, vals...), grant != nil)
 }
 
+// accepts returns the SQL condition under which a row t may take a write
+// with fence $2 (and grant $3) given as the expression f (and gr).
+func (g *FenceGuard) accepts(f, gr string) string {
+	if g.grantCol == "" {
+		return "t." + g.fenceCol + " IS NULL OR t." + g.fenceCol + " <= " + f
+	}
+	return "t." + g.fenceCol + " IS NULL OR t." + g.fenceCol + " < " + f +
+		" OR (t." + g.fenceCol + " = " + f + " AND (t." + g.grantCol + " IS NULL OR t." + g.grantCol + " = " + gr + "))"
+}
+
 // Upsert is Update that creates the row when no row has key yet
 // (INSERT … ON CONFLICT (key column) DO UPDATE … WHERE stored fence is
-// NULL or ≤ fence). It needs a unique constraint or index on the key
+// NULL or ≤ fence, or Update's grant rule on a guard made
+// WithGrantColumn). It needs a unique constraint or index on the key
 // column alone. accepted is false only when a newer lease has written
 // the row. Columns not in sets get their defaults on insert and keep
 // their values on update.
 func (g *FenceGuard) Upsert(ctx context.Context, db DB, key any, fence pglease.Fence, sets ...Set) (accepted bool, err error) {
 	const op = "pg.FenceGuard.Upsert"
-	return g.upsert(ctx, op, db, key, fence, nil, sets)
-}
-
-// UpsertGrant is Upsert for a guard made WithGrantColumn, with
-// UpdateGrant's rule for an existing row: an equal fence is accepted only
-// from the grant that wrote it (or when no grant was recorded), and from
-// another grant is an error (CodeFenceRegression, cause ErrFenceRepeated).
-func (g *FenceGuard) UpsertGrant(ctx context.Context, db DB, key any, fence pglease.Fence, grant string, sets ...Set) (accepted bool, err error) {
-	const op = "pg.FenceGuard.UpsertGrant"
-	return g.upsert(ctx, op, db, key, fence, &grant, sets)
-}
-
-func (g *FenceGuard) upsert(ctx context.Context, op string, db DB, key any, fence pglease.Fence, grant *string, sets []Set) (bool, error) {
-	cols, vals, err := g.check(op, ctx, db, key, fence, grant, sets)
+	cols, vals, grant, err := g.check(op, ctx, db, key, fence, sets)
 	if err != nil {
 		return false, err
 	}
@@ -341,8 +327,8 @@ func (g *FenceGuard) upsert(ctx context.Context, op string, db DB, key any, fenc
 	return g.exec(ctx, op, db, b.String(), append(args, vals...), grant != nil)
 }
 
-// exec runs one fenced write; a returned row means accepted. Like
-// Store.run, a pool connection is taken first so that failing to get one
+// exec runs one fenced write; a returned row means accepted. Like the
+// Store's statements, a pool connection is taken first so that failing to get one
 // is known not to have sent anything. With classify (grant writes), a
 // refused write is followed, on the same connection, by a read of the
 // row that tells a repeated fence (error) from an older one (false);
@@ -374,8 +360,11 @@ func (g *FenceGuard) exec(ctx context.Context, op string, db DB, sql string, arg
 			return accepted, nil
 		}
 		var repeated bool
-		err := db.QueryRow(ctx, "SELECT COALESCE(bool_or(t."+g.fenceCol+" = $2::bigint AND t."+g.grantCol+" IS NOT NULL AND t."+
-			g.grantCol+" <> $3::text), false) FROM "+g.table+" AS t WHERE t."+g.keyCol+" = $1", args[0], args[1], args[2]).Scan(&repeated)
+		rows, err := db.Query(ctx, "SELECT COALESCE(bool_or(t."+g.fenceCol+" = $2::bigint AND t."+g.grantCol+" IS NOT NULL AND t."+
+			g.grantCol+" <> $3::text), false) FROM "+g.table+" AS t WHERE t."+g.keyCol+" = $1", args[0], args[1], args[2])
+		if err == nil {
+			repeated, err = pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+		}
 		if err != nil {
 			return false, pgerr.Map(ctx, op, err)
 		}
@@ -385,7 +374,7 @@ func (g *FenceGuard) exec(ctx context.Context, op string, db DB, sql string, arg
 		return false, nil
 	}
 	mapped := pgerr.Map(ctx, op, err)
-	if sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
+	if store.Sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
 		return false, pgerr.New(pglease.CodeAmbiguous, op, "outcome unknown: the write may have been applied", mapped)
 	}
 	return false, mapped

@@ -2,7 +2,6 @@ package pg_test
 
 import (
 	"context"
-	"flag"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -11,11 +10,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
-
-var update = flag.Bool("update", false, "rewrite pg/schema.sql from SchemaSQL(Config{})")
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
@@ -68,9 +68,9 @@ func maxConns(n int32) func(*pgxpool.Config) {
 }
 
 // newStore returns a Store with its schema set up in a fresh schema. With
-// SyncGuard's default table names (what pg/roles.sql grants on), the
+// SyncGuard's default table names (what roles.sql grants on), the
 // schema is set up by the owner role and the Store and the returned pool
-// connect as the runtime role (issue 10 §3). With other table names,
+// connect as the runtime role, as in production. With other table names,
 // everything runs as the harness's superuser (newSuperStore).
 func newStore(t testing.TB, cfg pg.Config, configure ...func(*pgxpool.Config)) (*pg.Store, *pgxpool.Pool, string) {
 	t.Helper()
@@ -96,9 +96,7 @@ func newSuperStore(t testing.TB, cfg pg.Config, configure ...func(*pgxpool.Confi
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetupSchema(ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	setupSchema(t, pool, cfg)
 	return s, pool, schema
 }
 
@@ -109,7 +107,7 @@ func ctx(t testing.TB) context.Context {
 }
 
 // serverNow returns the server's clock_timestamp in ms.
-func serverNow(t testing.TB, db pg.DB) int64 {
+func serverNow(t testing.TB, db testDB) int64 {
 	t.Helper()
 	var ms int64
 	if err := db.QueryRow(ctx(t), "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").Scan(&ms); err != nil {
@@ -118,18 +116,22 @@ func serverNow(t testing.TB, db pg.DB) int64 {
 	return ms
 }
 
-// waitServer polls until the server clock reaches ms.
-func waitServer(t testing.TB, db pg.DB, ms int64) {
+// testDB is what the tests' own statements run on (a pool, a connection,
+// a transaction).
+type testDB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// setupSchema migrates cfg's tables on db to the current version.
+func setupSchema(t testing.TB, db pg.DB, cfg pg.Config) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		now := serverNow(t, db)
-		if now >= ms {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("server clock did not advance")
-		}
-		time.Sleep(time.Duration(min(ms-now, 50)) * time.Millisecond)
+	mg, err := migrate.New(db, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mg.Up(ctx(t)); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -23,13 +24,13 @@ func TestAcquireLockedTellsExpiryAndHolder(t *testing.T) {
 	}
 	c := ctx(t)
 	const ttl = 1500 * time.Millisecond
-	held, err := a.Acquire(c, pg.AcquireRequest{Key: "locked-info", TTL: ttl})
+	held, err := a.Acquire(c, "locked-info", ttl)
 	if err != nil || !held.OK {
 		t.Fatal(held, err)
 	}
 
 	before := serverNow(t, pool)
-	r, err := b.Acquire(c, pg.AcquireRequest{Key: "locked-info", TTL: time.Minute})
+	r, err := b.Acquire(c, "locked-info", time.Minute)
 	returned := time.Now()
 	after := serverNow(t, pool)
 	if err != nil || r.OK {
@@ -44,17 +45,17 @@ func TestAcquireLockedTellsExpiryAndHolder(t *testing.T) {
 	}
 	// The property under test is a moment on the local clock: wait for it.
 	time.Sleep(time.Until(returned.Add(r.RetryAfter)))
-	got, err := b.Acquire(c, pg.AcquireRequest{Key: "locked-info", TTL: time.Minute})
+	got, err := b.Acquire(c, "locked-info", time.Minute)
 	if err != nil || !got.OK {
 		t.Fatalf("Acquire RetryAfter after the locked answer = %v, %v; want granted", got, err)
 	}
 
 	// A SyncGuard holder records no identity.
-	sg := newSGConn(t, pool)
-	if _, ok, err := sg.acquire("locked-sg", time.Minute); err != nil || !ok {
+	sg := pgtest.NewSyncGuard(t, pool)
+	if _, ok, err := sg.Acquire("locked-sg", time.Minute); err != nil || !ok {
 		t.Fatalf("SyncGuard acquire: %v %v", ok, err)
 	}
-	r, err = b.Acquire(c, pg.AcquireRequest{Key: "locked-sg", TTL: time.Minute})
+	r, err = b.Acquire(c, "locked-sg", time.Minute)
 	if err != nil || r.OK || r.Holder != "" || r.RetryAfter < 30*time.Second {
 		t.Fatalf("Acquire of SyncGuard's key = %v, %v; want locked, no holder", r, err)
 	}
@@ -64,7 +65,7 @@ func TestAcquireLockedTellsExpiryAndHolder(t *testing.T) {
 	if _, err := pool.Exec(c, "UPDATE syncguard_locks_holders SET holder = E'evil\\x1b[2J' WHERE key = 'locked-info'"); err != nil {
 		t.Fatal(err)
 	}
-	r, err = a.Acquire(c, pg.AcquireRequest{Key: "locked-info", TTL: time.Minute})
+	r, err = a.Acquire(c, "locked-info", time.Minute)
 	if err != nil || r.OK || r.Holder != "" {
 		t.Fatalf("Acquire with an unprintable holder = %v, %v; want locked, no holder", r, err)
 	}

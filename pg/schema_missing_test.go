@@ -11,6 +11,7 @@ import (
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // wantSchemaMissing checks that err is InvalidArgument, says how to create
@@ -20,7 +21,7 @@ func wantSchemaMissing(t *testing.T, what string, err error, sqlstate string) {
 	if !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatalf("%s: %v, want InvalidArgument", what, err)
 	}
-	if !strings.Contains(err.Error(), "run SetupSchema or apply pg/schema.sql") {
+	if !strings.Contains(err.Error(), "run SetupSchema or apply pg/migrate/sql/schema.sql") {
 		t.Fatalf("%s: %q does not say how to create the schema", what, err)
 	}
 	if n := strings.Count(err.Error(), "pglease:"); n != 1 {
@@ -35,9 +36,10 @@ func wantSchemaMissing(t *testing.T, what string, err error, sqlstate string) {
 // TestMissingSchemaSaysHowToCreateIt: operations on a database where
 // SetupSchema never ran, or whose lock table is gone, say how to create
 // the schema, with one "pglease:" prefix: an acquire's schema check
-// (pg.SchemaError) before the first acquire, and for statements that meet
-// a missing function (42883) or table (42P01) "run SetupSchema or apply
-// pg/schema.sql" — through pg.Store and through the Manager.
+// (migrate.SchemaError) before the first acquire, and for statements that
+// meet a missing function (42883) or table (42P01) "run SetupSchema or
+// apply pg/migrate/sql/schema.sql" — through pg.Store and through the
+// Manager.
 func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	t.Parallel()
 	c := ctx(t)
@@ -48,13 +50,13 @@ func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	}
 	wantSchemaCheck := func(what string, err error) {
 		t.Helper()
-		var se *pg.SchemaError
+		var se *migrate.SchemaError
 		if !errors.Is(err, pglease.ErrInvalidArgument) || !errors.As(err, &se) || se.Found != 0 ||
 			!strings.Contains(err.Error(), "SetupSchema") || strings.Count(err.Error(), "pglease:") != 1 {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	_, err = s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second})
+	_, err = s.Acquire(c, "k", time.Second)
 	wantSchemaCheck("pg.Acquire without schema", err)
 	_, err = s.Release(c, "AAAAAAAAAAAAAAAAAAAAAA")
 	wantSchemaMissing(t, "pg.Release without schema", err, "42883")
@@ -78,10 +80,8 @@ func TestMissingSchemaSaysHowToCreateIt(t *testing.T) {
 	}
 	_, _, err = m.TryAcquire(c, "k")
 	wantSchemaMissing(t, "manager.TryAcquire without lock table", err, "42P01")
-	if err := s.SetupSchema(c); err != nil { // the recorded version is current: nothing to do
-		t.Fatal(err)
-	}
-	_, err = s.Acquire(c, pg.AcquireRequest{Key: "k", TTL: time.Second})
+	setupSchema(t, pool, pg.Config{}) // the recorded version is current: nothing to do
+	_, err = s.Acquire(c, "k", time.Second)
 	wantSchemaMissing(t, "pg.Acquire without lock table", err, "42P01")
 }
 

@@ -2,36 +2,38 @@ package pg
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync/atomic"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
-	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
 )
 
-// DB is what a Store runs its statements on. *pgxpool.Pool, *pgx.Conn and
-// pgx.Tx satisfy it. With a pgx.Tx, the Store's statements join the
-// caller's transaction (and its advisory locks last until it ends).
+// DB is what a Store, a FenceGuard and a migrate.Migrator run their
+// statements on, so that the caller chooses the connection:
+// *pgxpool.Pool, *pgxpool.Conn, *pgx.Conn and pgx.Tx satisfy it. With a
+// pgx.Tx, the statements join the caller's transaction (and its advisory
+// locks last until it ends).
 type DB interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// Config names the tables. The zero value uses SyncGuard's defaults.
+// Config names the tables and says how releases are announced; a Store,
+// a migrate.Migrator and a Manager (manager.Config embeds it) read the
+// same tables only when they are given the same names. The zero value
+// uses SyncGuard's default table names.
 type Config struct {
 	// LockTable is the lock table, `ident` or `schema.ident` with
 	// ident = ^[A-Za-z_][A-Za-z0-9_]{0,62}$. Default "syncguard_locks".
 	// An unqualified name resolves through the connection's search_path,
-	// as do the server functions SetupSchema creates next to it.
+	// as do the server functions the schema migrations (package
+	// pg/migrate) create next to it.
 	LockTable string
 	// FenceTable is the fence counter table, same rules; it must differ
 	// from LockTable. Default "syncguard_fence_counters".
@@ -42,159 +44,119 @@ type Config struct {
 	// processes can wake up. "" = no notification.
 	NotifyChannel string
 	// OnFenceWarning, if set, is called (synchronously, after the grant)
-	// for each grant whose fence is above 90,000,000,000,000: the counter
-	// is approaching the largest fence ever granted, 900,000,000,000,000
-	// (SyncGuard's thresholds). It gets pglease.HashKey of the key,
-	// never the key itself.
+	// for each grant whose fence is above 90000000000000, a tenth of the
+	// largest fence ever granted (900000000000000, after which a key can
+	// no longer be acquired): time to plan for it. It gets
+	// pglease.HashKey of the key, never the key itself.
 	OnFenceWarning func(keyHash string, fence pglease.Fence)
 	// Holder identifies this process as the holder of the leases it
-	// acquires, for operators (Lookup, `pglease status`): at most
-	// MaxHolderBytes of UTF-8 without control characters. ""
-	// means DefaultHolder() (program, pid and host). It is stored in a
-	// table of its own next to the lock table, tied to the grant's
-	// lockId, so SyncGuard processes on the same tables are unaffected
-	// and a lease SyncGuard takes over never shows it.
+	// acquires, for operators (Lookup, `pglease status`, the Holder of a
+	// locked answer): at most 256 bytes of UTF-8 without control
+	// characters. "" means "program[pid]@host", e.g. "worker[4242]@web-1"
+	// (the executable's base name, the process id and the host name). It
+	// is stored in a table of its own next to the lock table, tied to the
+	// grant's lockId, so SyncGuard processes on the same tables are
+	// unaffected and a lease SyncGuard takes over never shows it.
 	Holder string
 }
 
-// MaxHolderBytes caps Config.Holder.
-const MaxHolderBytes = 256
-
-// MaxBatch is the largest number of items one batched call accepts,
-// except ExtendMany (MaxExtendBatch).
-const MaxBatch = 10000
-
-// MaxExtendBatch is the largest number of items ExtendMany accepts. An
-// extend takes no advisory lock per key (an acquire does, and PostgreSQL's
-// shared lock table bounds those per transaction), so one statement can
-// extend every lease a large holder keeps.
-const MaxExtendBatch = 100000
-
-// Store runs SyncGuard-compatible lease-lock operations on a DB. It is
-// safe for concurrent use (as safe as its DB: a *pgx.Conn or pgx.Tx is
-// not). It does not own the DB and never closes it.
+// Store runs SyncGuard-compatible lease-lock operations on a DB, one
+// statement (one round trip) each: what a program that locks without a
+// Manager calls. It is safe for concurrent use (as safe as its DB: a
+// *pgx.Conn or pgx.Tx is not). It does not own the DB and never closes
+// it. The schema must be at the version this pglease needs (package
+// pg/migrate): the Store checks it once, before its first acquire, and
+// fails with an error that says how to migrate when it is not.
 type Store struct {
-	db     DB
-	cfg    Config
-	n      names
-	holder string
-
-	// checked is set once the schema version is known to serve this
-	// code (checkOnce, CheckSchema, SetupSchema, Migrate).
-	checked atomic.Bool
-
-	acquireSQL, releaseSQL, extendSQL string
-	releaseWaitedSQL                  string
-	versionSQL                        string
-	handOffSQL                        string
-	lookupKeySQL, lookupIDSQL         string
-	isLockedSQL                       string
+	s *store.Store
 }
 
 // New returns a Store on db. It validates cfg (bad names are
 // InvalidArgument) and does no I/O.
 func New(db DB, cfg Config) (*Store, error) {
-	const op = "pg.New"
-	if isNilDB(db) { // also a nil *pgxpool.Pool inside the interface
-		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil DB", nil)
-	}
-	n, err := cfg.names(op)
+	s, err := store.New("pg.New", db, store.Config(cfg))
 	if err != nil {
 		return nil, err
 	}
-	holder := cfg.Holder
-	if holder == "" {
-		holder = DefaultHolder()
-	} else if err := checkHolder(op, holder); err != nil {
-		return nil, err
-	}
-	const liveMs = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
-	sel := "SELECT l.key, l.lock_id, l.expires_at_ms, l.acquired_at_ms, l.fence, l.user_key, h.holder FROM " + n.lock +
-		" AS l LEFT JOIN " + n.holders + " AS h ON h.key = l.key AND h.lock_id = l.lock_id WHERE "
-	live := " AND l.expires_at_ms + " + fmt.Sprint(keys.TimeToleranceMs) + " > " + liveMs
-	return &Store{
-		db: db, cfg: cfg, n: n, holder: holder,
-		acquireSQL:       "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms, o_now_ms, o_holder FROM " + n.fnAcquire + "($1, $2, $3, $4, $5, $6)",
-		versionSQL:       "SELECT version, compatible_from FROM " + n.fnSchema + "()",
-		releaseSQL:       "SELECT o_idx, o_ok FROM " + n.fnRelease + "($1, $2)",
-		releaseWaitedSQL: releaseWaitedSQL(n.fnRelease, n.fnHash),
-		extendSQL:        "SELECT o_idx, o_expires_ms FROM " + n.fnExtend + "($1, $2)",
-		handOffSQL:       "SELECT o_idx, o_released, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.fnHandOff + "($1, $2, $3, $4, $5, $6, $7, $8)",
-		lookupKeySQL:     sel + "l.key = $1" + live,
-		lookupIDSQL:      sel + "l.lock_id = $1" + live,
-		isLockedSQL:      "SELECT EXISTS (SELECT 1 FROM " + n.lock + " AS l WHERE l.key = $1" + live + ")",
-	}, nil
+	return &Store{s: s}, nil
 }
 
-// AcquireRequest is one acquire: the argument of Acquire and an item of
-// AcquireMany.
-type AcquireRequest struct {
-	// Key is the lock key (normalized to NFC; at most 512 bytes after NFC normalization).
-	Key string
-	// TTL is the lease TTL, a positive whole number of milliseconds.
-	TTL time.Duration
-	// LockID is an optional pre-generated lockId (22 base64url characters);
-	// "" = generate one. Pre-generating lets a caller clean up after an
-	// ambiguous outcome (see Acquire).
-	LockID string
-}
-
-// Format never prints the key or lockId.
-func (r AcquireRequest) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "pg.AcquireRequest{Key:%s TTL:%v LockID:[redacted]}", pglease.HashKey(r.Key), r.TTL)
-}
-
-// AcquireResult answers one acquire.
+// AcquireResult answers Acquire: whether the key was taken and, if so,
+// the grant a caller extends, releases and fences its writes with; if
+// not, until when and by whom the key is held.
 type AcquireResult struct {
 	// OK is false when another holder has the key (a result, not an
-	// error) or, in AcquireMany only, when Err is set.
+	// error).
 	OK bool
-	// LockID is the lockId of the grant (a bearer secret), set when OK.
+	// LockID is the lockId of the grant, which Extend and Release take: a
+	// bearer secret (whoever has it can release the lease), so it is
+	// never printed (Format). Set when OK, and when Acquire's error is
+	// CodeAmbiguous (see Acquire).
 	LockID string
-	// Fence is the grant's fencing token, set when OK.
+	// Fence is the grant's fencing token, set when OK: it is above every
+	// fence granted before for the key, so a FenceGuard can refuse the
+	// writes of earlier holders.
 	Fence pglease.Fence
 	// AcquiredAt and ExpiresAt are server times with millisecond
 	// precision, set when OK. The record stays live for acquirers until
-	// ExpiresAt + 1 s (SyncGuard's tolerance). When the key is held by someone
-	// else, ExpiresAt is that holder's expiry (AcquiredAt stays zero).
+	// ExpiresAt plus SyncGuard's tolerance of one second. When the key is
+	// held by someone else, ExpiresAt is that holder's expiry (AcquiredAt
+	// stays zero).
 	AcquiredAt, ExpiresAt time.Time
 	// RetryAfter is set when the key is held by someone else: the time
 	// from the server's clock reading in this attempt to the moment the
-	// key can be taken over (ExpiresAt + 1 s) unless
-	// the holder extends or releases it first. Counted from the call's
-	// return it is never early (clock rate differences apart), so a
-	// caller that polls can try again then instead of at its next poll;
-	// keep polling too, since the holder may extend.
+	// key can be taken over (ExpiresAt plus one second) unless the holder
+	// extends or releases it first. Counted from the call's return it is
+	// never early (clock rate differences apart), so a caller that polls
+	// can try again then instead of at its next poll; keep polling too,
+	// since the holder may extend.
 	RetryAfter time.Duration
 	// Holder is set when the key is held by someone else and its holder
-	// recorded an identity (Config.Holder of the pglease Store that took
+	// recorded an identity (Config.Holder of the pglease process that took
 	// it; "" for a SyncGuard holder, or none recorded), for messages and
 	// operators.
 	Holder string
-	// Err is set (and OK false) in AcquireMany results for an item that
-	// failed on its own: today only a fence counter past the largest
-	// fence ever granted, 900,000,000,000,000 (CodeInternal). Acquire returns it as its error.
-	Err error
 }
 
-// Format never prints the lockId.
+// Format prints every field but the lockId (a bearer secret), for every
+// verb, so that logging a result never leaks it.
 func (r AcquireResult) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "pg.AcquireResult{OK:%t LockID:[redacted] Fence:%s AcquiredAt:%s ExpiresAt:%s RetryAfter:%v Holder:%q Err:%v}",
-		r.OK, r.Fence, r.AcquiredAt.Format(time.RFC3339Nano), r.ExpiresAt.Format(time.RFC3339Nano), r.RetryAfter, r.Holder, r.Err)
+	fmt.Fprintf(f, "pg.AcquireResult{OK:%t LockID:[redacted] Fence:%s AcquiredAt:%s ExpiresAt:%s RetryAfter:%v Holder:%q}",
+		r.OK, r.Fence, r.AcquiredAt.Format(time.RFC3339Nano), r.ExpiresAt.Format(time.RFC3339Nano), r.RetryAfter, r.Holder)
 }
 
-// ExtendRequest is one item of ExtendMany.
-type ExtendRequest struct {
-	LockID string
-	TTL    time.Duration
+// Acquire tries once to take key for ttl (a whole number of
+// milliseconds). A key held by someone else is AcquireResult{OK: false},
+// not an error. One round trip.
+//
+// When the error is CodeAmbiguous (the connection failed or ctx ended
+// after the statement was sent), the grant may have committed: the
+// result's LockID is then the lockId it would have, and
+// Release(ctx, res.LockID) removes it if it did. Any other error means
+// nothing was granted.
+func (s *Store) Acquire(ctx context.Context, key string, ttl time.Duration) (AcquireResult, error) {
+	id := keys.NewLockID()
+	r, err := s.s.Acquire(ctx, store.AcquireRequest{Key: key, TTL: ttl, LockID: id})
+	if err != nil {
+		if pglease.CodeOf(err) == pglease.CodeAmbiguous {
+			return AcquireResult{LockID: id}, err
+		}
+		return AcquireResult{}, err
+	}
+	return AcquireResult{OK: r.OK, LockID: r.LockID, Fence: r.Fence, AcquiredAt: r.AcquiredAt, ExpiresAt: r.ExpiresAt,
+		RetryAfter: r.RetryAfter, Holder: r.Holder}, nil
 }
 
-// Format never prints the lockId.
-func (r ExtendRequest) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "pg.ExtendRequest{LockID:[redacted] TTL:%v}", r.TTL)
+// Release releases the lock lockID holds. false means it was not held
+// (unknown lockId, already released, or expired on the server clock: a
+// lock past its expires_at cannot be released, it is simply gone for the
+// next acquirer after the tolerance). One round trip.
+func (s *Store) Release(ctx context.Context, lockID string) (bool, error) {
+	return s.s.Release(ctx, lockID)
 }
 
-// ExtendResult answers one extend.
+// ExtendResult answers Extend: whether the lease is still held, and its
+// new expiry.
 type ExtendResult struct {
 	// OK is false when the lock is no longer held: unknown lockId, or
 	// expires_at already passed on the server clock.
@@ -203,406 +165,63 @@ type ExtendResult struct {
 	ExpiresAt time.Time
 }
 
-// sent reports whether err may have happened after the statement reached
-// the server with its outcome unknown: a server-reported error is
-// definite (the statement and its implicit transaction rolled back),
-// except FATAL/PANIC ones, which end the session at any point; an error
-// pgconn marks safe to retry happened before anything was sent.
-func sent(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) {
-		return false
-	}
-	return !pgconn.SafeToRetry(err)
-}
-
-// run sends one statement and reads its rows with scan. For a pool it
-// takes the connection first, so that a failure to get one is known not
-// to have sent anything. When write is set, an error that may have
-// come after the statement was sent is CodeAmbiguous (wrapping the mapped
-// cause): the write may or may not have committed.
-func (s *Store) run(ctx context.Context, op string, write bool, sql string, args []any, scan func(pgx.Rows) error) error {
-	db := s.db
-	if pool, ok := db.(*pgxpool.Pool); ok {
-		conn, err := acquireConn(ctx, pool)
-		if err != nil {
-			return pgerr.MapSchema(ctx, op, err)
-		}
-		defer conn.Release()
-		db = conn
-	}
-	err := func() error {
-		rows, err := db.Query(ctx, sql, args...)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			if err := scan(rows); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
-	}()
-	if err == nil {
-		return nil
-	}
-	mapped := pgerr.MapSchema(ctx, op, err)
-	if write && sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
-		return pgerr.New(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
-	}
-	return mapped
-}
-
-// connCheckSlice bounds each try of acquireConn. pgxpool checks a
-// connection idle for more than a second with a ping under the acquire's
-// context before handing it out; a dead one (half-open, blackholed) then
-// answers nothing until that context ends.
-const connCheckSlice = time.Second
-
-// acquireConn takes a connection from pool in tries of at most
-// connCheckSlice, until ctx ends: a dead idle connection's liveness check
-// costs one try (pgxpool destroys the connection when its ping fails at the
-// try's end, and the next try takes another), not the caller's whole
-// deadline. A try that merely waited for a busy pool is repeated too.
-func acquireConn(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Conn, error) {
-	for {
-		tctx, cancel := context.WithTimeout(ctx, connCheckSlice)
-		conn, err := pool.Acquire(tctx)
-		tried := tctx.Err() != nil
-		cancel()
-		if err == nil || ctx.Err() != nil || !tried {
-			return conn, err
-		}
-	}
-}
-
-func withOp(op string, err error) error {
-	var e *pglease.Error
-	if errors.As(err, &e) {
-		return pgerr.New(e.Code, op, e.Msg, e.Err)
-	}
-	return err
-}
-
-// Acquire tries once to take req.Key for req.TTL. A key held by someone
-// else is AcquireResult{OK: false}, not an error. One round trip.
-//
-// req.LockID, if set (22 base64url characters), is the lockId the grant gets;
-// "" generates one. Choosing it before the call is how a caller cleans up
-// after an ambiguous outcome: when the error is CodeAmbiguous the grant
-// may have committed, and Release(ctx, req.LockID) removes it if it did.
-func (s *Store) Acquire(ctx context.Context, req AcquireRequest) (AcquireResult, error) {
-	const op = "pg.Acquire"
-	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return AcquireResult{}, err
-	}
-	res, err := s.acquire(ctx, op, []AcquireRequest{req})
-	if err != nil {
-		return AcquireResult{}, err
-	}
-	if res[0].Err != nil {
-		return AcquireResult{}, res[0].Err
-	}
-	return res[0], nil
-}
-
-// AcquireMany tries once to take every key in one statement (one round
-// trip); results[i] answers reqs[i]. Keys are taken in a fixed global
-// order, so concurrent batches cannot deadlock. When a key appears more
-// than once, the first occurrence may win and later ones are OK=false.
-// Invalid input anywhere fails the whole call before I/O. An empty batch
-// returns no results without I/O.
-func (s *Store) AcquireMany(ctx context.Context, reqs []AcquireRequest) ([]AcquireResult, error) {
-	const op = "pg.AcquireMany"
-	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return nil, err
-	}
-	return s.acquire(ctx, op, reqs)
-}
-
-func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) ([]AcquireResult, error) {
-	if len(reqs) > MaxBatch {
-		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
-	}
-	if len(reqs) == 0 {
-		return []AcquireResult{}, nil
-	}
-	storageKeys, fenceKeys, ids, ttls, err := prepareAcquire(op, reqs)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.checkOnce(ctx, op); err != nil {
-		return nil, err
-	}
-	// user_key is the NFC key, which for PostgreSQL equals the storage key.
-	out := make([]AcquireResult, len(reqs))
-	got := make([]bool, len(reqs))
-	var holder *string // nil only in the holder cost benchmark
-	if s.holder != "" {
-		holder = &s.holder
-	}
-	err = s.run(ctx, op, true, s.acquireSQL, []any{storageKeys, storageKeys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
-		var idx, status int32
-		var fence, acq, exp, now *int64
-		var holder *string
-		if err := rows.Scan(&idx, &status, &fence, &acq, &exp, &now, &holder); err != nil {
-			return err
-		}
-		i := int(idx) - 1
-		if i < 0 || i >= len(out) || got[i] {
-			return errors.New("pg: bad result index from acquire function")
-		}
-		got[i] = true
-		switch status {
-		case 0:
-			if fence == nil || acq == nil || exp == nil {
-				return errors.New("pg: incomplete grant from acquire function")
-			}
-			out[i] = AcquireResult{OK: true, LockID: ids[i], Fence: pglease.Fence(*fence),
-				AcquiredAt: time.UnixMilli(*acq), ExpiresAt: time.UnixMilli(*exp)}
-		case 1:
-			out[i] = lockedResult(exp, now, holder)
-		case 2:
-			out[i].Err = pgerr.New(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
-		default:
-			return errors.New("pg: unknown status from acquire function")
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	for i := range got {
-		if !got[i] {
-			return nil, pgerr.New(pglease.CodeAmbiguous, op, "acquire function returned too few rows", nil)
-		}
-	}
-	if s.cfg.OnFenceWarning != nil {
-		for i, r := range out {
-			if r.OK && r.Fence > keys.FenceWarn {
-				s.cfg.OnFenceWarning(pglease.HashKey(storageKeys[i]), r.Fence)
-			}
-		}
-	}
-	return out, nil
-}
-
-// lockedResult is the answer for a key held by someone else: the holder's
-// expiry and identity, when the acquire function returned them.
-func lockedResult(exp, now *int64, holder *string) AcquireResult {
-	var r AcquireResult
-	if exp != nil && now != nil {
-		r.ExpiresAt = time.UnixMilli(*exp)
-		// now is the server clock floored to the ms: the true remaining
-		// time is at most this.
-		r.RetryAfter = max(time.Duration(*exp+keys.TimeToleranceMs-*now)*time.Millisecond, 0)
-	}
-	// Shown in messages and on terminals: only what Config.Holder accepts.
-	if holder != nil && checkHolder("", *holder) == nil {
-		r.Holder = *holder
-	}
-	return r
-}
-
-// prepareAcquire validates acquire items and derives the function's
-// arguments: storage keys, fence keys, lockIds (generated when empty) and
-// TTLs in ms.
-func prepareAcquire(op string, reqs []AcquireRequest) (storageKeys, fenceKeys, ids []string, ttls []int64, err error) {
-	storageKeys = make([]string, len(reqs))
-	fenceKeys = make([]string, len(reqs))
-	ids = make([]string, len(reqs))
-	ttls = make([]int64, len(reqs))
-	seen := make(map[string]struct{}, len(reqs))
-	for i, r := range reqs {
-		k, err := keys.NormalizeKey(r.Key)
-		if err != nil {
-			return nil, nil, nil, nil, withOp(op, err)
-		}
-		if err := keys.ValidateTTL(r.TTL); err != nil {
-			return nil, nil, nil, nil, withOp(op, err)
-		}
-		// PostgreSQL: prefix "", limit 1700, reserve 0. A key ≤ 512 bytes is
-		// never hashed, so storage key == user key and fence key ==
-		// "fence:"+key (SyncGuard's two-step derivation).
-		sk, err := keys.MakeStorageKey("", k, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
-		if err != nil {
-			return nil, nil, nil, nil, withOp(op, err)
-		}
-		fk, err := keys.MakeStorageKey("", "fence:"+sk, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
-		if err != nil {
-			return nil, nil, nil, nil, withOp(op, err)
-		}
-		id := r.LockID
-		if id == "" {
-			id = keys.NewLockID()
-		} else if err := keys.ValidateLockID(id); err != nil {
-			return nil, nil, nil, nil, withOp(op, err)
-		}
-		if _, dup := seen[id]; dup {
-			return nil, nil, nil, nil, pgerr.New(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
-		}
-		seen[id] = struct{}{}
-		storageKeys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
-	}
-	return storageKeys, fenceKeys, ids, ttls, nil
-}
-
-func (s *Store) checkIDs(op string, ids []string) error {
-	if len(ids) > MaxBatch {
-		return pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
-	}
-	for _, id := range ids {
-		if err := keys.ValidateLockID(id); err != nil {
-			return withOp(op, err)
-		}
-	}
-	return nil
-}
-
-// Release releases the lock lockID holds. false means it was not held
-// (unknown lockId, already released, or expired on the server clock: a
-// lock past its expires_at cannot be released, it is simply gone for the
-// next acquirer after the tolerance). One round trip.
-func (s *Store) Release(ctx context.Context, lockID string) (bool, error) {
-	const op = "pg.Release"
-	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return false, err
-	}
-	res, err := s.release(ctx, op, []string{lockID})
-	if err != nil {
-		return false, err
-	}
-	return res[0], nil
-}
-
-// ReleaseMany releases every lockId in one statement (one round trip);
-// results[i] answers lockIDs[i]. A lockId given twice is released once
-// (the later occurrence answers false).
-func (s *Store) ReleaseMany(ctx context.Context, lockIDs []string) ([]bool, error) {
-	const op = "pg.ReleaseMany"
-	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return nil, err
-	}
-	return s.release(ctx, op, lockIDs)
-}
-
-func (s *Store) release(ctx context.Context, op string, ids []string) ([]bool, error) {
-	if err := s.checkIDs(op, ids); err != nil {
-		return nil, err
-	}
-	if len(ids) == 0 {
-		return []bool{}, nil
-	}
-	var channel *string
-	if s.cfg.NotifyChannel != "" {
-		channel = &s.cfg.NotifyChannel
-	}
-	return s.runRelease(ctx, op, s.releaseSQL, []any{ids, channel}, len(ids), false)
-}
-
-// runRelease runs a release statement for n lockIds and collects its
-// (o_idx, o_ok) rows, with a third column ignored when extra is set.
-func (s *Store) runRelease(ctx context.Context, op, sql string, args []any, n int, extra bool) ([]bool, error) {
-	out := make([]bool, n)
-	got := 0
-	err := s.run(ctx, op, true, sql, args, func(rows pgx.Rows) error {
-		var idx int32
-		var ok bool
-		var ignored *bool
-		dest := []any{&idx, &ok}
-		if extra {
-			dest = append(dest, &ignored)
-		}
-		if err := rows.Scan(dest...); err != nil {
-			return err
-		}
-		if idx < 1 || int(idx) > len(out) {
-			return errors.New("pg: bad result index from release function")
-		}
-		out[idx-1] = ok
-		got++
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if got != n {
-		return nil, pgerr.New(pglease.CodeAmbiguous, op, "release function returned a wrong row count", nil)
-	}
-	return out, nil
-}
-
 // Extend sets the lock's expiry to server now + ttl (it replaces the
 // expiry, it does not add to it). OK=false means the lock is no longer
 // held: unknown lockId or expires_at already passed on the server clock
 // (no revival inside the tolerance window). One round trip.
 func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (ExtendResult, error) {
-	const op = "pg.Extend"
-	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return ExtendResult{}, err
-	}
-	res, err := s.extend(ctx, op, []ExtendRequest{{LockID: lockID, TTL: ttl}})
-	if err != nil {
-		return ExtendResult{}, err
-	}
-	return res[0], nil
+	r, err := s.s.Extend(ctx, lockID, ttl)
+	return ExtendResult(r), err
 }
 
-// ExtendMany extends every lock in one statement (one round trip; at most
-// MaxExtendBatch items); results[i] answers reqs[i].
-func (s *Store) ExtendMany(ctx context.Context, reqs []ExtendRequest) ([]ExtendResult, error) {
-	const op = "pg.ExtendMany"
-	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return nil, err
-	}
-	return s.extend(ctx, op, reqs)
+// IsLocked reports whether key has a live lock record, by SyncGuard's
+// liveness rule: expires_at_ms + 1000 > server now (what an acquirer
+// checks). One round trip, read-only.
+func (s *Store) IsLocked(ctx context.Context, key string) (bool, error) {
+	return s.s.IsLocked(ctx, key)
 }
 
-func (s *Store) extend(ctx context.Context, op string, reqs []ExtendRequest) ([]ExtendResult, error) {
-	if len(reqs) > MaxExtendBatch {
-		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
-	}
-	ids := make([]string, len(reqs))
-	ttls := make([]int64, len(reqs))
-	for i, r := range reqs {
-		if err := keys.ValidateLockID(r.LockID); err != nil {
-			return nil, withOp(op, err)
-		}
-		if err := keys.ValidateTTL(r.TTL); err != nil {
-			return nil, withOp(op, err)
-		}
-		ids[i], ttls[i] = r.LockID, r.TTL.Milliseconds()
-	}
-	if len(reqs) == 0 {
-		return []ExtendResult{}, nil
-	}
-	out := make([]ExtendResult, len(reqs))
-	n := 0
-	err := s.run(ctx, op, true, s.extendSQL, []any{ids, ttls}, func(rows pgx.Rows) error {
-		var idx int32
-		var exp *int64
-		if err := rows.Scan(&idx, &exp); err != nil {
-			return err
-		}
-		if idx < 1 || int(idx) > len(out) {
-			return errors.New("pg: bad result index from extend function")
-		}
-		if exp != nil {
-			out[idx-1] = ExtendResult{OK: true, ExpiresAt: time.UnixMilli(*exp)}
-		}
-		n++
-		return nil
-	})
-	if err != nil {
+// LockInfo is the state of a live lock as Lookup shows it, for
+// diagnostics and operators: hashes instead of the key and lockId
+// (SyncGuard's LockInfo), so that it can be logged as it is.
+type LockInfo struct {
+	// KeyHash is pglease.HashKey of the (NFC) key.
+	KeyHash string
+	// LockIDHash is pglease.HashKey of the lockId: compare it with
+	// pglease.HashKey(lockID) to tell whether a lockId of yours holds it.
+	LockIDHash string
+	// AcquiredAt and ExpiresAt are server times, millisecond precision.
+	AcquiredAt, ExpiresAt time.Time
+	// Fence is the grant's fencing token.
+	Fence pglease.Fence
+	// Holder is the holder identity the granting pglease process recorded
+	// (its Config.Holder); "" when the holder did not record one
+	// (SyncGuard, or pglease before schema version 2).
+	Holder string
+}
+
+// String formats the fields with their names, for messages.
+func (i LockInfo) String() string {
+	return fmt.Sprintf("pg.LockInfo{KeyHash:%s LockIDHash:%s AcquiredAt:%s ExpiresAt:%s Fence:%s Holder:%q}",
+		i.KeyHash, i.LockIDHash, i.AcquiredAt.UTC().Format(time.RFC3339Nano), i.ExpiresAt.UTC().Format(time.RFC3339Nano), i.Fence, i.Holder)
+}
+
+// LogValue logs the fields as a group, for structured logs.
+func (i LockInfo) LogValue() slog.Value {
+	return slog.GroupValue(slog.String("key_hash", i.KeyHash), slog.String("lock_id_hash", i.LockIDHash),
+		slog.Time("acquired_at", i.AcquiredAt), slog.Time("expires_at", i.ExpiresAt), slog.String("fence", i.Fence.String()),
+		slog.String("holder", i.Holder))
+}
+
+// Lookup returns the state of key's lock, or nil, nil when there is none
+// or it is not live (SyncGuard's rule, as IsLocked): SyncGuard's
+// lookup({key}). Diagnostic only: by the time you act on it the answer
+// may be stale; use the fence to protect data. One round trip, read-only.
+func (s *Store) Lookup(ctx context.Context, key string) (*LockInfo, error) {
+	r, err := s.s.Lookup(ctx, "pg.Lookup", key)
+	if r == nil || err != nil {
 		return nil, err
 	}
-	if n != len(reqs) {
-		return nil, pgerr.New(pglease.CodeAmbiguous, op, "extend function returned a wrong row count", nil)
-	}
-	return out, nil
+	i := LockInfo(*r)
+	return &i, nil
 }

@@ -217,7 +217,7 @@
 // pglease.release_trigger.installed follows the semantic conventions'
 // 0/1 status metrics (k8s.container.ready): summed over Managers, it
 // counts those with the trigger; a series at 0 is a Manager without it.
-// The trigger (pg.Store.SetupReleaseTrigger) matters only when SyncGuard
+// The trigger (migrate.Migrator.SetupReleaseTrigger) matters only when SyncGuard
 // processes share the tables: their releases delete the row without a
 // NOTIFY, so without it this Manager's waiters learn of them by polling.
 // A Manager without it therefore logs one Info record, not a warning.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pg/advisory"
 )
 
@@ -42,21 +42,21 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, store, err := a.connect(ctx)
+	pool, st, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	cctx, cancel := a.withTimeout(ctx)
 	defer cancel()
-	v, err := collect(cctx, pool, store, reg, &o, pg.ListOptions{Key: key}, &a.c)
+	v, err := collect(cctx, pool, st, reg, &o, store.ListOptions{Key: key}, &a.c)
 	if err != nil {
 		return err
 	}
 	if !v.Schema.LockTable || !v.Schema.FenceTable {
 		return fail(exitSchema, "no lease tables (missing: %s): %s", strings.Join(v.Schema.Missing[:countTables(&v.Schema)], ", "), howToSetup)
 	}
-	fc, ok, err := store.FenceCounter(cctx, key)
+	fc, ok, err := st.FenceCounter(cctx, key)
 	if err != nil {
 		return err
 	}
@@ -231,7 +231,7 @@ func (a *app) release(ctx context.Context, args []string) error {
 	if *pid < 0 || *pid > 1<<31-1 {
 		return fail(exitUsage, "--pid out of range")
 	}
-	pool, store, err := a.connect(ctx)
+	pool, st, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -241,7 +241,7 @@ func (a *app) release(ctx context.Context, args []string) error {
 	if *pid != 0 {
 		return a.terminate(cctx, pool, int32(*pid), *yes)
 	}
-	list, err := store.ListLeases(cctx, pg.ListOptions{Key: *key, LockID: *lockID})
+	list, err := st.ListLeases(cctx, store.ListOptions{Key: *key, LockID: *lockID})
 	if err != nil {
 		return err
 	}
@@ -265,7 +265,7 @@ func (a *app) release(ctx context.Context, args []string) error {
 	if !*yes && !a.confirm("Release it?") {
 		return fail(exitRefused, "not released (not confirmed; --yes skips the question)")
 	}
-	ok, err := store.Release(cctx, r.LockID)
+	ok, err := st.Release(cctx, r.LockID)
 	result := "released"
 	switch {
 	case err != nil:

@@ -14,9 +14,11 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/advisory"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // withPassword returns url with password pw in it (pgtest's clusters
@@ -211,7 +213,11 @@ func TestStatusAdvisoryOnly(t *testing.T) {
 	want(t, run(t, w.url, "", "setup"), 0)
 	r = run(t, w.url, "", "status")
 	want(t, r, 0, "RELEASE TRIGGER  not installed for channel pglease_release", "MISSING  release trigger (channel pglease_release)")
-	if err := w.store.SetupReleaseTrigger(c, manager.DefaultNotifyChannel); err != nil {
+	mg, err := migrate.New(w.pool, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mg.SetupReleaseTrigger(c, manager.DefaultNotifyChannel); err != nil {
 		t.Fatal(err)
 	}
 	r = run(t, w.url, "", "status")
@@ -256,7 +262,7 @@ func TestStatusWaitingManagers(t *testing.T) {
 	waitFor(t, "both candidates' waiter locks", func() bool {
 		var n int
 		err := w.pool.QueryRow(c, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid "+
-			"AND objsubid = 2 AND objid = hashtext($2)::oid AND granted", pg.WaiterLockClass, key).Scan(&n)
+			"AND objsubid = 2 AND objid = hashtext($2)::oid AND granted", store.WaiterLockClass, key).Scan(&n)
 		return err == nil && n == 2
 	})
 	r := run(t, w.url, "", "status")
@@ -327,9 +333,9 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("go version -m: no main module:\n%s", out)
 	}
 	r := run(t, "-", "", "version")
-	want(t, r, 0, "pglease "+string(m[1])+"\n", fmt.Sprintf("needs schema version %d\n", pg.SchemaVersion))
+	want(t, r, 0, "pglease "+string(m[1])+"\n", fmt.Sprintf("needs schema version %d\n", migrate.Latest))
 	r = run(t, w.url, "", "version")
-	want(t, r, 0, "pglease "+string(m[1])+"\n", fmt.Sprintf("database schema version %d", pg.SchemaVersion), "status: current")
+	want(t, r, 0, "pglease "+string(m[1])+"\n", fmt.Sprintf("database schema version %d", migrate.Latest), "status: current")
 }
 
 // JSON lists are [] when empty, never null.

@@ -66,7 +66,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // Exit codes.
@@ -210,9 +212,9 @@ const howToSetup = "run `pglease setup` (as a role that may create tables and fu
 // schemaProblem reports whether err says the pglease schema is missing
 // or not at the version this pglease needs, and what to tell the
 // operator then: its tables or functions do not exist (SQLSTATE 42P01,
-// 42883, 3F000) or the schema version is wrong (*pg.SchemaError).
+// 42883, 3F000) or the schema version is wrong (a SchemaError).
 func schemaProblem(err error) (string, bool) {
-	var se *pg.SchemaError
+	var se *store.SchemaError
 	if errors.As(err, &se) {
 		if se.Found > se.Want {
 			return fmt.Sprintf("the schema is at version %d (serving pglease schema versions %d..%d), newer than this pglease serves (it needs %d): upgrade pglease",
@@ -303,7 +305,7 @@ func (a *app) checkLocal() error {
 	if a.c.timeout <= 0 {
 		return fail(exitUsage, "--timeout must be positive")
 	}
-	if _, err := pg.SchemaSQL(a.c.config()); err != nil { // validates the table names
+	if _, err := migrate.SQL(a.c.config()); err != nil { // validates the table names
 		return fail(exitUsage, "%v", err)
 	}
 	return nil
@@ -311,7 +313,7 @@ func (a *app) checkLocal() error {
 
 // connect opens a pool (two connections at most) and a Store; it checks
 // the connection at once so a wrong URL fails here, with a clear message.
-func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *pg.Store, error) {
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *store.Store, error) {
 	cfg, err := a.checkCommon()
 	if err != nil {
 		return nil, nil, err
@@ -326,12 +328,12 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *pg.Store, error) {
 		pool.Close()
 		return nil, nil, fail(exitFailed, "cannot connect to the database: %v", err)
 	}
-	store, err := pg.New(pool, a.c.config())
+	st, err := store.New("pg.New", pool, store.Config(a.c.config()))
 	if err != nil {
 		pool.Close()
 		return nil, nil, fail(exitUsage, "%v", err)
 	}
-	return pool, store, nil
+	return pool, st, nil
 }
 
 // withTimeout bounds one command's database work.

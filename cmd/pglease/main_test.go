@@ -18,8 +18,9 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pg/advisory"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // bin is the pglease binary the tests run, built once by TestMain.
@@ -106,12 +107,12 @@ func wantLines(t *testing.T, r result, res ...string) {
 type world struct {
 	url   string
 	pool  *pgxpool.Pool
-	store *pg.Store
+	store *store.Store
 }
 
 // With setup, the schema was set up by an owner role and everything else
 // (the binary and the test's own lock operations) runs as the runtime
-// role of pg/roles.sql, as in production (issue 10 §3). Without it, the
+// role of roles.sql (migrate.RolesSQL), as in production. Without it, the
 // harness's superuser runs the schema commands (setup and migrate are
 // the owner's, never the runtime role's).
 func newWorld(t *testing.T, setup bool) *world {
@@ -127,16 +128,16 @@ func newWorld(t *testing.T, setup bool) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	s, err := pg.New(pool, pg.Config{Holder: "billing[42]@web-1"})
+	s, err := store.New("pg.New", pool, store.Config{Holder: "billing[42]@web-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &world{url: url, pool: pool, store: s}
 }
 
-func (w *world) acquire(t *testing.T, key string, ttl time.Duration) pg.AcquireResult {
+func (w *world) acquire(t *testing.T, key string, ttl time.Duration) store.AcquireResult {
 	t.Helper()
-	r, err := w.store.Acquire(ctx(t), pg.AcquireRequest{Key: key, TTL: ttl})
+	r, err := w.store.Acquire(ctx(t), store.AcquireRequest{Key: key, TTL: ttl})
 	if err != nil || !r.OK {
 		t.Fatalf("Acquire(%s) = %v, %v", key, r, err)
 	}
@@ -176,7 +177,7 @@ func TestStatus(t *testing.T) {
 	}
 	acqDone := make(chan error, 1)
 	go func() {
-		_, err := w.store.Acquire(c, pg.AcquireRequest{Key: "job:1", TTL: time.Minute})
+		_, err := w.store.Acquire(c, store.AcquireRequest{Key: "job:1", TTL: time.Minute})
 		acqDone <- err
 	}()
 	// An advisory holder and a waiter.
@@ -216,7 +217,7 @@ func TestStatus(t *testing.T) {
 		r = run(t, w.url, "", "status", "--name", "scheduler=int64:42424242")
 		return strings.Contains(r.stdout, "int64:42424242 (scheduler): 1 waiting")
 	})
-	want(t, r, 0, fmt.Sprintf("schema v%d (current)", pg.SchemaVersion), "LEASES  1 live, 1 expired", pglease.HashKey("job:1"), "billing[42]@web-1",
+	want(t, r, 0, fmt.Sprintf("schema v%d (current)", migrate.Latest), "LEASES  1 live, 1 expired", pglease.HashKey("job:1"), "billing[42]@web-1",
 		"ADVISORY LOCKS", "scheduler", fmt.Sprint(holder.BackendPID()), "waiting", "lease acquire "+pglease.HashKey("job:1"),
 		"CONTENTION", "lease "+pglease.HashKey("job:1")+": 1 waiting", "int64:42424242 (scheduler): 1 waiting")
 	if strings.Contains(r.stdout, "job:1") || strings.Contains(r.stdout, job.LockID) {
@@ -394,18 +395,18 @@ func TestSchemaCommands(t *testing.T) {
 	r = run(t, w.url, "", "status")
 	want(t, r, exitSchema, "LEASES  none: no lock table", "run `pglease setup`") // no tables at all yet
 	r = run(t, w.url, "", "setup")
-	want(t, r, 0, fmt.Sprint("schema migrated from version 0 to ", pg.SchemaVersion))
+	want(t, r, 0, fmt.Sprint("schema migrated from version 0 to ", migrate.Latest))
 	r = run(t, w.url, "", "setup")
-	want(t, r, 0, fmt.Sprint("already at version ", pg.SchemaVersion))
+	want(t, r, 0, fmt.Sprint("already at version ", migrate.Latest))
 	r = run(t, w.url, "", "version")
 	want(t, r, 0, "status: current")
 	w.acquire(t, "keep", time.Minute)
 	r = run(t, w.url, "", "migrate", "--to", "0")
-	want(t, r, 0, fmt.Sprintf("from version %d to 0", pg.SchemaVersion), "tables and fence counters kept")
+	want(t, r, 0, fmt.Sprintf("from version %d to 0", migrate.Latest), "tables and fence counters kept")
 	r = run(t, w.url, "", "status")
-	want(t, r, exitSchema, fmt.Sprint("schema v0, this pglease needs v", pg.SchemaVersion), "1 live") // SyncGuard's tables still show their leases
+	want(t, r, exitSchema, fmt.Sprint("schema v0, this pglease needs v", migrate.Latest), "1 live") // SyncGuard's tables still show their leases
 	r = run(t, w.url, "", "migrate")
-	want(t, r, 0, fmt.Sprint("from version 0 to ", pg.SchemaVersion))
+	want(t, r, 0, fmt.Sprint("from version 0 to ", migrate.Latest))
 	r = run(t, w.url, "", "migrate", "--designs", "--to", "1")
 	want(t, r, 0, "design functions installed")
 	var id int64
@@ -414,6 +415,15 @@ func TestSchemaCommands(t *testing.T) {
 	}
 	r = run(t, w.url, "", "migrate", "--designs", "--to", "0")
 	want(t, r, 0, "design functions removed")
+	// Down to 0 with --drop-tables drops SyncGuard's tables too.
+	r = run(t, w.url, "", "migrate", "--to", "0", "--drop-tables")
+	want(t, r, 0, fmt.Sprintf("from version %d to 0", migrate.Latest))
+	var tables int
+	if err := w.pool.QueryRow(ctx(t), "SELECT count(*) FROM pg_class WHERE relnamespace = current_schema()::regnamespace AND relkind = 'r'").Scan(&tables); err != nil || tables != 0 {
+		t.Fatalf("%d tables left after migrate --to 0 --drop-tables (%v)", tables, err)
+	}
+	r = run(t, w.url, "", "setup")
+	want(t, r, 0, fmt.Sprint("schema migrated from version 0 to ", migrate.Latest))
 
 	// sql needs no database.
 	r = run(t, "-", "", "sql")

@@ -3,10 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	iofs "io/fs"
+	"path"
 	"runtime/debug"
+	"slices"
 	"strings"
 
-	"github.com/pglease/pglease/pg"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 func (a *app) setup(ctx context.Context, args []string) error {
@@ -17,21 +22,25 @@ func (a *app) setup(ctx context.Context, args []string) error {
 	if fs.NArg() != 0 {
 		return fail(exitUsage, "setup takes no arguments")
 	}
-	pool, store, err := a.connect(ctx)
+	pool, st, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	cctx, cancel := a.withTimeout(ctx)
 	defer cancel()
-	before, _, err := store.SchemaVersion(cctx)
+	before, _, err := st.ReadVersion(cctx, "migrate.Version")
 	if err != nil {
 		return err
 	}
-	if err := store.SetupSchema(cctx); err != nil {
+	mg, err := migrate.New(pool, a.c.config())
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	if err := mg.Up(cctx); err != nil {
 		return err
 	}
-	after, _, err := store.SchemaVersion(cctx)
+	after, _, err := st.ReadVersion(cctx, "migrate.Version")
 	if err != nil {
 		return err
 	}
@@ -45,7 +54,7 @@ func (a *app) setup(ctx context.Context, args []string) error {
 
 func (a *app) migrate(ctx context.Context, args []string) error {
 	fs := a.flags("migrate", "")
-	to := fs.Int("to", pg.SchemaVersion, "target version (0 removes pglease's objects; SyncGuard's tables stay unless --drop-tables)")
+	to := fs.Int("to", migrate.Latest, "target version (0 removes pglease's objects; SyncGuard's tables stay unless --drop-tables)")
 	drop := fs.Bool("drop-tables", false, "at version 0, also drop SyncGuard's lock and fence counter tables (fence counters are lost)")
 	designs := fs.Bool("designs", false, "migrate the optional design functions (email_to_lock_id, …) instead: --to 1 installs, --to 0 removes")
 	if err := parse(fs, args); err != nil {
@@ -55,16 +64,16 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 		return fail(exitUsage, "migrate takes no arguments")
 	}
 	if *designs {
-		if *to != 0 && *to != 1 && *to != pg.SchemaVersion {
+		if *to != 0 && *to != 1 && *to != migrate.Latest {
 			return fail(exitUsage, "--designs: --to must be 1 (install) or 0 (remove)")
 		}
-	} else if *to < 0 || *to > pg.SchemaVersion {
-		return fail(exitUsage, "--to must be 0..%d", pg.SchemaVersion)
+	} else if *to < 0 || *to > migrate.Latest {
+		return fail(exitUsage, "--to must be 0..%d", migrate.Latest)
 	}
 	if *drop && (*to != 0 || *designs) {
 		return fail(exitUsage, "--drop-tables only with --to 0")
 	}
-	pool, store, err := a.connect(ctx)
+	pool, st, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -72,10 +81,13 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	cctx, cancel := a.withTimeout(ctx)
 	defer cancel()
 	if *designs {
-		m := pg.DesignMigrations()[0]
-		sql, what := m.Up, "installed"
+		file, what := "designs/migrations/0001_advisory_design_functions.up.sql", "installed"
 		if *to == 0 {
-			sql, what = m.Down, "removed"
+			file, what = "designs/migrations/0001_advisory_design_functions.down.sql", "removed"
+		}
+		sql, err := a.sqlFile(file)
+		if err != nil {
+			return err
 		}
 		if _, err := pool.Exec(cctx, sql); err != nil {
 			return err
@@ -83,11 +95,11 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 		fmt.Fprintf(a.stderr, "design functions %s\n", what)
 		return nil
 	}
-	before, _, err := store.SchemaVersion(cctx)
+	before, _, err := st.ReadVersion(cctx, "migrate.Version")
 	if err != nil {
 		return err
 	}
-	if err := store.Migrate(cctx, *to, pg.MigrateOptions{DropTables: *drop}); err != nil {
+	if err := a.migrateTo(cctx, pool, *to, *drop); err != nil {
 		return err
 	}
 	fmt.Fprintf(a.stderr, "schema migrated from version %d to %d", before, *to)
@@ -96,6 +108,38 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(a.stderr)
 	return nil
+}
+
+// migrateTo runs migrate.Migrator.To on a connection of pool; with drop,
+// that connection's session first sets pglease.drop_tables = 'on', which
+// lets migration 1's down drop SyncGuard's tables.
+func (a *app) migrateTo(ctx context.Context, pool *pgxpool.Pool, to int, drop bool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if drop {
+		if _, err := conn.Exec(ctx, "SET pglease.drop_tables = 'on'"); err != nil {
+			return err
+		}
+		defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "RESET pglease.drop_tables") }()
+	}
+	mg, err := migrate.New(conn, a.c.config())
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	return mg.To(ctx, to)
+}
+
+// sqlFile returns a file of migrate.SQL for the configured names.
+func (a *app) sqlFile(name string) (string, error) {
+	fsys, err := migrate.SQL(a.c.config())
+	if err != nil {
+		return "", fail(exitUsage, "%v", err)
+	}
+	b, err := iofs.ReadFile(fsys, name)
+	return string(b), err
 }
 
 // buildVersion is the binary's version: its main module's version as the
@@ -126,19 +170,19 @@ func (a *app) version(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	fmt.Fprintf(a.stdout, "pglease %s\nneeds schema version %d\n", buildVersion(), pg.SchemaVersion)
+	fmt.Fprintf(a.stdout, "pglease %s\nneeds schema version %d\n", buildVersion(), migrate.Latest)
 	if a.c.url == "" {
 		fmt.Fprintln(a.stdout, "database schema version: not checked (no DATABASE_URL or --database-url)")
 		return nil
 	}
-	pool, store, err := a.connect(ctx)
+	pool, st, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	cctx, cancel := a.withTimeout(ctx)
 	defer cancel()
-	v, from, err := store.SchemaVersion(cctx)
+	v, from, err := st.ReadVersion(cctx, "migrate.Version")
 	if err != nil {
 		return err
 	}
@@ -148,10 +192,10 @@ func (a *app) version(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(a.stdout)
 	switch {
-	case v >= pg.SchemaVersion && from <= pg.SchemaVersion:
+	case v >= migrate.Latest && from <= migrate.Latest:
 		fmt.Fprintln(a.stdout, "status: current")
 		return nil
-	case v < pg.SchemaVersion:
+	case v < migrate.Latest:
 		fmt.Fprintln(a.stdout, "status: behind: run `pglease setup`")
 	default:
 		fmt.Fprintln(a.stdout, "status: newer than this pglease serves: upgrade pglease")
@@ -176,39 +220,42 @@ func (a *app) sql(_ context.Context, args []string) error {
 	if fs.NArg() == 1 {
 		what = fs.Arg(0)
 	}
-	cfg := a.c.config()
+	fsys, err := migrate.SQL(a.c.config())
+	if err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	read := func(name string) string {
+		b, _ := iofs.ReadFile(fsys, name) // every name here is one SQL returns
+		return string(b)
+	}
 	switch what {
 	case "schema":
-		s, err := pg.SchemaSQL(cfg)
-		if err != nil {
-			return fail(exitUsage, "%v", err)
-		}
-		fmt.Fprint(a.stdout, s)
+		fmt.Fprint(a.stdout, read("schema.sql"))
 	case "migrations", "designs":
-		var ms []pg.Migration
+		dir := "migrations"
 		if what == "designs" {
-			ms = pg.DesignMigrations()
-		} else {
-			var err error
-			if ms, err = pg.Migrations(cfg); err != nil {
-				return fail(exitUsage, "%v", err)
-			}
+			dir = "designs/migrations"
 		}
-		for i := range ms {
-			m := ms[i]
-			if *down {
-				m = ms[len(ms)-1-i]
-				fmt.Fprintf(a.stdout, "-- %04d_%s.down.sql\n%s\n", m.Version, m.Name, m.Down)
-			} else {
-				fmt.Fprintf(a.stdout, "-- %04d_%s.up.sql\n%s\n", m.Version, m.Name, m.Up)
-			}
+		suffix := ".up.sql"
+		if *down {
+			suffix = ".down.sql"
+		}
+		names, err := iofs.Glob(fsys, dir+"/*"+suffix) // sorted: oldest first
+		if err != nil {
+			return err
+		}
+		if *down {
+			slices.Reverse(names)
+		}
+		for _, n := range names {
+			fmt.Fprintf(a.stdout, "-- %s\n%s\n", path.Base(n), read(n))
 		}
 	case "roles":
 		if *owner == "" && *runtime == "" && *schema == "" && *database == "" {
-			fmt.Fprint(a.stdout, pg.RolesFile)
+			fmt.Fprint(a.stdout, read("roles.sql"))
 			return nil
 		}
-		o, r, err := pg.RolesSQL(pg.Roles{Owner: *owner, Runtime: *runtime, Schema: *schema, Database: *database})
+		o, r, err := migrate.RolesSQL(*owner, *runtime, *schema, *database)
 		if err != nil {
 			return fail(exitUsage, "%v", err)
 		}

@@ -19,9 +19,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/advisory"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // multiFlag collects a repeatable flag.
@@ -52,16 +54,16 @@ func (a *app) viewFlags(fs *flag.FlagSet, o *viewOpts) {
 	fs.StringVar(&o.deriveStdin, "derive-stdin", "", "like --derive NAME=INPUT for each line of stdin (one input per line), so that inputs\n"+
 		"such as e-mail addresses stay out of the command line (ps, shell history)")
 	fs.StringVar(&o.deriveSep, "derive-sep", "", "split each --derive/--derive-stdin INPUT into the pattern's parts on this separator")
-	fs.IntVar(&o.limit, "limit", 100, fmt.Sprintf("show at most this many leases (live first), 1..%d", pg.MaxBatch))
+	fs.IntVar(&o.limit, "limit", 100, fmt.Sprintf("show at most this many leases (live first), 1..%d", store.MaxBatch))
 	fs.StringVar(&o.notifyChannel, "notify-channel", manager.DefaultNotifyChannel, "the channel the Managers listen on (manager.Config.NotifyChannel), for the release trigger's check")
 }
 
 // check checks the flags of status and inspect, without any I/O.
 func (o *viewOpts) check(c *common) error {
-	if o.limit < 1 || o.limit > pg.MaxBatch {
-		return fail(exitUsage, "--limit must be 1..%d", pg.MaxBatch)
+	if o.limit < 1 || o.limit > store.MaxBatch {
+		return fail(exitUsage, "--limit must be 1..%d", store.MaxBatch)
 	}
-	if _, err := pg.SchemaSQL(pg.Config{LockTable: c.lockTable, FenceTable: c.fenceTable, NotifyChannel: o.notifyChannel}); err != nil {
+	if _, err := migrate.SQL(pg.Config{LockTable: c.lockTable, FenceTable: c.fenceTable, NotifyChannel: o.notifyChannel}); err != nil {
 		return fail(exitUsage, "--notify-channel: %v", err)
 	}
 	return nil
@@ -225,8 +227,8 @@ type advisoryView struct {
 }
 
 // waitersView is one lease key that pglease Managers wait for: the
-// holders of its waiter lock, pair:pg.WaiterLockClass,hashtext(key)
-// (pg.RegisterWaiters). A Manager holds it on its listening session
+// holders of its waiter lock, pair:store.WaiterLockClass,hashtext(key)
+// (the store's RegisterWaiters). A Manager holds it on its listening session
 // while callers of its wait for the key and someone else holds it.
 type waitersView struct {
 	// Hashtext is the lock's second key: hashtext of the key (in NFC).
@@ -269,7 +271,7 @@ type schemaView struct {
 	FenceTable  bool `json:"fence_table"`
 	HolderTable bool `json:"holder_table"`
 	// ReleaseTrigger: the lock table has the release trigger for
-	// NotifyChannel (pg.Store.SetupReleaseTrigger), which makes
+	// NotifyChannel (migrate.Migrator.SetupReleaseTrigger), which makes
 	// SyncGuard processes' releases wake pglease waiters.
 	ReleaseTrigger bool   `json:"release_trigger"`
 	NotifyChannel  string `json:"notify_channel"`
@@ -302,23 +304,23 @@ func quoteTable(name string) string {
 // waiter lock) counted on their lease. It needs none of the lease tables:
 // what is missing is reported in Schema, and advisory locks are listed
 // whatever exists.
-func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advisory.Registry, o *viewOpts, lo pg.ListOptions, c *common) (*snapshotView, error) {
+func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advisory.Registry, o *viewOpts, lo store.ListOptions, c *common) (*snapshotView, error) {
 	v := &snapshotView{}
 	v.Leases.Rows = []leaseView{}
 	v.WaitingManagers = []waitersView{}
 	v.Advisory = []advisoryView{}
 	s := &v.Schema
-	ver, from, err := store.SchemaVersion(ctx)
+	ver, from, err := st.ReadVersion(ctx, "migrate.Version")
 	if err != nil {
 		return nil, err
 	}
-	s.Version, s.Needs, s.NotifyChannel = ver, pg.SchemaVersion, o.notifyChannel
-	s.Current = ver >= pg.SchemaVersion && from <= pg.SchemaVersion
+	s.Version, s.Needs, s.NotifyChannel = ver, migrate.Latest, o.notifyChannel
+	s.Current = ver >= migrate.Latest && from <= migrate.Latest
 	// setupKey is the advisory lock SetupSchema and the migrations take.
 	var nowMs, setupKey int64
 	err = pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, "+
 		"floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, hashtext('pglease.SetupSchema')::bigint",
-		quoteTable(cmp.Or(c.lockTable, pg.DefaultLockTable)), quoteTable(cmp.Or(c.fenceTable, pg.DefaultFenceTable))).
+		quoteTable(cmp.Or(c.lockTable, store.DefaultLockTable)), quoteTable(cmp.Or(c.fenceTable, store.DefaultFenceTable))).
 		Scan(&s.LockTable, &s.FenceTable, &nowMs, &setupKey)
 	if err != nil {
 		return nil, err
@@ -326,7 +328,7 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 	now := time.UnixMilli(nowMs)
 	byAdv := map[int64]int{}
 	if s.LockTable {
-		list, err := store.ListLeases(ctx, lo)
+		list, err := st.ListLeases(ctx, lo)
 		if err != nil {
 			return nil, err
 		}
@@ -345,12 +347,12 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 			byAdv[r.AdvisoryKey] = len(v.Leases.Rows)
 			v.Leases.Rows = append(v.Leases.Rows, lv)
 		}
-		if s.ReleaseTrigger, err = store.ReleaseTriggerInstalled(ctx, o.notifyChannel); err != nil {
+		if s.ReleaseTrigger, err = st.ReleaseTriggerInstalled(ctx, o.notifyChannel); err != nil {
 			return nil, err
 		}
 	}
 	v.Time = now.UTC()
-	lockName, fenceName := cmp.Or(c.lockTable, pg.DefaultLockTable), cmp.Or(c.fenceTable, pg.DefaultFenceTable)
+	lockName, fenceName := cmp.Or(c.lockTable, store.DefaultLockTable), cmp.Or(c.fenceTable, store.DefaultFenceTable)
 	if !s.LockTable {
 		s.Missing = append(s.Missing, "lock table "+lockName)
 	}
@@ -360,8 +362,8 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 	if s.LockTable && !s.HolderTable {
 		s.Missing = append(s.Missing, "holder table (schema version 2)")
 	}
-	if ver < pg.SchemaVersion {
-		s.Missing = append(s.Missing, fmt.Sprintf("pglease functions (schema version %d)", pg.SchemaVersion))
+	if ver < migrate.Latest {
+		s.Missing = append(s.Missing, fmt.Sprintf("pglease functions (schema version %d)", migrate.Latest))
 	}
 	if !s.ReleaseTrigger {
 		s.Missing = append(s.Missing, "release trigger (channel "+o.notifyChannel+")")
@@ -377,7 +379,7 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 	// The waiter locks: one group per key, its holders the Managers.
 	waiterIdx := map[int32]int{}
 	for _, l := range locks {
-		if a, b, ok := l.Key.Pair(); ok && a == pg.WaiterLockClass && l.Granted {
+		if a, b, ok := l.Key.Pair(); ok && a == store.WaiterLockClass && l.Granted {
 			i, ok := waiterIdx[b]
 			if !ok {
 				i = len(v.WaitingManagers)
@@ -413,7 +415,7 @@ func collect(ctx context.Context, pool *pgxpool.Pool, store *pg.Store, reg *advi
 				}
 			}
 		}
-		if a, b, ok := l.Key.Pair(); ok && a == pg.WaiterLockClass && av.Name == "" {
+		if a, b, ok := l.Key.Pair(); ok && a == store.WaiterLockClass && av.Name == "" {
 			av.Name = "waiting Manager"
 			if i, ok := waiterIdx[b]; ok {
 				av.Name += ": " + v.WaitingManagers[i].what()
@@ -487,7 +489,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	pool, store, err := a.connect(ctx)
+	pool, st, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
@@ -495,7 +497,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 	var prev map[string]string // key hash → fence, for grants since the last refresh
 	for n := 1; ; n++ {
 		cctx, cancel := a.withTimeout(ctx)
-		v, err := collect(cctx, pool, store, reg, &o, pg.ListOptions{Limit: o.limit}, &a.c)
+		v, err := collect(cctx, pool, st, reg, &o, store.ListOptions{Limit: o.limit}, &a.c)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil && n > 1 {
@@ -591,7 +593,7 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		fmt.Fprintf(w, "RELEASE TRIGGER  installed (channel %s)\n", s.NotifyChannel)
 	default:
 		fmt.Fprintf(w, "RELEASE TRIGGER  not installed for channel %s: SyncGuard processes' releases wake pglease waiters only "+
-			"by polling (pg.Store.SetupReleaseTrigger installs it; --notify-channel for another channel)\n", s.NotifyChannel)
+			"by polling (migrate.Migrator.SetupReleaseTrigger installs it; --notify-channel for another channel)\n", s.NotifyChannel)
 	}
 	fmt.Fprintln(w)
 	if !s.LockTable {

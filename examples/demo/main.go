@@ -39,6 +39,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // Options configure a demo run (its flags).
@@ -102,11 +103,15 @@ func run(ctx context.Context, w io.Writer, url string, o Options) error {
 		return err
 	}
 	defer pool.Close()
-	store, err := pg.New(pool, pg.Config{})
+	mg, err := migrate.New(pool, pg.Config{})
 	if err != nil {
 		return err
 	}
-	if err := store.SetupSchema(ctx); err != nil {
+	if err := mg.Up(ctx); err != nil {
+		return err
+	}
+	store, err := pg.New(pool, pg.Config{})
+	if err != nil {
 		return err
 	}
 	if !o.SkipIntro {
@@ -158,12 +163,12 @@ func run(ctx context.Context, w io.Writer, url string, o Options) error {
 func intro(ctx context.Context, w io.Writer, store *pg.Store) error {
 	fmt.Fprintln(w, "== 1. One process, pg.Store (one round trip per operation) ==")
 	key := "demo:intro:" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	a, err := store.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: 2 * time.Second})
+	a, err := store.Acquire(ctx, key, 2*time.Second)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(w, "acquire              → ok=%v fence=%s (lockId shown only as its hash #%s)\n", a.OK, a.Fence, pglease.HashKey(a.LockID))
-	b, err := store.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: 2 * time.Second})
+	b, err := store.Acquire(ctx, key, 2*time.Second)
 	if err != nil {
 		return err
 	}
@@ -176,7 +181,7 @@ func intro(ctx context.Context, w io.Writer, store *pg.Store) error {
 	if _, err := store.Release(ctx, a.LockID); err != nil {
 		return err
 	}
-	c, err := store.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: time.Second})
+	c, err := store.Acquire(ctx, key, time.Second)
 	if err != nil {
 		return err
 	}

@@ -56,14 +56,14 @@ func run(ctx context.Context, w io.Writer, url string) error {
 	if err != nil {
 		return err
 	}
-	if err := storeA.SetupSchema(ctx); err != nil {
-		return err
-	}
 	mB, err := manager.New(pool, manager.Config{})
 	if err != nil {
 		return err
 	}
 	defer mB.Close(context.Background())
+	if err := mB.SetupSchema(ctx); err != nil {
+		return err
+	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS fenced_invoices (
 		id bigint PRIMARY KEY, fence bigint, state text NOT NULL DEFAULT 'open', sent_by text)`); err != nil {
 		return err
@@ -78,7 +78,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		return err
 	}
 
-	leaseA, err := storeA.Acquire(ctx, pg.AcquireRequest{Key: key, TTL: 500 * time.Millisecond})
+	leaseA, err := storeA.Acquire(ctx, key, 500*time.Millisecond)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func run(ctx context.Context, databaseURL string) error {
 	defer m.Close(ctx) // releases whatever is still held
 
 	// Create the lock tables and functions if they are missing (idempotent),
-	// or apply pg/schema.sql with your migrations instead.
+	// or apply pg/migrate/sql/schema.sql with your migrations instead.
 	if err := m.SetupSchema(ctx); err != nil {
 		return err
 	}

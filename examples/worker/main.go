@@ -245,7 +245,7 @@ func watchExtends(ctx context.Context, out *emitter, store *pg.Store, key, job s
 			return
 		case <-t.C:
 		}
-		info, err := store.LookupByKey(ctx, key)
+		info, err := store.Lookup(ctx, key)
 		if err != nil || info == nil || info.Fence != fence {
 			continue
 		}

@@ -49,7 +49,7 @@ func (r *Recorder) ReleaseTrigger(installed bool, channel string) {
 		r.log.LogAttrs(ctx, slog.LevelInfo,
 			"pglease: no release trigger on the lock table for this Manager's notify channel; "+
 				"releases by SyncGuard processes sharing the tables, if any, wake waiters here by polling only "+
-				"(install it with pg.Store.SetupReleaseTrigger)",
+				"(install it with migrate.Migrator.SetupReleaseTrigger)",
 			slog.String("channel", channel))
 		return
 	}

@@ -82,7 +82,7 @@ const StmtCacheMsg = "prepared statement conflict: pgx's statement cache is in u
 // SchemaMissing is the message of an error from a statement on pglease's
 // own tables and functions (MapSchema) that the server refused because one
 // of them does not exist.
-const SchemaMissing = "pglease's tables or functions are missing or out of date: run SetupSchema or apply pg/schema.sql"
+const SchemaMissing = "pglease's tables or functions are missing or out of date: run SetupSchema or apply pg/migrate/sql/schema.sql"
 
 // missingObject reports whether sqlstate says a table, function or schema
 // does not exist.

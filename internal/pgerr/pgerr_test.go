@@ -94,7 +94,7 @@ func TestMapSchemaSaysHowToCreateIt(t *testing.T) {
 	for _, state := range []string{"42P01", "42883", "3F000"} {
 		pe := &pgconn.PgError{Code: state, Message: "m", Severity: "ERROR"}
 		err := MapSchema(context.Background(), "pg.Acquire", pe)
-		if pglease.CodeOf(err) != pglease.CodeInvalidArgument || !strings.Contains(err.Error(), "run SetupSchema or apply pg/schema.sql") {
+		if pglease.CodeOf(err) != pglease.CodeInvalidArgument || !strings.Contains(err.Error(), "run SetupSchema or apply pg/migrate/sql/schema.sql") {
 			t.Errorf("MapSchema %s: %v", state, err)
 		}
 		if err := Map(context.Background(), "pg.FenceGuard.Update", pe); strings.Contains(err.Error(), "SetupSchema") {

@@ -15,10 +15,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // RoleSchema is a fresh schema of the package's database set up the way
-// pg/roles.sql sets up production (issue 10 §3): an owner role that ran
+// roles.sql (migrate.RolesSQL) sets up production: an owner role that ran
 // SetupSchema, and a runtime role with only the grants of roles.sql (no
 // DDL, no DELETE or TRUNCATE on the fence table, not superuser, no
 // pg_signal_backend). Tests run their lock operations on RuntimeURL;
@@ -105,7 +106,7 @@ func dropRoles(ctx context.Context, server string) error {
 }
 
 // RoleSchemaForTest returns a fresh schema of the package's database set
-// up like production (pg/roles.sql): step 1 of the grants (pg.RolesSQL)
+// up like production (roles.sql): step 1 of the grants (migrate.RolesSQL)
 // as the superuser, SetupSchema as the owner role (SyncGuard's default
 // table names), step 2 for the runtime role. The roles are the test
 // process's pair (shared by its tests, dropped by Main); the schema is
@@ -130,7 +131,7 @@ func RoleSchemaForTest(tb testing.TB) *RoleSchema {
 	rs.OwnerURL = roleURL(tb, admin, rs.Owner, rs.Schema)
 	rs.RuntimeURL = roleURL(tb, admin, rs.Runtime, rs.Schema)
 
-	ownerSQL, runtimeSQL, err := pg.RolesSQL(pg.Roles{Owner: rs.Owner, Runtime: rs.Runtime, Schema: rs.Schema, Database: db})
+	ownerSQL, runtimeSQL, err := migrate.RolesSQL(rs.Owner, rs.Runtime, rs.Schema, db)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
@@ -146,11 +147,11 @@ func RoleSchemaForTest(tb testing.TB) *RoleSchema {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	defer owner1.Close(context.Background())
-	s, err := pg.New(owner1, pg.Config{})
+	mg, err := migrate.New(owner1, pg.Config{})
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
-	if err := s.SetupSchema(ctx); err != nil {
+	if err := mg.Up(ctx); err != nil {
 		tb.Fatalf("pgtest: SetupSchema as the owner role: %v", err)
 	}
 	if _, err := conn.Exec(ctx, runtimeSQL); err != nil {

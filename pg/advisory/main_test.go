@@ -32,8 +32,8 @@ func testOpts() *Options {
 // database across parallel tests).
 func randKey() Key { return Int64(rand.Int64()) }
 
-// newPool returns a pool connecting as the runtime role of pg/roles.sql
-// (lock operations run without superuser, DDL or
+// newPool returns a pool connecting as the runtime role of roles.sql
+// (migrate.RolesSQL: lock operations run without superuser, DDL or
 // pg_signal_backend; advisory locks need nothing beyond what every role
 // has), closed when the test ends. Fault injection goes through superConn.
 func newPool(t testing.TB, configure ...func(*pgxpool.Config)) *pgxpool.Pool {

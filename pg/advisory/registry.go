@@ -82,13 +82,14 @@ func checkName(op, name string) error {
 	return nil
 }
 
-// waiterLockClass is pg.WaiterLockClass: the (int4, int4) keys with this
-// first key are pglease's waiter locks (a test keeps the two equal).
+// waiterLockClass is the Manager's waiter lock class (internal/store's
+// WaiterLockClass, "plww"): the (int4, int4) keys with this first key are
+// pglease's waiter locks (a test keeps the two equal).
 const waiterLockClass int32 = 0x706c7777
 
 // Fixed registers name for the fixed key k (e.g. the registry document's
 // 42424242). doc is a free-text description. Pair keys whose first key is
-// pg.WaiterLockClass are refused: Managers hold those as waiter locks.
+// 1886156663 ("plww") are refused: Managers hold those as waiter locks.
 func (r *Registry) Fixed(name string, k Key, doc string) error {
 	const op = "advisory.Registry.Fixed"
 	if r == nil || r.entries == nil {
@@ -101,7 +102,7 @@ func (r *Registry) Fixed(name string, k Key, doc string) error {
 		return pgerr.New(pglease.CodeInvalidArgument, op, "invalid key", nil)
 	}
 	if a, _, ok := k.Pair(); ok && a == waiterLockClass {
-		return pgerr.New(pglease.CodeInvalidArgument, op, "key in the pair space pglease's Managers use for waiter locks (first key pg.WaiterLockClass)", nil)
+		return pgerr.New(pglease.CodeInvalidArgument, op, "key in the pair space pglease's Managers use for waiter locks (first key 1886156663)", nil)
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // fnvCollision brute-forces two distinct inputs with the same FNV-1a-32
@@ -154,17 +154,17 @@ func TestRegistryRules(t *testing.T) {
 // Pair keys in the Managers' waiter-lock space are refused; the constant
 // here is pg's.
 func TestRegistryRefusesWaiterLockSpace(t *testing.T) {
-	if waiterLockClass != pg.WaiterLockClass {
-		t.Fatalf("waiterLockClass %d, pg.WaiterLockClass %d", waiterLockClass, pg.WaiterLockClass)
+	if waiterLockClass != store.WaiterLockClass {
+		t.Fatalf("waiterLockClass %d, store.WaiterLockClass %d", waiterLockClass, store.WaiterLockClass)
 	}
 	r := NewRegistry()
-	if err := r.Fixed("waiter", Pair(pg.WaiterLockClass, 5), ""); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+	if err := r.Fixed("waiter", Pair(store.WaiterLockClass, 5), ""); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
 		t.Fatalf("Fixed in the waiter-lock space: %v", err)
 	}
-	if err := r.Fixed("neighbour", Pair(pg.WaiterLockClass+1, 5), ""); err != nil {
+	if err := r.Fixed("neighbour", Pair(store.WaiterLockClass+1, 5), ""); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Fixed("bigint", Int64(int64(pg.WaiterLockClass)<<32|5), ""); err != nil {
+	if err := r.Fixed("bigint", Int64(int64(store.WaiterLockClass)<<32|5), ""); err != nil {
 		t.Fatalf("the bigint space is another lock space: %v", err)
 	}
 }

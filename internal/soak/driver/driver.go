@@ -32,6 +32,7 @@ import (
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/soak/event"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/pg/migrate"
 )
 
 // Meta is what the checks need to know about a run (meta.json).
@@ -245,11 +246,11 @@ func (d *driver) setupDB(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	st, err := pg.New(d.admin, pg.Config{})
+	mg, err := migrate.New(d.admin, pg.Config{})
 	if err != nil {
 		return err
 	}
-	if err := st.SetupSchema(ctx); err != nil {
+	if err := mg.Up(ctx); err != nil {
 		return err
 	}
 	if _, err := d.admin.Exec(ctx, setupSQL); err != nil {

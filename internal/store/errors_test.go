@@ -1,0 +1,229 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/store"
+)
+
+// Server errors are mapped by SQLSTATE and never echo a lockId.
+func TestErrorMapping(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	c := ctx(t)
+	// No schema: the function is missing (42883) → InvalidArgument.
+	missing, err := store.New("pg.New", pool, store.Config{LockTable: "nope_locks", FenceTable: "nope_fences"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := missing.Acquire(c, store.AcquireRequest{Key: "k", TTL: time.Second}); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("Acquire without schema: %v", err)
+	}
+	if _, err := missing.IsLocked(c, "k"); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("IsLocked on a missing table: %v", err)
+	}
+	// A schema-qualified name in a schema that does not exist.
+	noSchema, _ := store.New("pg.New", pool, store.Config{LockTable: "no_such_schema.locks"})
+	if err := setupSchema(noSchema, c); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("SetupSchema in a missing schema: %v", err)
+	}
+
+	s, err := store.New("pg.New", pool, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := setupSchema(s, c); err != nil {
+		t.Fatal(err)
+	}
+	// Unique violation on lock_id (a pre-generated id reused on another
+	// key): Internal, Detail (which holds the lockId) dropped.
+	id := keys.NewLockID()
+	if r, err := s.AcquireMany(c, []store.AcquireRequest{{Key: "u1", TTL: time.Minute, LockID: id}}); err != nil || !r[0].OK {
+		t.Fatal(r, err)
+	}
+	_, err = s.AcquireMany(c, []store.AcquireRequest{{Key: "u2", TTL: time.Minute, LockID: id}})
+	if !errors.Is(err, pglease.ErrInternal) || strings.Contains(err.Error(), id) {
+		t.Fatalf("reused lockId: %v", err)
+	}
+	// Table dropped under a live Store: 42P01 → InvalidArgument.
+	if _, err := pool.Exec(c, "DROP TABLE syncguard_locks"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Acquire(c, store.AcquireRequest{Key: "k", TTL: time.Second}); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Errorf("Acquire on a dropped table: %v", err)
+	}
+}
+
+// A context cancelled while the acquire waits for the key's advisory lock
+// is Aborted wrapping context.Canceled. With pgx's default context
+// handling the connection is abandoned mid-statement, so the outcome is
+// also unknown (the server may still grant the lock once the wait ends):
+// the code is then Ambiguous, still errors.Is(err, ErrAborted), never
+// success.
+func TestCancelWhileWaiting(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{}, maxConns(3))
+	c := ctx(t)
+	tx, err := pool.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext('waiting'))"); err != nil {
+		t.Fatal(err)
+	}
+	cc, cancel := context.WithCancel(c)
+	done := make(chan error, 1)
+	go func() { _, err := s.Acquire(cc, store.AcquireRequest{Key: "waiting", TTL: time.Second}); done <- err }()
+	waitForLockWait(t, c, pool, "advisory")
+	cancel()
+	err = <-done
+	if !errors.Is(err, pglease.ErrAborted) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled acquire: %v", err)
+	}
+	if code := pglease.CodeOf(err); code != pglease.CodeAborted && code != pglease.CodeAmbiguous {
+		t.Fatalf("cancelled acquire: code %v", code)
+	}
+}
+
+func waitForLockWait(t *testing.T, c context.Context, pool *pgxpool.Pool, event string) {
+	t.Helper()
+	for {
+		var n int
+		if err := pool.QueryRow(c, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = $1
+			AND datname = current_database()`, event).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+		select {
+		case <-c.Done():
+			t.Fatal("nobody waited")
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// proxy forwards TCP to the server until cut.
+type proxy struct {
+	ln    net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+	wg    sync.WaitGroup
+}
+
+func newProxy(t *testing.T, target string) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go func() { defer p.wg.Done(); _, _ = io.Copy(out, in); out.Close() }()
+			go func() { defer p.wg.Done(); _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); p.cut(); p.wg.Wait() })
+	return p
+}
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// The connection dies after the acquire was sent: the outcome is unknown,
+// so the result is an Ambiguous error — never success — even though the
+// server may (and here does) grant the lock.
+func TestAmbiguousAcquire(t *testing.T) {
+	t.Parallel()
+	s0, pool, schema := newStore(t, store.Config{}, maxConns(2))
+	_ = s0
+	c := ctx(t)
+	cfg := pool.Config().ConnConfig.Copy() // the runtime role, like pool's
+	if cfg.Host == "" || strings.HasPrefix(cfg.Host, "/") {
+		t.Skip("server is on a Unix socket")
+	}
+	p := newProxy(t, net.JoinHostPort(cfg.Host, itoa(int(cfg.Port))))
+	cfg.Host, cfg.Port = "127.0.0.1", uint16(p.ln.Addr().(*net.TCPAddr).Port)
+	cfg.RuntimeParams["search_path"] = schema
+	conn, err := pgx.ConnectConfig(c, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	s, err := store.New("pg.New", conn, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext('amb'))"); err != nil {
+		t.Fatal(err)
+	}
+	id := keys.NewLockID()
+	done := make(chan error, 1)
+	go func() {
+		r, err := s.AcquireMany(c, []store.AcquireRequest{{Key: "amb", TTL: time.Minute, LockID: id}})
+		if err == nil && r[0].OK {
+			err = errors.New("reported success")
+		}
+		done <- err
+	}()
+	waitForLockWait(t, c, pool, "advisory")
+	p.cut()
+	err = <-done
+	if !errors.Is(err, pglease.ErrAmbiguous) || pglease.CodeOf(err) != pglease.CodeAmbiguous {
+		t.Fatalf("acquire on a cut connection: %v; want Ambiguous", err)
+	}
+	if strings.Contains(err.Error(), id) {
+		t.Fatal("error echoes the lockId")
+	}
+	_ = tx.Rollback(c) // the orphaned statement proceeds and may commit
+}
+
+func itoa(n int) string {
+	b := []byte{}
+	for n > 0 || len(b) == 0 {
+		b = append([]byte{byte('0' + n%10)}, b...)
+		n /= 10
+	}
+	return string(b)
+}

@@ -1,0 +1,188 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
+)
+
+// WaiterLockClass is the first key of the advisory lock that marks a
+// session as waiting for a lease key: a session waiting for key holds
+// pg_advisory_lock_shared(WaiterLockClass, hashtext(key in NFC)),
+// taken before its next try of the key and released when it stops
+// waiting. ReleaseWaited notifies a released key only when some session
+// holds that lock. The (int4, int4) advisory key space with this first
+// key is pglease's: an exclusive advisory lock taken there by anything
+// else only costs extra notifications, but it makes waiters' registrations
+// fail (they then poll).
+const WaiterLockClass int32 = 0x706c7777 // "plww"
+
+// waiterRegisterSQL takes the waiter lock of each NFC key in $1
+// (without waiting: false when an exclusive holder has it), in order.
+var waiterRegisterSQL = "SELECT pg_try_advisory_lock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
+	", hashtext(u.k)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
+
+// waiterUnregisterSQL releases one hold of the waiter lock of each
+// NFC key in $1.
+var waiterUnregisterSQL = "SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
+	", hashtext(u.k))) FROM unnest($1::text[]) AS u(k)"
+
+// ReleaseRequest is one item of ReleaseWaited: a lockId and the key it
+// holds.
+type ReleaseRequest struct {
+	LockID string
+	// Key is the key LockID holds. It only decides whether the release
+	// notifies: a wrong key cannot release another lock.
+	Key string
+}
+
+// Format never prints the key or the lockId.
+func (r ReleaseRequest) Format(f fmt.State, _ rune) {
+	fmt.Fprintf(f, "store.ReleaseRequest{LockID:[redacted] Key:%s}", pglease.HashKey(r.Key))
+}
+
+// ReleaseWaited releases every item's lockId like ReleaseMany (one
+// statement, one round trip; results[i] answers reqs[i]), except for the
+// notification: with Config.NotifyChannel set, a released key is notified
+// only when some session waits for it, that is holds its waiter lock
+// (WaiterLockClass). A notifying commit serializes with every other
+// notifying commit of the server and wakes every listening session, so a
+// release nobody waits for elsewhere (most of them) skips that cost.
+//
+// No wake-up is lost between a waiter and a release: the release checks
+// for the waiter lock after deleting the row, while its row lock is held,
+// and a waiter takes the lock before it tries the key again. Either the
+// release sees the waiter and notifies, or the waiter's try comes after
+// the check and finds the key free (or waits for the releasing
+// transaction's row lock, then finds it free).
+//
+// Invalid input anywhere fails the whole call before I/O.
+func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]bool, error) {
+	const op = "pg.ReleaseWaited"
+	if err := pgerr.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	if len(reqs) > MaxBatch {
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	ids := make([]string, len(reqs))
+	nks := make([]string, len(reqs))
+	for i, r := range reqs {
+		if err := keys.ValidateLockID(r.LockID); err != nil {
+			return nil, WithOp(op, err)
+		}
+		k, err := keys.NormalizeKey(r.Key)
+		if err != nil {
+			return nil, WithOp(op, err)
+		}
+		ids[i], nks[i] = r.LockID, k
+	}
+	if len(reqs) == 0 {
+		return []bool{}, nil
+	}
+	if err := s.checkOnce(ctx, op); err != nil {
+		return nil, err
+	}
+	var channel *string
+	if s.cfg.NotifyChannel != "" {
+		channel = &s.cfg.NotifyChannel
+	}
+	// The third column is the notification's (or the waiter lock
+	// check's) value, of no use to the caller.
+	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, nks}, len(ids), true)
+}
+
+// releaseWaitedSQL runs the release function without a channel; the
+// projection, evaluated once the function has run to completion (a
+// PL/pgSQL set-returning function returns its rows materialized), then
+// notifies each released key whose waiter lock another session holds
+// (the exclusive try fails), or takes and drops that lock at once. CASE
+// fixes the order of evaluation. $3 holds the NFC keys: the waiter lock's
+// second key is their hashtext, the payload their hashKey (computed only
+// for a release that notifies).
+func releaseWaitedSQL(fnRelease, fnHash string) string {
+	class := strconv.Itoa(int(WaiterLockClass))
+	return "SELECT r.o_idx, r.o_ok, CASE WHEN NOT r.o_ok OR $2::text IS NULL THEN NULL" +
+		" WHEN pg_try_advisory_lock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
+		" THEN NOT pg_advisory_unlock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
+		" ELSE pg_notify($2::text, " + fnHash + "(($3::text[])[r.o_idx])) IS NULL END" +
+		" FROM " + fnRelease + "($1::text[], NULL) AS r"
+}
+
+// RegisterWaiters takes the waiter lock (WaiterLockClass) of each key on
+// conn's session, so that ReleaseWaited notifies their releases; ok[i]
+// is false when keys[i]'s lock could not be taken at once (an exclusive
+// holder had it: a release checking it that instant, or something else
+// using the lock space), in which case it is not held. Each lock taken
+// stays held until UnregisterWaiters or the end of the session: register
+// on a session of its own (a LISTENing connection), never on a pooled
+// connection. One round trip. Bad keys are InvalidArgument before I/O.
+func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) (ok []bool, err error) {
+	const op = "pg.RegisterWaiters"
+	nks, err := waiterKeys(op, ctx, conn, waited)
+	if err != nil || len(nks) == 0 {
+		return []bool{}, err
+	}
+	ok = make([]bool, 0, len(nks))
+	rows, err := conn.Query(ctx, waiterRegisterSQL, nks)
+	if err != nil {
+		return nil, pgerr.Map(ctx, op, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var b bool
+		if err := rows.Scan(&b); err != nil {
+			return nil, pgerr.Map(ctx, op, err)
+		}
+		ok = append(ok, b)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, pgerr.Map(ctx, op, err)
+	}
+	if len(ok) != len(nks) {
+		return nil, pgerr.New(pglease.CodeInternal, op, "wrong row count", nil)
+	}
+	return ok, nil
+}
+
+// UnregisterWaiters releases one hold of each key's waiter lock on conn's
+// session (taken by RegisterWaiters). One round trip. Bad keys are
+// InvalidArgument before I/O.
+func UnregisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) error {
+	const op = "pg.UnregisterWaiters"
+	nks, err := waiterKeys(op, ctx, conn, waited)
+	if err != nil || len(nks) == 0 {
+		return err
+	}
+	if _, err := conn.Exec(ctx, waiterUnregisterSQL, nks); err != nil {
+		return pgerr.Map(ctx, op, err)
+	}
+	return nil
+}
+
+func waiterKeys(op string, ctx context.Context, conn *pgx.Conn, raw []string) ([]string, error) {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	if conn == nil {
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "nil conn", nil)
+	}
+	if len(raw) > MaxBatch {
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	nks := make([]string, len(raw))
+	for i, k := range raw {
+		nk, err := keys.NormalizeKey(k)
+		if err != nil {
+			return nil, WithOp(op, err)
+		}
+		nks[i] = nk
+	}
+	return nks, nil
+}

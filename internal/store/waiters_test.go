@@ -1,0 +1,244 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/store"
+)
+
+func connect(t *testing.T) *pgx.Conn {
+	t.Helper()
+	c, err := pgx.Connect(ctx(t), pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func listenOn(t *testing.T, channel string) *pgx.Conn {
+	t.Helper()
+	l := connect(t)
+	if _, err := l.Exec(ctx(t), "LISTEN "+channel); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func acquireOK(t *testing.T, s *store.Store, key string) string {
+	t.Helper()
+	r, err := s.Acquire(ctx(t), store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !r.OK {
+		t.Fatalf("Acquire(%s) = %+v, %v", pglease.HashKey(key), r, err)
+	}
+	return r.LockID
+}
+
+func nextNotification(t *testing.T, l *pgx.Conn) string {
+	t.Helper()
+	wc, cancel := context.WithTimeout(ctx(t), 10*time.Second)
+	defer cancel()
+	n, err := l.WaitForNotification(wc)
+	if err != nil {
+		t.Fatal("no notification:", err)
+	}
+	return n.Payload
+}
+
+// waiterLocks counts the holds of keys' waiter locks (other tests' keys
+// are none of this test's business).
+func waiterLocks(t *testing.T, db testDB, keys ...string) int {
+	t.Helper()
+	var n int
+	if err := db.QueryRow(ctx(t), "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int4::oid AND objsubid = 2"+
+		" AND objid IN (SELECT hashtext(k)::oid FROM unnest($2::text[]) AS k)", store.WaiterLockClass, keys).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// ReleaseWaited notifies a released key only while a session holds its
+// waiter lock, answers like ReleaseMany, and leaves no lock behind.
+// Notifications arrive in commit order, so "the next notification is the
+// waited key's" shows that the releases before it sent none.
+func TestReleaseWaitedNotifiesOnlyWaitedKeys(t *testing.T) {
+	t.Parallel()
+	const ch = "pglease_waited"
+	s, pool, _ := newStore(t, store.Config{NotifyChannel: ch})
+	c := ctx(t)
+	l := listenOn(t, ch)
+	w := connect(t)
+	kFree, kWaited := "rw-free-"+t.Name(), "rw-waited-😀-"+t.Name()
+
+	ok, err := store.RegisterWaiters(c, w, []string{kWaited})
+	if err != nil || len(ok) != 1 || !ok[0] {
+		t.Fatalf("RegisterWaiters = %v, %v", ok, err)
+	}
+	if n := waiterLocks(t, pool, kFree, kWaited); n != 1 {
+		t.Fatalf("%d waiter locks after registering one key", n)
+	}
+	free, waited := acquireOK(t, s, kFree), acquireOK(t, s, kWaited)
+	res, err := s.ReleaseWaited(c, []store.ReleaseRequest{{LockID: free, Key: kFree}, {LockID: keys.NewLockID(), Key: kFree}})
+	if err != nil || len(res) != 2 || !res[0] || res[1] {
+		t.Fatalf("ReleaseWaited(free, unknown) = %v, %v; want [true false]", res, err)
+	}
+	if res, err := s.ReleaseWaited(c, []store.ReleaseRequest{{LockID: waited, Key: kWaited}}); err != nil || !res[0] {
+		t.Fatalf("ReleaseWaited(waited) = %v, %v", res, err)
+	}
+	if got := nextNotification(t, l); got != pglease.HashKey(kWaited) {
+		t.Fatalf("first notification %s, want the waited key's %s (the unwaited release notified)", got, pglease.HashKey(kWaited))
+	}
+	// The releaser's check took and dropped the lock: only the waiter's
+	// shared hold remains.
+	if n := waiterLocks(t, pool, kFree, kWaited); n != 1 {
+		t.Fatalf("%d waiter locks after the releases, want the waiter's 1", n)
+	}
+
+	// Unregistered: its release is silent again.
+	if err := store.UnregisterWaiters(c, w, []string{kWaited}); err != nil {
+		t.Fatal(err)
+	}
+	if n := waiterLocks(t, pool, kFree, kWaited); n != 0 {
+		t.Fatalf("%d waiter locks after UnregisterWaiters", n)
+	}
+	again := acquireOK(t, s, kWaited)
+	if res, err := s.ReleaseWaited(c, []store.ReleaseRequest{{LockID: again, Key: kWaited}}); err != nil || !res[0] {
+		t.Fatalf("ReleaseWaited = %v, %v", res, err)
+	}
+	sentinel := "rw-sentinel-" + t.Name()
+	if _, err := store.RegisterWaiters(c, w, []string{sentinel}); err != nil {
+		t.Fatal(err)
+	}
+	id := acquireOK(t, s, sentinel)
+	if res, err := s.ReleaseWaited(c, []store.ReleaseRequest{{LockID: id, Key: sentinel}}); err != nil || !res[0] {
+		t.Fatalf("ReleaseWaited = %v, %v", res, err)
+	}
+	if got := nextNotification(t, l); got != pglease.HashKey(sentinel) {
+		t.Fatalf("notification %s after unregistering, want the sentinel's", got)
+	}
+
+	// ReleaseMany still notifies every release.
+	id = acquireOK(t, s, kFree)
+	if ok, err := s.ReleaseMany(c, []string{id}); err != nil || !ok[0] {
+		t.Fatal(ok, err)
+	}
+	if got := nextNotification(t, l); got != pglease.HashKey(kFree) {
+		t.Fatalf("ReleaseMany notified %s, want %s", got, pglease.HashKey(kFree))
+	}
+}
+
+// No lost wake-up: a waiter that registers, then tries the key, either
+// gets it or is notified of the release that frees it, however the
+// release and its steps interleave (many rounds, release and waiter on
+// their own connections at the same time).
+func TestReleaseWaitedNoLostWakeUp(t *testing.T) {
+	t.Parallel()
+	const ch = "pglease_waited_race"
+	s, _, _ := newStore(t, store.Config{NotifyChannel: ch})
+	c := ctx(t)
+	w := listenOn(t, ch) // the waiter's session registers and listens, like a Manager's listener
+	rounds := 150
+	if testing.Short() {
+		rounds = 40
+	}
+	var tried, notified int
+	for i := range rounds {
+		key := fmt.Sprintf("rw-race-%d-%s", i, t.Name())
+		held := acquireOK(t, s, key)
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if res, err := s.ReleaseWaited(c, []store.ReleaseRequest{{LockID: held, Key: key}}); err != nil || !res[0] {
+				t.Errorf("ReleaseWaited = %v, %v", res, err)
+			}
+		}()
+		if ok, err := store.RegisterWaiters(c, w, []string{key}); err != nil {
+			t.Fatal(err)
+		} else if !ok[0] {
+			// The release held the lock exclusively at that instant: it
+			// has checked, so the key is free or about to be.
+			wg.Wait()
+			if _, err := store.RegisterWaiters(c, w, []string{key}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r, err := s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.OK {
+			tried++
+		} else {
+			// Earlier rounds' notifications may still arrive: skip them.
+			for nextNotification(t, w) != pglease.HashKey(key) {
+			}
+			notified++
+			r, err = s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+			if err != nil || !r.OK {
+				t.Fatalf("round %d: Acquire after the notification = %+v, %v", i, r, err)
+			}
+		}
+		wg.Wait()
+		if err := store.UnregisterWaiters(c, w, []string{key}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Release(c, r.LockID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d rounds: the waiter's try got the key in %d, a notification woke it in %d", rounds, tried, notified)
+}
+
+// Bad input is InvalidArgument before any I/O.
+func TestReleaseWaitedBadInputNoIO(t *testing.T) {
+	t.Parallel()
+	cnt := &counter{}
+	s, _, _ := newStore(t, store.Config{NotifyChannel: "pglease_bad"}, withCounter(cnt))
+	c := ctx(t)
+	cnt.reset()
+	good := keys.NewLockID()
+	for name, reqs := range map[string][]store.ReleaseRequest{
+		"bad lockId": {{LockID: "nope", Key: "k"}},
+		"empty key":  {{LockID: good, Key: ""}},
+		"bad key":    {{LockID: good, Key: "k\xff"}},
+		"too many":   make([]store.ReleaseRequest, store.MaxBatch+1),
+	} {
+		if _, err := s.ReleaseWaited(c, reqs); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+			t.Errorf("%s: err = %v, want InvalidArgument", name, err)
+		}
+	}
+	mine := "bad-input-" + t.Name()
+	if _, err := store.RegisterWaiters(c, nil, []string{mine}); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Errorf("RegisterWaiters(nil conn): %v", err)
+	}
+	w := connect(t)
+	if _, err := store.RegisterWaiters(c, w, []string{mine, ""}); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Errorf("RegisterWaiters(empty key): %v", err)
+	}
+	if err := store.UnregisterWaiters(c, w, []string{"k\xff"}); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Errorf("UnregisterWaiters(bad key): %v", err)
+	}
+	if q := cnt.queries.Load() + cnt.writes.Load(); q != 0 {
+		t.Fatalf("%d queries/writes for bad input", q)
+	}
+	if n := waiterLocks(t, w, mine); n != 0 {
+		t.Fatalf("%d waiter locks after refused registrations", n)
+	}
+	if res, err := s.ReleaseWaited(c, nil); err != nil || len(res) != 0 {
+		t.Fatalf("empty ReleaseWaited = %v, %v", res, err)
+	}
+	if out := fmt.Sprintf("%v %+v", store.ReleaseRequest{LockID: good, Key: "secret-key"}, store.ReleaseRequest{LockID: good, Key: "secret-key"}); strings.Contains(out, "secret-key") || strings.Contains(out, good) {
+		t.Fatal("ReleaseRequest prints its key or lockId")
+	}
+}
