@@ -299,7 +299,7 @@
 //     host's connect (2 s unless connect_timeout is set), and Open bounds
 //     its pool's the same way, so a host that stopped answering without
 //     closing connections does not hold them. Fences stay safe only with
-//     synchronous replication (see the README, Failover).
+//     synchronous replication (see docs/failover.md).
 //   - Dead pooled connections (half-open, blackholed): a connection is
 //     taken from the pool in tries of at most a second, so pgxpool's
 //     liveness check of an idle dead connection costs one try (then the
