@@ -155,7 +155,7 @@
 // bounded, rising or growing (judgeGrowth). Fence counter rows grow by design (one
 // per key ever used, never deleted, so a fence never repeats).
 //
-// Targets: at the end the bench prints issue 12's targets as target /
+// Targets: at the end the bench prints the performance targets as target /
 // measured / met or MISSED, judged on this run's results (computeTargets),
 // with the same targets judged on the baseline (-baseline, default
 // bench/baseline.json: the -json lines of an earlier run) next to them;

@@ -114,7 +114,7 @@ func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 		w("\n")
 	}
 	if len(ts) > 0 {
-		w("Targets (issue 12), judged on this run:\n\n| # | target | measured | |\n|---|---|---|---|\n")
+		w("Performance targets, judged on this run:\n\n| # | target | measured | |\n|---|---|---|---|\n")
 		for _, t := range ts {
 			v := t.verdict()
 			if v == "MISSED" {
