@@ -155,7 +155,7 @@
 // bounded, rising or growing (judgeGrowth). Fence counter rows grow by design (one
 // per key ever used, never deleted, so a fence never repeats).
 //
-// Targets: at the end the bench prints issue 12's targets as target /
+// Targets: at the end the bench prints the performance targets as target /
 // measured / met or MISSED, judged on this run's results (computeTargets),
 // with the same targets judged on the baseline (-baseline, default
 // bench/baseline.json: the -json lines of an earlier run) next to them;
@@ -230,7 +230,7 @@ type config struct {
 	rounds     int             // uncontended: interleaved rounds per point (median reported)
 	peersDir   string          // the peers module (pglock, redislock)
 	baseline   string          // earlier results (JSON lines) for target 5; "" = none
-	markdown   string          // write the README tables of the run here; "" = no
+	markdown   string          // write the run's tables for docs/performance.md here; "" = no
 	fleet      fleetConfig
 	out        io.Writer // the run's output (set by run)
 }
@@ -259,7 +259,7 @@ func main() {
 	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
 	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
 	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory", "scenarios to run (also: fleet, not run by default)")
-	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, targets) as Markdown for the README here (empty: none)")
+	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
 	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
 	flag.StringVar(&cfg.baseline, "baseline", "bench/baseline.json", "target 5: earlier results (the -json output of a run) to compare the advisory figures with; empty: none")

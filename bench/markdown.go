@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// writeMarkdown writes the run's tables in the README's form (-markdown):
+// writeMarkdown writes the run's tables in docs/performance.md's form (-markdown):
 // uncontended cycles/s per implementation and C, hot key, heartbeat, the
 // fleet, and the targets, with the command, date and machine, ready to paste.
 func writeMarkdown(path, header string, res resultSet, ts []Target) error {
@@ -114,7 +114,7 @@ func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 		w("\n")
 	}
 	if len(ts) > 0 {
-		w("Targets (issue 12), judged on this run:\n\n| # | target | measured | |\n|---|---|---|---|\n")
+		w("Performance targets, judged on this run:\n\n| # | target | measured | |\n|---|---|---|---|\n")
 		for _, t := range ts {
 			v := t.verdict()
 			if v == "MISSED" {

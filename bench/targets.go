@@ -9,7 +9,7 @@ import (
 	"strings"
 )
 
-// Target is one line of the targets table (issue 12): what is asked, what
+// Target is one line of the performance targets table: what is asked, what
 // this run measured, and whether it is met. Met is nil for a figure that is
 // reported, not judged.
 type Target struct {
@@ -66,7 +66,7 @@ func (rs resultSet) all(scenario, impl string) []Result {
 
 func boolp(b bool) *bool { return &b }
 
-// computeTargets judges the run's results against issue 12's targets.
+// computeTargets judges the run's results against the performance targets.
 // base holds earlier results (the baseline) for target 5; it may be empty.
 func computeTargets(res, base resultSet) []Target {
 	var ts []Target
@@ -246,7 +246,7 @@ func printTargets(out io.Writer, cfg config, res []Result, note noteFunc) []Targ
 		}
 		return ts
 	}
-	fmt.Fprintln(out, "\n# targets (issue 12), measured in this run")
+	fmt.Fprintln(out, "\n# performance targets, measured in this run")
 	if len(base) > 0 {
 		fmt.Fprintf(out, "# baseline (last column, and target 5's advisory figures): %s: %s\n", cfg.baseline, about)
 	}

@@ -81,6 +81,19 @@
 // write reaching the database: fence the write (pg.FenceGuard, or the
 // fence in your own WHERE clause).
 //
+// # Wake-ups across processes
+//
+// Unless Config.DisableNotify, each Manager keeps one dedicated connection
+// LISTENing on the notify channel. A release runs pg_notify(channel,
+// pglease.HashKey(key)), never the raw key, only when another process
+// waits for the key: a Manager whose attempt found the key taken
+// elsewhere, with callers still waiting, holds the key's waiter lock on
+// its listening session (waiters.go) and tries the key once more after
+// taking it. A notification for a key with waiters starts its next
+// attempt at once. Notifications are only a nudge: polling with backoff
+// stays, and after the listener reconnects every waiting key is tried
+// once, since notifications sent in the gap are lost.
+//
 // # Who owns what
 //
 // One goroutine, run (loop.go), owns the lock state: loopState and all it
@@ -122,7 +135,7 @@
 //   - Failover (several hosts, target_session_attrs=read-write): the pool
 //     and the listener move to the new primary, each host's connect
 //     bounded; fences stay safe only with synchronous replication
-//     (README, Failover).
+//     (docs/failover.md).
 //   - Errors no retry can fix (a missing table, failed authentication)
 //     fail the key's waiters at once; bad input is CodeInvalidArgument
 //     before any I/O; a closed Manager answers CodeClosed.
@@ -135,7 +148,7 @@
 //     elections: RunElection.
 //   - Telemetry: package telemetry names every span, event, attribute and
 //     metric, and says what recording costs.
-//   - Performance figures: docs/scaling.md and the README.
+//   - Performance figures: docs/performance.md and docs/scaling.md.
 //   - The implementation: loop.go (run, its handlers), state.go,
 //     lane.go and flight.go (batches, caps, stuck batches), handoff.go,
 //     tryattempt.go, extend.go, relretry.go, shutdown.go, losswatch.go,

@@ -42,7 +42,7 @@ var errGranted = errors.New("granted although its answer was blackholed")
 //     the Manager's best-effort release of its lockId fails too.
 //
 // Before the retries (retryRelease switched off): free 16.7 s and 17.3 s
-// after the promotion; with them 2.1 s and 2.1 s (README, Failover).
+// after the promotion; with them 2.1 s and 2.1 s (docs/failover.md).
 func TestFailoverReleasesRetried(t *testing.T) {
 	t.Parallel()
 	const ttl = 20 * time.Second

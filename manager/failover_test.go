@@ -27,7 +27,7 @@ import (
 // streaming standby (pgtest.ReplicatedForTest), crash the primary
 // (pg_ctl stop -m immediate) under load, promote the standby, and check
 // what the locks promised. PGLEASE_FAILOVERS=N makes the load tests fail
-// over N times (default 1, for make test; the figures in the README come
+// over N times (default 1, for make test; the figures in docs/failover.md come
 // from N=5, see TestFailoverSync's doc).
 const failoversEnv = "PGLEASE_FAILOVERS"
 
@@ -46,7 +46,7 @@ func failoverRounds(t *testing.T) int {
 
 // failoverURL is the multi-host URL the tests' Managers use: a bounded
 // connect timeout per host, so that a pool moves on from a host that does
-// not answer (the README's recipe).
+// not answer (the recipe in docs/failover.md).
 func failoverURL(r *pgtest.Replicated) string { return r.URL("", "connect_timeout=2") }
 
 // failoverManager returns a Manager with test signals on its own pool (its
@@ -454,7 +454,7 @@ func reportRounds(t *testing.T, mode string, rounds []failoverRound, led *ledger
 // Managers), every holder that lost its lease told before another could be
 // granted the key, every Manager's waiters granted on the new primary, and
 // every listener back on it (a release in one Manager wakes a waiter in
-// another). It logs crash → first new grant. For the README's figures:
+// another). It logs crash → first new grant. For the figures in docs/failover.md:
 //
 //	PGLEASE_FAILOVERS=5 go run ./internal/cmd/withpg -- go test -race -count=1 -run 'TestFailover' -v ./manager/
 func TestFailoverSync(t *testing.T) {

@@ -391,7 +391,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	}
 	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
 		m.rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +
-			"its connects wait on a host that stopped answering and never try the next one; add connect_timeout=2 (see the README, Failover)")
+			"its connects wait on a host that stopped answering and never try the next one; add connect_timeout=2 (see docs/failover.md)")
 	}
 	for _, o := range opts {
 		o(m)

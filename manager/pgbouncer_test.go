@@ -20,7 +20,7 @@ import (
 )
 
 // The TestPgBouncerManager… tests run the Manager with its pool through a
-// real PgBouncer (pgtest.PgBouncerForTest), with the settings the README
+// real PgBouncer (pgtest.PgBouncerForTest), with the settings docs/poolers.md
 // gives: default_query_exec_mode=exec in transaction mode, and the lease
 // tables named with their schema (PgBouncer refuses the search_path
 // start-up parameter).
@@ -235,7 +235,7 @@ func TestListenConnStringValidated(t *testing.T) {
 // in one run: pg.Store's two round trips ("store") and the Manager's
 // ("manager", ListenConnString direct), each with 8 callers on distinct
 // keys (b.RunParallel with parallelism 8/GOMAXPROCS) on a 10-connection
-// pool. It reports cycles/s. For the README's figures, on a quiet machine
+// pool. It reports cycles/s. For the figures in docs/poolers.md, on a quiet machine
 // with a durable throwaway server:
 //
 //	go run ./internal/cmd/withpg -durable -- go test -run '^$' -bench BenchmarkPgBouncer -benchtime 3s -count 3 ./manager/

@@ -135,7 +135,7 @@ func TestReplicatedSync(t *testing.T) {
 // not wait for it; with a proxy in front of each node, a primary that
 // crashed behind a silent (blackholed) address stalls a multi-host connect
 // without connect_timeout, and with connect_timeout the connect moves on to
-// the promoted standby (issue 17.2's fault).
+// the promoted standby (a failover behind an address that stopped answering).
 func TestReplicatedAsyncSilentHost(t *testing.T) {
 	t.Parallel()
 	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Proxy: true})

@@ -22,7 +22,7 @@ func ms(d time.Duration) string {
 	}
 }
 
-// Markdown renders the report as the table the README carries, and
+// Markdown renders the report as the table docs/soak.md carries, and
 // writes every violation's details to violations.txt in the run
 // directory.
 func (rep *Report) Markdown() string {
