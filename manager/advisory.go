@@ -53,8 +53,22 @@ var errHeldHere = errors.New("advisory key held through this Manager")
 // AdvisoryLock is a session-level PostgreSQL advisory lock held through a
 // Manager (LockAdvisory, TryLockAdvisory): a pglease.Handle with no
 // fencing token and no TTL. The server holds it until Release, until the
-// Manager is closed, or until the session's connection dies. See the
-// package documentation, section "Advisory locks". An AdvisoryLock is safe
+// Manager is closed, or until the session's connection dies.
+//
+// All advisory locks of a Manager share one advisory.Session (one
+// dedicated connection hijacked from the pool, checked by a probe),
+// opened on first use. When that session is lost (connection cut,
+// pg_terminate_backend, server restart) the server has already freed its
+// locks; every AdvisoryLock's Context is cancelled with a cause matching
+// pglease.ErrLockLost once the probe notices (within about ProbeInterval
+// + ProbeTimeout, 2 s by default), and the next call opens a new session.
+// No fence covers that window: see package advisory for when to prefer a
+// lease or a transaction lock. Close cancels the held advisory locks with
+// ErrClosed, fails waiting calls with ErrClosed and closes the session
+// (pg_advisory_unlock_all, then the connection), bounded by
+// Config.CloseTimeout, before Done is closed.
+//
+// An AdvisoryLock is safe
 // for concurrent use, and every method is safe on a nil *AdvisoryLock
 // (what TryLockAdvisory returns with ok=false): Release and Err return an
 // error matching pglease.ErrInvalidArgument, Context and Done an ended

@@ -33,7 +33,7 @@ func (st *loopState) queueExtend(h *holding) {
 		return
 	}
 	h.lease.Pending = true
-	st.pendExtend = append(st.pendExtend, h)
+	st.extends.add(h)
 }
 
 // answerExtends answers the Extend callers of the leases of d that are

@@ -146,7 +146,8 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 }
 
 // TestFenceRegressionRefused: if the fence counter goes backwards (the
-// database lost acknowledged writes, F8), the Manager refuses the grant
+// database lost acknowledged writes: fence monotonicity, checked by the
+// Manager), the Manager refuses the grant
 // with CodeFenceRegression and leaves no lock behind.
 func TestFenceRegressionRefused(t *testing.T) {
 	t.Parallel()

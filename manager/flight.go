@@ -41,50 +41,15 @@ func (m *Manager) stuckAfter() time.Duration {
 	return min(stuckAfterMax, m.cfg.StatementTimeout/2)
 }
 
-// flight is one batch in flight (a handoff counts as both an acquire and
-// a release). Owned by run; the DB goroutine only carries the pointer back
-// in its done message.
+// flight is one batch in flight. Owned by run; the DB worker only
+// carries the pointer back in its done messages (a handoff posts two: one
+// for each slot it took).
 type flight struct {
+	spec     *batchSpec // its lane's kind and slots (lane.go)
 	start    time.Time
-	acquire  bool       // counted in inAcquire (acquire batch or handoff)
-	release  bool       // counted in inRelease (release batch or handoff)
-	extend   bool       // counted in inExtend
-	attempts []*attempt // the attempts it carries (acquires, handoffs)
-	stuck    bool       // older than stuckAfter: not counted by the caps
-	landed   int        // done messages received (a handoff sends two)
-}
-
-// launch records a batch about to be sent.
-func (st *loopState) launch(fl *flight) *flight {
-	fl.start = time.Now()
-	st.flights[fl] = struct{}{}
-	return fl
-}
-
-// land records one done message of fl (of kind acquire, release or
-// extend).
-func (st *loopState) land(fl *flight, kind batchKind) {
-	if fl == nil {
-		return
-	}
-	if fl.stuck {
-		switch kind {
-		case kindAcquire:
-			st.stuckAcquire--
-		case kindRelease:
-			st.stuckRelease--
-		case kindExtend:
-			st.stuckExtend--
-		}
-	}
-	fl.landed++
-	n := 1
-	if fl.acquire && fl.release {
-		n = 2
-	}
-	if fl.landed >= n {
-		delete(st.flights, fl)
-	}
+	landed   uint8      // bit i: the done message for spec.slots[i] has landed
+	attempts []*attempt // the attempts it carries (acquires, handoffs): hedged when it is stuck
+	stuck    bool       // older than stuckAfter: the caps no longer count it
 }
 
 // checkStuck marks the batches older than stuckAfter as stuck and hedges
@@ -96,14 +61,10 @@ func (st *loopState) checkStuck(now time.Time) {
 			continue
 		}
 		fl.stuck = true
-		if fl.acquire {
-			st.stuckAcquire++
-		}
-		if fl.release {
-			st.stuckRelease++
-		}
-		if fl.extend {
-			st.stuckExtend++
+		for i, s := range fl.spec.slots {
+			if fl.landed&(1<<i) == 0 { // still counted there
+				s.stuck++
+			}
 		}
 		if st.closing {
 			continue
@@ -112,20 +73,8 @@ func (st *loopState) checkStuck(now time.Time) {
 			st.noAnswer(a, after)
 			st.hedge(a)
 		}
-		st.sig().stuck.signal(fl.kind())
+		st.sig().stuck.signal(fl.spec.kind)
 	}
-}
-
-func (fl *flight) kind() batchKind {
-	switch {
-	case fl.acquire && fl.release:
-		return kindHandOff
-	case fl.acquire:
-		return kindAcquire
-	case fl.release:
-		return kindRelease
-	}
-	return kindExtend
 }
 
 // maxHedges bounds the hedges of one attempt: an attempt that is merely
@@ -144,7 +93,7 @@ func (st *loopState) hedge(a *attempt) {
 	ks.stale++
 	h := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: a.ttl, chain: a.chain, hedges: a.hedges + 1}
 	ks.attempt = h
-	st.pendAcquire = append(st.pendAcquire, h)
+	st.acquires.add(h)
 }
 
 // noAnswer records, for a key whose current attempt a is stuck and that
@@ -174,26 +123,4 @@ func (st *loopState) nextStuck() time.Time {
 		}
 	}
 	return next
-}
-
-// fullBatch is the pending count from which one more batch of a kind may
-// go out beyond the in-flight cap (adapt).
-const fullBatch = 64
-
-// adapt returns the in-flight cap for a kind with pending requests
-// waiting: limit, or one more when a full batch's worth waits (heavy load:
-// the batch in flight is large already, and a second statement of that
-// size keeps the server's cores busy), within (pool MaxConns − 1)/2.
-func (st *loopState) adapt(limit, pending int) int {
-	if pending >= fullBatch {
-		return min(limit+1, max(limit, (st.m.maxConns-1)/2))
-	}
-	return limit
-}
-
-// room reports whether one more batch may be sent: fewer than limit
-// batches of the kind that are not stuck, and fewer than limit + the
-// pool's MaxConns in all.
-func (st *loopState) room(inflight, stuck, limit int) bool {
-	return inflight-stuck < limit && inflight < limit+st.m.maxConns
 }

@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -64,53 +63,37 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	ks.chains++
 	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
-	st.pendHandOff = append(st.pendHandOff, handOffItem{rel: it, a: a})
+	st.handOffs.add(handOffItem{rel: it, a: a})
 	return true
 }
 
-// flushHandOffs sends the pending handoffs, in as few statements as the
-// acquire in-flight cap allows (a handoff's grant is an acquire: durable).
-// A handoff whose waiters all left meanwhile, or any during Close, goes out
-// as a plain release.
-func (st *loopState) flushHandOffs() {
-	if len(st.pendHandOff) == 0 {
-		return
+// keepHandOff settles a pending handoff whose waiters all left meanwhile,
+// or any during Close: it goes out as a plain release.
+func (st *loopState) keepHandOff(h handOffItem) bool {
+	if st.closing || len(h.a.ks.queue) == 0 {
+		h.a.ks.attempt = nil
+		st.releases.add(h.rel)
+		return false
 	}
-	m := st.m
-	live := st.pendHandOff[:0]
-	for _, h := range st.pendHandOff {
-		if st.closing || len(h.a.ks.queue) == 0 {
-			h.a.ks.attempt = nil
-			st.pendRelease = append(st.pendRelease, h.rel)
-			continue
-		}
-		live = append(live, h)
+	return true
+}
+
+// sendHandOffs starts a handoff batch (loop side of sendHandOff). Its
+// lane sends as many as the acquire cap allows (a handoff's grant is an
+// acquire: durable); both halves are posted back (releaseDone,
+// acquireDone), each landing the slot of its kind.
+func (st *loopState) sendHandOffs(fl *flight, batch []handOffItem) {
+	atts := make([]*attempt, len(batch))
+	rels := make([]releaseItem, len(batch))
+	for i, h := range batch {
+		atts[i], rels[i] = h.a, h.rel
 	}
-	clear(st.pendHandOff[len(live):])
-	st.pendHandOff = live
-	for len(st.pendHandOff) > 0 && st.room(st.inAcquire, st.stuckAcquire, m.acqLimit) {
-		n := min(len(st.pendHandOff), m.cfg.MaxBatch)
-		batch := slices.Clone(st.pendHandOff[:n])
-		st.pendHandOff = slices.Delete(st.pendHandOff, 0, n)
-		// Both halves are posted back (releaseDone, acquireDone), and each
-		// handler counts one batch of its kind done.
-		st.inAcquire++
-		st.inRelease++
-		atts := make([]*attempt, len(batch))
-		for i, h := range batch {
-			atts[i] = h.a
-		}
-		fl := st.launch(&flight{acquire: true, release: true, attempts: atts})
-		// A handoff of one key is made for the head waiter (it grants it):
-		// a child of that waiter's acquire span, linked to the releaser's
-		// release span and the other waiters (roundTripSpans).
-		rels := make([]releaseItem, len(batch))
-		for i, h := range batch {
-			rels[i] = h.rel
-		}
-		parent, served := roundTripSpans(atts, rels)
-		m.spawn(func() { m.sendHandOff(fl, batch, parent, served) })
-	}
+	fl.attempts = atts
+	// A handoff of one key is made for the head waiter (it grants it):
+	// a child of that waiter's acquire span, linked to the releaser's
+	// release span and the other waiters (roundTripSpans).
+	parent, served := roundTripSpans(atts, rels)
+	st.m.spawn(func() { st.m.sendHandOff(fl, batch, parent, served) })
 }
 
 // sendHandOff runs in its own goroutine, never on the loop.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
@@ -29,46 +30,49 @@ const (
 	listenProbeInterval = time.Second
 	listenProbeTimeout  = time.Second
 	// waiterRetryDelay is how soon the listener tries again to take a
-	// waiter lock it could not take (waiters.go).
+	// session lock it could not take (waiters.go).
 	waiterRetryDelay = 20 * time.Millisecond
 )
 
-// listenServerSettings are session settings of the listening connection,
-// each set only if the server has it: the server drops the session of a
-// client that vanished silently after about 25 s (keepalives, unacked
-// data), and a listener that stops probing is ended after 30 s idle, so a
-// dead listener's backend does not stay behind (a listener backend that
-// never reads pins PostgreSQL's notification queue). The probe keeps a
-// live listener from ever being idle that long.
-var listenServerSettings = [][2]string{
-	{"tcp_keepalives_idle", "10"},
-	{"tcp_keepalives_interval", "5"},
-	{"tcp_keepalives_count", "3"},
-	{"tcp_user_timeout", "25000"},
-	{"idle_session_timeout", "30000"},
-	{"idle_in_transaction_session_timeout", "0"},
-	{"statement_timeout", "0"},
+// listener is the actor that owns the listening connection: one
+// goroutine (run), started by the loop, that LISTENs on the notify
+// channel and posts each notification's payload to the loop (notifyCh),
+// and holds on its session the locks the loop asks for (sessionLock: for
+// now the waiter locks of the keys this process waits for, waiters.go).
+// It shares no memory with the loop: the loop hands it the changes of the
+// locks it wants through mail, and the listener posts back on notifyCh.
+// Every field is owned by run.
+type listener struct {
+	m    *Manager
+	mail <-chan listenerMail      // from the loop (listenerLink)
+	want map[sessionLock]struct{} // the locks the loop wants held: every mail applied
+	have map[sessionLock]struct{} // the locks the current session holds
+	// triggerChecked: the release trigger check answered once
+	// (checkReleaseTrigger); it is not asked again.
+	triggerChecked bool
 }
 
-// startListener starts the goroutine that LISTENs for release
-// notifications on one dedicated connection.
+// startListener starts the listener goroutine (listener.run) and keeps the
+// loop's end of its mailbox.
 func (st *loopState) startListener() {
 	ctx, cancel := context.WithCancel(context.Background())
+	mail := make(chan listenerMail)
 	done := make(chan struct{})
-	st.listenerDone, st.stopListener = done, cancel
-	go st.m.listen(ctx, done)
+	st.lis = listenerLink{mail: mail, done: done, stop: cancel}
+	l := &listener{m: st.m, mail: mail, want: make(map[sessionLock]struct{}), have: make(map[sessionLock]struct{})}
+	go l.run(ctx, done)
 }
 
-// listen keeps one connection LISTENing on the notify channel and posts
-// each notification's payload (a key hash) to run. After every
+// run keeps one connection LISTENing on the notify channel. After every
 // (re)connect it posts a resync, since notifications sent while it was
 // not listening are lost. A connection that fails, or fails its probe, is
 // replaced, with backoff, until ctx ends; polling covers the gap.
-func (m *Manager) listen(ctx context.Context, done chan struct{}) {
+func (l *listener) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
+	m := l.m
 	bo := backoff.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, backoff.Options{})
 	for {
-		if m.listenOnce(ctx, bo) {
+		if l.session(ctx, bo) {
 			m.rec.ListenerPolling(errListenPooler.Error() + "; set manager.Config.ListenConnString to a direct connection")
 			if m.sig != nil {
 				m.sig.polling.signal(struct{}{})
@@ -78,27 +82,31 @@ func (m *Manager) listen(ctx context.Context, done chan struct{}) {
 		if ctx.Err() != nil {
 			return
 		}
+		// Mail that comes meanwhile is applied: the next session takes
+		// what the loop wants then.
 		t := time.NewTimer(bo.NextBackOff())
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
+	backoff:
+		for {
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case mail := <-l.mail:
+				l.apply(mail)
+			case <-t.C:
+				break backoff
+			}
 		}
 	}
 }
 
-// listenSQL subscribes to channel and applies listenServerSettings, in one
-// simple-protocol round trip.
+// listenSQL applies the dedicated-connection settings (connx.Liveness:
+// the server ends the session of a listener that vanished or stopped
+// probing after about 25 s, so that a dead listener's backend, which
+// pins PostgreSQL's notification queue, does not stay behind) and
+// subscribes to channel, in one simple-protocol round trip.
 func listenSQL(channel string) string {
-	sql := "SELECT set_config(s.name, s.value, false) FROM (VALUES "
-	for i, kv := range listenServerSettings {
-		if i > 0 {
-			sql += ", "
-		}
-		sql += "('" + kv[0] + "', '" + kv[1] + "')"
-	}
-	return sql + ") AS s(name, value) WHERE s.name IN (SELECT name FROM pg_settings);\nLISTEN " + pgx.Identifier{channel}.Sanitize()
+	return connx.SQL(connx.DefaultLiveness.Settings()) + ";\nLISTEN " + pgx.Identifier{channel}.Sanitize()
 }
 
 // errListenPooler is why the listener stops for good behind a
@@ -106,11 +114,12 @@ func listenSQL(channel string) string {
 var errListenPooler = errors.New("the listening connection goes through a transaction-mode pooler " +
 	"(its server connection is handed to other clients between transactions), which does not keep a LISTEN")
 
-// listenOnce connects, subscribes and posts notifications until the
+// session connects, subscribes and posts notifications until the
 // connection fails or ctx ends. It returns true when listening can never
 // work on this connection config (a transaction-mode pooler): the
 // listener then stops for good.
-func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop bool) {
+func (l *listener) session(ctx context.Context, bo *backoff.Backoff) (stop bool) {
+	m := l.m
 	// The pglease.listen span covers connecting and subscribing, not the
 	// wait for notifications. Both are bounded: a silent server must not
 	// hold the listener in a connect that never ends, and each host's
@@ -124,7 +133,7 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 	sctx, cancel := context.WithTimeoutCause(ctx, bound, pgerr.ErrStatementTimeout)
 	defer cancel()
 	lctx, db := m.rec.StartDB(sctx, obs.OpListen, 1, trace.SpanContext{})
-	conn, err := pgx.ConnectConfig(lctx, cfg)
+	conn, err := connx.Dial(lctx, cfg)
 	if err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
@@ -136,74 +145,74 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 	}()
 	// Before any session setting: behind a transaction-mode pooler they
 	// would stay on a server connection other clients get next.
-	if shared, err := sharedListenBackend(lctx, cfg, conn); err != nil {
+	if shared, err := transactionPooled(lctx, cfg, conn); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	} else if shared {
 		db.End(0, pgerr.New(pglease.CodeInvalidArgument, "manager.listen", "transaction-mode pooler", errListenPooler))
 		return true
 	}
-	if !m.triggerChecked.Load() {
+	if !l.triggerChecked {
 		// Before the LISTEN, so that the session's last statement stays
 		// the LISTEN or the probe (what fault tests look for).
-		m.checkReleaseTrigger(lctx, conn)
+		l.checkReleaseTrigger(lctx, conn)
 	}
 	if _, err := conn.Exec(lctx, listenSQL(m.cfg.NotifyChannel)); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	}
-	// A new session holds no waiter locks: take them all before the
-	// resync (which tries every waiting key).
-	have := make(map[string]struct{})
-	if _, err := m.registerWaiters(lctx, conn, have, false); err != nil {
+	// A new session holds no locks: take every one the loop wants
+	// before the resync (which tries every waiting key).
+	clear(l.have)
+	l.drainMail()
+	if _, err := l.sync(lctx, conn, false); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	}
 	db.End(1, nil)
 	cancel()
 	bo.Reset()
-	if !m.post(ctx, notice{resync: true}) {
+	if !l.post(ctx, notice{resync: true}) {
 		return false
 	}
 	probeEvery, probeTimeout := listenProbeInterval, listenProbeTimeout
 	if m.test.listenProbe > 0 {
 		probeEvery, probeTimeout = m.test.listenProbe, m.test.listenProbe
 	}
-	soon := false // some waiter locks could not be taken: try again soon
+	changed := false // mail came: the session's locks may differ from want
+	soon := false    // some locks could not be taken: try again soon
 	for {
-		if soon || m.waiters.isDirty() {
+		if l.drainMail() {
+			changed = true
+		}
+		if changed || soon {
 			rctx, cancel := context.WithTimeout(ctx, probeTimeout)
 			var err error
-			soon, err = m.registerWaiters(rctx, conn, have, true)
+			soon, err = l.sync(rctx, conn, true)
 			cancel()
 			if err != nil {
-				m.sigListenerProbeFailed()
+				l.probeFailed()
 				return false
 			}
+			changed = false
 		}
 		wait := probeEvery
 		if soon {
 			wait = min(wait, waiterRetryDelay)
 		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		// A registration asked for ends the wait (the connection stays
-		// usable: pgconn ends a wait by deadline, as for the timeout).
-		if !m.waiters.beginWait(cancel) {
-			cancel()
-			continue
+		n, mail, quiet, err := l.wait(ctx, conn, wait)
+		if mail != nil {
+			l.apply(mail)
+			changed = true
 		}
-		n, err := conn.WaitForNotification(wctx)
-		quiet := wctx.Err() != nil
-		interrupted := m.waiters.endWait()
-		cancel()
 		if ctx.Err() != nil {
 			return false
 		}
-		if err != nil && interrupted && !conn.PgConn().IsClosed() {
-			continue
+		if err != nil && mail != nil && !conn.PgConn().IsClosed() {
+			continue // the mail ended the wait: take the locks it asks for
 		}
 		if err == nil {
-			if !m.post(ctx, notice{hash: n.Payload}) {
+			if !l.post(ctx, notice{hash: n.Payload}) {
 				return false
 			}
 			continue
@@ -217,9 +226,55 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 		_, err = conn.Exec(pctx, "SELECT 1")
 		cancel()
 		if err != nil {
-			m.sigListenerProbeFailed()
+			l.probeFailed()
 			return false
 		}
+	}
+}
+
+// wait waits up to d for a notification on conn, and ends early when mail
+// from the loop comes (returned: the caller applies it). quiet tells that
+// the wait ended by its deadline or by the mail, after which pgconn
+// leaves the connection usable; any other error means it failed.
+func (l *listener) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) (n *pgconn.Notification, mail listenerMail, quiet bool, err error) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	got := make(chan listenerMail, 1)
+	go func() {
+		select {
+		case mail := <-l.mail:
+			got <- mail
+			cancel()
+		case <-wctx.Done():
+			got <- nil
+		}
+	}()
+	n, err = conn.WaitForNotification(wctx)
+	quiet = wctx.Err() != nil
+	cancel()
+	return n, <-got, quiet, err
+}
+
+// apply records the loop's latest wishes.
+func (l *listener) apply(mail listenerMail) {
+	for k, on := range mail {
+		if on {
+			l.want[k] = struct{}{}
+		} else {
+			delete(l.want, k)
+		}
+	}
+}
+
+// drainMail applies the mail waiting, if any, and reports whether there
+// was some.
+func (l *listener) drainMail() bool {
+	select {
+	case mail := <-l.mail:
+		l.apply(mail)
+		return true
+	default:
+		return false
 	}
 }
 
@@ -231,43 +286,45 @@ func (m *Manager) listenOnce(ctx context.Context, bo *backoff.Backoff) (stop boo
 // (not a warning: a fleet without SyncGuard processes does not need the
 // trigger). A failed check (privileges, a lost connection) is tried again
 // at the next connect.
-func (m *Manager) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
+func (l *listener) checkReleaseTrigger(ctx context.Context, conn *pgx.Conn) {
+	m := l.m
 	st, err := store.New("pg.New", conn, store.Config(m.storeCfg))
 	if err != nil {
 		return
 	}
 	ok, err := st.ReleaseTriggerInstalled(ctx, m.cfg.NotifyChannel)
-	if err != nil || m.triggerChecked.Swap(true) {
+	if err != nil {
 		return
 	}
+	l.triggerChecked = true
 	m.rec.ReleaseTrigger(ok, m.cfg.NotifyChannel)
 	if m.sig != nil {
 		m.sig.triggerChecked.signal(ok)
 	}
 }
 
-// sharedListenBackend reports whether conn reaches PostgreSQL through a
+// transactionPooled reports whether conn reaches PostgreSQL through a
 // pooler that hands its server connection to other clients between
-// transactions. A connection whose start-up the backend answered itself
-// (its cancel key names pg_backend_pid()) costs one round trip to check;
-// only behind a pooler does the check open a second connection.
-func sharedListenBackend(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) (bool, error) {
+// transactions: one round trip for its backend pid, then
+// connx.TransactionPooled.
+func transactionPooled(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn) (bool, error) {
 	pid, err := connx.BackendPID(ctx, conn)
-	if err != nil || !connx.Pooled(conn, pid) {
+	if err != nil {
 		return false, err
 	}
-	return connx.SharedBackend(ctx, cfg, conn, pid)
+	return connx.TransactionPooled(ctx, cfg, conn, pid)
 }
 
-func (m *Manager) sigListenerProbeFailed() {
-	if m.sig != nil {
-		m.sig.listenerProbeFailed.signal(struct{}{})
+func (l *listener) probeFailed() {
+	if l.m.sig != nil {
+		l.m.sig.listenerProbeFailed.signal(struct{}{})
 	}
 }
 
-func (m *Manager) post(ctx context.Context, n notice) bool {
+// post hands n to the loop; false when ctx ended first.
+func (l *listener) post(ctx context.Context, n notice) bool {
 	select {
-	case m.notifyCh <- n:
+	case l.m.notifyCh <- n:
 		return true
 	case <-ctx.Done():
 		return false

@@ -74,9 +74,12 @@ func (m *Manager) run(st *loopState) {
 				m.test.timerFired(time.Since(w))
 			}
 			st.handleDue(time.Now())
-		case <-st.listenerDone:
+		case st.lis.mailbox() <- st.lis.outbox:
 			lm.Busy()
-			st.listenerDone = nil
+			st.lis.outbox = nil // the listener's now
+		case <-st.lis.done:
+			lm.Busy()
+			st.lis.ended()
 		case <-closing:
 			lm.Busy()
 			closing = nil // nil-channel gating: handled once
@@ -87,7 +90,7 @@ func (m *Manager) run(st *loopState) {
 
 func (st *loopState) handleAcquire(req *acquireReq) {
 	if st.closing {
-		req.state = reqAnswered
+		req.answered = true
 		req.reply <- acquireReply{err: closedErr("manager.Acquire")}
 		return
 	}
@@ -129,7 +132,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 				st.releaseHolding(h, nil, trace.SpanContext{})
 			}
 		}
-		req.state = reqAnswered
+		req.answered = true
 		req.final <- acquireReply{abandoned: true}
 		st.sig().takenBack.signal(req.key)
 		return
@@ -151,7 +154,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 		}
 		st.gc(ks)
 	}
-	req.state = reqAnswered
+	req.answered = true
 	req.final <- ans
 	st.sig().abandoned.signal(req.key)
 }
@@ -172,8 +175,7 @@ func (st *loopState) handleRelease(req *releaseReq) {
 }
 
 func (st *loopState) handleAcquireDone(d acquireDone) {
-	st.inAcquire--
-	st.land(d.fl, kindAcquire)
+	st.land(d.fl, &st.acquireSlots)
 	now := time.Now()
 	for i, a := range d.batch {
 		if a.try != nil {
@@ -204,7 +206,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			if mayHaveGranted(d.err) || r.OK {
 				// Not blocking the key's attempts: this release may meet
 				// a dead connection too.
-				st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
+				st.releases.add(releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
 			}
 			st.gc(ks)
 			continue
@@ -283,7 +285,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 		ks.lastErr = err
 		if len(ks.queue) > 0 {
 			req := st.popWaiter(ks)
-			req.state = reqAnswered
+			req.answered = true
 			req.reply <- acquireReply{err: err}
 		}
 		if len(ks.queue) > 0 {
@@ -317,8 +319,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 }
 
 func (st *loopState) handleReleaseDone(d releaseDone) {
-	st.inRelease--
-	st.land(d.fl, kindRelease)
+	st.land(d.fl, &st.releaseSlots)
 	now := time.Now()
 	for i, it := range d.batch {
 		var err error
@@ -369,8 +370,7 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 }
 
 func (st *loopState) handleExtendDone(d extendDone) {
-	st.inExtend--
-	st.land(d.fl, kindExtend)
+	st.land(d.fl, &st.extendSlots)
 	now := time.Now()
 	if d.err != nil {
 		st.sig().extendFailed.signal(d.err)
@@ -490,98 +490,80 @@ func (st *loopState) heartbeat(now time.Time) {
 	}
 	for _, h := range t.Due {
 		h.lease.Pending = true
-		st.pendExtend = append(st.pendExtend, h)
+		st.extends.add(h)
 	}
 	st.hbNext = t.Next
 }
 
-// flush sends whatever is pending, as few batches as the in-flight caps
-// allow. A lone request goes out at once; requests that arrive while a
-// batch of their kind is in flight wait for it and go together.
+// flush sends whatever is pending, lane by lane (lane.go). Handoffs go
+// first: one that goes out as a plain release joins the releases.
 func (st *loopState) flush() {
+	for _, l := range st.lanes {
+		l.flush(st)
+	}
+}
+
+// keepAttempt settles a pending acquire attempt that is not to be sent
+// any more: its waiters all left, or Close began (a try's: keepTry).
+func (st *loopState) keepAttempt(a *attempt) bool {
+	if a.try != nil {
+		return st.keepTry(a)
+	}
+	if st.closing || len(a.ks.queue) == 0 {
+		a.ks.attempt = nil // nobody left to serve
+		st.gc(a.ks)
+		return false
+	}
+	return true
+}
+
+// isHeld reports whether a lease waiting for the next extend batch is
+// still held (it may have been released or lost meanwhile).
+func (st *loopState) isHeld(h *holding) bool {
+	_, ok := st.held[h]
+	return ok
+}
+
+// sendAcquires starts an acquire batch (loop side of sendAcquire).
+func (st *loopState) sendAcquires(fl *flight, batch []*attempt) {
+	fl.attempts = batch
+	parent, served := roundTripSpans(batch, nil)
+	st.m.spawn(func() { st.m.sendAcquire(fl, batch, parent, served) })
+}
+
+// sendReleases starts a release batch (loop side of sendRelease).
+func (st *loopState) sendReleases(fl *flight, batch []releaseItem) {
+	parent, served := roundTripSpans(nil, batch)
+	st.m.spawn(func() { st.m.sendRelease(fl, batch, parent, served) })
+}
+
+// sendExtends starts an extend batch (loop side of sendExtend), bounded
+// by the earliest trust deadline of its leases: an answer after it is
+// useless.
+func (st *loopState) sendExtends(fl *flight, batch []*holding) {
 	m := st.m
-	st.flushHandOffs() // first: a handoff that goes out as a plain release joins pendRelease
-	live := st.pendAcquire[:0]
-	for _, a := range st.pendAcquire {
-		if a.try != nil {
-			if st.keepTry(a) {
-				live = append(live, a)
-			}
-			continue
+	deadline := time.Now().Add(m.cfg.StatementTimeout)
+	reqs := make([]store.ExtendRequest, len(batch))
+	for i, h := range batch {
+		reqs[i] = store.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
+		if h.ext != nil {
+			h.ext.sent, h.ext.want = h.ext.want, nil // Extend callers this round trip answers
 		}
-		if st.closing || len(a.ks.queue) == 0 {
-			a.ks.attempt = nil // nobody left to serve
-			st.gc(a.ks)
-			continue
+		if tu := h.lease.TrustedUntil(); tu.Before(deadline) {
+			deadline = tu
 		}
-		live = append(live, a)
 	}
-	clear(st.pendAcquire[len(live):])
-	st.pendAcquire = live
-	for len(st.pendAcquire) > 0 && st.room(st.inAcquire, st.stuckAcquire, st.adapt(m.acqLimit, len(st.pendAcquire))) {
-		n := min(len(st.pendAcquire), m.cfg.MaxBatch)
-		batch := slices.Clone(st.pendAcquire[:n])
-		st.pendAcquire = slices.Delete(st.pendAcquire, 0, n)
-		st.inAcquire++
-		fl := st.launch(&flight{acquire: true, attempts: batch})
-		parent, served := roundTripSpans(batch, nil)
-		m.spawn(func() { m.sendAcquire(fl, batch, parent, served) })
-	}
-	relLimit, relMax := m.relLimit, m.cfg.MaxBatch
-	if st.closing {
-		relLimit, relMax = st.inRelease+1, store.MaxBatch // all at once
-	}
-	for len(st.pendRelease) > 0 && (st.closing && st.inRelease < relLimit || st.room(st.inRelease, st.stuckRelease, st.adapt(relLimit, len(st.pendRelease)))) {
-		n := min(len(st.pendRelease), relMax)
-		batch := slices.Clone(st.pendRelease[:n])
-		st.pendRelease = slices.Delete(st.pendRelease, 0, n)
-		st.inRelease++
-		fl := st.launch(&flight{release: true})
-		parent, served := roundTripSpans(nil, batch)
-		m.spawn(func() { m.sendRelease(fl, batch, parent, served) })
-	}
-	if st.closing {
-		st.pendExtend = nil
-	}
-	for len(st.pendExtend) > 0 && st.room(st.inExtend, st.stuckExtend, m.extLimit) {
-		live := st.pendExtend[:0]
-		for _, h := range st.pendExtend {
-			if _, ok := st.held[h]; ok {
-				live = append(live, h)
-			}
+	// One heartbeat round per extend batch: the span ends when run
+	// handles the result. Its round trip links to the acquire span of
+	// each lock it extends.
+	_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
+	var served []trace.SpanContext
+	for _, h := range batch {
+		if sc := h.acq.SpanContext(); sc.IsValid() && len(served) < obs.MaxLinks {
+			served = append(served, sc)
 		}
-		st.pendExtend = live
-		if len(live) == 0 {
-			break
-		}
-		n := min(len(st.pendExtend), m.extBatch)
-		batch := slices.Clone(st.pendExtend[:n])
-		st.pendExtend = slices.Delete(st.pendExtend, 0, n)
-		deadline := time.Now().Add(m.cfg.StatementTimeout)
-		reqs := make([]store.ExtendRequest, len(batch))
-		for i, h := range batch {
-			reqs[i] = store.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
-			if h.ext != nil {
-				h.ext.sent, h.ext.want = h.ext.want, nil // Extend callers this round trip answers
-			}
-			if tu := h.lease.TrustedUntil(); tu.Before(deadline) {
-				deadline = tu
-			}
-		}
-		st.inExtend++
-		fl := st.launch(&flight{extend: true})
-		// One heartbeat round per extend batch: the span ends when run
-		// handles the result. Its round trip links to the acquire span of
-		// each lock it extends.
-		_, hb := m.rec.StartHeartbeat(context.Background(), len(batch))
-		var served []trace.SpanContext
-		for _, h := range batch {
-			if sc := h.acq.SpanContext(); sc.IsValid() && len(served) < obs.MaxLinks {
-				served = append(served, sc)
-			}
-		}
-		m.spawn(func() { m.sendExtend(fl, batch, reqs, deadline, hb, served) })
 	}
+	m.spawn(func() { m.sendExtend(fl, batch, reqs, deadline, hb, served) })
 }
 
 // roundTripSpans returns where the span of a round trip carrying the
@@ -723,8 +705,7 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 }
 
 func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
-	// Bounded by the earliest trust deadline of the batch (F4): an answer
-	// after it is useless.
+	// Bounded by the earliest trust deadline of the batch (sendExtends).
 	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindExtend, len(batch))

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -128,12 +127,12 @@ type Config struct {
 	MaxInFlight int
 
 	// Telemetry configures the Manager's OpenTelemetry spans and metrics
-	// and its log records (see package telemetry and "Telemetry" in the
-	// package documentation): providers, logger, key secret. The zero
-	// value (the default) means the otel global providers, which record
-	// nothing unless the program installs SDK ones, no logging, and keys
-	// identified by SyncGuard's unkeyed hashKey, which is not secret: set
-	// KeySecret to make key hashes keyed.
+	// and its log records (package telemetry names them all): providers,
+	// logger, key secret. The zero value (the default) means the otel
+	// global providers, which record nothing unless the program installs
+	// SDK ones, no logging, and keys identified by SyncGuard's unkeyed
+	// hashKey, which is not secret: set KeySecret to make key hashes
+	// keyed.
 	Telemetry telemetry.Config
 }
 
@@ -227,6 +226,10 @@ const minTrustWindow = 10 * time.Millisecond
 // goroutines of this process. See the package documentation. A Manager
 // is safe for concurrent use; Close it when done.
 type Manager struct {
+	// Its fields are immutable after New, channels, or (the advisory
+	// locks) guarded by a mutex: the lock state is the loop's loopState,
+	// owned by run ("Who owns what" in the package documentation).
+
 	cfg      Config        // immutable after New (defaults filled)
 	pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
 	ownsPool bool          // immutable
@@ -235,42 +238,44 @@ type Manager struct {
 	// DisableNotify.
 	listenCfg *pgx.ConnConfig
 	// storeCfg is the Store's config (store.New on the listening connection
-	// checks the release trigger there); triggerChecked is set once that
-	// check answered.
-	storeCfg       pg.Config
-	triggerChecked atomic.Bool
-	store          *store.Store // immutable
+	// checks the release trigger there); immutable.
+	storeCfg pg.Config
+	store    *store.Store // immutable; safe for concurrent use (DB workers, SetupSchema)
 	// rec records spans, metrics and logs (internal/obs); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	rec  *obs.Recorder
 	sig  *signals  // immutable; nil in production
 	test testHooks // immutable; zero in production
 
-	waiters                      *waiterSet  // keys to register as waited for (waiters.go); nil without a listener
-	extBatch                     int         // immutable: items of one extend statement
-	work                         chan func() // batches for idle DB workers (spawn)
-	acqLimit, relLimit, extLimit int         // immutable: batches in flight per kind (not counting stuck ones, flight.go)
-	maxConns                     int         // immutable: the pool's MaxConns
+	extBatch                     int // immutable: items of one extend statement
+	acqLimit, relLimit, extLimit int // immutable: batches in flight per kind (not counting stuck ones, lane.go)
+	maxConns                     int // immutable: the pool's MaxConns
+
+	work chan func() // written by run (spawn), read by idle DB workers
 
 	acquireCh     chan *acquireReq // written by Acquire/TryAcquire, read only by run
 	releaseCh     chan *releaseReq // written by Lock.Release, read only by run
 	extendCh      chan *extendReq  // written by Lock.Extend, read only by run
 	abandonCh     chan *acquireReq // written by callers whose ctx ended, read only by run
-	acquireDoneCh chan acquireDone // written by acquire DB goroutines started by run, read only by run
-	releaseDoneCh chan releaseDone // written by release DB goroutines started by run, read only by run
-	extendDoneCh  chan extendDone  // written by extend DB goroutines started by run, read only by run
+	acquireDoneCh chan acquireDone // written by DB workers (acquire and handoff batches), read only by run
+	releaseDoneCh chan releaseDone // written by DB workers (release and handoff batches), read only by run
+	extendDoneCh  chan extendDone  // written by DB workers (extend batches), read only by run
 	notifyCh      chan notice      // written by the listener goroutine, read only by run
-	lossCh        chan struct{}    // cap 1; written (non-blocking) by loss timers, read only by run
+	// lossCh nudges run (cap 1, non-blocking sends merge): written by the
+	// loss timer, the hold-limit timers and Lock.checkTrust (any
+	// goroutine), after each has ended a lock's Context itself; read only
+	// by run.
+	lossCh chan struct{}
 
-	workCtx    context.Context    // extends and advisory work run under it; cancelled by run when draining
-	cancelWork context.CancelFunc // called by run
+	workCtx    context.Context    // immutable; extends and advisory work run under it; cancelled by run when draining
+	cancelWork context.CancelFunc // immutable; called by run
 
-	closeOnce sync.Once
-	closing   chan struct{} // closed by Close; run begins draining
+	closeOnce sync.Once     // Close's
+	closing   chan struct{} // closed by Close (once); read by run and callers
 	done      chan struct{} // closed by run when it has fully stopped
-	closeErr  error         // written by run before done is closed; read after done
+	closeErr  error         // written by run before done is closed; read by Close after done
 
-	adv advisoryState // advisory session locks (advisory.go); guarded by its own mutex
+	adv advisoryState // advisory session locks (advisory.go): callers and run (Close), guarded by its own mutex
 }
 
 type option func(*Manager)
@@ -383,7 +388,6 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
 		}
 		m.listenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
-		m.waiters = newWaiterSet()
 	}
 	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
 		m.rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +

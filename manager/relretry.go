@@ -81,7 +81,7 @@ func (st *loopState) dueReleases(now time.Time) {
 			keep = append(keep, it)
 			continue
 		}
-		st.pendRelease = append(st.pendRelease, it)
+		st.releases.add(it)
 	}
 	clear(st.relRetries[len(keep):])
 	st.relRetries = keep

@@ -9,18 +9,9 @@ import (
 	"github.com/pglease/pglease/internal/store"
 )
 
-// reqState is where an acquireReq is in its life. Owned by run.
-type reqState uint8
-
-const (
-	reqQueued   reqState = iota // in its key's FIFO queue
-	reqGranted                  // a *Lock sits in (or was taken from) reply
-	reqAnswered                 // an error or "locked" sits in (or was taken from) reply
-)
-
 // acquireReq is one Acquire or TryAcquire call. The caller fills the
 // immutable fields and sends it on acquireCh; from then on only run
-// touches state, and only run sends on reply.
+// touches answered, and only run sends on reply and final.
 type acquireReq struct {
 	key    string        // immutable: NFC-normalized key
 	hash   string        // immutable: pglease.HashKey(key), for notifications
@@ -39,12 +30,16 @@ type acquireReq struct {
 
 	// reply has capacity 1; run sends on it at most once. After the
 	// caller sent the request on abandonCh it never reads reply again:
-	// run takes back whatever it finds there (§4.4 of STYLE.md) and sends
-	// the one final answer on final (capacity 1).
+	// run takes back whatever it finds there (a grant the caller never
+	// received is released, handleAbandon) and sends the one final answer
+	// on final (capacity 1).
 	reply chan acquireReply
 	final chan acquireReply
 
-	state reqState // owned by run
+	// answered: run has sent its answer (on reply, or on final after an
+	// abandon). A try's attempt that comes back after that serves nobody.
+	// Owned by run.
+	answered bool
 }
 
 // acquireReply carries exactly one of: lock (granted), locked (TryAcquire
@@ -81,7 +76,7 @@ type extendReq struct {
 type notice struct {
 	hash       string
 	resync     bool
-	registered []string // keys whose waiter locks were just taken (waiters.go)
+	registered []sessionLock // session locks the listener just took (waiters.go)
 }
 
 // attempt is one key's database acquire attempt. Created by run; the DB

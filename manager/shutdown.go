@@ -55,8 +55,8 @@ func (st *loopState) beginDrain() {
 	st.closeBy = time.Now().Add(st.m.cfg.CloseTimeout)
 	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAcquire)
 	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
-	if st.stopListener != nil {
-		st.stopListener()
+	if st.lis.stop != nil {
+		st.lis.stop()
 	}
 	for _, ks := range st.keys {
 		st.failAll(ks, closedErr("manager.Acquire"))
@@ -64,7 +64,7 @@ func (st *loopState) beginDrain() {
 	for h := range st.held {
 		st.dropHolding(h, closedCause)
 		rel, sc := startRelease(h, trace.SpanContext{})
-		st.pendRelease = append(st.pendRelease, releaseItem{lockID: h.lock.id, key: h.ks.key, rel: rel, sc: sc, ttl: h.lock.ttl, handed: true})
+		st.releases.add(releaseItem{lockID: h.lock.id, key: h.ks.key, rel: rel, sc: sc, ttl: h.lock.ttl, handed: true})
 	}
 	// Lost locks whose rows were kept for their holders: Close releases
 	// them like the held ones (their holders were told long ago).
@@ -76,17 +76,16 @@ func (st *loopState) beginDrain() {
 		}
 	}
 	// Releases waiting for their retry go out now, once more (relretry.go).
-	st.pendRelease = append(st.pendRelease, st.relRetries...)
+	st.releases.pending = append(st.releases.pending, st.relRetries...)
 	clear(st.relRetries)
 	st.relRetries = st.relRetries[:0]
-	st.pendExtend = nil
+	st.extends.pending = nil
 	st.hbNext = time.Time{}
 }
 
 // drained reports whether nothing is pending or in flight any more.
 func (st *loopState) drained() bool {
-	return st.inAcquire == 0 && st.inRelease == 0 && st.inExtend == 0 &&
-		len(st.pendRelease) == 0 && len(st.relRetries) == 0 && st.listenerDone == nil
+	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && st.lis.done == nil
 }
 
 // finish is the last step of the drain: close an owned pool and record the

@@ -23,44 +23,51 @@ import (
 const maxFenceMemory = 100_000
 
 // loopState is every map, queue and counter the loop owns. It is touched
-// only by (*Manager).run and the methods it calls: no mutex.
+// only by (*Manager).run and the methods it calls: no mutex. Every field
+// is owned by run, as is everything it reaches (keyState, holding,
+// attempt, the lanes' items), except where a comment says otherwise: the
+// loss watch, shared with its timer goroutine under its own mutex.
 type loopState struct {
-	m *Manager
+	m *Manager // immutable
 
-	keys    map[string]*keyState     // keys with waiters, an attempt, a holder or a release in flight
-	byHash  map[string]*keyState     // pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
-	held    map[*holding]struct{}    // locks this process holds
-	kept    map[*holding]struct{}    // lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
-	fences  map[string]pglease.Fence // highest fence seen per key not in keys (fence-regression check; keyState.fence for the others)
-	retries retryHeap                // scheduled retries, earliest first
-	loss    *lossWatch               // loss deadlines of the held leases (losswatch.go); has its own mutex
-	hbNext  time.Time                // next heartbeat event (zero: none)
+	keys    map[string]*keyState     // owned by run: keys with waiters, an attempt, a holder or a release in flight
+	byHash  map[string]*keyState     // owned by run: pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
+	held    map[*holding]struct{}    // owned by run: locks this process holds
+	kept    map[*holding]struct{}    // owned by run: lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
+	fences  map[string]pglease.Fence // owned by run: highest fence seen per key not in keys (fence monotonicity; keyState.fence for the others)
+	retries retryHeap                // owned by run: scheduled retries, earliest first
+	hbNext  time.Time                // owned by run: next heartbeat event (zero: none)
+	// loss holds the loss deadlines of the held leases (losswatch.go):
+	// written by run (start, stop), read by its timer goroutine, which
+	// ends the leases whose deadline passed; guarded by loss.mu.
+	loss *lossWatch
 
-	pendAcquire []*attempt    // attempts to send with the next acquire batch
-	pendRelease []releaseItem // lockIds to send with the next release batch
-	pendExtend  []*holding    // leases to send with the next extend batch
-	pendHandOff []handOffItem // local handoffs to send with the next handoff batch (handoff.go)
+	// Owned by run: the batched statements, one lane per kind (lane.go),
+	// and the batches in flight of each kind against its cap. A handoff
+	// batch takes an acquire and a release slot. The DB worker of a batch
+	// reads only what it was handed (its flight pointer and items).
+	acquires                                lane[*attempt]
+	releases                                lane[releaseItem]
+	extends                                 lane[*holding]
+	handOffs                                lane[handOffItem]
+	lanes                                   []batchLane // in flush order
+	acquireSlots, releaseSlots, extendSlots slots
+	flights                                 map[*flight]struct{} // the batches in flight (flight.go)
 
-	inAcquire, inRelease, inExtend int // batches in flight per kind
-	// flights are the batches in flight; stuck* count those of each kind
-	// older than stuckAfter, which the in-flight caps no longer count
-	// (flight.go).
-	flights                                 map[*flight]struct{}
-	stuckAcquire, stuckRelease, stuckExtend int
-	waiting                                 int // callers in all keys' queues (telemetry: queue depth "waiters")
+	waiting int // owned by run: callers in all keys' queues (telemetry: queue depth "waiters")
 
-	closing      bool
-	listenerDone chan struct{}      // closed by the listener goroutine; nil when none runs
-	stopListener context.CancelFunc // stops the listener
+	closing bool         // owned by run: Close began (beginDrain)
+	lis     listenerLink // owned by run: the listener's mailbox and lifetime (waiters.go, listener.go)
 
-	closeErr error     // first release failure during the drain
-	closeBy  time.Time // when the drain gives up retrying releases (beginDrain + CloseTimeout)
+	closeErr error     // owned by run: first release failure during the drain, handed to Close through Manager.closeErr
+	closeBy  time.Time // owned by run: when the drain gives up retrying releases (beginDrain + CloseTimeout)
 
-	relRetries []releaseItem // releases with an unknown outcome, to send again (relretry.go)
+	relRetries []releaseItem // owned by run: releases with an unknown outcome, to send again (relretry.go)
 }
 
-// keyState is one key's FIFO queue and attempt loop. (Field sizes and
-// order keep it at 160 bytes: one is kept per held lock.)
+// keyState is one key's FIFO queue and attempt loop. Owned by run.
+// (Field sizes and order keep it at 160 bytes: one is kept per held
+// lock.)
 type keyState struct {
 	key, hash string
 	queue     []*acquireReq  // FIFO; the head is served by the next grant; nil when empty
@@ -99,7 +106,8 @@ func (ks *keyState) heldBy() string {
 	return ks.cont.heldBy
 }
 
-// holding is a held lock, as the loop sees it.
+// holding is a held lock, as the loop sees it. Owned by run, except the
+// loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
 type holding struct {
 	lock  *Lock
 	ks    *keyState
@@ -113,8 +121,9 @@ type holding struct {
 	lossIdx   int32
 	lossFired bool
 	// limitTimer fires at the hold limit (WithHoldLimit; nil without
-	// one): it ends the lock's context with the hold-limit cause and
-	// nudges the loop, which then stops extending the lease (pastLimit).
+	// one): its callback, on a timer goroutine, ends the lock's context
+	// with the hold-limit cause and nudges the loop (lossCh), which then
+	// stops extending the lease (pastLimit). Set and stopped by run.
 	limitTimer *time.Timer
 	// ext holds the Lock.Extend callers (extend.go); nil while there are
 	// none, as for most locks.
@@ -148,16 +157,29 @@ func (h *retryHeap) Pop() any {
 }
 
 func newLoopState(m *Manager) *loopState {
-	return &loopState{
-		m:       m,
-		keys:    make(map[string]*keyState),
-		byHash:  make(map[string]*keyState),
-		held:    make(map[*holding]struct{}),
-		kept:    make(map[*holding]struct{}),
-		flights: make(map[*flight]struct{}),
-		fences:  make(map[string]pglease.Fence),
-		loss:    newLossWatch((*Lock).lossTimerFired),
+	st := &loopState{
+		m:            m,
+		keys:         make(map[string]*keyState),
+		byHash:       make(map[string]*keyState),
+		held:         make(map[*holding]struct{}),
+		kept:         make(map[*holding]struct{}),
+		flights:      make(map[*flight]struct{}),
+		fences:       make(map[string]pglease.Fence),
+		loss:         newLossWatch((*Lock).lossTimerFired),
+		acquireSlots: slots{limit: m.acqLimit},
+		releaseSlots: slots{limit: m.relLimit},
+		extendSlots:  slots{limit: m.extLimit},
 	}
+	st.acquires = lane[*attempt]{batchSpec: batchSpec{kindAcquire, []*slots{&st.acquireSlots}},
+		maxBatch: m.cfg.MaxBatch, adaptive: true, keep: st.keepAttempt, send: st.sendAcquires}
+	st.releases = lane[releaseItem]{batchSpec: batchSpec{kindRelease, []*slots{&st.releaseSlots}},
+		maxBatch: m.cfg.MaxBatch, adaptive: true, drains: true, send: st.sendReleases}
+	st.extends = lane[*holding]{batchSpec: batchSpec{kindExtend, []*slots{&st.extendSlots}},
+		maxBatch: m.extBatch, keep: st.isHeld, keepLazily: true, send: st.sendExtends}
+	st.handOffs = lane[handOffItem]{batchSpec: batchSpec{kindHandOff, []*slots{&st.acquireSlots, &st.releaseSlots}},
+		maxBatch: m.cfg.MaxBatch, keep: st.keepHandOff, send: st.sendHandOffs}
+	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.releases, &st.extends}
+	return st
 }
 
 // keyFor returns the state of key, creating it.
@@ -236,7 +258,7 @@ func (st *loopState) kick(ks *keyState) {
 	ks.chains++
 	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
 	ks.attempt = a
-	st.pendAcquire = append(st.pendAcquire, a)
+	st.acquires.add(a)
 }
 
 // forceKick cancels a scheduled retry and kicks: the key was (probably)
@@ -338,7 +360,7 @@ func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
 	if ks != nil {
 		ks.releasing++
 	}
-	st.pendRelease = append(st.pendRelease, releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
+	st.releases.add(releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
 }
 
 // dropHolding forgets h and ends its lock's context with cause (the first
@@ -375,7 +397,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	if st.queueHandOff(it) { // local waiters: release and grant in one statement
 		return
 	}
-	st.pendRelease = append(st.pendRelease, it)
+	st.releases.add(it)
 }
 
 // startRelease starts h's pglease.release span (loop), as a child of
@@ -458,7 +480,7 @@ func (st *loopState) releaseKept(h *holding, reply chan error) {
 		ks.releasing++
 		it.ks = ks
 	}
-	st.pendRelease = append(st.pendRelease, it)
+	st.releases.add(it)
 }
 
 // expire ends l as lost because its trust window passed: what its loss
@@ -558,7 +580,7 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r store.Ac
 	ks.holder = h
 	st.held[h] = struct{}{}
 	st.noteEvent(lease.NextEvent())
-	req.state = reqGranted
+	req.answered = true
 	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
 	req.reply <- acquireReply{lock: lk}
 	if ks.cont != nil {
@@ -597,7 +619,7 @@ func (st *loopState) rememberFence(key string, f pglease.Fence) {
 func (st *loopState) popTries(ks *keyState, r acquireReply) {
 	for len(ks.queue) > 0 && ks.queue[0].try {
 		req := st.popWaiter(ks)
-		req.state = reqAnswered
+		req.answered = true
 		req.reply <- r
 	}
 }
@@ -627,15 +649,15 @@ func (st *loopState) reportDepth(l *obs.Loop) {
 		return
 	}
 	l.SetDepth(obs.QueueWaiters, st.waiting)
-	l.SetDepth(obs.QueueMailbox, len(st.pendAcquire)+len(st.pendRelease)+len(st.pendExtend)+len(st.pendHandOff))
-	l.SetDepth(obs.QueueInflight, st.inAcquire+st.inRelease+st.inExtend)
+	l.SetDepth(obs.QueueMailbox, st.pendingItems())
+	l.SetDepth(obs.QueueInflight, st.inFlight())
 	l.SetDepth(obs.QueueDue, len(st.retries)+len(st.held))
 }
 
 // failAll answers every waiter of ks with err.
 func (st *loopState) failAll(ks *keyState, err error) {
 	for _, req := range ks.queue {
-		req.state = reqAnswered
+		req.answered = true
 		req.reply <- acquireReply{err: err}
 	}
 	st.waiting -= len(ks.queue)

@@ -38,14 +38,14 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(obs.QueueInfo{})
-		st.pendAcquire = append(st.pendAcquire, &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req})
+		st.acquires.add(&attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req})
 		return // ks is looked up again when the answer comes (tryDone)
 	}
 	st.gc(ks)
 }
 
 func (st *loopState) answerTry(req *acquireReq, r acquireReply) {
-	req.state = reqAnswered
+	req.answered = true
 	req.reply <- r
 }
 
@@ -53,7 +53,7 @@ func (st *loopState) answerTry(req *acquireReq, r acquireReply) {
 // its caller left, nor during Close (which answers it).
 func (st *loopState) keepTry(a *attempt) bool {
 	switch {
-	case a.try.state != reqQueued: // the caller left before it was sent
+	case a.try.answered: // the caller left before it was sent
 	case st.closing:
 		st.answerTry(a.try, acquireReply{err: closedErr("manager.TryAcquire")})
 	default:
@@ -80,7 +80,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 		r = d.res[i]
 		err = r.Err
 	}
-	left := req.state != reqQueued // the caller's context ended
+	left := req.answered // the caller's context ended
 	release := func() {
 		it := releaseItem{lockID: a.lockID, key: ks.key, ttl: a.ttl}
 		if !st.closing {
@@ -88,7 +88,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 			// for it (it is not one of theirs).
 			it.ks, it.unblocked = ks, true
 		}
-		st.pendRelease = append(st.pendRelease, it)
+		st.releases.add(it)
 	}
 	if mayHaveGranted(d.err) {
 		release()

@@ -2,146 +2,155 @@ package manager
 
 import (
 	"context"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/internal/store"
 )
 
-// Releases notify only the keys some process waits for (pg.ReleaseWaited):
+// Releases notify only the keys some process waits for (store.ReleaseWaited):
 // a notifying commit serializes with every other one on the server and
 // wakes every listener, and most releases have nobody waiting elsewhere.
 // A process tells the server it waits for a key by holding the key's
 // waiter lock (store.WaiterLockClass) on its listening connection:
 //
 //   - When an attempt finds the key taken by someone else and callers
-//     still wait for it, run asks for the key's registration (waiterSet).
-//   - The listener takes the waiter locks asked for (store.RegisterWaiters)
-//     and posts the keys it registered; run then tries each of them once
+//     still wait for it, the loop asks the listener for the key's waiter
+//     lock (wantWaiter).
+//   - The listener takes the locks asked for (store.RegisterWaiters) and
+//     posts the keys it registered; the loop then tries each of them once
 //     more: a release that committed before the registration could not
 //     see it, and that try finds the key free.
-//   - When run forgets the key (no waiter, no holder), the listener drops
-//     its lock. A reconnect starts a session without locks: the listener
-//     takes them all again before it posts its resync.
+//   - When the loop forgets the key (no waiter, no holder), the listener
+//     drops its lock. A reconnect starts a session without locks: the
+//     listener takes them all again before it posts its resync.
 //
 // Without a listener (DisableNotify, a transaction-mode pooler) nothing is
 // registered: other processes' releases then send no notification to this
 // one, whose waiters poll as before.
+//
+// The loop and the listener share no memory. The loop records each change
+// of the locks it wants in its outbox (listenerLink.want) and hands the
+// whole outbox over when the listener takes it: run's select offers it
+// on the unbuffered mail channel whenever it is not empty, so changes that
+// come while the listener is busy (connecting, taking locks, posting)
+// coalesce into the next handover, and the loop never waits for the
+// listener. The listener waits for notifications and for mail at once
+// (listener.wait) and applies each mail to its own copy of what the loop
+// wants. A lock is a class and a key (sessionLock): more kinds of session
+// lock (a watch of a key, say) are more classes in sessionLockClasses,
+// carried by the same mail.
 
-// waiterSet is the keys run wants registered, shared by run (which only
-// edits it, never blocking) and the listener (which applies it).
-type waiterSet struct {
-	mu          sync.Mutex
-	want        map[string]struct{} // NFC keys
-	dirty       bool
-	interrupt   context.CancelFunc // ends the listener's current wait; nil when it is not waiting
-	interrupted bool               // set called interrupt
+// lockClass names a kind of lock the listener holds on its session for
+// the loop.
+type lockClass uint8
+
+const (
+	// classWaiter: this process waits for the key (store.WaiterLockClass).
+	classWaiter lockClass = iota
+)
+
+// sessionLockClasses take and drop the session locks of each class, on
+// the listening connection, one round trip each. take reports per key
+// whether the lock was taken (false: held exclusively at that instant,
+// to be tried again soon).
+var sessionLockClasses = [...]struct {
+	take func(ctx context.Context, conn *pgx.Conn, keys []string) ([]bool, error)
+	drop func(ctx context.Context, conn *pgx.Conn, keys []string) error
+}{
+	classWaiter: {take: store.RegisterWaiters, drop: store.UnregisterWaiters},
 }
 
-func newWaiterSet() *waiterSet {
-	return &waiterSet{want: make(map[string]struct{})}
+// sessionLock is one lock the listener holds on its session for the loop.
+type sessionLock struct {
+	class lockClass
+	key   string // NFC key
 }
 
-// set asks for key's registration (on) or its end.
-func (w *waiterSet) set(key string, on bool) {
-	w.mu.Lock()
-	_, has := w.want[key]
-	if has == on {
-		w.mu.Unlock()
+// listenerMail is one handover from the loop to the listener: the latest
+// wish for each session lock that changed since the last one (true:
+// hold it; false: let it go). Once sent, it belongs to the listener.
+type listenerMail map[sessionLock]bool
+
+// listenerLink is the loop's end of the listener. Owned by run.
+type listenerLink struct {
+	mail   chan<- listenerMail // unbuffered; nil when no listener runs
+	outbox listenerMail        // changes not handed over yet; nil when none
+	done   <-chan struct{}     // closed when the listener goroutine has ended; nil when none runs
+	stop   context.CancelFunc  // ends the listener (Close)
+}
+
+// want records the loop's wish for lock k; the next handover carries it.
+func (l *listenerLink) want(k sessionLock, on bool) {
+	if l.mail == nil {
 		return
 	}
-	if on {
-		w.want[key] = struct{}{}
-	} else {
-		delete(w.want, key)
+	if l.outbox == nil {
+		l.outbox = make(listenerMail)
 	}
-	w.dirty = true
-	if w.interrupt != nil {
-		w.interrupt()
-		w.interrupt, w.interrupted = nil, true
-	}
-	w.mu.Unlock()
+	l.outbox[k] = on
 }
 
-// beginWait records cancel as the way to end the listener's wait for
-// notifications; false (do not wait) when a change is already pending.
-func (w *waiterSet) beginWait(cancel context.CancelFunc) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.dirty {
-		return false
+// mailbox returns the channel to offer the outbox on in run's select: nil
+// (never ready) when there is nothing to hand over.
+func (l *listenerLink) mailbox() chan<- listenerMail {
+	if len(l.outbox) == 0 {
+		return nil
 	}
-	w.interrupt, w.interrupted = cancel, false
-	return true
+	return l.mail
 }
 
-// endWait ends the wait beginWait recorded and reports whether set ended
-// it.
-func (w *waiterSet) endWait() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.interrupt = nil
-	return w.interrupted
+// ended forgets the listener once its goroutine has ended: nothing is
+// handed over any more.
+func (l *listenerLink) ended() {
+	*l = listenerLink{}
 }
 
-// diff returns what to take and what to drop for the session's locks to
-// match want, and clears dirty.
-func (w *waiterSet) diff(have map[string]struct{}) (add, drop []string) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.dirty = false
-	for k := range w.want {
-		if _, ok := have[k]; !ok {
-			add = append(add, k)
+// sync brings the session's locks (have) to what the loop wants, and,
+// with post, posts the locks it took to the loop. Locks held exclusively
+// at that instant are left for the next round (retrySoon: the listener
+// comes back after waiterRetryDelay). An error means the connection
+// failed.
+func (l *listener) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySoon bool, err error) {
+	var add, drop [len(sessionLockClasses)][]string
+	for k := range l.want {
+		if _, ok := l.have[k]; !ok {
+			add[k.class] = append(add[k.class], k.key)
 		}
 	}
-	for k := range have {
-		if _, ok := w.want[k]; !ok {
-			drop = append(drop, k)
+	for k := range l.have {
+		if _, ok := l.want[k]; !ok {
+			drop[k.class] = append(drop[k.class], k.key)
 		}
 	}
-	return add, drop
-}
-
-func (w *waiterSet) isDirty() bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.dirty
-}
-
-// registerWaiters brings the listening session's waiter locks (have) to
-// what run wants, and posts the keys it registered. Keys whose lock was
-// held exclusively at that instant are left for the next round
-// (retrySoon: the listener comes back after waiterRetryDelay). An error
-// means the connection failed.
-func (m *Manager) registerWaiters(ctx context.Context, conn *pgx.Conn, have map[string]struct{}, post bool) (retrySoon bool, err error) {
-	add, drop := m.waiters.diff(have)
-	if len(drop) > 0 {
-		if err := store.UnregisterWaiters(ctx, conn, drop); err != nil {
+	var got []sessionLock
+	for c, fns := range sessionLockClasses {
+		class := lockClass(c)
+		if len(drop[c]) > 0 {
+			if err := fns.drop(ctx, conn, drop[c]); err != nil {
+				return false, err
+			}
+			for _, k := range drop[c] {
+				delete(l.have, sessionLock{class, k})
+			}
+		}
+		if len(add[c]) == 0 {
+			continue
+		}
+		ok, err := fns.take(ctx, conn, add[c])
+		if err != nil {
 			return false, err
 		}
-		for _, k := range drop {
-			delete(have, k)
+		for i, k := range add[c] {
+			if ok[i] {
+				l.have[sessionLock{class, k}] = struct{}{}
+				got = append(got, sessionLock{class, k})
+			} else {
+				retrySoon = true
+			}
 		}
 	}
-	if len(add) == 0 {
-		return false, nil
-	}
-	ok, err := store.RegisterWaiters(ctx, conn, add)
-	if err != nil {
-		return false, err
-	}
-	got := add[:0]
-	for i, k := range add {
-		if ok[i] {
-			have[k] = struct{}{}
-			got = append(got, k)
-		} else {
-			retrySoon = true
-		}
-	}
-	if post && len(got) > 0 && !m.post(ctx, notice{registered: got}) {
+	if post && len(got) > 0 && !l.post(ctx, notice{registered: got}) {
 		return retrySoon, ctx.Err()
 	}
 	return retrySoon, nil
@@ -150,28 +159,33 @@ func (m *Manager) registerWaiters(ctx context.Context, conn *pgx.Conn, have map[
 // wantWaiter asks for ks's registration: an attempt found the key taken
 // by someone else and callers here still wait.
 func (st *loopState) wantWaiter(ks *keyState) {
-	if st.m.waiters == nil || ks.waitReg || len(ks.queue) == 0 || st.closing {
+	if st.lis.mail == nil || ks.waitReg || len(ks.queue) == 0 || st.closing {
 		return
 	}
 	ks.waitReg = true
-	st.m.waiters.set(ks.key, true)
+	st.lis.want(sessionLock{classWaiter, ks.key}, true)
 }
 
 // dropWaiter ends ks's registration (run forgets the key).
 func (st *loopState) dropWaiter(ks *keyState) {
 	if ks.waitReg {
 		ks.waitReg = false
-		st.m.waiters.set(ks.key, false)
+		st.lis.want(sessionLock{classWaiter, ks.key}, false)
 	}
 }
 
-// handleRegistered tries each key the listener registered once more (see
-// above), unless it is held here, has nobody waiting, or has an attempt in
-// flight (which may have missed the release: its "locked" answer leads to
-// another try).
-func (st *loopState) handleRegistered(keys []string) {
-	for _, k := range keys {
-		ks := st.keys[k]
+// handleRegistered tries each key whose waiter lock the listener took
+// once more (see above), unless it is held here, has nobody waiting, or
+// has an attempt in flight (which may have missed the release: its
+// "locked" answer leads to another try).
+func (st *loopState) handleRegistered(locks []sessionLock) {
+	n := 0
+	for _, k := range locks {
+		if k.class != classWaiter {
+			continue
+		}
+		n++
+		ks := st.keys[k.key]
 		if ks == nil || !ks.waitReg || len(ks.queue) == 0 || ks.holder != nil {
 			continue
 		}
@@ -182,5 +196,5 @@ func (st *loopState) handleRegistered(keys []string) {
 		st.forceKick(ks)
 		st.sig().woken.signal(ks.key)
 	}
-	st.sig().registered.signal(len(keys))
+	st.sig().registered.signal(n)
 }

@@ -1,10 +1,11 @@
-// Package connx holds what pglease does on the connections it opens itself
-// (the Manager's listening connection, advisory sessions): a bounded
-// connect timeout per host, and telling whether a connection reaches
-// PostgreSQL through a pooler that hands its server connection to other
-// clients between transactions (PgBouncer pool_mode=transaction or
-// statement), where session state (LISTEN, session advisory locks,
-// set_config) does not stay with the client.
+// Package connx holds what pglease does on the connections it opens or
+// keeps itself (the Manager's listening connection, advisory sessions: its
+// dedicated connections, dedicated.go): a bounded connect timeout per
+// host, one set of server-side liveness settings, and telling whether a
+// connection reaches PostgreSQL through a pooler that hands its server
+// connection to other clients between transactions (PgBouncer
+// pool_mode=transaction or statement), where session state (LISTEN,
+// session advisory locks, set_config) does not stay with the client.
 package connx
 
 import (
@@ -21,7 +22,7 @@ import (
 // target_session_attrs=read-write), a connect to a host that stopped
 // answering without closing connections (a crashed machine, a partition,
 // a blackholed address) would otherwise wait on that host until the whole
-// attempt's deadline and never try the next one (issue 17.2).
+// attempt's deadline and never try the next one.
 const DefaultConnectTimeout = 2 * time.Second
 
 // Bounded returns a copy of cfg whose connect to each host is bounded:

@@ -118,12 +118,13 @@ func (o *Options) resolve(op string) (Options, error) {
 	r.ProbeInterval = defDur(r.ProbeInterval, time.Second)
 	r.ProbeTimeout = defDur(r.ProbeTimeout, time.Second)
 	r.waitSlice = defDur(r.waitSlice, r.ProbeInterval)
-	r.keepaliveIdle = defDur(r.keepaliveIdle, 10*time.Second)
-	r.keepaliveInterval = defDur(r.keepaliveInterval, 5*time.Second)
+	dl := connx.DefaultLiveness
+	r.keepaliveIdle = defDur(r.keepaliveIdle, dl.KeepaliveIdle)
+	r.keepaliveInterval = defDur(r.keepaliveInterval, dl.KeepaliveInterval)
 	if r.keepaliveCount == 0 {
-		r.keepaliveCount = 4
+		r.keepaliveCount = dl.KeepaliveCount
 	}
-	r.userTimeout = defDur(r.userTimeout, 25*time.Second)
+	r.userTimeout = defDur(r.userTimeout, dl.UserTimeout)
 	if r.waitSlice > r.ProbeInterval {
 		return r, invalid(op, "the wait slice must not exceed ProbeInterval")
 	}
@@ -145,7 +146,7 @@ func (o *Options) resolve(op string) (Options, error) {
 	if r.keepaliveIdle > maxKeepalive || r.keepaliveInterval > maxKeepalive || r.keepaliveCount > maxKeepaliveCount {
 		return r, invalid(op, fmt.Sprintf("the keepalive idle time and interval must be at most %v and the keepalive count at most %d (what the server's TCP stack accepts)", maxKeepalive, maxKeepaliveCount))
 	}
-	release := min(r.userTimeout, r.keepaliveIdle+time.Duration(r.keepaliveCount)*r.keepaliveInterval)
+	release := r.liveness().Bound()
 	if release < 2*(r.ProbeInterval+r.ProbeTimeout) {
 		return r, invalid(op, fmt.Sprintf("ProbeInterval + ProbeTimeout must be at most half of %v, after which the server frees the locks of a holder that stopped talking: the holder must hear of the loss first", release))
 	}
@@ -154,6 +155,13 @@ func (o *Options) resolve(op string) (Options, error) {
 		return r, invalid(op, "the server idle timeout must be at least 2×(ProbeInterval+ProbeTimeout)")
 	}
 	return r, nil
+}
+
+// liveness is the lock connection's connx.Liveness: the dedicated
+// connection's defaults unless this package's tests changed them.
+func (r Options) liveness() connx.Liveness {
+	return connx.Liveness{KeepaliveIdle: r.keepaliveIdle, KeepaliveInterval: r.keepaliveInterval,
+		KeepaliveCount: r.keepaliveCount, UserTimeout: r.userTimeout, IdleTimeout: r.serverIdleTimeout}
 }
 
 // Linux's limits for TCP_KEEPIDLE/TCP_KEEPINTVL and TCP_KEEPCNT.
@@ -294,19 +302,20 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 // alive at least since then.
 func open(ctx context.Context, pool *pgxpool.Pool, o Options) (conn *pgx.Conn, pid uint32, alive time.Time, err error) {
 	const op = "advisory.Open"
-	pc, err := pool.Acquire(ctx)
+	conn, err = connx.Hijack(ctx, pool)
 	if err != nil {
 		return nil, 0, time.Time{}, mapErr(ctx, op, err)
 	}
-	conn = pc.Hijack()
 	alive = time.Now()
 	pid, err = setup(ctx, conn, o)
-	if err == nil && conn.PgConn().PID() != pid {
-		// Something other than the backend answered the start-up (its
-		// cancel key names another pid): a pooler. Refuse it unless it
-		// keeps this backend for this client (session mode).
+	if err == nil {
+		// Behind a pooler (something other than the backend answered the
+		// start-up: its cancel key names another pid), refuse it unless
+		// it keeps this backend for this client (session mode). The
+		// second connection of that check is made from the pool's
+		// config, its connect bounded per host.
 		var shared bool
-		if shared, err = sharedBackend(ctx, pool, conn, pid); err == nil && shared {
+		if shared, err = connx.TransactionPooled(ctx, pool.Config().ConnConfig, conn, pid); err == nil && shared {
 			err = pgerr.New(pglease.CodeInvalidArgument, op, "transaction-mode pooler detected", errPooler)
 		}
 		err = mapErr(ctx, op, err)
@@ -319,43 +328,17 @@ func open(ctx context.Context, pool *pgxpool.Pool, o Options) (conn *pgx.Conn, p
 var errPooler = errors.New("backend pid changed between transactions: a transaction-mode pooler is in front of the database; " +
 	"session advisory locks need a direct or session-mode connection")
 
-// sharedBackend reports whether the server connection (backend pid) that
-// conn runs on is handed to other clients between conn's statements (a
-// transaction- or statement-mode pooler): connx.SharedBackend, with a
-// second connection made from the pool's config, its connect bounded per
-// host (connx.DefaultConnectTimeout unless the connection string sets
-// connect_timeout).
-func sharedBackend(ctx context.Context, pool *pgxpool.Pool, conn *pgx.Conn, pid uint32) (bool, error) {
-	return connx.SharedBackend(ctx, pool.Config().ConnConfig, conn, pid)
-}
-
 // setup configures a fresh lock connection; see Open. No lock is held
 // yet, so the caller's ctx may run on it.
 func setup(ctx context.Context, conn *pgx.Conn, o Options) (uint32, error) {
 	const op = "advisory.Open"
-	ms := func(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
-	sec := func(d time.Duration) string { return strconv.FormatInt(int64(d/time.Second), 10) }
-	settings := [][2]string{
-		{"idle_session_timeout", ms(o.serverIdleTimeout)},
-		{"idle_in_transaction_session_timeout", "0"},
-		{"statement_timeout", "0"},
-		{"lock_timeout", ms(o.waitSlice)},
-		{"tcp_keepalives_idle", sec(o.keepaliveIdle)},
-		{"tcp_keepalives_interval", sec(o.keepaliveInterval)},
-		{"tcp_keepalives_count", strconv.Itoa(o.keepaliveCount)},
-		{"tcp_user_timeout", ms(o.userTimeout)},
-		{"client_connection_check_interval", ms(o.keepaliveInterval)},
-	}
-	names := make([]string, len(settings))
-	values := make([]string, len(settings))
-	for i, kv := range settings {
-		names[i], values[i] = kv[0], kv[1]
-	}
+	// The dedicated connection's settings (connx.Liveness), and
+	// lock_timeout: a blocking Lock waits on the server in slices of
+	// waitSlice.
+	settings := o.liveness().Settings(connx.Setting{Name: "lock_timeout", Value: strconv.FormatInt(o.waitSlice.Milliseconds(), 10)})
 	var pid1, pid2 uint32
 	var n int
-	err := conn.QueryRow(ctx, `SELECT pg_backend_pid(), count(set_config(v.name, v.value, false))
-		FROM unnest($1::text[], $2::text[]) AS v(name, value)
-		WHERE v.name IN (SELECT name FROM pg_settings)`, names, values).Scan(&pid1, &n)
+	err := conn.QueryRow(ctx, "SELECT pg_backend_pid(), ("+connx.SQL(settings)+")").Scan(&pid1, &n)
 	if err != nil {
 		return 0, mapErr(ctx, op, err)
 	}
