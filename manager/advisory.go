@@ -388,7 +388,7 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
 	}
-	if !key.Valid() {
+	if key == (advisory.Key{}) {
 		return nil, invalid(op, "invalid advisory key (build it with advisory.Int64, advisory.Pair or a derivation)")
 	}
 	holdLimit, err := advisoryOpts(op, opts)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/pg/advisory"
 )
 
 // Tests of the handle shape shared by Lock and AdvisoryLock (one release
@@ -122,7 +123,7 @@ func TestNilHandles(t *testing.T) {
 	if lk.Key() != "" || lk.Fence() != 0 || lk.TTL() != 0 || !lk.ExpiresAt().IsZero() || lk.Remaining() != 0 || !lk.AcquiredAt().IsZero() {
 		t.Error("nil Lock accessors are not zero")
 	}
-	if adv.Key().Valid() {
+	if adv.Key() != (advisory.Key{}) {
 		t.Error("nil AdvisoryLock Key is valid")
 	}
 	if n := qc.n.Load() - before; n != 0 {

@@ -116,7 +116,7 @@ func Inspect(ctx context.Context, q Querier, reg *Registry) ([]LockInfo, error) 
 		return nil, mapErr(ctx, op, err)
 	}
 	slices.SortStableFunc(out, func(a, b LockInfo) int {
-		if c := a.Key.Compare(b.Key); c != 0 {
+		if c := a.Key.compare(b.Key); c != 0 {
 			return c
 		}
 		if a.Granted != b.Granted {

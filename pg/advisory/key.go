@@ -13,31 +13,17 @@ import (
 	"github.com/pglease/pglease/internal/pgerr"
 )
 
-// Space is one of PostgreSQL's two advisory key spaces. A lock taken with
+// space is one of PostgreSQL's two advisory key spaces. A lock taken with
 // one bigint argument and a lock taken with two int4 arguments never
 // conflict, even when their bits are equal: pg_locks tells them apart by
-// objsubid (1 for bigint, 2 for the int4 pair).
-type Space uint8
+// objsubid (1 for bigint, 2 for the int4 pair). Key.Int64 and Key.Pair
+// tell a key's space.
+type space uint8
 
 const (
-	// SpaceInt64 is the bigint key space: pg_advisory_lock(bigint),
-	// objsubid = 1 in pg_locks.
-	SpaceInt64 Space = 1
-	// SpacePair is the (int4, int4) key space: pg_advisory_lock(int4, int4),
-	// objsubid = 2 in pg_locks.
-	SpacePair Space = 2
+	spaceInt64 space = 1 // pg_advisory_lock(bigint), objsubid = 1 in pg_locks
+	spacePair  space = 2 // pg_advisory_lock(int4, int4), objsubid = 2 in pg_locks
 )
-
-// String returns "int64" or "pair".
-func (s Space) String() string {
-	switch s {
-	case SpaceInt64:
-		return "int64"
-	case SpacePair:
-		return "pair"
-	}
-	return "invalid"
-}
 
 // Key identifies one advisory lock. Build it with Int64, Pair or one of
 // the derivations (SHA256Key, NamespacedKey, FNV1a32); the zero Key is
@@ -46,31 +32,31 @@ func (s Space) String() string {
 //
 // A Key holds only the numeric id, never the input a derivation hashed.
 type Key struct {
-	space Space
-	// id is the bigint for SpaceInt64; for SpacePair it is
+	space space
+	// id is the bigint for spaceInt64; for spacePair it is
 	// int64(a)<<32 | int64(uint32(b)).
 	id int64
 }
 
 // Int64 returns the key of pg_advisory_lock(id bigint).
-func Int64(id int64) Key { return Key{space: SpaceInt64, id: id} }
+func Int64(id int64) Key { return Key{space: spaceInt64, id: id} }
 
 // Pair returns the key of pg_advisory_lock(a int4, b int4). It is a
 // different lock from every Int64 key.
-func Pair(a, b int32) Key { return Key{space: SpacePair, id: int64(a)<<32 | int64(uint32(b))} }
+func Pair(a, b int32) Key { return Key{space: spacePair, id: int64(a)<<32 | int64(uint32(b))} }
 
-// Valid reports whether k was built by Int64, Pair or a derivation.
-func (k Key) Valid() bool { return k.space == SpaceInt64 || k.space == SpacePair }
+// valid reports whether k was built by Int64, Pair or a derivation (the
+// zero Key is the only invalid one).
+func (k Key) valid() bool { return k.space == spaceInt64 || k.space == spacePair }
 
-// Space returns the key's space (0 for the zero Key).
-func (k Key) Space() Space { return k.space }
+// Int64 returns the bigint id and true for a key of the bigint space (made
+// by Int64 or a derivation that gives a bigint).
+func (k Key) Int64() (int64, bool) { return k.id, k.space == spaceInt64 }
 
-// Int64 returns the bigint id and true for a SpaceInt64 key.
-func (k Key) Int64() (int64, bool) { return k.id, k.space == SpaceInt64 }
-
-// Pair returns the two int4 ids and true for a SpacePair key.
+// Pair returns the two int4 ids and true for a key of the (int4, int4)
+// space (made by Pair or a derivation that gives a pair).
 func (k Key) Pair() (a, b int32, ok bool) {
-	return int32(k.id >> 32), int32(uint32(k.id)), k.space == SpacePair
+	return int32(k.id >> 32), int32(uint32(k.id)), k.space == spacePair
 }
 
 // String shows the space and id: "int64:42", "pair:1,2", or "invalid".
@@ -79,23 +65,23 @@ func (k Key) Pair() (a, b int32, ok bool) {
 // ids of such keys with the care the input deserves.
 func (k Key) String() string {
 	switch k.space {
-	case SpaceInt64:
+	case spaceInt64:
 		return "int64:" + strconv.FormatInt(k.id, 10)
-	case SpacePair:
+	case spacePair:
 		a, b, _ := k.Pair()
 		return "pair:" + strconv.FormatInt(int64(a), 10) + "," + strconv.FormatInt(int64(b), 10)
 	}
 	return "invalid"
 }
 
-// Compare orders keys by space (int64 before pair), then by id (signed;
+// compare orders keys by space (int64 before pair), then by id (signed;
 // for pairs the first, then the second int4). Session.LockAll,
 // XactLockAll and TryXactLockAll take keys in this order.
-func (k Key) Compare(o Key) int {
+func (k Key) compare(o Key) int {
 	if c := cmp.Compare(k.space, o.space); c != 0 {
 		return c
 	}
-	if k.space == SpacePair {
+	if k.space == spacePair {
 		a1, b1, _ := k.Pair()
 		a2, b2, _ := o.Pair()
 		if c := cmp.Compare(a1, a2); c != 0 {
@@ -124,15 +110,15 @@ func keyFromPgLocks(classid, objid uint32, objsubid int16) (Key, bool) {
 	return Key{}, false
 }
 
-// MaxInputBytes caps the input of the derivations, checked before any
-// hashing so a huge input costs nothing.
-const MaxInputBytes = 16 << 10
+// maxInputBytes caps the input of the derivations (16 KiB), checked
+// before any hashing so a huge input costs nothing.
+const maxInputBytes = 16 << 10
 
 // checkInput rejects what PostgreSQL text cannot hold (invalid UTF-8,
 // NUL) and oversized input. The message never echoes the input.
 func checkInput(op, what, s string) error {
-	if len(s) > MaxInputBytes {
-		return pgerr.New(pglease.CodeInvalidArgument, op, what+" longer than MaxInputBytes", nil)
+	if len(s) > maxInputBytes {
+		return pgerr.New(pglease.CodeInvalidArgument, op, what+" longer than 16 KiB", nil)
 	}
 	if !utf8.ValidString(s) {
 		return pgerr.New(pglease.CodeInvalidArgument, op, what+" is not valid UTF-8", nil)
@@ -182,7 +168,7 @@ func sha256Prefix(s string) int64 {
 // keep to ASCII. Inputs that are ASCII, or that have no non-ASCII
 // capitals, give the same id under every collation.
 //
-// Empty input (after trimming), input over MaxInputBytes, invalid UTF-8
+// Empty input (after trimming), input over 16 KiB, invalid UTF-8
 // and NUL are InvalidArgument; the error never contains the input.
 func SHA256Key(input string) (Key, error) {
 	const op = "advisory.SHA256Key"
@@ -226,12 +212,12 @@ func NamespacedKey(namespace, key string) (Key, error) {
 	return Int64(sha256Prefix(namespace + ":" + n)), nil
 }
 
-// FNV1a32Sum is the registry's TypeScript hashString: 32-bit FNV-1a over
+// fnv1a32Sum is the registry's TypeScript hashString: 32-bit FNV-1a over
 // the UTF-16 code units of s (what String.prototype.charCodeAt returns,
 // so a character outside the BMP counts as its two surrogates), returned
 // as a signed int32 (hash | 0). s must be valid UTF-8 (FNV1a32 checks);
 // an invalid byte hashes as U+FFFD here.
-func FNV1a32Sum(s string) int32 {
+func fnv1a32Sum(s string) int32 {
 	const (
 		offset = 2166136261
 		prime  = 16777619
@@ -249,10 +235,10 @@ func FNV1a32Sum(s string) int32 {
 	return int32(h)
 }
 
-// FNV1a32 derives the key the registry's TypeScript code locks: FNV1a32Sum
+// FNV1a32 derives the key the registry's TypeScript code locks: fnv1a32Sum
 // of input, passed to pg_advisory_xact_lock(bigint), so the int32 is
 // sign-extended into the int64 space. Empty input, input over
-// MaxInputBytes, invalid UTF-8 and NUL are InvalidArgument.
+// 16 KiB, invalid UTF-8 and NUL are InvalidArgument.
 //
 // FNV-1a-32 collides at about 77,000 distinct inputs (birthday bound):
 // use it for compatibility with existing TypeScript code, SHA256Key or
@@ -265,5 +251,5 @@ func FNV1a32(input string) (Key, error) {
 	if input == "" {
 		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "empty input", nil)
 	}
-	return Int64(int64(FNV1a32Sum(input))), nil
+	return Int64(int64(fnv1a32Sum(input))), nil
 }

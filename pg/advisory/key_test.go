@@ -296,7 +296,7 @@ func TestDerivationBadInput(t *testing.T) {
 		"sha spaces":       func() (Key, error) { return SHA256Key("   ") },
 		"sha invalid utf8": func() (Key, error) { return SHA256Key(secret) },
 		"sha NUL":          func() (Key, error) { return SHA256Key("a\x00b") },
-		"sha huge":         func() (Key, error) { return SHA256Key(strings.Repeat("a", MaxInputBytes+1)) },
+		"sha huge":         func() (Key, error) { return SHA256Key(strings.Repeat("a", maxInputBytes+1)) },
 		"ns empty":         func() (Key, error) { return NamespacedKey("", "k") },
 		"ns colon":         func() (Key, error) { return NamespacedKey("a:b", "k") },
 		"ns key empty":     func() (Key, error) { return NamespacedKey("ns", " ") },
@@ -307,15 +307,15 @@ func TestDerivationBadInput(t *testing.T) {
 	}
 	for name, f := range cases {
 		k, err := f()
-		if pglease.CodeOf(err) != pglease.CodeInvalidArgument || k.Valid() {
+		if pglease.CodeOf(err) != pglease.CodeInvalidArgument || k.valid() {
 			t.Errorf("%s: key %v, err %v; want InvalidArgument", name, k, err)
 		}
 		if err != nil && strings.Contains(err.Error(), "victim") {
 			t.Errorf("%s: error echoes the input: %v", name, err)
 		}
 	}
-	if _, err := SHA256Key(strings.Repeat("a", MaxInputBytes)); err != nil {
-		t.Errorf("input of MaxInputBytes: %v", err)
+	if _, err := SHA256Key(strings.Repeat("a", maxInputBytes)); err != nil {
+		t.Errorf("input of maxInputBytes: %v", err)
 	}
 }
 
@@ -349,7 +349,7 @@ func TestKeyStringAndOrder(t *testing.T) {
 	ordered := []Key{Int64(math.MinInt64), Int64(-1), Int64(0), Int64(math.MaxInt64), Pair(-1, -1), Pair(-1, 0), Pair(0, -1), Pair(0, 0)}
 	for i := range ordered {
 		for j := range ordered {
-			if got := ordered[i].Compare(ordered[j]); (got < 0) != (i < j) || (got == 0) != (i == j) {
+			if got := ordered[i].compare(ordered[j]); (got < 0) != (i < j) || (got == 0) != (i == j) {
 				t.Errorf("Compare(%v, %v) = %d", ordered[i], ordered[j], got)
 			}
 		}

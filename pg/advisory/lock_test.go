@@ -75,7 +75,7 @@ func TestNilLockMethods(t *testing.T) {
 	if c := context.Cause(h.Context()); !errors.Is(c, pglease.ErrInvalidArgument) {
 		t.Errorf("cause = %v", c)
 	}
-	if l.Key().Valid() {
+	if l.Key().valid() {
 		t.Error("nil Lock has a valid key")
 	}
 	if n := qc.n.Load() - before; n != 0 {

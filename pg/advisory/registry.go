@@ -98,7 +98,7 @@ func (r *Registry) Fixed(name string, k Key, doc string) error {
 	if err := checkName(op, name); err != nil {
 		return err
 	}
-	if !k.Valid() {
+	if !k.valid() {
 		return pgerr.New(pglease.CodeInvalidArgument, op, "invalid key", nil)
 	}
 	if a, _, ok := k.Pair(); ok && a == waiterLockClass {
@@ -256,7 +256,7 @@ type Pattern struct {
 	lits []string  // immutable: literal text around the placeholders
 	hash Hash      // immutable
 	// space is the key space of the first derived key; guarded by r.mu.
-	space Space
+	space space
 }
 
 // Name returns the pattern's registered name.
@@ -287,7 +287,7 @@ func (p *Pattern) Key(parts ...string) (Key, error) {
 	if err != nil {
 		return Key{}, err
 	}
-	if !k.Valid() {
+	if !k.valid() {
 		return Key{}, pgerr.New(pglease.CodeInvalidArgument, op, "hash returned an invalid key", nil)
 	}
 	r := p.r

@@ -16,7 +16,7 @@ func fnvCollision(t *testing.T) (a, b string) {
 	seen := make(map[int32]string, 1<<17)
 	for i := range 1 << 20 {
 		s := "tenant-" + strconv.Itoa(i)
-		h := FNV1a32Sum(s)
+		h := fnv1a32Sum(s)
 		if prev, ok := seen[h]; ok {
 			return prev, s
 		}

@@ -597,7 +597,7 @@ func (s *Session) LockShared(ctx context.Context, k Key) (*Lock, error) {
 // precheck validates a key for this session and mode (no I/O): see
 // Options.Reentrant.
 func (s *Session) precheck(op string, k Key, shared bool) error {
-	if !k.Valid() {
+	if !k.valid() {
 		return invalid(op, "invalid key")
 	}
 	s.mu.Lock()
@@ -847,7 +847,7 @@ func (s *Session) live(l *Lock) bool {
 	return !l.ended && s.state == stateOpen
 }
 
-// LockAll takes every key with Lock, in ascending key order (Key.Compare:
+// LockAll takes every key with Lock, in ascending key order (Key.compare:
 // int64 space first, then by id), so two callers taking overlapping sets
 // cannot deadlock each other. It returns the locks in the order of keys.
 // If one Lock fails, the locks already taken are released and the error
@@ -871,7 +871,7 @@ func (s *Session) LockAll(ctx context.Context, keys ...Key) ([]*Lock, error) {
 		}
 		order[i] = i
 	}
-	slices.SortFunc(order, func(a, b int) int { return keys[a].Compare(keys[b]) })
+	slices.SortFunc(order, func(a, b int) int { return keys[a].compare(keys[b]) })
 	for i := 1; i < len(order); i++ {
 		if keys[order[i-1]] == keys[order[i]] {
 			return nil, invalid(op, "duplicate key")

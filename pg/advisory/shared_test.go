@@ -108,28 +108,28 @@ func TestSharedLocksCoexistAndExclude(t *testing.T) {
 		}
 		wg.Wait()
 		if err := errors.Join(errs...); err != nil {
-			t.Fatal(k.Space(), err)
+			t.Fatal(k.space, err)
 		}
 		for i, s := range readers {
 			if m := grantedModes(t, pool, s.BackendPID())[k]; m != "ShareLock" {
-				t.Fatalf("%v: reader %d holds %q in pg_locks, want ShareLock", k.Space(), i, m)
+				t.Fatalf("%v: reader %d holds %q in pg_locks, want ShareLock", k.space, i, m)
 			}
 		}
 		txr := beginTx(t, pool)
 		if ok, err := TryXactLockShared(ctx, txr, k); !ok || err != nil {
-			t.Fatalf("%v: TryXactLockShared beside shared session holders: %v %v", k.Space(), ok, err)
+			t.Fatalf("%v: TryXactLockShared beside shared session holders: %v %v", k.space, ok, err)
 		}
 
 		// ...and exclude every exclusive taker.
 		if _, ok, err := writer.TryLock(ctx, k); ok || err != nil {
-			t.Fatalf("%v: exclusive TryLock beside shared holders: %v %v", k.Space(), ok, err)
+			t.Fatalf("%v: exclusive TryLock beside shared holders: %v %v", k.space, ok, err)
 		}
 		txw := beginTx(t, pool)
 		if ok, err := TryXactLock(ctx, txw, k); ok || err != nil {
-			t.Fatalf("%v: TryXactLock beside shared holders: %v %v", k.Space(), ok, err)
+			t.Fatalf("%v: TryXactLock beside shared holders: %v %v", k.space, ok, err)
 		}
 		if ok, err := TryXactLockAll(ctx, txw, randKey(), k); ok || err != nil {
-			t.Fatalf("%v: TryXactLockAll beside shared holders: %v %v", k.Space(), ok, err)
+			t.Fatalf("%v: TryXactLockAll beside shared holders: %v %v", k.space, ok, err)
 		}
 		_ = txw.Rollback(ctx)
 
@@ -150,28 +150,28 @@ func TestSharedLocksCoexistAndExclude(t *testing.T) {
 		// The transaction still holds it shared: the writer cannot have it.
 		select {
 		case err := <-got:
-			t.Fatalf("%v: exclusive Lock returned while a transaction held the key shared: %v", k.Space(), err)
+			t.Fatalf("%v: exclusive Lock returned while a transaction held the key shared: %v", k.space, err)
 		default:
 		}
 		if err := txr.Rollback(ctx); err != nil {
 			t.Fatal(err)
 		}
 		if err := <-got; err != nil {
-			t.Fatalf("%v: exclusive Lock after the shared holders left: %v", k.Space(), err)
+			t.Fatalf("%v: exclusive Lock after the shared holders left: %v", k.space, err)
 		}
 		if m := grantedModes(t, pool, writer.BackendPID())[k]; m != "ExclusiveLock" {
-			t.Fatalf("%v: writer holds %q, want ExclusiveLock", k.Space(), m)
+			t.Fatalf("%v: writer holds %q, want ExclusiveLock", k.space, m)
 		}
 
 		// An exclusive holder excludes shared takers, session and transaction.
 		for _, s := range readers {
 			if _, ok, err := s.TryLockShared(ctx, k); ok || err != nil {
-				t.Fatalf("%v: TryLockShared beside an exclusive holder: %v %v", k.Space(), ok, err)
+				t.Fatalf("%v: TryLockShared beside an exclusive holder: %v %v", k.space, ok, err)
 			}
 		}
 		txr = beginTx(t, pool)
 		if ok, err := TryXactLockShared(ctx, txr, k); ok || err != nil {
-			t.Fatalf("%v: TryXactLockShared beside an exclusive holder: %v %v", k.Space(), ok, err)
+			t.Fatalf("%v: TryXactLockShared beside an exclusive holder: %v %v", k.space, ok, err)
 		}
 		_ = txr.Rollback(ctx)
 		// Blocking shared takers wait, then all get it together.
@@ -186,11 +186,11 @@ func TestSharedLocksCoexistAndExclude(t *testing.T) {
 		}
 		wg.Wait()
 		if err := errors.Join(errs...); err != nil {
-			t.Fatal(k.Space(), err)
+			t.Fatal(k.space, err)
 		}
 		for i, l := range locks {
 			if m := grantedModes(t, pool, readers[i].BackendPID())[k]; m != "ShareLock" {
-				t.Fatalf("%v: reader %d holds %q after the writer left, want ShareLock", k.Space(), i, m)
+				t.Fatalf("%v: reader %d holds %q after the writer left, want ShareLock", k.space, i, m)
 			}
 			if err := l.Release(ctx); err != nil {
 				t.Fatal(err)
@@ -198,7 +198,7 @@ func TestSharedLocksCoexistAndExclude(t *testing.T) {
 		}
 		l, ok, err := writer.TryLock(ctx, k)
 		if !ok || err != nil {
-			t.Fatalf("%v: key not free after every shared Release: %v %v", k.Space(), ok, err)
+			t.Fatalf("%v: key not free after every shared Release: %v %v", k.space, ok, err)
 		}
 		_ = l.Release(ctx)
 	}

@@ -33,7 +33,7 @@ func checkXact(op string, ctx context.Context, tx pgx.Tx, k Key) error {
 	if tx == nil {
 		return invalid(op, "nil transaction")
 	}
-	if !k.Valid() {
+	if !k.valid() {
 		return invalid(op, "invalid key")
 	}
 	return nil
@@ -123,7 +123,7 @@ const tryXactAllSQL = `SELECT NOT EXISTS (SELECT FROM unnest($1::int8[], $2::int
 const tryAllSavepoint = "pglease_try_xact_lock_all"
 
 // checkXactSet validates a set of keys (no I/O) and returns them sorted
-// by Key.Compare without duplicates, as the arrays of xactAllSQL.
+// by Key.compare without duplicates, as the arrays of xactAllSQL.
 func checkXactSet(op string, ctx context.Context, tx pgx.Tx, keys []Key) (sorted []Key, a []int64, b []*int32, err error) {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, nil, nil, err
@@ -135,12 +135,12 @@ func checkXactSet(op string, ctx context.Context, tx pgx.Tx, keys []Key) (sorted
 		return nil, nil, nil, invalid(op, "no keys")
 	}
 	for _, k := range keys {
-		if !k.Valid() {
+		if !k.valid() {
 			return nil, nil, nil, invalid(op, "invalid key")
 		}
 	}
 	sorted = slices.Clone(keys)
-	slices.SortFunc(sorted, Key.Compare)
+	slices.SortFunc(sorted, Key.compare)
 	sorted = slices.Compact(sorted)
 	a, b = make([]int64, len(sorted)), make([]*int32, len(sorted))
 	for i, k := range sorted {
@@ -155,7 +155,7 @@ func checkXactSet(op string, ctx context.Context, tx pgx.Tx, keys []Key) (sorted
 
 // XactLockAll takes every key exclusively for the rest of tx, in one
 // statement (one round trip), waiting as XactLock does. The keys are
-// taken in ascending Key order (Key.Compare: int64 space first, then by
+// taken in ascending Key order (Key.compare: int64 space first, then by
 // id; duplicates once), whatever order they are given in, so
 // transactions taking overlapping sets with XactLockAll (or sessions with
 // Session.LockAll, which uses the same order) cannot deadlock each other.
@@ -276,7 +276,7 @@ func WithXactLock(ctx context.Context, db Beginner, k Key, fn func(pgx.Tx) error
 	if fn == nil {
 		return invalid(op, "nil fn")
 	}
-	if !k.Valid() {
+	if !k.valid() {
 		return invalid(op, "invalid key")
 	}
 	tx, err := db.Begin(ctx)

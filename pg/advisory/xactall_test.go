@@ -62,7 +62,7 @@ func TestXactLockAllOrder(t *testing.T) {
 			keys = append(keys, randKey())
 		}
 	}
-	sorted := slices.SortedFunc(slices.Values(keys), Key.Compare)
+	sorted := slices.SortedFunc(slices.Values(keys), Key.compare)
 	rand.Shuffle(len(keys), func(i, j int) { keys[i], keys[j] = keys[j], keys[i] })
 	blocker := openSession(t, pool, testOpts())
 	bl, ok, err := blocker.TryLock(ctx, sorted[9])
@@ -194,7 +194,7 @@ func TestTryXactLockAll(t *testing.T) {
 	ctx := ctxT(t, 60*time.Second)
 	a, b, c := randKey(), Pair(rand.Int32(), rand.Int32()), randKey()
 	keys := []Key{c, b, a}
-	sorted := slices.SortedFunc(slices.Values(keys), Key.Compare)
+	sorted := slices.SortedFunc(slices.Values(keys), Key.compare)
 
 	t.Run("busy key", func(t *testing.T) {
 		other := openSession(t, pool, testOpts())
