@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
@@ -250,4 +249,3 @@ func TestSetsBadInputNoIO(t *testing.T) {
 		t.Fatal(res, err)
 	}
 }
-
