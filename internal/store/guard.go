@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -81,4 +80,3 @@ func (s *Store) Guard(ctx context.Context, tx DB, lockID string) (GuardResult, e
 	}
 	return res, nil
 }
-
