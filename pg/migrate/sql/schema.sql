@@ -998,6 +998,9 @@ BEGIN
   IF tbl IS NULL OR key_column IS NULL THEN
     RAISE EXCEPTION 'pglease: guard: the table and the key column must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  -- Serialized with the migrations and with other installs (DROP and
+  -- CREATE TRIGGER would race).
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   IF tbl IN (to_regclass('@lock@'), to_regclass('@fence@'), to_regclass('@holders@'), to_regclass('@shared@')) THEN
     RAISE EXCEPTION 'pglease: guard: % is one of pglease''s own tables', tbl USING ERRCODE = 'invalid_parameter_value';
   END IF;
@@ -1023,6 +1026,7 @@ BEGIN
   IF tbl IS NULL THEN
     RAISE EXCEPTION 'pglease: unguard: the table must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pglease_guard_d2da60f171', tbl);
 END
 $fn$;

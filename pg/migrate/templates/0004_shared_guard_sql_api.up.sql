@@ -684,6 +684,9 @@ BEGIN
   IF tbl IS NULL OR key_column IS NULL THEN
     RAISE EXCEPTION 'pglease: guard: the table and the key column must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  -- Serialized with the migrations and with other installs (DROP and
+  -- CREATE TRIGGER would race).
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   IF tbl IN (to_regclass('@lock@'), to_regclass('@fence@'), to_regclass('@holders@'), to_regclass('@shared@')) THEN
     RAISE EXCEPTION 'pglease: guard: % is one of pglease''s own tables', tbl USING ERRCODE = 'invalid_parameter_value';
   END IF;
@@ -709,6 +712,7 @@ BEGIN
   IF tbl IS NULL THEN
     RAISE EXCEPTION 'pglease: unguard: the table must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}', tbl);
 END
 $fn$;

@@ -688,6 +688,9 @@ BEGIN
   IF tbl IS NULL OR key_column IS NULL THEN
     RAISE EXCEPTION 'pglease: guard: the table and the key column must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  -- Serialized with the migrations and with other installs (DROP and
+  -- CREATE TRIGGER would race).
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   IF tbl IN (to_regclass('@lock@'), to_regclass('@fence@'), to_regclass('@holders@'), to_regclass('@shared@')) THEN
     RAISE EXCEPTION 'pglease: guard: % is one of pglease''s own tables', tbl USING ERRCODE = 'invalid_parameter_value';
   END IF;
@@ -713,6 +716,7 @@ BEGIN
   IF tbl IS NULL THEN
     RAISE EXCEPTION 'pglease: unguard: the table must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pglease_guard_d2da60f171', tbl);
 END
 $fn$;
@@ -875,7 +879,8 @@ DO $pglease$
 DECLARE
   v_n integer;
 BEGIN
-  SELECT count(*) INTO v_n FROM pg_trigger AS t WHERE t.tgname = 'pglease_guard_d2da60f171' AND NOT t.tgisinternal;
+  SELECT count(*) INTO v_n FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid
+    WHERE p.proname = 'pglease_guard_d2da60f171' AND p.pronamespace = (SELECT c.relnamespace FROM pg_class AS c WHERE c.oid = to_regclass('"syncguard_locks"'));
   IF v_n > 0 THEN
     RAISE EXCEPTION 'pglease: % tables are guarded by this lock table''s leases: remove their guards (Unguard) before going down', v_n
       USING ERRCODE = 'dependent_objects_still_exist';
