@@ -23,6 +23,13 @@ import (
 // fail (they then poll).
 const WaiterLockClass int32 = 0x706c7777 // "plww"
 
+// WatchLockClass is WaiterLockClass's counterpart for watchers: a
+// session watching key holds pg_advisory_lock_shared(WatchLockClass,
+// hashtext(key in NFC)) (RegisterWatchers), and the acquire, release,
+// handoff and revoke functions notify "w:" payloads (see Notification)
+// for a key only while some session holds it.
+const WatchLockClass int32 = 0x706c7774 // "plwt"
+
 // waiterRegisterSQL takes the waiter lock of each NFC key in $1
 // (without waiting: false when an exclusive holder has it), in order.
 var waiterRegisterSQL = "SELECT pg_try_advisory_lock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
@@ -37,8 +44,8 @@ var waiterUnregisterSQL = "SELECT count(*) FILTER (WHERE pg_advisory_unlock_shar
 // holds.
 type ReleaseRequest struct {
 	LockID string
-	// Key is the key LockID holds. It only decides whether the release
-	// notifies: a wrong key cannot release another lock.
+	// Key is the key LockID holds. It is validated, and no longer used:
+	// the release function notifies the key of the row it deletes.
 	Key string
 }
 
@@ -47,20 +54,23 @@ func (r ReleaseRequest) Format(f fmt.State, _ rune) {
 	fmt.Fprintf(f, "store.ReleaseRequest{LockID:[redacted] Key:%s}", pglease.HashKey(r.Key))
 }
 
-// ReleaseWaited releases every item's lockId like ReleaseMany (one
-// statement, one round trip; results[i] answers reqs[i]), except for the
-// notification: with Config.NotifyChannel set, a released key is notified
-// only when some session waits for it, that is holds its waiter lock
-// (WaiterLockClass). A notifying commit serializes with every other
-// notifying commit of the server and wakes every listening session, so a
-// release nobody waits for elsewhere (most of them) skips that cost.
+// ReleaseWaited releases every item's lockId (exclusive or shared) like
+// ReleaseMany (one statement, one round trip; results[i] answers
+// reqs[i]), except for the notification: with Config.NotifyChannel set,
+// a released key is notified only when some session waits for it, that
+// is holds its waiter lock (WaiterLockClass). A notifying commit
+// serializes with every other notifying commit of the server and wakes
+// every listening session, so a release nobody waits for elsewhere (most
+// of them) skips that cost. Watchers are notified as by every release.
 //
 // No wake-up is lost between a waiter and a release: the release checks
 // for the waiter lock after deleting the row, while its row lock is held,
 // and a waiter takes the lock before it tries the key again. Either the
 // release sees the waiter and notifies, or the waiter's try comes after
 // the check and finds the key free (or waits for the releasing
-// transaction's row lock, then finds it free).
+// transaction's row lock, then finds it free: the acquire functions lock
+// the exclusive row FOR NO KEY UPDATE and the shared rows FOR SHARE, which
+// a delete's lock excludes).
 //
 // Invalid input anywhere fails the whole call before I/O.
 func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]bool, error) {
@@ -72,16 +82,14 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	ids := make([]string, len(reqs))
-	nks := make([]string, len(reqs))
 	for i, r := range reqs {
 		if err := keys.ValidateLockID(r.LockID); err != nil {
 			return nil, WithOp(op, err)
 		}
-		k, err := keys.NormalizeKey(r.Key)
-		if err != nil {
+		if _, err := keys.NormalizeKey(r.Key); err != nil {
 			return nil, WithOp(op, err)
 		}
-		ids[i], nks[i] = r.LockID, k
+		ids[i] = r.LockID
 	}
 	if len(reqs) == 0 {
 		return []bool{}, nil
@@ -89,30 +97,7 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 	if err := s.checkOnce(ctx, op); err != nil {
 		return nil, err
 	}
-	var channel *string
-	if s.cfg.NotifyChannel != "" {
-		channel = &s.cfg.NotifyChannel
-	}
-	// The third column is the notification's (or the waiter lock
-	// check's) value, of no use to the caller.
-	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, nks}, len(ids), true)
-}
-
-// releaseWaitedSQL runs the release function without a channel; the
-// projection, evaluated once the function has run to completion (a
-// PL/pgSQL set-returning function returns its rows materialized), then
-// notifies each released key whose waiter lock another session holds
-// (the exclusive try fails), or takes and drops that lock at once. CASE
-// fixes the order of evaluation. $3 holds the NFC keys: the waiter lock's
-// second key is their hashtext, the payload their hashKey (computed only
-// for a release that notifies).
-func releaseWaitedSQL(fnRelease, fnHash string) string {
-	class := strconv.Itoa(int(WaiterLockClass))
-	return "SELECT r.o_idx, r.o_ok, CASE WHEN NOT r.o_ok OR $2::text IS NULL THEN NULL" +
-		" WHEN pg_try_advisory_lock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
-		" THEN NOT pg_advisory_unlock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
-		" ELSE pg_notify($2::text, " + fnHash + "(($3::text[])[r.o_idx])) IS NULL END" +
-		" FROM " + fnRelease + "($1::text[], NULL) AS r"
+	return s.runRelease(ctx, op, ids, wakeWaited)
 }
 
 // RegisterWaiters takes the waiter lock (WaiterLockClass) of each key on
