@@ -5,6 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/store"
 )
@@ -20,6 +21,17 @@ type acquireReq struct {
 	try    bool          // immutable: TryAcquire (one attempt, never queued behind others)
 
 	holdLimit time.Duration // immutable: WithHoldLimit; 0 for none
+
+	// shared and limit are the hold asked for (immutable): exclusive
+	// (shared false), a reader (shared, limit 0: Shared) or a permit of a
+	// semaphore of limit (WithLimit).
+	shared bool
+	limit  int32
+
+	// set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
+	// key and hash are then its first key's): the request never joins a
+	// key's queue, the loop keeps it in a setWait (sets.go).
+	set []setKey
 
 	// acq is the request's telemetry (the pglease.acquire span), started
 	// by the caller before sending. The loop calls Queued, Attempt and
@@ -49,6 +61,7 @@ type acquireReq struct {
 // the key's last "locked" answer named, if any: keyState.heldBy).
 type acquireReply struct {
 	lock      *Lock
+	locks     []*Lock // a set's, in the order of its keys
 	locked    bool
 	err       error
 	abandoned bool
@@ -102,6 +115,34 @@ type attempt struct {
 	// attempt chain: it never waits for the key's attempt, retry or
 	// releases, and never serves the queue (tryattempt.go).
 	try *acquireReq
+
+	// A shared attempt (shared.go) asks for shared holds with limit (0: a
+	// reader), one per lockId of ids (ids[0] == lockID), for as many
+	// shared waiters at the head of the key's queue; it goes in the shared
+	// lane. ids is nil for an exclusive attempt. floor is the key's highest
+	// fence seen when the attempt was made (hasFloor: there was one): a
+	// permit's fence must be above it (fence monotonicity).
+	shared   bool
+	limit    int32
+	hasFloor bool
+	ids      []string
+	floor    pglease.Fence
+}
+
+// items returns how many holds a asks for (its lockIds).
+func (a *attempt) items() int {
+	if a.ids == nil {
+		return 1
+	}
+	return len(a.ids)
+}
+
+// id returns a's j-th lockId.
+func (a *attempt) id(j int) string {
+	if a.ids == nil {
+		return a.lockID
+	}
+	return a.ids[j]
 }
 
 // releaseItem is one lockId to release, with the reply of a user's
@@ -142,8 +183,11 @@ type releaseItem struct {
 type acquireDone struct {
 	fl    *flight
 	batch []*attempt
-	start time.Time // local time just before the statement was sent
-	res   []store.AcquireResult
+	sets  []*setAttempt // a set batch's (batch is nil then)
+	start time.Time     // local time just before the statement was sent
+	// res answers the batch's holds in order: an exclusive attempt's
+	// one, a shared attempt's items() (attempt.id order), a set's keys.
+	res []store.AcquireResult
 	err   error
 	db    trace.SpanContext // the round trip's pglease.acquire_many span
 }
