@@ -188,8 +188,8 @@ type acquireDone struct {
 	// res answers the batch's holds in order: an exclusive attempt's
 	// one, a shared attempt's items() (attempt.id order), a set's keys.
 	res []store.AcquireResult
-	err   error
-	db    trace.SpanContext // the round trip's pglease.acquire_many span
+	err error
+	db  trace.SpanContext // the round trip's pglease.acquire_many span
 }
 
 type releaseDone struct {
