@@ -45,7 +45,7 @@ type Lock struct {
 	id         string                  // immutable: the lockId; never printed
 	fence      pglease.Fence           // immutable
 	ttl        time.Duration           // immutable
-	acquiredAt time.Time               // immutable: server time of the grant
+	acquiredMs int64                   // immutable: server time of the grant, Unix ms (smaller than a time.Time: one per held lock)
 	start      time.Time               // immutable: local (monotonic) start of the granting attempt
 	ctx        context.Context         // immutable; cancelled with a cause
 	cancel     context.CancelCauseFunc // called by run and by the loss timer
@@ -125,7 +125,7 @@ func (l *Lock) AcquiredAt() time.Time {
 	if l == nil {
 		return time.Time{}
 	}
-	return l.acquiredAt
+	return time.UnixMilli(l.acquiredMs)
 }
 
 // ExpiresAt returns the lease's current expiry on the server's clock

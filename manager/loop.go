@@ -214,7 +214,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			st.tryDone(a, d, rs, now) // tryattempt.go
 			continue
 		}
-		if a.shared {
+		if a.sh != nil {
 			st.sharedDone(a, d, rs, now) // shared.go
 			continue
 		}

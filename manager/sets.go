@@ -50,6 +50,9 @@ const maxSetKeys = 100
 // process a set waiter lets pass before it takes a turn.
 const setTurnAfter = 4
 
+// setReq is what a set request adds to an acquireReq: its keys.
+type setReq struct{ keys []setKey }
+
 // setKey is one key of a set request: NFC key, hash, and that key's
 // acquire telemetry (each key of a set is an acquire of its own, and each
 // returned Lock an ordinary lease).
@@ -131,7 +134,7 @@ func (m *Manager) AcquireAll(ctx context.Context, keys []string, opts ...Acquire
 	default:
 		err = waitErr(op, ctx, wctx, r)
 	}
-	for _, k := range req.set {
+	for _, k := range req.set.keys {
 		k.acq.Failed(err)
 	}
 	return nil, err
@@ -154,7 +157,7 @@ func (m *Manager) TryAcquireAll(ctx context.Context, keys []string, opts ...Acqu
 	case r.locks != nil:
 		return r.locks, true, nil
 	case r.locked:
-		for _, k := range req.set {
+		for _, k := range req.set.keys {
 			k.acq.NotAcquired()
 		}
 		return nil, false, nil
@@ -163,7 +166,7 @@ func (m *Manager) TryAcquireAll(ctx context.Context, keys []string, opts ...Acqu
 	default:
 		err = waitErr(op, ctx, ctx, r)
 	}
-	for _, k := range req.set {
+	for _, k := range req.set.keys {
 		k.acq.Failed(err)
 	}
 	return nil, false, err
@@ -213,7 +216,7 @@ func (m *Manager) newSetReq(op string, ctx context.Context, keyList []string, tr
 		manual:    o.manual,
 		try:       try,
 		holdLimit: o.holdLimit,
-		set:       set,
+		set:       &setReq{keys: set},
 		reply:     make(chan acquireReply, 1),
 		final:     make(chan acquireReply, 1),
 	}, o.timeout, nil
@@ -222,13 +225,13 @@ func (m *Manager) newSetReq(op string, ctx context.Context, keyList []string, tr
 // startSetAcquire starts one pglease.acquire span per key of the set, each
 // a child of the span in ctx.
 func (m *Manager) startSetAcquire(ctx context.Context, req *acquireReq) {
-	for i := range req.set {
-		k := &req.set[i]
+	for i := range req.set.keys {
+		k := &req.set.keys[i]
 		_, k.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(k.key, k.hash), obs.AcquireInfo{
 			Kind: obs.KindLease, TTL: req.ttl, Try: req.try,
 		})
 	}
-	req.acq = req.set[0].acq
+	req.acq = req.set.keys[0].acq
 }
 
 // setWaiters returns the set waiters that want ks's key.
@@ -253,13 +256,13 @@ func (st *loopState) startSet(req *acquireReq) {
 	if req.try {
 		// Never queued: callers here that hold or wait for one of its
 		// keys come first, as for TryAcquire.
-		for _, k := range req.set {
+		for _, k := range req.set.keys {
 			if ks := st.keys[k.key]; ks != nil && (ks.heldHere(req) || len(ks.queue) > 0 || ks.inTurn() || len(ks.setWaiters()) > 0) {
 				st.answerSet(w, acquireReply{locked: true})
 				return
 			}
 		}
-		for _, k := range req.set {
+		for _, k := range req.set.keys {
 			k.acq.Queued(obs.QueueInfo{})
 		}
 		st.newSetAttempt(w)
@@ -267,7 +270,7 @@ func (st *loopState) startSet(req *acquireReq) {
 	}
 	w.bo = backoff.New(st.m.cfg.Retry, backoff.Options{})
 	st.waiting++
-	for _, k := range req.set {
+	for _, k := range req.set.keys {
 		ks := st.keyFor(k.key, k.hash)
 		c := st.contended(ks)
 		c.sets = append(c.sets, w)
@@ -285,7 +288,7 @@ func (st *loopState) kickSet(w *setWait) {
 	if st.closing || w.done || w.attempt != nil || !w.retryAt.IsZero() {
 		return
 	}
-	for _, k := range w.req.set {
+	for _, k := range w.req.set.keys {
 		if ks := st.keys[k.key]; ks != nil && (ks.holder != nil || ks.nShared > 0 || ks.releasing > 0) {
 			return
 		}
@@ -296,7 +299,7 @@ func (st *loopState) kickSet(w *setWait) {
 // newSetAttempt queues an attempt for w, with a new lockId per key.
 func (st *loopState) newSetAttempt(w *setWait) {
 	w.woken = false
-	sa := &setAttempt{w: w, ttl: w.req.ttl, ids: make([]string, len(w.req.set)), inTurn: w.turn}
+	sa := &setAttempt{w: w, ttl: w.req.ttl, ids: make([]string, len(w.req.set.keys)), inTurn: w.turn}
 	for i := range sa.ids {
 		sa.ids[i] = keys.NewLockID()
 	}
@@ -328,7 +331,7 @@ func (st *loopState) passSets(ks *keyState) {
 			continue
 		}
 		w.turn = true
-		for _, k := range w.req.set {
+		for _, k := range w.req.set.keys {
 			if c := st.keys[k.key].cont; c != nil {
 				c.turns++
 			}
@@ -349,7 +352,7 @@ func (st *loopState) endTurn(sa *setAttempt) {
 		return
 	}
 	w.turn, w.passes = false, 0
-	for _, k := range w.req.set {
+	for _, k := range w.req.set.keys {
 		if ks := st.keys[k.key]; ks != nil && ks.cont != nil {
 			ks.cont.turns--
 			st.kick(ks)
@@ -397,7 +400,7 @@ func (st *loopState) endSet(w *setWait) {
 	st.waiting--
 	turn := w.turn
 	w.turn = false
-	for _, k := range w.req.set {
+	for _, k := range w.req.set.keys {
 		ks := st.keys[k.key]
 		if ks == nil || ks.cont == nil {
 			continue
@@ -424,7 +427,7 @@ func (st *loopState) abandonSet(req *acquireReq) acquireReply {
 		return ans
 	}
 	ans.lastErr, ans.heldBy = w.lastErr, w.heldBy
-	for _, k := range req.set {
+	for _, k := range req.set.keys {
 		if ks := st.keys[k.key]; ks != nil && ks.heldHere(req) {
 			ans.heldHere = true
 		}
@@ -447,7 +450,7 @@ func (st *loopState) keepSet(sa *setAttempt) bool {
 
 // noteSet records one attempt on each key's telemetry of req.
 func noteSet(req *acquireReq, db trace.SpanContext, o obs.AttemptOutcome, retryIn time.Duration) {
-	for _, k := range req.set {
+	for _, k := range req.set.keys {
 		k.acq.Attempt(db, o, retryIn)
 	}
 }
@@ -476,7 +479,7 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 	// release sends the release of every lockId the attempt granted or
 	// may have granted; the keys' attempts do not wait for them.
 	release := func() {
-		for j, k := range req.set {
+		for j, k := range req.set.keys {
 			if !mayHaveGranted(d.err) && (d.err != nil || !rs[j].OK) {
 				continue
 			}
@@ -523,7 +526,7 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 	}
 	lease := heartbeat.Lease{TTL: sa.ttl, Start: d.start, Margin: st.margin(sa.ttl)}
 	conflict := false
-	for _, k := range req.set {
+	for _, k := range req.set.keys {
 		if ks := st.keys[k.key]; ks != nil && (ks.holder != nil || ks.nShared > 0) {
 			// A caller here got a key meanwhile (the server gave it the
 			// set only after that holder's row was gone: it finds out at
@@ -549,8 +552,8 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 		st.setRetry(sa, now, time.Time{})
 		return
 	}
-	kss := make([]*keyState, len(req.set))
-	for j, k := range req.set {
+	kss := make([]*keyState, len(req.set.keys))
+	for j, k := range req.set.keys {
 		kss[j] = st.keyFor(k.key, k.hash)
 		if !st.noteFence(kss[j], rs[j].Fence) {
 			release()
@@ -559,12 +562,12 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 			return
 		}
 	}
-	locks := make([]*Lock, len(req.set))
-	for j, k := range req.set {
+	locks := make([]*Lock, len(req.set.keys))
+	for j, k := range req.set.keys {
 		k.acq.Attempt(d.db, obs.AttemptGranted, 0)
 		locks[j] = st.hold(kss[j], req, k.acq, sa.ids[j], sa.ttl, rs[j], lease)
 	}
-	for j, k := range req.set {
+	for j, k := range req.set.keys {
 		k.acq.Granted(rs[j].Fence) // before the reply: Lost/Release may follow at once
 	}
 	st.answerSet(w, acquireReply{locks: locks})
@@ -606,7 +609,7 @@ func (st *loopState) setRefused(sa *setAttempt, d acquireDone, rs []store.Acquir
 	if !known {
 		freeAt = time.Time{}
 	}
-	for _, k := range req.set {
+	for _, k := range req.set.keys {
 		st.wantWaiter(st.keys[k.key])
 	}
 	noteSet(req, d.db, obs.AttemptContended, st.setRetry(sa, now, freeAt))
@@ -639,13 +642,13 @@ func (st *loopState) setRetry(sa *setAttempt, now, freeAt time.Time) time.Durati
 func (st *loopState) sendSets(fl *flight, batch []*setAttempt) {
 	var parent trace.SpanContext
 	if len(batch) == 1 {
-		parent = batch[0].w.req.set[0].acq.SpanContext()
+		parent = batch[0].w.req.set.keys[0].acq.SpanContext()
 	}
 	var served []trace.SpanContext
 	reqs := make([][]store.AcquireRequest, len(batch))
 	for i, sa := range batch {
 		reqs[i] = make([]store.AcquireRequest, len(sa.ids))
-		for j, k := range sa.w.req.set {
+		for j, k := range sa.w.req.set.keys {
 			reqs[i][j] = store.AcquireRequest{Key: k.key, TTL: sa.ttl, LockID: sa.ids[j]}
 			if sc := k.acq.SpanContext(); sc.IsValid() && len(served) < obs.MaxLinks {
 				served = append(served, sc)

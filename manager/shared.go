@@ -162,13 +162,12 @@ func (st *loopState) shareAttempt(a *attempt, head *acquireReq) {
 	for k < n && k < len(ks.queue) && coalescible(ks.queue[k], head) {
 		k++
 	}
-	a.shared, a.limit = true, head.limit
-	a.floor, a.hasFloor = ks.fence, ks.hasFence
-	a.ids = make([]string, k)
-	a.ids[0] = a.lockID
+	ids := make([]string, k)
+	ids[0] = a.lockID
 	for j := 1; j < k; j++ {
-		a.ids[j] = keys.NewLockID()
+		ids[j] = keys.NewLockID()
 	}
+	a.sh = &sharedAttempt{limit: head.limit, floor: ks.fence, hasFloor: ks.hasFence, ids: ids}
 }
 
 // coalescible reports whether waiter q can share the attempt made for
@@ -183,7 +182,7 @@ func sharedHead(ks *keyState, a *attempt) *acquireReq {
 	if len(ks.queue) == 0 {
 		return nil
 	}
-	if q := ks.queue[0]; q.shared && !q.try && q.limit == a.limit && q.ttl == a.ttl {
+	if q := ks.queue[0]; q.shared && !q.try && q.limit == a.limit() && q.ttl == a.ttl {
 		return q
 	}
 	return nil
@@ -195,11 +194,11 @@ func sharedHead(ks *keyState, a *attempt) *acquireReq {
 // reader's is the counter as it was and is not checked. It records f.
 func (st *loopState) checkFence(ks *keyState, a *attempt, f pglease.Fence) bool {
 	switch {
-	case !a.shared:
+	case a.sh == nil:
 		return st.noteFence(ks, f)
-	case a.limit == 0:
+	case a.sh.limit == 0:
 		return true
-	case a.hasFloor && f <= a.floor:
+	case a.sh.hasFloor && f <= a.sh.floor:
 		return false
 	}
 	if !ks.hasFence || f > ks.fence {
@@ -363,7 +362,7 @@ func (m *Manager) sendSharedAcquire(fl *flight, batch []*attempt, parent trace.S
 	reqs := make([]store.SharedRequest, 0, n)
 	for _, a := range batch {
 		for j := range a.items() {
-			reqs = append(reqs, store.SharedRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.id(j), Limit: int(a.limit)})
+			reqs = append(reqs, store.SharedRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.id(j), Limit: int(a.limit())})
 		}
 	}
 	// Not cancelled by Close, as sendAcquire.

@@ -325,7 +325,11 @@ func TestPermitFenceCheck(t *testing.T) {
 	ks := &keyState{key: "k"}
 	ks.fence, ks.hasFence = 10, true
 	mk := func(shared bool, limit int32) *attempt {
-		return &attempt{ks: ks, shared: shared, limit: limit, floor: ks.fence, hasFloor: ks.hasFence}
+		a := &attempt{ks: ks}
+		if shared {
+			a.sh = &sharedAttempt{limit: limit, floor: ks.fence, hasFloor: ks.hasFence}
+		}
+		return a
 	}
 	p1, p2 := mk(true, 4), mk(true, 4)
 	if !st.checkFence(ks, p2, 12) || !st.checkFence(ks, p1, 11) {

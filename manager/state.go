@@ -124,11 +124,10 @@ func (ks *keyState) heldBy() string {
 // holding is a held lock, as the loop sees it. Owned by run, except the
 // loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
 type holding struct {
-	lock   *Lock
-	ks     *keyState
-	acq    *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
-	lease  heartbeat.Lease  // last successful attempt; Pending/NotBefore/Manual
-	shared bool             // a shared hold (counted in ks.nShared), not ks.holder
+	lock  *Lock // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
+	ks    *keyState
+	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
+	lease heartbeat.Lease  // last successful attempt; Pending/NotBefore/Manual
 	// lossAt is lease.TrustedUntil() in st.loss, which ends the lock at
 	// that time independently of the loop; lossIdx is the holding's
 	// position in st.loss's heap (-1: not in it), lossFired tells that
@@ -307,7 +306,7 @@ func (st *loopState) kick(ks *keyState) {
 
 // laneFor returns the lane a's kind of attempt goes in.
 func (st *loopState) laneFor(a *attempt) *lane[*attempt] {
-	if a.shared {
+	if a.sh != nil {
 		return &st.sharedAcqs
 	}
 	return &st.acquires
@@ -425,7 +424,7 @@ func (st *loopState) orphanReleaseID(ks *keyState, a *attempt, id string) {
 // dropHolding forgets h and ends its lock's context with cause (the first
 // cause wins: a lock already lost stays lost).
 func (st *loopState) dropHolding(h *holding, cause error) {
-	if _, ok := st.held[h]; ok && h.shared {
+	if _, ok := st.held[h]; ok && h.lock.shared {
 		h.ks.nShared--
 	}
 	delete(st.held, h)
@@ -456,7 +455,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	}
 	it.rel, it.sc = startRelease(h, parent)
 	h.ks.releasing++
-	if !h.shared && st.queueHandOff(it) { // local waiters: release and grant in one statement
+	if !h.lock.shared && st.queueHandOff(it) { // local waiters: release and grant in one statement
 		return
 	}
 	st.releases.add(it)
@@ -641,11 +640,11 @@ func (st *loopState) granted(ks *keyState) {
 func (st *loopState) hold(ks *keyState, req *acquireReq, acq *obs.Acquisition, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) *Lock {
 	m := st.m
 	lctx, cancel := context.WithCancelCause(context.Background())
-	lk := &Lock{m: m, key: ks.key, id: lockID, fence: r.Fence, ttl: ttl, acquiredAt: r.AcquiredAt,
+	lk := &Lock{m: m, key: ks.key, id: lockID, fence: r.Fence, ttl: ttl, acquiredMs: r.AcquiredAt.UnixMilli(),
 		start: lease.Start, ctx: lctx, cancel: cancel, lease: &leaseState{}, shared: req.shared}
 	lk.setLease(lease, r.ExpiresAt)
 	lease.Manual = req.manual
-	h := &holding{lock: lk, ks: ks, lease: lease, acq: acq, lossIdx: -1, shared: req.shared}
+	h := &holding{lock: lk, ks: ks, lease: lease, acq: acq, lossIdx: -1}
 	lk.h = h
 	// The loss deadline does not depend on the loop: st.loss's timer
 	// cancels the lock's context by itself, then nudges the loop.

@@ -39,8 +39,10 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(obs.QueueInfo{})
-		a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req,
-			shared: req.shared, limit: req.limit, floor: ks.fence, hasFloor: ks.hasFence}
+		a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req}
+		if req.shared {
+			a.sh = &sharedAttempt{limit: req.limit, floor: ks.fence, hasFloor: ks.hasFence}
+		}
 		st.laneFor(a).add(a)
 		return // ks is looked up again when the answer comes (tryDone)
 	}
