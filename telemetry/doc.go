@@ -81,8 +81,9 @@
 // (see "Traces").
 //
 //	name                               kind                       unit       meaning
-//	pglease.acquire                    span, internal             -          One Acquire, TryAcquire, Do, LockAdvisory or TryLockAdvisory, from the
-//	                                                                         call to its outcome (the caller's wait); a child of the caller's span.
+//	pglease.acquire                    span, internal             -          One Acquire, TryAcquire, Do, LockAdvisory or TryLockAdvisory (and one
+//	                                                                         per key of an AcquireAll or TryAcquireAll), from the call to its
+//	                                                                         outcome (the caller's wait); a child of the caller's span.
 //	                                                                         Attributes pglease.key.hash, pglease.lock.kind, pglease.acquire.try,
 //	                                                                         pglease.lock.ttl (leases); at its end pglease.outcome,
 //	                                                                         pglease.acquire.attempts, pglease.acquire.wait, pglease.acquire.coalesced,
