@@ -486,6 +486,8 @@ func (st *loopState) handleDue(now time.Time) {
 		e := heap.Pop(&st.retries).(retryEntry)
 		switch {
 		case e.stale():
+		case e.turn:
+			st.lapseTurn(e.w)
 		case e.w != nil:
 			e.w.retryAt = time.Time{}
 			st.kickSet(e.w)

@@ -36,9 +36,13 @@ import (
 //     waited, the keys' own attempts and local handoffs hold back, and
 //     TryAcquire of them answers "held", until the set's next attempt is
 //     answered; that attempt goes out as soon as none of its keys is held
-//     here. So callers of this process cannot starve it: it is tried with
-//     all its keys free here at least once per setTurnAfter of their
-//     grants (plus what the holders of that moment take to release).
+//     here, or lapses after setTurnMax if that does not happen (a key
+//     held here for long), and then no new turn begins before its next
+//     attempt. So callers of this process that hold its keys briefly
+//     cannot starve it: it is tried with all its keys free here at least
+//     once per setTurnAfter of their grants (plus what the holders of that
+//     moment take to release); and a long holder of one of its keys makes
+//     the callers of the others wait setTurnMax once, not again and again.
 //     Across processes there is no order, as for single keys: the server
 //     grants whoever comes first, and a set needs all its keys free at
 //     once.
@@ -47,8 +51,12 @@ import (
 const maxSetKeys = 100
 
 // setTurnAfter is how many grants of its keys to other callers of this
-// process a set waiter lets pass before it takes a turn.
-const setTurnAfter = 4
+// process a set waiter lets pass before it takes a turn; setTurnMax bounds
+// a turn whose attempt cannot go out (one of its keys is held here).
+const (
+	setTurnAfter = 4
+	setTurnMax   = time.Second
+)
 
 // setReq is what a set request adds to an acquireReq: its keys.
 type setReq struct{ keys []setKey }
@@ -75,6 +83,8 @@ type setWait struct {
 	passes   int       // grants of its keys to others since it waits (or since its last turn)
 	woken    bool      // a release of one of its keys came while an attempt was in flight
 	turn     bool      // its keys' own attempts hold back for it
+	turnGen  uint64    // invalidates the retryHeap entry that ends a turn at setTurnMax
+	lapsed   bool      // its last turn lapsed: no new one before its next attempt
 	done     bool      // answered: an attempt still in flight serves nobody
 }
 
@@ -99,10 +109,11 @@ type setAttempt struct {
 // It waits as Acquire does (the context, WithAcquireTimeout, the same
 // errors), and is woken by the release of any of its keys, in this
 // process or another. It never holds up callers waiting for one of its
-// keys alone; in return it gets a turn: after setTurnAfter (4) grants of
-// its keys to other callers of this Manager while it waits, those callers
-// wait until its next attempt has been answered, which goes out as soon
-// as this Manager holds none of its keys. Against other processes it has
+// keys alone; in return it gets a turn: after 4 grants of its keys to
+// other callers of this Manager while it waits, those callers wait until
+// its next attempt has been answered, which goes out as soon as this
+// Manager holds none of its keys (a turn lapses after a second if that
+// does not happen: a long holder of one key does not block the others). Against other processes it has
 // no priority: the database grants whoever comes first, and the set needs
 // all its keys free at the same moment.
 //
@@ -298,7 +309,7 @@ func (st *loopState) kickSet(w *setWait) {
 
 // newSetAttempt queues an attempt for w, with a new lockId per key.
 func (st *loopState) newSetAttempt(w *setWait) {
-	w.woken = false
+	w.woken, w.lapsed = false, false
 	sa := &setAttempt{w: w, ttl: w.req.ttl, ids: make([]string, len(w.req.set.keys)), inTurn: w.turn}
 	for i := range sa.ids {
 		sa.ids[i] = keys.NewLockID()
@@ -324,7 +335,7 @@ func (st *loopState) kickSets(ks *keyState) {
 // waiter that wants it, and gives a waiter its turn at setTurnAfter.
 func (st *loopState) passSets(ks *keyState) {
 	for _, w := range ks.setWaiters() {
-		if w.turn {
+		if w.turn || w.lapsed {
 			continue
 		}
 		if w.passes++; w.passes < setTurnAfter {
@@ -336,6 +347,10 @@ func (st *loopState) passSets(ks *keyState) {
 				c.turns++
 			}
 		}
+		// A turn whose attempt cannot go out soon (a key held here for
+		// long) lapses: the keys' other callers wait at most setTurnMax.
+		w.turnGen++
+		heap.Push(&st.retries, retryEntry{at: time.Now().Add(setTurnMax), w: w, gen: w.turnGen, turn: true})
 		if w.attempt == nil {
 			st.clearSetRetry(w)
 			st.kickSet(w)
@@ -343,15 +358,30 @@ func (st *loopState) passSets(ks *keyState) {
 	}
 }
 
+// lapseTurn ends w's turn at setTurnMax unless its attempt is in flight
+// (whose answer ends it).
+func (st *loopState) lapseTurn(w *setWait) {
+	if sa := w.attempt; sa == nil || !sa.inTurn {
+		st.endTurnOf(w)
+		w.lapsed = true
+	}
+}
+
 // endTurn ends the turn of sa's waiter if sa was made during it (an
 // attempt sent before the turn began does not end it): its keys' own
 // attempts go on.
 func (st *loopState) endTurn(sa *setAttempt) {
-	w := sa.w
-	if !w.turn || !sa.inTurn {
+	if sa.inTurn {
+		st.endTurnOf(sa.w)
+	}
+}
+
+func (st *loopState) endTurnOf(w *setWait) {
+	if !w.turn {
 		return
 	}
 	w.turn, w.passes = false, 0
+	w.turnGen++
 	for _, k := range w.req.set.keys {
 		if ks := st.keys[k.key]; ks != nil && ks.cont != nil {
 			ks.cont.turns--

@@ -226,3 +226,54 @@ func TestAcquireAllWaitEnds(t *testing.T) {
 		t.Fatalf("set waiting at Close: %v", err)
 	}
 }
+
+// TestAcquireAllTurnLapses: a set's turn does not make callers of one of
+// its keys wait for a long holder of another: while a caller of this
+// process holds one key for seconds, the single-key callers of the other
+// key wait once, about a second (setTurnMax), for the set's turn to lapse,
+// and then no more until the set has tried again.
+func TestAcquireAllTurnLapses(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	long, err := b.m.Acquire(ctx, "set:long")
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := make(chan error, 1)
+	go func() {
+		locks, err := b.m.AcquireAll(ctx, []string{"set:long", "set:short"})
+		for _, lk := range locks {
+			lk.Release(ctx)
+		}
+		set <- err
+	}()
+	waitFor(t, &b.sig.queued, func(k string) bool { return k == "set:long" })
+	var worst time.Duration
+	turns := 0
+	for stop := time.Now().Add(6 * time.Second); time.Now().Before(stop); {
+		t0 := time.Now()
+		lk, err := b.m.Acquire(ctx, "set:short", WithAcquireTimeout(20*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d > 500*time.Millisecond {
+			turns++
+			worst = max(worst, d)
+		}
+		time.Sleep(time.Millisecond)
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d waits over 500 ms (turns), the longest %v", turns, worst)
+	if worst > 4*time.Second || turns > 2 {
+		t.Errorf("callers of the short key waited %d times behind the set's turn, up to %v", turns, worst)
+	}
+	if err := long.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-set; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -153,17 +153,21 @@ type extWaiters struct {
 }
 
 // retryEntry is a scheduled retry of a key's attempt (ks), or of a set
-// waiter's (w, ks nil).
+// waiter's (w, ks nil), or the end of a set waiter's turn (turn).
 type retryEntry struct {
-	at  time.Time
-	ks  *keyState
-	w   *setWait
-	gen uint64
+	at   time.Time
+	ks   *keyState
+	w    *setWait
+	gen  uint64
+	turn bool
 }
 
 // stale reports whether e's retry was cancelled or superseded.
 func (e retryEntry) stale() bool {
-	if e.w != nil {
+	switch {
+	case e.turn:
+		return e.gen != e.w.turnGen || !e.w.turn || e.w.done
+	case e.w != nil:
 		return e.gen != e.w.retryGen || e.w.retryAt.IsZero()
 	}
 	return e.gen != e.ks.retryGen || e.ks.retryAt.IsZero()
