@@ -311,10 +311,9 @@ func primProcs(t *testing.T, b *bundle, spec primSpec, children int, sample func
 
 // logged is one prim_log row.
 type logged struct {
-	who, kind     string
-	fence         int64
-	tIn, tOut     time.Time
-	overlapsWrite bool
+	who, kind string
+	fence     int64
+	tIn, tOut time.Time
 }
 
 // checkLog checks prim_log: no hold overlaps an exclusive one, at most

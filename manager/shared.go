@@ -57,8 +57,11 @@ const maxCoalesce = 64
 // together with an exclusive holder (a plain Acquire: the writer). A
 // waiting writer goes first: from its first refused attempt no new reader
 // is granted until it has had the key (writer preference: a steady stream
-// of readers cannot starve it; a writer that dies waiting stops blocking
-// readers 5 s after its last attempt).
+// of readers cannot starve it; a writer that dies or gives up waiting
+// stops blocking readers 5 s after its last attempt). So, as with
+// sync.RWMutex, a reader must not take the key again while it holds it:
+// the second read would wait for a waiting writer, which waits for the
+// first.
 //
 // A reader's Fence is the fence of the state it reads under: the key's
 // fence counter at its grant, not incremented (the fence of the last
