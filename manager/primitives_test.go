@@ -493,6 +493,9 @@ func TestReadersWriterManyProcesses(t *testing.T) {
 	if n := checkLog(t, b, 0); n < 2 {
 		t.Errorf("at most %d holds at once: readers never overlapped", n)
 	}
+	if results[0].MaxLocal < 2 {
+		t.Errorf("at most %d readers of this process at once", results[0].MaxLocal)
+	}
 	wantNoShared(t, b)
 }
 
