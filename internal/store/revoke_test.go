@@ -451,4 +451,3 @@ func TestParseNotification(t *testing.T) {
 		}
 	}
 }
-
