@@ -5,6 +5,15 @@
 // listings, holder identities, the schema version check). Package pg
 // exposes the single operations users call without a Manager; the design
 // and the guarantees are described there (pg/doc.go).
+//
+// Schema version 4 adds, each a batch in one statement with per-item
+// results: shared holds (AcquireSharedMany: readers and semaphore
+// permits, released and extended like exclusive leases), all-or-nothing
+// sets (AcquireSets), lock delays (AcquireRequest.LockDelay), revocation
+// and release requests (Revoke, RequestRelease), watchers
+// (RegisterWatchers, Snapshot), a transaction's guard of its lease
+// (Guard), and ParseNotification for every payload the notify channel
+// carries.
 package store
 
 import (
