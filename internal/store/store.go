@@ -628,8 +628,9 @@ const (
 // (o_idx, o_ok) rows. With Config.NotifyChannel set, releases notify in
 // mode wake (and watchers). On a pgx.Tx the release commits with the
 // caller's transaction, durably; otherwise it need not wait for its WAL
-// flush (the function also keeps a caller's explicit transaction durable
-// when it can tell).
+// flush, unless its transaction wrote before it (the function checks:
+// an explicit transaction on a connection that wrote first stays
+// durable).
 func (s *Store) runRelease(ctx context.Context, op string, ids []string, wake int) ([]bool, error) {
 	_, inTx := s.db.(pgx.Tx)
 	out := make([]bool, len(ids))

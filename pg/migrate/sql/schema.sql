@@ -680,8 +680,9 @@ $fn$;
 -- (p_wake, as "pglease_notify_07f27fb7aa": 0 never, 1 when waited for, 2 always) and
 -- watchers ('r:' fence for an exclusive row, 'u:' fence for a shared one).
 -- p_async: commit without waiting for the WAL flush (a lost release runs
--- to its expiry, which is safe), unless the statement runs inside a
--- caller's transaction (whose own writes must stay durable).
+-- to its expiry, which is safe), unless the transaction has written
+-- before (a caller's transaction, whose own writes must stay durable: the
+-- caller passes false for its transactions when it knows them).
 CREATE OR REPLACE FUNCTION "pglease_release_07f27fb7aa"(p_lock_ids text[], p_channel text, p_wake integer, p_async boolean)
 RETURNS TABLE (o_idx integer, o_ok boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -692,7 +693,7 @@ DECLARE
   v_fence text;
   v_ev text;
 BEGIN
-  IF p_async AND statement_timestamp() = transaction_timestamp() THEN
+  IF p_async AND pg_current_xact_id_if_assigned() IS NULL THEN
     PERFORM set_config('synchronous_commit', 'off', true);
   END IF;
   IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
