@@ -81,8 +81,11 @@
 // arrays (keys, fence keys, lockIds, ttls). It visits the keys in ascending
 // (hashtext(key), key) order — so two batches can never deadlock — and
 // for each: pg_advisory_xact_lock(hashtext(key)); SELECT the lock row FOR
-// UPDATE; read clock_timestamp(); if the row is live (expires + 1000 >
-// now) answer "locked"; else upsert the counter with INSERT … ON
+// NO KEY UPDATE (and, when it has expired and is about to be taken over,
+// FOR UPDATE, which waits for transactions that guard the lease); read
+// clock_timestamp(); if the row is live (expires + 1000 > now, or + the
+// grant's lock delay) or the key has live shared holds (schema version 4)
+// answer "locked"; else upsert the counter with INSERT … ON
 // CONFLICT DO UPDATE SET fence = fence + 1 WHERE fence < MAX RETURNING
 // (no row = overflow, nothing changed) and upsert the lock row. Results
 // (status, fence, times) come back per item as rows; contention and
@@ -91,7 +94,9 @@
 //
 // Release and Extend (and the Manager's batches) call functions that
 // first lock all matching rows in the same (hashtext(key), key) order
-// (SELECT … ORDER BY … FOR UPDATE), read clock_timestamp(), then delete
+// (SELECT … ORDER BY … FOR UPDATE; FOR NO KEY UPDATE for extend, so that
+// a transaction guarding the lease does not block its heartbeat), read
+// clock_timestamp(), then delete
 // or update each row whose lock_id matches and whose expires_at_ms is
 // still in the future. Extend sets expires_at_ms = now + ttl (replace,
 // not add). With Config.NotifyChannel, each successful release runs
@@ -106,6 +111,21 @@
 // Lookup 1, and one more before a Store's first acquire, which checks the
 // schema version. A *pgxpool.Pool may add a liveness ping when it hands
 // out a connection idle for over a second.
+//
+// # In the caller's transaction
+//
+// A Store on a pgx.Tx (New(tx, cfg)) runs its operations in that
+// transaction: a grant exists if and only if the transaction commits (a
+// rollback leaves no row and no fence gap: the counter's increment rolls
+// back too), and a release takes effect at the commit, together with the
+// transaction's writes. A release alone commits without waiting for its
+// WAL flush (a lost release only runs to its expiry); in a pgx.Tx, or
+// in a transaction that wrote before the release, it leaves
+// synchronous_commit as it was, so the caller's writes stay durable. (On
+// a plain connection inside BEGIN, a release that is the transaction's
+// first write cannot tell: use a pgx.Tx, or write first.) The advisory
+// and row locks an acquire takes last until the transaction ends: keep
+// such transactions short.
 //
 // # Notes
 //

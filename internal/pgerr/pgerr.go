@@ -42,6 +42,9 @@ func CodeFor(sqlstate string) pglease.Code {
 		pgerrcode.NotNullViolation, pgerrcode.ForeignKeyViolation, pgerrcode.CheckViolation,
 		pgerrcode.UndefinedTable, pgerrcode.UndefinedColumn, pgerrcode.UndefinedFunction,
 		pgerrcode.InvalidSchemaName, pgerrcode.SyntaxError,
+		// Raised by pglease's SQL functions (the SQL API, the guard's
+		// installer) for bad input.
+		pgerrcode.InvalidParameterValue,
 		// The connection string names a database that does not exist:
 		// a configuration error that no retry fixes (like 28000/28P01).
 		pgerrcode.InvalidCatalogName,

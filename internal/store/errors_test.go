@@ -58,8 +58,9 @@ func TestErrorMapping(t *testing.T) {
 	if !errors.Is(err, pglease.ErrInternal) || strings.Contains(err.Error(), id) {
 		t.Fatalf("reused lockId: %v", err)
 	}
-	// Table dropped under a live Store: 42P01 → InvalidArgument.
-	if _, err := pool.Exec(c, "DROP TABLE syncguard_locks"); err != nil {
+	// Table dropped under a live Store: 42P01 → InvalidArgument. (The SQL
+	// API's views depend on it: CASCADE drops them too.)
+	if _, err := pool.Exec(c, "DROP TABLE syncguard_locks CASCADE"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.Acquire(c, store.AcquireRequest{Key: "k", TTL: time.Second}); !errors.Is(err, pglease.ErrInvalidArgument) {

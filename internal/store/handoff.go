@@ -18,10 +18,12 @@ import (
 type HandOffRequest struct {
 	// Old is the lockId being released (the current holder's).
 	Old string
-	// Key, TTL and LockID are the new grant's, as in AcquireRequest.
-	Key    string
-	TTL    time.Duration
-	LockID string
+	// Key, TTL, LockID and LockDelay are the new grant's, as in
+	// AcquireRequest.
+	Key       string
+	TTL       time.Duration
+	LockID    string
+	LockDelay time.Duration
 }
 
 // Format never prints the key or lockIds.
@@ -36,8 +38,9 @@ type HandOffResult struct {
 	Released bool
 	// AcquireResult is the new grant: OK with a new fence when the key was
 	// handed over (or was free); OK false when someone else holds it (Old
-	// was lost and the key taken meanwhile); Err on a fence overflow, in
-	// which case a released key is left free.
+	// was lost and the key taken meanwhile, or shared holds or a delay
+	// keep it), with RetryAfter and Holder as for an acquire; Err on a
+	// fence overflow, in which case a released key is left free.
 	AcquireResult
 }
 
@@ -70,53 +73,34 @@ func (s *Store) HandOff(ctx context.Context, reqs []HandOffRequest) ([]HandOffRe
 		if r.LockID == r.Old {
 			return nil, pgerr.New(pglease.CodeInvalidArgument, op, "the new lockId must differ from the old one", nil)
 		}
-		acq[i] = AcquireRequest{Key: r.Key, TTL: r.TTL, LockID: r.LockID}
+		acq[i] = AcquireRequest{Key: r.Key, TTL: r.TTL, LockID: r.LockID, LockDelay: r.LockDelay}
 		olds[i] = r.Old
 	}
-	storageKeys, fenceKeys, ids, ttls, err := prepareAcquire(op, acq)
+	p, err := prepareAcquire(op, acq)
 	if err != nil {
 		return nil, err
 	}
 	if err := s.checkOnce(ctx, op); err != nil {
 		return nil, err
 	}
-	var channel *string
-	if s.cfg.NotifyChannel != "" {
-		channel = &s.cfg.NotifyChannel
-	}
-	var holder *string // as in acquire
-	if s.holder != "" {
-		holder = &s.holder
-	}
 	out := make([]HandOffResult, len(reqs))
 	got := make([]bool, len(reqs))
-	err = s.run(ctx, op, true, s.handOffSQL, []any{olds, storageKeys, storageKeys, fenceKeys, ids, ttls, holder, channel}, func(rows pgx.Rows) error {
-		var idx, status int32
+	args := []any{olds, p.keys, p.fenceKeys, p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg()}
+	err = s.run(ctx, op, true, s.handOffSQL, args, func(rows pgx.Rows) error {
 		var released bool
-		var fence, acqMs, exp *int64
-		if err := rows.Scan(&idx, &released, &status, &fence, &acqMs, &exp); err != nil {
+		var g grantRow
+		if err := rows.Scan(&g.idx, &released, &g.status, &g.fence, &g.acq, &g.exp, &g.now, &g.at, &g.holder, &g.shared); err != nil {
 			return err
 		}
-		i := int(idx) - 1
-		if i < 0 || i >= len(out) || got[i] {
-			return errors.New("pg: bad result index from handoff function")
+		i := int(g.idx) - 1
+		if i < 0 || i >= len(out) || got[i] || g.status == 4 {
+			return errors.New("pg: bad result from handoff function")
 		}
 		got[i] = true
 		out[i].Released = released
-		switch status {
-		case 0:
-			if fence == nil || acqMs == nil || exp == nil {
-				return errors.New("pg: incomplete grant from handoff function")
-			}
-			out[i].AcquireResult = AcquireResult{OK: true, LockID: ids[i], Fence: pglease.Fence(*fence),
-				AcquiredAt: time.UnixMilli(*acqMs), ExpiresAt: time.UnixMilli(*exp)}
-		case 1:
-		case 2:
-			out[i].Err = pgerr.New(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
-		default:
-			return errors.New("pg: unknown status from handoff function")
-		}
-		return nil
+		var err error
+		out[i].AcquireResult, err = g.result(op, p.ids[i])
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -126,12 +110,10 @@ func (s *Store) HandOff(ctx context.Context, reqs []HandOffRequest) ([]HandOffRe
 			return nil, pgerr.New(pglease.CodeAmbiguous, op, "handoff function returned too few rows", nil)
 		}
 	}
-	if s.cfg.OnFenceWarning != nil {
-		for i, r := range out {
-			if r.OK && r.Fence > keys.FenceWarn {
-				s.cfg.OnFenceWarning(pglease.HashKey(storageKeys[i]), r.Fence)
-			}
-		}
+	res := make([]AcquireResult, len(out))
+	for i := range out {
+		res[i] = out[i].AcquireResult
 	}
+	s.warnFences(p.keys, res)
 	return out, nil
 }

@@ -30,6 +30,11 @@ const (
 const (
 	fnVersion      = "v2"
 	acquireVersion = "v3"
+	// v4Version names every function schema version 4 added or
+	// replaced (the acquire, release, extend and handoff functions that
+	// also know shared holds, lock delays and watchers; the shared, set,
+	// revoke and snapshot functions).
+	v4Version = "v4"
 )
 
 // identRe is the rule for every name pglease puts into SQL: an unquoted
@@ -60,6 +65,26 @@ type Names struct {
 	// TriggerFn is the (unquoted) name of the release trigger's function,
 	// in the lock table's schema.
 	TriggerFn string
+
+	// Schema version 4: the table of shared holds ({lock}_shared) and its
+	// index on key.
+	Shared, IdxSharedKey string
+	// Schema version 4's functions, which the store calls (the v2/v3
+	// functions above stay for older code during a rolling upgrade).
+	FnAcquire4, FnAcquireShared, FnAcquireSets, FnRelease4, FnExtend4, FnHandOff4 string
+	FnRevoke, FnSnapshot, FnCheck, FnGrant, FnNotify                              string
+	// FnGuardTrigger is the database guard's trigger function, named
+	// without a version so that installed triggers keep it; GuardTrigger
+	// the (unquoted) name of the trigger on a guarded table.
+	FnGuardTrigger, GuardTrigger string
+	// The SQL API: functions and views with stable names derived from the
+	// lock table's ({lock}_acquire …), for SQL callers; quoted, qualified
+	// like the lock table.
+	APIAcquire, APIRelease, APIExtend, APIStatus, APIRevoke, APIGuard, APIUnguard string
+	ViewLeases, ViewWaiters                                                       string
+	// ViewAdvisory is pglease_advisory_locks, one per schema (shared by
+	// every table pair in it, like the hashKey function).
+	ViewAdvisory string
 }
 
 // ReleaseTriggerName is the name of the release trigger on the lock table
@@ -136,6 +161,10 @@ func (c Config) Names(op string) (Names, error) {
 		return Names{}, pgerr.New(pglease.CodeInvalidArgument, op, fmt.Sprintf(
 			"FenceTable %q may be the lock table's holder table %q: give it another name", fence, holdersName(li)), nil)
 	}
+	if maySame(ls, suffixName(li, "_shared"), fs, fi) {
+		return Names{}, pgerr.New(pglease.CodeInvalidArgument, op, fmt.Sprintf(
+			"FenceTable %q may be the lock table's shared-hold table %q: give it another name", fence, suffixName(li, "_shared")), nil)
+	}
 	if c.NotifyChannel != "" {
 		if err := CheckChannel(op, c.NotifyChannel); err != nil {
 			return Names{}, err
@@ -166,6 +195,36 @@ func (c Config) Names(op string) (Names, error) {
 	// "v1" is fixed: installed triggers keep their function's name.
 	tsum := sha256.Sum256([]byte("v1\x00" + li))
 	n.TriggerFn = "pglease_release_notify_" + hex.EncodeToString(tsum[:5])
+
+	v4 := h(v4Version)
+	shared := suffixName(li, "_shared")
+	n.Shared = Quote(ls, shared)
+	n.IdxSharedKey = indexName(shared, "key")
+	n.FnAcquire4 = Quote(ls, "pglease_acquire_"+v4)
+	n.FnAcquireShared = Quote(ls, "pglease_acquire_shared_"+v4)
+	n.FnAcquireSets = Quote(ls, "pglease_acquire_sets_"+v4)
+	n.FnRelease4 = Quote(ls, "pglease_release_"+v4)
+	n.FnExtend4 = Quote(ls, "pglease_extend_"+v4)
+	n.FnHandOff4 = Quote(ls, "pglease_handoff_"+v4)
+	n.FnRevoke = Quote(ls, "pglease_revoke_"+v4)
+	n.FnSnapshot = Quote(ls, "pglease_snapshot_"+v4)
+	n.FnCheck = Quote(ls, "pglease_check_"+v4)
+	n.FnGrant = Quote(ls, "pglease_grant_"+v4)
+	n.FnNotify = Quote(ls, "pglease_notify_"+v4)
+	guard := h("guard")
+	n.FnGuardTrigger = "pglease_guard_" + guard // created in the lock table's schema
+	n.GuardTrigger = "pglease_guard_" + guard
+	for _, a := range []struct {
+		dst    *string
+		suffix string
+	}{
+		{&n.APIAcquire, "_acquire"}, {&n.APIRelease, "_release"}, {&n.APIExtend, "_extend"}, {&n.APIStatus, "_status"},
+		{&n.APIRevoke, "_revoke"}, {&n.APIGuard, "_guard"}, {&n.APIUnguard, "_unguard"},
+		{&n.ViewLeases, "_leases"}, {&n.ViewWaiters, "_waiters"},
+	} {
+		*a.dst = Quote(ls, suffixName(li, a.suffix))
+	}
+	n.ViewAdvisory = Quote(ls, "pglease_advisory_locks")
 	return n, nil
 }
 
@@ -179,8 +238,13 @@ func maySame(s1, i1, s2, i2 string) bool {
 // holdersName is the holder identity table of lock table ident:
 // ident_holders, or, when that would not fit PostgreSQL's 63 bytes, a
 // prefix of ident and a hash of it.
-func holdersName(ident string) string {
-	const suffix = "_holders"
+func holdersName(ident string) string { return suffixName(ident, "_holders") }
+
+// suffixName is ident+suffix (suffix starts with "_"), or, when that
+// would not fit PostgreSQL's 63 bytes, a prefix of ident, a hash of
+// ident and suffix: the names of the objects schema version 2 and later
+// put next to a lock table.
+func suffixName(ident, suffix string) string {
 	if len(ident)+len(suffix) <= 63 {
 		return ident + suffix
 	}

@@ -15,7 +15,7 @@ import (
 // of the last migration of package pg/migrate (migrate.Latest, which a
 // test keeps equal). Version 0 is no pglease schema at all, which
 // includes the schema SetupSchema created before schema versions existed.
-const SchemaVersion = 3
+const SchemaVersion = 4
 
 // SchemaError says that the database's lease schema is not the one this
 // pglease needs. It is the cause of the InvalidArgument error the schema

@@ -5,6 +5,15 @@
 // listings, holder identities, the schema version check). Package pg
 // exposes the single operations users call without a Manager; the design
 // and the guarantees are described there (pg/doc.go).
+//
+// Schema version 4 adds, each a batch in one statement with per-item
+// results: shared holds (AcquireSharedMany: readers and semaphore
+// permits, released and extended like exclusive leases), all-or-nothing
+// sets (AcquireSets), lock delays (AcquireRequest.LockDelay), revocation
+// and release requests (Revoke, RequestRelease), watchers
+// (RegisterWatchers, Snapshot), a transaction's guard of its lease
+// (Guard), and ParseNotification for every payload the notify channel
+// carries.
 package store
 
 import (
@@ -67,12 +76,17 @@ type Store struct {
 	checked atomic.Bool
 
 	acquireSQL, releaseSQL, extendSQL string
-	releaseWaitedSQL                  string
+	sharedSQL, setsSQL                string
 	versionSQL                        string
 	handOffSQL                        string
+	revokeSQL, snapshotSQL, guardSQL  string
 	lookupKeySQL, lookupIDSQL         string
 	isLockedSQL                       string
 }
+
+// acquireCols are the columns of the acquire, set and handoff functions'
+// answers that scanGrant reads, in its order.
+const acquireCols = "o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms, o_now_ms, o_retry_ms, o_holder, o_shared"
 
 // New returns a Store on db. It validates cfg (bad names are
 // InvalidArgument, reported under op) and does no I/O.
@@ -96,15 +110,21 @@ func New(op string, db DB, cfg Config) (*Store, error) {
 	live := " AND l.expires_at_ms + " + fmt.Sprint(keys.TimeToleranceMs) + " > " + liveMs
 	return &Store{
 		db: db, cfg: cfg, n: n, holder: holder,
-		acquireSQL:       "SELECT o_idx, o_status, o_fence, o_acquired_ms, o_expires_ms, o_now_ms, o_holder FROM " + n.FnAcquire + "($1, $2, $3, $4, $5, $6)",
-		versionSQL:       "SELECT version, compatible_from FROM " + n.FnSchema + "()",
-		releaseSQL:       "SELECT o_idx, o_ok FROM " + n.FnRelease + "($1, $2)",
-		releaseWaitedSQL: releaseWaitedSQL(n.FnRelease, n.FnHash),
-		extendSQL:        "SELECT o_idx, o_expires_ms FROM " + n.FnExtend + "($1, $2)",
-		handOffSQL:       "SELECT o_idx, o_released, o_status, o_fence, o_acquired_ms, o_expires_ms FROM " + n.FnHandOff + "($1, $2, $3, $4, $5, $6, $7, $8)",
-		lookupKeySQL:     sel + "l.key = $1" + live,
-		lookupIDSQL:      sel + "l.lock_id = $1" + live,
-		isLockedSQL:      "SELECT EXISTS (SELECT 1 FROM " + n.Lock + " AS l WHERE l.key = $1" + live + ")",
+		acquireSQL: "SELECT " + acquireCols + " FROM " + n.FnAcquire4 + "($1, $2, $3, $4, $5, $6, $7)",
+		sharedSQL:  "SELECT " + acquireCols + ", o_limit FROM " + n.FnAcquireShared + "($1, $2, $3, $4, $5, $6, $7)",
+		setsSQL:    "SELECT " + acquireCols + " FROM " + n.FnAcquireSets + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		versionSQL: "SELECT version, compatible_from FROM " + n.FnSchema + "()",
+		releaseSQL: "SELECT o_idx, o_ok FROM " + n.FnRelease4 + "($1, $2, $3, $4)",
+		extendSQL:  "SELECT o_idx, o_expires_ms FROM " + n.FnExtend4 + "($1, $2)",
+		handOffSQL: "SELECT o_idx, o_released, " + acquireCols[len("o_idx, "):] + " FROM " + n.FnHandOff4 + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		revokeSQL:  "SELECT o_idx, o_revoked, o_lock_hash, o_fence, o_delay_until_ms FROM " + n.FnRevoke + "($1, $2, $3)",
+		snapshotSQL: "SELECT o_idx, o_now_ms, o_lock_hash, o_fence, o_acquired_ms, o_expires_ms, o_holder, o_lock_delay_ms, o_shared, o_limit," +
+			" o_shared_expires_ms, o_counter, o_delay_until_ms, o_excl_wait_until_ms FROM " + n.FnSnapshot + "($1)",
+		guardSQL: "WITH g AS MATERIALIZED (SELECT l.fence, l.expires_at_ms FROM " + n.Lock + " AS l WHERE l.lock_id = $1 AND l.expires_at_ms > " + liveMs +
+			" FOR KEY SHARE) SELECT g.fence, g.expires_at_ms, set_config('pglease.lock_ids', concat_ws(',', nullif(current_setting('pglease.lock_ids', true), ''), $1::text), true) FROM g",
+		lookupKeySQL: sel + "l.key = $1" + live,
+		lookupIDSQL:  sel + "l.lock_id = $1" + live,
+		isLockedSQL:  "SELECT EXISTS (SELECT 1 FROM " + n.Lock + " AS l WHERE l.key = $1" + live + ")",
 	}, nil
 }
 
@@ -120,11 +140,18 @@ type AcquireRequest struct {
 	// "" = generate one. Pre-generating lets a caller clean up after an
 	// ambiguous outcome (see Acquire).
 	LockID string
+	// LockDelay, if positive (a whole number of milliseconds, at most
+	// keys.MaxTTL), is stored with the grant: when it expires without a
+	// release, nobody takes the key before expires_at + max(1 s,
+	// LockDelay), and a revoke of it keeps the key free for LockDelay
+	// (unless the revoke gives its own delay). SyncGuard does not honour
+	// it.
+	LockDelay time.Duration
 }
 
 // Format never prints the key or lockId.
 func (r AcquireRequest) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "store.AcquireRequest{Key:%s TTL:%v LockID:[redacted]}", pglease.HashKey(r.Key), r.TTL)
+	fmt.Fprintf(f, "store.AcquireRequest{Key:%s TTL:%v LockID:[redacted] LockDelay:%v}", pglease.HashKey(r.Key), r.TTL, r.LockDelay)
 }
 
 // AcquireResult answers one acquire.
@@ -143,27 +170,37 @@ type AcquireResult struct {
 	AcquiredAt, ExpiresAt time.Time
 	// RetryAfter is set when the key is held by someone else: the time
 	// from the server's clock reading in this attempt to the moment the
-	// key can be taken over (ExpiresAt + keys.TimeTolerance) unless
-	// the holder extends or releases it first. Counted from the call's
-	// return it is never early (clock rate differences apart), so a
-	// caller that polls can try again then instead of at its next poll;
-	// keep polling too, since the holder may extend.
+	// key can be taken (for an exclusive holder ExpiresAt +
+	// keys.TimeTolerance, or + its lock delay when that is longer; a
+	// revoke's delay; the earliest expiry of the permits of a full
+	// semaphore) unless the holders extend or release first. Counted
+	// from the call's return it is never early (clock rate differences
+	// apart), so a caller that polls can try again then instead of at its
+	// next poll; keep polling too, since the holder may extend. An
+	// exclusive attempt refused by shared holds (SharedHolders > 0) is
+	// told at most 2 s: it must try again within 5 s to keep the key
+	// marked as waited for by a writer (see AcquireSharedMany).
 	RetryAfter time.Duration
 	// Holder is set when the key is held by someone else and its holder
 	// recorded an identity (Config.Holder of the pglease Store that took
 	// it; "" for a SyncGuard holder, or none recorded), for messages and
-	// operators.
+	// operators. For shared holds it is the latest-expiring one's.
 	Holder string
-	// Err is set (and OK false) in AcquireMany results for an item that
-	// failed on its own: today only a fence counter past
-	// keys.FenceMax (CodeInternal). Acquire returns it as its error.
+	// SharedHolders is the number of live shared holds that refused the
+	// key: for an exclusive attempt, the readers or permits it waits for;
+	// for a permit, the holders of the full semaphore.
+	SharedHolders int
+	// Err is set (and OK false) in batch results for an item that failed
+	// on its own: a fence counter past keys.FenceMax (CodeInternal), or,
+	// for a shared hold, a limit that disagrees with the key's live
+	// holders' (CodeInvalidArgument). Acquire returns it as its error.
 	Err error
 }
 
 // Format never prints the lockId.
 func (r AcquireResult) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "store.AcquireResult{OK:%t LockID:[redacted] Fence:%s AcquiredAt:%s ExpiresAt:%s RetryAfter:%v Holder:%q Err:%v}",
-		r.OK, r.Fence, r.AcquiredAt.Format(time.RFC3339Nano), r.ExpiresAt.Format(time.RFC3339Nano), r.RetryAfter, r.Holder, r.Err)
+	fmt.Fprintf(f, "store.AcquireResult{OK:%t LockID:[redacted] Fence:%s AcquiredAt:%s ExpiresAt:%s RetryAfter:%v Holder:%q SharedHolders:%d Err:%v}",
+		r.OK, r.Fence, r.AcquiredAt.Format(time.RFC3339Nano), r.ExpiresAt.Format(time.RFC3339Nano), r.RetryAfter, r.Holder, r.SharedHolders, r.Err)
 }
 
 // ExtendRequest is one item of ExtendMany.
@@ -316,7 +353,7 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	if len(reqs) == 0 {
 		return []AcquireResult{}, nil
 	}
-	storageKeys, fenceKeys, ids, ttls, err := prepareAcquire(op, reqs)
+	p, err := prepareAcquire(op, reqs)
 	if err != nil {
 		return nil, err
 	}
@@ -326,37 +363,18 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	// user_key is the NFC key, which for PostgreSQL equals the storage key.
 	out := make([]AcquireResult, len(reqs))
 	got := make([]bool, len(reqs))
-	var holder *string // nil only in the holder cost benchmark
-	if s.holder != "" {
-		holder = &s.holder
-	}
-	err = s.run(ctx, op, true, s.acquireSQL, []any{storageKeys, storageKeys, fenceKeys, ids, ttls, holder}, func(rows pgx.Rows) error {
-		var idx, status int32
-		var fence, acq, exp, now *int64
-		var holder *string
-		if err := rows.Scan(&idx, &status, &fence, &acq, &exp, &now, &holder); err != nil {
+	err = s.run(ctx, op, true, s.acquireSQL, []any{p.keys, p.fenceKeys, p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg()}, func(rows pgx.Rows) error {
+		g, err := scanGrant(rows)
+		if err != nil {
 			return err
 		}
-		i := int(idx) - 1
+		i := int(g.idx) - 1
 		if i < 0 || i >= len(out) || got[i] {
 			return errors.New("pg: bad result index from acquire function")
 		}
 		got[i] = true
-		switch status {
-		case 0:
-			if fence == nil || acq == nil || exp == nil {
-				return errors.New("pg: incomplete grant from acquire function")
-			}
-			out[i] = AcquireResult{OK: true, LockID: ids[i], Fence: pglease.Fence(*fence),
-				AcquiredAt: time.UnixMilli(*acq), ExpiresAt: time.UnixMilli(*exp)}
-		case 1:
-			out[i] = lockedResult(exp, now, holder)
-		case 2:
-			out[i].Err = pgerr.New(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)
-		default:
-			return errors.New("pg: unknown status from acquire function")
-		}
-		return nil
+		out[i], err = g.result(op, p.ids[i])
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -366,25 +384,93 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 			return nil, pgerr.New(pglease.CodeAmbiguous, op, "acquire function returned too few rows", nil)
 		}
 	}
-	if s.cfg.OnFenceWarning != nil {
-		for i, r := range out {
-			if r.OK && r.Fence > keys.FenceWarn {
-				s.cfg.OnFenceWarning(pglease.HashKey(storageKeys[i]), r.Fence)
-			}
-		}
-	}
+	s.warnFences(p.keys, out)
 	return out, nil
 }
 
-// lockedResult is the answer for a key held by someone else: the holder's
-// expiry and identity, when the acquire function returned them.
-func lockedResult(exp, now *int64, holder *string) AcquireResult {
+// holderArg is the holder identity argument of the grant functions (nil
+// only in the holder cost benchmark).
+func (s *Store) holderArg() *string {
+	if s.holder == "" {
+		return nil
+	}
+	return &s.holder
+}
+
+// channelArg is the notification channel argument of the functions that
+// notify (nil: none).
+func (s *Store) channelArg() *string {
+	if s.cfg.NotifyChannel == "" {
+		return nil
+	}
+	return &s.cfg.NotifyChannel
+}
+
+// warnFences calls Config.OnFenceWarning for each grant of out (keys[i]
+// being out[i]'s storage key) whose fence is above keys.FenceWarn.
+func (s *Store) warnFences(storageKeys []string, out []AcquireResult) {
+	if s.cfg.OnFenceWarning == nil {
+		return
+	}
+	for i, r := range out {
+		if r.OK && r.Fence > keys.FenceWarn {
+			s.cfg.OnFenceWarning(pglease.HashKey(storageKeys[i]), r.Fence)
+		}
+	}
+}
+
+// grantRow is one row of the acquire, shared, set and handoff functions'
+// answers (acquireCols).
+type grantRow struct {
+	idx, status              int32
+	fence, acq, exp, now, at *int64
+	holder                   *string
+	shared                   *int32
+}
+
+func scanGrant(rows pgx.Rows, extra ...any) (grantRow, error) {
+	var g grantRow
+	err := rows.Scan(append([]any{&g.idx, &g.status, &g.fence, &g.acq, &g.exp, &g.now, &g.at, &g.holder, &g.shared}, extra...)...)
+	return g, err
+}
+
+// result converts a row with status 0 (granted, to lockID), 1 (held),
+// 2 (fence overflow) or 4 (free, its set not granted); an unknown status
+// or an incomplete grant is an error (of the statement).
+func (g grantRow) result(op, lockID string) (AcquireResult, error) {
+	switch g.status {
+	case 0:
+		if g.fence == nil || g.acq == nil || g.exp == nil {
+			return AcquireResult{}, errors.New("pg: incomplete grant from acquire function")
+		}
+		return AcquireResult{OK: true, LockID: lockID, Fence: pglease.Fence(*g.fence),
+			AcquiredAt: time.UnixMilli(*g.acq), ExpiresAt: time.UnixMilli(*g.exp)}, nil
+	case 1:
+		r := lockedResult(g.exp, g.now, g.at, g.holder)
+		if g.shared != nil {
+			r.SharedHolders = int(*g.shared)
+		}
+		return r, nil
+	case 2:
+		return AcquireResult{Err: pgerr.New(pglease.CodeInternal, op, "fence counter overflow: the key's fence would exceed 900000000000000; no lock granted", nil)}, nil
+	case 4:
+		return AcquireResult{}, nil
+	}
+	return AcquireResult{}, errors.New("pg: unknown status from acquire function")
+}
+
+// lockedResult is the answer for a key held by someone else: the
+// holder's expiry, the server time from which to try again (at) and the
+// holder's identity, when the function returned them.
+func lockedResult(exp, now, at *int64, holder *string) AcquireResult {
 	var r AcquireResult
-	if exp != nil && now != nil {
+	if exp != nil {
 		r.ExpiresAt = time.UnixMilli(*exp)
+	}
+	if at != nil && now != nil {
 		// now is the server clock floored to the ms: the true remaining
 		// time is at most this.
-		r.RetryAfter = max(time.Duration(*exp+keys.TimeToleranceMs-*now)*time.Millisecond, 0)
+		r.RetryAfter = max(time.Duration(*at-*now)*time.Millisecond, 0)
 	}
 	// Shown in messages and on terminals: only what Config.Holder accepts.
 	if holder != nil && checkHolder("", *holder) == nil {
@@ -393,47 +479,80 @@ func lockedResult(exp, now *int64, holder *string) AcquireResult {
 	return r
 }
 
-// prepareAcquire validates acquire items and derives the function's
-// arguments: storage keys, fence keys, lockIds (generated when empty) and
-// TTLs in ms.
-func prepareAcquire(op string, reqs []AcquireRequest) (storageKeys, fenceKeys, ids []string, ttls []int64, err error) {
-	storageKeys = make([]string, len(reqs))
-	fenceKeys = make([]string, len(reqs))
-	ids = make([]string, len(reqs))
-	ttls = make([]int64, len(reqs))
+// acquireArgs are the grant functions' per-item arguments: storage keys
+// (= NFC keys), fence keys, lockIds (generated when empty), TTLs and lock
+// delays in ms.
+type acquireArgs struct {
+	keys, fenceKeys, ids []string
+	ttls, delays         []int64
+}
+
+// prepareAcquire validates acquire items and derives the functions'
+// arguments.
+func prepareAcquire(op string, reqs []AcquireRequest) (acquireArgs, error) {
+	p := acquireArgs{
+		keys: make([]string, len(reqs)), fenceKeys: make([]string, len(reqs)), ids: make([]string, len(reqs)),
+		ttls: make([]int64, len(reqs)), delays: make([]int64, len(reqs)),
+	}
 	seen := make(map[string]struct{}, len(reqs))
 	for i, r := range reqs {
-		k, err := keys.NormalizeKey(r.Key)
+		sk, fk, err := storageKey(op, r.Key)
 		if err != nil {
-			return nil, nil, nil, nil, WithOp(op, err)
+			return acquireArgs{}, err
 		}
 		if err := keys.ValidateTTL(r.TTL); err != nil {
-			return nil, nil, nil, nil, WithOp(op, err)
+			return acquireArgs{}, WithOp(op, err)
 		}
-		// PostgreSQL: prefix "", limit 1700, reserve 0. A key ≤ 512 bytes is
-		// never hashed, so storage key == user key and fence key ==
-		// "fence:"+key (SyncGuard's two-step derivation).
-		sk, err := keys.MakeStorageKey("", k, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
-		if err != nil {
-			return nil, nil, nil, nil, WithOp(op, err)
-		}
-		fk, err := keys.MakeStorageKey("", "fence:"+sk, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
-		if err != nil {
-			return nil, nil, nil, nil, WithOp(op, err)
+		if err := checkDelay(op, "LockDelay", r.LockDelay); err != nil {
+			return acquireArgs{}, err
 		}
 		id := r.LockID
 		if id == "" {
 			id = keys.NewLockID()
 		} else if err := keys.ValidateLockID(id); err != nil {
-			return nil, nil, nil, nil, WithOp(op, err)
+			return acquireArgs{}, WithOp(op, err)
 		}
 		if _, dup := seen[id]; dup {
-			return nil, nil, nil, nil, pgerr.New(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
+			return acquireArgs{}, pgerr.New(pglease.CodeInvalidArgument, op, "duplicate lockId in one batch", nil)
 		}
 		seen[id] = struct{}{}
-		storageKeys[i], fenceKeys[i], ids[i], ttls[i] = sk, fk, id, r.TTL.Milliseconds()
+		p.keys[i], p.fenceKeys[i], p.ids[i], p.ttls[i], p.delays[i] = sk, fk, id, r.TTL.Milliseconds(), r.LockDelay.Milliseconds()
 	}
-	return storageKeys, fenceKeys, ids, ttls, nil
+	return p, nil
+}
+
+// storageKey normalizes key and derives its storage key and fence key.
+func storageKey(op, key string) (sk, fk string, err error) {
+	k, err := keys.NormalizeKey(key)
+	if err != nil {
+		return "", "", WithOp(op, err)
+	}
+	// PostgreSQL: prefix "", limit 1700, reserve 0. A key ≤ 512 bytes is
+	// never hashed, so storage key == user key and fence key ==
+	// "fence:"+key (SyncGuard's two-step derivation).
+	sk, err = keys.MakeStorageKey("", k, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
+	if err != nil {
+		return "", "", WithOp(op, err)
+	}
+	fk, err = keys.MakeStorageKey("", "fence:"+sk, keys.PostgresLimitBytes, keys.PostgresReserveBytes)
+	if err != nil {
+		return "", "", WithOp(op, err)
+	}
+	return sk, fk, nil
+}
+
+// checkDelay validates a lock delay (what names the field): zero, or a
+// positive whole number of milliseconds no larger than keys.MaxTTL.
+func checkDelay(op, what string, d time.Duration) error {
+	switch {
+	case d < 0:
+		return pgerr.New(pglease.CodeInvalidArgument, op, what+" must not be negative", nil)
+	case d%time.Millisecond != 0:
+		return pgerr.New(pglease.CodeInvalidArgument, op, what+" must be a whole number of milliseconds", nil)
+	case d > keys.MaxTTL():
+		return pgerr.New(pglease.CodeInvalidArgument, op, what+" too large: above MaxTTL", nil)
+	}
+	return nil
 }
 
 // IsNilDB reports whether db is nil or holds a nil pointer (a nil
@@ -496,27 +615,30 @@ func (s *Store) release(ctx context.Context, op string, ids []string) ([]bool, e
 	if len(ids) == 0 {
 		return []bool{}, nil
 	}
-	var channel *string
-	if s.cfg.NotifyChannel != "" {
-		channel = &s.cfg.NotifyChannel
-	}
-	return s.runRelease(ctx, op, s.releaseSQL, []any{ids, channel}, len(ids), false)
+	return s.runRelease(ctx, op, ids, wakeAlways)
 }
 
-// runRelease runs a release statement for n lockIds and collects its
-// (o_idx, o_ok) rows, with a third column ignored when extra is set.
-func (s *Store) runRelease(ctx context.Context, op, sql string, args []any, n int, extra bool) ([]bool, error) {
-	out := make([]bool, n)
+// The release function's notification modes (p_wake).
+const (
+	wakeWaited = 1 // notify a released key when a session waits for it
+	wakeAlways = 2 // notify every released key
+)
+
+// runRelease runs the release function for lockIds and collects its
+// (o_idx, o_ok) rows. With Config.NotifyChannel set, releases notify in
+// mode wake (and watchers). On a pgx.Tx the release commits with the
+// caller's transaction, durably; otherwise it need not wait for its WAL
+// flush, unless its transaction wrote before it (the function checks:
+// an explicit transaction on a connection that wrote first stays
+// durable).
+func (s *Store) runRelease(ctx context.Context, op string, ids []string, wake int) ([]bool, error) {
+	_, inTx := s.db.(pgx.Tx)
+	out := make([]bool, len(ids))
 	got := 0
-	err := s.run(ctx, op, true, sql, args, func(rows pgx.Rows) error {
+	err := s.run(ctx, op, true, s.releaseSQL, []any{ids, s.channelArg(), wake, !inTx}, func(rows pgx.Rows) error {
 		var idx int32
 		var ok bool
-		var ignored *bool
-		dest := []any{&idx, &ok}
-		if extra {
-			dest = append(dest, &ignored)
-		}
-		if err := rows.Scan(dest...); err != nil {
+		if err := rows.Scan(&idx, &ok); err != nil {
 			return err
 		}
 		if idx < 1 || int(idx) > len(out) {
@@ -529,7 +651,7 @@ func (s *Store) runRelease(ctx context.Context, op, sql string, args []any, n in
 	if err != nil {
 		return nil, err
 	}
-	if got != n {
+	if got != len(ids) {
 		return nil, pgerr.New(pglease.CodeAmbiguous, op, "release function returned a wrong row count", nil)
 	}
 	return out, nil

@@ -23,22 +23,40 @@ import (
 // fail (they then poll).
 const WaiterLockClass int32 = 0x706c7777 // "plww"
 
-// waiterRegisterSQL takes the waiter lock of each NFC key in $1
-// (without waiting: false when an exclusive holder has it), in order.
-var waiterRegisterSQL = "SELECT pg_try_advisory_lock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
-	", hashtext(u.k)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
+// WatchLockClass is WaiterLockClass's counterpart for watchers: a
+// session watching key holds pg_advisory_lock_shared(WatchLockClass,
+// hashtext(key in NFC)) (RegisterWatchers), and the acquire, release,
+// handoff and revoke functions notify "w:" payloads (see Notification)
+// for a key only while some session holds it.
+const WatchLockClass int32 = 0x706c7774 // "plwt"
 
-// waiterUnregisterSQL releases one hold of the waiter lock of each
-// NFC key in $1.
-var waiterUnregisterSQL = "SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
-	", hashtext(u.k))) FROM unnest($1::text[]) AS u(k)"
+// registerSQL takes the lock of class of each NFC key in $1 (without
+// waiting: false when an exclusive holder has it), in order.
+func registerSQL(class int32) string {
+	return "SELECT pg_try_advisory_lock_shared(" + strconv.Itoa(int(class)) +
+		", hashtext(u.k)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
+}
+
+// unregisterSQL releases one hold of the lock of class of each NFC key
+// in $1.
+func unregisterSQL(class int32) string {
+	return "SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared(" + strconv.Itoa(int(class)) +
+		", hashtext(u.k))) FROM unnest($1::text[]) AS u(k)"
+}
+
+var (
+	waiterRegisterSQL   = registerSQL(WaiterLockClass)
+	waiterUnregisterSQL = unregisterSQL(WaiterLockClass)
+	watchRegisterSQL    = registerSQL(WatchLockClass)
+	watchUnregisterSQL  = unregisterSQL(WatchLockClass)
+)
 
 // ReleaseRequest is one item of ReleaseWaited: a lockId and the key it
 // holds.
 type ReleaseRequest struct {
 	LockID string
-	// Key is the key LockID holds. It only decides whether the release
-	// notifies: a wrong key cannot release another lock.
+	// Key is the key LockID holds. It is validated, and no longer used:
+	// the release function notifies the key of the row it deletes.
 	Key string
 }
 
@@ -47,20 +65,23 @@ func (r ReleaseRequest) Format(f fmt.State, _ rune) {
 	fmt.Fprintf(f, "store.ReleaseRequest{LockID:[redacted] Key:%s}", pglease.HashKey(r.Key))
 }
 
-// ReleaseWaited releases every item's lockId like ReleaseMany (one
-// statement, one round trip; results[i] answers reqs[i]), except for the
-// notification: with Config.NotifyChannel set, a released key is notified
-// only when some session waits for it, that is holds its waiter lock
-// (WaiterLockClass). A notifying commit serializes with every other
-// notifying commit of the server and wakes every listening session, so a
-// release nobody waits for elsewhere (most of them) skips that cost.
+// ReleaseWaited releases every item's lockId (exclusive or shared) like
+// ReleaseMany (one statement, one round trip; results[i] answers
+// reqs[i]), except for the notification: with Config.NotifyChannel set,
+// a released key is notified only when some session waits for it, that
+// is holds its waiter lock (WaiterLockClass). A notifying commit
+// serializes with every other notifying commit of the server and wakes
+// every listening session, so a release nobody waits for elsewhere (most
+// of them) skips that cost. Watchers are notified as by every release.
 //
 // No wake-up is lost between a waiter and a release: the release checks
 // for the waiter lock after deleting the row, while its row lock is held,
 // and a waiter takes the lock before it tries the key again. Either the
 // release sees the waiter and notifies, or the waiter's try comes after
 // the check and finds the key free (or waits for the releasing
-// transaction's row lock, then finds it free).
+// transaction's row lock, then finds it free: the acquire functions lock
+// the exclusive row FOR NO KEY UPDATE and the shared rows FOR SHARE, which
+// a delete's lock excludes).
 //
 // Invalid input anywhere fails the whole call before I/O.
 func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]bool, error) {
@@ -72,16 +93,14 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	ids := make([]string, len(reqs))
-	nks := make([]string, len(reqs))
 	for i, r := range reqs {
 		if err := keys.ValidateLockID(r.LockID); err != nil {
 			return nil, WithOp(op, err)
 		}
-		k, err := keys.NormalizeKey(r.Key)
-		if err != nil {
+		if _, err := keys.NormalizeKey(r.Key); err != nil {
 			return nil, WithOp(op, err)
 		}
-		ids[i], nks[i] = r.LockID, k
+		ids[i] = r.LockID
 	}
 	if len(reqs) == 0 {
 		return []bool{}, nil
@@ -89,30 +108,7 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 	if err := s.checkOnce(ctx, op); err != nil {
 		return nil, err
 	}
-	var channel *string
-	if s.cfg.NotifyChannel != "" {
-		channel = &s.cfg.NotifyChannel
-	}
-	// The third column is the notification's (or the waiter lock
-	// check's) value, of no use to the caller.
-	return s.runRelease(ctx, op, s.releaseWaitedSQL, []any{ids, channel, nks}, len(ids), true)
-}
-
-// releaseWaitedSQL runs the release function without a channel; the
-// projection, evaluated once the function has run to completion (a
-// PL/pgSQL set-returning function returns its rows materialized), then
-// notifies each released key whose waiter lock another session holds
-// (the exclusive try fails), or takes and drops that lock at once. CASE
-// fixes the order of evaluation. $3 holds the NFC keys: the waiter lock's
-// second key is their hashtext, the payload their hashKey (computed only
-// for a release that notifies).
-func releaseWaitedSQL(fnRelease, fnHash string) string {
-	class := strconv.Itoa(int(WaiterLockClass))
-	return "SELECT r.o_idx, r.o_ok, CASE WHEN NOT r.o_ok OR $2::text IS NULL THEN NULL" +
-		" WHEN pg_try_advisory_lock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
-		" THEN NOT pg_advisory_unlock(" + class + ", hashtext(($3::text[])[r.o_idx]))" +
-		" ELSE pg_notify($2::text, " + fnHash + "(($3::text[])[r.o_idx])) IS NULL END" +
-		" FROM " + fnRelease + "($1::text[], NULL) AS r"
+	return s.runRelease(ctx, op, ids, wakeWaited)
 }
 
 // RegisterWaiters takes the waiter lock (WaiterLockClass) of each key on
@@ -124,13 +120,34 @@ func releaseWaitedSQL(fnRelease, fnHash string) string {
 // on a session of its own (a LISTENing connection), never on a pooled
 // connection. One round trip. Bad keys are InvalidArgument before I/O.
 func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) (ok []bool, err error) {
-	const op = "pg.RegisterWaiters"
-	nks, err := waiterKeys(op, ctx, conn, waited)
+	return register(ctx, "pg.RegisterWaiters", conn, waiterRegisterSQL, waited)
+}
+
+// RegisterWatchers is RegisterWaiters for watchers: it takes the watch
+// lock (WatchLockClass) of each key on conn's session, so that the
+// acquire, release, handoff and revoke functions send the keys' "w:"
+// notifications (see ParseNotification). Same rules: ok[i] false when the
+// lock could not be taken at once; held until UnregisterWatchers or the
+// session's end; register on the listening session; then read the keys'
+// state with Snapshot, which misses no change committed before it. One
+// round trip.
+func RegisterWatchers(ctx context.Context, conn *pgx.Conn, watched []string) (ok []bool, err error) {
+	return register(ctx, "pg.RegisterWatchers", conn, watchRegisterSQL, watched)
+}
+
+// UnregisterWatchers releases one hold of each key's watch lock on conn's
+// session (taken by RegisterWatchers). One round trip.
+func UnregisterWatchers(ctx context.Context, conn *pgx.Conn, watched []string) error {
+	return unregister(ctx, "pg.UnregisterWatchers", conn, watchUnregisterSQL, watched)
+}
+
+func register(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string) (ok []bool, err error) {
+	nks, err := waiterKeys(op, ctx, conn, raw)
 	if err != nil || len(nks) == 0 {
 		return []bool{}, err
 	}
 	ok = make([]bool, 0, len(nks))
-	rows, err := conn.Query(ctx, waiterRegisterSQL, nks)
+	rows, err := conn.Query(ctx, sql, nks)
 	if err != nil {
 		return nil, pgerr.Map(ctx, op, err)
 	}
@@ -155,12 +172,15 @@ func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) (ok [
 // session (taken by RegisterWaiters). One round trip. Bad keys are
 // InvalidArgument before I/O.
 func UnregisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) error {
-	const op = "pg.UnregisterWaiters"
-	nks, err := waiterKeys(op, ctx, conn, waited)
+	return unregister(ctx, "pg.UnregisterWaiters", conn, waiterUnregisterSQL, waited)
+}
+
+func unregister(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string) error {
+	nks, err := waiterKeys(op, ctx, conn, raw)
 	if err != nil || len(nks) == 0 {
 		return err
 	}
-	if _, err := conn.Exec(ctx, waiterUnregisterSQL, nks); err != nil {
+	if _, err := conn.Exec(ctx, sql, nks); err != nil {
 		return pgerr.Map(ctx, op, err)
 	}
 	return nil

@@ -69,6 +69,13 @@ var migrationTemplates = []migrationTemplate{
 	// Version 2's acquire function stays, for version 2's code during a
 	// rolling upgrade, which still runs on it.
 	{name: "acquire_holder_expiry", compatibleFrom: 2},
+	// Shared holds (readers, semaphore permits), all-or-nothing sets,
+	// lock delays, revocation, watch notifications, the database guard
+	// and the SQL API: new acquire, release, extend and handoff functions
+	// that know all of it, next to the old ones (which stay for the code
+	// of versions 2 and 3 during a rolling upgrade: like SyncGuard, it
+	// ignores shared holds, lock delays and revocation delays).
+	{name: "shared_guard_sql_api", compatibleFrom: 2},
 }
 
 // migration is one numbered step of the lease schema, rendered for a
@@ -100,6 +107,15 @@ func render(n store.Names, t string, extra ...string) string {
 		"{fn_acquire}", n.FnAcquire, "{fn_release}", n.FnRelease, "{fn_extend}", n.FnExtend, "{fn_handoff}", n.FnHandOff, "{fn_hash}", n.FnHash,
 		"{fn_schema}", n.FnSchema, "{fn_acquire_v0}", n.FnAcquireV0, "{fn_release_v0}", n.FnReleaseV0, "{fn_acquire_v2}", n.FnAcquireV2,
 		"{fn_extend_v0}", n.FnExtendV0, "{fn_trigger}", n.TriggerFn, "{trigger}", store.ReleaseTriggerName,
+		"{s}", n.Shared, "{idx_shared_key}", n.IdxSharedKey,
+		"{fn_acquire4}", n.FnAcquire4, "{fn_acquire_shared}", n.FnAcquireShared, "{fn_acquire_sets}", n.FnAcquireSets,
+		"{fn_release4}", n.FnRelease4, "{fn_extend4}", n.FnExtend4, "{fn_handoff4}", n.FnHandOff4, "{fn_revoke}", n.FnRevoke,
+		"{fn_snapshot}", n.FnSnapshot, "{fn_check}", n.FnCheck, "{fn_grant}", n.FnGrant, "{fn_notify}", n.FnNotify,
+		"{fn_guard_trigger}", n.FnGuardTrigger, "{guard_trigger}", n.GuardTrigger,
+		"{api_acquire}", n.APIAcquire, "{api_release}", n.APIRelease, "{api_extend}", n.APIExtend, "{api_status}", n.APIStatus,
+		"{api_revoke}", n.APIRevoke, "{api_guard}", n.APIGuard, "{api_unguard}", n.APIUnguard,
+		"{v_leases}", n.ViewLeases, "{v_waiters}", n.ViewWaiters, "{v_advisory}", n.ViewAdvisory,
+		"{waiter_class}", strconv.Itoa(int(store.WaiterLockClass)), "{watch_class}", strconv.Itoa(int(store.WatchLockClass)),
 	}, extra...)...)
 	return r.Replace(t)
 }

@@ -22,7 +22,7 @@ import (
 // version to compare Version's answer with. Version 0 is no pglease
 // schema at all, which includes the schema pglease set up before schema
 // versions existed (migrations 1 and 2 upgrade it in place).
-const Latest = 3
+const Latest = 4
 
 // Migrator manages the lease schema of one pair of tables (one
 // pg.Config's names) on a DB: it migrates it up or down, reads and

@@ -26,7 +26,9 @@ import (
 var schemaV0 string
 
 // snapshot describes every object in schema (tables, columns, indexes,
-// functions with a hash of their body, triggers) and the pglease schema
+// functions with a hash of their body, in which the schema's name is
+// replaced (the guard's trigger function names its tables with it), and
+// their security and settings, views, triggers) and the pglease schema
 // version record, one line each, sorted.
 func snapshot(t testing.TB, db testDB, schema string) string {
 	t.Helper()
@@ -36,8 +38,12 @@ SELECT 'column ' || c.table_name || '.' || c.column_name || ' ' || c.data_type |
 UNION ALL
 SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = $1
 UNION ALL
-SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(p.prosrc) || ' ' || p.provolatile::text
+SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(replace(p.prosrc, $1, 'SCHEMA')) || ' ' || p.provolatile::text
+    || ' ' || p.prosecdef::text || ' ' || coalesce(array_to_string(p.proconfig, ','), '')
   FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+UNION ALL
+SELECT 'view ' || c.relname || ' ' || md5(replace(pg_get_viewdef(c.oid), $1, 'SCHEMA'))
+  FROM pg_class c WHERE c.relnamespace = $1::regnamespace AND c.relkind = 'v'
 UNION ALL
 SELECT 'trigger ' || t.tgname || ' on ' || t.tgrelid::regclass::text
   FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid WHERE r.relnamespace = $1::regnamespace AND NOT t.tgisinternal

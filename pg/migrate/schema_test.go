@@ -107,7 +107,9 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 		}
 	}
 	rows, err := pool.Query(ctx(t), `SELECT table_name, column_name, data_type, is_nullable, coalesce(column_default, '')
-		FROM information_schema.columns WHERE table_schema = $1 ORDER BY table_name, ordinal_position`, schema)
+		FROM information_schema.columns WHERE table_schema = $1
+		AND table_name IN (SELECT table_name FROM information_schema.tables WHERE table_schema = $1 AND table_type = 'BASE TABLE')
+		ORDER BY table_name, ordinal_position`, schema)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,6 +129,11 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 		"my_locks key text NO ", "my_locks lock_id text NO ", "my_locks expires_at_ms bigint NO ",
 		"my_locks acquired_at_ms bigint NO ", "my_locks fence text NO ", "my_locks user_key text NO ",
 		"my_locks_holders key text NO ", "my_locks_holders lock_id text NO ", "my_locks_holders holder text NO ",
+		"my_locks_holders excl_wait_until_ms bigint YES ", "my_locks_holders lock_delay_ms bigint YES ",
+		"my_locks_holders delay_until_ms bigint YES ",
+		"my_locks_shared lock_id text NO ", "my_locks_shared key text NO ", "my_locks_shared lim integer NO ",
+		"my_locks_shared expires_at_ms bigint NO ", "my_locks_shared acquired_at_ms bigint NO ",
+		"my_locks_shared fence bigint NO ", "my_locks_shared holder text YES ",
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("columns:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -146,9 +153,11 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 	wantIdx := []string{
 		"CREATE INDEX idx_my_locks_expires ON my_locks USING btree (expires_at_ms)",
 		"CREATE UNIQUE INDEX idx_my_locks_lock_id ON my_locks USING btree (lock_id)",
+		"CREATE INDEX idx_my_locks_shared_key ON my_locks_shared USING btree (key)",
 		"CREATE UNIQUE INDEX my_fences_pkey ON my_fences USING btree (fence_key)",
 		"CREATE UNIQUE INDEX my_locks_holders_pkey ON my_locks_holders USING btree (key)",
 		"CREATE UNIQUE INDEX my_locks_pkey ON my_locks USING btree (key)",
+		"CREATE UNIQUE INDEX my_locks_shared_pkey ON my_locks_shared USING btree (lock_id)",
 	}
 	if strings.Join(idx, "\n") != strings.Join(wantIdx, "\n") {
 		t.Fatalf("indexes:\n%s\nwant:\n%s", strings.Join(idx, "\n"), strings.Join(wantIdx, "\n"))

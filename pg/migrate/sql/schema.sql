@@ -310,3 +310,882 @@ $fn$;
 -- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
 CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)
 LANGUAGE sql IMMUTABLE AS $fn$ SELECT 3, 2 $fn$;
+-- pglease migration 4 (shared_guard_sql_api), up: see package github.com/pglease/pglease/pg/migrate.
+SELECT pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
+-- Schema version 4: shared holds (readers of a reader-writer lease, permits
+-- of a counting semaphore) next to the exclusive rows; all-or-nothing sets;
+-- lock delays and revocation; watch notifications; the database guard; and
+-- the SQL API (functions and views with stable names derived from the lock
+-- table's). SyncGuard's tables are not touched. The functions of versions 2
+-- and 3 stay, for their code during a rolling upgrade (that code knows
+-- nothing of shared holds, lock delays or the guard, like SyncGuard).
+
+-- Shared holds: one row per hold. lim is 0 for a reader (any number, never
+-- with an exclusive holder) and n > 0 for a permit of a semaphore of n.
+-- fence is the key's fence counter at the grant for a reader (not
+-- incremented: the state it reads under) and a fresh increment for a permit.
+-- Live, as an exclusive row, while expires_at_ms + 1000 > server now.
+CREATE TABLE IF NOT EXISTS "syncguard_locks_shared" (
+  lock_id TEXT PRIMARY KEY,
+  key TEXT NOT NULL,
+  lim INTEGER NOT NULL,
+  expires_at_ms BIGINT NOT NULL,
+  acquired_at_ms BIGINT NOT NULL,
+  fence BIGINT NOT NULL,
+  holder TEXT
+);
+CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_shared" (key);
+-- Per key, next to the holder identity: excl_wait_until_ms, set by an
+-- exclusive acquire refused because of live shared holds (now + 5 s,
+-- refreshed by each such attempt), makes shared acquires wait (writer
+-- preference); lock_delay_ms is the grant's lock delay (valid while the
+-- row's lock_id is the grant's); delay_until_ms, set by a revoke, keeps
+-- the key from every acquire until then.
+ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
+  ADD COLUMN IF NOT EXISTS lock_delay_ms BIGINT,
+  ADD COLUMN IF NOT EXISTS delay_until_ms BIGINT;
+
+-- Notifies p_channel (nothing when it is NULL) about key p_key:
+-- hashKey(p_key) when p_wake is 2, or 1 and a session waits for the key
+-- (holds its waiter lock: the exclusive try fails); 'w:' || hashKey(p_key)
+-- || ':' || p_event when p_event is not NULL and a session watches the key
+-- (holds its watch lock). A try that succeeds drops the lock at once.
+CREATE OR REPLACE FUNCTION "pglease_notify_07f27fb7aa"(p_channel text, p_key text, p_wake integer, p_event text) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_h integer;
+BEGIN
+  IF p_channel IS NULL THEN
+    RETURN;
+  END IF;
+  v_h := hashtext(p_key);
+  IF p_wake = 2 THEN
+    PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
+  ELSIF p_wake = 1 THEN
+    IF pg_try_advisory_lock(1886156663, v_h) THEN
+      PERFORM pg_advisory_unlock(1886156663, v_h);
+    ELSE
+      PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
+    END IF;
+  END IF;
+  IF p_event IS NOT NULL THEN
+    IF pg_try_advisory_lock(1886156660, v_h) THEN
+      PERFORM pg_advisory_unlock(1886156660, v_h);
+    ELSE
+      PERFORM pg_notify(p_channel, 'w:' || "pglease_hashkey_v1"(p_key) || ':' || p_event);
+    END IF;
+  END IF;
+END
+$fn$;
+
+-- Whether key p_key can be granted now, under the caller's transaction
+-- advisory lock of the key: p_limit NULL for an exclusive grant, 0 for a
+-- reader, n > 0 for a permit of n. Locks the lock row FOR NO KEY UPDATE
+-- (waits for releases and extends in flight, not for transactions that
+-- guard the lease: FOR KEY SHARE) and the key's shared rows FOR SHARE, then
+-- reads the server clock. An expired row about to be taken over is locked
+-- FOR UPDATE: that waits for the transactions that guard it, so their
+-- writes come before the next grant's; the clock is read again after.
+-- Status: 0 grantable, 1 held (c_retry: the server time from which to try
+-- again; c_exp: the exclusive holder's expiry, or the latest shared one;
+-- c_holder its identity; c_shared the live shared holds), 3 limit mismatch
+-- (c_limit: the live holders' limit). An exclusive attempt refused because
+-- of shared holds marks the key (excl_wait_until_ms = now + 5 s) and is
+-- told to try again within 2 s, to keep its mark while it waits. Expired
+-- shared rows of the key are deleted.
+CREATE OR REPLACE FUNCTION "pglease_check_07f27fb7aa"(p_key text, p_limit integer,
+  OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_exp bigint;
+  v_id text;
+  v_hid text;
+  v_holder text;
+  v_delay bigint;
+  v_until bigint;
+  v_wait bigint;
+  v_all integer;
+  v_n integer;
+  v_min bigint;
+  v_max bigint;
+  v_lmin integer;
+  v_lmax integer;
+  v_sholder text;
+BEGIN
+  c_status := 0;
+  SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR NO KEY UPDATE;
+  SELECT h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms
+    INTO v_hid, v_holder, v_delay, v_until, v_wait FROM "syncguard_locks_holders" AS h WHERE h.key = p_key;
+  IF v_hid IS DISTINCT FROM v_id THEN
+    v_holder := NULL;
+    v_delay := NULL;
+  END IF;
+  c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  IF v_exp IS NOT NULL THEN
+    IF v_exp + greatest(1000, coalesce(v_delay, 0)) > c_now THEN
+      c_status := 1; c_exp := v_exp; c_holder := v_holder; c_retry := v_exp + greatest(1000, coalesce(v_delay, 0));
+      RETURN;
+    END IF;
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = p_key FOR UPDATE;
+    c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  END IF;
+  IF v_until > c_now THEN
+    c_status := 1; c_retry := v_until;
+    RETURN;
+  END IF;
+  IF p_limit IS NOT NULL AND v_wait > c_now THEN
+    c_status := 1; c_retry := v_wait;
+    RETURN;
+  END IF;
+  -- Most keys have no shared row: a plain probe first. A row a release
+  -- is deleting is still visible to it, so the locking read below still
+  -- waits for that release (no lost wake-up); no row can appear meanwhile
+  -- (inserts hold the key's advisory lock, as the caller does).
+  PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key LIMIT 1;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
+  SELECT count(*), count(*) FILTER (WHERE x.e + 1000 > c_now),
+      min(x.e) FILTER (WHERE x.e + 1000 > c_now), max(x.e) FILTER (WHERE x.e + 1000 > c_now),
+      min(x.lim) FILTER (WHERE x.e + 1000 > c_now), max(x.lim) FILTER (WHERE x.e + 1000 > c_now),
+      (array_agg(x.holder ORDER BY x.e DESC) FILTER (WHERE x.e + 1000 > c_now))[1]
+    INTO v_all, v_n, v_min, v_max, v_lmin, v_lmax, v_sholder
+    FROM (SELECT s.expires_at_ms AS e, s.lim, s.holder FROM "syncguard_locks_shared" AS s WHERE s.key = p_key FOR SHARE) AS x;
+  IF v_all > v_n THEN
+    DELETE FROM "syncguard_locks_shared" AS s WHERE s.key = p_key AND s.expires_at_ms + 1000 <= c_now;
+  END IF;
+  IF v_n = 0 THEN
+    RETURN;
+  END IF;
+  c_shared := v_n;
+  IF p_limit IS NULL THEN
+    c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := least(v_max + 1000, c_now + 2000);
+    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 5000)
+      ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    RETURN;
+  END IF;
+  IF v_lmin <> p_limit OR v_lmax <> p_limit THEN
+    c_status := 3; c_limit := CASE WHEN v_lmin <> p_limit THEN v_lmin ELSE v_lmax END;
+    RETURN;
+  END IF;
+  IF p_limit > 0 AND v_n >= p_limit THEN
+    c_status := 1; c_exp := v_min; c_holder := v_sholder; c_retry := v_min + 1000;
+  END IF;
+END
+$fn$;
+
+-- Grants key p_key exclusively to p_lock_id at server time p_now (the
+-- caller checked it with "pglease_check_07f27fb7aa"): fence upsert (NULL, nothing written,
+-- at FENCE MAX), lock row upsert, holder row (identity and lock delay,
+-- exclusive-waiting mark cleared; written when there is a holder or a
+-- delay), and a watch notification ('g:' fence).
+CREATE OR REPLACE FUNCTION "pglease_grant_07f27fb7aa"(p_key text, p_fence_key text, p_lock_id text, p_ttl bigint, p_delay bigint, p_holder text, p_channel text, p_now bigint)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_fence bigint;
+BEGIN
+  INSERT INTO "syncguard_fence_counters" AS c (fence_key, fence, key_debug) VALUES (p_fence_key, 1, p_key)
+    ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+    RETURNING c.fence INTO v_fence;
+  IF v_fence IS NULL THEN
+    RETURN NULL;
+  END IF;
+  INSERT INTO "syncguard_locks" AS l (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
+    VALUES (p_key, p_lock_id, p_now + p_ttl, p_now, lpad(v_fence::text, 15, '0'), p_key)
+    ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
+      acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+  IF p_holder IS NOT NULL OR p_delay > 0 THEN
+    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0))
+      ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder,
+        lock_delay_ms = EXCLUDED.lock_delay_ms, excl_wait_until_ms = NULL;
+  END IF;
+  IF p_channel IS NOT NULL THEN
+    PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
+  END IF;
+  RETURN v_fence;
+END
+$fn$;
+
+-- Acquire N keys exclusively in one statement, in (hashtext, key) order:
+-- per key SyncGuard's advisory lock, "pglease_check_07f27fb7aa", "pglease_grant_07f27fb7aa". As version 3's,
+-- plus: refused while live shared holds exist; a takeover after expiry
+-- waits until expires_at + max(1 s, the grant's lock delay), and nothing is
+-- granted before a revoke's delay_until; o_retry_ms is the server time from
+-- which to try again; o_shared counts the live shared holds that refused
+-- the key; watchers are notified. Status: 0 acquired, 1 locked, 2 fence
+-- overflow.
+CREATE OR REPLACE FUNCTION "pglease_acquire_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
+RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  c record;
+BEGIN
+  -- A fence handed out and lost in a crash would be handed out again.
+  PERFORM set_config('synchronous_commit', 'on', true);
+  FOR r IN
+    SELECT u.k, u.fk, u.id, u.ttl, u.d, u.i::integer AS i
+    FROM unnest(p_keys, p_fence_keys, p_lock_ids, p_ttls, p_delays) WITH ORDINALITY AS u(k, fk, id, ttl, d, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i;
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    c := "pglease_check_07f27fb7aa"(r.k, NULL);
+    o_now_ms := c.c_now;
+    IF c.c_status <> 0 THEN
+      o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, c.c_now);
+    IF o_fence IS NULL THEN
+      o_status := 2;
+    ELSE
+      o_status := 0; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + r.ttl;
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Acquire N shared holds in one statement, in (hashtext, key) order: per
+-- key the advisory lock, then "pglease_check_07f27fb7aa" with the item's limit (0: reader).
+-- A reader's fence is the key's fence counter (0 when it was never
+-- granted), not incremented; a permit's is a fresh increment. Refused while
+-- a live exclusive row exists, while an exclusive acquire waits (the mark),
+-- or when a permit would exceed the limit. Status: 0 acquired, 1 locked,
+-- 2 fence overflow, 3 limit mismatch (o_limit: the live holders' limit;
+-- nothing written).
+CREATE OR REPLACE FUNCTION "pglease_acquire_shared_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_limits integer[], p_holder text, p_channel text)
+RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer, o_limit integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  c record;
+  v_fence bigint;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
+  FOR r IN
+    SELECT u.k, u.fk, u.id, u.ttl, u.lim, u.i::integer AS i
+    FROM unnest(p_keys, p_fence_keys, p_lock_ids, p_ttls, p_limits) WITH ORDINALITY AS u(k, fk, id, ttl, lim, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i;
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL; o_limit := NULL;
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    c := "pglease_check_07f27fb7aa"(r.k, r.lim);
+    o_now_ms := c.c_now;
+    IF c.c_status <> 0 THEN
+      o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared; o_limit := c.c_limit;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    v_fence := NULL;
+    IF r.lim = 0 THEN
+      SELECT fc.fence INTO v_fence FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = r.fk;
+      v_fence := coalesce(v_fence, 0);
+    ELSE
+      INSERT INTO "syncguard_fence_counters" AS fc (fence_key, fence, key_debug) VALUES (r.fk, 1, r.k)
+        ON CONFLICT (fence_key) DO UPDATE SET fence = fc.fence + 1 WHERE fc.fence < 900000000000000
+        RETURNING fc.fence INTO v_fence;
+      IF v_fence IS NULL THEN
+        o_status := 2;
+        RETURN NEXT;
+        CONTINUE;
+      END IF;
+    END IF;
+    INSERT INTO "syncguard_locks_shared" (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
+      VALUES (r.id, r.k, r.lim, c.c_now + r.ttl, c.c_now, v_fence, p_holder);
+    IF p_channel IS NOT NULL THEN
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
+    END IF;
+    o_status := 0; o_fence := v_fence; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + r.ttl;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Acquire sets of keys, each all or nothing, in one statement. p_sets[i]
+-- is item i's set (1 …). Phase 1, over every item in (hashtext, key) order:
+-- the advisory lock, "pglease_check_07f27fb7aa", and the fence counter row locked and
+-- checked. A key in more than one set goes to the first set only (later
+-- ones: held). A set is granted only when all its items can be; phase 2,
+-- in the same order, grants the granted sets' items. Status: 0 acquired,
+-- 1 held, 2 fence overflow (nothing granted for its set), 4 free but its
+-- set was not granted (another item was refused).
+CREATE OR REPLACE FUNCTION "pglease_acquire_sets_07f27fb7aa"(p_sets integer[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
+RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  c record;
+  v_n integer := coalesce(array_length(p_keys, 1), 0);
+  v_sets integer := coalesce((SELECT max(x) FROM unnest(p_sets) AS x), 0);
+  v_ok boolean[];
+  v_status integer[];
+  v_now bigint[];
+  v_retry bigint[];
+  v_exp bigint[];
+  v_holder text[];
+  v_shared integer[];
+  v_fence bigint;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
+  v_ok := array_fill(true, ARRAY[v_sets]);
+  v_status := array_fill(NULL::integer, ARRAY[v_n]);
+  v_now := array_fill(NULL::bigint, ARRAY[v_n]);
+  v_retry := v_now; v_exp := v_now;
+  v_holder := array_fill(NULL::text, ARRAY[v_n]);
+  v_shared := v_status;
+  FOR r IN
+    SELECT u.k, u.fk, u.i::integer AS i, u.st,
+      row_number() OVER (PARTITION BY u.k ORDER BY u.st, u.i) AS nth
+    FROM unnest(p_sets, p_keys, p_fence_keys) WITH ORDINALITY AS u(st, k, fk, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    c := "pglease_check_07f27fb7aa"(r.k, NULL);
+    v_now[r.i] := c.c_now;
+    IF c.c_status = 0 AND r.nth > 1 THEN
+      v_status[r.i] := 1;
+    ELSIF c.c_status = 0 THEN
+      v_fence := NULL;
+      SELECT fc.fence INTO v_fence FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = r.fk FOR UPDATE;
+      v_status[r.i] := CASE WHEN v_fence >= 900000000000000 THEN 2 ELSE 0 END;
+    ELSE
+      v_status[r.i] := c.c_status; v_retry[r.i] := c.c_retry; v_exp[r.i] := c.c_exp; v_holder[r.i] := c.c_holder; v_shared[r.i] := c.c_shared;
+    END IF;
+    IF v_status[r.i] <> 0 THEN
+      v_ok[r.st] := false;
+    END IF;
+  END LOOP;
+  FOR r IN
+    SELECT u.k, u.fk, u.id, u.ttl, u.d, u.i::integer AS i, u.st
+    FROM unnest(p_sets, p_keys, p_fence_keys, p_lock_ids, p_ttls, p_delays) WITH ORDINALITY AS u(st, k, fk, id, ttl, d, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i; o_now_ms := v_now[r.i];
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
+    IF NOT v_ok[r.st] THEN
+      o_status := CASE WHEN v_status[r.i] = 0 THEN 4 ELSE v_status[r.i] END;
+      o_retry_ms := v_retry[r.i]; o_expires_ms := v_exp[r.i]; o_holder := v_holder[r.i]; o_shared := v_shared[r.i];
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, v_now[r.i]);
+    IF o_fence IS NULL THEN
+      -- Checked in phase 1 under the counter's row lock: cannot happen.
+      RAISE EXCEPTION 'pglease: fence counter changed under its row lock' USING ERRCODE = 'internal_error';
+    END IF;
+    o_status := 0; o_acquired_ms := v_now[r.i]; o_expires_ms := v_now[r.i] + r.ttl;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Release N lockIds, exclusive or shared, in one statement: lock their
+-- rows in (hashtext, key) order, the exclusive row before the shared ones of
+-- a key (the acquire functions' order), read the server clock, then delete
+-- each row still unexpired (expires_at_ms > now). Each release notifies
+-- (p_wake, as "pglease_notify_07f27fb7aa": 0 never, 1 when waited for, 2 always) and
+-- watchers ('r:' fence for an exclusive row, 'u:' fence for a shared one).
+-- p_async: commit without waiting for the WAL flush (a lost release runs
+-- to its expiry, which is safe), unless the transaction has written
+-- before (a caller's transaction, whose own writes must stay durable: the
+-- caller passes false for its transactions when it knows them).
+CREATE OR REPLACE FUNCTION "pglease_release_07f27fb7aa"(p_lock_ids text[], p_channel text, p_wake integer, p_async boolean)
+RETURNS TABLE (o_idx integer, o_ok boolean)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_now bigint;
+  v_k text;
+  v_fence text;
+  v_ev text;
+BEGIN
+  IF p_async AND pg_current_xact_id_if_assigned() IS NULL THEN
+    PERFORM set_config('synchronous_commit', 'off', true);
+  END IF;
+  IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
+    FOR r IN
+      SELECT x.k, x.t FROM (SELECT l.key AS k, 0 AS t FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
+        UNION SELECT s.key, 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS x
+      ORDER BY hashtext(x.k), x.k, x.t
+    LOOP
+      IF r.t = 0 THEN
+        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = r.k FOR UPDATE;
+      ELSE
+        PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = r.k AND s.lock_id = ANY (p_lock_ids) ORDER BY s.lock_id FOR UPDATE;
+      END IF;
+    END LOOP;
+  ELSE
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
+  END IF;
+  v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
+    o_idx := r.i;
+    v_k := NULL;
+    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.user_key, l.fence INTO v_k, v_fence;
+    v_ev := 'r:';
+    IF v_k IS NULL THEN
+      DELETE FROM "syncguard_locks_shared" AS s WHERE s.lock_id = r.id AND s.expires_at_ms > v_now
+        RETURNING s.key, lpad(s.fence::text, 15, '0') INTO v_k, v_fence;
+      v_ev := 'u:';
+    END IF;
+    o_ok := v_k IS NOT NULL;
+    IF o_ok AND p_channel IS NOT NULL THEN
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Extend N lockIds, exclusive or shared, in one statement: rows locked in
+-- the release function's order, FOR NO KEY UPDATE (a transaction guarding
+-- the lease, FOR KEY SHARE, does not block its heartbeat); new expiry =
+-- server now + ttl, only for rows with expires_at_ms > now (no revival).
+-- Durable, as version 2's.
+CREATE OR REPLACE FUNCTION "pglease_extend_07f27fb7aa"(p_lock_ids text[], p_ttls bigint[])
+RETURNS TABLE (o_idx integer, o_expires_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_now bigint;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
+  IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
+    FOR r IN
+      SELECT x.k, x.t FROM (SELECT l.key AS k, 0 AS t FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
+        UNION SELECT s.key, 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS x
+      ORDER BY hashtext(x.k), x.k, x.t
+    LOOP
+      IF r.t = 0 THEN
+        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = r.k FOR NO KEY UPDATE;
+      ELSE
+        PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = r.k AND s.lock_id = ANY (p_lock_ids) ORDER BY s.lock_id FOR NO KEY UPDATE;
+      END IF;
+    END LOOP;
+  ELSE
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR NO KEY UPDATE;
+  END IF;
+  v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  FOR r IN SELECT u.id, u.ttl, u.i::integer AS i FROM unnest(p_lock_ids, p_ttls) WITH ORDINALITY AS u(id, ttl, i) ORDER BY u.i LOOP
+    o_idx := r.i;
+    o_expires_ms := NULL;
+    UPDATE "syncguard_locks" AS l SET expires_at_ms = v_now + r.ttl WHERE l.lock_id = r.id AND l.expires_at_ms > v_now
+      RETURNING l.expires_at_ms INTO o_expires_ms;
+    IF o_expires_ms IS NULL THEN
+      UPDATE "syncguard_locks_shared" AS s SET expires_at_ms = v_now + r.ttl WHERE s.lock_id = r.id AND s.expires_at_ms > v_now
+        RETURNING s.expires_at_ms INTO o_expires_ms;
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Hand N keys over in one statement (version 2's, plus: shared holds, lock
+-- delays and watchers). For each item, release the exclusive lockId
+-- p_old_ids[i] (the caller's lock on p_keys[i]) and grant p_keys[i] to
+-- p_lock_ids[i]: in place when the old row is still live and holds the old
+-- lockId (o_released), under the acquire rule ("pglease_check_07f27fb7aa") otherwise. A
+-- released key that could not be granted (status 2) is notified on
+-- p_channel (when not NULL), as version 2's does.
+CREATE OR REPLACE FUNCTION "pglease_handoff_07f27fb7aa"(p_old_ids text[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
+RETURNS TABLE (o_idx integer, o_released boolean, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  c record;
+  v_exp bigint;
+  v_id text;
+  v_fence text;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
+  FOR r IN
+    SELECT u.old, u.k, u.fk, u.id, u.ttl, u.d, u.i::integer AS i
+    FROM unnest(p_old_ids, p_keys, p_fence_keys, p_lock_ids, p_ttls, p_delays) WITH ORDINALITY AS u(old, k, fk, id, ttl, d, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i;
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    v_exp := NULL; v_id := NULL;
+    SELECT l.expires_at_ms, l.lock_id, l.fence INTO v_exp, v_id, v_fence FROM "syncguard_locks" AS l WHERE l.key = r.k FOR UPDATE;
+    o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    o_released := v_id IS NOT NULL AND v_id = r.old AND v_exp > o_now_ms;
+    IF NOT o_released THEN
+      c := "pglease_check_07f27fb7aa"(r.k, NULL);
+      o_now_ms := c.c_now;
+      IF c.c_status <> 0 THEN
+        o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
+        RETURN NEXT;
+        CONTINUE;
+      END IF;
+    END IF;
+    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, o_now_ms);
+    IF o_fence IS NULL THEN
+      IF o_released THEN
+        DELETE FROM "syncguard_locks" AS l WHERE l.key = r.k;
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 2, 'r:' || v_fence);
+      END IF;
+      o_status := 2;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + r.ttl;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Revoke N keys in one statement, in (hashtext, key) order: under the
+-- key's advisory lock, delete its exclusive row whatever its lockId (the
+-- delete waits for transactions that guard the lease). o_revoked: the row
+-- was live (expires_at_ms + 1000 > now); then, with a channel, the holder
+-- is told ('r:' || hashKey(key) || ':' || hashKey(lockId)), waiters are
+-- woken (waited only) and watchers told ('v:' fence), and the key is kept
+-- from every acquire until now + the delay (p_delays[i] when > 0, else the
+-- grant's lock delay; none when both are 0): o_delay_until_ms. Durable.
+CREATE OR REPLACE FUNCTION "pglease_revoke_07f27fb7aa"(p_keys text[], p_delays bigint[], p_channel text)
+RETURNS TABLE (o_idx integer, o_revoked boolean, o_lock_hash text, o_fence bigint, o_delay_until_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_id text;
+  v_exp bigint;
+  v_fence text;
+  v_now bigint;
+  v_delay bigint;
+BEGIN
+  PERFORM set_config('synchronous_commit', 'on', true);
+  FOR r IN
+    SELECT u.k, u.d, u.i::integer AS i FROM unnest(p_keys, p_delays) WITH ORDINALITY AS u(k, d, i)
+    ORDER BY hashtext(u.k), u.k, u.i
+  LOOP
+    o_idx := r.i;
+    o_lock_hash := NULL; o_fence := NULL; o_delay_until_ms := NULL;
+    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    v_id := NULL; v_exp := NULL; v_fence := NULL;
+    DELETE FROM "syncguard_locks" AS l WHERE l.key = r.k RETURNING l.lock_id, l.expires_at_ms, l.fence INTO v_id, v_exp, v_fence;
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    o_revoked := v_id IS NOT NULL AND v_exp + 1000 > v_now;
+    IF o_revoked THEN
+      o_lock_hash := "pglease_hashkey_v1"(v_id);
+      o_fence := CASE WHEN v_fence ~ '^[0-9]{1,18}$' THEN v_fence::bigint END;
+      v_delay := nullif(r.d, 0);
+      IF v_delay IS NULL THEN
+        SELECT h.lock_delay_ms INTO v_delay FROM "syncguard_locks_holders" AS h WHERE h.key = r.k AND h.lock_id = v_id;
+      END IF;
+      IF v_delay > 0 THEN
+        o_delay_until_ms := v_now + v_delay;
+        INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, delay_until_ms) VALUES (r.k, '', '', o_delay_until_ms)
+          ON CONFLICT (key) DO UPDATE SET delay_until_ms = EXCLUDED.delay_until_ms;
+      END IF;
+      IF p_channel IS NOT NULL THEN
+        PERFORM pg_notify(p_channel, 'r:' || "pglease_hashkey_v1"(r.k) || ':' || o_lock_hash);
+      END IF;
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 1, 'v:' || v_fence);
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- The state of N keys, read after every change of them in flight has
+-- committed: per key in (hashtext, key) order, the advisory lock shared
+-- (waits for acquires, handoffs and revokes), the exclusive and shared rows
+-- FOR KEY SHARE (waits for releases); then, with a new snapshot, the rows.
+-- A watcher that registered its watch lock and then reads this misses no
+-- final state: a change that did not see its lock commits before the read.
+CREATE OR REPLACE FUNCTION "pglease_snapshot_07f27fb7aa"(p_keys text[])
+RETURNS TABLE (o_idx integer, o_now_ms bigint, o_lock_hash text, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint,
+  o_holder text, o_lock_delay_ms bigint, o_shared integer, o_limit integer, o_shared_expires_ms bigint, o_counter bigint,
+  o_delay_until_ms bigint, o_excl_wait_until_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_id text;
+  v_fence text;
+BEGIN
+  FOR r IN SELECT u.k, u.i::integer AS i FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i LOOP
+    PERFORM pg_advisory_xact_lock_shared(hashtext(r.k));
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = r.k FOR KEY SHARE;
+    PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = r.k ORDER BY s.lock_id FOR KEY SHARE;
+  END LOOP;
+  FOR r IN SELECT u.k, u.i::integer AS i FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY u.i LOOP
+    o_idx := r.i;
+    o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    v_id := NULL; v_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL;
+    SELECT l.lock_id, l.fence, l.acquired_at_ms, l.expires_at_ms INTO v_id, v_fence, o_acquired_ms, o_expires_ms
+      FROM "syncguard_locks" AS l WHERE l.key = r.k;
+    o_lock_hash := CASE WHEN v_id IS NOT NULL THEN "pglease_hashkey_v1"(v_id) END;
+    o_fence := CASE WHEN v_fence ~ '^[0-9]{1,18}$' THEN v_fence::bigint END;
+    o_holder := NULL; o_lock_delay_ms := NULL; o_delay_until_ms := NULL; o_excl_wait_until_ms := NULL;
+    SELECT CASE WHEN h.lock_id = v_id THEN h.holder END, CASE WHEN h.lock_id = v_id THEN h.lock_delay_ms END, h.delay_until_ms, h.excl_wait_until_ms
+      INTO o_holder, o_lock_delay_ms, o_delay_until_ms, o_excl_wait_until_ms FROM "syncguard_locks_holders" AS h WHERE h.key = r.k;
+    SELECT count(*), min(s.lim), max(s.expires_at_ms) INTO o_shared, o_limit, o_shared_expires_ms
+      FROM "syncguard_locks_shared" AS s WHERE s.key = r.k AND s.expires_at_ms + 1000 > o_now_ms;
+    o_counter := NULL;
+    SELECT fc.fence INTO o_counter FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = 'fence:' || r.k;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- The database guard. The trigger function: a row of a guarded table
+-- (BEFORE INSERT/UPDATE/DELETE, FOR EACH ROW; TG_ARGV[0] the key column)
+-- may be written only by a transaction that holds a live exclusive lease of
+-- the row's key (its old and new key, when an update changes it): a lease
+-- whose lockId is in the transaction's pglease.lock_ids (comma-separated;
+-- the Guard calls add to it) and whose expires_at_ms is after the server's
+-- clock. The lease's row is locked FOR KEY SHARE until the transaction ends,
+-- so a takeover waits for its commit. Otherwise SQLSTATE PGL10. SECURITY
+-- DEFINER (the writer needs no privilege on the lock table), search_path
+-- pinned to pg_catalog, pg_temp, every other name schema-qualified when it
+-- is created. The installer ({lock}_guard) and remover ({lock}_unguard):
+-- SECURITY INVOKER (installing needs the guarded table's ownership).
+DO $pglease$
+DECLARE
+  v_schema text;
+  v_lock text;
+  v_fence text;
+  v_holders text;
+  v_shared text;
+  v_hash text;
+  v_fn text;
+BEGIN
+  SELECT n.nspname, format('%I.%I', n.nspname, c.relname) INTO v_schema, v_lock
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('"syncguard_locks"');
+  SELECT format('%I.%I', n.nspname, c.relname) INTO v_fence
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('"syncguard_fence_counters"');
+  SELECT format('%I.%I', n.nspname, c.relname) INTO v_holders
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('"syncguard_locks_holders"');
+  SELECT format('%I.%I', n.nspname, c.relname) INTO v_shared
+    FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('"syncguard_locks_shared"');
+  SELECT format('%I.%I', n.nspname, p.proname) INTO v_hash
+    FROM pg_proc AS p JOIN pg_namespace AS n ON n.oid = p.pronamespace WHERE p.oid = to_regprocedure('"pglease_hashkey_v1"(text)');
+  v_fn := format('%I.%I', v_schema, 'pglease_guard_d2da60f171');
+  EXECUTE replace(replace(replace($body$
+CREATE OR REPLACE FUNCTION @fn@() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  v_ids text[] := string_to_array(nullif(current_setting('pglease.lock_ids', true), ''), ',');
+  v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  v_old text;
+  v_new text;
+  v_key text;
+BEGIN
+  IF TG_OP <> 'INSERT' THEN
+    v_old := to_jsonb(OLD) ->> TG_ARGV[0];
+  END IF;
+  IF TG_OP <> 'DELETE' THEN
+    v_new := to_jsonb(NEW) ->> TG_ARGV[0];
+  END IF;
+  FOR v_i IN 1..2 LOOP
+    CONTINUE WHEN v_i = 1 AND TG_OP = 'INSERT';
+    CONTINUE WHEN v_i = 2 AND (TG_OP = 'DELETE' OR (TG_OP = 'UPDATE' AND v_new IS NOT DISTINCT FROM v_old));
+    v_key := CASE v_i WHEN 1 THEN v_old ELSE v_new END;
+    IF v_key IS NOT NULL AND v_ids IS NOT NULL THEN
+      PERFORM 1 FROM @lock@ AS l WHERE l.key = v_key AND l.lock_id = ANY (v_ids) AND l.expires_at_ms > v_now FOR KEY SHARE;
+      CONTINUE WHEN FOUND;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'PGL10', MESSAGE = 'pglease: this transaction holds no live lease of the row''s key',
+      DETAIL = 'table ' || quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME) || ', key column ' || quote_ident(TG_ARGV[0])
+        || CASE WHEN v_key IS NULL THEN ' is NULL' ELSE ', key hash ' || @hash@(v_key) END,
+      HINT = 'guard the transaction with the key''s lease first ((*manager.Lock).Guard, or SELECT set_config(''pglease.lock_ids'', lock_id, true) after locking the lease)';
+  END LOOP;
+  IF TG_OP = 'DELETE' THEN
+    RETURN OLD;
+  END IF;
+  RETURN NEW;
+END
+$fn$;
+$body$, '@fn@', v_fn), '@lock@', v_lock), '@hash@', v_hash);
+  EXECUTE replace(replace(replace(replace(replace(replace($body$
+CREATE OR REPLACE FUNCTION "syncguard_locks_guard"(tbl regclass, key_column name) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+  IF tbl IS NULL OR key_column IS NULL THEN
+    RAISE EXCEPTION 'pglease: guard: the table and the key column must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  -- Serialized with the migrations and with other installs (DROP and
+  -- CREATE TRIGGER would race).
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
+  IF tbl IN (to_regclass('@lock@'), to_regclass('@fence@'), to_regclass('@holders@'), to_regclass('@shared@')) THEN
+    RAISE EXCEPTION 'pglease: guard: % is one of pglease''s own tables', tbl USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF NOT EXISTS (SELECT 1 FROM pg_attribute AS a WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped) THEN
+    RAISE EXCEPTION 'pglease: guard: table % has no column %', tbl, quote_ident(key_column) USING ERRCODE = 'undefined_column';
+  END IF;
+  -- tgtype 31 = ROW | BEFORE | INSERT | DELETE | UPDATE; tgargs = the key column, NUL-terminated.
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = tbl AND t.tgname = 'pglease_guard_d2da60f171'
+      AND t.tgfoid = to_regprocedure('@fn@()') AND t.tgtype = 31 AND t.tgenabled = 'O'
+      AND t.tgargs = convert_to(key_column::text, 'UTF8') || '\x00'::bytea) THEN
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pglease_guard_d2da60f171', tbl);
+    EXECUTE format('CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L)',
+      'pglease_guard_d2da60f171', tbl, '@fn@', key_column);
+  END IF;
+END
+$fn$;
+$body$, '@fn@', v_fn), '@lock@', v_lock), '@fence@', v_fence), '@holders@', v_holders), '@shared@', v_shared), '@hash@', v_hash);
+END
+$pglease$;
+CREATE OR REPLACE FUNCTION "syncguard_locks_unguard"(tbl regclass) RETURNS void
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+  IF tbl IS NULL THEN
+    RAISE EXCEPTION 'pglease: unguard: the table must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
+  EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', 'pglease_guard_d2da60f171', tbl);
+END
+$fn$;
+
+-- The SQL API: stable names derived from the lock table's, for SQL
+-- callers (psql, other services) next to pglease processes on the same
+-- tables. Keys are normalized to NFC (the server's tables) and must be 1 to
+-- 512 bytes; TTLs are milliseconds. Grants record the holder
+-- "application_name[pid]@sql". Releases and revokes notify the channel in
+-- the session setting pglease.notify_channel ('pglease_release' when unset:
+-- manager.DefaultNotifyChannel).
+
+-- Take key for ttl_ms: the grant's lock_id (a bearer secret), fence and
+-- expiry, or a NULL lock_id and fence when the key is held (expires_at_ms
+-- is then the holder's expiry, NULL for shared holds or a delay).
+CREATE OR REPLACE FUNCTION "syncguard_locks_acquire"(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_k text := normalize($1, NFC);
+  v_id text := translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/=', '-_');
+  r record;
+BEGIN
+  IF v_k IS NULL OR v_k = '' OR octet_length(v_k) > 512 THEN
+    RAISE EXCEPTION 'pglease: the key must be 1 to 512 bytes after NFC normalization' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF $2 IS NULL OR $2 <= 0 OR $2 > 9007199254740991 - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 86400000 THEN
+    RAISE EXCEPTION 'pglease: ttl_ms must be positive (and the expiry below 2^53 ms)' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT * INTO r FROM "pglease_acquire_07f27fb7aa"(ARRAY[v_k], ARRAY['fence:' || v_k], ARRAY[v_id], ARRAY[$2], ARRAY[0::bigint],
+    format('%s[%s]@sql', coalesce(nullif(current_setting('application_name', true), ''), session_user::text), pg_backend_pid()),
+    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'));
+  IF r.o_status = 2 THEN
+    RAISE EXCEPTION 'pglease: fence counter overflow: the key''s fence would exceed 900000000000000; no lock granted' USING ERRCODE = 'numeric_value_out_of_range';
+  END IF;
+  IF r.o_status = 0 THEN
+    lock_id := v_id; fence := r.o_fence;
+  END IF;
+  expires_at_ms := r.o_expires_ms;
+END
+$fn$;
+
+-- Release the lease lock_id holds (exclusive or shared): true when it was
+-- held; wakes the sessions waiting for its key, as a Manager's release.
+CREATE OR REPLACE FUNCTION "syncguard_locks_release"(lock_id text) RETURNS boolean
+LANGUAGE sql VOLATILE AS $fn$
+  SELECT coalesce((SELECT r.o_ok FROM "pglease_release_07f27fb7aa"(ARRAY[$1],
+    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'), 1, true) AS r), false)
+$fn$;
+
+-- Extend the lease lock_id holds to server now + ttl_ms: its new
+-- expires_at_ms, or NULL when it is no longer held.
+CREATE OR REPLACE FUNCTION "syncguard_locks_extend"(lock_id text, ttl_ms bigint) RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v bigint;
+BEGIN
+  IF $2 IS NULL OR $2 <= 0 OR $2 > 9007199254740991 - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 86400000 THEN
+    RAISE EXCEPTION 'pglease: ttl_ms must be positive (and the expiry below 2^53 ms)' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT r.o_expires_ms INTO v FROM "pglease_extend_07f27fb7aa"(ARRAY[$1], ARRAY[$2]) AS r;
+  RETURN v;
+END
+$fn$;
+
+-- The key's exclusive lease (held: live for acquirers, expires_at_ms + 1 s
+-- after the server's clock) and its live shared holds. Read-only.
+CREATE OR REPLACE FUNCTION "syncguard_locks_status"(key text, OUT held boolean, OUT fence bigint, OUT expires_at_ms bigint, OUT holder text, OUT shared integer)
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+  v_k text := normalize($1, NFC);
+  v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+BEGIN
+  SELECT true, CASE WHEN l.fence ~ '^[0-9]{1,18}$' THEN l.fence::bigint END, l.expires_at_ms, h.holder
+    INTO held, fence, expires_at_ms, holder
+    FROM "syncguard_locks" AS l LEFT JOIN "syncguard_locks_holders" AS h ON h.key = l.key AND h.lock_id = l.lock_id
+    WHERE l.key = v_k AND l.expires_at_ms + 1000 > v_now;
+  held := coalesce(held, false);
+  SELECT count(*) INTO shared FROM "syncguard_locks_shared" AS s WHERE s.key = v_k AND s.expires_at_ms + 1000 > v_now;
+END
+$fn$;
+
+-- Revoke the key's exclusive lease, whatever its lockId: true when a live
+-- holder was revoked (its Manager ends the lock with CodeRevoked). With
+-- delay_ms > 0 (or the grant's lock delay) the key stays free of grants
+-- until then.
+CREATE OR REPLACE FUNCTION "syncguard_locks_revoke"(key text, delay_ms bigint DEFAULT 0) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_k text := normalize($1, NFC);
+  v boolean;
+BEGIN
+  IF v_k IS NULL OR v_k = '' OR octet_length(v_k) > 512 THEN
+    RAISE EXCEPTION 'pglease: the key must be 1 to 512 bytes after NFC normalization' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF $2 IS NULL OR $2 < 0 OR $2 > 9007199254740991 - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 86400000 THEN
+    RAISE EXCEPTION 'pglease: delay_ms must not be negative (and the delay''s end below 2^53 ms)' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT r.o_revoked INTO v FROM "pglease_revoke_07f27fb7aa"(ARRAY[v_k], ARRAY[$2],
+    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release')) AS r;
+  RETURN v;
+END
+$fn$;
+
+-- Every lease of the lock table, exclusive and shared, without its lockId
+-- (lock_id_hash is pglease.HashKey of it): live by SyncGuard's rule.
+CREATE OR REPLACE VIEW "syncguard_locks_leases" AS
+  SELECT l.key, 'exclusive'::text AS mode, NULL::integer AS lim, h.holder,
+    CASE WHEN l.fence ~ '^[0-9]{1,18}$' THEN l.fence::bigint END AS fence,
+    to_timestamp(l.acquired_at_ms / 1000.0) AS acquired_at, to_timestamp(l.expires_at_ms / 1000.0) AS expires_at,
+    l.expires_at_ms + 1000 > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS live,
+    "pglease_hashkey_v1"(l.lock_id) AS lock_id_hash
+  FROM "syncguard_locks" AS l LEFT JOIN "syncguard_locks_holders" AS h ON h.key = l.key AND h.lock_id = l.lock_id
+  UNION ALL
+  SELECT s.key, CASE WHEN s.lim = 0 THEN 'reader' ELSE 'permit' END, nullif(s.lim, 0), s.holder, s.fence,
+    to_timestamp(s.acquired_at_ms / 1000.0), to_timestamp(s.expires_at_ms / 1000.0),
+    s.expires_at_ms + 1000 > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint,
+    "pglease_hashkey_v1"(s.lock_id)
+  FROM "syncguard_locks_shared" AS s;
+
+-- The sessions that wait for (Managers' waiter locks) or watch a key of the
+-- lock table (keys with an exclusive or shared row; a waiter lock names the
+-- key by hashtext, so a collision can show a session under another key).
+CREATE OR REPLACE VIEW "syncguard_locks_waiters" AS
+  SELECT k.key, CASE WHEN p.classid = 1886156663::oid THEN 'wait' ELSE 'watch' END AS kind,
+    p.pid, a.application_name, a.usename
+  FROM pg_locks AS p
+  JOIN (SELECT l.key FROM "syncguard_locks" AS l UNION SELECT s.key FROM "syncguard_locks_shared" AS s) AS k ON p.objid = hashtext(k.key)::oid
+  LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
+  WHERE p.locktype = 'advisory' AND p.objsubid = 2 AND p.granted
+    AND p.classid IN (1886156663::oid, 1886156660::oid)
+    AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+
+-- Every advisory lock of the database, with its session: key for the
+-- one-bigint form, key1 and key2 for the two-integer form, and kind
+-- 'pglease waiter' / 'pglease watcher' for a Manager's waiter and watch
+-- locks. One view per schema, shared by every lock table in it.
+CREATE OR REPLACE VIEW "pglease_advisory_locks" AS
+  SELECT p.pid, p.mode, p.granted,
+    CASE WHEN p.objsubid = 1 THEN (p.classid::bigint << 32) | p.objid::bigint END AS key,
+    CASE WHEN p.objsubid = 2 THEN (p.classid::bigint - CASE WHEN p.classid::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer END AS key1,
+    CASE WHEN p.objsubid = 2 THEN (p.objid::bigint - CASE WHEN p.objid::bigint >= 2147483648 THEN 4294967296 ELSE 0 END)::integer END AS key2,
+    CASE WHEN p.objsubid = 2 AND p.classid = 1886156663::oid THEN 'pglease waiter'
+      WHEN p.objsubid = 2 AND p.classid = 1886156660::oid THEN 'pglease watcher' END AS kind,
+    a.application_name, a.usename, a.state, a.xact_start
+  FROM pg_locks AS p LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
+  WHERE p.locktype = 'advisory' AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+-- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
+CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)
+LANGUAGE sql IMMUTABLE AS $fn$ SELECT 4, 2 $fn$;

@@ -11,11 +11,18 @@
 --   runtime role: what the application connects as. CONNECT, USAGE on the
 --                 schema, SELECT/INSERT/UPDATE/DELETE on the lock table,
 --                 SELECT/INSERT/UPDATE on pglease's holder table
---                 (syncguard_locks_holders),
+--                 (syncguard_locks_holders), SELECT/INSERT/UPDATE/DELETE
+--                 on its shared-hold table (syncguard_locks_shared),
 --                 SELECT/INSERT/UPDATE on the fence table (never DELETE or
 --                 TRUNCATE: fence counters are never deleted), EXECUTE on
---                 the pglease_* functions. Not superuser, no
---                 pg_signal_backend: pglease never needs either.
+--                 the pglease_* functions and on the SQL API's
+--                 syncguard_locks_acquire/release/extend/status/revoke,
+--                 SELECT on the views syncguard_locks_leases,
+--                 syncguard_locks_waiters and pglease_advisory_locks. Not
+--                 EXECUTE on syncguard_locks_guard/unguard (installing a
+--                 database guard is the guarded table's owner's). Not
+--                 superuser, no pg_signal_backend: pglease never needs
+--                 either.
 --   A SyncGuard service on the same tables may keep a role of its own with
 --   only SyncGuard's grants (SELECT/INSERT/UPDATE/DELETE on the lock table,
 --   SELECT/INSERT/UPDATE on the fence table): the release trigger
@@ -68,6 +75,24 @@ GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".syncguard_fence_counters TO :"ru
 -- (one row per key, never deleted). SyncGuard never uses it.
 REVOKE ALL ON TABLE :"schema".syncguard_locks_holders FROM PUBLIC, :"runtime_role";
 GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".syncguard_locks_holders TO :"runtime_role";
+-- pglease's shared-hold table (schema version 4): rows inserted by shared
+-- acquires, deleted by their release or after their expiry.
+REVOKE ALL ON TABLE :"schema".syncguard_locks_shared FROM PUBLIC, :"runtime_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks_shared TO :"runtime_role";
+-- The SQL API (schema version 4): the functions SQL callers use, and the
+-- views (which show no lockId: a monitoring role may be given SELECT on
+-- them alone).
+REVOKE ALL ON FUNCTION :"schema".syncguard_locks_acquire(text, bigint), :"schema".syncguard_locks_release(text),
+  :"schema".syncguard_locks_extend(text, bigint), :"schema".syncguard_locks_status(text),
+  :"schema".syncguard_locks_revoke(text, bigint), :"schema".syncguard_locks_guard(regclass, name),
+  :"schema".syncguard_locks_unguard(regclass) FROM PUBLIC, :"runtime_role";
+GRANT EXECUTE ON FUNCTION :"schema".syncguard_locks_acquire(text, bigint), :"schema".syncguard_locks_release(text),
+  :"schema".syncguard_locks_extend(text, bigint), :"schema".syncguard_locks_status(text),
+  :"schema".syncguard_locks_revoke(text, bigint) TO :"runtime_role";
+REVOKE ALL ON TABLE :"schema".syncguard_locks_leases, :"schema".syncguard_locks_waiters, :"schema".pglease_advisory_locks
+  FROM PUBLIC, :"runtime_role";
+GRANT SELECT ON TABLE :"schema".syncguard_locks_leases, :"schema".syncguard_locks_waiters, :"schema".pglease_advisory_locks
+  TO :"runtime_role";
 -- EXECUTE on every pglease_* function in the schema, for the runtime role
 -- only (also for functions created before step 1).
 SET pglease.roles_schema = :'schema';

@@ -63,7 +63,9 @@ func newEnv(t *testing.T) *env {
 }
 
 // snapshot lists the schema's tables, columns, indexes and functions (with
-// a hash of their bodies), ignoring the tools' own bookkeeping tables.
+// a hash of their bodies, in which the schema's name is replaced: the
+// guard's trigger function names its tables with it), ignoring the tools'
+// own bookkeeping tables.
 func (e *env) snapshot(t *testing.T) string {
 	t.Helper()
 	rows, err := e.pool.Query(ctx(t), `
@@ -72,7 +74,7 @@ SELECT 'column ' || c.table_name || '.' || c.column_name || ' ' || c.data_type
 UNION ALL
 SELECT 'index ' || indexdef FROM pg_indexes WHERE schemaname = $1 AND tablename NOT LIKE '%migration%' AND tablename NOT LIKE 'goose%'
 UNION ALL
-SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(p.prosrc) FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
+SELECT 'function ' || p.oid::regprocedure::text || ' ' || md5(replace(p.prosrc, $1, 'SCHEMA')) FROM pg_proc p WHERE p.pronamespace = $1::regnamespace
 ORDER BY 1`, e.schema)
 	if err != nil {
 		t.Fatal(err)
