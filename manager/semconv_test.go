@@ -77,7 +77,7 @@ func TestTelemetrySemconvDatabaseAttributes(t *testing.T) {
 	if err := m2.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := broken.Exec(ctx, "DROP TABLE syncguard_locks CASCADE"); err != nil {
+	if _, err := broken.Exec(ctx, "DROP TABLE syncguard_locks CASCADE"); err != nil { // CASCADE: the SQL API's views
 		t.Fatal(err)
 	}
 	_, _, err = m2.TryAcquire(ctx, "semconv:missing")

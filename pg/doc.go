@@ -119,10 +119,13 @@
 // rollback leaves no row and no fence gap: the counter's increment rolls
 // back too), and a release takes effect at the commit, together with the
 // transaction's writes. A release alone commits without waiting for its
-// WAL flush (a lost release only runs to its expiry); in the caller's
-// transaction it leaves synchronous_commit as it was, so the caller's
-// writes stay durable. The advisory and row locks an acquire takes last
-// until the transaction ends: keep such transactions short.
+// WAL flush (a lost release only runs to its expiry); in a pgx.Tx, or
+// in a transaction that wrote before the release, it leaves
+// synchronous_commit as it was, so the caller's writes stay durable. (On
+// a plain connection inside BEGIN, a release that is the transaction's
+// first write cannot tell: use a pgx.Tx, or write first.) The advisory
+// and row locks an acquire takes last until the transaction ends: keep
+// such transactions short.
 //
 // # Notes
 //

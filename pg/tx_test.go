@@ -105,7 +105,8 @@ func TestStoreInCallerTransaction(t *testing.T) {
 		locked(!commit, "after the release's transaction ended")
 	}
 
-	// Outside a pgx.Tx too: an explicit BEGIN on a connection.
+	// Outside a pgx.Tx too: an explicit BEGIN on a connection, whose
+	// transaction wrote before the release (here: another acquire).
 	r, err = out.Acquire(c, key, time.Minute)
 	if err != nil || !r.OK || r.Fence != 3 {
 		t.Fatalf("Acquire = %+v, %v; want fence 3", r, err)
@@ -121,6 +122,9 @@ func TestStoreInCallerTransaction(t *testing.T) {
 	s, err := pg.New(conn, pg.Config{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o, err := s.Acquire(c, key+"-other", time.Minute); err != nil || !o.OK {
+		t.Fatal(o, err)
 	}
 	if ok, err := s.Release(c, r.LockID); err != nil || !ok {
 		t.Fatal(ok, err)

@@ -162,3 +162,36 @@ func TestGuardBlocksTakeoverNotHeartbeat(t *testing.T) {
 		t.Fatalf("takeover = %+v; want fence %d granted at or after %d (the guard's commit)", r, l.Fence+1, beforeCommit)
 	}
 }
+
+// A release alone (one statement, sent as pgx sends it: the extended
+// protocol) commits without waiting for its WAL flush (synchronous_commit
+// off, read right after the function ran, in the same statement); in a
+// transaction that wrote before it, or with p_async false (the store on a
+// pgx.Tx), the setting stays on so the transaction's writes stay durable.
+func TestReleaseAloneIsAsync(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{})
+	c := ctx(t)
+	q := "WITH r AS MATERIALIZED (SELECT * FROM " + s.Names().FnRelease4 + "($1, NULL, 0, $2))" +
+		" SELECT r.o_ok, current_setting('synchronous_commit') FROM r"
+	check := func(db testDB, async bool, want string) {
+		t.Helper()
+		r := exclusive(t, s, pgtest.RandomName("async_"), time.Minute)
+		var ok bool
+		var sc string
+		if err := db.QueryRow(c, q, []string{r.LockID}, async).Scan(&ok, &sc); err != nil || !ok || sc != want {
+			t.Fatalf("release (async %v) = %v, synchronous_commit %s, %v; want %s", async, ok, sc, err, want)
+		}
+	}
+	check(pool, true, "off")
+	check(pool, false, "on")
+	tx, err := pool.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(c) }()
+	if _, err := s.Guard(c, tx, exclusive(t, s, pgtest.RandomName("w_"), time.Minute).LockID); err != nil {
+		t.Fatal(err) // a row lock: assigns the transaction an id, like a write
+	}
+	check(tx, true, "on")
+}

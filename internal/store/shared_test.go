@@ -1,6 +1,7 @@
 package store_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -505,5 +506,109 @@ func TestSyncGuardNextToSharedHolds(t *testing.T) {
 	release(t, s, r.LockID)
 	if x := exclusive(t, s, key, time.Minute); !x.OK || x.Fence != 3 {
 		t.Fatalf("pglease exclusive after SyncGuard's two grants = %+v; want fence 3", x)
+	}
+}
+
+// No lost wake-up with shared holds: a writer that registers as a waiter
+// and then tries a key whose reader is being released at the same time
+// either gets the key or is notified of the release (many rounds): the
+// exclusive acquire's read of the shared rows waits for a release in
+// flight.
+func TestSharedReleaseNoLostWakeUp(t *testing.T) {
+	t.Parallel()
+	const ch = "pglease_shared_race"
+	s, _, _ := newStore(t, store.Config{NotifyChannel: ch})
+	c := ctx(t)
+	w := listenOn(t, ch)
+	rounds := 120
+	if testing.Short() {
+		rounds = 40
+	}
+	var tried, notified int
+	for i := range rounds {
+		key := fmt.Sprintf("srw-%d-%s", i, t.Name())
+		rd := shared(t, s, key, 0, time.Minute)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if res, err := s.ReleaseWaited(c, []store.ReleaseRequest{{LockID: rd.LockID, Key: key}}); err != nil || !res[0] {
+				t.Errorf("ReleaseWaited = %v, %v", res, err)
+			}
+		}()
+		if ok, err := store.RegisterWaiters(c, w, []string{key}); err != nil {
+			t.Fatal(err)
+		} else if !ok[0] {
+			<-done
+			if _, err := store.RegisterWaiters(c, w, []string{key}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := exclusive(t, s, key, time.Minute)
+		if r.OK {
+			tried++
+		} else {
+			for nextNotification(t, w) != pglease.HashKey(key) {
+			}
+			notified++
+			if r = exclusive(t, s, key, time.Minute); !r.OK {
+				t.Fatalf("round %d: acquire after the notification = %+v", i, r)
+			}
+		}
+		<-done
+		if err := store.UnregisterWaiters(c, w, []string{key}); err != nil {
+			t.Fatal(err)
+		}
+		release(t, s, r.LockID)
+	}
+	t.Logf("%d rounds: the writer's try got the key in %d, a notification woke it in %d", rounds, tried, notified)
+}
+
+// The mechanism under that: an exclusive acquire waits for a release of
+// the key's shared hold that is in flight (deleted, not committed), seen
+// waiting for a lock in pg_stat_activity, and gets the key at its commit,
+// rather than being refused by a row that is about to go (a refusal the
+// release's notification check may not have seen coming).
+func TestExclusiveWaitsForSharedReleaseInFlight(t *testing.T) {
+	t.Parallel()
+	rs := pgtest.RoleSchemaForTest(t)
+	pool := rs.RuntimePool(t)
+	app := pgtest.RandomName("writer_")
+	writer, err := store.New("pg.New", rs.RuntimePool(t, appName(app)), store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := store.New("pg.New", pool, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ctx(t)
+	key := pgtest.RandomName("inflight_")
+	rd := shared(t, s, key, 0, time.Minute)
+	tx, err := pool.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	txs, err := store.New("pg.New", tx, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := txs.Release(c, rd.LockID); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	got := make(chan store.AcquireResult, 1)
+	go func() {
+		r, err := writer.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- r
+	}()
+	waitLockWait(t, pool, app)
+	if err := tx.Commit(c); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; !r.OK {
+		t.Fatalf("writer after the reader's release committed = %+v", r)
 	}
 }

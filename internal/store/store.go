@@ -5,6 +5,15 @@
 // listings, holder identities, the schema version check). Package pg
 // exposes the single operations users call without a Manager; the design
 // and the guarantees are described there (pg/doc.go).
+//
+// Schema version 4 adds, each a batch in one statement with per-item
+// results: shared holds (AcquireSharedMany: readers and semaphore
+// permits, released and extended like exclusive leases), all-or-nothing
+// sets (AcquireSets), lock delays (AcquireRequest.LockDelay), revocation
+// and release requests (Revoke, RequestRelease), watchers
+// (RegisterWatchers, Snapshot), a transaction's guard of its lease
+// (Guard), and ParseNotification for every payload the notify channel
+// carries.
 package store
 
 import (
@@ -619,8 +628,9 @@ const (
 // (o_idx, o_ok) rows. With Config.NotifyChannel set, releases notify in
 // mode wake (and watchers). On a pgx.Tx the release commits with the
 // caller's transaction, durably; otherwise it need not wait for its WAL
-// flush (the function also keeps a caller's explicit transaction durable
-// when it can tell).
+// flush, unless its transaction wrote before it (the function checks:
+// an explicit transaction on a connection that wrote first stays
+// durable).
 func (s *Store) runRelease(ctx context.Context, op string, ids []string, wake int) ([]bool, error) {
 	_, inTx := s.db.(pgx.Tx)
 	out := make([]bool, len(ids))

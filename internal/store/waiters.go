@@ -30,15 +30,26 @@ const WaiterLockClass int32 = 0x706c7777 // "plww"
 // for a key only while some session holds it.
 const WatchLockClass int32 = 0x706c7774 // "plwt"
 
-// waiterRegisterSQL takes the waiter lock of each NFC key in $1
-// (without waiting: false when an exclusive holder has it), in order.
-var waiterRegisterSQL = "SELECT pg_try_advisory_lock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
-	", hashtext(u.k)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
+// registerSQL takes the lock of class of each NFC key in $1 (without
+// waiting: false when an exclusive holder has it), in order.
+func registerSQL(class int32) string {
+	return "SELECT pg_try_advisory_lock_shared(" + strconv.Itoa(int(class)) +
+		", hashtext(u.k)) FROM unnest($1::text[]) WITH ORDINALITY AS u(k, i) ORDER BY u.i"
+}
 
-// waiterUnregisterSQL releases one hold of the waiter lock of each
-// NFC key in $1.
-var waiterUnregisterSQL = "SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared(" + strconv.Itoa(int(WaiterLockClass)) +
-	", hashtext(u.k))) FROM unnest($1::text[]) AS u(k)"
+// unregisterSQL releases one hold of the lock of class of each NFC key
+// in $1.
+func unregisterSQL(class int32) string {
+	return "SELECT count(*) FILTER (WHERE pg_advisory_unlock_shared(" + strconv.Itoa(int(class)) +
+		", hashtext(u.k))) FROM unnest($1::text[]) AS u(k)"
+}
+
+var (
+	waiterRegisterSQL   = registerSQL(WaiterLockClass)
+	waiterUnregisterSQL = unregisterSQL(WaiterLockClass)
+	watchRegisterSQL    = registerSQL(WatchLockClass)
+	watchUnregisterSQL  = unregisterSQL(WatchLockClass)
+)
 
 // ReleaseRequest is one item of ReleaseWaited: a lockId and the key it
 // holds.
@@ -109,13 +120,34 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 // on a session of its own (a LISTENing connection), never on a pooled
 // connection. One round trip. Bad keys are InvalidArgument before I/O.
 func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) (ok []bool, err error) {
-	const op = "pg.RegisterWaiters"
-	nks, err := waiterKeys(op, ctx, conn, waited)
+	return register(ctx, "pg.RegisterWaiters", conn, waiterRegisterSQL, waited)
+}
+
+// RegisterWatchers is RegisterWaiters for watchers: it takes the watch
+// lock (WatchLockClass) of each key on conn's session, so that the
+// acquire, release, handoff and revoke functions send the keys' "w:"
+// notifications (see ParseNotification). Same rules: ok[i] false when the
+// lock could not be taken at once; held until UnregisterWatchers or the
+// session's end; register on the listening session; then read the keys'
+// state with Snapshot, which misses no change committed before it. One
+// round trip.
+func RegisterWatchers(ctx context.Context, conn *pgx.Conn, watched []string) (ok []bool, err error) {
+	return register(ctx, "pg.RegisterWatchers", conn, watchRegisterSQL, watched)
+}
+
+// UnregisterWatchers releases one hold of each key's watch lock on conn's
+// session (taken by RegisterWatchers). One round trip.
+func UnregisterWatchers(ctx context.Context, conn *pgx.Conn, watched []string) error {
+	return unregister(ctx, "pg.UnregisterWatchers", conn, watchUnregisterSQL, watched)
+}
+
+func register(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string) (ok []bool, err error) {
+	nks, err := waiterKeys(op, ctx, conn, raw)
 	if err != nil || len(nks) == 0 {
 		return []bool{}, err
 	}
 	ok = make([]bool, 0, len(nks))
-	rows, err := conn.Query(ctx, waiterRegisterSQL, nks)
+	rows, err := conn.Query(ctx, sql, nks)
 	if err != nil {
 		return nil, pgerr.Map(ctx, op, err)
 	}
@@ -140,12 +172,15 @@ func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) (ok [
 // session (taken by RegisterWaiters). One round trip. Bad keys are
 // InvalidArgument before I/O.
 func UnregisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) error {
-	const op = "pg.UnregisterWaiters"
-	nks, err := waiterKeys(op, ctx, conn, waited)
+	return unregister(ctx, "pg.UnregisterWaiters", conn, waiterUnregisterSQL, waited)
+}
+
+func unregister(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string) error {
+	nks, err := waiterKeys(op, ctx, conn, raw)
 	if err != nil || len(nks) == 0 {
 		return err
 	}
-	if _, err := conn.Exec(ctx, waiterUnregisterSQL, nks); err != nil {
+	if _, err := conn.Exec(ctx, sql, nks); err != nil {
 		return pgerr.Map(ctx, op, err)
 	}
 	return nil

@@ -22,11 +22,22 @@
 // SyncGuard's tables (and so never lose a fence counter) unless asked
 // explicitly (see To).
 //
+// Version 4 adds, next to the lock table (names derived from its name,
+// {lock} below, e.g. syncguard_locks): the table of shared holds
+// ({lock}_shared: readers and semaphore permits); the SQL API for SQL
+// callers next to pglease processes, {lock}_acquire(key, ttl_ms),
+// {lock}_release(lock_id), {lock}_extend(lock_id, ttl_ms),
+// {lock}_status(key) and {lock}_revoke(key, delay_ms), and the views
+// {lock}_leases (no lockIds), {lock}_waiters and pglease_advisory_locks;
+// and the database guard (Guard), which refuses writes to a user table
+// by transactions that hold no live lease of the row's key.
+//
 // It also holds the optional parts: RolesSQL, the grants of an owner role
 // that migrates and a least-privilege runtime role; the release trigger
 // (SetupReleaseTrigger) that makes releases by SyncGuard processes wake
-// pglease waiters; and the SQL functions of the email-keyed cleanup lock
-// design (in SQL, designs/), equal to pg/advisory's key derivations.
+// pglease waiters; the database guard (Guard, Unguard); and the SQL
+// functions of the email-keyed cleanup lock design (in SQL, designs/),
+// equal to pg/advisory's key derivations.
 //
 // The SQL sources are the .sql files in templates/, with {placeholders}
 // for the names a pg.Config derives.

@@ -334,3 +334,44 @@ func BenchmarkGuardedWrite(b *testing.B) {
 		})
 	}
 }
+
+// pglease_advisory_locks is one view per schema, shared by every lock
+// table in it: going down with one pair keeps it for the other, going
+// down with both drops it.
+func TestAdvisoryViewSharedBySchema(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	c := ctx(t)
+	cfgs := []pg.Config{{}, {LockTable: "other_locks", FenceTable: "other_fences"}}
+	envs := make([]*env, len(cfgs))
+	for i, cfg := range cfgs {
+		e, err := newEnv(pool, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.mg.Up(c); err != nil {
+			t.Fatal(err)
+		}
+		envs[i] = e
+	}
+	exists := func() bool {
+		t.Helper()
+		var ok bool
+		if err := pool.QueryRow(c, "SELECT to_regclass('pglease_advisory_locks') IS NOT NULL").Scan(&ok); err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	envs[0].to(t, 3)
+	if !exists() {
+		t.Fatal("one pair's down dropped the view the other pair uses")
+	}
+	envs[1].to(t, 3)
+	if exists() {
+		t.Fatal("the view survived both pairs' down")
+	}
+	envs[0].to(t, migrate.Latest)
+	if !exists() {
+		t.Fatal("up did not create the view again")
+	}
+}

@@ -170,8 +170,8 @@ const slack = 2 * time.Second
 
 // recoveryBound is how long after a fault heals its target may go without
 // a new lease: one dead connection costs at most one statement timeout
-// (L3b); the key it wants may be held by a holder that was partitioned,
-// paused or killed, which the server frees at expiry + 1 s (L1, at most a
+// (dead connections cost one bounded timeout); the key it wants may be held by a holder that was partitioned,
+// paused or killed, which the server frees at expiry + 1 s (takeover after a crash, at most a
 // TTL after its last extend); polling finds it within the retry cap when
 // no notification comes; a goroutine whose wait ended (acquire timeout)
 // starts over on another key.
@@ -213,12 +213,12 @@ func (r *run) checkClock() *Check {
 	return c
 }
 
-// checkFences: S1. Per key, the server's grants have strictly increasing
+// checkFences: fence monotonicity. Per key, the server's grants have strictly increasing
 // fences in commit order; no two client grants of a key share a fence;
 // a grant that returned before another was called has the lower fence;
 // the fence counter is at least every fence granted.
 func (r *run) checkFences() *Check {
-	c := &Check{Name: CFences, Guarantee: "S1: fences per key strictly increasing, never repeated (server order, client real-time order, across crashes)"}
+	c := &Check{Name: CFences, Guarantee: "fence monotonicity: fences per key strictly increasing, never repeated (server order, client real-time order, across crashes)"}
 	for k, gs := range r.sgrants {
 		for i := 1; i < len(gs); i++ {
 			c.Checked++
@@ -266,10 +266,10 @@ func (r *run) checkFences() *Check {
 	return c
 }
 
-// checkGrantsCommitted: S5. Every grant a worker was given is a grant the
+// checkGrantsCommitted: ambiguity is never success. Every grant a worker was given is a grant the
 // server committed (an ambiguous acquire is never success).
 func (r *run) checkGrantsCommitted() *Check {
-	c := &Check{Name: CGrantsReal, Guarantee: "S5: every grant a holder got is committed on the server (ambiguity is never success)"}
+	c := &Check{Name: CGrantsReal, Guarantee: "ambiguity is never success: every grant a holder got is committed on the server (ambiguity is never success)"}
 	have := map[[2]int64]bool{}
 	for k, gs := range r.sgrants {
 		for _, s := range gs {
@@ -285,11 +285,11 @@ func (r *run) checkGrantsCommitted() *Check {
 	return c
 }
 
-// checkRegister: S3 on the server's own log of the resource. Fences of
+// checkRegister: fenced-resource safety on the server's own log of the resource. Fences of
 // accepted writes never go down, and every counter write is the previous
 // value + 1 (a read-modify-write under the lock never loses an update).
 func (r *run) checkRegister() *Check {
-	c := &Check{Name: CRegister, Guarantee: "S3: the resource never accepts an older fence after a newer one; the fenced counter loses no update"}
+	c := &Check{Name: CRegister, Guarantee: "fenced-resource safety: the resource never accepts an older fence after a newer one; the fenced counter loses no update"}
 	writes := map[int]int64{}
 	for _, row := range r.resLog {
 		c.Checked++
@@ -320,7 +320,7 @@ func (r *run) checkRegister() *Check {
 // worker op that was not told "refused"; and a holder that was not paused
 // never has a fenced write refused before it was told of the loss.
 func (r *run) checkWrites() *Check {
-	c := &Check{Name: CWrites, Guarantee: "S3: every accepted write is on the server, no refused one is; a live holder's writes are accepted"}
+	c := &Check{Name: CWrites, Guarantee: "fenced-resource safety: every accepted write is on the server, no refused one is; a live holder's writes are accepted"}
 	applied := map[int64]bool{}
 	for _, row := range r.resLog {
 		if row.Op == nil {
@@ -386,12 +386,12 @@ func (r *run) serverGrant(k int, f int64) *serverGrant {
 	return nil
 }
 
-// checkHolderEnded: S2+S4 as a user sees them. Every holder that was not
+// checkHolderEnded: server-time exclusivity and the timely loss signal as a user sees them. Every holder that was not
 // paused stopped working on its grant (released, or was told of the loss,
 // and made no resource call after) before the server granted the key to
 // the next holder.
 func (r *run) checkHolderEnded() *Check {
-	c := &Check{Name: CHolderEnded, Guarantee: "S2/S4: every holder not paused stopped (release or loss notice) before the next grant of its key"}
+	c := &Check{Name: CHolderEnded, Guarantee: "server-time exclusivity and timely loss signal: every holder not paused stopped (release or loss notice) before the next grant of its key"}
 	for _, g := range r.grants {
 		next := r.nextServerGrant(g.key, g.fence)
 		if next == nil {
@@ -415,11 +415,11 @@ func (r *run) checkHolderEnded() *Check {
 	return c
 }
 
-// checkNotice: S4. A loss notice comes while the server still has the
+// checkNotice: timely loss signal. A loss notice comes while the server still has the
 // lease (before the expiry in force at that moment, and before any
 // release or takeover), unless the holder was paused.
 func (r *run) checkNotice(rep *Report) *Check {
-	c := &Check{Name: CNoticeTimely, Guarantee: "S4: a loss notice comes while the server still has the lease"}
+	c := &Check{Name: CNoticeTimely, Guarantee: "timely loss signal: a loss notice comes while the server still has the lease"}
 	for _, g := range r.grants {
 		if g.endCode != "LockLost" {
 			continue
@@ -450,11 +450,11 @@ func (r *run) checkNotice(rep *Report) *Check {
 	return c
 }
 
-// checkAdvisory: S6. Two holders of one advisory key overlap only when the
+// checkAdvisory: advisory locks are weaker. Two holders of one advisory key overlap only when the
 // earlier one's session was lost (the server freed its lock) and then for
 // no longer than its probe bound.
 func (r *run) checkAdvisory() *Check {
-	c := &Check{Name: CAdvisory, Guarantee: "S6: advisory holders overlap only after a lost session, for at most ProbeInterval+ProbeTimeout (+1 s)"}
+	c := &Check{Name: CAdvisory, Guarantee: "advisory locks are weaker: advisory holders overlap only after a lost session, for at most ProbeInterval+ProbeTimeout (+1 s)"}
 	bound := r.meta.ProbeBound + slack/2
 	byKey := map[int][]*advGrant{}
 	for _, a := range r.advs {
@@ -527,11 +527,12 @@ func (r *run) nextFaultOn(w int, f *fault) int64 {
 	return 0
 }
 
-// checkRecovery: L1/L3/L3b. After each fault heals, its target gets a
+// checkRecovery: takeover after a crash, reconnection, dead connections
+// cost one bounded timeout (docs/guarantees.md). After each fault heals, its target gets a
 // lease again within recoveryBound.
 func (r *run) checkRecovery() (*Check, []*Recovery) {
 	bound := r.recoveryBound()
-	c := &Check{Name: CRecovery, Guarantee: fmt.Sprintf("L1/L3/L3b: each fault's target gets a lease again within %s of the heal", bound)}
+	c := &Check{Name: CRecovery, Guarantee: fmt.Sprintf("takeover, reconnection, dead connections cost one bounded timeout: each fault's target gets a lease again within %s of the heal", bound)}
 	okTimes := map[int][]int64{} // per worker, sorted grant times
 	for _, g := range r.grants {
 		okTimes[g.w] = append(okTimes[g.w], g.okT)
@@ -674,11 +675,11 @@ func (r *run) downWithin(from, to int64) time.Duration {
 	return time.Duration(d)
 }
 
-// checkClose: L4. Every worker told to stop closes its Manager within
+// checkClose: close is bounded. Every worker told to stop closes its Manager within
 // closeBound.
 func (r *run) checkClose(rep *Report) *Check {
 	bound := r.closeBound()
-	c := &Check{Name: CClose, Guarantee: fmt.Sprintf("L4: Close returns within %s", bound)}
+	c := &Check{Name: CClose, Guarantee: fmt.Sprintf("close is bounded: Close returns within %s", bound)}
 	for wi, d := range r.deaths {
 		if d.t < r.meta.StopAt {
 			continue // killed by a fault, not told to stop
@@ -697,12 +698,12 @@ func (r *run) checkClose(rep *Report) *Check {
 	return c
 }
 
-// checkLeftovers: L4. Close releases what it holds: every lease still
+// checkLeftovers: close is bounded. Close releases what it holds: every lease still
 // held when its worker was told to stop is deleted on the server (not
 // left to expire), and after every worker closed no live lease row and no
 // advisory lock is left.
 func (r *run) checkLeftovers() *Check {
-	c := &Check{Name: CLeftovers, Guarantee: "L4: Close releases every lease it holds; afterwards no live lease row and no advisory lock is left", Checked: 2}
+	c := &Check{Name: CLeftovers, Guarantee: "close is bounded: Close releases every lease it holds; afterwards no live lease row and no advisory lock is left", Checked: 2}
 	if r.final.LiveRows > 0 {
 		c.fail("%d unexpired lease rows left after every worker closed", r.final.LiveRows)
 	}

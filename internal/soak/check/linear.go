@@ -80,7 +80,7 @@ type LinearStats struct {
 // history is cut where no operation is pending across the cut, and each
 // segment starts from the state the server's log has at that point.
 func (r *run) checkLinear() (*Check, LinearStats) {
-	c := &Check{Name: CLinear, Guarantee: "S3: the fenced register is linearizable (porcupine, per key, client-observed histories)"}
+	c := &Check{Name: CLinear, Guarantee: "fenced-resource safety: the fenced register is linearizable (porcupine, per key, client-observed histories)"}
 	var st LinearStats
 	start := time.Now()
 	// Server log per key, with mono times and an index by op.

@@ -1,5 +1,5 @@
 // Package check verifies a finished soak run (package driver's run
-// directory) against pglease's contract (RELIABILITY.md S1–S6, L1–L4):
+// directory) against pglease's guarantees (docs/guarantees.md):
 // fences, the fenced resource (including its linearizability, checked
 // with porcupine), holders' ends against the server's grants, loss
 // notices against the server's leases, advisory exclusion, liveness after

@@ -531,9 +531,9 @@ func (d *driver) brokenTamper(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	switch d.brokenMd {
-	case BrokenFenceRollback: // an asynchronous failover losing acknowledged grants (F8)
+	case BrokenFenceRollback: // an asynchronous failover losing acknowledged grants (a fence rollback)
 		_, _ = d.admin.Exec(ctx, "UPDATE syncguard_fence_counters SET fence = greatest(fence - 3, 0)")
-	case BrokenClockJump: // the server clock stepping forward (F3)
+	case BrokenClockJump: // the server clock stepping forward (a server clock step)
 		_, _ = d.admin.Exec(ctx, "UPDATE syncguard_locks SET expires_at_ms = expires_at_ms - $1", (d.o.TTL + 1500*time.Millisecond).Milliseconds())
 	}
 }
@@ -671,7 +671,7 @@ func (d *driver) runFault(ctx context.Context, ft string, w int, id int64, dur t
 		_ = px.Pass()
 	case FDelay:
 		// latency per direction 5–40 % of the TTL: a round trip takes up
-		// to 0.8 TTL (F5).
+		// to 0.8 TTL (a round trip slower than the lease).
 		lat := time.Duration((0.05 + 0.35*param) * float64(d.o.TTL))
 		_ = px.SetDelay(lat, lat/4)
 		sleepCtx(ctx, dur)

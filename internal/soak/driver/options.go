@@ -33,8 +33,8 @@ const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-op
 
 // Driver-side broken modes (the worker ones are in package worker).
 const (
-	BrokenFenceRollback = "fence-rollback" // the driver moves fence counters back (F8)
-	BrokenClockJump     = "clock-jump"     // the driver moves lease expiries earlier (F3)
+	BrokenFenceRollback = "fence-rollback" // the driver moves fence counters back (a fence rollback)
+	BrokenClockJump     = "clock-jump"     // the driver moves lease expiries earlier (a server clock step)
 )
 
 // Options configure a soak run (the flags of `soak run`).

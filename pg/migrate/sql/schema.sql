@@ -437,6 +437,14 @@ BEGIN
     c_status := 1; c_retry := v_wait;
     RETURN;
   END IF;
+  -- Most keys have no shared row: a plain probe first. A row a release
+  -- is deleting is still visible to it, so the locking read below still
+  -- waits for that release (no lost wake-up); no row can appear meanwhile
+  -- (inserts hold the key's advisory lock, as the caller does).
+  PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key LIMIT 1;
+  IF NOT FOUND THEN
+    RETURN;
+  END IF;
   SELECT count(*), count(*) FILTER (WHERE x.e + 1000 > c_now),
       min(x.e) FILTER (WHERE x.e + 1000 > c_now), max(x.e) FILTER (WHERE x.e + 1000 > c_now),
       min(x.lim) FILTER (WHERE x.e + 1000 > c_now), max(x.lim) FILTER (WHERE x.e + 1000 > c_now),
@@ -492,7 +500,9 @@ BEGIN
       ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder,
         lock_delay_ms = EXCLUDED.lock_delay_ms, excl_wait_until_ms = NULL;
   END IF;
-  PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
+  IF p_channel IS NOT NULL THEN
+    PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
+  END IF;
   RETURN v_fence;
 END
 $fn$;
@@ -522,7 +532,7 @@ BEGIN
     o_idx := r.i;
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    SELECT * INTO c FROM "pglease_check_07f27fb7aa"(r.k, NULL);
+    c := "pglease_check_07f27fb7aa"(r.k, NULL);
     o_now_ms := c.c_now;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
@@ -565,7 +575,7 @@ BEGIN
     o_idx := r.i;
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL; o_limit := NULL;
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    SELECT * INTO c FROM "pglease_check_07f27fb7aa"(r.k, r.lim);
+    c := "pglease_check_07f27fb7aa"(r.k, r.lim);
     o_now_ms := c.c_now;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared; o_limit := c.c_limit;
@@ -588,7 +598,9 @@ BEGIN
     END IF;
     INSERT INTO "syncguard_locks_shared" (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
       VALUES (r.id, r.k, r.lim, c.c_now + r.ttl, c.c_now, v_fence, p_holder);
-    PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
+    IF p_channel IS NOT NULL THEN
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
+    END IF;
     o_status := 0; o_fence := v_fence; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + r.ttl;
     RETURN NEXT;
   END LOOP;
@@ -634,7 +646,7 @@ BEGIN
     ORDER BY hashtext(u.k), u.k, u.i
   LOOP
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    SELECT * INTO c FROM "pglease_check_07f27fb7aa"(r.k, NULL);
+    c := "pglease_check_07f27fb7aa"(r.k, NULL);
     v_now[r.i] := c.c_now;
     IF c.c_status = 0 AND r.nth > 1 THEN
       v_status[r.i] := 1;
@@ -680,8 +692,9 @@ $fn$;
 -- (p_wake, as "pglease_notify_07f27fb7aa": 0 never, 1 when waited for, 2 always) and
 -- watchers ('r:' fence for an exclusive row, 'u:' fence for a shared one).
 -- p_async: commit without waiting for the WAL flush (a lost release runs
--- to its expiry, which is safe), unless the statement runs inside a
--- caller's transaction (whose own writes must stay durable).
+-- to its expiry, which is safe), unless the transaction has written
+-- before (a caller's transaction, whose own writes must stay durable: the
+-- caller passes false for its transactions when it knows them).
 CREATE OR REPLACE FUNCTION "pglease_release_07f27fb7aa"(p_lock_ids text[], p_channel text, p_wake integer, p_async boolean)
 RETURNS TABLE (o_idx integer, o_ok boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -692,7 +705,7 @@ DECLARE
   v_fence text;
   v_ev text;
 BEGIN
-  IF p_async AND statement_timestamp() = transaction_timestamp() THEN
+  IF p_async AND pg_current_xact_id_if_assigned() IS NULL THEN
     PERFORM set_config('synchronous_commit', 'off', true);
   END IF;
   IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
@@ -722,7 +735,7 @@ BEGIN
       v_ev := 'u:';
     END IF;
     o_ok := v_k IS NOT NULL;
-    IF o_ok THEN
+    IF o_ok AND p_channel IS NOT NULL THEN
       PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
     END IF;
     RETURN NEXT;
@@ -804,7 +817,7 @@ BEGIN
     o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     o_released := v_id IS NOT NULL AND v_id = r.old AND v_exp > o_now_ms;
     IF NOT o_released THEN
-      SELECT * INTO c FROM "pglease_check_07f27fb7aa"(r.k, NULL);
+      c := "pglease_check_07f27fb7aa"(r.k, NULL);
       o_now_ms := c.c_now;
       IF c.c_status <> 0 THEN
         o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;

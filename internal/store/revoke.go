@@ -1,0 +1,373 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgerr"
+)
+
+// RevokeRequest is one item of Revoke.
+type RevokeRequest struct {
+	// Key is the key whose exclusive lease is revoked, whatever its
+	// lockId.
+	Key string
+	// Delay, if positive (whole milliseconds, at most keys.MaxTTL), keeps
+	// the key from every acquire (exclusive, shared, set, handoff) for
+	// that long after the revoke; 0 uses the revoked grant's own lock
+	// delay (AcquireRequest.LockDelay), if it had one.
+	Delay time.Duration
+}
+
+// Format never prints the key.
+func (r RevokeRequest) Format(f fmt.State, _ rune) {
+	fmt.Fprintf(f, "store.RevokeRequest{Key:%s Delay:%v}", pglease.HashKey(r.Key), r.Delay)
+}
+
+// RevokeResult answers one Revoke item.
+type RevokeResult struct {
+	// Revoked is true when a live exclusive lease (live for acquirers:
+	// expires_at + 1 s after the server's clock) was deleted.
+	Revoked bool
+	// LockIDHash is pglease.HashKey of the revoked lease's lockId, and
+	// Fence its fence, when Revoked.
+	LockIDHash string
+	Fence      pglease.Fence
+	// DelayUntil is when the key can be granted again, when Revoked with
+	// a delay (zero otherwise: at once).
+	DelayUntil time.Time
+}
+
+// Revoke deletes the exclusive lease of each item's key, whatever its
+// lockId, in one statement (one round trip, durable); results[i]
+// answers reqs[i]. Keys are revoked in the acquire's global key order,
+// each under the key's advisory lock, so a revoke and an acquire of a key
+// are serialized; the delete waits for transactions that guard the
+// lease (Guard), so their writes come before the revoke. Shared holds are
+// not revoked.
+//
+// For each live lease revoked, with Config.NotifyChannel set, the
+// channel gets "r:" + HashKey(key) + ":" + HashKey(lockId) (always: the
+// holder's Manager listens; see ParseNotification), the key's waiters are
+// woken (its hash, when a session waits for it, as ReleaseWaited does)
+// and its watchers told ("w:…:v:"). The revoked holder learns of it from
+// that notification or at its next extend, which fails.
+//
+// Invalid input anywhere fails the whole call before I/O.
+func (s *Store) Revoke(ctx context.Context, reqs []RevokeRequest) ([]RevokeResult, error) {
+	const op = "pg.Revoke"
+	if err := pgerr.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	if len(reqs) > MaxBatch {
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	ks := make([]string, len(reqs))
+	delays := make([]int64, len(reqs))
+	for i, r := range reqs {
+		sk, _, err := storageKey(op, r.Key)
+		if err != nil {
+			return nil, err
+		}
+		if err := checkDelay(op, "Delay", r.Delay); err != nil {
+			return nil, err
+		}
+		ks[i], delays[i] = sk, r.Delay.Milliseconds()
+	}
+	if len(reqs) == 0 {
+		return []RevokeResult{}, nil
+	}
+	if err := s.checkOnce(ctx, op); err != nil {
+		return nil, err
+	}
+	out := make([]RevokeResult, len(reqs))
+	got := make([]bool, len(reqs))
+	err := s.run(ctx, op, true, s.revokeSQL, []any{ks, delays, s.channelArg()}, func(rows pgx.Rows) error {
+		var idx int32
+		var revoked bool
+		var hash *string
+		var fence, until *int64
+		if err := rows.Scan(&idx, &revoked, &hash, &fence, &until); err != nil {
+			return err
+		}
+		i := int(idx) - 1
+		if i < 0 || i >= len(out) || got[i] {
+			return errors.New("pg: bad result index from revoke function")
+		}
+		got[i] = true
+		if revoked {
+			if hash == nil {
+				return errors.New("pg: revoke without the lockId's hash")
+			}
+			out[i] = RevokeResult{Revoked: true, LockIDHash: *hash}
+			if fence != nil {
+				out[i].Fence = pglease.Fence(*fence)
+			}
+			if until != nil {
+				out[i].DelayUntil = time.UnixMilli(*until)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i := range got {
+		if !got[i] {
+			return nil, pgerr.New(pglease.CodeAmbiguous, op, "revoke function returned too few rows", nil)
+		}
+	}
+	return out, nil
+}
+
+// RequestRelease asks the holders of each key to release it, without
+// taking anything: one statement sends "q:" + HashKey(key) on
+// Config.NotifyChannel for each key (see ParseNotification); a holder's
+// Manager tells the lock's holder, which decides. Nothing is written. It
+// needs Config.NotifyChannel (InvalidArgument otherwise, before any I/O,
+// like bad keys).
+func (s *Store) RequestRelease(ctx context.Context, ks []string) error {
+	const op = "pg.RequestRelease"
+	if err := pgerr.CheckContext(op, ctx); err != nil {
+		return err
+	}
+	if s.cfg.NotifyChannel == "" {
+		return pgerr.New(pglease.CodeInvalidArgument, op, "no NotifyChannel: nobody would hear the request", nil)
+	}
+	if len(ks) > MaxBatch {
+		return pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	payloads := make([]string, len(ks))
+	for i, k := range ks {
+		nk, err := keys.NormalizeKey(k)
+		if err != nil {
+			return WithOp(op, err)
+		}
+		payloads[i] = "q:" + pglease.HashKey(nk)
+	}
+	if len(ks) == 0 {
+		return nil
+	}
+	return s.run(ctx, op, false, "SELECT pg_notify($1, p) FROM unnest($2::text[]) AS p", []any{s.cfg.NotifyChannel, payloads},
+		func(pgx.Rows) error { return nil })
+}
+
+// NotificationKind says what a payload on the notify channel announces.
+type NotificationKind uint8
+
+// The notification kinds (see ParseNotification).
+const (
+	// NotifyWake: a key was released (or a SyncGuard release fired the
+	// release trigger, or a revoke freed it): its waiters try again.
+	// Payload: HashKey(key).
+	NotifyWake NotificationKind = iota + 1
+	// NotifyRevoke: the exclusive lease with lockId hash LockIDHash was
+	// revoked. Payload: "r:" + HashKey(key) + ":" + HashKey(lockId).
+	NotifyRevoke
+	// NotifyReleaseRequest: someone asks the key's holders to release it
+	// (RequestRelease). Payload: "q:" + HashKey(key).
+	NotifyReleaseRequest
+	// NotifyWatch: a change of a watched key (Event, Fence). Payload:
+	// "w:" + HashKey(key) + ":" + event letter + ":" + the fence in 15
+	// digits.
+	NotifyWatch
+)
+
+// WatchEvent is the change a NotifyWatch notification announces.
+type WatchEvent byte
+
+// The watch events, with their payload letters.
+const (
+	WatchGranted        WatchEvent = 'g' // an exclusive grant (acquire, set, handoff); Fence: the grant's
+	WatchReleased       WatchEvent = 'r' // an exclusive release; Fence: the released grant's
+	WatchRevoked        WatchEvent = 'v' // a revoke; Fence: the revoked grant's
+	WatchSharedGranted  WatchEvent = 's' // a shared hold granted; Fence: the hold's
+	WatchSharedReleased WatchEvent = 'u' // a shared hold released; Fence: the hold's
+)
+
+// Notification is a parsed payload of the notify channel.
+type Notification struct {
+	Kind NotificationKind
+	// KeyHash is HashKey of the key the notification is about.
+	KeyHash string
+	// LockIDHash is set for NotifyRevoke.
+	LockIDHash string
+	// Event and Fence are set for NotifyWatch.
+	Event WatchEvent
+	Fence pglease.Fence
+}
+
+// hashLen is the length of a HashKey: 24 hex digits.
+const hashLen = 24
+
+func isHash(s string) bool {
+	if len(s) != hashLen {
+		return false
+	}
+	for _, c := range s {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseNotification parses a payload of the notify channel: a wake-up
+// (a key's hash, what releases have always sent), a revoke ("r:"), a
+// release request ("q:") or a watch event ("w:"). ok is false for
+// anything else (another program's payload on the channel), which a
+// listener ignores.
+func ParseNotification(payload string) (n Notification, ok bool) {
+	if isHash(payload) {
+		return Notification{Kind: NotifyWake, KeyHash: payload}, true
+	}
+	kind, rest, found := strings.Cut(payload, ":")
+	if !found {
+		return Notification{}, false
+	}
+	parts := strings.Split(rest, ":")
+	if !isHash(parts[0]) {
+		return Notification{}, false
+	}
+	n.KeyHash = parts[0]
+	switch {
+	case kind == "q" && len(parts) == 1:
+		n.Kind = NotifyReleaseRequest
+	case kind == "r" && len(parts) == 2 && isHash(parts[1]):
+		n.Kind, n.LockIDHash = NotifyRevoke, parts[1]
+	case kind == "w" && len(parts) == 3 && len(parts[1]) == 1 && strings.Contains("grvsu", parts[1]):
+		f, err := strconv.ParseInt(parts[2], 10, 64)
+		if err != nil || f < 0 {
+			return Notification{}, false
+		}
+		n.Kind, n.Event, n.Fence = NotifyWatch, WatchEvent(parts[1][0]), pglease.Fence(f)
+	default:
+		return Notification{}, false
+	}
+	return n, true
+}
+
+// KeyState is the state of a key read by Snapshot.
+type KeyState struct {
+	// Now is the server's clock at the read.
+	Now time.Time
+	// Held: the key has a live exclusive lease (for acquirers:
+	// ExpiresAt + 1 s after Now). LockIDHash, Fence, AcquiredAt,
+	// ExpiresAt, Holder and LockDelay describe its exclusive row, also
+	// when that has expired (LockIDHash "" when there is none).
+	Held                  bool
+	LockIDHash            string
+	Fence                 pglease.Fence
+	AcquiredAt, ExpiresAt time.Time
+	Holder                string
+	LockDelay             time.Duration
+	// Shared counts the live shared holds, of limit Limit (0: readers),
+	// the latest expiring at SharedExpiresAt.
+	Shared          int
+	Limit           int
+	SharedExpiresAt time.Time
+	// Counter is the key's fence counter (0: never granted).
+	Counter pglease.Fence
+	// DelayUntil is a revoke's delay end, WriterWaitingUntil an
+	// exclusive waiter's mark (zero when none, or past).
+	DelayUntil, WriterWaitingUntil time.Time
+}
+
+// Snapshot reads the state of each key in one statement (one round
+// trip); results[i] answers ks[i]. The read comes after every change of
+// the keys in flight has committed: per key, in the global key order, it
+// takes the key's advisory lock shared (acquires, handoffs and revokes
+// hold it exclusively) and its rows FOR KEY SHARE (a release's delete
+// excludes that), then reads. So a watcher that registered its watch
+// lock (RegisterWatchers) and then calls Snapshot misses no final state:
+// a change either saw the lock and notifies, or committed before the
+// read. It does not block extends, guards, or other snapshots.
+func (s *Store) Snapshot(ctx context.Context, ks []string) ([]KeyState, error) {
+	const op = "pg.Snapshot"
+	if err := pgerr.CheckContext(op, ctx); err != nil {
+		return nil, err
+	}
+	if len(ks) > MaxBatch {
+		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
+	}
+	sks := make([]string, len(ks))
+	for i, k := range ks {
+		sk, _, err := storageKey(op, k)
+		if err != nil {
+			return nil, err
+		}
+		sks[i] = sk
+	}
+	if len(ks) == 0 {
+		return []KeyState{}, nil
+	}
+	if err := s.checkOnce(ctx, op); err != nil {
+		return nil, err
+	}
+	out := make([]KeyState, len(ks))
+	got := make([]bool, len(ks))
+	err := s.run(ctx, op, false, s.snapshotSQL, []any{sks}, func(rows pgx.Rows) error {
+		var idx int32
+		var now int64
+		var lockHash, holder *string
+		var fence, acq, exp, delay, sexp, counter, until, wait *int64
+		var shared int64
+		var limit *int32
+		if err := rows.Scan(&idx, &now, &lockHash, &fence, &acq, &exp, &holder, &delay, &shared, &limit, &sexp, &counter, &until, &wait); err != nil {
+			return err
+		}
+		i := int(idx) - 1
+		if i < 0 || i >= len(out) || got[i] {
+			return errors.New("pg: bad result index from snapshot function")
+		}
+		got[i] = true
+		st := KeyState{Now: time.UnixMilli(now), Shared: int(shared)}
+		if lockHash != nil && exp != nil && acq != nil {
+			st.LockIDHash, st.AcquiredAt, st.ExpiresAt = *lockHash, time.UnixMilli(*acq), time.UnixMilli(*exp)
+			st.Held = *exp+keys.TimeToleranceMs > now
+			if fence != nil {
+				st.Fence = pglease.Fence(*fence)
+			}
+			if holder != nil && checkHolder("", *holder) == nil {
+				st.Holder = *holder
+			}
+			if delay != nil {
+				st.LockDelay = time.Duration(*delay) * time.Millisecond
+			}
+		}
+		if limit != nil {
+			st.Limit = int(*limit)
+		}
+		if sexp != nil {
+			st.SharedExpiresAt = time.UnixMilli(*sexp)
+		}
+		if counter != nil {
+			st.Counter = pglease.Fence(*counter)
+		}
+		if until != nil && *until > now {
+			st.DelayUntil = time.UnixMilli(*until)
+		}
+		if wait != nil && *wait > now {
+			st.WriterWaitingUntil = time.UnixMilli(*wait)
+		}
+		out[i] = st
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for i := range got {
+		if !got[i] {
+			return nil, pgerr.New(pglease.CodeAmbiguous, op, "snapshot function returned too few rows", nil)
+		}
+	}
+	return out, nil
+}
