@@ -54,6 +54,9 @@ func TestNoPasswordPrinted(t *testing.T) {
 	g := w.acquire(t, "secret:1", time.Minute)
 	_ = g
 	w.acquire(t, "secret:2", time.Minute)
+	w.acquire(t, "secret:3", time.Minute)
+	w.share(t, "reader[1]@x", "secret:rw", 0)
+	w.share(t, "worker[1]@x", "secret:sem", 2)
 	holder, err := advisory.Open(c, w.pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +95,15 @@ func TestNoPasswordPrinted(t *testing.T) {
 		tc{u, "", []string{"release", "--key", "secret:1"}},
 		tc{u, "n\n", []string{"release", "--key", "secret:1", "--force"}},
 		tc{u, "", []string{"release", "--key", "secret:1", "--force", "--yes"}}, // the audit record
+		tc{u, "", []string{"inspect", "secret:rw"}},
+		tc{u, "", []string{"inspect", "--json", "secret:sem"}},
+		tc{u, "", []string{"release", "--key", "secret:sem", "--request"}}, // the audit record
+		tc{u, "", []string{"release", "--key", "secret:2", "--request"}},
+		tc{u, "", []string{"release", "--key", "secret:nobody", "--request"}},
+		tc{u, "", []string{"release", "--key", "secret:rw", "--force", "--yes"}}, // shared holds only
+		tc{u, "", []string{"release", "--key", "secret:2", "--force", "--yes", "--delay", "1s"}},
+		tc{u, "", []string{"release", "--key", "secret:3", "--delay", "1s"}}, // the refusal
+		tc{u, "", []string{"release", "--key", "secret:1", "--delay", "-1s"}},
 		tc{u, "", []string{"release", "--pid", pid}},
 		tc{u, "", []string{"release", "--pid", pid, "--yes"}}, // the audit record
 		tc{u, "", []string{"version"}},
@@ -343,9 +355,11 @@ func TestJSONEmptyLists(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, true)
 	r := run(t, w.url, "", "status", "--json")
-	want(t, r, 0, `"rows":[]`, `"waiting_managers":[]`)
+	want(t, r, 0, `"rows":[]`, `"waiting_managers":[`, `"shared":{"live":0,"keys":0,"rows":[]}`, `"marks":[]`,
+		`"watching_managers":[`, `"guarded_tables":[]`) // other tests' watchers may show (advisory locks are the database's)
 	r = run(t, w.url, "", "inspect", "--json", "none")
-	want(t, r, exitNotFound, `"acquires_in_progress":[]`, `"waiting_manager_pids":[]`)
+	want(t, r, exitNotFound, `"acquires_in_progress":[]`, `"waiting_manager_pids":[]`, `"holders":[]`, `"marks":[]`,
+		`"watching_manager_pids":[]`, `"guarded_tables":[]`)
 	if n := strings.Count(r.stdout, "null"); n != 2 { // "lease" and "fence_counter"
 		t.Fatalf("%d nulls, want 2 (lease and fence_counter):\n%s", n, r)
 	}
@@ -422,6 +436,15 @@ func TestBadFlagsNoConnection(t *testing.T) {
 		{"inspect", "--fence-table", "a.b.c", "k"},
 		{"release", "--pid", "-1"},
 		{"release", "--key", "k", "--lock-id", "x"},
+		{"release", "--key", "k", "--delay", "-1s"},
+		{"release", "--key", "k", "--delay", "1500us"},
+		{"release", "--key", "k", "--delay", "soon"},
+		{"release", "--pid", "5", "--delay", "1s"},
+		{"release", "--request"},
+		{"release", "--lock-id", "AAAAAAAAAAAAAAAAAAAAAA", "--request"},
+		{"release", "--key", "k", "--request", "--delay", "1s"},
+		{"release", "--key", "k", "--request", "--force"},
+		{"release", "--key", "k", "--notify-channel", "bad-name"},
 		{"migrate", "--to", "-1"},
 		{"setup", "extra"},
 		{"version", "extra"},
