@@ -42,8 +42,8 @@ func withPassword(t *testing.T, raw, pw string) (string, string) {
 
 // The connection string's password is printed nowhere: not in the
 // usage (a flag's default), not in a parse or connect error, not in
-// status (text or JSON), inspect, release's audit records, version,
-// setup or migrate. Every command's usage, success and error path is run
+// status (text or JSON, with shared holds), inspect, release's audit
+// records (revoke, request), version, setup or migrate; nor is a lockId. Every command's usage, success and error path is run
 // with a distinctive password in DATABASE_URL (or --database-url).
 func TestNoPasswordPrinted(t *testing.T) {
 	t.Parallel()
@@ -51,12 +51,14 @@ func TestNoPasswordPrinted(t *testing.T) {
 	c := ctx(t)
 	const secret = "Pw-7731zq-DoNotPrint"
 	u, pw := withPassword(t, w.url, secret)
-	g := w.acquire(t, "secret:1", time.Minute)
-	_ = g
-	w.acquire(t, "secret:2", time.Minute)
-	w.acquire(t, "secret:3", time.Minute)
-	w.share(t, "reader[1]@x", "secret:rw", 0)
-	w.share(t, "worker[1]@x", "secret:sem", 2)
+	// LockIds are printed nowhere either (every case below is scanned).
+	lockIDs := []string{
+		w.acquire(t, "secret:1", time.Minute).LockID,
+		w.acquire(t, "secret:2", time.Minute).LockID,
+		w.acquire(t, "secret:3", time.Minute).LockID,
+		w.share(t, "reader[1]@x", "secret:rw", 0).LockID,
+		w.share(t, "worker[1]@x", "secret:sem", 2).LockID,
+	}
 	holder, err := advisory.Open(c, w.pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -132,6 +134,11 @@ func TestNoPasswordPrinted(t *testing.T) {
 		out := r.stdout + r.stderr
 		if strings.Contains(out, pw) || strings.Contains(out, url.QueryEscape(pw)) {
 			t.Errorf("pglease %q printed the password:\n%s", tc.args, r)
+		}
+		for _, id := range lockIDs {
+			if strings.Contains(out, id) {
+				t.Errorf("pglease %q printed a lockId:\n%s", tc.args, r)
+			}
 		}
 		// The last two cases' password parts.
 		if strings.Contains(tc.url, "@x@") && strings.Contains(out, "x@127") {
