@@ -349,11 +349,14 @@ ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_m
 -- hashKey(p_key) when p_wake is 2, or 1 and a session waits for the key
 -- (holds its waiter lock: the exclusive try fails); 'w:' || hashKey(p_key)
 -- || ':' || p_event when p_event is not NULL and a session watches the key
--- (holds its watch lock). A try that succeeds drops the lock at once.
+-- (holds its watch lock). A try that succeeds drops the lock at once. It
+-- runs on every grant and release: the tries are plain expressions (no
+-- query each, as a PERFORM would be).
 CREATE OR REPLACE FUNCTION "pglease_notify_07f27fb7aa"(p_channel text, p_key text, p_wake integer, p_event text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_h integer;
+  v_ok boolean;
 BEGIN
   IF p_channel IS NULL THEN
     RETURN;
@@ -363,14 +366,14 @@ BEGIN
     PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
   ELSIF p_wake = 1 THEN
     IF pg_try_advisory_lock(1886156663, v_h) THEN
-      PERFORM pg_advisory_unlock(1886156663, v_h);
+      v_ok := pg_advisory_unlock(1886156663, v_h);
     ELSE
       PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
     END IF;
   END IF;
   IF p_event IS NOT NULL THEN
     IF pg_try_advisory_lock(1886156660, v_h) THEN
-      PERFORM pg_advisory_unlock(1886156660, v_h);
+      v_ok := pg_advisory_unlock(1886156660, v_h);
     ELSE
       PERFORM pg_notify(p_channel, 'w:' || "pglease_hashkey_v1"(p_key) || ':' || p_event);
     END IF;
@@ -389,12 +392,14 @@ $fn$;
 -- Status: 0 grantable, 1 held (c_retry: the server time from which to try
 -- again; c_exp: the exclusive holder's expiry, or the latest shared one;
 -- c_holder its identity; c_shared the live shared holds), 3 limit mismatch
--- (c_limit: the live holders' limit). An exclusive attempt refused because
--- of shared holds marks the key (excl_wait_until_ms = now + 5 s) and is
--- told to try again within 2 s, to keep its mark while it waits. Expired
--- shared rows of the key are deleted.
+-- (c_limit: the live holders' limit). c_row: the key has a lock row (the
+-- caller holds its lock; a grant updates it in place, else inserts one).
+-- An exclusive attempt refused because of shared holds marks the key
+-- (excl_wait_until_ms = now + 5 s) and is told to try again within 2 s, to
+-- keep its mark while it waits. Expired shared rows of the key are deleted.
 CREATE OR REPLACE FUNCTION "pglease_check_07f27fb7aa"(p_key text, p_limit integer,
-  OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer)
+  OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
+  OUT c_row boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_exp bigint;
@@ -404,6 +409,7 @@ DECLARE
   v_delay bigint;
   v_until bigint;
   v_wait bigint;
+  v_probe boolean;
   v_all integer;
   v_n integer;
   v_min bigint;
@@ -413,9 +419,20 @@ DECLARE
   v_sholder text;
 BEGIN
   c_status := 0;
-  SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR NO KEY UPDATE;
-  SELECT h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms
-    INTO v_hid, v_holder, v_delay, v_until, v_wait FROM "syncguard_locks_holders" AS h WHERE h.key = p_key;
+  -- One query for the lock row, the holder row and whether the key has
+  -- shared rows. Its snapshot is taken under the caller's advisory lock,
+  -- which every writer of holder rows and inserter of lock and shared rows
+  -- holds, so none of them changes meanwhile; the lock row's lock waits
+  -- for releases and extends in flight and reads the row they leave (or
+  -- none). A shared row a release is deleting is still seen, so the
+  -- locking read below waits for that release (no lost wake-up).
+  SELECT lk.e, lk.id, h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms,
+      EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key)
+    INTO v_exp, v_id, v_hid, v_holder, v_delay, v_until, v_wait, v_probe
+    FROM (SELECT 1) AS x
+    LEFT JOIN LATERAL (SELECT l.expires_at_ms AS e, l.lock_id AS id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR NO KEY UPDATE) AS lk ON true
+    LEFT JOIN "syncguard_locks_holders" AS h ON h.key = p_key;
+  c_row := v_id IS NOT NULL;
   IF v_hid IS DISTINCT FROM v_id THEN
     v_holder := NULL;
     v_delay := NULL;
@@ -437,12 +454,8 @@ BEGIN
     c_status := 1; c_retry := v_wait;
     RETURN;
   END IF;
-  -- Most keys have no shared row: a plain probe first. A row a release
-  -- is deleting is still visible to it, so the locking read below still
-  -- waits for that release (no lost wake-up); no row can appear meanwhile
-  -- (inserts hold the key's advisory lock, as the caller does).
-  PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key LIMIT 1;
-  IF NOT FOUND THEN
+  -- Most keys have no shared row.
+  IF NOT v_probe THEN
     RETURN;
   END IF;
   SELECT count(*), count(*) FILTER (WHERE x.e + 1000 > c_now),
@@ -475,30 +488,50 @@ END
 $fn$;
 
 -- Grants key p_key exclusively to p_lock_id at server time p_now (the
--- caller checked it with "pglease_check_07f27fb7aa"): fence upsert (NULL, nothing written,
--- at FENCE MAX), lock row upsert, holder row (identity and lock delay,
+-- caller checked it with "pglease_check_07f27fb7aa", and holds the lock row's lock when
+-- p_row, the key having one): fence counter incremented (NULL, nothing
+-- written, at FENCE MAX), lock row updated in place (p_row) or inserted,
+-- holder row (identity and lock delay tied to the grant's lockId,
 -- exclusive-waiting mark cleared; written when there is a holder or a
--- delay), and a watch notification ('g:' fence).
-CREATE OR REPLACE FUNCTION "pglease_grant_07f27fb7aa"(p_key text, p_fence_key text, p_lock_id text, p_ttl bigint, p_delay bigint, p_holder text, p_channel text, p_now bigint)
+-- delay), and a watch notification ('g:' fence). Plain updates, not
+-- upserts: an upsert that finds its row locks it first (one more WAL
+-- record) and runs a speculative insertion's checks. Lock and shared
+-- rows appear only under the key's advisory lock, which the caller
+-- holds, so an insert cannot meet a row.
+CREATE OR REPLACE FUNCTION "pglease_grant_07f27fb7aa"(p_key text, p_fence_key text, p_lock_id text, p_ttl bigint, p_delay bigint, p_holder text, p_channel text, p_now bigint, p_row boolean)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_fence bigint;
 BEGIN
-  INSERT INTO "syncguard_fence_counters" AS c (fence_key, fence, key_debug) VALUES (p_fence_key, 1, p_key)
-    ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+  UPDATE "syncguard_fence_counters" AS c SET fence = c.fence + 1 WHERE c.fence_key = p_fence_key AND c.fence < 900000000000000
     RETURNING c.fence INTO v_fence;
   IF v_fence IS NULL THEN
-    RETURN NULL;
+    -- The key's first grant, or its counter at FENCE MAX.
+    INSERT INTO "syncguard_fence_counters" AS c (fence_key, fence, key_debug) VALUES (p_fence_key, 1, p_key)
+      ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+      RETURNING c.fence INTO v_fence;
+    IF v_fence IS NULL THEN
+      RETURN NULL;
+    END IF;
   END IF;
-  INSERT INTO "syncguard_locks" AS l (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
-    VALUES (p_key, p_lock_id, p_now + p_ttl, p_now, lpad(v_fence::text, 15, '0'), p_key)
-    ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
-      acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+  IF p_row THEN
+    UPDATE "syncguard_locks" AS l SET lock_id = p_lock_id, expires_at_ms = p_now + p_ttl, acquired_at_ms = p_now,
+      fence = lpad(v_fence::text, 15, '0'), user_key = p_key
+      WHERE l.key = p_key;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'pglease: the lock row went away under its row lock' USING ERRCODE = 'internal_error';
+    END IF;
+  ELSE
+    INSERT INTO "syncguard_locks" (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
+      VALUES (p_key, p_lock_id, p_now + p_ttl, p_now, lpad(v_fence::text, 15, '0'), p_key);
+  END IF;
   IF p_holder IS NOT NULL OR p_delay > 0 THEN
-    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0))
-      ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder,
-        lock_delay_ms = EXCLUDED.lock_delay_ms, excl_wait_until_ms = NULL;
+    UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0), excl_wait_until_ms = NULL
+      WHERE h.key = p_key;
+    IF NOT FOUND THEN
+      INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
+    END IF;
   END IF;
   IF p_channel IS NOT NULL THEN
     PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
@@ -519,31 +552,41 @@ CREATE OR REPLACE FUNCTION "pglease_acquire_07f27fb7aa"(p_keys text[], p_fence_k
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-  r record;
   c record;
+  v_order integer[];
+  v_i integer;
+  v_k text;
+  v_void text;
 BEGIN
   -- A fence handed out and lost in a crash would be handed out again.
-  PERFORM set_config('synchronous_commit', 'on', true);
-  FOR r IN
-    SELECT u.k, u.fk, u.id, u.ttl, u.d, u.i::integer AS i
-    FROM unnest(p_keys, p_fence_keys, p_lock_ids, p_ttls, p_delays) WITH ORDINALITY AS u(k, fk, id, ttl, d, i)
-    ORDER BY hashtext(u.k), u.k, u.i
-  LOOP
-    o_idx := r.i;
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  -- The items' order; a single item needs no query (plain expressions
+  -- below, array parameters are subscripted in constant time).
+  IF cardinality(p_keys) = 1 THEN
+    v_order := ARRAY[1];
+  ELSE
+    v_order := ARRAY(SELECT u.i::integer FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i);
+  END IF;
+  FOREACH v_i IN ARRAY v_order LOOP
+    o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
-    PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    c := "pglease_check_07f27fb7aa"(r.k, NULL);
+    -- SyncGuard's advisory lock; an assignment is a plain expression
+    -- where PERFORM would run a query.
+    v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
+    c := "pglease_check_07f27fb7aa"(v_k, NULL);
     o_now_ms := c.c_now;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
       RETURN NEXT;
       CONTINUE;
     END IF;
-    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, c.c_now);
+    o_fence := "pglease_grant_07f27fb7aa"(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, c.c_now, c.c_row);
     IF o_fence IS NULL THEN
       o_status := 2;
     ELSE
-      o_status := 0; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + r.ttl;
+      o_status := 0; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + p_ttls[v_i];
     END IF;
     RETURN NEXT;
   END LOOP;
@@ -630,10 +673,12 @@ DECLARE
   v_exp bigint[];
   v_holder text[];
   v_shared integer[];
+  v_row boolean[];
   v_fence bigint;
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   v_ok := array_fill(true, ARRAY[v_sets]);
+  v_row := array_fill(false, ARRAY[v_n]);
   v_status := array_fill(NULL::integer, ARRAY[v_n]);
   v_now := array_fill(NULL::bigint, ARRAY[v_n]);
   v_retry := v_now; v_exp := v_now;
@@ -648,6 +693,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
     c := "pglease_check_07f27fb7aa"(r.k, NULL);
     v_now[r.i] := c.c_now;
+    v_row[r.i] := c.c_row;
     IF c.c_status = 0 AND r.nth > 1 THEN
       v_status[r.i] := 1;
     ELSIF c.c_status = 0 THEN
@@ -674,7 +720,7 @@ BEGIN
       RETURN NEXT;
       CONTINUE;
     END IF;
-    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, v_now[r.i]);
+    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, v_now[r.i], v_row[r.i]);
     IF o_fence IS NULL THEN
       -- Checked in phase 1 under the counter's row lock: cannot happen.
       RAISE EXCEPTION 'pglease: fence counter changed under its row lock' USING ERRCODE = 'internal_error';
@@ -700,15 +746,23 @@ RETURNS TABLE (o_idx integer, o_ok boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
+  v_i integer;
   v_now bigint;
   v_k text;
   v_fence text;
   v_ev text;
+  v_void text;
 BEGIN
   IF p_async AND pg_current_xact_id_if_assigned() IS NULL THEN
-    PERFORM set_config('synchronous_commit', 'off', true);
+    v_void := set_config('synchronous_commit', 'off', true);
   END IF;
-  IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
+  IF cardinality(p_lock_ids) = 1 THEN
+    -- One row to lock, exclusive or shared: no order to keep.
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[1] FOR UPDATE;
+    IF NOT FOUND THEN
+      PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[1] FOR UPDATE;
+    END IF;
+  ELSIF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
     FOR r IN
       SELECT x.k, x.t FROM (SELECT l.key AS k, 0 AS t FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
         UNION SELECT s.key, 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS x
@@ -724,13 +778,13 @@ BEGIN
     PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
   END IF;
   v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-  FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
-    o_idx := r.i;
+  FOR v_i IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
+    o_idx := v_i;
     v_k := NULL;
-    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.user_key, l.fence INTO v_k, v_fence;
+    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[v_i] AND l.expires_at_ms > v_now RETURNING l.user_key, l.fence INTO v_k, v_fence;
     v_ev := 'r:';
     IF v_k IS NULL THEN
-      DELETE FROM "syncguard_locks_shared" AS s WHERE s.lock_id = r.id AND s.expires_at_ms > v_now
+      DELETE FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > v_now
         RETURNING s.key, lpad(s.fence::text, 15, '0') INTO v_k, v_fence;
       v_ev := 'u:';
     END IF;
@@ -797,45 +851,55 @@ CREATE OR REPLACE FUNCTION "pglease_handoff_07f27fb7aa"(p_old_ids text[], p_keys
 RETURNS TABLE (o_idx integer, o_released boolean, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-  r record;
   c record;
+  v_order integer[];
+  v_i integer;
+  v_k text;
+  v_void text;
   v_exp bigint;
   v_id text;
   v_fence text;
+  v_row boolean;
 BEGIN
-  PERFORM set_config('synchronous_commit', 'on', true);
-  FOR r IN
-    SELECT u.old, u.k, u.fk, u.id, u.ttl, u.d, u.i::integer AS i
-    FROM unnest(p_old_ids, p_keys, p_fence_keys, p_lock_ids, p_ttls, p_delays) WITH ORDINALITY AS u(old, k, fk, id, ttl, d, i)
-    ORDER BY hashtext(u.k), u.k, u.i
-  LOOP
-    o_idx := r.i;
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  -- As in "pglease_acquire_07f27fb7aa".
+  IF cardinality(p_keys) = 1 THEN
+    v_order := ARRAY[1];
+  ELSE
+    v_order := ARRAY(SELECT u.i::integer FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i);
+  END IF;
+  FOREACH v_i IN ARRAY v_order LOOP
+    o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
-    PERFORM pg_advisory_xact_lock(hashtext(r.k));
+    v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
     v_exp := NULL; v_id := NULL;
-    SELECT l.expires_at_ms, l.lock_id, l.fence INTO v_exp, v_id, v_fence FROM "syncguard_locks" AS l WHERE l.key = r.k FOR UPDATE;
+    SELECT l.expires_at_ms, l.lock_id, l.fence INTO v_exp, v_id, v_fence FROM "syncguard_locks" AS l WHERE l.key = v_k FOR UPDATE;
     o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    o_released := v_id IS NOT NULL AND v_id = r.old AND v_exp > o_now_ms;
+    o_released := v_id IS NOT NULL AND v_id = p_old_ids[v_i] AND v_exp > o_now_ms;
+    v_row := v_id IS NOT NULL;
     IF NOT o_released THEN
-      c := "pglease_check_07f27fb7aa"(r.k, NULL);
+      c := "pglease_check_07f27fb7aa"(v_k, NULL);
       o_now_ms := c.c_now;
       IF c.c_status <> 0 THEN
         o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
         RETURN NEXT;
         CONTINUE;
       END IF;
+      v_row := c.c_row;
     END IF;
-    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, o_now_ms);
+    o_fence := "pglease_grant_07f27fb7aa"(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, o_now_ms, v_row);
     IF o_fence IS NULL THEN
       IF o_released THEN
-        DELETE FROM "syncguard_locks" AS l WHERE l.key = r.k;
-        PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 2, 'r:' || v_fence);
+        DELETE FROM "syncguard_locks" AS l WHERE l.key = v_k;
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 2, 'r:' || v_fence);
       END IF;
       o_status := 2;
       RETURN NEXT;
       CONTINUE;
     END IF;
-    o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + r.ttl;
+    o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
     RETURN NEXT;
   END LOOP;
 END
