@@ -497,10 +497,19 @@ RETURNS TABLE (o_idx integer, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
+  v_i integer;
   v_now bigint;
 BEGIN
-  PERFORM set_config('synchronous_commit', 'on', true);
-  IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  IF cardinality(p_lock_ids) = 1 THEN
+    -- One row to lock, exclusive or shared: no order to keep.
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[1] FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+      PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[1] FOR NO KEY UPDATE;
+    END IF;
+  ELSIF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
     FOR r IN
       SELECT x.k, x.t FROM (SELECT l.key AS k, 0 AS t FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
         UNION SELECT s.key, 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS x
@@ -516,13 +525,13 @@ BEGIN
     PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR NO KEY UPDATE;
   END IF;
   v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-  FOR r IN SELECT u.id, u.ttl, u.i::integer AS i FROM unnest(p_lock_ids, p_ttls) WITH ORDINALITY AS u(id, ttl, i) ORDER BY u.i LOOP
-    o_idx := r.i;
+  FOR v_i IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
+    o_idx := v_i;
     o_expires_ms := NULL;
-    UPDATE "syncguard_locks" AS l SET expires_at_ms = v_now + r.ttl WHERE l.lock_id = r.id AND l.expires_at_ms > v_now
+    UPDATE "syncguard_locks" AS l SET expires_at_ms = v_now + p_ttls[v_i] WHERE l.lock_id = p_lock_ids[v_i] AND l.expires_at_ms > v_now
       RETURNING l.expires_at_ms INTO o_expires_ms;
     IF o_expires_ms IS NULL THEN
-      UPDATE "syncguard_locks_shared" AS s SET expires_at_ms = v_now + r.ttl WHERE s.lock_id = r.id AND s.expires_at_ms > v_now
+      UPDATE "syncguard_locks_shared" AS s SET expires_at_ms = v_now + p_ttls[v_i] WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > v_now
         RETURNING s.expires_at_ms INTO o_expires_ms;
     END IF;
     RETURN NEXT;
