@@ -256,6 +256,11 @@ func (d *driver) setupDB(ctx context.Context) error {
 	if _, err := d.admin.Exec(ctx, setupSQL); err != nil {
 		return err
 	}
+	if d.brokenMd == BrokenPartialSet {
+		if _, err := d.admin.Exec(ctx, partialSetSQL); err != nil {
+			return err
+		}
+	}
 	_, err = d.admin.Exec(ctx, "INSERT INTO soak_res (key) SELECT generate_series(0, $1 - 1)", d.o.Keys)
 	return err
 }
@@ -274,8 +279,11 @@ func (d *driver) workerArgs(id, inc int) []string {
 		"-long-hold", strconv.FormatFloat(o.LongHold, 'g', -1, 64),
 		"-close-timeout", o.CloseTimeout.String(),
 		"-seed", strconv.FormatUint(o.Seed, 10),
+		"-prim-g", strconv.Itoa(o.PrimG), "-sem-keys", strconv.Itoa(o.SemKeys), "-sem-limit", strconv.Itoa(o.SemLimit),
+		"-rw-keys", strconv.Itoa(o.RWKeys), "-rw-writers", strconv.FormatFloat(o.RWWriters, 'g', -1, 64),
+		"-set-keys", strconv.Itoa(o.SetKeys), "-prim-hold", o.PrimHold.String(), "-prim-pause", o.PrimPause.String(),
 	}
-	if d.brokenW[id] && d.brokenMd != BrokenFenceRollback && d.brokenMd != BrokenClockJump {
+	if d.brokenW[id] && !driverBroken(d.brokenMd) {
 		args = append(args, "-broken", d.brokenMd)
 	}
 	return args
@@ -516,12 +524,14 @@ func (d *driver) schedule(ctx context.Context, start time.Time) {
 	}
 }
 
-// cycles counts the lease grants so far (the fence counters' sum).
+// cycles counts the lease grants so far (the lease keys' fence counters'
+// sum; the other primitives' keys do not count).
 func (d *driver) cycles(ctx context.Context) (int64, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var n int64
-	err := d.admin.QueryRow(ctx, "SELECT coalesce(sum(fence), 0)::bigint FROM syncguard_fence_counters").Scan(&n)
+	err := d.admin.QueryRow(ctx, `SELECT coalesce(sum(fence), 0)::bigint FROM syncguard_fence_counters
+		WHERE key_debug ~ '^soak:[0-9]+$'`).Scan(&n)
 	return n, err == nil
 }
 

@@ -35,7 +35,14 @@ const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-op
 const (
 	BrokenFenceRollback = "fence-rollback" // the driver moves fence counters back (a fence rollback)
 	BrokenClockJump     = "clock-jump"     // the driver moves lease expiries earlier (a server clock step)
+	BrokenPartialSet    = "partial-set"    // a trigger deletes one key's row of a set in the set's own transaction (a partial set committed)
 )
+
+// driverBroken reports whether mode is one of the driver's (not passed to
+// workers).
+func driverBroken(mode string) bool {
+	return mode == BrokenFenceRollback || mode == BrokenClockJump || mode == BrokenPartialSet
+}
 
 // Options configure a soak run (the flags of `soak run`).
 type Options struct {
@@ -55,6 +62,15 @@ type Options struct {
 	LongHold               float64
 	CloseTimeout           time.Duration
 	FaultEvery             time.Duration // mean interval between fault starts
+
+	// The other primitives (worker.Config has their meaning): PrimG
+	// goroutines per worker (0: none) over SemKeys semaphores of SemLimit,
+	// RWKeys reader-writer keys, sets from a pool of SetKeys.
+	PrimG, SemKeys, SemLimit int
+	RWKeys, SetKeys          int
+	RWWriters                float64
+	PrimHold, PrimPause      time.Duration
+
 	Mix                    map[string]int
 	Seed                   uint64
 	// RoundRobin starts the fault types with a weight in turn (a type
@@ -152,6 +168,7 @@ func (o *Options) defaults() {
 	def(&o.CloseTimeout, 5*time.Second)
 	def(&o.FaultEvery, 1300*time.Millisecond)
 	def(&o.Duration, 30*time.Minute)
+	defi(&o.SemLimit, 3)
 	if o.Tail == 0 {
 		o.Tail = o.TTL + 3*time.Second
 	}

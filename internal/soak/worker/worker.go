@@ -2,8 +2,12 @@
 // driver's fault proxy) whose goroutines take lease locks on K contended
 // keys and, inside each critical section, make fenced writes to the
 // resource table over a separate, direct connection; other goroutines
-// take advisory session locks. Every step is logged (package event) for
-// the checks that run after the soak.
+// take advisory session locks, and others the Manager's other primitives:
+// permits of counting semaphores (manager.WithLimit, with now and then an
+// exclusive grant of the same key), readers and writers of reader-writer
+// keys (manager.Shared, Acquire) and all-or-nothing sets
+// (Manager.AcquireAll). Every step is logged (package event) for the
+// checks that run after the soak.
 //
 // Broken modes (Config.Broken) make the worker deliberately wrong, so
 // that each check is shown to fail when what it guards is broken.
@@ -16,6 +20,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,13 +49,58 @@ const (
 	BrokenNoClose    = "no-close"    // exits without Release or Close: its leases stay until expiry
 	BrokenStall      = "stall"       // stops taking locks 3 s after it started
 	BrokenHog        = "hog"         // holds key 0 for ever
+	// The primitives' (these workers run only the primitive they break).
+	BrokenFakePermit     = "fake-permit"      // a refused permit (TryAcquire) is counted as held
+	BrokenReaderAsWriter = "reader-as-writer" // a reader's grant is treated (and logged) as a writer's
 )
 
 // AdvisoryBase is added to an advisory key index to form its int64 key.
 const AdvisoryBase = 7_000_000
 
-// KeyName is the lease key of index k.
-func KeyName(k int) string { return fmt.Sprintf("soak:%d", k) }
+// Key indexes: lease keys (with a resource row) count from 0; the
+// primitives' keys from a base per kind, so one index space (event.K)
+// names every key.
+const (
+	SetBase = 1 << 20 // keys of all-or-nothing sets: soak:set:i
+	SemBase = 2 << 20 // semaphore keys: soak:sem:i
+	RWBase  = 3 << 20 // reader-writer keys: soak:rw:i
+)
+
+// KeyName is the key of index k.
+func KeyName(k int) string {
+	switch {
+	case k >= RWBase:
+		return fmt.Sprintf("soak:rw:%d", k-RWBase)
+	case k >= SemBase:
+		return fmt.Sprintf("soak:sem:%d", k-SemBase)
+	case k >= SetBase:
+		return fmt.Sprintf("soak:set:%d", k-SetBase)
+	}
+	return fmt.Sprintf("soak:%d", k)
+}
+
+// KeyIndex is the inverse of KeyName.
+func KeyIndex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "soak:")
+	if !ok {
+		return 0, false
+	}
+	base := 0
+	for _, p := range []struct {
+		prefix string
+		base   int
+	}{{"set:", SetBase}, {"sem:", SemBase}, {"rw:", RWBase}} {
+		if r, ok := strings.CutPrefix(rest, p.prefix); ok {
+			rest, base = r, p.base
+			break
+		}
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 0 || n >= SetBase {
+		return 0, false
+	}
+	return base + n, true
+}
 
 // Config is a worker's configuration (flags of `soak worker`).
 type Config struct {
@@ -67,6 +117,18 @@ type Config struct {
 	Seed           uint64
 	Broken         string
 	CloseTimeout   time.Duration
+
+	// The primitives: PrimG goroutines each loop over a semaphore, a
+	// reader-writer or a set cycle (a kind with keys, drawn uniformly),
+	// hold [0, PrimHold) and pause [0, PrimPause) between cycles.
+	PrimG     int
+	SemKeys   int     // semaphore keys
+	SemLimit  int     // their limit N
+	RWKeys    int     // reader-writer keys
+	RWWriters float64 // share of the reader-writer cycles that are writers
+	SetKeys   int     // the pool sets draw 2–3 keys from
+	PrimHold  time.Duration
+	PrimPause time.Duration
 }
 
 type worker struct {
@@ -156,6 +218,13 @@ func Run(ctx context.Context, cfg Config) error {
 		go func() {
 			defer wg.Done()
 			w.advLoop(cfg.LeaseG + g)
+		}()
+	}
+	for g := range cfg.PrimG {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.primLoop(cfg.LeaseG + cfg.AdvG + g)
 		}()
 	}
 	if cfg.Broken == BrokenRace {
