@@ -41,9 +41,9 @@ type grant struct {
 	lim       int    // a permit's limit
 	grantID   string // pg.GrantID of the lockId ("" for a permit that was never granted)
 	set       int64  // a set's lock: the set's op id
-	callT     int64 // Acquire called
-	okT       int64 // Acquire returned
-	endT      int64 // Context ended (0: never logged)
+	callT     int64  // Acquire called
+	okT       int64  // Acquire returned
+	endT      int64  // Context ended (0: never logged)
 	endCode   string
 	stopT     int64 // broken workers: when they stopped working (0: none)
 	relT      int64 // Release called (0: never)

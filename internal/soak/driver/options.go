@@ -71,8 +71,8 @@ type Options struct {
 	RWWriters                float64
 	PrimHold, PrimPause      time.Duration
 
-	Mix                    map[string]int
-	Seed                   uint64
+	Mix  map[string]int
+	Seed uint64
 	// RoundRobin starts the fault types with a weight in turn (a type
 	// whose target is busy is tried again at the next start) instead of
 	// drawing them by weight: the smoke uses it so every type occurs.
