@@ -151,6 +151,9 @@ type control struct {
 	targets  []int         // worker faults only on these
 	opts     func(*driver.Options)
 	want     []string
+	// wantSeen, when set, must be in an example of every check of want
+	// (e.g. "(server)": the failure was seen in the server's log).
+	wantSeen string
 }
 
 var controlList = []control{
@@ -182,6 +185,11 @@ var controlList = []control{
 	{broken: "fake-permit:0", mix: "cut=1", opts: func(o *driver.Options) { o.PrimG, o.SemLimit = 2, 1 }, want: []string{check.CSemBound}},
 	{broken: "reader-as-writer:0", mix: "cut=1", opts: func(o *driver.Options) { o.PrimG = 2 }, want: []string{check.CRWExcl}},
 	{broken: "partial-set", mix: "cut=1", want: []string{check.CSets}},
+	// The server side of the semaphore and reader-writer checks: the
+	// driver's triggers commit a permit nobody holds next to each permit,
+	// a reader nobody holds next to each writer.
+	{broken: "extra-permit", mix: "cut=1", want: []string{check.CSemBound}, wantSeen: "(server)"},
+	{broken: "reader-with-writer", mix: "cut=1", want: []string{check.CRWExcl}, wantSeen: "(server)"},
 }
 
 // TestControls runs a short soak per broken mode and checks that the
@@ -239,6 +247,8 @@ func TestControls(t *testing.T) {
 			for _, w := range c.want {
 				if rep.Check(w).Failed == 0 {
 					t.Errorf("%s: check %s did not fail", c.broken, w)
+				} else if c.wantSeen != "" && !slices.ContainsFunc(rep.Check(w).Examples, func(e string) bool { return strings.Contains(e, c.wantSeen) }) {
+					t.Errorf("%s: check %s failed, but no example has %q: %v", c.broken, w, c.wantSeen, rep.Check(w).Examples[:min(3, len(rep.Check(w).Examples))])
 				}
 			}
 		})

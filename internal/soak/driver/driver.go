@@ -256,8 +256,8 @@ func (d *driver) setupDB(ctx context.Context) error {
 	if _, err := d.admin.Exec(ctx, setupSQL); err != nil {
 		return err
 	}
-	if d.brokenMd == BrokenPartialSet {
-		if _, err := d.admin.Exec(ctx, partialSetSQL); err != nil {
+	if sql := brokenSQL[d.brokenMd]; sql != "" {
+		if _, err := d.admin.Exec(ctx, sql); err != nil {
 			return err
 		}
 	}

@@ -33,15 +33,21 @@ const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-op
 
 // Driver-side broken modes (the worker ones are in package worker).
 const (
-	BrokenFenceRollback = "fence-rollback" // the driver moves fence counters back (a fence rollback)
-	BrokenClockJump     = "clock-jump"     // the driver moves lease expiries earlier (a server clock step)
-	BrokenPartialSet    = "partial-set"    // a trigger deletes one key's row of a set in the set's own transaction (a partial set committed)
+	BrokenFenceRollback = "fence-rollback"     // the driver moves fence counters back (a fence rollback)
+	BrokenClockJump     = "clock-jump"         // the driver moves lease expiries earlier (a server clock step)
+	BrokenPartialSet    = "partial-set"        // a trigger deletes one key's row of a set in the set's own transaction (a partial set committed)
+	BrokenExtraPermit   = "extra-permit"       // a trigger adds a permit nobody holds next to every permit granted (the server exceeds the limit)
+	BrokenReaderWriter  = "reader-with-writer" // a trigger adds a reader next to every writer of a reader-writer key
 )
 
 // driverBroken reports whether mode is one of the driver's (not passed to
 // workers).
 func driverBroken(mode string) bool {
-	return mode == BrokenFenceRollback || mode == BrokenClockJump || mode == BrokenPartialSet
+	switch mode {
+	case BrokenFenceRollback, BrokenClockJump, BrokenPartialSet, BrokenExtraPermit, BrokenReaderWriter:
+		return true
+	}
+	return false
 }
 
 // Options configure a soak run (the flags of `soak run`).

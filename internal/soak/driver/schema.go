@@ -101,6 +101,47 @@ CREATE TRIGGER soak_shared_audit AFTER INSERT OR UPDATE OR DELETE ON syncguard_l
   FOR EACH ROW EXECUTE FUNCTION soak_shared_audit();
 `
 
+// brokenSQL is the server-side damage of the driver's broken modes that
+// break the primitives, installed after setupSQL.
+var brokenSQL = map[string]string{
+	BrokenPartialSet:   partialSetSQL,
+	BrokenExtraPermit:  extraPermitSQL,
+	BrokenReaderWriter: readerWithWriterSQL,
+}
+
+// extraPermitSQL: next to every permit granted, in its transaction, a
+// permit of the same limit that nobody holds (it lives until its expiry):
+// two permits granted close together make the server's live permits
+// exceed the limit.
+const extraPermitSQL = `
+CREATE FUNCTION soak_extra_permit() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF NEW.lim > 0 AND NEW.lock_id NOT LIKE 'soakextra-%' THEN
+    INSERT INTO syncguard_locks_shared (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
+      VALUES ('soakextra-' || md5(random()::text), NEW.key, NEW.lim, NEW.expires_at_ms, NEW.acquired_at_ms, NEW.fence, 'soak-extra');
+  END IF;
+  RETURN NULL;
+END $fn$;
+CREATE TRIGGER soak_extra_permit AFTER INSERT ON syncguard_locks_shared
+  FOR EACH ROW EXECUTE FUNCTION soak_extra_permit();
+`
+
+// readerWithWriterSQL: next to every exclusive grant of a reader-writer
+// key, in its transaction, a reader that nobody holds (it lives until the
+// writer's expiry).
+const readerWithWriterSQL = `
+CREATE FUNCTION soak_reader_with_writer() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF NEW.user_key LIKE 'soak:rw:%' THEN
+    INSERT INTO syncguard_locks_shared (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
+      VALUES ('soakextra-' || md5(random()::text), NEW.key, 0, NEW.expires_at_ms, NEW.acquired_at_ms, NEW.fence::bigint, 'soak-extra');
+  END IF;
+  RETURN NULL;
+END $fn$;
+CREATE TRIGGER soak_reader_with_writer AFTER INSERT OR UPDATE OF lock_id ON syncguard_locks
+  FOR EACH ROW EXECUTE FUNCTION soak_reader_with_writer();
+`
+
 // partialSetSQL is the partial-set control's damage: a trigger that, in
 // the transaction granting a set, deletes the row of one of its keys now
 // and then (the server commits part of a set; the holder is told it has
