@@ -113,6 +113,7 @@ func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 		}
 		w("\n")
 	}
+	writePrimMarkdown(w, res)
 	if len(ts) > 0 {
 		w("Performance targets, judged on this run:\n\n| # | target | measured | |\n|---|---|---|---|\n")
 		for _, t := range ts {
