@@ -156,17 +156,17 @@ func TestPrimTargets(t *testing.T) {
 		got[tg.Name] = tg
 	}
 	for name, want := range map[string]string{
-		"reader ≥ 80 % of the exclusive lease, C=8":                                     "met 85 % (850 vs 1000/s)",
-		"semaphore ≥ 80 % of the exclusive lease, C=8":                                  "MISSED 79 % (790 vs 1000/s)",
-		"hot semaphore (N=4) against the flush bound, C=32":                             "info 75 % (1500/s)",
-		"hot reader-writer key (10 % writers) against the flush bound, C=32":            "info 100 % (2000/s; reads 1800, writes 200/s)",
+		"reader ≥ 80 % of the exclusive lease, C=8":                                      "met 85 % (850 vs 1000/s)",
+		"semaphore ≥ 80 % of the exclusive lease, C=8":                                   "MISSED 79 % (790 vs 1000/s)",
+		"hot semaphore (N=4) against the flush bound, C=32":                              "info 75 % (1500/s)",
+		"hot reader-writer key (10 % writers) against the flush bound, C=32":             "info 100 % (2000/s; reads 1800, writes 200/s)",
 		"hot shared keys: 0 violations (too many holders at once), 0 timeouts, 0 errors": "MISSED 0, 0, 1",
-		"set8 against single-key cycles, C=1":                                           "info 4000 keys/s = 500 sets/s (400 % of 1000 keys/s)",
-		"lease in the write's transaction against a plain lease, per write, C=2":        "info 2000 vs 4000 µs (write alone 500)",
-		"guarded write (Lock.Guard + database guard) against unguarded, C=1":            "info +100 µs per write (500 vs 400 µs)",
-		"round trips per operation (acquire or release): reader":                        "info C=8 0.50",
-		"round trips per set (AcquireAll + releases): set8":                             "info C=1 3.00",
-		"round trips per section: hot semaphore, C=32":                                  "info 0.75 (4.0 waiters per shared acquire)",
+		"set8 against single-key cycles, C=1":                                            "info 4000 keys/s = 500 sets/s (400 % of 1000 keys/s)",
+		"lease in the write's transaction against a plain lease, per write, C=2":         "info 2000 vs 4000 µs (write alone 500)",
+		"guarded write (Lock.Guard + database guard) against unguarded, C=1":             "info +100 µs per write (500 vs 400 µs)",
+		"round trips per operation (acquire or release): reader":                         "info C=8 0.50",
+		"round trips per set (AcquireAll + releases): set8":                              "info C=1 3.00",
+		"round trips per section: hot semaphore, C=32":                                   "info 0.75 (4.0 waiters per shared acquire)",
 	} {
 		tg, ok := got[name]
 		if !ok {
