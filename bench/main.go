@@ -119,8 +119,9 @@
 //     (the UPDATE alone).
 //   - guard: each caller holds its row key's lease (a Manager lease) and
 //     runs BEGIN; lk.Guard(tx); UPDATE of its row; COMMIT on a table with
-//     the database guard (migrate.Migrator.Guard) ("guarded"), or BEGIN;
-//     UPDATE; COMMIT on the same table without it ("unguarded").
+//     the database guard (migrate.Migrator.Guard) ("guarded"), the same
+//     on a table without it ("guard-call-only"), or BEGIN; UPDATE; COMMIT
+//     on a table without it ("unguarded").
 //
 // Their targets (P1–P5) are printed with the others: P1 judged, P2's
 // correctness line judged (no violation, timeout or error), the rest

@@ -318,16 +318,16 @@ func runTxLease(ctx context.Context, cfg config, emit func(Result), _ noteFunc) 
 
 // guardedWrite runs, per step, BEGIN; [lk.Guard(tx);] UPDATE of the
 // caller's row; COMMIT. Each caller holds the lease of its row's key (a
-// Manager lease, auto-extended) for the whole run. With guard the table
-// has the database guard (migrate.Migrator.Guard on its key column) and
-// the transaction calls Lock.Guard first; without, it is the same table
-// and transaction with neither.
-func guardedWrite(name string, guard bool) primImpl {
+// Manager lease, auto-extended) for the whole run. With trigger the table
+// has the database guard (migrate.Migrator.Guard on its key column); with
+// call the transaction calls Lock.Guard first (the guard needs both;
+// Lock.Guard alone shows what its round trip and row lock cost).
+func guardedWrite(name string, call, trigger bool) primImpl {
 	return primImpl{name: name, setup: func(ctx context.Context, pool *pgxpool.Pool, _ string, callers int) (func(int) step, func() error, error) {
 		if err := createRows(ctx, pool, txRowsTable, callers); err != nil {
 			return nil, nil, err
 		}
-		if guard {
+		if trigger {
 			mg, err := migrate.New(pool, pg.Config{})
 			if err != nil {
 				return nil, nil, err
@@ -363,7 +363,7 @@ func guardedWrite(name string, guard bool) primImpl {
 						return 0, err
 					}
 					defer func() { _ = tx.Rollback(context.Background()) }()
-					if guard {
+					if call {
 						if err := lk.Guard(ctx, tx); err != nil {
 							return 0, err
 						}
@@ -389,7 +389,11 @@ func guardedWrite(name string, guard bool) primImpl {
 	}}
 }
 
-var guardImpls = []primImpl{guardedWrite("guarded", true), guardedWrite("unguarded", false)}
+var guardImpls = []primImpl{
+	guardedWrite("guarded", true, true),
+	guardedWrite("guard-call-only", true, false),
+	guardedWrite("unguarded", false, false),
+}
 
 func runGuard(ctx context.Context, cfg config, emit func(Result), _ noteFunc) error {
 	return runPrimScenario(ctx, cfg, "guard", guardImpls, emit)
