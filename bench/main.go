@@ -300,7 +300,7 @@ func main() {
 	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
 	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
 	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard", "scenarios to run (also: fleet, not run by default)")
-	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, targets) as Markdown for docs/performance.md here (empty: none)")
+	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, fleet, primitives, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
 	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
 	flag.StringVar(&cfg.baseline, "baseline", "bench/baseline.json", "target 5: earlier results (the -json output of a run) to compare the advisory figures with; empty: none")

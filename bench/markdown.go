@@ -10,7 +10,8 @@ import (
 
 // writeMarkdown writes the run's tables in docs/performance.md's form (-markdown):
 // uncontended cycles/s per implementation and C, hot key, heartbeat, the
-// fleet, and the targets, with the command, date and machine, ready to paste.
+// fleet, the primitives (writePrimMarkdown), and the targets, with the
+// command, date and machine, ready to paste.
 func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 	f, err := os.Create(path)
 	if err != nil {
