@@ -167,8 +167,15 @@ func runHotSharedPoint(ctx context.Context, cfg config, kind string, callers int
 	// next window; they end with their grant or their timeout.
 	run := func(d time.Duration, atEnd func()) []*hotSharedCaller {
 		end := time.Now().Add(d)
-		timer := time.AfterFunc(d, atEnd)
-		defer timer.Stop()
+		ended := make(chan struct{})
+		timer := time.AfterFunc(d, func() { atEnd(); close(ended) })
+		defer func() {
+			if timer.Stop() { // the callers ended before the timer: it will not run
+				atEnd()
+				close(ended)
+			}
+			<-ended
+		}()
 		sts := make([]*hotSharedCaller, callers)
 		var wg sync.WaitGroup
 		for w := range callers {
