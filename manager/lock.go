@@ -61,6 +61,9 @@ type Lock struct {
 type leaseState struct {
 	expiresAt atomic.Int64 // server expires_at, Unix milliseconds
 	trustedNs atomic.Int64 // trust deadline as nanoseconds after Lock.start
+	// rq is the ReleaseRequested channel, made on first use (by the
+	// caller or by run, whichever comes first: revoke.go).
+	rq atomic.Pointer[releaseRequest]
 }
 
 var _ pglease.Handle = (*Lock)(nil)
@@ -237,8 +240,11 @@ func (l *Lock) Release(ctx context.Context) error {
 // releasedAnswer is what Release returns for a lock that is no longer
 // held in this process.
 func releasedAnswer(l *Lock) error {
-	if c := context.Cause(l.ctx); errors.Is(c, pglease.ErrLockLost) {
+	switch c := context.Cause(l.ctx); {
+	case errors.Is(c, pglease.ErrLockLost):
 		return pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+	case errors.Is(c, pglease.ErrRevoked):
+		return pgerr.New(pglease.CodeRevoked, "manager.Release", "the lock had been revoked before it was released", c)
 	}
 	return nil
 }

@@ -20,6 +20,7 @@ type acquireReq struct {
 	try    bool          // immutable: TryAcquire (one attempt, never queued behind others)
 
 	holdLimit time.Duration // immutable: WithHoldLimit; 0 for none
+	delay     time.Duration // immutable: WithLockDelay; 0 for none
 
 	// acq is the request's telemetry (the pglease.acquire span), started
 	// by the caller before sending. The loop calls Queued, Attempt and
@@ -71,10 +72,13 @@ type extendReq struct {
 }
 
 // notice is what the listener goroutine posts to run: a release
-// notification's payload (a key hash), or resync after (re)connecting,
-// when notifications may have been missed.
+// notification's key hash (hash), another notification (note: a revoke,
+// a release request, a watch event; store.ParseNotification), resync
+// after (re)connecting, when notifications may have been missed, or the
+// session locks it just took.
 type notice struct {
 	hash       string
+	note       store.Notification // Kind 0: none
 	resync     bool
 	registered []sessionLock // session locks the listener just took (waiters.go)
 }
@@ -85,6 +89,7 @@ type attempt struct {
 	ks     *keyState
 	lockID string // pre-generated, so an ambiguous outcome can be released (ambiguity is never success)
 	ttl    time.Duration
+	delay  time.Duration // the lock delay stored with the grant (WithLockDelay)
 	// Owned by run (flight.go): chain numbers the key's attempt and its
 	// hedges (an answer from any of them is the key's answer, the first
 	// wins); hedges counts the hedges before this one in its chain; stale

@@ -48,6 +48,9 @@ type signals struct {
 	triggerChecked      testSignal[bool]         // the listener checked for the release trigger: installed?
 	extendTimed         testSignal[extendTiming] // one lock's extend succeeded: when it was due and sent
 	registered          testSignal[int]          // run got the keys the listener registered as waited for (how many)
+	revoked             testSignal[string]       // a held lock was ended as revoked
+	releaseRequested    testSignal[string]       // a held lock's ReleaseRequested was closed
+	watchRead           testSignal[int]          // a snapshot read for watches came back (how many keys)
 }
 
 func (s *signals) init() {
@@ -72,6 +75,9 @@ func (s *signals) init() {
 	s.extendAsked.init()
 	s.triggerChecked.init()
 	s.extendTimed.init()
+	s.revoked.init()
+	s.releaseRequested.init()
+	s.watchRead.init()
 }
 
 // batchKind names a kind of batched statement.

@@ -63,6 +63,12 @@ type loopState struct {
 	closeBy  time.Time // owned by run: when the drain gives up retrying releases (beginDrain + CloseTimeout)
 
 	relRetries []releaseItem // owned by run: releases with an unknown outcome, to send again (relretry.go)
+
+	// revokedEarly: owned by run: revoke notifications that matched no
+	// lock held here, by lockId hash, until when they are remembered
+	// (revoke.go); nil while there are none.
+	revokedEarly map[string]time.Time
+	watch        watchLoop // owned by run: the watched keys (watch.go)
 }
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
@@ -256,7 +262,7 @@ func (st *loopState) kick(ks *keyState) {
 	}
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, delay: ks.queue[0].delay, chain: ks.chains}
 	ks.attempt = a
 	st.acquires.add(a)
 }
@@ -330,6 +336,9 @@ func (st *loopState) nextWake() time.Time {
 		next = r
 	}
 	if s := st.nextStuck(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.nextWatchWake(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
 	for len(st.retries) > 0 {
@@ -589,6 +598,7 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r store.Ac
 	}
 	ks.lastErr = nil
 	st.sig().granted.signal(ks.key)
+	st.checkRevokedEarly(h) // revoke.go
 }
 
 // noteFence records the highest fence seen for ks's key and reports

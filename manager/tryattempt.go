@@ -38,7 +38,7 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(obs.QueueInfo{})
-		st.acquires.add(&attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req})
+		st.acquires.add(&attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, delay: req.delay, try: req})
 		return // ks is looked up again when the answer comes (tryDone)
 	}
 	st.gc(ks)
