@@ -230,3 +230,78 @@ func TestRevokeBadInput(t *testing.T) {
 		t.Errorf("Watch with DisableNotify = %v", err)
 	}
 }
+
+// TestLockDelay: a lease taken WithLockDelay keeps the key from the next
+// holder for the delay after a revoke, and for max(1 s, delay) after its
+// expiry, and no longer: a waiter that never polls (its retry policy
+// waits 20 s) gets the key when the server's answer said it could.
+func TestLockDelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	wait(t, &b.sig.listening)
+	waiter, wsig := b.newPeer(t, Config{Retry: pollingTooSlow})
+	wait(t, &wsig.listening)
+	const delay = 1500 * time.Millisecond
+	const slack = time.Second
+
+	// Revoked: the key stays free for the delay.
+	lk, err := b.m.Acquire(ctx, "delay:revoke", WithLockDelay(delay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 1)
+	go func() {
+		l2, err := waiter.Acquire(ctx, "delay:revoke")
+		got <- time.Now()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_ = l2.Release(ctx)
+	}()
+	waitFor(t, &wsig.retrying, func(k string) bool { return k == "delay:revoke" })
+	before := time.Now()
+	if ok, err := waiter.Revoke(ctx, "delay:revoke"); err != nil || !ok {
+		t.Fatalf("Revoke = %v, %v", ok, err)
+	}
+	after := time.Now()
+	granted := <-got
+	t.Logf("revoked: granted %v after the revoke (delay %v)", granted.Sub(after), delay)
+	if granted.Sub(before) < delay {
+		t.Fatalf("granted %v after the revoke began: within the lock delay %v", granted.Sub(before), delay)
+	}
+	if granted.Sub(after) > delay+slack {
+		t.Fatalf("granted %v after the revoke: the delay held it longer than %v", granted.Sub(after), delay)
+	}
+	if !errors.Is(lk.Err(), pglease.ErrRevoked) {
+		t.Fatalf("holder: %v", lk.Err())
+	}
+
+	// Expired: nobody takes the key before expiry + the delay (2.5 s:
+	// above the usual 1 s).
+	const long = 2500 * time.Millisecond
+	lk, err = b.m.Acquire(ctx, "delay:expire", WithTTL(300*time.Millisecond), WithoutAutoExtend(), WithLockDelay(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		l2, err := waiter.Acquire(ctx, "delay:expire")
+		got <- time.Now()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_ = l2.Release(ctx)
+	}()
+	expiry := lk.ExpiresAt() // server time; same machine's clock
+	granted = <-got
+	t.Logf("expired: granted %v after expiry (delay %v)", granted.Sub(expiry), long)
+	if granted.Sub(expiry) < long {
+		t.Fatalf("granted %v after expiry: within the lock delay %v", granted.Sub(expiry), long)
+	}
+	if granted.Sub(expiry) > long+slack {
+		t.Fatalf("granted %v after expiry: held longer than the delay %v", granted.Sub(expiry), long)
+	}
+	_ = lk.Release(ctx)
+}

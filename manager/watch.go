@@ -295,8 +295,15 @@ func (st *loopState) handleWatch(req *watchReq) {
 		wl.keys[w.key] = ws
 		wl.byHash[w.hash] = ws
 		// The read comes once the listener holds the watch lock
-		// (handleWatchRegistered).
-		st.lis.want(sessionLock{classWatch, w.key}, true)
+		// (handleWatchRegistered). But when the key's last watch ended
+		// and its lock was not handed back yet, the two wishes merge in
+		// the outbox: the listener keeps the lock and posts no
+		// registration, so read now.
+		k := sessionLock{classWatch, w.key}
+		if on, pending := st.lis.outbox[k]; pending && !on {
+			st.wantWatchRead(ws)
+		}
+		st.lis.want(k, true)
 	}
 	w.ws = ws
 	ws.subs = append(ws.subs, w)
