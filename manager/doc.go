@@ -18,6 +18,13 @@
 // cost one bounded timeout, Close is bounded. No lock leaks when a caller
 // leaves (its context ends) before, during or after its grant.
 //
+// Besides exclusive leases, a key can be held shared: by readers of a
+// reader-writer lease (Shared) or permits of a counting semaphore
+// (WithLimit), in the lock table's {lock}_shared table; AcquireAll takes
+// several keys all or nothing; Lock.Guard ties a lease to the caller's
+// transaction. Every one of them is a *Lock with the same heartbeat, loss
+// signal and release.
+//
 // Callers of one Manager exclude each other like any two holders, for
 // leases and advisory locks alike: locks are not re-entrant, and a caller
 // that acquires a key it holds waits for itself until its context ends,
@@ -39,7 +46,10 @@
 //	                                                             └─ Close ───────────────────► closed   (cause ErrClosed)
 //
 // waiting: the caller is in its key's FIFO queue, and all callers waiting
-// for one key share one database attempt at a time. A failed attempt
+// for one key share one database attempt at a time (exclusive and shared
+// waiters alike, in order: consecutive shared waiters at the head share
+// one statement, shared.go; a set waiter has an attempt loop of its own,
+// sets.go). A failed attempt
 // schedules the next after the key's jittered backoff (Config.Retry), or
 // sooner when its "locked" answer says when the holder's lease can be
 // taken over; a release, notified from another process or made in this
@@ -97,8 +107,8 @@
 // # Who owns what
 //
 // One goroutine, run (loop.go), owns the lock state: loopState and all it
-// reaches (keys and their FIFO queues, held locks, the lanes of batched
-// statements, retries, the listener's outbox). It never blocks on a caller
+// reaches (keys and their FIFO queues, set waiters, held locks, the lanes
+// of batched statements, retries, the listener's outbox). It never blocks on a caller
 // (every reply channel has room), never runs SQL (a DB worker runs each
 // batch and posts the outcome back) and sleeps on one timer. The rest:
 //
@@ -143,7 +153,8 @@
 // # Where the rest lives
 //
 //   - Settings and defaults: Config; per call: WithTTL,
-//     WithAcquireTimeout, WithoutAutoExtend, WithHoldLimit.
+//     WithAcquireTimeout, WithoutAutoExtend, WithHoldLimit, Shared,
+//     WithLimit.
 //   - Advisory locks: LockAdvisory, AdvisoryLock, package advisory;
 //     elections: RunElection.
 //   - Telemetry: package telemetry names every span, event, attribute and
@@ -153,5 +164,6 @@
 //     lane.go and flight.go (batches, caps, stuck batches), handoff.go,
 //     tryattempt.go, extend.go, relretry.go, shutdown.go, losswatch.go,
 //     listener.go and waiters.go (the listener and its mailbox),
-//     advisory.go, election.go.
+//     shared.go (shared holds), sets.go (AcquireAll: queueing and
+//     fairness), guard.go, advisory.go, election.go.
 package manager

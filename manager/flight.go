@@ -92,8 +92,19 @@ func (st *loopState) hedge(a *attempt) {
 	a.stale = true
 	ks.stale++
 	h := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: a.ttl, delay: a.delay, chain: a.chain, hedges: a.hedges + 1}
+	if a.sh != nil {
+		sh := *a.sh
+		if sh.ids != nil {
+			sh.ids = make([]string, len(a.sh.ids))
+			sh.ids[0] = h.lockID
+			for j := 1; j < len(sh.ids); j++ {
+				sh.ids[j] = keys.NewLockID()
+			}
+		}
+		h.sh = &sh
+	}
 	ks.attempt = h
-	st.acquires.add(h)
+	st.laneFor(h).add(h)
 }
 
 // noAnswer records, for a key whose current attempt a is stuck and that

@@ -43,17 +43,21 @@ type handOffItem struct {
 	a   *attempt
 }
 
-// queueHandOff turns the release it of a key with local waiters into a
-// handoff, when nothing else is going on for the key: no attempt, no other
-// release in flight (it's own is counted in ks.releasing), the lock not
-// lost, and fewer than maxLocalHandOffs handoffs of the key in a row. It
-// reports whether it did; otherwise the caller queues a plain release.
+// queueHandOff turns the release it of an exclusive lease of a key with
+// local waiters into a handoff, when nothing else is going on for the
+// key: no attempt, no other release in flight (it's own is counted in
+// ks.releasing), the lock not lost, an exclusive waiter at the head (the
+// store hands over exclusive leases only), no shared hold left here, no
+// set waiter's turn (sets.go), and fewer than maxLocalHandOffs handoffs
+// of the key in a row. It reports whether it did; otherwise the caller
+// queues a plain release.
 func (st *loopState) queueHandOff(it releaseItem) bool {
 	ks := it.ks
 	if ks == nil {
 		return false
 	}
-	if st.closing || it.lost != nil || len(ks.queue) == 0 || ks.attempt != nil || ks.releasing != 1 || ks.handOffs >= maxLocalHandOffs {
+	if st.closing || it.lost != nil || len(ks.queue) == 0 || ks.queue[0].shared || ks.nShared > 0 || ks.inTurn() ||
+		ks.attempt != nil || ks.releasing != 1 || ks.handOffs >= maxLocalHandOffs {
 		ks.handOffs = 0
 		return false
 	}

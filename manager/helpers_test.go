@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(revokeChildEnv) != "" {
 		os.Exit(revokeChild())
 	}
+	if os.Getenv(primChildEnv) != "" {
+		os.Exit(primChild())
+	}
 	pgtest.Main(m)
 }
 

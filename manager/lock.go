@@ -45,12 +45,13 @@ type Lock struct {
 	id         string                  // immutable: the lockId; never printed
 	fence      pglease.Fence           // immutable
 	ttl        time.Duration           // immutable
-	acquiredAt time.Time               // immutable: server time of the grant
+	acquiredMs int64                   // immutable: server time of the grant, Unix ms (smaller than a time.Time: one per held lock)
 	start      time.Time               // immutable: local (monotonic) start of the granting attempt
 	ctx        context.Context         // immutable; cancelled with a cause
 	cancel     context.CancelCauseFunc // called by run and by the loss timer
 
-	lease *leaseState // immutable pointer; see leaseState
+	lease  *leaseState // immutable pointer; see leaseState
+	shared bool        // immutable: a shared hold (Shared, WithLimit)
 
 	h *holding // owned by run
 }
@@ -83,10 +84,13 @@ func (l *Lock) Key() string {
 	return l.key
 }
 
-// Fence returns the lock's fencing token: strictly greater than the fence
-// of every earlier grant of the same key. Guard writes to the protected
-// resource with it (accept a write only if its fence is ≥ the highest
-// fence the resource has seen). 0 for a nil Lock.
+// Fence returns the lock's fencing token: for an exclusive lease or a
+// permit (WithLimit), strictly greater than the fence of every earlier
+// exclusive grant or permit of the same key; for a reader (Shared), the
+// fence of the state it reads under (the key's last such grant's, which
+// readers may share). Guard writes to the protected resource with it
+// (accept a write only if its fence is ≥ the highest fence the resource
+// has seen). 0 for a nil Lock.
 func (l *Lock) Fence() pglease.Fence {
 	if l == nil {
 		return 0
@@ -124,7 +128,7 @@ func (l *Lock) AcquiredAt() time.Time {
 	if l == nil {
 		return time.Time{}
 	}
-	return l.acquiredAt
+	return time.UnixMilli(l.acquiredMs)
 }
 
 // ExpiresAt returns the lease's current expiry on the server's clock

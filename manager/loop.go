@@ -101,14 +101,25 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		req.reply <- acquireReply{err: closedErr("manager.Acquire")}
 		return
 	}
+	if req.set != nil {
+		st.startSet(req) // sets.go
+		return
+	}
 	ks := st.keyFor(req.key, req.hash)
+	if err := ks.limitMismatch("manager.Acquire", req); err != nil {
+		// This process holds the key with another limit: the server
+		// would refuse it too.
+		req.answered = true
+		req.reply <- acquireReply{err: err}
+		return
+	}
 	if req.try {
 		st.tryAcquire(ks, req) // tryattempt.go
 		return
 	}
 	req.acq.Queued(obs.QueueInfo{
 		Coalesced:   len(ks.queue) > 0,
-		HeldLocally: ks.holder != nil,
+		HeldLocally: ks.heldHere(req),
 		Position:    len(ks.queue),
 	})
 	ks.queue = append(ks.queue, req)
@@ -130,13 +141,16 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 func (st *loopState) handleAbandon(req *acquireReq) {
 	select {
 	case r := <-req.reply:
-		if r.lock == nil {
+		if r.lock == nil && r.locks == nil {
 			req.final <- r
 			return
 		}
-		if h := r.lock.h; h != nil {
-			if _, ok := st.held[h]; ok {
-				st.releaseHolding(h, nil, trace.SpanContext{})
+		for _, lk := range append(r.locks, r.lock) {
+			if lk == nil || lk.h == nil {
+				continue
+			}
+			if _, ok := st.held[lk.h]; ok {
+				st.releaseHolding(lk.h, nil, trace.SpanContext{})
 			}
 		}
 		req.answered = true
@@ -144,6 +158,13 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 		st.sig().takenBack.signal(req.key)
 		return
 	default:
+	}
+	if req.set != nil {
+		ans := st.abandonSet(req)
+		req.answered = true
+		req.final <- ans
+		st.sig().abandoned.signal(req.key)
+		return
 	}
 	ks := st.keys[req.key]
 	ans := acquireReply{abandoned: true}
@@ -155,7 +176,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 		}
 		// What the wait ended on (waitErr): a holder here, a holder
 		// elsewhere (named by its last "locked" answer), or an outage.
-		ans.heldHere, ans.lastErr, ans.heldBy = ks.holder != nil, ks.lastErr, ks.heldBy()
+		ans.heldHere, ans.lastErr, ans.heldBy = ks.heldHere(req), ks.lastErr, ks.heldBy()
 		if len(ks.queue) == 0 {
 			st.clearRetry(ks) // an attempt in flight finds no waiter and releases its grant
 		}
@@ -184,38 +205,36 @@ func (st *loopState) handleRelease(req *releaseReq) {
 func (st *loopState) handleAcquireDone(d acquireDone) {
 	st.land(d.fl, &st.acquireSlots)
 	now := time.Now()
-	for i, a := range d.batch {
+	if d.sets != nil {
+		st.setsDone(d, now) // sets.go
+		return
+	}
+	off := 0
+	for _, a := range d.batch {
+		n := a.items()
+		var rs []store.AcquireResult
+		if d.err == nil {
+			rs = d.res[off : off+n]
+		}
+		off += n
 		if a.try != nil {
-			st.tryDone(a, d, i, now) // tryattempt.go
+			st.tryDone(a, d, rs, now) // tryattempt.go
+			continue
+		}
+		if a.sh != nil {
+			st.sharedDone(a, d, rs, now) // shared.go
 			continue
 		}
 		ks := a.ks
 		err := d.err
 		var r store.AcquireResult
 		if err == nil {
-			r = d.res[i]
+			r = rs[0]
 			err = r.Err
 		}
-		if a.stale {
-			ks.stale--
-			if cur := ks.attempt; cur != nil && cur.chain == a.chain && !st.closing {
-				// The first answer of the key's current attempt chain
-				// (flight.go): it is the key's answer, the hedge still in
-				// flight is superseded.
-				cur.stale = true
-				ks.stale++
-				a.stale = false
-			}
-		}
-		if a.stale {
-			// Superseded: another attempt serves the key's waiters.
-			// Release whatever this one granted or may have granted.
-			if mayHaveGranted(d.err) || r.OK {
-				// Not blocking the key's attempts: this release may meet
-				// a dead connection too.
-				st.releases.add(releaseItem{lockID: a.lockID, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
-			}
-			st.gc(ks)
+		// Superseded (flight.go): another attempt serves the key's
+		// waiters; whatever this one granted is released.
+		if st.settleStale(a, d, rs) {
 			continue
 		}
 		ks.attempt = nil
@@ -312,16 +331,16 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
 		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
-	case ks.queue[0].ttl != a.ttl || ks.queue[0].delay != a.delay:
-		// The waiter it was for left; the next one wants another TTL
-		// or lock delay. Release, then attempt again for it.
+	case ks.queue[0].ttl != a.ttl || ks.queue[0].delay != a.delay || ks.queue[0].shared:
+		// The waiter it was for left; the next one wants another TTL or
+		// lock delay, or a shared hold. Release, then attempt again for it.
 		st.orphanRelease(ks, a)
 	default:
 		req := st.popWaiter(ks)
 		req.acq.Attempt(db, obs.AttemptGranted, 0)
 		// The others now wait for this holder: for them the key was taken.
 		noteAttempt(ks.queue, db, obs.AttemptContended, 0)
-		st.grant(ks, req, a, r, lease)
+		st.grant(ks, req, a.lockID, a.ttl, r, lease)
 	}
 }
 
@@ -459,7 +478,11 @@ func (st *loopState) handleNotice(n notice) {
 		return
 	}
 	ks := st.byHash[n.hash]
-	if ks == nil || len(ks.queue) == 0 || ks.holder != nil {
+	if ks == nil {
+		return
+	}
+	st.kickSets(ks) // set waiters that want the key (sets.go)
+	if len(ks.queue) == 0 || ks.holder != nil {
 		return
 	}
 	if ks.attempt != nil {
@@ -481,11 +504,17 @@ func (st *loopState) handleDue(now time.Time) {
 	st.dueWatch(now)
 	for len(st.retries) > 0 && !st.retries[0].at.After(now) {
 		e := heap.Pop(&st.retries).(retryEntry)
-		if e.gen != e.ks.retryGen || e.ks.retryAt.IsZero() {
-			continue
+		switch {
+		case e.stale():
+		case e.turn:
+			st.lapseTurn(e.w)
+		case e.w != nil:
+			e.w.retryAt = time.Time{}
+			st.kickSet(e.w)
+		default:
+			e.ks.retryAt = time.Time{}
+			st.kick(e.ks)
 		}
-		e.ks.retryAt = time.Time{}
-		st.kick(e.ks)
 	}
 	if !st.hbNext.IsZero() && !now.Before(st.hbNext) {
 		st.heartbeat(now)

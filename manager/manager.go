@@ -463,6 +463,8 @@ type acquireOpts struct {
 	manual    bool
 	holdLimit time.Duration // 0: none
 	delay     time.Duration // WithLockDelay; 0: none
+	shared    bool          // Shared or WithLimit
+	limit     int32         // WithLimit's n; 0: a reader
 }
 
 // WithHoldLimit caps how long the lock is held: d after the grant, the
@@ -496,7 +498,8 @@ func WithHoldLimit(d time.Duration) AcquireOption {
 // when the key frees from the server's answer and try again then.
 // SyncGuard processes sharing the tables do not honour it. d must be a
 // whole number of milliseconds, not negative; 0 (the default) is no
-// delay. It applies to Acquire, TryAcquire and Do.
+// delay. It applies to Acquire, TryAcquire, Do, AcquireAll and
+// TryAcquireAll (each key of the set); not to shared holds.
 func WithLockDelay(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
 		switch {
@@ -569,18 +572,9 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		}
 		return nil, 0, reop(op, err)
 	}
-	o := acquireOpts{ttl: m.cfg.TTL, timeout: m.cfg.AcquireTimeout}
-	for _, f := range opts {
-		if f == nil {
-			return nil, 0, invalid(op, "nil option")
-		}
-		if err := f(&o); err != nil {
-			var e *pglease.Error
-			if errors.As(err, &e) {
-				return nil, 0, pgerr.New(e.Code, op, e.Msg, nil)
-			}
-			return nil, 0, reop(op, err)
-		}
+	o, err := m.parseOpts(op, opts)
+	if err != nil {
+		return nil, 0, err
 	}
 	if err := checkTTL(op, o.ttl, m.cfg.LossMargin, !o.manual); err != nil {
 		return nil, 0, err
@@ -596,9 +590,32 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		try:       try,
 		holdLimit: o.holdLimit,
 		delay:     o.delay,
+		shared:    o.shared,
+		limit:     o.limit,
 		reply:     make(chan acquireReply, 1),
 		final:     make(chan acquireReply, 1),
 	}, o.timeout, nil
+}
+
+// parseOpts applies opts over the Manager's defaults.
+func (m *Manager) parseOpts(op string, opts []AcquireOption) (acquireOpts, error) {
+	o := acquireOpts{ttl: m.cfg.TTL, timeout: m.cfg.AcquireTimeout}
+	for _, f := range opts {
+		if f == nil {
+			return o, invalid(op, "nil option")
+		}
+		if err := f(&o); err != nil {
+			var e *pglease.Error
+			if errors.As(err, &e) {
+				return o, pgerr.New(e.Code, op, e.Msg, nil)
+			}
+			return o, reop(op, err)
+		}
+	}
+	if o.shared && o.delay != 0 {
+		return o, invalid(op, "a lock delay applies to exclusive leases, not to shared holds (Shared, WithLimit)")
+	}
+	return o, nil
 }
 
 // errWaitTimeout is the cause of the wait context when the acquire
@@ -752,9 +769,21 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 // ctx, and returns ctx carrying it (for the wait).
 func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Context {
 	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(req.key, req.hash), obs.AcquireInfo{
-		Kind: obs.KindLease, TTL: req.ttl, Try: req.try,
+		Kind: req.kind(), TTL: req.ttl, Try: req.try,
 	})
 	return ctx
+}
+
+// kind is req's lock kind for telemetry: lease (exclusive), shared (a
+// reader) or permit.
+func (req *acquireReq) kind() obs.LockKind {
+	switch {
+	case !req.shared:
+		return obs.KindLease
+	case req.limit == 0:
+		return obs.KindShared
+	}
+	return obs.KindPermit
 }
 
 // TryAcquire makes one attempt to take key, without waiting for a

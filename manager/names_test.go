@@ -10,6 +10,8 @@ import "go.opentelemetry.io/otel/attribute"
 const (
 	spanAcquire         = "pglease.acquire"
 	spanAcquireMany     = "pglease.acquire_many"
+	spanAcquireShared   = "pglease.acquire_shared_many"
+	spanAcquireSets     = "pglease.acquire_sets"
 	spanAdvisoryLock    = "pglease.advisory_lock"
 	spanAdvisoryTryLock = "pglease.advisory_try_lock"
 	spanAdvisoryUnlock  = "pglease.advisory_unlock"

@@ -5,6 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/store"
 )
@@ -18,9 +19,23 @@ type acquireReq struct {
 	ttl    time.Duration // immutable
 	manual bool          // immutable: no auto-extend
 	try    bool          // immutable: TryAcquire (one attempt, never queued behind others)
+	// shared and limit are the hold asked for (immutable): exclusive
+	// (shared false), a reader (shared, limit 0: Shared) or a permit of a
+	// semaphore of limit (WithLimit).
+	shared bool
+	// answered: run has sent its answer (on reply, or on final after an
+	// abandon). A try's attempt that comes back after that serves nobody.
+	// Owned by run.
+	answered bool
+	limit    int32
 
 	holdLimit time.Duration // immutable: WithHoldLimit; 0 for none
 	delay     time.Duration // immutable: WithLockDelay; 0 for none
+
+	// set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
+	// key and hash are then its first key's): the request never joins a
+	// key's queue, the loop keeps it in a setWait (sets.go).
+	set *setReq
 
 	// acq is the request's telemetry (the pglease.acquire span), started
 	// by the caller before sending. The loop calls Queued, Attempt and
@@ -36,11 +51,6 @@ type acquireReq struct {
 	// on final (capacity 1).
 	reply chan acquireReply
 	final chan acquireReply
-
-	// answered: run has sent its answer (on reply, or on final after an
-	// abandon). A try's attempt that comes back after that serves nobody.
-	// Owned by run.
-	answered bool
 }
 
 // acquireReply carries exactly one of: lock (granted), locked (TryAcquire
@@ -50,6 +60,7 @@ type acquireReq struct {
 // the key's last "locked" answer named, if any: keyState.heldBy).
 type acquireReply struct {
 	lock      *Lock
+	locks     []*Lock // a set's, in the order of its keys
 	locked    bool
 	err       error
 	abandoned bool
@@ -95,7 +106,7 @@ type attempt struct {
 	// wins); hedges counts the hedges before this one in its chain; stale
 	// marks an attempt superseded by a hedge or by another attempt's answer.
 	chain  uint64
-	hedges int
+	hedges uint8
 	stale  bool
 	// db is the span of the round trip that carried the attempt
 	// (telemetry): an orphan release of its lockId goes in that span's
@@ -107,7 +118,44 @@ type attempt struct {
 	// attempt chain: it never waits for the key's attempt, retry or
 	// releases, and never serves the queue (tryattempt.go).
 	try *acquireReq
+
+	// sh makes it a shared attempt (shared.go), which goes in the shared
+	// lane; nil for an exclusive one (most: kept out of the attempt's
+	// size class).
+	sh *sharedAttempt
 }
+
+// sharedAttempt is what a shared attempt asks for: shared holds with
+// limit (0: a reader), one per lockId of ids (ids[0] is the attempt's
+// lockID; nil for a try's single hold), for as many shared waiters at the
+// head of the key's queue. floor is the key's highest fence seen when the
+// attempt was made (hasFloor: there was one): a permit's fence must be
+// above it (fence monotonicity).
+type sharedAttempt struct {
+	limit    int32
+	hasFloor bool
+	floor    pglease.Fence
+	ids      []string
+}
+
+// items returns how many holds a asks for (its lockIds).
+func (a *attempt) items() int {
+	if a.sh == nil || a.sh.ids == nil {
+		return 1
+	}
+	return len(a.sh.ids)
+}
+
+// id returns a's j-th lockId.
+func (a *attempt) id(j int) string {
+	if a.sh == nil || a.sh.ids == nil {
+		return a.lockID
+	}
+	return a.sh.ids[j]
+}
+
+// limit returns a shared attempt's limit.
+func (a *attempt) limit() int32 { return a.sh.limit }
 
 // releaseItem is one lockId to release, with the reply of a user's
 // Release call if there is one.
@@ -147,10 +195,13 @@ type releaseItem struct {
 type acquireDone struct {
 	fl    *flight
 	batch []*attempt
-	start time.Time // local time just before the statement was sent
-	res   []store.AcquireResult
-	err   error
-	db    trace.SpanContext // the round trip's pglease.acquire_many span
+	sets  []*setAttempt // a set batch's (batch is nil then)
+	start time.Time     // local time just before the statement was sent
+	// res answers the batch's holds in order: an exclusive attempt's
+	// one, a shared attempt's items() (attempt.id order), a set's keys.
+	res []store.AcquireResult
+	err error
+	db  trace.SpanContext // the round trip's pglease.acquire_many span
 }
 
 type releaseDone struct {

@@ -166,7 +166,7 @@ func callErr(op string, err error) error {
 // kept for them).
 func (st *loopState) handleRevoked(n store.Notification) {
 	for h := range st.held {
-		if h.ks.hash == n.KeyHash && pglease.HashKey(h.lock.id) == n.LockIDHash {
+		if h.ks.hash == n.KeyHash && !h.lock.shared && pglease.HashKey(h.lock.id) == n.LockIDHash {
 			st.revoke(h)
 			return
 		}
@@ -213,6 +213,7 @@ func (st *loopState) revoke(h *holding) {
 	h.acq.Lost(obs.LossRevoked, trace.SpanContext{})
 	st.sig().revoked.signal(ks.key)
 	st.forceKick(ks)
+	st.kickSets(ks) // set waiters that want the key (sets.go)
 	st.gc(ks)
 }
 

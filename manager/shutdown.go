@@ -62,6 +62,9 @@ func (st *loopState) beginDrain() {
 	for _, ks := range st.keys {
 		st.failAll(ks, closedErr("manager.Acquire"))
 	}
+	for _, w := range st.sets {
+		st.answerSet(w, acquireReply{err: closedErr("manager.AcquireAll")})
+	}
 	for h := range st.held {
 		st.dropHolding(h, closedCause)
 		rel, sc := startRelease(h, trace.SpanContext{})

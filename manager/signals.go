@@ -88,6 +88,8 @@ const (
 	kindRelease batchKind = "release"
 	kindExtend  batchKind = "extend"
 	kindHandOff batchKind = "handoff" // a release and the next local waiter's acquire in one statement
+	kindShared  batchKind = "shared"  // shared holds (readers, permits)
+	kindSets    batchKind = "sets"    // all-or-nothing sets
 )
 
 type batchInfo struct {

@@ -47,6 +47,8 @@ type loopState struct {
 	// batch takes an acquire and a release slot. The DB worker of a batch
 	// reads only what it was handed (its flight pointer and items).
 	acquires                                lane[*attempt]
+	sharedAcqs                              lane[*attempt] // shared attempts (shared.go)
+	setAcqs                                 lane[*setAttempt]
 	releases                                lane[releaseItem]
 	extends                                 lane[*holding]
 	handOffs                                lane[handOffItem]
@@ -54,7 +56,9 @@ type loopState struct {
 	acquireSlots, releaseSlots, extendSlots slots
 	flights                                 map[*flight]struct{} // the batches in flight (flight.go)
 
-	waiting int // owned by run: callers in all keys' queues (telemetry: queue depth "waiters")
+	waiting int // owned by run: callers in all keys' queues and set waiters (telemetry: queue depth "waiters")
+
+	sets map[*acquireReq]*setWait // owned by run: AcquireAll and TryAcquireAll calls not answered yet (sets.go)
 
 	closing bool         // owned by run: Close began (beginDrain)
 	lis     listenerLink // owned by run: the listener's mailbox and lifetime (waiters.go, listener.go)
@@ -73,7 +77,7 @@ type loopState struct {
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
 // (Field sizes and order keep it at 160 bytes: one is kept per held
-// lock.)
+// lock. What only some keys need is in cont.)
 type keyState struct {
 	key, hash string
 	queue     []*acquireReq  // FIFO; the head is served by the next grant; nil when empty
@@ -91,15 +95,26 @@ type keyState struct {
 	woken     bool  // a release notification came while an attempt was in flight
 	waitReg   bool  // its waiter lock is asked for (waiters.go)
 	handOffs  uint8 // local handoffs of the key in a row (handoff.go)
+	nShared   int32 // shared holds (readers, permits) this process holds (shared.go); their limit is cont.sharedLim
 }
 
-// keyContention is what a contended key keeps between attempts.
+// keyContention is what a contended key keeps between attempts, and
+// what only some keys need: the set waiters that want it, and the limit
+// of its shared holds here.
 type keyContention struct {
 	bo *backoff.Backoff // the key's backoff (not thread-safe; loop-owned)
 	// heldBy is the holder identity the last "locked" answer named ("":
 	// none known), for the error of a wait that ends without the lock
 	// (heldBy).
 	heldBy string
+	// sets are the set waiters (AcquireAll) that want the key; turns how
+	// many of them have their turn, during which the key's own attempts
+	// and handoffs wait (sets.go).
+	sets  []*setWait
+	turns int32
+	// sharedLim is the limit of this process's shared holds of the key
+	// (0: readers), while keyState.nShared > 0.
+	sharedLim int32
 }
 
 // heldBy returns the holder of ks's key as its last "locked" answer
@@ -115,7 +130,7 @@ func (ks *keyState) heldBy() string {
 // holding is a held lock, as the loop sees it. Owned by run, except the
 // loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
 type holding struct {
-	lock  *Lock
+	lock  *Lock // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
 	ks    *keyState
 	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
 	lease heartbeat.Lease  // last successful attempt; Pending/NotBefore/Manual
@@ -143,10 +158,25 @@ type extWaiters struct {
 	want, sent []chan error
 }
 
+// retryEntry is a scheduled retry of a key's attempt (ks), or of a set
+// waiter's (w, ks nil), or the end of a set waiter's turn (turn).
 type retryEntry struct {
-	at  time.Time
-	ks  *keyState
-	gen uint64
+	at   time.Time
+	ks   *keyState
+	w    *setWait
+	gen  uint64
+	turn bool
+}
+
+// stale reports whether e's retry was cancelled or superseded.
+func (e retryEntry) stale() bool {
+	switch {
+	case e.turn:
+		return e.gen != e.w.turnGen || !e.w.turn || e.w.done
+	case e.w != nil:
+		return e.gen != e.w.retryGen || e.w.retryAt.IsZero()
+	}
+	return e.gen != e.ks.retryGen || e.ks.retryAt.IsZero()
 }
 
 type retryHeap []retryEntry
@@ -170,6 +200,7 @@ func newLoopState(m *Manager) *loopState {
 		held:         make(map[*holding]struct{}),
 		kept:         make(map[*holding]struct{}),
 		flights:      make(map[*flight]struct{}),
+		sets:         make(map[*acquireReq]*setWait),
 		fences:       make(map[string]pglease.Fence),
 		loss:         newLossWatch((*Lock).lossTimerFired),
 		acquireSlots: slots{limit: m.acqLimit},
@@ -178,13 +209,17 @@ func newLoopState(m *Manager) *loopState {
 	}
 	st.acquires = lane[*attempt]{batchSpec: batchSpec{kindAcquire, []*slots{&st.acquireSlots}},
 		maxBatch: m.cfg.MaxBatch, adaptive: true, keep: st.keepAttempt, send: st.sendAcquires}
+	st.sharedAcqs = lane[*attempt]{batchSpec: batchSpec{kindShared, []*slots{&st.acquireSlots}},
+		maxBatch: max(1, m.cfg.MaxBatch/maxCoalesce), adaptive: true, keep: st.keepAttempt, send: st.sendShared}
+	st.setAcqs = lane[*setAttempt]{batchSpec: batchSpec{kindSets, []*slots{&st.acquireSlots}},
+		maxBatch: max(1, m.cfg.MaxBatch/maxSetKeys), keep: st.keepSet, send: st.sendSets}
 	st.releases = lane[releaseItem]{batchSpec: batchSpec{kindRelease, []*slots{&st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, adaptive: true, drains: true, send: st.sendReleases}
 	st.extends = lane[*holding]{batchSpec: batchSpec{kindExtend, []*slots{&st.extendSlots}},
 		maxBatch: m.extBatch, keep: st.isHeld, keepLazily: true, send: st.sendExtends}
 	st.handOffs = lane[handOffItem]{batchSpec: batchSpec{kindHandOff, []*slots{&st.acquireSlots, &st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, keep: st.keepHandOff, send: st.sendHandOffs}
-	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.releases, &st.extends}
+	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.sharedAcqs, &st.setAcqs, &st.releases, &st.extends}
 	return st
 }
 
@@ -203,8 +238,9 @@ func (st *loopState) keyFor(key, hash string) *keyState {
 }
 
 // queued adds ks to byHash when its queue got its first waiter:
-// notifications only matter to keys with waiters, and a held key without
-// waiters (most of them) then costs no byHash entry.
+// notifications only matter to keys with waiters (in the queue or set
+// waiters), and a held key without waiters (most of them) then costs no
+// byHash entry.
 func (st *loopState) queued(ks *keyState) {
 	if len(ks.queue) == 1 {
 		st.byHash[ks.hash] = ks
@@ -212,13 +248,13 @@ func (st *loopState) queued(ks *keyState) {
 }
 
 // unqueued drops ks from byHash, and its queue's backing array, when its
-// queue is empty.
+// queue is empty (and no set waits for it).
 func (st *loopState) unqueued(ks *keyState) {
 	if len(ks.queue) > 0 {
 		return
 	}
 	ks.queue = nil
-	if st.byHash[ks.hash] == ks {
+	if len(ks.setWaiters()) == 0 && st.byHash[ks.hash] == ks {
 		delete(st.byHash, ks.hash)
 	}
 }
@@ -237,7 +273,7 @@ func (st *loopState) popWaiter(ks *keyState) *acquireReq {
 
 // gc forgets ks when nothing refers to it any more.
 func (st *loopState) gc(ks *keyState) {
-	if len(ks.queue) > 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || ks.stale > 0 {
+	if len(ks.queue) > 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || ks.stale > 0 || ks.nShared > 0 || len(ks.setWaiters()) > 0 {
 		return
 	}
 	st.clearRetry(ks)
@@ -254,24 +290,44 @@ func (st *loopState) gc(ks *keyState) {
 }
 
 // kick starts an attempt for ks if it has waiters and nothing stands in
-// the way: no attempt in flight, no local holder, no release of its
-// lockIds in flight, no retry scheduled.
+// the way: no attempt in flight, no local exclusive holder, no release of
+// its lockIds in flight, no retry scheduled, no set waiter's turn
+// (sets.go), and for a permit at the head, not as many permits held here
+// as its semaphore allows (shared.go).
 func (st *loopState) kick(ks *keyState) {
-	if st.closing || len(ks.queue) == 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || !ks.retryAt.IsZero() {
+	if st.closing || len(ks.queue) == 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || !ks.retryAt.IsZero() || ks.inTurn() {
 		return
+	}
+	head := ks.queue[0]
+	if head.shared && head.limit > 0 && ks.heldHere(head) {
+		return // a local release kicks the key
 	}
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, delay: ks.queue[0].delay, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: head.ttl, delay: head.delay, chain: ks.chains}
 	ks.attempt = a
+	if head.shared {
+		st.shareAttempt(a, head)
+		st.sharedAcqs.add(a)
+		return
+	}
 	st.acquires.add(a)
 }
 
+// laneFor returns the lane a's kind of attempt goes in.
+func (st *loopState) laneFor(a *attempt) *lane[*attempt] {
+	if a.sh != nil {
+		return &st.sharedAcqs
+	}
+	return &st.acquires
+}
+
 // forceKick cancels a scheduled retry and kicks: the key was (probably)
-// just freed.
+// just freed. The set waiters that want the key try too (sets.go).
 func (st *loopState) forceKick(ks *keyState) {
 	st.clearRetry(ks)
 	st.kick(ks)
+	st.kickSets(ks)
 }
 
 // scheduleRetry schedules ks's next attempt after its jittered backoff,
@@ -343,8 +399,8 @@ func (st *loopState) nextWake() time.Time {
 	}
 	for len(st.retries) > 0 {
 		e := st.retries[0]
-		if e.gen != e.ks.retryGen || e.ks.retryAt.IsZero() {
-			heap.Pop(&st.retries) // stale
+		if e.stale() {
+			heap.Pop(&st.retries)
 			continue
 		}
 		if next.IsZero() || e.at.Before(next) {
@@ -366,15 +422,24 @@ func (st *loopState) margin(ttl time.Duration) time.Duration {
 // waiter, an ambiguous attempt, a refused grant). The key's next attempt
 // waits until the release is answered.
 func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
+	st.orphanReleaseID(ks, a, a.lockID)
+}
+
+// orphanReleaseID is orphanRelease of one of a's lockIds (a shared
+// attempt has several).
+func (st *loopState) orphanReleaseID(ks *keyState, a *attempt, id string) {
 	if ks != nil {
 		ks.releasing++
 	}
-	st.releases.add(releaseItem{lockID: a.lockID, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
+	st.releases.add(releaseItem{lockID: id, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
 }
 
 // dropHolding forgets h and ends its lock's context with cause (the first
 // cause wins: a lock already lost stays lost).
 func (st *loopState) dropHolding(h *holding, cause error) {
+	if _, ok := st.held[h]; ok && h.lock.shared {
+		h.ks.nShared--
+	}
 	delete(st.held, h)
 	st.loss.stop(h)
 	if h.limitTimer != nil {
@@ -403,7 +468,7 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	}
 	it.rel, it.sc = startRelease(h, parent)
 	h.ks.releasing++
-	if st.queueHandOff(it) { // local waiters: release and grant in one statement
+	if !h.lock.shared && st.queueHandOff(it) { // local waiters: release and grant in one statement
 		return
 	}
 	st.releases.add(it)
@@ -561,16 +626,41 @@ func (st *loopState) sig() *signals {
 
 var noSignals signals // all channels nil: every signal is a no-op
 
-// grant makes a holding for req from a successful attempt and answers
-// req.
-func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r store.AcquireResult, lease heartbeat.Lease) {
+// grant makes a holding of lockID for req from a successful attempt and
+// answers req.
+func (st *loopState) grant(ks *keyState, req *acquireReq, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) {
+	lk := st.hold(ks, req, req.acq, lockID, ttl, r, lease)
+	req.answered = true
+	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
+	req.reply <- acquireReply{lock: lk}
+	st.granted(ks)
+	st.passSets(ks) // a set waiter that wants the key was passed over (sets.go)
+	if !req.shared {
+		st.checkRevokedEarly(lk.h) // revoke.go
+	}
+}
+
+// granted resets ks's contention state after a grant.
+func (st *loopState) granted(ks *keyState) {
+	if ks.cont != nil {
+		ks.cont.bo.Reset()
+		ks.cont.heldBy = ""
+	}
+	ks.lastErr = nil
+	st.sig().granted.signal(ks.key)
+}
+
+// hold makes the holding of a grant of ks to lockID for req (acq its
+// telemetry), with its loss and hold-limit timers, and returns its Lock.
+// The caller answers req.
+func (st *loopState) hold(ks *keyState, req *acquireReq, acq *obs.Acquisition, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) *Lock {
 	m := st.m
 	lctx, cancel := context.WithCancelCause(context.Background())
-	lk := &Lock{m: m, key: ks.key, id: a.lockID, fence: r.Fence, ttl: a.ttl, acquiredAt: r.AcquiredAt,
-		start: lease.Start, ctx: lctx, cancel: cancel, lease: &leaseState{}}
+	lk := &Lock{m: m, key: ks.key, id: lockID, fence: r.Fence, ttl: ttl, acquiredMs: r.AcquiredAt.UnixMilli(),
+		start: lease.Start, ctx: lctx, cancel: cancel, lease: &leaseState{}, shared: req.shared}
 	lk.setLease(lease, r.ExpiresAt)
 	lease.Manual = req.manual
-	h := &holding{lock: lk, ks: ks, lease: lease, acq: req.acq, lossIdx: -1}
+	h := &holding{lock: lk, ks: ks, lease: lease, acq: acq, lossIdx: -1}
 	lk.h = h
 	// The loss deadline does not depend on the loop: st.loss's timer
 	// cancels the lock's context by itself, then nudges the loop.
@@ -586,19 +676,15 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, a *attempt, r store.Ac
 			}
 		})
 	}
-	ks.holder = h
+	if req.shared {
+		ks.nShared++
+		st.contended(ks).sharedLim = req.limit
+	} else {
+		ks.holder = h
+	}
 	st.held[h] = struct{}{}
 	st.noteEvent(lease.NextEvent())
-	req.answered = true
-	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
-	req.reply <- acquireReply{lock: lk}
-	if ks.cont != nil {
-		ks.cont.bo.Reset()
-		ks.cont.heldBy = ""
-	}
-	ks.lastErr = nil
-	st.sig().granted.signal(ks.key)
-	st.checkRevokedEarly(h) // revoke.go
+	return lk
 }
 
 // noteFence records the highest fence seen for ks's key and reports

@@ -22,23 +22,28 @@ import (
 // release by lockId never touches another lockId's grant.
 //
 // What a try does not race is this process's own callers: a key held here
-// is "locked" (callers of one Manager exclude each other), and a key with
-// callers of this Manager waiting is theirs first ("locked", or the
-// failure that keeps them from reaching the database, keyState.lastErr:
-// they are waiting out an outage, not a holder).
+// in a way the try's hold cannot share is "locked" (callers of one
+// Manager exclude each other), and a key with callers of this Manager
+// waiting (in its queue, or a set waiter's turn) is theirs first
+// ("locked", or the failure that keeps them from reaching the database,
+// keyState.lastErr: they are waiting out an outage, not a holder).
 
 // tryAcquire answers req at once, or queues its attempt.
 func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 	switch {
-	case ks.holder != nil:
+	case ks.heldHere(req):
 		st.answerTry(req, acquireReply{locked: true})
 	case len(ks.queue) > 0 && ks.lastErr != nil && unreachable(ks.lastErr):
 		st.answerTry(req, acquireReply{err: ks.lastErr})
-	case len(ks.queue) > 0:
+	case len(ks.queue) > 0 || ks.inTurn():
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(obs.QueueInfo{})
-		st.acquires.add(&attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, delay: req.delay, try: req})
+		a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, delay: req.delay, try: req}
+		if req.shared {
+			a.sh = &sharedAttempt{limit: req.limit, floor: ks.fence, hasFloor: ks.hasFence}
+		}
+		st.laneFor(a).add(a)
 		return // ks is looked up again when the answer comes (tryDone)
 	}
 	st.gc(ks)
@@ -70,14 +75,15 @@ func (st *loopState) gcKey(key string) {
 	}
 }
 
-// tryDone handles the answer (item i of d) to a try's attempt a.
-func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
+// tryDone handles the answer (rs, nil when the round trip failed) to a
+// try's attempt a.
+func (st *loopState) tryDone(a *attempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
 	req := a.try
 	ks := st.keyFor(a.ks.key, a.ks.hash) // a.ks may have been forgotten meanwhile
 	err := d.err
 	var r store.AcquireResult
 	if err == nil {
-		r = d.res[i]
+		r = rs[0]
 		err = r.Err
 	}
 	left := req.answered // the caller's context ended
@@ -111,12 +117,11 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 		ans.err = err
 	case !r.OK:
 		ans.locked, outcome = true, obs.AttemptContended
-	case !st.noteFence(ks, r.Fence):
+	case !st.checkFence(ks, a, r.Fence):
 		// Fence monotonicity, as for any grant (attemptGranted).
 		release()
-		ans.err = pgerr.New(pglease.CodeFenceRegression, "manager.TryAcquire",
-			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
-	case left || ks.holder != nil:
+		ans.err = fenceRegression("manager.TryAcquire")
+	case left || ks.holder != nil || (!req.shared && ks.nShared > 0):
 		// Nobody to give it to; or a caller here got the key meanwhile
 		// (the server granted this attempt only after that holder's row
 		// was gone: it finds out at its next extend). One holder here at
@@ -131,7 +136,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, i int, now time.Time) {
 			break
 		}
 		req.acq.Attempt(d.db, obs.AttemptGranted, 0)
-		st.grant(ks, req, a, r, lease) // answers req
+		st.grant(ks, req, a.lockID, a.ttl, r, lease) // answers req
 		st.gc(ks)
 		return
 	}

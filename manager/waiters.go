@@ -163,7 +163,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySo
 // wantWaiter asks for ks's registration: an attempt found the key taken
 // by someone else and callers here still wait.
 func (st *loopState) wantWaiter(ks *keyState) {
-	if st.lis.mail == nil || ks.waitReg || len(ks.queue) == 0 || st.closing {
+	if st.lis.mail == nil || ks.waitReg || (len(ks.queue) == 0 && len(ks.setWaiters()) == 0) || st.closing {
 		return
 	}
 	ks.waitReg = true
@@ -194,7 +194,11 @@ func (st *loopState) handleRegistered(locks []sessionLock) {
 		}
 		n++
 		ks := st.keys[k.key]
-		if ks == nil || !ks.waitReg || len(ks.queue) == 0 || ks.holder != nil {
+		if ks == nil || !ks.waitReg {
+			continue
+		}
+		st.kickSets(ks)
+		if len(ks.queue) == 0 || ks.holder != nil {
 			continue
 		}
 		if ks.attempt != nil {

@@ -81,8 +81,9 @@
 // (see "Traces").
 //
 //	name                               kind                       unit       meaning
-//	pglease.acquire                    span, internal             -          One Acquire, TryAcquire, Do, LockAdvisory or TryLockAdvisory, from the
-//	                                                                         call to its outcome (the caller's wait); a child of the caller's span.
+//	pglease.acquire                    span, internal             -          One Acquire, TryAcquire, Do, LockAdvisory or TryLockAdvisory (and one
+//	                                                                         per key of an AcquireAll or TryAcquireAll), from the call to its
+//	                                                                         outcome (the caller's wait); a child of the caller's span.
 //	                                                                         Attributes pglease.key.hash, pglease.lock.kind, pglease.acquire.try,
 //	                                                                         pglease.lock.ttl (leases); at its end pglease.outcome,
 //	                                                                         pglease.acquire.attempts, pglease.acquire.wait, pglease.acquire.coalesced,
@@ -106,6 +107,10 @@
 //	pglease.extend_many                span, client               -          A round trip of lease extends, a child of its pglease.heartbeat.
 //	pglease.handoff                    span, client               -          One statement releasing a lease and granting the key to the next
 //	                                                                         local waiter.
+//	pglease.acquire_shared_many        span, client               -          A round trip of shared-hold attempts (readers, semaphore permits),
+//	                                                                         one or more keys.
+//	pglease.acquire_sets               span, client               -          A round trip of all-or-nothing set attempts (AcquireAll), one or more
+//	                                                                         sets.
 //	pglease.advisory_lock              span, client               -          A blocking wait on pg_advisory_lock: its duration is the wait.
 //	pglease.advisory_try_lock          span, client               -          One pg_try_advisory_lock.
 //	pglease.advisory_unlock            span, client               -          Advisory unlocks: one lock's, or all of a session's at Close.
@@ -126,7 +131,8 @@
 //	pglease.key.hash                   attribute, string          -          The key's hash (see "Redaction"): on every per-key span, event and
 //	                                                                         log record; never on metrics (unbounded cardinality).
 //	pglease.key                        attribute, string          -          The raw key, only with Config.RawKeys (debugging).
-//	pglease.lock.kind                  attribute, string          -          lease or advisory.
+//	pglease.lock.kind                  attribute, string          -          lease (an exclusive lease, also each lock of a set), shared (a reader
+//	                                                                         of a reader-writer lease), permit (a semaphore permit) or advisory.
 //	pglease.lock.ttl                   attribute, float64         s          The lease TTL.
 //	pglease.lock.held_for              attribute, float64         s          How long the lock was held.
 //	pglease.acquire.try                attribute, bool            -          True for TryAcquire and TryLockAdvisory (one attempt, no waiting).

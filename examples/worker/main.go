@@ -155,8 +155,14 @@ func doJob(ctx context.Context, out *emitter, pool *pgxpool.Pool, m *manager.Man
 	waited := time.Since(start)
 	fence := lk.Fence()
 	// Claim the row first: from now on every older holder's write is refused.
-	ok, err := guard.Upsert(ctx, pool, job, fence,
+	// The claim is not cut short by a shutdown (ctx): a write cancelled in
+	// flight may still commit, and the job's row would then say "running"
+	// with nobody to finish it. The work loop below sees the shutdown at
+	// once and records the job as interrupted.
+	cctx, cancelClaim := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	ok, err := guard.Upsert(cctx, pool, job, fence,
 		pg.Set{Column: "status", Value: "running"}, pg.Set{Column: "worker", Value: cfg.ID}, pg.Set{Column: "updated_at", Value: time.Now()})
+	cancelClaim()
 	if err != nil || !ok {
 		_ = lk.Release(context.WithoutCancel(ctx))
 		if err == nil {

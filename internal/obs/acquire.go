@@ -23,7 +23,7 @@ var (
 
 // AcquireInfo describes an acquire when it starts.
 type AcquireInfo struct {
-	Kind LockKind      // lease or advisory
+	Kind LockKind      // lease, shared, permit or advisory
 	TTL  time.Duration // lease TTL; 0 for advisory locks
 	Try  bool          // TryAcquire: one attempt, no waiting
 }

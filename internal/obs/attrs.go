@@ -16,12 +16,18 @@ const (
 	KindLease LockKind = iota
 	// KindAdvisory is a PostgreSQL session-level advisory lock.
 	KindAdvisory
+	// KindShared is a reader of a reader-writer lease (a shared hold with
+	// no limit, manager.Shared).
+	KindShared
+	// KindPermit is a permit of a counting semaphore (a shared hold with a
+	// limit, manager.WithLimit).
+	KindPermit
 	numKinds
 )
 
-var kindNames = [numKinds]string{KindLease: "lease", KindAdvisory: "advisory"}
+var kindNames = [numKinds]string{KindLease: "lease", KindAdvisory: "advisory", KindShared: "shared", KindPermit: "permit"}
 
-// String returns "lease" or "advisory".
+// String returns "lease", "advisory", "shared" or "permit".
 func (k LockKind) String() string {
 	if k < numKinds {
 		return kindNames[k]
@@ -120,6 +126,8 @@ const (
 	OpReleaseMany     DBOperation = spanReleaseMany
 	OpExtendMany      DBOperation = spanExtendMany
 	OpHandOff         DBOperation = spanHandOff
+	OpAcquireShared   DBOperation = spanAcquireShared
+	OpAcquireSets     DBOperation = spanAcquireSets
 	OpAdvisoryLock    DBOperation = spanAdvisoryLock
 	OpAdvisoryTryLock DBOperation = spanAdvisoryTryLock
 	OpAdvisoryUnlock  DBOperation = spanAdvisoryUnlock

@@ -24,6 +24,8 @@ const (
 	spanReleaseMany     = "pglease.release_many"
 	spanExtendMany      = "pglease.extend_many"
 	spanHandOff         = "pglease.handoff"
+	spanAcquireShared   = "pglease.acquire_shared_many"
+	spanAcquireSets     = "pglease.acquire_sets"
 	spanAdvisoryLock    = "pglease.advisory_lock"
 	spanAdvisoryTryLock = "pglease.advisory_try_lock"
 	spanAdvisoryUnlock  = "pglease.advisory_unlock"

@@ -101,7 +101,7 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 	exercise(t, h.rec, newSecrets(t, 24))
 	ctx := context.Background()
 	_, a := h.rec.StartAcquire(ctx, h.rec.Key("every-op"), AcquireInfo{Kind: KindAdvisory})
-	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff,
+	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff, OpAcquireShared, OpAcquireSets,
 		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen, OpRevoke, OpRequestRelease, OpSnapshot} {
 		_, db := h.rec.StartDB(ctx, op, 2, a.SpanContext())
 		db.End(1, nil)

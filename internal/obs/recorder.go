@@ -338,7 +338,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		r.releaseOpt[k][2] = set(kk, attrOutcome.String(outcomeError))
 	}
 	r.dbOpt = make(map[DBOperation]dbOpts)
-	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff,
+	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff, OpAcquireShared, OpAcquireSets,
 		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen, OpRevoke, OpRequestRelease, OpSnapshot} {
 		r.dbOpt[op] = r.newDBOpts(op)
 	}
