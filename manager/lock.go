@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
+	"unsafe"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -51,6 +52,12 @@ type Lock struct {
 	cancel     context.CancelCauseFunc // called by run and by the loss timer
 
 	lease  *leaseState // immutable pointer; see leaseState
+	// rq is the *releaseRequest of ReleaseRequested, made on first use
+	// (by the caller or by run, whichever comes first: revoke.go); read
+	// and set with sync/atomic's pointer functions only. (Not an
+	// atomic.Pointer, which the printing methods' value receivers would
+	// copy; the Lock's size class has room for it.)
+	rq unsafe.Pointer
 	shared bool        // immutable: a shared hold (Shared, WithLimit)
 
 	h *holding // owned by run
@@ -62,9 +69,6 @@ type Lock struct {
 type leaseState struct {
 	expiresAt atomic.Int64 // server expires_at, Unix milliseconds
 	trustedNs atomic.Int64 // trust deadline as nanoseconds after Lock.start
-	// rq is the ReleaseRequested channel, made on first use (by the
-	// caller or by run, whichever comes first: revoke.go).
-	rq atomic.Pointer[releaseRequest]
 }
 
 var _ pglease.Handle = (*Lock)(nil)

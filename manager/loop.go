@@ -331,7 +331,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
 		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
-	case ks.queue[0].ttl != a.ttl || ks.queue[0].delay != a.delay || ks.queue[0].shared:
+	case ks.queue[0].ttl != a.ttl || ks.queue[0].delayMs() != a.delayMs || ks.queue[0].shared:
 		// The waiter it was for left; the next one wants another TTL or
 		// lock delay, or a shared hold. Release, then attempt again for it.
 		st.orphanRelease(ks, a)
@@ -702,7 +702,7 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]store.AcquireRequest, len(batch))
 	for i, a := range batch {
-		reqs[i] = store.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID, LockDelay: a.delay}
+		reqs[i] = store.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID, LockDelay: a.lockDelay()}
 	}
 	// Not cancelled by Close: an acquire abandoned mid-statement has an
 	// unknown outcome, and the server may commit it after the release of

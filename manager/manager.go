@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -486,6 +487,9 @@ func WithHoldLimit(d time.Duration) AcquireOption {
 	}
 }
 
+// maxLockDelay is the longest lock delay (2^31−1 ms, about 24.8 days).
+const maxLockDelay = math.MaxInt32 * time.Millisecond
+
 // WithLockDelay keeps the key from every other holder for d after this
 // lease ends without a release: after it expired (nobody takes the key
 // before its expiry + max(1 s, d) on the server's clock, instead of
@@ -497,8 +501,8 @@ func WithHoldLimit(d time.Duration) AcquireOption {
 // holds whichever process acquires next; waiters of this pglease learn
 // when the key frees from the server's answer and try again then.
 // SyncGuard processes sharing the tables do not honour it. d must be a
-// whole number of milliseconds, not negative; 0 (the default) is no
-// delay. It applies to Acquire, TryAcquire, Do, AcquireAll and
+// whole number of milliseconds, not negative, at most about 24 days
+// (2^31−1 ms); 0 (the default) is no delay. It applies to Acquire, TryAcquire, Do, AcquireAll and
 // TryAcquireAll (each key of the set); not to shared holds.
 func WithLockDelay(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
@@ -507,8 +511,8 @@ func WithLockDelay(d time.Duration) AcquireOption {
 			return invalid("manager.WithLockDelay", "lock delay must not be negative")
 		case d%time.Millisecond != 0:
 			return invalid("manager.WithLockDelay", "lock delay must be a whole number of milliseconds")
-		case d > keys.MaxTTL():
-			return invalid("manager.WithLockDelay", "lock delay too large")
+		case d > maxLockDelay:
+			return invalid("manager.WithLockDelay", "lock delay too large: at most "+maxLockDelay.String())
 		}
 		o.delay = d
 		return nil

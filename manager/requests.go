@@ -100,7 +100,6 @@ type attempt struct {
 	ks     *keyState
 	lockID string // pre-generated, so an ambiguous outcome can be released (ambiguity is never success)
 	ttl    time.Duration
-	delay  time.Duration // the lock delay stored with the grant (WithLockDelay)
 	// Owned by run (flight.go): chain numbers the key's attempt and its
 	// hedges (an answer from any of them is the key's answer, the first
 	// wins); hedges counts the hedges before this one in its chain; stale
@@ -108,6 +107,9 @@ type attempt struct {
 	chain  uint64
 	hedges uint8
 	stale  bool
+	// delayMs is the lock delay stored with the grant (WithLockDelay), in
+	// ms (at most math.MaxInt32: kept in the padding after stale).
+	delayMs int32
 	// db is the span of the round trip that carried the attempt
 	// (telemetry): an orphan release of its lockId goes in that span's
 	// trace. Written by the DB goroutine before it posts the result, read
@@ -137,6 +139,12 @@ type sharedAttempt struct {
 	floor    pglease.Fence
 	ids      []string
 }
+
+// lockDelay returns the lock delay a's grant is stored with.
+func (a *attempt) lockDelay() time.Duration { return time.Duration(a.delayMs) * time.Millisecond }
+
+// delayMs returns req's lock delay in ms, as an attempt keeps it.
+func (req *acquireReq) delayMs() int32 { return int32(req.delay / time.Millisecond) }
 
 // items returns how many holds a asks for (its lockIds).
 func (a *attempt) items() int {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -240,14 +242,14 @@ func (r *releaseRequest) close() { r.once.Do(func() { close(r.ch) }) }
 // requestSignal returns l's releaseRequest, making it if needed. Safe
 // from any goroutine.
 func (l *Lock) requestSignal() *releaseRequest {
-	if r := l.lease.rq.Load(); r != nil {
+	if r := (*releaseRequest)(atomic.LoadPointer(&l.rq)); r != nil {
 		return r
 	}
 	r := &releaseRequest{ch: make(chan struct{})}
-	if l.lease.rq.CompareAndSwap(nil, r) {
+	if atomic.CompareAndSwapPointer(&l.rq, nil, unsafe.Pointer(r)) {
 		return r
 	}
-	return l.lease.rq.Load()
+	return (*releaseRequest)(atomic.LoadPointer(&l.rq))
 }
 
 // ReleaseRequested returns a channel that is closed when someone asks
@@ -257,7 +259,7 @@ func (l *Lock) requestSignal() *releaseRequest {
 // ended; a request that came before the lock was granted is not seen. nil
 // for a nil Lock.
 func (l *Lock) ReleaseRequested() <-chan struct{} {
-	if l == nil || l.m == nil || l.lease == nil {
+	if l == nil || l.m == nil {
 		return nil
 	}
 	return l.requestSignal().ch

@@ -304,7 +304,7 @@ func (st *loopState) kick(ks *keyState) {
 	}
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: head.ttl, delay: head.delay, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: head.ttl, delayMs: head.delayMs(), chain: ks.chains}
 	ks.attempt = a
 	if head.shared {
 		st.shareAttempt(a, head)
