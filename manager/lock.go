@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"sync/atomic"
-	"unsafe"
 	"time"
+	"unsafe"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -51,14 +51,14 @@ type Lock struct {
 	ctx        context.Context         // immutable; cancelled with a cause
 	cancel     context.CancelCauseFunc // called by run and by the loss timer
 
-	lease  *leaseState // immutable pointer; see leaseState
+	lease *leaseState // immutable pointer; see leaseState
 	// rq is the *releaseRequest of ReleaseRequested, made on first use
 	// (by the caller or by run, whichever comes first: revoke.go); read
 	// and set with sync/atomic's pointer functions only. (Not an
 	// atomic.Pointer, which the printing methods' value receivers would
 	// copy; the Lock's size class has room for it.)
-	rq unsafe.Pointer
-	shared bool        // immutable: a shared hold (Shared, WithLimit)
+	rq     unsafe.Pointer
+	shared bool // immutable: a shared hold (Shared, WithLimit)
 
 	h *holding // owned by run
 }
