@@ -175,7 +175,9 @@ func (l *Lock) Done() <-chan struct{} { return l.Context().Done() }
 // Err returns nil while the lock is held, and then the cause of its end,
 // a *pglease.Error matching one of: pglease.ErrReleased (Release),
 // pglease.ErrLockLost (extends failed past the trust window, or the server
-// no longer had the lock), pglease.ErrClosed (the Manager was closed).
+// no longer had the lock), pglease.ErrRevoked (the lease was revoked:
+// Manager.Revoke), pglease.ErrClosed (the Manager was closed), or the
+// hold-limit error (WithHoldLimit).
 //
 // Err reads the monotonic clock itself: once the trust window has passed
 // it returns ErrLockLost (and ends the Context) even if the loss timer has
@@ -199,7 +201,8 @@ func (l *Lock) Err() error {
 // Release releases the lock in PostgreSQL (batched with other releases)
 // and returns once the server answered. It returns nil if the lock was
 // held until now (or until Close released it), an error matching
-// pglease.ErrLockLost if it had been lost before, and another error if
+// pglease.ErrLockLost if it had been lost before (pglease.ErrRevoked if it
+// had been revoked: nothing is sent then), and another error if
 // the outcome is unknown (the lock is then no longer extended; the
 // Manager sends the release again, with backoff, until the server answers
 // or the lease has surely expired, so the key is free soon after the

@@ -36,7 +36,8 @@ import (
 // and the grant ends as revoked as soon as it is made.
 //
 // RequestRelease only notifies "q:" + HashKey(key): the holders' loops
-// close ReleaseRequested of their locks of that key; the holder decides.
+// close ReleaseRequested of their locks of that key (this Manager's loop
+// is told directly too); the holder decides.
 
 // revokedEarlyFor is how long a revoke notification that matched no lock
 // held here is remembered, for a grant of the key still in flight, and
@@ -106,9 +107,10 @@ func (m *Manager) Revoke(ctx context.Context, key string) (revoked bool, err err
 // RequestRelease asks the holders of key to release it, without taking
 // anything: one statement notifies every Manager listening on the notify
 // channel, and each closes ReleaseRequested of the locks of key it holds
-// (exclusive and shared). The holder decides whether and when to release;
-// nothing else changes. A holder that is not listening at that moment
-// (its listening connection being replaced) does not hear it; ask again.
+// (exclusive and shared); this Manager's own holders hear it at once. The
+// holder decides whether and when to release; nothing else changes. A
+// holder in another process that is not listening at that moment (its
+// listening connection being replaced) does not hear it: ask again.
 // It needs notifications: with Config.DisableNotify it is
 // CodeInvalidArgument, like bad input, before any I/O.
 func (m *Manager) RequestRelease(ctx context.Context, key string) error {
@@ -127,6 +129,13 @@ func (m *Manager) RequestRelease(ctx context.Context, key string) error {
 	db.End(1, err)
 	if err != nil {
 		return callErr(op, err)
+	}
+	// A holder here hears it at once, listener or not.
+	n := notice{note: store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: pglease.HashKey(nk)}}
+	select {
+	case m.notifyCh <- n:
+	case <-m.done:
+	case <-ctx.Done(): // the notification will do
 	}
 	return nil
 }
