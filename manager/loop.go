@@ -722,6 +722,9 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 		}
 	}
 	db.End(ok, err)
+	if m.test.afterAcquire != nil {
+		m.test.afterAcquire()
+	}
 	sc := db.SpanContext()
 	for _, a := range batch {
 		a.db = sc

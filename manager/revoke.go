@@ -172,15 +172,29 @@ func callErr(op string, err error) error {
 
 // handleRevoked ends the exclusive lock held here whose key and lockId
 // have the notification's hashes (the revoked grant), if any; otherwise
-// it remembers the notification for a grant still in flight.
-// A revoke is rare: the held locks are searched (no index by hash is
-// kept for them).
+// it remembers the notification for a grant still in flight. A revoke is
+// rare, and every Manager on the channel hears every one: the held locks
+// (and keys) are searched rather than indexed by hash, which would cost
+// every held lock memory.
 func (st *loopState) handleRevoked(n store.Notification) {
 	for h := range st.held {
 		if h.ks.hash == n.KeyHash && !h.lock.shared && pglease.HashKey(h.lock.id) == n.LockIDHash {
 			st.revoke(h)
 			return
 		}
+	}
+	// Remembered only for a key this process is busy with (an attempt
+	// in flight may bring the revoked grant): the other processes' revokes
+	// cost nothing more.
+	busy := false
+	for _, ks := range st.keys {
+		if ks.hash == n.KeyHash {
+			busy = true
+			break
+		}
+	}
+	if !busy {
+		return
 	}
 	if st.revokedEarly == nil {
 		st.revokedEarly = make(map[string]time.Time)
@@ -194,6 +208,7 @@ func (st *loopState) handleRevoked(n store.Notification) {
 		}
 	}
 	st.revokedEarly[n.LockIDHash] = now.Add(revokedEarlyFor)
+	st.sig().revokeKept.signal(n.LockIDHash)
 }
 
 // checkRevokedEarly ends h, just granted, if a revoke of its grant was

@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -304,4 +305,51 @@ func TestLockDelay(t *testing.T) {
 		t.Fatalf("granted %v after expiry: held longer than the delay %v", granted.Sub(expiry), long)
 	}
 	_ = lk.Release(ctx)
+}
+
+// TestRevokeBeforeGrantAnswer: the revoke's notification reaches the
+// holder's Manager before the answer of the acquire it revokes (the
+// answer is held back here). The grant still ends as revoked as soon as
+// it is made, not at its next extend (its TTL is 30 s).
+func TestRevokeBeforeGrantAnswer(t *testing.T) {
+	t.Parallel()
+	granted := make(chan struct{}) // the acquire statement was answered
+	proceed := make(chan struct{}) // let its answer reach the loop
+	var once sync.Once
+	b := setup(t, setupOpts{hooks: testHooks{afterAcquire: func() {
+		once.Do(func() {
+			close(granted)
+			<-proceed
+		})
+	}}})
+	ctx := ctxT(t)
+	wait(t, &b.sig.listening)
+	peer, _ := b.newPeer(t, Config{})
+	const key = "revoke:early"
+	got := make(chan *Lock, 1)
+	go func() {
+		lk, err := b.m.Acquire(ctx, key, WithTTL(30*time.Second))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	<-granted
+	if ok, err := peer.Revoke(ctx, key); err != nil || !ok {
+		t.Fatalf("Revoke = %v, %v", ok, err)
+	}
+	wait(t, &b.sig.revokeKept) // heard before the grant was answered
+	close(proceed)
+	lk := <-got
+	if lk == nil {
+		t.FailNow()
+	}
+	select {
+	case <-lk.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the revoked grant is still held")
+	}
+	if !errors.Is(lk.Err(), pglease.ErrRevoked) {
+		t.Fatalf("Err = %v", lk.Err())
+	}
 }
