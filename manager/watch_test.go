@@ -347,3 +347,48 @@ func TestWatchSlowReader(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchAgainBeforeUnregister: the last watch of a key ends and a new
+// one starts before the loop handed the listener the end (the two wishes
+// merge in the outbox: the listener keeps the lock and posts no
+// registration). The new watch's read is wanted at once; otherwise it
+// would wait for a registration that never comes. (Loop state only: the
+// handover's timing cannot be forced through the goroutines.)
+func TestWatchAgainBeforeUnregister(t *testing.T) {
+	t.Parallel()
+	pool, _ := pgtest.Pool(t)
+	m, err := newManager("test", pool, false, Config{DisableNotify: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close(context.Background())
+	st := newLoopState(m)
+	st.lis = listenerLink{mail: make(chan listenerMail)} // a listener that takes no mail
+	add := func(key string) *watcher {
+		w := &watcher{key: key, hash: pglease.HashKey(key), ch: make(chan Event, watchBuffer)}
+		req := &watchReq{w: w, reply: make(chan error, 1)}
+		st.handleWatch(req)
+		if err := <-req.reply; err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	w1 := add("k")
+	st.lis.outbox = nil // handed over: the listener takes the lock
+	st.handleWatchRegistered("k")
+	if !st.watch.keys["k"].wantRead {
+		t.Fatal("no read after the registration")
+	}
+	st.watch.want = nil
+	st.unwatch(w1)
+	if on, ok := st.lis.outbox[sessionLock{classWatch, "k"}]; !ok || on {
+		t.Fatal("the lock's end is not in the outbox")
+	}
+	add("k")
+	if on := st.lis.outbox[sessionLock{classWatch, "k"}]; !on {
+		t.Fatal("the lock is not wanted again")
+	}
+	if ws := st.watch.keys["k"]; !ws.wantRead {
+		t.Fatal("the new watch waits for a registration that will not come")
+	}
+}
