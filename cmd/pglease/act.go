@@ -18,6 +18,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg/advisory"
 )
 
@@ -69,33 +70,53 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 		v.Leases.Rows[0].FenceCounter = counter
 	}
 	nk := mustNFC(key)
+	hash := pglease.HashKey(nk)
 	// The acquires waiting for this key: waiters on its advisory lock.
 	waiters := []advisoryView{}
 	for _, l := range v.Advisory {
-		if len(v.Leases.Rows) == 1 && l.Name == "lease acquire "+v.Leases.Rows[0].KeyHash {
+		if l.Name == "lease acquire "+hash {
 			waiters = append(waiters, l)
 		}
 	}
-	// The Managers waiting for it: holders of its waiter lock.
+	// The Managers waiting for it and watching it: holders of its waiter
+	// and watch locks.
 	var ht int32
 	if err := pool.QueryRow(cctx, "SELECT hashtext($1)", nk).Scan(&ht); err != nil {
 		return err
 	}
-	managers := []int32{}
+	managers, watchers := []int32{}, []int32{}
 	for _, w := range v.WaitingManagers {
 		if w.Hashtext == ht {
 			managers = w.PIDs
 		}
 	}
+	for _, w := range v.WatchingManagers {
+		if w.Hashtext == ht {
+			watchers = w.PIDs
+		}
+	}
+	shared := sharedKeyView{KeyHash: hash, Kind: "none", Holders: []sharedHoldView{}}
+	if len(v.Shared.Rows) == 1 {
+		shared = v.Shared.Rows[0]
+	}
+	if o.showKeys {
+		shared.Key = nk
+	}
 	if o.json {
 		out := struct {
-			KeyHash         string         `json:"key_hash"`
-			Key             string         `json:"key,omitempty"`
-			Lease           *leaseView     `json:"lease"`
-			FenceCounter    *string        `json:"fence_counter"`
-			Acquires        []advisoryView `json:"acquires_in_progress"`
-			WaitingManagers []int32        `json:"waiting_manager_pids"`
-		}{KeyHash: pglease.HashKey(nk), FenceCounter: counter, Acquires: waiters, WaitingManagers: managers}
+			KeyHash          string         `json:"key_hash"`
+			Key              string         `json:"key,omitempty"`
+			Lease            *leaseView     `json:"lease"`
+			FenceCounter     *string        `json:"fence_counter"`
+			Shared           sharedKeyView  `json:"shared"`
+			Marks            []markView     `json:"marks"`
+			Acquires         []advisoryView `json:"acquires_in_progress"`
+			WaitingManagers  []int32        `json:"waiting_manager_pids"`
+			WatchingManagers []int32        `json:"watching_manager_pids"`
+			GuardedTables    []guardedView  `json:"guarded_tables"`
+			Schema           schemaView     `json:"schema"`
+		}{KeyHash: hash, FenceCounter: counter, Shared: shared, Marks: v.Marks, Acquires: waiters,
+			WaitingManagers: managers, WatchingManagers: watchers, GuardedTables: v.GuardedTables, Schema: v.Schema}
 		if o.showKeys {
 			out.Key = nk
 		}
@@ -107,7 +128,7 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 		}
 	} else {
 		tw := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
-		name := pglease.HashKey(nk)
+		name := hash
 		if o.showKeys {
 			name = fmt.Sprintf("%q (hash %s)", nk, name)
 		}
@@ -117,14 +138,30 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 		} else {
 			fmt.Fprintln(tw, "fence counter\tnone (never granted)")
 		}
+		var delay *markView
+		for i, m := range v.Marks {
+			if m.Mark == markLockDelay {
+				delay = &v.Marks[i]
+			}
+		}
+		// free is what an absent or expired lease leaves the key as.
+		free := "free"
+		switch {
+		case delay != nil:
+			free = "no holder, but a lock delay holds the key off (see lock delay)"
+		case shared.Count > 0:
+			free = "no exclusive holder (see shared holds)"
+		}
 		if len(v.Leases.Rows) == 0 {
-			fmt.Fprintln(tw, "lease\tnone: free")
+			fmt.Fprintf(tw, "lease\tnone: %s\n", free)
 		} else {
 			l := v.Leases.Rows[0]
 			state := "live, expires in " + short(time.Duration(l.ExpiresInMs)*time.Millisecond)
 			switch {
+			case !l.Live && delay != nil:
+				state = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago: " + free
 			case !l.Live:
-				state = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago: free, the next acquire overwrites it"
+				state = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago: " + free + ", the next acquire overwrites it"
 			case l.ExpiresInMs <= 0:
 				state = "expired, within the 1 s tolerance: free for acquirers in under a second"
 			}
@@ -133,6 +170,44 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 			fmt.Fprintf(tw, "fence\t%s\n", strings.TrimLeft(l.Fence, "0"))
 			fmt.Fprintf(tw, "acquired\t%s (%s)\n", l.AcquiredAt.Format(time.RFC3339Nano), ago(v.Time.Sub(l.AcquiredAt)))
 			fmt.Fprintf(tw, "expires\t%s\n", l.ExpiresAt.Format(time.RFC3339Nano))
+		}
+		switch {
+		case !v.Schema.SharedTable:
+			fmt.Fprintf(tw, "shared holds\tnot shown: no shared-hold table (schema v%d; readers and semaphore permits need v4)\n", v.Schema.Version)
+		default:
+			fmt.Fprintf(tw, "shared holds\t%s\n", shared.held())
+			for _, h := range shared.Holders {
+				kind := "reader"
+				if shared.Limit > 0 {
+					kind = "permit"
+				}
+				fmt.Fprintf(tw, "  %s\tholder %s, fence %s, acquired %s, expires %s\n", kind, dash(h.Holder), fenceNum(h.Fence),
+					ago(v.Time.Sub(h.AcquiredAt)), expires(h.ExpiresInMs, true))
+			}
+		}
+		if !v.Schema.MarkColumns {
+			fmt.Fprintf(tw, "exclusive waiting\tnot shown (schema v%d; needs v4)\n", v.Schema.Version)
+			fmt.Fprintf(tw, "lock delay\tnot shown (schema v%d; needs v4)\n", v.Schema.Version)
+		} else {
+			ew := "no"
+			for _, m := range v.Marks {
+				if m.Mark == markExclusiveWaiting {
+					ew = "yes: a writer waits for the shared holds to end; new shared holds are refused until " + until(m.Until, v.Time) + ", unless it tries again"
+				}
+			}
+			fmt.Fprintf(tw, "exclusive waiting\t%s\n", ew)
+			ld := "none in force"
+			switch {
+			case delay != nil && delay.Source == "revoke":
+				ld = "not grantable before " + until(delay.Until, v.Time) + ": a revoke's delay"
+			case delay != nil:
+				ld = "not grantable before " + until(delay.Until, v.Time) + ": the expired lease's lock delay"
+			}
+			if len(v.Leases.Rows) == 1 && v.Leases.Rows[0].LockDelayMs > 0 && v.Leases.Rows[0].Live {
+				ld += fmt.Sprintf("; the lease's lock delay is %s (if it expires unreleased, the key is not grantable before its expiry + %[1]s)",
+					short(time.Duration(v.Leases.Rows[0].LockDelayMs)*time.Millisecond))
+			}
+			fmt.Fprintf(tw, "lock delay\t%s\n", ld)
 		}
 		acq := fmt.Sprintf("%d waiting in the database", len(waiters))
 		for _, x := range waiters {
@@ -144,11 +219,21 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 			wm = fmt.Sprintf("%d (listening sessions' pids %s)", len(managers), pids(managers))
 		}
 		fmt.Fprintf(tw, "waiting Managers\t%s\n", wm)
+		wm = "none"
+		if len(watchers) > 0 {
+			wm = fmt.Sprintf("%d (listening sessions' pids %s)", len(watchers), pids(watchers))
+		}
+		fmt.Fprintf(tw, "watching Managers\t%s\n", wm)
+		gt := "none"
+		if len(v.GuardedTables) > 0 {
+			gt = joinGuarded(v.GuardedTables) + ": writes of the key's rows need its live exclusive lease"
+		}
+		fmt.Fprintf(tw, "guarded tables\t%s\n", gt)
 		tw.Flush()
 		fmt.Fprintln(a.stdout, "(a pglease Manager queues its callers in process: it shows up among the waiting Managers while they wait,\n"+
 			"and among the acquires in progress only while an attempt runs)")
 	}
-	if len(v.Leases.Rows) == 0 {
+	if len(v.Leases.Rows) == 0 && shared.Count == 0 {
 		return fail(exitNotFound, "")
 	}
 	return nil
@@ -201,11 +286,15 @@ func (a *app) confirm(question string) bool {
 
 func (a *app) release(ctx context.Context, args []string) error {
 	fs := a.flags("release", "(--key KEY | --lock-id ID | --pid PID)")
-	key := fs.String("key", "", "release the lease on KEY")
-	lockID := fs.String("lock-id", "", "release the lease with this lockId")
+	key := fs.String("key", "", "revoke the lease on KEY (its holder is told at once)")
+	lockID := fs.String("lock-id", "", "revoke the lease with this lockId")
 	pid := fs.Int("pid", 0, "terminate this backend, which holds advisory locks (pg_terminate_backend)")
 	yes := fs.Bool("yes", false, "do not ask for confirmation")
-	force := fs.Bool("force", false, "release a lease that has not expired (its holder loses it)")
+	force := fs.Bool("force", false, "revoke a lease that has not expired (its holder loses it)")
+	delay := fs.Duration("delay", 0, "with --key or --lock-id: a lock delay, no acquire takes the key for `D` after the revoke\n"+
+		"(default: the lease's own lock delay, if it has one)")
+	request := fs.Bool("request", false, "with --key: only ask the key's holders to release it (cooperative: nothing is deleted, the holder decides)")
+	channel := fs.String("notify-channel", manager.DefaultNotifyChannel, "the channel the Managers listen on (manager.Config.NotifyChannel): the holder is told there")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -231,6 +320,19 @@ func (a *app) release(ctx context.Context, args []string) error {
 	if *pid < 0 || *pid > 1<<31-1 {
 		return fail(exitUsage, "--pid out of range")
 	}
+	switch {
+	case *delay < 0 || *delay%time.Millisecond != 0 || *delay > keys.MaxTTL():
+		return fail(exitUsage, "--delay must be a whole number of milliseconds, 0..%v", keys.MaxTTL())
+	case *delay != 0 && *pid != 0:
+		return fail(exitUsage, "--delay is for a lease (--key or --lock-id), not --pid")
+	case *request && *key == "":
+		return fail(exitUsage, "--request asks the holders of a key: it needs --key")
+	case *request && (*delay != 0 || *force):
+		return fail(exitUsage, "--request deletes nothing: it takes no --force or --delay")
+	}
+	if err := store.CheckChannel("", *channel); err != nil {
+		return fail(exitUsage, "--notify-channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+	}
 	pool, st, err := a.connect(ctx)
 	if err != nil {
 		return err
@@ -241,47 +343,194 @@ func (a *app) release(ctx context.Context, args []string) error {
 	if *pid != 0 {
 		return a.terminate(cctx, pool, int32(*pid), *yes)
 	}
-	list, err := st.ListLeases(cctx, store.ListOptions{Key: *key, LockID: *lockID})
+	cfg := store.Config(a.c.config())
+	cfg.NotifyChannel = *channel
+	if *request {
+		return a.requestRelease(cctx, pool, st, cfg, *key)
+	}
+	return a.revoke(cctx, pool, st, cfg, *key, *lockID, *delay, *force, *yes)
+}
+
+// revoke revokes the lease of key (or of lockID): store.Revoke in a
+// transaction that commits only when it revoked the very grant shown (and
+// confirmed); a grant of the key made meanwhile is left alone.
+func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, cfg store.Config, key, lockID string, delay time.Duration, force, yes bool) error {
+	list, err := st.ListLeases(ctx, store.ListOptions{Key: key, LockID: lockID})
 	if err != nil {
 		return err
 	}
 	if len(list.Rows) == 0 {
-		return fail(exitNotFound, "no such lease: nothing to release")
+		msg := "no such lease: nothing to revoke"
+		if key != "" {
+			if sh, err := a.sharedCount(ctx, pool, st, key); err == nil && sh > 0 {
+				msg = fmt.Sprintf("no exclusive lease of %s: nothing to revoke (its %d shared hold(s) are not revoked: they end with their expiry or release; --request asks their holders)",
+					pglease.HashKey(mustNFC(key)), sh)
+			}
+		}
+		return fail(exitNotFound, "%s", msg)
 	}
 	r := list.Rows[0]
 	left := r.ExpiresAt.Sub(list.Now)
 	holder := dash(r.Holder)
+	fence := strings.TrimLeft(r.Fence.String(), "0")
 	if !r.Live || left <= 0 {
-		return fail(exitNotFound, "lease %s expired %s ago: it is already free for acquirers (within the 1 s tolerance); nothing to release", r.KeyHash, short(-left))
+		return fail(exitNotFound, "lease %s expired %s ago: it is already free for acquirers (within the 1 s tolerance); nothing to revoke", r.KeyHash, short(-left))
 	}
-	consequence := fmt.Sprintf("the holder (%s) keeps working until its next extend fails — for a pglease Manager within a third of its TTL — "+
-		"and then sees its lock lost (Context ended, ErrLockLost); the next holder gets a fence above %s, so the old holder's fenced writes "+
-		"are refused from then on. The fence counter is not touched.", holder, strings.TrimLeft(r.Fence.String(), "0"))
-	if !*force {
-		return fail(exitRefused, "refusing: lease %s is held by %s and expires in %s. Releasing it: %s Rerun with --force to release it anyway.",
-			r.KeyHash, holder, short(left), consequence)
+	// The lease's own lock delay applies when --delay is not given.
+	var own time.Duration
+	if delay == 0 {
+		if _, cols, err := probeV4(ctx, pool, st.Names()); err == nil && cols {
+			if m, err := readMarks(ctx, pool, st.Names(), r.Key, false); err == nil {
+				if km, ok := m[r.KeyHash]; ok {
+					own = time.Duration(km.lockDelayMs) * time.Millisecond
+				}
+			}
+		}
 	}
-	fmt.Fprintf(a.stderr, "lease %s: holder %s, fence %s, expires in %s.\nIf released, %s\n", r.KeyHash, holder, strings.TrimLeft(r.Fence.String(), "0"), short(left), consequence)
-	if !*yes && !a.confirm("Release it?") {
-		return fail(exitRefused, "not released (not confirmed; --yes skips the question)")
+	after := ""
+	switch {
+	case delay > 0:
+		after = fmt.Sprintf(" No acquire (exclusive or shared) takes the key for %s after the revoke (--delay).", short(delay))
+	case own > 0:
+		after = fmt.Sprintf(" The lease's own lock delay keeps every acquire off the key for %s after the revoke.", short(own))
 	}
-	ok, err := st.Release(cctx, r.LockID)
-	result := "released"
+	consequence := fmt.Sprintf("the holder (%s) loses it at once: a pglease Manager listening on channel %s is told and ends the lock's Context "+
+		"with ErrRevoked (CodeRevoked) right away; a holder that does not hear it (a SyncGuard process, an older pglease, another channel) "+
+		"keeps working until its next extend fails — for a pglease Manager within a third of its TTL — and then sees its lock lost (ErrLockLost). "+
+		"The next holder gets a fence above %s, so the old holder's fenced writes are refused from then on.%s The fence counter is not touched.",
+		holder, cfg.NotifyChannel, fence, after)
+	if !force {
+		return fail(exitRefused, "refusing: lease %s is held by %s and expires in %s. Revoking it: %s Rerun with --force to revoke it anyway "+
+			"(or --request to ask the holder to release it).", r.KeyHash, holder, short(left), consequence)
+	}
+	fmt.Fprintf(a.stderr, "lease %s: holder %s, fence %s, expires in %s.\nIf revoked, %s\n", r.KeyHash, holder, fence, short(left), consequence)
+	if !yes && !a.confirm("Revoke it?") {
+		return fail(exitRefused, "not revoked (not confirmed; --yes skips the question)")
+	}
+	res, err := revokeGrant(ctx, pool, cfg, r.Key, r.LockIDHash, delay)
+	result := "revoked"
 	switch {
 	case err != nil:
 		result = "error"
-	case !ok:
+	case res.other:
+		result = "not revoked: the key changed hands"
+	case !res.Revoked:
 		result = "not held any more"
 	}
-	a.auditLogger().Info("pglease release", "action", "release_lease", "key_hash", r.KeyHash, "lock_id_hash", r.LockIDHash,
-		"holder", r.Holder, "fence", r.Fence.String(), "expires_in", left.String(), "forced", true, "operator", operator(), "result", result)
+	attrs := []any{"action", "revoke_lease", "key_hash", r.KeyHash, "lock_id_hash", r.LockIDHash, "holder", r.Holder, "fence", r.Fence.String(),
+		"expires_in", left.String(), "forced", true, "delay", delay.String(), "notify_channel", cfg.NotifyChannel}
+	if err == nil && res.Revoked && !res.DelayUntil.IsZero() {
+		attrs = append(attrs, "not_grantable_before", res.DelayUntil.UTC().Format(time.RFC3339Nano))
+	}
+	a.auditLogger().Info("pglease release", append(attrs, "operator", operator(), "result", result)...)
+	switch {
+	case err != nil:
+		return err
+	case res.other && lockID != "":
+		return fail(exitNotFound, "the lease was released or expired meanwhile, and the key granted again: nothing revoked")
+	case res.other:
+		return fail(exitRefused, "the key changed hands after it was shown (now fence %s): nothing revoked; run again to revoke the new holder",
+			strings.TrimLeft(res.Fence.String(), "0"))
+	case !res.Revoked:
+		return fail(exitNotFound, "the lease was released or expired meanwhile: nothing revoked")
+	}
+	fmt.Fprintf(a.stdout, "revoked lease %s (fence %s, holder %s); its holder was told on channel %s", r.KeyHash, fence, holder, cfg.NotifyChannel)
+	if !res.DelayUntil.IsZero() {
+		fmt.Fprintf(a.stdout, "; not grantable before %s", res.DelayUntil.UTC().Format(time.RFC3339Nano))
+	}
+	fmt.Fprintln(a.stdout)
+	return nil
+}
+
+// revokeResult is revokeGrant's answer.
+type revokeResult struct {
+	store.RevokeResult
+	// other: a live grant of the key other than the one shown was found
+	// (and left alone: the transaction rolled back).
+	other bool
+}
+
+// revokeGrant revokes key's lease if it is still the grant whose lockId
+// hash is lockIDHash: store.Revoke in a transaction, committed only then
+// (the revoke's notifications go out at the commit), rolled back
+// otherwise.
+func revokeGrant(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, key, lockIDHash string, delay time.Duration) (revokeResult, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return revokeResult{}, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	ts, err := store.New("pg.New", tx, cfg)
+	if err != nil {
+		return revokeResult{}, err
+	}
+	rs, err := ts.Revoke(ctx, []store.RevokeRequest{{Key: key, Delay: delay}})
+	if err != nil {
+		return revokeResult{}, err
+	}
+	r := revokeResult{RevokeResult: rs[0]}
+	if !r.Revoked || r.LockIDHash != lockIDHash {
+		r.other = r.Revoked
+		r.Revoked = false
+		return r, tx.Rollback(ctx)
+	}
+	return r, tx.Commit(ctx)
+}
+
+// sharedCount counts key's live shared holds (0 without a shared-hold
+// table).
+func (a *app) sharedCount(ctx context.Context, pool *pgxpool.Pool, st *store.Store, key string) (int, error) {
+	shared, _, err := probeV4(ctx, pool, st.Names())
+	if err != nil || !shared {
+		return 0, err
+	}
+	sec, err := readShared(ctx, pool, st.Names(), mustNFC(key), 1, false)
+	return sec.Live, err
+}
+
+// requestRelease asks the holders of key to release it: store.RequestRelease
+// ("q:" on the channel), nothing deleted. Nobody holding the key is
+// exitNotFound, nothing sent.
+func (a *app) requestRelease(ctx context.Context, pool *pgxpool.Pool, st *store.Store, cfg store.Config, key string) error {
+	hash := pglease.HashKey(mustNFC(key))
+	list, err := st.ListLeases(ctx, store.ListOptions{Key: key})
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return fail(exitNotFound, "the lease was released or expired meanwhile: nothing released")
+	holder, exclusive := "", false
+	if len(list.Rows) == 1 && list.Rows[0].Live && list.Rows[0].ExpiresAt.After(list.Now) {
+		holder, exclusive = list.Rows[0].Holder, true
 	}
-	fmt.Fprintf(a.stdout, "released lease %s (fence %s, holder %s)\n", r.KeyHash, strings.TrimLeft(r.Fence.String(), "0"), holder)
+	shared, err := a.sharedCount(ctx, pool, st, key)
+	if err != nil {
+		return err
+	}
+	if !exclusive && shared == 0 {
+		return fail(exitNotFound, "nobody holds %s: no request sent", hash)
+	}
+	rs, err := store.New("pg.New", pool, cfg)
+	if err != nil {
+		return err
+	}
+	err = rs.RequestRelease(ctx, []string{key})
+	result := "sent"
+	if err != nil {
+		result = "error"
+	}
+	a.auditLogger().Info("pglease release", "action", "request_release", "key_hash", hash, "holder", holder, "exclusive", exclusive,
+		"shared_holds", shared, "notify_channel", cfg.NotifyChannel, "operator", operator(), "result", result)
+	if err != nil {
+		return err
+	}
+	var who []string
+	if exclusive {
+		who = append(who, "the exclusive holder "+dash(holder))
+	}
+	if shared > 0 {
+		who = append(who, fmt.Sprintf("%d shared holder(s)", shared))
+	}
+	fmt.Fprintf(a.stdout, "asked the holders of %s to release it (%s), on channel %s: nothing was deleted; the holder decides "+
+		"(a pglease Manager closes the lock's ReleaseRequested channel)\n", hash, strings.Join(who, " and "), cfg.NotifyChannel)
 	return nil
 }
 

@@ -42,8 +42,8 @@ func withPassword(t *testing.T, raw, pw string) (string, string) {
 
 // The connection string's password is printed nowhere: not in the
 // usage (a flag's default), not in a parse or connect error, not in
-// status (text or JSON), inspect, release's audit records, version,
-// setup or migrate. Every command's usage, success and error path is run
+// status (text or JSON, with shared holds), inspect, release's audit
+// records (revoke, request), version, setup or migrate; nor is a lockId. Every command's usage, success and error path is run
 // with a distinctive password in DATABASE_URL (or --database-url).
 func TestNoPasswordPrinted(t *testing.T) {
 	t.Parallel()
@@ -51,9 +51,14 @@ func TestNoPasswordPrinted(t *testing.T) {
 	c := ctx(t)
 	const secret = "Pw-7731zq-DoNotPrint"
 	u, pw := withPassword(t, w.url, secret)
-	g := w.acquire(t, "secret:1", time.Minute)
-	_ = g
-	w.acquire(t, "secret:2", time.Minute)
+	// LockIds are printed nowhere either (every case below is scanned).
+	lockIDs := []string{
+		w.acquire(t, "secret:1", time.Minute).LockID,
+		w.acquire(t, "secret:2", time.Minute).LockID,
+		w.acquire(t, "secret:3", time.Minute).LockID,
+		w.share(t, "reader[1]@x", "secret:rw", 0).LockID,
+		w.share(t, "worker[1]@x", "secret:sem", 2).LockID,
+	}
 	holder, err := advisory.Open(c, w.pool, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -92,6 +97,15 @@ func TestNoPasswordPrinted(t *testing.T) {
 		tc{u, "", []string{"release", "--key", "secret:1"}},
 		tc{u, "n\n", []string{"release", "--key", "secret:1", "--force"}},
 		tc{u, "", []string{"release", "--key", "secret:1", "--force", "--yes"}}, // the audit record
+		tc{u, "", []string{"inspect", "secret:rw"}},
+		tc{u, "", []string{"inspect", "--json", "secret:sem"}},
+		tc{u, "", []string{"release", "--key", "secret:sem", "--request"}}, // the audit record
+		tc{u, "", []string{"release", "--key", "secret:2", "--request"}},
+		tc{u, "", []string{"release", "--key", "secret:nobody", "--request"}},
+		tc{u, "", []string{"release", "--key", "secret:rw", "--force", "--yes"}}, // shared holds only
+		tc{u, "", []string{"release", "--key", "secret:2", "--force", "--yes", "--delay", "1s"}},
+		tc{u, "", []string{"release", "--key", "secret:3", "--delay", "1s"}}, // the refusal
+		tc{u, "", []string{"release", "--key", "secret:1", "--delay", "-1s"}},
 		tc{u, "", []string{"release", "--pid", pid}},
 		tc{u, "", []string{"release", "--pid", pid, "--yes"}}, // the audit record
 		tc{u, "", []string{"version"}},
@@ -120,6 +134,11 @@ func TestNoPasswordPrinted(t *testing.T) {
 		out := r.stdout + r.stderr
 		if strings.Contains(out, pw) || strings.Contains(out, url.QueryEscape(pw)) {
 			t.Errorf("pglease %q printed the password:\n%s", tc.args, r)
+		}
+		for _, id := range lockIDs {
+			if strings.Contains(out, id) {
+				t.Errorf("pglease %q printed a lockId:\n%s", tc.args, r)
+			}
 		}
 		// The last two cases' password parts.
 		if strings.Contains(tc.url, "@x@") && strings.Contains(out, "x@127") {
@@ -343,9 +362,11 @@ func TestJSONEmptyLists(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, true)
 	r := run(t, w.url, "", "status", "--json")
-	want(t, r, 0, `"rows":[]`, `"waiting_managers":[]`)
+	want(t, r, 0, `"rows":[]`, `"waiting_managers":[`, `"shared":{"live":0,"keys":0,"rows":[]}`, `"marks":[]`,
+		`"watching_managers":[`, `"guarded_tables":[]`) // other tests' watchers may show (advisory locks are the database's)
 	r = run(t, w.url, "", "inspect", "--json", "none")
-	want(t, r, exitNotFound, `"acquires_in_progress":[]`, `"waiting_manager_pids":[]`)
+	want(t, r, exitNotFound, `"acquires_in_progress":[]`, `"waiting_manager_pids":[]`, `"holders":[]`, `"marks":[]`,
+		`"watching_manager_pids":[]`, `"guarded_tables":[]`)
 	if n := strings.Count(r.stdout, "null"); n != 2 { // "lease" and "fence_counter"
 		t.Fatalf("%d nulls, want 2 (lease and fence_counter):\n%s", n, r)
 	}
@@ -422,6 +443,15 @@ func TestBadFlagsNoConnection(t *testing.T) {
 		{"inspect", "--fence-table", "a.b.c", "k"},
 		{"release", "--pid", "-1"},
 		{"release", "--key", "k", "--lock-id", "x"},
+		{"release", "--key", "k", "--delay", "-1s"},
+		{"release", "--key", "k", "--delay", "1500us"},
+		{"release", "--key", "k", "--delay", "soon"},
+		{"release", "--pid", "5", "--delay", "1s"},
+		{"release", "--request"},
+		{"release", "--lock-id", "AAAAAAAAAAAAAAAAAAAAAA", "--request"},
+		{"release", "--key", "k", "--request", "--delay", "1s"},
+		{"release", "--key", "k", "--request", "--force"},
+		{"release", "--key", "k", "--notify-channel", "bad-name"},
 		{"migrate", "--to", "-1"},
 		{"setup", "extra"},
 		{"version", "extra"},

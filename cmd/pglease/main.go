@@ -1,6 +1,6 @@
 // Command pglease is the operator's tool for pglease's locks: who holds
-// what, since when, who waits, release a stuck lock safely, and set up or
-// migrate the schema.
+// what (exclusively or shared), since when, who waits or watches, revoke a
+// stuck lock safely, and set up or migrate the schema.
 //
 //	go install github.com/pglease/pglease/cmd/pglease@latest
 //
@@ -11,13 +11,20 @@
 // Commands:
 //
 //	status          every lease and every advisory lock, with waiters (acquires in
-//	                progress, waiting Managers); which parts of the schema are
-//	                missing (the lease tables, the release trigger): advisory locks
-//	                are shown without any lease table; --json, --watch
-//	inspect KEY     one lease: holder, fence, fence counter, expiry, acquires and
-//	                Managers waiting
-//	release         force-release a lease (--key or --lock-id) or end an advisory
-//	                holder's session (--pid); asks for confirmation unless --yes
+//	                progress, waiting Managers); shared holds (readers, semaphore
+//	                permits with their limit), keys marked exclusive waiting or
+//	                under a lock delay, watching Managers, guarded tables; which
+//	                parts of the schema are missing (the lease tables, the parts of
+//	                schema version 4, the release trigger): advisory locks are
+//	                shown without any lease table; --json, --watch
+//	inspect KEY     one key: exclusive holder, fence, fence counter, expiry, shared
+//	                holds, exclusive waiting, lock delay, acquires and Managers
+//	                waiting, Managers watching, guarded tables
+//	release         revoke a lease (--key or --lock-id: its holder's Manager is
+//	                told at once, ErrRevoked; --delay D keeps the key free for D),
+//	                ask a key's holders to release it (--key K --request: nothing
+//	                deleted), or end an advisory holder's session (--pid); asks for
+//	                confirmation unless --yes
 //	setup           bring the schema to the version this pglease needs (SetupSchema)
 //	migrate         migrate the schema up or down (--to N; --designs for the
 //	                optional design functions; --drop-tables to drop SyncGuard's tables at 0)
@@ -33,7 +40,8 @@
 //	--timeout D          bound on each command's database work (default 10s)
 //
 // Data goes to stdout, progress and errors to stderr; release writes one
-// audit record (a JSON slog line) to stderr. Keys are shown as
+// audit record (a JSON slog line) to stderr: action revoke_lease,
+// request_release or terminate_backend. Keys are shown as
 // pglease.HashKey hashes unless --show-keys; lockIds are never shown. The
 // connection string and its password are never printed: not as a flag's
 // default, not in an error.
@@ -46,8 +54,11 @@
 //	0  done
 //	1  failed (database unreachable, SQL error, …)
 //	2  usage: bad flags or arguments
-//	3  not found: inspect or release found no such lease or lock
-//	4  refused: release not confirmed, or the lease is unexpired and --force is missing
+//	3  not found: inspect found neither a lease row nor a shared hold of the
+//	   key; release found no such live lease or lock (or, with --request,
+//	   nobody holding the key), or it ended meanwhile
+//	4  refused: release not confirmed, the lease is unexpired and --force is
+//	   missing, or the key changed hands after it was shown (nothing revoked)
 //	5  the schema is not at the version this pglease needs, or its tables are
 //	   missing: run pglease setup (version, status, inspect, release)
 package main
@@ -144,10 +155,14 @@ const usage = `usage: pglease [flags] COMMAND [command flags] [args]
 
 commands:
   status          every lease and every advisory lock, with waiters and waiting Managers,
+                  shared holds, marks and lock delays, watching Managers, guarded tables,
                   and the schema's missing parts (--json, --watch)
-  inspect KEY     one lease: holder, fence, fence counter, expiry, acquires and Managers waiting
-  release         force-release a lease (--key K | --lock-id ID) or end an advisory
-                  holder's session (--pid PID); confirmation or --yes; --force for a live lease
+  inspect KEY     one key: exclusive holder, fence, fence counter, expiry, shared holds,
+                  exclusive waiting, lock delay, acquires and Managers waiting or watching
+  release         revoke a lease (--key K | --lock-id ID; its holder is told at once;
+                  --delay D: no grant for D), ask the holders to release (--key K --request),
+                  or end an advisory holder's session (--pid PID);
+                  confirmation or --yes; --force for a live lease
   setup           bring the schema to the version this pglease needs
   migrate         migrate the schema (--to N, --designs, --drop-tables)
   version         this pglease's version, the schema version it needs (and the database's)

@@ -108,6 +108,9 @@ type world struct {
 	url   string
 	pool  *pgxpool.Pool
 	store *store.Store
+	// ownerURL connects as the schema's owner role (with setup only): it
+	// may create tables and guard them.
+	ownerURL string
 }
 
 // With setup, the schema was set up by an owner role and everything else
@@ -117,9 +120,10 @@ type world struct {
 // the owner's, never the runtime role's).
 func newWorld(t *testing.T, setup bool) *world {
 	t.Helper()
-	var url string
+	var url, owner string
 	if setup {
-		url = pgtest.RoleSchemaForTest(t).RuntimeURL
+		rs := pgtest.RoleSchemaForTest(t)
+		url, owner = rs.RuntimeURL, rs.OwnerURL
 	} else {
 		url = pgtest.SchemaURL(t)
 	}
@@ -132,7 +136,7 @@ func newWorld(t *testing.T, setup bool) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &world{url: url, pool: pool, store: s}
+	return &world{url: url, pool: pool, store: s, ownerURL: owner}
 }
 
 func (w *world) acquire(t *testing.T, key string, ttl time.Duration) store.AcquireResult {
@@ -291,9 +295,10 @@ func TestInspect(t *testing.T) {
 }
 
 // release: refused without --force (saying what the holder will see),
-// not done without confirmation, done with it (one audit line, no raw key,
-// fence counter untouched, the holder's extend fails, the next grant
-// fences it out); by lockId; an advisory holder's backend terminated.
+// not done without confirmation, done with it (a revocation: one audit
+// line, no raw key, fence counter untouched, the holder's extend fails,
+// the next grant fences it out); by lockId; an advisory holder's backend
+// terminated.
 func TestRelease(t *testing.T) {
 	t.Parallel()
 	w := newWorld(t, true)
@@ -301,7 +306,7 @@ func TestRelease(t *testing.T) {
 	g := w.acquire(t, "stuck:1", time.Minute)
 
 	r := run(t, w.url, "", "release", "--key", "stuck:1")
-	want(t, r, exitRefused, "refusing", "billing[42]@web-1", "ErrLockLost", "--force", "fence counter is not touched")
+	want(t, r, exitRefused, "refusing", "billing[42]@web-1", "ErrRevoked", "ErrLockLost", "--force", "fence counter is not touched")
 	r = run(t, w.url, "n\n", "release", "--key", "stuck:1", "--force")
 	want(t, r, exitRefused, "not confirmed")
 	r = run(t, w.url, "", "release", "--key", "stuck:1", "--force") // EOF is no
@@ -311,7 +316,7 @@ func TestRelease(t *testing.T) {
 	}
 
 	r = run(t, w.url, "y\n", "release", "--key", "stuck:1", "--force")
-	want(t, r, 0, "released lease "+pglease.HashKey("stuck:1"))
+	want(t, r, 0, "revoked lease "+pglease.HashKey("stuck:1"))
 	var audit []map[string]any
 	for _, line := range strings.Split(r.stderr, "\n") {
 		var m map[string]any
@@ -319,8 +324,8 @@ func TestRelease(t *testing.T) {
 			audit = append(audit, m)
 		}
 	}
-	if len(audit) != 1 || audit[0]["key_hash"] != pglease.HashKey("stuck:1") || audit[0]["result"] != "released" ||
-		audit[0]["action"] != "release_lease" || audit[0]["fence"] != g.Fence.String() {
+	if len(audit) != 1 || audit[0]["key_hash"] != pglease.HashKey("stuck:1") || audit[0]["result"] != "revoked" ||
+		audit[0]["action"] != "revoke_lease" || audit[0]["fence"] != g.Fence.String() {
 		t.Fatalf("audit records: %v\n%s", audit, r)
 	}
 	if strings.Contains(r.stderr, "stuck:1") || strings.Contains(r.stderr, g.LockID) {
@@ -338,7 +343,7 @@ func TestRelease(t *testing.T) {
 
 	g2 := w.acquire(t, "stuck:2", time.Minute)
 	r = run(t, w.url, "", "release", "--lock-id", g2.LockID, "--force", "--yes")
-	want(t, r, 0, "released lease "+pglease.HashKey("stuck:2"))
+	want(t, r, 0, "revoked lease "+pglease.HashKey("stuck:2"))
 	r = run(t, w.url, "", "release", "--lock-id", g2.LockID, "--force", "--yes")
 	want(t, r, exitNotFound, "no such lease")
 	exp := w.acquire(t, "short", 300*time.Millisecond)

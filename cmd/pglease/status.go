@@ -206,9 +206,16 @@ type leaseView struct {
 	AcquiresWaiting int       `json:"acquires_waiting"`
 	// ManagersWaiting counts the pglease Managers (processes) waiting
 	// for the key: the holders of its waiter lock.
-	ManagersWaiting int     `json:"managers_waiting"`
-	FenceCounter    *string `json:"fence_counter,omitempty"`
-	advisoryKey     int64
+	ManagersWaiting int `json:"managers_waiting"`
+	// ManagersWatching counts the pglease Managers watching the key (the
+	// holders of its watch lock).
+	ManagersWatching int `json:"managers_watching"`
+	// LockDelayMs is the grant's lock delay (manager.WithLockDelay; 0:
+	// none): when the lease expires unreleased, nobody takes the key
+	// before its expiry + the delay.
+	LockDelayMs  int64   `json:"lock_delay_ms"`
+	FenceCounter *string `json:"fence_counter,omitempty"`
+	advisoryKey  int64
 }
 
 // advisoryView is one advisory lock holder or waiter.
@@ -229,13 +236,16 @@ type advisoryView struct {
 // waitersView is one lease key that pglease Managers wait for: the
 // holders of its waiter lock, pair:store.WaiterLockClass,hashtext(key)
 // (the store's RegisterWaiters). A Manager holds it on its listening session
-// while callers of its wait for the key and someone else holds it.
+// while callers of its wait for the key and someone else holds it. The
+// Managers watching a key (store.RegisterWatchers) hold its watch lock,
+// pair:store.WatchLockClass,hashtext(key), and are listed the same way.
 type waitersView struct {
 	// Hashtext is the lock's second key: hashtext of the key (in NFC).
 	Hashtext int32 `json:"hashtext"`
 	// KeyHashes are the hashes of the lease keys with this hashtext in
-	// the lock table: one, none when the key has no lease row (it was
-	// just released), several only on a hashtext collision.
+	// the lock, shared-hold and holder tables: one, none when the key
+	// was never held (or was just released, with no holder table), several
+	// only on a hashtext collision.
 	KeyHashes []string `json:"key_hashes"`
 	Keys      []string `json:"keys,omitempty"` // with --show-keys
 	Managers  int      `json:"managers"`
@@ -270,6 +280,12 @@ type schemaView struct {
 	LockTable   bool `json:"lock_table"`
 	FenceTable  bool `json:"fence_table"`
 	HolderTable bool `json:"holder_table"`
+	// SharedTable: the shared-hold table (schema version 4); MarkColumns:
+	// the holder table's columns for the exclusive-waiting mark and lock
+	// delays (schema version 4). Without them, no shared hold, mark or
+	// lock delay is shown.
+	SharedTable bool `json:"shared_table"`
+	MarkColumns bool `json:"mark_columns"`
 	// ReleaseTrigger: the lock table has the release trigger for
 	// NotifyChannel (migrate.Migrator.SetupReleaseTrigger), which makes
 	// SyncGuard processes' releases wake pglease waiters.
@@ -288,8 +304,18 @@ type snapshotView struct {
 		Live  int         `json:"live"`
 		Rows  []leaseView `json:"rows"`
 	} `json:"leases"`
-	WaitingManagers []waitersView  `json:"waiting_managers"`
-	Advisory        []advisoryView `json:"advisory"`
+	// Shared are the live shared holds: readers and semaphore permits.
+	Shared sharedSection `json:"shared"`
+	// Marks are the keys with an exclusive-waiting mark or a lock delay
+	// in force.
+	Marks            []markView     `json:"marks"`
+	WaitingManagers  []waitersView  `json:"waiting_managers"`
+	WatchingManagers []waitersView  `json:"watching_managers"`
+	GuardedTables    []guardedView  `json:"guarded_tables"`
+	Advisory         []advisoryView `json:"advisory"`
+	// acquiresWaiting counts, by key hash, the acquires waiting in the
+	// database for a key of a lease row or a shared hold.
+	acquiresWaiting map[string]int
 }
 
 // quoteTable quotes a validated table name, ident or schema.ident, as
@@ -298,18 +324,30 @@ func quoteTable(name string) string {
 	return pgx.Identifier(strings.Split(name, ".")).Sanitize()
 }
 
-// collect reads one snapshot: leases (optionally one key's), the schema's
-// state, and advisory locks, with lease acquires in progress (waiters on a
-// key's hashtext advisory lock) and waiting Managers (holders of a key's
-// waiter lock) counted on their lease. It needs none of the lease tables:
-// what is missing is reported in Schema, and advisory locks are listed
-// whatever exists.
+// collect reads one snapshot: leases (optionally one key's), shared
+// holds, marks and lock delays, guarded tables, the schema's state, and
+// advisory locks, with lease acquires in progress (waiters on a key's
+// hashtext advisory lock), waiting Managers (holders of a key's waiter
+// lock) and watching Managers (holders of its watch lock) counted on
+// their lease. It needs none of the lease tables: what is missing is
+// reported in Schema, each part is read when its tables exist, and
+// advisory locks are listed whatever exists.
 func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advisory.Registry, o *viewOpts, lo store.ListOptions, c *common) (*snapshotView, error) {
 	v := &snapshotView{}
 	v.Leases.Rows = []leaseView{}
+	v.Shared.Rows = []sharedKeyView{}
+	v.Marks = []markView{}
 	v.WaitingManagers = []waitersView{}
+	v.WatchingManagers = []waitersView{}
+	v.GuardedTables = []guardedView{}
 	v.Advisory = []advisoryView{}
+	v.acquiresWaiting = map[string]int{}
 	s := &v.Schema
+	n := st.Names()
+	key := ""
+	if lo.Key != "" {
+		key = mustNFC(lo.Key)
+	}
 	ver, from, err := st.ReadVersion(ctx, "migrate.Version")
 	if err != nil {
 		return nil, err
@@ -326,7 +364,9 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 		return nil, err
 	}
 	now := time.UnixMilli(nowMs)
-	byAdv := map[int64]int{}
+	// acquireOf names the key of an acquire in progress: hashtext(key) →
+	// the key's hash, for the keys of lease rows, shared holds and marks.
+	acquireOf := map[int64]string{}
 	if s.LockTable {
 		list, err := st.ListLeases(ctx, lo)
 		if err != nil {
@@ -344,10 +384,41 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 			if o.showKeys {
 				lv.Key = r.Key
 			}
-			byAdv[r.AdvisoryKey] = len(v.Leases.Rows)
+			acquireOf[r.AdvisoryKey] = r.KeyHash
 			v.Leases.Rows = append(v.Leases.Rows, lv)
 		}
 		if s.ReleaseTrigger, err = st.ReleaseTriggerInstalled(ctx, o.notifyChannel); err != nil {
+			return nil, err
+		}
+		if s.SharedTable, s.MarkColumns, err = probeV4(ctx, pool, n); err != nil {
+			return nil, err
+		}
+		if s.SharedTable {
+			if v.Shared, err = readShared(ctx, pool, n, key, o.limit, o.showKeys); err != nil {
+				return nil, err
+			}
+			for _, g := range v.Shared.Rows {
+				acquireOf[g.advisoryKey] = g.KeyHash
+			}
+		}
+		if s.MarkColumns {
+			marks, err := readMarks(ctx, pool, n, key, o.showKeys)
+			if err != nil {
+				return nil, err
+			}
+			v.Marks = sortedMarks(marks)
+			for i := range v.Leases.Rows {
+				if m, ok := marks[v.Leases.Rows[i].KeyHash]; ok {
+					v.Leases.Rows[i].LockDelayMs = m.lockDelayMs
+				}
+			}
+			for _, m := range marks {
+				if len(m.marks) > 0 {
+					acquireOf[m.advisoryKey] = m.marks[0].KeyHash
+				}
+			}
+		}
+		if v.GuardedTables, err = readGuarded(ctx, pool, n); err != nil {
 			return nil, err
 		}
 	}
@@ -361,6 +432,12 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 	}
 	if s.LockTable && !s.HolderTable {
 		s.Missing = append(s.Missing, "holder table (schema version 2)")
+	}
+	if s.LockTable && !s.SharedTable {
+		s.Missing = append(s.Missing, "shared-hold table (schema version 4)")
+	}
+	if s.HolderTable && !s.MarkColumns {
+		s.Missing = append(s.Missing, "lock delay and exclusive-waiting columns of the holder table (schema version 4)")
 	}
 	if ver < migrate.Latest {
 		s.Missing = append(s.Missing, fmt.Sprintf("pglease functions (schema version %d)", migrate.Latest))
@@ -376,22 +453,33 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 	if err != nil {
 		return nil, err
 	}
-	// The waiter locks: one group per key, its holders the Managers.
-	waiterIdx := map[int32]int{}
+	// The waiter and watch locks: one group per key, its holders the
+	// Managers.
+	waiterIdx, watchIdx := map[int32]int{}, map[int32]int{}
 	for _, l := range locks {
-		if a, b, ok := l.Key.Pair(); ok && a == store.WaiterLockClass && l.Granted {
-			i, ok := waiterIdx[b]
-			if !ok {
-				i = len(v.WaitingManagers)
-				waiterIdx[b] = i
-				v.WaitingManagers = append(v.WaitingManagers, waitersView{Hashtext: b, KeyHashes: []string{}, PIDs: []int32{}})
-			}
-			v.WaitingManagers[i].Managers++
-			v.WaitingManagers[i].PIDs = append(v.WaitingManagers[i].PIDs, l.PID)
+		a, b, ok := l.Key.Pair()
+		if !ok || !l.Granted {
+			continue
 		}
+		groups, idx := &v.WaitingManagers, waiterIdx
+		switch a {
+		case store.WaiterLockClass:
+		case store.WatchLockClass:
+			groups, idx = &v.WatchingManagers, watchIdx
+		default:
+			continue
+		}
+		i, ok := idx[b]
+		if !ok {
+			i = len(*groups)
+			idx[b] = i
+			*groups = append(*groups, waitersView{Hashtext: b, KeyHashes: []string{}, PIDs: []int32{}})
+		}
+		(*groups)[i].Managers++
+		(*groups)[i].PIDs = append((*groups)[i].PIDs, l.PID)
 	}
-	if len(waiterIdx) > 0 && s.LockTable {
-		if err := resolveWaiters(ctx, pool, lockName, v, waiterIdx, o.showKeys); err != nil {
+	if (len(waiterIdx) > 0 || len(watchIdx) > 0) && s.LockTable {
+		if err := resolveWaiters(ctx, pool, n, s, v, waiterIdx, watchIdx, o.showKeys); err != nil {
 			return nil, err
 		}
 	}
@@ -408,43 +496,69 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 			if id == setupKey && av.Name == "" {
 				av.Name = "pglease schema setup or migration"
 			}
-			if i, ok := byAdv[id]; ok && av.Name == "" {
-				av.Name = "lease acquire " + v.Leases.Rows[i].KeyHash
+			if h, ok := acquireOf[id]; ok && av.Name == "" {
+				av.Name = "lease acquire " + h
 				if !l.Granted {
-					v.Leases.Rows[i].AcquiresWaiting++
+					v.acquiresWaiting[h]++
 				}
 			}
 		}
-		if a, b, ok := l.Key.Pair(); ok && a == store.WaiterLockClass && av.Name == "" {
-			av.Name = "waiting Manager"
-			if i, ok := waiterIdx[b]; ok {
-				av.Name += ": " + v.WaitingManagers[i].what()
+		if a, b, ok := l.Key.Pair(); ok && av.Name == "" {
+			switch a {
+			case store.WaiterLockClass:
+				av.Name = "waiting Manager"
+				if i, ok := waiterIdx[b]; ok {
+					av.Name += ": " + v.WaitingManagers[i].what()
+				}
+			case store.WatchLockClass:
+				av.Name = "watching Manager"
+				if i, ok := watchIdx[b]; ok {
+					av.Name += ": " + v.WatchingManagers[i].what()
+				}
 			}
 		}
 		v.Advisory = append(v.Advisory, av)
 	}
-	for _, w := range v.WaitingManagers {
-		for _, h := range w.KeyHashes {
-			for i := range v.Leases.Rows {
-				if v.Leases.Rows[i].KeyHash == h {
-					v.Leases.Rows[i].ManagersWaiting += w.Managers
-				}
+	for i := range v.Leases.Rows {
+		l := &v.Leases.Rows[i]
+		l.AcquiresWaiting = v.acquiresWaiting[l.KeyHash]
+		for _, w := range v.WaitingManagers {
+			if slices.Contains(w.KeyHashes, l.KeyHash) {
+				l.ManagersWaiting += w.Managers
 			}
 		}
+		for _, w := range v.WatchingManagers {
+			if slices.Contains(w.KeyHashes, l.KeyHash) {
+				l.ManagersWatching += w.Managers
+			}
+		}
+	}
+	for i := range v.Shared.Rows {
+		v.Shared.Rows[i].AcquiresWaiting = v.acquiresWaiting[v.Shared.Rows[i].KeyHash]
 	}
 	return v, nil
 }
 
-// resolveWaiters finds the lease keys of the waiter locks' hashtexts in
-// the lock table (their user_key, the NFC key the lock was taken for):
-// one scan of the table, only when some Manager waits.
-func resolveWaiters(ctx context.Context, pool *pgxpool.Pool, lockTable string, v *snapshotView, idx map[int32]int, showKeys bool) error {
-	hs := make([]int32, 0, len(idx))
-	for h := range idx {
-		hs = append(hs, h)
+// resolveWaiters finds the lease keys of the waiter and watch locks'
+// hashtexts in the lock table (their user_key, the NFC key the lock was
+// taken for), the shared-hold table and the holder table (one row per
+// key ever held, so a key just released is still found), those that
+// exist: one scan of each, only when some Manager waits or watches.
+func resolveWaiters(ctx context.Context, pool *pgxpool.Pool, n store.Names, s *schemaView, v *snapshotView, waiterIdx, watchIdx map[int32]int, showKeys bool) error {
+	hs := make([]int32, 0, len(waiterIdx)+len(watchIdx))
+	for _, idx := range []map[int32]int{waiterIdx, watchIdx} {
+		for h := range idx {
+			hs = append(hs, h)
+		}
 	}
-	rows, err := pool.Query(ctx, "SELECT DISTINCT hashtext(user_key), user_key FROM "+quoteTable(lockTable)+
-		" WHERE hashtext(user_key) = ANY($1::int4[]) ORDER BY 2", hs)
+	src := "SELECT l.user_key AS k FROM " + n.Lock + " AS l"
+	if s.SharedTable {
+		src += " UNION SELECT s.key FROM " + n.Shared + " AS s"
+	}
+	if s.HolderTable {
+		src += " UNION SELECT h.key FROM " + n.Holders + " AS h"
+	}
+	rows, err := pool.Query(ctx, "SELECT DISTINCT hashtext(x.k), x.k FROM ("+src+") AS x WHERE hashtext(x.k) = ANY($1::int4[]) ORDER BY 2", hs)
 	if err != nil {
 		return err
 	}
@@ -455,10 +569,19 @@ func resolveWaiters(ctx context.Context, pool *pgxpool.Pool, lockTable string, v
 		if err := rows.Scan(&h, &key); err != nil {
 			return err
 		}
-		w := &v.WaitingManagers[idx[h]]
-		w.KeyHashes = append(w.KeyHashes, pglease.HashKey(key))
-		if showKeys {
-			w.Keys = append(w.Keys, key)
+		for _, g := range []struct {
+			groups []waitersView
+			idx    map[int32]int
+		}{{v.WaitingManagers, waiterIdx}, {v.WatchingManagers, watchIdx}} {
+			i, ok := g.idx[h]
+			if !ok {
+				continue
+			}
+			w := &g.groups[i]
+			w.KeyHashes = append(w.KeyHashes, pglease.HashKey(key))
+			if showKeys {
+				w.Keys = append(w.Keys, key)
+			}
 		}
 	}
 	return rows.Err()
@@ -617,27 +740,33 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 			if p, ok := prev[l.KeyHash]; ok && p != l.Fence {
 				fence += fmt.Sprintf(" (+%d)", atoi(l.Fence)-atoi(p))
 			}
-			exp := "in " + short(time.Duration(l.ExpiresInMs)*time.Millisecond)
-			if !l.Live {
-				exp = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago"
-			} else if l.ExpiresInMs <= 0 {
-				exp = "expired, in tolerance"
+			exp := expires(l.ExpiresInMs, l.Live)
+			if l.LockDelayMs > 0 {
+				exp += ", lock delay " + short(time.Duration(l.LockDelayMs)*time.Millisecond)
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", key, dash(l.Holder), fence,
 				ago(v.Time.Sub(l.AcquiredAt)), exp, l.AcquiresWaiting, l.ManagersWaiting)
 		}
 		tw.Flush()
 	}
-	if len(v.WaitingManagers) > 0 {
-		n := 0
-		for _, m := range v.WaitingManagers {
-			n += m.Managers
-		}
-		fmt.Fprintf(w, "\nWAITING MANAGERS  %d on %d key(s): pglease Managers whose callers wait for a lease held elsewhere\n", n, len(v.WaitingManagers))
+	printShared(w, v)
+	printMarks(w, v)
+	printManagers(w, v.WaitingManagers, "WAITING MANAGERS", "pglease Managers whose callers wait for a lease held elsewhere")
+	printManagers(w, v.WatchingManagers, "WATCHING MANAGERS", "pglease Managers told of every change of the key as it commits (watchers)")
+	switch {
+	case !s.LockTable:
+	case len(v.GuardedTables) == 0:
+		fmt.Fprintln(w, "\nGUARDED TABLES  none (migrate.Migrator.Guard makes a table's writes need a live lease of the row's key)")
+	default:
+		fmt.Fprintf(w, "\nGUARDED TABLES  %d: a write of a row needs a live exclusive lease of its key (the key column's value), guarded in the writing transaction\n", len(v.GuardedTables))
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tMANAGERS\tPIDS")
-		for _, m := range v.WaitingManagers {
-			fmt.Fprintf(tw, "%s\t%d\t%s\n", strings.TrimPrefix(m.what(), "lease "), m.Managers, pids(m.PIDs))
+		fmt.Fprintln(tw, "TABLE\tKEY COLUMN\tTRIGGER")
+		for _, g := range v.GuardedTables {
+			state := "enabled"
+			if !g.Enabled {
+				state = "disabled: writes not checked"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.Table, g.KeyColumn, state)
 		}
 		tw.Flush()
 	}
@@ -674,6 +803,7 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		what              string
 		waiters, managers int
 		longest           int64
+		writer            bool // an exclusive waiting mark
 	}
 	var cs []cont
 	idx := map[string]int{}
@@ -686,9 +816,17 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		}
 		return &cs[i]
 	}
-	for _, l := range v.Leases.Rows {
-		if l.AcquiresWaiting > 0 {
-			at("lease " + l.KeyHash).waiters += l.AcquiresWaiting
+	hs := make([]string, 0, len(v.acquiresWaiting))
+	for h := range v.acquiresWaiting {
+		hs = append(hs, h)
+	}
+	slices.Sort(hs)
+	for _, h := range hs {
+		at("lease " + h).waiters += v.acquiresWaiting[h]
+	}
+	for _, m := range v.Marks {
+		if m.Mark == markExclusiveWaiting {
+			at("lease " + m.KeyHash).writer = true
 		}
 	}
 	for _, m := range v.WaitingManagers {
@@ -715,7 +853,13 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		fmt.Fprintln(w, "CONTENTION  none: nobody waits")
 		return
 	}
-	slices.SortStableFunc(cs, func(a, b cont) int { return (b.waiters + b.managers) - (a.waiters + a.managers) })
+	weight := func(c cont) int {
+		if c.writer {
+			return c.waiters + c.managers + 1
+		}
+		return c.waiters + c.managers
+	}
+	slices.SortStableFunc(cs, func(a, b cont) int { return weight(b) - weight(a) })
 	fmt.Fprintln(w, "CONTENTION")
 	for _, c := range cs {
 		var parts []string
@@ -728,6 +872,9 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		}
 		if c.managers > 0 {
 			parts = append(parts, fmt.Sprintf("%d waiting Manager(s)", c.managers))
+		}
+		if c.writer {
+			parts = append(parts, "a writer waits for the shared holds (exclusive waiting)")
 		}
 		fmt.Fprintf(w, "  %s: %s\n", c.what, strings.Join(parts, "; "))
 	}
@@ -748,4 +895,102 @@ func atoi(s string) int64 {
 		n = n*10 + int64(c-'0')
 	}
 	return n
+}
+
+// printManagers prints the Managers waiting for or watching keys.
+func printManagers(w io.Writer, ms []waitersView, title, what string) {
+	if len(ms) == 0 {
+		return
+	}
+	n := 0
+	for _, m := range ms {
+		n += m.Managers
+	}
+	fmt.Fprintf(w, "\n%s  %d on %d key(s): %s\n", title, n, len(ms), what)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tMANAGERS\tPIDS")
+	for _, m := range ms {
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", strings.TrimPrefix(m.what(), "lease "), m.Managers, pids(m.PIDs))
+	}
+	tw.Flush()
+}
+
+// printShared prints the shared holds: one row per hold.
+func printShared(w io.Writer, v *snapshotView) {
+	s := &v.Schema
+	switch {
+	case !s.LockTable:
+		return
+	case !s.SharedTable:
+		fmt.Fprintf(w, "\nSHARED HOLDS  not shown: no shared-hold table (schema v%d; readers and semaphore permits need v4)\n", s.Version)
+		return
+	case v.Shared.Live == 0:
+		fmt.Fprintln(w, "\nSHARED HOLDS  none")
+		return
+	}
+	fmt.Fprintf(w, "\nSHARED HOLDS  %d live on %d key(s): readers of reader-writer leases, permits of counting semaphores", v.Shared.Live, v.Shared.Keys)
+	shown := 0
+	for _, g := range v.Shared.Rows {
+		shown += len(g.Holders)
+	}
+	if shown < v.Shared.Live {
+		fmt.Fprintf(w, "  (showing %d)", shown)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tKIND\tHELD\tHOLDER\tFENCE\tACQUIRED\tEXPIRES\tACQUIRES WAITING")
+	for _, g := range v.Shared.Rows {
+		key := g.KeyHash
+		if g.Key != "" {
+			key = g.Key
+		}
+		kind := "reader"
+		if g.Limit > 0 {
+			kind = "permit"
+		}
+		for _, h := range g.Holders {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", key, kind, g.held(), dash(h.Holder), fenceNum(h.Fence),
+				ago(v.Time.Sub(h.AcquiredAt)), expires(h.ExpiresInMs, true), g.AcquiresWaiting)
+		}
+	}
+	tw.Flush()
+}
+
+// printMarks prints the keys with an exclusive waiting mark or a lock
+// delay in force.
+func printMarks(w io.Writer, v *snapshotView) {
+	s := &v.Schema
+	switch {
+	case !s.LockTable:
+		return
+	case s.HolderTable && !s.MarkColumns:
+		fmt.Fprintf(w, "\nMARKS  not shown: the holder table has no columns for lock delays and exclusive waiting (schema v%d; they need v4)\n", s.Version)
+		return
+	case len(v.Marks) == 0:
+		return
+	}
+	fmt.Fprintf(w, "\nMARKS  %d: keys held off by a waiting writer (exclusive waiting: new shared holds are refused) or a lock delay (no grant at all)\n", len(v.Marks))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tMARK\tUNTIL\tMEANING")
+	for _, m := range v.Marks {
+		key := m.KeyHash
+		if m.Key != "" {
+			key = m.Key
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", key, m.what(), until(m.Until, v.Time), m.meaning())
+	}
+	tw.Flush()
+}
+
+// expires says when a hold expires (ms from now), by SyncGuard's rule
+// when live is the answer of that rule (expired holds within the 1 s
+// tolerance are still live).
+func expires(inMs int64, live bool) string {
+	switch {
+	case !live:
+		return "expired " + short(-time.Duration(inMs)*time.Millisecond) + " ago"
+	case inMs <= 0:
+		return "expired, in tolerance"
+	}
+	return "in " + short(time.Duration(inMs)*time.Millisecond)
 }
