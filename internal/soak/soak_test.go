@@ -131,7 +131,7 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("too few of the other primitives: %d permits, %d readers, %d exclusive grants of their keys, %d sets", rep.Permits, rep.Readers, rep.PrimExclusive, rep.Sets)
 	}
 	for _, c := range []string{check.CFences, check.CRegister, check.CLinear, check.CHolderEnded, check.CRecovery, check.CClose,
-		check.CSemBound, check.CRWExcl, check.CSets, check.CSharedFences} {
+		check.CSemBound, check.CRWExcl, check.CSets, check.CSharedFences, check.CRevoked} {
 		if rep.Check(c).Checked == 0 {
 			t.Errorf("check %s checked nothing", c)
 		}
@@ -190,6 +190,9 @@ var controlList = []control{
 	// a reader nobody holds next to each writer.
 	{broken: "extra-permit", mix: "cut=1", want: []string{check.CSemBound}, wantSeen: "(server)"},
 	{broken: "reader-with-writer", mix: "cut=1", want: []string{check.CRWExcl}, wantSeen: "(server)"},
+	// Revokes of worker 0's leases, which it ignores: it works on (fenced)
+	// for 4 TTL.
+	{broken: "ignore-revoke:0", mix: "revoke=1", targets: []int{0}, want: []string{check.CRevoked}, wantSeen: "after it was told of the revoke"},
 }
 
 // TestControls runs a short soak per broken mode and checks that the

@@ -615,3 +615,74 @@ func TestPrimChecksFail(t *testing.T) {
 		})
 	}
 }
+
+// revokeHist is newHist with fence 6's lease (worker 0, granted at 3.5 s)
+// revoked by the driver 50 ms after its grant; its holder is told 1 ms
+// later, stops, and its Release (at 3.6 s) finds the lease gone.
+func revokeHist() *hist {
+	h := newHist()
+	ms := int64(time.Millisecond)
+	t := 3500 * ms
+	for i := range h.locks {
+		if h.locks[i].Fence == 6 && h.locks[i].Tg == "D" {
+			h.locks[i].AtUs, h.locks[i].App = (t+50*ms)/1000, driver.RevokerApp
+		}
+	}
+	for i, e := range h.wlog["w0.0.jsonl"] {
+		switch {
+		case e.E == event.End && e.F == 6:
+			h.wlog["w0.0.jsonl"][i].T, h.wlog["w0.0.jsonl"][i].C = t+51*ms, "Revoked"
+		case e.E == event.RelRet && e.F == 6:
+			h.wlog["w0.0.jsonl"][i].C = "Revoked"
+		}
+	}
+	h.drv = append(h.drv, event.Event{T: t + 60*ms, E: event.Revoke, W: 0, O: 9, M: "soak:0", V: 1})
+	return h
+}
+
+func TestRevokeCheck(t *testing.T) {
+	rep := runChecks(t, revokeHist())
+	for _, c := range rep.Checks {
+		if c.Failed > 0 {
+			t.Errorf("%s failed on a clean history with a revoke: %v", c.Name, c.Examples)
+		}
+	}
+	if rep.Check(CRevoked).Checked < 2 || rep.Revokes != 1 || len(rep.RevokeNotice) != 1 || rep.RevokeNotice[0] != time.Millisecond {
+		t.Errorf("revoked-holder-stops checked %d; %d revokes, notices %v", rep.Check(CRevoked).Checked, rep.Revokes, rep.RevokeNotice)
+	}
+	ms := int64(time.Millisecond)
+	cases := []struct {
+		what string
+		mut  func(h *hist)
+	}{
+		{"told after the lease's expiry", func(h *hist) {
+			for i, e := range h.wlog["w0.0.jsonl"] {
+				if (e.E == event.End || e.E == event.RelCall || e.E == event.RelRet) && e.F == 6 {
+					h.wlog["w0.0.jsonl"][i].T += 1200 * ms
+				}
+			}
+		}},
+		{"a resource call long after the notice (the holder ignores the revoke)", func(h *hist) {
+			h.w("w0.0.jsonl", event.Event{T: 3500*ms + 1500*ms, E: event.ResCall, W: 0, O: 777, P: int64(1)<<40 | 60, F: 6, M: "read"})
+		}},
+		{"a write of the revoked fence accepted after the next holder's", func(h *hist) {
+			h.resRow(7, 6, 7, 7, 778, 4100*ms)
+			h.w("w0.0.jsonl", event.Event{T: 4099 * ms, E: event.ResCall, W: 0, O: 778, P: int64(1)<<40 | 60, F: 6, M: "claim"})
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.what, func(t *testing.T) {
+			h := revokeHist()
+			c.mut(h)
+			rep := runChecks(t, h)
+			if rep.Check(CRevoked).Failed == 0 {
+				t.Errorf("%s did not fail", CRevoked)
+			}
+			for _, ch := range rep.Checks {
+				if ch.Failed > 0 {
+					t.Logf("%s: %v", ch.Name, ch.Examples)
+				}
+			}
+		})
+	}
+}

@@ -150,6 +150,8 @@ type serverGrant struct {
 	deletedBy string  // "D": deleted (release, cleanup); "U": taken over (a local handoff, or after expiry)
 	xid       int64   // the granting transaction
 	deletedTx bool    // deleted by the transaction that granted it (never committed as a grant)
+	revokedT  int64   // mono time of its delete by the driver's revoking Manager (0: not revoked)
+	revokeExp int64   // mono time of its expiry in force then
 }
 
 // liveEnd is the mono time from which the grant is no longer live on the
@@ -162,6 +164,13 @@ func (s *serverGrant) liveEnd(offset int64) int64 {
 		end = min(end, s.deletedT)
 	}
 	return end
+}
+
+// revoked reports whether client grant g's lease was revoked (deleted by
+// the driver's revoking Manager) and returns its server record.
+func (r *run) revoked(g *grant) (*serverGrant, bool) {
+	s := r.serverGrant(g.key, g.fence)
+	return s, s != nil && s.revokedT > 0
 }
 
 // serverShared is one shared hold (a reader or a permit) as the server's
@@ -257,6 +266,7 @@ type run struct {
 	resOps  map[int64]*resOp
 	advs    map[int64]*advGrant
 	faults  []*fault
+	revokes []event.Event      // the revoke faults' outcomes
 	pauses  map[int][]interval // SIGSTOP periods per worker
 	srvDown []interval
 	spawns  map[[2]int]int64 // (w, inc) → spawn time
@@ -362,6 +372,8 @@ func (r *run) loadDriver() error {
 				r.srvDown = append(r.srvDown, interval{downFrom, e.T})
 				downFrom = 0
 			}
+		case event.Revoke:
+			r.revokes = append(r.revokes, e)
 		case event.Spawn:
 			r.spawns[[2]int{e.W, e.I}] = e.T
 		case event.Died:
@@ -590,6 +602,10 @@ func (r *run) loadServer() error {
 			if s := byID[row.IDHash]; s != nil && s.deletedT == 0 {
 				s.deletedT, s.deletedBy = t, "D"
 				s.deletedTx = row.Xid != 0 && row.Xid == s.xid
+				if row.App == driver.RevokerApp {
+					s.revokedT = t
+					s.revokeExp = row.ExpiresMs*1e6 - r.offset
+				}
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 
 	"github.com/pglease/pglease/internal/soak/event"
 	"github.com/pglease/pglease/internal/soak/worker"
@@ -232,7 +233,7 @@ func at(t, base int64) string { return fmt.Sprintf("%.3fs", float64(t-base)/1e9)
 // permits of a key, nor a permit and an exclusive holder at once.
 func (r *run) checkSemaphore(rep *Report) *Check {
 	n := r.meta.SemLimit
-	c := &Check{Name: CSemBound, Guarantee: fmt.Sprintf("semaphore: never more than N=%d live permits of a key, never a permit with an exclusive holder (server log, every server time); holders not paused never hold more than N at once; every permit a holder got is the server's", n)}
+	c := &Check{Name: CSemBound, Guarantee: fmt.Sprintf("shared holds: never more than N=%d live permits of a key, never a permit with an exclusive holder (server log, every server time); holders not paused never hold more than N at once; every permit a holder got is the server's", n)}
 	byID := r.serverSharedByID()
 	for _, k := range r.keysOf(isSemKey) {
 		for _, s := range r.sshared[k] {
@@ -259,7 +260,7 @@ func (r *run) checkSemaphore(rep *Report) *Check {
 // checkRW: a reader-writer key never has a live reader with a live writer,
 // nor two live writers.
 func (r *run) checkRW() *Check {
-	c := &Check{Name: CRWExcl, Guarantee: "reader-writer exclusion: never a live reader with a live writer, never two live writers (server log, every server time); holders not paused: a writer's hold never overlaps a reader's or another writer's; every reader hold a holder got is the server's, with its fence"}
+	c := &Check{Name: CRWExcl, Guarantee: "shared holds: never a live reader with a live writer, never two live writers (server log, every server time); holders not paused: a writer's hold never overlaps a reader's or another writer's; every reader hold a holder got is the server's, with its fence"}
 	byID := r.serverSharedByID()
 	for _, k := range r.keysOf(isRWKey) {
 		for _, s := range r.sshared[k] {
@@ -365,7 +366,7 @@ func names(ks []int) []string {
 // that returned before another was called has the lower fence (a reader's
 // may be equal).
 func (r *run) checkSharedFences() *Check {
-	c := &Check{Name: CSharedFences, Guarantee: "fence monotonicity with shared holds: per key, permits' and exclusive grants' fences strictly increase together, a reader's fence is the key's last fence granted before it (server order); holders: no permit fence repeated, a grant returned before another was called has the lower fence"}
+	c := &Check{Name: CSharedFences, Guarantee: "shared holds and fence monotonicity: per key, permits' and exclusive grants' fences strictly increase together, a reader's fence is the key's last fence granted before it (server order); holders: no permit fence repeated, a grant returned before another was called has the lower fence"}
 	type item struct {
 		seq    int64
 		fence  int64
@@ -493,4 +494,108 @@ func (r *run) sharedLeftovers(c *Check) {
 			c.fail("%s: worker %d.%d held a %s (fence %d) at the stop and did not release it", kn(g.key), g.w, g.inc, kindName(g.kind), g.fence)
 		}
 	}
+}
+
+// revokeStopSlack is how long after its notice a revoked holder may still
+// begin a resource call: one it decided on just before the notice, on a
+// loaded machine.
+const revokeStopSlack = time.Second
+
+// checkRevoked: revocation. Every grant the driver's revoking Manager
+// deleted whose holder did not stop first (release, death) and was not
+// paused: the holder is told (its Context ends with ErrRevoked, or with
+// ErrLockLost when its listener missed the notification and its next
+// extend found the lease gone) before the lease's expiry in force at the
+// revoke, and begins no resource call later than revokeStopSlack after
+// that; and (fencing, the resource's log) none of its writes is accepted
+// after the first accepted write of a later grant of the key.
+func (r *run) checkRevoked(rep *Report) *Check {
+	c := &Check{Name: CRevoked, Guarantee: fmt.Sprintf("revocation: a revoked holder not paused is told (ErrRevoked; ErrLockLost if it missed the notice) before its lease's expiry and begins no resource call %s after; none of its fenced writes is accepted after the next grant's first (resource log)", revokeStopSlack)}
+	byKey := map[int][]resLogRow{}
+	for _, row := range r.resLog {
+		byKey[row.Key] = append(byKey[row.Key], row)
+	}
+	for _, e := range r.revokes {
+		if e.V == 1 {
+			rep.Revokes++
+		}
+	}
+	for _, g := range r.grants {
+		s, rv := r.revoked(g)
+		if !rv {
+			continue
+		}
+		// Fencing, from the resource's log: after the first write of a
+		// later grant, no write of this one.
+		if next := r.nextServerGrant(g.key, g.fence); next != nil && isLeaseKey(g.key) {
+			c.Checked++
+			newer := false
+			for _, row := range byKey[g.key] {
+				nf := int64(-1)
+				if row.NewFence != nil {
+					nf = *row.NewFence
+				}
+				switch {
+				case nf >= next.fence:
+					newer = true
+				case newer && nf == g.fence:
+					c.fail("%s: worker %d.%d's write with revoked fence %d accepted (seq %d) after fence %d's", kn(g.key), g.w, g.inc, g.fence, row.Seq, next.fence)
+				}
+			}
+		}
+		// The holder stopped by itself first (a release called before it
+		// could hear, its death), or was paused: nothing to tell.
+		if g.relT > 0 && g.relT <= s.revokedT || g.deathT > 0 && g.deathT <= s.revokedT ||
+			g.endT > 0 && g.endT <= s.revokedT && g.endCode != "Revoked" {
+			c.Skipped++
+			continue
+		}
+		stop, _ := g.stopped()
+		if r.pausedDuring(g.w, g.callT, max(stop, s.revokeExp)) {
+			c.Skipped++
+			continue
+		}
+		c.Checked++
+		told := g.endT > 0 && (g.endCode == "Revoked" || g.endCode == "LockLost")
+		// When it stopped: told, or its own release (called before it
+		// heard: the release finds the lease gone), or its death.
+		notice, how := int64(0), ""
+		pick := func(t int64, h string) {
+			if t > 0 && (notice == 0 || t < notice) {
+				notice, how = t, h
+			}
+		}
+		if told {
+			pick(g.endT, g.endCode)
+		}
+		pick(g.relT, "release")
+		pick(g.deathT, "death")
+		switch {
+		case how == "death":
+			c.Skipped++ // killed before it heard
+			continue
+		case notice == 0:
+			c.fail("%s: worker %d.%d (fence %d) was revoked and never told (end %q)", kn(g.key), g.w, g.inc, g.fence, g.endCode)
+			continue
+		case notice >= s.revokeExp:
+			c.fail("%s: worker %d.%d (fence %d) was revoked and went on until %s %s after its lease's expiry", kn(g.key), g.w, g.inc, g.fence,
+				how, time.Duration(notice-s.revokeExp).Round(time.Millisecond))
+		case how == "release":
+			rep.RevokeReleased++
+		default:
+			rep.RevokeNotice = append(rep.RevokeNotice, time.Duration(max(0, notice-s.revokedT)))
+			if how == "LockLost" {
+				rep.RevokeLost++
+			}
+		}
+		for _, op := range g.ops {
+			if op.callT > notice+int64(revokeStopSlack) {
+				c.fail("%s: worker %d.%d (fence %d) began a %s %s after it was told of the revoke (%s)", kn(g.key), g.w, g.inc, g.fence, op.kind,
+					time.Duration(op.callT-notice).Round(time.Millisecond), how)
+				break
+			}
+		}
+	}
+	sort.Slice(rep.RevokeNotice, func(i, j int) bool { return rep.RevokeNotice[i] < rep.RevokeNotice[j] })
+	return c
 }

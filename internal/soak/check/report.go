@@ -75,6 +75,15 @@ func (rep *Report) Markdown() string {
 	if n := len(rep.NoticeLeft); n > 0 {
 		fmt.Fprintf(&b, "Loss notices: %d, lease left on the server at the notice: min %s, p50 %s.  ", n, ms(rep.NoticeLeft[0]), ms(rep.NoticeLeft[n/2]))
 	}
+	if rep.Revokes > 0 {
+		fmt.Fprintf(&b, "Revocations: %d live leases revoked; holders told after", rep.Revokes)
+		if n := len(rep.RevokeNotice); n > 0 {
+			fmt.Fprintf(&b, " p50 %s, max %s (%d by a failed extend, ErrLockLost)", ms(rep.RevokeNotice[n/2]), ms(rep.RevokeNotice[n-1]), rep.RevokeLost)
+		} else {
+			b.WriteString(" –")
+		}
+		fmt.Fprintf(&b, "; %d released before they heard.  ", rep.RevokeReleased)
+	}
 	fmt.Fprintf(&b, "Longest lease-key gap %s, advisory-key gap %s; slowest Close %s; porcupine: %d ops in %d segments, %d illegal, %d timed out, %d ambiguous writes resolved applied / %d not (%s).\n\n",
 		ms(rep.KeyGapMax), ms(rep.AdvGapMax), ms(rep.CloseMax), rep.Linear.Ops, rep.Linear.Segments, rep.Linear.Illegal, rep.Linear.Unknown,
 		rep.Linear.Resolved, rep.Linear.Dropped, rep.Linear.Elapsed.Round(time.Millisecond))

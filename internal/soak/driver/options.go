@@ -19,17 +19,18 @@ const (
 	FStop            = "sigstop"          // SIGSTOP for 1.5–3 TTL, then SIGCONT (a holder when there is one)
 	FKill            = "kill"             // SIGKILL of a holder, then a new process
 	FStarve          = "starve"           // CPU burners pinned with a holder
+	FRevoke          = "revoke"           // Manager.Revoke of a key a worker holds (its holder is told; the key is free at once)
 	FCrash           = "crash"            // server stopped -m immediate, then started
 	FRestart         = "restart"          // server stopped -m fast, then started
 )
 
 // FaultTypes lists every fault type, in report order.
 var FaultTypes = []string{FTerminatePool, FTerminateListen, FTerminateAdv, FHalfOpen, FBlackhole, FCut,
-	FDelay, FStop, FKill, FStarve, FCrash, FRestart}
+	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart}
 
 // DefaultMix weighs the fault types: the server-wide faults are rarer
 // because each hits every worker at once.
-const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,crash=3,restart=3"
+const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3"
 
 // Driver-side broken modes (the worker ones are in package worker).
 const (

@@ -95,6 +95,7 @@ const (
 	ServerDown = "server_down"
 	RunEnd     = "run_end"  // faults stopped; the quiet tail begins
 	StopAll    = "stop_all" // workers told to close
+	Revoke     = "revoke"   // a revoke fault's Manager.Revoke returned: O = fault id, W = target, M = key, V = 1 if a live lease was revoked, C = code
 )
 
 // Kinds of a hold (M of AcqCall and AcqOK).

@@ -38,17 +38,18 @@ import (
 
 // Broken modes of a worker.
 const (
-	BrokenIgnoreLoss = "ignore-loss" // keeps working after its lock's Context ended, fenced writes
-	BrokenNoFence    = "no-fence"    // writes without the fence condition, and ignores loss
-	BrokenOldFence   = "old-fence"   // writes with the fence of its previous grant
-	BrokenUncoded    = "uncoded"     // reports errors as plain errors (no *pglease.Error)
-	BrokenPanic      = "panic"       // panics after a few cycles
-	BrokenRace       = "race"        // a data race (seen by -race builds)
-	BrokenLeak       = "leak"        // leaves a goroutine running after Close
-	BrokenSlowClose  = "slow-close"  // takes far longer than CloseTimeout to close
-	BrokenNoClose    = "no-close"    // exits without Release or Close: its leases stay until expiry
-	BrokenStall      = "stall"       // stops taking locks 3 s after it started
-	BrokenHog        = "hog"         // holds key 0 for ever
+	BrokenIgnoreLoss   = "ignore-loss"   // keeps working after its lock's Context ended, fenced writes
+	BrokenNoFence      = "no-fence"      // writes without the fence condition, and ignores loss
+	BrokenOldFence     = "old-fence"     // writes with the fence of its previous grant
+	BrokenUncoded      = "uncoded"       // reports errors as plain errors (no *pglease.Error)
+	BrokenPanic        = "panic"         // panics after a few cycles
+	BrokenRace         = "race"          // a data race (seen by -race builds)
+	BrokenLeak         = "leak"          // leaves a goroutine running after Close
+	BrokenSlowClose    = "slow-close"    // takes far longer than CloseTimeout to close
+	BrokenNoClose      = "no-close"      // exits without Release or Close: its leases stay until expiry
+	BrokenStall        = "stall"         // stops taking locks 3 s after it started
+	BrokenHog          = "hog"           // holds key 0 for ever
+	BrokenIgnoreRevoke = "ignore-revoke" // keeps working (fenced writes) 4 TTL past a revoke of its lease
 	// The primitives' (these workers run only the primitive they break).
 	BrokenFakePermit     = "fake-permit"      // a refused permit (TryAcquire) is counted as held
 	BrokenReaderAsWriter = "reader-as-writer" // a reader's grant is treated (and logged) as a writer's
@@ -399,6 +400,7 @@ func (w *worker) cycle(r *rand.Rand, g, k int) {
 // TTLs) repeat read+write every TTL/2.
 func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock) {
 	ignore := w.cfg.Broken == BrokenIgnoreLoss || w.cfg.Broken == BrokenNoFence
+	ignoreRevoke := w.cfg.Broken == BrokenIgnoreRevoke
 	fence := int64(lk.Fence())
 	if w.cfg.Broken == BrokenOldFence {
 		if pf := w.prevFence.Load(); pf > 0 {
@@ -406,15 +408,18 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 		}
 	}
 	opCtx := lk.Context()
-	if ignore {
+	if ignore || ignoreRevoke {
 		opCtx = w.stop
 	}
-	held := func() bool { return ignore || lk.Err() == nil }
+	held := func() bool {
+		err := lk.Err()
+		return ignore || err == nil || ignoreRevoke && errors.Is(err, pglease.ErrRevoked)
+	}
 	// The holder's "stop" is when it stops working on this grant: a
 	// correct holder stops when its Context ends (logged as End), a broken
 	// one at the end of its critical section.
 	defer func() {
-		if ignore {
+		if ignore || ignoreRevoke {
 			w.ev(event.Event{E: event.Stop, G: g, K: k, O: grant, F: int64(lk.Fence())})
 		}
 	}()
@@ -428,15 +433,15 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 	}
 	// hog and no-close: goroutine 0 always holds long, so it holds a
 	// lease whenever the stop comes.
-	long := r.Float64() < w.cfg.LongHold || ((w.cfg.Broken == BrokenHog || w.cfg.Broken == BrokenNoClose) && g == 0) || ignore
+	long := r.Float64() < w.cfg.LongHold || ((w.cfg.Broken == BrokenHog || w.cfg.Broken == BrokenNoClose) && g == 0) || ignore || ignoreRevoke
 	if long {
 		total := w.cfg.TTL*3/2 + time.Duration(r.Int64N(int64(w.cfg.TTL*3/2)))
 		switch {
 		case w.cfg.Broken == BrokenHog && g == 0:
 			total = 24 * time.Hour
-		case ignore:
-			// Work on for 4 TTLs whatever happens: past a loss, past the
-			// next grant of the key.
+		case ignore, ignoreRevoke:
+			// Work on for 4 TTLs whatever happens: past a loss (a
+			// revoke), past the next grant of the key.
 			total = 4 * w.cfg.TTL
 		}
 		rounds = max(1, int(total/(w.cfg.TTL/2)))
@@ -446,15 +451,17 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 		if !held() {
 			return
 		}
+		// ignore-revoke works on past refused writes too (the next
+		// holder's claim refuses them).
 		c, ok := w.read(opCtx, g, k, grant, fence)
-		if !ok || !held() {
+		if !ok && !ignoreRevoke || !held() {
 			return
 		}
-		if !w.resOp(opCtx, g, k, grant, fence, "write", c+1) {
+		if !w.resOp(opCtx, g, k, grant, fence, "write", c+1) && !ignoreRevoke {
 			return
 		}
 		waitCtx := lk.Context()
-		if ignore {
+		if ignore || ignoreRevoke {
 			waitCtx = w.stop
 		}
 		if !sleep(hold, waitCtx, w.stop) {
