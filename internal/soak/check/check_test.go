@@ -686,3 +686,40 @@ func TestRevokeCheck(t *testing.T) {
 		})
 	}
 }
+
+// A revoked writer hears of the revoke after a reader woken by it got the
+// key: the holders' hold overlap for that moment is not an exclusion
+// failure (the server ended the writer's grant at the revoke).
+func TestRevokedWriterOverlapsNextReader(t *testing.T) {
+	h := newPrimHist()
+	ms := int64(time.Millisecond)
+	// The writer (fence 1, granted at 6.0 s) is revoked at 6.05 s and told
+	// at 6.058 s; a reader gets the key at 6.052 s.
+	for i := range h.locks {
+		if h.locks[i].UserKey == worker.KeyName(rwK) && h.locks[i].Tg == "D" {
+			h.locks[i].AtUs, h.locks[i].App = 6050*ms/1000, driver.RevokerApp
+		}
+	}
+	for name, evs := range h.wlog {
+		for i, e := range evs {
+			if e.K == rwK && e.F == 1 && e.T > 6000*ms && e.T < 6300*ms {
+				switch e.E {
+				case event.End:
+					h.wlog[name][i].T, h.wlog[name][i].C = 6058*ms, "Revoked"
+				case event.RelCall, event.RelRet:
+					h.wlog[name][i].T = 6060*ms + e.T%ms
+				}
+			}
+		}
+	}
+	h.shared(1, rwK, event.KindReader, 0, 1, 6051*ms, 6100*ms)
+	rep := runChecks(t, h.hist)
+	for _, c := range rep.Checks {
+		if c.Failed > 0 {
+			t.Errorf("%s failed: %v", c.Name, c.Examples)
+		}
+	}
+	if rep.Check(CRevoked).Checked == 0 {
+		t.Errorf("revoked-holder-stops checked nothing")
+	}
+}

@@ -123,8 +123,9 @@ func (r *run) serverHolds(k int) []hold {
 
 // clientHolds returns key k's holds as their holders saw them (from the
 // grant's return to the holder's stop: release, loss notice or death; the
-// end of the run if none), leaving out holders paused (SIGSTOP) meanwhile:
-// a paused holder acts on its lock late, which fencing answers for.
+// end of the run if none; a revoked grant's revoke), leaving out holders
+// paused (SIGSTOP) meanwhile: a paused holder acts on its lock late, which
+// fencing answers for.
 func (r *run) clientHolds(k int, c *Check) []hold {
 	var hs []hold
 	add := func(g *grant, excl bool) {
@@ -135,6 +136,12 @@ func (r *run) clientHolds(k int, c *Check) []hold {
 		if r.pausedDuring(g.w, g.callT, stop) {
 			c.Skipped++
 			return
+		}
+		if s, rv := r.revoked(g); rv && excl {
+			// A revoke ends the grant on the server and frees the key at
+			// once; the holder hears of it a moment later
+			// (revoked-holder-stops checks it does).
+			stop = min(stop, s.revokedT)
 		}
 		what := "writer"
 		switch {
