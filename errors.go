@@ -73,6 +73,15 @@ const (
 	// the end a holder asked for, not a failure: Release itself returns
 	// nil then.
 	CodeReleased
+	// CodeRevoked means a held lease was revoked: an operator or another
+	// process deleted it on the server (manager.Manager.Revoke, the SQL
+	// function {lock}_revoke, pglease release), whoever held it. It is
+	// the cause of the revoked handle's Context, and what Release and
+	// Extend answer afterwards. Unlike CodeLockLost, nothing went wrong
+	// with the holder: someone took the lock away on purpose, and the
+	// key may be held by another holder at once (or after its lock
+	// delay). Not retryable: the holder must stop.
+	CodeRevoked
 )
 
 var codeNames = [...]string{
@@ -90,6 +99,7 @@ var codeNames = [...]string{
 	CodeFenceRegression:    "FenceRegression",
 	CodeHoldLimitExceeded:  "HoldLimitExceeded",
 	CodeReleased:           "Released",
+	CodeRevoked:            "Revoked",
 }
 
 // String returns the code's name, e.g. "InvalidArgument".
@@ -189,6 +199,7 @@ var (
 	ErrFenceRegression    = &Error{Code: CodeFenceRegression}
 	ErrHoldLimitExceeded  = &Error{Code: CodeHoldLimitExceeded}
 	ErrReleased           = &Error{Code: CodeReleased}
+	ErrRevoked            = &Error{Code: CodeRevoked}
 )
 
 // CodeOf returns the Code of the first *Error in err's chain, or 0 when
@@ -203,8 +214,8 @@ func CodeOf(err error) Code {
 
 // Retryable reports whether the same call may succeed if tried again
 // later: the server was unavailable, timed out, out of a resource, or the
-// caller's wait ran out. Invalid input, closed managers, lost locks,
-// ambiguous outcomes and internal errors are not retryable (an ambiguous
+// caller's wait ran out. Invalid input, closed managers, lost or revoked
+// locks, ambiguous outcomes and internal errors are not retryable (an ambiguous
 // acquire must be resolved, not repeated blindly). A bare context error is
 // not retryable either: the caller chose to stop.
 func Retryable(err error) bool {

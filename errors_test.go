@@ -111,3 +111,20 @@ func TestReleasedSentinel(t *testing.T) {
 func newErr(code pglease.Code, op, msg string, cause error) *pglease.Error {
 	return &pglease.Error{Code: code, Op: op, Msg: msg, Err: cause}
 }
+
+// TestRevokedSentinel: ErrRevoked has its own code and name, matches by
+// code only, and is not retryable (the holder must stop).
+func TestRevokedSentinel(t *testing.T) {
+	t.Parallel()
+	var e *pglease.Error
+	if !errors.As(error(pglease.ErrRevoked), &e) || e.Code != pglease.CodeRevoked || e.Code.String() != "Revoked" {
+		t.Fatalf("ErrRevoked = %#v", pglease.ErrRevoked)
+	}
+	cause := fmt.Errorf("wrapped: %w", newErr(pglease.CodeRevoked, "manager.Lock", "revoked", nil))
+	if !errors.Is(cause, pglease.ErrRevoked) || errors.Is(cause, pglease.ErrLockLost) || errors.Is(cause, pglease.ErrReleased) {
+		t.Fatal("errors.Is by code wrong for Revoked")
+	}
+	if pglease.Retryable(cause) {
+		t.Fatal("Revoked is not retryable")
+	}
+}

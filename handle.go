@@ -44,7 +44,8 @@ type Handle interface {
 	Done() <-chan struct{}
 	// Err returns nil while the lock is held, and then why it ended,
 	// always a *Error: one matching ErrReleased (Release), ErrLockLost
-	// (lease expired or refused, session connection died), ErrClosed (its
-	// Manager or session was closed), or the hold-limit error.
+	// (lease expired or refused, session connection died), ErrRevoked (a
+	// lease revoked on purpose), ErrClosed (its Manager or session was
+	// closed), or the hold-limit error.
 	Err() error
 }

@@ -52,8 +52,10 @@ type stmtTracer struct {
 	extendItems int64
 	acqStmts    int64
 	acqItems    int64
-	tracking    bool // record when each lockId was acquired or extended (last)
-	window      bool // collect extend lags (lags)
+	shStmts     int64 // shared acquire statements (readers, permits)
+	shItems     int64 // and their items (one per waiter served)
+	tracking    bool  // record when each lockId was acquired or extended (last)
+	window      bool  // collect extend lags (lags)
 	period      time.Duration
 	last        map[string]time.Time
 	lags        latencies // may be negative (sent early)
@@ -64,6 +66,12 @@ func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.all++
+	if strings.Contains(data.SQL, "pglease_acquire_shared_") && len(data.Args) > 0 {
+		keys, _ := data.Args[0].([]string)
+		t.shStmts++
+		t.shItems += int64(len(keys))
+		return ctx
+	}
 	if strings.Contains(data.SQL, "pglease_acquire_") && len(data.Args) > 3 {
 		ids, _ := data.Args[3].([]string)
 		t.acqStmts++
@@ -100,7 +108,7 @@ func (t *stmtTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEnd
 func (t *stmtTracer) reset(track bool, n int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.all, t.extendStmts, t.extendItems, t.acqStmts, t.acqItems = 0, 0, 0, 0, 0
+	t.all, t.extendStmts, t.extendItems, t.acqStmts, t.acqItems, t.shStmts, t.shItems = 0, 0, 0, 0, 0, 0, 0
 	t.tracking, t.window = track, false
 	t.last = nil
 	if track {
@@ -113,7 +121,7 @@ func (t *stmtTracer) reset(track bool, n int) {
 func (t *stmtTracer) startWindow() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.all, t.extendStmts, t.extendItems, t.acqStmts, t.acqItems = 0, 0, 0, 0, 0
+	t.all, t.extendStmts, t.extendItems, t.acqStmts, t.acqItems, t.shStmts, t.shItems = 0, 0, 0, 0, 0, 0, 0
 	t.window = true
 	t.lags = nil
 }

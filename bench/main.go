@@ -96,6 +96,38 @@
 // "xact" runs advisory.WithXactLock with an empty function on a pool of
 // min(C, 64) + 2 connections. stmts_per_cycle counts their round trips.
 //
+// The Manager's other primitives and the database-native features
+// (primitives.go, hotshared.go), each at every C of -prim-callers (1, 8,
+// 64) with distinct keys per caller, on the uncontended points' pools and
+// -rounds; stmts_per_step counts every statement of the pool per step (a
+// cycle, a set, a transaction):
+//
+//   - shared: "exclusive" (m.Acquire + Release), "reader" (Shared) and
+//     "semaphore" (WithLimit(4)) acquire+release cycles, in the same run;
+//     target P1: reader and semaphore ≥ 80 % of exclusive at every C.
+//   - hotshared: -hot-shared-callers (32) callers of one process on one
+//     key, empty sections: "semaphore" (WithLimit(-hot-limit), 4) and
+//     "rwlock" (each acquire a writer with probability -hot-writers, 10 %,
+//     else a reader), against the flush bound measured right before and
+//     after ("flush-bound"); every Acquire waits at most 5 s.
+//   - sets: "single" (one key per cycle), "set2" and "set8" (AcquireAll of
+//     2 or 8 keys, then the concurrent Release of each lock); cycles/s are
+//     keys/s, steps_per_s sets/s.
+//   - txlease: "tx-lease" (BEGIN; pg.New(tx).Acquire; UPDATE of the
+//     caller's row; Release; COMMIT), "plain-lease" (the same three
+//     operations in autocommit, pg.Store on the pool) and "write-only"
+//     (the UPDATE alone).
+//   - guard: each caller holds its row key's lease (a Manager lease) and
+//     runs BEGIN; lk.Guard(tx); UPDATE of its row; COMMIT on a table with
+//     the database guard (migrate.Migrator.Guard) ("guarded"), the same
+//     on a table without it ("guard-call-only"), or BEGIN; UPDATE; COMMIT
+//     on a table without it ("unguarded").
+//
+// Their targets (P1–P5) are printed with the others: P1 judged, P2's
+// correctness line judged (no violation, timeout or error), the rest
+// reported (P4: a caller's mean time per write, C / writes per second;
+// P5: round trips per operation, set, write and hot section).
+//
 // fleet (only when named in -scenarios): N worker processes (-fleet-n,
 // default 1,10,50,100,200) on one PostgreSQL, as real deployments grow:
 // by processes, each with its own Manager. The bench re-executes itself
@@ -220,19 +252,24 @@ type config struct {
 	hbDuration time.Duration
 	hbTTL      time.Duration // 0: heartbeatTTL(n)
 	advCallers []int
-	scenarios  map[string]bool
-	json       bool
-	plot       string
-	docs       bool
-	cpuprofile string
-	memprofile string
-	impls      map[string]bool // uncontended implementations to run; nil = all
-	rounds     int             // uncontended: interleaved rounds per point (median reported)
-	peersDir   string          // the peers module (pglock, redislock)
-	baseline   string          // earlier results (JSON lines) for target 5; "" = none
-	markdown   string          // write the run's tables for docs/performance.md here; "" = no
-	fleet      fleetConfig
-	out        io.Writer // the run's output (set by run)
+	// The primitives' scenarios (primitives.go, hotshared.go).
+	primCallers      []int
+	hotSharedCallers []int
+	hotLimit         int     // hotshared: the semaphore's n
+	hotWriters       float64 // hotshared: the share of writers among the rwlock's acquires
+	scenarios        map[string]bool
+	json             bool
+	plot             string
+	docs             bool
+	cpuprofile       string
+	memprofile       string
+	impls            map[string]bool // uncontended implementations to run; nil = all
+	rounds           int             // uncontended: interleaved rounds per point (median reported)
+	peersDir         string          // the peers module (pglock, redislock)
+	baseline         string          // earlier results (JSON lines) for target 5; "" = none
+	markdown         string          // write the run's tables for docs/performance.md here; "" = no
+	fleet            fleetConfig
+	out              io.Writer // the run's output (set by run)
 }
 
 func main() {
@@ -240,7 +277,7 @@ func main() {
 		return
 	}
 	var cfg config
-	var callers, hotCallers, hotProcs, hbN, advCallers, fleetN, scen string
+	var callers, hotCallers, hotProcs, hbN, advCallers, fleetN, scen, primCallers, hotSharedCallers string
 	var hb100k bool
 	var impls string
 	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measuring time per point")
@@ -252,14 +289,18 @@ func main() {
 	flag.DurationVar(&cfg.hbDuration, "heartbeat-duration", 6*time.Second, "heartbeat: holding time per point")
 	flag.DurationVar(&cfg.hbTTL, "heartbeat-ttl", 0, "heartbeat: lease TTL of the held locks (default 3 s, 30 s from 100,000 locks; longer keeps a slow machine from losing locks while it acquires them)")
 	flag.StringVar(&advCallers, "advisory-callers", "1,8,64", "advisory: callers (distinct keys)")
+	flag.StringVar(&primCallers, "prim-callers", "1,8,64", "shared, sets, txlease, guard: concurrent callers (distinct keys)")
+	flag.StringVar(&hotSharedCallers, "hot-shared-callers", "32", "hotshared: callers on the one key (one process)")
+	flag.IntVar(&cfg.hotLimit, "hot-limit", 4, "hotshared: the hot semaphore's n (WithLimit)")
+	flag.Float64Var(&cfg.hotWriters, "hot-writers", 0.10, "hotshared: share of writers among the hot reader-writer key's acquires")
 	flag.StringVar(&fleetN, "fleet-n", "1,10,50,100,200", "fleet: worker processes (comma separated), one step each")
 	flag.DurationVar(&cfg.fleet.duration, "fleet-duration", 60*time.Second, "fleet: measured window per step")
 	flag.DurationVar(&cfg.fleet.warmup, "fleet-warmup", 10*time.Second, "fleet: load before each step's window (and before the churn mode's first sample)")
 	flag.DurationVar(&cfg.fleet.hold, "fleet-hold", 5*time.Millisecond, "fleet: how long a shared key is held")
 	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
 	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
-	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory", "scenarios to run (also: fleet, not run by default)")
-	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, targets) as Markdown for docs/performance.md here (empty: none)")
+	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard", "scenarios to run (also: fleet, not run by default)")
+	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, fleet, primitives, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
 	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
 	flag.StringVar(&cfg.baseline, "baseline", "bench/baseline.json", "target 5: earlier results (the -json output of a run) to compare the advisory figures with; empty: none")
@@ -281,7 +322,8 @@ func main() {
 		s    string
 		dst  *[]int
 	}{{"callers", callers, &cfg.callers}, {"hot-callers", hotCallers, &cfg.hotCallers}, {"hot-procs", hotProcs, &cfg.hotProcs},
-		{"heartbeat-n", hbN, &cfg.hbN}, {"advisory-callers", advCallers, &cfg.advCallers}, {"fleet-n", fleetN, &cfg.fleet.n}} {
+		{"heartbeat-n", hbN, &cfg.hbN}, {"advisory-callers", advCallers, &cfg.advCallers}, {"fleet-n", fleetN, &cfg.fleet.n},
+		{"prim-callers", primCallers, &cfg.primCallers}, {"hot-shared-callers", hotSharedCallers, &cfg.hotSharedCallers}} {
 		if *p.dst, err = parseInts(p.s); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: bad -%s %q\n", p.name, p.s)
 			os.Exit(2)
@@ -301,6 +343,10 @@ func main() {
 	}
 	if cfg.fleet.duration <= 0 || cfg.fleet.warmup < 0 || cfg.fleet.hold < 0 || cfg.fleet.churn < 0 || cfg.fleet.sample <= 0 {
 		fmt.Fprintln(os.Stderr, "bench: -fleet-duration and -fleet-sample must be positive, -fleet-warmup, -fleet-hold and -fleet-churn not negative")
+		os.Exit(2)
+	}
+	if cfg.hotLimit < 1 || cfg.hotWriters < 0 || cfg.hotWriters > 1 {
+		fmt.Fprintln(os.Stderr, "bench: -hot-limit must be at least 1, -hot-writers between 0 and 1")
 		os.Exit(2)
 	}
 	if cfg.rounds < 1 {
@@ -465,6 +511,11 @@ var scenarioOrder = []scenario{
 	{"hotkey", runHotKey},
 	{"heartbeat", runHeartbeat},
 	{"advisory", runAdvisory},
+	{"shared", runShared},
+	{"hotshared", runHotShared},
+	{"sets", runSets},
+	{"txlease", runTxLease},
+	{"guard", runGuard},
 	{"fleet", runFleet},
 }
 

@@ -10,7 +10,8 @@ import (
 
 // writeMarkdown writes the run's tables in docs/performance.md's form (-markdown):
 // uncontended cycles/s per implementation and C, hot key, heartbeat, the
-// fleet, and the targets, with the command, date and machine, ready to paste.
+// fleet, the primitives (writePrimMarkdown), and the targets, with the
+// command, date and machine, ready to paste.
 func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 	f, err := os.Create(path)
 	if err != nil {
@@ -113,6 +114,7 @@ func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 		}
 		w("\n")
 	}
+	writePrimMarkdown(w, res)
 	if len(ts) > 0 {
 		w("Performance targets, judged on this run:\n\n| # | target | measured | |\n|---|---|---|---|\n")
 		for _, t := range ts {

@@ -374,7 +374,7 @@ func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err
 			return 0, reop(op, err)
 		}
 	}
-	if o.ttl != 0 || o.timeout != 0 || o.manual || o.shared {
+	if o.ttl != 0 || o.timeout != 0 || o.manual || o.shared || o.delay != 0 {
 		return 0, invalid(op, "only WithHoldLimit applies to advisory locks (no TTL; the context bounds the wait)")
 	}
 	return o.holdLimit, nil

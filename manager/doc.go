@@ -25,6 +25,13 @@
 // transaction. Every one of them is a *Lock with the same heartbeat, loss
 // signal and release.
 //
+// Any process can revoke a key's exclusive lease (Revoke: its holder's
+// Context ends with ErrRevoked as soon as its Manager hears of it) or ask
+// its holders to release it (RequestRelease, Lock.ReleaseRequested); a
+// lease taken WithLockDelay keeps the key from the next holder for a
+// while after it expired or was revoked; Watch reports a key's grants,
+// releases, revokes and expiries as they commit (elections use it).
+//
 // Callers of one Manager exclude each other like any two holders, for
 // leases and advisory locks alike: locks are not re-entrant, and a caller
 // that acquires a key it holds waits for itself until its context ends,
@@ -43,6 +50,7 @@
 //	   ctx/deadline: Aborted, AcquisitionTimeout or an outage    ├─ Release ─────────────────► released (cause ErrReleased)
 //	   (a grant racing the caller's departure is                 ├─ extend not ok, or trust
 //	    taken back and released)                                 │  window passed ───────────► lost     (cause ErrLockLost)
+//	                                                             ├─ revoked (Revoke) ────────► revoked  (cause ErrRevoked)
 //	                                                             └─ Close ───────────────────► closed   (cause ErrClosed)
 //
 // waiting: the caller is in its key's FIFO queue, and all callers waiting
@@ -104,11 +112,20 @@
 // stays, and after the listener reconnects every waiting key is tried
 // once, since notifications sent in the gap are lost.
 //
+// The same channel carries the other notices (store.ParseNotification,
+// parsed by the listener): a revoke names the key's and the revoked
+// lockId's hashes, and the loop ends the matching lock (revoke.go); a
+// release request names the key's hash; a watched key's change names the
+// key's hash, what changed and the fence, and is sent only while some
+// session holds the key's watch lock, which the listener holds for a key
+// a caller here watches (the same mail as the waiter locks; watch.go).
+//
 // # Who owns what
 //
 // One goroutine, run (loop.go), owns the lock state: loopState and all it
-// reaches (keys and their FIFO queues, set waiters, held locks, the lanes
-// of batched statements, retries, the listener's outbox). It never blocks on a caller
+// reaches (keys and their FIFO queues, set waiters, held locks, watched
+// keys, the lanes of batched statements, retries, the listener's
+// outbox). It never blocks on a caller
 // (every reply channel has room), never runs SQL (a DB worker runs each
 // batch and posts the outcome back) and sleeps on one timer. The rest:
 //
@@ -124,7 +141,11 @@
 //	                              Lock.checkTrust
 //	the listening connection      listener goroutine           listener      owned by it (listener.go)
 //	session locks wanted          run (outbox)                 listener      handed over on a channel (waiters.go)
-//	notifications, resyncs        listener                     run           notifyCh
+//	notifications, resyncs        listener (and Revoke)        run           notifyCh
+//	watched keys (watchLoop)      run                          run           watchCh (Watch, its ctx's end); reads
+//	                                                                         on DB workers post to watchDoneCh
+//	a watcher's events            run (sends, closes)          the caller    buffered channel; full: oldest dropped
+//	a lock's ReleaseRequested     run, Lock.ReleaseRequested   the caller    made once by CAS (Lock.rq), closed by run
 //	closing; done and closeErr    Close; run                   all; Close    closed once; closeErr set before done
 //	advisory locks (adv)          callers, Close               callers       advisoryState.mu: they run on their
 //	                                                                         advisory.Session, not on the loop
@@ -154,7 +175,7 @@
 //
 //   - Settings and defaults: Config; per call: WithTTL,
 //     WithAcquireTimeout, WithoutAutoExtend, WithHoldLimit, Shared,
-//     WithLimit.
+//     WithLimit, WithLockDelay.
 //   - Advisory locks: LockAdvisory, AdvisoryLock, package advisory;
 //     elections: RunElection.
 //   - Telemetry: package telemetry names every span, event, attribute and
@@ -164,6 +185,7 @@
 //     lane.go and flight.go (batches, caps, stuck batches), handoff.go,
 //     tryattempt.go, extend.go, relretry.go, shutdown.go, losswatch.go,
 //     listener.go and waiters.go (the listener and its mailbox),
+//     revoke.go (Revoke, RequestRelease), watch.go (Watch),
 //     shared.go (shared holds), sets.go (AcquireAll: queueing and
 //     fairness), guard.go, advisory.go, election.go.
 package manager

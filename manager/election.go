@@ -26,7 +26,10 @@ type Election struct {
 	TTL time.Duration
 	// ObserveInterval is how often a candidate that does not lead reads
 	// who does, for OnNewLeader (and a candidate that resigned, whether
-	// another one leads yet). Default TTL/4, at least 100 ms.
+	// another one leads yet), when it cannot watch the lease: with
+	// Config.DisableNotify, or once its Manager stopped listening for
+	// good. Otherwise candidates learn of a new leader as its grant
+	// commits (Watch), without polling. Default TTL/4, at least 100 ms.
 	ObserveInterval time.Duration
 
 	// OnStartedLeading, if set, is called when this candidate starts a
@@ -237,8 +240,12 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 		// Campaign: wait for the lease while watching who leads.
 		octx, stopObs := context.WithCancel(ctx)
 		done := make(chan struct{})
-		go func() { defer close(done); obs.watch(octx, every) }()
+		won := make(chan pglease.Fence, 1) // this campaign's grant, for the observer
+		go func() { defer close(done); obs.watch(octx, every, won) }()
 		lk, err := m.Acquire(ctx, e.Name, WithTTL(ttl))
+		if err == nil {
+			won <- lk.Fence()
+		}
 		stopObs()
 		<-done
 		if err != nil {
@@ -257,6 +264,7 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 			return err
 		}
 		obs.saw(m.store.Holder(), true, true)
+		obs.mine = lk.Fence()
 		t, stopWatch := newTerm(ctx, lk)
 		if e.OnStartedLeading != nil {
 			e.OnStartedLeading(t)
@@ -303,14 +311,18 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 	}
 }
 
-// observer reports leader changes to OnNewLeader.
+// observer reports leader changes to OnNewLeader. A candidate learns
+// of them through Watch of the election's key (a grant is seen as it
+// commits), or, when its Manager cannot watch, by reading the lease every
+// ObserveInterval.
 type observer struct {
 	m       *Manager
 	e       Election
 	key     string
 	last    string
 	lastMe  bool
-	leading bool // a leader is currently known
+	leading bool          // a leader is currently known
+	mine    pglease.Fence // the fence of this candidate's last term (0: none)
 }
 
 // saw records the observed leader: its identity, or lead false for none
@@ -330,18 +342,82 @@ func (o *observer) saw(identity string, lead, self bool) {
 	}
 }
 
-// awaitOther reads the lease's holder every interval until someone holds
-// it (reported to OnNewLeader) or d has passed; false if ctx ended.
+// ownGrantWait bounds how long a campaign's observer waits, on a grant
+// made under its own holder identity, to learn whether the grant is its
+// campaign's (RunElection then reports it) or another candidate's in the
+// same process.
+const ownGrantWait = time.Second
+
+// sawEvent reports a watch event of the election's key during a
+// campaign. A grant at or below this candidate's last term is not news
+// (a state read again after a reconnect); nor is the campaign's own
+// grant (won gets its fence), which RunElection reports: a grant made
+// under this process's holder identity may be it, and is reported only
+// once it is known not to be. It returns false when the observer should
+// stop.
+func (o *observer) sawEvent(ctx context.Context, ev Event, won <-chan pglease.Fence) bool {
+	switch {
+	case ev.Kind != EventGranted:
+		o.saw("", false, false)
+	case ev.Fence <= o.mine:
+	case ev.Holder == o.m.store.Holder():
+		t := time.NewTimer(ownGrantWait)
+		defer t.Stop()
+		select {
+		case <-won:
+			return false // the campaign won: it stops observing
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+			o.saw(ev.Holder, true, false)
+		}
+	default:
+		o.saw(ev.Holder, true, false)
+	}
+	return true
+}
+
+// awaitOther waits until another candidate holds the lease (reported to
+// OnNewLeader: a grant after this candidate's last term) or d has passed;
+// false if ctx ended.
 func (o *observer) awaitOther(ctx context.Context, every, d time.Duration) bool {
 	deadline := time.NewTimer(d)
 	defer deadline.Stop()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if ch, err := o.m.Watch(wctx, o.key); err == nil {
+		for {
+			select {
+			case <-ctx.Done():
+				return false
+			case <-deadline.C:
+				return true
+			case ev, ok := <-ch:
+				if !ok {
+					if ctx.Err() != nil {
+						return false
+					}
+					return o.pollOther(ctx, every, deadline.C) // the Manager stopped listening
+				}
+				if ev.Kind == EventGranted && ev.Fence > o.mine {
+					o.saw(ev.Holder, true, false)
+					return true
+				}
+			}
+		}
+	}
+	return o.pollOther(ctx, every, deadline.C)
+}
+
+// pollOther is awaitOther by reading the lease's holder every interval.
+func (o *observer) pollOther(ctx context.Context, every time.Duration, deadline <-chan time.Time) bool {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return false
-		case <-deadline.C:
+		case <-deadline:
 			return true
 		case <-t.C:
 		}
@@ -355,8 +431,27 @@ func (o *observer) awaitOther(ctx context.Context, every, d time.Duration) bool 
 	}
 }
 
-// watch reads the lease's holder every interval until ctx ends.
-func (o *observer) watch(ctx context.Context, every time.Duration) {
+// watch reports who leads until ctx ends: from the key's watch events,
+// or, when the Manager cannot watch, by reading the lease's holder every
+// interval.
+func (o *observer) watch(ctx context.Context, every time.Duration, won <-chan pglease.Fence) {
+	if ch, err := o.m.Watch(ctx, o.key); err == nil {
+		for ev := range ch {
+			if ctx.Err() != nil || !o.sawEvent(ctx, ev, won) {
+				return // RunElection stopped observing
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// Closed while observing: the Manager stopped listening for good
+		// (or closed: then the campaign's Acquire fails too).
+	}
+	o.poll(ctx, every)
+}
+
+// poll reads the lease's holder every interval until ctx ends.
+func (o *observer) poll(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

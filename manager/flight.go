@@ -91,7 +91,7 @@ func (st *loopState) hedge(a *attempt) {
 	}
 	a.stale = true
 	ks.stale++
-	h := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: a.ttl, chain: a.chain, hedges: a.hedges + 1}
+	h := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: a.ttl, delayMs: a.delayMs, chain: a.chain, hedges: a.hedges + 1}
 	if a.sh != nil {
 		sh := *a.sh
 		if sh.ids != nil {

@@ -65,7 +65,7 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	st.clearRetry(ks)
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, delayMs: ks.queue[0].delayMs(), chain: ks.chains}
 	ks.attempt = a
 	st.handOffs.add(handOffItem{rel: it, a: a})
 	return true
@@ -106,7 +106,7 @@ func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.Span
 	rels := make([]releaseItem, len(batch))
 	atts := make([]*attempt, len(batch))
 	for i, h := range batch {
-		reqs[i] = store.HandOffRequest{Old: h.rel.lockID, Key: h.a.ks.key, TTL: h.a.ttl, LockID: h.a.lockID}
+		reqs[i] = store.HandOffRequest{Old: h.rel.lockID, Key: h.a.ks.key, TTL: h.a.ttl, LockID: h.a.lockID, LockDelay: h.a.lockDelay()}
 		rels[i], atts[i] = h.rel, h.a
 	}
 	// Like an acquire batch: not cancelled by Close, bounded by the

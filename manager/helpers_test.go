@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(holdChildEnv) != "" {
 		os.Exit(holdChild())
 	}
+	if os.Getenv(revokeChildEnv) != "" {
+		os.Exit(revokeChild())
+	}
 	if os.Getenv(primChildEnv) != "" {
 		os.Exit(primChild())
 	}

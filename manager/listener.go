@@ -212,7 +212,7 @@ func (l *listener) session(ctx context.Context, bo *backoff.Backoff) (stop bool)
 			continue // the mail ended the wait: take the locks it asks for
 		}
 		if err == nil {
-			if !l.post(ctx, notice{hash: n.Payload}) {
+			if !l.post(ctx, parseNotice(n.Payload)) {
 				return false
 			}
 			continue
@@ -319,6 +319,20 @@ func (l *listener) probeFailed() {
 	if l.m.sig != nil {
 		l.m.sig.listenerProbeFailed.signal(struct{}{})
 	}
+}
+
+// parseNotice turns a payload into the loop's notice (off the loop). A
+// payload that is not pglease's (another program on the channel) becomes
+// an empty notice, which the loop ignores.
+func parseNotice(payload string) notice {
+	n, ok := store.ParseNotification(payload)
+	switch {
+	case !ok:
+		return notice{}
+	case n.Kind == store.NotifyWake:
+		return notice{hash: n.KeyHash}
+	}
+	return notice{note: n}
 }
 
 // post hands n to the loop; false when ctx ended first.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -50,8 +51,14 @@ type Lock struct {
 	ctx        context.Context         // immutable; cancelled with a cause
 	cancel     context.CancelCauseFunc // called by run and by the loss timer
 
-	lease  *leaseState // immutable pointer; see leaseState
-	shared bool        // immutable: a shared hold (Shared, WithLimit)
+	lease *leaseState // immutable pointer; see leaseState
+	// rq is the *releaseRequest of ReleaseRequested, made on first use
+	// (by the caller or by run, whichever comes first: revoke.go); read
+	// and set with sync/atomic's pointer functions only. (Not an
+	// atomic.Pointer, which the printing methods' value receivers would
+	// copy; the Lock's size class has room for it.)
+	rq     unsafe.Pointer
+	shared bool // immutable: a shared hold (Shared, WithLimit)
 
 	h *holding // owned by run
 }
@@ -168,7 +175,9 @@ func (l *Lock) Done() <-chan struct{} { return l.Context().Done() }
 // Err returns nil while the lock is held, and then the cause of its end,
 // a *pglease.Error matching one of: pglease.ErrReleased (Release),
 // pglease.ErrLockLost (extends failed past the trust window, or the server
-// no longer had the lock), pglease.ErrClosed (the Manager was closed).
+// no longer had the lock), pglease.ErrRevoked (the lease was revoked:
+// Manager.Revoke), pglease.ErrClosed (the Manager was closed), or the
+// hold-limit error (WithHoldLimit).
 //
 // Err reads the monotonic clock itself: once the trust window has passed
 // it returns ErrLockLost (and ends the Context) even if the loss timer has
@@ -192,7 +201,8 @@ func (l *Lock) Err() error {
 // Release releases the lock in PostgreSQL (batched with other releases)
 // and returns once the server answered. It returns nil if the lock was
 // held until now (or until Close released it), an error matching
-// pglease.ErrLockLost if it had been lost before, and another error if
+// pglease.ErrLockLost if it had been lost before (pglease.ErrRevoked if it
+// had been revoked: nothing is sent then), and another error if
 // the outcome is unknown (the lock is then no longer extended; the
 // Manager sends the release again, with backoff, until the server answers
 // or the lease has surely expired, so the key is free soon after the
@@ -241,8 +251,11 @@ func (l *Lock) Release(ctx context.Context) error {
 // releasedAnswer is what Release returns for a lock that is no longer
 // held in this process.
 func releasedAnswer(l *Lock) error {
-	if c := context.Cause(l.ctx); errors.Is(c, pglease.ErrLockLost) {
+	switch c := context.Cause(l.ctx); {
+	case errors.Is(c, pglease.ErrLockLost):
 		return pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+	case errors.Is(c, pglease.ErrRevoked):
+		return pgerr.New(pglease.CodeRevoked, "manager.Release", "the lock had been revoked before it was released", c)
 	}
 	return nil
 }

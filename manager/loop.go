@@ -65,6 +65,12 @@ func (m *Manager) run(st *loopState) {
 		case n := <-m.notifyCh:
 			lm.Busy()
 			st.handleNotice(n)
+		case req := <-m.watchCh:
+			lm.Busy()
+			st.handleWatch(req) // watch.go
+		case d := <-m.watchDoneCh:
+			lm.Busy()
+			st.handleWatchRead(d)
 		case <-m.lossCh:
 			lm.Busy()
 			st.heartbeat(time.Now())
@@ -80,6 +86,7 @@ func (m *Manager) run(st *loopState) {
 		case <-st.lis.done:
 			lm.Busy()
 			st.lis.ended()
+			st.closeWatches() // nothing reports their changes any more
 		case <-closing:
 			lm.Busy()
 			closing = nil // nil-channel gating: handled once
@@ -324,9 +331,9 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
 		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.popTries(ks, acquireReply{err: ks.lastErr})
-	case ks.queue[0].ttl != a.ttl || ks.queue[0].shared:
-		// The waiter it was for left; the next one wants another TTL,
-		// or a shared hold. Release, then attempt again for it.
+	case ks.queue[0].ttl != a.ttl || ks.queue[0].delayMs() != a.delayMs || ks.queue[0].shared:
+		// The waiter it was for left; the next one wants another TTL or
+		// lock delay, or a shared hold. Release, then attempt again for it.
 		st.orphanRelease(ks, a)
 	default:
 		req := st.popWaiter(ks)
@@ -447,6 +454,17 @@ func (st *loopState) handleNotice(n notice) {
 		st.handleRegistered(n.registered)
 		return
 	}
+	switch n.note.Kind {
+	case store.NotifyRevoke:
+		st.handleRevoked(n.note) // revoke.go
+		return
+	case store.NotifyReleaseRequest:
+		st.handleReleaseRequest(n.note)
+		return
+	case store.NotifyWatch:
+		st.handleWatchNotice(n.note) // watch.go
+		return
+	}
 	if n.resync {
 		// Notifications may have been missed while not listening.
 		for _, ks := range st.keys {
@@ -455,6 +473,7 @@ func (st *loopState) handleNotice(n notice) {
 			}
 			st.forceKick(ks)
 		}
+		st.watchResync()
 		st.sig().listening.signal(struct{}{})
 		return
 	}
@@ -482,6 +501,7 @@ func (st *loopState) handleDue(now time.Time) {
 	if st.closing {
 		return
 	}
+	st.dueWatch(now)
 	for len(st.retries) > 0 && !st.retries[0].at.After(now) {
 		e := heap.Pop(&st.retries).(retryEntry)
 		switch {
@@ -530,6 +550,7 @@ func (st *loopState) flush() {
 	for _, l := range st.lanes {
 		l.flush(st)
 	}
+	st.flushWatchReads() // watch.go
 }
 
 // keepAttempt settles a pending acquire attempt that is not to be sent
@@ -681,7 +702,7 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]store.AcquireRequest, len(batch))
 	for i, a := range batch {
-		reqs[i] = store.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID}
+		reqs[i] = store.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID, LockDelay: a.lockDelay()}
 	}
 	// Not cancelled by Close: an acquire abandoned mid-statement has an
 	// unknown outcome, and the server may commit it after the release of
@@ -701,6 +722,9 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 		}
 	}
 	db.End(ok, err)
+	if m.test.afterAcquire != nil {
+		m.test.afterAcquire()
+	}
 	sc := db.SpanContext()
 	for _, a := range batch {
 		a.db = sc

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"sync"
 	"time"
@@ -260,7 +261,9 @@ type Manager struct {
 	acquireDoneCh chan acquireDone // written by DB workers (acquire and handoff batches), read only by run
 	releaseDoneCh chan releaseDone // written by DB workers (release and handoff batches), read only by run
 	extendDoneCh  chan extendDone  // written by DB workers (extend batches), read only by run
-	notifyCh      chan notice      // written by the listener goroutine, read only by run
+	notifyCh      chan notice      // written by the listener goroutine (and Revoke), read only by run
+	watchCh       chan *watchReq   // written by Watch and its context's end, read only by run
+	watchDoneCh   chan watchDone   // written by DB workers (watch reads), read only by run
 	// lossCh nudges run (cap 1, non-blocking sends merge): written by the
 	// loss timer, the hold-limit timers and Lock.checkTrust (any
 	// goroutine), after each has ended a lock's Context itself; read only
@@ -377,6 +380,8 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		releaseDoneCh: make(chan releaseDone),
 		extendDoneCh:  make(chan extendDone),
 		notifyCh:      make(chan notice),
+		watchCh:       make(chan *watchReq),
+		watchDoneCh:   make(chan watchDone),
 		lossCh:        make(chan struct{}, 1),
 		closing:       make(chan struct{}),
 		done:          make(chan struct{}),
@@ -458,6 +463,7 @@ type acquireOpts struct {
 	timeout   time.Duration
 	manual    bool
 	holdLimit time.Duration // 0: none
+	delay     time.Duration // WithLockDelay; 0: none
 	shared    bool          // Shared or WithLimit
 	limit     int32         // WithLimit's n; 0: a reader
 }
@@ -477,6 +483,38 @@ func WithHoldLimit(d time.Duration) AcquireOption {
 			return invalid("manager.WithHoldLimit", "hold limit must be positive")
 		}
 		o.holdLimit = d
+		return nil
+	}
+}
+
+// maxLockDelay is the longest lock delay (2^31−1 ms, about 24.8 days).
+const maxLockDelay = math.MaxInt32 * time.Millisecond
+
+// WithLockDelay keeps the key from every other holder for d after this
+// lease ends without a release: after it expired (nobody takes the key
+// before its expiry + max(1 s, d) on the server's clock, instead of
+// expiry + 1 s) or after it was revoked (Revoke: nobody takes it before
+// the revoke + d). A Release lets the key go at once, as usual. It gives
+// a holder that lost its lease without noticing (paused, partitioned)
+// time to stop before the next holder starts, for resources that cannot
+// check a fence. The delay is stored with the grant, on the server, so it
+// holds whichever process acquires next; waiters of this pglease learn
+// when the key frees from the server's answer and try again then.
+// SyncGuard processes sharing the tables do not honour it. d must be a
+// whole number of milliseconds, not negative, at most about 24 days
+// (2^31−1 ms); 0 (the default) is no delay. It applies to Acquire, TryAcquire, Do, AcquireAll and
+// TryAcquireAll (each key of the set); not to shared holds.
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(o *acquireOpts) error {
+		switch {
+		case d < 0:
+			return invalid("manager.WithLockDelay", "lock delay must not be negative")
+		case d%time.Millisecond != 0:
+			return invalid("manager.WithLockDelay", "lock delay must be a whole number of milliseconds")
+		case d > maxLockDelay:
+			return invalid("manager.WithLockDelay", "lock delay too large: at most "+maxLockDelay.String())
+		}
+		o.delay = d
 		return nil
 	}
 }
@@ -555,6 +593,7 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		manual:    o.manual,
 		try:       try,
 		holdLimit: o.holdLimit,
+		delay:     o.delay,
 		shared:    o.shared,
 		limit:     o.limit,
 		reply:     make(chan acquireReply, 1),
@@ -576,6 +615,9 @@ func (m *Manager) parseOpts(op string, opts []AcquireOption) (acquireOpts, error
 			}
 			return o, reop(op, err)
 		}
+	}
+	if o.shared && o.delay != 0 {
+		return o, invalid(op, "a lock delay applies to exclusive leases, not to shared holds (Shared, WithLimit)")
 	}
 	return o, nil
 }

@@ -22,6 +22,9 @@ const (
 	spanLost            = "pglease.lost"
 	spanRelease         = "pglease.release"
 	spanReleaseMany     = "pglease.release_many"
+	spanRevoke          = "pglease.revoke"
+	spanRequestRelease  = "pglease.request_release"
+	spanSnapshot        = "pglease.snapshot"
 )
 
 // Event names.

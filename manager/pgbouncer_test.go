@@ -313,3 +313,60 @@ func BenchmarkPgBouncer(b *testing.B) {
 		}
 	}
 }
+
+// TestPgBouncerWatchAndElection: behind a transaction-mode pooler the
+// Manager stops listening for good: a watch started before that has its
+// channel closed, one started after is refused (InvalidArgument), and an
+// election's candidates still learn of a new leader, by reading the
+// lease every ObserveInterval.
+func TestPgBouncerWatchAndElection(t *testing.T) {
+	t.Parallel()
+	b := pgtest.PgBouncerForTest(t, pgtest.BouncerOptions{PoolMode: pgtest.PoolTransaction, PoolSize: 2})
+	schema := pgtest.Schema(t)
+	m, sig, _ := bouncerManager(t, bouncerURL(b), schema, Config{})
+	ctx := ctxT(t)
+	if err := m.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	early, err := m.Watch(ctx, "pgb:watch")
+	if err != nil && !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatalf("Watch = %v", err)
+	}
+	wait(t, &sig.polling)
+	if err == nil {
+		for range early { // closed once the listener stopped
+		}
+	}
+	if _, err := m.Watch(ctx, "pgb:watch"); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatalf("Watch after the listener stopped = %v", err)
+	}
+
+	other, _, _ := bouncerManager(t, bouncerURL(b), schema, Config{DisableNotify: true, Config: pg.Config{Holder: "other[1]@test"}})
+	held, err := other.Acquire(ctx, "pgb:leader")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	ectx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	leader := make(chan string, 1)
+	go func() {
+		_ = m.RunElection(ectx, Election{Name: "pgb:leader", ObserveInterval: 100 * time.Millisecond,
+			OnNewLeader: func(id string, self bool) {
+				if !self {
+					select {
+					case leader <- id:
+					default:
+					}
+				}
+			}}, func(context.Context, *Term) error { return nil })
+	}()
+	select {
+	case id := <-leader:
+		if id != "other[1]@test" {
+			t.Fatalf("OnNewLeader(%q)", id)
+		}
+	case <-time.After(waitTimeout()):
+		t.Fatal("the candidate did not learn who leads")
+	}
+}

@@ -30,6 +30,7 @@ type acquireReq struct {
 	limit    int32
 
 	holdLimit time.Duration // immutable: WithHoldLimit; 0 for none
+	delay     time.Duration // immutable: WithLockDelay; 0 for none
 
 	// set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
 	// key and hash are then its first key's): the request never joins a
@@ -82,10 +83,13 @@ type extendReq struct {
 }
 
 // notice is what the listener goroutine posts to run: a release
-// notification's payload (a key hash), or resync after (re)connecting,
-// when notifications may have been missed.
+// notification's key hash (hash), another notification (note: a revoke,
+// a release request, a watch event; store.ParseNotification), resync
+// after (re)connecting, when notifications may have been missed, or the
+// session locks it just took.
 type notice struct {
 	hash       string
+	note       store.Notification // Kind 0: none
 	resync     bool
 	registered []sessionLock // session locks the listener just took (waiters.go)
 }
@@ -103,6 +107,9 @@ type attempt struct {
 	chain  uint64
 	hedges uint8
 	stale  bool
+	// delayMs is the lock delay stored with the grant (WithLockDelay), in
+	// ms (at most math.MaxInt32: kept in the padding after stale).
+	delayMs int32
 	// db is the span of the round trip that carried the attempt
 	// (telemetry): an orphan release of its lockId goes in that span's
 	// trace. Written by the DB goroutine before it posts the result, read
@@ -132,6 +139,12 @@ type sharedAttempt struct {
 	floor    pglease.Fence
 	ids      []string
 }
+
+// lockDelay returns the lock delay a's grant is stored with.
+func (a *attempt) lockDelay() time.Duration { return time.Duration(a.delayMs) * time.Millisecond }
+
+// delayMs returns req's lock delay in ms, as an attempt keeps it.
+func (req *acquireReq) delayMs() int32 { return int32(req.delay / time.Millisecond) }
 
 // items returns how many holds a asks for (its lockIds).
 func (a *attempt) items() int {

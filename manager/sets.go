@@ -604,6 +604,9 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 	for _, ks := range kss {
 		st.granted(ks)
 	}
+	for _, lk := range locks {
+		st.checkRevokedEarly(lk.h) // revoke.go
+	}
 }
 
 // setRefused handles a set attempt that found a key held: a try is
@@ -679,7 +682,7 @@ func (st *loopState) sendSets(fl *flight, batch []*setAttempt) {
 	for i, sa := range batch {
 		reqs[i] = make([]store.AcquireRequest, len(sa.ids))
 		for j, k := range sa.w.req.set.keys {
-			reqs[i][j] = store.AcquireRequest{Key: k.key, TTL: sa.ttl, LockID: sa.ids[j]}
+			reqs[i][j] = store.AcquireRequest{Key: k.key, TTL: sa.ttl, LockID: sa.ids[j], LockDelay: sa.w.req.delay}
 			if sc := k.acq.SpanContext(); sc.IsValid() && len(served) < obs.MaxLinks {
 				served = append(served, sc)
 			}

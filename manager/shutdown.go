@@ -58,6 +58,7 @@ func (st *loopState) beginDrain() {
 	if st.lis.stop != nil {
 		st.lis.stop()
 	}
+	st.closeWatches()
 	for _, ks := range st.keys {
 		st.failAll(ks, closedErr("manager.Acquire"))
 	}

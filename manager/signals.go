@@ -48,6 +48,10 @@ type signals struct {
 	triggerChecked      testSignal[bool]         // the listener checked for the release trigger: installed?
 	extendTimed         testSignal[extendTiming] // one lock's extend succeeded: when it was due and sent
 	registered          testSignal[int]          // run got the keys the listener registered as waited for (how many)
+	revoked             testSignal[string]       // a held lock was ended as revoked
+	revokeKept          testSignal[string]       // a revoke that matched no held lock was remembered (its lockId hash)
+	releaseRequested    testSignal[string]       // a held lock's ReleaseRequested was closed
+	watchRead           testSignal[int]          // a snapshot read for watches came back (how many keys)
 }
 
 func (s *signals) init() {
@@ -72,6 +76,10 @@ func (s *signals) init() {
 	s.extendAsked.init()
 	s.triggerChecked.init()
 	s.extendTimed.init()
+	s.revoked.init()
+	s.revokeKept.init()
+	s.releaseRequested.init()
+	s.watchRead.init()
 }
 
 // batchKind names a kind of batched statement.
@@ -117,4 +125,7 @@ type testHooks struct {
 	timerFired func(late time.Duration)
 	// stuckAfter, if set, replaces stuckAfter (flight.go).
 	stuckAfter time.Duration
+	// afterAcquire, if set, runs in the DB goroutine of an acquire batch
+	// after its statement was answered, before the answer is posted.
+	afterAcquire func()
 }

@@ -67,6 +67,12 @@ type loopState struct {
 	closeBy  time.Time // owned by run: when the drain gives up retrying releases (beginDrain + CloseTimeout)
 
 	relRetries []releaseItem // owned by run: releases with an unknown outcome, to send again (relretry.go)
+
+	// revokedEarly: owned by run: revoke notifications that matched no
+	// lock held here, by lockId hash, until when they are remembered
+	// (revoke.go); nil while there are none.
+	revokedEarly map[string]time.Time
+	watch        watchLoop // owned by run: the watched keys (watch.go)
 }
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
@@ -298,7 +304,7 @@ func (st *loopState) kick(ks *keyState) {
 	}
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: head.ttl, chain: ks.chains}
+	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: head.ttl, delayMs: head.delayMs(), chain: ks.chains}
 	ks.attempt = a
 	if head.shared {
 		st.shareAttempt(a, head)
@@ -386,6 +392,9 @@ func (st *loopState) nextWake() time.Time {
 		next = r
 	}
 	if s := st.nextStuck(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.nextWatchWake(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
 	for len(st.retries) > 0 {
@@ -626,6 +635,9 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, lockID string, ttl tim
 	req.reply <- acquireReply{lock: lk}
 	st.granted(ks)
 	st.passSets(ks) // a set waiter that wants the key was passed over (sets.go)
+	if !req.shared {
+		st.checkRevokedEarly(lk.h) // revoke.go
+	}
 }
 
 // granted resets ks's contention state after a grant.

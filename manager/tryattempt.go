@@ -39,7 +39,7 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(obs.QueueInfo{})
-		a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, try: req}
+		a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, delayMs: req.delayMs(), try: req}
 		if req.shared {
 			a.sh = &sharedAttempt{limit: req.limit, floor: ks.fence, hasFloor: ks.hasFence}
 		}

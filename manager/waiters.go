@@ -48,6 +48,9 @@ type lockClass uint8
 const (
 	// classWaiter: this process waits for the key (store.WaiterLockClass).
 	classWaiter lockClass = iota
+	// classWatch: a caller of this process watches the key
+	// (store.WatchLockClass, watch.go).
+	classWatch
 )
 
 // sessionLockClasses take and drop the session locks of each class, on
@@ -59,6 +62,7 @@ var sessionLockClasses = [...]struct {
 	drop func(ctx context.Context, conn *pgx.Conn, keys []string) error
 }{
 	classWaiter: {take: store.RegisterWaiters, drop: store.UnregisterWaiters},
+	classWatch:  {take: store.RegisterWatchers, drop: store.UnregisterWatchers},
 }
 
 // sessionLock is one lock the listener holds on its session for the loop.
@@ -181,6 +185,10 @@ func (st *loopState) dropWaiter(ks *keyState) {
 func (st *loopState) handleRegistered(locks []sessionLock) {
 	n := 0
 	for _, k := range locks {
+		if k.class == classWatch {
+			st.handleWatchRegistered(k.key) // watch.go
+			continue
+		}
 		if k.class != classWaiter {
 			continue
 		}

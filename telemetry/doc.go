@@ -96,7 +96,8 @@
 //	                                                                         error.type. Links to the lock's acquire span and its round trip.
 //	pglease.lost                       span, internal             -          A held lock found lost, a child of its pglease.acquire span; status
 //	                                                                         Error. Attributes pglease.key.hash, pglease.lock.kind,
-//	                                                                         pglease.loss.cause, pglease.lock.held_for, error.type=LockLost; a link
+//	                                                                         pglease.loss.cause, pglease.lock.held_for, error.type=LockLost
+//	                                                                         (Revoked for a revoked lease); a link
 //	                                                                         to the heartbeat or round trip that found the loss.
 //	pglease.heartbeat                  span, internal             -          One round of extends of the locks due, a root span. Attributes
 //	                                                                         pglease.heartbeat.due; at its end pglease.heartbeat.extended,
@@ -115,6 +116,12 @@
 //	pglease.advisory_unlock            span, client               -          Advisory unlocks: one lock's, or all of a session's at Close.
 //	pglease.listen                     span, client               -          Connecting the listening connection and subscribing to the notify
 //	                                                                         channel (not the wait for notifications).
+//	pglease.revoke                     span, client               -          One Revoke: the statement that deletes a key's lease, a child of the
+//	                                                                         caller's span.
+//	pglease.request_release            span, client               -          One RequestRelease: the statement that asks a key's holders to release
+//	                                                                         it, a child of the caller's span.
+//	pglease.snapshot                   span, client               -          A read of watched keys' state (Watch): after a watch registers, after
+//	                                                                         a grant (its holder and expiry), to confirm an expiry.
 //	pglease.queued                     event                      -          On pglease.acquire, when the caller joined the key's local queue:
 //	                                                                         pglease.acquire.coalesced, pglease.acquire.contended,
 //	                                                                         pglease.queue.position.
@@ -146,7 +153,8 @@
 //	pglease.fence                      attribute, int             -          The fencing token granted (not a secret).
 //	pglease.loss.cause                 attribute, string          -          Why a lock was lost: expired (the local trust window passed without
 //	                                                                         a successful extend), not_held (the database said the lock is
-//	                                                                         gone), session_ended (an advisory lock's connection ended), other.
+//	                                                                         gone), session_ended (an advisory lock's connection ended), revoked
+//	                                                                         (the lease was revoked: its Context ended with ErrRevoked), other.
 //	pglease.batch.size                 attribute, int             {item}     The items (keys, locks) one round trip carries.
 //	pglease.batch.ok                   attribute, int             {item}     How many of them succeeded (granted, extended, released).
 //	pglease.heartbeat.due              attribute, int             {lock}     The locks due for extension in a heartbeat round.

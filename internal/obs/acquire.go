@@ -320,7 +320,8 @@ func (a *Acquisition) ExtendFailed(err error) {
 // Lost records that the held lock was lost, with its cause and the span
 // that found out (the heartbeat or DB span; may be invalid). It emits a
 // pglease.lost span in the acquirer's trace (child of the pglease.acquire
-// span) with status Error "LockLost", counts pglease.lock.lost{cause},
+// span) with status Error "LockLost" ("Revoked" for LossRevoked), counts
+// pglease.lock.lost{cause},
 // lowers pglease.lock.held, and logs a warning. Loop.
 func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 	if a == nil || !a.state.CompareAndSwap(stHeld, stLost) {
@@ -340,15 +341,19 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 		if by.IsValid() {
 			span.AddLink(trace.Link{SpanContext: by})
 		}
+		code := pglease.CodeLockLost
+		if cause == LossRevoked {
+			code = pglease.CodeRevoked
+		}
 		attrs := make([]attribute.KeyValue, 0, 6)
 		attrs = r.keyAttrs(attrs, a.key)
 		attrs = append(attrs,
 			attrLockKind.String(a.kind.String()),
 			attrLossCause.String(cause.String()),
 			attrHeldFor.Float64(held.Seconds()),
-			semconv.ErrorTypeKey.String(pglease.CodeLockLost.String()))
+			semconv.ErrorTypeKey.String(code.String()))
 		span.SetAttributes(attrs...)
-		span.SetStatus(codes.Error, pglease.CodeLockLost.String())
+		span.SetStatus(codes.Error, code.String())
 	}
 	span.End()
 

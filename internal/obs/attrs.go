@@ -87,6 +87,9 @@ const (
 	LossSessionEnded
 	// LossOther: any other cause (e.g. a fence regression).
 	LossOther
+	// LossRevoked: the lease was revoked on purpose (manager.Revoke, the
+	// SQL revoke function): its Context ended with ErrRevoked.
+	LossRevoked
 	numLossCauses
 )
 
@@ -95,6 +98,7 @@ var lossNames = [numLossCauses]string{
 	LossNotHeld:      "not_held",
 	LossSessionEnded: "session_ended",
 	LossOther:        "other",
+	LossRevoked:      "revoked",
 }
 
 // String returns the cause as recorded in pglease.loss.cause.
@@ -128,6 +132,9 @@ const (
 	OpAdvisoryTryLock DBOperation = spanAdvisoryTryLock
 	OpAdvisoryUnlock  DBOperation = spanAdvisoryUnlock
 	OpListen          DBOperation = spanListen
+	OpRevoke          DBOperation = spanRevoke
+	OpRequestRelease  DBOperation = spanRequestRelease
+	OpSnapshot        DBOperation = spanSnapshot
 )
 
 // Queue names a Manager queue whose depth is reported by

@@ -30,6 +30,9 @@ const (
 	spanAdvisoryTryLock = "pglease.advisory_try_lock"
 	spanAdvisoryUnlock  = "pglease.advisory_unlock"
 	spanListen          = "pglease.listen"
+	spanRevoke          = "pglease.revoke"
+	spanRequestRelease  = "pglease.request_release"
+	spanSnapshot        = "pglease.snapshot"
 )
 
 // Event names on the pglease.acquire span.

@@ -102,7 +102,7 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 	ctx := context.Background()
 	_, a := h.rec.StartAcquire(ctx, h.rec.Key("every-op"), AcquireInfo{Kind: KindAdvisory})
 	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff, OpAcquireShared, OpAcquireSets,
-		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen} {
+		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen, OpRevoke, OpRequestRelease, OpSnapshot} {
 		_, db := h.rec.StartDB(ctx, op, 2, a.SpanContext())
 		db.End(1, nil)
 		_, db = h.rec.StartDB(ctx, op, 1, trace.SpanContext{})

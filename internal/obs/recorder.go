@@ -339,7 +339,7 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 	}
 	r.dbOpt = make(map[DBOperation]dbOpts)
 	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff, OpAcquireShared, OpAcquireSets,
-		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen} {
+		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen, OpRevoke, OpRequestRelease, OpSnapshot} {
 		r.dbOpt[op] = r.newDBOpts(op)
 	}
 }

@@ -1,0 +1,290 @@
+package manager
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
+)
+
+// Revocation and release requests.
+//
+// Revoke deletes a key's exclusive lease on the server, whoever holds it,
+// in one durable statement (store.Revoke) that also notifies
+// "r:" + HashKey(key) + ":" + HashKey(lockId) on the notify channel. Every
+// Manager's listener receives it; the holder's loop finds the lock of that
+// key whose lockId has that hash (handleRevoked) and ends it at once:
+// its Context with a cause matching pglease.ErrRevoked, no more extends,
+// no release (the row is gone), not kept as a lost lease's row is. A
+// revoke made by this Manager also tells its own loop directly, so a
+// holder here learns even without a listener. A holder whose listener
+// missed the notification (reconnecting) learns at its next extend, which
+// finds no row: the lock is lost (ErrLockLost: the server cannot tell a
+// revoked row from an expired one taken over). A revoke notification that
+// comes before the grant it revokes was answered here (the grant's answer
+// and the notification race) is remembered for a while (revokedEarly),
+// and the grant ends as revoked as soon as it is made.
+//
+// RequestRelease only notifies "q:" + HashKey(key): the holders' loops
+// close ReleaseRequested of their locks of that key (this Manager's loop
+// is told directly too); the holder decides.
+
+// revokedEarlyFor is how long a revoke notification that matched no lock
+// held here is remembered, for a grant of the key still in flight, and
+// maxRevokedEarly how many are.
+const (
+	revokedEarlyFor = 10 * time.Second
+	maxRevokedEarly = 1024
+)
+
+// revokedCause is the cause of a revoked lock's Context.
+func revokedCause() error {
+	return pgerr.New(pglease.CodeRevoked, "manager.Lock", "the lease was revoked (deleted on the server by a revoke)", nil)
+}
+
+// Revoke deletes key's exclusive lease on the server, whoever holds it
+// (this process or another), in one durable statement, and reports
+// whether there was a live one (false: the key was free or its lease had
+// expired; nothing changed). The holder's Manager, which hears of it on
+// its listening connection, ends the lock's Context at once with a cause
+// matching pglease.ErrRevoked (typically within milliseconds of the
+// revoke's commit); its Release then returns that error and nothing is
+// extended or released any more. A holder that was not listening at that
+// moment (its listening connection was being replaced) learns at its next
+// extend, which finds the lease gone (pglease.ErrLockLost). Until the
+// holder stops, only fencing protects the resource: the next holder's
+// fence is higher (pg.FenceGuard refuses the revoked holder's later
+// writes). Revoke waits for transactions that guard the lease
+// (Lock.Guard), so their writes come before it.
+//
+// If the lease was taken WithLockDelay, nobody gets the key before that
+// delay has passed after the revoke; otherwise its waiters may take it at
+// once (they are woken). Shared holds are not revoked. Bad input is
+// CodeInvalidArgument before any I/O; an outage is its code
+// (pglease.Retryable; a revoke whose outcome is unknown may be repeated:
+// it is idempotent).
+func (m *Manager) Revoke(ctx context.Context, key string) (revoked bool, err error) {
+	const op = "manager.Revoke"
+	nk, err := m.checkKeyCall(op, ctx, key)
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
+	defer cancel()
+	ctx, db := m.rec.StartDB(ctx, obs.OpRevoke, 1, trace.SpanContextFromContext(ctx))
+	res, err := m.store.Revoke(ctx, []store.RevokeRequest{{Key: nk}})
+	if err != nil {
+		db.End(0, err)
+		return false, callErr(op, err)
+	}
+	r := res[0]
+	if !r.Revoked {
+		db.End(0, nil)
+		return false, nil
+	}
+	db.End(1, nil)
+	// The holder may be here: tell the loop now (the notification comes
+	// too, and finds nothing left to do).
+	n := notice{note: store.Notification{Kind: store.NotifyRevoke, KeyHash: pglease.HashKey(nk), LockIDHash: r.LockIDHash}}
+	select {
+	case m.notifyCh <- n:
+	case <-m.done:
+	case <-ctx.Done(): // the notification will do
+	}
+	return true, nil
+}
+
+// RequestRelease asks the holders of key to release it, without taking
+// anything: one statement notifies every Manager listening on the notify
+// channel, and each closes ReleaseRequested of the locks of key it holds
+// (exclusive and shared); this Manager's own holders hear it at once. The
+// holder decides whether and when to release; nothing else changes. A
+// holder in another process that is not listening at that moment (its
+// listening connection being replaced) does not hear it: ask again.
+// It needs notifications: with Config.DisableNotify it is
+// CodeInvalidArgument, like bad input, before any I/O.
+func (m *Manager) RequestRelease(ctx context.Context, key string) error {
+	const op = "manager.RequestRelease"
+	nk, err := m.checkKeyCall(op, ctx, key)
+	if err != nil {
+		return err
+	}
+	if m.cfg.DisableNotify {
+		return invalid(op, "notifications are off (Config.DisableNotify): no holder would hear the request")
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
+	defer cancel()
+	ctx, db := m.rec.StartDB(ctx, obs.OpRequestRelease, 1, trace.SpanContextFromContext(ctx))
+	err = m.store.RequestRelease(ctx, []string{nk})
+	db.End(1, err)
+	if err != nil {
+		return callErr(op, err)
+	}
+	// A holder here hears it at once, listener or not.
+	n := notice{note: store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: pglease.HashKey(nk)}}
+	select {
+	case m.notifyCh <- n:
+	case <-m.done:
+	case <-ctx.Done(): // the notification will do
+	}
+	return nil
+}
+
+// checkKeyCall validates a call on key: ctx, the key (returned in NFC)
+// and that the Manager is open.
+func (m *Manager) checkKeyCall(op string, ctx context.Context, key string) (string, error) {
+	if err := pgerr.CheckContext(op, ctx); err != nil {
+		return "", err
+	}
+	nk, err := keys.NormalizeKey(key)
+	if err != nil {
+		var e *pglease.Error
+		if errors.As(err, &e) {
+			return "", pgerr.New(e.Code, op, e.Msg, nil)
+		}
+		return "", reop(op, err)
+	}
+	if m.isClosing() {
+		return "", closedErr(op)
+	}
+	return nk, nil
+}
+
+// callErr labels a store error with the Manager's operation, keeping its
+// code and the store's error as the cause.
+func callErr(op string, err error) error {
+	var e *pglease.Error
+	if !errors.As(err, &e) {
+		return pgerr.New(pglease.CodeInternal, op, "unexpected error", err)
+	}
+	return pgerr.New(e.Code, op, e.Msg, err)
+}
+
+// handleRevoked ends the exclusive lock held here whose key and lockId
+// have the notification's hashes (the revoked grant), if any; otherwise
+// it remembers the notification for a grant still in flight. A revoke is
+// rare, and every Manager on the channel hears every one: the held locks
+// (and keys) are searched rather than indexed by hash, which would cost
+// every held lock memory.
+func (st *loopState) handleRevoked(n store.Notification) {
+	for h := range st.held {
+		if h.ks.hash == n.KeyHash && !h.lock.shared && pglease.HashKey(h.lock.id) == n.LockIDHash {
+			st.revoke(h)
+			return
+		}
+	}
+	// Remembered only for a key this process is busy with (an attempt
+	// in flight may bring the revoked grant): the other processes' revokes
+	// cost nothing more.
+	busy := false
+	for _, ks := range st.keys {
+		if ks.hash == n.KeyHash {
+			busy = true
+			break
+		}
+	}
+	if !busy {
+		return
+	}
+	if st.revokedEarly == nil {
+		st.revokedEarly = make(map[string]time.Time)
+	}
+	now := time.Now()
+	if len(st.revokedEarly) >= maxRevokedEarly {
+		for k, until := range st.revokedEarly {
+			if now.After(until) || len(st.revokedEarly) >= maxRevokedEarly {
+				delete(st.revokedEarly, k)
+			}
+		}
+	}
+	st.revokedEarly[n.LockIDHash] = now.Add(revokedEarlyFor)
+	st.sig().revokeKept.signal(n.LockIDHash)
+}
+
+// checkRevokedEarly ends h, just granted, if a revoke of its grant was
+// heard before (handleRevoked): the notification overtook the grant's
+// answer. Free while no revoke is remembered.
+func (st *loopState) checkRevokedEarly(h *holding) {
+	if len(st.revokedEarly) == 0 {
+		return
+	}
+	hash := pglease.HashKey(h.lock.id)
+	until, ok := st.revokedEarly[hash]
+	if !ok {
+		return
+	}
+	delete(st.revokedEarly, hash)
+	if time.Now().Before(until) {
+		st.revoke(h)
+	}
+}
+
+// revoke ends h as revoked: its Context ends with ErrRevoked, it is no
+// longer extended, and its row, deleted by the revoke, is neither
+// released nor kept. Waiters here try the key at once (the server makes
+// them wait out a lock delay, and says until when).
+func (st *loopState) revoke(h *holding) {
+	ks := h.ks
+	st.dropHolding(h, revokedCause())
+	h.acq.Lost(obs.LossRevoked, trace.SpanContext{})
+	st.sig().revoked.signal(ks.key)
+	st.forceKick(ks)
+	st.kickSets(ks) // set waiters that want the key (sets.go)
+	st.gc(ks)
+}
+
+// handleReleaseRequest closes ReleaseRequested of every lock of the key
+// with the notification's hash held here.
+func (st *loopState) handleReleaseRequest(n store.Notification) {
+	for h := range st.held {
+		if h.ks.hash == n.KeyHash {
+			h.lock.requestSignal().close()
+			st.sig().releaseRequested.signal(h.ks.key)
+		}
+	}
+}
+
+// releaseRequest is a Lock's ReleaseRequested channel, made on first use
+// (most locks never need one).
+type releaseRequest struct {
+	ch   chan struct{}
+	once sync.Once
+}
+
+func (r *releaseRequest) close() { r.once.Do(func() { close(r.ch) }) }
+
+// requestSignal returns l's releaseRequest, making it if needed. Safe
+// from any goroutine.
+func (l *Lock) requestSignal() *releaseRequest {
+	if r := (*releaseRequest)(atomic.LoadPointer(&l.rq)); r != nil {
+		return r
+	}
+	r := &releaseRequest{ch: make(chan struct{})}
+	if atomic.CompareAndSwapPointer(&l.rq, nil, unsafe.Pointer(r)) {
+		return r
+	}
+	return (*releaseRequest)(atomic.LoadPointer(&l.rq))
+}
+
+// ReleaseRequested returns a channel that is closed when someone asks
+// for the lock (Manager.RequestRelease of its key, from any process)
+// while it is held. Nothing else happens: the holder decides whether and
+// when to release. It stays open if no request comes, and after the lock
+// ended; a request that came before the lock was granted is not seen. nil
+// for a nil Lock.
+func (l *Lock) ReleaseRequested() <-chan struct{} {
+	if l == nil || l.m == nil {
+		return nil
+	}
+	return l.requestSignal().ch
+}

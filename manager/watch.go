@@ -1,0 +1,676 @@
+package manager
+
+import (
+	"container/heap"
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
+)
+
+// Watching a key, without polling.
+//
+// A watched key's changes are announced by the server: the acquire,
+// release, handoff and revoke functions notify "w:" + HashKey(key) + ":"
+// + an event letter + ":" + the fence on the notify channel, but only
+// while some session holds the key's watch lock (store.WatchLockClass),
+// so unwatched keys cost nothing. The loop asks the listener for that
+// lock (a session lock of class classWatch, through the same mail as the
+// waiter locks, waiters.go); once the listener took it (a registered
+// notice), the loop reads the key's state (store.Snapshot on a DB worker,
+// one batch in flight for all watched keys) and hands it to the watchers
+// as their first event. A change that committed before that read is in
+// it; one after sends a notification (it saw the lock). The server sends
+// notifications in commit order, and fences tell which of them the read
+// already covers (watchState.seen), so no change is lost or told twice.
+//
+// A grant's notification carries only its fence: the loop reads the key
+// once more for its holder and expiry, and the Granted event waits for
+// that read (notifications meanwhile wait behind it, in order). Expiry is
+// not announced by anyone: the loop times expires_at + 1 s (the server's
+// tolerance) from the read, on its own clock, and then reads the key to
+// confirm: extended (same fence, later expiry: timed again), expired
+// (Expired), or gone without a notification yet (one may be on its way:
+// read again a moment later, then report the end as it finds it). After
+// the listener reconnects (notifications were lost meanwhile) every
+// watched key is read again and its watchers get its state anew.
+//
+// Each watcher has a buffered channel that only the loop sends on, never
+// blocking: when the reader lags behind by watchBuffer events, the oldest
+// is dropped for the newest, so the last event a reader sees is always
+// the latest state the Manager knows.
+
+// Event is one change of a watched key's exclusive lease (Watch), or its
+// state when the watch starts. Kind says what happened; Fence is the
+// fence of the grant it is about (0 when the key is free and its last
+// grant is unknown); Holder is the holder identity the grant's Manager
+// recorded (its Config.Holder, by default "program[pid]@host"; "" when
+// unknown: a SyncGuard holder, or a grant that ended before it could be
+// read); ExpiresAt is the lease's expiry on the server's clock, as last
+// read (zero when unknown).
+type Event struct {
+	Kind      EventKind
+	Fence     pglease.Fence
+	Holder    string
+	ExpiresAt time.Time
+}
+
+// EventKind says what an Event reports. As a string, it prints as its
+// name.
+type EventKind string
+
+// The kinds of Event. The first event of a watch, and the first after
+// the Manager's listening connection was replaced, is the key's state as
+// read then: EventGranted while a lease is live, EventExpired for a lease
+// that expired without a release, EventReleased when there is none.
+const (
+	// EventGranted: the key was granted (Fence, Holder, ExpiresAt of the
+	// new lease), or is held when the watch starts.
+	EventGranted EventKind = "granted"
+	// EventReleased: the lease of Fence was released (or the key is free
+	// when the watch starts).
+	EventReleased EventKind = "released"
+	// EventExpired: the lease of Fence expired without a release: the
+	// key can be taken over. Reported when found (about a second after
+	// ExpiresAt, on one read), or when the next grant comes first.
+	EventExpired EventKind = "expired"
+	// EventRevoked: the lease of Fence was revoked (Revoke).
+	EventRevoked EventKind = "revoked"
+)
+
+// Watch reports the changes of key's exclusive lease as they commit,
+// from any process, without polling: the returned channel first gets the
+// key's state, then an Event for each change (EventGranted with the new
+// grant's fence, holder and expiry, then EventReleased, EventRevoked or
+// EventExpired with its fence). Fences only grow: an event never takes
+// the key back to an older grant. After the Manager's listening
+// connection was replaced (notifications sent meanwhile are lost), the
+// key is read again and the channel gets its state anew, which may
+// repeat the last event; so the final state is never missed.
+//
+// The channel is closed when ctx ends or the Manager closes (or stops
+// listening for good: see Config.ListenConnString). It is never blocked
+// on: it buffers 16 events, and a reader further behind loses the oldest
+// ones, never the latest. Shared holds (Shared, WithLimit) are not
+// reported, nor are changes made by SyncGuard processes sharing the
+// tables (they notify nothing), except as found by the reads (a lease
+// found expired, or replaced).
+//
+// Watch needs notifications: with Config.DisableNotify it is
+// CodeInvalidArgument, like a bad key or a nil ctx, before any I/O.
+// Watches of one key by several callers of a Manager share one
+// registration and one read per change.
+func (m *Manager) Watch(ctx context.Context, key string) (<-chan Event, error) {
+	const op = "manager.Watch"
+	nk, err := m.checkKeyCall(op, ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if m.cfg.DisableNotify {
+		return nil, invalid(op, "notifications are off (Config.DisableNotify): nothing would report the key's changes")
+	}
+	w := &watcher{key: nk, hash: pglease.HashKey(nk), ch: make(chan Event, watchBuffer)}
+	req := &watchReq{w: w, reply: make(chan error, 1)}
+	select {
+	case m.watchCh <- req:
+	case <-ctx.Done():
+		return nil, pgerr.New(pglease.CodeAborted, op, "context ended before the watch started", ctx.Err())
+	case <-m.closing:
+		return nil, closedErr(op)
+	}
+	if err := <-req.reply; err != nil { // the loop answers at once
+		return nil, err
+	}
+	context.AfterFunc(ctx, func() {
+		select {
+		case m.watchCh <- &watchReq{w: w, remove: true}:
+		case <-m.done:
+		}
+	})
+	return w.ch, nil
+}
+
+// watchBuffer is the capacity of a watcher's channel.
+const watchBuffer = 16
+
+// maxBacklog bounds the notifications a watched key keeps while a read
+// of it is in flight; beyond it they are dropped and the key is read
+// afresh (its watchers get its state anew).
+const maxBacklog = 64
+
+// watchSettle is how long after a confirming read found a lease gone or
+// replaced without a notification the loop reads again before it reports
+// the end itself: the notification may be on its way.
+const watchSettle = 250 * time.Millisecond
+
+// watchReq is a Watch call (remove false) or the end of its context.
+type watchReq struct {
+	w      *watcher
+	remove bool
+	reply  chan error // cap 1; add only
+}
+
+// watcher is one Watch call's channel. Only run sends on or closes ch.
+type watcher struct {
+	key, hash string // immutable: NFC key and its hash
+	ch        chan Event
+	ws        *watchState // owned by run
+	fresh     bool        // owned by run: it got its first event
+	closed    bool        // owned by run: ch is closed
+}
+
+// send hands ev to w without blocking: when its buffer is full the
+// oldest event makes room.
+func (w *watcher) send(ev Event) {
+	select {
+	case w.ch <- ev:
+		return
+	default:
+	}
+	select {
+	case <-w.ch:
+	default:
+	}
+	select {
+	case w.ch <- ev:
+	default:
+	}
+}
+
+// watchState is one watched key, shared by its watchers. Owned by run.
+type watchState struct {
+	key, hash string
+	subs      []*watcher
+	dropped   bool // no watcher left: forgotten (a read in flight is ignored)
+
+	// announce: the next read's state goes to every watcher (the key was
+	// just registered, or the listener reconnected); cleared when a read
+	// carrying it is sent (flight.announce).
+	announce bool
+	// pendingGrant: the last grant's notification was applied and its
+	// Granted event waits for a read (holder, expiry).
+	pendingGrant bool
+	wantRead     bool // in watchLoop.want
+	reading      bool // in the read in flight
+	// settling: a confirming read found the lease gone or replaced
+	// without a notification; the next one reports what it finds.
+	settling bool
+	backlog  []store.Notification // notifications held while blocked
+
+	// The state as known: the last grant's fence, whether its lease is
+	// live, whether its row was there at the last read, its holder and
+	// expiry (server time); seen is the highest fence covered (by a read
+	// or a notification): notifications at or below it are old.
+	fence     pglease.Fence
+	seen      pglease.Fence
+	live      bool
+	holder    string
+	expiresAt time.Time
+	last      Event // the last event sent (new watchers get it first)
+	hasLast   bool
+
+	checkGen uint64 // invalidates checks in watchLoop.checks
+}
+
+// blocked reports whether notifications must wait: a read is wanted or
+// in flight for the key's state.
+func (ws *watchState) blocked() bool {
+	return ws.announce || ws.pendingGrant || ws.reading
+}
+
+// watchLoop is the loop's watch state (loopState.watch). Owned by run.
+type watchLoop struct {
+	keys     map[string]*watchState // by NFC key
+	byHash   map[string]*watchState // by pglease.HashKey(key)
+	want     []*watchState          // reads wanted, in order
+	inFlight bool                   // a read batch is in flight
+	retryAt  time.Time              // reads failed: when to try again (zero: now)
+	failures int
+	checks   watchChecks // expiry confirmations due, earliest first
+}
+
+// watchFlight is one read batch.
+type watchFlight struct {
+	states   []*watchState
+	announce []bool
+}
+
+// watchDone is a read batch's outcome, posted by its DB worker.
+type watchDone struct {
+	fl  *watchFlight
+	res []store.KeyState
+	err error
+	at  time.Time // local time when the answer came (after the server read its clock)
+}
+
+type watchCheck struct {
+	at  time.Time
+	ws  *watchState
+	gen uint64
+}
+
+type watchChecks []watchCheck
+
+func (h watchChecks) Len() int           { return len(h) }
+func (h watchChecks) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h watchChecks) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *watchChecks) Push(x any)        { *h = append(*h, x.(watchCheck)) }
+func (h *watchChecks) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+// handleWatch adds or removes a watcher.
+func (st *loopState) handleWatch(req *watchReq) {
+	w := req.w
+	if req.remove {
+		st.unwatch(w)
+		return
+	}
+	switch {
+	case st.closing:
+		req.reply <- closedErr("manager.Watch")
+		return
+	case st.lis.mail == nil:
+		req.reply <- invalid("manager.Watch", "the Manager has stopped listening for good (its listening connection goes "+
+			"through a transaction-mode pooler; set Config.ListenConnString): nothing would report the key's changes")
+		return
+	}
+	wl := &st.watch
+	ws := wl.keys[w.key]
+	if ws == nil {
+		if wl.keys == nil {
+			wl.keys = make(map[string]*watchState)
+			wl.byHash = make(map[string]*watchState)
+		}
+		ws = &watchState{key: w.key, hash: w.hash, announce: true}
+		wl.keys[w.key] = ws
+		wl.byHash[w.hash] = ws
+		// The read comes once the listener holds the watch lock
+		// (handleWatchRegistered). But when the key's last watch ended
+		// and its lock was not handed back yet, the two wishes merge in
+		// the outbox: the listener keeps the lock and posts no
+		// registration, so read now.
+		k := sessionLock{classWatch, w.key}
+		if on, pending := st.lis.outbox[k]; pending && !on {
+			st.wantWatchRead(ws)
+		}
+		st.lis.want(k, true)
+	}
+	w.ws = ws
+	ws.subs = append(ws.subs, w)
+	req.reply <- nil
+	st.greet(ws)
+}
+
+// unwatch ends w (its context ended): its channel is closed, and the key
+// forgotten when it was its last watcher.
+func (st *loopState) unwatch(w *watcher) {
+	if w.closed {
+		return
+	}
+	w.closed = true
+	close(w.ch)
+	ws := w.ws
+	for i, s := range ws.subs {
+		if s == w {
+			ws.subs = append(ws.subs[:i], ws.subs[i+1:]...)
+			break
+		}
+	}
+	if len(ws.subs) > 0 {
+		return
+	}
+	ws.dropped = true
+	ws.checkGen++
+	delete(st.watch.keys, ws.key)
+	delete(st.watch.byHash, ws.hash)
+	st.lis.want(sessionLock{classWatch, ws.key}, false)
+}
+
+// closeWatches closes every watcher's channel (Close, or the listener
+// stopped for good).
+func (st *loopState) closeWatches() {
+	for _, ws := range st.watch.keys {
+		for _, w := range ws.subs {
+			if !w.closed {
+				w.closed = true
+				close(w.ch)
+			}
+		}
+		ws.subs = nil
+		ws.dropped = true
+	}
+	st.watch.keys, st.watch.byHash, st.watch.want = nil, nil, nil
+	st.watch.checks = nil
+}
+
+// handleWatchRegistered: the listener holds the key's watch lock now, so
+// every later change notifies: read the key's state for its watchers.
+func (st *loopState) handleWatchRegistered(key string) {
+	if ws := st.watch.keys[key]; ws != nil {
+		ws.announce = true
+		st.wantWatchRead(ws)
+	}
+}
+
+// watchResync: the listener reconnected (notifications may have been
+// lost): every watched key is read again, and its watchers get its state.
+func (st *loopState) watchResync() {
+	for _, ws := range st.watch.keys {
+		ws.announce = true
+		st.wantWatchRead(ws)
+	}
+}
+
+func (st *loopState) wantWatchRead(ws *watchState) {
+	if ws.wantRead || ws.dropped {
+		return
+	}
+	ws.wantRead = true
+	st.watch.want = append(st.watch.want, ws)
+}
+
+// handleWatchNotice applies a watch notification, or keeps it while the
+// key's state is being read.
+func (st *loopState) handleWatchNotice(n store.Notification) {
+	ws := st.watch.byHash[n.KeyHash]
+	if ws == nil {
+		return
+	}
+	switch n.Event {
+	case store.WatchGranted, store.WatchReleased, store.WatchRevoked:
+	default:
+		return // shared holds are not reported
+	}
+	if ws.blocked() {
+		if len(ws.backlog) >= maxBacklog {
+			ws.backlog = nil
+			ws.announce = true
+			st.wantWatchRead(ws)
+			return
+		}
+		ws.backlog = append(ws.backlog, n)
+		return
+	}
+	st.applyWatchNotice(ws, n)
+	st.greet(ws)
+}
+
+// applyWatchNotice applies one notification to a key whose state is
+// settled (not blocked).
+func (st *loopState) applyWatchNotice(ws *watchState, n store.Notification) {
+	f := n.Fence
+	switch n.Event {
+	case store.WatchGranted:
+		if f <= ws.seen {
+			return // the read covered it
+		}
+		if ws.live {
+			// The lease before ended without a notification: it expired
+			// (nobody takes a live lease over) or a SyncGuard process
+			// released it.
+			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		}
+		ws.fence, ws.seen, ws.live, ws.holder, ws.expiresAt = f, f, true, "", time.Time{}
+		ws.settling = false
+		ws.checkGen++
+		ws.pendingGrant = true
+		st.wantWatchRead(ws)
+	case store.WatchReleased, store.WatchRevoked:
+		kind := EventReleased
+		if n.Event == store.WatchRevoked {
+			kind = EventRevoked
+		}
+		switch {
+		case f == ws.fence && ws.live:
+			st.emit(ws, Event{Kind: kind, Fence: f, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		case f > ws.seen:
+			// The end of a grant this Manager never saw granted.
+			ws.fence, ws.holder, ws.expiresAt = f, "", time.Time{}
+			st.emit(ws, Event{Kind: kind, Fence: f})
+		default:
+			return // told already (its end found by a read) or older
+		}
+		ws.seen = max(ws.seen, f)
+		ws.live, ws.settling = false, false
+		ws.checkGen++
+	}
+}
+
+// emit sends ev to the key's watchers that have had their first event
+// (the others get the state, which ev is then, when greeted).
+func (st *loopState) emit(ws *watchState, ev Event) {
+	ws.last, ws.hasLast = ev, true
+	for _, w := range ws.subs {
+		if w.fresh {
+			w.send(ev)
+		}
+	}
+}
+
+// greet sends the key's state to its watchers that have had no event
+// yet, once the state is known and settled.
+func (st *loopState) greet(ws *watchState) {
+	if ws.blocked() || !ws.hasLast {
+		return
+	}
+	for _, w := range ws.subs {
+		if !w.fresh {
+			w.fresh = true
+			w.send(ws.last)
+		}
+	}
+}
+
+// flushWatchReads sends the wanted reads, one batch at a time.
+func (st *loopState) flushWatchReads() {
+	wl := &st.watch
+	if wl.inFlight || len(wl.want) == 0 || st.closing || (!wl.retryAt.IsZero() && time.Now().Before(wl.retryAt)) {
+		return
+	}
+	n := min(len(wl.want), st.m.cfg.MaxBatch)
+	fl := &watchFlight{states: make([]*watchState, 0, n), announce: make([]bool, 0, n)}
+	ks := make([]string, 0, n)
+	for _, ws := range wl.want[:n] {
+		ws.wantRead = false
+		if ws.dropped {
+			continue
+		}
+		ws.reading = true
+		fl.states = append(fl.states, ws)
+		fl.announce = append(fl.announce, ws.announce)
+		ws.announce = false
+		ks = append(ks, ws.key)
+	}
+	wl.want = append(wl.want[:0], wl.want[n:]...)
+	if len(ks) == 0 {
+		return
+	}
+	wl.inFlight = true
+	m := st.m
+	m.spawn(func() { m.sendWatchRead(fl, ks) })
+}
+
+// sendWatchRead runs on a DB worker, never on the loop.
+func (m *Manager) sendWatchRead(fl *watchFlight, ks []string) {
+	ctx, cancel := context.WithTimeoutCause(m.workCtx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
+	defer cancel()
+	ctx, db := m.rec.StartDB(ctx, obs.OpSnapshot, len(ks), trace.SpanContext{})
+	res, err := m.store.Snapshot(ctx, ks)
+	at := time.Now()
+	if err == nil {
+		db.End(len(res), nil)
+	} else {
+		db.End(0, err)
+	}
+	select {
+	case m.watchDoneCh <- watchDone{fl: fl, res: res, err: err, at: at}:
+	case <-m.done:
+	}
+}
+
+// handleWatchRead applies a read batch's outcome.
+func (st *loopState) handleWatchRead(d watchDone) {
+	wl := &st.watch
+	wl.inFlight = false
+	if d.err != nil {
+		// Read again later, with backoff; notifications wait meanwhile.
+		wl.failures++
+		wl.retryAt = d.at.Add(min(100*time.Millisecond<<min(wl.failures, 6), 5*time.Second))
+		for i, ws := range d.fl.states {
+			ws.reading = false
+			ws.announce = ws.announce || d.fl.announce[i]
+			st.wantWatchRead(ws)
+		}
+		return
+	}
+	wl.failures, wl.retryAt = 0, time.Time{}
+	for i, ws := range d.fl.states {
+		if ws.dropped {
+			continue
+		}
+		ws.reading = false
+		st.applyWatchRead(ws, d.res[i], d.fl.announce[i], d.at)
+	}
+	st.sig().watchRead.signal(len(d.fl.states))
+}
+
+// stateEvent is the event that tells the state r read.
+func stateEvent(r store.KeyState) Event {
+	switch {
+	case r.LockIDHash == "":
+		return Event{Kind: EventReleased}
+	case r.Held:
+		return Event{Kind: EventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
+	}
+	return Event{Kind: EventExpired, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
+}
+
+// applyWatchRead applies the state r of ws's key, read for announce (a
+// new registration or a reconnect: r replaces what was known), for a
+// grant's holder and expiry (pendingGrant), or to confirm an expiry; at
+// is when the answer came, on this process's clock. Then the
+// notifications that waited are applied, and the expiry timed.
+func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce bool, at time.Time) {
+	row := r.LockIDHash != ""
+	same := row && r.Fence == ws.fence
+	switch {
+	case announce:
+		ev := stateEvent(r)
+		ws.fence, ws.live, ws.holder, ws.expiresAt = ev.Fence, r.Held && row, ev.Holder, ev.ExpiresAt
+		ws.seen = max(r.Fence, r.Counter)
+		ws.pendingGrant, ws.settling = false, false
+		ws.backlog = ws.backlog[:0:0]
+		for _, w := range ws.subs {
+			w.fresh = false // all get the state anew
+		}
+		ws.last, ws.hasLast = ev, true
+		if ws.announce {
+			// Registered again meanwhile: that read announces.
+			return
+		}
+	case ws.pendingGrant:
+		ws.pendingGrant = false
+		if same {
+			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
+		}
+		st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		if same && !r.Held {
+			ws.live = false
+			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		}
+	case !ws.live:
+	case same && r.Held: // extended (or not yet expired): timed again below
+		ws.holder, ws.expiresAt, ws.settling = r.Holder, r.ExpiresAt, false
+	case same:
+		ws.live, ws.settling = false, false
+		ws.expiresAt = r.ExpiresAt
+		st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+	case !ws.settling:
+		// Gone or replaced, and no notification yet: it may be on its way.
+		ws.settling = true
+		st.checkWatch(ws, at.Add(watchSettle))
+	default:
+		// Still nothing told: report the end as found (a SyncGuard
+		// process's release or takeover notifies nothing).
+		ws.settling, ws.live = false, false
+		if !row {
+			st.emit(ws, Event{Kind: EventReleased, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		} else {
+			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			if r.Fence > ws.seen {
+				ws.fence, ws.seen, ws.holder, ws.expiresAt, ws.live = r.Fence, r.Fence, r.Holder, r.ExpiresAt, r.Held
+				if r.Held {
+					st.emit(ws, Event{Kind: EventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt})
+				}
+			}
+		}
+	}
+	// The notifications that waited, in order, until one needs a read.
+	for len(ws.backlog) > 0 && !ws.blocked() {
+		n := ws.backlog[0]
+		ws.backlog = ws.backlog[1:]
+		st.applyWatchNotice(ws, n)
+	}
+	if len(ws.backlog) == 0 {
+		ws.backlog = nil
+	}
+	st.greet(ws)
+	if ws.blocked() || !ws.live || ws.settling {
+		return
+	}
+	if row && r.Fence == ws.fence {
+		// Expired for the server once its clock passes expires_at + 1 s:
+		// that far after its reading, on this clock (at is after it, so
+		// this is not early).
+		st.checkWatch(ws, at.Add(r.ExpiresAt.Add(keys.TimeTolerance).Sub(r.Now)))
+	} else {
+		st.checkWatch(ws, at.Add(watchSettle)) // expiry unknown: read again
+	}
+}
+
+// checkWatch schedules a confirming read of ws at t (replacing any).
+func (st *loopState) checkWatch(ws *watchState, t time.Time) {
+	ws.checkGen++
+	heap.Push(&st.watch.checks, watchCheck{at: t, ws: ws, gen: ws.checkGen})
+}
+
+// dueWatch starts the confirming reads that are due.
+func (st *loopState) dueWatch(now time.Time) {
+	c := &st.watch.checks
+	for c.Len() > 0 && !(*c)[0].at.After(now) {
+		e := heap.Pop(c).(watchCheck)
+		if e.gen == e.ws.checkGen && !e.ws.dropped {
+			st.wantWatchRead(e.ws)
+		}
+	}
+}
+
+// nextWatchWake is when the loop's timer must fire for the watches (zero:
+// never): the next check, or a retry of failed reads.
+func (st *loopState) nextWatchWake() time.Time {
+	wl := &st.watch
+	var next time.Time
+	for wl.checks.Len() > 0 {
+		e := wl.checks[0]
+		if e.gen != e.ws.checkGen || e.ws.dropped {
+			heap.Pop(&wl.checks) // stale
+			continue
+		}
+		next = e.at
+		break
+	}
+	if len(wl.want) > 0 && !wl.inFlight && !wl.retryAt.IsZero() && (next.IsZero() || wl.retryAt.Before(next)) {
+		next = wl.retryAt
+	}
+	return next
+}
