@@ -385,8 +385,10 @@ $fn$;
 -- advisory lock of the key: p_limit NULL for an exclusive grant, 0 for a
 -- reader, n > 0 for a permit of n. Locks the lock row FOR NO KEY UPDATE
 -- (waits for releases and extends in flight, not for transactions that
--- guard the lease: FOR KEY SHARE) and the key's shared rows FOR SHARE, then
--- reads the server clock. An expired row about to be taken over is locked
+-- guard the lease: FOR KEY SHARE) and the key's shared rows FOR SHARE in
+-- lock_id order (the order of every statement that locks shared rows:
+-- releases and extends of several holds lock them so too, and two orders
+-- could deadlock), then reads the server clock. An expired row about to be taken over is locked
 -- FOR UPDATE: that waits for the transactions that guard it, so their
 -- writes come before the next grant's; the clock is read again after.
 -- Status: 0 grantable, 1 held (c_retry: the server time from which to try
@@ -463,7 +465,7 @@ BEGIN
       min(x.lim) FILTER (WHERE x.e + 1000 > c_now), max(x.lim) FILTER (WHERE x.e + 1000 > c_now),
       (array_agg(x.holder ORDER BY x.e DESC) FILTER (WHERE x.e + 1000 > c_now))[1]
     INTO v_all, v_n, v_min, v_max, v_lmin, v_lmax, v_sholder
-    FROM (SELECT s.expires_at_ms AS e, s.lim, s.holder FROM "syncguard_locks_shared" AS s WHERE s.key = p_key FOR SHARE) AS x;
+    FROM (SELECT s.expires_at_ms AS e, s.lim, s.holder FROM "syncguard_locks_shared" AS s WHERE s.key = p_key ORDER BY s.lock_id FOR SHARE) AS x;
   IF v_all > v_n THEN
     DELETE FROM "syncguard_locks_shared" AS s WHERE s.key = p_key AND s.expires_at_ms + 1000 <= c_now;
   END IF;
