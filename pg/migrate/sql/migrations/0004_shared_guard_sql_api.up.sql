@@ -24,9 +24,10 @@ CREATE TABLE IF NOT EXISTS "syncguard_locks_shared" (
 );
 CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_shared" (key);
 -- Per key, next to the holder identity: excl_wait_until_ms, set by an
--- exclusive acquire refused because of live shared holds (now + 5 s,
--- refreshed by each such attempt), makes shared acquires wait (writer
--- preference); lock_delay_ms is the grant's lock delay (valid while the
+-- exclusive acquire refused because of live shared holds (now + 2 s,
+-- refreshed by each such attempt, which is told to come back within 1 s),
+-- makes shared acquires wait (writer preference; a writer that went away
+-- holds readers off for at most 2 s after its last attempt); lock_delay_ms is the grant's lock delay (valid while the
 -- row's lock_id is the grant's); delay_until_ms, set by a revoke, keeps
 -- the key from every acquire until then.
 ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
@@ -85,8 +86,9 @@ $fn$;
 -- (c_limit: the live holders' limit). c_row: the key has a lock row (the
 -- caller holds its lock; a grant updates it in place, else inserts one).
 -- An exclusive attempt refused because of shared holds marks the key
--- (excl_wait_until_ms = now + 5 s) and is told to try again within 2 s, to
--- keep its mark while it waits. Expired shared rows of the key are deleted.
+-- (excl_wait_until_ms = now + 2 s) and is told to try again within 1 s, to
+-- keep its mark while it waits: the mark of a writer that gave up or died
+-- lapses within 2 s of its last attempt. Expired shared rows of the key are deleted.
 CREATE OR REPLACE FUNCTION "pglease_check_07f27fb7aa"(p_key text, p_limit integer,
   OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
   OUT c_row boolean)
@@ -162,8 +164,8 @@ BEGIN
   END IF;
   c_shared := v_n;
   IF p_limit IS NULL THEN
-    c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := least(v_max + 1000, c_now + 2000);
-    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 5000)
+    c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := least(v_max + 1000, c_now + 1000);
+    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
       ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
     RETURN;
   END IF;
