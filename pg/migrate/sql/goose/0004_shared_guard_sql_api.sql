@@ -427,8 +427,9 @@ $fn$;
 
 -- Release N lockIds, exclusive or shared, in one statement: lock their
 -- rows in (hashtext, key) order, the exclusive row before the shared ones of
--- a key (the acquire functions' order), read the server clock, then delete
--- each row still unexpired (expires_at_ms > now). Each release notifies
+-- a key (the acquire functions' order; shared ones by lock_id), read the
+-- server clock, then delete each row still unexpired (expires_at_ms >
+-- now). A single lockId's row is deleted without a lock taken first. Each release notifies
 -- (p_wake, as "pglease_notify_07f27fb7aa": 0 never, 1 when waited for, 2 always) and
 -- watchers ('r:' fence for an exclusive row, 'u:' fence for a shared one).
 -- p_async: commit without waiting for the WAL flush (a lost release runs
@@ -446,17 +447,37 @@ DECLARE
   v_fence text;
   v_ev text;
   v_void text;
+  v_exp bigint;
 BEGIN
   IF p_async AND pg_current_xact_id_if_assigned() IS NULL THEN
     v_void := set_config('synchronous_commit', 'off', true);
   END IF;
   IF cardinality(p_lock_ids) = 1 THEN
-    -- One row to lock, exclusive or shared: no order to keep.
-    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[1] FOR UPDATE;
-    IF NOT FOUND THEN
-      PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[1] FOR UPDATE;
+    -- One row, exclusive or shared: no order to keep, and no lock taken
+    -- before the delete (one WAL record less). The delete's WHERE is
+    -- read again on the row's latest version after waiting for an extend
+    -- or a grant in flight, reading the clock then; a row that expired
+    -- while the delete waited for a transaction that left it unchanged
+    -- (one guarding the lease) is deleted but not released (o_ok false,
+    -- as when the clock is read after a row lock).
+    o_idx := 1;
+    v_k := NULL;
+    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[1] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+      RETURNING l.user_key, l.fence, l.expires_at_ms INTO v_k, v_fence, v_exp;
+    v_ev := 'r:';
+    IF v_k IS NULL THEN
+      DELETE FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[1] AND s.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING s.key, lpad(s.fence::text, 15, '0'), s.expires_at_ms INTO v_k, v_fence, v_exp;
+      v_ev := 'u:';
     END IF;
-  ELSIF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
+    o_ok := v_k IS NOT NULL AND v_exp > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF v_k IS NOT NULL AND p_channel IS NOT NULL THEN
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
+    END IF;
+    RETURN NEXT;
+    RETURN;
+  END IF;
+  IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
     FOR r IN
       SELECT x.k, x.t FROM (SELECT l.key AS k, 0 AS t FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
         UNION SELECT s.key, 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS x
@@ -550,6 +571,17 @@ $fn$;
 -- lockId (o_released), under the acquire rule ("pglease_check_07f27fb7aa") otherwise. A
 -- released key that could not be granted (status 2) is notified on
 -- p_channel (when not NULL), as version 2's does.
+--
+-- The in-place grant is one conditional UPDATE of the lock row, without
+-- locking it first (a row lock is one more WAL record): its WHERE, read
+-- again on the row's latest version after waiting for a release or an
+-- extend in flight, reads the server clock then. The fence counter, which
+-- only grants of the key write and they all hold the key's advisory lock,
+-- is read before and incremented after, so the UPDATE that finds nothing
+-- leaves no gap. An old lease that expires while the UPDATE waits for a
+-- transaction guarding it (which ends without changing the row) is still
+-- handed over in place: its holder released it, and no other grant of
+-- the key can come between (the caller holds the key's advisory lock).
 CREATE OR REPLACE FUNCTION "pglease_handoff_07f27fb7aa"(p_old_ids text[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
 RETURNS TABLE (o_idx integer, o_released boolean, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -559,10 +591,8 @@ DECLARE
   v_i integer;
   v_k text;
   v_void text;
-  v_exp bigint;
-  v_id text;
+  v_fc bigint;
   v_fence text;
-  v_row boolean;
 BEGIN
   IF current_setting('synchronous_commit') <> 'on' THEN
     PERFORM set_config('synchronous_commit', 'on', true);
@@ -577,32 +607,64 @@ BEGIN
     o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
     v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
-    v_exp := NULL; v_id := NULL;
-    SELECT l.expires_at_ms, l.lock_id, l.fence INTO v_exp, v_id, v_fence FROM "syncguard_locks" AS l WHERE l.key = v_k FOR UPDATE;
-    o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    o_released := v_id IS NOT NULL AND v_id = p_old_ids[v_i] AND v_exp > o_now_ms;
-    v_row := v_id IS NOT NULL;
-    IF NOT o_released THEN
-      c := "pglease_check_07f27fb7aa"(v_k, NULL);
-      o_now_ms := c.c_now;
-      IF c.c_status <> 0 THEN
-        o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
+    v_fc := NULL;
+    SELECT fc.fence INTO v_fc FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = p_fence_keys[v_i];
+    o_now_ms := NULL;
+    IF coalesce(v_fc, 0) < 900000000000000 THEN
+      UPDATE "syncguard_locks" AS l SET lock_id = p_lock_ids[v_i], (acquired_at_ms, expires_at_ms) = (SELECT z.n, z.n + p_ttls[v_i]
+          FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS n) AS z),
+        fence = lpad((coalesce(v_fc, 0) + 1)::text, 15, '0'), user_key = v_k
+        WHERE l.key = v_k AND l.lock_id = p_old_ids[v_i] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING l.acquired_at_ms INTO o_now_ms;
+    ELSE
+      -- The counter is at FENCE MAX: release the old lease, grant nothing.
+      DELETE FROM "syncguard_locks" AS l WHERE l.key = v_k AND l.lock_id = p_old_ids[v_i] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING l.fence INTO v_fence;
+      o_released := FOUND;
+      IF o_released THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 2, 'r:' || v_fence);
+        o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        o_status := 2;
         RETURN NEXT;
         CONTINUE;
       END IF;
-      v_row := c.c_row;
     END IF;
-    o_fence := "pglease_grant_07f27fb7aa"(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, o_now_ms, v_row);
-    IF o_fence IS NULL THEN
-      IF o_released THEN
-        DELETE FROM "syncguard_locks" AS l WHERE l.key = v_k;
-        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 2, 'r:' || v_fence);
+    o_released := o_now_ms IS NOT NULL;
+    IF o_released THEN
+      o_fence := coalesce(v_fc, 0) + 1;
+      IF v_fc IS NULL THEN
+        -- A counter gone under a live lease (deleted by hand).
+        INSERT INTO "syncguard_fence_counters" (fence_key, fence, key_debug) VALUES (p_fence_keys[v_i], o_fence, v_k);
+      ELSE
+        UPDATE "syncguard_fence_counters" AS fc SET fence = o_fence WHERE fc.fence_key = p_fence_keys[v_i];
       END IF;
-      o_status := 2;
+      IF p_holder IS NOT NULL OR p_delays[v_i] > 0 THEN
+        UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_ids[v_i], holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delays[v_i], 0), excl_wait_until_ms = NULL
+          WHERE h.key = v_k;
+        IF NOT FOUND THEN
+          INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (v_k, p_lock_ids[v_i], coalesce(p_holder, ''), nullif(p_delays[v_i], 0));
+        END IF;
+      END IF;
+      IF p_channel IS NOT NULL THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'g:' || lpad(o_fence::text, 15, '0'));
+      END IF;
+      o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
       RETURN NEXT;
       CONTINUE;
     END IF;
-    o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
+    c := "pglease_check_07f27fb7aa"(v_k, NULL);
+    o_now_ms := c.c_now;
+    IF c.c_status <> 0 THEN
+      o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    o_fence := "pglease_grant_07f27fb7aa"(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, o_now_ms, c.c_row);
+    IF o_fence IS NULL THEN
+      o_status := 2;
+    ELSE
+      o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
+    END IF;
     RETURN NEXT;
   END LOOP;
 END
