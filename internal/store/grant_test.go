@@ -262,3 +262,60 @@ func TestGrantHolderAndDelayFollowGrants(t *testing.T) {
 		t.Fatalf("%d lock rows and %d holder rows for the key, %v; want one each", rows, holders, err)
 	}
 }
+
+// An attempt refused by a live exclusive lease writes nothing: the check
+// reads the lock row without locking it, so the transaction gets no
+// transaction id (a row lock would give it one, a WAL record, and a
+// durable commit to wait for), for an exclusive attempt and for a reader,
+// and also after the lease's expiry while its lock delay keeps the key.
+func TestRefusedAttemptWritesNothing(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{})
+	c := ctx(t)
+	key := pgtest.RandomName("refused_")
+	// A lock delay keeps the expired lease from a takeover for a minute
+	// (the second of tolerance alone could pass on a loaded machine).
+	held, err := s.Acquire(c, store.AcquireRequest{Key: key, TTL: 300 * time.Millisecond, LockDelay: time.Minute})
+	if err != nil || !held.OK {
+		t.Fatalf("acquire = %+v, %v", held, err)
+	}
+	attempt := func(when string) {
+		t.Helper()
+		for _, reader := range []bool{false, true} {
+			tx, err := pool.Begin(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts, err := store.New("pg.New", tx, store.Config{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var r store.AcquireResult
+			if reader {
+				var res []store.AcquireResult
+				res, err = ts.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute}})
+				if err == nil {
+					r = res[0]
+				}
+			} else {
+				r, err = ts.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+			}
+			if err != nil || r.OK {
+				t.Fatalf("%s: attempt (reader %v) = %+v, %v; want refused", when, reader, r, err)
+			}
+			var xid *string
+			if err := tx.QueryRow(c, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&xid); err != nil {
+				t.Fatal(err)
+			}
+			if xid != nil {
+				t.Errorf("%s: a refused attempt (reader %v) gave its transaction an id: it wrote", when, reader)
+			}
+			if err := tx.Rollback(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	attempt("live lease")
+	waitServer(t, pool, held.ExpiresAt.UnixMilli()+1)
+	attempt("expired, within its lock delay")
+}

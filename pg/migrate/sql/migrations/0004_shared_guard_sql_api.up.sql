@@ -72,14 +72,17 @@ $fn$;
 
 -- Whether key p_key can be granted now, under the caller's transaction
 -- advisory lock of the key: p_limit NULL for an exclusive grant, 0 for a
--- reader, n > 0 for a permit of n. Locks the lock row FOR NO KEY UPDATE
--- (waits for releases and extends in flight, not for transactions that
--- guard the lease: FOR KEY SHARE) and the key's shared rows FOR SHARE in
--- lock_id order (the order of every statement that locks shared rows:
--- releases and extends of several holds lock them so too, and two orders
--- could deadlock), then reads the server clock. An expired row about to be taken over is locked
--- FOR UPDATE: that waits for the transactions that guard it, so their
--- writes come before the next grant's; the clock is read again after.
+-- reader, n > 0 for a permit of n. Reads the lock row without locking it:
+-- a live one refuses the key (a release in flight is seen as not yet
+-- committed; it wakes the waiters when it commits), so a refused attempt
+-- writes nothing (a row lock would give it a transaction id, a WAL record
+-- and a durable commit to wait for). An expired row, about to be taken
+-- over, is locked FOR UPDATE: that waits for extends and releases in
+-- flight and for the transactions that guard it, so their writes come
+-- before the next grant's; the row is read again after, with the clock.
+-- The key's shared rows are locked FOR SHARE in lock_id order (the order
+-- of every statement that locks shared rows: releases and extends of
+-- several holds lock them so too, and two orders could deadlock).
 -- Status: 0 grantable, 1 held (c_retry: the server time from which to try
 -- again; c_exp: the exclusive holder's expiry, or the latest shared one;
 -- c_holder its identity; c_shared the live shared holds), 3 limit mismatch
@@ -88,7 +91,8 @@ $fn$;
 -- An exclusive attempt refused because of shared holds marks the key
 -- (excl_wait_until_ms = now + 2 s) and is told to try again within 1 s, to
 -- keep its mark while it waits: the mark of a writer that gave up or died
--- lapses within 2 s of its last attempt. Expired shared rows of the key are deleted.
+-- lapses within 2 s of its last attempt. Expired shared rows of the key
+-- are deleted.
 CREATE OR REPLACE FUNCTION "pglease_check_07f27fb7aa"(p_key text, p_limit integer,
   OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
   OUT c_row boolean)
@@ -114,29 +118,32 @@ BEGIN
   -- One query for the lock row, the holder row and whether the key has
   -- shared rows. Its snapshot is taken under the caller's advisory lock,
   -- which every writer of holder rows and inserter of lock and shared rows
-  -- holds, so none of them changes meanwhile; the lock row's lock waits
-  -- for releases and extends in flight and reads the row they leave (or
-  -- none). A shared row a release is deleting is still seen, so the
+  -- holds, so none of them changes meanwhile; releases and extends may
+  -- (below). A shared row a release is deleting is still seen, so the
   -- locking read below waits for that release (no lost wake-up).
-  SELECT lk.e, lk.id, h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms,
+  SELECT l.expires_at_ms, l.lock_id, h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms,
       EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key)
     INTO v_exp, v_id, v_hid, v_holder, v_delay, v_until, v_wait, v_probe
     FROM (SELECT 1) AS x
-    LEFT JOIN LATERAL (SELECT l.expires_at_ms AS e, l.lock_id AS id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR NO KEY UPDATE) AS lk ON true
+    LEFT JOIN "syncguard_locks" AS l ON l.key = p_key
     LEFT JOIN "syncguard_locks_holders" AS h ON h.key = p_key;
-  c_row := v_id IS NOT NULL;
   IF v_hid IS DISTINCT FROM v_id THEN
     v_holder := NULL;
     v_delay := NULL;
   END IF;
   c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-  IF v_exp IS NOT NULL THEN
-    IF v_exp + greatest(1000, coalesce(v_delay, 0)) > c_now THEN
-      c_status := 1; c_exp := v_exp; c_holder := v_holder; c_retry := v_exp + greatest(1000, coalesce(v_delay, 0));
-      RETURN;
-    END IF;
-    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = p_key FOR UPDATE;
+  IF v_exp IS NOT NULL AND v_exp + greatest(1000, coalesce(v_delay, 0)) <= c_now THEN
+    -- Expired: lock it and read it again (an extend in flight may have
+    -- made it live; a release, removed it). Its lockId stays (grants hold
+    -- the advisory lock), so the holder row's tie does too.
+    v_exp := NULL; v_id := NULL;
+    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR UPDATE;
     c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  END IF;
+  c_row := v_id IS NOT NULL;
+  IF v_exp IS NOT NULL AND v_exp + greatest(1000, coalesce(v_delay, 0)) > c_now THEN
+    c_status := 1; c_exp := v_exp; c_holder := v_holder; c_retry := v_exp + greatest(1000, coalesce(v_delay, 0));
+    RETURN;
   END IF;
   IF v_until > c_now THEN
     c_status := 1; c_retry := v_until;
