@@ -39,6 +39,7 @@ func TestReleaseDecidesAfterItsWait(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 		if extend {
 			ts, err := store.New("pg.New", tx, store.Config{})
 			if err != nil {
@@ -127,4 +128,87 @@ func TestHandOffAfterExtendInFlight(t *testing.T) {
 		t.Fatalf("row after the handoff = %+v", row)
 	}
 	release(t, s, a.res[0].LockID)
+}
+
+// An attempt that comes while a release of the key is in flight (its
+// delete done, its commit not yet) waits for that release and gets the
+// key: the release looked for waiter locks before this waiter took its
+// own, so it wakes nobody, and a refusal here would leave the waiter
+// asleep until its next poll. (The check reads an untouched row without
+// locking it; the release's delete has touched it.)
+func TestAttemptWaitsForReleaseInFlight(t *testing.T) {
+	t.Parallel()
+	pool, rs := pgtest.RuntimePool(t)
+	wPool := rs.RuntimePool(t, appName("relflight_waiter"))
+	s, err := store.New("pg.New", pool, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := store.New("pg.New", wPool, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ctx(t)
+	for _, reader := range []bool{false, true} {
+		key := pgtest.RandomName("relflight_")
+		held := exclusive(t, s, key, time.Minute)
+		tx, err := pool.Begin(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A failure below must not leave the transaction open: the pool's
+		// Close at the test's end would wait for its connection.
+		t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+		ts, err := store.New("pg.New", tx, store.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := ts.Release(c, held.LockID); err != nil || !ok {
+			t.Fatalf("release in the transaction = %v, %v", ok, err)
+		}
+		got := make(chan store.AcquireResult, 1)
+		errc := make(chan error, 1)
+		go func() {
+			var r store.AcquireResult
+			var err error
+			if reader {
+				var res []store.AcquireResult
+				if res, err = w.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute}}); err == nil {
+					r = res[0]
+				}
+			} else {
+				r, err = w.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+			}
+			errc <- err
+			got <- r
+		}()
+		waited := false
+		deadline := time.Now().Add(20 * time.Second)
+		for !waited && time.Now().Before(deadline) {
+			select {
+			case err := <-errc:
+				t.Fatalf("reader %v: the attempt answered (%+v, %v) while the release was in flight; want it to wait for the release", reader, <-got, err)
+			case <-time.After(5 * time.Millisecond):
+			}
+			var n int
+			if err := pool.QueryRow(c, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'relflight_waiter' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			waited = n > 0
+		}
+		if !waited {
+			t.Fatalf("reader %v: the attempt neither answered nor waited", reader)
+		}
+		if err := tx.Commit(c); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		if r := <-got; !r.OK {
+			t.Fatalf("reader %v: attempt after the release committed = %+v; want the key", reader, r)
+		} else {
+			release(t, s, r.LockID)
+		}
+	}
 }

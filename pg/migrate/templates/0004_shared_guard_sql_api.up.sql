@@ -70,13 +70,17 @@ $fn$;
 
 -- Whether key p_key can be granted now, under the caller's transaction
 -- advisory lock of the key: p_limit NULL for an exclusive grant, 0 for a
--- reader, n > 0 for a permit of n. Reads the lock row without locking it:
--- a live one refuses the key (a release in flight is seen as not yet
--- committed; it wakes the waiters when it commits), so a refused attempt
--- writes nothing (a row lock would give it a transaction id, a WAL record
--- and a durable commit to wait for). An expired row, about to be taken
--- over, is locked FOR UPDATE: that waits for extends and releases in
--- flight and for the transactions that guard it, so their writes come
+-- reader, n > 0 for a permit of n. Reads the lock row without locking it
+-- when no transaction has touched its version (xmax 0: no release, extend
+-- or guard in flight), so an attempt refused by a live lease writes
+-- nothing (a row lock gives the transaction an id, a WAL record and a
+-- durable commit to wait for). Otherwise it locks the row FOR NO KEY
+-- UPDATE, which waits for releases and extends in flight (not for
+-- transactions that guard the lease: FOR KEY SHARE) and reads the row
+-- they leave: a waiter whose attempt comes after a release looked for its
+-- waiter lock waits for that release and finds the key free (no lost
+-- wake-up). An expired row, about to be taken over, is locked FOR UPDATE:
+-- that waits for the transactions that guard it, so their writes come
 -- before the next grant's; the row is read again after, with the clock.
 -- The key's shared rows are locked FOR SHARE in lock_id order (the order
 -- of every statement that locks shared rows: releases and extends of
@@ -98,6 +102,7 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_exp bigint;
   v_id text;
+  v_busy boolean;
   v_hid text;
   v_holder text;
   v_delay bigint;
@@ -117,14 +122,21 @@ BEGIN
   -- shared rows. Its snapshot is taken under the caller's advisory lock,
   -- which every writer of holder rows and inserter of lock and shared rows
   -- holds, so none of them changes meanwhile; releases and extends may
-  -- (below). A shared row a release is deleting is still seen, so the
+  -- (a version they touch has its xmax set: then the row is locked and
+  -- read again). A shared row a release is deleting is still seen, so the
   -- locking read below waits for that release (no lost wake-up).
-  SELECT l.expires_at_ms, l.lock_id, h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms,
+  SELECT l.expires_at_ms, l.lock_id, l.xmax::text <> '0', h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms,
       EXISTS (SELECT 1 FROM {s} AS s WHERE s.key = p_key)
-    INTO v_exp, v_id, v_hid, v_holder, v_delay, v_until, v_wait, v_probe
+    INTO v_exp, v_id, v_busy, v_hid, v_holder, v_delay, v_until, v_wait, v_probe
     FROM (SELECT 1) AS x
     LEFT JOIN {t} AS l ON l.key = p_key
     LEFT JOIN {h} AS h ON h.key = p_key;
+  -- Re-reads below see the same lockId or no row (grants, the only
+  -- writers of lock_id, hold the advisory lock).
+  IF v_busy THEN
+    v_exp := NULL; v_id := NULL;
+    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR NO KEY UPDATE;
+  END IF;
   IF v_hid IS DISTINCT FROM v_id THEN
     v_holder := NULL;
     v_delay := NULL;
@@ -132,8 +144,7 @@ BEGIN
   c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   IF v_exp IS NOT NULL AND v_exp + greatest(1000, coalesce(v_delay, 0)) <= c_now THEN
     -- Expired: lock it and read it again (an extend in flight may have
-    -- made it live; a release, removed it). Its lockId stays (grants hold
-    -- the advisory lock), so the holder row's tie does too.
+    -- made it live).
     v_exp := NULL; v_id := NULL;
     SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR UPDATE;
     c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
