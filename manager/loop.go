@@ -86,6 +86,7 @@ func (m *Manager) run(st *loopState) {
 		case <-st.lis.done:
 			lm.Busy()
 			st.lis.ended()
+			st.lingering, st.lingerAt = nil, time.Time{}
 			st.closeWatches() // nothing reports their changes any more
 		case <-closing:
 			lm.Busy()
@@ -502,6 +503,7 @@ func (st *loopState) handleDue(now time.Time) {
 		return
 	}
 	st.dueWatch(now)
+	st.sweepLingering(now) // waiters.go
 	for len(st.retries) > 0 && !st.retries[0].at.After(now) {
 		e := heap.Pop(&st.retries).(retryEntry)
 		switch {

@@ -128,4 +128,7 @@ type testHooks struct {
 	// afterAcquire, if set, runs in the DB goroutine of an acquire batch
 	// after its statement was answered, before the answer is posted.
 	afterAcquire func()
+	// waiterLinger, if set, replaces waiterLinger (waiters.go); negative:
+	// a registration ends with its key's state.
+	waiterLinger time.Duration
 }
