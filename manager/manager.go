@@ -694,6 +694,9 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
 	case r.heldHere:
 		return pgerr.New(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
+	case r.lastErr != nil && unreachable(wrapped) && r.shed:
+		return pgerr.New(pglease.CodeOf(wrapped), op,
+			"the database did not answer before the wait ended; no lock was granted"+shedNote, wrapped)
 	case r.lastErr != nil && unreachable(wrapped):
 		return pgerr.New(pglease.CodeOf(wrapped), op,
 			"the database could not be reached before the wait ended (the key's last attempt, or a release it waited for, failed and no attempt since reached it); no lock was granted", wrapped)
@@ -701,6 +704,9 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	msg := "lock not acquired before the wait ended"
 	if r.heldBy != "" {
 		msg += " (held by " + r.heldBy + " when last checked)"
+	}
+	if r.shed {
+		msg += shedNote
 	}
 	return pgerr.New(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 }

@@ -79,6 +79,9 @@ type loopState struct {
 	// the next sweep (zero: none).
 	lingering map[string]time.Time
 	lingerAt  time.Time
+
+	shed      overload // owned by run: holding back acquires under overload (overload.go)
+	busyConns int      // owned by run: batches in flight other than extends, stuck ones included (lane.go: room)
 }
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
@@ -405,6 +408,9 @@ func (st *loopState) nextWake() time.Time {
 		next = s
 	}
 	if s := st.lingerAt; !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.nextShed(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
 	for len(st.retries) > 0 {

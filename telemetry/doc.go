@@ -195,6 +195,9 @@
 //	pglease.manager.loop.busy          metric, observable gauge   1          The share of time the Manager's loop was busy since the last
 //	                                                                         collection.
 //	pglease.manager.queue.depth        metric, observable gauge   {item}     The length of each Manager queue, by pglease.queue.
+//	pglease.manager.overload           metric, observable gauge   1          1 while the Manager holds back acquires because the database answers
+//	                                                                         slowly, so that held leases are renewed first; 0 otherwise (see
+//	                                                                         "Overload").
 //	db.client.operation.duration       metric, histogram          s          semconv: one round trip's duration; by db.system.name,
 //	                                                                         db.operation.name, server.address, server.port, db.namespace, and
 //	                                                                         for a failed one error.type and db.response.status_code.
