@@ -21,19 +21,21 @@ import (
 //   - Server time: every answered round trip's duration (from the moment
 //     the loop launched it: waiting for a connection included) is watched.
 //     One slower than slowRoundTrip (plus a little per item it carried),
-//     or an extend slower than a quarter of its leases' slack, or an
+//     or an extend slower than a quarter of its leases' slack (and than
+//     slowRoundTripMin: a short TTL's slack is small), or an
 //     extend that failed by its deadline, is pressure: the Manager starts
 //     shedding. While it sheds, acquire batches (exclusive, shared, sets;
 //     not releases, handoffs or extends) go out at most one per gap, and
 //     stuck batches are not hedged (a slow server, not a dead connection,
 //     is the likelier cause; a hedge would only add load).
-//     The gap is AIMD: it starts at the slow round trip's duration (at
-//     least shedGapMin), doubles at each pressure one round trip or more
-//     after the last doubling, up to shedGapMax, and shrinks by an eighth
-//     at each round trip answered in less than a quarter of
-//     slowRoundTrip. Shedding ends when no pressure has been seen for
-//     shedCalm (shedDue, on run's timer). Every Manager of a fleet does the same, so the fleet's
-//     acquires back off together until the extends fit.
+//     The gap starts at the slow round trip's duration (at least
+//     shedGapMin), doubles at each pressure one round trip or more after
+//     the last doubling, up to shedGapMax, and shrinks by an eighth at
+//     each round trip answered in less than a quarter of slowRoundTrip.
+//     Shedding ends when no pressure has been seen, and no batch has been
+//     in flight longer than slowRoundTrip, for shedCalm (shedDue, on
+//     run's timer). Every Manager of a fleet does the same, so the
+//     fleet's acquires back off together until the extends fit.
 //   - Visibility: pglease.manager.overload is 1 while the Manager sheds,
 //     one Warn log record says when it starts (the round trip that started
 //     it), one Info record when it ends; an acquire that times out while
@@ -110,7 +112,7 @@ func (st *loopState) observe(fl *flight, n int, err error, now time.Time) {
 	case err != nil:
 		// Not answered: a dead connection or an outage, which the
 		// stuck-batch and retry rules handle; no sign of overload.
-	case rt > slow+time.Duration(n)*slowPerItem || (fl.spec.kind == kindExtend && fl.slack > 0 && rt > fl.slack/4):
+	case rt > slow+time.Duration(n)*slowPerItem || (fl.spec.kind == kindExtend && fl.slack > 0 && rt > max(fl.slack/4, slowRoundTripMin)):
 		st.pressure(rt, op, now)
 	case rt < slow/4:
 		st.calm(now)
