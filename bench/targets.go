@@ -145,7 +145,7 @@ func computeTargets(res, base resultSet) []Target {
 		if h.Latency == "lag" {
 			lag = fmt.Sprintf("p50 %.1f ms, p99 %.1f ms, max %.1f ms", h.P50Ms, h.P99Ms, h.MaxMs)
 		}
-		add("4", "100,000 locks: extend lag", lag, nil)
+		add("4", "100,000 locks: extend lag (negative: sent early, at most TTL/12, to share a statement)", lag, nil)
 		add("4", "100,000 locks: Go heap per held lock", fmt.Sprintf("%.0f B", h.Extra["heap_B_per_lock"]), nil)
 	}
 	// 5. No regression: round trips per operation, advisory figures.

@@ -105,7 +105,8 @@
 // LISTENing on the notify channel. A release runs pg_notify(channel,
 // pglease.HashKey(key)), never the raw key, only when another process
 // waits for the key: a Manager whose attempt found the key taken
-// elsewhere, with callers still waiting, holds the key's waiter lock on
+// elsewhere, or failed (free or not is then unknown), with callers still
+// waiting, holds the key's waiter lock on
 // its listening session (waiters.go) and tries the key once more after
 // taking it. A notification for a key with waiters starts its next
 // attempt at once. Notifications are only a nudge: polling with backoff

@@ -297,6 +297,11 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 	}
 	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, obs.AttemptFailed, 0)
 	st.popTries(ks, acquireReply{err: err})
+	// Whether the key was free is unknown: register it as waited for
+	// (waiters.go), or a release elsewhere that nobody else waits for
+	// would not notify, and the waiters here would sleep through it until
+	// their retry.
+	st.wantWaiter(ks)
 	if len(ks.queue) > 0 {
 		st.scheduleRetry(ks, now, time.Time{})
 		noteAttempt(ks.queue, db, obs.AttemptFailed, ks.retryAt.Sub(now))

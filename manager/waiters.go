@@ -15,9 +15,10 @@ import (
 // A process tells the server it waits for a key by holding the key's
 // waiter lock (store.WaiterLockClass) on its listening connection:
 //
-//   - When an attempt finds the key taken by someone else and callers
-//     still wait for it, the loop asks the listener for the key's waiter
-//     lock (wantWaiter).
+//   - When an attempt finds the key taken by someone else, or fails
+//     (whether the key is free is then unknown), and callers still wait
+//     for it, the loop asks the listener for the key's waiter lock
+//     (wantWaiter).
 //   - The listener takes the locks asked for (store.RegisterWaiters) and
 //     posts the keys it registered; the loop then tries each of them once
 //     more: a release that committed before the registration could not
@@ -164,7 +165,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySo
 }
 
 // wantWaiter asks for ks's registration: an attempt found the key taken
-// by someone else and callers here still wait.
+// by someone else, or failed, and callers here still wait.
 func (st *loopState) wantWaiter(ks *keyState) {
 	if st.lis.mail == nil || ks.waitReg || (len(ks.queue) == 0 && len(ks.setWaiters()) == 0) || st.closing {
 		return

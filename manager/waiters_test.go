@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -245,5 +246,64 @@ func TestExtendBatchSize(t *testing.T) {
 		if err := lk.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A waiter whose attempt failed (an outage: here its statement ran out of
+// time) while the key was held by another Manager that never waited for
+// it, so that nobody had registered the key, is still woken by the
+// release: a failed attempt registers its keys as waited for too. Its
+// retries are a minute apart, so only that registration gets it the key
+// within the test's bound (the silent-host failover lost this wake-up
+// when the waiter's first attempt after the failover met a pooled
+// connection to the dead primary). Both an Acquire and an AcquireAll.
+func TestWaiterRegisteredAfterFailedAttempt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		kind batchKind
+		take func(ctx context.Context, m *Manager, key string) <-chan error
+	}{
+		{"acquire", kindAcquire, acquireAndRelease},
+		{"set", kindSets, func(ctx context.Context, m *Manager, key string) <-chan error {
+			got := make(chan error, 1)
+			go func() {
+				locks, err := m.AcquireAll(ctx, []string{key, key + ":free"})
+				for _, lk := range locks {
+					if err == nil {
+						err = lk.Release(ctx)
+					}
+				}
+				got <- err
+			}()
+			return got
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const timeout = 2 * time.Second
+			var sent atomic.Int32
+			// Not hedged (stuckAfter): the first attempt's statement runs
+			// out of time before it is sent.
+			w := setup(t, setupOpts{cfg: Config{Retry: noPolling, StatementTimeout: timeout}, hooks: testHooks{stuckAfter: time.Hour, beforeBatch: func(kind batchKind, n int) {
+				if kind == tc.kind && sent.Add(1) == 1 {
+					time.Sleep(timeout + 500*time.Millisecond)
+				}
+			}}})
+			h, _ := w.newPeer(t, Config{})
+			ctx := ctxT(t)
+			key := "waited-failed:" + w.schema
+			held, err := h.Acquire(ctx, key) // nobody waits for it: not registered
+			if err != nil {
+				t.Fatal(err)
+			}
+			wait(t, &w.sig.listening)
+			got := tc.take(ctx, w.m, key)
+			wait(t, &w.sig.retrying) // the first attempt failed
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			expectGrant(t, got, "waiter whose attempt failed not woken by the release: the key was never registered as waited for")
+		})
 	}
 }
