@@ -181,7 +181,8 @@ func computeTargets(res, base resultSet) []Target {
 		add("5", fmt.Sprintf("advisory %s C=%d ≥ %.0f %% of the baseline", r.Impl, r.Callers, 100*advisoryRegress),
 			fmt.Sprintf("%.0f vs %.0f/s (%.0f %%)", r.CyclesPerSec, b.CyclesPerSec, 100*share), boolp(share >= advisoryRegress))
 	}
-	return append(ts, primTargets(res)...)
+	ts = append(ts, primTargets(res)...)
+	return append(ts, fleetTargets(res)...) // bench/fleet_targets.go
 }
 
 // loadBaseline reads results printed by an earlier `bench -json` run (lines

@@ -120,6 +120,55 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	eventually(t, "the waiter's registration ends", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
 }
 
+// A key's waiter registration outlives its waiters for a while: waiting
+// for the key again soon takes no new registration (no listener round
+// trip, no extra attempt), and releases still wake the waiter; once the
+// linger has passed, the registration ends.
+func TestWaiterRegistrationLingers(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Retry: noPolling}
+	b := setup(t, setupOpts{cfg: cfg})
+	w, wsig := b.newPeer(t, cfg, testHooks{waiterLinger: time.Hour})
+	short, ssig := b.newPeer(t, cfg, testHooks{waiterLinger: 50 * time.Millisecond})
+	ctx := ctxT(t)
+	hot := "waited-linger:" + b.schema
+	wait(t, &wsig.listening)
+	wait(t, &ssig.listening)
+	for round := range 3 {
+		held, err := b.m.Acquire(ctx, hot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		handOver(t, ctx, held, w, wsig, hot, "the waiter was not woken by the release")
+		// The waiter forgot the key (granted, released). Give a
+		// registration that would end with it time to end.
+		time.Sleep(300 * time.Millisecond)
+		if n := waiterLocksHeld(t, b, hot); n != 1 {
+			t.Fatalf("round %d: %d waiter locks after the wait ended, want the lingering 1", round, n)
+		}
+		regs := 0
+		for {
+			select {
+			case n := <-wsig.registered.ch:
+				regs += n
+				continue
+			default:
+			}
+			break
+		}
+		if want := map[bool]int{true: 1, false: 0}[round == 0]; regs != want {
+			t.Fatalf("round %d: %d registrations, want %d (the lingering one serves again)", round, regs, want)
+		}
+	}
+	// A Manager whose registrations linger briefly drops them.
+	held, err := b.m.Acquire(ctx, hot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(t, ctx, held, short, ssig, hot, "the short-lingering waiter was not woken by the release")
+	eventually(t, "the short linger ends", func() bool { return waiterLocksHeld(t, b, hot) == 1 })
+}
+
 // A listener that reconnects takes its waiter locks again (a new session
 // holds none), so releases keep waking its waiters.
 func TestWaiterRegistrationAfterReconnect(t *testing.T) {
