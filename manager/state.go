@@ -73,6 +73,15 @@ type loopState struct {
 	// (revoke.go); nil while there are none.
 	revokedEarly map[string]time.Time
 	watch        watchLoop // owned by run: the watched keys (watch.go)
+
+	// lingering: owned by run: the waiter registrations kept after their
+	// key was forgotten, by NFC key, until when (waiters.go); lingerAt is
+	// the next sweep (zero: none).
+	lingering map[string]time.Time
+	lingerAt  time.Time
+
+	shed      overload // owned by run: holding back acquires under overload (overload.go)
+	busyConns int      // owned by run: batches in flight other than extends, stuck ones included (lane.go: room)
 }
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
@@ -232,6 +241,7 @@ func (st *loopState) keyFor(key, hash string) *keyState {
 			ks.fence, ks.hasFence = f, true
 			delete(st.fences, key)
 		}
+		st.resumeWaiter(ks) // a registration that lingers is the key's again (waiters.go)
 		st.keys[key] = ks
 	}
 	return ks
@@ -395,6 +405,12 @@ func (st *loopState) nextWake() time.Time {
 		next = s
 	}
 	if s := st.nextWatchWake(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.lingerAt; !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.nextShed(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
 	for len(st.retries) > 0 {
