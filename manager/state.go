@@ -73,6 +73,11 @@ type loopState struct {
 	// (revoke.go); nil while there are none.
 	revokedEarly map[string]time.Time
 	watch        watchLoop // owned by run: the watched keys (watch.go)
+
+	// foreign: owned by run: keys found held by a foreign (non-pglease)
+	// holder lately, by key hash, shared with them in time (handoff.go);
+	// empty in pure pglease fleets.
+	foreign map[string]*foreignKey
 }
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
@@ -202,6 +207,7 @@ func newLoopState(m *Manager) *loopState {
 		flights:      make(map[*flight]struct{}),
 		sets:         make(map[*acquireReq]*setWait),
 		fences:       make(map[string]pglease.Fence),
+		foreign:      make(map[string]*foreignKey),
 		loss:         newLossWatch((*Lock).lossTimerFired),
 		acquireSlots: slots{limit: m.acqLimit},
 		releaseSlots: slots{limit: m.relLimit},
@@ -301,6 +307,9 @@ func (st *loopState) kick(ks *keyState) {
 	head := ks.queue[0]
 	if head.shared && head.limit > 0 && ks.heldHere(head) {
 		return // a local release kicks the key
+	}
+	if st.foreignWait(ks) {
+		return // the key is left to foreign pollers for a while (handoff.go)
 	}
 	ks.woken = false
 	ks.chains++
@@ -645,6 +654,9 @@ func (st *loopState) granted(ks *keyState) {
 	if ks.cont != nil {
 		ks.cont.bo.Reset()
 		ks.cont.heldBy = ""
+	}
+	if len(st.foreign) > 0 {
+		st.noteForeignGrant(ks, time.Now())
 	}
 	ks.lastErr = nil
 	st.sig().granted.signal(ks.key)
