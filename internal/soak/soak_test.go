@@ -80,6 +80,11 @@ func smokeOptions(dir, bin string, seed uint64) driver.Options {
 		AcquireTimeout: 3 * time.Second, CloseTimeout: 5 * time.Second,
 		MaxHold: 20 * time.Millisecond, LongHold: 0.05,
 		FaultEvery: 1100 * time.Millisecond, Mix: mix, RoundRobin: true,
+		// One goroutine per worker on the other primitives: a semaphore
+		// of 2 (three holders can contend for it), a reader-writer key,
+		// sets from a pool of 4.
+		PrimG: 1, SemKeys: 1, SemLimit: 2, RWKeys: 1, RWWriters: 0.2, SetKeys: 4,
+		PrimHold: 200 * time.Millisecond, PrimPause: 100 * time.Millisecond,
 	}
 }
 
@@ -122,7 +127,11 @@ func TestSmoke(t *testing.T) {
 	if rep.LeaseGrants < 50 || rep.AdvGrants < 10 || rep.Writes < 50 {
 		t.Errorf("too little happened: %d lease grants, %d advisory grants, %d counter writes", rep.LeaseGrants, rep.AdvGrants, rep.Writes)
 	}
-	for _, c := range []string{check.CFences, check.CRegister, check.CLinear, check.CHolderEnded, check.CRecovery, check.CClose} {
+	if rep.Permits < 5 || rep.Readers < 5 || rep.PrimExclusive < 2 || rep.Sets < 5 {
+		t.Errorf("too few of the other primitives: %d permits, %d readers, %d exclusive grants of their keys, %d sets", rep.Permits, rep.Readers, rep.PrimExclusive, rep.Sets)
+	}
+	for _, c := range []string{check.CFences, check.CRegister, check.CLinear, check.CHolderEnded, check.CRecovery, check.CClose,
+		check.CSemBound, check.CRWExcl, check.CSets, check.CSharedFences, check.CRevoked} {
 		if rep.Check(c).Checked == 0 {
 			t.Errorf("check %s checked nothing", c)
 		}
@@ -140,14 +149,18 @@ type control struct {
 	longHold float64       // default 0.02
 	regular  bool          // faults every `every` exactly
 	targets  []int         // worker faults only on these
+	opts     func(*driver.Options)
 	want     []string
+	// wantSeen, when set, must be in an example of every check of want
+	// (e.g. "(server)": the failure was seen in the server's log).
+	wantSeen string
 }
 
 var controlList = []control{
 	{broken: "no-fence:0", mix: "sigstop=1,blackhole=1", want: []string{check.CRegister, check.CLinear}},
 	{broken: "ignore-loss:0", mix: "blackhole=1", want: []string{check.CHolderEnded}},
 	{broken: "old-fence:0", mix: "blackhole=1,cut=1", want: []string{check.CWrites}},
-	{broken: "fence-rollback", mix: "blackhole=1", want: []string{check.CFences}},
+	{broken: "fence-rollback", mix: "blackhole=1", want: []string{check.CFences, check.CSharedFences}},
 	// Long holds, so that leases are live when the driver moves their
 	// expiry back.
 	{broken: "clock-jump", mix: "blackhole=1", longHold: 0.5, want: []string{check.CNoticeTimely, check.CHolderEnded}},
@@ -164,6 +177,22 @@ var controlList = []control{
 	{broken: "panic:0", mix: "cut=1", want: []string{check.CHygiene}},
 	{broken: "race:0", mix: "cut=1", race: true, want: []string{check.CHygiene}},
 	{broken: "leak:0", mix: "cut=1", want: []string{check.CHygiene}},
+	// The primitives' controls. Worker 0 runs two goroutines of only the
+	// broken primitive, so that it breaks it even with nobody else there:
+	// with a semaphore of 1, each of its permits is refused while its
+	// other goroutine holds one; its two readers, logged as writers,
+	// overlap.
+	{broken: "fake-permit:0", mix: "cut=1", opts: func(o *driver.Options) { o.PrimG, o.SemLimit = 2, 1 }, want: []string{check.CSemBound}},
+	{broken: "reader-as-writer:0", mix: "cut=1", opts: func(o *driver.Options) { o.PrimG = 2 }, want: []string{check.CRWExcl}},
+	{broken: "partial-set", mix: "cut=1", want: []string{check.CSets}},
+	// The server side of the semaphore and reader-writer checks: the
+	// driver's triggers commit a permit nobody holds next to each permit,
+	// a reader nobody holds next to each writer.
+	{broken: "extra-permit", mix: "cut=1", want: []string{check.CSemBound}, wantSeen: "(server)"},
+	{broken: "reader-with-writer", mix: "cut=1", want: []string{check.CRWExcl}, wantSeen: "(server)"},
+	// Revokes of worker 0's leases, which it ignores: it works on (fenced)
+	// for 4 TTL.
+	{broken: "ignore-revoke:0", mix: "revoke=1", targets: []int{0}, want: []string{check.CRevoked}, wantSeen: "after it was told of the revoke"},
 }
 
 // TestControls runs a short soak per broken mode and checks that the
@@ -194,6 +223,9 @@ func TestControls(t *testing.T) {
 				o.FaultEvery = c.every
 			}
 			o.Regular, o.Targets = c.regular, c.targets
+			if c.opts != nil {
+				c.opts(&o)
+			}
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			if _, err := driver.Run(ctx, o); err != nil {
@@ -218,6 +250,8 @@ func TestControls(t *testing.T) {
 			for _, w := range c.want {
 				if rep.Check(w).Failed == 0 {
 					t.Errorf("%s: check %s did not fail", c.broken, w)
+				} else if c.wantSeen != "" && !slices.ContainsFunc(rep.Check(w).Examples, func(e string) bool { return strings.Contains(e, c.wantSeen) }) {
+					t.Errorf("%s: check %s failed, but no example has %q: %v", c.broken, w, c.wantSeen, rep.Check(w).Examples[:min(3, len(rep.Check(w).Examples))])
 				}
 			}
 		})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pglease/pglease/internal/soak/driver"
 	"github.com/pglease/pglease/internal/soak/event"
+	"github.com/pglease/pglease/internal/soak/worker"
 )
 
 // The checks on synthetic runs: a clean history passes every check, and
@@ -23,14 +24,15 @@ const sec = int64(time.Second)
 // advisory locks, a blackhole on worker 1, and a clean stop. Server
 // time = monotonic time (offset 0).
 type hist struct {
-	meta   driver.Meta
-	final  driver.Final
-	drv    []event.Event
-	wlog   map[string][]event.Event
-	locks  []lockLogRow
-	res    []resLogRow
-	stderr map[string]string
-	seq    int64
+	meta      driver.Meta
+	final     driver.Final
+	drv       []event.Event
+	wlog      map[string][]event.Event
+	locks     []lockLogRow
+	res       []resLogRow
+	sharedLog []sharedLogRow
+	stderr    map[string]string
+	seq       int64
 }
 
 func (h *hist) w(name string, e event.Event) { h.wlog[name] = append(h.wlog[name], e) }
@@ -170,6 +172,13 @@ func (h *hist) write(t *testing.T) string {
 		rows = append(rows, r)
 	}
 	lines("res_log.jsonl", rows)
+	if len(h.sharedLog) > 0 {
+		rows = rows[:0]
+		for _, r := range h.sharedLog {
+			rows = append(rows, r)
+		}
+		lines("shared_log.jsonl", rows)
+	}
 	for name, s := range h.stderr {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
 			t.Fatal(err)
@@ -365,5 +374,352 @@ func TestEachCheckFails(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// primHist is newHist plus the other primitives: permits of a semaphore
+// of 2 and an exclusive grant of its key, readers and a writer of a
+// reader-writer key, and a set of two keys.
+type primHist struct {
+	*hist
+	xid int64
+}
+
+var (
+	semK = worker.SemBase
+	rwK  = worker.RWBase
+	setA = worker.SetBase
+	setB = worker.SetBase + 1
+)
+
+func newPrimHist() *primHist {
+	h := &primHist{hist: newHist(), xid: 1000}
+	h.meta.PrimG, h.meta.SemKeys, h.meta.SemLimit, h.meta.RWKeys, h.meta.SetKeys = 1, 1, 2, 1, 2
+	ms := int64(time.Millisecond)
+	h.shared(0, semK, event.KindPermit, 2, 1, 2000*ms, 2500*ms)
+	h.shared(1, semK, event.KindPermit, 2, 2, 2100*ms, 2600*ms)
+	h.excl(0, semK, 3, 3000*ms, 3200*ms, 0)
+	h.shared(1, semK, event.KindPermit, 2, 4, 3500*ms, 3700*ms)
+	h.shared(0, rwK, event.KindReader, 0, 0, 5000*ms, 5400*ms)
+	h.shared(1, rwK, event.KindReader, 0, 0, 5100*ms, 5500*ms)
+	h.excl(0, rwK, 1, 6000*ms, 6200*ms, 0)
+	h.shared(1, rwK, event.KindReader, 0, 1, 6500*ms, 6700*ms)
+	h.set(1, []int{setA, setB}, []int64{1, 1}, 8000*ms, 8300*ms)
+	h.final.Fences[worker.KeyName(semK)] = 4
+	h.final.Fences[worker.KeyName(rwK)] = 1
+	h.final.Fences[worker.KeyName(setA)] = 1
+	h.final.Fences[worker.KeyName(setB)] = 1
+	return h
+}
+
+// sharedRow adds a row of the shared-hold table's audit log.
+func (h *primHist) sharedRow(tg string, k, lim int, fence int64, id string, atNs, expMs int64) {
+	h.seq++
+	h.xid++
+	h.sharedLog = append(h.sharedLog, sharedLogRow{Seq: h.seq, Tg: tg, UserKey: worker.KeyName(k), GrantID: id, Lim: lim, Fence: fence,
+		AcquiredMs: atNs / 1e6, ExpiresMs: expMs, AtUs: atNs / 1000, Xid: h.xid})
+}
+
+// lockRow adds a row of the lock table's audit log for key k.
+func (h *primHist) lockRow(tg string, k int, fence int64, id string, atNs, expMs, xid int64) {
+	h.seq++
+	h.locks = append(h.locks, lockLogRow{Seq: h.seq, Tg: tg, UserKey: worker.KeyName(k), IDHash: id, OldIDHash: id,
+		Fence: fence, AcquiredMs: atNs / 1e6, ExpiresMs: expMs, AtUs: atNs / 1000, Xid: xid})
+}
+
+// hold logs worker w's client side of a hold of k granted on the server
+// at from and released at to: called 1 ms before, returned 1 ms after the
+// grant, release called 1 ms before the delete.
+func (h *primHist) hold(w, k int, kind string, lim int, fence int64, id string, from, to int64, set int64) int64 {
+	name := fmt.Sprintf("w%d.0.jsonl", w)
+	ms := int64(time.Millisecond)
+	h.seq++
+	op := int64(w+1)<<40 | 1<<30 | h.seq
+	if set == 0 {
+		h.w(name, event.Event{T: from - ms, E: event.AcqCall, W: w, K: k, O: op, M: kind, L: lim})
+	}
+	h.w(name, event.Event{T: from + ms, E: event.AcqOK, W: w, K: k, O: op, P: set, F: fence, M: kind, L: lim, X: id})
+	h.w(name, event.Event{T: to - ms, E: event.RelCall, W: w, K: k, O: op, F: fence})
+	h.w(name, event.Event{T: to + ms/2, E: event.End, W: w, K: k, O: op, F: fence, C: "Released"})
+	h.w(name, event.Event{T: to + ms, E: event.RelRet, W: w, K: k, O: op, F: fence})
+	return op
+}
+
+func (h *primHist) shared(w, k int, kind string, lim int, fence, from, to int64) {
+	id := fmt.Sprintf("g%d", h.seq+1)
+	h.sharedRow("I", k, lim, fence, id, from, from/1e6+1000)
+	h.sharedRow("D", k, lim, fence, id, to, from/1e6+1000)
+	h.hold(w, k, kind, lim, fence, id, from, to, 0)
+}
+
+func (h *primHist) excl(w, k int, fence, from, to int64, set int64) {
+	id := fmt.Sprintf("x%d", h.seq+1)
+	h.xid++
+	h.lockRow("I", k, fence, id, from, from/1e6+1000, h.xid)
+	h.xid++
+	h.lockRow("D", k, fence, id, to, from/1e6+1000, h.xid)
+	h.hold(w, k, event.KindExclusive, 0, fence, "", from, to, set)
+}
+
+// set logs an AcquireAll of keys by worker w granted in one transaction
+// at from (fences: each key's), released at to.
+func (h *primHist) set(w int, keys []int, fences []int64, from, to int64) {
+	name := fmt.Sprintf("w%d.0.jsonl", w)
+	ms := int64(time.Millisecond)
+	h.seq++
+	op := int64(w+1)<<40 | 2<<30 | h.seq
+	list := make([]string, len(keys))
+	for i, k := range keys {
+		list[i] = fmt.Sprint(k)
+	}
+	h.w(name, event.Event{T: from - ms, E: event.SetCall, W: w, O: op, M: strings.Join(list, ",")})
+	h.w(name, event.Event{T: from + ms/2, E: event.SetOK, W: w, O: op, V: int64(len(keys)), M: strings.Join(list, ",")})
+	h.xid++
+	xid := h.xid
+	for i, k := range keys {
+		id := fmt.Sprintf("s%d-%d", op, i)
+		h.lockRow("I", k, fences[i], id, from+int64(i)*1000, from/1e6+1000, xid)
+	}
+	for i, k := range keys {
+		id := fmt.Sprintf("s%d-%d", op, i)
+		h.xid++
+		h.lockRow("D", k, fences[i], id, to+int64(i)*1000, from/1e6+1000, h.xid)
+		h.hold(w, k, event.KindSet, 0, fences[i], "", from, to, op)
+	}
+}
+
+func TestPrimCleanHistoryPasses(t *testing.T) {
+	rep := runChecks(t, newPrimHist().hist)
+	for _, c := range rep.Checks {
+		if c.Failed > 0 {
+			t.Errorf("%s failed on a clean history: %v", c.Name, c.Examples)
+		}
+	}
+	for _, name := range []string{CSemBound, CRWExcl, CSets, CSharedFences} {
+		if rep.Check(name).Checked == 0 {
+			t.Errorf("%s checked nothing", name)
+		}
+	}
+	if rep.LeaseGrants != 36 || rep.Permits != 3 || rep.Readers != 3 || rep.PrimExclusive != 2 || rep.Sets != 1 || rep.SetLocks != 2 || rep.PermitsMax != 2 {
+		t.Errorf("counts: %d lease grants, %d permits, %d readers, %d exclusive, %d sets (%d locks), %d most permits", rep.LeaseGrants,
+			rep.Permits, rep.Readers, rep.PrimExclusive, rep.Sets, rep.SetLocks, rep.PermitsMax)
+	}
+	if md := rep.Markdown(); !strings.Contains(md, "| 3 / 3 | 2 | 3 / 3 | 2 | 1 (2) |") {
+		t.Errorf("report lacks the primitives' row:\n%s", md)
+	}
+}
+
+// Each of the primitives' checks fails on a history with the defect it is
+// there for, seen by the server's log or by the holders.
+func TestPrimChecksFail(t *testing.T) {
+	ms := int64(time.Millisecond)
+	cases := []struct {
+		check, what string
+		mut         func(h *primHist)
+	}{
+		{CSemBound, "a third permit on the server and its holder", func(h *primHist) {
+			h.shared(0, semK, event.KindPermit, 2, 5, 2200*ms, 2400*ms)
+		}},
+		{CSemBound, "a permit of another limit on the server", func(h *primHist) {
+			for i := range h.sharedLog {
+				if h.sharedLog[i].Fence == 4 {
+					h.sharedLog[i].Lim = 3
+				}
+			}
+		}},
+		{CSemBound, "a permit with an exclusive holder, on the server", func(h *primHist) {
+			for i := range h.sharedLog {
+				if h.sharedLog[i].Fence == 4 && h.sharedLog[i].Tg == "I" {
+					h.sharedLog[i].AtUs = 3100 * ms / 1000
+				}
+			}
+		}},
+		{CSemBound, "a holder counts a refused permit as held", func(h *primHist) {
+			h.hold(0, semK, event.KindPermit, 2, 0, "", 2200*ms, 2400*ms, 0)
+		}},
+		{CRWExcl, "a reader on the server while the writer holds", func(h *primHist) {
+			h.sharedRow("I", rwK, 0, 1, "late", 6100*ms, 7100)
+			h.sharedRow("D", rwK, 0, 1, "late", 6150*ms, 7100)
+		}},
+		{CRWExcl, "a holder treats its reader grant as a writer's", func(h *primHist) {
+			for name, evs := range h.wlog {
+				for i, e := range evs {
+					if e.E == event.AcqOK && e.K == rwK && e.T == 5101*ms {
+						h.wlog[name][i].M = event.KindExclusive
+					}
+				}
+			}
+		}},
+		{CSets, "the set's transaction deleted one of its keys", func(h *primHist) {
+			var xid int64
+			for i := range h.locks {
+				switch {
+				case h.locks[i].UserKey == worker.KeyName(setB) && h.locks[i].Tg == "I":
+					xid = h.locks[i].Xid
+				case h.locks[i].UserKey == worker.KeyName(setB) && h.locks[i].Tg == "D":
+					h.locks[i].Xid = xid
+				}
+			}
+		}},
+		{CSets, "the holder got one of the two keys it asked for", func(h *primHist) {
+			for name, evs := range h.wlog {
+				for i, e := range evs {
+					if e.E == event.SetOK {
+						h.wlog[name][i].V, h.wlog[name][i].M = 1, fmt.Sprint(setA)
+					}
+				}
+			}
+		}},
+		{CSets, "the set's keys came from two transactions", func(h *primHist) {
+			for i := range h.locks {
+				if h.locks[i].UserKey == worker.KeyName(setB) && h.locks[i].Tg == "I" {
+					h.locks[i].Xid = 5
+				}
+			}
+		}},
+		{CSharedFences, "a permit's fence repeats an earlier one", func(h *primHist) {
+			for i := range h.sharedLog {
+				if h.sharedLog[i].Fence == 4 {
+					h.sharedLog[i].Fence = 2
+				}
+			}
+			for name, evs := range h.wlog {
+				for i, e := range evs {
+					if e.K == semK && e.F == 4 {
+						h.wlog[name][i].F = 2
+					}
+				}
+			}
+		}},
+		{CSharedFences, "a reader's fence is not the last granted", func(h *primHist) {
+			for i := range h.sharedLog {
+				if h.sharedLog[i].UserKey == worker.KeyName(rwK) && h.sharedLog[i].AtUs == 6500*ms/1000 {
+					h.sharedLog[i].Fence = 0
+				}
+			}
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.check+"/"+c.what, func(t *testing.T) {
+			h := newPrimHist()
+			c.mut(h)
+			rep := runChecks(t, h.hist)
+			if rep.Check(c.check).Failed == 0 {
+				t.Errorf("%s did not fail", c.check)
+			}
+			for _, ch := range rep.Checks {
+				if ch.Failed > 0 {
+					t.Logf("%s: %v", ch.Name, ch.Examples)
+				}
+			}
+		})
+	}
+}
+
+// revokeHist is newHist with fence 6's lease (worker 0, granted at 3.5 s)
+// revoked by the driver 50 ms after its grant; its holder is told 1 ms
+// later, stops, and its Release (at 3.6 s) finds the lease gone.
+func revokeHist() *hist {
+	h := newHist()
+	ms := int64(time.Millisecond)
+	t := 3500 * ms
+	for i := range h.locks {
+		if h.locks[i].Fence == 6 && h.locks[i].Tg == "D" {
+			h.locks[i].AtUs, h.locks[i].App = (t+50*ms)/1000, driver.RevokerApp
+		}
+	}
+	for i, e := range h.wlog["w0.0.jsonl"] {
+		switch {
+		case e.E == event.End && e.F == 6:
+			h.wlog["w0.0.jsonl"][i].T, h.wlog["w0.0.jsonl"][i].C = t+51*ms, "Revoked"
+		case e.E == event.RelRet && e.F == 6:
+			h.wlog["w0.0.jsonl"][i].C = "Revoked"
+		}
+	}
+	h.drv = append(h.drv, event.Event{T: t + 60*ms, E: event.Revoke, W: 0, O: 9, M: "soak:0", V: 1})
+	return h
+}
+
+func TestRevokeCheck(t *testing.T) {
+	rep := runChecks(t, revokeHist())
+	for _, c := range rep.Checks {
+		if c.Failed > 0 {
+			t.Errorf("%s failed on a clean history with a revoke: %v", c.Name, c.Examples)
+		}
+	}
+	if rep.Check(CRevoked).Checked < 2 || rep.Revokes != 1 || len(rep.RevokeNotice) != 1 || rep.RevokeNotice[0] != time.Millisecond {
+		t.Errorf("revoked-holder-stops checked %d; %d revokes, notices %v", rep.Check(CRevoked).Checked, rep.Revokes, rep.RevokeNotice)
+	}
+	ms := int64(time.Millisecond)
+	cases := []struct {
+		what string
+		mut  func(h *hist)
+	}{
+		{"told after the lease's expiry", func(h *hist) {
+			for i, e := range h.wlog["w0.0.jsonl"] {
+				if (e.E == event.End || e.E == event.RelCall || e.E == event.RelRet) && e.F == 6 {
+					h.wlog["w0.0.jsonl"][i].T += 1200 * ms
+				}
+			}
+		}},
+		{"a resource call long after the notice (the holder ignores the revoke)", func(h *hist) {
+			h.w("w0.0.jsonl", event.Event{T: 3500*ms + 1500*ms, E: event.ResCall, W: 0, O: 777, P: int64(1)<<40 | 60, F: 6, M: "read"})
+		}},
+		{"a write of the revoked fence accepted after the next holder's", func(h *hist) {
+			h.resRow(7, 6, 7, 7, 778, 4100*ms)
+			h.w("w0.0.jsonl", event.Event{T: 4099 * ms, E: event.ResCall, W: 0, O: 778, P: int64(1)<<40 | 60, F: 6, M: "claim"})
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.what, func(t *testing.T) {
+			h := revokeHist()
+			c.mut(h)
+			rep := runChecks(t, h)
+			if rep.Check(CRevoked).Failed == 0 {
+				t.Errorf("%s did not fail", CRevoked)
+			}
+			for _, ch := range rep.Checks {
+				if ch.Failed > 0 {
+					t.Logf("%s: %v", ch.Name, ch.Examples)
+				}
+			}
+		})
+	}
+}
+
+// A revoked writer hears of the revoke after a reader woken by it got the
+// key: the holders' hold overlap for that moment is not an exclusion
+// failure (the server ended the writer's grant at the revoke).
+func TestRevokedWriterOverlapsNextReader(t *testing.T) {
+	h := newPrimHist()
+	ms := int64(time.Millisecond)
+	// The writer (fence 1, granted at 6.0 s) is revoked at 6.05 s and told
+	// at 6.058 s; a reader gets the key at 6.052 s.
+	for i := range h.locks {
+		if h.locks[i].UserKey == worker.KeyName(rwK) && h.locks[i].Tg == "D" {
+			h.locks[i].AtUs, h.locks[i].App = 6050*ms/1000, driver.RevokerApp
+		}
+	}
+	for name, evs := range h.wlog {
+		for i, e := range evs {
+			if e.K == rwK && e.F == 1 && e.T > 6000*ms && e.T < 6300*ms {
+				switch e.E {
+				case event.End:
+					h.wlog[name][i].T, h.wlog[name][i].C = 6058*ms, "Revoked"
+				case event.RelCall, event.RelRet:
+					h.wlog[name][i].T = 6060*ms + e.T%ms
+				}
+			}
+		}
+	}
+	h.shared(1, rwK, event.KindReader, 0, 1, 6051*ms, 6100*ms)
+	rep := runChecks(t, h.hist)
+	for _, c := range rep.Checks {
+		if c.Failed > 0 {
+			t.Errorf("%s failed: %v", c.Name, c.Examples)
+		}
+	}
+	if rep.Check(CRevoked).Checked == 0 {
+		t.Errorf("revoked-holder-stops checked nothing")
 	}
 }

@@ -44,8 +44,8 @@ type Recovery struct {
 type Report struct {
 	Meta         driver.Meta
 	Dir          string
-	LeaseGrants  int // client-observed
-	ServerGrants int
+	LeaseGrants  int // client-observed, lease keys only (the other primitives' grants do not count)
+	ServerGrants int // lease keys only
 	AdvGrants    int
 	Writes       int // accepted counter writes (server log)
 	ResOps       int
@@ -60,6 +60,23 @@ type Report struct {
 	AdvGapMax    time.Duration
 	CloseMax     time.Duration
 	Notes        []string
+
+	// The other primitives: client-observed permits, readers and
+	// exclusive grants of semaphore and reader-writer keys; the server's
+	// permits and readers; sets granted and their locks; the most permits
+	// of a key live at once on the server.
+	Permits, Readers, PrimExclusive int
+	ServerPermits, ServerReaders    int
+	Sets, SetLocks                  int
+	PermitsMax                      int
+
+	// Revocations: revoke faults that revoked a live lease; how long each
+	// revoked holder took to hear of it (from the delete's commit), how
+	// many heard by a failed extend (ErrLockLost), how many released first.
+	Revokes        int
+	RevokeNotice   []time.Duration
+	RevokeLost     int
+	RevokeReleased int
 }
 
 // Violations is the number of failed items over all checks.
@@ -113,6 +130,11 @@ const (
 	CCoded        = "errors-coded"
 	CHygiene      = "no-panic-race-leak"
 	CClock        = "clock-steady"
+	CSemBound     = "semaphore-bound"
+	CRWExcl       = "rw-exclusion"
+	CSets         = "no-partial-set"
+	CSharedFences = "shared-fences"
+	CRevoked      = "revoked-holder-stops"
 )
 
 // Run loads the run in dir and runs every check.
@@ -123,11 +145,18 @@ func Run(dir string) (*Report, error) {
 	}
 	rep := &Report{Meta: r.meta, Dir: dir, FaultsByType: map[string]int{}, Errors: r.errs,
 		ClockSpan: time.Duration(r.offSpan)}
-	rep.LeaseGrants = len(r.grants)
-	rep.AdvGrants = len(r.advs)
-	for _, gs := range r.sgrants {
-		rep.ServerGrants += len(gs)
+	for _, g := range r.grants {
+		if isLeaseKey(g.key) {
+			rep.LeaseGrants++
+		}
 	}
+	rep.AdvGrants = len(r.advs)
+	for k, gs := range r.sgrants {
+		if isLeaseKey(k) {
+			rep.ServerGrants += len(gs)
+		}
+	}
+	r.primStats(rep)
 	rep.ResOps = len(r.resOps)
 	for _, row := range r.resLog {
 		if row.NewCounter != row.OldCounter {
@@ -150,6 +179,11 @@ func Run(dir string) (*Report, error) {
 		r.checkHolderEnded(),
 		r.checkNotice(rep),
 		r.checkAdvisory(),
+		r.checkSemaphore(rep),
+		r.checkRW(),
+		r.checkSets(rep),
+		r.checkSharedFences(),
+		r.checkRevoked(rep),
 	)
 	rc, recs := r.checkRecovery()
 	rep.Recoveries = recs
@@ -223,12 +257,12 @@ func (r *run) checkFences() *Check {
 		for i := 1; i < len(gs); i++ {
 			c.Checked++
 			if gs[i].fence <= gs[i-1].fence {
-				c.fail("key %d: server grant seq %d has fence %d after fence %d (seq %d)", k, gs[i].seq, gs[i].fence, gs[i-1].fence, gs[i-1].seq)
+				c.fail("%s: server grant seq %d has fence %d after fence %d (seq %d)", kn(k), gs[i].seq, gs[i].fence, gs[i-1].fence, gs[i-1].seq)
 			}
 		}
 		if len(gs) > 0 {
-			if fc, ok := r.final.Fences[fmt.Sprintf("soak:%d", k)]; ok && fc < gs[len(gs)-1].fence {
-				c.fail("key %d: fence counter %d below the last fence granted %d", k, fc, gs[len(gs)-1].fence)
+			if fc, ok := r.final.Fences[kn(k)]; ok && fc < gs[len(gs)-1].fence {
+				c.fail("%s: fence counter %d below the last fence granted %d", kn(k), fc, gs[len(gs)-1].fence)
 			}
 		}
 	}
@@ -238,7 +272,7 @@ func (r *run) checkFences() *Check {
 		byKey[g.key] = append(byKey[g.key], g)
 		id := [2]int64{int64(g.key), g.fence}
 		if o := seen[id]; o != nil {
-			c.fail("key %d: fence %d granted twice (worker %d.%d and %d.%d)", g.key, g.fence, o.w, o.inc, g.w, g.inc)
+			c.fail("%s: fence %d granted twice (worker %d.%d and %d.%d)", kn(g.key), g.fence, o.w, o.inc, g.w, g.inc)
 		}
 		seen[id] = g
 	}
@@ -259,7 +293,7 @@ func (r *run) checkFences() *Check {
 			}
 			c.Checked++
 			if maxG != nil && g.fence <= maxF {
-				c.fail("key %d: worker %d.%d got fence %d though fence %d (worker %d.%d) was granted before its Acquire began", k, g.w, g.inc, g.fence, maxF, maxG.w, maxG.inc)
+				c.fail("%s: worker %d.%d got fence %d though fence %d (worker %d.%d) was granted before its Acquire began", kn(k), g.w, g.inc, g.fence, maxF, maxG.w, maxG.inc)
 			}
 		}
 	}
@@ -279,7 +313,7 @@ func (r *run) checkGrantsCommitted() *Check {
 	for _, g := range r.grants {
 		c.Checked++
 		if !have[[2]int64{int64(g.key), g.fence}] {
-			c.fail("worker %d.%d got key %d fence %d, which the server never committed", g.w, g.inc, g.key, g.fence)
+			c.fail("worker %d.%d got %s fence %d, which the server never committed", g.w, g.inc, kn(g.key), g.fence)
 		}
 	}
 	return c
@@ -356,7 +390,9 @@ func (r *run) checkWrites() *Check {
 		// in flight may meet the next holder's). Before a notice, the
 		// server still had the lease until at least margin + 1 s later,
 		// so nobody could have written a newer fence.
+		_, rv := r.revoked(g)
 		switch {
+		case rv: // a revoke frees the key at once: the next holder's claim may come before the notice
 		case g.endCode == "Closed":
 		case g.endCode == "LockLost" && op.callT >= g.endT:
 		default:
@@ -397,6 +433,12 @@ func (r *run) checkHolderEnded() *Check {
 		if next == nil {
 			continue
 		}
+		if _, rv := r.revoked(g); rv {
+			// A revoke frees the key at once: the holder hears of it as
+			// the next grant may be made (revoked-holder-stops checks it).
+			c.Skipped++
+			continue
+		}
 		stop, ok := g.stopped()
 		if r.pausedDuring(g.w, g.callT, max(stop, next.atT)) {
 			c.Skipped++
@@ -404,11 +446,11 @@ func (r *run) checkHolderEnded() *Check {
 		}
 		c.Checked++
 		if !ok {
-			c.fail("key %d: worker %d.%d (fence %d) never stopped, yet fence %d was granted", g.key, g.w, g.inc, g.fence, next.fence)
+			c.fail("%s: worker %d.%d (fence %d) never stopped, yet fence %d was granted", kn(g.key), g.w, g.inc, g.fence, next.fence)
 			continue
 		}
 		if stop >= next.atT {
-			c.fail("key %d: worker %d.%d (fence %d) stopped %s after fence %d was granted (end %q)", g.key, g.w, g.inc, g.fence,
+			c.fail("%s: worker %d.%d (fence %d) stopped %s after fence %d was granted (end %q)", kn(g.key), g.w, g.inc, g.fence,
 				time.Duration(stop-next.atT).Round(time.Microsecond), next.fence, g.endCode)
 		}
 	}
@@ -423,6 +465,9 @@ func (r *run) checkNotice(rep *Report) *Check {
 	for _, g := range r.grants {
 		if g.endCode != "LockLost" {
 			continue
+		}
+		if _, rv := r.revoked(g); rv {
+			continue // a revoked holder that missed the notice hears of it at its next extend, after the delete (revoked-holder-stops)
 		}
 		if r.pausedDuring(g.w, g.callT, g.endT) {
 			c.Skipped++
@@ -439,10 +484,10 @@ func (r *run) checkNotice(rep *Report) *Check {
 			continue
 		}
 		if s.deletedT > 0 && g.endT >= s.deletedT {
-			c.fail("key %d: worker %d.%d (fence %d) heard of the loss %s after the server deleted the lease", g.key, g.w, g.inc, g.fence,
+			c.fail("%s: worker %d.%d (fence %d) heard of the loss %s after the server deleted the lease", kn(g.key), g.w, g.inc, g.fence,
 				time.Duration(g.endT-s.deletedT).Round(time.Microsecond))
 		} else {
-			c.fail("key %d: worker %d.%d (fence %d) heard of the loss %s after the lease expired on the server", g.key, g.w, g.inc, g.fence,
+			c.fail("%s: worker %d.%d (fence %d) heard of the loss %s after the lease expired on the server", kn(g.key), g.w, g.inc, g.fence,
 				time.Duration(-left).Round(time.Microsecond))
 		}
 	}
@@ -533,9 +578,11 @@ func (r *run) nextFaultOn(w int, f *fault) int64 {
 func (r *run) checkRecovery() (*Check, []*Recovery) {
 	bound := r.recoveryBound()
 	c := &Check{Name: CRecovery, Guarantee: fmt.Sprintf("takeover, reconnection, dead connections cost one bounded timeout: each fault's target gets a lease again within %s of the heal", bound)}
-	okTimes := map[int][]int64{} // per worker, sorted grant times
+	okTimes := map[int][]int64{} // per worker, sorted grant times (lease keys)
 	for _, g := range r.grants {
-		okTimes[g.w] = append(okTimes[g.w], g.okT)
+		if isLeaseKey(g.key) {
+			okTimes[g.w] = append(okTimes[g.w], g.okT)
+		}
 	}
 	for _, ts := range okTimes {
 		sort.Slice(ts, func(i, j int) bool { return ts[i] < ts[j] })
@@ -703,9 +750,12 @@ func (r *run) checkClose(rep *Report) *Check {
 // left to expire), and after every worker closed no live lease row and no
 // advisory lock is left.
 func (r *run) checkLeftovers() *Check {
-	c := &Check{Name: CLeftovers, Guarantee: "close is bounded: Close releases every lease it holds; afterwards no live lease row and no advisory lock is left", Checked: 2}
+	c := &Check{Name: CLeftovers, Guarantee: "close is bounded: Close releases every lease and shared hold it holds; afterwards no live lease row, shared hold or advisory lock is left", Checked: 3}
 	if r.final.LiveRows > 0 {
 		c.fail("%d unexpired lease rows left after every worker closed", r.final.LiveRows)
+	}
+	if r.final.LiveShared > 0 {
+		c.fail("%d unexpired shared holds left after every worker closed", r.final.LiveShared)
 	}
 	if r.final.AdvisoryLocks > 0 {
 		c.fail("%d advisory locks still held after every worker closed", r.final.AdvisoryLocks)
@@ -730,9 +780,10 @@ func (r *run) checkLeftovers() *Check {
 			released, _ = s.aliveAt(s.deletedT-1, r.offset)
 		}
 		if !released {
-			c.fail("key %d: worker %d.%d held fence %d at the stop and its Close did not release it", g.key, g.w, g.inc, g.fence)
+			c.fail("%s: worker %d.%d held fence %d at the stop and its Close did not release it", kn(g.key), g.w, g.inc, g.fence)
 		}
 	}
+	r.sharedLeftovers(c)
 	return c
 }
 

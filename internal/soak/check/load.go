@@ -15,6 +15,7 @@ package check
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,17 +26,24 @@ import (
 
 	"github.com/pglease/pglease/internal/soak/driver"
 	"github.com/pglease/pglease/internal/soak/event"
+	"github.com/pglease/pglease/internal/soak/worker"
 )
 
-// grant is one lease grant as a worker saw it.
+// grant is one grant as a worker saw it: a lease (r.grants: lease keys,
+// writers, exclusive grants of semaphore keys, a set's locks) or a shared
+// hold (r.shared: readers, permits).
 type grant struct {
 	op        int64
 	w, inc, g int
 	key       int
 	fence     int64
-	callT     int64 // Acquire called
-	okT       int64 // Acquire returned
-	endT      int64 // Context ended (0: never logged)
+	kind      string // event.Kind*
+	lim       int    // a permit's limit
+	grantID   string // pg.GrantID of the lockId ("" for a permit that was never granted)
+	set       int64  // a set's lock: the set's op id
+	callT     int64  // Acquire called
+	okT       int64  // Acquire returned
+	endT      int64  // Context ended (0: never logged)
 	endCode   string
 	stopT     int64 // broken workers: when they stopped working (0: none)
 	relT      int64 // Release called (0: never)
@@ -116,6 +124,18 @@ type fault struct {
 
 type interval struct{ from, to int64 }
 
+// setCall is one AcquireAll as a worker saw it.
+type setCall struct {
+	op        int64
+	w, inc, g int
+	asked     []int // key indexes asked
+	got       []int // key indexes of the locks returned (SetOK)
+	n         int   // locks returned
+	callT     int64
+	okT       int64 // 0: no SetOK (failed, or the process died)
+	locks     []*grant
+}
+
 // serverGrant is one grant as the server's audit log has it.
 type serverGrant struct {
 	key       int
@@ -128,6 +148,52 @@ type serverGrant struct {
 	changeT   []int64 // mono time of each change
 	deletedT  int64   // mono time of its release/cleanup/takeover (0: still there)
 	deletedBy string  // "D": deleted (release, cleanup); "U": taken over (a local handoff, or after expiry)
+	xid       int64   // the granting transaction
+	deletedTx bool    // deleted by the transaction that granted it (never committed as a grant)
+	revokedT  int64   // mono time of its delete by the driver's revoking Manager (0: not revoked)
+	revokeExp int64   // mono time of its expiry in force then
+}
+
+// liveEnd is the mono time from which the grant is no longer live on the
+// server: its deletion or takeover, or its last expiry + the 1 s
+// tolerance, whichever comes first (an expired lease cannot be extended,
+// so its expiry in force only grows while it lives).
+func (s *serverGrant) liveEnd(offset int64) int64 {
+	end := (s.expires[len(s.expires)-1]+1000)*1e6 - offset
+	if s.deletedT > 0 {
+		end = min(end, s.deletedT)
+	}
+	return end
+}
+
+// revoked reports whether client grant g's lease was revoked (deleted by
+// the driver's revoking Manager) and returns its server record.
+func (r *run) revoked(g *grant) (*serverGrant, bool) {
+	s := r.serverGrant(g.key, g.fence)
+	return s, s != nil && s.revokedT > 0
+}
+
+// serverShared is one shared hold (a reader or a permit) as the server's
+// audit log of the shared-hold table has it.
+type serverShared struct {
+	key      int
+	lim      int
+	fence    int64
+	grantID  string
+	seq      int64
+	xid      int64
+	app      string
+	atT      int64   // mono time of its insert
+	expires  []int64 // expires_at_ms after each change
+	deletedT int64   // mono time of its delete (release, cleanup of an expired row; 0: still there)
+}
+
+func (s *serverShared) liveEnd(offset int64) int64 {
+	end := (s.expires[len(s.expires)-1]+1000)*1e6 - offset
+	if s.deletedT > 0 {
+		end = min(end, s.deletedT)
+	}
+	return end
 }
 
 // aliveAt reports whether the lease was live on the server at mono time t
@@ -157,7 +223,22 @@ type lockLogRow struct {
 	ExpiresMs    int64  `json:"expires_ms"`
 	OldExpiresMs int64  `json:"old_expires_ms"`
 	AtUs         int64  `json:"at_us"`
+	Xid          int64  `json:"xid"`
 	App          string `json:"app"`
+}
+
+type sharedLogRow struct {
+	Seq        int64  `json:"seq"`
+	Tg         string `json:"tg"`
+	UserKey    string `json:"user_key"`
+	GrantID    string `json:"grant_id"`
+	Lim        int    `json:"lim"`
+	Fence      int64  `json:"fence"`
+	AcquiredMs int64  `json:"acquired_ms"`
+	ExpiresMs  int64  `json:"expires_ms"`
+	AtUs       int64  `json:"at_us"`
+	Xid        int64  `json:"xid"`
+	App        string `json:"app"`
 }
 
 type resLogRow struct {
@@ -180,9 +261,12 @@ type run struct {
 	offSpan int64
 
 	grants  map[int64]*grant // by op id
+	shared  map[int64]*grant // readers and permits, by op id
+	sets    map[int64]*setCall
 	resOps  map[int64]*resOp
 	advs    map[int64]*advGrant
 	faults  []*fault
+	revokes []event.Event      // the revoke faults' outcomes
 	pauses  map[int][]interval // SIGSTOP periods per worker
 	srvDown []interval
 	spawns  map[[2]int]int64 // (w, inc) → spawn time
@@ -195,9 +279,19 @@ type run struct {
 	endT    int64 // last event
 	lastEvT map[[2]int]int64
 
-	lockLog []lockLogRow
-	resLog  []resLogRow
-	sgrants map[int][]*serverGrant // per key, in grant order
+	lockLog   []lockLogRow
+	resLog    []resLogRow
+	sgrants   map[int][]*serverGrant // per key, in grant order
+	sharedLog []sharedLogRow
+	sshared   map[int][]*serverShared // per key, in grant order
+}
+
+// grantOf returns the grant (lease or shared hold) of op id.
+func (r *run) grantOf(op int64) *grant {
+	if g := r.grants[op]; g != nil {
+		return g
+	}
+	return r.shared[op]
 }
 
 type deathInfo struct {
@@ -210,7 +304,7 @@ var workerLogRe = regexp.MustCompile(`^w(\d+)\.(\d+)\.jsonl$`)
 var stderrRe = regexp.MustCompile(`^w(\d+)\.(\d+)\.stderr$`)
 
 func load(dir string) (*run, error) {
-	r := &run{dir: dir, grants: map[int64]*grant{}, resOps: map[int64]*resOp{}, advs: map[int64]*advGrant{},
+	r := &run{dir: dir, grants: map[int64]*grant{}, shared: map[int64]*grant{}, sets: map[int64]*setCall{}, sshared: map[int][]*serverShared{}, resOps: map[int64]*resOp{}, advs: map[int64]*advGrant{},
 		pauses: map[int][]interval{}, spawns: map[[2]int]int64{}, deaths: map[[2]int]deathInfo{},
 		closes: map[[2]int]int64{}, errs: map[string]int{}, lastEvT: map[[2]int]int64{}, sgrants: map[int][]*serverGrant{}}
 	if err := readJSON(filepath.Join(dir, "meta.json"), &r.meta); err != nil {
@@ -278,6 +372,8 @@ func (r *run) loadDriver() error {
 				r.srvDown = append(r.srvDown, interval{downFrom, e.T})
 				downFrom = 0
 			}
+		case event.Revoke:
+			r.revokes = append(r.revokes, e)
 		case event.Spawn:
 			r.spawns[[2]int{e.W, e.I}] = e.T
 		case event.Died:
@@ -321,26 +417,47 @@ func (r *run) loadWorker(path string) error {
 		case event.AcqCall, event.AdvCall:
 			pending[e.O] = e.T
 		case event.AcqOK:
-			r.grants[e.O] = &grant{op: e.O, w: e.W, inc: e.I, g: e.G, key: e.K, fence: e.F, callT: pending[e.O], okT: e.T}
-		case event.AcqErr, event.AdvErr:
+			call := pending[e.O]
+			if e.P != 0 {
+				call = pending[e.P]
+			}
+			g := &grant{op: e.O, w: e.W, inc: e.I, g: e.G, key: e.K, fence: e.F, kind: e.M, lim: e.L, grantID: e.X, set: e.P,
+				callT: call, okT: e.T}
+			switch e.M {
+			case event.KindReader, event.KindPermit:
+				r.shared[e.O] = g
+			default:
+				r.grants[e.O] = g
+			}
+			if s := r.sets[e.P]; s != nil && e.P != 0 {
+				s.locks = append(s.locks, g)
+			}
+		case event.AcqErr, event.AdvErr, event.SetErr:
 			code()
+		case event.SetCall:
+			pending[e.O] = e.T
+			r.sets[e.O] = &setCall{op: e.O, w: e.W, inc: e.I, g: e.G, asked: parseInts(e.M), callT: e.T}
+		case event.SetOK:
+			if s := r.sets[e.O]; s != nil {
+				s.okT, s.n, s.got = e.T, int(e.V), parseInts(e.M)
+			}
 		case event.End:
-			if g := r.grants[e.O]; g != nil {
+			if g := r.grantOf(e.O); g != nil {
 				g.endT, g.endCode = e.T, e.C
 			}
 			if e.C != "Released" {
 				code()
 			}
 		case event.Stop:
-			if g := r.grants[e.O]; g != nil {
+			if g := r.grantOf(e.O); g != nil {
 				g.stopT = e.T
 			}
 		case event.RelCall:
-			if g := r.grants[e.O]; g != nil {
+			if g := r.grantOf(e.O); g != nil {
 				g.relT = e.T
 			}
 		case event.RelRet:
-			if g := r.grants[e.O]; g != nil {
+			if g := r.grantOf(e.O); g != nil {
 				g.relRetT, g.relCode = e.T, e.C
 			}
 			code()
@@ -384,6 +501,16 @@ func (r *run) loadWorker(path string) error {
 	})
 }
 
+func parseInts(s string) []int {
+	var xs []int
+	for _, f := range strings.Split(s, ",") {
+		if n, err := strconv.Atoi(strings.TrimSpace(f)); err == nil {
+			xs = append(xs, n)
+		}
+	}
+	return xs
+}
+
 func firstLines(s string, n int) string {
 	lines := strings.SplitN(s, "\n", n+1)
 	if len(lines) > n {
@@ -413,9 +540,11 @@ func (r *run) scanStderr(path, name string) {
 // attachDeaths marks grants whose process died (killed, or by itself)
 // while they were held, with the time of death.
 func (r *run) attachDeaths() {
-	for _, g := range r.grants {
-		if d, ok := r.deaths[[2]int{g.w, g.inc}]; ok && g.relT == 0 && g.endT == 0 {
-			g.deathT = d.t
+	for _, gs := range []map[int64]*grant{r.grants, r.shared} {
+		for _, g := range gs {
+			if d, ok := r.deaths[[2]int{g.w, g.inc}]; ok && g.relT == 0 && g.endT == 0 {
+				g.deathT = d.t
+			}
 		}
 	}
 	for _, a := range r.advs {
@@ -425,10 +554,10 @@ func (r *run) attachDeaths() {
 	}
 }
 
-func keyIndex(userKey string) (int, bool) {
-	n, err := strconv.Atoi(strings.TrimPrefix(userKey, "soak:"))
-	return n, err == nil && strings.HasPrefix(userKey, "soak:")
-}
+func keyIndex(userKey string) (int, bool) { return worker.KeyIndex(userKey) }
+
+// kn names key index k in messages.
+func kn(k int) string { return worker.KeyName(k) }
 
 func (r *run) loadServer() error {
 	f, err := os.Open(filepath.Join(r.dir, "lock_log.jsonl"))
@@ -452,7 +581,7 @@ func (r *run) loadServer() error {
 		t := row.AtUs*1000 - r.offset
 		newGrant := func() {
 			s := &serverGrant{key: k, fence: row.Fence, idHash: row.IDHash, seq: row.Seq, atT: t, acqMs: row.AcquiredMs,
-				expires: []int64{row.ExpiresMs}, changeT: []int64{t}}
+				expires: []int64{row.ExpiresMs}, changeT: []int64{t}, xid: row.Xid}
 			byID[row.IDHash] = s
 			r.sgrants[k] = append(r.sgrants[k], s)
 		}
@@ -472,10 +601,18 @@ func (r *run) loadServer() error {
 		case "D":
 			if s := byID[row.IDHash]; s != nil && s.deletedT == 0 {
 				s.deletedT, s.deletedBy = t, "D"
+				s.deletedTx = row.Xid != 0 && row.Xid == s.xid
+				if row.App == driver.RevokerApp {
+					s.revokedT = t
+					s.revokeExp = row.ExpiresMs*1e6 - r.offset
+				}
 			}
 		}
 	}
 	if err := sc.Err(); err != nil {
+		return err
+	}
+	if err := r.loadShared(); err != nil {
 		return err
 	}
 	rf, err := os.Open(filepath.Join(r.dir, "res_log.jsonl"))
@@ -491,6 +628,50 @@ func (r *run) loadServer() error {
 			return err
 		}
 		r.resLog = append(r.resLog, row)
+	}
+	return sc.Err()
+}
+
+// loadShared reads the shared-hold table's audit log (absent in runs made
+// before the soak ran the other primitives: nothing to load).
+func (r *run) loadShared() error {
+	f, err := os.Open(filepath.Join(r.dir, "shared_log.jsonl"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	byID := map[string]*serverShared{}
+	for sc.Scan() {
+		var row sharedLogRow
+		if err := json.Unmarshal(sc.Bytes(), &row); err != nil {
+			return err
+		}
+		r.sharedLog = append(r.sharedLog, row)
+		k, ok := keyIndex(row.UserKey)
+		if !ok {
+			continue
+		}
+		t := row.AtUs*1000 - r.offset
+		switch row.Tg {
+		case "I":
+			s := &serverShared{key: k, lim: row.Lim, fence: row.Fence, grantID: row.GrantID, seq: row.Seq, xid: row.Xid, app: row.App,
+				atT: t, expires: []int64{row.ExpiresMs}}
+			byID[row.GrantID] = s
+			r.sshared[k] = append(r.sshared[k], s)
+		case "U":
+			if s := byID[row.GrantID]; s != nil {
+				s.expires = append(s.expires, row.ExpiresMs)
+			}
+		case "D":
+			if s := byID[row.GrantID]; s != nil && s.deletedT == 0 {
+				s.deletedT = t
+			}
+		}
 	}
 	return sc.Err()
 }

@@ -49,6 +49,13 @@ func (rep *Report) Markdown() string {
 	}
 	fmt.Fprintf(&b, "| lease cycles (client grants) | server grants | advisory cycles | resource ops | counter writes | faults | violations |\n|---|---|---|---|---|---|---|\n")
 	fmt.Fprintf(&b, "| %d | %d | %d | %d | %d | %d | %d |\n\n", rep.LeaseGrants, rep.ServerGrants, rep.AdvGrants, rep.ResOps, rep.Writes, faults, rep.Violations())
+	if m.PrimG > 0 {
+		fmt.Fprintf(&b, "Other primitives (%d goroutines per worker; %d semaphore keys of %d, %d reader-writer keys with %.0f %% writers, sets of 2–3 of %d keys; holds < %s):\n\n",
+			m.PrimG, m.SemKeys, m.SemLimit, m.RWKeys, 100*m.RWWriters, m.SetKeys, m.PrimHold)
+		fmt.Fprintf(&b, "| permits (client / server) | most live permits of a key (server) | readers (client / server) | exclusive grants of semaphore and reader-writer keys | sets granted (locks) |\n|---|---|---|---|---|\n")
+		fmt.Fprintf(&b, "| %d / %d | %d | %d / %d | %d | %d (%d) |\n\n", rep.Permits, rep.ServerPermits, rep.PermitsMax, rep.Readers, rep.ServerReaders,
+			rep.PrimExclusive, rep.Sets, rep.SetLocks)
+	}
 
 	fmt.Fprintf(&b, "| fault | count | recovery p50 | recovery max | bound | over bound | censored |\n|---|---|---|---|---|---|---|\n")
 	for _, rc := range rep.Recoveries {
@@ -67,6 +74,15 @@ func (rep *Report) Markdown() string {
 	b.WriteString("\n")
 	if n := len(rep.NoticeLeft); n > 0 {
 		fmt.Fprintf(&b, "Loss notices: %d, lease left on the server at the notice: min %s, p50 %s.  ", n, ms(rep.NoticeLeft[0]), ms(rep.NoticeLeft[n/2]))
+	}
+	if rep.Revokes > 0 {
+		fmt.Fprintf(&b, "Revocations: %d live leases revoked; holders told after", rep.Revokes)
+		if n := len(rep.RevokeNotice); n > 0 {
+			fmt.Fprintf(&b, " p50 %s, max %s (%d by a failed extend, ErrLockLost)", ms(rep.RevokeNotice[n/2]), ms(rep.RevokeNotice[n-1]), rep.RevokeLost)
+		} else {
+			b.WriteString(" –")
+		}
+		fmt.Fprintf(&b, "; %d released before they heard.  ", rep.RevokeReleased)
 	}
 	fmt.Fprintf(&b, "Longest lease-key gap %s, advisory-key gap %s; slowest Close %s; porcupine: %d ops in %d segments, %d illegal, %d timed out, %d ambiguous writes resolved applied / %d not (%s).\n\n",
 		ms(rep.KeyGapMax), ms(rep.AdvGapMax), ms(rep.CloseMax), rep.Linear.Ops, rep.Linear.Segments, rep.Linear.Illegal, rep.Linear.Unknown,

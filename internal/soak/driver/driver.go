@@ -28,9 +28,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/faultproxy"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/soak/event"
+	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/migrate"
 )
@@ -60,12 +62,14 @@ type proc struct {
 }
 
 type driver struct {
-	o       Options
-	log     *event.Writer
-	cluster *pgtest.Cluster
-	dbURL   string
-	admin   *pgxpool.Pool
-	proxies []*faultproxy.Proxy
+	o           Options
+	log         *event.Writer
+	cluster     *pgtest.Cluster
+	dbURL       string
+	admin       *pgxpool.Pool
+	revoker     *manager.Manager // revoke faults: its own Manager (application_name RevokerApp)
+	revokerPool *pgxpool.Pool
+	proxies     []*faultproxy.Proxy
 
 	mu       sync.Mutex
 	procs    []*proc // current process per worker id
@@ -144,6 +148,13 @@ func Run(ctx context.Context, o Options) (*Meta, error) {
 		meta.Machine += ", PostgreSQL " + strings.Fields(ver)[0]
 	}
 	defer d.admin.Close()
+	if err := d.startRevoker(ctx); err != nil {
+		return nil, err
+	}
+	defer func() {
+		_ = d.revoker.Close(context.Background())
+		d.revokerPool.Close()
+	}()
 	d.ev(event.Event{E: event.Offset, W: -1, V: event.RealtimeOffset()})
 	d.ev(event.Event{E: event.ServerUp, W: -1})
 
@@ -256,8 +267,82 @@ func (d *driver) setupDB(ctx context.Context) error {
 	if _, err := d.admin.Exec(ctx, setupSQL); err != nil {
 		return err
 	}
+	if sql := brokenSQL[d.brokenMd]; sql != "" {
+		if _, err := d.admin.Exec(ctx, sql); err != nil {
+			return err
+		}
+	}
 	_, err = d.admin.Exec(ctx, "INSERT INTO soak_res (key) SELECT generate_series(0, $1 - 1)", d.o.Keys)
 	return err
+}
+
+// RevokerApp is the application_name of the driver's revoking Manager:
+// the lock table's audit tells its revokes (deletes) by it.
+const RevokerApp = "soak-revoker"
+
+// startRevoker starts the Manager revoke faults use, on a pool of its own
+// straight to the server (not through a worker's proxy).
+func (d *driver) startRevoker(ctx context.Context) error {
+	cfg, err := pgxpool.ParseConfig(d.dbURL)
+	if err != nil {
+		return err
+	}
+	cfg.MaxConns = 2
+	cfg.ConnConfig.RuntimeParams["application_name"] = RevokerApp
+	if err := pg.ConfigurePool(cfg); err != nil {
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	d.revoker, err = manager.New(pool, manager.Config{Config: pg.Config{Holder: RevokerApp}})
+	if err != nil {
+		pool.Close()
+		return err
+	}
+	d.revokerPool = pool
+	return nil
+}
+
+// revoke revokes one key worker w holds (exclusively: leases, writers,
+// a set's locks), drawn with param, trying again for up to a second when
+// it holds none at the moment. It logs the outcome.
+func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for try := 0; try < 20 && ctx.Err() == nil; try++ {
+		var keys []string
+		rows, err := d.admin.Query(ctx, `SELECT l.user_key FROM syncguard_locks l
+			JOIN syncguard_locks_holders h ON h.key = l.key AND h.lock_id = l.lock_id
+			WHERE h.holder = $1 AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)
+			ORDER BY l.user_key`, fmt.Sprintf("soak-w%d", w))
+		if err == nil {
+			for rows.Next() {
+				var k string
+				if rows.Scan(&k) == nil {
+					keys = append(keys, k)
+				}
+			}
+			rows.Close()
+		}
+		if len(keys) == 0 {
+			sleepCtx(ctx, 50*time.Millisecond)
+			continue
+		}
+		key := keys[int(param*float64(len(keys)))%len(keys)]
+		ok, err := d.revoker.Revoke(ctx, key)
+		e := event.Event{E: event.Revoke, W: w, O: id, M: key}
+		if ok {
+			e.V = 1
+		}
+		if err != nil {
+			e.C = pglease.CodeOf(err).String()
+		}
+		d.ev(e)
+		return
+	}
+	d.ev(event.Event{E: event.Revoke, W: w, O: id, C: "no-held-key"})
 }
 
 func (d *driver) workerArgs(id, inc int) []string {
@@ -274,8 +359,11 @@ func (d *driver) workerArgs(id, inc int) []string {
 		"-long-hold", strconv.FormatFloat(o.LongHold, 'g', -1, 64),
 		"-close-timeout", o.CloseTimeout.String(),
 		"-seed", strconv.FormatUint(o.Seed, 10),
+		"-prim-g", strconv.Itoa(o.PrimG), "-sem-keys", strconv.Itoa(o.SemKeys), "-sem-limit", strconv.Itoa(o.SemLimit),
+		"-rw-keys", strconv.Itoa(o.RWKeys), "-rw-writers", strconv.FormatFloat(o.RWWriters, 'g', -1, 64),
+		"-set-keys", strconv.Itoa(o.SetKeys), "-prim-hold", o.PrimHold.String(), "-prim-pause", o.PrimPause.String(),
 	}
-	if d.brokenW[id] && d.brokenMd != BrokenFenceRollback && d.brokenMd != BrokenClockJump {
+	if d.brokenW[id] && !driverBroken(d.brokenMd) {
 		args = append(args, "-broken", d.brokenMd)
 	}
 	return args
@@ -516,12 +604,14 @@ func (d *driver) schedule(ctx context.Context, start time.Time) {
 	}
 }
 
-// cycles counts the lease grants so far (the fence counters' sum).
+// cycles counts the lease grants so far (the lease keys' fence counters'
+// sum; the other primitives' keys do not count).
 func (d *driver) cycles(ctx context.Context) (int64, bool) {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	var n int64
-	err := d.admin.QueryRow(ctx, "SELECT coalesce(sum(fence), 0)::bigint FROM syncguard_fence_counters").Scan(&n)
+	err := d.admin.QueryRow(ctx, `SELECT coalesce(sum(fence), 0)::bigint FROM syncguard_fence_counters
+		WHERE key_debug ~ '^soak:[0-9]+$'`).Scan(&n)
 	return n, err == nil
 }
 
@@ -616,7 +706,7 @@ func (d *driver) startFault(ctx context.Context, ft string, draw int, durDraw, p
 		}()
 		return true
 	}
-	preferHolder := ft == FKill || ft == FStop || ft == FStarve
+	preferHolder := ft == FKill || ft == FStop || ft == FStarve || ft == FRevoke
 	w, ok := d.pickWorker(ctx, draw, preferHolder)
 	if !ok {
 		return false
@@ -697,6 +787,8 @@ func (d *driver) runFault(ctx context.Context, ft string, w int, id int64, dur t
 		}
 	case FStarve:
 		d.starve(ctx, w, dur, param)
+	case FRevoke:
+		d.revoke(ctx, w, id, param)
 	}
 }
 

@@ -14,6 +14,7 @@ type Final struct {
 	Fences        map[string]int64 `json:"fences"`         // fence counter per user key
 	LiveRows      int              `json:"live_rows"`      // lock rows not yet expired
 	ExpiredRows   int              `json:"expired_rows"`   // lock rows past expiry (killed holders)
+	LiveShared    int              `json:"live_shared"`    // shared-hold rows not yet expired
 	AdvisoryLocks int              `json:"advisory_locks"` // advisory locks held by anyone
 	Counters      map[int]int64    `json:"counters"`       // resource counter per key
 	ResFences     map[int]int64    `json:"res_fences"`
@@ -32,6 +33,9 @@ func (d *driver) dump(ctx context.Context) error {
 	}
 	if err := d.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE expires_at_ms > $1), count(*) FILTER (WHERE expires_at_ms <= $1)
 		FROM syncguard_locks`, f.NowMs).Scan(&f.LiveRows, &f.ExpiredRows); err != nil {
+		return err
+	}
+	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_shared WHERE expires_at_ms > $1`, f.NowMs).Scan(&f.LiveShared); err != nil {
 		return err
 	}
 	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
@@ -68,8 +72,13 @@ func (d *driver) dump(ctx context.Context) error {
 		return err
 	}
 	if err := d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, tg, user_key, id_hash, old_id_hash, fence, old_fence,
-		acquired_ms, expires_ms, old_expires_ms, (extract(epoch FROM at) * 1e6)::bigint AS at_us, app
+		acquired_ms, expires_ms, old_expires_ms, (extract(epoch FROM at) * 1e6)::bigint AS at_us, xid, app
 		FROM soak_lock_log ORDER BY seq) t`, "lock_log.jsonl"); err != nil {
+		return err
+	}
+	if err := d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, tg, user_key, grant_id, lim, fence,
+		acquired_ms, expires_ms, (extract(epoch FROM at) * 1e6)::bigint AS at_us, xid, app
+		FROM soak_shared_log ORDER BY seq) t`, "shared_log.jsonl"); err != nil {
 		return err
 	}
 	return d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, key, old_fence, new_fence, old_counter, new_counter, op,

@@ -19,23 +19,37 @@ const (
 	FStop            = "sigstop"          // SIGSTOP for 1.5–3 TTL, then SIGCONT (a holder when there is one)
 	FKill            = "kill"             // SIGKILL of a holder, then a new process
 	FStarve          = "starve"           // CPU burners pinned with a holder
+	FRevoke          = "revoke"           // Manager.Revoke of a key a worker holds (its holder is told; the key is free at once)
 	FCrash           = "crash"            // server stopped -m immediate, then started
 	FRestart         = "restart"          // server stopped -m fast, then started
 )
 
 // FaultTypes lists every fault type, in report order.
 var FaultTypes = []string{FTerminatePool, FTerminateListen, FTerminateAdv, FHalfOpen, FBlackhole, FCut,
-	FDelay, FStop, FKill, FStarve, FCrash, FRestart}
+	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart}
 
 // DefaultMix weighs the fault types: the server-wide faults are rarer
 // because each hits every worker at once.
-const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,crash=3,restart=3"
+const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3"
 
 // Driver-side broken modes (the worker ones are in package worker).
 const (
-	BrokenFenceRollback = "fence-rollback" // the driver moves fence counters back (a fence rollback)
-	BrokenClockJump     = "clock-jump"     // the driver moves lease expiries earlier (a server clock step)
+	BrokenFenceRollback = "fence-rollback"     // the driver moves fence counters back (a fence rollback)
+	BrokenClockJump     = "clock-jump"         // the driver moves lease expiries earlier (a server clock step)
+	BrokenPartialSet    = "partial-set"        // a trigger deletes one key's row of a set in the set's own transaction (a partial set committed)
+	BrokenExtraPermit   = "extra-permit"       // a trigger adds a permit nobody holds next to every permit granted (the server exceeds the limit)
+	BrokenReaderWriter  = "reader-with-writer" // a trigger adds a reader next to every writer of a reader-writer key
 )
+
+// driverBroken reports whether mode is one of the driver's (not passed to
+// workers).
+func driverBroken(mode string) bool {
+	switch mode {
+	case BrokenFenceRollback, BrokenClockJump, BrokenPartialSet, BrokenExtraPermit, BrokenReaderWriter:
+		return true
+	}
+	return false
+}
 
 // Options configure a soak run (the flags of `soak run`).
 type Options struct {
@@ -55,8 +69,17 @@ type Options struct {
 	LongHold               float64
 	CloseTimeout           time.Duration
 	FaultEvery             time.Duration // mean interval between fault starts
-	Mix                    map[string]int
-	Seed                   uint64
+
+	// The other primitives (worker.Config has their meaning): PrimG
+	// goroutines per worker (0: none) over SemKeys semaphores of SemLimit,
+	// RWKeys reader-writer keys, sets from a pool of SetKeys.
+	PrimG, SemKeys, SemLimit int
+	RWKeys, SetKeys          int
+	RWWriters                float64
+	PrimHold, PrimPause      time.Duration
+
+	Mix  map[string]int
+	Seed uint64
 	// RoundRobin starts the fault types with a weight in turn (a type
 	// whose target is busy is tried again at the next start) instead of
 	// drawing them by weight: the smoke uses it so every type occurs.
@@ -152,6 +175,7 @@ func (o *Options) defaults() {
 	def(&o.CloseTimeout, 5*time.Second)
 	def(&o.FaultEvery, 1300*time.Millisecond)
 	def(&o.Duration, 30*time.Minute)
+	defi(&o.SemLimit, 3)
 	if o.Tail == 0 {
 		o.Tail = o.TTL + 3*time.Second
 	}

@@ -56,9 +56,11 @@ const (
 	Exit      = "exit"   // the worker is about to exit normally
 	ErrEv     = "err"    // an error outside a lock cycle; C = code, M = text
 
-	// lease cycle (O = the cycle's op id, K = key index)
-	AcqCall = "acq"     // Acquire called
-	AcqOK   = "acq_ok"  // granted: F = fence, V = server acquired_at ms, V2 = server expires_at ms
+	// lease cycle (O = the cycle's op id, K = key index). The primitives'
+	// holds use the same events, with M the hold's kind (see Kind*) and,
+	// for a set's locks, P the set's op id.
+	AcqCall = "acq"     // Acquire called; M = kind, L = limit (permits)
+	AcqOK   = "acq_ok"  // granted: F = fence, V = server acquired_at ms, V2 = server expires_at ms, M = kind, L = limit, X = grant id
 	AcqErr  = "acq_err" // C = code
 	End     = "end"     // the lock's Context ended (AfterFunc): C = cause code, V2 = ExpiresAt ms
 	Stop    = "stop"    // the holder stopped working on this grant (broken workers log it late)
@@ -68,6 +70,12 @@ const (
 	// resource ops (O = op id, P = the grant's op id, F = fence used, K)
 	ResCall = "res"     // M = "claim" | "read" | "write"; V = value written
 	ResRet  = "res_ret" // C = "ok" | "refused" | code (CodeAmbiguous: maybe applied); V = counter read, V2 = fence read
+
+	// all-or-nothing sets (O = the set's op id; each lock is an AcqOK with
+	// P = O, M = KindSet)
+	SetCall = "set"     // AcquireAll called; M = the key indexes asked, comma-separated
+	SetOK   = "set_ok"  // V = locks returned, M = their keys' indexes (Lock.Key), comma-separated
+	SetErr  = "set_err" // C = code
 
 	// advisory cycle
 	AdvCall = "adv" // LockAdvisory called
@@ -87,6 +95,15 @@ const (
 	ServerDown = "server_down"
 	RunEnd     = "run_end"  // faults stopped; the quiet tail begins
 	StopAll    = "stop_all" // workers told to close
+	Revoke     = "revoke"   // a revoke fault's Manager.Revoke returned: O = fault id, W = target, M = key, V = 1 if a live lease was revoked, C = code
+)
+
+// Kinds of a hold (M of AcqCall and AcqOK).
+const (
+	KindExclusive = ""  // Acquire: an exclusive lease (lease keys, writers, exclusive grants of semaphore keys)
+	KindReader    = "r" // Acquire with manager.Shared()
+	KindPermit    = "p" // Acquire with manager.WithLimit(L)
+	KindSet       = "s" // one lock of an AcquireAll (exclusive)
 )
 
 // Event is one line of a log. Unused fields are omitted.
@@ -104,6 +121,8 @@ type Event struct {
 	V2 int64  `json:"v2,omitempty"`
 	C  string `json:"c,omitempty"` // code / result
 	M  string `json:"m,omitempty"` // text
+	L  int    `json:"l,omitempty"` // a permit's limit
+	X  string `json:"x,omitempty"` // a grant's id (pg.GrantID: a hash of the lockId, safe to log)
 }
 
 // Writer appends events to a file with one write(2) per event, so a

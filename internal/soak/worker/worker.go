@@ -2,8 +2,12 @@
 // driver's fault proxy) whose goroutines take lease locks on K contended
 // keys and, inside each critical section, make fenced writes to the
 // resource table over a separate, direct connection; other goroutines
-// take advisory session locks. Every step is logged (package event) for
-// the checks that run after the soak.
+// take advisory session locks, and others the Manager's other primitives:
+// permits of counting semaphores (manager.WithLimit, with now and then an
+// exclusive grant of the same key), readers and writers of reader-writer
+// keys (manager.Shared, Acquire) and all-or-nothing sets
+// (Manager.AcquireAll). Every step is logged (package event) for the
+// checks that run after the soak.
 //
 // Broken modes (Config.Broken) make the worker deliberately wrong, so
 // that each check is shown to fail when what it guards is broken.
@@ -16,6 +20,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,24 +38,70 @@ import (
 
 // Broken modes of a worker.
 const (
-	BrokenIgnoreLoss = "ignore-loss" // keeps working after its lock's Context ended, fenced writes
-	BrokenNoFence    = "no-fence"    // writes without the fence condition, and ignores loss
-	BrokenOldFence   = "old-fence"   // writes with the fence of its previous grant
-	BrokenUncoded    = "uncoded"     // reports errors as plain errors (no *pglease.Error)
-	BrokenPanic      = "panic"       // panics after a few cycles
-	BrokenRace       = "race"        // a data race (seen by -race builds)
-	BrokenLeak       = "leak"        // leaves a goroutine running after Close
-	BrokenSlowClose  = "slow-close"  // takes far longer than CloseTimeout to close
-	BrokenNoClose    = "no-close"    // exits without Release or Close: its leases stay until expiry
-	BrokenStall      = "stall"       // stops taking locks 3 s after it started
-	BrokenHog        = "hog"         // holds key 0 for ever
+	BrokenIgnoreLoss   = "ignore-loss"   // keeps working after its lock's Context ended, fenced writes
+	BrokenNoFence      = "no-fence"      // writes without the fence condition, and ignores loss
+	BrokenOldFence     = "old-fence"     // writes with the fence of its previous grant
+	BrokenUncoded      = "uncoded"       // reports errors as plain errors (no *pglease.Error)
+	BrokenPanic        = "panic"         // panics after a few cycles
+	BrokenRace         = "race"          // a data race (seen by -race builds)
+	BrokenLeak         = "leak"          // leaves a goroutine running after Close
+	BrokenSlowClose    = "slow-close"    // takes far longer than CloseTimeout to close
+	BrokenNoClose      = "no-close"      // exits without Release or Close: its leases stay until expiry
+	BrokenStall        = "stall"         // stops taking locks 3 s after it started
+	BrokenHog          = "hog"           // holds key 0 for ever
+	BrokenIgnoreRevoke = "ignore-revoke" // keeps working (fenced writes) 4 TTL past a revoke of its lease
+	// The primitives' (these workers run only the primitive they break).
+	BrokenFakePermit     = "fake-permit"      // a refused permit (TryAcquire) is counted as held
+	BrokenReaderAsWriter = "reader-as-writer" // a reader's grant is treated (and logged) as a writer's
 )
 
 // AdvisoryBase is added to an advisory key index to form its int64 key.
 const AdvisoryBase = 7_000_000
 
-// KeyName is the lease key of index k.
-func KeyName(k int) string { return fmt.Sprintf("soak:%d", k) }
+// Key indexes: lease keys (with a resource row) count from 0; the
+// primitives' keys from a base per kind, so one index space (event.K)
+// names every key.
+const (
+	SetBase = 1 << 20 // keys of all-or-nothing sets: soak:set:i
+	SemBase = 2 << 20 // semaphore keys: soak:sem:i
+	RWBase  = 3 << 20 // reader-writer keys: soak:rw:i
+)
+
+// KeyName is the key of index k.
+func KeyName(k int) string {
+	switch {
+	case k >= RWBase:
+		return fmt.Sprintf("soak:rw:%d", k-RWBase)
+	case k >= SemBase:
+		return fmt.Sprintf("soak:sem:%d", k-SemBase)
+	case k >= SetBase:
+		return fmt.Sprintf("soak:set:%d", k-SetBase)
+	}
+	return fmt.Sprintf("soak:%d", k)
+}
+
+// KeyIndex is the inverse of KeyName.
+func KeyIndex(name string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "soak:")
+	if !ok {
+		return 0, false
+	}
+	base := 0
+	for _, p := range []struct {
+		prefix string
+		base   int
+	}{{"set:", SetBase}, {"sem:", SemBase}, {"rw:", RWBase}} {
+		if r, ok := strings.CutPrefix(rest, p.prefix); ok {
+			rest, base = r, p.base
+			break
+		}
+	}
+	n, err := strconv.Atoi(rest)
+	if err != nil || n < 0 || n >= SetBase {
+		return 0, false
+	}
+	return base + n, true
+}
 
 // Config is a worker's configuration (flags of `soak worker`).
 type Config struct {
@@ -67,6 +118,18 @@ type Config struct {
 	Seed           uint64
 	Broken         string
 	CloseTimeout   time.Duration
+
+	// The primitives: PrimG goroutines each loop over a semaphore, a
+	// reader-writer or a set cycle (a kind with keys, drawn uniformly),
+	// hold [0, PrimHold) and pause [0, PrimPause) between cycles.
+	PrimG     int
+	SemKeys   int     // semaphore keys
+	SemLimit  int     // their limit N
+	RWKeys    int     // reader-writer keys
+	RWWriters float64 // share of the reader-writer cycles that are writers
+	SetKeys   int     // the pool sets draw 2–3 keys from
+	PrimHold  time.Duration
+	PrimPause time.Duration
 }
 
 type worker struct {
@@ -156,6 +219,13 @@ func Run(ctx context.Context, cfg Config) error {
 		go func() {
 			defer wg.Done()
 			w.advLoop(cfg.LeaseG + g)
+		}()
+	}
+	for g := range cfg.PrimG {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.primLoop(cfg.LeaseG + cfg.AdvG + g)
 		}()
 	}
 	if cfg.Broken == BrokenRace {
@@ -330,6 +400,7 @@ func (w *worker) cycle(r *rand.Rand, g, k int) {
 // TTLs) repeat read+write every TTL/2.
 func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock) {
 	ignore := w.cfg.Broken == BrokenIgnoreLoss || w.cfg.Broken == BrokenNoFence
+	ignoreRevoke := w.cfg.Broken == BrokenIgnoreRevoke
 	fence := int64(lk.Fence())
 	if w.cfg.Broken == BrokenOldFence {
 		if pf := w.prevFence.Load(); pf > 0 {
@@ -337,15 +408,18 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 		}
 	}
 	opCtx := lk.Context()
-	if ignore {
+	if ignore || ignoreRevoke {
 		opCtx = w.stop
 	}
-	held := func() bool { return ignore || lk.Err() == nil }
+	held := func() bool {
+		err := lk.Err()
+		return ignore || err == nil || ignoreRevoke && errors.Is(err, pglease.ErrRevoked)
+	}
 	// The holder's "stop" is when it stops working on this grant: a
 	// correct holder stops when its Context ends (logged as End), a broken
 	// one at the end of its critical section.
 	defer func() {
-		if ignore {
+		if ignore || ignoreRevoke {
 			w.ev(event.Event{E: event.Stop, G: g, K: k, O: grant, F: int64(lk.Fence())})
 		}
 	}()
@@ -359,15 +433,15 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 	}
 	// hog and no-close: goroutine 0 always holds long, so it holds a
 	// lease whenever the stop comes.
-	long := r.Float64() < w.cfg.LongHold || ((w.cfg.Broken == BrokenHog || w.cfg.Broken == BrokenNoClose) && g == 0) || ignore
+	long := r.Float64() < w.cfg.LongHold || ((w.cfg.Broken == BrokenHog || w.cfg.Broken == BrokenNoClose) && g == 0) || ignore || ignoreRevoke
 	if long {
 		total := w.cfg.TTL*3/2 + time.Duration(r.Int64N(int64(w.cfg.TTL*3/2)))
 		switch {
 		case w.cfg.Broken == BrokenHog && g == 0:
 			total = 24 * time.Hour
-		case ignore:
-			// Work on for 4 TTLs whatever happens: past a loss, past the
-			// next grant of the key.
+		case ignore, ignoreRevoke:
+			// Work on for 4 TTLs whatever happens: past a loss (a
+			// revoke), past the next grant of the key.
 			total = 4 * w.cfg.TTL
 		}
 		rounds = max(1, int(total/(w.cfg.TTL/2)))
@@ -377,15 +451,17 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 		if !held() {
 			return
 		}
+		// ignore-revoke works on past refused writes too (the next
+		// holder's claim refuses them).
 		c, ok := w.read(opCtx, g, k, grant, fence)
-		if !ok || !held() {
+		if !ok && !ignoreRevoke || !held() {
 			return
 		}
-		if !w.resOp(opCtx, g, k, grant, fence, "write", c+1) {
+		if !w.resOp(opCtx, g, k, grant, fence, "write", c+1) && !ignoreRevoke {
 			return
 		}
 		waitCtx := lk.Context()
-		if ignore {
+		if ignore || ignoreRevoke {
 			waitCtx = w.stop
 		}
 		if !sleep(hold, waitCtx, w.stop) {
