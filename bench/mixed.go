@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -34,11 +35,14 @@ import (
 // question is whether the Managers leave the SyncGuard side its share.
 //
 // Three phases, each on a fresh schema with the trigger, each
-// -mixed-duration long:
+// -mixed-duration long in all:
 //
 //   - syncguard-alone: the SyncGuard processes by themselves;
 //   - manager-alone: the Manager processes by themselves;
 //   - mixed: both at once ("syncguard-mixed" and "manager-mixed" rows).
+//
+// They run in rounds of at most 20 s (alone, alone, both, then again),
+// so that other load on the machine weighs on the three alike.
 //
 // Shape (-mixed-shape, default 3,3,2,3,3): S SyncGuard processes × L
 // lock() loops, M Manager processes × G goroutines, K hot keys. Every loop
@@ -125,23 +129,48 @@ func runMixed(ctx context.Context, cfg config, emit func(Result), note noteFunc)
 		note("mixed: skipped, %v", err)
 		return nil
 	}
-	var sgAlone, mgrAlone, sgMixed, mgrMixed Result
-	var err error
-	if sgAlone, _, err = runMixedPhase(ctx, cfg, true, false); err != nil {
-		return fmt.Errorf("syncguard alone: %w", err)
+	// The phases run in rounds of ≤ mixedSlice each (alone, alone, both;
+	// again), so that a load on the machine that comes and goes weighs
+	// on all three alike.
+	rounds := max(1, int(mc.duration/mixedSlice))
+	rc := cfg
+	rc.mixed.duration = mc.duration / time.Duration(rounds)
+	var sgAlone, mgrAlone, sgMixed, mgrMixed [][]mixedReport
+	impl := ""
+	for range rounds {
+		sg, _, im, err := runMixedPhase(ctx, rc, true, false)
+		if err != nil {
+			return fmt.Errorf("syncguard alone: %w", err)
+		}
+		sgAlone, impl = append(sgAlone, sg), im
+		_, mgr, _, err := runMixedPhase(ctx, rc, false, true)
+		if err != nil {
+			return fmt.Errorf("managers alone: %w", err)
+		}
+		mgrAlone = append(mgrAlone, mgr)
+		sg, mgr, _, err = runMixedPhase(ctx, rc, true, true)
+		if err != nil {
+			return fmt.Errorf("mixed: %w", err)
+		}
+		sgMixed, mgrMixed = append(sgMixed, sg), append(mgrMixed, mgr)
 	}
-	emit(sgAlone)
-	if _, mgrAlone, err = runMixedPhase(ctx, cfg, false, true); err != nil {
-		return fmt.Errorf("managers alone: %w", err)
+	sgRow := func(rs [][]mixedReport, phase string) Result {
+		r := summarizeMixed(rs, "syncguard-"+phase, mc.sgProcs*mc.sgLoops, mc.sgProcs)
+		r.Extra["replica"] = float64(boolInt(impl == "syncguard-replica"))
+		return r
 	}
-	emit(mgrAlone)
-	if sgMixed, mgrMixed, err = runMixedPhase(ctx, cfg, true, true); err != nil {
-		return fmt.Errorf("mixed: %w", err)
+	mgrRow := func(rs [][]mixedReport, phase string) Result {
+		return summarizeMixed(rs, "manager-"+phase, mc.mgrProcs*mc.mgrCallers, mc.mgrProcs)
 	}
-	emit(sgMixed)
-	emit(mgrMixed)
+	emit(sgRow(sgAlone, "alone"))
+	emit(mgrRow(mgrAlone, "alone"))
+	emit(sgRow(sgMixed, "mixed"))
+	emit(mgrRow(mgrMixed, "mixed"))
 	return nil
 }
+
+// mixedSlice is the longest a phase runs at once (runMixed).
+const mixedSlice = 20 * time.Second
 
 // ensureNodeModules installs the Node worker's dependencies (postgres.js,
 // pinned by package-lock.json) when they are missing.
@@ -162,12 +191,14 @@ func ensureNodeModules(ctx context.Context, dir string) error {
 
 // runMixedPhase runs one phase on a fresh schema with the release
 // trigger: the SyncGuard processes (withSG), the Manager processes
-// (withMgr), or both, started together after all are ready.
-func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, mgr Result, err error) {
+// (withMgr), or both, started together after all are ready. It returns
+// each side's worker reports and the SyncGuard implementation the Node
+// workers run.
+func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, mgr []mixedReport, impl string, err error) {
 	mc := cfg.mixed
 	pool, schema, cleanup, err := benchSchema(ctx, cfg.url, 2)
 	if err != nil {
-		return sg, mgr, err
+		return sg, mgr, impl, err
 	}
 	defer cleanup()
 	channel := fmt.Sprintf("pglease_mixed_%d", time.Now().UnixNano())
@@ -176,7 +207,7 @@ func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, m
 		err = mg.SetupReleaseTrigger(ctx, channel)
 	}
 	if err != nil {
-		return sg, mgr, fmt.Errorf("release trigger: %w", err)
+		return sg, mgr, impl, fmt.Errorf("release trigger: %w", err)
 	}
 	keys := make([]string, mc.keys)
 	for i := range keys {
@@ -184,7 +215,7 @@ func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, m
 	}
 	pc, err := pgconn.ParseConfig(cfg.url)
 	if err != nil {
-		return sg, mgr, err
+		return sg, mgr, impl, err
 	}
 	var sgWorkers, mgrWorkers []*workerProc
 	defer func() {
@@ -230,7 +261,7 @@ func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, m
 				sgWorkers = append(sgWorkers, w)
 			}
 			if err != nil {
-				return sg, mgr, err
+				return sg, mgr, impl, err
 			}
 		}
 	}
@@ -243,19 +274,18 @@ func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, m
 				mgrWorkers = append(mgrWorkers, w)
 			}
 			if err != nil {
-				return sg, mgr, err
+				return sg, mgr, impl, err
 			}
 		}
 	}
 	all := append(append([]*workerProc{}, sgWorkers...), mgrWorkers...)
-	impl := ""
 	for _, w := range all {
 		var rep mixedReport
 		if err := readMixedLine(w, &rep); err != nil {
-			return sg, mgr, fmt.Errorf("worker not ready: %w", err)
+			return sg, mgr, impl, fmt.Errorf("worker not ready: %w", err)
 		}
 		if !rep.Ready {
-			return sg, mgr, fmt.Errorf("worker not ready: %s", rep.Err)
+			return sg, mgr, impl, fmt.Errorf("worker not ready: %s", rep.Err)
 		}
 		if rep.Impl != "" && rep.Impl != "manager" {
 			impl = rep.Impl
@@ -263,7 +293,7 @@ func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, m
 	}
 	for _, w := range all {
 		if _, err := io.WriteString(w.stdin, "go\n"); err != nil {
-			return sg, mgr, err
+			return sg, mgr, impl, err
 		}
 	}
 	reps := make([]mixedReport, len(all))
@@ -281,20 +311,9 @@ func runMixedPhase(ctx context.Context, cfg config, withSG, withMgr bool) (sg, m
 	}
 	wg.Wait()
 	if err := errors.Join(errs...); err != nil {
-		return sg, mgr, fmt.Errorf("worker: %w", err)
+		return sg, mgr, impl, fmt.Errorf("worker: %w", err)
 	}
-	phase := "alone"
-	if withSG && withMgr {
-		phase = "mixed"
-	}
-	if withSG {
-		sg = summarizeMixed(reps[:len(sgWorkers)], "syncguard-"+phase, mc.sgProcs*mc.sgLoops, mc.sgProcs)
-		sg.Extra["replica"] = float64(boolInt(impl == "syncguard-replica"))
-	}
-	if withMgr {
-		mgr = summarizeMixed(reps[len(sgWorkers):], "manager-"+phase, mc.mgrProcs*mc.mgrCallers, mc.mgrProcs)
-	}
-	return sg, mgr, nil
+	return reps[:len(sgWorkers)], reps[len(sgWorkers):], impl, nil
 }
 
 // readMixedLine reads one JSON line of a worker (the Node worker may
@@ -307,19 +326,26 @@ func readMixedLine(w *workerProc, v *mixedReport) error {
 	return json.Unmarshal(line, v)
 }
 
-// summarizeMixed merges the reports of one side: sections/s over the
-// longest worker's run (a SyncGuard lock() under way at the end finishes,
-// up to its 5 s timeout), waits of the granted sections, timeouts.
-func summarizeMixed(reps []mixedReport, impl string, callers, procs int) Result {
+// summarizeMixed merges the reports of one side, round by round:
+// sections/s over the sum of each round's longest worker run (a SyncGuard
+// lock() under way at the end finishes, up to its 5 s timeout), waits of
+// the granted sections, timeouts.
+func summarizeMixed(rounds [][]mixedReport, impl string, callers, procs int) Result {
 	r := Result{Scenario: "mixed", Impl: impl, Callers: callers, Processes: procs, Latency: "wait",
 		Extra: map[string]float64{}}
 	var waits []float64
 	var timeouts, attempts, handoffs, stmts int64
 	perKey := map[int]int64{}
-	for _, rep := range reps {
+	for _, reps := range rounds {
+		secs := 0.0
+		for _, rep := range reps {
+			secs = max(secs, rep.Seconds)
+		}
+		r.Seconds += secs
+	}
+	for _, rep := range slices.Concat(rounds...) {
 		r.Cycles += rep.Sections
 		r.Errors += rep.Errors
-		r.Seconds = max(r.Seconds, rep.Seconds)
 		timeouts += rep.Timeouts
 		attempts += rep.Attempts
 		handoffs += rep.HandOffs
