@@ -113,6 +113,9 @@ func (st *loopState) noteLocked(ks *keyState, r store.AcquireResult, now time.Ti
 					return
 				}
 			}
+			if st.foreign == nil {
+				st.foreign = make(map[string]*foreignKey)
+			}
 			f = &foreignKey{}
 			st.foreign[ks.hash] = f
 		}
@@ -146,7 +149,11 @@ func (f *foreignKey) openWindow(now time.Time) {
 }
 
 // noteForeignGrant: this process got ks's key.
-func (st *loopState) noteForeignGrant(ks *keyState, now time.Time) {
+func (st *loopState) noteForeignGrant(ks *keyState) {
+	if len(st.foreign) == 0 {
+		return
+	}
+	now := time.Now()
 	if f := st.foreignKeyOf(ks.hash, now); f != nil {
 		f.heldForeign = false
 		f.startStint(now)

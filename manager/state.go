@@ -75,8 +75,8 @@ type loopState struct {
 	watch        watchLoop // owned by run: the watched keys (watch.go)
 
 	// foreign: owned by run: keys found held by a foreign (non-pglease)
-	// holder lately, by key hash, shared with them in time (handoff.go);
-	// empty in pure pglease fleets.
+	// holder lately, by key hash, shared with them in time
+	// (foreign.go); nil in pure pglease fleets.
 	foreign map[string]*foreignKey
 }
 
@@ -207,7 +207,6 @@ func newLoopState(m *Manager) *loopState {
 		flights:      make(map[*flight]struct{}),
 		sets:         make(map[*acquireReq]*setWait),
 		fences:       make(map[string]pglease.Fence),
-		foreign:      make(map[string]*foreignKey),
 		loss:         newLossWatch((*Lock).lossTimerFired),
 		acquireSlots: slots{limit: m.acqLimit},
 		releaseSlots: slots{limit: m.relLimit},
@@ -309,7 +308,7 @@ func (st *loopState) kick(ks *keyState) {
 		return // a local release kicks the key
 	}
 	if st.foreignWait(ks) {
-		return // the key is left to foreign pollers for a while (handoff.go)
+		return // the key is left to foreign pollers for a while (foreign.go)
 	}
 	ks.woken = false
 	ks.chains++
@@ -655,9 +654,7 @@ func (st *loopState) granted(ks *keyState) {
 		ks.cont.bo.Reset()
 		ks.cont.heldBy = ""
 	}
-	if len(st.foreign) > 0 {
-		st.noteForeignGrant(ks, time.Now())
-	}
+	st.noteForeignGrant(ks) // keys shared with foreign holders (foreign.go)
 	ks.lastErr = nil
 	st.sig().granted.signal(ks.key)
 }
