@@ -171,12 +171,12 @@ func TestForeignPollerGetsHotKey(t *testing.T) {
 	if err := sgRelease(ctx, b.admin, id); err != nil {
 		t.Fatal(err)
 	}
-	// 30 lock() calls and 3 s at least, or fewer when 3 time out (each
+	// 30 lock() calls and 5 s at least, or fewer when 3 time out (each
 	// takes 5 s).
 	const calls = 30
 	start := time.Now()
 	done, attempts, timeouts := 0, 0, 0
-	for (done < calls || time.Since(start) < 3*time.Second) && timeouts < 3 {
+	for (done < calls || time.Since(start) < 5*time.Second) && timeouts < 3 {
 		n, ok, err := sgLock(ctx, b.admin, key)
 		if err != nil {
 			t.Fatal(err)
@@ -194,15 +194,15 @@ func TestForeignPollerGetsHotKey(t *testing.T) {
 	// time (the Managers hold it ~1/6 of it): ~1.2 attempts per call,
 	// and a timeout (7 refusals in a row) is far-fetched. Not shared, a
 	// poll finds it free only between two of the Manager's sections:
-	// mostly 4 attempts or more per call, with timeouts.
+	// often 2 attempts or more per call, and timeouts.
 	if timeouts > 0 {
 		t.Errorf("%d of SyncGuard's %d lock() calls timed out (want none): the Manager kept the key", timeouts, done)
 	}
-	if perCall > 2.5 {
-		t.Errorf("SyncGuard made %.2f attempts per lock() call (want ≤ 2.5): the Manager kept the key", perCall)
+	if perCall > 2 {
+		t.Errorf("SyncGuard made %.2f attempts per lock() call (want ≤ 2): the Manager kept the key", perCall)
 	}
 	// The Manager gets the key at least once per stint (a stint every
-	// ~60 ms): 10 sections in 3 s leave room for a loaded machine.
+	// ~60 ms): 10 sections in 5 s leave room for a loaded machine.
 	if n < 10 {
 		t.Errorf("the Manager's callers completed %d sections while SyncGuard completed %d lock() calls (want ≥ 10): starved", n, done)
 	}
