@@ -27,16 +27,18 @@ import (
 //   - The Managers' stint: from the moment the Managers get the key back
 //     (a grant here, a pglease holder found, or the notified release of
 //     the foreign holder found last), for foreignStint, the Managers use
-//     the key as usual, local handoffs included.
-//   - The window: the first plain release of the key by a Manager (its
-//     own release here, or the notified release of any other Manager's
-//     holder) ends the stint, and no handoff is made once the stint has
-//     run out. The key is then left to foreign pollers: no Manager sends
-//     an attempt of it for foreignShare times as long as the stint lasted
-//     (foreignWindow at least, maxForeignWindow at most). A foreign holder
-//     that took the key in the window and still holds it at its end is
-//     found by the Managers' next attempts, and its release starts their
-//     next stint, as above.
+//     the key as usual: local handoffs, and plain releases that the
+//     Managers' waiters race for.
+//   - The window: the first plain release of the key by a Manager at the
+//     stint's end or after it (its own release here, or the notified
+//     release of any Manager's holder, the last quarter of the stint
+//     included: the Managers' stints start a round trip apart) ends the
+//     stint; no handoff is made once the stint has run out. The key is
+//     then left to foreign pollers: no Manager sends an attempt of it for
+//     foreignShare times as long as the stint lasted (foreignWindow at
+//     least, maxForeignWindow at most). A foreign holder that took the
+//     key in the window and still holds it at its end is found by the
+//     Managers' next attempts, and its release starts their next stint.
 //
 // The window scales with the stint actually taken (a loaded server's
 // slow round trips stretch it past foreignStint), so the Managers hold
@@ -55,7 +57,7 @@ import (
 // holder and so counts as a Manager here, although it polls.
 const (
 	foreignMemory    = 10 * time.Second
-	foreignShare     = 5
+	foreignShare     = 3
 	maxForeignWindow = time.Second
 	maxForeignKeys   = 10_000
 )
@@ -63,7 +65,7 @@ const (
 // foreignStint and foreignWindow are variables for tests only.
 var (
 	foreignStint  = 10 * time.Millisecond
-	foreignWindow = 50 * time.Millisecond
+	foreignWindow = 30 * time.Millisecond
 )
 
 // foreignKey is what a Manager knows of a key shared with foreign holders
@@ -179,8 +181,14 @@ func (st *loopState) noteReleased(hash string) {
 	case now.Before(f.windowEnd):
 		// A foreign holder's release in the window (no Manager takes the
 		// key then), or this process's own, which opened it.
+	case !f.stintStart.IsZero() && now.Before(f.stintEnd.Add(-foreignStint/4)):
+		// A Manager's plain release early in the stint: the Managers'
+		// waiters race for the key, as usual.
 	default:
-		f.openWindow(now) // a Manager's plain release
+		// A Manager's plain release after the stint, or near its end
+		// (another Manager's stint started a round trip earlier than
+		// this one's, and its release after it ends both).
+		f.openWindow(now)
 	}
 }
 

@@ -191,7 +191,7 @@ func TestForeignPollerGetsHotKey(t *testing.T) {
 	perCall := float64(attempts) / float64(done)
 	t.Logf("SyncGuard: %d lock() calls, %d timed out, %.2f attempts per call; Manager: %d sections", done, timeouts, perCall, n)
 	// Shared in time, a SyncGuard poll finds the key free most of the
-	// time (the Managers hold it ~1/6 of it): ~1.2 attempts per call,
+	// time (the Managers hold it a quarter of it at most): ~1.1 attempts per call,
 	// and a timeout (7 refusals in a row) is far-fetched. Not shared, a
 	// poll finds it free only between two of the Manager's sections:
 	// often 2 attempts or more per call, and timeouts.
@@ -202,7 +202,7 @@ func TestForeignPollerGetsHotKey(t *testing.T) {
 		t.Errorf("SyncGuard made %.2f attempts per lock() call (want ≤ 2): the Manager kept the key", perCall)
 	}
 	// The Manager gets the key at least once per stint (a stint every
-	// ~60 ms): 10 sections in 5 s leave room for a loaded machine.
+	// ~40 ms): 10 sections in 5 s leave room for a loaded machine.
 	if n < 10 {
 		t.Errorf("the Manager's callers completed %d sections while SyncGuard completed %d lock() calls (want ≥ 10): starved", n, done)
 	}
