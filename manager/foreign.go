@@ -57,15 +57,11 @@ import (
 // holder and so counts as a Manager here, although it polls.
 const (
 	foreignMemory    = 10 * time.Second
+	foreignStint     = 10 * time.Millisecond
 	foreignShare     = 3
+	foreignWindow    = 30 * time.Millisecond
 	maxForeignWindow = time.Second
 	maxForeignKeys   = 10_000
-)
-
-// foreignStint and foreignWindow are variables for tests only.
-var (
-	foreignStint  = 10 * time.Millisecond
-	foreignWindow = 30 * time.Millisecond
 )
 
 // foreignKey is what a Manager knows of a key shared with foreign holders
