@@ -37,6 +37,7 @@ type fleetConfig struct {
 	warmup   time.Duration // load before the window
 	hold     time.Duration // how long a shared key is held
 	churn    time.Duration // > 0: churn mode (unique own keys, sampled), instead of the steps
+	idle     time.Duration // > 0: after each step's window, stop the load and count the idle fleet's connections after this long
 	sample   time.Duration // churn: sampling interval
 }
 
@@ -487,6 +488,20 @@ func runFleetStep(ctx context.Context, cfg config, n int) (res Result, err error
 	if err != nil {
 		return res, err
 	}
+	idle := serverCounts{conns: -1}
+	if fc.idle > 0 {
+		// The idle fleet: the held leases stay (auto-extended), nothing
+		// else runs; the pools close the connections idle too long.
+		if _, err := f.collect(ctx, "idle", collectWait); err != nil {
+			return res, err
+		}
+		if err := sleepCtx(ctx, fc.idle); err != nil {
+			return res, err
+		}
+		if idle, err = f.probe.counts(ctx, false); err != nil {
+			return res, err
+		}
+	}
 	finals, err := f.stop(ctx)
 	if err != nil {
 		return res, err
@@ -497,7 +512,14 @@ func runFleetStep(ctx context.Context, cfg config, n int) (res Result, err error
 	if obsErr == nil {
 		notifies = o1 - o0
 	}
-	return summarizeFleetStep(n, s0, s1, d, lost, notifies, end, maxAdv, maxConns), nil
+	r := summarizeFleetStep(n, s0, s1, d, lost, notifies, end, maxAdv, maxConns)
+	if idle.conns >= 0 {
+		r.Extra["idle_conns"] = float64(idle.conns)
+		r.Extra["idle_listen_conns"] = float64(idle.listen)
+		r.Extra["idle_conns_per_proc"] = float64(idle.conns) / float64(n)
+		r.Extra["idle_s"] = fc.idle.Seconds()
+	}
+	return r, nil
 }
 
 // summarizeFleetStep makes the step's Result. lost is over the whole run
@@ -569,7 +591,7 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 // fleetColumns are the fleet table's columns, in order; fleetCells gives
 // a row's cells (text and Markdown alike).
 var fleetColumns = []string{"N", "conns", "listen", "srv CPU ms/1k grants", "grants/s", "attempts/grant", "xact/s", "non-pool xact/s", "WAL kB/s",
-	"notify/release", "deliveries/release", "adv locks max/end", "shared p50/p99 ms", "lost", "client RSS MB", "errors"}
+	"notify/release", "deliveries/release", "adv locks max/end", "shared p50/p99 ms", "lost", "client RSS MB", "idle conns/proc", "errors"}
 
 func fleetCells(r Result) []string {
 	x := r.Extra
@@ -599,6 +621,7 @@ func fleetCells(r Result) []string {
 		lat,
 		fmt.Sprintf("%.0f", x["lost"]),
 		opt("rss_MB", "%.0f"),
+		opt("idle_conns_per_proc", "%.2f"),
 		fleetErrors(x),
 	}
 }

@@ -352,3 +352,33 @@ func TestFleetConnectionBudget(t *testing.T) {
 		t.Fatalf("run = %v, %v; want the budget refused before N=1 ran", res, err)
 	}
 }
+
+// TestFleetTargets: the fleet targets are judged from the steps' figures.
+func TestFleetTargets(t *testing.T) {
+	step := func(n int, x map[string]float64) Result {
+		return Result{Scenario: "fleet", Impl: "manager", Callers: n, Processes: n, Extra: x}
+	}
+	res := resultSet{
+		step(10, map[string]float64{"lost": 0, "cpu_ms_per_1k_grants": 1000, "idle_conns_per_proc": 3, "idle_conns": 30, "idle_listen_conns": 10, "idle_s": 45}),
+		step(100, map[string]float64{"lost": 2, "cpu_ms_per_1k_grants": 1600, "idle_conns_per_proc": 3.2, "idle_conns": 320, "idle_listen_conns": 100, "idle_s": 45}),
+	}
+	got := map[string]string{}
+	for _, tg := range fleetTargets(res) {
+		got[tg.Name] = tg.verdict()
+	}
+	want := map[string]string{
+		"0 lost leases, N=10 (extends fit: 3 extend statements/s)":         "met",
+		"0 lost leases, N=100 (extends fit: 30 extend statements/s)":       "MISSED",
+		"server CPU/grant N=100 ≤ 1.5 × N=10":                              "MISSED",
+		"≤ 3 server connections per idle process, N=10 (after 45 s idle)":  "met",
+		"≤ 3 server connections per idle process, N=100 (after 45 s idle)": "MISSED",
+	}
+	for name, v := range want {
+		if got[name] != v {
+			t.Errorf("%s: %q, want %q (all: %v)", name, got[name], v, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("got %d targets, want %d: %v", len(got), len(want), got)
+	}
+}

@@ -118,6 +118,9 @@ func openFleetManager(ctx context.Context, spec fleetSpec) (*fleetManager, error
 	if err := pg.ConfigurePool(pc); err != nil {
 		return nil, err
 	}
+	// As manager.Open's own pool (manager.idlePool): connections idle
+	// 30 s are closed, looked for every 10 s.
+	pc.MaxConnIdleTime, pc.HealthCheckPeriod = 30*time.Second, 10*time.Second
 	tr := &fleetTracer{}
 	pc.ConnConfig.Tracer = tr
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
@@ -230,8 +233,9 @@ func withConnParams(conn string, kv [][2]string) (string, error) {
 // Protocol: the spec as one JSON line on stdin; the worker opens its
 // Manager, acquires its held leases and prints a ready report; then it
 // reads commands, one a line: "go" starts the load, "report" prints a
-// report, "stop" stops the load, closes the Manager and prints the final
-// report. End of stdin (the bench is gone) ends the worker at once.
+// report, "idle" stops the load (the held leases stay, auto-extended) and
+// prints a report, "stop" stops the load, closes the Manager and prints
+// the final report. End of stdin (the bench is gone) ends the worker at once.
 func runFleetWorkerMode() bool {
 	if os.Getenv(fleetWorkerEnv) == "" {
 		return false
@@ -454,6 +458,10 @@ func fleetWorker(spec fleetSpec, in *bufio.Reader, stdout io.Writer) int {
 				startLoad()
 			}
 		case "report":
+			_ = enc.Encode(c.snapshot())
+		case "idle":
+			stopLoad()
+			loadWG.Wait()
 			_ = enc.Encode(c.snapshot())
 		case "stop":
 			stopLoad()

@@ -163,7 +163,7 @@ func runHotSharedPoint(ctx context.Context, cfg config, kind string, callers int
 	}
 	// run makes every caller cycle until d has passed. Waits in progress
 	// at the end are not cancelled: a waiter that gives up leaves its mark
-	// (a writer's keeps new readers away for 5 s), which would stall the
+	// (a writer's keeps new readers away for 2 s), which would stall the
 	// next window; they end with their grant or their timeout.
 	run := func(d time.Duration, atEnd func()) []*hotSharedCaller {
 		end := time.Now().Add(d)

@@ -175,6 +175,9 @@
 //   - client RSS MB: the sum of the workers' VmRSS at the window's end.
 //   - errors: failed Acquires and Releases in the window, by operation and
 //     pglease code (acquire:AcquisitionTimeout …).
+//   - idle conns/proc (with -fleet-idle D): after the window the workers
+//     stop their load but keep their held leases (auto-extended); D later
+//     the fleet's connections per worker (pool and listening connection).
 //
 // Before starting, the bench checks that the server accepts N × (min(pool
 // size, 5) + 1) more connections (fleetConnsPerWorker) and otherwise says
@@ -300,6 +303,7 @@ func main() {
 	flag.DurationVar(&cfg.fleet.hold, "fleet-hold", 5*time.Millisecond, "fleet: how long a shared key is held")
 	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
 	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
+	flag.DurationVar(&cfg.fleet.idle, "fleet-idle", 0, "fleet: after each step's window, stop the load (held leases stay) and count the fleet's connections after this long (e.g. 50s; 0: skip)")
 	flag.DurationVar(&cfg.mixed.duration, "mixed-duration", 60*time.Second, "mixed: length of each phase (SyncGuard alone, Managers alone, both)")
 	flag.StringVar(&mixedShape, "mixed-shape", "3,3,2,3,3", "mixed: SyncGuard processes, lock() loops each, Manager processes, goroutines each, hot keys")
 	flag.StringVar(&cfg.mixed.nodeDir, "mixed-node-dir", "bench/peers/syncguard", "mixed: folder of the SyncGuard Node worker (worker.mjs)")
@@ -351,7 +355,7 @@ func main() {
 	if hb100k && !slices.Contains(cfg.hbN, 100000) {
 		cfg.hbN = append(cfg.hbN, 100000)
 	}
-	if cfg.fleet.duration <= 0 || cfg.fleet.warmup < 0 || cfg.fleet.hold < 0 || cfg.fleet.churn < 0 || cfg.fleet.sample <= 0 {
+	if cfg.fleet.duration <= 0 || cfg.fleet.warmup < 0 || cfg.fleet.hold < 0 || cfg.fleet.churn < 0 || cfg.fleet.sample <= 0 || cfg.fleet.idle < 0 {
 		fmt.Fprintln(os.Stderr, "bench: -fleet-duration and -fleet-sample must be positive, -fleet-warmup, -fleet-hold and -fleet-churn not negative")
 		os.Exit(2)
 	}

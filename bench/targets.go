@@ -145,7 +145,7 @@ func computeTargets(res, base resultSet) []Target {
 		if h.Latency == "lag" {
 			lag = fmt.Sprintf("p50 %.1f ms, p99 %.1f ms, max %.1f ms", h.P50Ms, h.P99Ms, h.MaxMs)
 		}
-		add("4", "100,000 locks: extend lag", lag, nil)
+		add("4", "100,000 locks: extend lag (negative: sent early, at most TTL/12, to share a statement)", lag, nil)
 		add("4", "100,000 locks: Go heap per held lock", fmt.Sprintf("%.0f B", h.Extra["heap_B_per_lock"]), nil)
 	}
 	// 5. No regression: round trips per operation, advisory figures.
@@ -182,7 +182,8 @@ func computeTargets(res, base resultSet) []Target {
 			fmt.Sprintf("%.0f vs %.0f/s (%.0f %%)", r.CyclesPerSec, b.CyclesPerSec, 100*share), boolp(share >= advisoryRegress))
 	}
 	ts = append(ts, mixedTargets(res)...)
-	return append(ts, primTargets(res)...)
+	ts = append(ts, primTargets(res)...)
+	return append(ts, fleetTargets(res)...) // bench/fleet_targets.go
 }
 
 // mixedTargets judges target M (bench/mixed.go): with the release trigger

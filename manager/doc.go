@@ -105,7 +105,8 @@
 // LISTENing on the notify channel. A release runs pg_notify(channel,
 // pglease.HashKey(key)), never the raw key, only when another process
 // waits for the key: a Manager whose attempt found the key taken
-// elsewhere, with callers still waiting, holds the key's waiter lock on
+// elsewhere, or failed (free or not is then unknown), with callers still
+// waiting, holds the key's waiter lock on
 // its listening session (waiters.go) and tries the key once more after
 // taking it. A notification for a key with waiters starts its next
 // attempt at once. Notifications are only a nudge: polling with backoff
@@ -161,8 +162,15 @@
 //   - A dead pooled connection: a batch unanswered after a second (or half
 //     the StatementTimeout) is stuck: the caps stop counting it and each
 //     key it carries gets a new attempt on another connection
-//     (flight.go). The listener probes its connection after a quiet
-//     second, reconnects, and then tries every waiting key once.
+//     (flight.go), unless the Manager is shedding (next item). The
+//     listener probes its connection after a quiet second, reconnects,
+//     and then tries every waiting key once.
+//   - Overload: held leases are renewed first. Acquires, releases and
+//     handoffs never take the pool's last connection, stuck or not, and a
+//     slow round trip makes the Manager shed: acquires go out at most one
+//     batch per pause (up to 2 s) until answers are quick again for 5 s,
+//     shown by pglease.manager.overload and a log record; a wait that
+//     ends meanwhile says so (overload.go).
 //   - Failover (several hosts, target_session_attrs=read-write): the pool
 //     and the listener move to the new primary, each host's connect
 //     bounded; fences stay safe only with synchronous replication
@@ -183,7 +191,7 @@
 //   - Performance figures: docs/performance.md and docs/scaling.md.
 //   - The implementation: loop.go (run, its handlers), state.go,
 //     lane.go and flight.go (batches, caps, stuck batches), handoff.go,
-//     tryattempt.go, extend.go, relretry.go, shutdown.go, losswatch.go,
+//     overload.go, tryattempt.go, extend.go, relretry.go, shutdown.go, losswatch.go,
 //     listener.go and waiters.go (the listener and its mailbox),
 //     revoke.go (Revoke, RequestRelease), watch.go (Watch),
 //     shared.go (shared holds), sets.go (AcquireAll: queueing and

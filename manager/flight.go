@@ -47,9 +47,10 @@ func (m *Manager) stuckAfter() time.Duration {
 type flight struct {
 	spec     *batchSpec // its lane's kind and slots (lane.go)
 	start    time.Time
-	landed   uint8      // bit i: the done message for spec.slots[i] has landed
-	attempts []*attempt // the attempts it carries (acquires, handoffs): hedged when it is stuck
-	stuck    bool       // older than stuckAfter: the caps no longer count it
+	landed   uint8         // bit i: the done message for spec.slots[i] has landed
+	attempts []*attempt    // the attempts it carries (acquires, handoffs): hedged when it is stuck
+	stuck    bool          // older than stuckAfter: the caps no longer count it
+	slack    time.Duration // an extend batch: from its start to the earliest trust deadline of its leases (overload.go)
 }
 
 // checkStuck marks the batches older than stuckAfter as stuck and hedges
@@ -66,8 +67,8 @@ func (st *loopState) checkStuck(now time.Time) {
 				s.stuck++
 			}
 		}
-		if st.closing {
-			continue
+		if st.closing || st.shed.on {
+			continue // shedding: a slow server, not a dead connection, is the likelier cause (overload.go)
 		}
 		for _, a := range fl.attempts {
 			st.noAnswer(a, after)

@@ -193,8 +193,9 @@ func setup(t testing.TB, o setupOpts) *bundle {
 }
 
 // newPeer returns a second Manager on the same schema (another "process"
-// as far as locking goes: own loop, own pool, own listener).
-func (b *bundle) newPeer(t testing.TB, cfg Config) (*Manager, *signals) {
+// as far as locking goes: own loop, own pool, own listener), with the
+// test hooks hooks[0] if given.
+func (b *bundle) newPeer(t testing.TB, cfg Config, hooks ...testHooks) (*Manager, *signals) {
 	t.Helper()
 	pcfg := b.pool.Config().Copy()
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
@@ -204,7 +205,12 @@ func (b *bundle) newPeer(t testing.TB, cfg Config) (*Manager, *signals) {
 	t.Cleanup(pool.Close)
 	sig := &signals{}
 	sig.init()
-	m, err := newManager("test", pool, false, cfg, func(m *Manager) { m.sig = sig })
+	m, err := newManager("test", pool, false, cfg, func(m *Manager) {
+		m.sig = sig
+		if len(hooks) > 0 {
+			m.test = hooks[0]
+		}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

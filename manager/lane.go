@@ -23,6 +23,12 @@ import (
 //     their own and never wait behind acquires or releases.
 //   - An adaptive lane may send one more batch while fullBatch or more
 //     requests wait (adapt).
+//   - Renewals first: the batches of every lane but the extends' take at
+//     most max(1, pool MaxConns − 1) connections together, stuck ones
+//     included (a stuck statement still holds its connection), so that an
+//     extend batch never waits for a pool connection behind acquires,
+//     releases or handoffs. Under overload acquires are also paced
+//     (overload.go).
 //   - During Close, a lane that drains (releases) sends everything pending
 //     at once, in batches of store.MaxBatch; every other lane's pending items
 //     are dropped, after keep has settled them (answered a try, turned a
@@ -100,11 +106,19 @@ func (l *lane[T]) flush(st *loopState) {
 		l.pending = nil
 		return
 	}
+	paced := l.kind.paced()
 	for len(l.pending) > 0 && st.room(l.slots[0], l.adaptive, len(l.pending), l.drains) {
 		if l.keep != nil && l.keepLazily {
 			if l.prune(); len(l.pending) == 0 {
 				break
 			}
+		}
+		if paced && st.shed.on {
+			now := time.Now()
+			if !st.shed.mayAcquire(now) {
+				break // shedding: one acquire batch per gap (overload.go)
+			}
+			st.shed.sentAcquire(now)
 		}
 		size := l.maxBatch
 		if st.closing {
@@ -144,6 +158,9 @@ func (st *loopState) room(s *slots, adaptive bool, pending int, drains bool) boo
 	if adaptive {
 		limit = st.adapt(limit, pending)
 	}
+	if s != &st.extendSlots && st.busyConns >= max(1, st.m.maxConns-1) {
+		return false // the last pool connection is the extends' (renewals first)
+	}
 	return s.n-s.stuck < limit && s.n < limit+st.m.maxConns
 }
 
@@ -153,6 +170,9 @@ func (st *loopState) launch(spec *batchSpec) *flight {
 	fl := &flight{spec: spec, start: time.Now()}
 	for _, s := range spec.slots {
 		s.n++
+	}
+	if spec.kind != kindExtend {
+		st.busyConns++
 	}
 	st.flights[fl] = struct{}{}
 	return fl
@@ -164,6 +184,9 @@ func (st *loopState) land(fl *flight, s *slots) {
 	i := slices.Index(fl.spec.slots, s)
 	if i < 0 || fl.landed&(1<<i) != 0 {
 		return
+	}
+	if fl.landed == 0 && fl.spec.kind != kindExtend {
+		st.busyConns-- // its statement was answered: the connection is free
 	}
 	fl.landed |= 1 << i
 	s.n--

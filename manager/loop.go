@@ -86,6 +86,7 @@ func (m *Manager) run(st *loopState) {
 		case <-st.lis.done:
 			lm.Busy()
 			st.lis.ended()
+			st.lingering, st.lingerAt = nil, time.Time{}
 			st.closeWatches() // nothing reports their changes any more
 		case <-closing:
 			lm.Busy()
@@ -177,6 +178,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 		// What the wait ended on (waitErr): a holder here, a holder
 		// elsewhere (named by its last "locked" answer), or an outage.
 		ans.heldHere, ans.lastErr, ans.heldBy = ks.heldHere(req), ks.lastErr, ks.heldBy()
+		ans.shed = st.shed.on
 		if len(ks.queue) == 0 {
 			st.clearRetry(ks) // an attempt in flight finds no waiter and releases its grant
 		}
@@ -205,6 +207,7 @@ func (st *loopState) handleRelease(req *releaseReq) {
 func (st *loopState) handleAcquireDone(d acquireDone) {
 	st.land(d.fl, &st.acquireSlots)
 	now := time.Now()
+	st.observe(d.fl, len(d.batch)+len(d.sets), d.err, now) // overload.go
 	if d.sets != nil {
 		st.setsDone(d, now) // sets.go
 		return
@@ -295,6 +298,11 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 	}
 	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, obs.AttemptFailed, 0)
 	st.popTries(ks, acquireReply{err: err})
+	// Whether the key was free is unknown: register it as waited for
+	// (waiters.go), or a release elsewhere that nobody else waits for
+	// would not notify, and the waiters here would sleep through it until
+	// their retry.
+	st.wantWaiter(ks)
 	if len(ks.queue) > 0 {
 		st.scheduleRetry(ks, now, time.Time{})
 		noteAttempt(ks.queue, db, obs.AttemptFailed, ks.retryAt.Sub(now))
@@ -348,6 +356,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 func (st *loopState) handleReleaseDone(d releaseDone) {
 	st.land(d.fl, &st.releaseSlots)
 	now := time.Now()
+	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
 	for i, it := range d.batch {
 		var err error
 		// An unknown outcome is retried while the lease may be live on the
@@ -399,6 +408,7 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 func (st *loopState) handleExtendDone(d extendDone) {
 	st.land(d.fl, &st.extendSlots)
 	now := time.Now()
+	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
 	if d.err != nil {
 		st.sig().extendFailed.signal(d.err)
 	}
@@ -504,6 +514,8 @@ func (st *loopState) handleDue(now time.Time) {
 		return
 	}
 	st.dueWatch(now)
+	st.sweepLingering(now) // waiters.go
+	st.shedDue(now)        // overload.go
 	for len(st.retries) > 0 && !st.retries[0].at.After(now) {
 		e := heap.Pop(&st.retries).(retryEntry)
 		switch {
@@ -594,7 +606,8 @@ func (st *loopState) sendReleases(fl *flight, batch []releaseItem) {
 // useless.
 func (st *loopState) sendExtends(fl *flight, batch []*holding) {
 	m := st.m
-	deadline := time.Now().Add(m.cfg.StatementTimeout)
+	now := time.Now()
+	deadline := now.Add(m.cfg.StatementTimeout)
 	reqs := make([]store.ExtendRequest, len(batch))
 	for i, h := range batch {
 		reqs[i] = store.ExtendRequest{LockID: h.lock.id, TTL: h.lock.ttl}
@@ -605,6 +618,7 @@ func (st *loopState) sendExtends(fl *flight, batch []*holding) {
 			deadline = tu
 		}
 	}
+	fl.slack = deadline.Sub(now) // overload.go
 	// One heartbeat round per extend batch: the span ends when run
 	// handles the result. Its round trip links to the acquire span of
 	// each lock it extends.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -332,6 +333,7 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 	if err := pg.ConfigurePool(pcfg); err != nil {
 		return nil, err
 	}
+	idlePool(pcfg, connString)
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "cannot create pool", err)
@@ -342,6 +344,27 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 		return nil, err
 	}
 	return m, nil
+}
+
+// A Manager's own pool (Open) closes the connections idle for more than
+// ownIdleTime, looked for every ownHealthCheck, unless the connection
+// string sets pool_max_conn_idle_time or pool_health_check_period
+// (pgxpool's defaults: 30 min, 1 min). A fleet's idle processes then keep
+// their listening connection and the one pool connection their heartbeat
+// reuses, not the pool's full size for half an hour: the server's
+// connections are what a fleet runs out of first (docs/scaling.md).
+const (
+	ownIdleTime    = 30 * time.Second
+	ownHealthCheck = 10 * time.Second
+)
+
+func idlePool(pcfg *pgxpool.Config, connString string) {
+	if !strings.Contains(connString, "pool_max_conn_idle_time") {
+		pcfg.MaxConnIdleTime = ownIdleTime
+	}
+	if !strings.Contains(connString, "pool_health_check_period") {
+		pcfg.HealthCheckPeriod = ownHealthCheck
+	}
 }
 
 func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...option) (*Manager, error) {
@@ -694,6 +717,9 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
 	case r.heldHere:
 		return pgerr.New(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
+	case r.lastErr != nil && unreachable(wrapped) && r.shed:
+		return pgerr.New(pglease.CodeOf(wrapped), op,
+			"the database did not answer before the wait ended; no lock was granted"+shedNote, wrapped)
 	case r.lastErr != nil && unreachable(wrapped):
 		return pgerr.New(pglease.CodeOf(wrapped), op,
 			"the database could not be reached before the wait ended (the key's last attempt, or a release it waited for, failed and no attempt since reached it); no lock was granted", wrapped)
@@ -701,6 +727,9 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	msg := "lock not acquired before the wait ended"
 	if r.heldBy != "" {
 		msg += " (held by " + r.heldBy + " when last checked)"
+	}
+	if r.shed {
+		msg += shedNote
 	}
 	return pgerr.New(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 }

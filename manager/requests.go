@@ -67,6 +67,7 @@ type acquireReply struct {
 	heldHere  bool
 	lastErr   error
 	heldBy    string
+	shed      bool // the Manager was holding back acquires when the wait ended (overload.go)
 }
 
 // releaseReq is one Lock.Release call.

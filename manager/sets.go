@@ -541,6 +541,9 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 			st.answerSet(w, acquireReply{err: d.err})
 			return
 		}
+		for _, k := range req.set.keys {
+			st.wantWaiter(st.keys[k.key]) // free or not is unknown (attemptFailed)
+		}
 		st.setRetry(sa, now, time.Time{})
 		return
 	}

@@ -34,8 +34,8 @@ import (
 //     permits alone fill the semaphore. An exclusive head does attempt
 //     while local shared holds exist: its refusal marks the key as waited
 //     for by a writer, which keeps new shared holds of every process away
-//     (writer preference; the mark lapses 5 s after the last refused
-//     exclusive attempt, which the server asks to come back within 2 s).
+//     (writer preference; the mark lapses 2 s after the last refused
+//     exclusive attempt, which the server asks to come back within 1 s).
 //   - A shared hold's release is a plain release (local handoffs are
 //     exclusive to exclusive: the store hands over exclusive leases only,
 //     and never while shared holds remain); it kicks the key, whose head
@@ -58,7 +58,7 @@ const maxCoalesce = 64
 // waiting writer goes first: from its first refused attempt no new reader
 // is granted until it has had the key (writer preference: a steady stream
 // of readers cannot starve it; a writer that dies or gives up waiting
-// stops blocking readers 5 s after its last attempt). So, as with
+// stops blocking readers 2 s after its last attempt). So, as with
 // sync.RWMutex, a reader must not take the key again while it holds it:
 // the second read would wait for a waiting writer, which waits for the
 // first.

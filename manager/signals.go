@@ -52,6 +52,7 @@ type signals struct {
 	revokeKept          testSignal[string]       // a revoke that matched no held lock was remembered (its lockId hash)
 	releaseRequested    testSignal[string]       // a held lock's ReleaseRequested was closed
 	watchRead           testSignal[int]          // a snapshot read for watches came back (how many keys)
+	shedding            testSignal[bool]         // the Manager started (true) or stopped (false) holding back acquires (overload.go)
 }
 
 func (s *signals) init() {
@@ -80,6 +81,7 @@ func (s *signals) init() {
 	s.revokeKept.init()
 	s.releaseRequested.init()
 	s.watchRead.init()
+	s.shedding.init()
 }
 
 // batchKind names a kind of batched statement.
@@ -128,4 +130,10 @@ type testHooks struct {
 	// afterAcquire, if set, runs in the DB goroutine of an acquire batch
 	// after its statement was answered, before the answer is posted.
 	afterAcquire func()
+	// waiterLinger, if set, replaces waiterLinger (waiters.go); negative:
+	// a registration ends with its key's state.
+	waiterLinger time.Duration
+	// slowRoundTrip and shedCalm, if set, replace slowRoundTrip and
+	// shedCalm (overload.go).
+	slowRoundTrip, shedCalm time.Duration
 }

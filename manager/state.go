@@ -74,6 +74,15 @@ type loopState struct {
 	revokedEarly map[string]time.Time
 	watch        watchLoop // owned by run: the watched keys (watch.go)
 
+	// lingering: owned by run: the waiter registrations kept after their
+	// key was forgotten, by NFC key, until when (waiters.go); lingerAt is
+	// the next sweep (zero: none).
+	lingering map[string]time.Time
+	lingerAt  time.Time
+
+	shed      overload // owned by run: holding back acquires under overload (overload.go)
+	busyConns int      // owned by run: batches in flight other than extends, stuck ones included (lane.go: room)
+
 	// foreign: owned by run: keys found held by a foreign (non-pglease)
 	// holder lately, by key hash, shared with them in time
 	// (foreign.go); nil in pure pglease fleets.
@@ -237,6 +246,7 @@ func (st *loopState) keyFor(key, hash string) *keyState {
 			ks.fence, ks.hasFence = f, true
 			delete(st.fences, key)
 		}
+		st.resumeWaiter(ks) // a registration that lingers is the key's again (waiters.go)
 		st.keys[key] = ks
 	}
 	return ks
@@ -403,6 +413,12 @@ func (st *loopState) nextWake() time.Time {
 		next = s
 	}
 	if s := st.nextWatchWake(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.lingerAt; !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.nextShed(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
 	for len(st.retries) > 0 {

@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -14,16 +15,19 @@ import (
 // A process tells the server it waits for a key by holding the key's
 // waiter lock (store.WaiterLockClass) on its listening connection:
 //
-//   - When an attempt finds the key taken by someone else and callers
-//     still wait for it, the loop asks the listener for the key's waiter
-//     lock (wantWaiter).
+//   - When an attempt finds the key taken by someone else, or fails
+//     (whether the key is free is then unknown), and callers still wait
+//     for it, the loop asks the listener for the key's waiter lock
+//     (wantWaiter).
 //   - The listener takes the locks asked for (store.RegisterWaiters) and
 //     posts the keys it registered; the loop then tries each of them once
 //     more: a release that committed before the registration could not
 //     see it, and that try finds the key free.
-//   - When the loop forgets the key (no waiter, no holder), the listener
-//     drops its lock. A reconnect starts a session without locks: the
-//     listener takes them all again before it posts its resync.
+//   - When the loop forgets the key (no waiter, no holder), the
+//     registration lingers a few seconds (waiterLinger), in case the key
+//     is waited for again, and the listener then drops its lock. A
+//     reconnect starts a session without locks: the listener takes them
+//     all again before it posts its resync.
 //
 // Without a listener (DisableNotify, a transaction-mode pooler) nothing is
 // registered: other processes' releases then send no notification to this
@@ -161,7 +165,7 @@ func (l *listener) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySo
 }
 
 // wantWaiter asks for ks's registration: an attempt found the key taken
-// by someone else and callers here still wait.
+// by someone else, or failed, and callers here still wait.
 func (st *loopState) wantWaiter(ks *keyState) {
 	if st.lis.mail == nil || ks.waitReg || (len(ks.queue) == 0 && len(ks.setWaiters()) == 0) || st.closing {
 		return
@@ -170,12 +174,79 @@ func (st *loopState) wantWaiter(ks *keyState) {
 	st.lis.want(sessionLock{classWaiter, ks.key}, true)
 }
 
-// dropWaiter ends ks's registration (run forgets the key).
-func (st *loopState) dropWaiter(ks *keyState) {
-	if ks.waitReg {
-		ks.waitReg = false
-		st.lis.want(sessionLock{classWaiter, ks.key}, false)
+// A registration outlives its key's state for waiterLinger: a key that
+// was contended once is likely contended again soon (a hot key's waiters
+// come and go with every hand-over), and dropping and retaking its lock
+// each time cost the listener two round trips per cycle, and the loop one
+// more attempt per cycle (the try after each registration). While it
+// lingers, other processes' releases of the key notify this one, which
+// ignores them (nobody waits here). Expired registrations are dropped
+// together, in one sweep every waiterLinger/4 at most, so that one
+// unregister statement carries them all. At most maxLingering keys
+// linger; beyond that a registration is dropped at once.
+const (
+	waiterLinger = 5 * time.Second
+	maxLingering = 10_000
+)
+
+func (m *Manager) waiterLinger() time.Duration {
+	if m.test.waiterLinger != 0 {
+		return max(m.test.waiterLinger, 0)
 	}
+	return waiterLinger
+}
+
+// dropWaiter ends ks's registration (run forgets the key): it lingers
+// (see waiterLinger), unless the Manager is closing or too many linger.
+func (st *loopState) dropWaiter(ks *keyState) {
+	if !ks.waitReg {
+		return
+	}
+	ks.waitReg = false
+	linger := st.m.waiterLinger()
+	if st.closing || st.lis.mail == nil || linger <= 0 || len(st.lingering) >= maxLingering {
+		st.lis.want(sessionLock{classWaiter, ks.key}, false)
+		return
+	}
+	if st.lingering == nil {
+		st.lingering = make(map[string]time.Time)
+	}
+	until := time.Now().Add(linger)
+	st.lingering[ks.key] = until
+	if st.lingerAt.IsZero() {
+		st.lingerAt = until
+	}
+}
+
+// resumeWaiter gives a key state that is being made back the
+// registration that lingers for its key, if any (keyFor).
+func (st *loopState) resumeWaiter(ks *keyState) {
+	if _, ok := st.lingering[ks.key]; ok {
+		delete(st.lingering, ks.key)
+		ks.waitReg = st.lis.mail != nil
+	}
+}
+
+// sweepLingering drops the registrations whose linger has ended, and
+// those that would end within the next quarter of it (so that one sweep,
+// one unregister statement, takes many), and schedules the next sweep.
+func (st *loopState) sweepLingering(now time.Time) {
+	if st.lingerAt.IsZero() || now.Before(st.lingerAt) {
+		return
+	}
+	cut := now.Add(st.m.waiterLinger() / 4)
+	var next time.Time
+	for key, until := range st.lingering {
+		if !until.After(cut) {
+			delete(st.lingering, key)
+			st.lis.want(sessionLock{classWaiter, key}, false)
+			continue
+		}
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+	}
+	st.lingerAt = next
 }
 
 // handleRegistered tries each key whose waiter lock the listener took

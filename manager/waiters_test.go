@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -119,6 +120,55 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	eventually(t, "the waiter's registration ends", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
 }
 
+// A key's waiter registration outlives its waiters for a while: waiting
+// for the key again soon takes no new registration (no listener round
+// trip, no extra attempt), and releases still wake the waiter; once the
+// linger has passed, the registration ends.
+func TestWaiterRegistrationLingers(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Retry: noPolling}
+	b := setup(t, setupOpts{cfg: cfg})
+	w, wsig := b.newPeer(t, cfg, testHooks{waiterLinger: time.Hour})
+	short, ssig := b.newPeer(t, cfg, testHooks{waiterLinger: 50 * time.Millisecond})
+	ctx := ctxT(t)
+	hot := "waited-linger:" + b.schema
+	wait(t, &wsig.listening)
+	wait(t, &ssig.listening)
+	for round := range 3 {
+		held, err := b.m.Acquire(ctx, hot)
+		if err != nil {
+			t.Fatal(err)
+		}
+		handOver(t, ctx, held, w, wsig, hot, "the waiter was not woken by the release")
+		// The waiter forgot the key (granted, released). Give a
+		// registration that would end with it time to end.
+		time.Sleep(300 * time.Millisecond)
+		if n := waiterLocksHeld(t, b, hot); n != 1 {
+			t.Fatalf("round %d: %d waiter locks after the wait ended, want the lingering 1", round, n)
+		}
+		regs := 0
+		for {
+			select {
+			case n := <-wsig.registered.ch:
+				regs += n
+				continue
+			default:
+			}
+			break
+		}
+		if want := map[bool]int{true: 1, false: 0}[round == 0]; regs != want {
+			t.Fatalf("round %d: %d registrations, want %d (the lingering one serves again)", round, regs, want)
+		}
+	}
+	// A Manager whose registrations linger briefly drops them.
+	held, err := b.m.Acquire(ctx, hot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handOver(t, ctx, held, short, ssig, hot, "the short-lingering waiter was not woken by the release")
+	eventually(t, "the short linger ends", func() bool { return waiterLocksHeld(t, b, hot) == 1 })
+}
+
 // A listener that reconnects takes its waiter locks again (a new session
 // holds none), so releases keep waking its waiters.
 func TestWaiterRegistrationAfterReconnect(t *testing.T) {
@@ -196,5 +246,64 @@ func TestExtendBatchSize(t *testing.T) {
 		if err := lk.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// A waiter whose attempt failed (an outage: here its statement ran out of
+// time) while the key was held by another Manager that never waited for
+// it, so that nobody had registered the key, is still woken by the
+// release: a failed attempt registers its keys as waited for too. Its
+// retries are a minute apart, so only that registration gets it the key
+// within the test's bound (the silent-host failover lost this wake-up
+// when the waiter's first attempt after the failover met a pooled
+// connection to the dead primary). Both an Acquire and an AcquireAll.
+func TestWaiterRegisteredAfterFailedAttempt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		kind batchKind
+		take func(ctx context.Context, m *Manager, key string) <-chan error
+	}{
+		{"acquire", kindAcquire, acquireAndRelease},
+		{"set", kindSets, func(ctx context.Context, m *Manager, key string) <-chan error {
+			got := make(chan error, 1)
+			go func() {
+				locks, err := m.AcquireAll(ctx, []string{key, key + ":free"})
+				for _, lk := range locks {
+					if err == nil {
+						err = lk.Release(ctx)
+					}
+				}
+				got <- err
+			}()
+			return got
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const timeout = 2 * time.Second
+			var sent atomic.Int32
+			// Not hedged (stuckAfter): the first attempt's statement runs
+			// out of time before it is sent.
+			w := setup(t, setupOpts{cfg: Config{Retry: noPolling, StatementTimeout: timeout}, hooks: testHooks{stuckAfter: time.Hour, beforeBatch: func(kind batchKind, n int) {
+				if kind == tc.kind && sent.Add(1) == 1 {
+					time.Sleep(timeout + 500*time.Millisecond)
+				}
+			}}})
+			h, _ := w.newPeer(t, Config{})
+			ctx := ctxT(t)
+			key := "waited-failed:" + w.schema
+			held, err := h.Acquire(ctx, key) // nobody waits for it: not registered
+			if err != nil {
+				t.Fatal(err)
+			}
+			wait(t, &w.sig.listening)
+			got := tc.take(ctx, w.m, key)
+			wait(t, &w.sig.retrying) // the first attempt failed
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			expectGrant(t, got, "waiter whose attempt failed not woken by the release: the key was never registered as waited for")
+		})
 	}
 }

@@ -80,14 +80,17 @@
 // Acquire (and the Manager's batches) call the acquire function with
 // arrays (keys, fence keys, lockIds, ttls). It visits the keys in ascending
 // (hashtext(key), key) order — so two batches can never deadlock — and
-// for each: pg_advisory_xact_lock(hashtext(key)); SELECT the lock row FOR
-// NO KEY UPDATE (and, when it has expired and is about to be taken over,
-// FOR UPDATE, which waits for transactions that guard the lease); read
-// clock_timestamp(); if the row is live (expires + 1000 > now, or + the
-// grant's lock delay) or the key has live shared holds (schema version 4)
-// answer "locked"; else upsert the counter with INSERT … ON
-// CONFLICT DO UPDATE SET fence = fence + 1 WHERE fence < MAX RETURNING
-// (no row = overflow, nothing changed) and upsert the lock row. Results
+// for each: pg_advisory_xact_lock(hashtext(key)); SELECT the lock row
+// (FOR NO KEY UPDATE when a transaction has touched its version: a
+// release or an extend in flight is waited for; an untouched live row is
+// read without a lock, so a refused attempt writes nothing), and, when it
+// has expired and is about to be taken over, again FOR UPDATE, which
+// waits for transactions that guard the lease; read clock_timestamp(); if
+// the row is live (expires + 1000 > now, or + the grant's lock delay) or
+// the key has live shared holds (schema version 4) answer "locked"; else
+// increment the counter (UPDATE … WHERE fence < MAX RETURNING, inserting
+// it for the key's first grant; no row = overflow, nothing changed) and
+// update the lock row in place or insert it. Results
 // (status, fence, times) come back per item as rows; contention and
 // overflow are statuses, not exceptions, so one item does not roll back
 // the others.
@@ -95,7 +98,9 @@
 // Release and Extend (and the Manager's batches) call functions that
 // first lock all matching rows in the same (hashtext(key), key) order
 // (SELECT … ORDER BY … FOR UPDATE; FOR NO KEY UPDATE for extend, so that
-// a transaction guarding the lease does not block its heartbeat), read
+// a transaction guarding the lease does not block its heartbeat; a
+// release of a single lockId deletes without locking first, its WHERE
+// read again, clock included, after any wait), read
 // clock_timestamp(), then delete
 // or update each row whose lock_id matches and whose expires_at_ms is
 // still in the future. Extend sets expires_at_ms = now + ttl (replace,

@@ -66,7 +66,12 @@ type Config struct {
 // *pgx.Conn or pgx.Tx is not). It does not own the DB and never closes
 // it. The schema must be at the version this pglease needs (package
 // pg/migrate): the Store checks it once, before its first acquire, and
-// fails with an error that says how to migrate when it is not.
+// fails with an error that says how to migrate when it is not. A Store on
+// a transaction or a connection (pg.New(tx, cfg), typically one per
+// transaction) skips that check, and its round trip, when a Store of
+// this process already checked the same tables through the same
+// connection settings; a migration with package pg/migrate makes them
+// check again.
 type Store struct {
 	s *store.Store
 }

@@ -137,3 +137,78 @@ func TestStoreInCallerTransaction(t *testing.T) {
 	}
 	locked(false, "after COMMIT")
 }
+
+// A Store built per transaction on the caller's pgx.Tx checks the schema
+// once per target in this process, not once per transaction: after the
+// first transaction, an acquire and a release in the caller's
+// transaction are one query each (the schema check would be one more),
+// on the same connection or another of the pool. (A new Store on the
+// pool checks for itself, once for its life.)
+func TestStoreInCallerTransactionChecksSchemaOnce(t *testing.T) {
+	t.Parallel()
+	cnt := &counter{}
+	_, pool, _ := newStore(t, pg.Config{}, withCounter(cnt), maxConns(2))
+	c := ctx(t)
+	for round := range 4 {
+		tx, err := pool.Begin(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := pg.New(tx, pg.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cnt.reset()
+		r, err := s.Acquire(c, "tx-check-once", time.Minute)
+		if err != nil || !r.OK {
+			t.Fatalf("round %d: Acquire in the transaction = %+v, %v", round, r, err)
+		}
+		acq := cnt.queries.Load()
+		cnt.reset()
+		if ok, err := s.Release(c, r.LockID); err != nil || !ok {
+			t.Fatalf("round %d: Release = %v, %v", round, ok, err)
+		}
+		rel := cnt.queries.Load()
+		if err := tx.Commit(c); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("round %d: acquire %d queries, release %d", round, acq, rel)
+		if round > 0 && (acq != 1 || rel != 1) {
+			t.Errorf("round %d: acquire %d queries, release %d in the caller's transaction; want 1 and 1 (the schema was checked in round 0)", round, acq, rel)
+		}
+	}
+	// The other connection of the pool, in a transaction of its own.
+	conns := make([]interface{ Release() }, 0, 2)
+	for range 2 {
+		cn, err := pool.Acquire(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, cn)
+		tx, err := cn.Begin(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := pg.New(tx, pg.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cnt.reset()
+		if _, err := s.IsLocked(c, "tx-check-once"); err != nil {
+			t.Fatal(err)
+		}
+		r, err := s.Acquire(c, "tx-check-once-2", time.Minute)
+		if err != nil || !r.OK {
+			t.Fatalf("Acquire = %+v, %v", r, err)
+		}
+		if q := cnt.queries.Load(); q != 2 {
+			t.Errorf("IsLocked and Acquire in a transaction on another connection: %d queries, want 2", q)
+		}
+		if err := tx.Rollback(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cn := range conns {
+		cn.Release()
+	}
+}

@@ -195,6 +195,9 @@
 //	pglease.manager.loop.busy          metric, observable gauge   1          The share of time the Manager's loop was busy since the last
 //	                                                                         collection.
 //	pglease.manager.queue.depth        metric, observable gauge   {item}     The length of each Manager queue, by pglease.queue.
+//	pglease.manager.overload           metric, observable gauge   1          1 while the Manager holds back acquires because the database answers
+//	                                                                         slowly, so that held leases are renewed first; 0 otherwise (see
+//	                                                                         "Overload").
 //	db.client.operation.duration       metric, histogram          s          semconv: one round trip's duration; by db.system.name,
 //	                                                                         db.operation.name, server.address, server.port, db.namespace, and
 //	                                                                         for a failed one error.type and db.response.status_code.
@@ -235,6 +238,29 @@
 // processes share the tables: their releases delete the row without a
 // NOTIFY, so without it this Manager's waiters learn of them by polling.
 // A Manager without it therefore logs one Info record, not a warning.
+//
+// # Overload
+//
+// Under overload a Manager renews the leases it holds before it sends new
+// acquires. When a round trip is answered slowly (beyond a tenth of
+// Config.StatementTimeout, within [50 ms, 500 ms], plus 20 µs per item;
+// or an extend beyond a quarter of its leases' slack, or an extend that
+// failed by its deadline), the Manager starts holding back acquires: at
+// most one acquire batch per pause, which doubles while slow answers go on
+// (up to 2 s) and shrinks while answers are quick; stuck batches are not
+// hedged. It stops when no slow answer was seen for 5 s.
+// pglease.manager.overload is 1 meanwhile (summed over Managers: how many
+// hold back acquires), and each change is one log record:
+//
+//	Warn  "pglease: the database is overloaded; acquires are held back so that held leases stay renewed"
+//	      round_trip (s), operation (db.operation.name), acquire_gap (s)
+//	Info  "pglease: the database answers in time again; acquires are no longer held back"
+//	      lasted (s), slowest_round_trip (s), operation, longest_acquire_gap (s)
+//
+// An acquire whose wait ends while its Manager holds back acquires says
+// so in its error. Whatever the load, acquires, releases and handoffs use
+// at most the pool's MaxConns − 1 connections together (1 when MaxConns
+// is 1), so an extend never waits for a connection behind them.
 //
 // # Units
 //

@@ -148,19 +148,19 @@ func TestStatusNewKinds(t *testing.T) {
 	secrets := []string{rw, sem, revoked, expired, delayed, watched, r1.LockID, r2.LockID, p1.LockID, p2.LockID, rv.LockID, ex.LockID, dl.LockID, wl.LockID}
 
 	// withWriter runs the binary right after a writer's exclusive attempt
-	// on rw, refused by the readers, which marks the key for 5 s; again
+	// on rw, refused by the readers, which marks the key for 2 s; again
 	// (bounded) should a loaded machine take longer than that.
 	withWriter := func(args ...string) result {
 		t.Helper()
 		var r result
-		for range 5 {
+		for range 8 {
 			a, err := w.holderStore(t, "writer[301]@web-3").Acquire(c, store.AcquireRequest{Key: rw, TTL: time.Minute})
 			if err != nil || a.OK || a.SharedHolders != 2 {
 				t.Fatalf("the writer's attempt = %v, %v; want refused by 2 readers", a, err)
 			}
 			start := time.Now()
 			r = run(t, w.url, "", args...)
-			if time.Since(start) < 4*time.Second {
+			if time.Since(start) < 1500*time.Millisecond {
 				break
 			}
 		}

@@ -24,6 +24,7 @@ type Loop struct {
 	busySince atomic.Int64 // 1 + ns since base when busy began; 0 = idle
 	busyTotal atomic.Int64 // ns busy in completed busy periods
 	depth     [numQueues]atomic.Int64
+	overload  atomic.Int64 // 1 while the Manager sheds acquires (Recorder.Overload)
 
 	mu        sync.Mutex // guards the fields below (collection only)
 	lastObs   int64
@@ -109,6 +110,12 @@ func (l *Loop) register(r *Recorder, m metric.Meter) {
 	if err2 != nil {
 		otel.Handle(err2)
 	}
+	over, err3 := m.Int64ObservableGauge(metricManagerOverload,
+		metric.WithUnit("1"),
+		metric.WithDescription("1 while the Manager holds back acquires because the database answers slowly (held leases are renewed first), 0 otherwise."))
+	if err3 != nil {
+		otel.Handle(err3)
+	}
 	var obs []metric.Observable
 	if err == nil && busy != nil {
 		obs = append(obs, busy)
@@ -119,6 +126,11 @@ func (l *Loop) register(r *Recorder, m metric.Meter) {
 		obs = append(obs, depth)
 	} else {
 		depth = nil
+	}
+	if err3 == nil && over != nil {
+		obs = append(obs, over)
+	} else {
+		over = nil
 	}
 	if len(obs) == 0 {
 		return
@@ -135,6 +147,9 @@ func (l *Loop) register(r *Recorder, m metric.Meter) {
 			for q := range numQueues {
 				o.ObserveInt64(depth, l.depth[q].Load(), qOpt[q])
 			}
+		}
+		if over != nil {
+			o.ObserveInt64(over, l.overload.Load())
 		}
 		return nil
 	}, obs...)

@@ -84,4 +84,5 @@ const (
 	metricDBClientDuration        = "db.client.operation.duration"
 	metricManagerLoopBusy         = "pglease.manager.loop.busy"
 	metricManagerQueueDepth       = "pglease.manager.queue.depth"
+	metricManagerOverload         = "pglease.manager.overload"
 )

@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -99,15 +104,92 @@ func (s *Store) ReadVersion(ctx context.Context, op string) (version, from int, 
 
 // MarkChecked records that the schema is known to serve this code (a
 // migration to SchemaVersion or a successful check just said so), so the
-// Store's own check before its first acquire is skipped.
-func (s *Store) MarkChecked() { s.checked.Store(true) }
+// Store's own check before its first acquire is skipped, as are those of
+// later Stores on the same target (see checkedTargets).
+func (s *Store) MarkChecked() {
+	s.checked.Store(true)
+	if t := s.target(); t != "" {
+		checkedTargets.Store(t, struct{}{})
+	}
+}
+
+// ForgetChecked drops what this process remembers of the schema checks of
+// s's target: a migration that moves the schema calls it, so that Stores
+// built on the target afterwards check again.
+func (s *Store) ForgetChecked() {
+	if t := s.target(); t != "" {
+		checkedTargets.Delete(t)
+	}
+}
+
+// checkedTargets holds the targets (target) whose schema a Store of this
+// process found to serve this code. A Store on a transaction or a
+// connection is often built per transaction (pg.New on the caller's
+// pgx.Tx): without this, each would spend a round trip on its own check.
+// A Store on a pool checks once for its life, as before (and records its
+// target here). A schema moves back only by a migration, which
+// pg/migrate's forgets the target for.
+var checkedTargets sync.Map // string -> struct{}
+
+// target names what s's schema check is about: the server, database,
+// user and run-time parameters (search_path among them) s's DB connects
+// with, and the schema record function's name. "" when the DB does not
+// say (a DB of another type than pgx's): such a Store checks for itself.
+// It holds no password and is never printed.
+func (s *Store) target() string {
+	var cc *pgx.ConnConfig
+	switch d := s.db.(type) {
+	case *pgxpool.Pool:
+		cc = d.Config().ConnConfig
+	case *pgx.Conn:
+		cc = d.Config()
+	case interface{ Conn() *pgx.Conn }: // pgx.Tx, *pgxpool.Conn
+		if c := d.Conn(); c != nil {
+			cc = c.Config()
+		}
+	}
+	if cc == nil {
+		return ""
+	}
+	var b strings.Builder
+	add := func(v string) { b.WriteString(strconv.Quote(v)); b.WriteByte(' ') }
+	add(s.n.FnSchema)
+	add(cc.Database)
+	add(cc.User)
+	add(cc.Host)
+	add(strconv.Itoa(int(cc.Port)))
+	for _, f := range cc.Fallbacks {
+		add(f.Host)
+		add(strconv.Itoa(int(f.Port)))
+	}
+	params := make([]string, 0, len(cc.RuntimeParams))
+	for k := range cc.RuntimeParams {
+		params = append(params, k)
+	}
+	slices.Sort(params)
+	for _, k := range params {
+		add(k)
+		add(cc.RuntimeParams[k])
+	}
+	return b.String()
+}
 
 // checkOnce is the Store's own check before its first acquire: one round
 // trip (the record is called directly; a missing one is version 0) until
-// a check succeeds, none after.
+// a check of its target succeeds in this process, none after.
 func (s *Store) checkOnce(ctx context.Context, op string) error {
 	if s.checked.Load() {
 		return nil
+	}
+	t := s.target()
+	// A Store on a pool checks for itself, once for its life; one on a
+	// transaction or connection, usually built per transaction, trusts
+	// an earlier check of its target.
+	if _, pool := s.db.(*pgxpool.Pool); t != "" && !pool {
+		if _, ok := checkedTargets.Load(t); ok {
+			s.checked.Store(true)
+			return nil
+		}
 	}
 	var v, c int
 	err := s.run(ctx, op, false, s.versionSQL, nil, func(r pgx.Rows) error { return r.Scan(&v, &c) })
@@ -123,5 +205,8 @@ func (s *Store) checkOnce(ctx context.Context, op string) error {
 		return SchemaErr(op, &SchemaError{Found: v, CompatibleFrom: c, Want: SchemaVersion})
 	}
 	s.checked.Store(true)
+	if t != "" {
+		checkedTargets.Store(t, struct{}{})
+	}
 	return nil
 }

@@ -46,8 +46,10 @@ func (r SharedRequest) Format(f fmt.State, _ rune) {
 //     exists, during a lock delay or a revoke's delay, and while an
 //     exclusive acquire waits for the shared holds to drain (writer
 //     preference: an exclusive attempt refused by shared holds marks the
-//     key for 5 s, refreshed by each such attempt; its RetryAfter is
-//     at most 2 s so that a waiting writer keeps its mark);
+//     key for 2 s, refreshed by each such attempt; its RetryAfter is
+//     at most 1 s so that a waiting writer keeps its mark, and a writer
+//     that gives up or dies holds readers off for at most 2 s after its
+//     last attempt);
 //   - a permit (Limit n) is refused when n live permits exist
 //     (RetryAfter: until the earliest of them expires), and fails with
 //     Err CodeInvalidArgument when the live holders' limit is another

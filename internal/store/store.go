@@ -178,7 +178,7 @@ type AcquireResult struct {
 	// apart), so a caller that polls can try again then instead of at its
 	// next poll; keep polling too, since the holder may extend. An
 	// exclusive attempt refused by shared holds (SharedHolders > 0) is
-	// told at most 2 s: it must try again within 5 s to keep the key
+	// told at most 1 s: it must try again within 2 s to keep the key
 	// marked as waited for by a writer (see AcquireSharedMany).
 	RetryAfter time.Duration
 	// Holder is set when the key is held by someone else and its holder

@@ -80,8 +80,9 @@ func (r ReleaseRequest) Format(f fmt.State, _ rune) {
 // release sees the waiter and notifies, or the waiter's try comes after
 // the check and finds the key free (or waits for the releasing
 // transaction's row lock, then finds it free: the acquire functions lock
-// the exclusive row FOR NO KEY UPDATE and the shared rows FOR SHARE, which
-// a delete's lock excludes).
+// the exclusive row FOR NO KEY UPDATE when a transaction has touched its
+// version, as the release's delete has, and the shared rows FOR SHARE,
+// which a delete's lock excludes).
 //
 // Invalid input anywhere fails the whole call before I/O.
 func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]bool, error) {

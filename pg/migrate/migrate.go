@@ -149,6 +149,9 @@ func (m *Migrator) migrate(ctx context.Context, op string, target int, upOnly bo
 				b.WriteString(ms[i-1].down)
 			}
 		}
+		// Stores built from now on check the schema again (this process
+		// remembers the checks of Stores on the same target).
+		m.s.ForgetChecked()
 		// One simple-protocol Exec (no arguments): one implicit
 		// transaction for all statements.
 		_, err = m.db.Exec(ctx, b.String())

@@ -553,3 +553,37 @@ func TestListLeases(t *testing.T) {
 		t.Fatalf("%d queries/writes for bad options", n)
 	}
 }
+
+// A Store remembers the schema checks of this process per target (so a
+// Store built per transaction does not check again), and a migration
+// forgets them: after a Store on the pool checked, a migration down to 3
+// makes Stores built afterwards, on the pool or a transaction, fail with
+// the SchemaError instead of calling functions that are gone.
+func TestMigrationForgetsSchemaChecks(t *testing.T) {
+	t.Parallel()
+	e, pool, _ := newSuperStore(t, pg.Config{})
+	c := ctx(t)
+	r, err := e.Acquire(c, store.AcquireRequest{Key: "forget", TTL: time.Minute})
+	if err != nil || !r.OK {
+		t.Fatalf("Acquire on the current schema = %+v, %v", r, err)
+	}
+	if _, err := e.Release(c, r.LockID); err != nil {
+		t.Fatal(err)
+	}
+	migrateTo(t, pool, pg.Config{}, 3, false)
+	tx, err := pool.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(c) }()
+	for _, db := range []pg.DB{pool, tx} {
+		s, err := pg.New(db, pg.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var se *migrate.SchemaError
+		if _, err := s.Acquire(c, "forget", time.Minute); !errors.As(err, &se) || se.Found != 3 {
+			t.Fatalf("Acquire on %T after a migration down to 3 = %v; want the SchemaError (found 3)", db, err)
+		}
+	}
+}

@@ -336,9 +336,10 @@ CREATE TABLE IF NOT EXISTS "syncguard_locks_shared" (
 );
 CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_shared" (key);
 -- Per key, next to the holder identity: excl_wait_until_ms, set by an
--- exclusive acquire refused because of live shared holds (now + 5 s,
--- refreshed by each such attempt), makes shared acquires wait (writer
--- preference); lock_delay_ms is the grant's lock delay (valid while the
+-- exclusive acquire refused because of live shared holds (now + 2 s,
+-- refreshed by each such attempt, which is told to come back within 1 s),
+-- makes shared acquires wait (writer preference; a writer that went away
+-- holds readers off for at most 2 s after its last attempt); lock_delay_ms is the grant's lock delay (valid while the
 -- row's lock_id is the grant's); delay_until_ms, set by a revoke, keeps
 -- the key from every acquire until then.
 ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
@@ -349,11 +350,14 @@ ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_m
 -- hashKey(p_key) when p_wake is 2, or 1 and a session waits for the key
 -- (holds its waiter lock: the exclusive try fails); 'w:' || hashKey(p_key)
 -- || ':' || p_event when p_event is not NULL and a session watches the key
--- (holds its watch lock). A try that succeeds drops the lock at once.
+-- (holds its watch lock). A try that succeeds drops the lock at once. It
+-- runs on every grant and release: the tries are plain expressions (no
+-- query each, as a PERFORM would be).
 CREATE OR REPLACE FUNCTION "pglease_notify_07f27fb7aa"(p_channel text, p_key text, p_wake integer, p_event text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_h integer;
+  v_ok boolean;
 BEGIN
   IF p_channel IS NULL THEN
     RETURN;
@@ -363,14 +367,14 @@ BEGIN
     PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
   ELSIF p_wake = 1 THEN
     IF pg_try_advisory_lock(1886156663, v_h) THEN
-      PERFORM pg_advisory_unlock(1886156663, v_h);
+      v_ok := pg_advisory_unlock(1886156663, v_h);
     ELSE
       PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
     END IF;
   END IF;
   IF p_event IS NOT NULL THEN
     IF pg_try_advisory_lock(1886156660, v_h) THEN
-      PERFORM pg_advisory_unlock(1886156660, v_h);
+      v_ok := pg_advisory_unlock(1886156660, v_h);
     ELSE
       PERFORM pg_notify(p_channel, 'w:' || "pglease_hashkey_v1"(p_key) || ':' || p_event);
     END IF;
@@ -380,30 +384,45 @@ $fn$;
 
 -- Whether key p_key can be granted now, under the caller's transaction
 -- advisory lock of the key: p_limit NULL for an exclusive grant, 0 for a
--- reader, n > 0 for a permit of n. Locks the lock row FOR NO KEY UPDATE
--- (waits for releases and extends in flight, not for transactions that
--- guard the lease: FOR KEY SHARE) and the key's shared rows FOR SHARE, then
--- reads the server clock. An expired row about to be taken over is locked
--- FOR UPDATE: that waits for the transactions that guard it, so their
--- writes come before the next grant's; the clock is read again after.
+-- reader, n > 0 for a permit of n. Reads the lock row without locking it
+-- when no transaction has touched its version (xmax 0: no release, extend
+-- or guard in flight), so an attempt refused by a live lease writes
+-- nothing (a row lock gives the transaction an id, a WAL record and a
+-- durable commit to wait for). Otherwise it locks the row FOR NO KEY
+-- UPDATE, which waits for releases and extends in flight (not for
+-- transactions that guard the lease: FOR KEY SHARE) and reads the row
+-- they leave: a waiter whose attempt comes after a release looked for its
+-- waiter lock waits for that release and finds the key free (no lost
+-- wake-up). An expired row, about to be taken over, is locked FOR UPDATE:
+-- that waits for the transactions that guard it, so their writes come
+-- before the next grant's; the row is read again after, with the clock.
+-- The key's shared rows are locked FOR SHARE in lock_id order (the order
+-- of every statement that locks shared rows: releases and extends of
+-- several holds lock them so too, and two orders could deadlock).
 -- Status: 0 grantable, 1 held (c_retry: the server time from which to try
 -- again; c_exp: the exclusive holder's expiry, or the latest shared one;
 -- c_holder its identity; c_shared the live shared holds), 3 limit mismatch
--- (c_limit: the live holders' limit). An exclusive attempt refused because
--- of shared holds marks the key (excl_wait_until_ms = now + 5 s) and is
--- told to try again within 2 s, to keep its mark while it waits. Expired
--- shared rows of the key are deleted.
+-- (c_limit: the live holders' limit). c_row: the key has a lock row (the
+-- caller holds its lock; a grant updates it in place, else inserts one).
+-- An exclusive attempt refused because of shared holds marks the key
+-- (excl_wait_until_ms = now + 2 s) and is told to try again within 1 s, to
+-- keep its mark while it waits: the mark of a writer that gave up or died
+-- lapses within 2 s of its last attempt. Expired shared rows of the key
+-- are deleted.
 CREATE OR REPLACE FUNCTION "pglease_check_07f27fb7aa"(p_key text, p_limit integer,
-  OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer)
+  OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
+  OUT c_row boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_exp bigint;
   v_id text;
+  v_busy boolean;
   v_hid text;
   v_holder text;
   v_delay bigint;
   v_until bigint;
   v_wait bigint;
+  v_probe boolean;
   v_all integer;
   v_n integer;
   v_min bigint;
@@ -413,21 +432,41 @@ DECLARE
   v_sholder text;
 BEGIN
   c_status := 0;
-  SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR NO KEY UPDATE;
-  SELECT h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms
-    INTO v_hid, v_holder, v_delay, v_until, v_wait FROM "syncguard_locks_holders" AS h WHERE h.key = p_key;
+  -- One query for the lock row, the holder row and whether the key has
+  -- shared rows. Its snapshot is taken under the caller's advisory lock,
+  -- which every writer of holder rows and inserter of lock and shared rows
+  -- holds, so none of them changes meanwhile; releases and extends may
+  -- (a version they touch has its xmax set: then the row is locked and
+  -- read again). A shared row a release is deleting is still seen, so the
+  -- locking read below waits for that release (no lost wake-up).
+  SELECT l.expires_at_ms, l.lock_id, l.xmax::text <> '0', h.lock_id, h.holder, h.lock_delay_ms, h.delay_until_ms, h.excl_wait_until_ms,
+      EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key)
+    INTO v_exp, v_id, v_busy, v_hid, v_holder, v_delay, v_until, v_wait, v_probe
+    FROM (SELECT 1) AS x
+    LEFT JOIN "syncguard_locks" AS l ON l.key = p_key
+    LEFT JOIN "syncguard_locks_holders" AS h ON h.key = p_key;
+  -- Re-reads below see the same lockId or no row (grants, the only
+  -- writers of lock_id, hold the advisory lock).
+  IF v_busy THEN
+    v_exp := NULL; v_id := NULL;
+    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR NO KEY UPDATE;
+  END IF;
   IF v_hid IS DISTINCT FROM v_id THEN
     v_holder := NULL;
     v_delay := NULL;
   END IF;
   c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-  IF v_exp IS NOT NULL THEN
-    IF v_exp + greatest(1000, coalesce(v_delay, 0)) > c_now THEN
-      c_status := 1; c_exp := v_exp; c_holder := v_holder; c_retry := v_exp + greatest(1000, coalesce(v_delay, 0));
-      RETURN;
-    END IF;
-    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = p_key FOR UPDATE;
+  IF v_exp IS NOT NULL AND v_exp + greatest(1000, coalesce(v_delay, 0)) <= c_now THEN
+    -- Expired: lock it and read it again (an extend in flight may have
+    -- made it live).
+    v_exp := NULL; v_id := NULL;
+    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR UPDATE;
     c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  END IF;
+  c_row := v_id IS NOT NULL;
+  IF v_exp IS NOT NULL AND v_exp + greatest(1000, coalesce(v_delay, 0)) > c_now THEN
+    c_status := 1; c_exp := v_exp; c_holder := v_holder; c_retry := v_exp + greatest(1000, coalesce(v_delay, 0));
+    RETURN;
   END IF;
   IF v_until > c_now THEN
     c_status := 1; c_retry := v_until;
@@ -437,12 +476,8 @@ BEGIN
     c_status := 1; c_retry := v_wait;
     RETURN;
   END IF;
-  -- Most keys have no shared row: a plain probe first. A row a release
-  -- is deleting is still visible to it, so the locking read below still
-  -- waits for that release (no lost wake-up); no row can appear meanwhile
-  -- (inserts hold the key's advisory lock, as the caller does).
-  PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key LIMIT 1;
-  IF NOT FOUND THEN
+  -- Most keys have no shared row.
+  IF NOT v_probe THEN
     RETURN;
   END IF;
   SELECT count(*), count(*) FILTER (WHERE x.e + 1000 > c_now),
@@ -450,7 +485,7 @@ BEGIN
       min(x.lim) FILTER (WHERE x.e + 1000 > c_now), max(x.lim) FILTER (WHERE x.e + 1000 > c_now),
       (array_agg(x.holder ORDER BY x.e DESC) FILTER (WHERE x.e + 1000 > c_now))[1]
     INTO v_all, v_n, v_min, v_max, v_lmin, v_lmax, v_sholder
-    FROM (SELECT s.expires_at_ms AS e, s.lim, s.holder FROM "syncguard_locks_shared" AS s WHERE s.key = p_key FOR SHARE) AS x;
+    FROM (SELECT s.expires_at_ms AS e, s.lim, s.holder FROM "syncguard_locks_shared" AS s WHERE s.key = p_key ORDER BY s.lock_id FOR SHARE) AS x;
   IF v_all > v_n THEN
     DELETE FROM "syncguard_locks_shared" AS s WHERE s.key = p_key AND s.expires_at_ms + 1000 <= c_now;
   END IF;
@@ -459,8 +494,8 @@ BEGIN
   END IF;
   c_shared := v_n;
   IF p_limit IS NULL THEN
-    c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := least(v_max + 1000, c_now + 2000);
-    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 5000)
+    c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := least(v_max + 1000, c_now + 1000);
+    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
       ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
     RETURN;
   END IF;
@@ -475,30 +510,50 @@ END
 $fn$;
 
 -- Grants key p_key exclusively to p_lock_id at server time p_now (the
--- caller checked it with "pglease_check_07f27fb7aa"): fence upsert (NULL, nothing written,
--- at FENCE MAX), lock row upsert, holder row (identity and lock delay,
+-- caller checked it with "pglease_check_07f27fb7aa", and holds the lock row's lock when
+-- p_row, the key having one): fence counter incremented (NULL, nothing
+-- written, at FENCE MAX), lock row updated in place (p_row) or inserted,
+-- holder row (identity and lock delay tied to the grant's lockId,
 -- exclusive-waiting mark cleared; written when there is a holder or a
--- delay), and a watch notification ('g:' fence).
-CREATE OR REPLACE FUNCTION "pglease_grant_07f27fb7aa"(p_key text, p_fence_key text, p_lock_id text, p_ttl bigint, p_delay bigint, p_holder text, p_channel text, p_now bigint)
+-- delay), and a watch notification ('g:' fence). Plain updates, not
+-- upserts: an upsert that finds its row locks it first (one more WAL
+-- record) and runs a speculative insertion's checks. Lock and shared
+-- rows appear only under the key's advisory lock, which the caller
+-- holds, so an insert cannot meet a row.
+CREATE OR REPLACE FUNCTION "pglease_grant_07f27fb7aa"(p_key text, p_fence_key text, p_lock_id text, p_ttl bigint, p_delay bigint, p_holder text, p_channel text, p_now bigint, p_row boolean)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_fence bigint;
 BEGIN
-  INSERT INTO "syncguard_fence_counters" AS c (fence_key, fence, key_debug) VALUES (p_fence_key, 1, p_key)
-    ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+  UPDATE "syncguard_fence_counters" AS c SET fence = c.fence + 1 WHERE c.fence_key = p_fence_key AND c.fence < 900000000000000
     RETURNING c.fence INTO v_fence;
   IF v_fence IS NULL THEN
-    RETURN NULL;
+    -- The key's first grant, or its counter at FENCE MAX.
+    INSERT INTO "syncguard_fence_counters" AS c (fence_key, fence, key_debug) VALUES (p_fence_key, 1, p_key)
+      ON CONFLICT (fence_key) DO UPDATE SET fence = c.fence + 1 WHERE c.fence < 900000000000000
+      RETURNING c.fence INTO v_fence;
+    IF v_fence IS NULL THEN
+      RETURN NULL;
+    END IF;
   END IF;
-  INSERT INTO "syncguard_locks" AS l (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
-    VALUES (p_key, p_lock_id, p_now + p_ttl, p_now, lpad(v_fence::text, 15, '0'), p_key)
-    ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, expires_at_ms = EXCLUDED.expires_at_ms,
-      acquired_at_ms = EXCLUDED.acquired_at_ms, fence = EXCLUDED.fence, user_key = EXCLUDED.user_key;
+  IF p_row THEN
+    UPDATE "syncguard_locks" AS l SET lock_id = p_lock_id, expires_at_ms = p_now + p_ttl, acquired_at_ms = p_now,
+      fence = lpad(v_fence::text, 15, '0'), user_key = p_key
+      WHERE l.key = p_key;
+    IF NOT FOUND THEN
+      RAISE EXCEPTION 'pglease: the lock row went away under its row lock' USING ERRCODE = 'internal_error';
+    END IF;
+  ELSE
+    INSERT INTO "syncguard_locks" (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
+      VALUES (p_key, p_lock_id, p_now + p_ttl, p_now, lpad(v_fence::text, 15, '0'), p_key);
+  END IF;
   IF p_holder IS NOT NULL OR p_delay > 0 THEN
-    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0))
-      ON CONFLICT (key) DO UPDATE SET lock_id = EXCLUDED.lock_id, holder = EXCLUDED.holder,
-        lock_delay_ms = EXCLUDED.lock_delay_ms, excl_wait_until_ms = NULL;
+    UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0), excl_wait_until_ms = NULL
+      WHERE h.key = p_key;
+    IF NOT FOUND THEN
+      INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
+    END IF;
   END IF;
   IF p_channel IS NOT NULL THEN
     PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
@@ -519,31 +574,41 @@ CREATE OR REPLACE FUNCTION "pglease_acquire_07f27fb7aa"(p_keys text[], p_fence_k
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-  r record;
   c record;
+  v_order integer[];
+  v_i integer;
+  v_k text;
+  v_void text;
 BEGIN
   -- A fence handed out and lost in a crash would be handed out again.
-  PERFORM set_config('synchronous_commit', 'on', true);
-  FOR r IN
-    SELECT u.k, u.fk, u.id, u.ttl, u.d, u.i::integer AS i
-    FROM unnest(p_keys, p_fence_keys, p_lock_ids, p_ttls, p_delays) WITH ORDINALITY AS u(k, fk, id, ttl, d, i)
-    ORDER BY hashtext(u.k), u.k, u.i
-  LOOP
-    o_idx := r.i;
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  -- The items' order; a single item needs no query (plain expressions
+  -- below, array parameters are subscripted in constant time).
+  IF cardinality(p_keys) = 1 THEN
+    v_order := ARRAY[1];
+  ELSE
+    v_order := ARRAY(SELECT u.i::integer FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i);
+  END IF;
+  FOREACH v_i IN ARRAY v_order LOOP
+    o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
-    PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    c := "pglease_check_07f27fb7aa"(r.k, NULL);
+    -- SyncGuard's advisory lock; an assignment is a plain expression
+    -- where PERFORM would run a query.
+    v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
+    c := "pglease_check_07f27fb7aa"(v_k, NULL);
     o_now_ms := c.c_now;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
       RETURN NEXT;
       CONTINUE;
     END IF;
-    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, c.c_now);
+    o_fence := "pglease_grant_07f27fb7aa"(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, c.c_now, c.c_row);
     IF o_fence IS NULL THEN
       o_status := 2;
     ELSE
-      o_status := 0; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + r.ttl;
+      o_status := 0; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + p_ttls[v_i];
     END IF;
     RETURN NEXT;
   END LOOP;
@@ -630,10 +695,12 @@ DECLARE
   v_exp bigint[];
   v_holder text[];
   v_shared integer[];
+  v_row boolean[];
   v_fence bigint;
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   v_ok := array_fill(true, ARRAY[v_sets]);
+  v_row := array_fill(false, ARRAY[v_n]);
   v_status := array_fill(NULL::integer, ARRAY[v_n]);
   v_now := array_fill(NULL::bigint, ARRAY[v_n]);
   v_retry := v_now; v_exp := v_now;
@@ -648,6 +715,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
     c := "pglease_check_07f27fb7aa"(r.k, NULL);
     v_now[r.i] := c.c_now;
+    v_row[r.i] := c.c_row;
     IF c.c_status = 0 AND r.nth > 1 THEN
       v_status[r.i] := 1;
     ELSIF c.c_status = 0 THEN
@@ -674,7 +742,7 @@ BEGIN
       RETURN NEXT;
       CONTINUE;
     END IF;
-    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, v_now[r.i]);
+    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, v_now[r.i], v_row[r.i]);
     IF o_fence IS NULL THEN
       -- Checked in phase 1 under the counter's row lock: cannot happen.
       RAISE EXCEPTION 'pglease: fence counter changed under its row lock' USING ERRCODE = 'internal_error';
@@ -687,8 +755,9 @@ $fn$;
 
 -- Release N lockIds, exclusive or shared, in one statement: lock their
 -- rows in (hashtext, key) order, the exclusive row before the shared ones of
--- a key (the acquire functions' order), read the server clock, then delete
--- each row still unexpired (expires_at_ms > now). Each release notifies
+-- a key (the acquire functions' order; shared ones by lock_id), read the
+-- server clock, then delete each row still unexpired (expires_at_ms >
+-- now). A single lockId's row is deleted without a lock taken first. Each release notifies
 -- (p_wake, as "pglease_notify_07f27fb7aa": 0 never, 1 when waited for, 2 always) and
 -- watchers ('r:' fence for an exclusive row, 'u:' fence for a shared one).
 -- p_async: commit without waiting for the WAL flush (a lost release runs
@@ -700,13 +769,41 @@ RETURNS TABLE (o_idx integer, o_ok boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
+  v_i integer;
   v_now bigint;
   v_k text;
   v_fence text;
   v_ev text;
+  v_void text;
+  v_exp bigint;
 BEGIN
   IF p_async AND pg_current_xact_id_if_assigned() IS NULL THEN
-    PERFORM set_config('synchronous_commit', 'off', true);
+    v_void := set_config('synchronous_commit', 'off', true);
+  END IF;
+  IF cardinality(p_lock_ids) = 1 THEN
+    -- One row, exclusive or shared: no order to keep, and no lock taken
+    -- before the delete (one WAL record less). The delete's WHERE is
+    -- read again on the row's latest version after waiting for an extend
+    -- or a grant in flight, reading the clock then; a row that expired
+    -- while the delete waited for a transaction that left it unchanged
+    -- (one guarding the lease) is deleted but not released (o_ok false,
+    -- as when the clock is read after a row lock).
+    o_idx := 1;
+    v_k := NULL;
+    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[1] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+      RETURNING l.user_key, l.fence, l.expires_at_ms INTO v_k, v_fence, v_exp;
+    v_ev := 'r:';
+    IF v_k IS NULL THEN
+      DELETE FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[1] AND s.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING s.key, lpad(s.fence::text, 15, '0'), s.expires_at_ms INTO v_k, v_fence, v_exp;
+      v_ev := 'u:';
+    END IF;
+    o_ok := v_k IS NOT NULL AND v_exp > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    IF v_k IS NOT NULL AND p_channel IS NOT NULL THEN
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
+    END IF;
+    RETURN NEXT;
+    RETURN;
   END IF;
   IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
     FOR r IN
@@ -724,13 +821,13 @@ BEGIN
     PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR UPDATE;
   END IF;
   v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-  FOR r IN SELECT u.id, u.i::integer AS i FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i LOOP
-    o_idx := r.i;
+  FOR v_i IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
+    o_idx := v_i;
     v_k := NULL;
-    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = r.id AND l.expires_at_ms > v_now RETURNING l.user_key, l.fence INTO v_k, v_fence;
+    DELETE FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[v_i] AND l.expires_at_ms > v_now RETURNING l.user_key, l.fence INTO v_k, v_fence;
     v_ev := 'r:';
     IF v_k IS NULL THEN
-      DELETE FROM "syncguard_locks_shared" AS s WHERE s.lock_id = r.id AND s.expires_at_ms > v_now
+      DELETE FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > v_now
         RETURNING s.key, lpad(s.fence::text, 15, '0') INTO v_k, v_fence;
       v_ev := 'u:';
     END IF;
@@ -753,10 +850,19 @@ RETURNS TABLE (o_idx integer, o_expires_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
+  v_i integer;
   v_now bigint;
 BEGIN
-  PERFORM set_config('synchronous_commit', 'on', true);
-  IF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  IF cardinality(p_lock_ids) = 1 THEN
+    -- One row to lock, exclusive or shared: no order to keep.
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[1] FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+      PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[1] FOR NO KEY UPDATE;
+    END IF;
+  ELSIF EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) THEN
     FOR r IN
       SELECT x.k, x.t FROM (SELECT l.key AS k, 0 AS t FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
         UNION SELECT s.key, 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS x
@@ -772,13 +878,13 @@ BEGIN
     PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) ORDER BY hashtext(l.key), l.key FOR NO KEY UPDATE;
   END IF;
   v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-  FOR r IN SELECT u.id, u.ttl, u.i::integer AS i FROM unnest(p_lock_ids, p_ttls) WITH ORDINALITY AS u(id, ttl, i) ORDER BY u.i LOOP
-    o_idx := r.i;
+  FOR v_i IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
+    o_idx := v_i;
     o_expires_ms := NULL;
-    UPDATE "syncguard_locks" AS l SET expires_at_ms = v_now + r.ttl WHERE l.lock_id = r.id AND l.expires_at_ms > v_now
+    UPDATE "syncguard_locks" AS l SET expires_at_ms = v_now + p_ttls[v_i] WHERE l.lock_id = p_lock_ids[v_i] AND l.expires_at_ms > v_now
       RETURNING l.expires_at_ms INTO o_expires_ms;
     IF o_expires_ms IS NULL THEN
-      UPDATE "syncguard_locks_shared" AS s SET expires_at_ms = v_now + r.ttl WHERE s.lock_id = r.id AND s.expires_at_ms > v_now
+      UPDATE "syncguard_locks_shared" AS s SET expires_at_ms = v_now + p_ttls[v_i] WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > v_now
         RETURNING s.expires_at_ms INTO o_expires_ms;
     END IF;
     RETURN NEXT;
@@ -793,49 +899,100 @@ $fn$;
 -- lockId (o_released), under the acquire rule ("pglease_check_07f27fb7aa") otherwise. A
 -- released key that could not be granted (status 2) is notified on
 -- p_channel (when not NULL), as version 2's does.
+--
+-- The in-place grant is one conditional UPDATE of the lock row, without
+-- locking it first (a row lock is one more WAL record): its WHERE, read
+-- again on the row's latest version after waiting for a release or an
+-- extend in flight, reads the server clock then. The fence counter, which
+-- only grants of the key write and they all hold the key's advisory lock,
+-- is read before and incremented after, so the UPDATE that finds nothing
+-- leaves no gap. An old lease that expires while the UPDATE waits for a
+-- transaction guarding it (which ends without changing the row) is still
+-- handed over in place: its holder released it, and no other grant of
+-- the key can come between (the caller holds the key's advisory lock).
 CREATE OR REPLACE FUNCTION "pglease_handoff_07f27fb7aa"(p_old_ids text[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
 RETURNS TABLE (o_idx integer, o_released boolean, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-  r record;
   c record;
-  v_exp bigint;
-  v_id text;
+  v_order integer[];
+  v_i integer;
+  v_k text;
+  v_void text;
+  v_fc bigint;
   v_fence text;
 BEGIN
-  PERFORM set_config('synchronous_commit', 'on', true);
-  FOR r IN
-    SELECT u.old, u.k, u.fk, u.id, u.ttl, u.d, u.i::integer AS i
-    FROM unnest(p_old_ids, p_keys, p_fence_keys, p_lock_ids, p_ttls, p_delays) WITH ORDINALITY AS u(old, k, fk, id, ttl, d, i)
-    ORDER BY hashtext(u.k), u.k, u.i
-  LOOP
-    o_idx := r.i;
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  -- As in "pglease_acquire_07f27fb7aa".
+  IF cardinality(p_keys) = 1 THEN
+    v_order := ARRAY[1];
+  ELSE
+    v_order := ARRAY(SELECT u.i::integer FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i);
+  END IF;
+  FOREACH v_i IN ARRAY v_order LOOP
+    o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
-    PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    v_exp := NULL; v_id := NULL;
-    SELECT l.expires_at_ms, l.lock_id, l.fence INTO v_exp, v_id, v_fence FROM "syncguard_locks" AS l WHERE l.key = r.k FOR UPDATE;
-    o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    o_released := v_id IS NOT NULL AND v_id = r.old AND v_exp > o_now_ms;
-    IF NOT o_released THEN
-      c := "pglease_check_07f27fb7aa"(r.k, NULL);
-      o_now_ms := c.c_now;
-      IF c.c_status <> 0 THEN
-        o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
+    v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
+    v_fc := NULL;
+    SELECT fc.fence INTO v_fc FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = p_fence_keys[v_i];
+    o_now_ms := NULL;
+    IF coalesce(v_fc, 0) < 900000000000000 THEN
+      UPDATE "syncguard_locks" AS l SET lock_id = p_lock_ids[v_i], (acquired_at_ms, expires_at_ms) = (SELECT z.n, z.n + p_ttls[v_i]
+          FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS n) AS z),
+        fence = lpad((coalesce(v_fc, 0) + 1)::text, 15, '0'), user_key = v_k
+        WHERE l.key = v_k AND l.lock_id = p_old_ids[v_i] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING l.acquired_at_ms INTO o_now_ms;
+    ELSE
+      -- The counter is at FENCE MAX: release the old lease, grant nothing.
+      DELETE FROM "syncguard_locks" AS l WHERE l.key = v_k AND l.lock_id = p_old_ids[v_i] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING l.fence INTO v_fence;
+      o_released := FOUND;
+      IF o_released THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 2, 'r:' || v_fence);
+        o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+        o_status := 2;
         RETURN NEXT;
         CONTINUE;
       END IF;
     END IF;
-    o_fence := "pglease_grant_07f27fb7aa"(r.k, r.fk, r.id, r.ttl, r.d, p_holder, p_channel, o_now_ms);
-    IF o_fence IS NULL THEN
-      IF o_released THEN
-        DELETE FROM "syncguard_locks" AS l WHERE l.key = r.k;
-        PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 2, 'r:' || v_fence);
+    o_released := o_now_ms IS NOT NULL;
+    IF o_released THEN
+      o_fence := coalesce(v_fc, 0) + 1;
+      IF v_fc IS NULL THEN
+        -- A counter gone under a live lease (deleted by hand).
+        INSERT INTO "syncguard_fence_counters" (fence_key, fence, key_debug) VALUES (p_fence_keys[v_i], o_fence, v_k);
+      ELSE
+        UPDATE "syncguard_fence_counters" AS fc SET fence = o_fence WHERE fc.fence_key = p_fence_keys[v_i];
       END IF;
-      o_status := 2;
+      IF p_holder IS NOT NULL OR p_delays[v_i] > 0 THEN
+        UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_ids[v_i], holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delays[v_i], 0), excl_wait_until_ms = NULL
+          WHERE h.key = v_k;
+        IF NOT FOUND THEN
+          INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (v_k, p_lock_ids[v_i], coalesce(p_holder, ''), nullif(p_delays[v_i], 0));
+        END IF;
+      END IF;
+      IF p_channel IS NOT NULL THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'g:' || lpad(o_fence::text, 15, '0'));
+      END IF;
+      o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
       RETURN NEXT;
       CONTINUE;
     END IF;
-    o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + r.ttl;
+    c := "pglease_check_07f27fb7aa"(v_k, NULL);
+    o_now_ms := c.c_now;
+    IF c.c_status <> 0 THEN
+      o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    o_fence := "pglease_grant_07f27fb7aa"(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, o_now_ms, c.c_row);
+    IF o_fence IS NULL THEN
+      o_status := 2;
+    ELSE
+      o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
+    END IF;
     RETURN NEXT;
   END LOOP;
 END

@@ -53,7 +53,7 @@ DROP FUNCTION IF EXISTS {fn_release4}(text[], text, integer, boolean);
 DROP FUNCTION IF EXISTS {fn_acquire_sets}(integer[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS {fn_acquire_shared}(text[], text[], text[], bigint[], integer[], text, text);
 DROP FUNCTION IF EXISTS {fn_acquire4}(text[], text[], text[], bigint[], bigint[], text, text);
-DROP FUNCTION IF EXISTS {fn_grant}(text, text, text, bigint, bigint, text, text, bigint);
+DROP FUNCTION IF EXISTS {fn_grant}(text, text, text, bigint, bigint, text, text, bigint, boolean);
 DROP FUNCTION IF EXISTS {fn_check}(text, integer);
 DROP FUNCTION IF EXISTS {fn_notify}(text, text, integer, text);
 DROP TABLE IF EXISTS {s};

@@ -55,7 +55,7 @@ DROP FUNCTION IF EXISTS "pglease_release_07f27fb7aa"(text[], text, integer, bool
 DROP FUNCTION IF EXISTS "pglease_acquire_sets_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS "pglease_acquire_shared_07f27fb7aa"(text[], text[], text[], bigint[], integer[], text, text);
 DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text);
-DROP FUNCTION IF EXISTS "pglease_grant_07f27fb7aa"(text, text, text, bigint, bigint, text, text, bigint);
+DROP FUNCTION IF EXISTS "pglease_grant_07f27fb7aa"(text, text, text, bigint, bigint, text, text, bigint, boolean);
 DROP FUNCTION IF EXISTS "pglease_check_07f27fb7aa"(text, integer);
 DROP FUNCTION IF EXISTS "pglease_notify_07f27fb7aa"(text, text, integer, text);
 DROP TABLE IF EXISTS "syncguard_locks_shared";
