@@ -272,6 +272,7 @@ type config struct {
 	baseline         string          // earlier results (JSON lines) for target 5; "" = none
 	markdown         string          // write the run's tables for docs/performance.md here; "" = no
 	fleet            fleetConfig
+	mixed            mixedConfig
 	out              io.Writer // the run's output (set by run)
 }
 
@@ -280,7 +281,7 @@ func main() {
 		return
 	}
 	var cfg config
-	var callers, hotCallers, hotProcs, hbN, advCallers, fleetN, scen, primCallers, hotSharedCallers string
+	var callers, hotCallers, hotProcs, hbN, advCallers, fleetN, scen, primCallers, hotSharedCallers, mixedShape string
 	var hb100k bool
 	var impls string
 	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measuring time per point")
@@ -303,7 +304,10 @@ func main() {
 	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
 	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
 	flag.DurationVar(&cfg.fleet.idle, "fleet-idle", 0, "fleet: after each step's window, stop the load (held leases stay) and count the fleet's connections after this long (e.g. 50s; 0: skip)")
-	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard", "scenarios to run (also: fleet, not run by default)")
+	flag.DurationVar(&cfg.mixed.duration, "mixed-duration", 60*time.Second, "mixed: length of each phase (SyncGuard alone, Managers alone, both)")
+	flag.StringVar(&mixedShape, "mixed-shape", "3,3,2,3,3", "mixed: SyncGuard processes, lock() loops each, Manager processes, goroutines each, hot keys")
+	flag.StringVar(&cfg.mixed.nodeDir, "mixed-node-dir", "bench/peers/syncguard", "mixed: folder of the SyncGuard Node worker (worker.mjs)")
+	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard", "scenarios to run (also: fleet, mixed, not run by default)")
 	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, fleet, primitives, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
 	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
@@ -332,6 +336,12 @@ func main() {
 			fmt.Fprintf(os.Stderr, "bench: bad -%s %q\n", p.name, p.s)
 			os.Exit(2)
 		}
+	}
+	if shape, err := parseInts(mixedShape); err != nil || len(shape) != 5 || cfg.mixed.duration <= 0 {
+		fmt.Fprintf(os.Stderr, "bench: bad -mixed-shape %q (five positive numbers) or -mixed-duration\n", mixedShape)
+		os.Exit(2)
+	} else {
+		cfg.mixed.sgProcs, cfg.mixed.sgLoops, cfg.mixed.mgrProcs, cfg.mixed.mgrCallers, cfg.mixed.keys = shape[0], shape[1], shape[2], shape[3], shape[4]
 	}
 	if impls != "" {
 		cfg.impls = map[string]bool{}
@@ -521,6 +531,7 @@ var scenarioOrder = []scenario{
 	{"txlease", runTxLease},
 	{"guard", runGuard},
 	{"fleet", runFleet},
+	{"mixed", runMixed},
 }
 
 // step performs one unit of work for worker w and returns how many

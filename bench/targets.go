@@ -181,8 +181,50 @@ func computeTargets(res, base resultSet) []Target {
 		add("5", fmt.Sprintf("advisory %s C=%d ≥ %.0f %% of the baseline", r.Impl, r.Callers, 100*advisoryRegress),
 			fmt.Sprintf("%.0f vs %.0f/s (%.0f %%)", r.CyclesPerSec, b.CyclesPerSec, 100*share), boolp(share >= advisoryRegress))
 	}
+	ts = append(ts, mixedTargets(res)...)
 	ts = append(ts, primTargets(res)...)
 	return append(ts, fleetTargets(res)...) // bench/fleet_targets.go
+}
+
+// mixedTargets judges target M (bench/mixed.go): with the release trigger
+// installed, the SyncGuard side keeps ≥ mixedTargetShare of its alone
+// throughput next to the Managers, with no acquisition timeout; the
+// Managers' mixed throughput against theirs alone is the cost, reported.
+func mixedTargets(res resultSet) []Target {
+	var ts []Target
+	add := func(name, measured string, met *bool) {
+		ts = append(ts, Target{ID: "M", Name: name, Measured: measured, Met: met})
+	}
+	one := func(impl string) (Result, bool) { // the run's one row of impl
+		rs := res.all("mixed", impl)
+		if len(rs) == 0 {
+			return Result{}, false
+		}
+		return rs[0], true
+	}
+	sgA, okA := one("syncguard-alone")
+	sgM, okM := one("syncguard-mixed")
+	if okA && okM && sgA.CyclesPerSec > 0 {
+		share := sgM.CyclesPerSec / sgA.CyclesPerSec
+		add(fmt.Sprintf("SyncGuard next to Managers ≥ %.0f %% of SyncGuard alone", 100*mixedTargetShare),
+			fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*share, sgM.CyclesPerSec, sgA.CyclesPerSec), boolp(share >= mixedTargetShare))
+	}
+	if okM {
+		alone := "-"
+		if okA {
+			alone = fmt.Sprintf("%.0f", sgA.Extra["timeouts"])
+		}
+		n := sgM.Extra["timeouts"]
+		add("SyncGuard next to Managers: 0 acquisition timeouts",
+			fmt.Sprintf("%.0f (alone: %s)", n, alone), boolp(n == 0))
+	}
+	mA, okMA := one("manager-alone")
+	mM, okMM := one("manager-mixed")
+	if okMA && okMM && mA.CyclesPerSec > 0 {
+		add("Managers next to SyncGuard against Managers alone (the cost)",
+			fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*mM.CyclesPerSec/mA.CyclesPerSec, mM.CyclesPerSec, mA.CyclesPerSec), nil)
+	}
+	return ts
 }
 
 // loadBaseline reads results printed by an earlier `bench -json` run (lines

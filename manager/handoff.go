@@ -33,7 +33,8 @@ import (
 // waiters of other processes (woken by it) race this process's next
 // waiter for the key. Without the bound, a process whose callers keep
 // coming back for a hot key would keep it forever, and other processes'
-// waiters would time out.
+// waiters would time out. (A key shared with foreign holders has a
+// stricter bound, in time: see foreign.go.)
 const maxLocalHandOffs = 4
 
 // handOffItem is one handoff: the holder's release and the head waiter's
@@ -56,7 +57,7 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	if ks == nil {
 		return false
 	}
-	if st.closing || it.lost != nil || len(ks.queue) == 0 || ks.queue[0].shared || ks.nShared > 0 || ks.inTurn() ||
+	if !st.yieldForeign(ks) || st.closing || it.lost != nil || len(ks.queue) == 0 || ks.queue[0].shared || ks.nShared > 0 || ks.inTurn() ||
 		ks.attempt != nil || ks.releasing != 1 || ks.handOffs >= maxLocalHandOffs {
 		ks.handOffs = 0
 		return false

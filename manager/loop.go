@@ -268,6 +268,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			if len(ks.queue) > 0 {
 				st.contended(ks).heldBy = r.Holder
 			}
+			st.noteLocked(ks, r, now) // keys shared with foreign holders (foreign.go)
 			var retryIn time.Duration
 			if ks.woken {
 				// A release was notified while this attempt was in flight:
@@ -487,6 +488,7 @@ func (st *loopState) handleNotice(n notice) {
 		st.sig().listening.signal(struct{}{})
 		return
 	}
+	st.noteReleased(n.hash) // keys shared with foreign holders (foreign.go)
 	ks := st.byHash[n.hash]
 	if ks == nil {
 		return

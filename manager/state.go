@@ -82,6 +82,11 @@ type loopState struct {
 
 	shed      overload // owned by run: holding back acquires under overload (overload.go)
 	busyConns int      // owned by run: batches in flight other than extends, stuck ones included (lane.go: room)
+
+	// foreign: owned by run: keys found held by a foreign (non-pglease)
+	// holder lately, by key hash, shared with them in time
+	// (foreign.go); nil in pure pglease fleets.
+	foreign map[string]*foreignKey
 }
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
@@ -311,6 +316,9 @@ func (st *loopState) kick(ks *keyState) {
 	head := ks.queue[0]
 	if head.shared && head.limit > 0 && ks.heldHere(head) {
 		return // a local release kicks the key
+	}
+	if st.foreignWait(ks) {
+		return // the key is left to foreign pollers for a while (foreign.go)
 	}
 	ks.woken = false
 	ks.chains++
@@ -662,6 +670,7 @@ func (st *loopState) granted(ks *keyState) {
 		ks.cont.bo.Reset()
 		ks.cont.heldBy = ""
 	}
+	st.noteForeignGrant(ks) // keys shared with foreign holders (foreign.go)
 	ks.lastErr = nil
 	st.sig().granted.signal(ks.key)
 }
