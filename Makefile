@@ -52,7 +52,7 @@ demo:
 
 # make bench BENCHFLAGS="-duration 3s -docs"   (see bench/main.go for the flags)
 bench:
-	$(WITHPG) -durable -- $(GO) run ./bench $(BENCHFLAGS)
+	$(WITHPG) -durable -max-connections 1300 -- $(GO) run ./bench $(BENCHFLAGS)
 
 # make trace TRACEFLAGS="-spans spans.json"   also writes the raw spans to spans.json
 trace:

@@ -128,8 +128,8 @@
 // reported (P4: a caller's mean time per write, C / writes per second;
 // P5: round trips per operation, set, write and hot section).
 //
-// fleet (only when named in -scenarios): N worker processes (-fleet-n,
-// default 1,10,50,100,200) on one PostgreSQL, as real deployments grow:
+// fleet: N worker processes (-fleet-n, default 1,10,50,100; 200
+// with the flag) on one PostgreSQL, as real deployments grow:
 // by processes, each with its own Manager. The bench re-executes itself
 // as the workers (fleet_worker.go; the parent-death signal kills them if
 // the bench dies, and Ctrl-C stops them). Each worker: manager.Open with
@@ -139,7 +139,7 @@
 // (64 keys of its own), and 2 goroutines that acquire one of 8 keys shared
 // by the whole fleet, hold it -fleet-hold (5 ms) and release it. Each
 // step loads for -fleet-warmup (10 s), then measures -fleet-duration
-// (60 s). Every Acquire waits at most 5 s (WithAcquireTimeout), so that a
+// (20 s; docs/scaling.md's tables used 60 s), then idles -fleet-idle (45 s). Every Acquire waits at most 5 s (WithAcquireTimeout), so that a
 // wait too long is counted as an AcquisitionTimeout. Per N (a table at the end, and in -markdown):
 //
 //   - conns, listen: the fleet's server connections at the window's end
@@ -297,17 +297,17 @@ func main() {
 	flag.StringVar(&hotSharedCallers, "hot-shared-callers", "32", "hotshared: callers on the one key (one process)")
 	flag.IntVar(&cfg.hotLimit, "hot-limit", 4, "hotshared: the hot semaphore's n (WithLimit)")
 	flag.Float64Var(&cfg.hotWriters, "hot-writers", 0.10, "hotshared: share of writers among the hot reader-writer key's acquires")
-	flag.StringVar(&fleetN, "fleet-n", "1,10,50,100,200", "fleet: worker processes (comma separated), one step each")
-	flag.DurationVar(&cfg.fleet.duration, "fleet-duration", 60*time.Second, "fleet: measured window per step")
+	flag.StringVar(&fleetN, "fleet-n", "1,10,50,100", "fleet: worker processes (comma separated), one step each (200 does not start on a 2-core machine)")
+	flag.DurationVar(&cfg.fleet.duration, "fleet-duration", 20*time.Second, "fleet: measured window per step")
 	flag.DurationVar(&cfg.fleet.warmup, "fleet-warmup", 10*time.Second, "fleet: load before each step's window (and before the churn mode's first sample)")
 	flag.DurationVar(&cfg.fleet.hold, "fleet-hold", 5*time.Millisecond, "fleet: how long a shared key is held")
 	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
 	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
-	flag.DurationVar(&cfg.fleet.idle, "fleet-idle", 0, "fleet: after each step's window, stop the load (held leases stay) and count the fleet's connections after this long (e.g. 50s; 0: skip)")
+	flag.DurationVar(&cfg.fleet.idle, "fleet-idle", 45*time.Second, "fleet: after each step's window, stop the load (held leases stay) and count the fleet's connections after this long (past the pool's 30 s idle time; 0: skip)")
 	flag.DurationVar(&cfg.mixed.duration, "mixed-duration", 60*time.Second, "mixed: length of each phase (SyncGuard alone, Managers alone, both)")
 	flag.StringVar(&mixedShape, "mixed-shape", "3,3,2,3,3", "mixed: SyncGuard processes, lock() loops each, Manager processes, goroutines each, hot keys")
 	flag.StringVar(&cfg.mixed.nodeDir, "mixed-node-dir", "bench/peers/syncguard", "mixed: folder of the SyncGuard Node worker (worker.mjs)")
-	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard", "scenarios to run (also: fleet, mixed, not run by default)")
+	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard,fleet,mixed", "scenarios to run")
 	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, fleet, primitives, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
 	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
