@@ -206,7 +206,10 @@ func XactLockAll(ctx context.Context, tx pgx.Tx, keys ...Key) error {
 // If the tries fail with a server error (53200, statement_timeout) the
 // savepoint is rolled back too, so tx stays usable and holds none of the
 // keys; if the connection broke or ctx ended, the transaction is over
-// anyway. A nil tx, no keys and an invalid key are InvalidArgument with
+// anyway. The first call on a connection prepares the tries statement
+// before the savepoint exists: a statement_timeout that expires right
+// then fails the call with the transaction aborted, as after any failed
+// statement, and no key taken. A nil tx, no keys and an invalid key are InvalidArgument with
 // no I/O; errors otherwise as XactLock.
 func TryXactLockAll(ctx context.Context, tx pgx.Tx, keys ...Key) (bool, error) {
 	const op = "advisory.TryXactLockAll"

@@ -329,6 +329,12 @@ func TestTryXactLockAllErrorGivesBack(t *testing.T) {
 		hit := func() bool {
 			tx := beginTx(t, pool)
 			defer tx.Rollback(ctx)
+			// A first call on the connection prepares the statement (pgx's
+			// cache) before the savepoint exists; a timeout there aborts the
+			// transaction as any failed statement does (see the doc).
+			if ok, err := TryXactLockAll(ctx, tx, randKey(), randKey()); err != nil || !ok {
+				t.Fatalf("warm-up = %v, %v", ok, err)
+			}
 			if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '1ms'"); err != nil {
 				t.Fatal(err)
 			}
