@@ -158,7 +158,10 @@ type control struct {
 
 var controlList = []control{
 	{broken: "no-fence:0", mix: "sigstop=1,blackhole=1", want: []string{check.CRegister, check.CLinear}},
-	{broken: "ignore-loss:0", mix: "blackhole=1", want: []string{check.CHolderEnded}},
+	// Faults on worker 0 only, long holds: the worker that ignores its
+	// loss is still working when the key is granted again (short holds
+	// often ended by themselves first, and the control passed by chance).
+	{broken: "ignore-loss:0", mix: "blackhole=1", longHold: 0.5, targets: []int{0}, want: []string{check.CHolderEnded}},
 	{broken: "old-fence:0", mix: "blackhole=1,cut=1", want: []string{check.CWrites}},
 	{broken: "fence-rollback", mix: "blackhole=1", want: []string{check.CFences, check.CSharedFences}},
 	// Long holds, so that leases are live when the driver moves their
