@@ -160,3 +160,24 @@ func TestTrustClockSystem(t *testing.T) {
 		t.Error("no CLOCK_BOOTTIME on Linux")
 	}
 }
+
+// BenchmarkNow: heartbeat.Now against time.Now. The count of suspended
+// time is read (two system calls on Linux) only after the wall clock
+// moved against the monotonic one, so a reading costs about one time.Now.
+func BenchmarkNow(b *testing.B) {
+	b.Run("heartbeat.Now", func(b *testing.B) {
+		for b.Loop() {
+			Now()
+		}
+	})
+	b.Run("time.Now", func(b *testing.B) {
+		for b.Loop() {
+			time.Now()
+		}
+	})
+	b.Run("bootOffset", func(b *testing.B) {
+		for b.Loop() {
+			bootOffset()
+		}
+	})
+}

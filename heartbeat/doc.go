@@ -47,5 +47,6 @@
 // does not: after a resume, time.Now would still trust a lease the server
 // expired during the suspend. Now counts the suspended time (CLOCK_BOOTTIME
 // on Linux; elsewhere, from how far the wall clock moved ahead of the
-// monotonic clock).
+// monotonic clock). Now keeps one count of the suspended time for the
+// process; everything else in the package is a function of its arguments.
 package heartbeat
