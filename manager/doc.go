@@ -91,9 +91,13 @@
 // # After a pause
 //
 // A stopped process (SIGSTOP, a debugger, a VM pause) runs no timer, and
-// once it resumes the overdue loss timer needs a moment to run. So
-// Lock.Err, Lock.Extend and Lock.Release read the monotonic clock
-// themselves and answer ErrLockLost once the window has passed, while an
+// once it resumes the overdue loss timer needs a moment to run; after a
+// suspend of the machine, Go's timers, which do not count the suspended
+// time, fire late, and the loss is signalled at the next heartbeat (up to
+// TTL/3 after the resume; for a lease WithoutAutoExtend, up to the rest of
+// its window). So Lock.Err, Lock.Extend and Lock.Release
+// read the clock themselves (heartbeat.Now, which counts the suspended
+// time) and answer ErrLockLost once the window has passed, while an
 // open Done says only "not yet declared lost": call Err right before a
 // step that needs the lock. No check closes the gap between it and the
 // write reaching the database: fence the write (pg.FenceGuard, or the

@@ -151,7 +151,7 @@ func (st *loopState) noteForeignGrant(ks *keyState) {
 	if len(st.foreign) == 0 {
 		return
 	}
-	now := time.Now()
+	now := st.m.now()
 	if f := st.foreignKeyOf(ks.hash, now); f != nil {
 		f.heldForeign = false
 		f.startStint(now)
@@ -164,7 +164,7 @@ func (st *loopState) noteReleased(hash string) {
 	if len(st.foreign) == 0 {
 		return
 	}
-	now := time.Now()
+	now := st.m.now()
 	f := st.foreignKeyOf(hash, now)
 	switch {
 	case f == nil:
@@ -197,7 +197,7 @@ func (st *loopState) yieldForeign(ks *keyState) bool {
 	if len(st.foreign) == 0 {
 		return true
 	}
-	now := time.Now()
+	now := st.m.now()
 	f := st.foreignKeyOf(ks.hash, now)
 	if f == nil || now.Before(f.stintEnd) {
 		return true
@@ -212,7 +212,7 @@ func (st *loopState) foreignWait(ks *keyState) bool {
 	if len(st.foreign) == 0 {
 		return false
 	}
-	now := time.Now()
+	now := st.m.now()
 	f := st.foreignKeyOf(ks.hash, now)
 	if f == nil || !now.Before(f.windowEnd) {
 		return false

@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -116,7 +115,7 @@ func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.Span
 	defer cancel()
 	m.beforeBatch(kindHandOff, len(batch))
 	ctx, db := m.rec.StartDB(ctx, obs.OpHandOff, len(batch), parent, served...)
-	start := time.Now()
+	start := m.now()
 	res, err := m.store.HandOff(ctx, reqs)
 	var released []bool
 	var granted []store.AcquireResult

@@ -2,7 +2,6 @@ package manager
 
 import (
 	"slices"
-	"time"
 
 	"github.com/pglease/pglease/internal/store"
 )
@@ -114,7 +113,7 @@ func (l *lane[T]) flush(st *loopState) {
 			}
 		}
 		if paced && st.shed.on {
-			now := time.Now()
+			now := st.m.now()
 			if !st.shed.mayAcquire(now) {
 				break // shedding: one acquire batch per gap (overload.go)
 			}
@@ -167,7 +166,7 @@ func (st *loopState) room(s *slots, adaptive bool, pending int, drains bool) boo
 // launch records a batch of spec about to be sent, taking one of each of
 // its slots.
 func (st *loopState) launch(spec *batchSpec) *flight {
-	fl := &flight{spec: spec, start: time.Now()}
+	fl := &flight{spec: spec, start: st.m.now()}
 	for _, s := range spec.slots {
 		s.n++
 	}

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/backoff"
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -70,7 +70,7 @@ func (st *loopState) startListener() {
 func (l *listener) run(ctx context.Context, done chan struct{}) {
 	defer close(done)
 	m := l.m
-	bo := backoff.New(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second}, backoff.Options{})
+	bo := newBackOff(retry.Policy{Base: 100 * time.Millisecond, MaxDelay: 5 * time.Second})
 	for {
 		if l.session(ctx, bo) {
 			m.rec.ListenerPolling(errListenPooler.Error() + "; set manager.Config.ListenConnString to a direct connection")
@@ -118,7 +118,7 @@ var errListenPooler = errors.New("the listening connection goes through a transa
 // connection fails or ctx ends. It returns true when listening can never
 // work on this connection config (a transaction-mode pooler): the
 // listener then stops for good.
-func (l *listener) session(ctx context.Context, bo *backoff.Backoff) (stop bool) {
+func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 	m := l.m
 	// The pglease.listen span covers connecting and subscribing, not the
 	// wait for notifications. Both are bounded: a silent server must not

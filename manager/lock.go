@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 )
@@ -148,7 +148,8 @@ func (l *Lock) ExpiresAt() time.Time {
 }
 
 // Remaining returns how much longer this process trusts the lease, on its
-// own monotonic clock: until start + TTL − margin of the last successful
+// own clock (heartbeat.Now: the monotonic clock plus the time the machine
+// was suspended): until start + TTL − margin of the last successful
 // acquire or extend (see "The trust window" in the package
 // documentation). When it reaches zero without an extend, the lock's
 // Context is cancelled with a cause matching pglease.ErrLockLost. It is 0
@@ -157,7 +158,7 @@ func (l *Lock) Remaining() time.Duration {
 	if l == nil || l.ctx == nil || l.lease == nil || l.ctx.Err() != nil {
 		return 0
 	}
-	return max(0, time.Until(l.start.Add(time.Duration(l.lease.trustedNs.Load()))))
+	return max(0, l.start.Add(time.Duration(l.lease.trustedNs.Load())).Sub(l.m.now()))
 }
 
 // Context returns a context that is cancelled when the lock stops being
@@ -179,10 +180,12 @@ func (l *Lock) Done() <-chan struct{} { return l.Context().Done() }
 // Manager.Revoke), pglease.ErrClosed (the Manager was closed), or the
 // hold-limit error (WithHoldLimit).
 //
-// Err reads the monotonic clock itself: once the trust window has passed
-// it returns ErrLockLost (and ends the Context) even if the loss timer has
-// not fired yet, as happens for a moment after the process was stopped
-// (SIGSTOP, a VM pause) for longer than the window. Ask Err, not only
+// Err reads the clock itself: once the trust window has passed it returns
+// ErrLockLost (and ends the Context) even if the loss timer has not fired
+// yet, as happens for a moment after the process was stopped (SIGSTOP, a
+// VM pause) for longer than the window, and for a while after the machine
+// was suspended (Go's timers do not count the suspended time; the trust
+// window does: see "After a pause" in the package documentation). Ask Err, not only
 // Done, right before an action that needs the lock; see "After a pause"
 // in the package documentation.
 func (l *Lock) Err() error {
@@ -190,7 +193,7 @@ func (l *Lock) Err() error {
 		return errNilLock
 	}
 	if l.ctx.Err() == nil {
-		l.checkTrust(time.Now())
+		l.checkTrust(l.m.now())
 		if l.ctx.Err() == nil {
 			return nil
 		}

@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
@@ -36,7 +36,7 @@ func (m *Manager) run(st *loopState) {
 		if w.IsZero() {
 			timer.Stop()
 		} else {
-			timer.Reset(time.Until(w))
+			timer.Reset(w.Sub(m.now()))
 		}
 		st.reportDepth(lm)
 		lm.Idle()
@@ -73,13 +73,13 @@ func (m *Manager) run(st *loopState) {
 			st.handleWatchRead(d)
 		case <-m.lossCh:
 			lm.Busy()
-			st.heartbeat(time.Now())
+			st.heartbeat(m.now())
 		case <-timer.C:
 			lm.Busy()
 			if m.test.timerFired != nil {
-				m.test.timerFired(time.Since(w))
+				m.test.timerFired(m.now().Sub(w))
 			}
-			st.handleDue(time.Now())
+			st.handleDue(m.now())
 		case st.lis.mailbox() <- st.lis.outbox:
 			lm.Busy()
 			st.lis.outbox = nil // the listener's now
@@ -206,7 +206,7 @@ func (st *loopState) handleRelease(req *releaseReq) {
 
 func (st *loopState) handleAcquireDone(d acquireDone) {
 	st.land(d.fl, &st.acquireSlots)
-	now := time.Now()
+	now := st.m.now()
 	st.observe(d.fl, len(d.batch)+len(d.sets), d.err, now) // overload.go
 	if d.sets != nil {
 		st.setsDone(d, now) // sets.go
@@ -355,7 +355,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 
 func (st *loopState) handleReleaseDone(d releaseDone) {
 	st.land(d.fl, &st.releaseSlots)
-	now := time.Now()
+	now := st.m.now()
 	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
 	for i, it := range d.batch {
 		var err error
@@ -407,7 +407,7 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 
 func (st *loopState) handleExtendDone(d extendDone) {
 	st.land(d.fl, &st.extendSlots)
-	now := time.Now()
+	now := st.m.now()
 	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
 	if d.err != nil {
 		st.sig().extendFailed.signal(d.err)
@@ -423,7 +423,7 @@ func (st *loopState) handleExtendDone(d extendDone) {
 		case d.err != nil:
 			// Unknown outcome: not a success. The old trust window still
 			// holds (an extend can only lengthen the lease); retry soon.
-			h.lease.NotBefore = heartbeat.RetryAt(h.lease, now)
+			h.lease.NotBefore = h.lease.RetryAt(now)
 			h.ks.lastErr = d.err
 			h.acq.ExtendFailed(d.err)
 		case !d.res[i].OK:
@@ -444,9 +444,9 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			// A lease past its hold limit (pastLimit made it Manual) keeps
 			// this late extend but gets no more.
 			st.sig().extendTimed.signal(extendTiming{key: h.ks.key, prevStart: h.lease.Start, due: due, start: d.start})
-			h.lease = heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin, Manual: h.lease.Manual}
+			h.lease = heldLease{Lease: heartbeat.Lease{TTL: h.lock.ttl, Start: d.start, Margin: h.lease.Margin}, Manual: h.lease.Manual}
 			st.loss.start(h, h.lease.TrustedUntil())
-			h.lock.setLease(h.lease, d.res[i].ExpiresAt)
+			h.lock.setLease(h.lease.Lease, d.res[i].ExpiresAt)
 			h.ks.lastErr = nil // the database answered
 			h.acq.Extended(d.start.Sub(due))
 			n++
@@ -547,15 +547,15 @@ func (st *loopState) heartbeat(now time.Time) {
 			st.lose(h, nil, true, obs.LossExpired, trace.SpanContext{})
 		}
 	}
-	t := heartbeat.Collect(now, st.leases)
-	for _, h := range t.Lost {
+	t := collectLeases(now, st.leases)
+	for _, h := range t.lost {
 		st.lose(h, lostCause("trust window passed without a successful extend"), true, obs.LossExpired, trace.SpanContext{})
 	}
-	for _, h := range t.Due {
+	for _, h := range t.due {
 		h.lease.Pending = true
 		st.extends.add(h)
 	}
-	st.hbNext = t.Next
+	st.hbNext = t.next
 }
 
 // flush sends whatever is pending, lane by lane (lane.go). Handoffs go
@@ -606,7 +606,7 @@ func (st *loopState) sendReleases(fl *flight, batch []releaseItem) {
 // useless.
 func (st *loopState) sendExtends(fl *flight, batch []*holding) {
 	m := st.m
-	now := time.Now()
+	now := st.m.now()
 	deadline := now.Add(m.cfg.StatementTimeout)
 	reqs := make([]store.ExtendRequest, len(batch))
 	for i, h := range batch {
@@ -729,7 +729,7 @@ func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanCon
 	defer cancel()
 	m.beforeBatch(kindAcquire, len(batch))
 	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireMany, len(batch), parent, served...)
-	start := time.Now()
+	start := m.now()
 	res, err := m.store.AcquireMany(ctx, reqs)
 	ok := 0
 	for _, r := range res {
@@ -775,11 +775,11 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 
 func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
 	// Bounded by the earliest trust deadline of the batch (sendExtends).
-	ctx, cancel := context.WithDeadlineCause(m.workCtx, deadline, pgerr.ErrStatementTimeout)
+	ctx, cancel := context.WithTimeoutCause(m.workCtx, deadline.Sub(m.now()), pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(kindExtend, len(batch))
 	ctx, db := m.rec.StartDB(ctx, obs.OpExtendMany, len(batch), hb.SpanContext(), served...)
-	start := time.Now()
+	start := m.now()
 	res, err := m.store.ExtendMany(ctx, reqs)
 	ok := 0
 	for _, r := range res {

@@ -3,6 +3,8 @@ package manager
 import (
 	"sync"
 	"time"
+
+	"github.com/pglease/pglease/heartbeat"
 )
 
 // lossWatch ends the leases whose trust window passed (timely loss signal): the loss
@@ -21,8 +23,9 @@ import (
 // timer: a timer set for a deadline that went away fires, finds nothing
 // due, and is set for the new earliest one.
 type lossWatch struct {
-	epoch time.Time // deadlines are nanoseconds after epoch (monotonic)
+	epoch time.Time // deadlines are nanoseconds after epoch (on now's clock)
 	fired func(*Lock)
+	now   func() time.Time // the Manager's clock (Manager.now); set before the first start
 
 	mu    sync.Mutex
 	heap  []*holding // min-heap on lossAt; holding.lossIdx is the position
@@ -34,7 +37,7 @@ type lossWatch struct {
 // goroutine, never holding the watch's mutex) for each lease whose
 // deadline passed.
 func newLossWatch(fired func(*Lock)) *lossWatch {
-	w := &lossWatch{epoch: time.Now(), fired: fired}
+	w := &lossWatch{epoch: heartbeat.Now(), fired: fired, now: heartbeat.Now}
 	w.timer = time.AfterFunc(time.Hour, w.fire)
 	w.timer.Stop()
 	return w
@@ -55,7 +58,7 @@ func (w *lossWatch) start(h *holding, deadline time.Time) {
 	w.push(h)
 	if w.armed == 0 || h.lossAt < w.armed {
 		w.armed = h.lossAt
-		w.timer.Reset(time.Until(deadline))
+		w.timer.Reset(deadline.Sub(w.now()))
 	}
 }
 
@@ -84,7 +87,7 @@ func (w *lossWatch) close() {
 func (w *lossWatch) fire() {
 	var due []*Lock
 	w.mu.Lock()
-	now := int64(time.Since(w.epoch)) + 1
+	now := int64(w.now().Sub(w.epoch)) + 1
 	for len(w.heap) > 0 && w.heap[0].lossAt <= now {
 		h := w.heap[0]
 		w.remove(0)

@@ -15,9 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/backoff"
+	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/connx"
-	"github.com/pglease/pglease/internal/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -179,8 +178,8 @@ func (c Config) validate(op string) error {
 			return err
 		}
 	}
-	if err := backoff.Validate(op, c.Retry); err != nil {
-		return err
+	if _, err := c.Retry.NewBackOff(); err != nil {
+		return reop(op, err)
 	}
 	return nil
 }
@@ -198,7 +197,7 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 	if auto && ttl < heartbeat.MinAutoExtendTTL {
 		return invalid(op, "ttl below the auto-extend floor of 300ms (use WithoutAutoExtend for shorter single-shot leases)")
 	}
-	if margin > 0 && !heartbeat.ValidMargin(ttl, margin) && auto {
+	if margin > 0 && !validMargin(ttl, margin) && auto {
 		return invalid(op, "LossMargin leaves no trust window after the first extend (must be below 2/3 of the ttl)")
 	}
 	if margin > 0 && margin >= ttl {

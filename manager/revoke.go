@@ -199,7 +199,7 @@ func (st *loopState) handleRevoked(n store.Notification) {
 	if st.revokedEarly == nil {
 		st.revokedEarly = make(map[string]time.Time)
 	}
-	now := time.Now()
+	now := st.m.now()
 	if len(st.revokedEarly) >= maxRevokedEarly {
 		for k, until := range st.revokedEarly {
 			if now.After(until) || len(st.revokedEarly) >= maxRevokedEarly {
@@ -224,7 +224,7 @@ func (st *loopState) checkRevokedEarly(h *holding) {
 		return
 	}
 	delete(st.revokedEarly, hash)
-	if time.Now().Before(until) {
+	if st.m.now().Before(until) {
 		st.revoke(h)
 	}
 }

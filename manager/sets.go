@@ -7,11 +7,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/backoff"
-	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -75,7 +75,7 @@ type setKey struct {
 type setWait struct {
 	req      *acquireReq
 	attempt  *setAttempt // pending or in flight
-	bo       *backoff.Backoff
+	bo       backoff.BackOff
 	retryAt  time.Time // scheduled retry (zero: none)
 	retryGen uint64    // invalidates stale retryHeap entries
 	heldBy   string    // holder named by the last refusal, for waitErr
@@ -279,7 +279,7 @@ func (st *loopState) startSet(req *acquireReq) {
 		st.newSetAttempt(w)
 		return
 	}
-	w.bo = backoff.New(st.m.cfg.Retry, backoff.Options{})
+	w.bo = newBackOff(st.m.cfg.Retry)
 	st.waiting++
 	for _, k := range req.set.keys {
 		ks := st.keyFor(k.key, k.hash)
@@ -350,7 +350,7 @@ func (st *loopState) passSets(ks *keyState) {
 		// A turn whose attempt cannot go out soon (a key held here for
 		// long) lapses: the keys' other callers wait at most setTurnMax.
 		w.turnGen++
-		heap.Push(&st.retries, retryEntry{at: time.Now().Add(setTurnMax), w: w, gen: w.turnGen, turn: true})
+		heap.Push(&st.retries, retryEntry{at: st.m.now().Add(setTurnMax), w: w, gen: w.turnGen, turn: true})
 		if w.attempt == nil {
 			st.clearSetRetry(w)
 			st.kickSet(w)
@@ -705,7 +705,7 @@ func (m *Manager) sendSetAcquire(fl *flight, batch []*setAttempt, reqs [][]store
 	defer cancel()
 	m.beforeBatch(kindSets, n)
 	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireSets, n, parent, served...)
-	start := time.Now()
+	start := m.now()
 	res, err := m.store.AcquireSets(ctx, reqs)
 	var flat []store.AcquireResult
 	ok := 0

@@ -9,7 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -373,7 +373,7 @@ func (m *Manager) sendSharedAcquire(fl *flight, batch []*attempt, parent trace.S
 	defer cancel()
 	m.beforeBatch(kindShared, len(reqs))
 	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireShared, len(reqs), parent, served...)
-	start := time.Now()
+	start := m.now()
 	res, err := m.store.AcquireSharedMany(ctx, reqs)
 	ok := 0
 	for _, r := range res {

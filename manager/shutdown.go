@@ -52,7 +52,7 @@ func (m *Manager) Close(ctx context.Context) error {
 // beginDrain is run's first step of shutdown (steps 2–4 of Close).
 func (st *loopState) beginDrain() {
 	st.closing = true
-	st.closeBy = time.Now().Add(st.m.cfg.CloseTimeout)
+	st.closeBy = st.m.now().Add(st.m.cfg.CloseTimeout)
 	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAcquire)
 	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
 	if st.lis.stop != nil {
@@ -72,7 +72,7 @@ func (st *loopState) beginDrain() {
 	}
 	// Lost locks whose rows were kept for their holders: Close releases
 	// them like the held ones (their holders were told long ago).
-	now := time.Now()
+	now := st.m.now()
 	for h := range st.kept {
 		delete(st.kept, h)
 		if now.Before(st.keptUntil(h)) {

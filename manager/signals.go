@@ -136,4 +136,7 @@ type testHooks struct {
 	// slowRoundTrip and shedCalm, if set, replace slowRoundTrip and
 	// shedCalm (overload.go).
 	slowRoundTrip, shedCalm time.Duration
+	// clock, if set, replaces heartbeat.Now as the Manager's clock
+	// (Manager.now): a test moves it to suspend the machine.
+	clock func() time.Time
 }

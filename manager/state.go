@@ -6,11 +6,11 @@ import (
 	"errors"
 	"time"
 
+	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/backoff"
-	"github.com/pglease/pglease/internal/heartbeat"
+	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -116,7 +116,7 @@ type keyState struct {
 // what only some keys need: the set waiters that want it, and the limit
 // of its shared holds here.
 type keyContention struct {
-	bo *backoff.Backoff // the key's backoff (not thread-safe; loop-owned)
+	bo backoff.BackOff // the key's backoff (not thread-safe; loop-owned)
 	// heldBy is the holder identity the last "locked" answer named ("":
 	// none known), for the error of a wait that ends without the lock
 	// (heldBy).
@@ -147,7 +147,7 @@ type holding struct {
 	lock  *Lock // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
 	ks    *keyState
 	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
-	lease heartbeat.Lease  // last successful attempt; Pending/NotBefore/Manual
+	lease heldLease        // last successful attempt; Pending/NotBefore/Manual
 	// lossAt is lease.TrustedUntil() in st.loss, which ends the lock at
 	// that time independently of the loop; lossIdx is the holding's
 	// position in st.loss's heap (-1: not in it), lossFired tells that
@@ -233,6 +233,7 @@ func newLoopState(m *Manager) *loopState {
 		maxBatch: m.extBatch, keep: st.isHeld, keepLazily: true, send: st.sendExtends}
 	st.handOffs = lane[handOffItem]{batchSpec: batchSpec{kindHandOff, []*slots{&st.acquireSlots, &st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, keep: st.keepHandOff, send: st.sendHandOffs}
+	st.loss.now = m.now
 	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.sharedAcqs, &st.setAcqs, &st.releases, &st.extends}
 	return st
 }
@@ -366,7 +367,7 @@ func (st *loopState) scheduleRetry(ks *keyState, now, freeAt time.Time) {
 // keys are never contended and keep none.
 func (st *loopState) contended(ks *keyState) *keyContention {
 	if ks.cont == nil {
-		ks.cont = &keyContention{bo: backoff.New(st.m.cfg.Retry, backoff.Options{})}
+		ks.cont = &keyContention{bo: newBackOff(st.m.cfg.Retry)}
 	}
 	return ks.cont
 }
@@ -480,7 +481,7 @@ func (st *loopState) dropHolding(h *holding, cause error) {
 // set, gets the outcome. parent is the releasing caller's span (invalid
 // when the loop releases on its own): the pglease.release span's parent.
 func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
-	h.lock.checkTrust(time.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (after a pause)
+	h.lock.checkTrust(st.m.now()) // a lock past its trust window was lost, even if its timer has not fired yet (after a pause)
 	st.dropHolding(h, releasedCause)
 	// A grant taken back from a caller who left (no reply) was never
 	// handed to anyone.
@@ -597,7 +598,7 @@ func (l *Lock) expire() {
 // lease whose deadline passed.
 func (l *Lock) lossTimerFired() {
 	if l.m.test.timerFired != nil {
-		l.m.test.timerFired(time.Since(l.start.Add(time.Duration(l.lease.trustedNs.Load()))))
+		l.m.test.timerFired(l.m.now().Sub(l.start.Add(time.Duration(l.lease.trustedNs.Load()))))
 	}
 	l.expire()
 }
@@ -684,8 +685,7 @@ func (st *loopState) hold(ks *keyState, req *acquireReq, acq *obs.Acquisition, l
 	lk := &Lock{m: m, key: ks.key, id: lockID, fence: r.Fence, ttl: ttl, acquiredMs: r.AcquiredAt.UnixMilli(),
 		start: lease.Start, ctx: lctx, cancel: cancel, lease: &leaseState{}, shared: req.shared}
 	lk.setLease(lease, r.ExpiresAt)
-	lease.Manual = req.manual
-	h := &holding{lock: lk, ks: ks, lease: lease, acq: acq, lossIdx: -1}
+	h := &holding{lock: lk, ks: ks, lease: heldLease{Lease: lease, Manual: req.manual}, acq: acq, lossIdx: -1}
 	lk.h = h
 	// The loss deadline does not depend on the loop: st.loss's timer
 	// cancels the lock's context by itself, then nudges the loop.
@@ -708,7 +708,7 @@ func (st *loopState) hold(ks *keyState, req *acquireReq, acq *obs.Acquisition, l
 		ks.holder = h
 	}
 	st.held[h] = struct{}{}
-	st.noteEvent(lease.NextEvent())
+	st.noteEvent(h.lease.NextEvent())
 	return lk
 }
 
@@ -798,8 +798,8 @@ func retryable(err error) bool {
 	return true
 }
 
-// leases iterates the held locks for heartbeat.Collect.
-func (st *loopState) leases(yield func(*holding, heartbeat.Lease) bool) {
+// leases iterates the held locks for collectLeases.
+func (st *loopState) leases(yield func(*holding, heldLease) bool) {
 	for h := range st.held {
 		if !yield(h, h.lease) {
 			return

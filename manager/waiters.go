@@ -211,7 +211,7 @@ func (st *loopState) dropWaiter(ks *keyState) {
 	if st.lingering == nil {
 		st.lingering = make(map[string]time.Time)
 	}
-	until := time.Now().Add(linger)
+	until := st.m.now().Add(linger)
 	st.lingering[ks.key] = until
 	if st.lingerAt.IsZero() {
 		st.lingerAt = until

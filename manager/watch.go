@@ -474,7 +474,7 @@ func (st *loopState) greet(ws *watchState) {
 // flushWatchReads sends the wanted reads, one batch at a time.
 func (st *loopState) flushWatchReads() {
 	wl := &st.watch
-	if wl.inFlight || len(wl.want) == 0 || st.closing || (!wl.retryAt.IsZero() && time.Now().Before(wl.retryAt)) {
+	if wl.inFlight || len(wl.want) == 0 || st.closing || (!wl.retryAt.IsZero() && st.m.now().Before(wl.retryAt)) {
 		return
 	}
 	n := min(len(wl.want), st.m.cfg.MaxBatch)
@@ -506,7 +506,7 @@ func (m *Manager) sendWatchRead(fl *watchFlight, ks []string) {
 	defer cancel()
 	ctx, db := m.rec.StartDB(ctx, obs.OpSnapshot, len(ks), trace.SpanContext{})
 	res, err := m.store.Snapshot(ctx, ks)
-	at := time.Now()
+	at := m.now()
 	if err == nil {
 		db.End(len(res), nil)
 	} else {

@@ -1,6 +1,8 @@
-// Package retry is what a user configures of pglease's retry schedule:
-// the Policy a Manager follows between two attempts to take a contended
-// key (manager.Config.Retry).
+// Package retry is pglease's retry schedule: the Policy a Manager follows
+// between two attempts to take a contended key (manager.Config.Retry), and
+// the schedule itself (Policy.NewBackOff, a github.com/cenkalti/backoff/v4
+// BackOff), which the Manager runs for each key it waits for and which
+// code that retries on its own, with pg.Store for instance, can run too.
 //
 // # Defaults (SyncGuard's)
 //
@@ -25,8 +27,8 @@
 //     never exceeds MaxDelay.
 //   - The schedule never gives up: the caller's context, or the acquire
 //     timeout, bounds the wait.
-//   - The policy is pure: it starts no goroutine and owns no timer. Each
-//     key waited for has its own schedule (github.com/cenkalti/backoff/v4
-//     underneath), owned by the Manager's loop, which arms its own timer;
-//     a success starts the key's schedule again from Base.
+//   - The schedule is pure: it starts no goroutine, owns no timer and never
+//     sleeps. Each key waited for has its own (NewBackOff), owned by the
+//     Manager's loop, which arms its own timer; a success starts the key's
+//     schedule again from Base (Reset).
 package retry

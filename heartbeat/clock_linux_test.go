@@ -1,0 +1,3 @@
+package heartbeat
+
+const testingOnLinux = true
