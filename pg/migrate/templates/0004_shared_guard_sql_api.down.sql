@@ -34,6 +34,7 @@ DROP FUNCTION IF EXISTS {api_extend}(text, bigint);
 DROP FUNCTION IF EXISTS {api_status}(text);
 DROP FUNCTION IF EXISTS {api_revoke}(text, bigint);
 DROP FUNCTION IF EXISTS {api_guard}(regclass, name);
+DROP FUNCTION IF EXISTS {api_guard}(regclass, name, boolean);
 DROP FUNCTION IF EXISTS {api_unguard}(regclass);
 DO $pglease$
 DECLARE

@@ -36,6 +36,7 @@ DROP FUNCTION IF EXISTS "syncguard_locks_extend"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_status"(text);
 DROP FUNCTION IF EXISTS "syncguard_locks_revoke"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name);
+DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name, boolean);
 DROP FUNCTION IF EXISTS "syncguard_locks_unguard"(regclass);
 DO $pglease$
 DECLARE
