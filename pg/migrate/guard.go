@@ -21,6 +21,8 @@ import (
 // pglease (psql, another service), one holding another key's lease, or a
 // stale holder after an expiry, a release, a revoke or a takeover is
 // refused. An update that changes the key needs the leases of both keys.
+// TRUNCATE, which fires no row trigger, is refused too (PGL10, by a BEFORE
+// TRUNCATE statement trigger), whoever runs it: remove the guard first.
 // The check locks the lease's row FOR KEY SHARE, so a takeover waits for
 // the writing transaction's commit.
 //

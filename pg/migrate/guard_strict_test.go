@@ -1,10 +1,12 @@
 package migrate_test
 
 import (
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // TestGuardStrictRefusesLockIDReaders: the runtime role of roles.sql may
@@ -102,5 +104,39 @@ func TestGuardStrictRefusesLockIDReaders(t *testing.T) {
 	}
 	if err := write(t, e.rt, "", insert(c, 70, "acct-z")); err != nil {
 		t.Fatalf("write after Unguard of a strict guard: %v", err)
+	}
+}
+
+// TestGuardRefusesTruncate: TRUNCATE fires no row trigger; the guard's
+// statement trigger refuses it (even for the table's owner) until the
+// guard is removed. The runtime role cannot install a strict guard.
+func TestGuardRefusesTruncate(t *testing.T) {
+	t.Parallel()
+	e := newGuardEnv(t)
+	c := ctx(t)
+	for _, strict := range []bool{false, true} {
+		if strict {
+			if err := e.mg.GuardStrict(c, "orders", "account"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_, err := e.owner.Exec(c, "TRUNCATE orders")
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "PGL10" || pgErr.Message != "pglease: TRUNCATE of a guarded table is refused" {
+			t.Fatalf("TRUNCATE of a guarded table (strict %v) by its owner = %v, want PGL10", strict, err)
+		}
+	}
+	if _, err := e.rt.Exec(c, "SELECT syncguard_locks_guard('orders', 'account', true)"); err == nil {
+		t.Fatal("the runtime role installed a strict guard")
+	}
+	if err := e.mg.Unguard(c, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := e.owner.QueryRow(c, "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'orders'::regclass AND NOT tgisinternal").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d triggers left on orders after Unguard, %v", n, err)
+	}
+	if _, err := e.owner.Exec(c, "TRUNCATE orders"); err != nil {
+		t.Fatalf("TRUNCATE after Unguard: %v", err)
 	}
 }

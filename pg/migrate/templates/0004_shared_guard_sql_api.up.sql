@@ -789,7 +789,9 @@ $fn$;
 -- whose expires_at_ms is after the server's clock. A strict guard
 -- (TG_ARGV[1] = 'strict') ignores pglease.lock_ids: a lockId read from the
 -- lock table does not pass it, only the proof, which the table does not
--- hold. The lease's row is locked FOR KEY SHARE until the transaction ends,
+-- hold. A second trigger ({guard_trigger}_truncate, BEFORE TRUNCATE, FOR
+-- EACH STATEMENT, the same function) refuses TRUNCATE, which fires no row
+-- trigger and would remove every key's rows. The lease's row is locked FOR KEY SHARE until the transaction ends,
 -- so a takeover waits for its commit. Otherwise SQLSTATE PGL10. SECURITY
 -- DEFINER (the writer needs no privilege on the lock table), search_path
 -- pinned to pg_catalog, pg_temp, every other name schema-qualified when it
@@ -828,6 +830,11 @@ DECLARE
   v_new text;
   v_key text;
 BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    RAISE EXCEPTION USING ERRCODE = 'PGL10', MESSAGE = 'pglease: TRUNCATE of a guarded table is refused',
+      DETAIL = 'table ' || quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME),
+      HINT = 'TRUNCATE removes every key''s rows at once: delete them under their keys'' leases, or, as the table''s owner, remove the guard first (Migrator.Unguard, or the lock table''s _unguard function)';
+  END IF;
   v_strict := TG_NARGS > 1 AND TG_ARGV[1] = 'strict';
   IF NOT v_strict THEN
     v_ids := string_to_array(nullif(current_setting('pglease.lock_ids', true), ''), ',');
@@ -890,6 +897,13 @@ BEGIN
     EXECUTE format('CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L%s)',
       '{guard_trigger}', tbl, '@fn@', key_column, CASE WHEN strict THEN ', ''strict''' ELSE '' END);
   END IF;
+  -- tgtype 34 = BEFORE | TRUNCATE (statement level).
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = tbl AND t.tgname = '{guard_trigger}_truncate'
+      AND t.tgfoid = to_regprocedure('@fn@()') AND t.tgtype = 34 AND t.tgenabled = 'O') THEN
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}_truncate', tbl);
+    EXECUTE format('CREATE TRIGGER %I BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+      '{guard_trigger}_truncate', tbl, '@fn@');
+  END IF;
 END
 $fn$;
 $body$, '@fn@', v_fn), '@lock@', v_lock), '@fence@', v_fence), '@holders@', v_holders), '@shared@', v_shared), '@hash@', v_hash);
@@ -907,6 +921,7 @@ BEGIN
   END IF;
   PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}', tbl);
+  EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}_truncate', tbl);
 END
 $fn$;
 
