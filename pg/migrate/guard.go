@@ -57,10 +57,11 @@ func (m *Migrator) Guard(ctx context.Context, table, keyColumn string) error {
 // runtime role of roles.sql may read it: under Guard, whoever reads a live
 // lease's lockId can present it and write; under GuardStrict, what the
 // lock table holds does not pass. A proof is derived from a random key of
-// the acquiring process (see docs/guarantees.md, "The database guard"),
-// so a lease taken by a SyncGuard process, the SQL API
-// ({lock}_acquire), or with a lockId generated elsewhere
-// (store.AcquireRequest.LockID) cannot pass it. A role that may write the
+// the acquiring process (see docs/guarantees.md, P3), so a lease taken
+// by another process, a SyncGuard process, or with a lockId generated
+// elsewhere (store.AcquireRequest.LockID) cannot pass it; the SQL API's
+// acquire ({lock}_acquire) returns its lease's proof as guard_proof, for
+// SQL callers to set in pglease.lock_proofs. A role that may write the
 // lock table can still take a key's lease by force (delete the row, or
 // overwrite its lockId), as it can without a guard; GuardStrict keeps out
 // readers, not writers of the lock table. Guard and GuardStrict replace

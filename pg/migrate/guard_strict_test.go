@@ -14,9 +14,9 @@ import (
 // lease's lock_id and presents it (pglease.lock_ids) passes Guard — what
 // the threat model of docs/guarantees.md says — and is refused by
 // GuardStrict, 15 times out of 15, while the lease's holder (store.Guard,
-// which presents the lease's proof) writes. A lease whose lockId this
-// process did not generate (the SQL API's) cannot pass the strict guard,
-// and forged or copied proofs do not pass either.
+// which presents the lease's proof) writes. A SQL API lease passes the
+// strict guard only with the guard_proof its acquire returned; forged
+// proofs, and another key's, do not pass.
 func TestGuardStrictRefusesLockIDReaders(t *testing.T) {
 	t.Parallel()
 	e := newGuardEnv(t)
@@ -88,6 +88,26 @@ func TestGuardStrictRefusesLockIDReaders(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantPGL10(t, "a SQL API lease under GuardStrict", write(t, e.rt, sqlID, insert(c, 60, "acct-q")), "acct-q")
+	// With the guard_proof its acquire returned, it passes.
+	var sqlID2, proof string
+	if err := e.rt.QueryRow(c, "SELECT lock_id, guard_proof FROM syncguard_locks_acquire('acct-p', 60000)").Scan(&sqlID2, &proof); err != nil {
+		t.Fatal(err)
+	}
+	if err := write(t, e.rt, "", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(c, "SELECT set_config('pglease.lock_proofs', $1, true)", proof); err != nil {
+			return err
+		}
+		return insert(c, 61, "acct-p")(tx)
+	}); err != nil {
+		t.Fatalf("a SQL API lease with its guard_proof under GuardStrict: %v", err)
+	}
+	// Another key's proof does not pass.
+	wantPGL10(t, "another key's proof", write(t, e.rt, "", func(tx pgx.Tx) error {
+		if _, err := tx.Exec(c, "SELECT set_config('pglease.lock_proofs', $1, true)", proof); err != nil {
+			return err
+		}
+		return insert(c, 62, "acct-s")(tx)
+	}), "acct-s")
 
 	// Back to Guard: lock_ids pass again; Unguard removes the strict one too.
 	if err := e.mg.Guard(c, "orders", "account"); err != nil {

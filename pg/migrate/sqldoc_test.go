@@ -69,6 +69,9 @@ func TestSQLDocBlocks(t *testing.T) {
 	if err := owner.QueryRow(c, "SELECT count(*) FROM docs_orders").Scan(&n); err != nil || n != 100 {
 		t.Fatalf("docs_orders has %d rows (%v), want 100", n, err)
 	}
+	if err := owner.QueryRow(c, "SELECT count(*) FROM docs_ledger").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("docs_ledger has %d rows (%v), want the one docs_post wrote under the strict guard", n, err)
+	}
 	_, err = owner.Exec(c, "INSERT INTO docs_orders (id, account) VALUES (1, 'acct-1') ON CONFLICT DO NOTHING")
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) || pgErr.Code != "PGL10" {

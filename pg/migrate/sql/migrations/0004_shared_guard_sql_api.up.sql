@@ -863,7 +863,7 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'PGL10', MESSAGE = 'pglease: this transaction holds no live lease of the row''s key',
       DETAIL = 'table ' || quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME) || ', key column ' || quote_ident(TG_ARGV[0])
         || CASE WHEN v_key IS NULL THEN ' is NULL' ELSE ', key hash ' || @hash@(v_key) END,
-      HINT = CASE WHEN v_strict THEN 'this guard is strict: guard the transaction with the key''s lease first ((*manager.Lock).Guard, or pg.Store.Guard with a lease this process acquired); a lock_id in pglease.lock_ids does not pass'
+      HINT = CASE WHEN v_strict THEN 'this guard is strict: guard the transaction with the key''s lease first ((*manager.Lock).Guard, pg.Store.Guard with a lease this process acquired, or the SQL API acquire''s guard_proof in pglease.lock_proofs); a lock_id in pglease.lock_ids does not pass'
         ELSE 'guard the transaction with the key''s lease first ((*manager.Lock).Guard, pg.Store.Guard, or SELECT set_config(''pglease.lock_ids'', lock_id, true) after locking the lease)' END;
   END LOOP;
   IF TG_OP = 'DELETE' THEN
@@ -935,14 +935,21 @@ $fn$;
 -- the session setting pglease.notify_channel ('pglease_release' when unset:
 -- manager.DefaultNotifyChannel).
 
--- Take key for ttl_ms: the grant's lock_id (a bearer secret), fence and
--- expiry, or a NULL lock_id and fence when the key is held (expires_at_ms
--- is then the holder's expiry, NULL for shared holds or a delay).
-CREATE OR REPLACE FUNCTION "syncguard_locks_acquire"(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint)
+-- Take key for ttl_ms: the grant's lock_id (a bearer secret), fence,
+-- expiry and guard proof, or a NULL lock_id, fence and guard_proof when
+-- the key is held (expires_at_ms is then the holder's expiry, NULL for
+-- shared holds or a delay). The lock_id is c || sha256(p)[:10] (c 6 random
+-- bytes, p 32), and guard_proof is hex(c || p): what the strict database
+-- guard accepts in pglease.lock_proofs, and what the lock table does not
+-- hold.
+CREATE OR REPLACE FUNCTION "syncguard_locks_acquire"(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint,
+  OUT guard_proof text)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_k text := normalize($1, NFC);
-  v_id text := translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/=', '-_');
+  v_c bytea := substr(uuid_send(gen_random_uuid()), 1, 6);
+  v_p bytea := uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid());
+  v_id text := rtrim(translate(encode(v_c || substr(sha256(v_p), 1, 10), 'base64'), '+/', '-_'), '=');
   r record;
 BEGIN
   IF v_k IS NULL OR v_k = '' OR octet_length(v_k) > 512 THEN
@@ -958,7 +965,7 @@ BEGIN
     RAISE EXCEPTION 'pglease: fence counter overflow: the key''s fence would exceed 900000000000000; no lock granted' USING ERRCODE = 'numeric_value_out_of_range';
   END IF;
   IF r.o_status = 0 THEN
-    lock_id := v_id; fence := r.o_fence;
+    lock_id := v_id; fence := r.o_fence; guard_proof := encode(v_c || v_p, 'hex');
   END IF;
   expires_at_ms := r.o_expires_ms;
 END
