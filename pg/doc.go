@@ -4,7 +4,9 @@
 // releases leases one call at a time, without a Manager (package
 // manager batches, heartbeats and waits on top of the same tables); a
 // FenceGuard makes writes to your own tables safe against holders that
-// lost their lease; package pg/migrate creates and upgrades the schema.
+// lost their lease; Store.Guard ties your transaction to a lease, for the
+// tables a database guard protects (migrate.Migrator.Guard, GuardStrict);
+// package pg/migrate creates and upgrades the schema.
 //
 // A Store shares its two tables (syncguard_locks, syncguard_fence_counters
 // by default) byte for byte with SyncGuard's PostgreSQL backend, so Go
