@@ -264,3 +264,102 @@ func TestGuardWithDatabaseGuard(t *testing.T) {
 		t.Fatalf("balance %d (%v), want 1", bal, err)
 	}
 }
+
+// TestGuardWithStrictDatabaseGuard: on a table migrate.Migrator.GuardStrict
+// guards, the Manager's guarded transactions write (a lock of Acquire, one
+// of AcquireAll, one handed over by a release to a waiter), and a
+// transaction presenting the lease's lock_id read from the lock table is
+// refused.
+func TestGuardWithStrictDatabaseGuard(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	if _, err := b.admin.Exec(ctx, "CREATE TABLE saccounts (k text PRIMARY KEY, balance int NOT NULL); INSERT INTO saccounts VALUES ('sacct:1', 0), ('sacct:2', 0), ('sacct:3', 0); GRANT SELECT, UPDATE ON saccounts TO PUBLIC"); err != nil {
+		t.Fatal(err)
+	}
+	mg, err := migrate.New(b.admin, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mg.GuardStrict(ctx, "saccounts", "k"); err != nil {
+		t.Fatal(err)
+	}
+	write := func(guard *Lock, lockIDs, key string) error {
+		tx, err := b.pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback(ctx)
+		if guard != nil {
+			if err := guard.Guard(ctx, tx); err != nil {
+				return err
+			}
+		}
+		if lockIDs != "" {
+			if _, err := tx.Exec(ctx, "SELECT set_config('pglease.lock_ids', $1, true)", lockIDs); err != nil {
+				return err
+			}
+		}
+		if _, err := tx.Exec(ctx, "UPDATE saccounts SET balance = balance + 1 WHERE k = $1", key); err != nil {
+			return err
+		}
+		return tx.Commit(ctx)
+	}
+	refused := func(what string, err error) {
+		t.Helper()
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "PGL10" {
+			t.Errorf("%s: %v, want SQLSTATE PGL10", what, err)
+		}
+	}
+	lk, err := b.m.Acquire(ctx, "sacct:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var read string
+	if err := b.pool.QueryRow(ctx, "SELECT lock_id FROM syncguard_locks WHERE key = 'sacct:1'").Scan(&read); err != nil {
+		t.Fatal(err)
+	}
+	refused("the lock_id read from the lock table", write(nil, read, "sacct:1"))
+	if err := write(lk, "", "sacct:1"); err != nil {
+		t.Fatalf("Acquire's lock, guarded: %v", err)
+	}
+	set, err := b.m.AcquireAll(ctx, []string{"sacct:2", "sacct:3"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := write(set[1], "", "sacct:3"); err != nil {
+		t.Fatalf("AcquireAll's lock, guarded: %v", err)
+	}
+	// A waiter of the same Manager gets the key from the release (one
+	// statement hands it over).
+	got := make(chan *Lock, 1)
+	go func() {
+		w, err := b.m.Acquire(ctx, "sacct:2")
+		if err != nil {
+			t.Error(err)
+		}
+		got <- w
+	}()
+	time.Sleep(200 * time.Millisecond) // let the waiter queue; either way it gets the key
+	if err := set[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_ = set[1].Release(ctx)
+	w := <-got
+	if w == nil {
+		t.FailNow()
+	}
+	if err := write(w, "", "sacct:2"); err != nil {
+		t.Fatalf("a waiter's lock, guarded: %v", err)
+	}
+	for _, l := range []*Lock{lk, w} {
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var sum int
+	if err := b.admin.QueryRow(ctx, "SELECT sum(balance) FROM saccounts").Scan(&sum); err != nil || sum != 3 {
+		t.Fatalf("balances sum to %d (%v), want the 3 guarded writes", sum, err)
+	}
+}

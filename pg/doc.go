@@ -4,7 +4,9 @@
 // releases leases one call at a time, without a Manager (package
 // manager batches, heartbeats and waits on top of the same tables); a
 // FenceGuard makes writes to your own tables safe against holders that
-// lost their lease; package pg/migrate creates and upgrades the schema.
+// lost their lease; Store.Guard ties your transaction to a lease, for the
+// tables a database guard protects (migrate.Migrator.Guard, GuardStrict);
+// package pg/migrate creates and upgrades the schema.
 //
 // A Store shares its two tables (syncguard_locks, syncguard_fence_counters
 // by default) byte for byte with SyncGuard's PostgreSQL backend, so Go
@@ -143,13 +145,18 @@
 //     requires: SELECT on the lock table is as sensitive as the lockIds.
 //     pglease binds it as a parameter; server logs that print bind
 //     parameters will show it.
-//   - The runtime role needs EXECUTE on the functions (the default for
-//     PUBLIC), SELECT/INSERT/UPDATE/DELETE on the lock table and
-//     SELECT/INSERT/UPDATE on the fence table; never DELETE there.
-//     migrate.RolesSQL (roles.sql) sets up an owner role that runs the
-//     migrations and such a runtime role, and revokes PUBLIC's EXECUTE on
-//     the functions; the test suite runs the operations as that runtime
-//     role.
+//   - The runtime role needs the grants of roles.sql (`pglease sql
+//     roles`; migrate.RolesSQL fills it in), listed in docs/operations.md
+//     (Roles): SELECT/INSERT/UPDATE/DELETE on the lock table and on its
+//     shared-hold table ({lock}_shared), SELECT/INSERT/UPDATE on the fence
+//     table (never DELETE) and on the holder table ({lock}_holders),
+//     SELECT on the SQL API's views and EXECUTE on its functions and on
+//     every pglease_* function. A role that lacks one fails every lock
+//     operation with AuthFailed (SQLSTATE 42501);
+//     migrate.Migrator.MissingPrivileges lists what a role lacks. The
+//     script sets up an owner role that runs the migrations and such a
+//     runtime role, and revokes PUBLIC's EXECUTE on the functions; the
+//     test suite runs the operations as that runtime role.
 //   - Like SyncGuard, keys whose hashtext collides serialize each other's
 //     acquires, and the advisory keys share the one-argument bigint space
 //     with application advisory locks.

@@ -179,6 +179,26 @@ func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (E
 	return ExtendResult(r), err
 }
 
+// Guard ties the caller's transaction tx to the exclusive lease lockID
+// holds, as (*manager.Lock).Guard does for a Manager's lock, in one
+// statement on tx (not on the Store's DB): it checks on the server that
+// the lease is live and still lockID's, locks the lease's row FOR KEY
+// SHARE until tx ends (a takeover, release or revoke of the lease waits
+// for tx's commit; the lease's extend does not), and lets tx write the
+// key's rows of the tables a database guard protects
+// (migrate.Migrator.Guard, and GuardStrict when lockID came from this
+// process's Acquire: it presents the lease's guard proof, which the lock
+// table does not hold). It returns the grant's fence. A lease that is no
+// longer held (released, expired, revoked, taken over) is CodeLockLost
+// and tx is left as it was (no error inside it). Call Guard inside the
+// transaction before its writes, and release the lease after tx ends; in
+// a REPEATABLE READ or SERIALIZABLE transaction, call it first. A nil tx
+// or an invalid lockId is InvalidArgument before any I/O.
+func (s *Store) Guard(ctx context.Context, tx pgx.Tx, lockID string) (pglease.Fence, error) {
+	r, err := s.s.Guard(ctx, tx, lockID)
+	return r.Fence, err
+}
+
 // IsLocked reports whether key has a live lock record, by SyncGuard's
 // liveness rule: expires_at_ms + 1000 > server now (what an acquirer
 // checks). One round trip, read-only.

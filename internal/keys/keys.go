@@ -8,11 +8,16 @@
 package keys
 
 import (
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
 	"math"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -177,16 +182,75 @@ func FenceKey(prefix, key string, limitBytes, reserveBytes int) (string, error) 
 	return MakeStorageKey(prefix, "fence:"+base, limitBytes, reserveBytes)
 }
 
-// NewLockID returns a fresh lockId: 16 bytes from crypto/rand in unpadded
-// base64url, 22 characters, as SyncGuard's generateLockId. A lockId is a
-// bearer secret: whoever has it can extend or release the lock. It panics
-// only if the system's random source fails, as crypto/rand.Read does.
+// NewLockID returns a fresh lockId: 16 bytes in unpadded base64url, 22
+// characters, the syntax of SyncGuard's generateLockId. A lockId is a
+// bearer secret: whoever has it can extend or release the lock. It also
+// comes with a guard proof (LockProof) that the lock table does not hold:
+// the 16 bytes are a 6-byte counter c (unique in this process, from a
+// random start) and the first 10 bytes of SHA-256(p), where p =
+// HMAC-SHA256(k, c) and k is a random key of this process that never
+// leaves it. Whoever reads the lockId (from the lock table) learns c but
+// not p, and finding a p from the 10 bytes is a preimage of an 80-bit
+// hash. It panics only if the system's random source fails, as
+// crypto/rand.Read does.
 func NewLockID() string {
+	proofInit()
+	c := proofCtr.Add(1)
 	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		panic("pglease: crypto/rand failed: " + err.Error())
-	}
+	binary.BigEndian.PutUint64(b[:8], c<<16) // the low 48 bits of c, big-endian, in b[:6]
+	p := proofOf(b[:6])
+	h := sha256.Sum256(p)
+	copy(b[6:], h[:10])
 	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// LockProof returns the guard proof of a lockId that NewLockID generated
+// in this process (ok false for any other lockId): 76 hex digits, c and
+// p of NewLockID, from which the server derives the lockId
+// (c || SHA-256(p)[:10]) but no reader of the lockId derives the proof.
+// The strict database guard (migrate.Migrator.GuardStrict) accepts a
+// transaction's writes only with it. It is a secret like the lockId.
+func LockProof(id string) (string, bool) {
+	if len(id) != lockIDLen {
+		return "", false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(id)
+	if err != nil || len(b) != 16 {
+		return "", false
+	}
+	proofInit()
+	p := proofOf(b[:6])
+	h := sha256.Sum256(p)
+	if !hmac.Equal(h[:10], b[6:]) {
+		return "", false
+	}
+	return hex.EncodeToString(append(b[:6:6], p...)), true
+}
+
+var (
+	proofOnce sync.Once
+	proofKey  [32]byte      // k: this process's key for guard proofs
+	proofCtr  atomic.Uint64 // c's source: starts at random, counts up
+)
+
+func proofInit() {
+	proofOnce.Do(func() {
+		var seed [8]byte
+		if _, err := rand.Read(proofKey[:]); err != nil {
+			panic("pglease: crypto/rand failed: " + err.Error())
+		}
+		if _, err := rand.Read(seed[:]); err != nil {
+			panic("pglease: crypto/rand failed: " + err.Error())
+		}
+		proofCtr.Store(binary.BigEndian.Uint64(seed[:]) >> 16)
+	})
+}
+
+// proofOf returns HMAC-SHA256(proofKey, c).
+func proofOf(c []byte) []byte {
+	m := hmac.New(sha256.New, proofKey[:])
+	m.Write(c)
+	return m.Sum(nil)
 }
 
 // ValidateLockID reports whether id has lockId syntax,

@@ -1,6 +1,10 @@
 package keys_test
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"regexp"
 	"strings"
@@ -122,7 +126,47 @@ func TestNormalizeKeyHugeNoAlloc(t *testing.T) {
 
 var lockIDRe = regexp.MustCompile(`^[A-Za-z0-9_-]{22}$`)
 
-// §2.5: 16 random bytes, base64url, 22 chars, last char one of A Q g w.
+// TestLockProof: a lockId this process generated has a proof from which
+// the lockId follows (c || SHA-256(p)[:10], what the strict guard
+// computes), and no other lockId has one.
+func TestLockProof(t *testing.T) {
+	t.Parallel()
+	for i := 0; i < 100; i++ {
+		id := keys.NewLockID()
+		proof, ok := keys.LockProof(id)
+		if !ok || len(proof) != 76 {
+			t.Fatalf("LockProof(generated) = %d digits, %v", len(proof), ok)
+		}
+		b, err := hex.DecodeString(proof)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := sha256.Sum256(b[6:])
+		if got := base64.RawURLEncoding.EncodeToString(append(b[:6:6], h[:10]...)); got != id {
+			t.Fatal("the lockId does not follow from its proof")
+		}
+		other := []byte(id)
+		other[10] ^= 1
+		if _, ok := keys.LockProof(string(other)); ok {
+			t.Fatal("a changed lockId has a proof")
+		}
+	}
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := keys.LockProof(base64.RawURLEncoding.EncodeToString(b[:])); ok {
+		t.Fatal("a random lockId has a proof")
+	}
+	for _, id := range []string{"", "AAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAA+"} {
+		if _, ok := keys.LockProof(id); ok {
+			t.Fatalf("LockProof(%q) ok", id)
+		}
+	}
+}
+
+// §2.5: 16 bytes, base64url, 22 chars, last char one of A Q g w (the
+// bytes are a counter and a hash rather than random: see NewLockID).
 func TestNewLockID(t *testing.T) {
 	t.Parallel()
 	seen := map[string]bool{}

@@ -258,7 +258,7 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 
 	level := slog.LevelDebug
 	if o == aoError {
-		level = slog.LevelWarn
+		level = r.errorLevel(err, now)
 	}
 	if r.logEnabled(ctx, level) {
 		lctx := trace.ContextWithSpanContext(ctx, a.sc)
@@ -445,4 +445,24 @@ func (rl Release) End(err error) {
 		r.logKey(trace.ContextWithSpanContext(ctx, rl.span.SpanContext()), slog.LevelWarn, "pglease: release failed",
 			a.key, a.kind, slog.String("outcome", outcome), slog.String("error.type", errorType(err)))
 	}
+}
+
+// privLogEvery is how often a failed acquire for want of a privilege
+// (AuthFailed) logs at Warn: a role without its grants fails every key,
+// and one AcquireAll of a hundred keys would otherwise log a hundred
+// times. The others log at Debug; every one is in the metrics and spans.
+const privLogEvery = time.Minute
+
+// errorLevel returns the level of a failed acquire's log record: Warn,
+// except for AuthFailed within privLogEvery of the last one logged at
+// Warn.
+func (r *Recorder) errorLevel(err error, now time.Time) slog.Level {
+	if pglease.CodeOf(err) != pglease.CodeAuthFailed {
+		return slog.LevelWarn
+	}
+	last := r.privWarned.Load()
+	if last != 0 && now.UnixNano()-last < int64(privLogEvery) || !r.privWarned.CompareAndSwap(last, now.UnixNano()) {
+		return slog.LevelDebug
+	}
+	return slog.LevelWarn
 }

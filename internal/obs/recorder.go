@@ -45,6 +45,9 @@ type Recorder struct {
 	// this Recorder added its 1, which Close takes back.
 	triggerInstalled metric.Int64UpDownCounter
 	trigger          atomic.Int32
+	// privWarned is when (Unix ns) a failed acquire last logged an
+	// AuthFailed at Warn (errorLevel).
+	privWarned atomic.Int64
 
 	// Precomputed attribute sets, so recording allocates nothing.
 	kindOpt    [numKinds]mopts

@@ -75,6 +75,12 @@ func (e *safePgError) Error() string {
 // SQLState returns the SQLSTATE, as pgconn.PgError does.
 func (e *safePgError) SQLState() string { return e.Code }
 
+// PrivilegeMsg is the message of the error Map returns for 42501
+// (permission denied): where the runtime role's grants come from and how
+// to check a role.
+const PrivilegeMsg = "permission denied: the role lacks a privilege; pglease's runtime role needs the grants of roles.sql " +
+	"(`pglease sql roles` prints it, migrate.RolesSQL fills it in), and migrate.Migrator.MissingPrivileges lists what a role lacks"
+
 // StmtCacheMsg is the message of the error Map returns for 42P05/26000:
 // what is wrong and how to fix it.
 const StmtCacheMsg = "prepared statement conflict: pgx's statement cache is in use behind a transaction-mode pooler " +
@@ -163,6 +169,9 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 			// transaction-mode pooler that hands each transaction another
 			// server connection. Not retryable: the configuration is wrong.
 			return New(pglease.CodeInvalidArgument, op, StmtCacheMsg, safe)
+		}
+		if pgErr.Code == pgerrcode.InsufficientPrivilege {
+			return New(pglease.CodeAuthFailed, op, PrivilegeMsg, safe)
 		}
 		if pgErr.Code == pgerrcode.UniqueViolation {
 			// The message names only the constraint; Detail (dropped) holds the value.

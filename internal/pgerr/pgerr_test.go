@@ -104,6 +104,13 @@ func TestMapSchemaSaysHowToCreateIt(t *testing.T) {
 	if err := MapSchema(context.Background(), "pg.Acquire", &pgconn.PgError{Code: "42501", Severity: "ERROR"}); strings.Contains(err.Error(), "SetupSchema") {
 		t.Errorf("42501: %v", err)
 	}
+	// A permission error says where the grants come from and keeps the
+	// server's message (which names the object).
+	err := Map(context.Background(), "pg.Acquire", &pgconn.PgError{Code: "42501", Severity: "ERROR", Message: "permission denied for table syncguard_locks_shared"})
+	if pglease.CodeOf(err) != pglease.CodeAuthFailed || !strings.Contains(err.Error(), "`pglease sql roles`") ||
+		!strings.Contains(err.Error(), "MissingPrivileges") || !strings.Contains(err.Error(), "syncguard_locks_shared") {
+		t.Errorf("42501: %v", err)
+	}
 }
 
 // TestMapOwnStatementTimeout: a context ended by the library's own

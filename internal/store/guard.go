@@ -29,7 +29,11 @@ type GuardResult struct {
 //     or revoke of the lease waits for tx;
 //   - it adds lockID to the transaction-local setting pglease.lock_ids
 //     (comma-separated), which the database guard (migrate.Migrator.Guard)
-//     checks on every write of a guarded table.
+//     checks on every write of a guarded table, and, for a lockId this
+//     process generated (keys.NewLockID), its guard proof
+//     (keys.LockProof) to pglease.lock_proofs, which the strict guard
+//     (migrate.Migrator.GuardStrict) requires instead: a lockId read from
+//     the lock table has no proof.
 //
 // tx must be a transaction (a pgx.Tx, or a connection inside BEGIN): on
 // a connection outside one, the lock and the setting end with the
@@ -52,7 +56,8 @@ func (s *Store) Guard(ctx context.Context, tx DB, lockID string) (GuardResult, e
 	var res GuardResult
 	found := false
 	err := func() error {
-		rows, err := tx.Query(ctx, s.guardSQL, lockID)
+		proof, _ := keys.LockProof(lockID) // "" (none) for a lockId generated elsewhere
+		rows, err := tx.Query(ctx, s.guardSQL, lockID, proof)
 		if err != nil {
 			return err
 		}
@@ -60,8 +65,8 @@ func (s *Store) Guard(ctx context.Context, tx DB, lockID string) (GuardResult, e
 		for rows.Next() {
 			var fence string
 			var exp int64
-			var ids string
-			if err := rows.Scan(&fence, &exp, &ids); err != nil {
+			var ids, proofs string
+			if err := rows.Scan(&fence, &exp, &ids, &proofs); err != nil {
 				return err
 			}
 			f, err := keys.ParseFence(fence)

@@ -242,3 +242,59 @@ func TestPgBouncerStatementCacheError(t *testing.T) {
 		t.Errorf("want one *pglease.Error, not a chain of them: %q", msg)
 	}
 }
+
+// TestPgBouncerStatementCacheUnderConcurrency measures when pgx's default
+// statement cache breaks behind PgBouncer in transaction mode
+// (docs/poolers.md): one client at a time on one pgx connection passes
+// (PgBouncer keeps handing it a server connection that has its
+// statements), and several clients at once, more than the server
+// connections, fail — every failure the InvalidArgument that names the
+// fix, never a wrong answer.
+func TestPgBouncerStatementCacheUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	b := pgtest.PgBouncerForTest(t, pgtest.BouncerOptions{PoolMode: pgtest.PoolTransaction, PoolSize: 2})
+	s, _ := bouncerStore(t, b, "", 8)
+	cycle := func(c context.Context, key string) error {
+		r, err := s.Acquire(c, store.AcquireRequest{Key: key, TTL: 10 * time.Second})
+		if err == nil && r.OK {
+			_, err = s.Release(c, r.LockID)
+		}
+		return err
+	}
+	c := ctx(t)
+	for i := range 40 {
+		if err := cycle(c, fmt.Sprintf("serial-%d", i)); err != nil {
+			t.Fatalf("one client at a time, cycle %d: %v", i, err)
+		}
+	}
+	const clients, cycles = 8, 10
+	var mu sync.Mutex
+	failed, other := 0, []error{}
+	var wg sync.WaitGroup
+	for g := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range cycles {
+				err := cycle(c, fmt.Sprintf("conc-%d-%d", g, i))
+				if err == nil {
+					continue
+				}
+				mu.Lock()
+				failed++
+				if pglease.CodeOf(err) != pglease.CodeInvalidArgument || !strings.Contains(err.Error(), "default_query_exec_mode=exec") {
+					other = append(other, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("default statement cache through PgBouncer (transaction mode, 2 server connections): 0 of 40 serial cycles failed; %d of %d cycles of %d concurrent clients failed", failed, clients*cycles, clients)
+	if failed == 0 {
+		t.Errorf("no concurrent cycle failed: the statement cache did not meet another client's server connection")
+	}
+	for _, err := range other {
+		t.Errorf("a failure that is not the statement-cache InvalidArgument: %v", err)
+	}
+}

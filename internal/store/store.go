@@ -121,7 +121,8 @@ func New(op string, db DB, cfg Config) (*Store, error) {
 		snapshotSQL: "SELECT o_idx, o_now_ms, o_lock_hash, o_fence, o_acquired_ms, o_expires_ms, o_holder, o_lock_delay_ms, o_shared, o_limit," +
 			" o_shared_expires_ms, o_counter, o_delay_until_ms, o_excl_wait_until_ms FROM " + n.FnSnapshot + "($1)",
 		guardSQL: "WITH g AS MATERIALIZED (SELECT l.fence, l.expires_at_ms FROM " + n.Lock + " AS l WHERE l.lock_id = $1 AND l.expires_at_ms > " + liveMs +
-			" FOR KEY SHARE) SELECT g.fence, g.expires_at_ms, set_config('pglease.lock_ids', concat_ws(',', nullif(current_setting('pglease.lock_ids', true), ''), $1::text), true) FROM g",
+			" FOR KEY SHARE) SELECT g.fence, g.expires_at_ms, set_config('pglease.lock_ids', concat_ws(',', nullif(current_setting('pglease.lock_ids', true), ''), $1::text), true)," +
+			" set_config('pglease.lock_proofs', concat_ws(',', nullif(current_setting('pglease.lock_proofs', true), ''), nullif($2::text, '')), true) FROM g",
 		lookupKeySQL: sel + "l.key = $1" + live,
 		lookupIDSQL:  sel + "l.lock_id = $1" + live,
 		isLockedSQL:  "SELECT EXISTS (SELECT 1 FROM " + n.Lock + " AS l WHERE l.key = $1" + live + ")",

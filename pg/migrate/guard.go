@@ -21,6 +21,8 @@ import (
 // pglease (psql, another service), one holding another key's lease, or a
 // stale holder after an expiry, a release, a revoke or a takeover is
 // refused. An update that changes the key needs the leases of both keys.
+// TRUNCATE, which fires no row trigger, is refused too (PGL10, by a BEFORE
+// TRUNCATE statement trigger), whoever runs it: remove the guard first.
 // The check locks the lease's row FOR KEY SHARE, so a takeover waits for
 // the writing transaction's commit.
 //
@@ -30,6 +32,10 @@ import (
 // (CREATE TRIGGER); it is idempotent, serialized with Up, and also
 // callable from SQL: SELECT {lock}_guard('table'::regclass, 'key_column')
 // (e.g. syncguard_locks_guard), {lock}_unguard('table') to remove it.
+// Whoever can read the lock table can read a live lease's lockId and
+// present it (set_config('pglease.lock_ids', …)): Guard keeps out
+// writers that do not read the lock table; GuardStrict also keeps out
+// those that do.
 // Each write pays the trigger, one index lookup and a row lock on the
 // lock table: about 55-70 µs per single-row autocommit UPDATE on a
 // 2-core test server, +40% with fsync off and +20% with fsync on
@@ -40,7 +46,32 @@ import (
 // identifiers are InvalidArgument before any I/O; a missing table or
 // column is InvalidArgument.
 func (m *Migrator) Guard(ctx context.Context, table, keyColumn string) error {
-	const op = "migrate.Guard"
+	return m.guard(ctx, "migrate.Guard", table, keyColumn, false)
+}
+
+// GuardStrict installs the strict database guard on table: Guard's, except
+// that a transaction passes it only with the guard proof of a lease this
+// process acquired, which (*manager.Lock).Guard and pg.Store.Guard present
+// (pglease.lock_proofs), never with a lockId in pglease.lock_ids. The
+// lock table holds lockIds in plain text (SyncGuard's format), and the
+// runtime role of roles.sql may read it: under Guard, whoever reads a live
+// lease's lockId can present it and write; under GuardStrict, what the
+// lock table holds does not pass. A proof is derived from a random key of
+// the acquiring process (see docs/guarantees.md, P3), so a lease taken
+// by another process, a SyncGuard process, or with a lockId generated
+// elsewhere (store.AcquireRequest.LockID) cannot pass it; the SQL API's
+// acquire ({lock}_acquire) returns its lease's proof as guard_proof, for
+// SQL callers to set in pglease.lock_proofs. A role that may write the
+// lock table can still take a key's lease by force (delete the row, or
+// overwrite its lockId), as it can without a guard; GuardStrict keeps out
+// readers, not writers of the lock table. Guard and GuardStrict replace
+// each other's trigger; Unguard removes either. SQL: SELECT
+// {lock}_guard('table'::regclass, 'key_column', true).
+func (m *Migrator) GuardStrict(ctx context.Context, table, keyColumn string) error {
+	return m.guard(ctx, "migrate.GuardStrict", table, keyColumn, true)
+}
+
+func (m *Migrator) guard(ctx context.Context, op, table, keyColumn string, strict bool) error {
 	qt, err := guardedTable(op, m.n, table)
 	if err != nil {
 		return err
@@ -51,7 +82,7 @@ func (m *Migrator) Guard(ctx context.Context, table, keyColumn string) error {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
-	if _, err := m.db.Exec(ctx, "SELECT "+m.n.APIGuard+"($1::text::regclass, $2::text::name)", qt, keyColumn); err != nil {
+	if _, err := m.db.Exec(ctx, "SELECT "+m.n.APIGuard+"($1::text::regclass, $2::text::name, $3::boolean)", qt, keyColumn, strict); err != nil {
 		return pgerr.Map(ctx, op, err)
 	}
 	return nil

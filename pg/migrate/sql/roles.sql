@@ -85,7 +85,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks_shared T
 REVOKE ALL ON FUNCTION :"schema".syncguard_locks_acquire(text, bigint), :"schema".syncguard_locks_release(text),
   :"schema".syncguard_locks_extend(text, bigint), :"schema".syncguard_locks_status(text),
   :"schema".syncguard_locks_revoke(text, bigint), :"schema".syncguard_locks_guard(regclass, name),
-  :"schema".syncguard_locks_unguard(regclass) FROM PUBLIC, :"runtime_role";
+  :"schema".syncguard_locks_guard(regclass, name, boolean), :"schema".syncguard_locks_unguard(regclass)
+  FROM PUBLIC, :"runtime_role";
 GRANT EXECUTE ON FUNCTION :"schema".syncguard_locks_acquire(text, bigint), :"schema".syncguard_locks_release(text),
   :"schema".syncguard_locks_extend(text, bigint), :"schema".syncguard_locks_status(text),
   :"schema".syncguard_locks_revoke(text, bigint) TO :"runtime_role";

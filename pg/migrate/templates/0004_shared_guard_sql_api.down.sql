@@ -5,7 +5,7 @@ DO $pglease$
 DECLARE
   v_n integer;
 BEGIN
-  SELECT count(*) INTO v_n FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid
+  SELECT count(DISTINCT t.tgrelid) INTO v_n FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid
     WHERE p.proname = '{fn_guard_trigger}' AND p.pronamespace = (SELECT c.relnamespace FROM pg_class AS c WHERE c.oid = to_regclass('{t}'));
   IF v_n > 0 THEN
     RAISE EXCEPTION 'pglease: % tables are guarded by this lock table''s leases: remove their guards (Unguard) before going down', v_n
@@ -34,6 +34,7 @@ DROP FUNCTION IF EXISTS {api_extend}(text, bigint);
 DROP FUNCTION IF EXISTS {api_status}(text);
 DROP FUNCTION IF EXISTS {api_revoke}(text, bigint);
 DROP FUNCTION IF EXISTS {api_guard}(regclass, name);
+DROP FUNCTION IF EXISTS {api_guard}(regclass, name, boolean);
 DROP FUNCTION IF EXISTS {api_unguard}(regclass);
 DO $pglease$
 DECLARE

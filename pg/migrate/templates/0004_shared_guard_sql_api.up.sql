@@ -783,8 +783,15 @@ $fn$;
 -- may be written only by a transaction that holds a live exclusive lease of
 -- the row's key (its old and new key, when an update changes it): a lease
 -- whose lockId is in the transaction's pglease.lock_ids (comma-separated;
--- the Guard calls add to it) and whose expires_at_ms is after the server's
--- clock. The lease's row is locked FOR KEY SHARE until the transaction ends,
+-- the Guard calls add to it) or follows from a guard proof in its
+-- pglease.lock_proofs (comma-separated, 76 hex digits each: c || p, the
+-- lockId being c || sha256(p)[:10]; pglease's own lockIds have one), and
+-- whose expires_at_ms is after the server's clock. A strict guard
+-- (TG_ARGV[1] = 'strict') ignores pglease.lock_ids: a lockId read from the
+-- lock table does not pass it, only the proof, which the table does not
+-- hold. A second trigger ({guard_trigger}_truncate, BEFORE TRUNCATE, FOR
+-- EACH STATEMENT, the same function) refuses TRUNCATE, which fires no row
+-- trigger and would remove every key's rows. The lease's row is locked FOR KEY SHARE until the transaction ends,
 -- so a takeover waits for its commit. Otherwise SQLSTATE PGL10. SECURITY
 -- DEFINER (the writer needs no privilege on the lock table), search_path
 -- pinned to pg_catalog, pg_temp, every other name schema-qualified when it
@@ -815,12 +822,28 @@ BEGIN
 CREATE OR REPLACE FUNCTION @fn@() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
-  v_ids text[] := string_to_array(nullif(current_setting('pglease.lock_ids', true), ''), ',');
+  v_ids text[];
+  v_proofs text[] := string_to_array(nullif(current_setting('pglease.lock_proofs', true), ''), ',');
+  v_strict boolean;
   v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   v_old text;
   v_new text;
   v_key text;
 BEGIN
+  IF TG_OP = 'TRUNCATE' THEN
+    RAISE EXCEPTION USING ERRCODE = 'PGL10', MESSAGE = 'pglease: TRUNCATE of a guarded table is refused',
+      DETAIL = 'table ' || quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME),
+      HINT = 'TRUNCATE removes every key''s rows at once: delete them under their keys'' leases, or, as the table''s owner, remove the guard first (Migrator.Unguard, or the lock table''s _unguard function)';
+  END IF;
+  v_strict := TG_NARGS > 1 AND TG_ARGV[1] = 'strict';
+  IF NOT v_strict THEN
+    v_ids := string_to_array(nullif(current_setting('pglease.lock_ids', true), ''), ',');
+  END IF;
+  IF v_proofs IS NOT NULL THEN
+    v_ids := coalesce(v_ids, '{}'::text[]) || ARRAY(
+      SELECT rtrim(translate(encode(substr(x.b, 1, 6) || substr(sha256(substr(x.b, 7)), 1, 10), 'base64'), '+/', '-_'), '=')
+      FROM (SELECT decode(p, 'hex') AS b FROM unnest(v_proofs) AS p WHERE p ~ '^[0-9a-f]{76}$') AS x);
+  END IF;
   IF TG_OP <> 'INSERT' THEN
     v_old := to_jsonb(OLD) ->> TG_ARGV[0];
   END IF;
@@ -838,7 +861,8 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'PGL10', MESSAGE = 'pglease: this transaction holds no live lease of the row''s key',
       DETAIL = 'table ' || quote_ident(TG_TABLE_SCHEMA) || '.' || quote_ident(TG_TABLE_NAME) || ', key column ' || quote_ident(TG_ARGV[0])
         || CASE WHEN v_key IS NULL THEN ' is NULL' ELSE ', key hash ' || @hash@(v_key) END,
-      HINT = 'guard the transaction with the key''s lease first ((*manager.Lock).Guard, or SELECT set_config(''pglease.lock_ids'', lock_id, true) after locking the lease)';
+      HINT = CASE WHEN v_strict THEN 'this guard is strict: guard the transaction with the key''s lease first ((*manager.Lock).Guard, pg.Store.Guard with a lease this process acquired, or the SQL API acquire''s guard_proof in pglease.lock_proofs); a lock_id in pglease.lock_ids does not pass'
+        ELSE 'guard the transaction with the key''s lease first ((*manager.Lock).Guard, pg.Store.Guard, or SELECT set_config(''pglease.lock_ids'', lock_id, true) after locking the lease)' END;
   END LOOP;
   IF TG_OP = 'DELETE' THEN
     RETURN OLD;
@@ -848,11 +872,11 @@ END
 $fn$;
 $body$, '@fn@', v_fn), '@lock@', v_lock), '@hash@', v_hash);
   EXECUTE replace(replace(replace(replace(replace(replace($body$
-CREATE OR REPLACE FUNCTION {api_guard}(tbl regclass, key_column name) RETURNS void
+CREATE OR REPLACE FUNCTION {api_guard}(tbl regclass, key_column name, strict boolean) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
-  IF tbl IS NULL OR key_column IS NULL THEN
-    RAISE EXCEPTION 'pglease: guard: the table and the key column must not be NULL' USING ERRCODE = 'invalid_parameter_value';
+  IF tbl IS NULL OR key_column IS NULL OR strict IS NULL THEN
+    RAISE EXCEPTION 'pglease: guard: the table, the key column and strict must not be NULL' USING ERRCODE = 'invalid_parameter_value';
   END IF;
   -- Serialized with the migrations and with other installs (DROP and
   -- CREATE TRIGGER would race).
@@ -863,19 +887,32 @@ BEGIN
   IF NOT EXISTS (SELECT 1 FROM pg_attribute AS a WHERE a.attrelid = tbl AND a.attname = key_column AND a.attnum > 0 AND NOT a.attisdropped) THEN
     RAISE EXCEPTION 'pglease: guard: table % has no column %', tbl, quote_ident(key_column) USING ERRCODE = 'undefined_column';
   END IF;
-  -- tgtype 31 = ROW | BEFORE | INSERT | DELETE | UPDATE; tgargs = the key column, NUL-terminated.
+  -- tgtype 31 = ROW | BEFORE | INSERT | DELETE | UPDATE; tgargs = the key
+  -- column and, for a strict guard, 'strict', each NUL-terminated.
   IF NOT EXISTS (SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = tbl AND t.tgname = '{guard_trigger}'
       AND t.tgfoid = to_regprocedure('@fn@()') AND t.tgtype = 31 AND t.tgenabled = 'O'
-      AND t.tgargs = convert_to(key_column::text, 'UTF8') || '\x00'::bytea) THEN
+      AND t.tgargs = convert_to(key_column::text, 'UTF8') || '\x00'::bytea
+        || CASE WHEN strict THEN convert_to('strict', 'UTF8') || '\x00'::bytea ELSE ''::bytea END) THEN
     EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}', tbl);
-    EXECUTE format('CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L)',
-      '{guard_trigger}', tbl, '@fn@', key_column);
+    EXECUTE format('CREATE TRIGGER %I BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION %s(%L%s)',
+      '{guard_trigger}', tbl, '@fn@', key_column, CASE WHEN strict THEN ', ''strict''' ELSE '' END);
+  END IF;
+  -- tgtype 34 = BEFORE | TRUNCATE (statement level).
+  IF NOT EXISTS (SELECT 1 FROM pg_trigger AS t WHERE t.tgrelid = tbl AND t.tgname = '{guard_trigger}_truncate'
+      AND t.tgfoid = to_regprocedure('@fn@()') AND t.tgtype = 34 AND t.tgenabled = 'O') THEN
+    EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}_truncate', tbl);
+    EXECUTE format('CREATE TRIGGER %I BEFORE TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s()',
+      '{guard_trigger}_truncate', tbl, '@fn@');
   END IF;
 END
 $fn$;
 $body$, '@fn@', v_fn), '@lock@', v_lock), '@fence@', v_fence), '@holders@', v_holders), '@shared@', v_shared), '@hash@', v_hash);
 END
 $pglease$;
+CREATE OR REPLACE FUNCTION {api_guard}(tbl regclass, key_column name) RETURNS void
+LANGUAGE sql VOLATILE AS $fn$
+  SELECT {api_guard}($1, $2, false)
+$fn$;
 CREATE OR REPLACE FUNCTION {api_unguard}(tbl regclass) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
 BEGIN
@@ -884,6 +921,7 @@ BEGIN
   END IF;
   PERFORM pg_advisory_xact_lock(hashtext('pglease.SetupSchema'));
   EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}', tbl);
+  EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', '{guard_trigger}_truncate', tbl);
 END
 $fn$;
 
@@ -895,14 +933,21 @@ $fn$;
 -- the session setting pglease.notify_channel ('pglease_release' when unset:
 -- manager.DefaultNotifyChannel).
 
--- Take key for ttl_ms: the grant's lock_id (a bearer secret), fence and
--- expiry, or a NULL lock_id and fence when the key is held (expires_at_ms
--- is then the holder's expiry, NULL for shared holds or a delay).
-CREATE OR REPLACE FUNCTION {api_acquire}(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint)
+-- Take key for ttl_ms: the grant's lock_id (a bearer secret), fence,
+-- expiry and guard proof, or a NULL lock_id, fence and guard_proof when
+-- the key is held (expires_at_ms is then the holder's expiry, NULL for
+-- shared holds or a delay). The lock_id is c || sha256(p)[:10] (c 6 random
+-- bytes, p 32), and guard_proof is hex(c || p): what the strict database
+-- guard accepts in pglease.lock_proofs, and what the lock table does not
+-- hold.
+CREATE OR REPLACE FUNCTION {api_acquire}(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint,
+  OUT guard_proof text)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_k text := normalize($1, NFC);
-  v_id text := translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/=', '-_');
+  v_c bytea := substr(uuid_send(gen_random_uuid()), 1, 6);
+  v_p bytea := uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid());
+  v_id text := rtrim(translate(encode(v_c || substr(sha256(v_p), 1, 10), 'base64'), '+/', '-_'), '=');
   r record;
 BEGIN
   IF v_k IS NULL OR v_k = '' OR octet_length(v_k) > 512 THEN
@@ -918,7 +963,7 @@ BEGIN
     RAISE EXCEPTION 'pglease: fence counter overflow: the key''s fence would exceed 900000000000000; no lock granted' USING ERRCODE = 'numeric_value_out_of_range';
   END IF;
   IF r.o_status = 0 THEN
-    lock_id := v_id; fence := r.o_fence;
+    lock_id := v_id; fence := r.o_fence; guard_proof := encode(v_c || v_p, 'hex');
   END IF;
   expires_at_ms := r.o_expires_ms;
 END

@@ -7,7 +7,7 @@ DO $pglease$
 DECLARE
   v_n integer;
 BEGIN
-  SELECT count(*) INTO v_n FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid
+  SELECT count(DISTINCT t.tgrelid) INTO v_n FROM pg_trigger AS t JOIN pg_proc AS p ON p.oid = t.tgfoid
     WHERE p.proname = 'pglease_guard_d2da60f171' AND p.pronamespace = (SELECT c.relnamespace FROM pg_class AS c WHERE c.oid = to_regclass('"syncguard_locks"'));
   IF v_n > 0 THEN
     RAISE EXCEPTION 'pglease: % tables are guarded by this lock table''s leases: remove their guards (Unguard) before going down', v_n
@@ -36,6 +36,7 @@ DROP FUNCTION IF EXISTS "syncguard_locks_extend"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_status"(text);
 DROP FUNCTION IF EXISTS "syncguard_locks_revoke"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name);
+DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name, boolean);
 DROP FUNCTION IF EXISTS "syncguard_locks_unguard"(regclass);
 DO $pglease$
 DECLARE
