@@ -100,7 +100,7 @@ func TestStatusNewKinds(t *testing.T) {
 	p2 := w.share(t, "worker[202]@job-2", sem, 3)
 	// A revoked lease with a delay of an hour.
 	rv := w.acquire(t, revoked, time.Minute)
-	if res, err := w.store.Revoke(c, []store.RevokeRequest{{Key: revoked, Delay: time.Hour}}); err != nil || !res[0].Revoked {
+	if res, err := w.store.Revoke(c, []store.RevokeRequest{{Key: revoked, Delay: time.Hour}}); err != nil || res[0].Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", res, err)
 	}
 	// A lease that expired unreleased, with a lock delay of an hour, and
@@ -445,7 +445,7 @@ func TestRevokeGrantChangedHands(t *testing.T) {
 	g := w.acquire(t, "hands:1", time.Minute)
 	cfg := store.Config{NotifyChannel: manager.DefaultNotifyChannel}
 	res, err := revokeGrant(c, w.pool, cfg, "hands:1", pglease.HashKey("some-other-lock-id"), 0)
-	if err != nil || res.Revoked || !res.other || res.Fence != g.Fence {
+	if err != nil || res.ok || !res.other || len(res.Fences) != 1 || res.Fences[0] != g.Fence {
 		t.Fatalf("revokeGrant of another grant = %+v, %v; want not revoked, other", res, err)
 	}
 	if info, err := w.store.LookupByKey(c, "hands:1"); err != nil || info == nil || info.LockIDHash != pglease.HashKey(g.LockID) {
@@ -455,7 +455,7 @@ func TestRevokeGrantChangedHands(t *testing.T) {
 		t.Fatal("a rolled-back revoke notified")
 	}
 	res, err = revokeGrant(c, w.pool, cfg, "hands:1", pglease.HashKey(g.LockID), 0)
-	if err != nil || !res.Revoked || res.other {
+	if err != nil || !res.ok || res.other {
 		t.Fatalf("revokeGrant of the grant = %+v, %v", res, err)
 	}
 	if !notified(t, conn, "r:"+pglease.HashKey("hands:1")+":"+pglease.HashKey(g.LockID), 30*time.Second) {
