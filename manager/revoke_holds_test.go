@@ -206,6 +206,26 @@ func TestRevokeSharedHolds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// From SQL, one reader asked (the other is not), then all from Go.
+	var asked int
+	if err := b.admin.QueryRow(ctx, "SELECT syncguard_locks_request_release($1, $2)", rw, pglease.HashKey(r2.id)).Scan(&asked); err != nil || asked != 1 {
+		t.Fatalf("SQL request of one reader = %d, %v", asked, err)
+	}
+	select {
+	case <-r2.ReleaseRequested():
+	case <-time.After(waitTimeout()):
+		t.Fatal("the reader named from SQL was not asked to release")
+	}
+	if lk, ok, err := b.m.TryAcquire(ctx, "unrelated"); err != nil || !ok {
+		t.Fatal(ok, err)
+	} else {
+		_ = lk.Release(ctx)
+	}
+	select {
+	case <-r1.ReleaseRequested():
+		t.Fatal("a reader not named was asked to release")
+	default:
+	}
 	if err := peer.RequestRelease(ctx, rw); err != nil {
 		t.Fatal(err)
 	}

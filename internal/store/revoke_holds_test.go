@@ -179,7 +179,13 @@ func TestRevokeSharedHolds(t *testing.T) {
 			t.Fatalf("Revoke with hold %q: %v; want InvalidArgument", bad, err)
 		}
 	}
-	if _, err := pool.Exec(c, "SELECT syncguard_locks_revoke($1, 0, 'nothex')", rw); err == nil {
-		t.Fatal("SQL revoke with a bad hold: no error")
+	for _, q := range []string{"SELECT syncguard_locks_revoke($1, 0, 'nothex')", "SELECT syncguard_locks_request_release($1, 'nothex')"} {
+		if _, err := pool.Exec(c, q, rw); err == nil {
+			t.Fatalf("%s: no error", q)
+		}
+	}
+	var asked int
+	if err := pool.QueryRow(c, "SELECT syncguard_locks_request_release($1)", rw).Scan(&asked); err != nil || asked != 0 {
+		t.Fatalf("SQL request of a key nobody holds = %d, %v; want 0", asked, err)
 	}
 }

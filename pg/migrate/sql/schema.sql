@@ -1354,6 +1354,38 @@ BEGIN
 END
 $fn$;
 
+-- Ask the key's live holders to release it, without taking anything:
+-- every one (its exclusive lease, or its readers or permits) when hold is
+-- NULL, else only the hold named (as "syncguard_locks_revoke" names it). One
+-- notification ('q:' || hashKey(key), then ':' || hold when one is
+-- named); each holder's Manager closes the lock's ReleaseRequested
+-- channel, and the holder decides. Returns how many live holds were
+-- asked: 0 sends nothing (nobody holds the key, or not the hold named).
+CREATE OR REPLACE FUNCTION "syncguard_locks_request_release"(key text, hold text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_k text := normalize($1, NFC);
+  v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  v_n integer;
+BEGIN
+  IF v_k IS NULL OR v_k = '' OR octet_length(v_k) > 512 THEN
+    RAISE EXCEPTION 'pglease: the key must be 1 to 512 bytes after NFC normalization' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF $2 IS NOT NULL AND $2 !~ '^([0-9a-f]{24}|[0-9a-f]{64})$' THEN
+    RAISE EXCEPTION 'pglease: hold must be NULL (every hold), a lock_id_hash (24 hex digits) or a grant id (64 hex digits)' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT count(*) INTO v_n FROM (SELECT l.lock_id FROM "syncguard_locks" AS l WHERE l.key = v_k AND l.expires_at_ms > v_now
+      UNION ALL SELECT s.lock_id FROM "syncguard_locks_shared" AS s WHERE s.key = v_k AND s.expires_at_ms > v_now) AS x
+    WHERE $2 IS NULL OR $2 IN ("pglease_hashkey_v1"(x.lock_id),
+      encode(sha256(convert_to('pglease grant v1', 'UTF8') || '\x00'::bytea || convert_to(x.lock_id, 'UTF8')), 'hex'));
+  IF v_n > 0 THEN
+    PERFORM pg_notify(coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'),
+      'q:' || "pglease_hashkey_v1"(v_k) || coalesce(':' || $2, ''));
+  END IF;
+  RETURN v_n;
+END
+$fn$;
+
 -- Every lease of the lock table, exclusive and shared, without its lockId
 -- (lock_id_hash is pglease.HashKey of it): live by SyncGuard's rule.
 CREATE OR REPLACE VIEW "syncguard_locks_leases" AS

@@ -33,6 +33,7 @@ DROP FUNCTION IF EXISTS {api_release}(text);
 DROP FUNCTION IF EXISTS {api_extend}(text, bigint);
 DROP FUNCTION IF EXISTS {api_status}(text);
 DROP FUNCTION IF EXISTS {api_revoke}(text, bigint, text);
+DROP FUNCTION IF EXISTS {api_request_release}(text, text);
 DROP FUNCTION IF EXISTS {api_guard}(regclass, name);
 DROP FUNCTION IF EXISTS {api_unguard}(regclass);
 DO $pglease$

@@ -35,6 +35,7 @@ DROP FUNCTION IF EXISTS "syncguard_locks_release"(text);
 DROP FUNCTION IF EXISTS "syncguard_locks_extend"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_status"(text);
 DROP FUNCTION IF EXISTS "syncguard_locks_revoke"(text, bigint, text);
+DROP FUNCTION IF EXISTS "syncguard_locks_request_release"(text, text);
 DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name);
 DROP FUNCTION IF EXISTS "syncguard_locks_unguard"(regclass);
 DO $pglease$
