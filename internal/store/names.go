@@ -81,7 +81,7 @@ type Names struct {
 	// lock table's ({lock}_acquire …), for SQL callers; quoted, qualified
 	// like the lock table.
 	APIAcquire, APIRelease, APIExtend, APIStatus, APIRevoke, APIRequestRelease, APIGuard, APIUnguard string
-	ViewLeases, ViewWaiters                                                       string
+	ViewLeases, ViewWaiters                                                                          string
 	// ViewAdvisory is pglease_advisory_locks, one per schema (shared by
 	// every table pair in it, like the hashKey function).
 	ViewAdvisory string
