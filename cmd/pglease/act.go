@@ -465,43 +465,33 @@ func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, c
 // nothing to revoke, and when acquirers can take the key.
 func (a *app) expiredState(ctx context.Context, pool *pgxpool.Pool, st *store.Store, r store.LeaseRow, now time.Time) string {
 	ago := short(now.Sub(r.ExpiresAt))
-	if r.Live {
-		free := r.ExpiresAt.Add(time.Duration(keys.TimeToleranceMs) * time.Millisecond)
-		return fmt.Sprintf("lease %s expired %s ago: it is no longer its holder's, and acquirers can take the key in %s "+
-			"(the 1 s tolerance after expiry)%s; nothing to revoke", r.KeyHash, ago, short(free.Sub(now)), a.delayNote(ctx, pool, st, r, now))
+	// The key is free from expiry + max(1 s, the lease's lock delay), or
+	// a revoke's delay's end if later.
+	free := r.ExpiresAt.Add(time.Duration(keys.TimeToleranceMs) * time.Millisecond)
+	whose := ""
+	if _, cols, err := probeV4(ctx, pool, st.Names()); err == nil && cols {
+		if m, err := readMarks(ctx, pool, st.Names(), r.Key, false); err == nil {
+			if km, ok := m[r.KeyHash]; ok {
+				if end := r.ExpiresAt.Add(time.Duration(km.lockDelayMs) * time.Millisecond); end.After(free) {
+					free, whose = end, "its own"
+				}
+				for _, mk := range km.marks {
+					if mk.Mark == markLockDelay && mk.Source == "revoke" && mk.Until.After(free) {
+						free, whose = mk.Until, "a revoke's"
+					}
+				}
+			}
+		}
 	}
-	if note := a.delayNote(ctx, pool, st, r, now); note != "" {
-		return fmt.Sprintf("lease %s expired %s ago%s; nothing to revoke (a revoke leaves an expired lease and its delay in place)",
-			r.KeyHash, ago, note)
+	switch {
+	case free.After(now) && whose != "":
+		return fmt.Sprintf("lease %s expired %s ago, and it is still inside %s lock delay: no acquire gets the key before %s; "+
+			"nothing to revoke (a revoke leaves an expired lease and its delay in place)", r.KeyHash, ago, whose, until(free, now))
+	case free.After(now):
+		return fmt.Sprintf("lease %s expired %s ago: it is no longer its holder's, and acquirers can take the key in %s "+
+			"(the 1 s tolerance after expiry); nothing to revoke", r.KeyHash, ago, short(free.Sub(now)))
 	}
 	return fmt.Sprintf("lease %s expired %s ago: the key is free for acquirers (the next grant overwrites the row); nothing to revoke", r.KeyHash, ago)
-}
-
-// delayNote is ", and a lock delay keeps every acquire off the key until
-// T" when one is in force for r's key, else "".
-func (a *app) delayNote(ctx context.Context, pool *pgxpool.Pool, st *store.Store, r store.LeaseRow, now time.Time) string {
-	if _, cols, err := probeV4(ctx, pool, st.Names()); err != nil || !cols {
-		return ""
-	}
-	m, err := readMarks(ctx, pool, st.Names(), r.Key, false)
-	if err != nil {
-		return ""
-	}
-	km, ok := m[r.KeyHash]
-	if !ok {
-		return ""
-	}
-	for _, mk := range km.marks {
-		if mk.Mark != markLockDelay {
-			continue
-		}
-		whose := "a revoke's"
-		if mk.Source == "expired_lease" {
-			whose = "its own"
-		}
-		return fmt.Sprintf(", and it is still inside %s lock delay: no acquire gets the key before %s", whose, until(mk.Until, now))
-	}
-	return ""
 }
 
 // sharedHolds is key's live shared holds (the one named by hold, if not

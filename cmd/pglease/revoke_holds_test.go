@@ -54,6 +54,16 @@ func TestReleaseExpiredLeaseInsideDelay(t *testing.T) {
 			t.Fatalf("acquire %d ms after expiry, after release --force = %v, %v; want refused until %d ms", now-exp, a, err, end-exp)
 		}
 	}
+	// Just after expiry (within the 1 s tolerance, or later on a slow
+	// machine), a lease with a long delay: the delay is what keeps it.
+	g2, err := w.store.Acquire(c, store.AcquireRequest{Key: key + ":long", TTL: 300 * time.Millisecond, LockDelay: time.Hour})
+	if err != nil || !g2.OK {
+		t.Fatal(g2, err)
+	}
+	waitFor(t, "the expiry", func() bool { return w.serverMs(t) > g2.ExpiresAt.UnixMilli() })
+	r = run(t, w.url, "", "release", "--key", key+":long", "--force", "--yes")
+	want(t, r, exitNotFound, "still inside its own lock delay: no acquire gets the key before", "(in 59m")
+
 	waitFor(t, "the delay's end", func() bool { return w.serverMs(t) >= end })
 	r = run(t, w.url, "", "release", "--key", key, "--force", "--yes")
 	want(t, r, exitNotFound, "expired", "the key is free for acquirers", "nothing to revoke")
