@@ -162,6 +162,9 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 				state = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago: " + free
 			case !l.Live:
 				state = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago: " + free + ", the next acquire overwrites it"
+			case l.ExpiresInMs <= 0 && l.LockDelayMs > keys.TimeToleranceMs:
+				state = "expired, inside its lock delay: not grantable before " +
+					until(l.ExpiresAt.Add(time.Duration(l.LockDelayMs)*time.Millisecond), v.Time)
 			case l.ExpiresInMs <= 0:
 				state = "expired, within the 1 s tolerance: free for acquirers in under a second"
 			}

@@ -63,6 +63,11 @@ func TestReleaseExpiredLeaseInsideDelay(t *testing.T) {
 	waitFor(t, "the expiry", func() bool { return w.serverMs(t) > g2.ExpiresAt.UnixMilli() })
 	r = run(t, w.url, "", "release", "--key", key+":long", "--force", "--yes")
 	want(t, r, exitNotFound, "still inside its own lock delay: no acquire gets the key before", "(in 59m")
+	r = run(t, w.url, "", "inspect", key+":long")
+	want(t, r, 0)
+	if !strings.Contains(r.stdout, "not grantable before") || strings.Contains(r.stdout, "free for acquirers") {
+		t.Fatalf("inspect of an expired lease inside its lock delay:\n%s", r)
+	}
 
 	waitFor(t, "the delay's end", func() bool { return w.serverMs(t) >= end })
 	r = run(t, w.url, "", "release", "--key", key, "--force", "--yes")
