@@ -649,17 +649,6 @@ func revokeGrant(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, key,
 	return r, tx.Rollback(ctx)
 }
 
-// sharedCount counts key's live shared holds (0 without a shared-hold
-// table).
-func (a *app) sharedCount(ctx context.Context, pool *pgxpool.Pool, st *store.Store, key string) (int, error) {
-	shared, _, err := probeV4(ctx, pool, st.Names())
-	if err != nil || !shared {
-		return 0, err
-	}
-	sec, err := readShared(ctx, pool, st.Names(), mustNFC(key), 1, false)
-	return sec.Live, err
-}
-
 // requestRelease asks the holders of key to release it: store.RequestRelease
 // ("q:" on the channel), nothing deleted. Nobody holding the key is
 // exitNotFound, nothing sent.
