@@ -73,9 +73,10 @@ const (
 	// the end a holder asked for, not a failure: Release itself returns
 	// nil then.
 	CodeReleased
-	// CodeRevoked means a held lease was revoked: an operator or another
-	// process deleted it on the server (manager.Manager.Revoke, the SQL
-	// function {lock}_revoke, pglease release), whoever held it. It is
+	// CodeRevoked means a held lease (exclusive, reader or permit) was
+	// revoked: an operator or another process deleted it on the server
+	// (manager.Manager.Revoke, the SQL function {lock}_revoke, pglease
+	// release), whoever held it. It is
 	// the cause of the revoked handle's Context, and what Release and
 	// Extend answer afterwards. Unlike CodeLockLost, nothing went wrong
 	// with the holder: someone took the lock away on purpose, and the

@@ -25,8 +25,9 @@
 // transaction. Every one of them is a *Lock with the same heartbeat, loss
 // signal and release.
 //
-// Any process can revoke a key's exclusive lease (Revoke: its holder's
-// Context ends with ErrRevoked as soon as its Manager hears of it) or ask
+// Any process can revoke a key's holds, its exclusive lease or its readers
+// or permits, all or one (Revoke: each holder's Context ends with
+// ErrRevoked as soon as its Manager hears of it) or ask
 // its holders to release it (RequestRelease, Lock.ReleaseRequested); a
 // lease taken WithLockDelay keeps the key from the next holder for a
 // while after it expired or was revoked; Watch reports a key's grants,

@@ -22,11 +22,11 @@ func ExampleManager_Revoke() {
 	}
 
 	// An operator, or any process with a Manager on the same tables:
-	revoked, err := m.Revoke(ctx, "example:stuck-job")
+	rv, err := m.Revoke(ctx, "example:stuck-job")
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("revoked:", revoked)
+	fmt.Println("revoked:", rv.Revoked, "delay until set:", !rv.NotBefore.IsZero())
 
 	<-lk.Done() // the holder is told at once, wherever it runs
 	fmt.Println("holder:", errors.Is(lk.Err(), pglease.ErrRevoked))
@@ -35,13 +35,32 @@ func ExampleManager_Revoke() {
 	// The lease's lock delay keeps the key free for 2 s after the revoke.
 	_, ok, err := m.TryAcquire(ctx, "example:stuck-job")
 	fmt.Println("taken within the delay:", ok, err)
+
+	// Readers and semaphore permits too: all of a key's, or the ones named
+	// by their grant ids (Lock.GrantID, which a holder may log).
+	hung, err := m.Acquire(ctx, "example:slots", manager.WithLimit(3))
+	if err != nil {
+		panic(err)
+	}
+	busy, err := m.Acquire(ctx, "example:slots", manager.WithLimit(3))
+	if err != nil {
+		panic(err)
+	}
+	rv, err = m.Revoke(ctx, "example:slots", hung.GrantID())
+	if err != nil {
+		panic(err)
+	}
+	<-hung.Done()
+	fmt.Println("permits revoked:", rv.Revoked, errors.Is(hung.Err(), pglease.ErrRevoked), busy.Err())
 	// readme:end revoke
+	busy.Release(ctx)
 
 	// Output:
-	// revoked: true
+	// revoked: 1 delay until set: true
 	// holder: true
 	// its release: true
 	// taken within the delay: false <nil>
+	// permits revoked: 1 true <nil>
 }
 
 func ExampleLock_ReleaseRequested() {

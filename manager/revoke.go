@@ -19,9 +19,11 @@ import (
 
 // Revocation and release requests.
 //
-// Revoke deletes a key's exclusive lease on the server, whoever holds it,
-// in one durable statement (store.Revoke) that also notifies
-// "r:" + HashKey(key) + ":" + HashKey(lockId) on the notify channel. Every
+// Revoke deletes a key's live holds on the server (its exclusive lease, or
+// its readers or permits; all, or the ones named), whoever holds them, in
+// one durable statement (store.Revoke) that also notifies
+// "r:" + HashKey(key) + ":" + HashKey(lockId) on the notify channel for
+// each. Every
 // Manager's listener receives it; the holder's loop finds the lock of that
 // key whose lockId has that hash (handleRevoked) and ends it at once:
 // its Context with a cause matching pglease.ErrRevoked, no more extends,
@@ -35,9 +37,10 @@ import (
 // and the notification race) is remembered for a while (revokedEarly),
 // and the grant ends as revoked as soon as it is made.
 //
-// RequestRelease only notifies "q:" + HashKey(key): the holders' loops
-// close ReleaseRequested of their locks of that key (this Manager's loop
-// is told directly too); the holder decides.
+// RequestRelease only notifies "q:" + HashKey(key) (+ ":" + a hold): the
+// holders' loops close ReleaseRequested of their locks of that key (or of
+// the hold named; this Manager's loop is told directly too); the holder
+// decides.
 
 // revokedEarlyFor is how long a revoke notification that matched no lock
 // held here is remembered, for a grant of the key still in flight, and
@@ -52,90 +55,154 @@ func revokedCause() error {
 	return pgerr.New(pglease.CodeRevoked, "manager.Lock", "the lease was revoked (deleted on the server by a revoke)", nil)
 }
 
-// Revoke deletes key's exclusive lease on the server, whoever holds it
-// (this process or another), in one durable statement, and reports
-// whether there was a live one (false: the key was free or its lease had
-// expired; nothing changed). The holder's Manager, which hears of it on
-// its listening connection, ends the lock's Context at once with a cause
-// matching pglease.ErrRevoked (typically within milliseconds of the
-// revoke's commit); its Release then returns that error and nothing is
-// extended or released any more. A holder that was not listening at that
-// moment (its listening connection was being replaced) learns at its next
-// extend, which finds the lease gone (pglease.ErrLockLost). Until the
-// holder stops, only fencing protects the resource: the next holder's
-// fence is higher (pg.FenceGuard refuses the revoked holder's later
-// writes). Revoke waits for transactions that guard the lease
-// (Lock.Guard), so their writes come before it.
+// Revocation is what a Revoke did.
+type Revocation struct {
+	// Revoked counts the live holds the revoke deleted: 1 for the key's
+	// exclusive lease, or the readers or permits revoked. 0: the key had
+	// no live hold (or none of those named), and nothing was changed.
+	Revoked int
+	// NotBefore, when not zero, is the server time before which no
+	// acquire gets the key: the revoked lease's lock delay (WithLockDelay)
+	// after the revoke, or, when nothing was revoked, the delay of an
+	// expired lease still in force (a revoke leaves an expired lease and
+	// its delay in place: it never frees a key earlier than its expiry
+	// would). Zero: no delay keeps the key.
+	NotBefore time.Time
+}
+
+// Revoke deletes key's live holds on the server, whoever holds them
+// (this process or another), in one durable statement: its exclusive
+// lease, or its shared holds (readers, Shared; semaphore permits,
+// WithLimit). With holds, only the holds named are revoked, each by its
+// grant id (Lock.GrantID, which a holder may log) or by the hash of its
+// lockId (pglease.HashKey: lock_id_hash in the {lock}_leases view and
+// pglease status), for example one hung permit of a semaphore. The answer
+// says what it did (Revocation). A lease that has expired is not live:
+// it is left in place, and with it its lock delay.
 //
-// If the lease was taken WithLockDelay, nobody gets the key before that
-// delay has passed after the revoke; otherwise its waiters may take it at
-// once (they are woken). Shared holds are not revoked. Bad input is
+// Each revoked holder's Manager, which hears of it on its listening
+// connection, ends the lock's Context at once with a cause matching
+// pglease.ErrRevoked (typically within milliseconds of the revoke's
+// commit); its Release then returns that error and nothing is extended or
+// released any more. A holder that was not listening at that moment (its
+// listening connection was being replaced) learns at its next extend,
+// which finds the lease gone (pglease.ErrLockLost). Until the holder
+// stops, only fencing protects the resource: the next holder's fence is
+// higher (pg.FenceGuard refuses the revoked holder's later writes).
+// Revoke waits for transactions that guard the lease (Lock.Guard), so
+// their writes come before it.
+//
+// If the revoked lease was taken WithLockDelay, nobody gets the key
+// before that delay has passed after the revoke (NotBefore); otherwise
+// its waiters may take it at once (they are woken). Bad input (a key, or
+// a hold that is neither a grant id nor a lockId hash) is
 // CodeInvalidArgument before any I/O; an outage is its code
 // (pglease.Retryable; a revoke whose outcome is unknown may be repeated:
 // it is idempotent).
-func (m *Manager) Revoke(ctx context.Context, key string) (revoked bool, err error) {
+func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (Revocation, error) {
 	const op = "manager.Revoke"
 	nk, err := m.checkKeyCall(op, ctx, key)
 	if err != nil {
-		return false, err
+		return Revocation{}, err
+	}
+	reqs, err := holdRequests(op, nk, holds)
+	if err != nil {
+		return Revocation{}, err
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
-	ctx, db := m.rec.StartDB(ctx, obs.OpRevoke, 1, trace.SpanContextFromContext(ctx))
-	res, err := m.store.Revoke(ctx, []store.RevokeRequest{{Key: nk}})
+	ctx, db := m.rec.StartDB(ctx, obs.OpRevoke, len(reqs), trace.SpanContextFromContext(ctx))
+	res, err := m.store.Revoke(ctx, reqs)
 	if err != nil {
 		db.End(0, err)
-		return false, callErr(op, err)
+		return Revocation{}, callErr(op, err)
 	}
-	r := res[0]
-	if !r.Revoked {
-		db.End(0, nil)
-		return false, nil
+	var out Revocation
+	var hashes []string
+	for _, r := range res {
+		out.Revoked += r.Revoked
+		hashes = append(hashes, r.LockIDHashes...)
+		if r.DelayUntil.After(out.NotBefore) {
+			out.NotBefore = r.DelayUntil
+		}
 	}
-	db.End(1, nil)
-	// The holder may be here: tell the loop now (the notification comes
+	db.End(out.Revoked, nil)
+	// A holder may be here: tell the loop now (the notification comes
 	// too, and finds nothing left to do).
-	n := notice{note: store.Notification{Kind: store.NotifyRevoke, KeyHash: pglease.HashKey(nk), LockIDHash: r.LockIDHash}}
-	select {
-	case m.notifyCh <- n:
-	case <-m.done:
-	case <-ctx.Done(): // the notification will do
+	kh := pglease.HashKey(nk)
+	for _, h := range hashes {
+		n := notice{note: store.Notification{Kind: store.NotifyRevoke, KeyHash: kh, LockIDHash: h}}
+		select {
+		case m.notifyCh <- n:
+		case <-m.done:
+		case <-ctx.Done(): // the notification will do
+		}
 	}
-	return true, nil
+	return out, nil
+}
+
+// holdRequests is the revoke items of key: one for every hold, or one
+// per hold named (checked).
+func holdRequests(op, key string, holds []string) ([]store.RevokeRequest, error) {
+	if len(holds) == 0 {
+		return []store.RevokeRequest{{Key: key}}, nil
+	}
+	if len(holds) > store.MaxBatch {
+		return nil, invalid(op, "too many holds named in one call")
+	}
+	reqs := make([]store.RevokeRequest, len(holds))
+	for i, h := range holds {
+		if !store.ValidHold(h) {
+			return nil, invalid(op, "a hold is named by its grant id (Lock.GrantID: 64 lowercase hex digits) or its lockId's hash (pglease.HashKey: 24)")
+		}
+		reqs[i] = store.RevokeRequest{Key: key, Hold: h}
+	}
+	return reqs, nil
 }
 
 // RequestRelease asks the holders of key to release it, without taking
 // anything: one statement notifies every Manager listening on the notify
 // channel, and each closes ReleaseRequested of the locks of key it holds
-// (exclusive and shared); this Manager's own holders hear it at once. The
-// holder decides whether and when to release; nothing else changes. A
-// holder in another process that is not listening at that moment (its
-// listening connection being replaced) does not hear it: ask again.
-// It needs notifications: with Config.DisableNotify it is
+// (exclusive and shared: readers and permits), or, with holds, of the
+// holds named (as Revoke names them); this Manager's own holders hear it
+// at once. The holder decides whether and when to release; nothing else
+// changes. A holder in another process that is not listening at that
+// moment (its listening connection being replaced) does not hear it: ask
+// again. It needs notifications: with Config.DisableNotify it is
 // CodeInvalidArgument, like bad input, before any I/O.
-func (m *Manager) RequestRelease(ctx context.Context, key string) error {
+func (m *Manager) RequestRelease(ctx context.Context, key string, holds ...string) error {
 	const op = "manager.RequestRelease"
 	nk, err := m.checkKeyCall(op, ctx, key)
+	if err != nil {
+		return err
+	}
+	reqs, err := holdRequests(op, nk, holds)
 	if err != nil {
 		return err
 	}
 	if m.cfg.DisableNotify {
 		return invalid(op, "notifications are off (Config.DisableNotify): no holder would hear the request")
 	}
+	ks, hs := make([]string, len(reqs)), make([]string, len(reqs))
+	for i, r := range reqs {
+		ks[i], hs[i] = r.Key, r.Hold
+	}
 	ctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
-	ctx, db := m.rec.StartDB(ctx, obs.OpRequestRelease, 1, trace.SpanContextFromContext(ctx))
-	err = m.store.RequestRelease(ctx, []string{nk})
-	db.End(1, err)
+	ctx, db := m.rec.StartDB(ctx, obs.OpRequestRelease, len(reqs), trace.SpanContextFromContext(ctx))
+	err = m.store.RequestRelease(ctx, ks, hs)
+	db.End(len(reqs), err)
 	if err != nil {
 		return callErr(op, err)
 	}
 	// A holder here hears it at once, listener or not.
-	n := notice{note: store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: pglease.HashKey(nk)}}
-	select {
-	case m.notifyCh <- n:
-	case <-m.done:
-	case <-ctx.Done(): // the notification will do
+	for _, h := range hs {
+		n := notice{note: store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: pglease.HashKey(nk), Hold: h}}
+		select {
+		case m.notifyCh <- n:
+		case <-m.done:
+		case <-ctx.Done(): // the notification will do
+		}
 	}
 	return nil
 }
@@ -170,15 +237,15 @@ func callErr(op string, err error) error {
 	return pgerr.New(e.Code, op, e.Msg, err)
 }
 
-// handleRevoked ends the exclusive lock held here whose key and lockId
-// have the notification's hashes (the revoked grant), if any; otherwise
+// handleRevoked ends the lock held here (exclusive or shared) whose key
+// and lockId have the notification's hashes (the revoked grant), if any; otherwise
 // it remembers the notification for a grant still in flight. A revoke is
 // rare, and every Manager on the channel hears every one: the held locks
 // (and keys) are searched rather than indexed by hash, which would cost
 // every held lock memory.
 func (st *loopState) handleRevoked(n store.Notification) {
 	for h := range st.held {
-		if h.ks.hash == n.KeyHash && !h.lock.shared && pglease.HashKey(h.lock.id) == n.LockIDHash {
+		if h.ks.hash == n.KeyHash && pglease.HashKey(h.lock.id) == n.LockIDHash {
 			st.revoke(h)
 			return
 		}
@@ -244,10 +311,10 @@ func (st *loopState) revoke(h *holding) {
 }
 
 // handleReleaseRequest closes ReleaseRequested of every lock of the key
-// with the notification's hash held here.
+// with the notification's hash held here (or of the one hold it names).
 func (st *loopState) handleReleaseRequest(n store.Notification) {
 	for h := range st.held {
-		if h.ks.hash == n.KeyHash {
+		if h.ks.hash == n.KeyHash && store.HoldMatches(n.Hold, h.lock.id) {
 			h.lock.requestSignal().close()
 			st.sig().releaseRequested.signal(h.ks.key)
 		}

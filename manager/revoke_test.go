@@ -54,7 +54,7 @@ func TestRevokeEndsHolder(t *testing.T) {
 
 	start := time.Now()
 	revoked, err := peer.Revoke(ctx, key)
-	if err != nil || !revoked {
+	if err != nil || revoked.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", revoked, err)
 	}
 	select {
@@ -101,7 +101,7 @@ func TestRevokeEndsHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	revoked, err = peer.Revoke(ctx, key)
-	if err != nil || revoked {
+	if err != nil || revoked.Revoked != 0 {
 		t.Fatalf("Revoke of a free key = %v, %v", revoked, err)
 	}
 }
@@ -116,7 +116,7 @@ func TestRevokeHere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.m.Revoke(ctx, "revoke:here"); err != nil || !ok {
+	if ok, err := b.m.Revoke(ctx, "revoke:here"); err != nil || ok.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
 	select {
@@ -140,7 +140,7 @@ func TestRevokeMissedNotification(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := peer.Revoke(ctx, "revoke:missed"); err != nil || !ok {
+	if ok, err := peer.Revoke(ctx, "revoke:missed"); err != nil || ok.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
 	select {
@@ -263,7 +263,7 @@ func TestLockDelay(t *testing.T) {
 	}()
 	waitFor(t, &wsig.retrying, func(k string) bool { return k == "delay:revoke" })
 	before := time.Now()
-	if ok, err := waiter.Revoke(ctx, "delay:revoke"); err != nil || !ok {
+	if ok, err := waiter.Revoke(ctx, "delay:revoke"); err != nil || ok.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
 	after := time.Now()
@@ -335,7 +335,7 @@ func TestRevokeBeforeGrantAnswer(t *testing.T) {
 		got <- lk
 	}()
 	<-granted
-	if ok, err := peer.Revoke(ctx, key); err != nil || !ok {
+	if ok, err := peer.Revoke(ctx, key); err != nil || ok.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
 	wait(t, &b.sig.revokeKept) // heard before the grant was answered

@@ -659,10 +659,8 @@ func (st *loopState) grant(ks *keyState, req *acquireReq, lockID string, ttl tim
 	req.acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
 	req.reply <- acquireReply{lock: lk}
 	st.granted(ks)
-	st.passSets(ks) // a set waiter that wants the key was passed over (sets.go)
-	if !req.shared {
-		st.checkRevokedEarly(lk.h) // revoke.go
-	}
+	st.passSets(ks)            // a set waiter that wants the key was passed over (sets.go)
+	st.checkRevokedEarly(lk.h) // revoke.go
 }
 
 // granted resets ks's contention state after a grant.

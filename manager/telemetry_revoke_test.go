@@ -38,7 +38,7 @@ func TestTelemetryRevoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-lk.ReleaseRequested()
-	if ok, err := b.m.Revoke(pctx, key); err != nil || !ok {
+	if ok, err := b.m.Revoke(pctx, key); err != nil || ok.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
 	parent.End()

@@ -79,7 +79,7 @@ func TestWatchSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectEvent(t, nextEvent(t, ch), EventGranted, lk.Fence())
-	if ok, err := b.m.Revoke(ctx, key); err != nil || !ok {
+	if ok, err := b.m.Revoke(ctx, key); err != nil || ok.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
 	expectEvent(t, nextEvent(t, ch), EventRevoked, lk.Fence())

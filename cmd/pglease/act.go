@@ -162,6 +162,9 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 				state = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago: " + free
 			case !l.Live:
 				state = "expired " + short(-time.Duration(l.ExpiresInMs)*time.Millisecond) + " ago: " + free + ", the next acquire overwrites it"
+			case l.ExpiresInMs <= 0 && l.LockDelayMs > keys.TimeToleranceMs:
+				state = "expired, inside its lock delay: not grantable before " +
+					until(l.ExpiresAt.Add(time.Duration(l.LockDelayMs)*time.Millisecond), v.Time)
 			case l.ExpiresInMs <= 0:
 				state = "expired, within the 1 s tolerance: free for acquirers in under a second"
 			}
@@ -181,7 +184,7 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 				if shared.Limit > 0 {
 					kind = "permit"
 				}
-				fmt.Fprintf(tw, "  %s\tholder %s, fence %s, acquired %s, expires %s\n", kind, dash(h.Holder), fenceNum(h.Fence),
+				fmt.Fprintf(tw, "  %s\tid %s, holder %s, fence %s, acquired %s, expires %s\n", kind, h.LockIDHash, dash(h.Holder), fenceNum(h.Fence),
 					ago(v.Time.Sub(h.AcquiredAt)), expires(h.ExpiresInMs, true))
 			}
 		}
@@ -294,6 +297,8 @@ func (a *app) release(ctx context.Context, args []string) error {
 	delay := fs.Duration("delay", 0, "with --key or --lock-id: a lock delay, no acquire takes the key for `D` after the revoke\n"+
 		"(default: the lease's own lock delay, if it has one)")
 	request := fs.Bool("request", false, "with --key: only ask the key's holders to release it (cooperative: nothing is deleted, the holder decides)")
+	hold := fs.String("hold", "", "with --key: only the hold with this `ID` (a reader's or permit's id as pglease inspect shows it, the\n"+
+		"lock_id_hash of the leases view, or a Lock.GrantID); default: every hold of the key (its lease, or all its readers or permits)")
 	channel := fs.String("notify-channel", manager.DefaultNotifyChannel, "the channel the Managers listen on (manager.Config.NotifyChannel): the holder is told there")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -329,6 +334,10 @@ func (a *app) release(ctx context.Context, args []string) error {
 		return fail(exitUsage, "--request asks the holders of a key: it needs --key")
 	case *request && (*delay != 0 || *force):
 		return fail(exitUsage, "--request deletes nothing: it takes no --force or --delay")
+	case *hold != "" && *key == "":
+		return fail(exitUsage, "--hold names one hold of a key: it needs --key")
+	case *hold != "" && !store.ValidHold(*hold):
+		return fail(exitUsage, "--hold must be a hold's id (24 lowercase hex digits, as pglease inspect shows) or a grant id (64)")
 	}
 	if err := store.CheckChannel("", *channel); err != nil {
 		return fail(exitUsage, "--notify-channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$")
@@ -346,36 +355,48 @@ func (a *app) release(ctx context.Context, args []string) error {
 	cfg := store.Config(a.c.config())
 	cfg.NotifyChannel = *channel
 	if *request {
-		return a.requestRelease(cctx, pool, st, cfg, *key)
+		return a.requestRelease(cctx, pool, st, cfg, *key, *hold)
 	}
-	return a.revoke(cctx, pool, st, cfg, *key, *lockID, *delay, *force, *yes)
+	return a.revoke(cctx, pool, st, cfg, *key, *lockID, *hold, *delay, *force, *yes)
 }
 
-// revoke revokes the lease of key (or of lockID): store.Revoke in a
-// transaction that commits only when it revoked the very grant shown (and
-// confirmed); a grant of the key made meanwhile is left alone.
-func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, cfg store.Config, key, lockID string, delay time.Duration, force, yes bool) error {
+// revoke revokes the lease of key (or of lockID), or, when the key has no
+// live exclusive lease, its live shared holds (revokeShared); hold, if not
+// "", picks one. store.Revoke runs in a transaction that commits only when
+// it revoked the very grants shown (and confirmed); a grant of the key made
+// meanwhile is left alone.
+func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, cfg store.Config, key, lockID, hold string, delay time.Duration, force, yes bool) error {
 	list, err := st.ListLeases(ctx, store.ListOptions{Key: key, LockID: lockID})
 	if err != nil {
 		return err
 	}
-	if len(list.Rows) == 0 {
-		msg := "no such lease: nothing to revoke"
+	var r store.LeaseRow
+	if len(list.Rows) > 0 {
+		r = list.Rows[0]
+	}
+	left := r.ExpiresAt.Sub(list.Now)
+	if len(list.Rows) == 0 || !r.Live || left <= 0 || !store.HoldMatches(hold, r.LockID) {
 		if key != "" {
-			if sh, err := a.sharedCount(ctx, pool, st, key); err == nil && sh > 0 {
-				msg = fmt.Sprintf("no exclusive lease of %s: nothing to revoke (its %d shared hold(s) are not revoked: they end with their expiry or release; --request asks their holders)",
-					pglease.HashKey(mustNFC(key)), sh)
+			holds, err := a.sharedHolds(ctx, pool, st, key, hold)
+			if err != nil {
+				return err
+			}
+			if len(holds) > 0 {
+				return a.revokeShared(ctx, pool, cfg, key, holds, delay, force, yes)
 			}
 		}
-		return fail(exitNotFound, "%s", msg)
+		switch {
+		case len(list.Rows) == 0 && hold != "":
+			return fail(exitNotFound, "no live hold %s of %s: nothing to revoke", hold, pglease.HashKey(mustNFC(key)))
+		case len(list.Rows) == 0:
+			return fail(exitNotFound, "no such lease: nothing to revoke")
+		case !store.HoldMatches(hold, r.LockID):
+			return fail(exitNotFound, "no live hold %s of %s: nothing to revoke", hold, r.KeyHash)
+		}
+		return fail(exitNotFound, "%s", a.expiredState(ctx, pool, st, r, list.Now))
 	}
-	r := list.Rows[0]
-	left := r.ExpiresAt.Sub(list.Now)
 	holder := dash(r.Holder)
 	fence := strings.TrimLeft(r.Fence.String(), "0")
-	if !r.Live || left <= 0 {
-		return fail(exitNotFound, "lease %s expired %s ago: it is already free for acquirers (within the 1 s tolerance); nothing to revoke", r.KeyHash, short(-left))
-	}
 	// The lease's own lock delay applies when --delay is not given.
 	var own time.Duration
 	if delay == 0 {
@@ -414,12 +435,12 @@ func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, c
 		result = "error"
 	case res.other:
 		result = "not revoked: the key changed hands"
-	case !res.Revoked:
+	case !res.ok:
 		result = "not held any more"
 	}
 	attrs := []any{"action", "revoke_lease", "key_hash", r.KeyHash, "lock_id_hash", r.LockIDHash, "holder", r.Holder, "fence", r.Fence.String(),
 		"expires_in", left.String(), "forced", true, "delay", delay.String(), "notify_channel", cfg.NotifyChannel}
-	if err == nil && res.Revoked && !res.DelayUntil.IsZero() {
+	if err == nil && res.ok && !res.DelayUntil.IsZero() {
 		attrs = append(attrs, "not_grantable_before", res.DelayUntil.UTC().Format(time.RFC3339Nano))
 	}
 	a.auditLogger().Info("pglease release", append(attrs, "operator", operator(), "result", result)...)
@@ -430,8 +451,8 @@ func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, c
 		return fail(exitNotFound, "the lease was released or expired meanwhile, and the key granted again: nothing revoked")
 	case res.other:
 		return fail(exitRefused, "the key changed hands after it was shown (now fence %s): nothing revoked; run again to revoke the new holder",
-			strings.TrimLeft(res.Fence.String(), "0"))
-	case !res.Revoked:
+			strings.TrimLeft(res.Fences[0].String(), "0"))
+	case !res.ok:
 		return fail(exitNotFound, "the lease was released or expired meanwhile: nothing revoked")
 	}
 	fmt.Fprintf(a.stdout, "revoked lease %s (fence %s, holder %s); its holder was told on channel %s", r.KeyHash, fence, holder, cfg.NotifyChannel)
@@ -442,9 +463,153 @@ func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, c
 	return nil
 }
 
+// expiredState says why an exclusive lease that is no longer held for its
+// holder (expired, perhaps within the tolerance or its lock delay) leaves
+// nothing to revoke, and when acquirers can take the key.
+func (a *app) expiredState(ctx context.Context, pool *pgxpool.Pool, st *store.Store, r store.LeaseRow, now time.Time) string {
+	ago := short(now.Sub(r.ExpiresAt))
+	// The key is free from expiry + max(1 s, the lease's lock delay), or
+	// a revoke's delay's end if later.
+	free := r.ExpiresAt.Add(time.Duration(keys.TimeToleranceMs) * time.Millisecond)
+	whose := ""
+	if _, cols, err := probeV4(ctx, pool, st.Names()); err == nil && cols {
+		if m, err := readMarks(ctx, pool, st.Names(), r.Key, false); err == nil {
+			if km, ok := m[r.KeyHash]; ok {
+				if end := r.ExpiresAt.Add(time.Duration(km.lockDelayMs) * time.Millisecond); end.After(free) {
+					free, whose = end, "its own"
+				}
+				for _, mk := range km.marks {
+					if mk.Mark == markLockDelay && mk.Source == "revoke" && mk.Until.After(free) {
+						free, whose = mk.Until, "a revoke's"
+					}
+				}
+			}
+		}
+	}
+	switch {
+	case free.After(now) && whose != "":
+		return fmt.Sprintf("lease %s expired %s ago, and it is still inside %s lock delay: no acquire gets the key before %s; "+
+			"nothing to revoke (a revoke leaves an expired lease and its delay in place)", r.KeyHash, ago, whose, until(free, now))
+	case free.After(now):
+		return fmt.Sprintf("lease %s expired %s ago: it is no longer its holder's, and acquirers can take the key in %s "+
+			"(the 1 s tolerance after expiry); nothing to revoke", r.KeyHash, ago, short(free.Sub(now)))
+	}
+	return fmt.Sprintf("lease %s expired %s ago: the key is free for acquirers (the next grant overwrites the row); nothing to revoke", r.KeyHash, ago)
+}
+
+// sharedHolds is key's live shared holds (the one named by hold, if not
+// ""), none without a shared-hold table.
+func (a *app) sharedHolds(ctx context.Context, pool *pgxpool.Pool, st *store.Store, key, hold string) ([]sharedHoldView, error) {
+	shared, _, err := probeV4(ctx, pool, st.Names())
+	if err != nil || !shared {
+		return nil, err
+	}
+	sec, err := readShared(ctx, pool, st.Names(), mustNFC(key), store.MaxBatch, false)
+	if err != nil || len(sec.Rows) == 0 {
+		return nil, err
+	}
+	var out []sharedHoldView
+	for _, h := range sec.Rows[0].Holders {
+		if store.HoldMatches(hold, h.lockID) {
+			out = append(out, h)
+		}
+	}
+	return out, nil
+}
+
+// revokeShared revokes the shared holds shown (readers or permits of
+// key), each by its id, in one transaction that commits only when every
+// one of them was revoked.
+func (a *app) revokeShared(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, key string, holds []sharedHoldView, delay time.Duration, force, yes bool) error {
+	hash := pglease.HashKey(mustNFC(key))
+	var list []string
+	for _, h := range holds {
+		list = append(list, fmt.Sprintf("id %s (holder %s, fence %s, expires %s)", h.LockIDHash, dash(h.Holder), fenceNum(h.Fence), expires(h.ExpiresInMs, true)))
+	}
+	after := ""
+	if delay > 0 {
+		after = fmt.Sprintf(" No acquire (exclusive or shared) takes the key for %s after the revoke (--delay).", short(delay))
+	}
+	consequence := fmt.Sprintf("each holder loses its hold at once: a pglease Manager listening on channel %s is told and ends the lock's Context "+
+		"with ErrRevoked (CodeRevoked) right away; one that does not hear it sees its lock lost (ErrLockLost) at its next extend, within a third "+
+		"of its TTL. Their places are free for other acquirers at once.%s", cfg.NotifyChannel, after)
+	what := fmt.Sprintf("%d shared hold(s) of %s: %s", len(holds), hash, strings.Join(list, "; "))
+	if !force {
+		return fail(exitRefused, "refusing: %s. Revoking: %s Rerun with --force to revoke (--hold ID picks one; --request asks the holders instead).",
+			what, consequence)
+	}
+	fmt.Fprintf(a.stderr, "%s.\nIf revoked, %s\n", what, consequence)
+	if !yes && !a.confirm("Revoke them?") {
+		return fail(exitRefused, "not revoked (not confirmed; --yes skips the question)")
+	}
+	reqs := make([]store.RevokeRequest, len(holds))
+	ids := make([]string, len(holds))
+	for i, h := range holds {
+		reqs[i] = store.RevokeRequest{Key: mustNFC(key), Hold: h.LockIDHash, Delay: delay}
+		ids[i] = h.LockIDHash
+	}
+	n, until, err := revokeHolds(ctx, pool, cfg, reqs)
+	result := "revoked"
+	switch {
+	case err != nil:
+		result = "error"
+	case n < len(holds):
+		result = "not revoked: some holds ended meanwhile"
+	}
+	attrs := []any{"action", "revoke_shared", "key_hash", hash, "lock_id_hashes", ids, "forced", true, "delay", delay.String(),
+		"notify_channel", cfg.NotifyChannel}
+	if err == nil && n == len(holds) && !until.IsZero() {
+		attrs = append(attrs, "not_grantable_before", until.UTC().Format(time.RFC3339Nano))
+	}
+	a.auditLogger().Info("pglease release", append(attrs, "operator", operator(), "result", result)...)
+	switch {
+	case err != nil:
+		return err
+	case n < len(holds):
+		return fail(exitNotFound, "%d of the %d holds shown were released or expired meanwhile: nothing revoked; run again", len(holds)-n, len(holds))
+	}
+	fmt.Fprintf(a.stdout, "revoked %d shared hold(s) of %s (%s); their holders were told on channel %s", n, hash, strings.Join(ids, ", "), cfg.NotifyChannel)
+	if !until.IsZero() {
+		fmt.Fprintf(a.stdout, "; not grantable before %s", until.UTC().Format(time.RFC3339Nano))
+	}
+	fmt.Fprintln(a.stdout)
+	return nil
+}
+
+// revokeHolds runs reqs (holds named) in a transaction, committed only
+// when every one revoked its hold: how many did, and the latest delay end.
+func revokeHolds(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, reqs []store.RevokeRequest) (int, time.Time, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	ts, err := store.New("pg.New", tx, cfg)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	rs, err := ts.Revoke(ctx, reqs)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	n, until := 0, time.Time{}
+	for _, r := range rs {
+		n += r.Revoked
+		if r.DelayUntil.After(until) {
+			until = r.DelayUntil
+		}
+	}
+	if n < len(reqs) {
+		return n, until, tx.Rollback(ctx)
+	}
+	return n, until, tx.Commit(ctx)
+}
+
 // revokeResult is revokeGrant's answer.
 type revokeResult struct {
 	store.RevokeResult
+	// ok: the grant shown was revoked.
+	ok bool
 	// other: a live grant of the key other than the one shown was found
 	// (and left alone: the transaction rolled back).
 	other bool
@@ -464,46 +629,46 @@ func revokeGrant(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, key,
 	if err != nil {
 		return revokeResult{}, err
 	}
-	rs, err := ts.Revoke(ctx, []store.RevokeRequest{{Key: key, Delay: delay}})
+	rs, err := ts.Revoke(ctx, []store.RevokeRequest{{Key: key, Hold: lockIDHash, Delay: delay}})
 	if err != nil {
 		return revokeResult{}, err
 	}
 	r := revokeResult{RevokeResult: rs[0]}
-	if !r.Revoked || r.LockIDHash != lockIDHash {
-		r.other = r.Revoked
-		r.Revoked = false
-		return r, tx.Rollback(ctx)
+	r.ok = r.Revoked == 1 && r.Exclusive
+	if r.ok {
+		return r, tx.Commit(ctx)
 	}
-	return r, tx.Commit(ctx)
-}
-
-// sharedCount counts key's live shared holds (0 without a shared-hold
-// table).
-func (a *app) sharedCount(ctx context.Context, pool *pgxpool.Pool, st *store.Store, key string) (int, error) {
-	shared, _, err := probeV4(ctx, pool, st.Names())
-	if err != nil || !shared {
-		return 0, err
+	// Not revoked: is the key held by another grant now?
+	list, err := ts.ListLeases(ctx, store.ListOptions{Key: key})
+	if err != nil {
+		return r, err
 	}
-	sec, err := readShared(ctx, pool, st.Names(), mustNFC(key), 1, false)
-	return sec.Live, err
+	if len(list.Rows) == 1 && list.Rows[0].Live && list.Rows[0].LockIDHash != lockIDHash {
+		r.other, r.Fences = true, []pglease.Fence{list.Rows[0].Fence}
+	}
+	return r, tx.Rollback(ctx)
 }
 
 // requestRelease asks the holders of key to release it: store.RequestRelease
 // ("q:" on the channel), nothing deleted. Nobody holding the key is
 // exitNotFound, nothing sent.
-func (a *app) requestRelease(ctx context.Context, pool *pgxpool.Pool, st *store.Store, cfg store.Config, key string) error {
+func (a *app) requestRelease(ctx context.Context, pool *pgxpool.Pool, st *store.Store, cfg store.Config, key, hold string) error {
 	hash := pglease.HashKey(mustNFC(key))
 	list, err := st.ListLeases(ctx, store.ListOptions{Key: key})
 	if err != nil {
 		return err
 	}
 	holder, exclusive := "", false
-	if len(list.Rows) == 1 && list.Rows[0].Live && list.Rows[0].ExpiresAt.After(list.Now) {
+	if len(list.Rows) == 1 && list.Rows[0].Live && list.Rows[0].ExpiresAt.After(list.Now) && store.HoldMatches(hold, list.Rows[0].LockID) {
 		holder, exclusive = list.Rows[0].Holder, true
 	}
-	shared, err := a.sharedCount(ctx, pool, st, key)
+	holds, err := a.sharedHolds(ctx, pool, st, key, hold)
 	if err != nil {
 		return err
+	}
+	shared := len(holds)
+	if !exclusive && shared == 0 && hold != "" {
+		return fail(exitNotFound, "no live hold %s of %s: no request sent", hold, hash)
 	}
 	if !exclusive && shared == 0 {
 		return fail(exitNotFound, "nobody holds %s: no request sent", hash)
@@ -512,7 +677,7 @@ func (a *app) requestRelease(ctx context.Context, pool *pgxpool.Pool, st *store.
 	if err != nil {
 		return err
 	}
-	err = rs.RequestRelease(ctx, []string{key})
+	err = rs.RequestRelease(ctx, []string{key}, []string{hold})
 	result := "sent"
 	if err != nil {
 		result = "error"

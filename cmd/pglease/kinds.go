@@ -23,11 +23,15 @@ import (
 
 // sharedHoldView is one live shared hold: a reader or a semaphore permit.
 type sharedHoldView struct {
+	// LockIDHash is pglease.HashKey of the hold's lockId: the id that
+	// release --key KEY --hold ID revokes (or asks) alone.
+	LockIDHash  string    `json:"lock_id_hash"`
 	Holder      string    `json:"holder"`
 	Fence       string    `json:"fence"`
 	AcquiredAt  time.Time `json:"acquired_at"`
 	ExpiresAt   time.Time `json:"expires_at"`
 	ExpiresInMs int64     `json:"expires_in_ms"`
+	lockID      string    // the raw lockId: a bearer secret, never shown
 }
 
 // sharedKeyView is the live shared holds of one key.
@@ -141,7 +145,7 @@ func readShared(ctx context.Context, pool *pgxpool.Pool, n store.Names, key stri
 	}
 	live := fmt.Sprintf("s.expires_at_ms + %d > n.now", keys.TimeToleranceMs)
 	sql := "WITH n AS (SELECT " + nowMsSQL + " AS now), s AS (SELECT s.* FROM " + n.Shared + " AS s, n WHERE " + live + where + ") " +
-		"SELECT x.key, x.lim, x.holder, x.fence, x.acquired_at_ms, x.expires_at_ms, x.cnt, x.klim, hashtext(x.key)::bigint, n.now, " +
+		"SELECT x.key, x.lim, x.holder, x.fence, x.acquired_at_ms, x.expires_at_ms, x.cnt, x.klim, hashtext(x.key)::bigint, n.now, x.lock_id, " +
 		"(SELECT count(*) FROM s), (SELECT count(DISTINCT s.key) FROM s) " +
 		"FROM n LEFT JOIN LATERAL (SELECT s.*, count(*) OVER w AS cnt, max(s.lim) OVER w AS klim FROM s WINDOW w AS (PARTITION BY s.key) " +
 		"ORDER BY s.key, s.expires_at_ms DESC, s.acquired_at_ms DESC LIMIT $1) AS x ON true ORDER BY x.key, x.expires_at_ms DESC, x.acquired_at_ms DESC"
@@ -151,11 +155,11 @@ func readShared(ctx context.Context, pool *pgxpool.Pool, n store.Names, key stri
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var k, holder *string
+		var k, holder, id *string
 		var lim, klim *int32
 		var fence, acq, exp, cnt, adv *int64
 		var now, total, nkeys int64
-		if err := rows.Scan(&k, &lim, &holder, &fence, &acq, &exp, &cnt, &klim, &adv, &now, &total, &nkeys); err != nil {
+		if err := rows.Scan(&k, &lim, &holder, &fence, &acq, &exp, &cnt, &klim, &adv, &now, &id, &total, &nkeys); err != nil {
 			return sec, err
 		}
 		sec.Live, sec.Keys = int(total), int(nkeys)
@@ -175,7 +179,7 @@ func readShared(ctx context.Context, pool *pgxpool.Pool, n store.Names, key stri
 		}
 		hv := sharedHoldView{
 			Fence: pglease.Fence(*fence).String(), AcquiredAt: time.UnixMilli(*acq).UTC(), ExpiresAt: time.UnixMilli(*exp).UTC(),
-			ExpiresInMs: *exp - now,
+			ExpiresInMs: *exp - now, LockIDHash: pglease.HashKey(*id), lockID: *id,
 		}
 		if holder != nil {
 			hv.Holder = *holder

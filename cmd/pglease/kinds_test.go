@@ -100,7 +100,7 @@ func TestStatusNewKinds(t *testing.T) {
 	p2 := w.share(t, "worker[202]@job-2", sem, 3)
 	// A revoked lease with a delay of an hour.
 	rv := w.acquire(t, revoked, time.Minute)
-	if res, err := w.store.Revoke(c, []store.RevokeRequest{{Key: revoked, Delay: time.Hour}}); err != nil || !res[0].Revoked {
+	if res, err := w.store.Revoke(c, []store.RevokeRequest{{Key: revoked, Delay: time.Hour}}); err != nil || res[0].Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", res, err)
 	}
 	// A lease that expired unreleased, with a lock delay of an hour, and
@@ -265,14 +265,14 @@ func TestStatusNewKinds(t *testing.T) {
 	r = withWriter("inspect", rw)
 	want(t, r, 0)
 	wantLines(t, r, `lease\s+none: no exclusive holder \(see shared holds\)`, `shared holds\s+2 reader\(s\) \(no limit\)`,
-		`  reader\s+holder reader\[101\]@web-1, fence 0, acquired \S+ ago, expires in \S+`,
-		`  reader\s+holder reader\[102\]@web-2, fence 0, .*`,
+		`  reader\s+id [0-9a-f]{24}, holder reader\[101\]@web-1, fence 0, acquired \S+ ago, expires in \S+`,
+		`  reader\s+id [0-9a-f]{24}, holder reader\[102\]@web-2, fence 0, .*`,
 		`exclusive waiting\s+yes: a writer waits for the shared holds to end; new shared holds are refused until \S+ \S+ UTC \(in \S+\), unless it tries again`,
 		`guarded tables\s+`+regexp.QuoteMeta(schema)+`\.orders \(key column order_key\): .*`)
 	noSecrets(t, r, secrets...)
 	r = run(t, w.url, "", "inspect", sem)
 	want(t, r, 0)
-	wantLines(t, r, `shared holds\s+2 of 3 permits`, `  permit\s+holder worker\[201\]@job-1, fence `+fmt.Sprint(int64(p1.Fence))+`, .*`,
+	wantLines(t, r, `shared holds\s+2 of 3 permits`, `  permit\s+id [0-9a-f]{24}, holder worker\[201\]@job-1, fence `+fmt.Sprint(int64(p1.Fence))+`, .*`,
 		`exclusive waiting\s+no`, `lock delay\s+none in force`)
 	r = run(t, w.url, "", "inspect", revoked)
 	want(t, r, exitNotFound)
@@ -429,10 +429,13 @@ func TestReleaseRevokes(t *testing.T) {
 	r = run(t, w.url, "", "release", "--lock-id", g.LockID, "--force", "--yes")
 	want(t, r, exitNotFound, "no such lease")
 
-	// A key with shared holds only: nothing to revoke, and they are named.
-	w.share(t, "reader[1]@x", "rv:shared", 0)
+	// A key with shared holds only: they are revoked.
+	rd := w.share(t, "reader[1]@x", "rv:shared", 0)
 	r = run(t, w.url, "", "release", "--key", "rv:shared", "--force", "--yes")
-	want(t, r, exitNotFound, "no exclusive lease of "+h("rv:shared"), "1 shared hold(s) are not revoked")
+	want(t, r, 0, "revoked 1 shared hold(s) of "+h("rv:shared"), h(rd.LockID))
+	if !notified(t, conn, "r:"+h("rv:shared")+":"+h(rd.LockID), 30*time.Second) {
+		t.Fatal("no revoke notification for a reader")
+	}
 }
 
 // revokeGrant revokes only the grant that was shown: a key granted again
@@ -445,7 +448,7 @@ func TestRevokeGrantChangedHands(t *testing.T) {
 	g := w.acquire(t, "hands:1", time.Minute)
 	cfg := store.Config{NotifyChannel: manager.DefaultNotifyChannel}
 	res, err := revokeGrant(c, w.pool, cfg, "hands:1", pglease.HashKey("some-other-lock-id"), 0)
-	if err != nil || res.Revoked || !res.other || res.Fence != g.Fence {
+	if err != nil || res.ok || !res.other || len(res.Fences) != 1 || res.Fences[0] != g.Fence {
 		t.Fatalf("revokeGrant of another grant = %+v, %v; want not revoked, other", res, err)
 	}
 	if info, err := w.store.LookupByKey(c, "hands:1"); err != nil || info == nil || info.LockIDHash != pglease.HashKey(g.LockID) {
@@ -455,7 +458,7 @@ func TestRevokeGrantChangedHands(t *testing.T) {
 		t.Fatal("a rolled-back revoke notified")
 	}
 	res, err = revokeGrant(c, w.pool, cfg, "hands:1", pglease.HashKey(g.LockID), 0)
-	if err != nil || !res.Revoked || res.other {
+	if err != nil || !res.ok || res.other {
 		t.Fatalf("revokeGrant of the grant = %+v, %v", res, err)
 	}
 	if !notified(t, conn, "r:"+pglease.HashKey("hands:1")+":"+pglease.HashKey(g.LockID), 30*time.Second) {

@@ -349,7 +349,7 @@ func TestRelease(t *testing.T) {
 	exp := w.acquire(t, "short", 300*time.Millisecond)
 	waitFor(t, "expiry", func() bool { return time.Now().After(exp.ExpiresAt.Add(100 * time.Millisecond)) })
 	r = run(t, w.url, "", "release", "--key", "short", "--force", "--yes")
-	want(t, r, exitNotFound, "already free")
+	want(t, r, exitNotFound, "lease "+pglease.HashKey("short")+" expired", "nothing to revoke")
 
 	// An advisory holder's session, terminated; the waiter then gets it.
 	holder, err := advisory.Open(c, w.pool, nil)

@@ -80,8 +80,8 @@ type Names struct {
 	// The SQL API: functions and views with stable names derived from the
 	// lock table's ({lock}_acquire …), for SQL callers; quoted, qualified
 	// like the lock table.
-	APIAcquire, APIRelease, APIExtend, APIStatus, APIRevoke, APIGuard, APIUnguard string
-	ViewLeases, ViewWaiters                                                       string
+	APIAcquire, APIRelease, APIExtend, APIStatus, APIRevoke, APIRequestRelease, APIGuard, APIUnguard string
+	ViewLeases, ViewWaiters                                                                          string
 	// ViewAdvisory is pglease_advisory_locks, one per schema (shared by
 	// every table pair in it, like the hashKey function).
 	ViewAdvisory string
@@ -219,7 +219,7 @@ func (c Config) Names(op string) (Names, error) {
 		suffix string
 	}{
 		{&n.APIAcquire, "_acquire"}, {&n.APIRelease, "_release"}, {&n.APIExtend, "_extend"}, {&n.APIStatus, "_status"},
-		{&n.APIRevoke, "_revoke"}, {&n.APIGuard, "_guard"}, {&n.APIUnguard, "_unguard"},
+		{&n.APIRevoke, "_revoke"}, {&n.APIRequestRelease, "_request_release"}, {&n.APIGuard, "_guard"}, {&n.APIUnguard, "_unguard"},
 		{&n.ViewLeases, "_leases"}, {&n.ViewWaiters, "_waiters"},
 	} {
 		*a.dst = Quote(ls, suffixName(li, a.suffix))

@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -17,49 +19,96 @@ import (
 
 // RevokeRequest is one item of Revoke.
 type RevokeRequest struct {
-	// Key is the key whose exclusive lease is revoked, whatever its
-	// lockId.
+	// Key is the key whose live holds are revoked, whatever their lockIds.
 	Key string
+	// Hold, if not "", names the one hold of Key to revoke (exclusive or
+	// shared): the pglease.HashKey of its lockId (24 hex digits) or its
+	// grant id (pg.GrantID, 64 hex digits). "" revokes every live hold of
+	// the key: its exclusive lease, or all its readers or permits.
+	Hold string
 	// Delay, if positive (whole milliseconds, at most keys.MaxTTL), keeps
 	// the key from every acquire (exclusive, shared, set, handoff) for
-	// that long after the revoke; 0 uses the revoked grant's own lock
-	// delay (AcquireRequest.LockDelay), if it had one.
+	// that long after a revoke that deleted something; 0 uses the revoked
+	// exclusive grant's own lock delay (AcquireRequest.LockDelay), if it
+	// had one.
 	Delay time.Duration
 }
 
 // Format never prints the key.
 func (r RevokeRequest) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "store.RevokeRequest{Key:%s Delay:%v}", pglease.HashKey(r.Key), r.Delay)
+	fmt.Fprintf(f, "store.RevokeRequest{Key:%s Hold:%s Delay:%v}", pglease.HashKey(r.Key), r.Hold, r.Delay)
 }
 
 // RevokeResult answers one Revoke item.
 type RevokeResult struct {
-	// Revoked is true when a live exclusive lease (live for acquirers:
-	// expires_at + 1 s after the server's clock) was deleted.
-	Revoked bool
-	// LockIDHash is pglease.HashKey of the revoked lease's lockId, and
-	// Fence its fence, when Revoked.
-	LockIDHash string
-	Fence      pglease.Fence
-	// DelayUntil is when the key can be granted again, when Revoked with
-	// a delay (zero otherwise: at once).
+	// Revoked counts the live holds deleted (live for acquirers:
+	// expires_at + 1 s after the server's clock); 0: nothing changed.
+	Revoked int
+	// Exclusive: the key's exclusive lease was one of them (the first of
+	// LockIDHashes and Fences).
+	Exclusive bool
+	// LockIDHashes are pglease.HashKey of the revoked holds' lockIds, and
+	// Fences their fences.
+	LockIDHashes []string
+	Fences       []pglease.Fence
+	// DelayUntil is when a lock delay in force after the revoke ends: the
+	// revoke's own, an earlier revoke's, or that of an expired lease the
+	// revoke left in place (zero when none: the key can be granted at
+	// once unless it is still held).
 	DelayUntil time.Time
 }
 
-// Revoke deletes the exclusive lease of each item's key, whatever its
-// lockId, in one statement (one round trip, durable); results[i]
-// answers reqs[i]. Keys are revoked in the acquire's global key order,
-// each under the key's advisory lock, so a revoke and an acquire of a key
-// are serialized; the delete waits for transactions that guard the
-// lease (Guard), so their writes come before the revoke. Shared holds are
-// not revoked.
+// ValidHold reports whether h names a hold for RevokeRequest.Hold and
+// RequestRelease: a pglease.HashKey of a lockId (24 lowercase hex
+// digits) or a grant id (pg.GrantID: 64).
+func ValidHold(h string) bool {
+	return isHash(h) || isGrantID(h)
+}
+
+// HoldMatches reports whether hold (ValidHold, or "" for every hold)
+// names the hold whose lockId is lockID.
+func HoldMatches(hold, lockID string) bool {
+	switch len(hold) {
+	case 0:
+		return true
+	case hashLen:
+		return pglease.HashKey(lockID) == hold
+	case grantIDLen:
+		return grantID(lockID) == hold
+	}
+	return false
+}
+
+// grantIDLen is the length of a grant id: 64 hex digits.
+const grantIDLen = 64
+
+// grantID is pg.GrantID of lockID, as the revoke function computes it.
+func grantID(lockID string) string {
+	sum := sha256.Sum256([]byte("pglease grant v1\x00" + lockID))
+	return hex.EncodeToString(sum[:])
+}
+
+func isGrantID(s string) bool {
+	return len(s) == grantIDLen && isHex(s)
+}
+
+// Revoke deletes the live holds of each item's key (all of them, or the
+// one named by Hold), whatever their lockIds, in one statement (one round
+// trip, durable); results[i] answers reqs[i]. Keys are revoked in the
+// acquire's global key order, each under the key's advisory lock, so a
+// revoke and an acquire of a key are serialized; the delete waits for
+// transactions that guard the lease (Guard), so their writes come before
+// the revoke. A hold that is not live is left alone: an expired lease's
+// row stays, and with it its lock delay (a revoke never frees a key before
+// its expiry would).
 //
-// For each live lease revoked, with Config.NotifyChannel set, the
-// channel gets "r:" + HashKey(key) + ":" + HashKey(lockId) (always: the
-// holder's Manager listens; see ParseNotification), the key's waiters are
-// woken (its hash, when a session waits for it, as ReleaseWaited does)
-// and its watchers told ("w:…:v:"). The revoked holder learns of it from
-// that notification or at its next extend, which fails.
+// For each hold revoked, with Config.NotifyChannel set, the channel gets
+// "r:" + HashKey(key) + ":" + HashKey(lockId) (always: the holder's
+// Manager listens; see ParseNotification), the key's waiters are woken
+// (its hash, when a session waits for it, as ReleaseWaited does) and its
+// watchers told ("w:…:v:" for the exclusive lease, "w:…:u:" for a shared
+// hold). The revoked holder learns of it from that notification or at its
+// next extend, which fails.
 //
 // Invalid input anywhere fails the whole call before I/O.
 func (s *Store) Revoke(ctx context.Context, reqs []RevokeRequest) ([]RevokeResult, error) {
@@ -72,6 +121,7 @@ func (s *Store) Revoke(ctx context.Context, reqs []RevokeRequest) ([]RevokeResul
 	}
 	ks := make([]string, len(reqs))
 	delays := make([]int64, len(reqs))
+	holds := make([]*string, len(reqs))
 	for i, r := range reqs {
 		sk, _, err := storageKey(op, r.Key)
 		if err != nil {
@@ -79,6 +129,13 @@ func (s *Store) Revoke(ctx context.Context, reqs []RevokeRequest) ([]RevokeResul
 		}
 		if err := checkDelay(op, "Delay", r.Delay); err != nil {
 			return nil, err
+		}
+		if r.Hold != "" {
+			if !ValidHold(r.Hold) {
+				return nil, pgerr.New(pglease.CodeInvalidArgument, op,
+					"a hold is named by its lockId's hash (24 lowercase hex digits) or its grant id (64)", nil)
+			}
+			holds[i] = &reqs[i].Hold
 		}
 		ks[i], delays[i] = sk, r.Delay.Milliseconds()
 	}
@@ -90,12 +147,13 @@ func (s *Store) Revoke(ctx context.Context, reqs []RevokeRequest) ([]RevokeResul
 	}
 	out := make([]RevokeResult, len(reqs))
 	got := make([]bool, len(reqs))
-	err := s.run(ctx, op, true, s.revokeSQL, []any{ks, delays, s.channelArg()}, func(rows pgx.Rows) error {
-		var idx int32
-		var revoked bool
-		var hash *string
-		var fence, until *int64
-		if err := rows.Scan(&idx, &revoked, &hash, &fence, &until); err != nil {
+	err := s.run(ctx, op, true, s.revokeSQL, []any{ks, delays, holds, s.channelArg()}, func(rows pgx.Rows) error {
+		var idx, revoked int32
+		var exclusive bool
+		var hashes []string
+		var fences []*int64
+		var until *int64
+		if err := rows.Scan(&idx, &revoked, &exclusive, &hashes, &fences, &until); err != nil {
 			return err
 		}
 		i := int(idx) - 1
@@ -103,18 +161,19 @@ func (s *Store) Revoke(ctx context.Context, reqs []RevokeRequest) ([]RevokeResul
 			return errors.New("pg: bad result index from revoke function")
 		}
 		got[i] = true
-		if revoked {
-			if hash == nil {
-				return errors.New("pg: revoke without the lockId's hash")
-			}
-			out[i] = RevokeResult{Revoked: true, LockIDHash: *hash}
-			if fence != nil {
-				out[i].Fence = pglease.Fence(*fence)
-			}
-			if until != nil {
-				out[i].DelayUntil = time.UnixMilli(*until)
+		if int(revoked) != len(hashes) || len(hashes) != len(fences) {
+			return errors.New("pg: revoke without the lockIds' hashes")
+		}
+		r := RevokeResult{Revoked: int(revoked), Exclusive: exclusive && revoked > 0, LockIDHashes: hashes, Fences: make([]pglease.Fence, len(fences))}
+		for j, f := range fences {
+			if f != nil {
+				r.Fences[j] = pglease.Fence(*f)
 			}
 		}
+		if until != nil {
+			r.DelayUntil = time.UnixMilli(*until)
+		}
+		out[i] = r
 		return nil
 	})
 	if err != nil {
@@ -130,11 +189,13 @@ func (s *Store) Revoke(ctx context.Context, reqs []RevokeRequest) ([]RevokeResul
 
 // RequestRelease asks the holders of each key to release it, without
 // taking anything: one statement sends "q:" + HashKey(key) on
-// Config.NotifyChannel for each key (see ParseNotification); a holder's
-// Manager tells the lock's holder, which decides. Nothing is written. It
-// needs Config.NotifyChannel (InvalidArgument otherwise, before any I/O,
-// like bad keys).
-func (s *Store) RequestRelease(ctx context.Context, ks []string) error {
+// Config.NotifyChannel for each key, followed by ":" + holds[i] when
+// holds is not nil and holds[i] is not "" (one hold, named as
+// RevokeRequest.Hold; see ParseNotification); a holder's Manager tells
+// the lock's holder (every lock of the key it holds, or the one named),
+// which decides. Nothing is written. It needs Config.NotifyChannel
+// (InvalidArgument otherwise, before any I/O, like bad keys and holds).
+func (s *Store) RequestRelease(ctx context.Context, ks []string, holds []string) error {
 	const op = "pg.RequestRelease"
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
@@ -145,6 +206,9 @@ func (s *Store) RequestRelease(ctx context.Context, ks []string) error {
 	if len(ks) > MaxBatch {
 		return pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
+	if holds != nil && len(holds) != len(ks) {
+		return pgerr.New(pglease.CodeInvalidArgument, op, "one hold per key, or none", nil)
+	}
 	payloads := make([]string, len(ks))
 	for i, k := range ks {
 		nk, err := keys.NormalizeKey(k)
@@ -152,6 +216,13 @@ func (s *Store) RequestRelease(ctx context.Context, ks []string) error {
 			return WithOp(op, err)
 		}
 		payloads[i] = "q:" + pglease.HashKey(nk)
+		if holds != nil && holds[i] != "" {
+			if !ValidHold(holds[i]) {
+				return pgerr.New(pglease.CodeInvalidArgument, op,
+					"a hold is named by its lockId's hash (24 lowercase hex digits) or its grant id (64)", nil)
+			}
+			payloads[i] += ":" + holds[i]
+		}
 	}
 	if len(ks) == 0 {
 		return nil
@@ -169,11 +240,13 @@ const (
 	// release trigger, or a revoke freed it): its waiters try again.
 	// Payload: HashKey(key).
 	NotifyWake NotificationKind = iota + 1
-	// NotifyRevoke: the exclusive lease with lockId hash LockIDHash was
-	// revoked. Payload: "r:" + HashKey(key) + ":" + HashKey(lockId).
+	// NotifyRevoke: the hold (exclusive or shared) with lockId hash
+	// LockIDHash was revoked. Payload: "r:" + HashKey(key) + ":" +
+	// HashKey(lockId).
 	NotifyRevoke
 	// NotifyReleaseRequest: someone asks the key's holders to release it
-	// (RequestRelease). Payload: "q:" + HashKey(key).
+	// (RequestRelease): all of them, or the one named by Hold. Payload:
+	// "q:" + HashKey(key), then ":" + the hold when one is named.
 	NotifyReleaseRequest
 	// NotifyWatch: a change of a watched key (Event, Fence). Payload:
 	// "w:" + HashKey(key) + ":" + event letter + ":" + the fence in 15
@@ -200,6 +273,9 @@ type Notification struct {
 	KeyHash string
 	// LockIDHash is set for NotifyRevoke.
 	LockIDHash string
+	// Hold, for NotifyReleaseRequest, names the one hold asked (as
+	// RevokeRequest.Hold); "" asks every holder of the key.
+	Hold string
 	// Event and Fence are set for NotifyWatch.
 	Event WatchEvent
 	Fence pglease.Fence
@@ -209,9 +285,11 @@ type Notification struct {
 const hashLen = 24
 
 func isHash(s string) bool {
-	if len(s) != hashLen {
-		return false
-	}
+	return len(s) == hashLen && isHex(s)
+}
+
+// isHex: s is lowercase hex digits.
+func isHex(s string) bool {
 	for _, c := range s {
 		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false
@@ -222,7 +300,7 @@ func isHash(s string) bool {
 
 // ParseNotification parses a payload of the notify channel: a wake-up
 // (a key's hash, what releases have always sent), a revoke ("r:"), a
-// release request ("q:") or a watch event ("w:"). ok is false for
+// release request ("q:", of every hold or one) or a watch event ("w:"). ok is false for
 // anything else (another program's payload on the channel), which a
 // listener ignores.
 func ParseNotification(payload string) (n Notification, ok bool) {
@@ -241,6 +319,8 @@ func ParseNotification(payload string) (n Notification, ok bool) {
 	switch {
 	case kind == "q" && len(parts) == 1:
 		n.Kind = NotifyReleaseRequest
+	case kind == "q" && len(parts) == 2 && ValidHold(parts[1]):
+		n.Kind, n.Hold = NotifyReleaseRequest, parts[1]
 	case kind == "r" && len(parts) == 2 && isHash(parts[1]):
 		n.Kind, n.LockIDHash = NotifyRevoke, parts[1]
 	case kind == "w" && len(parts) == 3 && len(parts[1]) == 1 && strings.Contains("grvsu", parts[1]):

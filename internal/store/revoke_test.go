@@ -93,8 +93,8 @@ func TestRevoke(t *testing.T) {
 		t.Fatal(ok, err)
 	}
 	res, err := s.Revoke(c, []store.RevokeRequest{{Key: key}, {Key: key + "-free"}})
-	if err != nil || len(res) != 2 || !res[0].Revoked || res[0].LockIDHash != pglease.HashKey(h.LockID) || res[0].Fence != h.Fence ||
-		!res[0].DelayUntil.IsZero() || res[1].Revoked {
+	if err != nil || len(res) != 2 || res[0].Revoked != 1 || !res[0].Exclusive || res[0].LockIDHashes[0] != pglease.HashKey(h.LockID) || res[0].Fences[0] != h.Fence ||
+		!res[0].DelayUntil.IsZero() || res[1].Revoked != 0 {
 		t.Fatalf("Revoke = %+v, %v", res, err)
 	}
 	n, ok := store.ParseNotification(nextPayload(t, l))
@@ -117,7 +117,7 @@ func TestRevoke(t *testing.T) {
 	}
 	// With a delay: nothing before it ends; RetryAfter says when.
 	res, err = s.Revoke(c, []store.RevokeRequest{{Key: key, Delay: 2 * time.Second}})
-	if err != nil || !res[0].Revoked || res[0].DelayUntil.IsZero() {
+	if err != nil || res[0].Revoked != 1 || res[0].DelayUntil.IsZero() {
 		t.Fatalf("Revoke with a delay = %+v, %v", res, err)
 	}
 	until := res[0].DelayUntil.UnixMilli()
@@ -146,7 +146,7 @@ func TestRevoke(t *testing.T) {
 		t.Fatal(g, err)
 	}
 	res, err = s.Revoke(c, []store.RevokeRequest{{Key: key2}})
-	if err != nil || !res[0].Revoked || res[0].DelayUntil.IsZero() {
+	if err != nil || res[0].Revoked != 1 || res[0].DelayUntil.IsZero() {
 		t.Fatalf("Revoke of a grant with a lock delay = %+v, %v", res, err)
 	}
 	if r := exclusive(t, s, key2, time.Minute); r.OK {
@@ -156,7 +156,7 @@ func TestRevoke(t *testing.T) {
 	key3 := pgtest.RandomName("rv3_")
 	e := exclusive(t, s, key3, 200*time.Millisecond)
 	waitServer(t, pool, e.ExpiresAt.UnixMilli()+keys.TimeToleranceMs)
-	if res, err := s.Revoke(c, []store.RevokeRequest{{Key: key3}}); err != nil || res[0].Revoked {
+	if res, err := s.Revoke(c, []store.RevokeRequest{{Key: key3}}); err != nil || res[0].Revoked != 0 || !res[0].DelayUntil.IsZero() {
 		t.Fatalf("Revoke of an expired lease = %+v, %v", res, err)
 	}
 	// From SQL: the same, on pglease.notify_channel.
@@ -169,8 +169,8 @@ func TestRevoke(t *testing.T) {
 	if _, err := conn.Exec(c, "SET pglease.notify_channel = "+ch); err != nil {
 		t.Fatal(err)
 	}
-	var revoked bool
-	if err := conn.QueryRow(c, "SELECT syncguard_locks_revoke($1)", key3).Scan(&revoked); err != nil || !revoked {
+	var revoked int
+	if err := conn.QueryRow(c, "SELECT revoked FROM syncguard_locks_revoke($1)", key3).Scan(&revoked); err != nil || revoked != 1 {
 		t.Fatalf("SQL revoke = %v, %v", revoked, err)
 	}
 	for {
@@ -198,7 +198,7 @@ func TestRequestRelease(t *testing.T) {
 	l := listenOn(t, ch)
 	key := pgtest.RandomName("rrk_")
 	h := exclusive(t, s, key, time.Minute)
-	if err := s.RequestRelease(c, []string{key}); err != nil {
+	if err := s.RequestRelease(c, []string{key}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n, ok := store.ParseNotification(nextPayload(t, l)); !ok || n.Kind != store.NotifyReleaseRequest || n.KeyHash != pglease.HashKey(key) {
@@ -211,10 +211,10 @@ func TestRequestRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := noCh.RequestRelease(c, []string{key}); !errors.Is(err, pglease.ErrInvalidArgument) {
+	if err := noCh.RequestRelease(c, []string{key}, nil); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatalf("RequestRelease without a channel = %v", err)
 	}
-	if err := s.RequestRelease(c, []string{""}); !errors.Is(err, pglease.ErrInvalidArgument) {
+	if err := s.RequestRelease(c, []string{""}, nil); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatalf("RequestRelease(bad key) = %v", err)
 	}
 }
@@ -265,7 +265,7 @@ func TestWatchNotifications(t *testing.T) {
 		t.Fatal(ho, err)
 	}
 	want(store.WatchGranted, ho[0].Fence)
-	if res, err := s.Revoke(c, []store.RevokeRequest{{Key: watched}}); err != nil || !res[0].Revoked {
+	if res, err := s.Revoke(c, []store.RevokeRequest{{Key: watched}}); err != nil || res[0].Revoked != 1 {
 		t.Fatal(res, err)
 	}
 	n, _ := store.ParseNotification(nextPayload(t, l))
@@ -430,6 +430,7 @@ func TestWatchNoMissedRelease(t *testing.T) {
 // ParseNotification accepts the four payload forms and nothing else.
 func TestParseNotification(t *testing.T) {
 	h1, h2 := pglease.HashKey("a"), pglease.HashKey("b")
+	g := strings.Repeat("0123456789abcdef", 4) // a grant id
 	for _, tc := range []struct {
 		in   string
 		want store.Notification
@@ -437,6 +438,8 @@ func TestParseNotification(t *testing.T) {
 		{h1, store.Notification{Kind: store.NotifyWake, KeyHash: h1}},
 		{"r:" + h1 + ":" + h2, store.Notification{Kind: store.NotifyRevoke, KeyHash: h1, LockIDHash: h2}},
 		{"q:" + h1, store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: h1}},
+		{"q:" + h1 + ":" + h2, store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: h1, Hold: h2}},
+		{"q:" + h1 + ":" + g, store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: h1, Hold: g}},
 		{"w:" + h1 + ":g:000000000000042", store.Notification{Kind: store.NotifyWatch, KeyHash: h1, Event: store.WatchGranted, Fence: 42}},
 		{"w:" + h1 + ":u:000000000000000", store.Notification{Kind: store.NotifyWatch, KeyHash: h1, Event: store.WatchSharedReleased}},
 	} {
@@ -444,7 +447,7 @@ func TestParseNotification(t *testing.T) {
 			t.Errorf("ParseNotification(%q) = %+v, %v; want %+v", tc.in, got, ok, tc.want)
 		}
 	}
-	for _, bad := range []string{"", "x", strings.ToUpper(h1), "r:" + h1, "q:" + h1 + ":" + h2, "w:" + h1 + ":x:1", "w:" + h1 + ":g:-1",
+	for _, bad := range []string{"", "x", strings.ToUpper(h1), "r:" + h1, "q:" + h1 + ":" + h2 + ":" + h2, "q:" + h1 + ":" + g[1:], "w:" + h1 + ":x:1", "w:" + h1 + ":g:-1",
 		"w:" + h1 + ":g", "z:" + h1, "r:" + h1 + ":nothex"} {
 		if got, ok := store.ParseNotification(bad); ok {
 			t.Errorf("ParseNotification(%q) = %+v, accepted", bad, got)

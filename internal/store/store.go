@@ -117,7 +117,7 @@ func New(op string, db DB, cfg Config) (*Store, error) {
 		releaseSQL: "SELECT o_idx, o_ok FROM " + n.FnRelease4 + "($1, $2, $3, $4)",
 		extendSQL:  "SELECT o_idx, o_expires_ms FROM " + n.FnExtend4 + "($1, $2)",
 		handOffSQL: "SELECT o_idx, o_released, " + acquireCols[len("o_idx, "):] + " FROM " + n.FnHandOff4 + "($1, $2, $3, $4, $5, $6, $7, $8)",
-		revokeSQL:  "SELECT o_idx, o_revoked, o_lock_hash, o_fence, o_delay_until_ms FROM " + n.FnRevoke + "($1, $2, $3)",
+		revokeSQL:  "SELECT o_idx, o_revoked, o_exclusive, o_lock_hashes, o_fences, o_delay_until_ms FROM " + n.FnRevoke + "($1, $2, $3, $4)",
 		snapshotSQL: "SELECT o_idx, o_now_ms, o_lock_hash, o_fence, o_acquired_ms, o_expires_ms, o_holder, o_lock_delay_ms, o_shared, o_limit," +
 			" o_shared_expires_ms, o_counter, o_delay_until_ms, o_excl_wait_until_ms FROM " + n.FnSnapshot + "($1)",
 		guardSQL: "WITH g AS MATERIALIZED (SELECT l.fence, l.expires_at_ms FROM " + n.Lock + " AS l WHERE l.lock_id = $1 AND l.expires_at_ms > " + liveMs +

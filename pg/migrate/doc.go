@@ -27,7 +27,8 @@
 // ({lock}_shared: readers and semaphore permits); the SQL API for SQL
 // callers next to pglease processes, {lock}_acquire(key, ttl_ms),
 // {lock}_release(lock_id), {lock}_extend(lock_id, ttl_ms),
-// {lock}_status(key) and {lock}_revoke(key, delay_ms), and the views
+// {lock}_status(key), {lock}_revoke(key, delay_ms, hold) and
+// {lock}_request_release(key, hold), and the views
 // {lock}_leases (no lockIds), {lock}_waiters and pglease_advisory_locks;
 // and the database guard (Guard), which refuses writes to a user table
 // by transactions that hold no live lease of the row's key.

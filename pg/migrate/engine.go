@@ -113,7 +113,7 @@ func render(n store.Names, t string, extra ...string) string {
 		"{fn_snapshot}", n.FnSnapshot, "{fn_check}", n.FnCheck, "{fn_grant}", n.FnGrant, "{fn_notify}", n.FnNotify,
 		"{fn_guard_trigger}", n.FnGuardTrigger, "{guard_trigger}", n.GuardTrigger,
 		"{api_acquire}", n.APIAcquire, "{api_release}", n.APIRelease, "{api_extend}", n.APIExtend, "{api_status}", n.APIStatus,
-		"{api_revoke}", n.APIRevoke, "{api_guard}", n.APIGuard, "{api_unguard}", n.APIUnguard,
+		"{api_revoke}", n.APIRevoke, "{api_request_release}", n.APIRequestRelease, "{api_guard}", n.APIGuard, "{api_unguard}", n.APIUnguard,
 		"{v_leases}", n.ViewLeases, "{v_waiters}", n.ViewWaiters, "{v_advisory}", n.ViewAdvisory,
 		"{waiter_class}", strconv.Itoa(int(store.WaiterLockClass)), "{watch_class}", strconv.Itoa(int(store.WatchLockClass)),
 	}, extra...)...)

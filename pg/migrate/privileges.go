@@ -39,7 +39,8 @@ func runtimeGrants(n store.Names) []grant {
 		{"function", n.APIRelease + "(text)", x},
 		{"function", n.APIExtend + "(text, bigint)", x},
 		{"function", n.APIStatus + "(text)", x},
-		{"function", n.APIRevoke + "(text, bigint)", x},
+		{"function", n.APIRevoke + "(text, bigint, text)", x},
+		{"function", n.APIRequestRelease + "(text, text)", x},
 	}
 }
 

@@ -49,8 +49,9 @@ func TestMissingPrivileges(t *testing.T) {
 		"GRANT SELECT, INSERT, UPDATE ON " + s + ".syncguard_fence_counters, " + s + ".syncguard_locks_holders TO " + role + ";" +
 		"GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA " + s + " TO " + role + ";" +
 		"REVOKE EXECUTE ON FUNCTION " + s + ".syncguard_locks_acquire(text, bigint), " + s + ".syncguard_locks_release(text), " +
-		s + ".syncguard_locks_extend(text, bigint), " + s + ".syncguard_locks_status(text), " + s + ".syncguard_locks_revoke(text, bigint), " +
-		s + ".syncguard_locks_guard(regclass, name), " + s + ".syncguard_locks_unguard(regclass) FROM " + role
+		s + ".syncguard_locks_extend(text, bigint), " + s + ".syncguard_locks_status(text), " + s + ".syncguard_locks_revoke(text, bigint, text), " +
+		s + ".syncguard_locks_request_release(text, text), " +
+		s + ".syncguard_locks_guard(regclass, name), " + s + ".syncguard_locks_guard(regclass, name, boolean), " + s + ".syncguard_locks_unguard(regclass) FROM " + role
 	if err := pgtest.ExecGrants(c, admin, grants); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,8 @@ func TestMissingPrivileges(t *testing.T) {
 		"SELECT on table syncguard_locks_leases", "SELECT on table syncguard_locks_waiters", "SELECT on table pglease_advisory_locks",
 		"EXECUTE on function syncguard_locks_acquire(text,bigint)", "EXECUTE on function syncguard_locks_release(text)",
 		"EXECUTE on function syncguard_locks_extend(text,bigint)", "EXECUTE on function syncguard_locks_status(text)",
-		"EXECUTE on function syncguard_locks_revoke(text,bigint)"}
+		"EXECUTE on function syncguard_locks_revoke(text,bigint,text)",
+		"EXECUTE on function syncguard_locks_request_release(text,text)"}
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -84,12 +84,12 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks_shared T
 -- them alone).
 REVOKE ALL ON FUNCTION :"schema".syncguard_locks_acquire(text, bigint), :"schema".syncguard_locks_release(text),
   :"schema".syncguard_locks_extend(text, bigint), :"schema".syncguard_locks_status(text),
-  :"schema".syncguard_locks_revoke(text, bigint), :"schema".syncguard_locks_guard(regclass, name),
-  :"schema".syncguard_locks_guard(regclass, name, boolean), :"schema".syncguard_locks_unguard(regclass)
-  FROM PUBLIC, :"runtime_role";
+  :"schema".syncguard_locks_revoke(text, bigint, text), :"schema".syncguard_locks_request_release(text, text),
+  :"schema".syncguard_locks_guard(regclass, name), :"schema".syncguard_locks_guard(regclass, name, boolean),
+  :"schema".syncguard_locks_unguard(regclass) FROM PUBLIC, :"runtime_role";
 GRANT EXECUTE ON FUNCTION :"schema".syncguard_locks_acquire(text, bigint), :"schema".syncguard_locks_release(text),
   :"schema".syncguard_locks_extend(text, bigint), :"schema".syncguard_locks_status(text),
-  :"schema".syncguard_locks_revoke(text, bigint) TO :"runtime_role";
+  :"schema".syncguard_locks_revoke(text, bigint, text), :"schema".syncguard_locks_request_release(text, text) TO :"runtime_role";
 REVOKE ALL ON TABLE :"schema".syncguard_locks_leases, :"schema".syncguard_locks_waiters, :"schema".pglease_advisory_locks
   FROM PUBLIC, :"runtime_role";
 GRANT SELECT ON TABLE :"schema".syncguard_locks_leases, :"schema".syncguard_locks_waiters, :"schema".pglease_advisory_locks

@@ -32,7 +32,8 @@ DROP FUNCTION IF EXISTS {api_acquire}(text, bigint);
 DROP FUNCTION IF EXISTS {api_release}(text);
 DROP FUNCTION IF EXISTS {api_extend}(text, bigint);
 DROP FUNCTION IF EXISTS {api_status}(text);
-DROP FUNCTION IF EXISTS {api_revoke}(text, bigint);
+DROP FUNCTION IF EXISTS {api_revoke}(text, bigint, text);
+DROP FUNCTION IF EXISTS {api_request_release}(text, text);
 DROP FUNCTION IF EXISTS {api_guard}(regclass, name);
 DROP FUNCTION IF EXISTS {api_guard}(regclass, name, boolean);
 DROP FUNCTION IF EXISTS {api_unguard}(regclass);
@@ -47,7 +48,7 @@ BEGIN
 END
 $pglease$;
 DROP FUNCTION IF EXISTS {fn_snapshot}(text[]);
-DROP FUNCTION IF EXISTS {fn_revoke}(text[], bigint[], text);
+DROP FUNCTION IF EXISTS {fn_revoke}(text[], bigint[], text[], text);
 DROP FUNCTION IF EXISTS {fn_handoff4}(text[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS {fn_extend4}(text[], bigint[]);
 DROP FUNCTION IF EXISTS {fn_release4}(text[], text, integer, boolean);

@@ -688,53 +688,100 @@ BEGIN
 END
 $fn$;
 
--- Revoke N keys in one statement, in (hashtext, key) order: under the
--- key's advisory lock, delete its exclusive row whatever its lockId (the
--- delete waits for transactions that guard the lease). o_revoked: the row
--- was live (expires_at_ms + 1000 > now); then, with a channel, the holder
--- is told ('r:' || hashKey(key) || ':' || hashKey(lockId)), waiters are
--- woken (waited only) and watchers told ('v:' fence), and the key is kept
+-- Revoke N items in one statement, in (hashtext, key) order: under the
+-- key's advisory lock, delete the live holds of p_keys[i] whatever their
+-- lockIds: every one (the exclusive lease, readers, permits) when
+-- p_holds[i] is NULL, else only the hold whose lockId has that hashKey (24
+-- hex digits, the lock_id_hash of the leases view) or grant id (64 hex
+-- digits, pg.GrantID). The rows are locked first (the exclusive one FOR
+-- UPDATE: that waits for transactions that guard the lease), then the
+-- clock read: a hold is live while expires_at_ms + 1000 > now. A hold that
+-- is not live is left in place, and so is an expired lease's lock delay
+-- (the acquire functions refuse the key until its expires_at_ms + max(1 s,
+-- the delay)): a revoke never frees a key earlier than its expiry would.
+-- For each hold deleted, with a channel, its holder is told ('r:' ||
+-- hashKey(key) || ':' || hashKey(lockId)), the key's waiters are woken
+-- (waited only) and watchers told ('v:' fence for the exclusive lease, 'u:'
+-- fence for a shared hold). When something was deleted, the key is kept
 -- from every acquire until now + the delay (p_delays[i] when > 0, else the
--- grant's lock delay; none when both are 0): o_delay_until_ms. Durable.
-CREATE OR REPLACE FUNCTION "pglease_revoke_07f27fb7aa"(p_keys text[], p_delays bigint[], p_channel text)
-RETURNS TABLE (o_idx integer, o_revoked boolean, o_lock_hash text, o_fence bigint, o_delay_until_ms bigint)
+-- revoked exclusive grant's lock delay; none when both are 0). o_revoked
+-- counts the holds deleted (o_exclusive: the exclusive lease among them,
+-- first in o_lock_hashes and o_fences); o_delay_until_ms is when a lock
+-- delay in force after the revoke ends (the revoke's, an earlier one, or
+-- that of an expired lease left in place), NULL when none is. Durable.
+CREATE OR REPLACE FUNCTION "pglease_revoke_07f27fb7aa"(p_keys text[], p_delays bigint[], p_holds text[], p_channel text)
+RETURNS TABLE (o_idx integer, o_revoked integer, o_exclusive boolean, o_lock_hashes text[], o_fences bigint[], o_delay_until_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
+  s record;
   v_id text;
   v_exp bigint;
   v_fence text;
   v_now bigint;
   v_delay bigint;
+  v_hid text;
+  v_ldelay bigint;
+  v_until bigint;
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   FOR r IN
-    SELECT u.k, u.d, u.i::integer AS i FROM unnest(p_keys, p_delays) WITH ORDINALITY AS u(k, d, i)
+    SELECT u.k, u.d, u.h, u.i::integer AS i FROM unnest(p_keys, p_delays, p_holds) WITH ORDINALITY AS u(k, d, h, i)
     ORDER BY hashtext(u.k), u.k, u.i
   LOOP
     o_idx := r.i;
-    o_lock_hash := NULL; o_fence := NULL; o_delay_until_ms := NULL;
+    o_revoked := 0; o_exclusive := false; o_lock_hashes := ARRAY[]::text[]; o_fences := ARRAY[]::bigint[]; o_delay_until_ms := NULL;
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
     v_id := NULL; v_exp := NULL; v_fence := NULL;
-    DELETE FROM "syncguard_locks" AS l WHERE l.key = r.k RETURNING l.lock_id, l.expires_at_ms, l.fence INTO v_id, v_exp, v_fence;
+    SELECT l.lock_id, l.expires_at_ms, l.fence INTO v_id, v_exp, v_fence FROM "syncguard_locks" AS l WHERE l.key = r.k FOR UPDATE;
+    PERFORM 1 FROM "syncguard_locks_shared" AS x WHERE x.key = r.k ORDER BY x.lock_id FOR UPDATE;
     v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    o_revoked := v_id IS NOT NULL AND v_exp + 1000 > v_now;
-    IF o_revoked THEN
-      o_lock_hash := "pglease_hashkey_v1"(v_id);
-      o_fence := CASE WHEN v_fence ~ '^[0-9]{1,18}$' THEN v_fence::bigint END;
-      v_delay := nullif(r.d, 0);
-      IF v_delay IS NULL THEN
-        SELECT h.lock_delay_ms INTO v_delay FROM "syncguard_locks_holders" AS h WHERE h.key = r.k AND h.lock_id = v_id;
-      END IF;
-      IF v_delay > 0 THEN
-        o_delay_until_ms := v_now + v_delay;
-        INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, delay_until_ms) VALUES (r.k, '', '', o_delay_until_ms)
-          ON CONFLICT (key) DO UPDATE SET delay_until_ms = EXCLUDED.delay_until_ms;
-      END IF;
+    v_hid := NULL; v_ldelay := NULL; v_until := NULL;
+    SELECT h.lock_id, h.lock_delay_ms, h.delay_until_ms INTO v_hid, v_ldelay, v_until FROM "syncguard_locks_holders" AS h WHERE h.key = r.k;
+    IF v_hid IS DISTINCT FROM v_id THEN
+      v_ldelay := NULL;
+    END IF;
+    IF v_id IS NOT NULL AND v_exp + 1000 > v_now AND (r.h IS NULL OR r.h IN ("pglease_hashkey_v1"(v_id),
+        encode(sha256(convert_to('pglease grant v1', 'UTF8') || '\x00'::bytea || convert_to(v_id, 'UTF8')), 'hex'))) THEN
+      DELETE FROM "syncguard_locks" AS l WHERE l.key = r.k;
+      o_revoked := 1; o_exclusive := true;
+      o_lock_hashes := ARRAY["pglease_hashkey_v1"(v_id)];
+      o_fences := ARRAY[CASE WHEN v_fence ~ '^[0-9]{1,18}$' THEN v_fence::bigint END];
       IF p_channel IS NOT NULL THEN
-        PERFORM pg_notify(p_channel, 'r:' || "pglease_hashkey_v1"(r.k) || ':' || o_lock_hash);
+        PERFORM pg_notify(p_channel, 'r:' || "pglease_hashkey_v1"(r.k) || ':' || "pglease_hashkey_v1"(v_id));
       END IF;
       PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 1, 'v:' || v_fence);
+    ELSIF v_id IS NOT NULL AND v_exp + 1000 <= v_now AND v_exp + greatest(1000, coalesce(v_ldelay, 0)) > v_now THEN
+      -- An expired lease still inside its lock delay: left in place.
+      v_until := greatest(v_until, v_exp + v_ldelay);
+    END IF;
+    FOR s IN
+      DELETE FROM "syncguard_locks_shared" AS x WHERE x.key = r.k AND x.expires_at_ms + 1000 > v_now
+        AND (r.h IS NULL OR r.h IN ("pglease_hashkey_v1"(x.lock_id),
+          encode(sha256(convert_to('pglease grant v1', 'UTF8') || '\x00'::bytea || convert_to(x.lock_id, 'UTF8')), 'hex')))
+      RETURNING x.lock_id, x.fence
+    LOOP
+      o_revoked := o_revoked + 1;
+      o_lock_hashes := o_lock_hashes || "pglease_hashkey_v1"(s.lock_id);
+      o_fences := o_fences || s.fence;
+      IF p_channel IS NOT NULL THEN
+        PERFORM pg_notify(p_channel, 'r:' || "pglease_hashkey_v1"(r.k) || ':' || "pglease_hashkey_v1"(s.lock_id));
+      END IF;
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 1, 'u:' || lpad(s.fence::text, 15, '0'));
+    END LOOP;
+    IF o_revoked > 0 THEN
+      v_delay := nullif(r.d, 0);
+      IF v_delay IS NULL AND o_exclusive THEN
+        v_delay := v_ldelay;
+      END IF;
+      IF v_delay > 0 THEN
+        v_until := greatest(v_until, v_now + v_delay);
+        INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, delay_until_ms) VALUES (r.k, '', '', v_until)
+          ON CONFLICT (key) DO UPDATE SET delay_until_ms = EXCLUDED.delay_until_ms;
+      END IF;
+    END IF;
+    IF v_until > v_now THEN
+      o_delay_until_ms := v_until;
     END IF;
     RETURN NEXT;
   END LOOP;
@@ -1013,15 +1060,20 @@ BEGIN
 END
 $fn$;
 
--- Revoke the key's exclusive lease, whatever its lockId: true when a live
--- holder was revoked (its Manager ends the lock with CodeRevoked). With
--- delay_ms > 0 (or the grant's lock delay) the key stays free of grants
--- until then.
-CREATE OR REPLACE FUNCTION "syncguard_locks_revoke"(key text, delay_ms bigint DEFAULT 0) RETURNS boolean
+-- Revoke the key's live holds, whatever their lockIds: every one (its
+-- exclusive lease, or its readers or semaphore permits) when hold is NULL,
+-- else only the hold whose lockId has that hash (lock_id_hash of the
+-- leases view) or grant id (pg.GrantID, (*manager.Lock).GrantID). Each
+-- revoked holder's Manager ends the lock with CodeRevoked. revoked counts
+-- the holds deleted (0: none was live, nothing changed; an expired lease
+-- is left in place with its lock delay). With delay_ms > 0 (or the revoked
+-- lease's lock delay) the key stays free of grants until then.
+-- not_before_ms is when a lock delay in force after the revoke ends (NULL:
+-- none, the key is free for acquirers unless still held).
+CREATE OR REPLACE FUNCTION "syncguard_locks_revoke"(key text, delay_ms bigint DEFAULT 0, hold text DEFAULT NULL, OUT revoked integer, OUT not_before_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_k text := normalize($1, NFC);
-  v boolean;
 BEGIN
   IF v_k IS NULL OR v_k = '' OR octet_length(v_k) > 512 THEN
     RAISE EXCEPTION 'pglease: the key must be 1 to 512 bytes after NFC normalization' USING ERRCODE = 'invalid_parameter_value';
@@ -1029,9 +1081,43 @@ BEGIN
   IF $2 IS NULL OR $2 < 0 OR $2 > 9007199254740991 - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint - 86400000 THEN
     RAISE EXCEPTION 'pglease: delay_ms must not be negative (and the delay''s end below 2^53 ms)' USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  SELECT r.o_revoked INTO v FROM "pglease_revoke_07f27fb7aa"(ARRAY[v_k], ARRAY[$2],
+  IF $3 IS NOT NULL AND $3 !~ '^([0-9a-f]{24}|[0-9a-f]{64})$' THEN
+    RAISE EXCEPTION 'pglease: hold must be NULL (every hold), a lock_id_hash (24 hex digits) or a grant id (64 hex digits)' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT r.o_revoked, r.o_delay_until_ms INTO revoked, not_before_ms FROM "pglease_revoke_07f27fb7aa"(ARRAY[v_k], ARRAY[$2], ARRAY[$3],
     coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release')) AS r;
-  RETURN v;
+END
+$fn$;
+
+-- Ask the key's live holders to release it, without taking anything:
+-- every one (its exclusive lease, or its readers or permits) when hold is
+-- NULL, else only the hold named (as "syncguard_locks_revoke" names it). One
+-- notification ('q:' || hashKey(key), then ':' || hold when one is
+-- named); each holder's Manager closes the lock's ReleaseRequested
+-- channel, and the holder decides. Returns how many live holds were
+-- asked: 0 sends nothing (nobody holds the key, or not the hold named).
+CREATE OR REPLACE FUNCTION "syncguard_locks_request_release"(key text, hold text DEFAULT NULL) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_k text := normalize($1, NFC);
+  v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  v_n integer;
+BEGIN
+  IF v_k IS NULL OR v_k = '' OR octet_length(v_k) > 512 THEN
+    RAISE EXCEPTION 'pglease: the key must be 1 to 512 bytes after NFC normalization' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  IF $2 IS NOT NULL AND $2 !~ '^([0-9a-f]{24}|[0-9a-f]{64})$' THEN
+    RAISE EXCEPTION 'pglease: hold must be NULL (every hold), a lock_id_hash (24 hex digits) or a grant id (64 hex digits)' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  SELECT count(*) INTO v_n FROM (SELECT l.lock_id FROM "syncguard_locks" AS l WHERE l.key = v_k AND l.expires_at_ms > v_now
+      UNION ALL SELECT s.lock_id FROM "syncguard_locks_shared" AS s WHERE s.key = v_k AND s.expires_at_ms > v_now) AS x
+    WHERE $2 IS NULL OR $2 IN ("pglease_hashkey_v1"(x.lock_id),
+      encode(sha256(convert_to('pglease grant v1', 'UTF8') || '\x00'::bytea || convert_to(x.lock_id, 'UTF8')), 'hex'));
+  IF v_n > 0 THEN
+    PERFORM pg_notify(coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'),
+      'q:' || "pglease_hashkey_v1"(v_k) || coalesce(':' || $2, ''));
+  END IF;
+  RETURN v_n;
 END
 $fn$;
 
@@ -1121,7 +1207,8 @@ DROP FUNCTION IF EXISTS "syncguard_locks_acquire"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_release"(text);
 DROP FUNCTION IF EXISTS "syncguard_locks_extend"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_status"(text);
-DROP FUNCTION IF EXISTS "syncguard_locks_revoke"(text, bigint);
+DROP FUNCTION IF EXISTS "syncguard_locks_revoke"(text, bigint, text);
+DROP FUNCTION IF EXISTS "syncguard_locks_request_release"(text, text);
 DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name);
 DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name, boolean);
 DROP FUNCTION IF EXISTS "syncguard_locks_unguard"(regclass);
@@ -1136,7 +1223,7 @@ BEGIN
 END
 $pglease$;
 DROP FUNCTION IF EXISTS "pglease_snapshot_07f27fb7aa"(text[]);
-DROP FUNCTION IF EXISTS "pglease_revoke_07f27fb7aa"(text[], bigint[], text);
+DROP FUNCTION IF EXISTS "pglease_revoke_07f27fb7aa"(text[], bigint[], text[], text);
 DROP FUNCTION IF EXISTS "pglease_handoff_07f27fb7aa"(text[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS "pglease_extend_07f27fb7aa"(text[], bigint[]);
 DROP FUNCTION IF EXISTS "pglease_release_07f27fb7aa"(text[], text, integer, boolean);

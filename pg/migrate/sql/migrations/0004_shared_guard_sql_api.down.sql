@@ -34,7 +34,8 @@ DROP FUNCTION IF EXISTS "syncguard_locks_acquire"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_release"(text);
 DROP FUNCTION IF EXISTS "syncguard_locks_extend"(text, bigint);
 DROP FUNCTION IF EXISTS "syncguard_locks_status"(text);
-DROP FUNCTION IF EXISTS "syncguard_locks_revoke"(text, bigint);
+DROP FUNCTION IF EXISTS "syncguard_locks_revoke"(text, bigint, text);
+DROP FUNCTION IF EXISTS "syncguard_locks_request_release"(text, text);
 DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name);
 DROP FUNCTION IF EXISTS "syncguard_locks_guard"(regclass, name, boolean);
 DROP FUNCTION IF EXISTS "syncguard_locks_unguard"(regclass);
@@ -49,7 +50,7 @@ BEGIN
 END
 $pglease$;
 DROP FUNCTION IF EXISTS "pglease_snapshot_07f27fb7aa"(text[]);
-DROP FUNCTION IF EXISTS "pglease_revoke_07f27fb7aa"(text[], bigint[], text);
+DROP FUNCTION IF EXISTS "pglease_revoke_07f27fb7aa"(text[], bigint[], text[], text);
 DROP FUNCTION IF EXISTS "pglease_handoff_07f27fb7aa"(text[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS "pglease_extend_07f27fb7aa"(text[], bigint[]);
 DROP FUNCTION IF EXISTS "pglease_release_07f27fb7aa"(text[], text, integer, boolean);
