@@ -3,7 +3,6 @@ package manager
 import (
 	"context"
 	"math"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -47,6 +46,24 @@ import (
 // may be granted by attempts whose answers cross); a reader's is the
 // counter as it was (the fence of the state it reads under), which may
 // repeat, and is not checked.
+
+// writerRetry is the longest an exclusive waiter goes between attempts of
+// a key held elsewhere: each refused exclusive attempt marks the key as
+// waited for by a writer for 2 s (no new reader or permit meanwhile:
+// writer preference, store.AcquireSharedMany), so a waiter that tries
+// again within 1 s keeps the key marked until it has had it, whatever
+// holds it: another process's writer, readers or permits, a delay.
+const writerRetry = time.Second
+
+// keepMark returns when an exclusive waiter refused at now tries again
+// at the latest: at freeAt (zero: unknown) if that comes first, else
+// writerRetry after now.
+func keepMark(freeAt, now time.Time) time.Time {
+	if t := now.Add(writerRetry); freeAt.IsZero() || t.Before(freeAt) {
+		return t
+	}
+	return freeAt
+}
 
 // maxCoalesce caps the shared waiters one attempt serves (and the holds
 // it asks for).
@@ -104,18 +121,65 @@ func WithLimit(n int) AcquireOption {
 	}
 }
 
-// sharedLimit returns the limit of ks's local shared holds (meaningful
-// while ks.nShared > 0).
-func (ks *keyState) sharedLimit() int32 {
-	if ks.cont == nil {
-		return 0
+// addShared counts a shared hold of ks with limit lim (0: a reader).
+func (c *keyContention) addShared(ks *keyState, lim int32) {
+	if c.sharedLims == nil {
+		c.sharedLims = make(map[int32]int32, 1)
 	}
-	return ks.cont.sharedLim
+	c.sharedLims[lim]++
+	ks.nShared++
+}
+
+// dropShared uncounts a shared hold of ks with limit lim.
+func (ks *keyState) dropShared(lim int32) {
+	ks.nShared--
+	if ks.cont == nil {
+		return
+	}
+	if n := ks.cont.sharedLims[lim] - 1; n > 0 {
+		ks.cont.sharedLims[lim] = n
+	} else {
+		delete(ks.cont.sharedLims, lim)
+	}
+}
+
+// localShared describes this process's shared holds of ks: whether
+// readers and permits are among them, and the smallest permit limit
+// (meaningful when permits).
+func (ks *keyState) localShared() (readers, permits bool, minLim int32) {
+	if ks.nShared == 0 || ks.cont == nil {
+		return false, false, 0
+	}
+	for lim := range ks.cont.sharedLims {
+		switch {
+		case lim == 0:
+			readers = true
+		case !permits || lim < minLim:
+			permits, minLim = true, lim
+		}
+	}
+	return readers, permits, minLim
+}
+
+// permitRoom returns how many more permits of limit lim the server could
+// grant, judging by this process's holds alone: the smallest of lim and
+// the local permits' limits, less the local permits (the server's rule,
+// AcquireSharedMany; 0 while readers are held here).
+func (ks *keyState) permitRoom(lim int32) int32 {
+	readers, permits, minLim := ks.localShared()
+	switch {
+	case readers:
+		return 0
+	case permits:
+		return max(0, min(lim, minLim)-ks.nShared)
+	}
+	return lim
 }
 
 // heldHere reports whether a hold of req's kind cannot be granted because
 // of what callers of this Manager hold: an exclusive holder, any shared
-// hold for an exclusive request, or permits that fill req's semaphore.
+// hold for an exclusive request, permits for a reader, readers for a
+// permit, or permits that fill the smallest of req's limit and theirs.
 func (ks *keyState) heldHere(req *acquireReq) bool {
 	switch {
 	case ks.holder != nil:
@@ -123,30 +187,11 @@ func (ks *keyState) heldHere(req *acquireReq) bool {
 	case !req.shared:
 		return ks.nShared > 0
 	case req.limit > 0:
-		return ks.nShared >= req.limit && ks.sharedLimit() == req.limit
+		return ks.permitRoom(req.limit) == 0
 	}
-	return false
+	_, permits, _ := ks.localShared()
+	return permits
 }
-
-// limitMismatch returns the InvalidArgument error of a shared request
-// whose limit disagrees with this process's live shared holds of the key
-// (nil when it agrees or none are held): the server would refuse it too.
-func (ks *keyState) limitMismatch(op string, req *acquireReq) error {
-	if !req.shared || ks.nShared == 0 || ks.sharedLimit() == req.limit {
-		return nil
-	}
-	have, want := ks.sharedLimit(), req.limit
-	msg := "limit " + itoa(want) + " disagrees with the " + itoa(have) + " the key's holders use"
-	switch {
-	case want == 0:
-		msg = "a reader (no limit) disagrees with the limit " + itoa(have) + " the key's holders use"
-	case have == 0:
-		msg = "limit " + itoa(want) + " disagrees with the key's holders, which are readers (no limit)"
-	}
-	return invalid(op, msg)
-}
-
-func itoa(n int32) string { return strconv.FormatInt(int64(n), 10) }
 
 // shareAttempt makes a, the key's new attempt for its shared head
 // waiter, a shared attempt serving that waiter and the coalescible ones
@@ -155,11 +200,7 @@ func (st *loopState) shareAttempt(a *attempt, head *acquireReq) {
 	ks := a.ks
 	n := min(maxCoalesce, st.m.cfg.MaxBatch)
 	if head.limit > 0 {
-		free := int(head.limit)
-		if ks.nShared > 0 && ks.sharedLimit() == head.limit {
-			free -= int(ks.nShared)
-		}
-		n = min(n, max(1, free))
+		n = min(n, max(1, int(ks.permitRoom(head.limit))))
 	}
 	k := 1
 	for k < n && k < len(ks.queue) && coalescible(ks.queue[k], head) {
@@ -253,15 +294,6 @@ func (st *loopState) sharedDone(a *attempt, d acquireDone, rs []store.AcquireRes
 		r := &rs[j]
 		id := a.id(j)
 		switch {
-		case r.Err != nil && pglease.CodeOf(r.Err) == pglease.CodeInvalidArgument:
-			// The limit disagrees with the live holders': the waiter it
-			// was for fails at once; the others are tried again.
-			if req := sharedHead(ks, a); req != nil {
-				st.popWaiter(ks)
-				req.acq.Attempt(d.db, obs.AttemptFailed, 0)
-				req.answered = true
-				req.reply <- acquireReply{err: r.Err}
-			}
 		case r.Err != nil:
 			fatal = r.Err
 		case !r.OK:

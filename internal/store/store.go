@@ -191,9 +191,8 @@ type AcquireResult struct {
 	// for a permit, the holders of the full semaphore.
 	SharedHolders int
 	// Err is set (and OK false) in batch results for an item that failed
-	// on its own: a fence counter past keys.FenceMax (CodeInternal), or,
-	// for a shared hold, a limit that disagrees with the key's live
-	// holders' (CodeInvalidArgument). Acquire returns it as its error.
+	// on its own: a fence counter past keys.FenceMax (CodeInternal).
+	// Acquire returns it as its error.
 	Err error
 }
 

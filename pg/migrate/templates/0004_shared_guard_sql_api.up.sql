@@ -22,10 +22,12 @@ CREATE TABLE IF NOT EXISTS {s} (
 );
 CREATE INDEX IF NOT EXISTS {idx_shared_key} ON {s} (key);
 -- Per key, next to the holder identity: excl_wait_until_ms, set by an
--- exclusive acquire refused because of live shared holds (now + 2 s,
--- refreshed by each such attempt, which is told to come back within 1 s),
--- makes shared acquires wait (writer preference; a writer that went away
--- holds readers off for at most 2 s after its last attempt); lock_delay_ms is the grant's lock delay (valid while the
+-- exclusive acquire refused for any reason (an exclusive holder, a delay,
+-- live shared holds: now + 2 s, refreshed by the refused attempts; a
+-- waiting writer tries again within 1 s to keep it), makes shared
+-- acquires wait (writer preference; a writer that went away holds
+-- readers off for at most 2 s after its last attempt; an exclusive
+-- grant clears it, a local handoff keeps it: it is another writer's); lock_delay_ms is the grant's lock delay (valid while the
 -- row's lock_id is the grant's); delay_until_ms, set by a revoke, keeps
 -- the key from every acquire until then.
 ALTER TABLE {h} ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
@@ -87,14 +89,15 @@ $fn$;
 -- several holds lock them so too, and two orders could deadlock).
 -- Status: 0 grantable, 1 held (c_retry: the server time from which to try
 -- again; c_exp: the exclusive holder's expiry, or the latest shared one;
--- c_holder its identity; c_shared the live shared holds), 3 limit mismatch
--- (c_limit: the live holders' limit). c_row: the key has a lock row (the
--- caller holds its lock; a grant updates it in place, else inserts one).
--- An exclusive attempt refused because of shared holds marks the key
--- (excl_wait_until_ms = now + 2 s) and is told to try again within 1 s, to
--- keep its mark while it waits: the mark of a writer that gave up or died
--- lapses within 2 s of its last attempt. Expired shared rows of the key
--- are deleted.
+-- c_holder its identity; c_shared the live shared holds; c_limit, for a
+-- shared attempt refused by shared holds, their smallest limit). c_row:
+-- the key has a lock row (the caller holds its lock; a grant updates it
+-- in place, else inserts one). An exclusive attempt refused for any
+-- reason marks the key (excl_wait_until_ms = now + 2 s, written when the
+-- mark has less than 1.8 s left); refused because of shared holds it is
+-- told to try again within 1 s, to keep its mark while it waits: the mark
+-- of a writer that gave up or died lapses within 2 s of its last attempt.
+-- Expired shared rows of the key are deleted.
 CREATE OR REPLACE FUNCTION {fn_check}(p_key text, p_limit integer,
   OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
   OUT c_row boolean)
@@ -152,10 +155,17 @@ BEGIN
   c_row := v_id IS NOT NULL;
   IF v_exp IS NOT NULL AND v_exp + greatest(1000, coalesce(v_delay, 0)) > c_now THEN
     c_status := 1; c_exp := v_exp; c_holder := v_holder; c_retry := v_exp + greatest(1000, coalesce(v_delay, 0));
-    RETURN;
-  END IF;
-  IF v_until > c_now THEN
+  ELSIF v_until > c_now THEN
     c_status := 1; c_retry := v_until;
+  END IF;
+  IF c_status = 1 THEN
+    -- A writer refused by an exclusive holder or a delay marks the key
+    -- too (writer preference), refreshing a mark with less than 1.8 s
+    -- left (at most 5 writes a second per key, however many wait).
+    IF p_limit IS NULL AND (v_wait IS NULL OR v_wait < c_now + 1800) THEN
+      INSERT INTO {h} AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
+        ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    END IF;
     RETURN;
   END IF;
   IF p_limit IS NOT NULL AND v_wait > c_now THEN
@@ -181,16 +191,26 @@ BEGIN
   c_shared := v_n;
   IF p_limit IS NULL THEN
     c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := least(v_max + 1000, c_now + 1000);
-    INSERT INTO {h} AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
-      ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    IF v_wait IS NULL OR v_wait < c_now + 1800 THEN
+      INSERT INTO {h} AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
+        ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    END IF;
     RETURN;
   END IF;
-  IF v_lmin <> p_limit OR v_lmax <> p_limit THEN
-    c_status := 3; c_limit := CASE WHEN v_lmin <> p_limit THEN v_lmin ELSE v_lmax END;
-    RETURN;
-  END IF;
-  IF p_limit > 0 AND v_n >= p_limit THEN
-    c_status := 1; c_exp := v_min; c_holder := v_sholder; c_retry := v_min + 1000;
+  -- Readers and permits never hold a key together: a reader waits for
+  -- the permits to go, a permit for the readers. A permit is granted
+  -- while the live permits are fewer than the smallest limit among them
+  -- and the caller's (a limit changed in a live fleet: a raise applies
+  -- once the holders with the old limit are gone, a lowering as soon as
+  -- the permits are fewer than it; never more permits than the smallest
+  -- live limit). c_limit: that smallest live limit (0: readers).
+  IF p_limit = 0 AND v_lmax > 0 THEN
+    c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := v_max + 1000; c_limit := v_lmin;
+  ELSIF p_limit > 0 AND v_n >= least(p_limit, v_lmin) THEN
+    c_status := 1; c_exp := v_min; c_holder := v_sholder; c_retry := v_min + 1000; c_limit := v_lmin;
+    IF v_lmin = 0 THEN
+      c_exp := v_max; c_retry := v_max + 1000;
+    END IF;
   END IF;
 END
 $fn$;
@@ -201,7 +221,7 @@ $fn$;
 -- written, at FENCE MAX), lock row updated in place (p_row) or inserted,
 -- holder row (identity and lock delay tied to the grant's lockId,
 -- exclusive-waiting mark cleared; written when there is a holder or a
--- delay), and a watch notification ('g:' fence). Plain updates, not
+-- delay, else only the mark cleared), and a watch notification ('g:' fence). Plain updates, not
 -- upserts: an upsert that finds its row locks it first (one more WAL
 -- record) and runs a speculative insertion's checks. Lock and shared
 -- rows appear only under the key's advisory lock, which the caller
@@ -240,6 +260,8 @@ BEGIN
     IF NOT FOUND THEN
       INSERT INTO {h} (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
     END IF;
+  ELSE
+    UPDATE {h} AS h SET excl_wait_until_ms = NULL WHERE h.key = p_key AND h.excl_wait_until_ms IS NOT NULL;
   END IF;
   IF p_channel IS NOT NULL THEN
     PERFORM {fn_notify}(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
@@ -306,9 +328,10 @@ $fn$;
 -- A reader's fence is the key's fence counter (0 when it was never
 -- granted), not incremented; a permit's is a fresh increment. Refused while
 -- a live exclusive row exists, while an exclusive acquire waits (the mark),
--- or when a permit would exceed the limit. Status: 0 acquired, 1 locked,
--- 2 fence overflow, 3 limit mismatch (o_limit: the live holders' limit;
--- nothing written).
+-- a reader while permits are held, a permit while readers are held or
+-- when it would reach the smallest limit among the live permits and its
+-- own (o_limit: that smallest live limit). Status: 0 acquired, 1 locked,
+-- 2 fence overflow.
 CREATE OR REPLACE FUNCTION {fn_acquire_shared}(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_limits integer[], p_holder text, p_channel text)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer, o_limit integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -653,7 +676,7 @@ BEGIN
         UPDATE {f} AS fc SET fence = o_fence WHERE fc.fence_key = p_fence_keys[v_i];
       END IF;
       IF p_holder IS NOT NULL OR p_delays[v_i] > 0 THEN
-        UPDATE {h} AS h SET lock_id = p_lock_ids[v_i], holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delays[v_i], 0), excl_wait_until_ms = NULL
+        UPDATE {h} AS h SET lock_id = p_lock_ids[v_i], holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delays[v_i], 0)
           WHERE h.key = v_k;
         IF NOT FOUND THEN
           INSERT INTO {h} (key, lock_id, holder, lock_delay_ms) VALUES (v_k, p_lock_ids[v_i], coalesce(p_holder, ''), nullif(p_delays[v_i], 0));
