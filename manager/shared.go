@@ -28,13 +28,18 @@ import (
 //     follow it (coalescing: one item per waiter in one statement, as many
 //     as the server grants; a semaphore's at most limit).
 //   - Several callers of this process may hold a key shared at once
-//     (keyState.nShared counts them). A shared head waits for a local
-//     exclusive holder, a permit head for a local permit when the local
-//     permits alone fill the semaphore. An exclusive head does attempt
-//     while local shared holds exist: its refusal marks the key as waited
-//     for by a writer, which keeps new shared holds of every process away
-//     (writer preference; the mark lapses 2 s after the last refused
-//     exclusive attempt, which the server asks to come back within 1 s).
+//     (keyState.nShared counts them, keyContention.sharedLims by limit:
+//     callers may disagree on a semaphore's limit while it is changed).
+//     A shared head waits for a local exclusive holder, a reader head for
+//     local permits, a permit head for local readers, or for a local
+//     permit when the local permits alone reach the smallest of its limit
+//     and theirs (the server's rule, store.AcquireSharedMany). An
+//     exclusive head does attempt while local shared holds exist: its
+//     refusal marks the key as waited for by a writer, which keeps new
+//     shared holds of every process away (writer preference; every
+//     refused exclusive attempt marks the key, whatever refused it; the
+//     mark lapses 2 s after the last one, and a waiting writer tries
+//     again within writerRetry to keep it).
 //   - A shared hold's release is a plain release (local handoffs are
 //     exclusive to exclusive: the store hands over exclusive leases only,
 //     and never while shared holds remain); it kicks the key, whose head
@@ -71,14 +76,19 @@ const maxCoalesce = 64
 
 // Shared makes the acquire a reader of the key's reader-writer lease:
 // any number of readers, of any process, hold the key at once, never
-// together with an exclusive holder (a plain Acquire: the writer). A
-// waiting writer goes first: from its first refused attempt no new reader
-// is granted until it has had the key (writer preference: a steady stream
-// of readers cannot starve it; a writer that dies or gives up waiting
-// stops blocking readers 2 s after its last attempt). So, as with
-// sync.RWMutex, a reader must not take the key again while it holds it:
-// the second read would wait for a waiting writer, which waits for the
-// first.
+// together with an exclusive holder (a plain Acquire: the writer), nor
+// with permits (WithLimit). A waiting writer goes first: from its first
+// refused attempt, whatever refused it (readers, permits, another
+// writer, a delay), no new reader or permit is granted until it has had
+// the key (writer preference: a steady stream of readers cannot starve
+// it, and when the writer it waits behind releases, the readers waiting
+// with it do not get in first). Each refused exclusive attempt marks the
+// key for 2 s and a waiting writer tries again at least once a second,
+// which keeps the mark; a writer that dies or gives up waiting (a refused
+// TryAcquire included) stops blocking readers 2 s after its last attempt.
+// So, as with sync.RWMutex, a reader must not take the key again while
+// it holds it: the second read would wait for a waiting writer, which
+// waits for the first.
 //
 // A reader's Fence is the fence of the state it reads under: the key's
 // fence counter at its grant, not incremented (the fence of the last
@@ -100,12 +110,21 @@ func Shared() AcquireOption {
 
 // WithLimit makes the acquire a permit of a counting semaphore of n on
 // the key: at most n permits, of any process, are held at once, never
-// together with an exclusive holder; n must be at least 1. Every holder
-// of a key must use the same n: while permits are held, an acquire with
-// another n, or a reader (Shared), fails at once with InvalidArgument
-// ("limit 5 disagrees with the 3 the key's holders use"); with none held,
-// the caller's n applies. A waiting exclusive acquire keeps new permits
-// away as it keeps readers (see Shared). It implies Shared.
+// together with an exclusive holder or readers (Shared: a permit waits
+// for readers to go, a reader for permits); n must be at least 1. A
+// waiting exclusive acquire keeps new permits away as it keeps readers
+// (see Shared). It implies Shared.
+//
+// Holders may disagree on n, so a limit can be changed in a live fleet
+// by deploying the new n process by process: a permit is granted only
+// while the live permits are fewer than the smallest n among them and
+// the caller's, so the key never has more permits than the smallest n of
+// a live permit. A raise takes effect once the permits taken with the old
+// n are gone, a lowering as soon as the live permits are fewer than the
+// new n (its callers wait until then). A caller whose n disagrees waits
+// as for a full semaphore (TryAcquire answers "not acquired"), never an
+// error: the disagreement lives in the database, between processes, and
+// the same call succeeds later.
 //
 // Each permit's Fence is a fresh increment of the key's fence counter:
 // fences strictly increase across the key's permits and exclusive grants,
