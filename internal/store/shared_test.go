@@ -346,9 +346,12 @@ func TestSharedLimitChange(t *testing.T) {
 	}
 }
 
-// A writer refused by an exclusive holder marks the key as a writer
-// refused by readers does: when the holder releases, a new reader is
-// refused until the writer has had the key (or 2 s after its last try).
+// A writer refused by an exclusive holder marks a key that readers use
+// as a writer refused by readers does: when the holder releases, a new
+// reader is refused until the writer has had the key (or 2 s after its
+// last try). A key becomes one that readers use when a reader is first
+// refused on it (which wakes the key's waiters, so that a writer waiting
+// already marks it at once).
 func TestWriterRefusedByWriterBlocksNewReaders(t *testing.T) {
 	t.Parallel()
 	s, pool, _ := newStore(t, store.Config{})
@@ -356,6 +359,9 @@ func TestWriterRefusedByWriterBlocksNewReaders(t *testing.T) {
 	h := exclusive(t, s, key, time.Minute)
 	if !h.OK {
 		t.Fatalf("holder = %+v", h)
+	}
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted while a writer holds")
 	}
 	if w := exclusive(t, s, key, time.Minute); w.OK {
 		t.Fatal("second writer granted while the first holds")

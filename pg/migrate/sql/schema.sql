@@ -336,12 +336,15 @@ CREATE TABLE IF NOT EXISTS "syncguard_locks_shared" (
 );
 CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_shared" (key);
 -- Per key, next to the holder identity: excl_wait_until_ms, set by an
--- exclusive acquire refused for any reason (an exclusive holder, a delay,
--- live shared holds: now + 2 s, refreshed by the refused attempts; a
--- waiting writer tries again within 1 s to keep it), makes shared
--- acquires wait (writer preference; a writer that went away holds
--- readers off for at most 2 s after its last attempt; an exclusive
--- grant clears it, a local handoff keeps it: it is another writer's); lock_delay_ms is the grant's lock delay (valid while the
+-- exclusive acquire refused for any reason (live shared holds; an
+-- exclusive holder or a delay, on a key readers or permits use: now +
+-- 2 s, refreshed by the refused attempts; a waiting writer tries again
+-- within 1 s to keep it), makes shared acquires wait (writer preference;
+-- a writer that went away holds readers off for at most 2 s after its
+-- last attempt; an exclusive grant lifts it, to 0, a local handoff keeps
+-- it: it is another writer's). NULL: no reader or permit has been
+-- refused on the key, nor a writer because of them (a refused writer
+-- then writes nothing); 0: a lapsed mark; lock_delay_ms is the grant's lock delay (valid while the
 -- row's lock_id is the grant's); delay_until_ms, set by a revoke, keeps
 -- the key from every acquire until then.
 ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
@@ -408,10 +411,13 @@ $fn$;
 -- the key has a lock row (the caller holds its lock; a grant updates it
 -- in place, else inserts one). An exclusive attempt refused for any
 -- reason marks the key (excl_wait_until_ms = now + 2 s, written when the
--- mark has less than 1.8 s left); refused because of shared holds it is
--- told to try again within 1 s, to keep its mark while it waits: the mark
--- of a writer that gave up or died lapses within 2 s of its last attempt.
--- Expired shared rows of the key are deleted.
+-- mark has less than 1.8 s left), refused by an exclusive holder or a
+-- delay only a key readers or permits use (its mark not NULL: a shared
+-- attempt refused so sets a lapsed mark, 0, and c_limit -1, for the
+-- caller to wake the key's waiters); refused because of shared holds it
+-- is told to try again within 1 s, to keep its mark while it waits: the
+-- mark of a writer that gave up or died lapses within 2 s of its last
+-- attempt. Expired shared rows of the key are deleted.
 CREATE OR REPLACE FUNCTION "pglease_check_07f27fb7aa"(p_key text, p_limit integer,
   OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
   OUT c_row boolean)
@@ -473,12 +479,22 @@ BEGIN
     c_status := 1; c_retry := v_until;
   END IF;
   IF c_status = 1 THEN
-    -- A writer refused by an exclusive holder or a delay marks the key
-    -- too (writer preference), refreshing a mark with less than 1.8 s
-    -- left (at most 5 writes a second per key, however many wait).
-    IF p_limit IS NULL AND (v_wait IS NULL OR v_wait < c_now + 1800) THEN
+    IF p_limit IS NULL AND v_wait < c_now + 1800 THEN
+      -- A writer refused by an exclusive holder or a delay marks a key
+      -- that readers or permits use (a mark, lapsed or not, is there:
+      -- see below) too (writer preference), refreshing a mark with less
+      -- than 1.8 s left. A key they never used keeps no mark, and a
+      -- refused attempt of it writes nothing.
       INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
         ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    ELSIF p_limit IS NOT NULL AND v_wait IS NULL THEN
+      -- The first shared attempt of the key refused by a writer or a
+      -- delay: a lapsed mark (0) tells writers the key is used by
+      -- readers or permits, and c_limit -1 asks the caller to wake the
+      -- key's waiters, so that a writer already waiting marks it.
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', 0)
+        ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = 0;
+      c_limit := -1;
     END IF;
     RETURN;
   END IF;
@@ -534,8 +550,8 @@ $fn$;
 -- p_row, the key having one): fence counter incremented (NULL, nothing
 -- written, at FENCE MAX), lock row updated in place (p_row) or inserted,
 -- holder row (identity and lock delay tied to the grant's lockId,
--- exclusive-waiting mark cleared; written when there is a holder or a
--- delay, else only the mark cleared), and a watch notification ('g:' fence). Plain updates, not
+-- exclusive-waiting mark lapsed; written when there is a holder or a
+-- delay, else only the mark lapsed), and a watch notification ('g:' fence). Plain updates, not
 -- upserts: an upsert that finds its row locks it first (one more WAL
 -- record) and runs a speculative insertion's checks. Lock and shared
 -- rows appear only under the key's advisory lock, which the caller
@@ -569,13 +585,14 @@ BEGIN
       VALUES (p_key, p_lock_id, p_now + p_ttl, p_now, lpad(v_fence::text, 15, '0'), p_key);
   END IF;
   IF p_holder IS NOT NULL OR p_delay > 0 THEN
-    UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0), excl_wait_until_ms = NULL
+    UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0),
+        excl_wait_until_ms = CASE WHEN h.excl_wait_until_ms > 0 THEN 0 ELSE h.excl_wait_until_ms END
       WHERE h.key = p_key;
     IF NOT FOUND THEN
       INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
     END IF;
   ELSE
-    UPDATE "syncguard_locks_holders" AS h SET excl_wait_until_ms = NULL WHERE h.key = p_key AND h.excl_wait_until_ms IS NOT NULL;
+    UPDATE "syncguard_locks_holders" AS h SET excl_wait_until_ms = 0 WHERE h.key = p_key AND h.excl_wait_until_ms > 0;
   END IF;
   IF p_channel IS NOT NULL THEN
     PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
@@ -665,6 +682,10 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
     c := "pglease_check_07f27fb7aa"(r.k, r.lim);
     o_now_ms := c.c_now;
+    IF c.c_limit = -1 THEN
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 1, NULL);
+      c.c_limit := NULL;
+    END IF;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared; o_limit := c.c_limit;
       RETURN NEXT;
