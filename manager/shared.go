@@ -84,8 +84,11 @@ const maxCoalesce = 64
 // it, and when the writer it waits behind releases, the readers waiting
 // with it do not get in first). Each refused exclusive attempt marks the
 // key for 2 s and a waiting writer tries again at least once a second,
-// which keeps the mark; a writer that dies or gives up waiting (a refused
-// TryAcquire included) stops blocking readers 2 s after its last attempt.
+// which keeps the mark (a key no reader or permit has contended for is
+// marked a round trip after the first of them is refused on it, which
+// wakes the waiting writers); a writer that dies or gives up waiting (a
+// refused TryAcquire included) stops blocking readers 2 s after its last
+// attempt.
 // So, as with sync.RWMutex, a reader must not take the key again while
 // it holds it: the second read would wait for a waiting writer, which
 // waits for the first.

@@ -46,7 +46,10 @@ func (r SharedRequest) Format(f fmt.State, _ rune) {
 //     exists, during a lock delay or a revoke's delay, and while an
 //     exclusive acquire waits (writer preference: an exclusive attempt
 //     refused for any reason, by an exclusive holder, a delay or shared
-//     holds, marks the key for 2 s after the attempt; a waiting writer
+//     holds, marks the key for 2 s after the attempt, refused by a holder
+//     or a delay only a key that readers or permits contended for before:
+//     the first of them refused on a key wakes its waiters, so that a
+//     waiting writer marks it at its next attempt; a waiting writer
 //     keeps its mark by trying again within 1 s, and one refused by
 //     shared holds is told so, RetryAfter at most 1 s; a writer that
 //     gives up or dies holds readers off for at most 2 s after its last

@@ -178,7 +178,7 @@ type AcquireResult struct {
 	// apart), so a caller that polls can try again then instead of at its
 	// next poll; keep polling too, since the holder may extend. A refused
 	// exclusive attempt marks the key as waited for by a writer for 2 s
-	// (see AcquireSharedMany): a writer that waits keeps the mark by
+	// (a key readers or permits use; see AcquireSharedMany): a writer that waits keeps the mark by
 	// trying again within 1 s, and one refused by shared holds
 	// (SharedHolders > 0) is told at most 1 s.
 	RetryAfter time.Duration

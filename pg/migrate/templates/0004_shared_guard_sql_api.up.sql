@@ -942,9 +942,9 @@ $fn$;
 -- Take key for ttl_ms: the grant's lock_id (a bearer secret), fence and
 -- expiry, or a NULL lock_id and fence when the key is held (expires_at_ms
 -- is then the holder's expiry, NULL for shared holds or a delay). A
--- refused call marks the key as waited for by a writer for 2 s (no new
--- reader or permit meanwhile); a caller that waits keeps the mark by
--- calling again within 1 s.
+-- refused call marks a key that readers or permits use as waited for by
+-- a writer for 2 s (no new reader or permit meanwhile); a caller that
+-- waits keeps the mark by calling again within 1 s.
 CREATE OR REPLACE FUNCTION {api_acquire}(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
