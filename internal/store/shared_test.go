@@ -402,6 +402,50 @@ func TestWriterRefusedByWriterBlocksNewReaders(t *testing.T) {
 	}
 }
 
+// A writer's takeover of an expired lease keeps the mark of the writers
+// that waited with it (no release wakes them): when it releases before
+// their next attempt, a new reader is still refused, and the next waiting
+// writer has the key first. A grant after a release lifts the mark.
+func TestTakeoverKeepsOtherWritersMark(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{})
+	key := pgtest.RandomName("tmark_")
+	h := exclusive(t, s, key, 300*time.Millisecond)
+	if !h.OK {
+		t.Fatalf("holder = %+v", h)
+	}
+	// The key is one readers use; two writers wait (their refusals mark it).
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted while a writer holds")
+	}
+	for range 2 {
+		if w := exclusive(t, s, key, time.Minute); w.OK {
+			t.Fatal("writer granted while another holds")
+		}
+	}
+	// The holder dies; one writer takes over after expiry + tolerance and
+	// releases at once.
+	waitServer(t, pool, h.ExpiresAt.UnixMilli()+1000+1)
+	x := exclusive(t, s, key, time.Minute)
+	if !x.OK {
+		t.Fatalf("takeover = %+v", x)
+	}
+	release(t, s, x.LockID)
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted after a takeover by one writer while another still waited")
+	}
+	y := exclusive(t, s, key, time.Minute)
+	if !y.OK {
+		t.Fatalf("the other waiting writer = %+v", y)
+	}
+	release(t, s, y.LockID)
+	if r := shared(t, s, key, 0, time.Minute); !r.OK {
+		t.Fatalf("reader after the writers = %+v; want granted (a grant after a release lifts the mark)", r)
+	} else {
+		release(t, s, r.LockID)
+	}
+}
+
 // Fences across exclusive grants and permits of one key come from one
 // counter: each grant's is above every earlier one's; readers do not move
 // it.

@@ -550,8 +550,10 @@ $fn$;
 -- p_row, the key having one): fence counter incremented (NULL, nothing
 -- written, at FENCE MAX), lock row updated in place (p_row) or inserted,
 -- holder row (identity and lock delay tied to the grant's lockId,
--- exclusive-waiting mark lapsed; written when there is a holder or a
--- delay, else only the mark lapsed), and a watch notification ('g:' fence). Plain updates, not
+-- exclusive-waiting mark lapsed, except by a takeover of an expired
+-- lease (p_row): writers that waited with the grantee, woken by no
+-- release, keep theirs until their next attempt; written when there is
+-- a holder or a delay, else only the mark lapsed), and a watch notification ('g:' fence). Plain updates, not
 -- upserts: an upsert that finds its row locks it first (one more WAL
 -- record) and runs a speculative insertion's checks. Lock and shared
 -- rows appear only under the key's advisory lock, which the caller
@@ -586,12 +588,12 @@ BEGIN
   END IF;
   IF p_holder IS NOT NULL OR p_delay > 0 THEN
     UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0),
-        excl_wait_until_ms = CASE WHEN h.excl_wait_until_ms > 0 THEN 0 ELSE h.excl_wait_until_ms END
+        excl_wait_until_ms = CASE WHEN h.excl_wait_until_ms > 0 AND NOT p_row THEN 0 ELSE h.excl_wait_until_ms END
       WHERE h.key = p_key;
     IF NOT FOUND THEN
       INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
     END IF;
-  ELSE
+  ELSIF NOT p_row THEN
     UPDATE "syncguard_locks_holders" AS h SET excl_wait_until_ms = 0 WHERE h.key = p_key AND h.excl_wait_until_ms > 0;
   END IF;
   IF p_channel IS NOT NULL THEN
