@@ -53,8 +53,9 @@ func (r SharedRequest) Format(f fmt.State, _ rune) {
 //     keeps its mark by trying again within 1 s, and one refused by
 //     shared holds is told so, RetryAfter at most 1 s; a writer that
 //     gives up or dies holds readers off for at most 2 s after its last
-//     attempt; an exclusive grant lifts the mark, a local handoff keeps
-//     another waiting writer's);
+//     attempt; an exclusive grant lifts the mark, while a handoff
+//     (HandOff) and a takeover of an expired lease keep another waiting
+//     writer's: no release woke that writer to mark the key again);
 //   - a reader is refused while permits are held, a permit while readers
 //     are held (the two kinds of shared hold never hold a key together);
 //   - a permit (Limit n) is refused while the live permits number at

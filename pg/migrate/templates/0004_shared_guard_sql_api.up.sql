@@ -27,8 +27,9 @@ CREATE INDEX IF NOT EXISTS {idx_shared_key} ON {s} (key);
 -- 2 s, refreshed by the refused attempts; a waiting writer tries again
 -- within 1 s to keep it), makes shared acquires wait (writer preference;
 -- a writer that went away holds readers off for at most 2 s after its
--- last attempt; an exclusive grant lifts it, to 0, a local handoff keeps
--- it: it is another writer's). NULL: no reader or permit has been
+-- last attempt; an exclusive grant lifts it, to 0, a local handoff and a
+-- takeover of an expired lease keep it: it is another writer's, which
+-- no release woke to mark the key again). NULL: no reader or permit has been
 -- refused on the key, nor a writer because of them (a refused writer
 -- then writes nothing); 0: a lapsed mark; lock_delay_ms is the grant's lock delay (valid while the
 -- row's lock_id is the grant's); delay_until_ms, set by a revoke, keeps
