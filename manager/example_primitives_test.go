@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/migrate"
@@ -90,8 +89,10 @@ func ExampleWithLimit() {
 	fmt.Println("a third permit:", ok, err)
 	fmt.Println("each permit has a fence of its own:", p2.Fence() > p1.Fence())
 
-	_, err = m.Acquire(ctx, "example:gpu", manager.WithLimit(3)) // every holder must agree on the limit
-	fmt.Println("another limit:", errors.Is(err, pglease.ErrInvalidArgument))
+	// A limit raised to 3 (a rolling deploy) waits while permits taken
+	// with limit 2 live: never more permits than the smallest live limit.
+	_, ok, err = m.TryAcquire(ctx, "example:gpu", manager.WithLimit(3))
+	fmt.Println("a third permit with limit 3:", ok, err)
 	p1.Release(ctx)
 	p2.Release(ctx)
 	// readme:end semaphore
@@ -99,7 +100,7 @@ func ExampleWithLimit() {
 	// Output:
 	// a third permit: false <nil>
 	// each permit has a fence of its own: true
-	// another limit: true
+	// a third permit with limit 3: false <nil>
 }
 
 func ExampleManager_AcquireAll() {

@@ -107,13 +107,6 @@ func (st *loopState) handleAcquire(req *acquireReq) {
 		return
 	}
 	ks := st.keyFor(req.key, req.hash)
-	if err := ks.limitMismatch("manager.Acquire", req); err != nil {
-		// This process holds the key with another limit: the server
-		// would refuse it too.
-		req.answered = true
-		req.reply <- acquireReply{err: err}
-		return
-	}
 	if req.try {
 		st.tryAcquire(ks, req) // tryattempt.go
 		return
@@ -277,8 +270,9 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			} else if len(ks.queue) > 0 {
 				// Nothing wakes this process when a holder elsewhere dies:
 				// try again when its lease can be taken over, if the
-				// backoff would wait longer.
-				st.scheduleRetry(ks, now, takeoverAt(r, now))
+				// backoff would wait longer; within writerRetry, to keep
+				// the key marked as waited for by a writer.
+				st.scheduleRetry(ks, now, keepMark(takeoverAt(r, now), now))
 				retryIn = ks.retryAt.Sub(now)
 			}
 			noteAttempt(ks.queue, d.db, obs.AttemptContended, retryIn)

@@ -645,6 +645,7 @@ func (st *loopState) setRefused(sa *setAttempt, d acquireDone, rs []store.Acquir
 	if !known {
 		freeAt = time.Time{}
 	}
+	freeAt = keepMark(freeAt, now) // its refused keys are marked as waited for by a writer
 	for _, k := range req.set.keys {
 		st.wantWaiter(st.keys[k.key])
 	}

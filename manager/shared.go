@@ -3,7 +3,6 @@ package manager
 import (
 	"context"
 	"math"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -29,13 +28,18 @@ import (
 //     follow it (coalescing: one item per waiter in one statement, as many
 //     as the server grants; a semaphore's at most limit).
 //   - Several callers of this process may hold a key shared at once
-//     (keyState.nShared counts them). A shared head waits for a local
-//     exclusive holder, a permit head for a local permit when the local
-//     permits alone fill the semaphore. An exclusive head does attempt
-//     while local shared holds exist: its refusal marks the key as waited
-//     for by a writer, which keeps new shared holds of every process away
-//     (writer preference; the mark lapses 2 s after the last refused
-//     exclusive attempt, which the server asks to come back within 1 s).
+//     (keyState.nShared counts them, keyContention.sharedLims by limit:
+//     callers may disagree on a semaphore's limit while it is changed).
+//     A shared head waits for a local exclusive holder, a reader head for
+//     local permits, a permit head for local readers, or for a local
+//     permit when the local permits alone reach the smallest of its limit
+//     and theirs (the server's rule, store.AcquireSharedMany). An
+//     exclusive head does attempt while local shared holds exist: its
+//     refusal marks the key as waited for by a writer, which keeps new
+//     shared holds of every process away (writer preference; every
+//     refused exclusive attempt marks the key, whatever refused it; the
+//     mark lapses 2 s after the last one, and a waiting writer tries
+//     again within writerRetry to keep it).
 //   - A shared hold's release is a plain release (local handoffs are
 //     exclusive to exclusive: the store hands over exclusive leases only,
 //     and never while shared holds remain); it kicks the key, whose head
@@ -48,20 +52,46 @@ import (
 // counter as it was (the fence of the state it reads under), which may
 // repeat, and is not checked.
 
+// writerRetry is the longest an exclusive waiter goes between attempts of
+// a key held elsewhere: each refused exclusive attempt marks the key as
+// waited for by a writer for 2 s (no new reader or permit meanwhile:
+// writer preference, store.AcquireSharedMany), so a waiter that tries
+// again within 1 s keeps the key marked until it has had it, whatever
+// holds it: another process's writer, readers or permits, a delay.
+const writerRetry = time.Second
+
+// keepMark returns when an exclusive waiter refused at now tries again
+// at the latest: at freeAt (zero: unknown) if that comes first, else
+// writerRetry after now.
+func keepMark(freeAt, now time.Time) time.Time {
+	if t := now.Add(writerRetry); freeAt.IsZero() || t.Before(freeAt) {
+		return t
+	}
+	return freeAt
+}
+
 // maxCoalesce caps the shared waiters one attempt serves (and the holds
 // it asks for).
 const maxCoalesce = 64
 
 // Shared makes the acquire a reader of the key's reader-writer lease:
 // any number of readers, of any process, hold the key at once, never
-// together with an exclusive holder (a plain Acquire: the writer). A
-// waiting writer goes first: from its first refused attempt no new reader
-// is granted until it has had the key (writer preference: a steady stream
-// of readers cannot starve it; a writer that dies or gives up waiting
-// stops blocking readers 2 s after its last attempt). So, as with
-// sync.RWMutex, a reader must not take the key again while it holds it:
-// the second read would wait for a waiting writer, which waits for the
-// first.
+// together with an exclusive holder (a plain Acquire: the writer), nor
+// with permits (WithLimit). A waiting writer goes first: from its first
+// refused attempt, whatever refused it (readers, permits, another
+// writer, a delay), no new reader or permit is granted until it has had
+// the key (writer preference: a steady stream of readers cannot starve
+// it, and when the writer it waits behind releases, the readers waiting
+// with it do not get in first). Each refused exclusive attempt marks the
+// key for 2 s and a waiting writer tries again at least once a second,
+// which keeps the mark (a key no reader or permit has contended for is
+// marked a round trip after the first of them is refused on it, which
+// wakes the waiting writers); a writer that dies or gives up waiting (a
+// refused TryAcquire included) stops blocking readers 2 s after its last
+// attempt.
+// So, as with sync.RWMutex, a reader must not take the key again while
+// it holds it: the second read would wait for a waiting writer, which
+// waits for the first.
 //
 // A reader's Fence is the fence of the state it reads under: the key's
 // fence counter at its grant, not incremented (the fence of the last
@@ -83,12 +113,21 @@ func Shared() AcquireOption {
 
 // WithLimit makes the acquire a permit of a counting semaphore of n on
 // the key: at most n permits, of any process, are held at once, never
-// together with an exclusive holder; n must be at least 1. Every holder
-// of a key must use the same n: while permits are held, an acquire with
-// another n, or a reader (Shared), fails at once with InvalidArgument
-// ("limit 5 disagrees with the 3 the key's holders use"); with none held,
-// the caller's n applies. A waiting exclusive acquire keeps new permits
-// away as it keeps readers (see Shared). It implies Shared.
+// together with an exclusive holder or readers (Shared: a permit waits
+// for readers to go, a reader for permits); n must be at least 1. A
+// waiting exclusive acquire keeps new permits away as it keeps readers
+// (see Shared). It implies Shared.
+//
+// Holders may disagree on n, so a limit can be changed in a live fleet
+// by deploying the new n process by process: a permit is granted only
+// while the live permits are fewer than the smallest n among them and
+// the caller's, so the key never has more permits than the smallest n of
+// a live permit. A raise takes effect once the permits taken with the old
+// n are gone, a lowering as soon as the live permits are fewer than the
+// new n (its callers wait until then). A caller whose n disagrees waits
+// as for a full semaphore (TryAcquire answers "not acquired"), never an
+// error: the disagreement lives in the database, between processes, and
+// the same call succeeds later.
 //
 // Each permit's Fence is a fresh increment of the key's fence counter:
 // fences strictly increase across the key's permits and exclusive grants,
@@ -104,18 +143,65 @@ func WithLimit(n int) AcquireOption {
 	}
 }
 
-// sharedLimit returns the limit of ks's local shared holds (meaningful
-// while ks.nShared > 0).
-func (ks *keyState) sharedLimit() int32 {
-	if ks.cont == nil {
-		return 0
+// addShared counts a shared hold of ks with limit lim (0: a reader).
+func (c *keyContention) addShared(ks *keyState, lim int32) {
+	if c.sharedLims == nil {
+		c.sharedLims = make(map[int32]int32, 1)
 	}
-	return ks.cont.sharedLim
+	c.sharedLims[lim]++
+	ks.nShared++
+}
+
+// dropShared uncounts a shared hold of ks with limit lim.
+func (ks *keyState) dropShared(lim int32) {
+	ks.nShared--
+	if ks.cont == nil {
+		return
+	}
+	if n := ks.cont.sharedLims[lim] - 1; n > 0 {
+		ks.cont.sharedLims[lim] = n
+	} else {
+		delete(ks.cont.sharedLims, lim)
+	}
+}
+
+// localShared describes this process's shared holds of ks: whether
+// readers and permits are among them, and the smallest permit limit
+// (meaningful when permits).
+func (ks *keyState) localShared() (readers, permits bool, minLim int32) {
+	if ks.nShared == 0 || ks.cont == nil {
+		return false, false, 0
+	}
+	for lim := range ks.cont.sharedLims {
+		switch {
+		case lim == 0:
+			readers = true
+		case !permits || lim < minLim:
+			permits, minLim = true, lim
+		}
+	}
+	return readers, permits, minLim
+}
+
+// permitRoom returns how many more permits of limit lim the server could
+// grant, judging by this process's holds alone: the smallest of lim and
+// the local permits' limits, less the local permits (the server's rule,
+// AcquireSharedMany; 0 while readers are held here).
+func (ks *keyState) permitRoom(lim int32) int32 {
+	readers, permits, minLim := ks.localShared()
+	switch {
+	case readers:
+		return 0
+	case permits:
+		return max(0, min(lim, minLim)-ks.nShared)
+	}
+	return lim
 }
 
 // heldHere reports whether a hold of req's kind cannot be granted because
 // of what callers of this Manager hold: an exclusive holder, any shared
-// hold for an exclusive request, or permits that fill req's semaphore.
+// hold for an exclusive request, permits for a reader, readers for a
+// permit, or permits that fill the smallest of req's limit and theirs.
 func (ks *keyState) heldHere(req *acquireReq) bool {
 	switch {
 	case ks.holder != nil:
@@ -123,30 +209,11 @@ func (ks *keyState) heldHere(req *acquireReq) bool {
 	case !req.shared:
 		return ks.nShared > 0
 	case req.limit > 0:
-		return ks.nShared >= req.limit && ks.sharedLimit() == req.limit
+		return ks.permitRoom(req.limit) == 0
 	}
-	return false
+	_, permits, _ := ks.localShared()
+	return permits
 }
-
-// limitMismatch returns the InvalidArgument error of a shared request
-// whose limit disagrees with this process's live shared holds of the key
-// (nil when it agrees or none are held): the server would refuse it too.
-func (ks *keyState) limitMismatch(op string, req *acquireReq) error {
-	if !req.shared || ks.nShared == 0 || ks.sharedLimit() == req.limit {
-		return nil
-	}
-	have, want := ks.sharedLimit(), req.limit
-	msg := "limit " + itoa(want) + " disagrees with the " + itoa(have) + " the key's holders use"
-	switch {
-	case want == 0:
-		msg = "a reader (no limit) disagrees with the limit " + itoa(have) + " the key's holders use"
-	case have == 0:
-		msg = "limit " + itoa(want) + " disagrees with the key's holders, which are readers (no limit)"
-	}
-	return invalid(op, msg)
-}
-
-func itoa(n int32) string { return strconv.FormatInt(int64(n), 10) }
 
 // shareAttempt makes a, the key's new attempt for its shared head
 // waiter, a shared attempt serving that waiter and the coalescible ones
@@ -155,11 +222,7 @@ func (st *loopState) shareAttempt(a *attempt, head *acquireReq) {
 	ks := a.ks
 	n := min(maxCoalesce, st.m.cfg.MaxBatch)
 	if head.limit > 0 {
-		free := int(head.limit)
-		if ks.nShared > 0 && ks.sharedLimit() == head.limit {
-			free -= int(ks.nShared)
-		}
-		n = min(n, max(1, free))
+		n = min(n, max(1, int(ks.permitRoom(head.limit))))
 	}
 	k := 1
 	for k < n && k < len(ks.queue) && coalescible(ks.queue[k], head) {
@@ -253,15 +316,6 @@ func (st *loopState) sharedDone(a *attempt, d acquireDone, rs []store.AcquireRes
 		r := &rs[j]
 		id := a.id(j)
 		switch {
-		case r.Err != nil && pglease.CodeOf(r.Err) == pglease.CodeInvalidArgument:
-			// The limit disagrees with the live holders': the waiter it
-			// was for fails at once; the others are tried again.
-			if req := sharedHead(ks, a); req != nil {
-				st.popWaiter(ks)
-				req.acq.Attempt(d.db, obs.AttemptFailed, 0)
-				req.answered = true
-				req.reply <- acquireReply{err: r.Err}
-			}
 		case r.Err != nil:
 			fatal = r.Err
 		case !r.OK:

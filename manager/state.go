@@ -109,7 +109,7 @@ type keyState struct {
 	woken     bool  // a release notification came while an attempt was in flight
 	waitReg   bool  // its waiter lock is asked for (waiters.go)
 	handOffs  uint8 // local handoffs of the key in a row (handoff.go)
-	nShared   int32 // shared holds (readers, permits) this process holds (shared.go); their limit is cont.sharedLim
+	nShared   int32 // shared holds (readers, permits) this process holds (shared.go); by limit in cont.sharedLims
 }
 
 // keyContention is what a contended key keeps between attempts, and
@@ -126,9 +126,10 @@ type keyContention struct {
 	// and handoffs wait (sets.go).
 	sets  []*setWait
 	turns int32
-	// sharedLim is the limit of this process's shared holds of the key
-	// (0: readers), while keyState.nShared > 0.
-	sharedLim int32
+	// sharedLims counts this process's shared holds of the key by limit
+	// (0: readers); holders may disagree on a semaphore's limit while it
+	// is being changed (shared.go).
+	sharedLims map[int32]int32
 }
 
 // heldBy returns the holder of ks's key as its last "locked" answer
@@ -145,6 +146,7 @@ func (ks *keyState) heldBy() string {
 // loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
 type holding struct {
 	lock  *Lock // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
+	limit int32 // a shared hold's limit (0: a reader), counted in ks.cont.sharedLims
 	ks    *keyState
 	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
 	lease heldLease        // last successful attempt; Pending/NotBefore/Manual
@@ -308,14 +310,15 @@ func (st *loopState) gc(ks *keyState) {
 // kick starts an attempt for ks if it has waiters and nothing stands in
 // the way: no attempt in flight, no local exclusive holder, no release of
 // its lockIds in flight, no retry scheduled, no set waiter's turn
-// (sets.go), and for a permit at the head, not as many permits held here
-// as its semaphore allows (shared.go).
+// (sets.go), and for a shared head, no local shared hold it cannot join
+// (shared.go: permits for a reader, readers for a permit, or as many
+// permits as its semaphore allows).
 func (st *loopState) kick(ks *keyState) {
 	if st.closing || len(ks.queue) == 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || !ks.retryAt.IsZero() || ks.inTurn() {
 		return
 	}
 	head := ks.queue[0]
-	if head.shared && head.limit > 0 && ks.heldHere(head) {
+	if head.shared && ks.heldHere(head) {
 		return // a local release kicks the key
 	}
 	if st.foreignWait(ks) {
@@ -463,7 +466,7 @@ func (st *loopState) orphanReleaseID(ks *keyState, a *attempt, id string) {
 // cause wins: a lock already lost stays lost).
 func (st *loopState) dropHolding(h *holding, cause error) {
 	if _, ok := st.held[h]; ok && h.lock.shared {
-		h.ks.nShared--
+		h.ks.dropShared(h.limit)
 	}
 	delete(st.held, h)
 	st.loss.stop(h)
@@ -700,8 +703,8 @@ func (st *loopState) hold(ks *keyState, req *acquireReq, acq *obs.Acquisition, l
 		})
 	}
 	if req.shared {
-		ks.nShared++
-		st.contended(ks).sharedLim = req.limit
+		h.limit = req.limit
+		st.contended(ks).addShared(ks, req.limit)
 	} else {
 		ks.holder = h
 	}

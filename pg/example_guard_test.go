@@ -32,10 +32,10 @@ func ExampleStore_Guard() {
 	if err := mg.Up(ctx); err != nil {
 		panic(err)
 	}
-	if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS example_invoices; CREATE TABLE example_invoices (id int PRIMARY KEY, customer text NOT NULL)"); err != nil {
+	if _, err := pool.Exec(ctx, "DROP TABLE IF EXISTS example_guarded_orders; CREATE TABLE example_guarded_orders (id int PRIMARY KEY, customer text NOT NULL)"); err != nil {
 		panic(err)
 	}
-	if err := mg.GuardStrict(ctx, "example_invoices", "customer"); err != nil {
+	if err := mg.GuardStrict(ctx, "example_guarded_orders", "customer"); err != nil {
 		panic(err)
 	}
 	store, err := pg.New(pool, cfg)
@@ -54,7 +54,7 @@ func ExampleStore_Guard() {
 	if _, err := store.Guard(ctx, tx, lease.LockID); err != nil { // a takeover now waits for tx
 		panic(err)
 	}
-	if _, err := tx.Exec(ctx, "INSERT INTO example_invoices VALUES (1, 'customer:7')"); err != nil {
+	if _, err := tx.Exec(ctx, "INSERT INTO example_guarded_orders VALUES (1, 'customer:7')"); err != nil {
 		panic(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -64,7 +64,7 @@ func ExampleStore_Guard() {
 		panic(err)
 	}
 
-	_, err = pool.Exec(ctx, "INSERT INTO example_invoices VALUES (2, 'customer:7')")
+	_, err = pool.Exec(ctx, "INSERT INTO example_guarded_orders VALUES (2, 'customer:7')")
 	var pgErr *pgconn.PgError
 	fmt.Println("a write without the lease refused:", errors.As(err, &pgErr) && pgErr.Code == "PGL10")
 	// Output:

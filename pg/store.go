@@ -114,7 +114,11 @@ type AcquireResult struct {
 	// extends or releases it first. Counted from the call's return it is
 	// never early (clock rate differences apart), so a caller that polls
 	// can try again then instead of at its next poll; keep polling too,
-	// since the holder may extend.
+	// since the holder may extend. A refused attempt of a key that
+	// readers or permits use marks it as waited for by a writer for 2 s
+	// (no new reader or permit meanwhile: writer preference,
+	// docs/leases.md); a caller that polls keeps the mark by trying again
+	// within 1 s.
 	RetryAfter time.Duration
 	// Holder is set when the key is held by someone else and its holder
 	// recorded an identity (Config.Holder of the pglease process that took

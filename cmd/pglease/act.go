@@ -195,7 +195,7 @@ func (a *app) inspect(ctx context.Context, args []string) error {
 			ew := "no"
 			for _, m := range v.Marks {
 				if m.Mark == markExclusiveWaiting {
-					ew = "yes: a writer waits for the shared holds to end; new shared holds are refused until " + until(m.Until, v.Time) + ", unless it tries again"
+					ew = "yes: a writer waits for the key; new shared holds are refused until " + until(m.Until, v.Time) + ", unless it tries again"
 				}
 			}
 			fmt.Fprintf(tw, "exclusive waiting\t%s\n", ew)

@@ -108,7 +108,7 @@ func (m *markView) what() string {
 
 func (m *markView) meaning() string {
 	if m.Mark == markExclusiveWaiting {
-		return "a writer waits for the shared holds to end; new shared holds are refused until then (it lapses unless the writer tries again)"
+		return "a writer waits for the key; new shared holds are refused until then (it lapses unless the writer tries again)"
 	}
 	return "not grantable before then, to anyone"
 }

@@ -171,7 +171,7 @@ func TestStatusNewKinds(t *testing.T) {
 	// (Advisory locks, and so the Managers waiting and watching, are the
 	// database's: other tests' may show too.)
 	want(t, r, 0, "SHARED HOLDS  4 live on 2 key(s)", "MARKS  3:", "WATCHING MANAGERS  ", "GUARDED TABLES  1:",
-		"watching Manager: lease "+h(watched), "lease "+h(rw)+": a writer waits for the shared holds (exclusive waiting)")
+		"watching Manager: lease "+h(watched), "lease "+h(rw)+": a writer waits for the key (exclusive waiting)")
 	wantLines(t, r,
 		regexp.QuoteMeta(h(rw))+`\s+reader\s+2 reader\(s\) \(no limit\)\s+reader\[101\]@web-1\s+0\s+\S+ ago\s+in \S+\s+0`,
 		regexp.QuoteMeta(h(rw))+`\s+reader\s+2 reader\(s\) \(no limit\)\s+reader\[102\]@web-2\s+0\s+.*`,
@@ -267,7 +267,7 @@ func TestStatusNewKinds(t *testing.T) {
 	wantLines(t, r, `lease\s+none: no exclusive holder \(see shared holds\)`, `shared holds\s+2 reader\(s\) \(no limit\)`,
 		`  reader\s+id [0-9a-f]{24}, holder reader\[101\]@web-1, fence 0, acquired \S+ ago, expires in \S+`,
 		`  reader\s+id [0-9a-f]{24}, holder reader\[102\]@web-2, fence 0, .*`,
-		`exclusive waiting\s+yes: a writer waits for the shared holds to end; new shared holds are refused until \S+ \S+ UTC \(in \S+\), unless it tries again`,
+		`exclusive waiting\s+yes: a writer waits for the key; new shared holds are refused until \S+ \S+ UTC \(in \S+\), unless it tries again`,
 		`guarded tables\s+`+regexp.QuoteMeta(schema)+`\.orders \(key column order_key\): .*`)
 	noSecrets(t, r, secrets...)
 	r = run(t, w.url, "", "inspect", sem)

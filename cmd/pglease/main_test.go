@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -27,9 +28,13 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
-	// One fixed place per user, overwritten by each run (pgtest.Main
-	// exits, so a fresh temporary directory could not be removed).
-	dir := filepath.Join(os.TempDir(), fmt.Sprintf("pglease-cli-test-%d", os.Getuid()))
+	// One fixed place per user and checkout, overwritten by each run
+	// (pgtest.Main exits, so a fresh temporary directory could not be
+	// removed); two checkouts tested at once do not run each other's
+	// binary.
+	wd, _ := os.Getwd()
+	sum := sha256.Sum256([]byte(wd))
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("pglease-cli-test-%d-%x", os.Getuid(), sum[:6]))
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)

@@ -874,7 +874,7 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 			parts = append(parts, fmt.Sprintf("%d waiting Manager(s)", c.managers))
 		}
 		if c.writer {
-			parts = append(parts, "a writer waits for the shared holds (exclusive waiting)")
+			parts = append(parts, "a writer waits for the key (exclusive waiting)")
 		}
 		fmt.Fprintf(w, "  %s: %s\n", c.what, strings.Join(parts, "; "))
 	}

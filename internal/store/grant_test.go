@@ -266,56 +266,74 @@ func TestGrantHolderAndDelayFollowGrants(t *testing.T) {
 // An attempt refused by a live exclusive lease writes nothing: the check
 // reads the lock row without locking it, so the transaction gets no
 // transaction id (a row lock would give it one, a WAL record, and a
-// durable commit to wait for), for an exclusive attempt and for a reader,
-// and also after the lease's expiry while its lock delay keeps the key.
+// durable commit to wait for), for an exclusive attempt of a key no
+// reader or permit uses and for a reader, and also after the lease's
+// expiry while its lock delay keeps the key. The one write: the first
+// shared attempt of a key refused by a writer marks the key as used by
+// readers (after which refused writers of it mark it as waited for by a
+// writer: writer preference).
 func TestRefusedAttemptWritesNothing(t *testing.T) {
 	t.Parallel()
 	s, pool, _ := newStore(t, store.Config{})
 	c := ctx(t)
-	key := pgtest.RandomName("refused_")
+	keyX, keyR := pgtest.RandomName("refused_"), pgtest.RandomName("refusedr_")
 	// A lock delay keeps the expired lease from a takeover for a minute
 	// (the second of tolerance alone could pass on a loaded machine).
-	held, err := s.Acquire(c, store.AcquireRequest{Key: key, TTL: 300 * time.Millisecond, LockDelay: time.Minute})
-	if err != nil || !held.OK {
-		t.Fatalf("acquire = %+v, %v", held, err)
-	}
-	attempt := func(when string) {
-		t.Helper()
-		for _, reader := range []bool{false, true} {
-			tx, err := pool.Begin(c)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ts, err := store.New("pg.New", tx, store.Config{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var r store.AcquireResult
-			if reader {
-				var res []store.AcquireResult
-				res, err = ts.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute}})
-				if err == nil {
-					r = res[0]
-				}
-			} else {
-				r, err = ts.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
-			}
-			if err != nil || r.OK {
-				t.Fatalf("%s: attempt (reader %v) = %+v, %v; want refused", when, reader, r, err)
-			}
-			var xid *string
-			if err := tx.QueryRow(c, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&xid); err != nil {
-				t.Fatal(err)
-			}
-			if xid != nil {
-				t.Errorf("%s: a refused attempt (reader %v) gave its transaction an id: it wrote", when, reader)
-			}
-			if err := tx.Rollback(c); err != nil {
-				t.Fatal(err)
-			}
+	var held store.AcquireResult
+	for _, key := range []string{keyX, keyR} {
+		var err error
+		held, err = s.Acquire(c, store.AcquireRequest{Key: key, TTL: 300 * time.Millisecond, LockDelay: time.Minute})
+		if err != nil || !held.OK {
+			t.Fatalf("acquire = %+v, %v", held, err)
 		}
 	}
-	attempt("live lease")
+	attempt := func(when string, reader bool, wantWrite bool) {
+		t.Helper()
+		key := keyX
+		if reader {
+			key = keyR
+		}
+		tx, err := pool.Begin(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, err := store.New("pg.New", tx, store.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r store.AcquireResult
+		if reader {
+			var res []store.AcquireResult
+			res, err = ts.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute}})
+			if err == nil {
+				r = res[0]
+			}
+		} else {
+			r, err = ts.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		}
+		if err != nil || r.OK {
+			t.Fatalf("%s: attempt (reader %v) = %+v, %v; want refused", when, reader, r, err)
+		}
+		var xid *string
+		if err := tx.QueryRow(c, "SELECT pg_current_xact_id_if_assigned()::text").Scan(&xid); err != nil {
+			t.Fatal(err)
+		}
+		if wrote := xid != nil; wrote != wantWrite {
+			t.Errorf("%s: a refused attempt (reader %v) wrote: %v, want %v", when, reader, wrote, wantWrite)
+		}
+		if wantWrite {
+			err = tx.Commit(c)
+		} else {
+			err = tx.Rollback(c)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	attempt("live lease", false, false)
+	attempt("live lease, the key's first refused reader", true, true)
+	attempt("live lease", true, false)
 	waitServer(t, pool, held.ExpiresAt.UnixMilli()+1)
-	attempt("expired, within its lock delay")
+	attempt("expired, within its lock delay", false, false)
+	attempt("expired, within its lock delay", true, false)
 }

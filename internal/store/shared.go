@@ -22,9 +22,9 @@ type SharedRequest struct {
 	// Limit is 0 for a reader of a reader-writer lease (any number of
 	// readers, never together with an exclusive holder), or n > 0 for a
 	// permit of a counting semaphore of n (at most n permits at once).
-	// Every live holder of a key has the same Limit: an item whose Limit
-	// differs from theirs fails with CodeInvalidArgument, nothing
-	// written.
+	// Holders may disagree on n (a limit changed in a live fleet): a
+	// permit is granted while the live permits are fewer than the
+	// smallest limit among them and its own (see AcquireSharedMany).
 	Limit int
 }
 
@@ -44,17 +44,29 @@ func (r SharedRequest) Format(f fmt.State, _ rune) {
 // Rules, on the server's clock, per key:
 //   - a shared hold is refused (OK false) while a live exclusive lease
 //     exists, during a lock delay or a revoke's delay, and while an
-//     exclusive acquire waits for the shared holds to drain (writer
-//     preference: an exclusive attempt refused by shared holds marks the
-//     key for 2 s, refreshed by each such attempt; its RetryAfter is
-//     at most 1 s so that a waiting writer keeps its mark, and a writer
-//     that gives up or dies holds readers off for at most 2 s after its
-//     last attempt);
-//   - a permit (Limit n) is refused when n live permits exist
-//     (RetryAfter: until the earliest of them expires), and fails with
-//     Err CodeInvalidArgument when the live holders' limit is another
-//     ("limit 5 disagrees with the 3 the key's holders use"; readers are
-//     limit 0); with no live holder, the item's limit applies;
+//     exclusive acquire waits (writer preference: an exclusive attempt
+//     refused for any reason, by an exclusive holder, a delay or shared
+//     holds, marks the key for 2 s after the attempt, refused by a holder
+//     or a delay only a key that readers or permits contended for before:
+//     the first of them refused on a key wakes its waiters, so that a
+//     waiting writer marks it at its next attempt; a waiting writer
+//     keeps its mark by trying again within 1 s, and one refused by
+//     shared holds is told so, RetryAfter at most 1 s; a writer that
+//     gives up or dies holds readers off for at most 2 s after its last
+//     attempt; an exclusive grant lifts the mark, while a handoff
+//     (HandOff) and a takeover of an expired lease keep another waiting
+//     writer's: no release woke that writer to mark the key again);
+//   - a reader is refused while permits are held, a permit while readers
+//     are held (the two kinds of shared hold never hold a key together);
+//   - a permit (Limit n) is refused while the live permits number at
+//     least the smallest limit among them and n (RetryAfter: until the
+//     earliest of them expires). So holders may disagree on the limit,
+//     as during a rolling deploy that changes it: the key never has more
+//     permits than the smallest limit of its live permits; a raised limit
+//     applies once the permits taken with the old one are gone, a lowered
+//     one as soon as the live permits are fewer than it (until then its
+//     callers wait). A disagreement is contention, never an error: it
+//     lives in the database, and the same call later succeeds;
 //   - an exclusive acquire is refused while any live shared hold exists
 //     (AcquireResult.SharedHolders counts them).
 //
@@ -95,7 +107,7 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []SharedRequest) ([]
 	out := make([]AcquireResult, len(reqs))
 	got := make([]bool, len(reqs))
 	err = s.run(ctx, op, true, s.sharedSQL, []any{p.keys, p.fenceKeys, p.ids, p.ttls, limits, s.holderArg(), s.channelArg()}, func(rows pgx.Rows) error {
-		var lim *int32
+		var lim *int32 // the smallest live limit that refused the item (unused)
 		g, err := scanGrant(rows, &lim)
 		if err != nil {
 			return err
@@ -105,14 +117,7 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []SharedRequest) ([]
 			return errors.New("pg: bad result index from shared acquire function")
 		}
 		got[i] = true
-		if g.status == 3 {
-			if lim == nil {
-				return errors.New("pg: limit mismatch without a limit from shared acquire function")
-			}
-			out[i].Err = pgerr.New(pglease.CodeInvalidArgument, op, limitMismatch(reqs[i].Limit, int(*lim)), nil)
-			return nil
-		}
-		if g.status == 4 {
+		if g.status == 3 || g.status == 4 {
 			return errors.New("pg: unknown status from shared acquire function")
 		}
 		out[i], err = g.result(op, p.ids[i])
@@ -128,16 +133,4 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []SharedRequest) ([]
 	}
 	s.warnFences(p.keys, out)
 	return out, nil
-}
-
-// limitMismatch says how a shared request's limit (want) disagrees with
-// the key's live holders' (have); 0 is a reader.
-func limitMismatch(want, have int) string {
-	switch {
-	case want == 0:
-		return fmt.Sprintf("a reader (no limit) disagrees with the limit %d the key's holders use", have)
-	case have == 0:
-		return fmt.Sprintf("limit %d disagrees with the key's holders, which are readers (no limit)", want)
-	}
-	return fmt.Sprintf("limit %d disagrees with the %d the key's holders use", want, have)
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -263,49 +262,187 @@ func TestWaitingWriterBlocksNewReaders(t *testing.T) {
 	}
 }
 
-// A limit that disagrees with the live holders' fails with
-// InvalidArgument and writes nothing; with no live holder the new limit
-// applies.
-func TestSharedLimitMismatch(t *testing.T) {
+// Holders that disagree on a semaphore's limit (a limit changed in a live
+// fleet) contend, never fail: a permit is granted while the live permits
+// are fewer than the smallest limit among them and its own; a reader
+// waits for permits and a permit for readers. A refusal writes nothing.
+func TestSharedLimitChange(t *testing.T) {
 	t.Parallel()
 	s, pool, _ := newStore(t, store.Config{})
 	c := ctx(t)
-	key := pgtest.RandomName("mismatch_")
-	p := shared(t, s, key, 3, time.Minute)
-	if !p.OK || p.Fence != 1 {
-		t.Fatalf("permit = %+v", p)
+	key := pgtest.RandomName("limits_")
+	// Holders with limit 3; a raise to 5 is held to 3 while they live.
+	var ids []string
+	for i := range 3 {
+		p := shared(t, s, key, 3, time.Minute)
+		if !p.OK {
+			t.Fatalf("permit %d of 3 = %+v", i+1, p)
+		}
+		ids = append(ids, p.LockID)
 	}
 	before, _ := readCounter(t, pool, "fence:"+key)
-	for _, tc := range []struct {
-		limit int
-		msg   string
-	}{{5, "limit 5 disagrees with the 3 the key's holders use"}, {0, "a reader (no limit) disagrees with the limit 3"}} {
-		res, err := s.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute, Limit: tc.limit}})
-		if err != nil || res[0].OK || !errors.Is(res[0].Err, pglease.ErrInvalidArgument) || !strings.Contains(res[0].Err.Error(), tc.msg) {
-			t.Fatalf("limit %d against 3 = %+v, %v; want InvalidArgument %q", tc.limit, res, err, tc.msg)
+	for _, lim := range []int{5, 3, 1, 0} {
+		res, err := s.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute, Limit: lim}})
+		if err != nil || res[0].OK || res[0].Err != nil || res[0].SharedHolders != 3 || res[0].RetryAfter <= 0 {
+			t.Fatalf("limit %d against 3 permits of limit 3 = %+v, %v; want refused (held, no error)", lim, res, err)
 		}
 	}
-	if n := sharedRows(t, pool, key); n != 1 {
-		t.Fatalf("%d shared rows after refused mismatches, want 1", n)
+	if n := sharedRows(t, pool, key); n != 3 {
+		t.Fatalf("%d shared rows after refusals, want 3", n)
 	}
 	if after, _ := readCounter(t, pool, "fence:"+key); after != before {
-		t.Fatalf("fence counter moved from %d to %d on refused mismatches", before, after)
+		t.Fatalf("fence counter moved from %d to %d on refusals", before, after)
 	}
-	release(t, s, p.LockID)
-	// Free again: a reader may come, then a permit of another limit is
-	// refused by the readers'.
+	// One permit of limit 3 left: a limit-5 caller may take up to 3.
+	release(t, s, ids[0])
+	release(t, s, ids[1])
+	if p := shared(t, s, key, 5, time.Minute); !p.OK {
+		t.Fatalf("limit 5 with 1 permit of limit 3 = %+v; want granted (2 < 3)", p)
+	} else {
+		ids[0] = p.LockID
+	}
+	if p := shared(t, s, key, 5, time.Minute); !p.OK {
+		t.Fatalf("limit 5 with 2 permits = %+v; want granted (2 < 3)", p)
+	} else {
+		ids[1] = p.LockID
+	}
+	if p := shared(t, s, key, 5, time.Minute); p.OK || p.Err != nil {
+		t.Fatalf("limit 5 with 3 permits, one of limit 3 = %+v; want refused", p)
+	}
+	// A lowering to 1: refused while any permit lives; then it applies
+	// to every caller while its permit lives.
+	if p := shared(t, s, key, 1, time.Minute); p.OK || p.Err != nil {
+		t.Fatalf("limit 1 with 3 permits = %+v; want refused", p)
+	}
+	for _, id := range ids {
+		release(t, s, id)
+	}
+	p1 := shared(t, s, key, 1, time.Minute)
+	if !p1.OK {
+		t.Fatalf("limit 1 with no permit = %+v", p1)
+	}
+	for _, lim := range []int{1, 3, 5, 100} {
+		if p := shared(t, s, key, lim, time.Minute); p.OK || p.Err != nil || p.SharedHolders != 1 {
+			t.Fatalf("limit %d while a limit-1 permit lives = %+v; want refused", lim, p)
+		}
+	}
+	// Readers and permits exclude each other, without an error.
+	if r := shared(t, s, key, 0, time.Minute); r.OK || r.Err != nil || r.SharedHolders != 1 {
+		t.Fatalf("reader while a permit lives = %+v; want refused", r)
+	}
+	release(t, s, p1.LockID)
 	r := shared(t, s, key, 0, time.Minute)
-	if !r.OK || r.Fence != 1 {
-		t.Fatalf("reader after the permits = %+v; want the counter's fence 1", r)
+	if !r.OK {
+		t.Fatalf("reader after the permits = %+v", r)
 	}
-	res, err := s.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute, Limit: 2}})
-	if err != nil || !strings.Contains(fmt.Sprint(res[0].Err), "readers (no limit)") {
-		t.Fatalf("permit against readers = %+v, %v", res, err)
+	if p := shared(t, s, key, 2, time.Minute); p.OK || p.Err != nil || p.SharedHolders != 1 {
+		t.Fatalf("permit while a reader lives = %+v; want refused", p)
 	}
+	release(t, s, r.LockID)
 	for _, bad := range []int{-1} {
 		if _, err := s.AcquireSharedMany(c, []store.SharedRequest{{Key: key, TTL: time.Minute, Limit: bad}}); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Fatalf("Limit %d: %v", bad, err)
 		}
+	}
+}
+
+// A writer refused by an exclusive holder marks a key that readers use
+// as a writer refused by readers does: when the holder releases, a new
+// reader is refused until the writer has had the key (or 2 s after its
+// last try). A key becomes one that readers use when a reader is first
+// refused on it (which wakes the key's waiters, so that a writer waiting
+// already marks it at once).
+func TestWriterRefusedByWriterBlocksNewReaders(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{})
+	key := pgtest.RandomName("wmark_")
+	h := exclusive(t, s, key, time.Minute)
+	if !h.OK {
+		t.Fatalf("holder = %+v", h)
+	}
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted while a writer holds")
+	}
+	if w := exclusive(t, s, key, time.Minute); w.OK {
+		t.Fatal("second writer granted while the first holds")
+	}
+	release(t, s, h.LockID)
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted before the writer that waited behind the released holder")
+	}
+	if p := shared(t, s, key, 3, time.Minute); p.OK {
+		t.Fatal("permit granted before the writer that waited behind the released holder")
+	}
+	w := exclusive(t, s, key, time.Minute)
+	if !w.OK {
+		t.Fatalf("waiting writer after the release = %+v", w)
+	}
+	release(t, s, w.LockID)
+	// Its grant lifted the mark.
+	r := shared(t, s, key, 0, time.Minute)
+	if !r.OK {
+		t.Fatalf("reader after the writer = %+v", r)
+	}
+	release(t, s, r.LockID)
+	// A writer that gives up: its mark lapses 2 s after its last try.
+	h = exclusive(t, s, key, time.Minute)
+	if w := exclusive(t, s, key, time.Minute); w.OK {
+		t.Fatal("writer granted while another holds")
+	}
+	now := serverNow(t, pool)
+	release(t, s, h.LockID)
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted while a writer's mark is fresh")
+	}
+	waitServer(t, pool, now+2000+5)
+	if r := shared(t, s, key, 0, time.Minute); !r.OK {
+		t.Fatalf("reader after the mark lapsed = %+v", r)
+	} else {
+		release(t, s, r.LockID)
+	}
+}
+
+// A writer's takeover of an expired lease keeps the mark of the writers
+// that waited with it (no release wakes them): when it releases before
+// their next attempt, a new reader is still refused, and the next waiting
+// writer has the key first. A grant after a release lifts the mark.
+func TestTakeoverKeepsOtherWritersMark(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{})
+	key := pgtest.RandomName("tmark_")
+	h := exclusive(t, s, key, 300*time.Millisecond)
+	if !h.OK {
+		t.Fatalf("holder = %+v", h)
+	}
+	// The key is one readers use; two writers wait (their refusals mark it).
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted while a writer holds")
+	}
+	for range 2 {
+		if w := exclusive(t, s, key, time.Minute); w.OK {
+			t.Fatal("writer granted while another holds")
+		}
+	}
+	// The holder dies; one writer takes over after expiry + tolerance and
+	// releases at once.
+	waitServer(t, pool, h.ExpiresAt.UnixMilli()+1000+1)
+	x := exclusive(t, s, key, time.Minute)
+	if !x.OK {
+		t.Fatalf("takeover = %+v", x)
+	}
+	release(t, s, x.LockID)
+	if r := shared(t, s, key, 0, time.Minute); r.OK {
+		t.Fatal("reader granted after a takeover by one writer while another still waited")
+	}
+	y := exclusive(t, s, key, time.Minute)
+	if !y.OK {
+		t.Fatalf("the other waiting writer = %+v", y)
+	}
+	release(t, s, y.LockID)
+	if r := shared(t, s, key, 0, time.Minute); !r.OK {
+		t.Fatalf("reader after the writers = %+v; want granted (a grant after a release lifts the mark)", r)
+	} else {
+		release(t, s, r.LockID)
 	}
 }
 

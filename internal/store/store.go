@@ -177,10 +177,11 @@ type AcquireResult struct {
 	// semaphore) unless the holders extend or release first. Counted
 	// from the call's return it is never early (clock rate differences
 	// apart), so a caller that polls can try again then instead of at its
-	// next poll; keep polling too, since the holder may extend. An
-	// exclusive attempt refused by shared holds (SharedHolders > 0) is
-	// told at most 1 s: it must try again within 2 s to keep the key
-	// marked as waited for by a writer (see AcquireSharedMany).
+	// next poll; keep polling too, since the holder may extend. A refused
+	// exclusive attempt marks the key as waited for by a writer for 2 s
+	// (a key readers or permits use; see AcquireSharedMany): a writer that waits keeps the mark by
+	// trying again within 1 s, and one refused by shared holds
+	// (SharedHolders > 0) is told at most 1 s.
 	RetryAfter time.Duration
 	// Holder is set when the key is held by someone else and its holder
 	// recorded an identity (Config.Holder of the pglease Store that took
@@ -192,9 +193,8 @@ type AcquireResult struct {
 	// for a permit, the holders of the full semaphore.
 	SharedHolders int
 	// Err is set (and OK false) in batch results for an item that failed
-	// on its own: a fence counter past keys.FenceMax (CodeInternal), or,
-	// for a shared hold, a limit that disagrees with the key's live
-	// holders' (CodeInvalidArgument). Acquire returns it as its error.
+	// on its own: a fence counter past keys.FenceMax (CodeInternal).
+	// Acquire returns it as its error.
 	Err error
 }
 

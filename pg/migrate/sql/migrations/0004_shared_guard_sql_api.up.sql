@@ -24,10 +24,16 @@ CREATE TABLE IF NOT EXISTS "syncguard_locks_shared" (
 );
 CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_shared" (key);
 -- Per key, next to the holder identity: excl_wait_until_ms, set by an
--- exclusive acquire refused because of live shared holds (now + 2 s,
--- refreshed by each such attempt, which is told to come back within 1 s),
--- makes shared acquires wait (writer preference; a writer that went away
--- holds readers off for at most 2 s after its last attempt); lock_delay_ms is the grant's lock delay (valid while the
+-- exclusive acquire refused for any reason (live shared holds; an
+-- exclusive holder or a delay, on a key readers or permits use: now +
+-- 2 s, refreshed by the refused attempts; a waiting writer tries again
+-- within 1 s to keep it), makes shared acquires wait (writer preference;
+-- a writer that went away holds readers off for at most 2 s after its
+-- last attempt; an exclusive grant lifts it, to 0, a local handoff and a
+-- takeover of an expired lease keep it: it is another writer's, which
+-- no release woke to mark the key again). NULL: no reader or permit has been
+-- refused on the key, nor a writer because of them (a refused writer
+-- then writes nothing); 0: a lapsed mark; lock_delay_ms is the grant's lock delay (valid while the
 -- row's lock_id is the grant's); delay_until_ms, set by a revoke, keeps
 -- the key from every acquire until then.
 ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
@@ -89,14 +95,18 @@ $fn$;
 -- several holds lock them so too, and two orders could deadlock).
 -- Status: 0 grantable, 1 held (c_retry: the server time from which to try
 -- again; c_exp: the exclusive holder's expiry, or the latest shared one;
--- c_holder its identity; c_shared the live shared holds), 3 limit mismatch
--- (c_limit: the live holders' limit). c_row: the key has a lock row (the
--- caller holds its lock; a grant updates it in place, else inserts one).
--- An exclusive attempt refused because of shared holds marks the key
--- (excl_wait_until_ms = now + 2 s) and is told to try again within 1 s, to
--- keep its mark while it waits: the mark of a writer that gave up or died
--- lapses within 2 s of its last attempt. Expired shared rows of the key
--- are deleted.
+-- c_holder its identity; c_shared the live shared holds; c_limit, for a
+-- shared attempt refused by shared holds, their smallest limit). c_row:
+-- the key has a lock row (the caller holds its lock; a grant updates it
+-- in place, else inserts one). An exclusive attempt refused for any
+-- reason marks the key (excl_wait_until_ms = now + 2 s, written when the
+-- mark has less than 1.8 s left), refused by an exclusive holder or a
+-- delay only a key readers or permits use (its mark not NULL: a shared
+-- attempt refused so sets a lapsed mark, 0, and c_limit -1, for the
+-- caller to wake the key's waiters); refused because of shared holds it
+-- is told to try again within 1 s, to keep its mark while it waits: the
+-- mark of a writer that gave up or died lapses within 2 s of its last
+-- attempt. Expired shared rows of the key are deleted.
 CREATE OR REPLACE FUNCTION "pglease_check_07f27fb7aa"(p_key text, p_limit integer,
   OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
   OUT c_row boolean)
@@ -154,10 +164,27 @@ BEGIN
   c_row := v_id IS NOT NULL;
   IF v_exp IS NOT NULL AND v_exp + greatest(1000, coalesce(v_delay, 0)) > c_now THEN
     c_status := 1; c_exp := v_exp; c_holder := v_holder; c_retry := v_exp + greatest(1000, coalesce(v_delay, 0));
-    RETURN;
-  END IF;
-  IF v_until > c_now THEN
+  ELSIF v_until > c_now THEN
     c_status := 1; c_retry := v_until;
+  END IF;
+  IF c_status = 1 THEN
+    IF p_limit IS NULL AND v_wait < c_now + 1800 THEN
+      -- A writer refused by an exclusive holder or a delay marks a key
+      -- that readers or permits use (a mark, lapsed or not, is there:
+      -- see below) too (writer preference), refreshing a mark with less
+      -- than 1.8 s left. A key they never used keeps no mark, and a
+      -- refused attempt of it writes nothing.
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
+        ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    ELSIF p_limit IS NOT NULL AND v_wait IS NULL THEN
+      -- The first shared attempt of the key refused by a writer or a
+      -- delay: a lapsed mark (0) tells writers the key is used by
+      -- readers or permits, and c_limit -1 asks the caller to wake the
+      -- key's waiters, so that a writer already waiting marks it.
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', 0)
+        ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = 0;
+      c_limit := -1;
+    END IF;
     RETURN;
   END IF;
   IF p_limit IS NOT NULL AND v_wait > c_now THEN
@@ -183,16 +210,26 @@ BEGIN
   c_shared := v_n;
   IF p_limit IS NULL THEN
     c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := least(v_max + 1000, c_now + 1000);
-    INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
-      ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    IF v_wait IS NULL OR v_wait < c_now + 1800 THEN
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, excl_wait_until_ms) VALUES (p_key, '', '', c_now + 2000)
+        ON CONFLICT (key) DO UPDATE SET excl_wait_until_ms = EXCLUDED.excl_wait_until_ms;
+    END IF;
     RETURN;
   END IF;
-  IF v_lmin <> p_limit OR v_lmax <> p_limit THEN
-    c_status := 3; c_limit := CASE WHEN v_lmin <> p_limit THEN v_lmin ELSE v_lmax END;
-    RETURN;
-  END IF;
-  IF p_limit > 0 AND v_n >= p_limit THEN
-    c_status := 1; c_exp := v_min; c_holder := v_sholder; c_retry := v_min + 1000;
+  -- Readers and permits never hold a key together: a reader waits for
+  -- the permits to go, a permit for the readers. A permit is granted
+  -- while the live permits are fewer than the smallest limit among them
+  -- and the caller's (a limit changed in a live fleet: a raise applies
+  -- once the holders with the old limit are gone, a lowering as soon as
+  -- the permits are fewer than it; never more permits than the smallest
+  -- live limit). c_limit: that smallest live limit (0: readers).
+  IF p_limit = 0 AND v_lmax > 0 THEN
+    c_status := 1; c_exp := v_max; c_holder := v_sholder; c_retry := v_max + 1000; c_limit := v_lmin;
+  ELSIF p_limit > 0 AND v_n >= least(p_limit, v_lmin) THEN
+    c_status := 1; c_exp := v_min; c_holder := v_sholder; c_retry := v_min + 1000; c_limit := v_lmin;
+    IF v_lmin = 0 THEN
+      c_exp := v_max; c_retry := v_max + 1000;
+    END IF;
   END IF;
 END
 $fn$;
@@ -202,8 +239,10 @@ $fn$;
 -- p_row, the key having one): fence counter incremented (NULL, nothing
 -- written, at FENCE MAX), lock row updated in place (p_row) or inserted,
 -- holder row (identity and lock delay tied to the grant's lockId,
--- exclusive-waiting mark cleared; written when there is a holder or a
--- delay), and a watch notification ('g:' fence). Plain updates, not
+-- exclusive-waiting mark lapsed, except by a takeover of an expired
+-- lease (p_row): writers that waited with the grantee, woken by no
+-- release, keep theirs until their next attempt; written when there is
+-- a holder or a delay, else only the mark lapsed), and a watch notification ('g:' fence). Plain updates, not
 -- upserts: an upsert that finds its row locks it first (one more WAL
 -- record) and runs a speculative insertion's checks. Lock and shared
 -- rows appear only under the key's advisory lock, which the caller
@@ -237,11 +276,14 @@ BEGIN
       VALUES (p_key, p_lock_id, p_now + p_ttl, p_now, lpad(v_fence::text, 15, '0'), p_key);
   END IF;
   IF p_holder IS NOT NULL OR p_delay > 0 THEN
-    UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0), excl_wait_until_ms = NULL
+    UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0),
+        excl_wait_until_ms = CASE WHEN h.excl_wait_until_ms > 0 AND NOT p_row THEN 0 ELSE h.excl_wait_until_ms END
       WHERE h.key = p_key;
     IF NOT FOUND THEN
       INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
     END IF;
+  ELSIF NOT p_row THEN
+    UPDATE "syncguard_locks_holders" AS h SET excl_wait_until_ms = 0 WHERE h.key = p_key AND h.excl_wait_until_ms > 0;
   END IF;
   IF p_channel IS NOT NULL THEN
     PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
@@ -308,9 +350,10 @@ $fn$;
 -- A reader's fence is the key's fence counter (0 when it was never
 -- granted), not incremented; a permit's is a fresh increment. Refused while
 -- a live exclusive row exists, while an exclusive acquire waits (the mark),
--- or when a permit would exceed the limit. Status: 0 acquired, 1 locked,
--- 2 fence overflow, 3 limit mismatch (o_limit: the live holders' limit;
--- nothing written).
+-- a reader while permits are held, a permit while readers are held or
+-- when it would reach the smallest limit among the live permits and its
+-- own (o_limit: that smallest live limit). Status: 0 acquired, 1 locked,
+-- 2 fence overflow.
 CREATE OR REPLACE FUNCTION "pglease_acquire_shared_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_limits integer[], p_holder text, p_channel text)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer, o_limit integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -330,6 +373,10 @@ BEGIN
     PERFORM pg_advisory_xact_lock(hashtext(r.k));
     c := "pglease_check_07f27fb7aa"(r.k, r.lim);
     o_now_ms := c.c_now;
+    IF c.c_limit = -1 THEN
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 1, NULL);
+      c.c_limit := NULL;
+    END IF;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared; o_limit := c.c_limit;
       RETURN NEXT;
@@ -655,7 +702,7 @@ BEGIN
         UPDATE "syncguard_fence_counters" AS fc SET fence = o_fence WHERE fc.fence_key = p_fence_keys[v_i];
       END IF;
       IF p_holder IS NOT NULL OR p_delays[v_i] > 0 THEN
-        UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_ids[v_i], holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delays[v_i], 0), excl_wait_until_ms = NULL
+        UPDATE "syncguard_locks_holders" AS h SET lock_id = p_lock_ids[v_i], holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delays[v_i], 0)
           WHERE h.key = v_k;
         IF NOT FOUND THEN
           INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (v_k, p_lock_ids[v_i], coalesce(p_holder, ''), nullif(p_delays[v_i], 0));
@@ -988,7 +1035,9 @@ $fn$;
 -- shared holds or a delay). The lock_id is c || sha256(p)[:10] (c 6 random
 -- bytes, p 32), and guard_proof is hex(c || p): what the strict database
 -- guard accepts in pglease.lock_proofs, and what the lock table does not
--- hold.
+-- hold. A refused call marks a key that readers or permits use as waited
+-- for by a writer for 2 s (no new reader or permit meanwhile); a caller
+-- that waits keeps the mark by calling again within 1 s.
 CREATE OR REPLACE FUNCTION "syncguard_locks_acquire"(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint,
   OUT guard_proof text)
 LANGUAGE plpgsql VOLATILE AS $fn$
