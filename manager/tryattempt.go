@@ -117,6 +117,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, rs []store.AcquireResult
 		ans.err = err
 	case !r.OK:
 		ans.locked, outcome = true, obs.AttemptContended
+		req.acq.Waiting(waitReasonOf(req.shared, req.limit, r), r.Holder)
 	case !st.checkFence(ks, a, r.Fence):
 		// Fence monotonicity, as for any grant (attemptGranted).
 		release()

@@ -79,6 +79,10 @@ type Acquisition struct {
 	flags    atomic.Uint32
 	state    atomic.Uint32
 	granted  atomic.Int64 // 1 + nanoseconds from start to the grant (monotonic); 0 = not granted
+
+	// The last refusal's reason (a WaitReason) and holder (Waiting).
+	waitReason atomic.Uint32
+	waitHolder atomic.Pointer[string]
 }
 
 // noopSpan is the Span of a context without one: a no-op that allocates
@@ -113,6 +117,7 @@ func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo
 		}
 		a.span.SetAttributes(attrs...)
 	}
+	r.live.add(a)
 	return ctx, a
 }
 
@@ -147,6 +152,9 @@ func (a *Acquisition) Queued(q QueueInfo) {
 	}
 	if f != 0 {
 		a.flags.Or(f)
+	}
+	if q.HeldLocally {
+		a.waitReason.Store(uint32(WaitHeldLocally))
 	}
 	if a.span.IsRecording() {
 		a.span.AddEvent(eventQueued, trace.WithAttributes(
@@ -221,7 +229,36 @@ func (a *Acquisition) Failed(err error) {
 	a.finish(acquireOutcomeOf(err), err, 0, time.Now())
 }
 
+// FailedSet is Failed for every acquisition of one all-or-nothing set
+// (AcquireAll): each span ends failed, but a failure that logs (an error,
+// not a timeout) logs one record for the set, the first key's, with
+// set.size, instead of one per key.
+func FailedSet(acqs []*Acquisition, err error) {
+	first := true
+	for _, a := range acqs {
+		if a == nil || !a.state.CompareAndSwap(stAcquiring, stFailed) {
+			continue
+		}
+		if err == nil {
+			err = pglease.ErrInternal
+		}
+		size := 0
+		if first {
+			size, first = len(acqs), false
+		} else {
+			size = -1 // logged with the first
+		}
+		a.finishAll(acquireOutcomeOf(err), err, 0, size, time.Now())
+	}
+}
+
 func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.Time) {
+	a.finishAll(o, err, fence, 0, now)
+}
+
+// finishAll ends the acquire; setSize > 0 adds set.size to its log
+// record, < 0 leaves the record out (FailedSet logs it with the first).
+func (a *Acquisition) finishAll(o acquireOutcome, err error, fence int64, setSize int, now time.Time) {
 	r := a.r
 	wait := now.Sub(a.start)
 	n := a.attempts.Load()
@@ -236,6 +273,13 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 	if f&flagCoalesced != 0 {
 		r.acqCoalesced.Add(ctx, 1, r.kindOpt[a.kind].add...)
 	}
+	if o != aoGranted {
+		r.live.remove(a)
+	}
+	w := a.lastWait()
+	if f&flagContended != 0 && !a.try {
+		r.waitDuration.Record(ctx, wait.Seconds(), r.waitOpt[a.kind][w.reason].rec...)
+	}
 	if a.span.IsRecording() {
 		attrs := []attribute.KeyValue{
 			attrOutcome.String(acquireOutcomeNames[o]),
@@ -246,6 +290,12 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 		}
 		if o == aoGranted && fence != 0 {
 			attrs = append(attrs, attrFence.Int64(fence))
+		}
+		if w.reason != WaitNone {
+			attrs = append(attrs, attrWaitReason.String(w.reason.String()))
+		}
+		if w.holder != "" {
+			attrs = append(attrs, attrHolder.String(w.holder))
 		}
 		if err != nil {
 			et := errorType(err)
@@ -260,7 +310,7 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 	if o == aoError {
 		level = slog.LevelWarn
 	}
-	if r.logEnabled(ctx, level) {
+	if setSize >= 0 && r.logEnabled(ctx, level) {
 		lctx := trace.ContextWithSpanContext(ctx, a.sc)
 		attrs := []slog.Attr{
 			slog.String("outcome", acquireOutcomeNames[o]),
@@ -272,6 +322,15 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 		}
 		if o == aoGranted && fence != 0 {
 			attrs = append(attrs, slog.Int64("fence", fence))
+		}
+		if w.reason != WaitNone {
+			attrs = append(attrs, slog.String("wait.reason", w.reason.String()))
+		}
+		if w.holder != "" {
+			attrs = append(attrs, slog.String("holder", w.holder))
+		}
+		if setSize > 0 {
+			attrs = append(attrs, slog.Int("set.size", setSize))
 		}
 		r.logKey(lctx, level, "pglease: acquire", a.key, a.kind, attrs...)
 	}
@@ -334,6 +393,8 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 	ctx := context.Background()
 	r.held.Add(ctx, -1, r.kindOpt[a.kind].add...)
 	r.lost.Add(ctx, 1, r.lostOpt[a.kind][cause].add...)
+	r.live.remove(a)
+	r.holdDone(a, held)
 
 	pctx := trace.ContextWithSpanContext(ctx, a.sc)
 	_, span := r.tracer.Start(pctx, spanLost, startInternal...)
@@ -418,6 +479,8 @@ func (rl Release) End(err error) {
 	held := a.heldFor(now)
 	if a.state.CompareAndSwap(stHeld, stReleased) {
 		r.held.Add(ctx, -1, r.kindOpt[a.kind].add...)
+		r.live.remove(a)
+		r.holdDone(a, held)
 	}
 	oi, outcome := 0, outcomeOK
 	if err != nil {
