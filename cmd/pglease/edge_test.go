@@ -305,7 +305,7 @@ func TestStatusWaitingManagers(t *testing.T) {
 	want(t, r, 0)
 	// Each waiting Manager by backend pid and identity (its holder
 	// identity as application_name).
-	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(key) + `\s+2\s+\d+ candidate-\d, \d+ candidate-\d$`).MatchString(r.stdout) ||
+	if !regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(key)+`\s+2\s+\d+ candidate-\d, \d+ candidate-\d$`).MatchString(r.stdout) ||
 		!strings.Contains(r.stdout, "candidate-0") || !strings.Contains(r.stdout, "candidate-1") {
 		t.Fatalf("--show-keys: no WAITING MANAGERS row with the key and both candidates' identities:\n%s", r)
 	}
