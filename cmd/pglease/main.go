@@ -31,6 +31,10 @@
 //	version         this pglease's version and the schema version it needs; with a
 //	                database, the schema's version and whether it is current
 //	sql             print SQL: schema (default), migrations, designs, roles
+//	doctor          check what operators get wrong: server version, schema version,
+//	                the runtime role's privileges (--role), the release trigger,
+//	                the LISTEN path (--listen-url), replication, the clock offset;
+//	                each finding with what to do (--json)
 //
 // Flags for every command (before or after it):
 //
@@ -60,7 +64,9 @@
 //	4  refused: release not confirmed, the lease is unexpired and --force is
 //	   missing, or the key changed hands after it was shown (nothing revoked)
 //	5  the schema is not at the version this pglease needs, or its tables are
-//	   missing: run pglease setup (version, status, inspect, release)
+//	   missing: run pglease setup (version, status, inspect, release, doctor)
+//	6  doctor: a finding worth a look (warn), nothing broken
+//	7  doctor: something to fix (fail); what to do is printed with it
 package main
 
 import (
@@ -167,6 +173,8 @@ commands:
   migrate         migrate the schema (--to N, --designs, --drop-tables)
   version         this pglease's version, the schema version it needs (and the database's)
   sql             print SQL: schema (default) | migrations [--down] | designs [--down] | roles
+  doctor          check the server, schema, runtime role's privileges (--role), release trigger,
+                  LISTEN path (--listen-url), replication and clock; what to do for each (--json)
 
 flags (before or after the command):
   --database-url URL   pgx connection string (default $DATABASE_URL)
@@ -174,7 +182,8 @@ flags (before or after the command):
   --fence-table NAME   fence counter table (default syncguard_fence_counters)
   --timeout D          bound on the database work (default 10s)
 
-exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema missing or not current (run: pglease setup)
+exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema missing or not current (run: pglease setup),
+  6 doctor found something worth a look, 7 doctor found something to fix
 `
 
 func (a *app) run(ctx context.Context, args []string) int {
@@ -196,7 +205,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	cmds := map[string]func(context.Context, []string) error{
 		"status": a.status, "inspect": a.inspect, "release": a.release, "setup": a.setup,
-		"migrate": a.migrate, "version": a.version, "sql": a.sql,
+		"migrate": a.migrate, "version": a.version, "sql": a.sql, "doctor": a.doctor,
 		"help": func(context.Context, []string) error { fmt.Fprint(a.stdout, usage); return nil },
 	}
 	cmd, ok := cmds[rest[0]]
