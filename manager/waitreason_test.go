@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/pg"
@@ -242,5 +243,113 @@ func TestElectionEndsOnCloseSaysSo(t *testing.T) {
 	if pglease.CodeOf(err) != pglease.CodeClosed || !strings.Contains(err.Error(), "manager.RunElection") ||
 		!strings.Contains(err.Error(), "election ended because its Manager closed") {
 		t.Fatalf("RunElection after Close: %v; want Closed saying the election ended because its Manager closed", err)
+	}
+}
+
+// TestHoldAndWaitGauges: while a lock is held and an acquire waits, the
+// gauges name the oldest lock and the longest wait by key hash (never the
+// raw key) with their ages; hold times are recorded per lock kind when
+// locks are released; the listener gauge is 1 while it listens.
+func TestHoldAndWaitGauges(t *testing.T) {
+	t.Parallel()
+	rg := newRig(t)
+	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}})
+	ctx := ctxT(t)
+	other, err := New(b.pool, Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close(context.Background())
+	old, err := b.m.Acquire(ctx, "gauge/old-secret-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if _, err := b.m.Acquire(ctx, "gauge/new"); err != nil {
+		t.Fatal(err)
+	}
+	rd, err := b.m.Acquire(ctx, "gauge/read", Shared())
+	if err != nil {
+		t.Fatal(err)
+	}
+	held, err := other.Acquire(ctx, "gauge/busy-secret-key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithCancel(ctx)
+	waited := make(chan error, 1)
+	go func() {
+		_, err := b.m.Acquire(wctx, "gauge/busy-secret-key")
+		waited <- err
+	}()
+	type point struct {
+		v     float64
+		attrs map[string]string
+	}
+	gauge := func(name string) (point, bool) {
+		m, ok := rg.metrics(t)[name]
+		if !ok {
+			return point{}, false
+		}
+		g, ok := m.Data.(metricdata.Gauge[float64])
+		if !ok || len(g.DataPoints) != 1 {
+			t.Fatalf("%s: %T with %d points, want one float64 gauge point", name, m.Data, len(g.DataPoints))
+		}
+		p := point{v: g.DataPoints[0].Value, attrs: map[string]string{}}
+		for _, kv := range g.DataPoints[0].Attributes.ToSlice() {
+			p.attrs[string(kv.Key)] = kv.Value.Emit()
+			if strings.Contains(kv.Value.Emit(), "secret-key") {
+				t.Fatalf("%s carries a raw key: %v", name, kv)
+			}
+		}
+		return p, true
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var wp point
+	for {
+		if p, ok := gauge("pglease.acquire.wait.longest"); ok && p.v > 0.1 {
+			wp = p
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("pglease.acquire.wait.longest never showed the waiting acquire")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if wp.attrs["pglease.key.hash"] != pglease.HashKey("gauge/busy-secret-key") || wp.attrs["pglease.wait.reason"] != "holder" ||
+		wp.attrs["pglease.lock.kind"] != "lease" {
+		t.Errorf("pglease.acquire.wait.longest: %+v; want the busy key's hash, reason holder, kind lease", wp)
+	}
+	op, ok := gauge("pglease.lock.oldest.age")
+	if !ok || op.v < 0.2 || op.attrs["pglease.key.hash"] != pglease.HashKey("gauge/old-secret-key") {
+		t.Errorf("pglease.lock.oldest.age: %+v (reported %v); want ≥ 0.2 s for the oldest key's hash", op, ok)
+	}
+	if m, ok := rg.metrics(t)["pglease.listener.up"]; !ok || m.Data.(metricdata.Gauge[int64]).DataPoints[0].Value != 1 {
+		t.Errorf("pglease.listener.up: %+v (reported %v), want 1", m.Data, ok)
+	}
+	wcancel()
+	<-waited
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := rd.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m, ok := rg.metrics(t)["pglease.lock.hold.duration"]
+	if !ok {
+		t.Fatal("pglease.lock.hold.duration not recorded")
+	}
+	if countOf(t, m, attribute.String("pglease.lock.kind", "lease")) < 1 || countOf(t, m, attribute.String("pglease.lock.kind", "shared")) != 1 {
+		t.Errorf("pglease.lock.hold.duration: want a lease and a shared hold recorded: %+v", m.Data)
+	}
+	// The oldest lock now is gauge/new, granted after gauge/old.
+	if p, ok := gauge("pglease.lock.oldest.age"); !ok || p.attrs["pglease.key.hash"] != pglease.HashKey("gauge/new") {
+		t.Errorf("after releasing the oldest: %+v (reported %v); want gauge/new's hash", p, ok)
+	}
+	if _, ok := gauge("pglease.acquire.wait.longest"); ok {
+		t.Error("pglease.acquire.wait.longest still reports a wait after it ended")
 	}
 }

@@ -219,6 +219,9 @@
 //	pglease.listener.polling           metric, counter            {manager}  Managers polling instead of listening, because their listening
 //	                                                                         connection goes through a transaction-mode pooler (see
 //	                                                                         manager.Config.ListenConnString).
+//	pglease.listener.up                metric, observable gauge   {session}  1 while the Manager's listening session (release notifications,
+//	                                                                         revocations, watch events) is connected, 0 while it reconnects or
+//	                                                                         after it gave up for polling; no point without a listener.
 //	pglease.release_trigger.installed  metric, updowncounter      {manager}  1 per Manager whose lock table has the release trigger for its
 //	                                                                         notify channel, 0 for one without (see "The release trigger").
 //	pglease.manager.loop.busy          metric, observable gauge   1          The share of time the Manager's loop was busy since the last

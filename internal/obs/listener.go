@@ -16,6 +16,7 @@ func (r *Recorder) ListenerPolling(reason string) {
 		return
 	}
 	r.listenPolling.Add(context.Background(), 1)
+	r.listenUp.Store(1) // pglease.listener.up 0: not listening, for good
 	r.log.LogAttrs(context.Background(), slog.LevelWarn,
 		"pglease: not listening for release notifications; waiters poll for other processes' releases",
 		slog.String("reason", reason))
@@ -86,4 +87,19 @@ func (r *Recorder) ForeignHolder() {
 			"and the lock table has no release trigger for this Manager's notify channel: its releases wake waiters here by polling only "+
 			"(install it with migrate.Migrator.SetupReleaseTrigger)",
 		slog.String("channel", *ch))
+}
+
+// ListenerUp records whether the Manager's listening session is connected
+// and subscribed (true) or not (false: connecting again, or given up for
+// polling): pglease.listener.up is 1 or 0 from the first call on (a
+// Manager that never listens reports no point). Listener goroutine.
+func (r *Recorder) ListenerUp(up bool) {
+	if r == nil {
+		return
+	}
+	v := int64(1) // known, down
+	if up {
+		v = 2
+	}
+	r.listenUp.Store(v)
 }

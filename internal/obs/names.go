@@ -92,4 +92,5 @@ const (
 	metricAcquireWaitDuration     = "pglease.acquire.wait.duration"
 	metricLockOldestAge           = "pglease.lock.oldest.age"
 	metricAcquireWaitLongest      = "pglease.acquire.wait.longest"
+	metricListenerUp              = "pglease.listener.up"
 )

@@ -118,6 +118,7 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 	waited.Waiting(WaitLockDelay, "other[1]@host")
 	waited.Failed(pglease.ErrAcquisitionTimeout)
 	h.rec.ListenerPolling("behind a transaction-mode pooler")
+	h.rec.ListenerUp(true)
 	h.rec.ReleaseTrigger(true, "pglease_release")
 	l := h.rec.Loop()
 	l.Busy()

@@ -49,6 +49,8 @@ type Recorder struct {
 	// trigger for it; foreignLogged: ForeignHolder logged its record.
 	missingTrigger atomic.Pointer[string]
 	foreignLogged  atomic.Bool
+	// listenUp: 0 unknown (never listened), 1 down, 2 up (ListenerUp).
+	listenUp atomic.Int64
 
 	// Precomputed attribute sets, so recording allocates nothing.
 	kindOpt    [numKinds]mopts

@@ -144,7 +144,8 @@ func (l *live) oldest(now time.Time) (held *Acquisition, heldFor time.Duration, 
 	return
 }
 
-// registerAges registers the callback of the two age gauges.
+// registerAges registers the callback of the two age gauges and
+// pglease.listener.up.
 func (r *Recorder) registerAges(m metric.Meter) {
 	oldest, err := m.Float64ObservableGauge(metricLockOldestAge,
 		metric.WithUnit("s"),
@@ -160,7 +161,17 @@ func (r *Recorder) registerAges(m metric.Meter) {
 		otel.Handle(err)
 		longest = nil
 	}
+	listenUp, err := m.Int64ObservableGauge(metricListenerUp,
+		metric.WithUnit("{session}"),
+		metric.WithDescription("1 while the Manager's listening session (release notifications, revocations, watch events) is connected, 0 while it is not; no point for a Manager that does not listen."))
+	if err != nil || listenUp == nil {
+		otel.Handle(err)
+		listenUp = nil
+	}
 	var obs []metric.Observable
+	if listenUp != nil {
+		obs = append(obs, listenUp)
+	}
 	if oldest != nil {
 		obs = append(obs, oldest)
 	}
@@ -171,6 +182,9 @@ func (r *Recorder) registerAges(m metric.Meter) {
 		return
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if v := r.listenUp.Load(); v != 0 && listenUp != nil {
+			o.ObserveInt64(listenUp, v-1)
+		}
 		h, hd, w, wd := r.live.oldest(time.Now())
 		if h != nil && oldest != nil {
 			o.ObserveFloat64(oldest, hd.Seconds(), metric.WithAttributes(
