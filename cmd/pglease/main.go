@@ -35,6 +35,10 @@
 //	                the runtime role's privileges (--role), the release trigger,
 //	                the LISTEN path (--listen-url), replication, the clock offset;
 //	                each finding with what to do (--json)
+//	serve           a live page of holders, waiters in order, hold times, contention
+//	                over the last minutes and events (hand-overs, expiries,
+//	                revocations), on 127.0.0.1:7432 by default; read-only unless
+//	                --allow-revoke with a token; key hashes unless --show-keys
 //
 // Flags for every command (before or after it):
 //
@@ -175,6 +179,8 @@ commands:
   sql             print SQL: schema (default) | migrations [--down] | designs [--down] | roles
   doctor          check the server, schema, runtime role's privileges (--role), release trigger,
                   LISTEN path (--listen-url), replication and clock; what to do for each (--json)
+  serve           a live page on 127.0.0.1:7432 (--addr): holders, waiters in order, contention,
+                  events; read-only unless --allow-revoke with a token (--token-file)
 
 flags (before or after the command):
   --database-url URL   pgx connection string (default $DATABASE_URL)
@@ -205,7 +211,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	cmds := map[string]func(context.Context, []string) error{
 		"status": a.status, "inspect": a.inspect, "release": a.release, "setup": a.setup,
-		"migrate": a.migrate, "version": a.version, "sql": a.sql, "doctor": a.doctor,
+		"migrate": a.migrate, "version": a.version, "sql": a.sql, "doctor": a.doctor, "serve": a.serve,
 		"help": func(context.Context, []string) error { fmt.Fprint(a.stdout, usage); return nil },
 	}
 	cmd, ok := cmds[rest[0]]
