@@ -111,4 +111,3 @@ func emitted(t *testing.T) (families, labels map[string]bool) {
 	gather()
 	return families, labels
 }
-
