@@ -117,7 +117,6 @@ func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo
 		}
 		a.span.SetAttributes(attrs...)
 	}
-	r.live.add(a)
 	return ctx, a
 }
 
@@ -153,8 +152,11 @@ func (a *Acquisition) Queued(q QueueInfo) {
 	if f != 0 {
 		a.flags.Or(f)
 	}
-	if q.HeldLocally {
-		a.waitReason.Store(uint32(WaitHeldLocally))
+	if q.HeldLocally && a.waitReason.CompareAndSwap(uint32(WaitNone), uint32(WaitHeldLocally)) {
+		a.r.live.add(a)
+		if a.state.Load() != stAcquiring {
+			a.r.live.remove(a)
+		}
 	}
 	if a.span.IsRecording() {
 		a.span.AddEvent(eventQueued, trace.WithAttributes(
@@ -201,6 +203,7 @@ func (a *Acquisition) Granted(fence pglease.Fence) {
 	now := time.Now()
 	a.granted.Store(int64(now.Sub(a.start)) + 1)
 	r := a.r
+	r.live.add(a) // for pglease.lock.oldest.age (a waiter added itself in Waiting)
 	r.held.Add(context.Background(), 1, r.kindOpt[a.kind].add...)
 	a.finish(aoGranted, nil, int64(fence), now)
 }

@@ -93,6 +93,12 @@ func (a *Acquisition) Waiting(reason WaitReason, holder string) {
 	reason = reason.norm()
 	a.flags.Or(flagContended)
 	prevR := WaitReason(a.waitReason.Swap(uint32(reason)))
+	if prevR == WaitNone {
+		a.r.live.add(a) // for pglease.acquire.wait.longest, until it ends
+		if a.state.Load() != stAcquiring {
+			a.r.live.remove(a) // it ended meanwhile (finish removed it before the add)
+		}
+	}
 	prevH := a.waitHolder.Swap(&holder)
 	changed := prevR != reason || prevH == nil || *prevH != holder
 	if changed && a.span.IsRecording() {
@@ -112,7 +118,8 @@ func (a *Acquisition) lastWait() waitState {
 	return w
 }
 
-// live is the set of a Recorder's acquisitions still waiting or holding,
+// live is the set of a Recorder's acquisitions waiting after a refusal
+// (from Waiting) or holding (from Granted),
 // read by the pglease.lock.oldest.age and pglease.acquire.wait.longest
 // callbacks. A sync.Map: recording (Store, Delete) never waits for a
 // collection walking it.
