@@ -15,8 +15,9 @@
 //	                permits with their limit), keys marked exclusive waiting or
 //	                under a lock delay, watching Managers, guarded tables; which
 //	                parts of the schema are missing (the lease tables, the parts of
-//	                schema version 4, the release trigger): advisory locks are
-//	                shown without any lease table; --json, --watch
+//	                schema version 4) and whether the optional release trigger is
+//	                installed: advisory locks are shown without any lease table;
+//	                --json, --watch
 //	inspect KEY     one key: exclusive holder, fence, fence counter, expiry, shared
 //	                holds, exclusive waiting, lock delay, acquires and Managers
 //	                waiting, Managers watching, guarded tables

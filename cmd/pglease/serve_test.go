@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -25,7 +26,7 @@ import (
 // port with DATABASE_URL=url and returns its base URL; it is stopped
 // (SIGINT) when the test ends. stdin feeds a --token-file - style token
 // when needed.
-func startServe(t *testing.T, url string, env []string, args ...string) (string, *bytes.Buffer) {
+func startServe(t *testing.T, url string, env []string, args ...string) (string, *lockedBuffer) {
 	t.Helper()
 	cmd := exec.Command(bin, append([]string{"serve", "--addr", "127.0.0.1:0", "--interval", "250ms"}, args...)...)
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "DATABASE_URL=" + url}, env...)
@@ -48,7 +49,7 @@ func startServe(t *testing.T, url string, env []string, args ...string) (string,
 			t.Error("pglease serve did not stop within 10 s of SIGINT")
 		}
 	})
-	var log bytes.Buffer
+	log := &lockedBuffer{}
 	base := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -66,11 +67,29 @@ func startServe(t *testing.T, url string, env []string, args ...string) (string,
 		if !ok {
 			t.Fatalf("pglease serve exited:\n%s", log.String())
 		}
-		return strings.TrimSuffix(b, "/"), &log
+		return strings.TrimSuffix(b, "/"), log
 	case <-time.After(30 * time.Second):
 		t.Fatal("pglease serve did not start within 30 s")
 	}
 	return "", nil
+}
+
+// lockedBuffer is a bytes.Buffer safe for one writer and readers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) WriteString(s string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.WriteString(s)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 func getState(t *testing.T, base string) (serveState, string) {
