@@ -7,6 +7,8 @@ package deploy
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	dto "github.com/prometheus/client_model/go"
 )
 
 const (
@@ -108,7 +112,7 @@ func used(t *testing.T) map[string][]string {
 // the rules' unit test name is one a real fleet run emitted, so neither
 // queries something that does not exist.
 func TestEveryMetricUsedIsEmitted(t *testing.T) {
-	families, labels := emitted(t)
+	families, labels, _ := emitted(t)
 	names := used(t)
 	if len(names) < 10 {
 		t.Fatalf("only %d pglease names found in the dashboard and rules: %v", len(names), names)
@@ -140,4 +144,133 @@ func TestEveryMetricUsedIsEmitted(t *testing.T) {
 	}
 	slices.Sort(missing)
 	t.Logf("emitted pglease metrics the dashboard and rules do not use: %v", missing)
+}
+
+// TestAlertRulesOnRecordedFleet: the rules evaluated by promtool on what a
+// real fleet exported — the scrape while a lock was held and an acquire
+// waited, then the scrape after a revocation, each repeated a minute
+// apart — fire PgleaseLockLost for the revocation (the loss counter's
+// series appears only with its first loss, which increase() alone does
+// not count) and nothing else.
+func TestAlertRulesOnRecordedFleet(t *testing.T) {
+	bin := promtool(t)
+	_, _, scrapes := emitted(t)
+	if len(scrapes) != 2 {
+		t.Fatalf("%d scrapes, want 2", len(scrapes))
+	}
+	const before, after = 5, 15 // samples of each scrape, one a minute
+	type series struct {
+		name   string
+		labels map[string]string
+		values [2]string // per scrape: the value, or "" when absent
+	}
+	all := map[string]*series{}
+	for i, fams := range scrapes {
+		for _, f := range fams {
+			name := f.GetName()
+			if !strings.HasPrefix(name, "pglease_") || f.GetType() == dto.MetricType_HISTOGRAM {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				ls := map[string]string{"job": "fleet", "instance": "recorded"}
+				for _, l := range m.GetLabel() {
+					ls[l.GetName()] = l.GetValue()
+				}
+				var v float64
+				switch {
+				case m.GetCounter() != nil:
+					v = m.GetCounter().GetValue()
+				case m.GetGauge() != nil:
+					v = m.GetGauge().GetValue()
+				default:
+					continue
+				}
+				id := seriesText(name, ls)
+				sr := all[id]
+				if sr == nil {
+					sr = &series{name: name, labels: ls}
+					all[id] = sr
+				}
+				sr.values[i] = strconv.FormatFloat(v, 'g', -1, 64)
+			}
+		}
+	}
+	var lostLabels map[string]string
+	var b strings.Builder
+	b.WriteString("rule_files:\n  - " + rulesFile + "\nevaluation_interval: 1m\ntests:\n  - interval: 1m\n    input_series:\n")
+	ids := make([]string, 0, len(all))
+	for id := range all {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		sr := all[id]
+		var vals []string
+		for i, n := range []int{before, after} {
+			v := sr.values[i]
+			if v == "" {
+				v = "_"
+			}
+			for range n {
+				vals = append(vals, v)
+			}
+		}
+		fmt.Fprintf(&b, "      - series: '%s'\n        values: '%s'\n", strings.ReplaceAll(id, "'", "''"), strings.Join(vals, " "))
+		if sr.name == "pglease_lock_lost_total" && sr.labels["pglease_loss_cause"] == "revoked" {
+			lostLabels = sr.labels
+		}
+	}
+	if lostLabels == nil {
+		t.Fatal("the recorded fleet shows no revoked loss")
+	}
+	lost := "{severity: warning, job: fleet, instance: recorded, pglease_loss_cause: revoked}"
+	fmt.Fprintf(&b, `    alert_rule_test:
+      - eval_time: 3m
+        alertname: PgleaseLockLost
+        exp_alerts: []
+      - eval_time: 7m
+        alertname: PgleaseLockLost
+        exp_alerts:
+          - exp_labels: %s
+            exp_annotations:
+              summary: '1 pglease lock(s) lost on recorded (revoked)'
+              description: 'expired: no extend succeeded in time (database or network trouble, a paused process); not_held: the database no longer had it; revoked: someone revoked it (the audit record of `+"`pglease release`"+` says who); session_ended: an advisory lock''s connection ended.'
+`, lost)
+	for _, a := range []string{"PgleaseLockHeldTooLong", "PgleaseWaitTooLong", "PgleaseOverloaded", "PgleaseListenerDown"} {
+		for _, at := range []string{"4m", "19m"} {
+			fmt.Fprintf(&b, "      - eval_time: %s\n        alertname: %s\n        exp_alerts: []\n", at, a)
+		}
+	}
+	dir := t.TempDir()
+	rules, err := os.ReadFile(filepath.Join(rulesDir, rulesFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, rulesFile), rules, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "recorded.test.yml"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "test", "rules", "recorded.test.yml")
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
+	t.Logf("promtool test rules (recorded fleet):\n%s", out)
+	if err != nil {
+		t.Fatalf("promtool: %v\n--- recorded.test.yml\n%s", err, b.String())
+	}
+}
+
+// seriesText is a series in promtool's input syntax: name{k="v",…}.
+func seriesText(name string, labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + strconv.Quote(labels[k])
+	}
+	return name + "{" + strings.Join(parts, ",") + "}"
 }

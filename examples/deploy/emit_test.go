@@ -3,10 +3,12 @@ package deploy
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -22,8 +24,26 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 // OpenTelemetry Prometheus exporter — grants, a contended wait that
 // times out, readers and permits, extends, a revocation (a loss) — and
 // returns the metric family names and label names a Prometheus scrape of
-// it gets.
-func emitted(t *testing.T) (families, labels map[string]bool) {
+// it gets, and the two scrapes (while locks are held and an acquire
+// waits; after the revocation). The fleet runs once per test binary.
+func emitted(t *testing.T) (families, labels map[string]bool, scrapes [][]*dto.MetricFamily) {
+	t.Helper()
+	fleetOnce.Do(func() { fleet.families, fleet.labels, fleet.scrapes = runFleet(t) })
+	if fleet.families == nil {
+		t.Fatal("the fleet run failed (see the first test that ran it)")
+	}
+	return fleet.families, fleet.labels, fleet.scrapes
+}
+
+var (
+	fleetOnce sync.Once
+	fleet     struct {
+		families, labels map[string]bool
+		scrapes          [][]*dto.MetricFamily
+	}
+)
+
+func runFleet(t *testing.T) (families, labels map[string]bool, scrapes [][]*dto.MetricFamily) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -82,6 +102,7 @@ func emitted(t *testing.T) (families, labels map[string]bool) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		scrapes = append(scrapes, fams)
 		for _, f := range fams {
 			families[f.GetName()] = true
 			for _, m := range f.GetMetric() {
@@ -109,5 +130,5 @@ func emitted(t *testing.T) (families, labels map[string]bool) {
 		}
 	}
 	gather()
-	return families, labels
+	return families, labels, scrapes
 }
