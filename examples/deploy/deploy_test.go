@@ -8,12 +8,12 @@ package deploy
 import (
 	"encoding/json"
 	"fmt"
-	"strconv"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
