@@ -297,8 +297,8 @@ func TestHoldAndWaitGauges(t *testing.T) {
 		}
 		p := point{v: g.DataPoints[0].Value, attrs: map[string]string{}}
 		for _, kv := range g.DataPoints[0].Attributes.ToSlice() {
-			p.attrs[string(kv.Key)] = kv.Value.Emit()
-			if strings.Contains(kv.Value.Emit(), "secret-key") {
+			p.attrs[string(kv.Key)] = kv.Value.String()
+			if strings.Contains(kv.Value.String(), "secret-key") {
 				t.Fatalf("%s carries a raw key: %v", name, kv)
 			}
 		}
