@@ -261,6 +261,9 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 				}
 				continue
 			}
+			if pglease.CodeOf(err) == pglease.CodeClosed {
+				return electionClosed(op)
+			}
 			return err
 		}
 		obs.saw(m.store.Holder(), true, true)
@@ -294,7 +297,7 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 		case ferr != nil && lost == nil:
 			return ferr
 		case errors.Is(rerr, pglease.ErrClosed):
-			return rerr
+			return electionClosed(op)
 		}
 		if lost == nil {
 			// A resignation hands over: campaigning again at once would
@@ -309,6 +312,13 @@ func (m *Manager) RunElection(ctx context.Context, e Election, fn func(ctx conte
 			}
 		}
 	}
+}
+
+// electionClosed is RunElection's error when its Manager closes: the
+// election ends there (CodeClosed); campaigning again needs a new Manager.
+func electionClosed(op string) error {
+	return pgerr.New(pglease.CodeClosed, op, "the election ended because its Manager closed (Close was called): "+
+		"no term runs any more; campaign again with a new Manager", nil)
 }
 
 // observer reports leader changes to OnNewLeader. A candidate learns

@@ -99,6 +99,7 @@ func (st *loopState) foreignKeyOf(hash string, now time.Time) *foreignKey {
 // noteLocked takes a "locked" answer r of an attempt of ks's key.
 func (st *loopState) noteLocked(ks *keyState, r store.AcquireResult, now time.Time) {
 	if foreignHolder(r) {
+		st.m.rec.ForeignHolder() // one Info record when the release trigger is missing
 		f := st.foreign[ks.hash]
 		if f == nil {
 			if len(st.foreign) >= maxForeignKeys {

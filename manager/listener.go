@@ -170,6 +170,8 @@ func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) 
 		return false
 	}
 	db.End(1, nil)
+	m.rec.ListenerUp(true) // pglease.listener.up; 0 again when this session ends
+	defer m.rec.ListenerUp(false)
 	cancel()
 	bo.Reset()
 	if !l.post(ctx, notice{resync: true}) {

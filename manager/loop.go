@@ -254,6 +254,7 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			noteAttempt(ks.queue, d.db, obs.AttemptFailed, 0)
 			st.failAll(ks, err)
 		case !r.OK:
+			noteWaiting(ks.queue, r)
 			n := leadingTries(ks.queue)
 			noteAttempt(ks.queue[:n], d.db, obs.AttemptContended, 0)
 			st.popTries(ks, acquireReply{locked: true})

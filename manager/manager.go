@@ -326,6 +326,9 @@ func openManager(op string, ctx context.Context, connString string, cfg Config, 
 	if err := cfg.validate(op); err != nil {
 		return nil, err
 	}
+	// Its connections carry the Manager's holder identity as
+	// application_name, unless connString or PGAPPNAME names them.
+	connx.AppName(&pcfg.ConnConfig.Config, cmp.Or(cfg.Holder, store.DefaultHolder()))
 	// A pool of its own moves off a host that stopped answering (several
 	// hosts, target_session_attrs=read-write) and frees a broken
 	// connection's slot at once (see pg.ConfigurePool).
@@ -415,6 +418,9 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
 		}
 		m.listenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
+		// The listening session holds the waiter and watch locks `pglease
+		// status` lists: name it by the Manager's holder identity.
+		connx.AppName(&m.listenCfg.Config, ls.Holder())
 	}
 	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
 		m.rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +

@@ -145,9 +145,7 @@ func (m *Manager) AcquireAll(ctx context.Context, keys []string, opts ...Acquire
 	default:
 		err = waitErr(op, ctx, wctx, r)
 	}
-	for _, k := range req.set.keys {
-		k.acq.Failed(err)
-	}
+	failSet(req, err)
 	return nil, err
 }
 
@@ -177,9 +175,7 @@ func (m *Manager) TryAcquireAll(ctx context.Context, keys []string, opts ...Acqu
 	default:
 		err = waitErr(op, ctx, ctx, r)
 	}
-	for _, k := range req.set.keys {
-		k.acq.Failed(err)
-	}
+	failSet(req, err)
 	return nil, false, err
 }
 
@@ -192,19 +188,20 @@ func (m *Manager) newSetReq(op string, ctx context.Context, keyList []string, tr
 	case len(keyList) == 0:
 		return nil, 0, invalid(op, "no keys")
 	case len(keyList) > maxSetKeys:
-		return nil, 0, invalid(op, "more than "+strconv.Itoa(maxSetKeys)+" keys")
+		return nil, 0, invalid(op, strconv.Itoa(len(keyList))+" keys, more than the "+strconv.Itoa(maxSetKeys)+" one set may have: "+
+			"take one lock that stands for the whole group (a coarser key), or take smaller sets one after another in the same order in every process")
 	}
 	set := make([]setKey, len(keyList))
-	seen := make(map[string]struct{}, len(keyList))
+	seen := make(map[string]int, len(keyList))
 	for i, k := range keyList {
 		nk, err := keys.NormalizeKey(k)
 		if err != nil {
 			return nil, 0, reop(op, err)
 		}
-		if _, dup := seen[nk]; dup {
-			return nil, 0, invalid(op, "a key given twice (keys "+strconv.Itoa(i)+" and an earlier one are equal after NFC normalization)")
+		if j, dup := seen[nk]; dup {
+			return nil, 0, invalid(op, "a key given twice: keys["+strconv.Itoa(j)+"] and keys["+strconv.Itoa(i)+"] are equal after NFC normalization; give each key once")
 		}
-		seen[nk] = struct{}{}
+		seen[nk] = i
 		set[i] = setKey{key: nk, hash: pglease.HashKey(nk)}
 	}
 	o, err := m.parseOpts(op, opts)
@@ -231,6 +228,16 @@ func (m *Manager) newSetReq(op string, ctx context.Context, keyList []string, tr
 		reply:     make(chan acquireReply, 1),
 		final:     make(chan acquireReply, 1),
 	}, o.timeout, nil
+}
+
+// failSet ends each key's acquire telemetry of a failed set: one log
+// record for the set, not one per key.
+func failSet(req *acquireReq, err error) {
+	acqs := make([]*obs.Acquisition, len(req.set.keys))
+	for i, k := range req.set.keys {
+		acqs[i] = k.acq
+	}
+	obs.FailedSet(acqs, err)
 }
 
 // startSetAcquire starts one pglease.acquire span per key of the set, each
@@ -617,6 +624,7 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 // waiter locks) or its retry, whichever comes first.
 func (st *loopState) setRefused(sa *setAttempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
 	w, req := sa.w, sa.w.req
+	noteSetWaiting(req, rs)
 	if req.try {
 		noteSet(req, d.db, obs.AttemptContended, 0)
 		st.answerSet(w, acquireReply{locked: true})

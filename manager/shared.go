@@ -354,6 +354,7 @@ func (st *loopState) sharedDone(a *attempt, d acquireDone, rs []store.AcquireRes
 		st.failAll(ks, fatal)
 	case len(ks.queue) == 0:
 	case locked != nil:
+		noteWaiting(ks.queue, *locked)
 		st.wantWaiter(ks)
 		st.contended(ks).heldBy = locked.Holder
 		var retryIn time.Duration

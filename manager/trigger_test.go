@@ -16,8 +16,10 @@ import (
 // table has the release trigger for its channel, as the metric
 // pglease.release_trigger.installed (1 or 0). The trigger matters only
 // when SyncGuard processes share the tables, so a Manager without it
-// starts quietly: no record at Warn or above, one Info record naming the
-// fix. With the trigger installed: no record about it at all.
+// starts quietly: nothing at Info or above, one Debug record naming the
+// fix (an Info one follows only when a SyncGuard holder is met:
+// TestForeignHolderNamesMissingTrigger). With the trigger installed: no
+// record about it at all.
 func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
@@ -87,12 +89,12 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 		if err := json.Unmarshal([]byte(line), &rec); err != nil {
 			t.Fatal(err)
 		}
-		if rec.Level == "WARN" || rec.Level == "ERROR" {
+		if rec.Level == "WARN" || rec.Level == "ERROR" || rec.Level == "INFO" {
 			t.Errorf("a Manager without the trigger logged at %s: %s", rec.Level, rec.Msg)
 		}
 		if strings.Contains(rec.Msg, note) {
 			notes++
-			if rec.Level != "INFO" || !strings.Contains(rec.Msg, "SetupReleaseTrigger") {
+			if rec.Level != "DEBUG" || !strings.Contains(rec.Msg, "SetupReleaseTrigger") {
 				t.Errorf("the record about the missing trigger is at %s or does not name the fix: %s", rec.Level, rec.Msg)
 			}
 		}
@@ -102,5 +104,54 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	}
 	if v, ok := installedMetric(r); !ok || v != 0 {
 		t.Fatalf("%s = %d (reported %v), want 0", "pglease.release_trigger.installed", v, ok)
+	}
+}
+
+// TestForeignHolderNamesMissingTrigger: without the release trigger, a
+// Manager says so at Info level only once it meets a SyncGuard holder (a
+// lease without a pglease holder identity), and only once.
+func TestForeignHolderNamesMissingTrigger(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	b := setup(t, setupOpts{cfg: Config{Telemetry: r.opts}})
+	ctx := ctxT(t)
+	if installed := wait(t, &b.sig.triggerChecked); installed {
+		t.Fatal("a fresh schema has the release trigger")
+	}
+	infos := func() int {
+		n := 0
+		for line := range strings.Lines(r.logs.String()) {
+			var rec struct{ Level, Msg string }
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatal(err)
+			}
+			if rec.Level == "INFO" && strings.Contains(rec.Msg, "SyncGuard process") {
+				if !strings.Contains(rec.Msg, "SetupReleaseTrigger") {
+					t.Errorf("the record does not name the fix: %s", rec.Msg)
+				}
+				n++
+			}
+		}
+		return n
+	}
+	if _, ok, err := b.m.TryAcquire(ctx, "fh/pglease-held"); err != nil || !ok {
+		t.Fatalf("TryAcquire = %v, %v", ok, err)
+	}
+	if n := infos(); n != 0 {
+		t.Fatalf("%d Info records before any SyncGuard holder:\n%s", n, r.logs)
+	}
+	for _, k := range []string{"fh/sg-1", "fh/sg-2"} {
+		if id, err := sgAcquire(ctx, b.admin, k); err != nil || id == "" {
+			t.Fatalf("SyncGuard acquire of %s: %q, %v", k, id, err)
+		}
+		if _, ok, err := b.m.TryAcquire(ctx, k); err != nil || ok {
+			t.Fatalf("TryAcquire of a SyncGuard-held key = %v, %v", ok, err)
+		}
+	}
+	if n := infos(); n != 1 {
+		t.Fatalf("%d Info records after meeting SyncGuard holders, want 1:\n%s", n, r.logs)
+	}
+	if _, err := b.admin.Exec(ctx, "DELETE FROM syncguard_locks WHERE key LIKE 'fh/sg-%'"); err != nil {
+		t.Fatal(err)
 	}
 }

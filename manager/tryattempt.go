@@ -117,6 +117,10 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, rs []store.AcquireResult
 		ans.err = err
 	case !r.OK:
 		ans.locked, outcome = true, obs.AttemptContended
+		req.acq.Waiting(waitReasonOf(req.shared, req.limit, r), r.Holder)
+		if foreignHolder(r) {
+			st.m.rec.ForeignHolder() // one Info record when the release trigger is missing
+		}
 	case !st.checkFence(ks, a, r.Fence):
 		// Fence monotonicity, as for any grant (attemptGranted).
 		release()

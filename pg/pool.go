@@ -9,6 +9,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // ConfigurePool sets on cfg what a pool used for locks needs to recover
@@ -28,6 +29,10 @@ import (
 //     15 s: with every pooled connection broken, nothing would run for
 //     15 s after the network is back. A BeforeClose already set on cfg is
 //     kept and runs first. Healthy connections are closed by pgx as usual.
+//   - application_name is this process's default holder identity,
+//     "program[pid]@host" (cut to the server's 63 bytes), unless the
+//     connection string or PGAPPNAME sets one: pg_stat_activity and
+//     `pglease status` then name the process behind each backend.
 //
 // manager.Open and NewPool configure their pools with it. It returns an
 // InvalidArgument error for a nil cfg.
@@ -38,6 +43,7 @@ func ConfigurePool(cfg *pgxpool.Config) error {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = connx.DefaultConnectTimeout
 	}
+	connx.AppName(&cfg.ConnConfig.Config, store.DefaultHolder())
 	prev := cfg.BeforeClose
 	cfg.BeforeClose = func(c *pgx.Conn) {
 		if prev != nil {

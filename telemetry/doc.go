@@ -26,7 +26,8 @@
 //     providers and slog handler do themselves (the SDK's batch span
 //     processor does not block; a slow slog handler would, so give
 //     Config.Logger a non-blocking one). Metric callbacks read atomics
-//     only.
+//     only, and walk a concurrent map of the live locks that never makes
+//     a recording wait.
 //   - Telemetry is cheap: attribute sets and span options are built once
 //     per Manager; spans get their attributes only when IsRecording. One
 //     acquire plus its release (two operation spans, two database spans,
@@ -59,9 +60,12 @@
 //     e-mail addresses) can be recovered by guessing. It identifies keys;
 //     it does not hide them.
 //
-// Key hashes appear on spans, events and logs only; metric attributes
-// carry no key at all (cardinality), only lock kind, outcome, cause, queue
-// and db.operation.name. TestNoRawKeysOrLockIDs drives every method over
+// Key hashes appear on spans, events and logs, and on the two age gauges
+// (pglease.lock.oldest.age, pglease.acquire.wait.longest: one point each
+// per Manager, the oldest lock's or longest wait's key, so an alert can
+// name the key an operator looks up with `pglease status`); other metric
+// attributes carry no key at all (cardinality), only lock kind, outcome,
+// cause, wait reason, queue and db.operation.name. TestNoRawKeysOrLockIDs drives every method over
 // hundreds of keys with errors whose text quotes the key and its lockId,
 // and scans every exported span, metric and log record for them.
 //
@@ -87,9 +91,11 @@
 //	                                                                         Attributes pglease.key.hash, pglease.lock.kind, pglease.acquire.try,
 //	                                                                         pglease.lock.ttl (leases); at its end pglease.outcome,
 //	                                                                         pglease.acquire.attempts, pglease.acquire.wait, pglease.acquire.coalesced,
-//	                                                                         pglease.acquire.contended, pglease.fence (granted), error.type (failed).
-//	                                                                         Events pglease.queued and pglease.attempt; links to the round trips
-//	                                                                         that carried its attempts.
+//	                                                                         pglease.acquire.contended, pglease.fence (granted), error.type (failed),
+//	                                                                         and for one that found its key held pglease.wait.reason and
+//	                                                                         pglease.holder (the last refusal's). Events pglease.queued,
+//	                                                                         pglease.attempt and pglease.wait; links to the round trips that
+//	                                                                         carried its attempts.
 //	pglease.release                    span, internal             -          One release the Manager makes, a child of the releasing caller's span.
 //	                                                                         Attributes pglease.key.hash, pglease.lock.kind; at its end
 //	                                                                         pglease.outcome (ok, not_held, error), pglease.lock.held_for,
@@ -128,8 +134,12 @@
 //	pglease.attempt                    event                      -          On pglease.acquire, one per database attempt that served it:
 //	                                                                         pglease.attempt, pglease.outcome (granted, contended, error),
 //	                                                                         pglease.attempt.retry_in.
+//	pglease.wait                       event                      -          On pglease.acquire, at its first refusal and when the reason or the
+//	                                                                         holder changes: pglease.wait.reason, pglease.holder.
 //	pglease.key.hash                   attribute, string          -          The key's hash (see "Redaction"): on every per-key span, event and
-//	                                                                         log record; never on metrics (unbounded cardinality).
+//	                                                                         log record; on metrics only on the two age gauges
+//	                                                                         (pglease.lock.oldest.age, pglease.acquire.wait.longest), one point
+//	                                                                         each per Manager.
 //	pglease.key                        attribute, string          -          The raw key, only with Config.RawKeys (debugging).
 //	pglease.lock.kind                  attribute, string          -          lease (an exclusive lease, also each lock of a set), shared (a reader
 //	                                                                         of a reader-writer lease), permit (a semaphore permit) or advisory.
@@ -150,6 +160,16 @@
 //	pglease.attempt                    attribute, int             -          The attempt's number, from 1, on a pglease.attempt event.
 //	pglease.attempt.retry_in           attribute, float64         s          The backoff delay before the next attempt.
 //	pglease.queue.position             attribute, int             -          The caller's place in the key's local queue (0 = first).
+//	pglease.wait.reason                attribute, string          -          Why an acquire waits (its last refusal): holder (a live exclusive
+//	                                                                         lease), shared_holders (readers or permits an exclusive acquire waits
+//	                                                                         for), semaphore_full (a permit: the limit is taken), writer_mark (a
+//	                                                                         reader or permit kept off by a waiting writer's mark), lock_delay
+//	                                                                         (an expired lease's lock delay or a revoke's delay), set_member (a
+//	                                                                         free key of a set another key of which is held), held_locally
+//	                                                                         (another caller of this process holds it), none.
+//	pglease.holder                     attribute, string          -          The holder identity the refusing holder recorded (its
+//	                                                                         manager.Config.Holder, "program[pid]@host" by default); absent for a
+//	                                                                         SyncGuard holder, which records none.
 //	pglease.fence                      attribute, int             -          The fencing token granted (not a secret).
 //	pglease.loss.cause                 attribute, string          -          Why a lock was lost: expired (the local trust window passed without
 //	                                                                         a successful extend), not_held (the database said the lock is
@@ -186,10 +206,22 @@
 //	pglease.lock.extend.lag            metric, histogram          s          How late an extend started after it was due; by pglease.lock.kind.
 //	pglease.lock.lost                  metric, counter            {lock}     Held locks lost; by pglease.lock.kind, pglease.loss.cause.
 //	pglease.lock.releases              metric, counter            {release}  Releases; by pglease.lock.kind, pglease.outcome.
+//	pglease.lock.hold.duration         metric, histogram          s          How long a lock was held, grant to release or loss; by
+//	                                                                         pglease.lock.kind.
+//	pglease.acquire.wait.duration      metric, histogram          s          How long an acquire that found its key held waited, call to outcome;
+//	                                                                         by pglease.lock.kind, pglease.wait.reason (its last refusal's).
+//	pglease.lock.oldest.age            metric, observable gauge   s          How long this process's longest-held lock has been held, with its
+//	                                                                         pglease.key.hash and pglease.lock.kind; no point when none is held.
+//	pglease.acquire.wait.longest       metric, observable gauge   s          How long this process's longest-waiting acquire of a held key has
+//	                                                                         waited, with pglease.key.hash, pglease.lock.kind, pglease.wait.reason;
+//	                                                                         no point when none waits.
 //	pglease.db.batch.size              metric, histogram          {item}     The items one round trip carries; by db.operation.name.
 //	pglease.listener.polling           metric, counter            {manager}  Managers polling instead of listening, because their listening
 //	                                                                         connection goes through a transaction-mode pooler (see
 //	                                                                         manager.Config.ListenConnString).
+//	pglease.listener.up                metric, observable gauge   {session}  1 while the Manager's listening session (release notifications,
+//	                                                                         revocations, watch events) is connected, 0 while it reconnects or
+//	                                                                         after it gave up for polling; no point without a listener.
 //	pglease.release_trigger.installed  metric, updowncounter      {manager}  1 per Manager whose lock table has the release trigger for its
 //	                                                                         notify channel, 0 for one without (see "The release trigger").
 //	pglease.manager.loop.busy          metric, observable gauge   1          The share of time the Manager's loop was busy since the last

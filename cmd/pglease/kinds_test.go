@@ -181,7 +181,7 @@ func TestStatusNewKinds(t *testing.T) {
 		regexp.QuoteMeta(h(revoked))+`\s+lock delay \(revoke\)\s+\S+ \S+ UTC \(in (59m\d\ds|1h0m0s)\)\s+not grantable before then, to anyone`,
 		regexp.QuoteMeta(h(expired))+`\s+lock delay \(expired lease\)\s+\S+ \S+ UTC \(in (59m\d\ds|1h0m0s)\)\s+not grantable .*`,
 		regexp.QuoteMeta(h(delayed))+`\s+billing\[42\]@web-1\s+1\s+\S+ ago\s+in \S+, lock delay 30\.0s\s+0\s+0`,
-		regexp.QuoteMeta(h(watched))+`\s+1\s+`+fmt.Sprint(wpid),
+		regexp.QuoteMeta(h(watched))+`\s+1\s+`+fmt.Sprint(wpid)+` \S+`, // pid and application_name
 		regexp.QuoteMeta(schema)+`\.orders\s+order_key\s+enabled`,
 	)
 	noSecrets(t, r, secrets...)
@@ -189,7 +189,7 @@ func TestStatusNewKinds(t *testing.T) {
 	r = withWriter("status", "--show-keys")
 	want(t, r, 0)
 	wantLines(t, r, regexp.QuoteMeta(rw)+`\s+reader\s+.*`, regexp.QuoteMeta(sem)+`\s+permit\s+.*`, regexp.QuoteMeta(rw)+`\s+exclusive waiting\s+.*`,
-		regexp.QuoteMeta(revoked)+`\s+lock delay \(revoke\)\s+.*`, regexp.QuoteMeta(watched)+`\s+1\s+\d+`)
+		regexp.QuoteMeta(revoked)+`\s+lock delay \(revoke\)\s+.*`, regexp.QuoteMeta(watched)+`\s+1\s+\d+ \S+`)
 	noSecrets(t, r, r1.LockID, r2.LockID, p1.LockID, p2.LockID, rv.LockID, ex.LockID, dl.LockID, wl.LockID)
 
 	r = withWriter("status", "--json")

@@ -15,8 +15,9 @@
 //	                permits with their limit), keys marked exclusive waiting or
 //	                under a lock delay, watching Managers, guarded tables; which
 //	                parts of the schema are missing (the lease tables, the parts of
-//	                schema version 4, the release trigger): advisory locks are
-//	                shown without any lease table; --json, --watch
+//	                schema version 4) and whether the optional release trigger is
+//	                installed: advisory locks are shown without any lease table;
+//	                --json, --watch
 //	inspect KEY     one key: exclusive holder, fence, fence counter, expiry, shared
 //	                holds, exclusive waiting, lock delay, acquires and Managers
 //	                waiting, Managers watching, guarded tables
@@ -31,6 +32,14 @@
 //	version         this pglease's version and the schema version it needs; with a
 //	                database, the schema's version and whether it is current
 //	sql             print SQL: schema (default), migrations, designs, roles
+//	doctor          check what operators get wrong: server version, schema version,
+//	                the runtime role's privileges (--role), the release trigger,
+//	                the LISTEN path (--listen-url), replication, the clock offset;
+//	                each finding with what to do (--json)
+//	serve           a live page of holders, waiters in order, hold times, contention
+//	                over the last minutes and events (hand-overs, expiries,
+//	                revocations), on 127.0.0.1:7432 by default; read-only unless
+//	                --allow-revoke with a token; key hashes unless --show-keys
 //
 // Flags for every command (before or after it):
 //
@@ -60,7 +69,9 @@
 //	4  refused: release not confirmed, the lease is unexpired and --force is
 //	   missing, or the key changed hands after it was shown (nothing revoked)
 //	5  the schema is not at the version this pglease needs, or its tables are
-//	   missing: run pglease setup (version, status, inspect, release)
+//	   missing: run pglease setup (version, status, inspect, release, doctor)
+//	6  doctor: a finding worth a look (warn), nothing broken
+//	7  doctor: something to fix (fail); what to do is printed with it
 package main
 
 import (
@@ -167,6 +178,10 @@ commands:
   migrate         migrate the schema (--to N, --designs, --drop-tables)
   version         this pglease's version, the schema version it needs (and the database's)
   sql             print SQL: schema (default) | migrations [--down] | designs [--down] | roles
+  doctor          check the server, schema, runtime role's privileges (--role), release trigger,
+                  LISTEN path (--listen-url), replication and clock; what to do for each (--json)
+  serve           a live page on 127.0.0.1:7432 (--addr): holders, waiters in order, contention,
+                  events; read-only unless --allow-revoke with a token (--token-file)
 
 flags (before or after the command):
   --database-url URL   pgx connection string (default $DATABASE_URL)
@@ -174,7 +189,8 @@ flags (before or after the command):
   --fence-table NAME   fence counter table (default syncguard_fence_counters)
   --timeout D          bound on the database work (default 10s)
 
-exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema missing or not current (run: pglease setup)
+exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema missing or not current (run: pglease setup),
+  6 doctor found something worth a look, 7 doctor found something to fix
 `
 
 func (a *app) run(ctx context.Context, args []string) int {
@@ -196,7 +212,7 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	cmds := map[string]func(context.Context, []string) error{
 		"status": a.status, "inspect": a.inspect, "release": a.release, "setup": a.setup,
-		"migrate": a.migrate, "version": a.version, "sql": a.sql,
+		"migrate": a.migrate, "version": a.version, "sql": a.sql, "doctor": a.doctor, "serve": a.serve,
 		"help": func(context.Context, []string) error { fmt.Fprint(a.stdout, usage); return nil },
 	}
 	cmd, ok := cmds[rest[0]]

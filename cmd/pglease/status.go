@@ -250,6 +250,11 @@ type waitersView struct {
 	Keys      []string `json:"keys,omitempty"` // with --show-keys
 	Managers  int      `json:"managers"`
 	PIDs      []int32  `json:"pids"`
+	// Applications are the application_name of each of PIDs' sessions:
+	// a Manager names its listening session by its holder identity
+	// ("program[pid]@host" unless manager.Config.Holder or the
+	// connection string says otherwise).
+	Applications []string `json:"applications"`
 }
 
 func (w *waitersView) what() string {
@@ -442,9 +447,6 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 	if ver < migrate.Latest {
 		s.Missing = append(s.Missing, fmt.Sprintf("pglease functions (schema version %d)", migrate.Latest))
 	}
-	if !s.ReleaseTrigger {
-		s.Missing = append(s.Missing, "release trigger (channel "+o.notifyChannel+")")
-	}
 	if s.Missing == nil {
 		s.Missing = []string{}
 	}
@@ -473,10 +475,11 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 		if !ok {
 			i = len(*groups)
 			idx[b] = i
-			*groups = append(*groups, waitersView{Hashtext: b, KeyHashes: []string{}, PIDs: []int32{}})
+			*groups = append(*groups, waitersView{Hashtext: b, KeyHashes: []string{}, PIDs: []int32{}, Applications: []string{}})
 		}
 		(*groups)[i].Managers++
 		(*groups)[i].PIDs = append((*groups)[i].PIDs, l.PID)
+		(*groups)[i].Applications = append((*groups)[i].Applications, l.ApplicationName)
 	}
 	if (len(waiterIdx) > 0 || len(watchIdx) > 0) && s.LockTable {
 		if err := resolveWaiters(ctx, pool, n, s, v, waiterIdx, watchIdx, o.showKeys); err != nil {
@@ -715,8 +718,9 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 	case s.ReleaseTrigger:
 		fmt.Fprintf(w, "RELEASE TRIGGER  installed (channel %s)\n", s.NotifyChannel)
 	default:
-		fmt.Fprintf(w, "RELEASE TRIGGER  not installed for channel %s: SyncGuard processes' releases wake pglease waiters only "+
-			"by polling (migrate.Migrator.SetupReleaseTrigger installs it; --notify-channel for another channel)\n", s.NotifyChannel)
+		fmt.Fprintf(w, "RELEASE TRIGGER  not installed for channel %s (optional: needed only when SyncGuard processes share the tables, "+
+			"whose releases would wake pglease waiters only by polling; migrate.Migrator.SetupReleaseTrigger installs it; "+
+			"--notify-channel for another channel)\n", s.NotifyChannel)
 	}
 	fmt.Fprintln(w)
 	if !s.LockTable {
@@ -880,6 +884,23 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 	}
 }
 
+// processes lists backends as "pid application_name", comma-separated
+// ("pid -" for a session without application_name).
+func processes(ps []int32, apps []string) string {
+	var b strings.Builder
+	for i, p := range ps {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		app := ""
+		if i < len(apps) {
+			app = apps[i]
+		}
+		fmt.Fprintf(&b, "%d %s", p, dash(app))
+	}
+	return b.String()
+}
+
 // pids joins process ids with commas.
 func pids(ps []int32) string {
 	s := make([]string, len(ps))
@@ -908,9 +929,9 @@ func printManagers(w io.Writer, ms []waitersView, title, what string) {
 	}
 	fmt.Fprintf(w, "\n%s  %d on %d key(s): %s\n", title, n, len(ms), what)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tMANAGERS\tPIDS")
+	fmt.Fprintln(tw, "KEY\tMANAGERS\tPROCESSES (backend pid, application_name)")
 	for _, m := range ms {
-		fmt.Fprintf(tw, "%s\t%d\t%s\n", strings.TrimPrefix(m.what(), "lease "), m.Managers, pids(m.PIDs))
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", strings.TrimPrefix(m.what(), "lease "), m.Managers, processes(m.PIDs, m.Applications))
 	}
 	tw.Flush()
 }

@@ -11,6 +11,7 @@ package connx
 import (
 	"context"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -108,4 +109,32 @@ func SharedBackend(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn, pid
 		}
 	}
 	return false, nil
+}
+
+// maxAppName is the longest application_name the server keeps
+// (NAMEDATALEN − 1 bytes); it truncates longer ones.
+const maxAppName = 63
+
+// AppName sets cfg's application_name to identity (a holder identity,
+// "program[pid]@host"), cut to what the server keeps, unless the
+// connection string or PGAPPNAME set one: the process's connections are
+// then named in pg_stat_activity, pg_locks views and `pglease status`.
+func AppName(cfg *pgconn.Config, identity string) {
+	if cfg == nil || identity == "" {
+		return
+	}
+	if _, ok := cfg.RuntimeParams["application_name"]; ok {
+		return
+	}
+	if cfg.RuntimeParams == nil {
+		cfg.RuntimeParams = map[string]string{}
+	}
+	if len(identity) > maxAppName {
+		cut := maxAppName
+		for cut > 0 && !utf8.RuneStart(identity[cut]) {
+			cut--
+		}
+		identity = identity[:cut]
+	}
+	cfg.RuntimeParams["application_name"] = identity
 }

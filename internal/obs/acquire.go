@@ -79,6 +79,10 @@ type Acquisition struct {
 	flags    atomic.Uint32
 	state    atomic.Uint32
 	granted  atomic.Int64 // 1 + nanoseconds from start to the grant (monotonic); 0 = not granted
+
+	// The last refusal's reason (a WaitReason) and holder (Waiting).
+	waitReason atomic.Uint32
+	waitHolder atomic.Pointer[string]
 }
 
 // noopSpan is the Span of a context without one: a no-op that allocates
@@ -148,6 +152,12 @@ func (a *Acquisition) Queued(q QueueInfo) {
 	if f != 0 {
 		a.flags.Or(f)
 	}
+	if q.HeldLocally && a.waitReason.CompareAndSwap(uint32(WaitNone), uint32(WaitHeldLocally)) {
+		a.r.live.add(a)
+		if a.state.Load() != stAcquiring {
+			a.r.live.remove(a)
+		}
+	}
 	if a.span.IsRecording() {
 		a.span.AddEvent(eventQueued, trace.WithAttributes(
 			attrCoalesced.Bool(q.Coalesced),
@@ -193,6 +203,7 @@ func (a *Acquisition) Granted(fence pglease.Fence) {
 	now := time.Now()
 	a.granted.Store(int64(now.Sub(a.start)) + 1)
 	r := a.r
+	r.live.add(a) // for pglease.lock.oldest.age (a waiter added itself in Waiting)
 	r.held.Add(context.Background(), 1, r.kindOpt[a.kind].add...)
 	a.finish(aoGranted, nil, int64(fence), now)
 }
@@ -221,7 +232,36 @@ func (a *Acquisition) Failed(err error) {
 	a.finish(acquireOutcomeOf(err), err, 0, time.Now())
 }
 
+// FailedSet is Failed for every acquisition of one all-or-nothing set
+// (AcquireAll): each span ends failed, but a failure that logs (an error,
+// not a timeout) logs one record for the set, the first key's, with
+// set.size, instead of one per key.
+func FailedSet(acqs []*Acquisition, err error) {
+	first := true
+	for _, a := range acqs {
+		if a == nil || !a.state.CompareAndSwap(stAcquiring, stFailed) {
+			continue
+		}
+		if err == nil {
+			err = pglease.ErrInternal
+		}
+		size := 0
+		if first {
+			size, first = len(acqs), false
+		} else {
+			size = -1 // logged with the first
+		}
+		a.finishAll(acquireOutcomeOf(err), err, 0, size, time.Now())
+	}
+}
+
 func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.Time) {
+	a.finishAll(o, err, fence, 0, now)
+}
+
+// finishAll ends the acquire; setSize > 0 adds set.size to its log
+// record, < 0 leaves the record out (FailedSet logs it with the first).
+func (a *Acquisition) finishAll(o acquireOutcome, err error, fence int64, setSize int, now time.Time) {
 	r := a.r
 	wait := now.Sub(a.start)
 	n := a.attempts.Load()
@@ -236,6 +276,13 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 	if f&flagCoalesced != 0 {
 		r.acqCoalesced.Add(ctx, 1, r.kindOpt[a.kind].add...)
 	}
+	if o != aoGranted {
+		r.live.remove(a)
+	}
+	w := a.lastWait()
+	if f&flagContended != 0 && !a.try {
+		r.waitDuration.Record(ctx, wait.Seconds(), r.waitOpt[a.kind][w.reason].rec...)
+	}
 	if a.span.IsRecording() {
 		attrs := []attribute.KeyValue{
 			attrOutcome.String(acquireOutcomeNames[o]),
@@ -246,6 +293,12 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 		}
 		if o == aoGranted && fence != 0 {
 			attrs = append(attrs, attrFence.Int64(fence))
+		}
+		if w.reason != WaitNone {
+			attrs = append(attrs, attrWaitReason.String(w.reason.String()))
+		}
+		if w.holder != "" {
+			attrs = append(attrs, attrHolder.String(w.holder))
 		}
 		if err != nil {
 			et := errorType(err)
@@ -260,7 +313,7 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 	if o == aoError {
 		level = r.errorLevel(err, now)
 	}
-	if r.logEnabled(ctx, level) {
+	if setSize >= 0 && r.logEnabled(ctx, level) {
 		lctx := trace.ContextWithSpanContext(ctx, a.sc)
 		attrs := []slog.Attr{
 			slog.String("outcome", acquireOutcomeNames[o]),
@@ -272,6 +325,15 @@ func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.
 		}
 		if o == aoGranted && fence != 0 {
 			attrs = append(attrs, slog.Int64("fence", fence))
+		}
+		if w.reason != WaitNone {
+			attrs = append(attrs, slog.String("wait.reason", w.reason.String()))
+		}
+		if w.holder != "" {
+			attrs = append(attrs, slog.String("holder", w.holder))
+		}
+		if setSize > 0 {
+			attrs = append(attrs, slog.Int("set.size", setSize))
 		}
 		r.logKey(lctx, level, "pglease: acquire", a.key, a.kind, attrs...)
 	}
@@ -334,6 +396,8 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 	ctx := context.Background()
 	r.held.Add(ctx, -1, r.kindOpt[a.kind].add...)
 	r.lost.Add(ctx, 1, r.lostOpt[a.kind][cause].add...)
+	r.live.remove(a)
+	r.holdDone(a, held)
 
 	pctx := trace.ContextWithSpanContext(ctx, a.sc)
 	_, span := r.tracer.Start(pctx, spanLost, startInternal...)
@@ -418,6 +482,8 @@ func (rl Release) End(err error) {
 	held := a.heldFor(now)
 	if a.state.CompareAndSwap(stHeld, stReleased) {
 		r.held.Add(ctx, -1, r.kindOpt[a.kind].add...)
+		r.live.remove(a)
+		r.holdDone(a, held)
 	}
 	oi, outcome := 0, outcomeOK
 	if err != nil {

@@ -16,6 +16,7 @@ func (r *Recorder) ListenerPolling(reason string) {
 		return
 	}
 	r.listenPolling.Add(context.Background(), 1)
+	r.listenUp.Store(1) // pglease.listener.up 0: not listening, for good
 	r.log.LogAttrs(context.Background(), slog.LevelWarn,
 		"pglease: not listening for release notifications; waiters poll for other processes' releases",
 		slog.String("reason", reason))
@@ -37,8 +38,9 @@ func (r *Recorder) ConfigWarning(msg string) {
 // the trigger, releases by SyncGuard processes sharing the tables (which
 // delete the row themselves, without NOTIFY) wake this Manager's waiters
 // only by polling; a fleet of pglease Managers alone does not need it, so
-// a missing trigger is one Info log record saying how to install it, not
-// a warning. Call it once per Manager.
+// a missing trigger is one Debug log record saying how to install it, and
+// one Info record later only if this Manager meets a SyncGuard holder
+// (ForeignHolder). Call it once per Manager.
 func (r *Recorder) ReleaseTrigger(installed bool, channel string) {
 	if r == nil {
 		return
@@ -46,7 +48,8 @@ func (r *Recorder) ReleaseTrigger(installed bool, channel string) {
 	ctx := context.Background()
 	if !installed {
 		r.triggerInstalled.Add(ctx, 0) // the series exists, at 0
-		r.log.LogAttrs(ctx, slog.LevelInfo,
+		r.missingTrigger.Store(&channel)
+		r.log.LogAttrs(ctx, slog.LevelDebug,
 			"pglease: no release trigger on the lock table for this Manager's notify channel; "+
 				"releases by SyncGuard processes sharing the tables, if any, wake waiters here by polling only "+
 				"(install it with migrate.Migrator.SetupReleaseTrigger)",
@@ -65,3 +68,38 @@ const (
 	triggerCounted
 	triggerClosed
 )
+
+// ForeignHolder records that an attempt of this Manager found a key held
+// by a holder without a holder identity (a SyncGuard process). When the
+// lock table has no release trigger for the Manager's channel
+// (ReleaseTrigger said so), the first one logs one Info record: that
+// holder's releases reach this Manager's waiters by polling only. Loop.
+func (r *Recorder) ForeignHolder() {
+	if r == nil {
+		return
+	}
+	ch := r.missingTrigger.Load()
+	if ch == nil || !r.foreignLogged.CompareAndSwap(false, true) {
+		return
+	}
+	r.log.LogAttrs(context.Background(), slog.LevelInfo,
+		"pglease: a SyncGuard process (a holder without a pglease holder identity) holds keys this Manager waits for, "+
+			"and the lock table has no release trigger for this Manager's notify channel: its releases wake waiters here by polling only "+
+			"(install it with migrate.Migrator.SetupReleaseTrigger)",
+		slog.String("channel", *ch))
+}
+
+// ListenerUp records whether the Manager's listening session is connected
+// and subscribed (true) or not (false: connecting again, or given up for
+// polling): pglease.listener.up is 1 or 0 from the first call on (a
+// Manager that never listens reports no point). Listener goroutine.
+func (r *Recorder) ListenerUp(up bool) {
+	if r == nil {
+		return
+	}
+	v := int64(1) // known, down
+	if up {
+		v = 2
+	}
+	r.listenUp.Store(v)
+}

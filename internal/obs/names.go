@@ -39,6 +39,7 @@ const (
 const (
 	eventQueued  = "pglease.queued"
 	eventAttempt = "pglease.attempt"
+	eventWait    = "pglease.wait"
 )
 
 // Attribute keys of pglease's own (beside the semantic-convention ones).
@@ -65,6 +66,8 @@ const (
 	attrExtended      = attribute.Key("pglease.heartbeat.extended")
 	attrLost          = attribute.Key("pglease.heartbeat.lost")
 	attrQueue         = attribute.Key("pglease.queue")
+	attrWaitReason    = attribute.Key("pglease.wait.reason")
+	attrHolder        = attribute.Key("pglease.holder")
 )
 
 // Metric names.
@@ -85,4 +88,9 @@ const (
 	metricManagerLoopBusy         = "pglease.manager.loop.busy"
 	metricManagerQueueDepth       = "pglease.manager.queue.depth"
 	metricManagerOverload         = "pglease.manager.overload"
+	metricLockHoldDuration        = "pglease.lock.hold.duration"
+	metricAcquireWaitDuration     = "pglease.acquire.wait.duration"
+	metricLockOldestAge           = "pglease.lock.oldest.age"
+	metricAcquireWaitLongest      = "pglease.acquire.wait.longest"
+	metricListenerUp              = "pglease.listener.up"
 )

@@ -109,7 +109,16 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 		db.End(0, pgerr.New(pglease.CodeNetworkTimeout, "test", "timeout", sqlStateErr{}))
 	}
 	a.Failed(errors.New("x"))
+	// A lock held and an acquire waiting at collection: the age gauges.
+	_, held := h.rec.StartAcquire(ctx, h.rec.Key("held"), AcquireInfo{Kind: KindLease})
+	held.Granted(1)
+	_, waits := h.rec.StartAcquire(ctx, h.rec.Key("waits"), AcquireInfo{Kind: KindLease})
+	waits.Waiting(WaitHolder, "other[1]@host")
+	_, waited := h.rec.StartAcquire(ctx, h.rec.Key("waited"), AcquireInfo{Kind: KindLease})
+	waited.Waiting(WaitLockDelay, "other[1]@host")
+	waited.Failed(pglease.ErrAcquisitionTimeout)
 	h.rec.ListenerPolling("behind a transaction-mode pooler")
+	h.rec.ListenerUp(true)
 	h.rec.ReleaseTrigger(true, "pglease_release")
 	l := h.rec.Loop()
 	l.Busy()

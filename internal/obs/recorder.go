@@ -48,6 +48,12 @@ type Recorder struct {
 	// privWarned is when (Unix ns) a failed acquire last logged an
 	// AuthFailed at Warn (errorLevel).
 	privWarned atomic.Int64
+	// missingTrigger is the notify channel when ReleaseTrigger found no
+	// trigger for it; foreignLogged: ForeignHolder logged its record.
+	missingTrigger atomic.Pointer[string]
+	foreignLogged  atomic.Bool
+	// listenUp: 0 unknown (never listened), 1 down, 2 up (ListenerUp).
+	listenUp atomic.Int64
 
 	// Precomputed attribute sets, so recording allocates nothing.
 	kindOpt    [numKinds]mopts
@@ -56,6 +62,15 @@ type Recorder struct {
 	lostOpt    [numKinds][numLossCauses]mopts
 	releaseOpt [numKinds][3]mopts     // ok, not_held, error
 	dbOpt      map[DBOperation]dbOpts // read-only after New
+
+	// holdDuration and waitDuration: how long locks were held (by kind)
+	// and contended acquires waited (by kind and wait reason); live: the
+	// acquisitions waiting or holding, for the age gauges (agesReg).
+	holdDuration metric.Float64Histogram
+	waitDuration metric.Float64Histogram
+	waitOpt      [numKinds][numWaitReasons]mopts
+	live         live
+	agesReg      metric.Registration
 
 	loop *Loop
 	reg  metric.Registration
@@ -111,6 +126,7 @@ func New(c ptel.Config, db Database) *Recorder {
 	r.initInstruments(meter)
 	r.loop = newLoop(r, time.Now)
 	r.loop.register(r, meter)
+	r.registerAges(meter)
 	return r
 }
 
@@ -149,6 +165,11 @@ func (r *Recorder) Close() {
 	}
 	if r.trigger.Swap(triggerClosed) == triggerCounted {
 		r.triggerInstalled.Add(context.Background(), -1)
+	}
+	if r.agesReg != nil {
+		if err := r.agesReg.Unregister(); err != nil {
+			otel.Handle(err)
+		}
 	}
 	if r.reg == nil {
 		return
@@ -324,10 +345,30 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		r.triggerInstalled, _ = nm.Int64UpDownCounter("")
 	}
 
+	r.holdDuration, err = m.Float64Histogram(metricLockHoldDuration,
+		metric.WithUnit("s"),
+		metric.WithDescription("How long a lock was held, from its grant to its release or loss."),
+		metric.WithExplicitBucketBoundaries(0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400, 86400))
+	if err != nil || r.holdDuration == nil {
+		handle(err)
+		r.holdDuration, _ = nm.Float64Histogram("")
+	}
+	r.waitDuration, err = m.Float64Histogram(metricAcquireWaitDuration,
+		metric.WithUnit("s"),
+		metric.WithDescription("How long an acquire that found its key held waited, from the call to its outcome, by the last refusal's reason."),
+		metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
+	if err != nil || r.waitDuration == nil {
+		handle(err)
+		r.waitDuration, _ = nm.Float64Histogram("")
+	}
+
 	set := mset
 	for k := range numKinds {
 		kk := attrLockKind.String(k.String())
 		r.kindOpt[k] = set(kk)
+		for w := range numWaitReasons {
+			r.waitOpt[k][w] = set(kk, attrWaitReason.String(w.String()))
+		}
 		for o := range acquireOutcome(numAcquireOutcs) {
 			r.acqOpt[k][o] = set(kk, attrOutcome.String(acquireOutcomeNames[o]))
 		}

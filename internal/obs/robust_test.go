@@ -24,6 +24,12 @@ func driveAll(r *Recorder) {
 	actx, a := r.StartAcquire(ctx, k, AcquireInfo{Kind: KindLease, TTL: time.Second})
 	_ = actx
 	a.Queued(QueueInfo{Coalesced: true})
+	a.Waiting(WaitHolder, "other[1]@host")
+	a.Waiting(WaitReason(200), "")
+	r.ForeignHolder()
+	r.ListenerUp(true)
+	r.ListenerUp(false)
+	FailedSet([]*Acquisition{nil}, nil)
 	r.Overload(true, OverloadInfo{RoundTrip: time.Second, Op: OpAcquireMany, Gap: time.Second})
 	r.Overload(false, OverloadInfo{RoundTrip: time.Second, Op: OpAcquireMany, Gap: time.Second, Lasted: time.Second})
 	_, db := r.StartDB(ctx, OpAcquireMany, 1, a.SpanContext())
@@ -180,16 +186,16 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 		t.Fatal("New returned nil")
 	}
 	driveAll(r)
-	// 13 synchronous instruments + 3 observable gauges; no callback is
+	// 15 synchronous instruments + 6 observable gauges; no callback is
 	// registered when every gauge failed.
-	if got := h.n.Load(); got != 16 {
-		t.Errorf("otel.Handle got %d instrument errors, want 16", got)
+	if got := h.n.Load(); got != 21 {
+		t.Errorf("otel.Handle got %d instrument errors, want 21", got)
 	}
 
 	h.n.Store(0)
 	driveAll(New(ptel.Config{MeterProvider: failingProvider{m: failingMeter{}}}, Database{}))
-	if got := h.n.Load(); got != 1 {
-		t.Errorf("otel.Handle got %d errors for a refused callback, want 1", got)
+	if got := h.n.Load(); got != 2 { // the loop gauges' callback and the age gauges'
+		t.Errorf("otel.Handle got %d errors for refused callbacks, want 2", got)
 	}
 }
 

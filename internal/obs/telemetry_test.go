@@ -548,7 +548,18 @@ func TestReleaseTriggerInstalledMetric(t *testing.T) {
 		t.Errorf("installed without the trigger = %+v, want a 0 point", p)
 	}
 	logs := h2.logs.String()
-	if strings.Count(logs, "\n") != 1 || !strings.Contains(logs, `"level":"INFO"`) || !strings.Contains(logs, "SetupReleaseTrigger") {
-		t.Errorf("want one Info record naming the fix, got: %s", logs)
+	if strings.Count(logs, "\n") != 1 || !strings.Contains(logs, `"level":"DEBUG"`) || !strings.Contains(logs, "SetupReleaseTrigger") {
+		t.Errorf("want one Debug record naming the fix, got: %s", logs)
+	}
+	// A SyncGuard holder met: one Info record, however many are met.
+	h2.rec.ForeignHolder()
+	h2.rec.ForeignHolder()
+	logs = h2.logs.String()
+	if strings.Count(logs, `"level":"INFO"`) != 1 || !strings.Contains(logs, "SyncGuard process") {
+		t.Errorf("want one Info record once a SyncGuard holder is met, got: %s", logs)
+	}
+	h.rec.ForeignHolder() // the trigger is installed: nothing
+	if logs := h.logs.String(); strings.Contains(logs, "SyncGuard process") {
+		t.Errorf("logged about a SyncGuard holder although the trigger is installed: %s", logs)
 	}
 }

@@ -192,6 +192,10 @@ type AcquireResult struct {
 	// key: for an exclusive attempt, the readers or permits it waits for;
 	// for a permit, the holders of the full semaphore.
 	SharedHolders int
+	// Delayed is set when the key is refused though its last exclusive
+	// holder's lease has expired (ExpiresAt + keys.TimeTolerance is past
+	// on the server's clock): that grant's lock delay keeps it.
+	Delayed bool
 	// Err is set (and OK false) in batch results for an item that failed
 	// on its own: a fence counter past keys.FenceMax (CodeInternal).
 	// Acquire returns it as its error.
@@ -472,6 +476,9 @@ func lockedResult(exp, now, at *int64, holder *string) AcquireResult {
 		// now is the server clock floored to the ms: the true remaining
 		// time is at most this.
 		r.RetryAfter = max(time.Duration(*at-*now)*time.Millisecond, 0)
+	}
+	if exp != nil && now != nil && *exp+keys.TimeToleranceMs <= *now {
+		r.Delayed = true
 	}
 	// Shown in messages and on terminals: only what Config.Holder accepts.
 	if holder != nil && checkHolder("", *holder) == nil {
