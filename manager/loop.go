@@ -426,6 +426,16 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			h.lease.NotBefore = heartbeat.RetryAt(h.lease, now)
 			h.ks.lastErr = d.err
 			h.acq.ExtendFailed(d.err)
+		case !d.res[i].OK && h.lease.Trusted(now):
+			// Refused inside the trust window: the lease was still live on
+			// the server (the window ends before its expiry), and nothing
+			// but a revoke (or a hand-made DELETE, which is one) ends a live
+			// lease of a holder that did not release it. The revoke's
+			// notification was missed (the listening connection was being
+			// replaced): the lock ends as revoked all the same.
+			st.revoke(h)
+			lost++
+			continue
 		case !d.res[i].OK:
 			st.lose(h, lostCause("the server no longer has the lock"), false, obs.LossNotHeld, d.db)
 			lost++
