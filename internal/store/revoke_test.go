@@ -264,6 +264,8 @@ func TestWatchNotifications(t *testing.T) {
 	if err != nil || !ho[0].OK {
 		t.Fatal(ho, err)
 	}
+	// A handoff tells both: the old lease released, then the grant.
+	want(store.WatchReleased, g.Fence)
 	want(store.WatchGranted, ho[0].Fence)
 	if res, err := s.Revoke(c, []store.RevokeRequest{{Key: watched}}); err != nil || !res[0].Revoked {
 		t.Fatal(res, err)

@@ -664,6 +664,11 @@ BEGIN
         END IF;
       END IF;
       IF p_channel IS NOT NULL THEN
+        -- Watchers hear what happened: the old lease's release (its
+        -- fence is the counter's before this grant), then the grant.
+        IF v_fc IS NOT NULL THEN
+          PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'r:' || lpad(v_fc::text, 15, '0'));
+        END IF;
         PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'g:' || lpad(o_fence::text, 15, '0'));
       END IF;
       o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
