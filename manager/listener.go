@@ -116,8 +116,21 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 // pins PostgreSQL's notification queue, does not stay behind) and
 // subscribes to channel, in one simple-protocol round trip.
 func listenSQL(channel string, live connx.Liveness) string {
-	return connx.SQL(live.Settings()) + ";\nLISTEN " + pgx.Identifier{channel}.Sanitize()
+	q := connx.SQL(live.Settings()) + ";\nLISTEN " + pgx.Identifier{channel}.Sanitize()
+	if channel != DefaultNotifyChannel {
+		// Changes made without a channel (a pg.Store with none, such as
+		// one on a caller's transaction) tell watchers on the default
+		// channel (the SQL notify function): watch events only are taken
+		// from it (watchOnly).
+		q += ";\nLISTEN " + pgx.Identifier{DefaultNotifyChannel}.Sanitize()
+	}
+	return q
 }
+
+// watchOnly reports whether a notification on channel is taken only when
+// it is a watch event: it came on the default channel, which a Manager
+// with another channel listens to for watch events only (listenSQL).
+func watchOnly(own, channel string) bool { return channel != own }
 
 // errListenPooler is why the listener stops for good behind a
 // transaction-mode pooler.
@@ -237,7 +250,11 @@ func (l *listener) session(ctx context.Context, bo *backoff.Backoff) (stop bool)
 			continue // the mail ended the wait: take the locks it asks for
 		}
 		if err == nil {
-			if !l.post(ctx, parseNotice(n.Payload)) {
+			nt := parseNotice(n.Payload)
+			if watchOnly(m.cfg.NotifyChannel, n.Channel) && nt.note.Kind != store.NotifyWatch {
+				continue
+			}
+			if !l.post(ctx, nt) {
 				return false
 			}
 			continue

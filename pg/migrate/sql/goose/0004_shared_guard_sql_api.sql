@@ -36,23 +36,35 @@ ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_m
   ADD COLUMN IF NOT EXISTS lock_delay_ms BIGINT,
   ADD COLUMN IF NOT EXISTS delay_until_ms BIGINT;
 
--- Notifies p_channel (nothing when it is NULL) about key p_key:
--- hashKey(p_key) when p_wake is 2, or 1 and a session waits for the key
--- (holds its waiter lock: the exclusive try fails); 'w:' || hashKey(p_key)
--- || ':' || p_event when p_event is not NULL and a session watches the key
--- (holds its watch lock). A try that succeeds drops the lock at once. It
--- runs on every grant and release: the tries are plain expressions (no
--- query each, as a PERFORM would be).
+-- Notifies p_channel about key p_key: hashKey(p_key) when p_wake is 2, or
+-- 1 and a session waits for the key (holds its waiter lock: the exclusive
+-- try fails); 'w:' || hashKey(p_key) || ':' || p_event when p_event is not
+-- NULL and a session watches the key (holds its watch lock). A try that
+-- succeeds drops the lock at once. It runs on every grant and release:
+-- the tries are plain expressions (no query each, as a PERFORM would be).
+-- A caller without a channel (NULL: a Go Store with no NotifyChannel,
+-- such as one on a caller's transaction) wakes nobody, but a watched
+-- key's change is still told to its watchers, on the default channel
+-- 'pglease_release' (the SQL API's and the Manager's default; a Manager
+-- with another channel listens to this one for watch events too): every
+-- change of a watched key reaches its watchers, whatever made it.
 CREATE OR REPLACE FUNCTION "pglease_notify_07f27fb7aa"(p_channel text, p_key text, p_wake integer, p_event text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_h integer;
   v_ok boolean;
 BEGIN
+  v_h := hashtext(p_key);
   IF p_channel IS NULL THEN
+    IF p_event IS NOT NULL THEN
+      IF pg_try_advisory_lock(1886156660, v_h) THEN
+        v_ok := pg_advisory_unlock(1886156660, v_h);
+      ELSE
+        PERFORM pg_notify('pglease_release', 'w:' || "pglease_hashkey_v1"(p_key) || ':' || p_event);
+      END IF;
+    END IF;
     RETURN;
   END IF;
-  v_h := hashtext(p_key);
   IF p_wake = 2 THEN
     PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
   ELSIF p_wake = 1 THEN
@@ -245,9 +257,7 @@ BEGIN
       INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
     END IF;
   END IF;
-  IF p_channel IS NOT NULL THEN
-    PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
-  END IF;
+  PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
   RETURN v_fence;
 END
 $fn$;
@@ -353,9 +363,7 @@ BEGIN
     END IF;
     INSERT INTO "syncguard_locks_shared" (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
       VALUES (r.id, r.k, r.lim, c.c_now + r.ttl, c.c_now, v_fence, p_holder);
-    IF p_channel IS NOT NULL THEN
-      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
-    END IF;
+    PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
     o_status := 0; o_fence := v_fence; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + r.ttl;
     RETURN NEXT;
   END LOOP;
@@ -489,7 +497,7 @@ BEGIN
       v_ev := 'u:';
     END IF;
     o_ok := v_k IS NOT NULL AND v_exp > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    IF v_k IS NOT NULL AND p_channel IS NOT NULL THEN
+    IF v_k IS NOT NULL THEN
       PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
     END IF;
     RETURN NEXT;
@@ -522,7 +530,7 @@ BEGIN
       v_ev := 'u:';
     END IF;
     o_ok := v_k IS NOT NULL;
-    IF o_ok AND p_channel IS NOT NULL THEN
+    IF o_ok THEN
       PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
     END IF;
     RETURN NEXT;
@@ -663,14 +671,12 @@ BEGIN
           INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (v_k, p_lock_ids[v_i], coalesce(p_holder, ''), nullif(p_delays[v_i], 0));
         END IF;
       END IF;
-      IF p_channel IS NOT NULL THEN
-        -- Watchers hear what happened: the old lease's release (its
-        -- fence is the counter's before this grant), then the grant.
-        IF v_fc IS NOT NULL THEN
-          PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'r:' || lpad(v_fc::text, 15, '0'));
-        END IF;
-        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'g:' || lpad(o_fence::text, 15, '0'));
+      -- Watchers hear what happened: the old lease's release (its fence
+      -- is the counter's before this grant), then the grant.
+      IF v_fc IS NOT NULL THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'r:' || lpad(v_fc::text, 15, '0'));
       END IF;
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'g:' || lpad(o_fence::text, 15, '0'));
       o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
       RETURN NEXT;
       CONTINUE;
