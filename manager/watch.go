@@ -26,7 +26,11 @@ import (
 // notice), the loop reads the key's state (store.Snapshot on a DB worker,
 // one batch in flight for all watched keys) and hands it to the watchers
 // as their first event. A change that committed before that read is in
-// it; one after sends a notification (it saw the lock). The server sends
+// it; one after sends a notification (it saw the lock). The read never
+// waits for a change in flight: such a key is answered busy and read
+// again a moment later (its notifications wait meanwhile), so that a key
+// held up (a takeover waiting for a transaction that guards the lease)
+// does not hold up the other keys' events. The server sends
 // notifications in commit order, and fences tell which of them the read
 // already covers (watchState.seen), so no change is lost or told twice.
 //
@@ -149,6 +153,11 @@ const maxBacklog = 64
 // the end itself: the notification may be on its way.
 const watchSettle = 250 * time.Millisecond
 
+// watchBusyRetry is how soon a key answered busy by a read (a change of
+// it in flight) is read again, doubling while it stays busy, up to
+// watchSettle.
+const watchBusyRetry = 10 * time.Millisecond
+
 // watchReq is a Watch call (remove false) or the end of its context.
 type watchReq struct {
 	w      *watcher
@@ -202,6 +211,7 @@ type watchState struct {
 	// without a notification; the next one reports what it finds.
 	settling bool
 	backlog  []store.Notification // notifications held while blocked
+	busy     int                  // reads in a row answered busy
 
 	// The state as known: the last grant's fence, whether its lease is
 	// live, whether its row was there at the last read, its holder and
@@ -539,6 +549,17 @@ func (st *loopState) handleWatchRead(d watchDone) {
 			continue
 		}
 		ws.reading = false
+		if d.res[i].Busy {
+			// A change of the key was in flight (a takeover waiting for a
+			// transaction that guards the lease can take seconds): read
+			// it again a moment later, as it was wanted; the other keys'
+			// reads go on meanwhile.
+			ws.announce = ws.announce || d.fl.announce[i]
+			ws.busy++
+			st.checkWatch(ws, d.at.Add(min(watchBusyRetry<<min(ws.busy-1, 5), watchSettle)))
+			continue
+		}
+		ws.busy = 0
 		st.applyWatchRead(ws, d.res[i], d.fl.announce[i], d.at)
 	}
 	st.sig().watchRead.signal(len(d.fl.states))

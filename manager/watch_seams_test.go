@@ -144,3 +144,95 @@ func TestWatchStoreWithoutChannel(t *testing.T) {
 		expectEvent(t, nextEvent(t, ch), EventReleased, res.Fence)
 	}
 }
+
+// TestWatchBlockedKeyDoesNotStallOthers: a watched key whose read is held
+// up (a takeover of it waits for the commit of a transaction that guards
+// the expired lease, holding the key's lock meanwhile) does not hold up
+// another watched key's events: a grant and a release of the other key
+// are reported while the takeover still waits. Once the guard commits,
+// the first key's state comes too. (The watcher's statement timeout is
+// long, so that a read that waits is not cut short by it: it would wait
+// for the commit, which comes only after the other key's events.)
+func TestWatchBlockedKeyDoesNotStallOthers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{cfg: Config{StatementTimeout: time.Minute}})
+	ctx := ctxT(t)
+	wait(t, &b.sig.listening)
+	holder, _ := b.newPeer(t, Config{})
+	taker, _ := b.newPeer(t, Config{StatementTimeout: time.Minute}) // its takeover waits for the commit
+	const blocked, free = "watch:blocked", "watch:free"
+	freeCh, err := b.m.Watch(ctx, free)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, freeCh), EventReleased, 0)
+
+	lk, err := holder.Acquire(ctx, blocked, WithTTL(time.Second), WithoutAutoExtend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := lk.Guard(ctx, tx); err != nil {
+		t.Fatal(err)
+	}
+	// Past the expiry and the server's 1 s tolerance: a takeover may come,
+	// and waits for tx.
+	time.Sleep(time.Until(lk.ExpiresAt().Add(1500 * time.Millisecond)))
+	took := make(chan *Lock, 1)
+	go func() {
+		l, err := taker.Acquire(ctx, blocked)
+		if err != nil {
+			t.Error(err)
+		}
+		took <- l
+	}()
+	select {
+	case l := <-took:
+		if l != nil {
+			_ = l.Release(ctx)
+		}
+		t.Skip("the takeover did not wait for the guarding transaction")
+	case <-time.After(time.Second):
+	}
+	// Watching the blocked key now reads it: held up behind the takeover.
+	blockedCh, err := b.m.Watch(ctx, blocked)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := holder.Acquire(ctx, free)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, freeCh), EventGranted, other.Fence())
+	if err := other.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, freeCh), EventReleased, other.Fence())
+	select {
+	case l := <-took:
+		t.Fatalf("the takeover ended (%v) before the other key's events: the test proved nothing", l != nil)
+	default:
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next := <-took
+	if next == nil {
+		return
+	}
+	defer func() { _ = next.Release(ctx) }()
+	for {
+		ev := nextEvent(t, blockedCh)
+		if ev.Kind == EventGranted && ev.Fence == next.Fence() {
+			break
+		}
+		if ev.Fence > next.Fence() {
+			t.Fatalf("event %+v beyond the takeover's fence %v", ev, next.Fence())
+		}
+	}
+	_ = lk.Release(ctx)
+}

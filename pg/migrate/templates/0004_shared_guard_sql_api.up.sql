@@ -748,12 +748,17 @@ BEGIN
 END
 $fn$;
 
--- The state of N keys, read after every change of them in flight has
--- committed: per key in (hashtext, key) order, the advisory lock shared
--- (waits for acquires, handoffs and revokes), the exclusive and shared rows
--- FOR KEY SHARE (waits for releases); then, with a new snapshot, the rows.
--- A watcher that registered its watch lock and then reads this misses no
--- final state: a change that did not see its lock commits before the read.
+-- The state of N keys, read when no change of them is in flight: per key
+-- in (hashtext, key) order, the advisory lock shared (held by acquires,
+-- handoffs and revokes), the exclusive and shared rows FOR KEY SHARE
+-- (locked by releases); then, with a new snapshot, the rows. A watcher
+-- that registered its watch lock and then reads this misses no final
+-- state: a change that did not see its lock commits before the read. It
+-- never waits: a key whose lock or rows another transaction holds (a
+-- takeover waiting for a writer that guards the lease can hold them for
+-- seconds) is answered busy (o_now_ms NULL, nothing else), and the caller
+-- reads it again later, so that one key's wait does not hold up the
+-- others' reads.
 CREATE OR REPLACE FUNCTION {fn_snapshot}(p_keys text[])
 RETURNS TABLE (o_idx integer, o_now_ms bigint, o_lock_hash text, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint,
   o_holder text, o_lock_delay_ms bigint, o_shared integer, o_limit integer, o_shared_expires_ms bigint, o_counter bigint,
@@ -763,14 +768,36 @@ DECLARE
   r record;
   v_id text;
   v_fence text;
+  v_busy boolean[];
+  v_n integer;
 BEGIN
+  v_busy := array_fill(false, ARRAY[coalesce(cardinality(p_keys), 0)]);
   FOR r IN SELECT u.k, u.i::integer AS i FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i LOOP
-    PERFORM pg_advisory_xact_lock_shared(hashtext(r.k));
-    PERFORM 1 FROM {t} AS l WHERE l.key = r.k FOR KEY SHARE;
-    PERFORM 1 FROM {s} AS s WHERE s.key = r.k ORDER BY s.lock_id FOR KEY SHARE;
+    IF NOT pg_try_advisory_xact_lock_shared(hashtext(r.k)) THEN
+      v_busy[r.i] := true;
+      CONTINUE;
+    END IF;
+    -- SKIP LOCKED skips a row locked in a conflicting mode (a release's
+    -- delete in flight, or waiting): the key is busy when it skipped one.
+    PERFORM 1 FROM {t} AS l WHERE l.key = r.k FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM {t} AS l WHERE l.key = r.k) THEN
+      v_busy[r.i] := true;
+      CONTINUE;
+    END IF;
+    SELECT count(*) INTO v_n FROM (SELECT 1 FROM {s} AS s WHERE s.key = r.k ORDER BY s.lock_id FOR KEY SHARE SKIP LOCKED) AS x;
+    IF v_n < (SELECT count(*) FROM {s} AS s WHERE s.key = r.k) THEN
+      v_busy[r.i] := true;
+    END IF;
   END LOOP;
   FOR r IN SELECT u.k, u.i::integer AS i FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY u.i LOOP
     o_idx := r.i;
+    IF v_busy[r.i] THEN
+      o_now_ms := NULL; o_lock_hash := NULL; o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL;
+      o_holder := NULL; o_lock_delay_ms := NULL; o_shared := NULL; o_limit := NULL; o_shared_expires_ms := NULL;
+      o_counter := NULL; o_delay_until_ms := NULL; o_excl_wait_until_ms := NULL;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
     o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_id := NULL; v_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL;
     SELECT l.lock_id, l.fence, l.acquired_at_ms, l.expires_at_ms INTO v_id, v_fence, o_acquired_ms, o_expires_ms
