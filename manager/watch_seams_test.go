@@ -1,8 +1,11 @@
 package manager
 
 import (
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
@@ -235,4 +238,113 @@ func TestWatchBlockedKeyDoesNotStallOthers(t *testing.T) {
 		}
 	}
 	_ = lk.Release(ctx)
+}
+
+// TestWatchReconnectTellsOnce: after the listening connection is
+// replaced, watchers are told what changed while it was down, once, and
+// nothing when nothing did: no repeat of the last event, no "released"
+// of fence 0 for a key that was free or had been released. A lease that
+// ended unseen is told as EventResync with its fence.
+func TestWatchReconnectTellsOnce(t *testing.T) {
+	t.Parallel()
+	app := pgtest.RandomName("watchonce_")
+	var mu sync.Mutex
+	var hold chan struct{} // non-nil: the listener's next connect waits for it
+	b := setup(t, setupOpts{hooks: testHooks{listenConfig: func(c *pgx.ConnConfig) {
+		c.RuntimeParams["application_name"] = app
+		mu.Lock()
+		h := hold
+		mu.Unlock()
+		if h != nil {
+			<-h
+		}
+	}}})
+	ctx := ctxT(t)
+	wait(t, &b.sig.listening)
+	actor, _ := b.newPeer(t, Config{})
+	const never, held, ended = "watch:once:never", "watch:once:held", "watch:once:ended"
+	chs := map[string]<-chan Event{}
+	for _, k := range []string{never, held, ended} {
+		ch, err := b.m.Watch(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expectEvent(t, nextEvent(t, ch), EventReleased, 0)
+		chs[k] = ch
+	}
+	hl, err := actor.Acquire(ctx, held, WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, chs[held]), EventGranted, hl.Fence())
+	el, err := actor.Acquire(ctx, ended)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, chs[ended]), EventGranted, el.Fence())
+	if err := el.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, chs[ended]), EventReleased, el.Fence())
+
+	admin, _ := pgtest.Pool(t)
+	reconnect := func(during func()) {
+		t.Helper()
+		release := make(chan struct{})
+		mu.Lock()
+		hold = release
+		mu.Unlock()
+		var n int
+		if err := admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1", app).Scan(&n); err != nil || n != 1 {
+			t.Fatalf("terminated %d listener backends: %v", n, err)
+		}
+		during()
+		mu.Lock()
+		hold = nil
+		mu.Unlock()
+		drain(&b.sig.watchRead)
+		close(release)
+		wait(t, &b.sig.listening)
+		// The keys are read again (the watch locks taken again, and the
+		// resync): give both reads time to come back.
+		wait(t, &b.sig.watchRead)
+		time.Sleep(500 * time.Millisecond)
+	}
+	quiet := func(when string) {
+		t.Helper()
+		for k, ch := range chs {
+			select {
+			case ev := <-ch:
+				t.Fatalf("%s: %s told %+v", when, k, ev)
+			default:
+			}
+		}
+	}
+
+	// Nothing changes while the listener is down: nothing is told.
+	reconnect(func() {})
+	quiet("after a reconnect with no change")
+
+	// The held lease is released while the listener is down: told once,
+	// as ended unseen, with its fence.
+	reconnect(func() {
+		if err := hl.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+	ev := nextEvent(t, chs[held])
+	expectEvent(t, ev, EventResync, hl.Fence())
+	quiet("after the resync of a released lease")
+
+	// And the watch goes on.
+	nl, err := actor.Acquire(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, chs[held]), EventGranted, nl.Fence())
+	if err := nl.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectEvent(t, nextEvent(t, chs[held]), EventReleased, nl.Fence())
+	quiet("at the end")
 }
