@@ -426,13 +426,11 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			h.lease.NotBefore = heartbeat.RetryAt(h.lease, now)
 			h.ks.lastErr = d.err
 			h.acq.ExtendFailed(d.err)
-		case !d.res[i].OK && h.lease.Trusted(now):
-			// Refused inside the trust window: the lease was still live on
-			// the server (the window ends before its expiry), and nothing
-			// but a revoke (or a hand-made DELETE, which is one) ends a live
-			// lease of a holder that did not release it. The revoke's
-			// notification was missed (the listening connection was being
-			// replaced): the lock ends as revoked all the same.
+		case !d.res[i].OK && d.res[i].Revoked:
+			// A revoke deleted the lease and its notification was missed
+			// (the listening connection was being replaced, or notifications
+			// are off): the server remembers the revoked lockId, so the lock
+			// ends as revoked all the same.
 			st.revoke(h)
 			lost++
 			continue

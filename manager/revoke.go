@@ -29,10 +29,10 @@ import (
 // revoke made by this Manager also tells its own loop directly, so a
 // holder here learns even without a listener. A holder whose listener
 // missed the notification (reconnecting) learns at its next extend, which
-// finds no row: inside the lease's trust window (before the server's
-// expiry) only a revoke deletes a live row, so the lock ends as revoked
-// all the same (handleExtendDone); after it, the lock is lost
-// (ErrLockLost: the row may have expired and been taken over). A revoke notification that
+// finds no row and reads the revoke's record of the lockId (the holders
+// table's revoked_lock_hash, kept until the key's next revoke), so the
+// lock ends as revoked all the same (handleExtendDone); a row gone
+// otherwise (expired and taken over, deleted by hand) is ErrLockLost. A revoke notification that
 // comes before the grant it revokes was answered here (the grant's answer
 // and the notification race) is remembered for a while (revokedEarly),
 // and the grant ends as revoked as soon as it is made.
@@ -63,8 +63,8 @@ func revokedCause() error {
 // revoke's commit); its Release then returns that error and nothing is
 // extended or released any more. A holder that was not listening at that
 // moment (its listening connection was being replaced) learns at its next
-// extend, which finds the lease gone: pglease.ErrRevoked too, when that
-// extend is answered within the lease's trust window. Until the
+// extend, which finds the lease gone and the revoke recorded:
+// pglease.ErrRevoked too. Until the
 // holder stops, only fencing protects the resource: the next holder's
 // fence is higher (pg.FenceGuard refuses the revoked holder's later
 // writes). Revoke waits for transactions that guard the lease

@@ -130,8 +130,9 @@ func TestRevokeHere(t *testing.T) {
 }
 
 // TestRevokeMissedNotification: a holder that never hears the revoke
-// (no listener) learns at its next extend, which finds no row while the
-// lease was still live: revoked, not lost.
+// (no listener) learns at its next extend, which finds no row and the
+// revoke's record of its lockId: revoked, not lost, even though the key
+// was granted again before that extend.
 func TestRevokeMissedNotification(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{cfg: Config{DisableNotify: true}})
@@ -144,6 +145,10 @@ func TestRevokeMissedNotification(t *testing.T) {
 	if ok, err := peer.Revoke(ctx, "revoke:missed"); err != nil || !ok {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
+	next, err := peer.Acquire(ctx, "revoke:missed")
+	if err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-lk.Done():
 	case <-time.After(waitTimeout()):
@@ -151,6 +156,9 @@ func TestRevokeMissedNotification(t *testing.T) {
 	}
 	if !errors.Is(lk.Err(), pglease.ErrRevoked) {
 		t.Fatalf("Err = %v, want ErrRevoked", lk.Err())
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

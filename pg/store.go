@@ -179,7 +179,7 @@ type ExtendResult struct {
 // (no revival inside the tolerance window). One round trip.
 func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (ExtendResult, error) {
 	r, err := s.s.Extend(ctx, lockID, ttl)
-	return ExtendResult(r), err
+	return ExtendResult{OK: r.OK, ExpiresAt: r.ExpiresAt}, err
 }
 
 // IsLocked reports whether key has a live lock record, by SyncGuard's

@@ -33,6 +33,21 @@ CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_
 ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
   ADD COLUMN IF NOT EXISTS lock_delay_ms BIGINT,
   ADD COLUMN IF NOT EXISTS delay_until_ms BIGINT;
+-- revoked_lock_hash: hashKey of the lockId the key's last revoke deleted
+-- (a hash: the lockId is its holder's secret), kept when the key is
+-- granted again, so that the revoked holder's next extend, which finds
+-- nothing, can tell a revoke from an expiry (the extend function's
+-- o_revoked) though it missed the revoke's notification. Indexed (only
+-- its non-NULL values) for that lookup by lockId.
+ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS revoked_lock_hash TEXT;
+DO $pglease$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_index AS i JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+      WHERE i.indrelid = '"syncguard_locks_holders"'::regclass AND a.attname = 'revoked_lock_hash') THEN
+    CREATE INDEX ON "syncguard_locks_holders" (revoked_lock_hash) WHERE revoked_lock_hash IS NOT NULL;
+  END IF;
+END
+$pglease$;
 
 -- Notifies p_channel about key p_key: hashKey(p_key) when p_wake is 2, or
 -- 1 and a session waits for the key (holds its waiter lock: the exclusive
@@ -540,9 +555,10 @@ $fn$;
 -- the release function's order, FOR NO KEY UPDATE (a transaction guarding
 -- the lease, FOR KEY SHARE, does not block its heartbeat); new expiry =
 -- server now + ttl, only for rows with expires_at_ms > now (no revival).
--- Durable, as version 2's.
+-- Durable, as version 2's. o_revoked: not extended because a revoke
+-- deleted the lease (its lockId's hash is the key's revoked_lock_hash).
 CREATE OR REPLACE FUNCTION "pglease_extend_07f27fb7aa"(p_lock_ids text[], p_ttls bigint[])
-RETURNS TABLE (o_idx integer, o_expires_ms bigint)
+RETURNS TABLE (o_idx integer, o_expires_ms bigint, o_revoked boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
@@ -583,6 +599,8 @@ BEGIN
       UPDATE "syncguard_locks_shared" AS s SET expires_at_ms = v_now + p_ttls[v_i] WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > v_now
         RETURNING s.expires_at_ms INTO o_expires_ms;
     END IF;
+    o_revoked := o_expires_ms IS NULL
+      AND EXISTS (SELECT 1 FROM "syncguard_locks_holders" AS h WHERE h.revoked_lock_hash = "pglease_hashkey_v1"(p_lock_ids[v_i]));
     RETURN NEXT;
   END LOOP;
 END
@@ -740,6 +758,9 @@ BEGIN
         INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, delay_until_ms) VALUES (r.k, '', '', o_delay_until_ms)
           ON CONFLICT (key) DO UPDATE SET delay_until_ms = EXCLUDED.delay_until_ms;
       END IF;
+      -- Remembered for the revoked holder's next extend (o_revoked).
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, revoked_lock_hash) VALUES (r.k, '', '', o_lock_hash)
+        ON CONFLICT (key) DO UPDATE SET revoked_lock_hash = EXCLUDED.revoked_lock_hash;
       IF p_channel IS NOT NULL THEN
         PERFORM pg_notify(p_channel, 'r:' || "pglease_hashkey_v1"(r.k) || ':' || o_lock_hash);
       END IF;
