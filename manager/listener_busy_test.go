@@ -11,12 +11,12 @@ import (
 // notifications (here 20 a second, as when others wait on busy keys) and
 // never sends a statement of its own keeps its listening session: the
 // server's idle_session_timeout that pglease sets on it (shortened to
-// 3 s) counts statements, not notifications received, so the listener
-// must probe on its schedule whatever it receives. Over four timeouts'
+// 4 s) counts statements, not notifications received, so the listener
+// must probe on its schedule whatever it receives. Over three timeouts'
 // worth the listener never subscribes again.
 func TestListenerBusyKeepsSession(t *testing.T) {
 	t.Parallel()
-	const idle = 3 * time.Second
+	const idle = 4 * time.Second
 	b := setup(t, setupOpts{hooks: testHooks{listenIdleTimeout: idle}})
 	ctx := ctxT(t)
 	wait(t, &b.sig.listening)
@@ -39,7 +39,7 @@ func TestListenerBusyKeepsSession(t *testing.T) {
 			_, _ = b.admin.Exec(nctx, "SELECT pg_notify($1, 'busy-key-hash')", channel)
 		}
 	}()
-	time.Sleep(4 * idle)
+	time.Sleep(3 * idle)
 	stop()
 	wg.Wait()
 	n := 0
@@ -53,6 +53,6 @@ func TestListenerBusyKeepsSession(t *testing.T) {
 		break
 	}
 	if n > 0 {
-		t.Fatalf("the listening session was replaced %d times in %v while only receiving (idle_session_timeout %v)", n, 4*idle, idle)
+		t.Fatalf("the listening session was replaced %d times in %v while only receiving (idle_session_timeout %v)", n, 3*idle, idle)
 	}
 }
