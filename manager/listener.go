@@ -22,10 +22,20 @@ import (
 // half-open (the server side is gone, a NAT or proxy dropped its state,
 // the client side stays open and silent) or blackholed. WaitForNotification
 // then blocks forever and the Manager silently loses its wake-ups, so the
-// listener probes its connection whenever it has been quiet for
-// listenProbeInterval, with a round trip bounded by listenProbeTimeout, and
+// listener probes its connection listenProbeInterval after its last
+// statement, with a round trip bounded by listenProbeTimeout, and
 // reconnects when the probe fails. Notifications sent meanwhile are lost:
 // after reconnecting, every waiting key is tried once (resync).
+//
+// The probe is due by the clock, not by silence: a listener that keeps
+// receiving notifications still sends a statement every
+// listenProbeInterval. Receiving is not sending, and the server's
+// idle_session_timeout (connx.DefaultLiveness, 25 s), which ends the
+// session of a listener whose process stopped, counts only statements;
+// a listener that probed only when quiet would be ended by that setting
+// while busy, losing the notifications of the gap. The setting stays (a
+// stopped process must not pin the server's notification queue); the
+// schedule makes sure it never ends a live listener.
 const (
 	listenProbeInterval = time.Second
 	listenProbeTimeout  = time.Second
@@ -105,9 +115,22 @@ func (l *listener) run(ctx context.Context, done chan struct{}) {
 // probing after about 25 s, so that a dead listener's backend, which
 // pins PostgreSQL's notification queue, does not stay behind) and
 // subscribes to channel, in one simple-protocol round trip.
-func listenSQL(channel string) string {
-	return connx.SQL(connx.DefaultLiveness.Settings()) + ";\nLISTEN " + pgx.Identifier{channel}.Sanitize()
+func listenSQL(channel string, live connx.Liveness) string {
+	q := connx.SQL(live.Settings()) + ";\nLISTEN " + pgx.Identifier{channel}.Sanitize()
+	if channel != DefaultNotifyChannel {
+		// Changes made without a channel (a pg.Store with none, such as
+		// one on a caller's transaction) tell watchers on the default
+		// channel (the SQL notify function): watch events only are taken
+		// from it (watchOnly).
+		q += ";\nLISTEN " + pgx.Identifier{DefaultNotifyChannel}.Sanitize()
+	}
+	return q
 }
+
+// watchOnly reports whether a notification on channel is taken only when
+// it is a watch event: it came on the default channel, which a Manager
+// with another channel listens to for watch events only (listenSQL).
+func watchOnly(own, channel string) bool { return channel != own }
 
 // errListenPooler is why the listener stops for good behind a
 // transaction-mode pooler.
@@ -157,7 +180,11 @@ func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) 
 		// the LISTEN or the probe (what fault tests look for).
 		l.checkReleaseTrigger(lctx, conn)
 	}
-	if _, err := conn.Exec(lctx, listenSQL(m.cfg.NotifyChannel)); err != nil {
+	live := connx.DefaultLiveness
+	if m.test.listenIdleTimeout > 0 {
+		live.IdleTimeout = m.test.listenIdleTimeout
+	}
+	if _, err := conn.Exec(lctx, listenSQL(m.cfg.NotifyChannel, live)); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
 		return false
 	}
@@ -183,6 +210,9 @@ func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) 
 	}
 	changed := false // mail came: the session's locks may differ from want
 	soon := false    // some locks could not be taken: try again soon
+	// probeAt is when the next probe is due: probeEvery after the last
+	// one, whatever came meanwhile (see listenProbeInterval).
+	probeAt := time.Now().Add(probeEvery)
 	for {
 		if l.drainMail() {
 			changed = true
@@ -198,9 +228,17 @@ func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) 
 			}
 			changed = false
 		}
-		wait := probeEvery
+		wait := time.Until(probeAt)
 		if soon {
 			wait = min(wait, waiterRetryDelay)
+		}
+		if wait <= 0 {
+			// Due, though notifications kept the connection busy.
+			if !l.probe(ctx, conn, probeTimeout) {
+				return false
+			}
+			probeAt = time.Now().Add(probeEvery)
+			continue
 		}
 		n, mail, quiet, err := l.wait(ctx, conn, wait)
 		if mail != nil {
@@ -214,7 +252,11 @@ func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) 
 			continue // the mail ended the wait: take the locks it asks for
 		}
 		if err == nil {
-			if !l.post(ctx, parseNotice(n.Payload)) {
+			nt := parseNotice(n.Payload)
+			if watchOnly(m.cfg.NotifyChannel, n.Channel) && nt.note.Kind != store.NotifyWatch {
+				continue
+			}
+			if !l.post(ctx, nt) {
 				return false
 			}
 			continue
@@ -222,16 +264,24 @@ func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) 
 		if !quiet || conn.PgConn().IsClosed() {
 			return false // the connection failed: reconnect
 		}
-		// Quiet for probeEvery (pgconn leaves the connection usable after
-		// such a timeout): prove that it is alive.
-		pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-		_, err = conn.Exec(pctx, "SELECT 1")
-		cancel()
-		if err != nil {
-			l.probeFailed()
-			return false
-		}
+		// The wait ended by its deadline (pgconn leaves the connection
+		// usable after such a timeout): the probe is due, or the locks
+		// are tried again at the top.
 	}
+}
+
+// probe proves that conn is alive with one round trip bounded by
+// timeout; false when it failed (the caller reconnects). Notifications
+// that come during it are kept by pgx for the next wait.
+func (l *listener) probe(ctx context.Context, conn *pgx.Conn, timeout time.Duration) bool {
+	pctx, cancel := context.WithTimeout(ctx, timeout)
+	_, err := conn.Exec(pctx, "SELECT 1")
+	cancel()
+	if err != nil {
+		l.probeFailed()
+		return false
+	}
+	return true
 }
 
 // wait waits up to d for a notification on conn, and ends early when mail

@@ -421,6 +421,14 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			h.lease.NotBefore = h.lease.RetryAt(now)
 			h.ks.lastErr = d.err
 			h.acq.ExtendFailed(d.err)
+		case !d.res[i].OK && d.res[i].Revoked:
+			// A revoke deleted the lease and its notification was missed
+			// (the listening connection was being replaced, or notifications
+			// are off): the server remembers the revoked lockId, so the lock
+			// ends as revoked all the same.
+			st.revoke(h)
+			lost++
+			continue
 		case !d.res[i].OK:
 			st.lose(h, lostCause("the server no longer has the lock"), false, obs.LossNotHeld, d.db)
 			lost++

@@ -54,11 +54,15 @@ type Config struct {
 	// which releases wake waiters in other processes. Unlike a Store's, a
 	// Manager's empty NotifyChannel means DefaultNotifyChannel
 	// ("pglease_release"); DisableNotify turns notifications off. Every
-	// Manager that should wake the others must use the same channel.
+	// Manager that should wake the others must use the same channel. (A
+	// Manager on another channel also listens to DefaultNotifyChannel,
+	// for watch events only: changes made without a channel tell watchers
+	// there.)
 	pg.Config
 
-	// DisableNotify turns notifications off: releases send none, and no
-	// listening connection is opened. Waiters then learn of releases in
+	// DisableNotify turns notifications off: releases wake no one here or
+	// elsewhere (a key watched elsewhere is still told to its watchers,
+	// on DefaultNotifyChannel), and no listening connection is opened. Waiters then learn of releases in
 	// other processes by polling alone.
 	DisableNotify bool
 	// ListenConnString, if set, is the connection string (pgx.ParseConfig

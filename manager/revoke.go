@@ -31,8 +31,10 @@ import (
 // revoke made by this Manager also tells its own loop directly, so a
 // holder here learns even without a listener. A holder whose listener
 // missed the notification (reconnecting) learns at its next extend, which
-// finds no row: the lock is lost (ErrLockLost: the server cannot tell a
-// revoked row from an expired one taken over). A revoke notification that
+// finds no row and reads the revoke's record of the lockId (the holders
+// table's revoked_lock_hash, kept until the key's next revoke), so the
+// lock ends as revoked all the same (handleExtendDone); a row gone
+// otherwise (expired and taken over, deleted by hand) is ErrLockLost. A revoke notification that
 // comes before the grant it revokes was answered here (the grant's answer
 // and the notification race) is remembered for a while (revokedEarly),
 // and the grant ends as revoked as soon as it is made.
@@ -86,7 +88,9 @@ type Revocation struct {
 // commit); its Release then returns that error and nothing is extended or
 // released any more. A holder that was not listening at that moment (its
 // listening connection was being replaced) learns at its next extend,
-// which finds the lease gone (pglease.ErrLockLost). Until the holder
+// which finds the lease gone and, for an exclusive lease, the revoke
+// recorded: pglease.ErrRevoked too (a revoked reader or permit that missed
+// the notice learns pglease.ErrLockLost). Until the holder
 // stops, only fencing protects the resource: the next holder's fence is
 // higher (pg.FenceGuard refuses the revoked holder's later writes).
 // Revoke waits for transactions that guard the lease (Lock.Guard), so

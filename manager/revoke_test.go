@@ -130,26 +130,35 @@ func TestRevokeHere(t *testing.T) {
 }
 
 // TestRevokeMissedNotification: a holder that never hears the revoke
-// (no listener) learns at its next extend, which finds no row: lost.
+// (no listener) learns at its next extend, which finds no row and the
+// revoke's record of its lockId: revoked, not lost, even though the key
+// was granted again before that extend.
 func TestRevokeMissedNotification(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{cfg: Config{DisableNotify: true}})
 	ctx := ctxT(t)
 	peer, _ := b.newPeer(t, Config{DisableNotify: true})
-	lk, err := b.m.Acquire(ctx, "revoke:missed", WithTTL(600*time.Millisecond))
+	lk, err := b.m.Acquire(ctx, "revoke:missed", WithTTL(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if ok, err := peer.Revoke(ctx, "revoke:missed"); err != nil || ok.Revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", ok, err)
 	}
+	next, err := peer.Acquire(ctx, "revoke:missed")
+	if err != nil {
+		t.Fatal(err)
+	}
 	select {
 	case <-lk.Done():
 	case <-time.After(waitTimeout()):
 		t.Fatal("not ended")
 	}
-	if !errors.Is(lk.Err(), pglease.ErrLockLost) {
-		t.Fatalf("Err = %v, want ErrLockLost", lk.Err())
+	if !errors.Is(lk.Err(), pglease.ErrRevoked) {
+		t.Fatalf("Err = %v, want ErrRevoked", lk.Err())
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -121,6 +121,9 @@ type testHooks struct {
 	// listenProbe, if set, replaces the listener's probe interval and
 	// timeout.
 	listenProbe time.Duration
+	// listenIdleTimeout, if set, replaces the listening session's
+	// idle_session_timeout (connx.DefaultLiveness).
+	listenIdleTimeout time.Duration
 	// timerFired, if set, runs when a loss timer or the loop's wake-up
 	// timer fires, before it acts, with how late it fired; a test makes
 	// the runtime's delay in running timers after SIGCONT certain.

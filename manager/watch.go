@@ -26,7 +26,11 @@ import (
 // notice), the loop reads the key's state (store.Snapshot on a DB worker,
 // one batch in flight for all watched keys) and hands it to the watchers
 // as their first event. A change that committed before that read is in
-// it; one after sends a notification (it saw the lock). The server sends
+// it; one after sends a notification (it saw the lock). The read never
+// waits for a change in flight: such a key is answered busy and read
+// again a moment later (its notifications wait meanwhile), so that a key
+// held up (a takeover waiting for a transaction that guards the lease)
+// does not hold up the other keys' events. The server sends
 // notifications in commit order, and fences tell which of them the read
 // already covers (watchState.seen), so no change is lost or told twice.
 //
@@ -39,7 +43,8 @@ import (
 // (Expired), or gone without a notification yet (one may be on its way:
 // read again a moment later, then report the end as it finds it). After
 // the listener reconnects (notifications were lost meanwhile) every
-// watched key is read again and its watchers get its state anew.
+// watched key is read again and its watchers are told what changed since
+// their last event (resyncWatch), nothing when nothing did.
 //
 // Each watcher has a buffered channel that only the loop sends on, never
 // blocking: when the reader lags behind by watchBuffer events, the oldest
@@ -82,6 +87,13 @@ const (
 	EventExpired EventKind = "expired"
 	// EventRevoked: the lease of Fence was revoked (Revoke).
 	EventRevoked EventKind = "revoked"
+	// EventResync: the Manager's listening connection was replaced, so
+	// notifications were lost, and the key changed meanwhile in a way
+	// the read after it cannot tell: the lease of Fence, which was live
+	// at the last event, ended (released, revoked or expired), or, when
+	// the key is free, Fence is its last grant, ended. When the key has
+	// a lease again, its EventGranted (or EventExpired) follows.
+	EventResync EventKind = "resync"
 )
 
 // Watch reports the changes of key's exclusive lease as they commit,
@@ -91,8 +103,11 @@ const (
 // EventExpired with its fence). Fences only grow: an event never takes
 // the key back to an older grant. After the Manager's listening
 // connection was replaced (notifications sent meanwhile are lost), the
-// key is read again and the channel gets its state anew, which may
-// repeat the last event; so the final state is never missed.
+// key is read again and the channel gets what changed since the last
+// event, and nothing when nothing did: a lease found expired
+// (EventExpired), a lease that ended unseen (EventResync), a new lease
+// (EventGranted); so the final state is never missed and no change is
+// told twice.
 //
 // The channel is closed when ctx ends or the Manager closes (or stops
 // listening for good: see Config.ListenConnString). It is never blocked
@@ -141,13 +156,18 @@ const watchBuffer = 16
 
 // maxBacklog bounds the notifications a watched key keeps while a read
 // of it is in flight; beyond it they are dropped and the key is read
-// afresh (its watchers get its state anew).
+// afresh (its watchers are told what changed, as after a reconnect).
 const maxBacklog = 64
 
 // watchSettle is how long after a confirming read found a lease gone or
 // replaced without a notification the loop reads again before it reports
 // the end itself: the notification may be on its way.
 const watchSettle = 250 * time.Millisecond
+
+// watchBusyRetry is how soon a key answered busy by a read (a change of
+// it in flight) is read again, doubling while it stays busy, up to
+// watchSettle.
+const watchBusyRetry = 10 * time.Millisecond
 
 // watchReq is a Watch call (remove false) or the end of its context.
 type watchReq struct {
@@ -202,6 +222,7 @@ type watchState struct {
 	// without a notification; the next one reports what it finds.
 	settling bool
 	backlog  []store.Notification // notifications held while blocked
+	busy     int                  // reads in a row answered busy
 
 	// The state as known: the last grant's fence, whether its lease is
 	// live, whether its row was there at the last read, its holder and
@@ -539,6 +560,17 @@ func (st *loopState) handleWatchRead(d watchDone) {
 			continue
 		}
 		ws.reading = false
+		if d.res[i].Busy {
+			// A change of the key was in flight (a takeover waiting for a
+			// transaction that guards the lease can take seconds): read
+			// it again a moment later, as it was wanted; the other keys'
+			// reads go on meanwhile.
+			ws.announce = ws.announce || d.fl.announce[i]
+			ws.busy++
+			st.checkWatch(ws, d.at.Add(min(watchBusyRetry<<min(ws.busy-1, 5), watchSettle)))
+			continue
+		}
+		ws.busy = 0
 		st.applyWatchRead(ws, d.res[i], d.fl.announce[i], d.at)
 	}
 	st.sig().watchRead.signal(len(d.fl.states))
@@ -564,6 +596,14 @@ func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 	row := r.LockIDHash != ""
 	same := row && r.Fence == ws.fence
 	switch {
+	case announce && ws.hasLast:
+		// Read again after the listener reconnected (or took the watch
+		// lock again): tell what changed since the last event, if
+		// anything (a watcher not yet greeted gets the state below).
+		st.resyncWatch(ws, r, row)
+		if ws.announce {
+			return
+		}
 	case announce:
 		ev := stateEvent(r)
 		ws.fence, ws.live, ws.holder, ws.expiresAt = ev.Fence, r.Held && row, ev.Holder, ev.ExpiresAt
@@ -636,6 +676,54 @@ func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 	} else {
 		st.checkWatch(ws, at.Add(watchSettle)) // expiry unknown: read again
 	}
+}
+
+// resyncWatch applies the state r, read after notifications may have been
+// lost, to a key whose watchers know its last event: they are told what
+// changed since, once (see EventResync), and nothing when nothing did.
+func (st *loopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
+	last := max(r.Fence, r.Counter)
+	if ws.pendingGrant {
+		// A grant applied and not told yet (its read was pending): told
+		// first, as that read would have.
+		ws.pendingGrant = false
+		if row && r.Fence == ws.fence {
+			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
+		}
+		st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+	}
+	prevLive, prevFence := ws.live, ws.fence
+	ws.settling = false
+	// Notifications kept meanwhile stay: applied after, those the read
+	// covered are skipped by their fences.
+	switch {
+	case row && r.Fence == prevFence && prevFence != 0:
+		// The same lease: extended, or expired meanwhile.
+		if prevLive && !r.Held {
+			ws.live, ws.expiresAt = false, r.ExpiresAt
+			st.emit(ws, Event{Kind: EventExpired, Fence: prevFence, Holder: ws.holder, ExpiresAt: r.ExpiresAt})
+		} else if prevLive {
+			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
+		}
+	case row && r.Fence > ws.seen:
+		// New grants came: the one read is told as the watch's first
+		// event would be, after the end of the one known live.
+		if prevLive {
+			st.emit(ws, Event{Kind: EventResync, Fence: prevFence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		}
+		ev := stateEvent(r)
+		ws.fence, ws.live, ws.holder, ws.expiresAt = r.Fence, r.Held, r.Holder, r.ExpiresAt
+		st.emit(ws, ev)
+	case !row && prevLive:
+		// Free now: the lease known live (and any grant after it) ended.
+		ws.fence, ws.live, ws.holder, ws.expiresAt = max(last, prevFence), false, "", time.Time{}
+		st.emit(ws, Event{Kind: EventResync, Fence: ws.fence})
+		// A watcher that comes later gets the state: free.
+		ws.last = Event{Kind: EventReleased, Fence: ws.fence}
+	default:
+		// Free before and now, or nothing newer than what was told.
+	}
+	ws.seen = max(ws.seen, last)
 }
 
 // checkWatch schedules a confirming read of ws at t (replacing any).

@@ -41,7 +41,10 @@ type Config struct {
 	// NotifyChannel, if non-empty (an identifier, as above), makes every
 	// successful release also run pg_notify(NotifyChannel,
 	// pglease.HashKey(key)) in the same transaction, so waiters in other
-	// processes can wake up. "" = no notification.
+	// processes can wake up. "" = no wake-ups; a key some Manager
+	// watches (manager.Manager.Watch) is still told to its watchers, on
+	// the default channel "pglease_release", so every change of a
+	// watched key reaches them whatever made it.
 	NotifyChannel string
 	// OnFenceWarning, if set, is called (synchronously, after the grant)
 	// for each grant whose fence is above 90000000000000, a tenth of the
@@ -180,7 +183,7 @@ type ExtendResult struct {
 // (no revival inside the tolerance window). One round trip.
 func (s *Store) Extend(ctx context.Context, lockID string, ttl time.Duration) (ExtendResult, error) {
 	r, err := s.s.Extend(ctx, lockID, ttl)
-	return ExtendResult(r), err
+	return ExtendResult{OK: r.OK, ExpiresAt: r.ExpiresAt}, err
 }
 
 // Guard ties the caller's transaction tx to the exclusive lease lockID

@@ -359,17 +359,25 @@ type KeyState struct {
 	// DelayUntil is a revoke's delay end, WriterWaitingUntil an
 	// exclusive waiter's mark (zero when none, or past).
 	DelayUntil, WriterWaitingUntil time.Time
+	// Busy: a change of the key was in flight (its advisory lock or rows
+	// held by another transaction), so it was not read: every other field
+	// is zero. Read it again later.
+	Busy bool
 }
 
 // Snapshot reads the state of each key in one statement (one round
-// trip); results[i] answers ks[i]. The read comes after every change of
-// the keys in flight has committed: per key, in the global key order, it
-// takes the key's advisory lock shared (acquires, handoffs and revokes
-// hold it exclusively) and its rows FOR KEY SHARE (a release's delete
-// excludes that), then reads. So a watcher that registered its watch
-// lock (RegisterWatchers) and then calls Snapshot misses no final state:
-// a change either saw the lock and notifies, or committed before the
-// read. It does not block extends, guards, or other snapshots.
+// trip); results[i] answers ks[i]. A key is read only when no change of
+// it is in flight: per key, in the global key order, it takes the key's
+// advisory lock shared (acquires, handoffs and revokes hold it
+// exclusively) and its rows FOR KEY SHARE (a release's delete excludes
+// that), then reads. So a watcher that registered its watch lock
+// (RegisterWatchers) and then calls Snapshot misses no final state: a
+// change either saw the lock and notifies, or committed before the read.
+// It never waits for those locks: a key whose change is in flight is
+// answered Busy (a takeover waiting for a transaction that guards the
+// lease holds its lock for as long), so that it does not hold up the
+// other keys' reads. It does not block extends, guards, or other
+// snapshots.
 func (s *Store) Snapshot(ctx context.Context, ks []string) ([]KeyState, error) {
 	const op = "pg.Snapshot"
 	if err := pgerr.CheckContext(op, ctx); err != nil {
@@ -396,12 +404,12 @@ func (s *Store) Snapshot(ctx context.Context, ks []string) ([]KeyState, error) {
 	got := make([]bool, len(ks))
 	err := s.run(ctx, op, false, s.snapshotSQL, []any{sks}, func(rows pgx.Rows) error {
 		var idx int32
-		var now int64
+		var nowp *int64
 		var lockHash, holder *string
 		var fence, acq, exp, delay, sexp, counter, until, wait *int64
-		var shared int64
 		var limit *int32
-		if err := rows.Scan(&idx, &now, &lockHash, &fence, &acq, &exp, &holder, &delay, &shared, &limit, &sexp, &counter, &until, &wait); err != nil {
+		var shared *int64
+		if err := rows.Scan(&idx, &nowp, &lockHash, &fence, &acq, &exp, &holder, &delay, &shared, &limit, &sexp, &counter, &until, &wait); err != nil {
 			return err
 		}
 		i := int(idx) - 1
@@ -409,7 +417,15 @@ func (s *Store) Snapshot(ctx context.Context, ks []string) ([]KeyState, error) {
 			return errors.New("pg: bad result index from snapshot function")
 		}
 		got[i] = true
-		st := KeyState{Now: time.UnixMilli(now), Shared: int(shared)}
+		if nowp == nil {
+			out[i] = KeyState{Busy: true}
+			return nil
+		}
+		now := *nowp
+		st := KeyState{Now: time.UnixMilli(now)}
+		if shared != nil {
+			st.Shared = int(*shared)
+		}
 		if lockHash != nil && exp != nil && acq != nil {
 			st.LockIDHash, st.AcquiredAt, st.ExpiresAt = *lockHash, time.UnixMilli(*acq), time.UnixMilli(*exp)
 			st.Held = *exp+keys.TimeToleranceMs > now

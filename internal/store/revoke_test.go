@@ -264,6 +264,8 @@ func TestWatchNotifications(t *testing.T) {
 	if err != nil || !ho[0].OK {
 		t.Fatal(ho, err)
 	}
+	// A handoff tells both: the old lease released, then the grant.
+	want(store.WatchReleased, g.Fence)
 	want(store.WatchGranted, ho[0].Fence)
 	if res, err := s.Revoke(c, []store.RevokeRequest{{Key: watched}}); err != nil || res[0].Revoked != 1 {
 		t.Fatal(res, err)
@@ -293,24 +295,25 @@ func TestWatchNotifications(t *testing.T) {
 	}
 }
 
-// Snapshot reads a key's state after the changes in flight: it waits for
-// an uncommitted acquire (the key's advisory lock) and for an
-// uncommitted release (the row lock), and reports what they committed.
-func TestSnapshotWaitsForChangesInFlight(t *testing.T) {
+// Snapshot reads a key only when no change of it is in flight, and
+// never waits for one: during an uncommitted acquire (the key's advisory
+// lock) or release (the row lock) the key is answered Busy, while another
+// key in the same read is read; after the commit it reads what they
+// committed.
+func TestSnapshotBusyDuringChangesInFlight(t *testing.T) {
 	t.Parallel()
 	rs := pgtest.RoleSchemaForTest(t)
 	pool := rs.RuntimePool(t)
-	app := pgtest.RandomName("snap_")
-	snapPool := rs.RuntimePool(t, appName(app))
-	snap, err := store.New("pg.New", snapPool, store.Config{})
+	snap, err := store.New("pg.New", rs.RuntimePool(t), store.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := ctx(t)
-	key := pgtest.RandomName("sk_")
-	if st, err := snap.Snapshot(c, []string{key}); err != nil || st[0].Held || st[0].Counter != 0 || st[0].LockIDHash != "" {
+	key, other := pgtest.RandomName("sk_"), pgtest.RandomName("so_")
+	if st, err := snap.Snapshot(c, []string{key}); err != nil || st[0].Busy || st[0].Held || st[0].Counter != 0 || st[0].LockIDHash != "" {
 		t.Fatalf("Snapshot of a fresh key = %+v, %v", st, err)
 	}
+	o := exclusive(t, snap, other, time.Minute)
 	inTx := func(fn func(s *pg.Store)) (commit func()) {
 		tx, err := pool.Begin(c)
 		if err != nil {
@@ -351,19 +354,23 @@ func TestSnapshotWaitsForChangesInFlight(t *testing.T) {
 		}, false},
 	} {
 		commit := inTx(step.fn)
-		got := make(chan []store.KeyState, 1)
-		go func() {
-			st, err := snap.Snapshot(c, []string{key})
-			if err != nil {
-				t.Error(err)
-			}
-			got <- st
-		}()
-		waitLockWait(t, pool, app)
+		st, err := snap.Snapshot(c, []string{other, key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !st[1].Busy || st[1].Held || st[1].LockIDHash != "" || !st[1].Now.IsZero() {
+			t.Fatalf("Snapshot during an uncommitted %s = %+v; want busy", step.name, st[1])
+		}
+		if st[0].Busy || !st[0].Held || st[0].Fence != o.Fence {
+			t.Fatalf("Snapshot of another key during an uncommitted %s = %+v; want held at %s", step.name, st[0], o.Fence)
+		}
 		commit()
-		st := <-got
-		if st == nil || st[0].Held != step.held || st[0].Counter != fence {
-			t.Fatalf("Snapshot during an uncommitted %s = %+v; want held %v, counter %s", step.name, st, step.held, fence)
+		st, err = snap.Snapshot(c, []string{key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st[0].Busy || st[0].Held != step.held || st[0].Counter != fence {
+			t.Fatalf("Snapshot after the %s = %+v; want held %v, counter %s", step.name, st, step.held, fence)
 		}
 		if step.held && (st[0].LockIDHash != pglease.HashKey(id) || st[0].Fence != fence || st[0].Holder != "tx-holder") {
 			t.Fatalf("Snapshot = %+v", st[0])
@@ -405,6 +412,10 @@ func TestWatchNoMissedRelease(t *testing.T) {
 			}
 		}
 		st, err := s.Snapshot(c, []string{key})
+		for err == nil && st[0].Busy { // the release in flight: read again
+			time.Sleep(time.Millisecond)
+			st, err = s.Snapshot(c, []string{key})
+		}
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -115,7 +115,7 @@ func New(op string, db DB, cfg Config) (*Store, error) {
 		setsSQL:    "SELECT " + acquireCols + " FROM " + n.FnAcquireSets + "($1, $2, $3, $4, $5, $6, $7, $8)",
 		versionSQL: "SELECT version, compatible_from FROM " + n.FnSchema + "()",
 		releaseSQL: "SELECT o_idx, o_ok FROM " + n.FnRelease4 + "($1, $2, $3, $4)",
-		extendSQL:  "SELECT o_idx, o_expires_ms FROM " + n.FnExtend4 + "($1, $2)",
+		extendSQL:  "SELECT o_idx, o_expires_ms, o_revoked FROM " + n.FnExtend4 + "($1, $2)",
 		handOffSQL: "SELECT o_idx, o_released, " + acquireCols[len("o_idx, "):] + " FROM " + n.FnHandOff4 + "($1, $2, $3, $4, $5, $6, $7, $8)",
 		revokeSQL:  "SELECT o_idx, o_revoked, o_exclusive, o_lock_hashes, o_fences, o_delay_until_ms FROM " + n.FnRevoke + "($1, $2, $3, $4)",
 		snapshotSQL: "SELECT o_idx, o_now_ms, o_lock_hash, o_fence, o_acquired_ms, o_expires_ms, o_holder, o_lock_delay_ms, o_shared, o_limit," +
@@ -226,6 +226,10 @@ type ExtendResult struct {
 	OK bool
 	// ExpiresAt is the new expiry (server now + ttl), set when OK.
 	ExpiresAt time.Time
+	// Revoked: not OK because a revoke deleted the lease (the server
+	// records the last revoked lockId of each key), so a holder that
+	// missed the revoke's notification still learns it was revoked.
+	Revoked bool
 }
 
 // Sent reports whether err may have happened after the statement reached
@@ -714,7 +718,8 @@ func (s *Store) extend(ctx context.Context, op string, reqs []ExtendRequest) ([]
 	err := s.run(ctx, op, true, s.extendSQL, []any{ids, ttls}, func(rows pgx.Rows) error {
 		var idx int32
 		var exp *int64
-		if err := rows.Scan(&idx, &exp); err != nil {
+		var revoked *bool
+		if err := rows.Scan(&idx, &exp, &revoked); err != nil {
 			return err
 		}
 		if idx < 1 || int(idx) > len(out) {
@@ -722,6 +727,8 @@ func (s *Store) extend(ctx context.Context, op string, reqs []ExtendRequest) ([]
 		}
 		if exp != nil {
 			out[idx-1] = ExtendResult{OK: true, ExpiresAt: time.UnixMilli(*exp)}
+		} else {
+			out[idx-1].Revoked = revoked != nil && *revoked
 		}
 		n++
 		return nil

@@ -130,7 +130,7 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 		"my_locks acquired_at_ms bigint NO ", "my_locks fence text NO ", "my_locks user_key text NO ",
 		"my_locks_holders key text NO ", "my_locks_holders lock_id text NO ", "my_locks_holders holder text NO ",
 		"my_locks_holders excl_wait_until_ms bigint YES ", "my_locks_holders lock_delay_ms bigint YES ",
-		"my_locks_holders delay_until_ms bigint YES ",
+		"my_locks_holders delay_until_ms bigint YES ", "my_locks_holders revoked_lock_hash text YES ",
 		"my_locks_shared lock_id text NO ", "my_locks_shared key text NO ", "my_locks_shared lim integer NO ",
 		"my_locks_shared expires_at_ms bigint NO ", "my_locks_shared acquired_at_ms bigint NO ",
 		"my_locks_shared fence bigint NO ", "my_locks_shared holder text YES ",
@@ -156,6 +156,7 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 		"CREATE INDEX idx_my_locks_shared_key ON my_locks_shared USING btree (key)",
 		"CREATE UNIQUE INDEX my_fences_pkey ON my_fences USING btree (fence_key)",
 		"CREATE UNIQUE INDEX my_locks_holders_pkey ON my_locks_holders USING btree (key)",
+		"CREATE INDEX my_locks_holders_revoked_lock_hash_idx ON my_locks_holders USING btree (revoked_lock_hash) WHERE (revoked_lock_hash IS NOT NULL)",
 		"CREATE UNIQUE INDEX my_locks_pkey ON my_locks USING btree (key)",
 		"CREATE UNIQUE INDEX my_locks_shared_pkey ON my_locks_shared USING btree (lock_id)",
 	}

@@ -60,3 +60,4 @@ DROP FUNCTION IF EXISTS {fn_check}(text, integer);
 DROP FUNCTION IF EXISTS {fn_notify}(text, text, integer, text);
 DROP TABLE IF EXISTS {s};
 ALTER TABLE {h} DROP COLUMN IF EXISTS excl_wait_until_ms, DROP COLUMN IF EXISTS lock_delay_ms, DROP COLUMN IF EXISTS delay_until_ms;
+ALTER TABLE {h} DROP COLUMN IF EXISTS revoked_lock_hash;

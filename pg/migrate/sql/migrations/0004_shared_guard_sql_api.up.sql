@@ -39,24 +39,51 @@ CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_
 ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS excl_wait_until_ms BIGINT,
   ADD COLUMN IF NOT EXISTS lock_delay_ms BIGINT,
   ADD COLUMN IF NOT EXISTS delay_until_ms BIGINT;
+-- revoked_lock_hash: hashKey of the lockId the key's last revoke deleted
+-- (a hash: the lockId is its holder's secret), kept when the key is
+-- granted again, so that the revoked holder's next extend, which finds
+-- nothing, can tell a revoke from an expiry (the extend function's
+-- o_revoked) though it missed the revoke's notification. Indexed (only
+-- its non-NULL values) for that lookup by lockId.
+ALTER TABLE "syncguard_locks_holders" ADD COLUMN IF NOT EXISTS revoked_lock_hash TEXT;
+DO $pglease$
+BEGIN
+  IF NOT EXISTS (SELECT 1 FROM pg_index AS i JOIN pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = ANY (i.indkey)
+      WHERE i.indrelid = '"syncguard_locks_holders"'::regclass AND a.attname = 'revoked_lock_hash') THEN
+    CREATE INDEX ON "syncguard_locks_holders" (revoked_lock_hash) WHERE revoked_lock_hash IS NOT NULL;
+  END IF;
+END
+$pglease$;
 
--- Notifies p_channel (nothing when it is NULL) about key p_key:
--- hashKey(p_key) when p_wake is 2, or 1 and a session waits for the key
--- (holds its waiter lock: the exclusive try fails); 'w:' || hashKey(p_key)
--- || ':' || p_event when p_event is not NULL and a session watches the key
--- (holds its watch lock). A try that succeeds drops the lock at once. It
--- runs on every grant and release: the tries are plain expressions (no
--- query each, as a PERFORM would be).
+-- Notifies p_channel about key p_key: hashKey(p_key) when p_wake is 2, or
+-- 1 and a session waits for the key (holds its waiter lock: the exclusive
+-- try fails); 'w:' || hashKey(p_key) || ':' || p_event when p_event is not
+-- NULL and a session watches the key (holds its watch lock). A try that
+-- succeeds drops the lock at once. It runs on every grant and release:
+-- the tries are plain expressions (no query each, as a PERFORM would be).
+-- A caller without a channel (NULL: a Go Store with no NotifyChannel,
+-- such as one on a caller's transaction) wakes nobody, but a watched
+-- key's change is still told to its watchers, on the default channel
+-- 'pglease_release' (the SQL API's and the Manager's default; a Manager
+-- with another channel listens to this one for watch events too): every
+-- change of a watched key reaches its watchers, whatever made it.
 CREATE OR REPLACE FUNCTION "pglease_notify_07f27fb7aa"(p_channel text, p_key text, p_wake integer, p_event text) RETURNS void
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_h integer;
   v_ok boolean;
 BEGIN
+  v_h := hashtext(p_key);
   IF p_channel IS NULL THEN
+    IF p_event IS NOT NULL THEN
+      IF pg_try_advisory_lock(1886156660, v_h) THEN
+        v_ok := pg_advisory_unlock(1886156660, v_h);
+      ELSE
+        PERFORM pg_notify('pglease_release', 'w:' || "pglease_hashkey_v1"(p_key) || ':' || p_event);
+      END IF;
+    END IF;
     RETURN;
   END IF;
-  v_h := hashtext(p_key);
   IF p_wake = 2 THEN
     PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
   ELSIF p_wake = 1 THEN
@@ -285,9 +312,7 @@ BEGIN
   ELSIF NOT p_row THEN
     UPDATE "syncguard_locks_holders" AS h SET excl_wait_until_ms = 0 WHERE h.key = p_key AND h.excl_wait_until_ms > 0;
   END IF;
-  IF p_channel IS NOT NULL THEN
-    PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
-  END IF;
+  PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad(v_fence::text, 15, '0'));
   RETURN v_fence;
 END
 $fn$;
@@ -398,9 +423,7 @@ BEGIN
     END IF;
     INSERT INTO "syncguard_locks_shared" (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
       VALUES (r.id, r.k, r.lim, c.c_now + r.ttl, c.c_now, v_fence, p_holder);
-    IF p_channel IS NOT NULL THEN
-      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
-    END IF;
+    PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
     o_status := 0; o_fence := v_fence; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + r.ttl;
     RETURN NEXT;
   END LOOP;
@@ -534,7 +557,7 @@ BEGIN
       v_ev := 'u:';
     END IF;
     o_ok := v_k IS NOT NULL AND v_exp > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    IF v_k IS NOT NULL AND p_channel IS NOT NULL THEN
+    IF v_k IS NOT NULL THEN
       PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
     END IF;
     RETURN NEXT;
@@ -567,7 +590,7 @@ BEGIN
       v_ev := 'u:';
     END IF;
     o_ok := v_k IS NOT NULL;
-    IF o_ok AND p_channel IS NOT NULL THEN
+    IF o_ok THEN
       PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, p_wake, v_ev || v_fence);
     END IF;
     RETURN NEXT;
@@ -579,9 +602,10 @@ $fn$;
 -- the release function's order, FOR NO KEY UPDATE (a transaction guarding
 -- the lease, FOR KEY SHARE, does not block its heartbeat); new expiry =
 -- server now + ttl, only for rows with expires_at_ms > now (no revival).
--- Durable, as version 2's.
+-- Durable, as version 2's. o_revoked: not extended because a revoke
+-- deleted the lease (its lockId's hash is the key's revoked_lock_hash).
 CREATE OR REPLACE FUNCTION "pglease_extend_07f27fb7aa"(p_lock_ids text[], p_ttls bigint[])
-RETURNS TABLE (o_idx integer, o_expires_ms bigint)
+RETURNS TABLE (o_idx integer, o_expires_ms bigint, o_revoked boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
@@ -622,6 +646,8 @@ BEGIN
       UPDATE "syncguard_locks_shared" AS s SET expires_at_ms = v_now + p_ttls[v_i] WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > v_now
         RETURNING s.expires_at_ms INTO o_expires_ms;
     END IF;
+    o_revoked := o_expires_ms IS NULL
+      AND EXISTS (SELECT 1 FROM "syncguard_locks_holders" AS h WHERE h.revoked_lock_hash = "pglease_hashkey_v1"(p_lock_ids[v_i]));
     RETURN NEXT;
   END LOOP;
 END
@@ -708,9 +734,12 @@ BEGIN
           INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (v_k, p_lock_ids[v_i], coalesce(p_holder, ''), nullif(p_delays[v_i], 0));
         END IF;
       END IF;
-      IF p_channel IS NOT NULL THEN
-        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'g:' || lpad(o_fence::text, 15, '0'));
+      -- Watchers hear what happened: the old lease's release (its fence
+      -- is the counter's before this grant), then the grant.
+      IF v_fc IS NOT NULL THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'r:' || lpad(v_fc::text, 15, '0'));
       END IF;
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 0, 'g:' || lpad(o_fence::text, 15, '0'));
       o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttls[v_i];
       RETURN NEXT;
       CONTINUE;
@@ -792,6 +821,9 @@ BEGIN
       o_revoked := 1; o_exclusive := true;
       o_lock_hashes := ARRAY["pglease_hashkey_v1"(v_id)];
       o_fences := ARRAY[CASE WHEN v_fence ~ '^[0-9]{1,18}$' THEN v_fence::bigint END];
+      -- Remembered for the revoked holder's next extend (o_revoked).
+      INSERT INTO "syncguard_locks_holders" AS h (key, lock_id, holder, revoked_lock_hash) VALUES (r.k, '', '', "pglease_hashkey_v1"(v_id))
+        ON CONFLICT (key) DO UPDATE SET revoked_lock_hash = EXCLUDED.revoked_lock_hash;
       IF p_channel IS NOT NULL THEN
         PERFORM pg_notify(p_channel, 'r:' || "pglease_hashkey_v1"(r.k) || ':' || "pglease_hashkey_v1"(v_id));
       END IF;
@@ -833,12 +865,17 @@ BEGIN
 END
 $fn$;
 
--- The state of N keys, read after every change of them in flight has
--- committed: per key in (hashtext, key) order, the advisory lock shared
--- (waits for acquires, handoffs and revokes), the exclusive and shared rows
--- FOR KEY SHARE (waits for releases); then, with a new snapshot, the rows.
--- A watcher that registered its watch lock and then reads this misses no
--- final state: a change that did not see its lock commits before the read.
+-- The state of N keys, read when no change of them is in flight: per key
+-- in (hashtext, key) order, the advisory lock shared (held by acquires,
+-- handoffs and revokes), the exclusive and shared rows FOR KEY SHARE
+-- (locked by releases); then, with a new snapshot, the rows. A watcher
+-- that registered its watch lock and then reads this misses no final
+-- state: a change that did not see its lock commits before the read. It
+-- never waits: a key whose lock or rows another transaction holds (a
+-- takeover waiting for a writer that guards the lease can hold them for
+-- seconds) is answered busy (o_now_ms NULL, nothing else), and the caller
+-- reads it again later, so that one key's wait does not hold up the
+-- others' reads.
 CREATE OR REPLACE FUNCTION "pglease_snapshot_07f27fb7aa"(p_keys text[])
 RETURNS TABLE (o_idx integer, o_now_ms bigint, o_lock_hash text, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint,
   o_holder text, o_lock_delay_ms bigint, o_shared integer, o_limit integer, o_shared_expires_ms bigint, o_counter bigint,
@@ -848,14 +885,36 @@ DECLARE
   r record;
   v_id text;
   v_fence text;
+  v_busy boolean[];
+  v_n integer;
 BEGIN
+  v_busy := array_fill(false, ARRAY[coalesce(cardinality(p_keys), 0)]);
   FOR r IN SELECT u.k, u.i::integer AS i FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i LOOP
-    PERFORM pg_advisory_xact_lock_shared(hashtext(r.k));
-    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = r.k FOR KEY SHARE;
-    PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.key = r.k ORDER BY s.lock_id FOR KEY SHARE;
+    IF NOT pg_try_advisory_xact_lock_shared(hashtext(r.k)) THEN
+      v_busy[r.i] := true;
+      CONTINUE;
+    END IF;
+    -- SKIP LOCKED skips a row locked in a conflicting mode (a release's
+    -- delete in flight, or waiting): the key is busy when it skipped one.
+    PERFORM 1 FROM "syncguard_locks" AS l WHERE l.key = r.k FOR KEY SHARE SKIP LOCKED;
+    IF NOT FOUND AND EXISTS (SELECT 1 FROM "syncguard_locks" AS l WHERE l.key = r.k) THEN
+      v_busy[r.i] := true;
+      CONTINUE;
+    END IF;
+    SELECT count(*) INTO v_n FROM (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.key = r.k ORDER BY s.lock_id FOR KEY SHARE SKIP LOCKED) AS x;
+    IF v_n < (SELECT count(*) FROM "syncguard_locks_shared" AS s WHERE s.key = r.k) THEN
+      v_busy[r.i] := true;
+    END IF;
   END LOOP;
   FOR r IN SELECT u.k, u.i::integer AS i FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY u.i LOOP
     o_idx := r.i;
+    IF v_busy[r.i] THEN
+      o_now_ms := NULL; o_lock_hash := NULL; o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL;
+      o_holder := NULL; o_lock_delay_ms := NULL; o_shared := NULL; o_limit := NULL; o_shared_expires_ms := NULL;
+      o_counter := NULL; o_delay_until_ms := NULL; o_excl_wait_until_ms := NULL;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
     o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
     v_id := NULL; v_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL;
     SELECT l.lock_id, l.fence, l.acquired_at_ms, l.expires_at_ms INTO v_id, v_fence, o_acquired_ms, o_expires_ms
