@@ -34,7 +34,13 @@ import (
 // no caller ever got (an acquire whose answer was lost, a grant taken
 // back from a caller who left) is best effort: each is sent once more,
 // never retried, and never the error Close returns. So with the database
-// down and no lock held, Close takes about one failed round trip.
+// down and no lock held, Close takes about one failed round trip; with
+// locks held it takes up to CloseTimeout (5 s by default), on purpose: a
+// release that gets through, say after a failover of a few seconds,
+// spares every other process a wait of up to the lease's TTL + 1 s for
+// the key, which a shutdown that gave up at once would impose. A service
+// whose shutdown must be quicker sets CloseTimeout lower; its leases then
+// expire by themselves at the end of their TTL.
 func (m *Manager) Close(ctx context.Context) error {
 	const op = "manager.Close"
 	if ctx == nil {
