@@ -86,6 +86,9 @@ func TestLockedByOpenTransaction(t *testing.T) {
 		{Key: "free1", TTL: time.Minute},
 	})
 	check("AcquireMany", rs, err, 3)
+	if rs[1].ExpiresAt.IsZero() || rs[1].RetryAfter <= 0 || rs[1].RetryAfter > time.Second {
+		t.Errorf("a live lease whose row another transaction keeps locked = %+v; want its expiry, and to try again within a second", rs[1])
+	}
 	t.Logf("AcquireMany answered in %v", time.Since(t0))
 
 	sets, err := other.AcquireSets(c, [][]store.AcquireRequest{

@@ -139,7 +139,8 @@ $fn$;
 -- With p_until (a server clock time, ms), "pglease_check_07f27fb7aa" takes the key's
 -- advisory lock itself, and waits for another transaction's lock on the
 -- key (advisory or row) only until then ("pglease_lockwait_07f27fb7aa"): a key still
--- locked is answered held (status 1, c_retry 1 s on, nothing else known).
+-- locked is answered held (status 1, c_retry 1 s on, c_exp, c_holder and
+-- c_shared as a snapshot shows them).
 -- Its holder is busy with the key now (an acquire, release or extend in
 -- flight, a guarded write of its lease not yet committed), or is a
 -- transaction left open that holds it, which may last any time.
@@ -167,9 +168,10 @@ DECLARE
   v_sholder text;
 BEGIN
   c_status := 0;
+  <<checked>>
+  BEGIN
   IF p_until IS NOT NULL AND NOT pg_try_advisory_xact_lock(hashtext(p_key)) AND NOT "pglease_lockwait_07f27fb7aa"(p_key, 0, p_until) THEN
-    c_status := 1; c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; c_retry := c_now + 1000;
-    RETURN;
+    EXIT checked;
   END IF;
   -- One query for the lock row, the holder row and whether the key has
   -- shared rows. Its snapshot is taken under the caller's advisory lock,
@@ -194,8 +196,7 @@ BEGIN
       SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR NO KEY UPDATE SKIP LOCKED;
       IF NOT FOUND AND EXISTS (SELECT 1 FROM "syncguard_locks" AS l WHERE l.key = p_key) THEN
         IF NOT "pglease_lockwait_07f27fb7aa"(p_key, 1, p_until) THEN
-          c_status := 1; c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; c_retry := c_now + 1000;
-          RETURN;
+          EXIT checked;
         END IF;
         SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key;
       END IF;
@@ -216,8 +217,7 @@ BEGIN
       SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key FOR UPDATE SKIP LOCKED;
       IF NOT FOUND AND EXISTS (SELECT 1 FROM "syncguard_locks" AS l WHERE l.key = p_key) THEN
         IF NOT "pglease_lockwait_07f27fb7aa"(p_key, 2, p_until) THEN
-          c_status := 1; c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; c_retry := c_now + 1000;
-          RETURN;
+          EXIT checked;
         END IF;
         SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM "syncguard_locks" AS l WHERE l.key = p_key;
       END IF;
@@ -267,6 +267,19 @@ BEGIN
   IF p_limit > 0 AND v_n >= p_limit THEN
     c_status := 1; c_exp := v_min; c_holder := v_sholder; c_retry := v_min + 1000;
   END IF;
+  RETURN;
+  END checked;
+  -- Locked by another transaction past p_until: held, to try again within
+  -- a second; what a snapshot shows (a live exclusive lease, live shared
+  -- holds) is told as for any held key.
+  c_status := 1; c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; c_retry := c_now + 1000;
+  SELECT CASE WHEN l.expires_at_ms + 1000 > c_now THEN l.expires_at_ms END,
+      CASE WHEN l.expires_at_ms + 1000 > c_now AND h.lock_id = l.lock_id THEN h.holder END,
+      (SELECT nullif(count(*), 0)::integer FROM "syncguard_locks_shared" AS s WHERE s.key = p_key AND s.expires_at_ms + 1000 > c_now)
+    INTO c_exp, c_holder, c_shared
+    FROM (SELECT 1) AS x
+    LEFT JOIN "syncguard_locks" AS l ON l.key = p_key
+    LEFT JOIN "syncguard_locks_holders" AS h ON h.key = p_key;
 END
 $fn$;
 
