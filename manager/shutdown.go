@@ -19,7 +19,10 @@ import (
 // finish, bounded by Config.StatementTimeout, so its outcome is known); the
 // listener and every database goroutine are stopped; the pool is closed
 // if the Manager opened it (Open). No goroutine outlives a completed
-// Close.
+// Close. (A pool connection that broke under a statement is cleaned up by
+// pgx in a goroutine of the pool's, which pool.Close waits for: bounded
+// by the connect timeout + 2 s on a pool configured by pg.ConfigurePool,
+// as Open's is, and by pgx's 15 s on another.)
 //
 // ctx bounds only how long Close waits: if it ends first, Close returns
 // CodeAborted and the shutdown goes on in the background (Done is closed
