@@ -110,6 +110,23 @@ func TestLockedByOpenTransaction(t *testing.T) {
 	locked = []string{"held"}
 	check("AcquireSharedMany", rs, err, 1)
 
+	// A handoff of a lease whose key's lock the transaction keeps (it tried
+	// the key and was refused): the old lease is released, the new grant
+	// answered held.
+	mine, err := s.Acquire(c, store.AcquireRequest{Key: "mine", TTL: time.Minute})
+	if err != nil || !mine.OK {
+		t.Fatalf("acquire = %v, %v", mine, err)
+	}
+	if r, err := in.Acquire(c, store.AcquireRequest{Key: "mine", TTL: time.Minute}); err != nil || r.OK {
+		t.Fatalf("acquire of a held key in the transaction = %v, %v; want held", r, err)
+	}
+	hs, err := other.HandOff(c, []store.HandOffRequest{
+		{Old: mine.LockID, Key: "mine", TTL: time.Minute},
+	})
+	if err != nil || len(hs) != 1 || !hs[0].Released || hs[0].OK || hs[0].RetryAfter <= 0 {
+		t.Fatalf("HandOff of a key another transaction keeps locked = %+v, %v; want released, the grant held", hs, err)
+	}
+
 	// The transaction ends: the keys are answered by their rows again.
 	if err := tx.Rollback(c); err != nil {
 		t.Fatal(err)

@@ -995,6 +995,8 @@ $fn$;
 -- transaction guarding it (which ends without changing the row) is still
 -- handed over in place: its holder released it, and no other grant of
 -- the key can come between (the caller holds the key's advisory lock).
+-- A key whose advisory lock another transaction keeps past the bounded
+-- wait of "pglease_acquire_07f27fb7aa" is released (o_released) and answered held.
 CREATE OR REPLACE FUNCTION "pglease_handoff_07f27fb7aa"(p_old_ids text[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
 RETURNS TABLE (o_idx integer, o_released boolean, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -1003,9 +1005,9 @@ DECLARE
   v_order integer[];
   v_i integer;
   v_k text;
-  v_void text;
   v_fc bigint;
   v_fence text;
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
 BEGIN
   IF current_setting('synchronous_commit') <> 'on' THEN
     PERFORM set_config('synchronous_commit', 'on', true);
@@ -1019,7 +1021,21 @@ BEGIN
   FOREACH v_i IN ARRAY v_order LOOP
     o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
-    v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
+    IF NOT pg_try_advisory_xact_lock(hashtext(v_k)) AND NOT "pglease_lockwait_07f27fb7aa"(v_k, 0, v_until) THEN
+      -- Another transaction keeps the key's lock past the statement's
+      -- bounded wait (as "pglease_acquire_07f27fb7aa"): release the old lease without
+      -- its lock, as "pglease_release_07f27fb7aa" does, and answer the grant held.
+      DELETE FROM "syncguard_locks" AS l WHERE l.key = v_k AND l.lock_id = p_old_ids[v_i] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING l.fence INTO v_fence;
+      o_released := FOUND;
+      IF o_released THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, v_k, 2, 'r:' || v_fence);
+      END IF;
+      o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+      o_status := 1; o_retry_ms := o_now_ms + 1000;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
     v_fc := NULL;
     SELECT fc.fence INTO v_fc FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = p_fence_keys[v_i];
     o_now_ms := NULL;
