@@ -76,3 +76,50 @@ func TestKeyHeldByOpenTransaction(t *testing.T) {
 	}
 	expectGrant(t, waiting, "the waiting Acquire was not granted after the transaction ended")
 }
+
+// TestHandOffWhileTransactionKeepsKeyLocked: a transaction tried a key
+// this Manager holds (refused, it keeps the key's advisory lock until it
+// ends); the Manager's release of the key to a caller of its own waiting
+// for it (a handoff: release and grant in one statement) releases the
+// lease at once and answers the grant held, instead of the statement
+// waiting for the transaction. The waiting caller is granted after the
+// transaction ends.
+func TestHandOffWhileTransactionKeepsKeyLocked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	lk, err := b.m.Acquire(ctx, "handed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting := acquireAndRelease(ctx, b.m, "handed")
+	waitFor(t, &b.sig.queued, func(k string) bool { return k == "handed" })
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	st, err := pg.New(tx, pg.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.Acquire(ctx, "handed", time.Minute); err != nil || r.OK {
+		t.Fatalf("acquire of a held key in the transaction = %v, %v; want held", r, err)
+	}
+	drain(&b.sig.stuck)
+	if err := lk.Release(ctx); err != nil {
+		t.Fatalf("Release handing the key over: %v", err)
+	}
+	if _, ok := lockRow(t, b.pool, "handed"); ok {
+		t.Fatal("the released lease's row is still live")
+	}
+	select {
+	case kind := <-b.sig.stuck.ch:
+		t.Fatalf("a %v batch got no answer for a second: it waited for the transaction", kind)
+	default:
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expectGrant(t, waiting, "the waiting caller was not granted after the transaction ended")
+}
