@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -122,11 +123,18 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// queryCounter counts the queries sent through a pool.
-type queryCounter struct{ n atomic.Int64 }
+// queryCounter counts the queries sent through a pool; with match set,
+// only those whose SQL contains it (e.g. the acquire functions' name, so
+// that the heartbeat's extends running meanwhile are not counted).
+type queryCounter struct {
+	n     atomic.Int64
+	match string
+}
 
-func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
+func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if c.match == "" || strings.Contains(d.SQL, c.match) {
+		c.n.Add(1)
+	}
 	return ctx
 }
 func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -250,6 +258,22 @@ func lockRow(t testing.TB, pool *pgxpool.Pool, key string) (string, bool) {
 		t.Fatalf("lock row: %v", err)
 	}
 	return id, true
+}
+
+// waitExtended waits until the heartbeat has moved lk's expiry at least
+// by past its expiry from, failing the test after waitTimeout.
+func waitExtended(t testing.TB, lk *Lock, from time.Time, by time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout())
+	for !lk.ExpiresAt().After(from.Add(by)) {
+		if err := lk.Err(); err != nil {
+			t.Fatalf("lock %q lost while waiting for its heartbeat: %v", lk.Key(), err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("lock %q: expiry %v, was %v: not extended by %v", lk.Key(), lk.ExpiresAt(), from, by)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // drain discards the values s holds now.

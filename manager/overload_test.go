@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -17,9 +19,11 @@ import (
 
 // TestOverloadRenewalsFirst: a Manager with a pool of two connections
 // holds 40 leases (TTL 3 s) while 24 goroutines hammer acquires on keys
-// whose acquires the server holds up for 4 s at a time (another session
-// holds their advisory locks, which every acquire of the key takes: the
-// server answers them slowly, as an overloaded one would). Acquires and
+// whose acquires the server holds up for 4 s at a time (another
+// transaction keeps their fence counter rows locked, which every grant of
+// the key updates: the server answers them slowly, as an overloaded one
+// would; a key's advisory lock would not do, as an acquire waits for it
+// only briefly and then answers the key held). Acquires and
 // their hedges must never take the connection the extends need: no lease
 // is lost, and the Manager says it is overloaded (test signal, gauge,
 // Warn log record), then that it is not any more.
@@ -42,26 +46,41 @@ func TestOverloadRenewalsFirst(t *testing.T) {
 		held = append(held, lk)
 	}
 
-	// The slow keys: an admin session holds each one's transaction-level
-	// acquire lock (pg_advisory_xact_lock(hashtext(key)) in the acquire
-	// function) for 4 s, three times, with a short gap between.
+	// The slow keys: an admin transaction keeps each one's fence counter
+	// row locked (a grant updates it, under the key's advisory lock) for
+	// 4 s, three times, with a short gap between. The rows exist: each key
+	// was granted once.
 	slow := []string{"ovl-slow-0", "ovl-slow-1", "ovl-slow-2", "ovl-slow-3"}
-	adm, err := b.admin.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
+	for _, k := range slow {
+		lk, err := b.m.Acquire(ctx, k, WithTTL(ttl))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	defer adm.Release()
-	// The locks are taken in the acquire functions' order (hashtext, as
-	// every batch takes its keys' locks): in another order a batch holding
-	// one slow key's lock and this session holding another's deadlock.
+	var blocker pgx.Tx
+	defer func() {
+		if blocker != nil {
+			_ = blocker.Rollback(context.Background())
+		}
+	}()
 	block := func(on bool) {
 		t.Helper()
-		fn := "pg_advisory_unlock"
-		if on {
-			fn = "pg_advisory_lock"
+		if !on {
+			if err := blocker.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+			blocker = nil
+			return
 		}
-		q := "SELECT " + fn + "(h) FROM (SELECT hashtext(k) AS h FROM unnest($1::text[]) AS k ORDER BY 1) AS s"
-		if _, err := adm.Exec(ctx, q, slow); err != nil {
+		tx, err := b.admin.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocker = tx
+		if _, err := tx.Exec(ctx, "SELECT 1 FROM syncguard_fence_counters WHERE key_debug = ANY($1) FOR UPDATE", slow); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -99,14 +99,15 @@ func TestStatementTimeoutIsRetryable(t *testing.T) {
 		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app }}})
 	ctx := ctxT(t)
 	blocker, _ := pgtest.Pool(t)
-	// The acquire function waits for the key's advisory lock (SyncGuard's
-	// serialization), held here by another transaction.
-	tx, err := blocker.Begin(ctx)
+	// The acquire function waits for the lock table, locked here by
+	// another transaction (a key's locks held by another transaction are
+	// waited for only briefly, then answered held: not a timeout).
+	tx, err := b.admin.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(context.Background())
-	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('stuck'))"); err != nil {
+	if _, err := tx.Exec(ctx, "LOCK TABLE syncguard_locks IN ACCESS EXCLUSIVE MODE"); err != nil {
 		t.Fatal(err)
 	}
 	for _, try := range []bool{true, false} {
@@ -132,7 +133,7 @@ func TestStatementTimeoutIsRetryable(t *testing.T) {
 		}
 	}
 	// Hygiene, not the property under test: the server backends still
-	// waiting for the advisory lock (their clients gave up, or their
+	// waiting for the table lock (their clients gave up, or their
 	// attempts were superseded by hedges still in flight) would grant after
 	// the blocker ends, and such a late grant stays until it is released
 	// or expires. End them until none of the Manager's statements is in

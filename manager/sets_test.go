@@ -21,7 +21,10 @@ func TestAcquireAllLocksAreLeases(t *testing.T) {
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
 	peer, _ := b.newPeer(t, Config{})
-	locks, err := b.m.AcquireAll(ctx, []string{"set:x", "set:y", "set:z"}, WithTTL(600*time.Millisecond))
+	// A TTL whose heartbeat keeps the leases on a loaded machine (see
+	// TestSharedLocksLikeLeases).
+	const ttl = 3 * time.Second
+	locks, err := b.m.AcquireAll(ctx, []string{"set:x", "set:y", "set:z"}, WithTTL(ttl))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,11 +36,9 @@ func TestAcquireAllLocksAreLeases(t *testing.T) {
 	if err := locks[1].Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1500 * time.Millisecond) // several heartbeats of the others
+	// Several heartbeats of the others, each its own lease.
 	for _, i := range []int{0, 2} {
-		if err := locks[i].Err(); err != nil {
-			t.Fatalf("lock %d: %v", i, err)
-		}
+		waitExtended(t, locks[i], locks[i].ExpiresAt(), ttl/2)
 	}
 	// y is free again; x is held here, z elsewhere.
 	for _, m := range []*Manager{b.m, peer} {

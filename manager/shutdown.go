@@ -19,7 +19,10 @@ import (
 // finish, bounded by Config.StatementTimeout, so its outcome is known); the
 // listener and every database goroutine are stopped; the pool is closed
 // if the Manager opened it (Open). No goroutine outlives a completed
-// Close.
+// Close. (A pool connection that broke under a statement is cleaned up by
+// pgx in a goroutine of the pool's, which pool.Close waits for: bounded
+// by the connect timeout + 2 s on a pool configured by pg.ConfigurePool,
+// as Open's is, and by pgx's 15 s on another.)
 //
 // ctx bounds only how long Close waits: if it ends first, Close returns
 // CodeAborted and the shutdown goes on in the background (Done is closed
@@ -34,7 +37,13 @@ import (
 // no caller ever got (an acquire whose answer was lost, a grant taken
 // back from a caller who left) is best effort: each is sent once more,
 // never retried, and never the error Close returns. So with the database
-// down and no lock held, Close takes about one failed round trip.
+// down and no lock held, Close takes about one failed round trip; with
+// locks held it takes up to CloseTimeout (5 s by default), on purpose: a
+// release that gets through, say after a failover of a few seconds,
+// spares every other process a wait of up to the lease's TTL + 1 s for
+// the key, which a shutdown that gave up at once would impose. A service
+// whose shutdown must be quicker sets CloseTimeout lower; its leases then
+// expire by themselves at the end of their TTL.
 func (m *Manager) Close(ctx context.Context) error {
 	const op = "manager.Close"
 	if ctx == nil {

@@ -114,7 +114,11 @@ type AcquireResult struct {
 	// RetryAfter is set when the key is held by someone else: the time
 	// from the server's clock reading in this attempt to the moment the
 	// key can be taken over (ExpiresAt plus one second) unless the holder
-	// extends or releases it first. Counted from the call's return it is
+	// extends or releases it first. A key another transaction keeps
+	// locked (an acquire, extend or release in flight, or in a
+	// transaction left open) is answered held after at most 100 ms of
+	// waiting for it, with RetryAfter one second (and ExpiresAt and Holder
+	// as far as the committed rows show them). Counted from the call's return it is
 	// never early (clock rate differences apart), so a caller that polls
 	// can try again then instead of at its next poll; keep polling too,
 	// since the holder may extend. A refused attempt of a key that

@@ -175,7 +175,8 @@ func TestStatus(t *testing.T) {
 	old := w.acquire(t, "job:old", 300*time.Millisecond)
 	_ = old
 	// An acquire of job:1 in progress: a SyncGuard-style transaction holds
-	// the key's advisory lock, a pglease acquire waits behind it.
+	// the key's advisory lock, a SyncGuard acquire waits behind it (a
+	// pglease acquire answers "held" after a bounded wait instead).
 	tx, err := w.pool.Begin(c)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +187,11 @@ func TestStatus(t *testing.T) {
 	}
 	acqDone := make(chan error, 1)
 	go func() {
-		_, err := w.store.Acquire(c, store.AcquireRequest{Key: "job:1", TTL: time.Minute})
+		tx2, err := w.pool.Begin(c)
+		if err == nil {
+			_, err = tx2.Exec(c, "SELECT pg_advisory_xact_lock(hashtext('job:1'))")
+			_ = tx2.Rollback(c)
+		}
 		acqDone <- err
 	}()
 	// An advisory holder and a waiter.

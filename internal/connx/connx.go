@@ -10,6 +10,9 @@ package connx
 
 import (
 	"context"
+	"encoding/binary"
+	"net"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -27,12 +30,14 @@ import (
 const DefaultConnectTimeout = 2 * time.Second
 
 // Bounded returns a copy of cfg whose connect to each host is bounded:
-// cfg's own connect_timeout when it has one, else d.
+// cfg's own connect_timeout when it has one, else d; and whose clean-up
+// after a failure is bounded too (BoundCleanup).
 func Bounded(cfg *pgx.ConnConfig, d time.Duration) *pgx.ConnConfig {
 	c := cfg.Copy()
 	if c.ConnectTimeout == 0 {
 		c.ConnectTimeout = d
 	}
+	BoundCleanup(&c.Config)
 	return c
 }
 
@@ -137,4 +142,114 @@ func AppName(cfg *pgconn.Config, identity string) {
 		identity = identity[:cut]
 	}
 	cfg.RuntimeParams["application_name"] = identity
+}
+
+// Clean-up of a broken connection. When a statement fails on a connection
+// that stopped answering (half-open, blackholed), pgconn closes it in a
+// goroutine of its own that first sends a cancel request on a new
+// connection and waits for the server to acknowledge it, then sends
+// Terminate and drains the socket, all bounded only by 15 s. Until that
+// goroutine ends, pgxpool.Pool.Close waits for the connection, and the
+// goroutine outlives whatever Close of pglease's ran the statement.
+// BoundCleanup bounds each step instead: the cancel connection's dial by
+// the connect timeout, the wait for the acknowledgement and the drain
+// after Terminate by CleanupAckBound.
+
+// CleanupAckBound bounds the wait for a cancel request's acknowledgement
+// and the drain after Terminate, on a connection whose DialFunc
+// BoundCleanup wrapped. A live server acknowledges a cancel request (it
+// closes the cancel connection) at once, and ends a session at once on
+// Terminate.
+const CleanupAckBound = time.Second
+
+// BoundCleanup wraps cfg's DialFunc (pgconn's default when nil) so that
+// the clean-up of a broken connection ends within the connect timeout
+// (cfg.ConnectTimeout, or DefaultConnectTimeout) + 2 × CleanupAckBound
+// (see above): every dial is bounded by the connect timeout, and a
+// connection that writes a cancel request or Terminate waits at most
+// CleanupAckBound longer for its peer. A cancel request written inside
+// TLS (pgx encrypts the cancel connection of a TLS connection) is not
+// seen: its wait stays bounded by pgx's own 15 s. Statements on healthy
+// connections are unaffected.
+func BoundCleanup(cfg *pgconn.Config) {
+	dial := cfg.DialFunc
+	if dial == nil {
+		d := &net.Dialer{KeepAlive: 5 * time.Minute}
+		dial = d.DialContext
+	}
+	bound := cfg.ConnectTimeout
+	if bound <= 0 {
+		bound = DefaultConnectTimeout
+	}
+	cfg.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		dctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		c, err := dial(dctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &cleanupConn{Conn: c}, nil
+	}
+}
+
+// cleanupConn caps its deadline at CleanupAckBound once it has written a
+// cancel request or Terminate (see BoundCleanup).
+type cleanupConn struct {
+	net.Conn
+	mu  sync.Mutex
+	cap time.Time // zero until a cancel request or Terminate is written
+}
+
+// cancelRequestCode is the protocol code of a CancelRequest message (its
+// bytes 4–8).
+const cancelRequestCode = 80877102
+
+func (c *cleanupConn) Write(b []byte) (int, error) {
+	if isCancelRequest(b) || isTerminate(b) {
+		c.mu.Lock()
+		c.cap = time.Now().Add(CleanupAckBound)
+		_ = c.Conn.SetDeadline(c.cap)
+		c.mu.Unlock()
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *cleanupConn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn.SetDeadline(c.capped(t))
+}
+
+func (c *cleanupConn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn.SetReadDeadline(c.capped(t))
+}
+
+func (c *cleanupConn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.Conn.SetWriteDeadline(c.capped(t))
+}
+
+// capped returns t, or the cap when one is set and t is later (or none).
+func (c *cleanupConn) capped(t time.Time) time.Time {
+	if !c.cap.IsZero() && (t.IsZero() || t.After(c.cap)) {
+		return c.cap
+	}
+	return t
+}
+
+// isCancelRequest reports whether b is exactly one CancelRequest message:
+// its length (16, or more with a longer secret key of protocol 3.2), then
+// its code.
+func isCancelRequest(b []byte) bool {
+	return len(b) >= 16 && len(b) <= 268 && int(binary.BigEndian.Uint32(b)) == len(b) &&
+		binary.BigEndian.Uint32(b[4:8]) == cancelRequestCode
+}
+
+// isTerminate reports whether b is exactly one Terminate message ('X',
+// length 4): pgconn writes it alone when it closes a connection.
+func isTerminate(b []byte) bool {
+	return len(b) == 5 && b[0] == 'X' && binary.BigEndian.Uint32(b[1:]) == 4
 }

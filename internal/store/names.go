@@ -73,6 +73,9 @@ type Names struct {
 	// functions above stay for older code during a rolling upgrade).
 	FnAcquire4, FnAcquireShared, FnAcquireSets, FnRelease4, FnExtend4, FnHandOff4 string
 	FnRevoke, FnSnapshot, FnCheck, FnGrant, FnNotify                              string
+	// FnLockWait waits, within a deadline, for a lock another transaction
+	// holds on a key (the acquire functions' bounded lock waits).
+	FnLockWait string
 	// FnGuardTrigger is the database guard's trigger function, named
 	// without a version so that installed triggers keep it; GuardTrigger
 	// the (unquoted) name of the trigger on a guarded table.
@@ -211,6 +214,7 @@ func (c Config) Names(op string) (Names, error) {
 	n.FnCheck = Quote(ls, "pglease_check_"+v4)
 	n.FnGrant = Quote(ls, "pglease_grant_"+v4)
 	n.FnNotify = Quote(ls, "pglease_notify_"+v4)
+	n.FnLockWait = Quote(ls, "pglease_lockwait_"+v4)
 	guard := h("guard")
 	n.FnGuardTrigger = "pglease_guard_" + guard // created in the lock table's schema
 	n.GuardTrigger = "pglease_guard_" + guard

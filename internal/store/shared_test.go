@@ -84,7 +84,12 @@ func TestSemaphoreNeverMoreThanN(t *testing.T) {
 				}
 				r := res[0]
 				if !r.OK {
-					if r.SharedHolders != n || r.RetryAfter <= 0 {
+					// Refused by the n permits, or, when the key's lock was
+					// taken by other workers' attempts longer than the
+					// acquire's bounded lock wait, told to try again
+					// within a second (with what a snapshot shows).
+					busy := r.RetryAfter > 0 && r.RetryAfter <= time.Second && r.SharedHolders <= n
+					if (r.SharedHolders != n || r.RetryAfter <= 0) && !busy {
 						t.Errorf("refused permit: %+v, want %d holders and a RetryAfter", r, n)
 						return
 					}

@@ -35,6 +35,15 @@ func mapErr(ctx context.Context, op string, err error) error {
 	}
 	m := pgerr.Map(ctx, op, err)
 	var e *pglease.Error
+	if errors.As(m, &e) && e.Code == pglease.CodeAborted && (ctx == nil || ctx.Err() == nil) &&
+		(errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err)) {
+		// Not the caller's context (it is alive, or was not what bounded
+		// the statement): the session's own bound on the statement passed
+		// without an answer. The connection is dead (half-open,
+		// blackholed) or the server stopped answering: an outage, which a
+		// new session may get past.
+		return pgerr.New(pglease.CodeNetworkTimeout, op, "no answer from the server within the statement's bound: the connection is dead or the server does not answer", err)
+	}
 	if !errors.As(m, &e) || e.Code == pglease.CodeAborted {
 		return m
 	}

@@ -893,12 +893,44 @@ func (s *Session) LockAll(ctx context.Context, keys ...Key) ([]*Lock, error) {
 	return out, nil
 }
 
+// cleanupWait bounds how long Close waits for pgx's clean-up of a broken
+// connection: its cancel request's dial and acknowledgement, bounded on
+// a pool configured by pg.ConfigurePool (connx.BoundCleanup).
+const cleanupWait = connx.DefaultConnectTimeout + 2*connx.CleanupAckBound
+
+// awaitCleanup waits until pgx has finished closing the connection. A
+// connection that broke (a statement got no answer) is closed by pgconn
+// in a goroutine of its own: a cancel request on a new connection, then a
+// drain of the socket, bounded only by 15 s. Closing the socket ends the
+// drain at once; the cancel request is bounded on a pool configured by
+// pg.ConfigurePool, so the goroutine ends within cleanupWait and none
+// outlives Close. On another pool Close gives up waiting after
+// cleanupWait (or when ctx ends).
+func (s *Session) awaitCleanup(ctx context.Context) {
+	pc := s.conn.PgConn()
+	_ = pc.Conn().Close() // already closed unless pgx is still cleaning up
+	t := time.NewTimer(cleanupWait)
+	defer t.Stop()
+	select {
+	case <-pc.CleanupDone():
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
 // Close releases every lock (pg_advisory_unlock_all, then closing the
 // connection, which frees anything the unlock missed), stops the probe
 // and cancels the held locks' contexts with a cause matching
 // pglease.ErrClosed. An in-flight Lock is interrupted and returns Closed.
 // If ctx ends before the connection is free, the connection is closed
-// at once. Close is idempotent; it returns an error only for a nil ctx.
+// at once. When the connection broke (a statement got no answer), pgx
+// cleans it up in a goroutine of its own (a cancel request on a new
+// connection, then a drain); Close ends the drain and waits for that
+// goroutine, which on a pool configured by pg.ConfigurePool (pg.NewPool,
+// manager.Open) ends within the connect timeout + 2 s, so that no
+// goroutine outlives Close. On another pool pgx's cancel request may run
+// up to 15 s, and Close stops waiting for it after 4 s (or when ctx
+// ends). Close is idempotent; it returns an error only for a nil ctx.
 func (s *Session) Close(ctx context.Context) error {
 	const op = "advisory.Session.Close"
 	if ctx == nil {
@@ -943,6 +975,7 @@ func (s *Session) Close(ctx context.Context) error {
 	_ = s.conn.Close(cctx)
 	cancel()
 	s.stmtCancel()
+	s.awaitCleanup(ctx)
 	<-s.sem
 	<-s.probeDone
 	closed := pgerr.New(pglease.CodeClosed, op, "session closed", nil)

@@ -56,7 +56,8 @@ DROP FUNCTION IF EXISTS {fn_acquire_sets}(integer[], text[], text[], text[], big
 DROP FUNCTION IF EXISTS {fn_acquire_shared}(text[], text[], text[], bigint[], integer[], text, text);
 DROP FUNCTION IF EXISTS {fn_acquire4}(text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS {fn_grant}(text, text, text, bigint, bigint, text, text, bigint, boolean);
-DROP FUNCTION IF EXISTS {fn_check}(text, integer);
+DROP FUNCTION IF EXISTS {fn_check}(text, integer, bigint);
+DROP FUNCTION IF EXISTS {fn_lockwait}(text, integer, bigint);
 DROP FUNCTION IF EXISTS {fn_notify}(text, text, integer, text);
 DROP TABLE IF EXISTS {s};
 ALTER TABLE {h} DROP COLUMN IF EXISTS excl_wait_until_ms, DROP COLUMN IF EXISTS lock_delay_ms, DROP COLUMN IF EXISTS delay_until_ms;

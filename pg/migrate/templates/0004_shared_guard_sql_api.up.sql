@@ -101,6 +101,43 @@ BEGIN
 END
 $fn$;
 
+-- Waits for a lock another transaction holds on key p_key, at most until
+-- server clock time p_until (ms): p_what 0 is the key's transaction
+-- advisory lock (SyncGuard's), 1 its lock row FOR NO KEY UPDATE, 2 FOR
+-- UPDATE. false when the lock is still held then (lock_timeout, restored
+-- after). The caller tried without waiting first, so this subtransaction
+-- (the EXCEPTION block) runs only when another transaction holds the
+-- lock: an acquire in flight for a moment, or a transaction left open
+-- that holds the key, which must not make a batch wait on it.
+CREATE OR REPLACE FUNCTION {fn_lockwait}(p_key text, p_what integer, p_until bigint) RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_left bigint := p_until - floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  v_saved text := current_setting('lock_timeout');
+  v_got boolean := false;
+  v_void text;
+BEGIN
+  IF v_left <= 0 THEN
+    RETURN false;
+  END IF;
+  v_void := set_config('lock_timeout', v_left::text || 'ms', true);
+  BEGIN
+    IF p_what = 0 THEN
+      PERFORM pg_advisory_xact_lock(hashtext(p_key));
+    ELSIF p_what = 1 THEN
+      PERFORM 1 FROM {t} AS l WHERE l.key = p_key FOR NO KEY UPDATE;
+    ELSE
+      PERFORM 1 FROM {t} AS l WHERE l.key = p_key FOR UPDATE;
+    END IF;
+    v_got := true;
+  EXCEPTION WHEN lock_not_available THEN
+    v_got := false;
+  END;
+  v_void := set_config('lock_timeout', v_saved, true);
+  RETURN v_got;
+END
+$fn$;
+
 -- Whether key p_key can be granted now, under the caller's transaction
 -- advisory lock of the key: p_limit NULL for an exclusive grant, 0 for a
 -- reader, n > 0 for a permit of n. Reads the lock row without locking it
@@ -132,7 +169,16 @@ $fn$;
 -- is told to try again within 1 s, to keep its mark while it waits: the
 -- mark of a writer that gave up or died lapses within 2 s of its last
 -- attempt. Expired shared rows of the key are deleted.
-CREATE OR REPLACE FUNCTION {fn_check}(p_key text, p_limit integer,
+-- With p_until (a server clock time, ms), {fn_check} takes the key's
+-- advisory lock itself, and waits for another transaction's lock on the
+-- key (advisory or row) only until then ({fn_lockwait}): a key still
+-- locked is answered held (status 1, c_retry 1 s on, c_exp, c_holder and
+-- c_shared as a snapshot shows them).
+-- Its holder is busy with the key now (an acquire, release or extend in
+-- flight, a guarded write of its lease not yet committed), or is a
+-- transaction left open that holds it, which may last any time.
+DROP FUNCTION IF EXISTS {fn_check}(text, integer);
+CREATE OR REPLACE FUNCTION {fn_check}(p_key text, p_limit integer, p_until bigint,
   OUT c_status integer, OUT c_now bigint, OUT c_retry bigint, OUT c_exp bigint, OUT c_holder text, OUT c_shared integer, OUT c_limit integer,
   OUT c_row boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -155,6 +201,11 @@ DECLARE
   v_sholder text;
 BEGIN
   c_status := 0;
+  <<checked>>
+  BEGIN
+  IF p_until IS NOT NULL AND NOT pg_try_advisory_xact_lock(hashtext(p_key)) AND NOT {fn_lockwait}(p_key, 0, p_until) THEN
+    EXIT checked;
+  END IF;
   -- One query for the lock row, the holder row and whether the key has
   -- shared rows. Its snapshot is taken under the caller's advisory lock,
   -- which every writer of holder rows and inserter of lock and shared rows
@@ -172,7 +223,17 @@ BEGIN
   -- writers of lock_id, hold the advisory lock).
   IF v_busy THEN
     v_exp := NULL; v_id := NULL;
-    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR NO KEY UPDATE;
+    IF p_until IS NULL THEN
+      SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR NO KEY UPDATE;
+    ELSE
+      SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR NO KEY UPDATE SKIP LOCKED;
+      IF NOT FOUND AND EXISTS (SELECT 1 FROM {t} AS l WHERE l.key = p_key) THEN
+        IF NOT {fn_lockwait}(p_key, 1, p_until) THEN
+          EXIT checked;
+        END IF;
+        SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key;
+      END IF;
+    END IF;
   END IF;
   IF v_hid IS DISTINCT FROM v_id THEN
     v_holder := NULL;
@@ -183,7 +244,17 @@ BEGIN
     -- Expired: lock it and read it again (an extend in flight may have
     -- made it live).
     v_exp := NULL; v_id := NULL;
-    SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR UPDATE;
+    IF p_until IS NULL THEN
+      SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR UPDATE;
+    ELSE
+      SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key FOR UPDATE SKIP LOCKED;
+      IF NOT FOUND AND EXISTS (SELECT 1 FROM {t} AS l WHERE l.key = p_key) THEN
+        IF NOT {fn_lockwait}(p_key, 2, p_until) THEN
+          EXIT checked;
+        END IF;
+        SELECT l.expires_at_ms, l.lock_id INTO v_exp, v_id FROM {t} AS l WHERE l.key = p_key;
+      END IF;
+    END IF;
     c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
   END IF;
   c_row := v_id IS NOT NULL;
@@ -256,6 +327,19 @@ BEGIN
       c_exp := v_max; c_retry := v_max + 1000;
     END IF;
   END IF;
+  RETURN;
+  END checked;
+  -- Locked by another transaction past p_until: held, to try again within
+  -- a second; what a snapshot shows (a live exclusive lease, live shared
+  -- holds) is told as for any held key.
+  c_status := 1; c_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint; c_retry := c_now + 1000;
+  SELECT CASE WHEN l.expires_at_ms + 1000 > c_now THEN l.expires_at_ms END,
+      CASE WHEN l.expires_at_ms + 1000 > c_now AND h.lock_id = l.lock_id THEN h.holder END,
+      (SELECT nullif(count(*), 0)::integer FROM {s} AS s WHERE s.key = p_key AND s.expires_at_ms + 1000 > c_now)
+    INTO c_exp, c_holder, c_shared
+    FROM (SELECT 1) AS x
+    LEFT JOIN {t} AS l ON l.key = p_key
+    LEFT JOIN {h} AS h ON h.key = p_key;
 END
 $fn$;
 
@@ -322,7 +406,10 @@ $fn$;
 -- granted before a revoke's delay_until; o_retry_ms is the server time from
 -- which to try again; o_shared counts the live shared holds that refused
 -- the key; watchers are notified. Status: 0 acquired, 1 locked, 2 fence
--- overflow.
+-- overflow. The statement waits for locks other transactions hold on its
+-- keys 100 ms in all ({fn_check}'s p_until): a key still locked by
+-- another transaction then is answered locked (o_retry_ms 1 s on), and
+-- the other keys of the batch are answered as usual.
 CREATE OR REPLACE FUNCTION {fn_acquire4}(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -331,7 +418,7 @@ DECLARE
   v_order integer[];
   v_i integer;
   v_k text;
-  v_void text;
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
 BEGIN
   -- A fence handed out and lost in a crash would be handed out again.
   IF current_setting('synchronous_commit') <> 'on' THEN
@@ -347,10 +434,8 @@ BEGIN
   FOREACH v_i IN ARRAY v_order LOOP
     o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
-    -- SyncGuard's advisory lock; an assignment is a plain expression
-    -- where PERFORM would run a query.
-    v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
-    c := {fn_check}(v_k, NULL);
+    -- SyncGuard's advisory lock, taken by {fn_check}.
+    c := {fn_check}(v_k, NULL, v_until);
     o_now_ms := c.c_now;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;
@@ -384,6 +469,7 @@ DECLARE
   r record;
   c record;
   v_fence bigint;
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   FOR r IN
@@ -393,8 +479,7 @@ BEGIN
   LOOP
     o_idx := r.i;
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL; o_limit := NULL;
-    PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    c := {fn_check}(r.k, r.lim);
+    c := {fn_check}(r.k, r.lim, v_until); -- takes the advisory lock, as {fn_acquire4}
     o_now_ms := c.c_now;
     IF c.c_limit = -1 THEN
       PERFORM {fn_notify}(p_channel, r.k, 1, NULL);
@@ -453,6 +538,7 @@ DECLARE
   v_shared integer[];
   v_row boolean[];
   v_fence bigint;
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
   v_ok := array_fill(true, ARRAY[v_sets]);
@@ -468,8 +554,7 @@ BEGIN
     FROM unnest(p_sets, p_keys, p_fence_keys) WITH ORDINALITY AS u(st, k, fk, i)
     ORDER BY hashtext(u.k), u.k, u.i
   LOOP
-    PERFORM pg_advisory_xact_lock(hashtext(r.k));
-    c := {fn_check}(r.k, NULL);
+    c := {fn_check}(r.k, NULL, v_until); -- takes the advisory lock, as {fn_acquire4}
     v_now[r.i] := c.c_now;
     v_row[r.i] := c.c_row;
     IF c.c_status = 0 AND r.nth > 1 THEN
@@ -669,6 +754,8 @@ $fn$;
 -- transaction guarding it (which ends without changing the row) is still
 -- handed over in place: its holder released it, and no other grant of
 -- the key can come between (the caller holds the key's advisory lock).
+-- A key whose advisory lock another transaction keeps past the bounded
+-- wait of {fn_acquire4} is released (o_released) and answered held.
 CREATE OR REPLACE FUNCTION {fn_handoff4}(p_old_ids text[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
 RETURNS TABLE (o_idx integer, o_released boolean, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -677,9 +764,9 @@ DECLARE
   v_order integer[];
   v_i integer;
   v_k text;
-  v_void text;
   v_fc bigint;
   v_fence text;
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
 BEGIN
   IF current_setting('synchronous_commit') <> 'on' THEN
     PERFORM set_config('synchronous_commit', 'on', true);
@@ -693,7 +780,21 @@ BEGIN
   FOREACH v_i IN ARRAY v_order LOOP
     o_idx := v_i; v_k := p_keys[v_i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL;
-    v_void := pg_advisory_xact_lock(hashtext(v_k))::text;
+    IF NOT pg_try_advisory_xact_lock(hashtext(v_k)) AND NOT {fn_lockwait}(v_k, 0, v_until) THEN
+      -- Another transaction keeps the key's lock past the statement's
+      -- bounded wait (as {fn_acquire4}): release the old lease without
+      -- its lock, as {fn_release4} does, and answer the grant held.
+      DELETE FROM {t} AS l WHERE l.key = v_k AND l.lock_id = p_old_ids[v_i] AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING l.fence INTO v_fence;
+      o_released := FOUND;
+      IF o_released THEN
+        PERFORM {fn_notify}(p_channel, v_k, 2, 'r:' || v_fence);
+      END IF;
+      o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+      o_status := 1; o_retry_ms := o_now_ms + 1000;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
     v_fc := NULL;
     SELECT fc.fence INTO v_fc FROM {f} AS fc WHERE fc.fence_key = p_fence_keys[v_i];
     o_now_ms := NULL;
@@ -742,7 +843,7 @@ BEGIN
       RETURN NEXT;
       CONTINUE;
     END IF;
-    c := {fn_check}(v_k, NULL);
+    c := {fn_check}(v_k, NULL, NULL);
     o_now_ms := c.c_now;
     IF c.c_status <> 0 THEN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared;

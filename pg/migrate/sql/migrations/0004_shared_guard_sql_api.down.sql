@@ -58,7 +58,8 @@ DROP FUNCTION IF EXISTS "pglease_acquire_sets_07f27fb7aa"(integer[], text[], tex
 DROP FUNCTION IF EXISTS "pglease_acquire_shared_07f27fb7aa"(text[], text[], text[], bigint[], integer[], text, text);
 DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS "pglease_grant_07f27fb7aa"(text, text, text, bigint, bigint, text, text, bigint, boolean);
-DROP FUNCTION IF EXISTS "pglease_check_07f27fb7aa"(text, integer);
+DROP FUNCTION IF EXISTS "pglease_check_07f27fb7aa"(text, integer, bigint);
+DROP FUNCTION IF EXISTS "pglease_lockwait_07f27fb7aa"(text, integer, bigint);
 DROP FUNCTION IF EXISTS "pglease_notify_07f27fb7aa"(text, text, integer, text);
 DROP TABLE IF EXISTS "syncguard_locks_shared";
 ALTER TABLE "syncguard_locks_holders" DROP COLUMN IF EXISTS excl_wait_until_ms, DROP COLUMN IF EXISTS lock_delay_ms, DROP COLUMN IF EXISTS delay_until_ms;
