@@ -197,8 +197,7 @@ func initdbTemplate(ctx context.Context, binDir string, cred *syscall.Credential
 	if err != nil {
 		return "", err
 	}
-	if err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--auth=trust",
-		"-E", "UTF8", "--locale=C", "-N"); err != nil {
+	if err := c.run(ctx, "initdb", initdbArgs(c.dataDir)...); err != nil {
 		_ = os.RemoveAll(c.Dir)
 		return "", err
 	}
