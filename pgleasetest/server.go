@@ -25,7 +25,7 @@ type server struct {
 	base      string          // the server's connection string (no schema)
 	appName   string          // the application_name of the pool's connections
 	lockTable string
-	pool      *pgxpool.Pool
+	pool      *pgxpool.Pool // the Manager's
 
 	mu      sync.Mutex
 	stopped sync.WaitGroup // StopFor's restarts still to come
@@ -37,7 +37,10 @@ var servers sync.Map // *manager.Manager → *server
 
 // Start gives the test a Manager (made with cfg: the zero Config is fine)
 // on a PostgreSQL of its own with pglease's tables and functions set up
-// (SetupSchema), and the pool it uses, for the test's own tables. When the
+// (SetupSchema), and a pool on the same database and schema for the
+// test's own tables (not the Manager's: CutConnections leaves it alone, so
+// the test's own statements do not fail from a cut aimed at the Manager;
+// StopFor stops the server under both). When the
 // test ends, t.Cleanup closes the Manager and the pool and removes
 // everything Start made.
 //
@@ -76,17 +79,25 @@ func Start(tb testing.TB, cfg manager.Config) (*manager.Manager, *pgxpool.Pool) 
 			tb.Errorf("pgleasetest: drop schema: %v", err)
 		}
 	})
-	pcfg, err := pgxpool.ParseConfig(s.base)
-	if err != nil {
-		tb.Fatalf("pgleasetest: %v", err)
+	// Two pools on the schema: the Manager's, whose connections
+	// CutConnections cuts (found by their application_name), and the
+	// test's own.
+	newPool := func(app string) *pgxpool.Pool {
+		pcfg, err := pgxpool.ParseConfig(s.base)
+		if err != nil {
+			tb.Fatalf("pgleasetest: %v", err)
+		}
+		pcfg.ConnConfig.RuntimeParams["search_path"] = schema
+		pcfg.ConnConfig.RuntimeParams["application_name"] = app
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			tb.Fatalf("pgleasetest: %v", err)
+		}
+		tb.Cleanup(pool.Close)
+		return pool
 	}
-	pcfg.ConnConfig.RuntimeParams["search_path"] = schema
-	pcfg.ConnConfig.RuntimeParams["application_name"] = s.appName
-	s.pool, err = pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		tb.Fatalf("pgleasetest: %v", err)
-	}
-	tb.Cleanup(s.pool.Close)
+	s.pool = newPool(s.appName)
+	userPool := newPool(schema + "_test")
 	m, err := manager.New(s.pool, cfg)
 	if err != nil {
 		tb.Fatalf("pgleasetest: %v", err)
@@ -106,7 +117,7 @@ func Start(tb testing.TB, cfg manager.Config) (*manager.Manager, *pgxpool.Pool) 
 	if err := m.SetupSchema(sctx); err != nil {
 		tb.Fatalf("pgleasetest: set up the schema: %v", err)
 	}
-	return m, s.pool
+	return m, userPool
 }
 
 // exec runs sql on a connection of its own to the server.
@@ -131,7 +142,8 @@ func serverOf(tb testing.TB, m *manager.Manager) *server {
 	return s.(*server)
 }
 
-// CutConnections closes every connection of m, a Manager made by Start,
+// CutConnections closes every connection of m, a Manager made by Start
+// (its pool's and its listener's; not those of the pool Start returned),
 // on the server side now (pg_terminate_backend), as a network cut or a
 // server-side kill would: its statements in flight fail, and it
 // reconnects. Leases survive when it reconnects before their trust
