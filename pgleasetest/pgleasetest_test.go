@@ -25,13 +25,15 @@ func TestFakeConformance(t *testing.T) {
 
 func TestManagerConformance(t *testing.T) {
 	t.Parallel()
+	// readme:begin conformance
 	m, _ := pgleasetest.Start(t, manager.Config{})
 	pgleasetest.Conformance(t, func(t *testing.T, ttl time.Duration) pglease.Locker {
 		if ttl == 0 {
-			return m.Locker()
+			return m.Locker() // leases extended until released, lost or revoked
 		}
 		return m.Locker(manager.WithTTL(ttl), manager.WithoutAutoExtend())
 	})
+	// readme:end conformance
 }
 
 func TestFakeBadTTL(t *testing.T) {
