@@ -54,6 +54,9 @@ func TestConformanceCatchesBrokenLockers(t *testing.T) {
 	if os.Getenv("PGLEASETEST_BROKEN") != "" {
 		t.Skip("in the child")
 	}
+	if testing.Short() {
+		t.Skip("-short: the suite's own check needs no database and takes a minute (its TTL control waits out the suite's bound)")
+	}
 	t.Parallel()
 	for broken, subtest := range map[string]string{
 		"fence": "Fences", "cause": "Release", "try": "OneHolder", "ttl": "TTL", "nilctx": "BadInput",

@@ -1,4 +1,4 @@
-package sweeper_test
+package sweeper
 
 import (
 	"context"
@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/examples/sweeper"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pgleasetest"
 )
@@ -16,7 +15,7 @@ import (
 func TestSweepStopsWhenRevoked(t *testing.T) {
 	locks := pgleasetest.NewFake(0)
 	batches := 0
-	s := sweeper.New(locks, func(ctx context.Context, fence pglease.Fence) (bool, error) {
+	s := New(locks, func(ctx context.Context, fence pglease.Fence) (bool, error) {
 		batches++
 		if batches == 2 {
 			pgleasetest.Revoke(t, locks, "sweeper") // an operator takes the lock away
@@ -33,7 +32,7 @@ func TestSweepStopsWhenRevoked(t *testing.T) {
 func TestSweepIfFreeSkipsWhileHeld(t *testing.T) {
 	ctx := context.Background()
 	locks := pgleasetest.NewFake(0)
-	s := sweeper.New(locks, func(context.Context, pglease.Fence) (bool, error) { return false, nil })
+	s := New(locks, func(context.Context, pglease.Fence) (bool, error) { return false, nil })
 	other, err := locks.Acquire(ctx, "sweeper") // another instance sweeps
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +57,7 @@ func TestSweepOnPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	batches := 0
-	s := sweeper.New(m.Locker(), func(ctx context.Context, fence pglease.Fence) (bool, error) {
+	s := New(m.Locker(), func(ctx context.Context, fence pglease.Fence) (bool, error) {
 		batches++
 		if batches == 2 {
 			pgleasetest.CutConnections(t, m) // the Manager reconnects; the lease survives
@@ -82,7 +81,7 @@ func TestSweepOnPostgres(t *testing.T) {
 // error, then works again.
 func TestSweepIfFreeDuringOutage(t *testing.T) {
 	m, _ := pgleasetest.Start(t, manager.Config{})
-	s := sweeper.New(m.Locker(), func(context.Context, pglease.Fence) (bool, error) { return false, nil })
+	s := New(m.Locker(), func(context.Context, pglease.Fence) (bool, error) { return false, nil })
 	pgleasetest.StopFor(t, m, 3*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
