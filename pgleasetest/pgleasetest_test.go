@@ -93,7 +93,6 @@ func TestBrokenLockerChild(t *testing.T) {
 type brokenLocker struct {
 	pglease.Locker
 	broken string
-	held   []pglease.Lease
 }
 
 type brokenLease struct {
