@@ -132,7 +132,9 @@ func TestPgBouncerPartitionedHolder(t *testing.T) {
 			t.Cleanup(func() { _ = p.Close() })
 			through := func(c *pgxpool.Config) {
 				c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", uint16(p.Port())
-				c.ConnConfig.Fallbacks = nil
+				for _, fb := range c.ConnConfig.Fallbacks { // sslmode=prefer's plain connection is one
+					fb.Host, fb.Port = "127.0.0.1", uint16(p.Port())
+				}
 			}
 			ctx := ctxT(t, 30*time.Second)
 			k, pid := lockThrough(t, ctx, b.URL, through, c.idleSession)
