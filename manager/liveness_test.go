@@ -43,7 +43,9 @@ func viaProxy(p *faultproxy.Proxy) func(*pgx.ConnConfig) {
 			n = n*10 + uint16(d-'0')
 		}
 		c.Port = n
-		c.Fallbacks = nil
+		for _, fb := range c.Fallbacks { // sslmode=prefer's plain connection is one
+			fb.Host, fb.Port = host, n
+		}
 	}
 }
 

@@ -208,12 +208,9 @@ func TestConcurrentClose(t *testing.T) {
 // TestOpenOwnsPool: a Manager from Open closes its own pool.
 func TestOpenOwnsPool(t *testing.T) {
 	t.Parallel()
-	schema := pgtest.Schema(t)
-	url := pgtest.URL(t)
-	m, err := Open(ctxT(t), url+"&search_path="+schema, Config{})
-	if err != nil {
-		m, err = Open(ctxT(t), url+"?search_path="+schema, Config{})
-	}
+	// SchemaURL adds search_path to the URL whether it has a query or
+	// not (a DATABASE_URL without sslmode has none).
+	m, err := Open(ctxT(t), pgtest.SchemaURL(t), Config{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -197,8 +197,7 @@ func initdbTemplate(ctx context.Context, binDir string, cred *syscall.Credential
 	if err != nil {
 		return "", err
 	}
-	if err := c.run(ctx, "initdb", "-D", c.dataDir, "-U", "postgres", "--auth=trust",
-		"-E", "UTF8", "--locale=C", "-N"); err != nil {
+	if err := c.run(ctx, "initdb", initdbArgs(c.dataDir)...); err != nil {
 		_ = os.RemoveAll(c.Dir)
 		return "", err
 	}
@@ -443,11 +442,17 @@ func (r *Replicated) Stop() {
 
 // ReplicatedForTest starts a Replicated pair for one test, stopped when it
 // ends. It needs the PostgreSQL server binaries (also when DATABASE_URL is
-// set: the pair is always throwaway), and skips without them.
+// set: the pair is always throwaway), and skips without them, or without
+// pg_basebackup next to them (the npm server packages make test-versions
+// uses ship none).
 func ReplicatedForTest(tb testing.TB, opts ReplOptions) *Replicated {
 	tb.Helper()
-	if _, err := FindBinDir(); errors.Is(err, ErrNoPostgres) {
+	binDir, err := FindBinDir()
+	if errors.Is(err, ErrNoPostgres) {
 		tb.Skip(err.Error())
+	}
+	if err == nil && !isExec(filepath.Join(binDir, "pg_basebackup")) {
+		tb.Skip("pgtest: no pg_basebackup in " + binDir + ": a replicated pair needs it")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

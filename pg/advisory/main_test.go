@@ -77,6 +77,18 @@ func superConn(t testing.TB) *pgx.Conn {
 	return c
 }
 
+// serverMajor returns the server's PostgreSQL major version (tests skip
+// or adapt what older servers lack: idle_session_timeout,
+// client_connection_check_interval and pg_locks.waitstart are 14+).
+func serverMajor(t testing.TB) int {
+	t.Helper()
+	var num int
+	if err := superConn(t).QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&num); err != nil {
+		t.Fatal(err)
+	}
+	return num / 10000
+}
+
 func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)

@@ -221,7 +221,11 @@ func viaProxy(t *testing.T) (func(*pgxpool.Config), *faultproxy.Proxy) {
 	t.Cleanup(func() { _ = p.Close() })
 	return func(c *pgxpool.Config) {
 		c.ConnConfig.Host, c.ConnConfig.Port = "127.0.0.1", uint16(p.Port())
-		c.ConnConfig.Fallbacks = nil
+		// Every fallback too (not none: with sslmode=prefer, the plain
+		// connection a server without TLS accepts is a fallback).
+		for _, fb := range c.ConnConfig.Fallbacks {
+			fb.Host, fb.Port = "127.0.0.1", uint16(p.Port())
+		}
 	}, p
 }
 
