@@ -46,6 +46,12 @@ type Options struct {
 	// Settings are extra server settings (-c name=value), applied after
 	// the harness's own, so they may override them.
 	Settings map[string]string
+	// Env is extra environment (name=value) for the server process only,
+	// not initdb: e.g. LD_PRELOAD of libfaketime for clock-step tests.
+	Env []string
+	// ParentDir is where the cluster's temporary directory is made
+	// (default os.TempDir()): e.g. a small filesystem for disk-full tests.
+	ParentDir string
 }
 
 // Cluster is a running throwaway PostgreSQL server.
@@ -178,7 +184,7 @@ func Start(ctx context.Context, opts Options) (*Cluster, error) {
 // server's user), without a data directory yet.
 func newCluster(binDir string, cred *syscall.Credential, opts Options) (*Cluster, error) {
 	removeStale()
-	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
+	dir, err := os.MkdirTemp(opts.ParentDir, fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
@@ -269,6 +275,9 @@ func (c *Cluster) startServer(ctx context.Context, port int) error {
 		runtime.LockOSThread()
 		cmd := exec.Command(filepath.Join(c.BinDir, "postgres"), args...)
 		cmd.Dir = c.Dir
+		if len(c.opts.Env) > 0 {
+			cmd.Env = append(os.Environ(), c.opts.Env...)
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
 		if c.opts.Log != nil {
 			cmd.Stdout, cmd.Stderr = c.opts.Log, c.opts.Log
