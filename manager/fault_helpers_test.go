@@ -3,7 +3,10 @@ package manager
 import (
 	"context"
 	"fmt"
+	"errors"
 	"os"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -174,4 +177,248 @@ func fencedLogViolations(t *testing.T, ctx context.Context, pool *pgxpool.Pool) 
 		t.Fatal(err)
 	}
 	return violations, writes
+}
+
+// faultLoad runs lease cycles on Managers while a test injects a fault,
+// and records what a correct client must see: every Acquire, Extend and
+// Release either succeeds or fails with a *pglease.Error that has a code;
+// a lease its holder trusts (Err nil before and after the look) is live on
+// the server with its lockId; a fenced write is refused only after its
+// holder stopped trusting the lease. Its workers write the resource and
+// read the lock table over direct pools (so a pooler fault does not hide
+// what the server has).
+type faultLoad struct {
+	ms        []*Manager
+	res       *fencedResource
+	direct    *pgxpool.Pool // the resource and the lock table, not through the fault
+	lockTable string        // as direct names it
+	ttl       time.Duration
+	keys      int
+	prefix    string
+	noTrust   bool // skip the trusted-implies-live check (faults that delete rows)
+
+	mu         sync.Mutex
+	ok         map[string]int
+	typed      map[string]map[pglease.Code]int
+	untyped    []string
+	violations []string
+	lastOK     atomic.Int64 // UnixNano of the last successful acquire
+}
+
+// record classifies one operation's outcome.
+func (l *faultLoad) record(op string, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ok == nil {
+		l.ok, l.typed = map[string]int{}, map[string]map[pglease.Code]int{}
+	}
+	if err == nil {
+		l.ok[op]++
+		if op == "acquire" {
+			l.lastOK.Store(time.Now().UnixNano())
+		}
+		return
+	}
+	var pe *pglease.Error
+	if !errors.As(err, &pe) || pe.Code == 0 {
+		l.untyped = append(l.untyped, fmt.Sprintf("%s: %v", op, err))
+		return
+	}
+	if l.typed[op] == nil {
+		l.typed[op] = map[pglease.Code]int{}
+	}
+	l.typed[op][pe.Code]++
+}
+
+func (l *faultLoad) violate(format string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.violations = append(l.violations, fmt.Sprintf(format, args...))
+}
+
+// live reports whether the server has lockID's lease unexpired; ok is
+// false when the look itself failed.
+func (l *faultLoad) live(ctx context.Context, lockID string) (live, ok bool) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	var n int
+	err := l.direct.QueryRow(ctx, "SELECT count(*) FROM "+l.lockTable+
+		" WHERE lock_id = $1 AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)", lockID).Scan(&n)
+	return n == 1, err == nil
+}
+
+// trustViolated is the trusted-implies-live check for one lease: trusted
+// is the holder's own belief (a correct client: Err() == nil), asked
+// before and after the server is read, so that a loss signalled between
+// the two is not counted.
+func (l *faultLoad) trustViolated(ctx context.Context, lockID string, trusted func() bool) bool {
+	if !trusted() {
+		return false
+	}
+	live, ok := l.live(ctx, lockID)
+	return ok && !live && trusted()
+}
+
+// checkTrust records a violation of trustViolated for a correct client.
+func (l *faultLoad) checkTrust(ctx context.Context, who, lockID string, trusted func() bool) {
+	if !l.noTrust && l.trustViolated(ctx, lockID, trusted) {
+		l.violate("%s trusts a lease the server no longer has", who)
+	}
+}
+
+// run starts workers goroutines per Manager plus one long holder per
+// Manager, until ctx ends; wait for them with the returned WaitGroup.
+func (l *faultLoad) run(ctx context.Context, workers int) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for mi, m := range l.ms {
+		for w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ctx.Err() == nil; i++ {
+					l.cycle(ctx, m, fmt.Sprintf("%s:k%d", l.prefix, (mi+w+i)%l.keys), i)
+				}
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.longHolder(ctx, m, fmt.Sprintf("%s:long%d", l.prefix, mi))
+		}()
+	}
+	return &wg
+}
+
+// cycle is one acquire, fenced write, optional extend, release.
+func (l *faultLoad) cycle(ctx context.Context, m *Manager, key string, i int) {
+	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	lk, err := m.Acquire(actx, key, WithTTL(l.ttl), WithAcquireTimeout(2*time.Second))
+	cancel()
+	if ctx.Err() != nil {
+		if lk != nil {
+			_ = lk.Release(context.Background())
+		}
+		return
+	}
+	l.record("acquire", err)
+	if err != nil {
+		time.Sleep(20 * time.Millisecond)
+		return
+	}
+	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ok, werr := l.res.write(wctx, l.direct, key, lk.Fence(), int64(i))
+	if werr == nil && !ok && lk.Err() == nil {
+		l.violate("fenced write of %s refused while its holder trusted the lease (fence %d)", key, lk.Fence())
+	}
+	l.checkTrust(wctx, "a worker", lk.id, func() bool { return lk.Err() == nil })
+	time.Sleep(time.Duration(i%5) * 10 * time.Millisecond)
+	if i%3 == 0 {
+		err := lk.Extend(wctx)
+		if !errors.Is(err, pglease.ErrLockLost) { // a lost lease answers its cause; not an outcome of the fault
+			l.record("extend", err)
+		}
+	}
+	err = lk.Release(wctx)
+	if !errors.Is(err, pglease.ErrLockLost) {
+		l.record("release", err)
+	}
+}
+
+// longHolder holds key with auto-extend through the fault, checking every
+// 100 ms that the lease it trusts is live on the server, and takes it
+// again when it is lost.
+func (l *faultLoad) longHolder(ctx context.Context, m *Manager, key string) {
+	for ctx.Err() == nil {
+		lk, err := m.Acquire(ctx, key, WithTTL(l.ttl), WithAcquireTimeout(2*time.Second))
+		if ctx.Err() != nil {
+			if lk != nil {
+				_ = lk.Release(context.Background())
+			}
+			return
+		}
+		l.record("acquire", err)
+		if err != nil {
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		for ctx.Err() == nil && lk.Err() == nil {
+			l.checkTrust(ctx, "the long holder", lk.id, func() bool { return lk.Err() == nil })
+			select {
+			case <-ctx.Done():
+			case <-lk.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := lk.Release(rctx); !errors.Is(err, pglease.ErrLockLost) {
+			l.record("release", err)
+		}
+		cancel()
+	}
+}
+
+// recovery waits (up to bound) for a successful acquire that started
+// after since and returns how long after since it came.
+func (l *faultLoad) recovery(t *testing.T, since time.Time, bound time.Duration) time.Duration {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for time.Now().Before(deadline) {
+		if at := l.lastOK.Load(); at > since.UnixNano() {
+			return time.Unix(0, at).Sub(since)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no acquire succeeded within %v after the fault healed", bound)
+	return 0
+}
+
+// report fails the test on untyped errors or violations and logs the
+// outcome counts.
+func (l *faultLoad) report(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	t.Logf("outcomes: ok %v, typed errors %v", l.ok, l.typed)
+	if len(l.untyped) > 0 {
+		t.Errorf("%d operations failed without a code, e.g. %v", len(l.untyped), l.untyped[:min(3, len(l.untyped))])
+	}
+	if len(l.violations) > 0 {
+		t.Errorf("%d violations, e.g. %v", len(l.violations), l.violations[:min(5, len(l.violations))])
+	}
+	if l.ok["acquire"] == 0 {
+		t.Error("no acquire succeeded: the load exercised nothing")
+	}
+}
+
+// brokenHolder is the negative control of the trusted-implies-live check:
+// a client that takes a lease and trusts it until it releases, ignoring
+// the loss signal. The fault must make the check catch it.
+func (l *faultLoad) brokenHolder(ctx context.Context, m *Manager, key string) (stop func() (caught bool), err error) {
+	lk, err := m.Acquire(ctx, key, WithTTL(l.ttl))
+	if err != nil {
+		return nil, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	var caught atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for cctx.Err() == nil {
+			if l.trustViolated(cctx, lk.id, func() bool { return true }) {
+				caught.Store(true)
+				return
+			}
+			select {
+			case <-cctx.Done():
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
+	return func() bool {
+		cancel()
+		<-done
+		_ = lk.Release(context.Background())
+		return caught.Load()
+	}, nil
 }
