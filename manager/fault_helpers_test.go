@@ -2,8 +2,8 @@ package manager
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 	"sync/atomic"
