@@ -196,6 +196,10 @@ type faultLoad struct {
 	keys      int
 	prefix    string
 	noTrust   bool // skip the trusted-implies-live check (faults that delete rows)
+	freshKeys bool // workers take a new key each cycle (the lock table grows)
+
+	next   atomic.Int64
+	grants sync.Map // key → highest fence reported granted (int64)
 
 	mu         sync.Mutex
 	ok         map[string]int
@@ -276,7 +280,11 @@ func (l *faultLoad) run(ctx context.Context, workers int) *sync.WaitGroup {
 			go func() {
 				defer wg.Done()
 				for i := 0; ctx.Err() == nil; i++ {
-					l.cycle(ctx, m, fmt.Sprintf("%s:k%d", l.prefix, (mi+w+i)%l.keys), i)
+					key := fmt.Sprintf("%s:k%d", l.prefix, (mi+w+i)%l.keys)
+					if l.freshKeys {
+						key = fmt.Sprintf("%s:n%d", l.prefix, l.next.Add(1))
+					}
+					l.cycle(ctx, m, key, i)
 				}
 			}()
 		}
@@ -287,6 +295,50 @@ func (l *faultLoad) run(ctx context.Context, workers int) *sync.WaitGroup {
 		}()
 	}
 	return &wg
+}
+
+// granted records a grant reported to a caller, by its fence.
+func (l *faultLoad) granted(key string, lk *Lock) {
+	f := int64(lk.Fence())
+	for {
+		old, loaded := l.grants.LoadOrStore(key, f)
+		if !loaded || old.(int64) >= f || l.grants.CompareAndSwap(key, old, f) {
+			return
+		}
+	}
+}
+
+// lostGrants compares the grants reported to callers with the server's
+// fence counters (table syncguard_fence_counters, by key_debug, the user
+// key): a counter below a reported fence means a grant its caller was
+// told of is not on the server (S5 and S1 broken). It returns one line
+// per such key, and how many keys it checked.
+func lostGrants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, grants *sync.Map) (lost []string, n int) {
+	t.Helper()
+	have := map[string]int64{}
+	rows, err := pool.Query(ctx, "SELECT key_debug, fence FROM syncguard_fence_counters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		var f int64
+		if err := rows.Scan(&k, &f); err != nil {
+			t.Fatal(err)
+		}
+		have[k] = f
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	grants.Range(func(k, v any) bool {
+		n++
+		if f := v.(int64); have[k.(string)] < f {
+			lost = append(lost, fmt.Sprintf("%s: granted fence %d, server's counter %d", k, f, have[k.(string)]))
+		}
+		return true
+	})
+	return lost, n
 }
 
 // cycle is one acquire, fenced write, optional extend, release.
@@ -305,6 +357,7 @@ func (l *faultLoad) cycle(ctx context.Context, m *Manager, key string, i int) {
 		time.Sleep(20 * time.Millisecond)
 		return
 	}
+	l.granted(key, lk)
 	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	ok, werr := l.res.write(wctx, l.direct, key, lk.Fence(), int64(i))
@@ -342,6 +395,7 @@ func (l *faultLoad) longHolder(ctx context.Context, m *Manager, key string) {
 			time.Sleep(50 * time.Millisecond)
 			continue
 		}
+		l.granted(key, lk)
 		for ctx.Err() == nil && lk.Err() == nil {
 			l.checkTrust(ctx, "the long holder", lk.id, func() bool { return lk.Err() == nil })
 			select {
@@ -421,4 +475,62 @@ func (l *faultLoad) brokenHolder(ctx context.Context, m *Manager, key string) (s
 		_ = lk.Release(context.Background())
 		return caught.Load()
 	}, nil
+}
+
+// loadCounts is a copy of a faultLoad's outcome counts.
+type loadCounts struct {
+	ok      map[string]int
+	typed   map[string]map[pglease.Code]int
+	untyped int
+}
+
+// snapshot copies the outcome counts so far.
+func (l *faultLoad) snapshot() loadCounts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c := loadCounts{ok: map[string]int{}, typed: map[string]map[pglease.Code]int{}, untyped: len(l.untyped)}
+	for op, n := range l.ok {
+		c.ok[op] = n
+	}
+	for op, m := range l.typed {
+		c.typed[op] = map[pglease.Code]int{}
+		for code, n := range m {
+			c.typed[op][code] = n
+		}
+	}
+	return c
+}
+
+// since formats the outcomes counted after the snapshot b.
+func (l *faultLoad) since(b loadCounts) string {
+	now := l.snapshot()
+	ok := map[string]int{}
+	for op, n := range now.ok {
+		if d := n - b.ok[op]; d > 0 {
+			ok[op] = d
+		}
+	}
+	typed := map[string]map[pglease.Code]int{}
+	for op, m := range now.typed {
+		for code, n := range m {
+			if d := n - b.typed[op][code]; d > 0 {
+				if typed[op] == nil {
+					typed[op] = map[pglease.Code]int{}
+				}
+				typed[op][code] = d
+			}
+		}
+	}
+	return fmt.Sprintf("ok %v, typed errors %v, untyped %d", ok, typed, now.untyped-b.untyped)
+}
+
+// typedCount is how many operations failed with code.
+func (l *faultLoad) typedCount(code pglease.Code) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, m := range l.typed {
+		n += m[code]
+	}
+	return n
 }
