@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -178,6 +179,146 @@ func TestServerDiskFull(t *testing.T) {
 	time.Sleep(500 * time.Millisecond)
 	stop2()
 	wg2.Wait()
+	l.report(t)
+	if v, n := fencedLogViolations(t, ctx, pool); len(v) != 0 {
+		t.Errorf("resource log: %d writes, violations %v", n, v)
+	}
+}
+
+// slowFsyncC is an LD_PRELOAD shim that sleeps before every fsync and
+// fdatasync for the number of microseconds in the file named by
+// SLOWFSYNC_FILE (read at each call, so a test changes it at run time).
+const slowFsyncC = `#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+static void slow(void) {
+	const char *p = getenv("SLOWFSYNC_FILE");
+	long d = 0;
+	FILE *f;
+	if (!p || !(f = fopen(p, "r"))) return;
+	if (fscanf(f, "%ld", &d) != 1) d = 0;
+	fclose(f);
+	if (d > 0) {
+		struct timespec ts = {d / 1000000, (d % 1000000) * 1000};
+		nanosleep(&ts, NULL);
+	}
+}
+int fsync(int fd) {
+	static int (*real)(int);
+	if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+	slow();
+	return real(fd);
+}
+int fdatasync(int fd) {
+	static int (*real)(int);
+	if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+	slow();
+	return real(fd);
+}
+`
+
+// TestServerSlowFsync: the server's fsync and fdatasync made slow by an
+// LD_PRELOAD shim (compiled here with the C compiler): first 200 ms per
+// call, then 2.5 s (longer than the leases' TTL and the Managers'
+// StatementTimeout: commits, grants and extends alike, wait that long).
+// Every operation succeeds or fails typed (an acquire whose commit is
+// still waiting when the client gives up is Ambiguous, and its lockId is
+// released), trusted ⇒ live, no stale write; after fsync is fast again
+// and the server crashed and started, every reported grant is on the
+// server. The negative control: a holder that ignores its loss signal
+// through the 2.5 s stalls is caught.
+func TestServerSlowFsync(t *testing.T) {
+	t.Parallel()
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		needFacility(t, "no C compiler (cc) to build the slow-fsync shim (Debian: apt-get install gcc)")
+	}
+	dir, err := os.MkdirTemp("", "pglease-slowfsync-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	src, lib, delay := dir+"/slowfsync.c", dir+"/slowfsync.so", dir+"/delay"
+	if err := os.WriteFile(src, []byte(slowFsyncC), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(cc, "-shared", "-fPIC", "-O2", "-o", lib, src, "-ldl").CombinedOutput(); err != nil {
+		needFacility(t, "cannot build the slow-fsync shim: "+string(bytes.TrimSpace(out)))
+	}
+	setDelay := func(d time.Duration) {
+		t.Helper()
+		tmp := delay + ".tmp"
+		if err := os.WriteFile(tmp, []byte(strconv.FormatInt(d.Microseconds(), 10)), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, delay); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setDelay(0)
+	cl, pool := ownServer(t, pgtest.Options{Durable: true, Env: []string{"LD_PRELOAD=" + lib, "SLOWFSYNC_FILE=" + delay}})
+	ctx := ctxT(t)
+	// The shim must work, or the test would pass for nothing: a commit
+	// that wrote WAL waits for its flush.
+	if _, err := pool.Exec(ctx, "CREATE TABLE slow_probe (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	setDelay(500 * time.Millisecond)
+	t0 := time.Now()
+	if _, err := pool.Exec(ctx, "INSERT INTO slow_probe VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(t0); d < 400*time.Millisecond {
+		needFacility(t, "the slow-fsync shim did not slow the server's commits (a commit took "+d.String()+")")
+	}
+	setDelay(0)
+
+	res := newFencedResource(t, ctx, pool)
+	mcfg := Config{StatementTimeout: 2 * time.Second}
+	l := &faultLoad{
+		ms:  []*Manager{faultManager(t, serverPool(t, cl.URL, 4), mcfg), faultManager(t, serverPool(t, cl.URL, 4), mcfg)},
+		res: res, direct: pool, lockTable: "syncguard_locks",
+		ttl: 1500 * time.Millisecond, keys: 3, prefix: "fsync",
+	}
+	lctx, stop := context.WithCancel(ctx)
+	wg := l.run(lctx, 2)
+	defer func() { stop(); wg.Wait() }()
+	time.Sleep(time.Second)
+	before := l.snapshot()
+	setDelay(200 * time.Millisecond)
+	time.Sleep(3 * time.Second)
+	t.Logf("fsync 200 ms: %s", l.since(before))
+	broken, err := l.brokenHolder(ctx, l.ms[0], "fsync:broken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before = l.snapshot()
+	setDelay(2500 * time.Millisecond)
+	time.Sleep(6 * time.Second)
+	setDelay(0)
+	healed := time.Now()
+	t.Logf("fsync 2.5 s: %s", l.since(before))
+	t.Logf("fsync fast again: the next acquire succeeded %v later", l.recovery(t, healed, 2*waitTimeout()).Round(time.Millisecond))
+	if !broken() {
+		t.Error("negative control: a holder that ignores its loss signal trusted its lease through 2.5 s fsync stalls, and the check did not catch it")
+	}
+	stop()
+	wg.Wait()
+	if err := cl.StopServer(true); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.StartServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost, n := lostGrants(t, ctx, pool, &l.grants)
+	if len(lost) > 0 {
+		t.Errorf("%d of %d reported grants are not on the server after a crash: %v", len(lost), n, lost[:min(5, len(lost))])
+	}
 	l.report(t)
 	if v, n := fencedLogViolations(t, ctx, pool); len(v) != 0 {
 		t.Errorf("resource log: %d writes, violations %v", n, v)
