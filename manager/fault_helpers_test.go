@@ -240,14 +240,16 @@ func (l *faultLoad) violate(format string, args ...any) {
 	l.violations = append(l.violations, fmt.Sprintf(format, args...))
 }
 
-// live reports whether the server has lockID's lease unexpired; ok is
+// live reports whether the server has lockID's lease (or shared hold)
+// unexpired; ok is
 // false when the look itself failed.
 func (l *faultLoad) live(ctx context.Context, lockID string) (live, ok bool) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	var n int
-	err := l.direct.QueryRow(ctx, "SELECT count(*) FROM "+l.lockTable+
-		" WHERE lock_id = $1 AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)", lockID).Scan(&n)
+	const unexpired = " WHERE lock_id = $1 AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)"
+	err := l.direct.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+l.lockTable+unexpired+
+		") + (SELECT count(*) FROM "+l.lockTable+"_shared"+unexpired+")", lockID).Scan(&n)
 	return n == 1, err == nil
 }
 
@@ -341,13 +343,40 @@ func lostGrants(t *testing.T, ctx context.Context, pool *pgxpool.Pool, grants *s
 	return lost, n
 }
 
-// cycle is one acquire, fenced write, optional extend, release.
+// cycle is one acquire, fenced writes, optional extend, release, of one
+// of the lock kinds in turn: an exclusive lease, an all-or-nothing set of
+// two keys, a reader (Shared) and a permit (WithLimit(2)). Readers and
+// permits write nothing: their checks are the typed outcomes and
+// trusted ⇒ live.
 func (l *faultLoad) cycle(ctx context.Context, m *Manager, key string, i int) {
 	actx, cancel := context.WithTimeout(ctx, 3*time.Second)
-	lk, err := m.Acquire(actx, key, WithTTL(l.ttl), WithAcquireTimeout(2*time.Second))
+	var locks []*Lock
+	var err error
+	exclusive := true
+	switch i % 4 {
+	case 0:
+		var lk *Lock
+		if lk, err = m.Acquire(actx, key, WithTTL(l.ttl), WithAcquireTimeout(2*time.Second)); err == nil {
+			locks = []*Lock{lk}
+		}
+	case 1:
+		locks, err = m.AcquireAll(actx, []string{key, key + ":b"}, WithTTL(l.ttl), WithAcquireTimeout(2*time.Second))
+	case 2:
+		exclusive = false
+		var lk *Lock
+		if lk, err = m.Acquire(actx, key+":rw", Shared(), WithTTL(l.ttl), WithAcquireTimeout(2*time.Second)); err == nil {
+			locks = []*Lock{lk}
+		}
+	default:
+		exclusive = false
+		var lk *Lock
+		if lk, err = m.Acquire(actx, key+":sem", WithLimit(2), WithTTL(l.ttl), WithAcquireTimeout(2*time.Second)); err == nil {
+			locks = []*Lock{lk}
+		}
+	}
 	cancel()
 	if ctx.Err() != nil {
-		if lk != nil {
+		for _, lk := range locks {
 			_ = lk.Release(context.Background())
 		}
 		return
@@ -357,24 +386,32 @@ func (l *faultLoad) cycle(ctx context.Context, m *Manager, key string, i int) {
 		time.Sleep(20 * time.Millisecond)
 		return
 	}
-	l.granted(key, lk)
 	wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ok, werr := l.res.write(wctx, l.direct, key, lk.Fence(), int64(i))
-	if werr == nil && !ok && lk.Err() == nil {
-		l.violate("fenced write of %s refused while its holder trusted the lease (fence %d)", key, lk.Fence())
-	}
-	l.checkTrust(wctx, "a worker", lk.id, func() bool { return lk.Err() == nil })
-	time.Sleep(time.Duration(i%5) * 10 * time.Millisecond)
-	if i%3 == 0 {
-		err := lk.Extend(wctx)
-		if !errors.Is(err, pglease.ErrLockLost) { // a lost lease answers its cause; not an outcome of the fault
-			l.record("extend", err)
+	for _, lk := range locks {
+		if !exclusive {
+			l.checkTrust(wctx, "a shared holder", lk.id, func() bool { return lk.Err() == nil })
+			continue
 		}
+		l.granted(lk.Key(), lk)
+		ok, werr := l.res.write(wctx, l.direct, lk.Key(), lk.Fence(), int64(i))
+		if werr == nil && !ok && lk.Err() == nil {
+			l.violate("fenced write of %s refused while its holder trusted the lease (fence %d)", lk.Key(), lk.Fence())
+		}
+		l.checkTrust(wctx, "a worker", lk.id, func() bool { return lk.Err() == nil })
 	}
-	err = lk.Release(wctx)
-	if !errors.Is(err, pglease.ErrLockLost) {
-		l.record("release", err)
+	time.Sleep(time.Duration(i%5) * 10 * time.Millisecond)
+	for _, lk := range locks {
+		if i%3 == 0 {
+			err := lk.Extend(wctx)
+			if !errors.Is(err, pglease.ErrLockLost) { // a lost lease answers its cause; not an outcome of the fault
+				l.record("extend", err)
+			}
+		}
+		err = lk.Release(wctx)
+		if !errors.Is(err, pglease.ErrLockLost) {
+			l.record("release", err)
+		}
 	}
 }
 
