@@ -157,6 +157,8 @@ func TestServerDiskFull(t *testing.T) {
 	if err := cl.StartServer(ctx); err != nil {
 		t.Fatal(err)
 	}
+	// The old pool's connections died with the server.
+	pool.Reset()
 	srvLog, _ := os.ReadFile(logf.Name())
 	t.Logf("server log: %d PANIC, %d 'No space left on device'", bytes.Count(srvLog, []byte("PANIC")), bytes.Count(srvLog, []byte("No space left on device")))
 	lost, n := lostGrants(t, ctx, pool, &l.grants)
@@ -314,6 +316,7 @@ func TestServerSlowFsync(t *testing.T) {
 	if err := cl.StartServer(ctx); err != nil {
 		t.Fatal(err)
 	}
+	pool.Reset() // its connections died with the server
 	lost, n := lostGrants(t, ctx, pool, &l.grants)
 	if len(lost) > 0 {
 		t.Errorf("%d of %d reported grants are not on the server after a crash: %v", len(lost), n, lost[:min(5, len(lost))])
