@@ -50,6 +50,12 @@ type Options struct {
 	// instead of running initdb (seconds on a loaded machine) for each
 	// cluster: for callers that start many (pgleasetest, one per test).
 	Template bool
+	// Env is extra environment (name=value) for the server process only,
+	// not initdb: e.g. LD_PRELOAD of libfaketime for clock-step tests.
+	Env []string
+	// ParentDir is where the cluster's temporary directory is made
+	// (default os.TempDir()): e.g. a small filesystem for disk-full tests.
+	ParentDir string
 }
 
 // Cluster is a running throwaway PostgreSQL server.
@@ -223,7 +229,7 @@ func (c *Cluster) checkMajor(ctx context.Context) error {
 // server's user), without a data directory yet.
 func newCluster(binDir string, cred *syscall.Credential, opts Options) (*Cluster, error) {
 	removeStale()
-	dir, err := os.MkdirTemp("", fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
+	dir, err := os.MkdirTemp(opts.ParentDir, fmt.Sprintf("%s%d-", dirPrefix, os.Getpid()))
 	if err != nil {
 		return nil, fmt.Errorf("pgtest: %w", err)
 	}
@@ -314,6 +320,9 @@ func (c *Cluster) startServer(ctx context.Context, port int) error {
 		runtime.LockOSThread()
 		cmd := exec.Command(filepath.Join(c.BinDir, "postgres"), args...)
 		cmd.Dir = c.Dir
+		if len(c.opts.Env) > 0 {
+			cmd.Env = append(os.Environ(), c.opts.Env...)
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: c.cred, Pdeathsig: syscall.SIGQUIT, Setpgid: true}
 		if c.opts.Log != nil {
 			cmd.Stdout, cmd.Stderr = c.opts.Log, c.opts.Log

@@ -356,6 +356,37 @@ func (b *Bouncer) Stop() {
 	})
 }
 
+// Restart stops PgBouncer as Stop does (immediate shutdown: its client
+// connections are closed) and starts it again with the same config on the
+// same port, as an operator's restart does. For fault tests.
+func (b *Bouncer) Restart(ctx context.Context) error {
+	b.kill()
+	cred, err := serverCredential()
+	if err != nil {
+		return err
+	}
+	return b.start(ctx, cred, b.Port, b.logs.out)
+}
+
+// Admin runs one command (PAUSE, RESUME, RECONNECT, SHOW …) on
+// PgBouncer's admin console, as the target's user. PAUSE returns once
+// every server connection is released.
+func (b *Bouncer) Admin(ctx context.Context, command string) error {
+	cfg, err := pgconn.ParseConfig(WithDatabase(b.URL, "pgbouncer"))
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	conn, err := pgconn.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("pgtest: pgbouncer admin console: %w", err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, command).ReadAll(); err != nil {
+		return fmt.Errorf("pgtest: pgbouncer %s: %w", command, err)
+	}
+	return nil
+}
+
 // ReplaceHostPort returns the connection string s (URL or keyword/value)
 // with its host and port replaced (a multi-host list becomes one host).
 func ReplaceHostPort(s, host string, port int) string {

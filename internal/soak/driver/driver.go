@@ -705,6 +705,26 @@ func (d *driver) startFault(ctx context.Context, ft string, draw int, durDraw, p
 			d.ev(event.Event{E: event.Heal, W: -1, O: id, M: ft})
 		}()
 		return true
+	case FTableLock:
+		d.mu.Lock()
+		if d.srvBusy || d.stopping {
+			d.mu.Unlock()
+			return false
+		}
+		d.srvBusy = true
+		d.mu.Unlock()
+		id := d.faultID.Add(1)
+		dur := between(0.5, 1)
+		d.faultWG.Add(1)
+		d.faults.Add(1)
+		go func() {
+			defer d.faultWG.Done()
+			defer func() { d.mu.Lock(); d.srvBusy = false; d.mu.Unlock() }()
+			d.ev(event.Event{E: event.Fault, W: -1, O: id, M: ft, V: int64(dur)})
+			d.lockTables(ctx, dur)
+			d.ev(event.Event{E: event.Heal, W: -1, O: id, M: ft})
+		}()
+		return true
 	}
 	preferHolder := ft == FKill || ft == FStop || ft == FStarve || ft == FRevoke
 	w, ok := d.pickWorker(ctx, draw, preferHolder)
@@ -790,6 +810,26 @@ func (d *driver) runFault(ctx context.Context, ft string, w int, id int64, dur t
 	case FRevoke:
 		d.revoke(ctx, w, id, param)
 	}
+}
+
+// lockTables holds ACCESS EXCLUSIVE locks on the lock tables for dur, as
+// an operator's VACUUM FULL (or ALTER TABLE, CLUSTER) does while it waits
+// behind a long reader: every statement on them queues behind it. It
+// logs why when it could not take them (the server is down, say).
+func (d *driver) lockTables(ctx context.Context, dur time.Duration) {
+	lctx, cancel := context.WithTimeout(ctx, dur+10*time.Second)
+	defer cancel()
+	tx, err := d.admin.Begin(lctx)
+	if err != nil {
+		d.logf("table-lock: %v", err)
+		return
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	if _, err := tx.Exec(lctx, "LOCK TABLE syncguard_locks, syncguard_locks_shared IN ACCESS EXCLUSIVE MODE"); err != nil {
+		d.logf("table-lock: %v", err)
+		return
+	}
+	sleepCtx(ctx, dur)
 }
 
 // terminate ends the worker's backends of one kind with

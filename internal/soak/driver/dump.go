@@ -42,6 +42,15 @@ func (d *driver) dump(ctx context.Context) error {
 		AND pid <> pg_backend_pid()`).Scan(&f.AdvisoryLocks); err != nil {
 		return err
 	}
+	if f.AdvisoryLocks > 0 {
+		// Who holds them, for the run's log (the check only counts them).
+		var who string
+		if err := d.admin.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s pid %s %s %s: %s', a.application_name, l.pid, a.state,
+				l.mode, left(a.query, 80)), '; '), '') FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()`).Scan(&who); err == nil {
+			d.logf("advisory locks held at the end: %s", who)
+		}
+	}
 	rows, err := d.admin.Query(ctx, "SELECT coalesce(key_debug, fence_key), fence FROM syncguard_fence_counters")
 	if err != nil {
 		return err

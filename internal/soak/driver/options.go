@@ -22,11 +22,12 @@ const (
 	FRevoke          = "revoke"           // Manager.Revoke of a key a worker holds (its holder is told; the key is free at once)
 	FCrash           = "crash"            // server stopped -m immediate, then started
 	FRestart         = "restart"          // server stopped -m fast, then started
+	FTableLock       = "table-lock"       // the lock tables locked ACCESS EXCLUSIVE (a VACUUM FULL queued behind a reader), 0.5–1 TTL
 )
 
 // FaultTypes lists every fault type, in report order.
 var FaultTypes = []string{FTerminatePool, FTerminateListen, FTerminateAdv, FHalfOpen, FBlackhole, FCut,
-	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart}
+	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart, FTableLock}
 
 // DefaultMix weighs the fault types: the server-wide faults are rarer
 // because each hits every worker at once.
