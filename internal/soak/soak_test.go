@@ -65,9 +65,22 @@ func runDir(t *testing.T, name string) string {
 	return dir
 }
 
+// smokeFaultTypes are the fault types of the smoke: every one of the
+// default mix. table-lock is left out while it is out of the default mix
+// too (README: its open findings).
+func smokeFaultTypes() []string {
+	var out []string
+	for _, ft := range driver.FaultTypes {
+		if ft != driver.FTableLock {
+			out = append(out, ft)
+		}
+	}
+	return out
+}
+
 func smokeOptions(dir, bin string, seed uint64) driver.Options {
 	mix := map[string]int{}
-	for _, ft := range driver.FaultTypes {
+	for _, ft := range smokeFaultTypes() {
 		mix[ft] = 1
 	}
 	return driver.Options{
@@ -119,7 +132,7 @@ func TestSmoke(t *testing.T) {
 	if v > 0 {
 		t.Errorf("%d violations (seed %d)", v, seed)
 	}
-	for _, ft := range driver.FaultTypes {
+	for _, ft := range smokeFaultTypes() {
 		if rep.FaultsByType[ft] == 0 {
 			t.Errorf("fault type %s never ran", ft)
 		}

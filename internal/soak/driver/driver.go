@@ -307,21 +307,34 @@ func (d *driver) startRevoker(ctx context.Context) error {
 
 // revoke revokes one key worker w holds (exclusively: leases, writers,
 // a set's locks), drawn with param, trying again for up to a second when
-// it holds none at the moment. It logs the outcome.
+// it holds none at the moment; after that, a key another worker holds
+// (the event names the worker revoked), so that a run with short holds
+// still revokes. It logs the outcome.
 func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	for try := 0; try < 20 && ctx.Err() == nil; try++ {
-		var keys []string
-		rows, err := d.admin.Query(ctx, `SELECT l.user_key FROM syncguard_locks l
+	for try := 0; try < 60 && ctx.Err() == nil; try++ {
+		holder := fmt.Sprintf("soak-w%d", w)
+		if try >= 20 {
+			holder = "" // any worker's
+		}
+		type held struct {
+			key string
+			w   int
+		}
+		var keys []held
+		rows, err := d.admin.Query(ctx, `SELECT l.user_key, h.holder FROM syncguard_locks l
 			JOIN syncguard_locks_holders h ON h.key = l.key AND h.lock_id = l.lock_id
-			WHERE h.holder = $1 AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)
-			ORDER BY l.user_key`, fmt.Sprintf("soak-w%d", w))
+			WHERE ($1 = '' OR h.holder = $1) AND h.holder ~ '^soak-w[0-9]+$'
+			  AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)
+			ORDER BY l.user_key`, holder)
 		if err == nil {
 			for rows.Next() {
-				var k string
-				if rows.Scan(&k) == nil {
-					keys = append(keys, k)
+				var k, h string
+				if rows.Scan(&k, &h) == nil {
+					if n, err := strconv.Atoi(strings.TrimPrefix(h, "soak-w")); err == nil {
+						keys = append(keys, held{k, n})
+					}
 				}
 			}
 			rows.Close()
@@ -330,9 +343,9 @@ func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
 			sleepCtx(ctx, 50*time.Millisecond)
 			continue
 		}
-		key := keys[int(param*float64(len(keys)))%len(keys)]
-		rv, err := d.revoker.Revoke(ctx, key)
-		e := event.Event{E: event.Revoke, W: w, O: id, M: key}
+		pick := keys[int(param*float64(len(keys)))%len(keys)]
+		rv, err := d.revoker.Revoke(ctx, pick.key)
+		e := event.Event{E: event.Revoke, W: pick.w, O: id, M: pick.key}
 		if rv.Revoked > 0 {
 			e.V = 1
 		}
