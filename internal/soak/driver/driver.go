@@ -331,9 +331,9 @@ func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
 			continue
 		}
 		key := keys[int(param*float64(len(keys)))%len(keys)]
-		rv, err := d.revoker.Revoke(ctx, key)
+		n, _, err := d.revoker.Revoke(ctx, key)
 		e := event.Event{E: event.Revoke, W: w, O: id, M: key}
-		if rv.Revoked > 0 {
+		if n > 0 {
 			e.V = 1
 		}
 		if err != nil {
