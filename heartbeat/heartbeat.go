@@ -61,15 +61,11 @@ func (l Lease) NextExtend() time.Time {
 // be treated as lost, whatever an extend still in flight may answer. The
 // server expires the lease at its own now() + TTL, with now() taken after
 // Start, and gives the key to another holder only 1 s after that, so the
-// holder stops trusting the lease first.
+// holder stops trusting the lease first. The lease may be trusted at now
+// (a time on the same clock as Start: Now) while
+// now.Before(l.TrustedUntil()).
 func (l Lease) TrustedUntil() time.Time {
 	return l.Start.Add(l.TTL - l.margin())
-}
-
-// Trusted reports whether the lease may still be trusted at now (a time
-// on the same clock as Start: Now): now is before TrustedUntil.
-func (l Lease) Trusted(now time.Time) bool {
-	return now.Before(l.TrustedUntil())
 }
 
 // RetryAt returns when to try again after an extend failed at failedAt

@@ -51,8 +51,8 @@ func TestHeartbeatLeaseSchedule(t *testing.T) {
 		{"custom margin", heartbeat.Lease{TTL: 3 * time.Second, Start: t0, Margin: time.Second}, 2 * time.Second, false},
 		{"custom margin, before", heartbeat.Lease{TTL: 3 * time.Second, Start: t0, Margin: time.Second}, 1999 * ms, true},
 	} {
-		if got := tt.l.Trusted(at(tt.now)); got != tt.trusted {
-			t.Errorf("%s: Trusted(%v) = %v, want %v", tt.name, tt.now, got, tt.trusted)
+		if got := at(tt.now).Before(tt.l.TrustedUntil()); got != tt.trusted {
+			t.Errorf("%s: trusted at %v = %v, want %v", tt.name, tt.now, got, tt.trusted)
 		}
 	}
 	if got := base.NextExtend(); !got.Equal(at(time.Second)) {
@@ -107,7 +107,7 @@ func TestHeartbeatLoopKeepsOrLosesInTime(t *testing.T) {
 				var lostAt time.Time
 				for lostAt.IsZero() && time.Since(start) < 5*time.Second {
 					switch now := time.Now(); {
-					case !l.Trusted(now):
+					case !now.Before(l.TrustedUntil()):
 						lostAt = now
 					case !now.Before(next):
 						sent := now

@@ -77,7 +77,7 @@ func (l heldLease) NextExtend() time.Time {
 // trusted, auto-extended, has no extend pending, and its NextExtend is at
 // most slack(TTL) away.
 func (l heldLease) due(now time.Time) bool {
-	if l.Manual || l.Pending || !l.Trusted(now) {
+	if l.Manual || l.Pending || !now.Before(l.TrustedUntil()) {
 		return false
 	}
 	if now.Before(l.NotBefore) {
@@ -113,7 +113,7 @@ func collectLeases[K comparable](now time.Time, leases iter.Seq2[K, heldLease]) 
 	var t hbTick[K]
 	for k, l := range leases {
 		switch {
-		case !l.Trusted(now):
+		case !now.Before(l.TrustedUntil()):
 			t.lost = append(t.lost, k)
 			continue
 		case l.due(now):

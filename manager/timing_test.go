@@ -43,8 +43,8 @@ func TestHeartbeatHeldLeaseSchedule(t *testing.T) {
 			if got := tt.l.due(now); got != tt.due {
 				t.Errorf("due = %v, want %v", got, tt.due)
 			}
-			if got := tt.l.Trusted(now); got != tt.trusted {
-				t.Errorf("Trusted = %v, want %v", got, tt.trusted)
+			if got := now.Before(tt.l.TrustedUntil()); got != tt.trusted {
+				t.Errorf("trusted = %v, want %v", got, tt.trusted)
 			}
 			if got := tt.l.NextEvent(); !got.Equal(hbAt(tt.next)) {
 				t.Errorf("NextEvent = %v, want %v", got.Sub(hbT0), tt.next)
