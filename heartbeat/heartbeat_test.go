@@ -24,8 +24,9 @@ func TestHeartbeatDefaultMargin(t *testing.T) {
 		{30 * time.Second, 3 * time.Second},
 		{time.Hour, 5 * time.Second},
 	} {
-		if got := heartbeat.DefaultMargin(tt.ttl); got != tt.want {
-			t.Errorf("DefaultMargin(%v) = %v, want %v", tt.ttl, got, tt.want)
+		// A zero Margin: the window ends the default margin before t0 + ttl.
+		if got := tt.ttl - (heartbeat.Lease{TTL: tt.ttl, Start: t0}).TrustedUntil().Sub(t0); got != tt.want {
+			t.Errorf("ttl %v: default margin %v, want %v", tt.ttl, got, tt.want)
 		}
 		// From the auto-extend floor up, the default window reaches past
 		// the first extend.

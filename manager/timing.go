@@ -24,6 +24,15 @@ func (m *Manager) now() time.Time {
 	return heartbeat.Now()
 }
 
+// defaultMargin is the loss margin of a lease of ttl when
+// Config.LossMargin is zero: the margin package heartbeat cuts from a
+// Lease with a zero Margin (TTL/10 within [10 ms, 5 s]), read from
+// heartbeat itself so the two can not drift apart.
+func defaultMargin(ttl time.Duration) time.Duration {
+	var start time.Time
+	return ttl - heartbeat.Lease{TTL: ttl, Start: start}.TrustedUntil().Sub(start)
+}
+
 // newBackOff returns p's schedule (retry.Policy.NewBackOff) for one key
 // or one wait. New validated p, so an error here is a bug.
 func newBackOff(p retry.Policy) backoff.BackOff {

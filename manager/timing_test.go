@@ -66,6 +66,23 @@ func TestHeartbeatHeldLeaseSchedule(t *testing.T) {
 	}
 }
 
+// The Manager's default loss margin (Config.LossMargin zero) is the one
+// package heartbeat documents for a zero Lease.Margin.
+func TestHeartbeatDefaultLossMargin(t *testing.T) {
+	t.Parallel()
+	const ms = time.Millisecond
+	for _, tt := range []struct{ ttl, want time.Duration }{
+		{50 * ms, 10 * ms},
+		{300 * ms, 30 * ms},
+		{3 * time.Second, 300 * ms},
+		{time.Hour, 5 * time.Second},
+	} {
+		if got := defaultMargin(tt.ttl); got != tt.want {
+			t.Errorf("defaultMargin(%v) = %v, want %v", tt.ttl, got, tt.want)
+		}
+	}
+}
+
 func TestHeartbeatCollectBatchesNeighbours(t *testing.T) {
 	t.Parallel()
 	const ms = time.Millisecond
