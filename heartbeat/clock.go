@@ -8,8 +8,8 @@ import (
 
 // Now returns the time to measure a lease's trust window with: time.Now,
 // moved ahead by the time this machine has spent suspended since the
-// process started. Use it for Lease.Start and for the times given to
-// Trusted.
+// process started. Use it for Lease.Start and for the times compared with
+// Lease.TrustedUntil.
 //
 // Go's monotonic clock, which time.Now's comparisons use, does not advance
 // while the machine is suspended, but the server's clock does: a lease

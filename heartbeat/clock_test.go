@@ -59,14 +59,14 @@ func TestTrustCountsSuspend(t *testing.T) {
 		l := Lease{TTL: 3 * time.Second, Start: c.now()}
 		lOld := Lease{TTL: 3 * time.Second, Start: f.monoOnly()}
 		f.run(time.Second)
-		if !l.Trusted(c.now()) || !lOld.Trusted(f.monoOnly()) {
+		if !c.now().Before(l.TrustedUntil()) || !f.monoOnly().Before(lOld.TrustedUntil()) {
 			t.Fatalf("count %v: not trusted 1 s into a 3 s lease", hasCount)
 		}
 		f.suspend(10 * time.Second)
-		if l.Trusted(c.now()) {
+		if c.now().Before(l.TrustedUntil()) {
 			t.Errorf("count %v: still trusted after a 10 s suspend 1 s into a 3 s lease", hasCount)
 		}
-		if !lOld.Trusted(f.monoOnly()) {
+		if !f.monoOnly().Before(lOld.TrustedUntil()) {
 			t.Errorf("count %v: the monotonic clock alone counted the suspend: the fake does not suspend", hasCount)
 		}
 		if got := c.now().Sub(l.Start); got != 11*time.Second {

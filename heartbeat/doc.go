@@ -21,7 +21,7 @@
 // means a slow round trip shortens the window instead of stretching it.
 // The margin absorbs the clock-rate error between this process and the
 // server and the time the holder's code needs to notice the loss;
-// DefaultMargin is ttl/10 within [10 ms, 5 s].
+// A zero Lease.Margin is ttl/10 within [10 ms, 5 s].
 //
 //	t            t+ttl/3             t+ttl−margin   t+ttl      t+ttl+1s
 //	|--- held ------|--- extend due ------|--- lost ---|-- expired --|-- others may acquire

@@ -16,7 +16,7 @@ func ExampleLease() {
 	l := heartbeat.Lease{TTL: 3 * time.Second, Start: start}
 	fmt.Println("extend at:      ", l.NextExtend().Sub(start))
 	fmt.Println("trusted until:  ", l.TrustedUntil().Sub(start))
-	fmt.Println("trusted at 2.7s:", l.Trusted(start.Add(2700*time.Millisecond)))
+	fmt.Println("trusted at 2.7s:", start.Add(2700*time.Millisecond).Before(l.TrustedUntil()))
 	fmt.Println("after a failed extend at 1s, retry at:", l.RetryAt(start.Add(time.Second)).Sub(start))
 	// Output:
 	// extend at:       1s
@@ -61,7 +61,7 @@ func Example_store() {
 	next := lease.NextExtend()
 	for extended := 0; extended < 2; {
 		now := heartbeat.Now()
-		if !lease.Trusted(now) { // check it before each write that needs the lease, too (and fence the write)
+		if !now.Before(lease.TrustedUntil()) { // check it before each write that needs the lease, too (and fence the write)
 			fmt.Println("lost: the window passed without a successful extend")
 			return
 		}
@@ -83,7 +83,7 @@ func Example_store() {
 			extended++
 		}
 	}
-	fmt.Println("trusted after two extends:", lease.Trusted(heartbeat.Now()))
+	fmt.Println("trusted after two extends:", heartbeat.Now().Before(lease.TrustedUntil()))
 	// readme:end heartbeat
 
 	if _, err := store.Release(ctx, res.LockID); err != nil {

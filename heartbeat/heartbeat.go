@@ -9,7 +9,7 @@ import "time"
 // extended, only taken and released, may be shorter.)
 const MinAutoExtendTTL = 300 * time.Millisecond
 
-// Bounds of DefaultMargin.
+// Bounds of the default margin (Lease.Margin zero).
 const (
 	minMargin = 10 * time.Millisecond
 	maxMargin = 5 * time.Second
@@ -18,12 +18,9 @@ const (
 // minRetry is the smallest pause between two failed extend attempts.
 const minRetry = 10 * time.Millisecond
 
-// DefaultMargin returns the safety margin a Lease with a zero Margin
-// uses, and the Manager's default (manager.Config.LossMargin): ttl/10,
-// at least 10 ms and at most 5 s. It must cover the difference between
-// the clock rates of this machine and the server over one TTL, and the
-// time the holder's code needs to notice the loss and stop writing.
-func DefaultMargin(ttl time.Duration) time.Duration {
+// defaultMargin is the margin of a Lease with a zero Margin: ttl/10,
+// at least 10 ms and at most 5 s.
+func defaultMargin(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, minMargin), maxMargin)
 }
 
@@ -38,8 +35,12 @@ type Lease struct {
 	// that acquire or extend was sent: the window is anchored at the
 	// send, so a slow round trip shortens it instead of stretching it.
 	Start time.Time
-	// Margin is cut from the end of the window; zero means
-	// DefaultMargin(TTL).
+	// Margin is cut from the end of the window. It must cover the
+	// difference between the clock rates of this machine and the server
+	// over one TTL, and the time the holder's code needs to notice the
+	// loss and stop writing. Zero means TTL/10, at least 10 ms and at
+	// most 5 s: min(max(TTL/10, 10 ms), 5 s), the Manager's default too
+	// (manager.Config.LossMargin).
 	Margin time.Duration
 }
 
@@ -47,7 +48,7 @@ func (l Lease) margin() time.Duration {
 	if l.Margin > 0 {
 		return l.Margin
 	}
-	return DefaultMargin(l.TTL)
+	return defaultMargin(l.TTL)
 }
 
 // NextExtend returns when the lease should be extended: Start + TTL/3,
@@ -61,15 +62,11 @@ func (l Lease) NextExtend() time.Time {
 // be treated as lost, whatever an extend still in flight may answer. The
 // server expires the lease at its own now() + TTL, with now() taken after
 // Start, and gives the key to another holder only 1 s after that, so the
-// holder stops trusting the lease first.
+// holder stops trusting the lease first. The lease may be trusted at now
+// (a time on the same clock as Start: Now) while
+// now.Before(l.TrustedUntil()).
 func (l Lease) TrustedUntil() time.Time {
 	return l.Start.Add(l.TTL - l.margin())
-}
-
-// Trusted reports whether the lease may still be trusted at now (a time
-// on the same clock as Start: Now): now is before TrustedUntil.
-func (l Lease) Trusted(now time.Time) bool {
-	return now.Before(l.TrustedUntil())
 }
 
 // RetryAt returns when to try again after an extend failed at failedAt

@@ -24,8 +24,9 @@ func TestHeartbeatDefaultMargin(t *testing.T) {
 		{30 * time.Second, 3 * time.Second},
 		{time.Hour, 5 * time.Second},
 	} {
-		if got := heartbeat.DefaultMargin(tt.ttl); got != tt.want {
-			t.Errorf("DefaultMargin(%v) = %v, want %v", tt.ttl, got, tt.want)
+		// A zero Margin: the window ends the default margin before t0 + ttl.
+		if got := tt.ttl - (heartbeat.Lease{TTL: tt.ttl, Start: t0}).TrustedUntil().Sub(t0); got != tt.want {
+			t.Errorf("ttl %v: default margin %v, want %v", tt.ttl, got, tt.want)
 		}
 		// From the auto-extend floor up, the default window reaches past
 		// the first extend.
@@ -51,8 +52,8 @@ func TestHeartbeatLeaseSchedule(t *testing.T) {
 		{"custom margin", heartbeat.Lease{TTL: 3 * time.Second, Start: t0, Margin: time.Second}, 2 * time.Second, false},
 		{"custom margin, before", heartbeat.Lease{TTL: 3 * time.Second, Start: t0, Margin: time.Second}, 1999 * ms, true},
 	} {
-		if got := tt.l.Trusted(at(tt.now)); got != tt.trusted {
-			t.Errorf("%s: Trusted(%v) = %v, want %v", tt.name, tt.now, got, tt.trusted)
+		if got := at(tt.now).Before(tt.l.TrustedUntil()); got != tt.trusted {
+			t.Errorf("%s: trusted at %v = %v, want %v", tt.name, tt.now, got, tt.trusted)
 		}
 	}
 	if got := base.NextExtend(); !got.Equal(at(time.Second)) {
@@ -107,7 +108,7 @@ func TestHeartbeatLoopKeepsOrLosesInTime(t *testing.T) {
 				var lostAt time.Time
 				for lostAt.IsZero() && time.Since(start) < 5*time.Second {
 					switch now := time.Now(); {
-					case !l.Trusted(now):
+					case !now.Before(l.TrustedUntil()):
 						lostAt = now
 					case !now.Before(next):
 						sent := now

@@ -22,11 +22,11 @@ func ExampleManager_Revoke() {
 	}
 
 	// An operator, or any process with a Manager on the same tables:
-	rv, err := m.Revoke(ctx, "example:stuck-job")
+	revoked, notBefore, err := m.Revoke(ctx, "example:stuck-job")
 	if err != nil {
 		panic(err)
 	}
-	fmt.Println("revoked:", rv.Revoked, "delay until set:", !rv.NotBefore.IsZero())
+	fmt.Println("revoked:", revoked, "delay until set:", !notBefore.IsZero())
 
 	<-lk.Done() // the holder is told at once, wherever it runs
 	fmt.Println("holder:", errors.Is(lk.Err(), pglease.ErrRevoked))
@@ -46,12 +46,12 @@ func ExampleManager_Revoke() {
 	if err != nil {
 		panic(err)
 	}
-	rv, err = m.Revoke(ctx, "example:slots", hung.GrantID())
+	revoked, _, err = m.Revoke(ctx, "example:slots", hung.GrantID())
 	if err != nil {
 		panic(err)
 	}
 	<-hung.Done()
-	fmt.Println("permits revoked:", rv.Revoked, errors.Is(hung.Err(), pglease.ErrRevoked), busy.Err())
+	fmt.Println("permits revoked:", revoked, errors.Is(hung.Err(), pglease.ErrRevoked), busy.Err())
 	// readme:end revoke
 	busy.Release(ctx)
 

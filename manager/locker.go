@@ -48,8 +48,8 @@ func (l locker) Do(ctx context.Context, key string, fn func(ctx context.Context,
 }
 
 func (l locker) Revoke(ctx context.Context, key string) (bool, error) {
-	r, err := l.m.Revoke(ctx, key)
-	return r.Revoked > 0, err
+	n, _, err := l.m.Revoke(ctx, key)
+	return n > 0, err
 }
 
 var _ pglease.Lease = (*Lock)(nil)

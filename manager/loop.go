@@ -329,7 +329,7 @@ func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireRes
 		// Every waiter left while the attempt was in flight.
 		st.orphanRelease(ks, a)
 		st.sig().orphaned.signal(ks.key)
-	case !lease.Trusted(now):
+	case !now.Before(lease.TrustedUntil()):
 		// The answer came after the grant's own trust window.
 		st.orphanRelease(ks, a)
 		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
@@ -433,8 +433,8 @@ func (st *loopState) handleExtendDone(d extendDone) {
 			st.lose(h, lostCause("the server no longer has the lock"), false, obs.LossNotHeld, d.db)
 			lost++
 			continue
-		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !h.lease.Trusted(now) || !st.loss.stop(h):
-			// (!Trusted: the window passed though the timer may not have
+		case (h.lock.ctx.Err() != nil && !st.pastLimit(h, now)) || !now.Before(h.lease.TrustedUntil()) || !st.loss.stop(h):
+			// (Not trusted: the window passed though the timer may not have
 			// fired yet, e.g. the process was stopped: see "After a pause".)
 			// The trust window passed while the extend was in flight: the
 			// lock is lost even though the late extend succeeded (and its

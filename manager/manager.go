@@ -213,7 +213,7 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 		// 1 ms window and could never be granted).
 		m := margin
 		if m <= 0 {
-			m = heartbeat.DefaultMargin(ttl)
+			m = defaultMargin(ttl)
 		}
 		if ttl-m < minTrustWindow {
 			return invalid(op, fmt.Sprintf("ttl %v leaves a trust window of %v after the loss margin of %v: a grant's round trip must fit in it; use a ttl of at least %v",

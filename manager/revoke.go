@@ -57,30 +57,25 @@ func revokedCause() error {
 	return pgerr.New(pglease.CodeRevoked, "manager.Lock", "the lease was revoked (deleted on the server by a revoke)", nil)
 }
 
-// Revocation is what a Revoke did.
-type Revocation struct {
-	// Revoked counts the live holds the revoke deleted: 1 for the key's
-	// exclusive lease, or the readers or permits revoked. 0: the key had
-	// no live hold (or none of those named), and nothing was changed.
-	Revoked int
-	// NotBefore, when not zero, is the server time before which no
-	// acquire gets the key: the revoked lease's lock delay (WithLockDelay)
-	// after the revoke, or, when nothing was revoked, the delay of an
-	// expired lease still in force (a revoke leaves an expired lease and
-	// its delay in place: it never frees a key earlier than its expiry
-	// would). Zero: no delay keeps the key.
-	NotBefore time.Time
-}
-
 // Revoke deletes key's live holds on the server, whoever holds them
 // (this process or another), in one durable statement: its exclusive
 // lease, or its shared holds (readers, Shared; semaphore permits,
 // WithLimit). With holds, only the holds named are revoked, each by its
 // grant id (Lock.GrantID, which a holder may log) or by the hash of its
 // lockId (pglease.HashKey: lock_id_hash in the {lock}_leases view and
-// pglease status), for example one hung permit of a semaphore. The answer
-// says what it did (Revocation). A lease that has expired is not live:
-// it is left in place, and with it its lock delay.
+// pglease status), for example one hung permit of a semaphore. A lease
+// that has expired is not live: it is left in place, and with it its lock
+// delay.
+//
+// The answer says what it did. revoked counts the live holds the revoke
+// deleted: 1 for the key's exclusive lease, or the readers or permits
+// revoked; 0: the key had no live hold (or none of those named), and
+// nothing was changed. notBefore, when not zero, is the server time
+// before which no acquire gets the key: the revoked lease's lock delay
+// (WithLockDelay) after the revoke, or, when nothing was revoked, the
+// delay of an expired lease still in force (a revoke leaves an expired
+// lease and its delay in place: it never frees a key earlier than its
+// expiry would). Zero: no delay keeps the key.
 //
 // Each revoked holder's Manager, which hears of it on its listening
 // connection, ends the lock's Context at once with a cause matching
@@ -97,21 +92,21 @@ type Revocation struct {
 // their writes come before it.
 //
 // If the revoked lease was taken WithLockDelay, nobody gets the key
-// before that delay has passed after the revoke (NotBefore); otherwise
+// before that delay has passed after the revoke (notBefore); otherwise
 // its waiters may take it at once (they are woken). Bad input (a key, or
 // a hold that is neither a grant id nor a lockId hash) is
 // CodeInvalidArgument before any I/O; an outage is its code
 // (pglease.Retryable; a revoke whose outcome is unknown may be repeated:
 // it is idempotent).
-func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (Revocation, error) {
+func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (revoked int, notBefore time.Time, err error) {
 	const op = "manager.Revoke"
 	nk, err := m.checkKeyCall(op, ctx, key)
 	if err != nil {
-		return Revocation{}, err
+		return 0, time.Time{}, err
 	}
 	reqs, err := holdRequests(op, nk, holds)
 	if err != nil {
-		return Revocation{}, err
+		return 0, time.Time{}, err
 	}
 	ctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
@@ -119,18 +114,17 @@ func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (Revo
 	res, err := m.store.Revoke(ctx, reqs)
 	if err != nil {
 		db.End(0, err)
-		return Revocation{}, callErr(op, err)
+		return 0, time.Time{}, callErr(op, err)
 	}
-	var out Revocation
 	var hashes []string
 	for _, r := range res {
-		out.Revoked += r.Revoked
+		revoked += r.Revoked
 		hashes = append(hashes, r.LockIDHashes...)
-		if r.DelayUntil.After(out.NotBefore) {
-			out.NotBefore = r.DelayUntil
+		if r.DelayUntil.After(notBefore) {
+			notBefore = r.DelayUntil
 		}
 	}
-	db.End(out.Revoked, nil)
+	db.End(revoked, nil)
 	// A holder may be here: tell the loop now (the notification comes
 	// too, and finds nothing left to do).
 	kh := pglease.HashKey(nk)
@@ -142,7 +136,7 @@ func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (Revo
 		case <-ctx.Done(): // the notification will do
 		}
 	}
-	return out, nil
+	return revoked, notBefore, nil
 }
 
 // holdRequests is the revoke items of key: one for every hold, or one

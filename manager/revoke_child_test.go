@@ -221,10 +221,10 @@ func TestRevokeAcrossProcesses(t *testing.T) {
 		p.send("hold %s", key)
 		fence := pglease.Fence(atoi(t, p.expect("held")[0]))
 		t0 := time.Now()
-		ok, err := b.m.Revoke(ctx, key)
+		n, _, err := b.m.Revoke(ctx, key)
 		t1 := time.Now()
-		if err != nil || ok.Revoked != 1 {
-			t.Fatalf("Revoke = %v, %v", ok, err)
+		if err != nil || n != 1 {
+			t.Fatalf("Revoke = %v, %v", n, err)
 		}
 		f := p.expect("ended")
 		if f[1] != pglease.CodeRevoked.String() {

@@ -69,9 +69,9 @@ func TestRevokeKeepsLockDelay(t *testing.T) {
 		}
 		switch via {
 		case "Revoke":
-			rv, err := peer.Revoke(ctx, key)
-			if err != nil || rv.Revoked != 0 || rv.NotBefore.UnixMilli() != end {
-				t.Fatalf("Revoke of the expired lease = %+v, %v; want 0 revoked, NotBefore expiry + 3 s (%d)", rv, err, end)
+			n, notBefore, err := peer.Revoke(ctx, key)
+			if err != nil || n != 0 || notBefore.UnixMilli() != end {
+				t.Fatalf("Revoke of the expired lease = %d, %v, %v; want 0 revoked, notBefore expiry + 3 s (%d)", n, notBefore, err, end)
 			}
 		case "SQL":
 			var revoked int
@@ -173,9 +173,9 @@ func TestRevokeSharedHolds(t *testing.T) {
 	}
 
 	// One permit, by grant id.
-	rv, err := peer.Revoke(ctx, sem, p[1].GrantID())
-	if err != nil || rv.Revoked != 1 || !rv.NotBefore.IsZero() {
-		t.Fatalf("Revoke of one permit = %+v, %v", rv, err)
+	n, notBefore, err := peer.Revoke(ctx, sem, p[1].GrantID())
+	if err != nil || n != 1 || !notBefore.IsZero() {
+		t.Fatalf("Revoke of one permit = %d, %v, %v", n, notBefore, err)
 	}
 	revokedCode("the permit revoked", p[1])
 	for _, lk := range []*Lock{p[0], p[2]} {
@@ -188,9 +188,9 @@ func TestRevokeSharedHolds(t *testing.T) {
 		t.Fatalf("the revoked permit's slot: %v, %v", ok, err)
 	}
 	// Every permit: the two left here and the peer's own.
-	rv, err = peer.Revoke(ctx, sem)
-	if err != nil || rv.Revoked != 3 {
-		t.Fatalf("Revoke of every permit = %+v, %v", rv, err)
+	n, _, err = peer.Revoke(ctx, sem)
+	if err != nil || n != 3 {
+		t.Fatalf("Revoke of every permit = %d, %v", n, err)
 	}
 	revokedCode("a permit (all revoked)", p[0])
 	revokedCode("a permit (all revoked)", p[2])
@@ -236,9 +236,9 @@ func TestRevokeSharedHolds(t *testing.T) {
 			t.Fatal("a reader was not asked to release")
 		}
 	}
-	rv, err = peer.Revoke(ctx, rw, pglease.HashKey(r1.id))
-	if err != nil || rv.Revoked != 1 {
-		t.Fatalf("Revoke of one reader = %+v, %v", rv, err)
+	n, _, err = peer.Revoke(ctx, rw, pglease.HashKey(r1.id))
+	if err != nil || n != 1 {
+		t.Fatalf("Revoke of one reader = %d, %v", n, err)
 	}
 	revokedCode("the reader revoked", r1)
 	if err := r2.Err(); err != nil {
@@ -252,7 +252,7 @@ func TestRevokeSharedHolds(t *testing.T) {
 
 	// Bad holds: before any I/O.
 	for _, bad := range []string{"", "x", pglease.HashKey("a") + "0"} {
-		if _, err := peer.Revoke(ctx, rw, bad); !errors.Is(err, pglease.ErrInvalidArgument) {
+		if _, _, err := peer.Revoke(ctx, rw, bad); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Fatalf("Revoke with hold %q: %v", bad, err)
 		}
 		if err := peer.RequestRelease(ctx, rw, bad); !errors.Is(err, pglease.ErrInvalidArgument) {

@@ -53,8 +53,8 @@ func TestRevokeEndsHolder(t *testing.T) {
 	}
 
 	start := time.Now()
-	revoked, err := peer.Revoke(ctx, key)
-	if err != nil || revoked.Revoked != 1 {
+	revoked, _, err := peer.Revoke(ctx, key)
+	if err != nil || revoked != 1 {
 		t.Fatalf("Revoke = %v, %v", revoked, err)
 	}
 	select {
@@ -100,8 +100,8 @@ func TestRevokeEndsHolder(t *testing.T) {
 	if err := l2.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	revoked, err = peer.Revoke(ctx, key)
-	if err != nil || revoked.Revoked != 0 {
+	revoked, _, err = peer.Revoke(ctx, key)
+	if err != nil || revoked != 0 {
 		t.Fatalf("Revoke of a free key = %v, %v", revoked, err)
 	}
 }
@@ -116,8 +116,8 @@ func TestRevokeHere(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := b.m.Revoke(ctx, "revoke:here"); err != nil || ok.Revoked != 1 {
-		t.Fatalf("Revoke = %v, %v", ok, err)
+	if n, _, err := b.m.Revoke(ctx, "revoke:here"); err != nil || n != 1 {
+		t.Fatalf("Revoke = %v, %v", n, err)
 	}
 	select {
 	case <-lk.Done():
@@ -142,8 +142,8 @@ func TestRevokeMissedNotification(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := peer.Revoke(ctx, "revoke:missed"); err != nil || ok.Revoked != 1 {
-		t.Fatalf("Revoke = %v, %v", ok, err)
+	if n, _, err := peer.Revoke(ctx, "revoke:missed"); err != nil || n != 1 {
+		t.Fatalf("Revoke = %v, %v", n, err)
 	}
 	next, err := peer.Acquire(ctx, "revoke:missed")
 	if err != nil {
@@ -215,8 +215,8 @@ func TestRevokeBadInput(t *testing.T) {
 	before := qc.n.Load()
 	var nilCtx context.Context
 	calls := map[string]error{}
-	_, calls["Revoke nil ctx"] = b.m.Revoke(nilCtx, "k")
-	_, calls["Revoke bad key"] = b.m.Revoke(ctx, "")
+	_, _, calls["Revoke nil ctx"] = b.m.Revoke(nilCtx, "k")
+	_, _, calls["Revoke bad key"] = b.m.Revoke(ctx, "")
 	calls["RequestRelease nil ctx"] = b.m.RequestRelease(nilCtx, "k")
 	calls["RequestRelease bad key"] = b.m.RequestRelease(ctx, "bad\x00key")
 	_, calls["Watch nil ctx"] = b.m.Watch(nilCtx, "k")
@@ -272,8 +272,8 @@ func TestLockDelay(t *testing.T) {
 	}()
 	waitFor(t, &wsig.retrying, func(k string) bool { return k == "delay:revoke" })
 	before := time.Now()
-	if ok, err := waiter.Revoke(ctx, "delay:revoke"); err != nil || ok.Revoked != 1 {
-		t.Fatalf("Revoke = %v, %v", ok, err)
+	if n, _, err := waiter.Revoke(ctx, "delay:revoke"); err != nil || n != 1 {
+		t.Fatalf("Revoke = %v, %v", n, err)
 	}
 	after := time.Now()
 	granted := <-got
@@ -344,8 +344,8 @@ func TestRevokeBeforeGrantAnswer(t *testing.T) {
 		got <- lk
 	}()
 	<-granted
-	if ok, err := peer.Revoke(ctx, key); err != nil || ok.Revoked != 1 {
-		t.Fatalf("Revoke = %v, %v", ok, err)
+	if n, _, err := peer.Revoke(ctx, key); err != nil || n != 1 {
+		t.Fatalf("Revoke = %v, %v", n, err)
 	}
 	wait(t, &b.sig.revokeKept) // heard before the grant was answered
 	close(proceed)

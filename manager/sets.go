@@ -581,7 +581,7 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 		}
 		st.setRefused(sa, d, rs, now)
 		return
-	case !lease.Trusted(now):
+	case !now.Before(lease.TrustedUntil()):
 		release()
 		w.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.AcquireAll", "grant arrived after its trust window", nil)
 		noteSet(req, d.db, obs.AttemptFailed, 0)

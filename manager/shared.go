@@ -330,7 +330,7 @@ func (st *loopState) sharedDone(a *attempt, d acquireDone, rs []store.AcquireRes
 				req.answered = true
 				req.reply <- acquireReply{err: err}
 			}
-		case !lease.Trusted(now):
+		case !now.Before(lease.TrustedUntil()):
 			// The answer came after the grants' trust window.
 			st.orphanReleaseID(ks, a, id)
 			ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)

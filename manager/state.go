@@ -443,7 +443,7 @@ func (st *loopState) margin(ttl time.Duration) time.Duration {
 	if st.m.cfg.LossMargin > 0 {
 		return st.m.cfg.LossMargin
 	}
-	return heartbeat.DefaultMargin(ttl)
+	return defaultMargin(ttl)
 }
 
 // orphanRelease releases a lockId nobody holds (an attempt without a

@@ -38,8 +38,8 @@ func TestTelemetryRevoke(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-lk.ReleaseRequested()
-	if ok, err := b.m.Revoke(pctx, key); err != nil || ok.Revoked != 1 {
-		t.Fatalf("Revoke = %v, %v", ok, err)
+	if n, _, err := b.m.Revoke(pctx, key); err != nil || n != 1 {
+		t.Fatalf("Revoke = %v, %v", n, err)
 	}
 	parent.End()
 	<-lk.Done()

@@ -24,6 +24,15 @@ func (m *Manager) now() time.Time {
 	return heartbeat.Now()
 }
 
+// defaultMargin is the loss margin of a lease of ttl when
+// Config.LossMargin is zero: the margin package heartbeat cuts from a
+// Lease with a zero Margin (TTL/10 within [10 ms, 5 s]), read from
+// heartbeat itself so the two can not drift apart.
+func defaultMargin(ttl time.Duration) time.Duration {
+	var start time.Time
+	return ttl - heartbeat.Lease{TTL: ttl, Start: start}.TrustedUntil().Sub(start)
+}
+
 // newBackOff returns p's schedule (retry.Policy.NewBackOff) for one key
 // or one wait. New validated p, so an error here is a bug.
 func newBackOff(p retry.Policy) backoff.BackOff {
@@ -77,7 +86,7 @@ func (l heldLease) NextExtend() time.Time {
 // trusted, auto-extended, has no extend pending, and its NextExtend is at
 // most slack(TTL) away.
 func (l heldLease) due(now time.Time) bool {
-	if l.Manual || l.Pending || !l.Trusted(now) {
+	if l.Manual || l.Pending || !now.Before(l.TrustedUntil()) {
 		return false
 	}
 	if now.Before(l.NotBefore) {
@@ -113,7 +122,7 @@ func collectLeases[K comparable](now time.Time, leases iter.Seq2[K, heldLease]) 
 	var t hbTick[K]
 	for k, l := range leases {
 		switch {
-		case !l.Trusted(now):
+		case !now.Before(l.TrustedUntil()):
 			t.lost = append(t.lost, k)
 			continue
 		case l.due(now):

@@ -43,8 +43,8 @@ func TestHeartbeatHeldLeaseSchedule(t *testing.T) {
 			if got := tt.l.due(now); got != tt.due {
 				t.Errorf("due = %v, want %v", got, tt.due)
 			}
-			if got := tt.l.Trusted(now); got != tt.trusted {
-				t.Errorf("Trusted = %v, want %v", got, tt.trusted)
+			if got := now.Before(tt.l.TrustedUntil()); got != tt.trusted {
+				t.Errorf("trusted = %v, want %v", got, tt.trusted)
 			}
 			if got := tt.l.NextEvent(); !got.Equal(hbAt(tt.next)) {
 				t.Errorf("NextEvent = %v, want %v", got.Sub(hbT0), tt.next)
@@ -62,6 +62,23 @@ func TestHeartbeatHeldLeaseSchedule(t *testing.T) {
 	} {
 		if got := validMargin(tt.ttl, tt.margin); got != tt.ok {
 			t.Errorf("validMargin(%v, %v) = %v", tt.ttl, tt.margin, got)
+		}
+	}
+}
+
+// The Manager's default loss margin (Config.LossMargin zero) is the one
+// package heartbeat documents for a zero Lease.Margin.
+func TestHeartbeatDefaultLossMargin(t *testing.T) {
+	t.Parallel()
+	const ms = time.Millisecond
+	for _, tt := range []struct{ ttl, want time.Duration }{
+		{50 * ms, 10 * ms},
+		{300 * ms, 30 * ms},
+		{3 * time.Second, 300 * ms},
+		{time.Hour, 5 * time.Second},
+	} {
+		if got := defaultMargin(tt.ttl); got != tt.want {
+			t.Errorf("defaultMargin(%v) = %v, want %v", tt.ttl, got, tt.want)
 		}
 	}
 }

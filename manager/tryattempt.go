@@ -134,7 +134,7 @@ func (st *loopState) tryDone(a *attempt, d acquireDone, rs []store.AcquireResult
 		ans.locked, outcome = true, obs.AttemptContended
 	default:
 		lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
-		if !lease.Trusted(now) {
+		if !now.Before(lease.TrustedUntil()) {
 			release()
 			ans.err = pgerr.New(pglease.CodeNetworkTimeout, "manager.TryAcquire", "grant arrived after its trust window", nil)
 			break

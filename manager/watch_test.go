@@ -79,8 +79,8 @@ func TestWatchSequence(t *testing.T) {
 		t.Fatal(err)
 	}
 	expectEvent(t, nextEvent(t, ch), EventGranted, lk.Fence())
-	if ok, err := b.m.Revoke(ctx, key); err != nil || ok.Revoked != 1 {
-		t.Fatalf("Revoke = %v, %v", ok, err)
+	if n, _, err := b.m.Revoke(ctx, key); err != nil || n != 1 {
+		t.Fatalf("Revoke = %v, %v", n, err)
 	}
 	expectEvent(t, nextEvent(t, ch), EventRevoked, lk.Fence())
 

@@ -15,7 +15,8 @@ type Config struct {
 	// TracerProvider creates the spans. Nil (the default) means the
 	// global one, otel.GetTracerProvider(), read by manager.New (the
 	// global provider delegates to one installed later). pglease never
-	// takes a Tracer: it names its own, ScopeName with Version().
+	// takes a Tracer: it names its own, ScopeName with the release's
+	// version.
 	TracerProvider trace.TracerProvider
 	// MeterProvider creates the instruments. Nil (the default) means
 	// otel.GetMeterProvider().

@@ -14,7 +14,9 @@
 // libraries: pglease depends on the OpenTelemetry API only (otel, trace,
 // metric, attribute, codes, semconv/v1.40.0), never on the SDK; it takes
 // providers, never a Tracer or Meter, and they default to the global ones;
-// every tracer and meter is named ScopeName with Version().
+// every tracer and meter is named ScopeName, with the pglease release that
+// recorded the data as its instrumentation version (so a dashboard can
+// tell which release's names and units apply).
 //
 // # Guarantees
 //

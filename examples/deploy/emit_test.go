@@ -116,7 +116,7 @@ func runFleet(t *testing.T) (families, labels map[string]bool, scrapes [][]*dto.
 	wcancel()
 	<-done
 	// A revocation: the holder loses its lease.
-	if _, err := b.Revoke(ctx, "jobs/nightly-export"); err != nil {
+	if _, _, err := b.Revoke(ctx, "jobs/nightly-export"); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -2,7 +2,7 @@
 // Manager's plumbing (Recorder, Acquisition, DBSpan, Heartbeat, Release,
 // Loop). It is internal so that only pglease can import it, and named obs
 // so that "telemetry." in the Manager means the public package: what users
-// configure (Config) and read (ScopeName, Version, and the table of every
+// configure (Config) and read (ScopeName, and the table of every
 // span, event, attribute and metric name in its documentation) is in
 // github.com/pglease/pglease/telemetry, whose documentation also describes
 // the redaction rules and the guarantees. The names this package records

@@ -95,6 +95,11 @@ type dbOpts struct {
 	success mopts
 }
 
+// scopeVersion is the instrumentation version of pglease's tracer and
+// meter (named telemetry.ScopeName): the pglease release that records the
+// data, so a dashboard can tell which release's names and units apply.
+const scopeVersion = "0.1.0"
+
 // New returns a Recorder configured by c (the user's
 // manager.Config.Telemetry; the zero value means the defaults), for round
 // trips to db. It never
@@ -113,7 +118,7 @@ func New(c ptel.Config, db Database) *Recorder {
 	}
 	r := &Recorder{
 		tracer: tp.Tracer(ptel.ScopeName,
-			trace.WithInstrumentationVersion(ptel.Version()),
+			trace.WithInstrumentationVersion(scopeVersion),
 			trace.WithSchemaURL(semconv.SchemaURL)),
 		log:     logger,
 		keys:    newKeyHasher(append([]byte(nil), c.KeySecret...)),
@@ -121,7 +126,7 @@ func New(c ptel.Config, db Database) *Recorder {
 		dbAttrs: db.attributes(),
 	}
 	meter := mp.Meter(ptel.ScopeName,
-		metric.WithInstrumentationVersion(ptel.Version()),
+		metric.WithInstrumentationVersion(scopeVersion),
 		metric.WithSchemaURL(semconv.SchemaURL))
 	r.initInstruments(meter)
 	r.loop = newLoop(r, time.Now)

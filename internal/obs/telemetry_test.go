@@ -49,7 +49,7 @@ func TestAcquireUncontended(t *testing.T) {
 	if acq.Parent().SpanID() != caller.SpanContext().SpanID() {
 		t.Errorf("acquire span is not a child of the caller's span")
 	}
-	if acq.InstrumentationScope().Name != ptel.ScopeName || acq.InstrumentationScope().Version != ptel.Version() {
+	if acq.InstrumentationScope().Name != ptel.ScopeName || acq.InstrumentationScope().Version != scopeVersion {
 		t.Errorf("scope = %+v", acq.InstrumentationScope())
 	}
 	a := acq.Attributes()

@@ -344,9 +344,9 @@ func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
 			continue
 		}
 		pick := keys[int(param*float64(len(keys)))%len(keys)]
-		rv, err := d.revoker.Revoke(ctx, pick.key)
+		n, _, err := d.revoker.Revoke(ctx, pick.key)
 		e := event.Event{E: event.Revoke, W: pick.w, O: id, M: pick.key}
-		if rv.Revoked > 0 {
+		if n > 0 {
 			e.V = 1
 		}
 		if err != nil {
