@@ -560,14 +560,3 @@ func (l *faultLoad) since(b loadCounts) string {
 	}
 	return fmt.Sprintf("ok %v, typed errors %v, untyped %d", ok, typed, now.untyped-b.untyped)
 }
-
-// typedCount is how many operations failed with code.
-func (l *faultLoad) typedCount(code pglease.Code) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, m := range l.typed {
-		n += m[code]
-	}
-	return n
-}
