@@ -870,11 +870,13 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 // Do acquires key (as Acquire, with the same options), runs fn with the
 // lock, and releases it. fn gets the lock, so it can fence its writes
 // with lk.Fence(), and a context that is cancelled when ctx ends or when
-// the lock is lost (then context.Cause is an ErrLockLost error). Do
-// returns fn's error; if fn succeeded but the lock was lost before it was
-// released, Do returns the loss (CodeLockLost), because the work may not
-// have been protected. Other release errors are not returned: the lock
-// then expires by itself at the end of its TTL.
+// the lock ends under it (then context.Cause is its cause: an
+// ErrLockLost error when it was lost, an ErrRevoked error when it was
+// revoked). Do returns fn's error; if fn succeeded but the lock was lost
+// or revoked before it was released, Do returns that end (CodeLockLost,
+// or CodeRevoked: someone took the lock away on purpose), because the
+// work may not have been protected. Other release errors are not
+// returned: the lock then expires by itself at the end of its TTL.
 //
 // If fn panics (or calls runtime.Goexit, as t.FailNow does), Do releases
 // the lock first and then lets the panic go on, with its original stack.
@@ -897,13 +899,19 @@ func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Contex
 		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.StatementTimeout)
 		rerr := lk.Release(rctx)
 		rcancel()
-		if returned && err == nil && errors.Is(rerr, pglease.ErrLockLost) {
+		if returned && err == nil && endedUnder(rerr) {
 			err = rerr
 		}
 	}()
 	err = fn(fctx, lk)
 	returned = true
 	return err
+}
+
+// endedUnder reports whether a release's error says the lock had ended
+// before it, not by its holder's hand: lost or revoked (Do returns it).
+func endedUnder(rerr error) bool {
+	return errors.Is(rerr, pglease.ErrLockLost) || errors.Is(rerr, pglease.ErrRevoked)
 }
 
 // userErr labels the error of a database attempt made for a caller with

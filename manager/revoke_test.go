@@ -362,3 +362,56 @@ func TestRevokeBeforeGrantAnswer(t *testing.T) {
 		t.Fatalf("Err = %v", lk.Err())
 	}
 }
+
+// TestDoRevoked: a lease revoked while Do's fn runs is reported by Do as
+// the revocation, as a loss is: fn's context ends with ErrRevoked, and
+// when fn then returns nil Do returns an ErrRevoked error (the work may
+// not have been protected), not nil. Revoked by another Manager (its
+// notification) and by the holder's own.
+func TestDoRevoked(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	ctx := ctxT(t)
+	wait(t, &b.sig.listening)
+	peer, _ := b.newPeer(t, Config{})
+	for name, revoker := range map[string]*Manager{"another Manager": peer, "its own Manager": b.m} {
+		t.Run(name, func(t *testing.T) {
+			key := "revoke:do:" + name
+			ran := false
+			err := b.m.Do(ctx, key, func(fctx context.Context, lk *Lock) error {
+				ran = true
+				if r, err := revoker.Revoke(ctx, key); err != nil || r.Revoked != 1 {
+					t.Fatalf("Revoke = %v, %v", r, err)
+				}
+				select {
+				case <-fctx.Done():
+				case <-time.After(waitTimeout()):
+					t.Fatal("fn's context did not end with the revoke")
+				}
+				if c := context.Cause(fctx); !errors.Is(c, pglease.ErrRevoked) {
+					t.Errorf("fn's context.Cause = %v, want ErrRevoked", c)
+				}
+				return nil
+			})
+			if !ran {
+				t.Fatal("fn did not run")
+			}
+			var pe *pglease.Error
+			if !errors.Is(err, pglease.ErrRevoked) || !errors.As(err, &pe) || pe.Code != pglease.CodeRevoked {
+				t.Fatalf("Do = %v, want an ErrRevoked error", err)
+			}
+			// fn's own error still comes first.
+			boom := errors.New("boom")
+			err = b.m.Do(ctx, key, func(fctx context.Context, lk *Lock) error {
+				if _, err := revoker.Revoke(ctx, key); err != nil {
+					t.Fatal(err)
+				}
+				<-fctx.Done()
+				return boom
+			})
+			if err != boom {
+				t.Fatalf("Do with fn failing = %v, want fn's error", err)
+			}
+		})
+	}
+}

@@ -36,7 +36,13 @@ import (
 //
 // A grant's notification carries only its fence: the loop reads the key
 // once more for its holder and expiry, and the Granted event waits for
-// that read (notifications meanwhile wait behind it, in order). Expiry is
+// that read (notifications meanwhile wait behind it, in order). A grant
+// that a later notification already ended is not read for: no read
+// could find it any more (a read under way when it came, or one that
+// covers its fence, tells its holder if it found it). So a key that
+// changes faster than it can be read costs one read per read time, not
+// one per grant, and its notifications never pile up behind reads of
+// grants long gone. Expiry is
 // not announced by anyone: the loop times expires_at + 1 s (the server's
 // tolerance) from the read, on its own clock, and then reads the key to
 // confirm: extended (same fence, later expiry: timed again), expired
@@ -155,8 +161,11 @@ func (m *Manager) Watch(ctx context.Context, key string) (<-chan Event, error) {
 const watchBuffer = 16
 
 // maxBacklog bounds the notifications a watched key keeps while a read
-// of it is in flight; beyond it they are dropped and the key is read
-// afresh (its watchers are told what changed, as after a reconnect).
+// of it is in flight. Beyond it, when the read is for a grant's holder
+// or an expiry, that read is given up (its grant is told without a
+// holder) and the notifications are applied, none lost; when the read
+// gets the key's state anew (a new registration or a reconnect), which
+// covers them, they are dropped and the key is read afresh.
 const maxBacklog = 64
 
 // watchSettle is how long after a confirming read found a lease gone or
@@ -218,6 +227,11 @@ type watchState struct {
 	pendingGrant bool
 	wantRead     bool // in watchLoop.want
 	reading      bool // in the read in flight
+	// readAnnounce: the read in flight carries announce. staleRead: the
+	// read in flight was given up (the backlog overflowed): its outcome
+	// is ignored.
+	readAnnounce bool
+	staleRead    bool
 	// settling: a confirming read found the lease gone or replaced
 	// without a notification; the next one reports what it finds.
 	settling bool
@@ -412,18 +426,102 @@ func (st *loopState) handleWatchNotice(n store.Notification) {
 	default:
 		return // shared holds are not reported
 	}
-	if ws.blocked() {
-		if len(ws.backlog) >= maxBacklog {
+	if !ws.blocked() {
+		st.applyWatchNotice(ws, n)
+		st.wantGrantRead(ws)
+		st.greet(ws)
+		return
+	}
+	if len(ws.backlog) >= maxBacklog {
+		if ws.announce || ws.readAnnounce {
+			// The read that gets the key's state anew covers these.
 			ws.backlog = nil
 			ws.announce = true
 			st.wantWatchRead(ws)
 			return
 		}
-		ws.backlog = append(ws.backlog, n)
-		return
+		// Give up the read in flight (a grant's holder, or an expiry's
+		// confirmation) rather than a change: the grant it was for has
+		// ended (these notifications came after it), and the state the
+		// backlog leads to is read anew when it needs a read.
+		ws.reading, ws.staleRead = false, true
 	}
-	st.applyWatchNotice(ws, n)
-	st.greet(ws)
+	ws.backlog = append(ws.backlog, n)
+	if !ws.reading && !ws.announce {
+		// Blocked only by a grant waiting for a read not under way (queued,
+		// or its key was busy): n ended that grant.
+		st.drainWatch(ws, nil)
+		st.greet(ws)
+	}
+}
+
+// wantGrantRead asks for the read of a grant's holder and expiry, when a
+// grant waits for one and none is under way.
+func (st *loopState) wantGrantRead(ws *watchState) {
+	if ws.pendingGrant && !ws.reading && !ws.announce {
+		st.wantWatchRead(ws)
+	}
+}
+
+// grantEnded reports whether a notification in ws's backlog ends the
+// grant waiting for its read (its end, or a later grant).
+func (ws *watchState) grantEnded() bool {
+	for _, n := range ws.backlog {
+		if n.Fence > ws.fence || (n.Fence == ws.fence && n.Event != store.WatchGranted) {
+			return true
+		}
+	}
+	return false
+}
+
+// tellGrant sends the Granted event of the grant waiting for its read,
+// with its holder and expiry when r (the read just made, or nil) found
+// it, and then Expired when r found it expired.
+func (st *loopState) tellGrant(ws *watchState, r *store.KeyState) {
+	ws.pendingGrant = false
+	same := r != nil && r.LockIDHash != "" && r.Fence == ws.fence
+	if same {
+		ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
+	}
+	st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+	if same && !r.Held {
+		ws.live = false
+		st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+	}
+}
+
+// readCovers reports whether the read r saw the grant of fence f
+// committed (the key's fence counter reached it).
+func readCovers(r *store.KeyState, f pglease.Fence) bool {
+	return r != nil && max(r.Fence, r.Counter) >= f
+}
+
+// drainWatch applies the notifications that waited, in order, when no
+// read is under way or wanted for the key's state anew; r is the read
+// just applied (nil: none). A grant waiting for its read is told at once
+// when a later notification ended it, or when r covers it; the last
+// grant r does not cover waits for a read, and the notifications after
+// it with it. (A grant that waited already, with r nil, has its read
+// arranged: queued, or timed after a busy answer.)
+func (st *loopState) drainWatch(ws *watchState, r *store.KeyState) {
+	was, wasFence := ws.pendingGrant, ws.fence
+	for !ws.reading && !ws.announce {
+		if ws.pendingGrant && (ws.grantEnded() || readCovers(r, ws.fence)) {
+			st.tellGrant(ws, r)
+		}
+		if len(ws.backlog) == 0 || ws.blocked() {
+			break
+		}
+		n := ws.backlog[0]
+		ws.backlog = ws.backlog[1:]
+		st.applyWatchNotice(ws, n)
+	}
+	if len(ws.backlog) == 0 {
+		ws.backlog = nil
+	}
+	if !was || ws.fence != wasFence || r != nil {
+		st.wantGrantRead(ws)
+	}
 }
 
 // applyWatchNotice applies one notification to a key whose state is
@@ -444,8 +542,7 @@ func (st *loopState) applyWatchNotice(ws *watchState, n store.Notification) {
 		ws.fence, ws.seen, ws.live, ws.holder, ws.expiresAt = f, f, true, "", time.Time{}
 		ws.settling = false
 		ws.checkGen++
-		ws.pendingGrant = true
-		st.wantWatchRead(ws)
+		ws.pendingGrant = true // its read: wantGrantRead, by the caller
 	case store.WatchReleased, store.WatchRevoked:
 		kind := EventReleased
 		if n.Event == store.WatchRevoked {
@@ -494,9 +591,18 @@ func (st *loopState) greet(ws *watchState) {
 
 // flushWatchReads sends the wanted reads, one batch at a time.
 func (st *loopState) flushWatchReads() {
+	if fl, ks := st.takeWatchReads(); fl != nil {
+		m := st.m
+		m.spawn(func() { m.sendWatchRead(fl, ks) })
+	}
+}
+
+// takeWatchReads makes the next read batch of the wanted reads (nil: none
+// now), marking its keys reading.
+func (st *loopState) takeWatchReads() (*watchFlight, []string) {
 	wl := &st.watch
 	if wl.inFlight || len(wl.want) == 0 || st.closing || (!wl.retryAt.IsZero() && st.m.now().Before(wl.retryAt)) {
-		return
+		return nil, nil
 	}
 	n := min(len(wl.want), st.m.cfg.MaxBatch)
 	fl := &watchFlight{states: make([]*watchState, 0, n), announce: make([]bool, 0, n)}
@@ -506,7 +612,7 @@ func (st *loopState) flushWatchReads() {
 		if ws.dropped {
 			continue
 		}
-		ws.reading = true
+		ws.reading, ws.readAnnounce = true, ws.announce
 		fl.states = append(fl.states, ws)
 		fl.announce = append(fl.announce, ws.announce)
 		ws.announce = false
@@ -514,11 +620,10 @@ func (st *loopState) flushWatchReads() {
 	}
 	wl.want = append(wl.want[:0], wl.want[n:]...)
 	if len(ks) == 0 {
-		return
+		return nil, nil
 	}
 	wl.inFlight = true
-	m := st.m
-	m.spawn(func() { m.sendWatchRead(fl, ks) })
+	return fl, ks
 }
 
 // sendWatchRead runs on a DB worker, never on the loop.
@@ -548,7 +653,10 @@ func (st *loopState) handleWatchRead(d watchDone) {
 		wl.failures++
 		wl.retryAt = d.at.Add(min(100*time.Millisecond<<min(wl.failures, 6), 5*time.Second))
 		for i, ws := range d.fl.states {
-			ws.reading = false
+			if st.staleWatchRead(ws) {
+				continue
+			}
+			ws.reading, ws.readAnnounce = false, false
 			ws.announce = ws.announce || d.fl.announce[i]
 			st.wantWatchRead(ws)
 		}
@@ -556,24 +664,42 @@ func (st *loopState) handleWatchRead(d watchDone) {
 	}
 	wl.failures, wl.retryAt = 0, time.Time{}
 	for i, ws := range d.fl.states {
-		if ws.dropped {
+		if ws.dropped || st.staleWatchRead(ws) {
 			continue
 		}
-		ws.reading = false
+		ws.reading, ws.readAnnounce = false, false
 		if d.res[i].Busy {
 			// A change of the key was in flight (a takeover waiting for a
 			// transaction that guards the lease can take seconds): read
 			// it again a moment later, as it was wanted; the other keys'
-			// reads go on meanwhile.
+			// reads go on meanwhile. The notifications that came
+			// meanwhile are applied unless the state is read anew: they
+			// may have ended a grant waiting for this read.
 			ws.announce = ws.announce || d.fl.announce[i]
 			ws.busy++
 			st.checkWatch(ws, d.at.Add(min(watchBusyRetry<<min(ws.busy-1, 5), watchSettle)))
+			st.drainWatch(ws, nil)
+			st.greet(ws)
 			continue
 		}
 		ws.busy = 0
 		st.applyWatchRead(ws, d.res[i], d.fl.announce[i], d.at)
 	}
 	st.sig().watchRead.signal(len(d.fl.states))
+}
+
+// staleWatchRead reports whether ws's read just come back was given up
+// (an overflowing backlog was applied meanwhile); then a live lease is
+// read again to time its expiry.
+func (st *loopState) staleWatchRead(ws *watchState) bool {
+	if !ws.staleRead {
+		return false
+	}
+	ws.staleRead = false
+	if ws.live && !ws.blocked() && !ws.dropped {
+		st.wantWatchRead(ws)
+	}
+	return true
 }
 
 // stateEvent is the event that tells the state r read.
@@ -619,15 +745,8 @@ func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 			return
 		}
 	case ws.pendingGrant:
-		ws.pendingGrant = false
-		if same {
-			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
-		}
-		st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
-		if same && !r.Held {
-			ws.live = false
-			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
-		}
+		// Told by the drain below: r covers it (the read was made after
+		// its notification came).
 	case !ws.live:
 	case same && r.Held: // extended (or not yet expired): timed again below
 		ws.holder, ws.expiresAt, ws.settling = r.Holder, r.ExpiresAt, false
@@ -656,14 +775,7 @@ func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 		}
 	}
 	// The notifications that waited, in order, until one needs a read.
-	for len(ws.backlog) > 0 && !ws.blocked() {
-		n := ws.backlog[0]
-		ws.backlog = ws.backlog[1:]
-		st.applyWatchNotice(ws, n)
-	}
-	if len(ws.backlog) == 0 {
-		ws.backlog = nil
-	}
+	st.drainWatch(ws, &r)
 	st.greet(ws)
 	if ws.blocked() || !ws.live || ws.settling {
 		return

@@ -17,7 +17,7 @@ import (
 // keeps: typed errors on bad input, one holder per key, strictly
 // increasing fences, FIFO waiters, a lease's Context ending once with the
 // cause of its end (release, loss, TTL, revocation), Release's answers,
-// Do's. NewFake's Locker passes it, and so does a Manager's; run it on a
+// Do's (a lease lost or revoked under a successful fn is Do's error). NewFake's Locker passes it, and so does a Manager's; run it on a
 // Locker of your own (a wrapper that adds logging or metrics, say) to
 // check that it keeps them too.
 //
@@ -27,7 +27,7 @@ import (
 // ErrLockLost ttl after their grant (a Manager's Locker made with
 // manager.WithTTL(ttl) and manager.WithoutAutoExtend()). Each subtest uses
 // keys of its own, so one Manager may serve them all. The loss subtests
-// need leases Lose can lose, and the revocation subtest a Locker Revoke
+// need leases Lose can lose, and the revocation subtests a Locker Revoke
 // can revoke on; they are skipped for others.
 //
 // The suite waits: it takes about ten seconds on a Manager.
@@ -41,6 +41,7 @@ func Conformance(t *testing.T, newLocker func(t *testing.T, ttl time.Duration) p
 	t.Run("TTL", func(t *testing.T) { confTTL(t, newLocker(t, 1500*time.Millisecond)) })
 	t.Run("Revoke", func(t *testing.T) { confRevoke(t, newLocker(t, 0)) })
 	t.Run("Do", func(t *testing.T) { confDo(t, newLocker(t, 0)) })
+	t.Run("DoRevoke", func(t *testing.T) { confDoRevoke(t, newLocker(t, 0)) })
 }
 
 // wait bounds every wait of the suite: generous, for loaded machines.
@@ -375,6 +376,28 @@ func confDo(t *testing.T, l pglease.Locker) {
 		t.Skipf("Lose does not apply to the leases")
 	}
 	wantCode(t, "Do of a lease lost under fn", err, pglease.ErrLockLost)
+}
+
+// confDoRevoke: fn succeeds but the lease was revoked under it: Do
+// returns the revocation, as it does a loss.
+func confDoRevoke(t *testing.T, l pglease.Locker) {
+	if _, ok := l.(revoker); !ok {
+		t.Skipf("Revoke does not apply to a %T", l)
+	}
+	key := confKey()
+	err := l.Do(waitCtx(t), key, func(ctx context.Context, lease pglease.Lease) error {
+		if !Revoke(t, l, key) {
+			t.Error("Revoke of the key Do holds = false")
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+			t.Error("fn's context did not end with the revocation")
+		}
+		wantCode(t, "fn's context.Cause after the revocation", context.Cause(ctx), pglease.ErrRevoked)
+		return nil
+	})
+	wantCode(t, "Do of a lease revoked under fn", err, pglease.ErrRevoked)
 }
 
 var errSkip = errors.New("skip")

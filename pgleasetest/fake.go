@@ -197,9 +197,9 @@ func (f *fake) TryAcquire(ctx context.Context, key string) (pglease.Lease, bool,
 	return f.grant(nk, k), true, nil
 }
 
-// Do is Manager.Do's rules: fn's error, or the loss when fn succeeded
-// but the lease was lost before its release; the lease is released when
-// fn returns or panics.
+// Do is Manager.Do's rules: fn's error, or the loss or revocation when
+// fn succeeded but the lease was lost or revoked before its release; the
+// lease is released when fn returns or panics.
 func (f *fake) Do(ctx context.Context, key string, fn func(ctx context.Context, lease pglease.Lease) error) (err error) {
 	if fn == nil {
 		return pgerr.New(pglease.CodeInvalidArgument, opDo, "nil function", nil)
@@ -215,7 +215,7 @@ func (f *fake) Do(ctx context.Context, key string, fn func(ctx context.Context, 
 		stop()
 		cancel(nil)
 		rerr := l.Release(context.WithoutCancel(ctx))
-		if returned && err == nil && errors.Is(rerr, pglease.ErrLockLost) {
+		if returned && err == nil && (errors.Is(rerr, pglease.ErrLockLost) || errors.Is(rerr, pglease.ErrRevoked)) {
 			err = rerr
 		}
 	}()

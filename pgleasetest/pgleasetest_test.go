@@ -60,6 +60,7 @@ func TestConformanceCatchesBrokenLockers(t *testing.T) {
 	t.Parallel()
 	for broken, subtest := range map[string]string{
 		"fence": "Fences", "cause": "Release", "try": "OneHolder", "ttl": "TTL", "nilctx": "BadInput",
+		"dorevoke": "DoRevoke",
 	} {
 		t.Run(broken, func(t *testing.T) {
 			t.Parallel()
@@ -121,6 +122,21 @@ func (l *brokenLocker) TryAcquire(ctx context.Context, key string) (pglease.Leas
 		return nil, true, nil
 	}
 	return l.wrap(lease), ok, err
+}
+
+// Revoke is the fake's, so the suite's revocation subtests run.
+func (l *brokenLocker) Revoke(ctx context.Context, key string) (bool, error) {
+	return l.Locker.(interface {
+		Revoke(ctx context.Context, key string) (bool, error)
+	}).Revoke(ctx, key)
+}
+
+func (l *brokenLocker) Do(ctx context.Context, key string, fn func(ctx context.Context, lease pglease.Lease) error) error {
+	err := l.Locker.Do(ctx, key, fn)
+	if l.broken == "dorevoke" && errors.Is(err, pglease.ErrRevoked) {
+		return nil // a lease revoked under a successful fn passes unseen
+	}
+	return err
 }
 
 func (b brokenLease) Fence() pglease.Fence {
