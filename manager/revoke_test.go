@@ -380,8 +380,8 @@ func TestDoRevoked(t *testing.T) {
 			ran := false
 			err := b.m.Do(ctx, key, func(fctx context.Context, lk *Lock) error {
 				ran = true
-				if r, err := revoker.Revoke(ctx, key); err != nil || r.Revoked != 1 {
-					t.Fatalf("Revoke = %v, %v", r, err)
+				if n, _, err := revoker.Revoke(ctx, key); err != nil || n != 1 {
+					t.Fatalf("Revoke = %v, %v", n, err)
 				}
 				select {
 				case <-fctx.Done():
@@ -403,7 +403,7 @@ func TestDoRevoked(t *testing.T) {
 			// fn's own error still comes first.
 			boom := errors.New("boom")
 			err = b.m.Do(ctx, key, func(fctx context.Context, lk *Lock) error {
-				if _, err := revoker.Revoke(ctx, key); err != nil {
+				if _, _, err := revoker.Revoke(ctx, key); err != nil {
 					t.Fatal(err)
 				}
 				<-fctx.Done()
