@@ -52,7 +52,7 @@ staticcheck:
 
 demo:
 	@echo "make demo: compiling the demo, its worker and the PostgreSQL harness (about 30 s the first time) …"
-	@$(GO) build ./internal/cmd/withpg && cd examples && $(GO) build ./demo ./worker
+	@$(GO) build -o /dev/null ./internal/cmd/withpg && cd examples && $(GO) build ./demo ./worker
 	@if [ -z "$$DATABASE_URL" ]; then echo "make demo: starting a throwaway PostgreSQL (initdb and start, a few seconds) …"; \
 	else echo "make demo: using DATABASE_URL, in a schema of its own that is dropped at the end …"; fi
 	$(WITHPG) -durable -C examples -- $(GO) run ./demo
