@@ -19,10 +19,15 @@ func primSmokeConfig(t *testing.T, scenario string) config {
 	return cfg
 }
 
-// near reports whether v is within 0.2 of want (a statement count per
-// step over a short window: a stray statement of the Manager moves it a
-// little).
-func near(v, want float64) bool { return v >= want && v <= want+0.2 }
+// near reports whether v, a statement count per step over a short window
+// of steps steps, is want plus what stray statements of the Manager (a
+// start-up check, an extend) add: 0.2 a step over many steps, or two
+// statements in all, since a loaded machine fits only a few steps in the
+// window and one stray statement over one step reads as a whole extra
+// round trip.
+func near(v, want float64, steps int64) bool {
+	return v >= want && v <= want+max(0.2, 2/float64(max(steps, 1)))
+}
 
 // TestPrimitivesSmoke runs every primitives scenario briefly and checks
 // its rows, its round-trip counts at C=1, its targets and its Markdown.
@@ -65,8 +70,9 @@ func TestPrimitivesSmoke(t *testing.T) {
 				if n := setSize(r.Impl); r.Cycles%int64(n) != 0 || r.Scenario == "sets" && r.Extra["keys_per_set"] != float64(n) {
 					t.Errorf("%s: %d keys, not whole sets of %d: %+v", r.Impl, r.Cycles, n, r)
 				}
-				if want, ok := tc.stmts[r.Impl]; ok && r.Callers == 1 && !near(r.Extra["stmts_per_step"], want) {
-					t.Errorf("%s C=1: %.3f statements per step, want %v", r.Impl, r.Extra["stmts_per_step"], want)
+				steps := r.Cycles / int64(setSize(r.Impl))
+				if want, ok := tc.stmts[r.Impl]; ok && r.Callers == 1 && !near(r.Extra["stmts_per_step"], want, steps) {
+					t.Errorf("%s C=1: %.3f statements per step over %d steps, want %v", r.Impl, r.Extra["stmts_per_step"], steps, want)
 				}
 			}
 			if r, ok := resultSet(res).find("txlease", "tx-lease", 1, 1); ok && r.Extra["stmts_per_step"] < 5 {
