@@ -168,7 +168,7 @@ func TestAttemptWaitsForReleaseInFlight(t *testing.T) {
 		}
 		got := make(chan store.AcquireResult, 1)
 		errc := make(chan error, 1)
-		go func() {
+		attempt := func() {
 			var r store.AcquireResult
 			var err error
 			if reader {
@@ -181,13 +181,24 @@ func TestAttemptWaitsForReleaseInFlight(t *testing.T) {
 			}
 			errc <- err
 			got <- r
-		}()
-		waited := false
+		}
+		go attempt()
+		// The attempt waits for another transaction's locks on the key for
+		// 100 ms in all, then answers held, to try again within a second.
+		// A loaded machine may not show the wait in pg_stat_activity before
+		// it ends: then the answer must be that bounded retry, never "held
+		// until the lease's expiry" (the lost wake-up this test is for).
+		waited, gaveUp := false, false
 		deadline := time.Now().Add(20 * time.Second)
-		for !waited && time.Now().Before(deadline) {
+		for !waited && !gaveUp && time.Now().Before(deadline) {
 			select {
 			case err := <-errc:
-				t.Fatalf("reader %v: the attempt answered (%+v, %v) while the release was in flight; want it to wait for the release", reader, <-got, err)
+				r := <-got
+				if err != nil || r.OK || r.RetryAfter <= 0 || r.RetryAfter > time.Second {
+					t.Fatalf("reader %v: the attempt answered (%+v, %v) while the release was in flight; want it to wait for the release, or to answer held with a retry within a second", reader, r, err)
+				}
+				gaveUp = true
+				continue
 			case <-time.After(5 * time.Millisecond):
 			}
 			var n int
@@ -196,11 +207,14 @@ func TestAttemptWaitsForReleaseInFlight(t *testing.T) {
 			}
 			waited = n > 0
 		}
-		if !waited {
+		if !waited && !gaveUp {
 			t.Fatalf("reader %v: the attempt neither answered nor waited", reader)
 		}
 		if err := tx.Commit(c); err != nil {
 			t.Fatal(err)
+		}
+		if gaveUp {
+			go attempt() // its retry, after the release
 		}
 		if err := <-errc; err != nil {
 			t.Fatal(err)
