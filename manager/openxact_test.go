@@ -92,6 +92,7 @@ func TestHandOffWhileTransactionKeepsKeyLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	drain(&b.sig.queued) // the holder's own Acquire was queued too
 	waiting := acquireAndRelease(ctx, b.m, "handed")
 	waitFor(t, &b.sig.queued, func(k string) bool { return k == "handed" })
 	tx, err := b.pool.Begin(ctx)

@@ -30,7 +30,8 @@ func TestRevokeEndsHolder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A waiter here, behind the holder.
+	// A waiter here, behind the holder (whose own Acquire was queued too).
+	drain(&b.sig.queued)
 	next := make(chan *Lock, 1)
 	go func() {
 		l2, err := b.m.Acquire(ctx, key, WithTTL(30*time.Second))

@@ -241,6 +241,7 @@ func TestAcquireAllTurnLapses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	drain(&b.sig.queued) // the holder's own Acquire was queued too
 	set := make(chan error, 1)
 	go func() {
 		locks, err := b.m.AcquireAll(ctx, []string{"set:long", "set:short"})
