@@ -32,6 +32,31 @@ func quoteTable(name string) string {
 // reported in Schema, each part is read when its tables exist, and
 // advisory locks are listed whatever exists.
 func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advisory.Registry, o *viewOpts, lo store.ListOptions, c *common) (*snapshotView, error) {
+	k := &collector{pool: pool, st: st, n: st.Names(), reg: reg, o: o, c: c, lo: lo, v: newSnapshot(),
+		acquireOf: map[int64]string{}, waiterIdx: map[int32]int{}, watchIdx: map[int32]int{}}
+	if lo.Key != "" {
+		k.key = mustNFC(lo.Key)
+	}
+	if err := k.schema(ctx); err != nil {
+		return nil, err
+	}
+	if k.v.Schema.LockTable {
+		if err := k.leaseTables(ctx); err != nil {
+			return nil, err
+		}
+	}
+	k.v.Time = k.now.UTC()
+	k.v.Schema.Missing = missingParts(&k.v.Schema, c)
+	if err := k.advisoryLocks(ctx); err != nil {
+		return nil, err
+	}
+	k.countOnKeys()
+	return k.v, nil
+}
+
+// newSnapshot is an empty snapshot: its lists are empty, not null, in
+// JSON.
+func newSnapshot() *snapshotView {
 	v := &snapshotView{}
 	v.Leases.Rows = []leaseView{}
 	v.Shared.Rows = []sharedKeyView{}
@@ -41,181 +66,271 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 	v.GuardedTables = []guardedView{}
 	v.Advisory = []advisoryView{}
 	v.acquiresWaiting = map[string]int{}
-	s := &v.Schema
-	n := st.Names()
-	key := ""
-	if lo.Key != "" {
-		key = mustNFC(lo.Key)
-	}
-	ver, from, err := st.ReadVersion(ctx, "migrate.Version")
-	if err != nil {
-		return nil, err
-	}
-	s.Version, s.Needs, s.NotifyChannel = ver, migrate.Latest, o.notifyChannel
-	s.Current = ver >= migrate.Latest && from <= migrate.Latest
-	// setupKey is the advisory lock SetupSchema and the migrations take.
-	var nowMs, setupKey int64
-	err = pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, "+
-		"floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, hashtext('pglease.SetupSchema')::bigint",
-		quoteTable(cmp.Or(c.lockTable, store.DefaultLockTable)), quoteTable(cmp.Or(c.fenceTable, store.DefaultFenceTable))).
-		Scan(&s.LockTable, &s.FenceTable, &nowMs, &setupKey)
-	if err != nil {
-		return nil, err
-	}
-	now := time.UnixMilli(nowMs)
+	return v
+}
+
+// collector is one run of collect: each step reads a part of the
+// snapshot and leaves what the next steps need in its fields.
+type collector struct {
+	pool *pgxpool.Pool
+	st   *store.Store
+	n    store.Names
+	reg  *advisory.Registry
+	o    *viewOpts
+	c    *common
+	lo   store.ListOptions
+	key  string // lo.Key in NFC, "" for every key
+	v    *snapshotView
+
+	now      time.Time // the server's clock
+	setupKey int64     // the advisory lock SetupSchema and the migrations take
 	// acquireOf names the key of an acquire in progress: hashtext(key) →
 	// the key's hash, for the keys of lease rows, shared holds and marks.
-	acquireOf := map[int64]string{}
-	if s.LockTable {
-		list, err := st.ListLeases(ctx, lo)
-		if err != nil {
-			return nil, err
-		}
-		now = list.Now
-		s.HolderTable = list.HolderKnown
-		v.Leases.Total, v.Leases.Live = list.Total, list.Live
-		for _, r := range list.Rows {
-			lv := leaseView{
-				KeyHash: r.KeyHash, Holder: r.Holder, Fence: r.Fence.String(),
-				AcquiredAt: r.AcquiredAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(),
-				ExpiresInMs: r.ExpiresAt.Sub(list.Now).Milliseconds(), Live: r.Live, advisoryKey: r.AdvisoryKey,
-			}
-			if o.showKeys {
-				lv.Key = r.Key
-			}
-			acquireOf[r.AdvisoryKey] = r.KeyHash
-			v.Leases.Rows = append(v.Leases.Rows, lv)
-		}
-		if s.ReleaseTrigger, err = st.ReleaseTriggerInstalled(ctx, o.notifyChannel); err != nil {
-			return nil, err
-		}
-		if s.SharedTable, s.MarkColumns, err = probeV4(ctx, pool, n); err != nil {
-			return nil, err
-		}
-		if s.SharedTable {
-			if v.Shared, err = readShared(ctx, pool, n, key, o.limit, o.showKeys); err != nil {
-				return nil, err
-			}
-			for _, g := range v.Shared.Rows {
-				acquireOf[g.advisoryKey] = g.KeyHash
-			}
-		}
-		if s.MarkColumns {
-			marks, err := readMarks(ctx, pool, n, key, o.showKeys)
-			if err != nil {
-				return nil, err
-			}
-			v.Marks = sortedMarks(marks)
-			for i := range v.Leases.Rows {
-				if m, ok := marks[v.Leases.Rows[i].KeyHash]; ok {
-					v.Leases.Rows[i].LockDelayMs = m.lockDelayMs
-				}
-			}
-			for _, m := range marks {
-				if len(m.marks) > 0 {
-					acquireOf[m.advisoryKey] = m.marks[0].KeyHash
-				}
-			}
-		}
-		if v.GuardedTables, err = readGuarded(ctx, pool, n); err != nil {
-			return nil, err
+	acquireOf map[int64]string
+	// waiterIdx and watchIdx index v.WaitingManagers and
+	// v.WatchingManagers by the hashtext of their key.
+	waiterIdx, watchIdx map[int32]int
+}
+
+// schema reads the schema's version, which lease tables exist, the
+// server's clock and the setup lock's key.
+func (k *collector) schema(ctx context.Context) error {
+	s := &k.v.Schema
+	ver, from, err := k.st.ReadVersion(ctx, "migrate.Version")
+	if err != nil {
+		return err
+	}
+	s.Version, s.Needs, s.NotifyChannel = ver, migrate.Latest, k.o.notifyChannel
+	s.Current = ver >= migrate.Latest && from <= migrate.Latest
+	var nowMs int64
+	err = k.pool.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, "+
+		"floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint, hashtext('pglease.SetupSchema')::bigint",
+		quoteTable(lockTableName(k.c)), quoteTable(fenceTableName(k.c))).
+		Scan(&s.LockTable, &s.FenceTable, &nowMs, &k.setupKey)
+	if err != nil {
+		return err
+	}
+	k.now = time.UnixMilli(nowMs)
+	return nil
+}
+
+func lockTableName(c *common) string  { return cmp.Or(c.lockTable, store.DefaultLockTable) }
+func fenceTableName(c *common) string { return cmp.Or(c.fenceTable, store.DefaultFenceTable) }
+
+// leaseTables reads what the lock table and the tables beside it hold:
+// leases, the release trigger, shared holds, marks, guarded tables.
+func (k *collector) leaseTables(ctx context.Context) error {
+	s := &k.v.Schema
+	if err := k.leases(ctx); err != nil {
+		return err
+	}
+	var err error
+	if s.ReleaseTrigger, err = k.st.ReleaseTriggerInstalled(ctx, k.o.notifyChannel); err != nil {
+		return err
+	}
+	if s.SharedTable, s.MarkColumns, err = probeV4(ctx, k.pool, k.n); err != nil {
+		return err
+	}
+	if s.SharedTable {
+		if err := k.shared(ctx); err != nil {
+			return err
 		}
 	}
-	v.Time = now.UTC()
-	lockName, fenceName := cmp.Or(c.lockTable, store.DefaultLockTable), cmp.Or(c.fenceTable, store.DefaultFenceTable)
+	if s.MarkColumns {
+		if err := k.marks(ctx); err != nil {
+			return err
+		}
+	}
+	k.v.GuardedTables, err = readGuarded(ctx, k.pool, k.n)
+	return err
+}
+
+// leases reads the lease rows (at most lo.Limit, or lo.Key's).
+func (k *collector) leases(ctx context.Context) error {
+	list, err := k.st.ListLeases(ctx, k.lo)
+	if err != nil {
+		return err
+	}
+	k.now = list.Now
+	k.v.Schema.HolderTable = list.HolderKnown
+	k.v.Leases.Total, k.v.Leases.Live = list.Total, list.Live
+	for _, r := range list.Rows {
+		lv := leaseView{
+			KeyHash: r.KeyHash, Holder: r.Holder, Fence: r.Fence.String(),
+			AcquiredAt: r.AcquiredAt.UTC(), ExpiresAt: r.ExpiresAt.UTC(),
+			ExpiresInMs: r.ExpiresAt.Sub(list.Now).Milliseconds(), Live: r.Live, advisoryKey: r.AdvisoryKey,
+		}
+		if k.o.showKeys {
+			lv.Key = r.Key
+		}
+		k.acquireOf[r.AdvisoryKey] = r.KeyHash
+		k.v.Leases.Rows = append(k.v.Leases.Rows, lv)
+	}
+	return nil
+}
+
+// shared reads the live shared holds.
+func (k *collector) shared(ctx context.Context) error {
+	sec, err := readShared(ctx, k.pool, k.n, k.key, k.o.limit, k.o.showKeys)
+	if err != nil {
+		return err
+	}
+	k.v.Shared = sec
+	for _, g := range sec.Rows {
+		k.acquireOf[g.advisoryKey] = g.KeyHash
+	}
+	return nil
+}
+
+// marks reads the marks and lock delays, and gives each lease row its
+// grant's lock delay.
+func (k *collector) marks(ctx context.Context) error {
+	marks, err := readMarks(ctx, k.pool, k.n, k.key, k.o.showKeys)
+	if err != nil {
+		return err
+	}
+	k.v.Marks = sortedMarks(marks)
+	for i := range k.v.Leases.Rows {
+		if m, ok := marks[k.v.Leases.Rows[i].KeyHash]; ok {
+			k.v.Leases.Rows[i].LockDelayMs = m.lockDelayMs
+		}
+	}
+	for _, m := range marks {
+		if len(m.marks) > 0 {
+			k.acquireOf[m.advisoryKey] = m.marks[0].KeyHash
+		}
+	}
+	return nil
+}
+
+// missingParts names the missing parts of the schema s, the lease tables
+// first (countTables counts on it); none is an empty list.
+func missingParts(s *schemaView, c *common) []string {
+	missing := []string{}
 	if !s.LockTable {
-		s.Missing = append(s.Missing, "lock table "+lockName)
+		missing = append(missing, "lock table "+lockTableName(c))
 	}
 	if !s.FenceTable {
-		s.Missing = append(s.Missing, "fence counter table "+fenceName)
+		missing = append(missing, "fence counter table "+fenceTableName(c))
 	}
 	if s.LockTable && !s.HolderTable {
-		s.Missing = append(s.Missing, "holder table (schema version 2)")
+		missing = append(missing, "holder table (schema version 2)")
 	}
 	if s.LockTable && !s.SharedTable {
-		s.Missing = append(s.Missing, "shared-hold table (schema version 4)")
+		missing = append(missing, "shared-hold table (schema version 4)")
 	}
 	if s.HolderTable && !s.MarkColumns {
-		s.Missing = append(s.Missing, "lock delay and exclusive-waiting columns of the holder table (schema version 4)")
+		missing = append(missing, "lock delay and exclusive-waiting columns of the holder table (schema version 4)")
 	}
-	if ver < migrate.Latest {
-		s.Missing = append(s.Missing, fmt.Sprintf("pglease functions (schema version %d)", migrate.Latest))
+	if s.Version < migrate.Latest {
+		missing = append(missing, fmt.Sprintf("pglease functions (schema version %d)", migrate.Latest))
 	}
-	if s.Missing == nil {
-		s.Missing = []string{}
-	}
+	return missing
+}
 
-	locks, err := advisory.Inspect(ctx, pool, reg)
+// advisoryLocks reads every advisory lock: the Managers waiting and
+// watching (the holders of waiter and watch locks), with their keys, and
+// each lock named.
+func (k *collector) advisoryLocks(ctx context.Context) error {
+	locks, err := advisory.Inspect(ctx, k.pool, k.reg)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	// The waiter and watch locks: one group per key, its holders the
-	// Managers.
-	waiterIdx, watchIdx := map[int32]int{}, map[int32]int{}
 	for _, l := range locks {
-		a, b, ok := l.Key.Pair()
-		if !ok || !l.Granted {
-			continue
-		}
-		groups, idx := &v.WaitingManagers, waiterIdx
-		switch a {
-		case store.WaiterLockClass:
-		case store.WatchLockClass:
-			groups, idx = &v.WatchingManagers, watchIdx
-		default:
-			continue
-		}
-		i, ok := idx[b]
-		if !ok {
-			i = len(*groups)
-			idx[b] = i
-			*groups = append(*groups, waitersView{Hashtext: b, KeyHashes: []string{}, PIDs: []int32{}, Applications: []string{}})
-		}
-		(*groups)[i].Managers++
-		(*groups)[i].PIDs = append((*groups)[i].PIDs, l.PID)
-		(*groups)[i].Applications = append((*groups)[i].Applications, l.ApplicationName)
+		k.groupManager(l)
 	}
-	if (len(waiterIdx) > 0 || len(watchIdx) > 0) && s.LockTable {
-		if err := resolveWaiters(ctx, pool, n, s, v, waiterIdx, watchIdx, o.showKeys); err != nil {
-			return nil, err
+	if (len(k.waiterIdx) > 0 || len(k.watchIdx) > 0) && k.v.Schema.LockTable {
+		if err := resolveWaiters(ctx, k.pool, k.n, &k.v.Schema, k.v, k.waiterIdx, k.watchIdx, k.o.showKeys); err != nil {
+			return err
 		}
 	}
 	for _, l := range locks {
-		av := advisoryView{
-			Key: l.Key.String(), Name: l.Name, PID: l.PID, Granted: l.Granted, Mode: l.Mode,
-			Application: l.ApplicationName, User: l.User, State: l.State, BlockedBy: l.BlockingPIDs,
-		}
-		if !l.WaitStart.IsZero() {
-			av.WaitingSince = l.WaitStart.UTC()
-			av.WaitingMs = now.Sub(l.WaitStart).Milliseconds()
-		}
-		if id, ok := l.Key.Int64(); ok {
-			if id == setupKey && av.Name == "" {
-				av.Name = "pglease schema setup or migration"
-			}
-			if h, ok := acquireOf[id]; ok && av.Name == "" {
-				av.Name = "lease acquire " + h
-				if !l.Granted {
-					v.acquiresWaiting[h]++
-				}
-			}
-		}
-		if a, b, ok := l.Key.Pair(); ok && av.Name == "" {
-			switch a {
-			case store.WaiterLockClass:
-				av.Name = "waiting Manager"
-				if i, ok := waiterIdx[b]; ok {
-					av.Name += ": " + v.WaitingManagers[i].what()
-				}
-			case store.WatchLockClass:
-				av.Name = "watching Manager"
-				if i, ok := watchIdx[b]; ok {
-					av.Name += ": " + v.WatchingManagers[i].what()
-				}
-			}
-		}
-		v.Advisory = append(v.Advisory, av)
+		k.v.Advisory = append(k.v.Advisory, k.advisoryRow(l))
 	}
+	return nil
+}
+
+// groupManager counts a held waiter or watch lock on its key's group
+// (one per key), whose holders are the Managers.
+func (k *collector) groupManager(l advisory.LockInfo) {
+	a, b, ok := l.Key.Pair()
+	if !ok || !l.Granted {
+		return
+	}
+	groups, idx := &k.v.WaitingManagers, k.waiterIdx
+	switch a {
+	case store.WaiterLockClass:
+	case store.WatchLockClass:
+		groups, idx = &k.v.WatchingManagers, k.watchIdx
+	default:
+		return
+	}
+	i, ok := idx[b]
+	if !ok {
+		i = len(*groups)
+		idx[b] = i
+		*groups = append(*groups, waitersView{Hashtext: b, KeyHashes: []string{}, PIDs: []int32{}, Applications: []string{}})
+	}
+	g := &(*groups)[i]
+	g.Managers++
+	g.PIDs = append(g.PIDs, l.PID)
+	g.Applications = append(g.Applications, l.ApplicationName)
+}
+
+// advisoryRow is one advisory lock as the snapshot shows it.
+func (k *collector) advisoryRow(l advisory.LockInfo) advisoryView {
+	av := advisoryView{
+		Key: l.Key.String(), Name: l.Name, PID: l.PID, Granted: l.Granted, Mode: l.Mode,
+		Application: l.ApplicationName, User: l.User, State: l.State, BlockedBy: l.BlockingPIDs,
+	}
+	if !l.WaitStart.IsZero() {
+		av.WaitingSince = l.WaitStart.UTC()
+		av.WaitingMs = k.now.Sub(l.WaitStart).Milliseconds()
+	}
+	if av.Name == "" {
+		av.Name = k.lockName(l)
+	}
+	return av
+}
+
+// lockName names a lock the registry does not name, when it is one of
+// pglease's: the schema setup's, a lease acquire in progress (counted on
+// its key when it waits), a waiting or watching Manager's; "" otherwise.
+func (k *collector) lockName(l advisory.LockInfo) string {
+	if id, ok := l.Key.Int64(); ok {
+		if id == k.setupKey {
+			return "pglease schema setup or migration"
+		}
+		if h, ok := k.acquireOf[id]; ok {
+			if !l.Granted {
+				k.v.acquiresWaiting[h]++
+			}
+			return "lease acquire " + h
+		}
+	}
+	a, b, ok := l.Key.Pair()
+	if !ok {
+		return ""
+	}
+	switch a {
+	case store.WaiterLockClass:
+		if i, ok := k.waiterIdx[b]; ok {
+			return "waiting Manager: " + k.v.WaitingManagers[i].what()
+		}
+		return "waiting Manager"
+	case store.WatchLockClass:
+		if i, ok := k.watchIdx[b]; ok {
+			return "watching Manager: " + k.v.WatchingManagers[i].what()
+		}
+		return "watching Manager"
+	}
+	return ""
+}
+
+// countOnKeys counts the acquires in progress, and the Managers waiting
+// and watching, on the lease rows and shared holds of their keys.
+func (k *collector) countOnKeys() {
+	v := k.v
 	for i := range v.Leases.Rows {
 		l := &v.Leases.Rows[i]
 		l.AcquiresWaiting = v.acquiresWaiting[l.KeyHash]
@@ -233,7 +348,6 @@ func collect(ctx context.Context, pool *pgxpool.Pool, st *store.Store, reg *advi
 	for i := range v.Shared.Rows {
 		v.Shared.Rows[i].AcquiresWaiting = v.acquiresWaiting[v.Shared.Rows[i].KeyHash]
 	}
-	return v, nil
 }
 
 // resolveWaiters finds the lease keys of the waiter and watch locks'

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -71,35 +72,52 @@ func gravity(level string) int {
 // have: fence counters are never deleted.
 var fenceNever = []string{"DELETE", "TRUNCATE"}
 
-func (a *app) doctor(ctx context.Context, args []string) error {
-	fs := a.flags("doctor", "")
-	role := fs.String("role", "", "check the privileges of this `ROLE` (default: the role the connection string logs in as, which should be the runtime role)")
-	channel := fs.String("notify-channel", manager.DefaultNotifyChannel, "the Managers' notify channel (manager.Config.NotifyChannel), for the release trigger's check")
-	var listenURL string
-	fs.Var(secretString{&listenURL}, "listen-url", "the Managers' manager.Config.ListenConnString, if they set one: the LISTEN path is checked through it too (never printed)")
-	asJSON := fs.Bool("json", false, "print the findings as JSON")
-	if err := parse(fs, args); err != nil {
+// doctorCmd is pglease doctor: the checks, and what to do for each.
+type doctorCmd struct {
+	a                        *app
+	role, channel, listenURL string
+	asJSON                   bool
+}
+
+func doctorFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &doctorCmd{a: a}
+	fs.StringVar(&c.role, "role", "", "check the privileges of this `ROLE` (default: the role the connection string logs in as, which should be the runtime role)")
+	fs.StringVar(&c.channel, "notify-channel", manager.DefaultNotifyChannel, "the Managers' notify channel (manager.Config.NotifyChannel), for the release trigger's check")
+	fs.Var(secretString{&c.listenURL}, "listen-url", "the Managers' manager.Config.ListenConnString, if they set one: the LISTEN path is checked through it too (never printed)")
+	fs.BoolVar(&c.asJSON, "json", false, "print the findings as JSON")
+	return c.run
+}
+
+// check checks doctor's flags and arguments, without any I/O; it parses
+// --listen-url (nil without it).
+func (c *doctorCmd) check(args []string) (*pgx.ConnConfig, error) {
+	if len(args) != 0 {
+		return nil, fail(exitUsage, "doctor takes no arguments (got %q)", args[0])
+	}
+	if err := store.CheckChannel("pglease doctor", c.channel); err != nil {
+		return nil, fail(exitUsage, "bad --notify-channel: %v", err)
+	}
+	if len(c.role) > 63 || strings.ContainsAny(c.role, "\x00") {
+		return nil, fail(exitUsage, "bad --role: at most 63 bytes")
+	}
+	if c.listenURL == "" {
+		return nil, nil
+	}
+	if err := checkAuthority(c.listenURL); err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(c.listenURL)
+	if err != nil {
+		return nil, fail(exitUsage, "bad --listen-url: %s", parseReason(err))
+	}
+	return cfg, nil
+}
+
+func (c *doctorCmd) run(ctx context.Context, args []string) error {
+	a := c.a
+	listenCfg, err := c.check(args)
+	if err != nil {
 		return err
-	}
-	if fs.NArg() != 0 {
-		return fail(exitUsage, "doctor takes no arguments (got %q)", fs.Arg(0))
-	}
-	if err := store.CheckChannel("pglease doctor", *channel); err != nil {
-		return fail(exitUsage, "bad --notify-channel: %v", err)
-	}
-	if len(*role) > 63 || strings.ContainsAny(*role, "\x00") {
-		return fail(exitUsage, "bad --role: at most 63 bytes")
-	}
-	var listenCfg *pgx.ConnConfig
-	if listenURL != "" {
-		if err := checkAuthority(listenURL); err != nil {
-			return err
-		}
-		c, err := pgx.ParseConfig(listenURL)
-		if err != nil {
-			return fail(exitUsage, "bad --listen-url: %s", parseReason(err))
-		}
-		listenCfg = c
 	}
 	pool, st, err := a.connect(ctx)
 	if err != nil {
@@ -112,10 +130,10 @@ func (a *app) doctor(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	d := &doctorRun{pool: pool, st: st, mg: mg, n: st.Names(), role: *role, channel: *channel, listenCfg: listenCfg,
-		secrets: append(passwords(a.c.url), passwords(listenURL)...)}
+	d := &doctorRun{pool: pool, st: st, mg: mg, n: st.Names(), role: c.role, channel: c.channel, listenCfg: listenCfg,
+		secrets: append(passwords(a.c.url), passwords(c.listenURL)...)}
 	rep := d.run(dctx)
-	if *asJSON {
+	if c.asJSON {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {

@@ -252,3 +252,20 @@ func (g guardedView) String() string {
 	}
 	return s
 }
+
+// keyView is what inspect shows of one key; its JSON is inspect --json.
+type keyView struct {
+	KeyHash          string         `json:"key_hash"`
+	Key              string         `json:"key,omitempty"`
+	Lease            *leaseView     `json:"lease"`
+	FenceCounter     *string        `json:"fence_counter"`
+	Shared           sharedKeyView  `json:"shared"`
+	Marks            []markView     `json:"marks"`
+	Acquires         []advisoryView `json:"acquires_in_progress"`
+	WaitingManagers  []int32        `json:"waiting_manager_pids"`
+	WatchingManagers []int32        `json:"watching_manager_pids"`
+	GuardedTables    []guardedView  `json:"guarded_tables"`
+	Schema           schemaView     `json:"schema"`
+	time             time.Time      // the snapshot's
+	found            bool           // the key has a lease row (live or not)
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -44,60 +45,90 @@ func (a *app) confirm(question string) bool {
 	return ans == "y" || ans == "yes"
 }
 
-func (a *app) release(ctx context.Context, args []string) error {
-	fs := a.flags("release", "(--key KEY | --lock-id ID | --pid PID)")
-	key := fs.String("key", "", "revoke the lease on KEY (its holder is told at once)")
-	lockID := fs.String("lock-id", "", "revoke the lease with this lockId")
-	pid := fs.Int("pid", 0, "terminate this backend, which holds advisory locks (pg_terminate_backend)")
-	yes := fs.Bool("yes", false, "do not ask for confirmation")
-	force := fs.Bool("force", false, "revoke a lease that has not expired (its holder loses it)")
-	delay := fs.Duration("delay", 0, "with --key or --lock-id: a lock delay, no acquire takes the key for `D` after the revoke\n"+
+// releaseCmd is pglease release: revoke a lease or shared holds, ask a
+// key's holders to release it, or end an advisory holder's session.
+type releaseCmd struct {
+	a                   *app
+	key, lockID         string
+	pid                 int
+	yes, force, request bool
+	delay               time.Duration
+	hold, channel       string
+}
+
+func releaseFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &releaseCmd{a: a}
+	fs.StringVar(&c.key, "key", "", "revoke the lease on KEY (its holder is told at once)")
+	fs.StringVar(&c.lockID, "lock-id", "", "revoke the lease with this lockId")
+	fs.IntVar(&c.pid, "pid", 0, "terminate this backend, which holds advisory locks (pg_terminate_backend)")
+	fs.BoolVar(&c.yes, "yes", false, "do not ask for confirmation")
+	fs.BoolVar(&c.force, "force", false, "revoke a lease that has not expired (its holder loses it)")
+	fs.DurationVar(&c.delay, "delay", 0, "with --key or --lock-id: a lock delay, no acquire takes the key for `D` after the revoke\n"+
 		"(default: the lease's own lock delay, if it has one)")
-	request := fs.Bool("request", false, "with --key: only ask the key's holders to release it (cooperative: nothing is deleted, the holder decides)")
-	hold := fs.String("hold", "", "with --key: only the hold with this `ID` (a reader's or permit's id as pglease inspect shows it, the\n"+
+	fs.BoolVar(&c.request, "request", false, "with --key: only ask the key's holders to release it (cooperative: nothing is deleted, the holder decides)")
+	fs.StringVar(&c.hold, "hold", "", "with --key: only the hold with this `ID` (a reader's or permit's id as pglease inspect shows it, the\n"+
 		"lock_id_hash of the leases view, or a Lock.GrantID); default: every hold of the key (its lease, or all its readers or permits)")
-	channel := fs.String("notify-channel", manager.DefaultNotifyChannel, "the channel the Managers listen on (manager.Config.NotifyChannel): the holder is told there")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
+	fs.StringVar(&c.channel, "notify-channel", manager.DefaultNotifyChannel, "the channel the Managers listen on (manager.Config.NotifyChannel): the holder is told there")
+	return c.run
+}
+
+// checkTarget checks what release acts on: exactly one of --key,
+// --lock-id and --pid, each well-formed.
+func (c *releaseCmd) checkTarget(args []string) error {
 	n := 0
-	for _, set := range []bool{*key != "", *lockID != "", *pid != 0} {
+	for _, set := range []bool{c.key != "", c.lockID != "", c.pid != 0} {
 		if set {
 			n++
 		}
 	}
-	if n != 1 || fs.NArg() != 0 {
+	if n != 1 || len(args) != 0 {
 		return fail(exitUsage, "release takes exactly one of --key, --lock-id, --pid, and no arguments")
 	}
-	if *key != "" {
-		if _, err := keys.NormalizeKey(*key); err != nil {
+	if c.key != "" {
+		if _, err := keys.NormalizeKey(c.key); err != nil {
 			return fail(exitUsage, "%v", err)
 		}
 	}
-	if *lockID != "" {
-		if err := keys.ValidateLockID(*lockID); err != nil {
+	if c.lockID != "" {
+		if err := keys.ValidateLockID(c.lockID); err != nil {
 			return fail(exitUsage, "%v", err)
 		}
 	}
-	if *pid < 0 || *pid > 1<<31-1 {
+	if c.pid < 0 || c.pid > 1<<31-1 {
 		return fail(exitUsage, "--pid out of range")
 	}
+	return nil
+}
+
+// checkOptions checks the flags that shape the release.
+func (c *releaseCmd) checkOptions() error {
 	switch {
-	case *delay < 0 || *delay%time.Millisecond != 0 || *delay > keys.MaxTTL():
+	case c.delay < 0 || c.delay%time.Millisecond != 0 || c.delay > keys.MaxTTL():
 		return fail(exitUsage, "--delay must be a whole number of milliseconds, 0..%v", keys.MaxTTL())
-	case *delay != 0 && *pid != 0:
+	case c.delay != 0 && c.pid != 0:
 		return fail(exitUsage, "--delay is for a lease (--key or --lock-id), not --pid")
-	case *request && *key == "":
+	case c.request && c.key == "":
 		return fail(exitUsage, "--request asks the holders of a key: it needs --key")
-	case *request && (*delay != 0 || *force):
+	case c.request && (c.delay != 0 || c.force):
 		return fail(exitUsage, "--request deletes nothing: it takes no --force or --delay")
-	case *hold != "" && *key == "":
+	case c.hold != "" && c.key == "":
 		return fail(exitUsage, "--hold names one hold of a key: it needs --key")
-	case *hold != "" && !store.ValidHold(*hold):
+	case c.hold != "" && !store.ValidHold(c.hold):
 		return fail(exitUsage, "--hold must be a hold's id (24 lowercase hex digits, as pglease inspect shows) or a grant id (64)")
 	}
-	if err := store.CheckChannel("", *channel); err != nil {
+	if err := store.CheckChannel("", c.channel); err != nil {
 		return fail(exitUsage, "--notify-channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+	}
+	return nil
+}
+
+func (c *releaseCmd) run(ctx context.Context, args []string) error {
+	a := c.a
+	if err := c.checkTarget(args); err != nil {
+		return err
+	}
+	if err := c.checkOptions(); err != nil {
+		return err
 	}
 	pool, st, err := a.connect(ctx)
 	if err != nil {
@@ -106,15 +137,28 @@ func (a *app) release(ctx context.Context, args []string) error {
 	defer pool.Close()
 	cctx, cancel := a.withTimeout(ctx)
 	defer cancel()
-	if *pid != 0 {
-		return a.terminate(cctx, pool, int32(*pid), *yes)
+	if c.pid != 0 {
+		return a.terminate(cctx, pool, int32(c.pid), c.yes)
 	}
 	cfg := store.Config(a.c.config())
-	cfg.NotifyChannel = *channel
-	if *request {
-		return a.requestRelease(cctx, pool, st, cfg, *key, *hold)
+	cfg.NotifyChannel = c.channel
+	if c.request {
+		return a.requestRelease(cctx, pool, st, cfg, c.key, c.hold)
 	}
-	return a.revoke(cctx, pool, st, cfg, *key, *lockID, *hold, *delay, *force, *yes)
+	r := &revocation{a: a, pool: pool, st: st, cfg: cfg, key: c.key, lockID: c.lockID, hold: c.hold, delay: c.delay, force: c.force, yes: c.yes}
+	return r.revoke(cctx)
+}
+
+// revocation is one revoke of release: its target and options.
+type revocation struct {
+	a           *app
+	pool        *pgxpool.Pool
+	st          *store.Store
+	cfg         store.Config
+	key, lockID string
+	hold        string
+	delay       time.Duration
+	force, yes  bool
 }
 
 // revoke revokes the lease of key (or of lockID), or, when the key has no
@@ -122,70 +166,113 @@ func (a *app) release(ctx context.Context, args []string) error {
 // "", picks one. store.Revoke runs in a transaction that commits only when
 // it revoked the very grants shown (and confirmed); a grant of the key made
 // meanwhile is left alone.
-func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, cfg store.Config, key, lockID, hold string, delay time.Duration, force, yes bool) error {
-	list, err := st.ListLeases(ctx, store.ListOptions{Key: key, LockID: lockID})
+func (r *revocation) revoke(ctx context.Context) error {
+	a := r.a
+	list, err := r.st.ListLeases(ctx, store.ListOptions{Key: r.key, LockID: r.lockID})
 	if err != nil {
 		return err
 	}
-	var r store.LeaseRow
+	var row store.LeaseRow
 	if len(list.Rows) > 0 {
-		r = list.Rows[0]
+		row = list.Rows[0]
 	}
-	left := r.ExpiresAt.Sub(list.Now)
-	if len(list.Rows) == 0 || !r.Live || left <= 0 || !store.HoldMatches(hold, r.LockID) {
-		if key != "" {
-			holds, err := a.sharedHolds(ctx, pool, st, key, hold)
-			if err != nil {
-				return err
-			}
-			if len(holds) > 0 {
-				return a.revokeShared(ctx, pool, cfg, key, holds, delay, force, yes)
-			}
-		}
-		switch {
-		case len(list.Rows) == 0 && hold != "":
-			return fail(exitNotFound, "no live hold %s of %s: nothing to revoke", hold, pglease.HashKey(mustNFC(key)))
-		case len(list.Rows) == 0:
-			return fail(exitNotFound, "no such lease: nothing to revoke")
-		case !store.HoldMatches(hold, r.LockID):
-			return fail(exitNotFound, "no live hold %s of %s: nothing to revoke", hold, r.KeyHash)
-		}
-		return fail(exitNotFound, "%s", a.expiredState(ctx, pool, st, r, list.Now))
+	left := row.ExpiresAt.Sub(list.Now)
+	if len(list.Rows) == 0 || !row.Live || left <= 0 || !store.HoldMatches(r.hold, row.LockID) {
+		return r.notLive(ctx, list, row)
 	}
-	holder := dash(r.Holder)
-	fence := strings.TrimLeft(r.Fence.String(), "0")
-	// The lease's own lock delay applies when --delay is not given.
-	var own time.Duration
-	if delay == 0 {
-		if _, cols, err := probeV4(ctx, pool, st.Names()); err == nil && cols {
-			if m, err := readMarks(ctx, pool, st.Names(), r.Key, false); err == nil {
-				if km, ok := m[r.KeyHash]; ok {
-					own = time.Duration(km.lockDelayMs) * time.Millisecond
-				}
-			}
-		}
+	holder := dash(row.Holder)
+	fence := strings.TrimLeft(row.Fence.String(), "0")
+	consequence := r.consequence(ctx, row, holder, fence)
+	if !r.force {
+		return fail(exitRefused, "refusing: lease %s is held by %s and expires in %s. Revoking it: %s Rerun with --force to revoke it anyway "+
+			"(or --request to ask the holder to release it).", row.KeyHash, holder, short(left), consequence)
 	}
-	after := ""
+	fmt.Fprintf(a.stderr, "lease %s: holder %s, fence %s, expires in %s.\nIf revoked, %s\n", row.KeyHash, holder, fence, short(left), consequence)
+	if !r.yes && !a.confirm("Revoke it?") {
+		return fail(exitRefused, "not revoked (not confirmed; --yes skips the question)")
+	}
+	res, err := revokeGrant(ctx, r.pool, r.cfg, row.Key, row.LockIDHash, r.delay)
+	r.audit(row, left, res, err)
 	switch {
-	case delay > 0:
-		after = fmt.Sprintf(" No acquire (exclusive or shared) takes the key for %s after the revoke (--delay).", short(delay))
+	case err != nil:
+		return err
+	case res.other && r.lockID != "":
+		return fail(exitNotFound, "the lease was released or expired meanwhile, and the key granted again: nothing revoked")
+	case res.other:
+		return fail(exitRefused, "the key changed hands after it was shown (now fence %s): nothing revoked; run again to revoke the new holder",
+			strings.TrimLeft(res.Fences[0].String(), "0"))
+	case !res.ok:
+		return fail(exitNotFound, "the lease was released or expired meanwhile: nothing revoked")
+	}
+	fmt.Fprintf(a.stdout, "revoked lease %s (fence %s, holder %s); its holder was told on channel %s", row.KeyHash, fence, holder, r.cfg.NotifyChannel)
+	if !res.DelayUntil.IsZero() {
+		fmt.Fprintf(a.stdout, "; not grantable before %s", res.DelayUntil.UTC().Format(time.RFC3339Nano))
+	}
+	fmt.Fprintln(a.stdout)
+	return nil
+}
+
+// notLive answers a revoke that found no live exclusive lease to revoke:
+// the key's shared holds are revoked instead if it has some, otherwise
+// it says why there is nothing to revoke.
+func (r *revocation) notLive(ctx context.Context, list *store.LeaseList, row store.LeaseRow) error {
+	if r.key != "" {
+		holds, err := r.a.sharedHolds(ctx, r.pool, r.st, r.key, r.hold)
+		if err != nil {
+			return err
+		}
+		if len(holds) > 0 {
+			return r.a.revokeShared(ctx, r.pool, r.cfg, r.key, holds, r.delay, r.force, r.yes)
+		}
+	}
+	switch {
+	case len(list.Rows) == 0 && r.hold != "":
+		return fail(exitNotFound, "no live hold %s of %s: nothing to revoke", r.hold, pglease.HashKey(mustNFC(r.key)))
+	case len(list.Rows) == 0:
+		return fail(exitNotFound, "no such lease: nothing to revoke")
+	case !store.HoldMatches(r.hold, row.LockID):
+		return fail(exitNotFound, "no live hold %s of %s: nothing to revoke", r.hold, row.KeyHash)
+	}
+	return fail(exitNotFound, "%s", r.a.expiredState(ctx, r.pool, r.st, row, list.Now))
+}
+
+// consequence says what revoking the lease row does to its holder.
+func (r *revocation) consequence(ctx context.Context, row store.LeaseRow, holder, fence string) string {
+	after := ""
+	switch own := r.ownDelay(ctx, row); {
+	case r.delay > 0:
+		after = fmt.Sprintf(" No acquire (exclusive or shared) takes the key for %s after the revoke (--delay).", short(r.delay))
 	case own > 0:
 		after = fmt.Sprintf(" The lease's own lock delay keeps every acquire off the key for %s after the revoke.", short(own))
 	}
-	consequence := fmt.Sprintf("the holder (%s) loses it at once: a pglease Manager listening on channel %s is told and ends the lock's Context "+
+	return fmt.Sprintf("the holder (%s) loses it at once: a pglease Manager listening on channel %s is told and ends the lock's Context "+
 		"with ErrRevoked (CodeRevoked) right away; a holder that does not hear it (a SyncGuard process, an older pglease, another channel) "+
 		"keeps working until its next extend fails — for a pglease Manager within a third of its TTL — and then sees its lock lost (ErrLockLost). "+
 		"The next holder gets a fence above %s, so the old holder's fenced writes are refused from then on.%s The fence counter is not touched.",
-		holder, cfg.NotifyChannel, fence, after)
-	if !force {
-		return fail(exitRefused, "refusing: lease %s is held by %s and expires in %s. Revoking it: %s Rerun with --force to revoke it anyway "+
-			"(or --request to ask the holder to release it).", r.KeyHash, holder, short(left), consequence)
+		holder, r.cfg.NotifyChannel, fence, after)
+}
+
+// ownDelay is the lease's own lock delay, which applies when --delay is
+// not given (0 then, or when it cannot be read).
+func (r *revocation) ownDelay(ctx context.Context, row store.LeaseRow) time.Duration {
+	if r.delay != 0 {
+		return 0
 	}
-	fmt.Fprintf(a.stderr, "lease %s: holder %s, fence %s, expires in %s.\nIf revoked, %s\n", r.KeyHash, holder, fence, short(left), consequence)
-	if !yes && !a.confirm("Revoke it?") {
-		return fail(exitRefused, "not revoked (not confirmed; --yes skips the question)")
+	if _, cols, err := probeV4(ctx, r.pool, r.st.Names()); err != nil || !cols {
+		return 0
 	}
-	res, err := revokeGrant(ctx, pool, cfg, r.Key, r.LockIDHash, delay)
+	m, err := readMarks(ctx, r.pool, r.st.Names(), row.Key, false)
+	if err != nil {
+		return 0
+	}
+	if km, ok := m[row.KeyHash]; ok {
+		return time.Duration(km.lockDelayMs) * time.Millisecond
+	}
+	return 0
+}
+
+// audit writes the audit record of a lease's revoke.
+func (r *revocation) audit(row store.LeaseRow, left time.Duration, res revokeResult, err error) {
 	result := "revoked"
 	switch {
 	case err != nil:
@@ -195,29 +282,12 @@ func (a *app) revoke(ctx context.Context, pool *pgxpool.Pool, st *store.Store, c
 	case !res.ok:
 		result = "not held any more"
 	}
-	attrs := []any{"action", "revoke_lease", "key_hash", r.KeyHash, "lock_id_hash", r.LockIDHash, "holder", r.Holder, "fence", r.Fence.String(),
-		"expires_in", left.String(), "forced", true, "delay", delay.String(), "notify_channel", cfg.NotifyChannel}
+	attrs := []any{"action", "revoke_lease", "key_hash", row.KeyHash, "lock_id_hash", row.LockIDHash, "holder", row.Holder, "fence", row.Fence.String(),
+		"expires_in", left.String(), "forced", true, "delay", r.delay.String(), "notify_channel", r.cfg.NotifyChannel}
 	if err == nil && res.ok && !res.DelayUntil.IsZero() {
 		attrs = append(attrs, "not_grantable_before", res.DelayUntil.UTC().Format(time.RFC3339Nano))
 	}
-	a.auditLogger().Info("pglease release", append(attrs, "operator", operator(), "result", result)...)
-	switch {
-	case err != nil:
-		return err
-	case res.other && lockID != "":
-		return fail(exitNotFound, "the lease was released or expired meanwhile, and the key granted again: nothing revoked")
-	case res.other:
-		return fail(exitRefused, "the key changed hands after it was shown (now fence %s): nothing revoked; run again to revoke the new holder",
-			strings.TrimLeft(res.Fences[0].String(), "0"))
-	case !res.ok:
-		return fail(exitNotFound, "the lease was released or expired meanwhile: nothing revoked")
-	}
-	fmt.Fprintf(a.stdout, "revoked lease %s (fence %s, holder %s); its holder was told on channel %s", r.KeyHash, fence, holder, cfg.NotifyChannel)
-	if !res.DelayUntil.IsZero() {
-		fmt.Fprintf(a.stdout, "; not grantable before %s", res.DelayUntil.UTC().Format(time.RFC3339Nano))
-	}
-	fmt.Fprintln(a.stdout)
-	return nil
+	r.a.auditLogger().Info("pglease release", append(attrs, "operator", operator(), "result", result)...)
 }
 
 // expiredState says why an exclusive lease that is no longer held for its

@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"embed"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io/fs"
 	"net"
@@ -124,57 +125,82 @@ type server struct {
 	started bool
 }
 
-func (a *app) serve(ctx context.Context, args []string) error {
-	fs := a.flags("serve", "")
-	var o viewOpts
-	a.viewFlags(fs, &o)
-	addr := fs.String("addr", defaultServeAddr, "listen on `HOST:PORT` (default loopback only; another address exposes the page to that network)")
-	interval := fs.Duration("interval", 2*time.Second, "refresh every D")
-	history := fs.Duration("history", 10*time.Minute, "keep the contention picture and events for D")
-	allowRevoke := fs.Bool("allow-revoke", false, "let the page revoke leases, for requests that present the token (--token-file or $PGLEASE_SERVE_TOKEN)")
-	tokenFile := fs.String("token-file", "", "file holding the revoke token (at least 16 bytes; whitespace trimmed)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return fail(exitUsage, "serve takes no arguments (got %q)", fs.Arg(0))
-	}
-	if o.json {
-		return fail(exitUsage, "serve has no --json: GET /api/state is the JSON")
-	}
-	if *interval < minServeInterval {
-		return fail(exitUsage, "--interval must be at least %s", minServeInterval)
-	}
-	if *history < *interval {
-		return fail(exitUsage, "--history must be at least --interval")
-	}
-	if err := o.check(&a.c); err != nil {
-		return err
-	}
-	var token []byte
+// serveCmd is pglease serve: the live page.
+type serveCmd struct {
+	a                 *app
+	o                 viewOpts
+	addr, tokenFile   string
+	interval, history time.Duration
+	allowRevoke       bool
+}
+
+func serveFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &serveCmd{a: a}
+	a.viewFlags(fs, &c.o)
+	fs.StringVar(&c.addr, "addr", defaultServeAddr, "listen on `HOST:PORT` (default loopback only; another address exposes the page to that network)")
+	fs.DurationVar(&c.interval, "interval", 2*time.Second, "refresh every D")
+	fs.DurationVar(&c.history, "history", 10*time.Minute, "keep the contention picture and events for D")
+	fs.BoolVar(&c.allowRevoke, "allow-revoke", false, "let the page revoke leases, for requests that present the token (--token-file or $PGLEASE_SERVE_TOKEN)")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the revoke token (at least 16 bytes; whitespace trimmed)")
+	return c.run
+}
+
+// check checks serve's flags and arguments, without any I/O but reading
+// the token: the token (nil: read-only) and the host to listen on.
+func (c *serveCmd) check(args []string) (token []byte, host string, err error) {
 	switch {
-	case *allowRevoke:
+	case len(args) != 0:
+		return nil, "", fail(exitUsage, "serve takes no arguments (got %q)", args[0])
+	case c.o.json:
+		return nil, "", fail(exitUsage, "serve has no --json: GET /api/state is the JSON")
+	case c.interval < minServeInterval:
+		return nil, "", fail(exitUsage, "--interval must be at least %s", minServeInterval)
+	case c.history < c.interval:
+		return nil, "", fail(exitUsage, "--history must be at least --interval")
+	}
+	if err := c.o.check(&c.a.c); err != nil {
+		return nil, "", err
+	}
+	if token, err = c.token(); err != nil {
+		return nil, "", err
+	}
+	host, _, err = net.SplitHostPort(c.addr)
+	if err != nil {
+		return nil, "", fail(exitUsage, "bad --addr: %v", err)
+	}
+	return token, host, nil
+}
+
+// token reads the revoke token: nil without --allow-revoke.
+func (c *serveCmd) token() ([]byte, error) {
+	switch {
+	case c.allowRevoke:
 		t := os.Getenv("PGLEASE_SERVE_TOKEN")
-		if *tokenFile != "" {
-			b, err := os.ReadFile(*tokenFile)
+		if c.tokenFile != "" {
+			b, err := os.ReadFile(c.tokenFile)
 			if err != nil {
-				return fail(exitUsage, "--token-file: %v", err)
+				return nil, fail(exitUsage, "--token-file: %v", err)
 			}
 			t = string(b)
 		}
 		t = strings.TrimSpace(t)
 		if len(t) < minTokenBytes {
-			return fail(exitUsage, "--allow-revoke needs a token of at least %d bytes in --token-file or $PGLEASE_SERVE_TOKEN", minTokenBytes)
+			return nil, fail(exitUsage, "--allow-revoke needs a token of at least %d bytes in --token-file or $PGLEASE_SERVE_TOKEN", minTokenBytes)
 		}
-		token = []byte(t)
-	case *tokenFile != "":
-		return fail(exitUsage, "--token-file without --allow-revoke: the page is read-only")
+		return []byte(t), nil
+	case c.tokenFile != "":
+		return nil, fail(exitUsage, "--token-file without --allow-revoke: the page is read-only")
 	}
-	host, _, err := net.SplitHostPort(*addr)
+	return nil, nil
+}
+
+func (c *serveCmd) run(ctx context.Context, args []string) error {
+	a := c.a
+	token, host, err := c.check(args)
 	if err != nil {
-		return fail(exitUsage, "bad --addr: %v", err)
+		return err
 	}
-	reg, err := a.loadRegistry(&o)
+	reg, err := a.loadRegistry(&c.o)
 	if err != nil {
 		return err
 	}
@@ -184,16 +210,16 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	cfg := a.c.config()
-	cfg.NotifyChannel = o.notifyChannel
+	cfg.NotifyChannel = c.o.notifyChannel
 	revoker, err := store.New("pg.New", pool, store.Config(cfg))
 	if err != nil {
 		return fail(exitUsage, "%v", err)
 	}
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
-		return fail(exitFailed, "cannot listen on %s: %v", *addr, err)
+		return fail(exitFailed, "cannot listen on %s: %v", c.addr, err)
 	}
-	s := &server{a: a, o: o, st: st, revoker: revoker, interval: *interval, history: *history, token: token,
+	s := &server{a: a, o: c.o, st: st, revoker: revoker, interval: c.interval, history: c.history, token: token,
 		prev: map[string]leaseSeen{}}
 	mode := "read-only"
 	if token != nil {
@@ -203,6 +229,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" {
 		fmt.Fprintf(a.stderr, "pglease serve: WARNING: %s is not a loopback address: anyone who reaches it sees holders and waiters\n", host)
 	}
+	return s.serve(ctx, ln, pool, reg)
+}
+
+// serve serves the page on ln, refreshing the state, until ctx ends.
+func (s *server) serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, reg *advisory.Registry) error {
 	hs := &http.Server{Handler: s.handler(ln.Addr().String()), ReadHeaderTimeout: 10 * time.Second}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()

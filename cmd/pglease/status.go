@@ -186,28 +186,41 @@ func templateSeparators(t string) []string {
 	return lits[1 : len(lits)-1]
 }
 
-func (a *app) status(ctx context.Context, args []string) error {
-	fs := a.flags("status", "")
-	var o viewOpts
-	a.viewFlags(fs, &o)
-	watch := fs.Duration("watch", 0, "refresh every D (e.g. 2s) until interrupted")
-	count := fs.Int("count", 0, "with --watch: stop after N refreshes (0: until interrupted)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return fail(exitUsage, "status takes no arguments (got %q)", fs.Arg(0))
-	}
-	if *watch < 0 || (*watch > 0 && *watch < 100*time.Millisecond) {
+// statusCmd is pglease status: the snapshot, once or every --watch.
+type statusCmd struct {
+	a     *app
+	o     viewOpts
+	watch time.Duration
+	count int
+}
+
+func statusFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &statusCmd{a: a}
+	a.viewFlags(fs, &c.o)
+	fs.DurationVar(&c.watch, "watch", 0, "refresh every D (e.g. 2s) until interrupted")
+	fs.IntVar(&c.count, "count", 0, "with --watch: stop after N refreshes (0: until interrupted)")
+	return c.run
+}
+
+// check checks status's flags and arguments, without any I/O.
+func (c *statusCmd) check(args []string) error {
+	switch {
+	case len(args) != 0:
+		return fail(exitUsage, "status takes no arguments (got %q)", args[0])
+	case c.watch < 0 || (c.watch > 0 && c.watch < 100*time.Millisecond):
 		return fail(exitUsage, "--watch must be at least 100ms")
-	}
-	if *count < 0 || (*count > 0 && *watch == 0) {
+	case c.count < 0 || (c.count > 0 && c.watch == 0):
 		return fail(exitUsage, "--count must be positive, and only with --watch")
 	}
-	if err := o.check(&a.c); err != nil {
+	return c.o.check(&c.a.c)
+}
+
+func (c *statusCmd) run(ctx context.Context, args []string) error {
+	a := c.a
+	if err := c.check(args); err != nil {
 		return err
 	}
-	reg, err := a.loadRegistry(&o)
+	reg, err := a.loadRegistry(&c.o)
 	if err != nil {
 		return err
 	}
@@ -219,7 +232,7 @@ func (a *app) status(ctx context.Context, args []string) error {
 	var prev map[string]string // key hash → fence, for grants since the last refresh
 	for n := 1; ; n++ {
 		cctx, cancel := a.withTimeout(ctx)
-		v, err := collect(cctx, pool, st, reg, &o, store.ListOptions{Limit: o.limit}, &a.c)
+		v, err := collect(cctx, pool, st, reg, &c.o, store.ListOptions{Limit: c.o.limit}, &a.c)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil && n > 1 {
@@ -227,36 +240,48 @@ func (a *app) status(ctx context.Context, args []string) error {
 			}
 			return err
 		}
-		if *watch > 0 && a.isTerminal && !o.json {
-			fmt.Fprint(a.stdout, "\033[H\033[2J")
+		if err := c.show(v, prev); err != nil {
+			return err
 		}
-		if o.json {
-			if err := json.NewEncoder(a.stdout).Encode(v); err != nil {
-				return err
-			}
-		} else {
-			printStatus(a.stdout, v, prev)
-		}
-		prev = map[string]string{}
-		for _, l := range v.Leases.Rows {
-			prev[l.KeyHash] = l.Fence
-		}
-		if *watch == 0 {
+		prev = fences(v)
+		if c.watch == 0 {
 			if !v.Schema.Current {
 				return fail(exitSchema, "%s", schemaAdvice(&v.Schema))
 			}
 			return nil
 		}
-		if *count > 0 && n >= *count {
+		if c.count > 0 && n >= c.count {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(*watch):
+		case <-time.After(c.watch):
 		}
-		if !o.json {
+		if !c.o.json {
 			fmt.Fprintln(a.stdout)
 		}
 	}
+}
+
+// show prints one snapshot, as JSON or as text (on a clear screen when
+// watching on a terminal).
+func (c *statusCmd) show(v *snapshotView, prev map[string]string) error {
+	if c.o.json {
+		return json.NewEncoder(c.a.stdout).Encode(v)
+	}
+	if c.watch > 0 && c.a.isTerminal {
+		fmt.Fprint(c.a.stdout, "\033[H\033[2J")
+	}
+	printStatus(c.a.stdout, v, prev)
+	return nil
+}
+
+// fences is each lease's fence by key hash.
+func fences(v *snapshotView) map[string]string {
+	m := map[string]string{}
+	for _, l := range v.Leases.Rows {
+		m[l.KeyHash] = l.Fence
+	}
+	return m
 }

@@ -9,7 +9,23 @@ import (
 	"time"
 )
 
+// printStatus is status's text view of a snapshot; prev (key hash →
+// fence, of the last refresh of --watch) marks the grants made since.
 func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
+	printHeader(w, v)
+	printLeases(w, v, prev)
+	printShared(w, v)
+	printMarks(w, v)
+	printManagers(w, v.WaitingManagers, "WAITING MANAGERS", "pglease Managers whose callers wait for a lease held elsewhere")
+	printManagers(w, v.WatchingManagers, "WATCHING MANAGERS", "pglease Managers told of every change of the key as it commits (watchers)")
+	printGuarded(w, v)
+	printAdvisory(w, v)
+	printContention(w, contention(v))
+}
+
+// printHeader prints the time, the schema's state, its missing parts and
+// the release trigger.
+func printHeader(w io.Writer, v *snapshotView) {
 	s := &v.Schema
 	schema := fmt.Sprintf("schema v%d (current)", s.Version)
 	if !s.Current {
@@ -33,7 +49,11 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 			"--notify-channel for another channel)\n", s.NotifyChannel)
 	}
 	fmt.Fprintln(w)
-	if !s.LockTable {
+}
+
+// printLeases prints the exclusive leases.
+func printLeases(w io.Writer, v *snapshotView, prev map[string]string) {
+	if !v.Schema.LockTable {
 		fmt.Fprintln(w, "LEASES  none: no lock table (only advisory locks are shown)")
 	} else {
 		fmt.Fprintf(w, "LEASES  %d live, %d expired", v.Leases.Live, v.Leases.Total-v.Leases.Live)
@@ -42,48 +62,54 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		}
 		fmt.Fprintln(w)
 	}
-	if len(v.Leases.Rows) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tHOLDER\tFENCE\tACQUIRED\tEXPIRES\tACQUIRES WAITING\tMANAGERS WAITING")
-		for _, l := range v.Leases.Rows {
-			key := l.KeyHash
-			if l.Key != "" {
-				key = l.Key
-			}
-			fence := strings.TrimLeft(l.Fence, "0")
-			if p, ok := prev[l.KeyHash]; ok && p != l.Fence {
-				fence += fmt.Sprintf(" (+%d)", atoi(l.Fence)-atoi(p))
-			}
-			exp := expires(l.ExpiresInMs, l.Live)
-			if l.LockDelayMs > 0 {
-				exp += ", lock delay " + short(time.Duration(l.LockDelayMs)*time.Millisecond)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", key, dash(l.Holder), fence,
-				ago(v.Time.Sub(l.AcquiredAt)), exp, l.AcquiresWaiting, l.ManagersWaiting)
-		}
-		tw.Flush()
+	if len(v.Leases.Rows) == 0 {
+		return
 	}
-	printShared(w, v)
-	printMarks(w, v)
-	printManagers(w, v.WaitingManagers, "WAITING MANAGERS", "pglease Managers whose callers wait for a lease held elsewhere")
-	printManagers(w, v.WatchingManagers, "WATCHING MANAGERS", "pglease Managers told of every change of the key as it commits (watchers)")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tHOLDER\tFENCE\tACQUIRED\tEXPIRES\tACQUIRES WAITING\tMANAGERS WAITING")
+	for _, l := range v.Leases.Rows {
+		key := l.KeyHash
+		if l.Key != "" {
+			key = l.Key
+		}
+		fence := strings.TrimLeft(l.Fence, "0")
+		if p, ok := prev[l.KeyHash]; ok && p != l.Fence {
+			fence += fmt.Sprintf(" (+%d)", atoi(l.Fence)-atoi(p))
+		}
+		exp := expires(l.ExpiresInMs, l.Live)
+		if l.LockDelayMs > 0 {
+			exp += ", lock delay " + short(time.Duration(l.LockDelayMs)*time.Millisecond)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\n", key, dash(l.Holder), fence,
+			ago(v.Time.Sub(l.AcquiredAt)), exp, l.AcquiresWaiting, l.ManagersWaiting)
+	}
+	tw.Flush()
+}
+
+// printGuarded prints the guarded tables.
+func printGuarded(w io.Writer, v *snapshotView) {
 	switch {
-	case !s.LockTable:
+	case !v.Schema.LockTable:
+		return
 	case len(v.GuardedTables) == 0:
 		fmt.Fprintln(w, "\nGUARDED TABLES  none (migrate.Migrator.Guard makes a table's writes need a live lease of the row's key)")
-	default:
-		fmt.Fprintf(w, "\nGUARDED TABLES  %d: a write of a row needs a live exclusive lease of its key (the key column's value), guarded in the writing transaction\n", len(v.GuardedTables))
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "TABLE\tKEY COLUMN\tTRIGGER")
-		for _, g := range v.GuardedTables {
-			state := "enabled"
-			if !g.Enabled {
-				state = "disabled: writes not checked"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", g.Table, g.KeyColumn, state)
-		}
-		tw.Flush()
+		return
 	}
+	fmt.Fprintf(w, "\nGUARDED TABLES  %d: a write of a row needs a live exclusive lease of its key (the key column's value), guarded in the writing transaction\n", len(v.GuardedTables))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "TABLE\tKEY COLUMN\tTRIGGER")
+	for _, g := range v.GuardedTables {
+		state := "enabled"
+		if !g.Enabled {
+			state = "disabled: writes not checked"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", g.Table, g.KeyColumn, state)
+	}
+	tw.Flush()
+}
+
+// printAdvisory prints the advisory locks, held and waited for.
+func printAdvisory(w io.Writer, v *snapshotView) {
 	held, waiting := 0, 0
 	for _, a := range v.Advisory {
 		if a.Granted {
@@ -93,40 +119,55 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		}
 	}
 	fmt.Fprintf(w, "\nADVISORY LOCKS  %d held, %d waiting\n", held, waiting)
-	if len(v.Advisory) > 0 {
-		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "KEY\tNAME\tPID\tSTATE\tAPPLICATION\tWAITING SINCE\tBLOCKED BY")
-		for _, a := range v.Advisory {
-			state, since, by := "held", "-", "-"
-			if !a.Granted {
-				state = "waiting"
-				if !a.WaitingSince.IsZero() {
-					since = short(time.Duration(a.WaitingMs)*time.Millisecond) + " ago"
-				}
-				by = dash(pids(a.BlockedBy))
+	if len(v.Advisory) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tNAME\tPID\tSTATE\tAPPLICATION\tWAITING SINCE\tBLOCKED BY")
+	for _, a := range v.Advisory {
+		state, since, by := "held", "-", "-"
+		if !a.Granted {
+			state = "waiting"
+			if !a.WaitingSince.IsZero() {
+				since = short(time.Duration(a.WaitingMs)*time.Millisecond) + " ago"
 			}
-			if a.Mode == "ShareLock" {
-				state += " (shared)"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.Key, dash(a.Name), a.PID, state, dash(a.Application), since, by)
+			by = dash(pids(a.BlockedBy))
 		}
-		tw.Flush()
+		if a.Mode == "ShareLock" {
+			state += " (shared)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\n", a.Key, dash(a.Name), a.PID, state, dash(a.Application), since, by)
 	}
-	// Contention at a glance: the keys someone waits for.
-	type cont struct {
-		what              string
-		waiters, managers int
-		longest           int64
-		writer            bool // an exclusive waiting mark
+	tw.Flush()
+}
+
+// contended is one key (or advisory lock) someone waits for.
+type contended struct {
+	what              string
+	waiters, managers int
+	longest           int64 // ms
+	writer            bool  // an exclusive waiting mark
+}
+
+// weight orders contention: the most waiters first.
+func (c contended) weight() int {
+	if c.writer {
+		return c.waiters + c.managers + 1
 	}
-	var cs []cont
+	return c.waiters + c.managers
+}
+
+// contention is contention at a glance: the keys someone waits for, the
+// most waited for first.
+func contention(v *snapshotView) []contended {
+	var cs []contended
 	idx := map[string]int{}
-	at := func(what string) *cont {
+	at := func(what string) *contended {
 		i, ok := idx[what]
 		if !ok {
 			i = len(cs)
 			idx[what] = i
-			cs = append(cs, cont{what: what})
+			cs = append(cs, contended{what: what})
 		}
 		return &cs[i]
 	}
@@ -162,18 +203,17 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 		c.waiters++
 		c.longest = max(c.longest, a.WaitingMs)
 	}
+	slices.SortStableFunc(cs, func(a, b contended) int { return b.weight() - a.weight() })
+	return cs
+}
+
+// printContention prints the contended keys.
+func printContention(w io.Writer, cs []contended) {
 	fmt.Fprintln(w)
 	if len(cs) == 0 {
 		fmt.Fprintln(w, "CONTENTION  none: nobody waits")
 		return
 	}
-	weight := func(c cont) int {
-		if c.writer {
-			return c.waiters + c.managers + 1
-		}
-		return c.waiters + c.managers
-	}
-	slices.SortStableFunc(cs, func(a, b cont) int { return weight(b) - weight(a) })
 	fmt.Fprintln(w, "CONTENTION")
 	for _, c := range cs {
 		var parts []string
