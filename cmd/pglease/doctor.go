@@ -294,7 +294,7 @@ func (d *doctorRun) privileges(ctx context.Context) {
 		return
 	}
 	api := apiObjects(d.n)
-	var missing, extra, optional []string
+	var missing, optional []string
 	for _, l := range lacks {
 		if api(l) {
 			optional = append(optional, l)
@@ -302,17 +302,10 @@ func (d *doctorRun) privileges(ctx context.Context) {
 			missing = append(missing, l)
 		}
 	}
-	if ok, err := d.regclass(ctx, d.n.Fence); err == nil && ok {
-		for _, p := range fenceNever {
-			var has bool
-			if err := d.pool.QueryRow(ctx, "SELECT has_table_privilege($1, $2, $3)", role, d.n.Fence, p).Scan(&has); err != nil {
-				d.errf(check, err)
-				return
-			}
-			if has {
-				extra = append(extra, p+" on the fence counter table "+d.n.Fence)
-			}
-		}
+	extra, err := d.fenceExtras(ctx, role)
+	if err != nil {
+		d.errf(check, err)
+		return
 	}
 	switch {
 	case len(missing) > 0:
@@ -327,6 +320,25 @@ func (d *doctorRun) privileges(ctx context.Context) {
 	default:
 		d.add(check, levelOK, fmt.Sprintf("role %q has every privilege pglease needs (pg/migrate/sql/roles.sql), and no DELETE or TRUNCATE on the fence counter table", role), "")
 	}
+}
+
+// fenceExtras are the privileges on the fence counter table (when it
+// exists) that role must not have (fenceNever).
+func (d *doctorRun) fenceExtras(ctx context.Context, role string) ([]string, error) {
+	var extra []string
+	if ok, err := d.regclass(ctx, d.n.Fence); err != nil || !ok {
+		return nil, nil
+	}
+	for _, p := range fenceNever {
+		var has bool
+		if err := d.pool.QueryRow(ctx, "SELECT has_table_privilege($1, $2, $3)", role, d.n.Fence, p).Scan(&has); err != nil {
+			return nil, err
+		}
+		if has {
+			extra = append(extra, p+" on the fence counter table "+d.n.Fence)
+		}
+	}
+	return extra, nil
 }
 
 // apiObjects reports whether a line of MissingPrivileges names one of

@@ -132,6 +132,7 @@ func TestSameOutputAsReference(t *testing.T) {
 	for _, name := range []string{"status", "inspect", "release", "setup", "migrate", "version", "sql", "doctor", "serve"} {
 		cmds = append(cmds, []string{name, "-h"})
 	}
+	t.Logf("%d invocations compared", len(cmds))
 	for _, args := range cmds {
 		var got, wantR result
 		same := false

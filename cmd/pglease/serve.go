@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"embed"
@@ -291,34 +292,68 @@ func (s *server) refresh(ctx context.Context, pool *pgxpool.Pool, reg *advisory.
 // first, the contention point, and the events since the last snapshot.
 func (s *server) apply(v *snapshotView) {
 	now := v.Time
-	show := s.o.showKeys
-	keyIf := func(k string) string {
-		if show {
-			return k
-		}
-		return ""
+	p := pageKeys{show: s.o.showKeys, keyOf: map[string]string{}}
+	for _, l := range v.Leases.Rows {
+		p.keyOf[l.KeyHash] = l.Key
 	}
-	st := serveState{Time: now, IntervalMs: s.interval.Milliseconds(), ShowKeys: show, CanRevoke: s.token != nil,
-		Holders: []serveHolder{}, Waiters: []serveWaiter{}, Counts: map[string]int{}}
+	st := serveState{Time: now, IntervalMs: s.interval.Milliseconds(), ShowKeys: p.show, CanRevoke: s.token != nil,
+		Holders: p.holders(v), Waiters: p.waiters(v), Counts: map[string]int{}}
 	st.Schema = fmt.Sprintf("schema v%d", v.Schema.Version)
 	if !v.Schema.Current {
 		st.Schema += fmt.Sprintf(" (this pglease needs v%d: run `pglease setup`)", v.Schema.Needs)
 	}
-	keyOf := map[string]string{}
+	st.Counts["held"] = len(st.Holders)
+	st.Counts["waiting"] = len(st.Waiters)
+	st.Counts["leases_live"] = v.Leases.Live
 	cur := map[string]leaseSeen{}
-	waiting := 0
 	for _, l := range v.Leases.Rows {
-		keyOf[l.KeyHash] = l.Key
 		cur[l.KeyHash] = leaseSeen{key: l.Key, holder: l.Holder, fence: l.Fence, expiresAt: l.ExpiresAt, live: l.Live}
+	}
+	if s.started {
+		s.changes(v, cur, p)
+	}
+	s.started = true
+	s.prev = cur
+	s.keyOf = p.keyOf
+	s.hist = append(s.hist, servePoint{Time: now, Waiting: len(st.Waiters), Held: len(st.Holders)})
+	for len(s.hist) > 0 && now.Sub(s.hist[0].Time) > s.history {
+		s.hist = s.hist[1:]
+	}
+	st.History = slices.Clone(s.hist)
+	st.Events = slices.Clone(s.events)
+	s.state = st
+}
+
+// pageKeys shows keys on the page: their hashes, and the keys themselves
+// with --show-keys.
+type pageKeys struct {
+	show  bool
+	keyOf map[string]string // key hash → key, of the lease rows
+}
+
+// key is k if the page shows keys, "" otherwise.
+func (p pageKeys) key(k string) string {
+	if p.show {
+		return k
+	}
+	return ""
+}
+
+// holders are the snapshot's held locks: live leases, shared holds by
+// key, advisory locks (but pglease's own).
+func (p pageKeys) holders(v *snapshotView) []serveHolder {
+	now := v.Time
+	hs := []serveHolder{}
+	for _, l := range v.Leases.Rows {
 		if !l.Live {
 			continue
 		}
-		st.Holders = append(st.Holders, serveHolder{Kind: "lease", KeyHash: l.KeyHash, Key: keyIf(l.Key), Holders: []string{dash(l.Holder)},
+		hs = append(hs, serveHolder{Kind: "lease", KeyHash: l.KeyHash, Key: p.key(l.Key), Holders: []string{dash(l.Holder)},
 			Fence: strings.TrimLeft(l.Fence, "0"), HeldMs: now.Sub(l.AcquiredAt).Milliseconds(), ExpiresInMs: l.ExpiresInMs,
 			Waiting: l.AcquiresWaiting + l.ManagersWaiting})
 	}
 	for _, g := range v.Shared.Rows {
-		h := serveHolder{Kind: g.Kind, KeyHash: g.KeyHash, Key: keyIf(g.Key), Count: g.Count, Limit: g.Limit, Holders: []string{},
+		h := serveHolder{Kind: g.Kind, KeyHash: g.KeyHash, Key: p.key(g.Key), Count: g.Count, Limit: g.Limit, Holders: []string{},
 			Waiting: g.AcquiresWaiting}
 		for _, x := range g.Holders {
 			h.Holders = append(h.Holders, dash(x.Holder))
@@ -326,28 +361,40 @@ func (s *server) apply(v *snapshotView) {
 				h.HeldMs = d
 			}
 		}
-		st.Holders = append(st.Holders, h)
+		hs = append(hs, h)
 	}
 	for _, ad := range v.Advisory {
-		if strings.HasPrefix(ad.Name, "waiting Manager") || strings.HasPrefix(ad.Name, "watching Manager") {
-			continue // listed below as waiting Managers
+		if !ad.Granted || managerLock(ad) || strings.HasPrefix(ad.Name, "lease acquire") {
+			continue
 		}
-		if ad.Granted {
-			if !strings.HasPrefix(ad.Name, "lease acquire") {
-				st.Holders = append(st.Holders, serveHolder{Kind: "advisory", KeyHash: ad.Key, Key: keyIf(ad.Name),
-					Holders: []string{fmt.Sprintf("%d %s", ad.PID, dash(ad.Application))}})
-			}
+		hs = append(hs, serveHolder{Kind: "advisory", KeyHash: ad.Key, Key: p.key(ad.Name),
+			Holders: []string{fmt.Sprintf("%d %s", ad.PID, dash(ad.Application))}})
+	}
+	return hs
+}
+
+// managerLock: a waiting or watching Manager's lock (listed as waiting
+// Managers, not as a lock).
+func managerLock(ad advisoryView) bool {
+	return strings.HasPrefix(ad.Name, "waiting Manager") || strings.HasPrefix(ad.Name, "watching Manager")
+}
+
+// waiters are the snapshot's waiters, oldest first: acquires waiting in
+// the database, sessions waiting for advisory locks, waiting Managers.
+func (p pageKeys) waiters(v *snapshotView) []serveWaiter {
+	ws := []serveWaiter{}
+	for _, ad := range v.Advisory {
+		if ad.Granted || managerLock(ad) {
 			continue
 		}
 		w := serveWaiter{What: dash(ad.Name), PID: ad.PID, Process: dash(ad.Application), WaitingMs: ad.WaitingMs}
-		if strings.HasPrefix(ad.Name, "lease acquire ") {
-			w.What = "acquire in the database"
-			w.KeyHash = strings.TrimPrefix(ad.Name, "lease acquire ")
-			w.Key = keyIf(keyOf[w.KeyHash])
+		if h, ok := strings.CutPrefix(ad.Name, "lease acquire "); ok {
+			w.What, w.KeyHash = "acquire in the database", h
+			w.Key = p.key(p.keyOf[h])
 		} else {
 			w.KeyHash = ad.Key
 		}
-		st.Waiters = append(st.Waiters, w)
+		ws = append(ws, w)
 	}
 	for _, m := range v.WaitingManagers {
 		for i, pid := range m.PIDs {
@@ -357,71 +404,52 @@ func (s *server) apply(v *snapshotView) {
 			}
 			if len(m.KeyHashes) > 0 {
 				w.KeyHash = m.KeyHashes[0]
-				w.Key = keyIf(keyOf[w.KeyHash])
+				w.Key = p.key(p.keyOf[w.KeyHash])
 			}
-			st.Waiters = append(st.Waiters, w)
+			ws = append(ws, w)
 		}
 	}
 	// Oldest wait first (a waiting Manager's start is not known: last).
-	slices.SortStableFunc(st.Waiters, func(a, b serveWaiter) int {
-		switch {
-		case a.WaitingMs > b.WaitingMs:
-			return -1
-		case a.WaitingMs < b.WaitingMs:
-			return 1
-		}
-		return 0
-	})
-	waiting = len(st.Waiters)
-	st.Counts["held"] = len(st.Holders)
-	st.Counts["waiting"] = waiting
-	st.Counts["leases_live"] = v.Leases.Live
+	slices.SortStableFunc(ws, func(a, b serveWaiter) int { return cmp.Compare(b.WaitingMs, a.WaitingMs) })
+	return ws
+}
 
-	// Events: what changed since the last refresh.
-	if s.started {
-		revokedNow := map[string]bool{}
-		for _, m := range v.Marks {
-			if m.Mark == markLockDelay && m.Source == "revoke" {
-				revokedNow[m.KeyHash] = true
-			}
-		}
-		for h, c := range cur {
-			p, ok := s.prev[h]
-			switch {
-			case c.live && (!ok || !p.live):
-				s.event(serveEvent{Time: now, Kind: "granted", KeyHash: h, Key: keyIf(c.key), Holder: c.holder, Fence: c.fence})
-			case c.live && p.fence != c.fence:
-				s.event(serveEvent{Time: now, Kind: "changed_hands", KeyHash: h, Key: keyIf(c.key), Holder: c.holder, Fence: c.fence,
-					Detail: "from " + dash(p.holder)})
-			case !c.live && ok && p.live:
-				s.event(serveEvent{Time: now, Kind: "expired", KeyHash: h, Key: keyIf(c.key), Holder: p.holder, Fence: p.fence,
-					Detail: "not released before its expiry: its holder lost it"})
-			}
-		}
-		for h, p := range s.prev {
-			if _, ok := cur[h]; ok || !p.live {
-				continue
-			}
-			e := serveEvent{Time: now, Kind: "released", KeyHash: h, Key: keyIf(p.key), Holder: p.holder, Fence: p.fence}
-			switch {
-			case revokedNow[h]:
-				e.Kind, e.Detail = "revoked", "deleted by a revoke; its holder is told (ErrRevoked)"
-			case !p.expiresAt.After(now):
-				e.Kind, e.Detail = "expired", "not released before its expiry: its holder lost it"
-			}
-			s.event(e)
+// changes records the events between the last snapshot's leases (s.prev)
+// and this one's (cur): grants, hand-overs, expiries, releases, revokes.
+func (s *server) changes(v *snapshotView, cur map[string]leaseSeen, p pageKeys) {
+	now := v.Time
+	for h, c := range cur {
+		prev, ok := s.prev[h]
+		switch {
+		case c.live && (!ok || !prev.live):
+			s.event(serveEvent{Time: now, Kind: "granted", KeyHash: h, Key: p.key(c.key), Holder: c.holder, Fence: c.fence})
+		case c.live && prev.fence != c.fence:
+			s.event(serveEvent{Time: now, Kind: "changed_hands", KeyHash: h, Key: p.key(c.key), Holder: c.holder, Fence: c.fence,
+				Detail: "from " + dash(prev.holder)})
+		case !c.live && ok && prev.live:
+			s.event(serveEvent{Time: now, Kind: "expired", KeyHash: h, Key: p.key(c.key), Holder: prev.holder, Fence: prev.fence,
+				Detail: "not released before its expiry: its holder lost it"})
 		}
 	}
-	s.started = true
-	s.prev = cur
-	s.keyOf = keyOf
-	s.hist = append(s.hist, servePoint{Time: now, Waiting: waiting, Held: len(st.Holders)})
-	for len(s.hist) > 0 && now.Sub(s.hist[0].Time) > s.history {
-		s.hist = s.hist[1:]
+	revokedNow := map[string]bool{}
+	for _, m := range v.Marks {
+		if m.Mark == markLockDelay && m.Source == "revoke" {
+			revokedNow[m.KeyHash] = true
+		}
 	}
-	st.History = slices.Clone(s.hist)
-	st.Events = slices.Clone(s.events)
-	s.state = st
+	for h, prev := range s.prev {
+		if _, ok := cur[h]; ok || !prev.live {
+			continue
+		}
+		e := serveEvent{Time: now, Kind: "released", KeyHash: h, Key: p.key(prev.key), Holder: prev.holder, Fence: prev.fence}
+		switch {
+		case revokedNow[h]:
+			e.Kind, e.Detail = "revoked", "deleted by a revoke; its holder is told (ErrRevoked)"
+		case !prev.expiresAt.After(now):
+			e.Kind, e.Detail = "expired", "not released before its expiry: its holder lost it"
+		}
+		s.event(e)
+	}
 }
 
 // event records e, newest first, keeping at most maxServeEvents within

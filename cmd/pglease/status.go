@@ -99,31 +99,40 @@ func (a *app) loadRegistry(o *viewOpts) (*advisory.Registry, error) {
 			return nil, fail(exitUsage, "--derive %s: %v", name, err)
 		}
 	}
-	if name := o.deriveStdin; name != "" {
-		if a.stdinTerminal {
-			fmt.Fprintf(a.stderr, "reading inputs for %s from stdin, one per line; end with Ctrl-D\n", name)
-		}
-		sc := bufio.NewScanner(a.stdin)
-		sc.Buffer(make([]byte, 0, 4096), 1<<20)
-		n := 0
-		for line := 1; sc.Scan(); line++ {
-			input := strings.TrimSuffix(sc.Text(), "\r")
-			if input == "" {
-				continue
-			}
-			if err := derive(reg, name, input, o.deriveSep); err != nil {
-				return nil, fail(exitUsage, "--derive-stdin %s: line %d: %v", name, line, err)
-			}
-			n++
-		}
-		if err := sc.Err(); err != nil {
-			return nil, fail(exitUsage, "--derive-stdin %s: reading stdin: %v", name, err)
-		}
-		if n == 0 {
-			return nil, fail(exitUsage, "--derive-stdin %s: no input on stdin (one per line)", name)
+	if o.deriveStdin != "" {
+		if err := a.deriveStdin(reg, o.deriveStdin, o.deriveSep); err != nil {
+			return nil, err
 		}
 	}
 	return reg, nil
+}
+
+// deriveStdin derives, for the pattern name, the key of each line of
+// stdin (a hint goes to stderr when stdin is a terminal).
+func (a *app) deriveStdin(reg *advisory.Registry, name, sep string) error {
+	if a.stdinTerminal {
+		fmt.Fprintf(a.stderr, "reading inputs for %s from stdin, one per line; end with Ctrl-D\n", name)
+	}
+	sc := bufio.NewScanner(a.stdin)
+	sc.Buffer(make([]byte, 0, 4096), 1<<20)
+	n := 0
+	for line := 1; sc.Scan(); line++ {
+		input := strings.TrimSuffix(sc.Text(), "\r")
+		if input == "" {
+			continue
+		}
+		if err := derive(reg, name, input, sep); err != nil {
+			return fail(exitUsage, "--derive-stdin %s: line %d: %v", name, line, err)
+		}
+		n++
+	}
+	if err := sc.Err(); err != nil {
+		return fail(exitUsage, "--derive-stdin %s: reading stdin: %v", name, err)
+	}
+	if n == 0 {
+		return fail(exitUsage, "--derive-stdin %s: no input on stdin (one per line)", name)
+	}
+	return nil
 }
 
 // derive names in reg the key the pattern name derives from input: the
