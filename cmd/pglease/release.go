@@ -222,7 +222,7 @@ func (r *revocation) notLive(ctx context.Context, list *store.LeaseList, row sto
 			return err
 		}
 		if len(holds) > 0 {
-			return r.a.revokeShared(ctx, r.pool, r.cfg, r.key, holds, r.delay, r.force, r.yes)
+			return r.revokeShared(ctx, holds)
 		}
 	}
 	switch {
@@ -347,60 +347,67 @@ func (a *app) sharedHolds(ctx context.Context, pool *pgxpool.Pool, st *store.Sto
 // revokeShared revokes the shared holds shown (readers or permits of
 // key), each by its id, in one transaction that commits only when every
 // one of them was revoked.
-func (a *app) revokeShared(ctx context.Context, pool *pgxpool.Pool, cfg store.Config, key string, holds []sharedHoldView, delay time.Duration, force, yes bool) error {
-	hash := pglease.HashKey(mustNFC(key))
+func (r *revocation) revokeShared(ctx context.Context, holds []sharedHoldView) error {
+	a := r.a
+	hash := pglease.HashKey(mustNFC(r.key))
 	var list []string
 	for _, h := range holds {
 		list = append(list, fmt.Sprintf("id %s (holder %s, fence %s, expires %s)", h.LockIDHash, dash(h.Holder), fenceNum(h.Fence), expires(h.ExpiresInMs, true)))
 	}
 	after := ""
-	if delay > 0 {
-		after = fmt.Sprintf(" No acquire (exclusive or shared) takes the key for %s after the revoke (--delay).", short(delay))
+	if r.delay > 0 {
+		after = fmt.Sprintf(" No acquire (exclusive or shared) takes the key for %s after the revoke (--delay).", short(r.delay))
 	}
 	consequence := fmt.Sprintf("each holder loses its hold at once: a pglease Manager listening on channel %s is told and ends the lock's Context "+
 		"with ErrRevoked (CodeRevoked) right away; one that does not hear it sees its lock lost (ErrLockLost) at its next extend, within a third "+
-		"of its TTL. Their places are free for other acquirers at once.%s", cfg.NotifyChannel, after)
+		"of its TTL. Their places are free for other acquirers at once.%s", r.cfg.NotifyChannel, after)
 	what := fmt.Sprintf("%d shared hold(s) of %s: %s", len(holds), hash, strings.Join(list, "; "))
-	if !force {
+	if !r.force {
 		return fail(exitRefused, "refusing: %s. Revoking: %s Rerun with --force to revoke (--hold ID picks one; --request asks the holders instead).",
 			what, consequence)
 	}
 	fmt.Fprintf(a.stderr, "%s.\nIf revoked, %s\n", what, consequence)
-	if !yes && !a.confirm("Revoke them?") {
+	if !r.yes && !a.confirm("Revoke them?") {
 		return fail(exitRefused, "not revoked (not confirmed; --yes skips the question)")
 	}
 	reqs := make([]store.RevokeRequest, len(holds))
 	ids := make([]string, len(holds))
 	for i, h := range holds {
-		reqs[i] = store.RevokeRequest{Key: mustNFC(key), Hold: h.LockIDHash, Delay: delay}
+		reqs[i] = store.RevokeRequest{Key: mustNFC(r.key), Hold: h.LockIDHash, Delay: r.delay}
 		ids[i] = h.LockIDHash
 	}
-	n, until, err := revokeHolds(ctx, pool, cfg, reqs)
-	result := "revoked"
-	switch {
-	case err != nil:
-		result = "error"
-	case n < len(holds):
-		result = "not revoked: some holds ended meanwhile"
-	}
-	attrs := []any{"action", "revoke_shared", "key_hash", hash, "lock_id_hashes", ids, "forced", true, "delay", delay.String(),
-		"notify_channel", cfg.NotifyChannel}
-	if err == nil && n == len(holds) && !until.IsZero() {
-		attrs = append(attrs, "not_grantable_before", until.UTC().Format(time.RFC3339Nano))
-	}
-	a.auditLogger().Info("pglease release", append(attrs, "operator", operator(), "result", result)...)
+	n, until, err := revokeHolds(ctx, r.pool, r.cfg, reqs)
+	r.auditShared(hash, ids, n, until, err)
 	switch {
 	case err != nil:
 		return err
 	case n < len(holds):
 		return fail(exitNotFound, "%d of the %d holds shown were released or expired meanwhile: nothing revoked; run again", len(holds)-n, len(holds))
 	}
-	fmt.Fprintf(a.stdout, "revoked %d shared hold(s) of %s (%s); their holders were told on channel %s", n, hash, strings.Join(ids, ", "), cfg.NotifyChannel)
+	fmt.Fprintf(a.stdout, "revoked %d shared hold(s) of %s (%s); their holders were told on channel %s", n, hash, strings.Join(ids, ", "), r.cfg.NotifyChannel)
 	if !until.IsZero() {
 		fmt.Fprintf(a.stdout, "; not grantable before %s", until.UTC().Format(time.RFC3339Nano))
 	}
 	fmt.Fprintln(a.stdout)
 	return nil
+}
+
+// auditShared writes the audit record of a revoke of the shared holds
+// ids of the key hash: n of them revoked, the delay's end until.
+func (r *revocation) auditShared(hash string, ids []string, n int, until time.Time, err error) {
+	result := "revoked"
+	switch {
+	case err != nil:
+		result = "error"
+	case n < len(ids):
+		result = "not revoked: some holds ended meanwhile"
+	}
+	attrs := []any{"action", "revoke_shared", "key_hash", hash, "lock_id_hashes", ids, "forced", true, "delay", r.delay.String(),
+		"notify_channel", r.cfg.NotifyChannel}
+	if err == nil && n == len(ids) && !until.IsZero() {
+		attrs = append(attrs, "not_grantable_before", until.UTC().Format(time.RFC3339Nano))
+	}
+	r.a.auditLogger().Info("pglease release", append(attrs, "operator", operator(), "result", result)...)
 }
 
 // revokeHolds runs reqs (holds named) in a transaction, committed only
