@@ -9,7 +9,14 @@ import (
 // The model: one snapshot of the locks (collect reads it), the types
 // status, inspect and serve show it with. Their JSON field names and
 // order are what status --json and inspect --json print: scripts read
-// them, so they do not change.
+// them, so they do not change (TestJSONShape).
+//
+// Where the rest lives: commands.go is the table of subcommands (dispatch
+// and help); collect.go and kinds.go read the snapshot; status_text.go
+// (status), inspect.go (inspect's keyView) and serve.go (the page's
+// serveState) are its views, each JSON view the model encoded as it is;
+// release.go, schema.go and doctor.go (whose findings are its own model,
+// doctorReport) are the commands that act or check.
 
 // leaseView is one lease as status and inspect print it.
 type leaseView struct {
