@@ -33,7 +33,7 @@ func TestSameOutputAsReference(t *testing.T) {
 		live, rw, sem, revoked, expired, delayed, watched, waited, free = "ref:live", "ref:rw", "ref:sem", "ref:revoked", "ref:expired",
 			"ref:delayed", "ref:watched", "ref:waited", "ref:free"
 	)
-	w.acquire(t, live, time.Minute)
+	w.acquire(t, live, 10*time.Minute)
 	w.share(t, "reader[101]@web-1", rw, 0)
 	w.share(t, "reader[102]@web-2", rw, 0)
 	w.share(t, "worker[201]@job-1", sem, 3)
@@ -60,8 +60,8 @@ func TestSameOutputAsReference(t *testing.T) {
 	if ok, err := store.RegisterWaiters(c, wconn.Conn(), []string{waited}); err != nil || !ok[0] {
 		t.Fatal(ok, err)
 	}
-	w.acquire(t, watched, time.Minute)
-	w.acquire(t, waited, time.Minute)
+	w.acquire(t, watched, 10*time.Minute)
+	w.acquire(t, waited, 10*time.Minute)
 	owner, err := pgxpool.New(c, w.ownerURL)
 	if err != nil {
 		t.Fatal(err)
