@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"math"
@@ -71,35 +72,52 @@ func gravity(level string) int {
 // have: fence counters are never deleted.
 var fenceNever = []string{"DELETE", "TRUNCATE"}
 
-func (a *app) doctor(ctx context.Context, args []string) error {
-	fs := a.flags("doctor", "")
-	role := fs.String("role", "", "check the privileges of this `ROLE` (default: the role the connection string logs in as, which should be the runtime role)")
-	channel := fs.String("notify-channel", manager.DefaultNotifyChannel, "the Managers' notify channel (manager.Config.NotifyChannel), for the release trigger's check")
-	var listenURL string
-	fs.Var(secretString{&listenURL}, "listen-url", "the Managers' manager.Config.ListenConnString, if they set one: the LISTEN path is checked through it too (never printed)")
-	asJSON := fs.Bool("json", false, "print the findings as JSON")
-	if err := parse(fs, args); err != nil {
+// doctorCmd is pglease doctor: the checks, and what to do for each.
+type doctorCmd struct {
+	a                        *app
+	role, channel, listenURL string
+	asJSON                   bool
+}
+
+func doctorFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &doctorCmd{a: a}
+	fs.StringVar(&c.role, "role", "", "check the privileges of this `ROLE` (default: the role the connection string logs in as, which should be the runtime role)")
+	fs.StringVar(&c.channel, "notify-channel", manager.DefaultNotifyChannel, "the Managers' notify channel (manager.Config.NotifyChannel), for the release trigger's check")
+	fs.Var(secretString{&c.listenURL}, "listen-url", "the Managers' manager.Config.ListenConnString, if they set one: the LISTEN path is checked through it too (never printed)")
+	fs.BoolVar(&c.asJSON, "json", false, "print the findings as JSON")
+	return c.run
+}
+
+// check checks doctor's flags and arguments, without any I/O; it parses
+// --listen-url (nil without it).
+func (c *doctorCmd) check(args []string) (*pgx.ConnConfig, error) {
+	if len(args) != 0 {
+		return nil, fail(exitUsage, "doctor takes no arguments (got %q)", args[0])
+	}
+	if err := store.CheckChannel("pglease doctor", c.channel); err != nil {
+		return nil, fail(exitUsage, "bad --notify-channel: %v", err)
+	}
+	if len(c.role) > 63 || strings.ContainsAny(c.role, "\x00") {
+		return nil, fail(exitUsage, "bad --role: at most 63 bytes")
+	}
+	if c.listenURL == "" {
+		return nil, nil
+	}
+	if err := checkAuthority(c.listenURL); err != nil {
+		return nil, err
+	}
+	cfg, err := pgx.ParseConfig(c.listenURL)
+	if err != nil {
+		return nil, fail(exitUsage, "bad --listen-url: %s", parseReason(err))
+	}
+	return cfg, nil
+}
+
+func (c *doctorCmd) run(ctx context.Context, args []string) error {
+	a := c.a
+	listenCfg, err := c.check(args)
+	if err != nil {
 		return err
-	}
-	if fs.NArg() != 0 {
-		return fail(exitUsage, "doctor takes no arguments (got %q)", fs.Arg(0))
-	}
-	if err := store.CheckChannel("pglease doctor", *channel); err != nil {
-		return fail(exitUsage, "bad --notify-channel: %v", err)
-	}
-	if len(*role) > 63 || strings.ContainsAny(*role, "\x00") {
-		return fail(exitUsage, "bad --role: at most 63 bytes")
-	}
-	var listenCfg *pgx.ConnConfig
-	if listenURL != "" {
-		if err := checkAuthority(listenURL); err != nil {
-			return err
-		}
-		c, err := pgx.ParseConfig(listenURL)
-		if err != nil {
-			return fail(exitUsage, "bad --listen-url: %s", parseReason(err))
-		}
-		listenCfg = c
 	}
 	pool, st, err := a.connect(ctx)
 	if err != nil {
@@ -112,10 +130,10 @@ func (a *app) doctor(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	d := &doctorRun{pool: pool, st: st, mg: mg, n: st.Names(), role: *role, channel: *channel, listenCfg: listenCfg,
-		secrets: append(passwords(a.c.url), passwords(listenURL)...)}
+	d := &doctorRun{pool: pool, st: st, mg: mg, n: st.Names(), role: c.role, channel: c.channel, listenCfg: listenCfg,
+		secrets: append(passwords(a.c.url), passwords(c.listenURL)...)}
 	rep := d.run(dctx)
-	if *asJSON {
+	if c.asJSON {
 		enc := json.NewEncoder(a.stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(rep); err != nil {
@@ -276,7 +294,7 @@ func (d *doctorRun) privileges(ctx context.Context) {
 		return
 	}
 	api := apiObjects(d.n)
-	var missing, extra, optional []string
+	var missing, optional []string
 	for _, l := range lacks {
 		if api(l) {
 			optional = append(optional, l)
@@ -284,17 +302,10 @@ func (d *doctorRun) privileges(ctx context.Context) {
 			missing = append(missing, l)
 		}
 	}
-	if ok, err := d.regclass(ctx, d.n.Fence); err == nil && ok {
-		for _, p := range fenceNever {
-			var has bool
-			if err := d.pool.QueryRow(ctx, "SELECT has_table_privilege($1, $2, $3)", role, d.n.Fence, p).Scan(&has); err != nil {
-				d.errf(check, err)
-				return
-			}
-			if has {
-				extra = append(extra, p+" on the fence counter table "+d.n.Fence)
-			}
-		}
+	extra, err := d.fenceExtras(ctx, role)
+	if err != nil {
+		d.errf(check, err)
+		return
 	}
 	switch {
 	case len(missing) > 0:
@@ -309,6 +320,25 @@ func (d *doctorRun) privileges(ctx context.Context) {
 	default:
 		d.add(check, levelOK, fmt.Sprintf("role %q has every privilege pglease needs (pg/migrate/sql/roles.sql), and no DELETE or TRUNCATE on the fence counter table", role), "")
 	}
+}
+
+// fenceExtras are the privileges on the fence counter table (when it
+// exists) that role must not have (fenceNever).
+func (d *doctorRun) fenceExtras(ctx context.Context, role string) ([]string, error) {
+	var extra []string
+	if ok, err := d.regclass(ctx, d.n.Fence); err != nil || !ok {
+		return nil, nil
+	}
+	for _, p := range fenceNever {
+		var has bool
+		if err := d.pool.QueryRow(ctx, "SELECT has_table_privilege($1, $2, $3)", role, d.n.Fence, p).Scan(&has); err != nil {
+			return nil, err
+		}
+		if has {
+			extra = append(extra, p+" on the fence counter table "+d.n.Fence)
+		}
+	}
+	return extra, nil
 }
 
 // apiObjects reports whether a line of MissingPrivileges names one of

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,109 +19,6 @@ import (
 // ({lock}_shared), the holder table's exclusive-waiting mark and lock
 // delays, and the tables Migrator.Guard guards. Each is read only when
 // its table or columns exist, so older schemas show what they have.
-
-// sharedHoldView is one live shared hold: a reader or a semaphore permit.
-type sharedHoldView struct {
-	// LockIDHash is pglease.HashKey of the hold's lockId: the id that
-	// release --key KEY --hold ID revokes (or asks) alone.
-	LockIDHash  string    `json:"lock_id_hash"`
-	Holder      string    `json:"holder"`
-	Fence       string    `json:"fence"`
-	AcquiredAt  time.Time `json:"acquired_at"`
-	ExpiresAt   time.Time `json:"expires_at"`
-	ExpiresInMs int64     `json:"expires_in_ms"`
-	lockID      string    // the raw lockId: a bearer secret, never shown
-}
-
-// sharedKeyView is the live shared holds of one key.
-type sharedKeyView struct {
-	KeyHash string `json:"key_hash"`
-	Key     string `json:"key,omitempty"`
-	// Kind is "readers" (holders of a reader-writer lease's read side,
-	// Limit 0: any number) or "permits" (of a counting semaphore of
-	// Limit); "none" in inspect for a key without shared holds.
-	Kind  string `json:"kind"`
-	Count int    `json:"count"`
-	Limit int    `json:"limit"`
-	// AcquiresWaiting counts acquires of the key waiting in the database
-	// (as a lease row's), for a key without an exclusive row.
-	AcquiresWaiting int `json:"acquires_waiting"`
-	// Holders are the holds shown (all of them, but for --limit), the
-	// latest-expiring first.
-	Holders     []sharedHoldView `json:"holders"`
-	advisoryKey int64
-}
-
-// held says how many of the key's shared holds there are.
-func (g *sharedKeyView) held() string {
-	switch {
-	case g.Count == 0:
-		return "none"
-	case g.Limit == 0:
-		return fmt.Sprintf("%d reader(s) (no limit)", g.Count)
-	case g.Count >= g.Limit:
-		return fmt.Sprintf("%d of %d permits (full)", g.Count, g.Limit)
-	}
-	return fmt.Sprintf("%d of %d permits", g.Count, g.Limit)
-}
-
-// sharedSection is status's shared holds.
-type sharedSection struct {
-	// Live counts every live shared hold, on Keys keys, listed or not.
-	Live int             `json:"live"`
-	Keys int             `json:"keys"`
-	Rows []sharedKeyView `json:"rows"`
-}
-
-// The marks of a key (markView.Mark).
-const (
-	markExclusiveWaiting = "exclusive_waiting"
-	markLockDelay        = "lock_delay"
-)
-
-// markView is a key that no acquire of some kind may take now although
-// nobody may hold it: a writer's exclusive-waiting mark (shared acquires
-// are refused until it lapses) or a lock delay in force (no acquire at
-// all until then).
-type markView struct {
-	KeyHash string    `json:"key_hash"`
-	Key     string    `json:"key,omitempty"`
-	Mark    string    `json:"mark"` // markExclusiveWaiting or markLockDelay
-	Until   time.Time `json:"until"`
-	InMs    int64     `json:"in_ms"`
-	// Source, for a lock delay: "revoke" (a revoke's or an operator's
-	// release's delay) or "expired_lease" (the expired lease's own lock
-	// delay, manager.WithLockDelay).
-	Source string `json:"source,omitempty"`
-}
-
-func (m *markView) what() string {
-	switch {
-	case m.Mark == markExclusiveWaiting:
-		return "exclusive waiting"
-	case m.Source == "revoke":
-		return "lock delay (revoke)"
-	}
-	return "lock delay (expired lease)"
-}
-
-func (m *markView) meaning() string {
-	if m.Mark == markExclusiveWaiting {
-		return "a writer waits for the key; new shared holds are refused until then (it lapses unless the writer tries again)"
-	}
-	return "not grantable before then, to anyone"
-}
-
-// guardedView is a table the database guard (migrate.Migrator.Guard)
-// guards: its writes need a live exclusive lease of the row's key, the
-// value of KeyColumn.
-type guardedView struct {
-	Table     string `json:"table"` // schema.table
-	KeyColumn string `json:"key_column"`
-	// Enabled is false when the trigger is disabled (ALTER TABLE …
-	// DISABLE TRIGGER): writes are then not checked.
-	Enabled bool `json:"enabled"`
-}
 
 const nowMsSQL = "floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint"
 
@@ -293,35 +189,4 @@ func sortedMarks(m map[string]*keyMarks) []markView {
 		out = append(out, m[h].marks...)
 	}
 	return out
-}
-
-// until says when a mark ends, absolutely and relative to now.
-func until(t, now time.Time) string {
-	return fmt.Sprintf("%s (in %s)", t.Format("2006-01-02 15:04:05 MST"), short(t.Sub(now)))
-}
-
-// fenceNum is a 15-digit fence without its leading zeros ("0" for 0: a
-// reader of a key never granted).
-func fenceNum(f string) string {
-	if s := strings.TrimLeft(f, "0"); s != "" {
-		return s
-	}
-	return "0"
-}
-
-// guardedLine is one guarded table for people.
-func (g guardedView) String() string {
-	s := g.Table + " (key column " + g.KeyColumn + ")"
-	if !g.Enabled {
-		s += " (trigger disabled: writes not checked)"
-	}
-	return s
-}
-
-func joinGuarded(gs []guardedView) string {
-	s := make([]string, len(gs))
-	for i, g := range gs {
-		s[i] = g.String()
-	}
-	return strings.Join(s, "; ")
 }

@@ -162,42 +162,11 @@ func isTerminal(f *os.File) bool {
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
 }
 
-const usage = `usage: pglease [flags] COMMAND [command flags] [args]
-
-commands:
-  status          every lease and every advisory lock, with waiters and waiting Managers,
-                  shared holds, marks and lock delays, watching Managers, guarded tables,
-                  and the schema's missing parts (--json, --watch)
-  inspect KEY     one key: exclusive holder, fence, fence counter, expiry, shared holds,
-                  exclusive waiting, lock delay, acquires and Managers waiting or watching
-  release         revoke a lease (--key K | --lock-id ID; its holder is told at once;
-                  --delay D: no grant for D), ask the holders to release (--key K --request),
-                  or end an advisory holder's session (--pid PID);
-                  confirmation or --yes; --force for a live lease
-  setup           bring the schema to the version this pglease needs
-  migrate         migrate the schema (--to N, --designs, --drop-tables)
-  version         this pglease's version, the schema version it needs (and the database's)
-  sql             print SQL: schema (default) | migrations [--down] | designs [--down] | roles
-  doctor          check the server, schema, runtime role's privileges (--role), release trigger,
-                  LISTEN path (--listen-url), replication and clock; what to do for each (--json)
-  serve           a live page on 127.0.0.1:7432 (--addr): holders, waiters in order, contention,
-                  events; read-only unless --allow-revoke with a token (--token-file)
-
-flags (before or after the command):
-  --database-url URL   pgx connection string (default $DATABASE_URL)
-  --lock-table NAME    lock table (default syncguard_locks)
-  --fence-table NAME   fence counter table (default syncguard_fence_counters)
-  --timeout D          bound on the database work (default 10s)
-
-exit codes: 0 done, 1 failed, 2 usage, 3 not found, 4 refused, 5 schema missing or not current (run: pglease setup),
-  6 doctor found something worth a look, 7 doctor found something to fix
-`
-
 func (a *app) run(ctx context.Context, args []string) int {
 	a.c = common{url: os.Getenv("DATABASE_URL"), timeout: 10 * time.Second}
 	fs := flag.NewFlagSet("pglease", flag.ContinueOnError)
 	fs.SetOutput(a.stderr)
-	fs.Usage = func() { fmt.Fprint(a.stderr, usage) }
+	fs.Usage = func() { fmt.Fprint(a.stderr, usage()) }
 	a.c.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -207,20 +176,15 @@ func (a *app) run(ctx context.Context, args []string) int {
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		fmt.Fprint(a.stderr, usage)
+		fmt.Fprint(a.stderr, usage())
 		return exitUsage
 	}
-	cmds := map[string]func(context.Context, []string) error{
-		"status": a.status, "inspect": a.inspect, "release": a.release, "setup": a.setup,
-		"migrate": a.migrate, "version": a.version, "sql": a.sql, "doctor": a.doctor, "serve": a.serve,
-		"help": func(context.Context, []string) error { fmt.Fprint(a.stdout, usage); return nil },
-	}
-	cmd, ok := cmds[rest[0]]
+	cmd, ok := lookup(rest[0])
 	if !ok {
-		fmt.Fprintf(a.stderr, "pglease: unknown command %q\n\n%s", rest[0], usage)
+		fmt.Fprintf(a.stderr, "pglease: unknown command %q\n\n%s", rest[0], usage())
 		return exitUsage
 	}
-	err := cmd(ctx, rest[1:])
+	err := a.runCommand(ctx, cmd, rest[1:])
 	if err == nil {
 		return exitOK
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	iofs "io/fs"
 	"path"
@@ -14,12 +15,10 @@ import (
 	"github.com/pglease/pglease/pg/migrate"
 )
 
+func setupFlags(a *app, _ *flag.FlagSet) runFunc { return a.setup }
+
 func (a *app) setup(ctx context.Context, args []string) error {
-	fs := a.flags("setup", "")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
+	if len(args) != 0 {
 		return fail(exitUsage, "setup takes no arguments")
 	}
 	pool, st, err := a.connect(ctx)
@@ -52,26 +51,44 @@ func (a *app) setup(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (a *app) migrate(ctx context.Context, args []string) error {
-	fs := a.flags("migrate", "")
-	to := fs.Int("to", migrate.Latest, "target version (0 removes pglease's objects; SyncGuard's tables stay unless --drop-tables)")
-	drop := fs.Bool("drop-tables", false, "at version 0, also drop SyncGuard's lock and fence counter tables (fence counters are lost)")
-	designs := fs.Bool("designs", false, "migrate the optional design functions (email_to_lock_id, …) instead: --to 1 installs, --to 0 removes")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
+// migrateCmd is pglease migrate: the schema, or the design functions, to
+// a version.
+type migrateCmd struct {
+	a             *app
+	to            int
+	drop, designs bool
+}
+
+func migrateFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &migrateCmd{a: a}
+	fs.IntVar(&c.to, "to", migrate.Latest, "target version (0 removes pglease's objects; SyncGuard's tables stay unless --drop-tables)")
+	fs.BoolVar(&c.drop, "drop-tables", false, "at version 0, also drop SyncGuard's lock and fence counter tables (fence counters are lost)")
+	fs.BoolVar(&c.designs, "designs", false, "migrate the optional design functions (email_to_lock_id, …) instead: --to 1 installs, --to 0 removes")
+	return c.run
+}
+
+// check checks migrate's flags and arguments, without any I/O.
+func (c *migrateCmd) check(args []string) error {
+	if len(args) != 0 {
 		return fail(exitUsage, "migrate takes no arguments")
 	}
-	if *designs {
-		if *to != 0 && *to != 1 && *to != migrate.Latest {
+	if c.designs {
+		if c.to != 0 && c.to != 1 && c.to != migrate.Latest {
 			return fail(exitUsage, "--designs: --to must be 1 (install) or 0 (remove)")
 		}
-	} else if *to < 0 || *to > migrate.Latest {
+	} else if c.to < 0 || c.to > migrate.Latest {
 		return fail(exitUsage, "--to must be 0..%d", migrate.Latest)
 	}
-	if *drop && (*to != 0 || *designs) {
+	if c.drop && (c.to != 0 || c.designs) {
 		return fail(exitUsage, "--drop-tables only with --to 0")
+	}
+	return nil
+}
+
+func (c *migrateCmd) run(ctx context.Context, args []string) error {
+	a := c.a
+	if err := c.check(args); err != nil {
+		return err
 	}
 	pool, st, err := a.connect(ctx)
 	if err != nil {
@@ -80,33 +97,39 @@ func (a *app) migrate(ctx context.Context, args []string) error {
 	defer pool.Close()
 	cctx, cancel := a.withTimeout(ctx)
 	defer cancel()
-	if *designs {
-		file, what := "designs/migrations/0001_advisory_design_functions.up.sql", "installed"
-		if *to == 0 {
-			file, what = "designs/migrations/0001_advisory_design_functions.down.sql", "removed"
-		}
-		sql, err := a.sqlFile(file)
-		if err != nil {
-			return err
-		}
-		if _, err := pool.Exec(cctx, sql); err != nil {
-			return err
-		}
-		fmt.Fprintf(a.stderr, "design functions %s\n", what)
-		return nil
+	if c.designs {
+		return c.migrateDesigns(cctx, pool)
 	}
 	before, _, err := st.ReadVersion(cctx, "migrate.Version")
 	if err != nil {
 		return err
 	}
-	if err := a.migrateTo(cctx, pool, *to, *drop); err != nil {
+	if err := a.migrateTo(cctx, pool, c.to, c.drop); err != nil {
 		return err
 	}
-	fmt.Fprintf(a.stderr, "schema migrated from version %d to %d", before, *to)
-	if *to == 0 && !*drop {
+	fmt.Fprintf(a.stderr, "schema migrated from version %d to %d", before, c.to)
+	if c.to == 0 && !c.drop {
 		fmt.Fprint(a.stderr, " (SyncGuard's tables and fence counters kept)")
 	}
 	fmt.Fprintln(a.stderr)
+	return nil
+}
+
+// migrateDesigns installs (--to 1) or removes (--to 0) the design
+// functions.
+func (c *migrateCmd) migrateDesigns(ctx context.Context, pool *pgxpool.Pool) error {
+	file, what := "designs/migrations/0001_advisory_design_functions.up.sql", "installed"
+	if c.to == 0 {
+		file, what = "designs/migrations/0001_advisory_design_functions.down.sql", "removed"
+	}
+	sql, err := c.a.sqlFile(file)
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, sql); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.a.stderr, "design functions %s\n", what)
 	return nil
 }
 
@@ -154,12 +177,10 @@ func buildVersion() string {
 // version prints the binary's version and the schema version it needs,
 // without a database; with one (DATABASE_URL or --database-url), also
 // the schema's version, exiting 5 when it is not current.
+func versionFlags(a *app, _ *flag.FlagSet) runFunc { return a.version }
+
 func (a *app) version(ctx context.Context, args []string) error {
-	fs := a.flags("version", "")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
+	if len(args) != 0 {
 		return fail(exitUsage, "version takes no arguments")
 	}
 	if err := a.checkLocal(); err != nil {
@@ -203,22 +224,32 @@ func (a *app) version(ctx context.Context, args []string) error {
 	return fail(exitSchema, "")
 }
 
-func (a *app) sql(_ context.Context, args []string) error {
-	fs := a.flags("sql", "[schema | migrations | designs | roles]")
-	down := fs.Bool("down", false, "migrations, designs: print the down SQL (newest first)")
-	owner := fs.String("owner", "", "roles: the owner role (with --runtime, --schema, --database: the grants ready to run; without: the psql script)")
-	runtime := fs.String("runtime", "", "roles: the runtime role")
-	schema := fs.String("schema", "", "roles: the schema holding the tables")
-	database := fs.String("database", "", "roles: the database")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
+// sqlCmd is pglease sql: the SQL of the schema, the migrations, the
+// design functions or the roles.
+type sqlCmd struct {
+	a                                *app
+	down                             bool
+	owner, runtime, schema, database string
+}
+
+func sqlFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &sqlCmd{a: a}
+	fs.BoolVar(&c.down, "down", false, "migrations, designs: print the down SQL (newest first)")
+	fs.StringVar(&c.owner, "owner", "", "roles: the owner role (with --runtime, --schema, --database: the grants ready to run; without: the psql script)")
+	fs.StringVar(&c.runtime, "runtime", "", "roles: the runtime role")
+	fs.StringVar(&c.schema, "schema", "", "roles: the schema holding the tables")
+	fs.StringVar(&c.database, "database", "", "roles: the database")
+	return c.run
+}
+
+func (c *sqlCmd) run(_ context.Context, args []string) error {
+	a := c.a
 	what := "schema"
-	if fs.NArg() > 1 {
+	if len(args) > 1 {
 		return fail(exitUsage, "sql takes at most one argument")
 	}
-	if fs.NArg() == 1 {
-		what = fs.Arg(0)
+	if len(args) == 1 {
+		what = args[0]
 	}
 	fsys, err := migrate.SQL(a.c.config())
 	if err != nil {
@@ -237,25 +268,25 @@ func (a *app) sql(_ context.Context, args []string) error {
 			dir = "designs/migrations"
 		}
 		suffix := ".up.sql"
-		if *down {
+		if c.down {
 			suffix = ".down.sql"
 		}
 		names, err := iofs.Glob(fsys, dir+"/*"+suffix) // sorted: oldest first
 		if err != nil {
 			return err
 		}
-		if *down {
+		if c.down {
 			slices.Reverse(names)
 		}
 		for _, n := range names {
 			fmt.Fprintf(a.stdout, "-- %s\n%s\n", path.Base(n), read(n))
 		}
 	case "roles":
-		if *owner == "" && *runtime == "" && *schema == "" && *database == "" {
+		if c.owner == "" && c.runtime == "" && c.schema == "" && c.database == "" {
 			fmt.Fprint(a.stdout, read("roles.sql"))
 			return nil
 		}
-		o, r, err := migrate.RolesSQL(*owner, *runtime, *schema, *database)
+		o, r, err := migrate.RolesSQL(c.owner, c.runtime, c.schema, c.database)
 		if err != nil {
 			return fail(exitUsage, "%v", err)
 		}

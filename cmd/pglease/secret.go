@@ -75,34 +75,52 @@ func passwords(s string) []string {
 	if cfg, err := pgconn.ParseConfig(s); err == nil {
 		add(cfg.Password)
 	}
-	if rest, ok := strings.CutPrefix(s, "postgres://"); ok || strings.HasPrefix(s, "postgresql://") {
-		if !ok {
-			rest = strings.TrimPrefix(s, "postgresql://")
-		}
-		// The user info's password: after its first ':', up to the first
-		// or the last '@' (a malformed string may hold either).
-		if at := strings.LastIndex(rest, "@"); at >= 0 {
-			ui := rest[:at]
-			if _, pw, ok := strings.Cut(ui, ":"); ok {
-				add(pw)
-				if i := strings.Index(pw, "@"); i >= 0 {
-					add(pw[:i])
-				}
-			}
-		}
-		if _, q, ok := strings.Cut(rest, "?"); ok {
-			for _, kv := range strings.Split(q, "&") {
-				k, v, _ := strings.Cut(kv, "=")
-				if k, err := url.QueryUnescape(k); err == nil && (k == "password" || k == "sslpassword") {
-					add(v)
-					if d, err := url.QueryUnescape(v); err == nil {
-						add(d)
-					}
-				}
-			}
-		}
-		return out
+	if rest, ok := cutScheme(s); ok {
+		urlPasswords(rest, add)
+	} else {
+		kvPasswords(s, add)
 	}
+	return out
+}
+
+// cutScheme is a URL connection string without its scheme.
+func cutScheme(s string) (string, bool) {
+	if rest, ok := strings.CutPrefix(s, "postgres://"); ok {
+		return rest, true
+	}
+	return strings.CutPrefix(s, "postgresql://")
+}
+
+// urlPasswords adds what may be a password in a URL connection string
+// (rest: after its scheme).
+func urlPasswords(rest string, add func(string)) {
+	// The user info's password: after its first ':', up to the first
+	// or the last '@' (a malformed string may hold either).
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		ui := rest[:at]
+		if _, pw, ok := strings.Cut(ui, ":"); ok {
+			add(pw)
+			if i := strings.Index(pw, "@"); i >= 0 {
+				add(pw[:i])
+			}
+		}
+	}
+	if _, q, ok := strings.Cut(rest, "?"); ok {
+		for _, kv := range strings.Split(q, "&") {
+			k, v, _ := strings.Cut(kv, "=")
+			if k, err := url.QueryUnescape(k); err == nil && (k == "password" || k == "sslpassword") {
+				add(v)
+				if d, err := url.QueryUnescape(v); err == nil {
+					add(d)
+				}
+			}
+		}
+	}
+}
+
+// kvPasswords adds what may be a password in a keyword/value connection
+// string.
+func kvPasswords(s string, add func(string)) {
 	for _, m := range kvPassword.FindAllStringSubmatch(s, -1) {
 		v := m[1]
 		add(v)
@@ -112,7 +130,6 @@ func passwords(s string) []string {
 			add(strings.NewReplacer(`\'`, `'`, `\\`, `\`).Replace(v))
 		}
 	}
-	return out
 }
 
 // scrub replaces every password of pws in msg with xxxxx (the longest

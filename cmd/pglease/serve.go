@@ -1,10 +1,12 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/subtle"
 	"embed"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io/fs"
 	"net"
@@ -124,57 +126,82 @@ type server struct {
 	started bool
 }
 
-func (a *app) serve(ctx context.Context, args []string) error {
-	fs := a.flags("serve", "")
-	var o viewOpts
-	a.viewFlags(fs, &o)
-	addr := fs.String("addr", defaultServeAddr, "listen on `HOST:PORT` (default loopback only; another address exposes the page to that network)")
-	interval := fs.Duration("interval", 2*time.Second, "refresh every D")
-	history := fs.Duration("history", 10*time.Minute, "keep the contention picture and events for D")
-	allowRevoke := fs.Bool("allow-revoke", false, "let the page revoke leases, for requests that present the token (--token-file or $PGLEASE_SERVE_TOKEN)")
-	tokenFile := fs.String("token-file", "", "file holding the revoke token (at least 16 bytes; whitespace trimmed)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() != 0 {
-		return fail(exitUsage, "serve takes no arguments (got %q)", fs.Arg(0))
-	}
-	if o.json {
-		return fail(exitUsage, "serve has no --json: GET /api/state is the JSON")
-	}
-	if *interval < minServeInterval {
-		return fail(exitUsage, "--interval must be at least %s", minServeInterval)
-	}
-	if *history < *interval {
-		return fail(exitUsage, "--history must be at least --interval")
-	}
-	if err := o.check(&a.c); err != nil {
-		return err
-	}
-	var token []byte
+// serveCmd is pglease serve: the live page.
+type serveCmd struct {
+	a                 *app
+	o                 viewOpts
+	addr, tokenFile   string
+	interval, history time.Duration
+	allowRevoke       bool
+}
+
+func serveFlags(a *app, fs *flag.FlagSet) runFunc {
+	c := &serveCmd{a: a}
+	a.viewFlags(fs, &c.o)
+	fs.StringVar(&c.addr, "addr", defaultServeAddr, "listen on `HOST:PORT` (default loopback only; another address exposes the page to that network)")
+	fs.DurationVar(&c.interval, "interval", 2*time.Second, "refresh every D")
+	fs.DurationVar(&c.history, "history", 10*time.Minute, "keep the contention picture and events for D")
+	fs.BoolVar(&c.allowRevoke, "allow-revoke", false, "let the page revoke leases, for requests that present the token (--token-file or $PGLEASE_SERVE_TOKEN)")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the revoke token (at least 16 bytes; whitespace trimmed)")
+	return c.run
+}
+
+// check checks serve's flags and arguments, without any I/O but reading
+// the token: the token (nil: read-only) and the host to listen on.
+func (c *serveCmd) check(args []string) (token []byte, host string, err error) {
 	switch {
-	case *allowRevoke:
+	case len(args) != 0:
+		return nil, "", fail(exitUsage, "serve takes no arguments (got %q)", args[0])
+	case c.o.json:
+		return nil, "", fail(exitUsage, "serve has no --json: GET /api/state is the JSON")
+	case c.interval < minServeInterval:
+		return nil, "", fail(exitUsage, "--interval must be at least %s", minServeInterval)
+	case c.history < c.interval:
+		return nil, "", fail(exitUsage, "--history must be at least --interval")
+	}
+	if err := c.o.check(&c.a.c); err != nil {
+		return nil, "", err
+	}
+	if token, err = c.token(); err != nil {
+		return nil, "", err
+	}
+	host, _, err = net.SplitHostPort(c.addr)
+	if err != nil {
+		return nil, "", fail(exitUsage, "bad --addr: %v", err)
+	}
+	return token, host, nil
+}
+
+// token reads the revoke token: nil without --allow-revoke.
+func (c *serveCmd) token() ([]byte, error) {
+	switch {
+	case c.allowRevoke:
 		t := os.Getenv("PGLEASE_SERVE_TOKEN")
-		if *tokenFile != "" {
-			b, err := os.ReadFile(*tokenFile)
+		if c.tokenFile != "" {
+			b, err := os.ReadFile(c.tokenFile)
 			if err != nil {
-				return fail(exitUsage, "--token-file: %v", err)
+				return nil, fail(exitUsage, "--token-file: %v", err)
 			}
 			t = string(b)
 		}
 		t = strings.TrimSpace(t)
 		if len(t) < minTokenBytes {
-			return fail(exitUsage, "--allow-revoke needs a token of at least %d bytes in --token-file or $PGLEASE_SERVE_TOKEN", minTokenBytes)
+			return nil, fail(exitUsage, "--allow-revoke needs a token of at least %d bytes in --token-file or $PGLEASE_SERVE_TOKEN", minTokenBytes)
 		}
-		token = []byte(t)
-	case *tokenFile != "":
-		return fail(exitUsage, "--token-file without --allow-revoke: the page is read-only")
+		return []byte(t), nil
+	case c.tokenFile != "":
+		return nil, fail(exitUsage, "--token-file without --allow-revoke: the page is read-only")
 	}
-	host, _, err := net.SplitHostPort(*addr)
+	return nil, nil
+}
+
+func (c *serveCmd) run(ctx context.Context, args []string) error {
+	a := c.a
+	token, host, err := c.check(args)
 	if err != nil {
-		return fail(exitUsage, "bad --addr: %v", err)
+		return err
 	}
-	reg, err := a.loadRegistry(&o)
+	reg, err := a.loadRegistry(&c.o)
 	if err != nil {
 		return err
 	}
@@ -184,16 +211,16 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	cfg := a.c.config()
-	cfg.NotifyChannel = o.notifyChannel
+	cfg.NotifyChannel = c.o.notifyChannel
 	revoker, err := store.New("pg.New", pool, store.Config(cfg))
 	if err != nil {
 		return fail(exitUsage, "%v", err)
 	}
-	ln, err := net.Listen("tcp", *addr)
+	ln, err := net.Listen("tcp", c.addr)
 	if err != nil {
-		return fail(exitFailed, "cannot listen on %s: %v", *addr, err)
+		return fail(exitFailed, "cannot listen on %s: %v", c.addr, err)
 	}
-	s := &server{a: a, o: o, st: st, revoker: revoker, interval: *interval, history: *history, token: token,
+	s := &server{a: a, o: c.o, st: st, revoker: revoker, interval: c.interval, history: c.history, token: token,
 		prev: map[string]leaseSeen{}}
 	mode := "read-only"
 	if token != nil {
@@ -203,6 +230,11 @@ func (a *app) serve(ctx context.Context, args []string) error {
 	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" {
 		fmt.Fprintf(a.stderr, "pglease serve: WARNING: %s is not a loopback address: anyone who reaches it sees holders and waiters\n", host)
 	}
+	return s.serve(ctx, ln, pool, reg)
+}
+
+// serve serves the page on ln, refreshing the state, until ctx ends.
+func (s *server) serve(ctx context.Context, ln net.Listener, pool *pgxpool.Pool, reg *advisory.Registry) error {
 	hs := &http.Server{Handler: s.handler(ln.Addr().String()), ReadHeaderTimeout: 10 * time.Second}
 	rctx, stop := context.WithCancel(ctx)
 	defer stop()
@@ -260,34 +292,68 @@ func (s *server) refresh(ctx context.Context, pool *pgxpool.Pool, reg *advisory.
 // first, the contention point, and the events since the last snapshot.
 func (s *server) apply(v *snapshotView) {
 	now := v.Time
-	show := s.o.showKeys
-	keyIf := func(k string) string {
-		if show {
-			return k
-		}
-		return ""
+	p := pageKeys{show: s.o.showKeys, keyOf: map[string]string{}}
+	for _, l := range v.Leases.Rows {
+		p.keyOf[l.KeyHash] = l.Key
 	}
-	st := serveState{Time: now, IntervalMs: s.interval.Milliseconds(), ShowKeys: show, CanRevoke: s.token != nil,
-		Holders: []serveHolder{}, Waiters: []serveWaiter{}, Counts: map[string]int{}}
+	st := serveState{Time: now, IntervalMs: s.interval.Milliseconds(), ShowKeys: p.show, CanRevoke: s.token != nil,
+		Holders: p.holders(v), Waiters: p.waiters(v), Counts: map[string]int{}}
 	st.Schema = fmt.Sprintf("schema v%d", v.Schema.Version)
 	if !v.Schema.Current {
 		st.Schema += fmt.Sprintf(" (this pglease needs v%d: run `pglease setup`)", v.Schema.Needs)
 	}
-	keyOf := map[string]string{}
+	st.Counts["held"] = len(st.Holders)
+	st.Counts["waiting"] = len(st.Waiters)
+	st.Counts["leases_live"] = v.Leases.Live
 	cur := map[string]leaseSeen{}
-	waiting := 0
 	for _, l := range v.Leases.Rows {
-		keyOf[l.KeyHash] = l.Key
 		cur[l.KeyHash] = leaseSeen{key: l.Key, holder: l.Holder, fence: l.Fence, expiresAt: l.ExpiresAt, live: l.Live}
+	}
+	if s.started {
+		s.changes(v, cur, p)
+	}
+	s.started = true
+	s.prev = cur
+	s.keyOf = p.keyOf
+	s.hist = append(s.hist, servePoint{Time: now, Waiting: len(st.Waiters), Held: len(st.Holders)})
+	for len(s.hist) > 0 && now.Sub(s.hist[0].Time) > s.history {
+		s.hist = s.hist[1:]
+	}
+	st.History = slices.Clone(s.hist)
+	st.Events = slices.Clone(s.events)
+	s.state = st
+}
+
+// pageKeys shows keys on the page: their hashes, and the keys themselves
+// with --show-keys.
+type pageKeys struct {
+	show  bool
+	keyOf map[string]string // key hash → key, of the lease rows
+}
+
+// key is k if the page shows keys, "" otherwise.
+func (p pageKeys) key(k string) string {
+	if p.show {
+		return k
+	}
+	return ""
+}
+
+// holders are the snapshot's held locks: live leases, shared holds by
+// key, advisory locks (but pglease's own).
+func (p pageKeys) holders(v *snapshotView) []serveHolder {
+	now := v.Time
+	hs := []serveHolder{}
+	for _, l := range v.Leases.Rows {
 		if !l.Live {
 			continue
 		}
-		st.Holders = append(st.Holders, serveHolder{Kind: "lease", KeyHash: l.KeyHash, Key: keyIf(l.Key), Holders: []string{dash(l.Holder)},
+		hs = append(hs, serveHolder{Kind: "lease", KeyHash: l.KeyHash, Key: p.key(l.Key), Holders: []string{dash(l.Holder)},
 			Fence: strings.TrimLeft(l.Fence, "0"), HeldMs: now.Sub(l.AcquiredAt).Milliseconds(), ExpiresInMs: l.ExpiresInMs,
 			Waiting: l.AcquiresWaiting + l.ManagersWaiting})
 	}
 	for _, g := range v.Shared.Rows {
-		h := serveHolder{Kind: g.Kind, KeyHash: g.KeyHash, Key: keyIf(g.Key), Count: g.Count, Limit: g.Limit, Holders: []string{},
+		h := serveHolder{Kind: g.Kind, KeyHash: g.KeyHash, Key: p.key(g.Key), Count: g.Count, Limit: g.Limit, Holders: []string{},
 			Waiting: g.AcquiresWaiting}
 		for _, x := range g.Holders {
 			h.Holders = append(h.Holders, dash(x.Holder))
@@ -295,28 +361,40 @@ func (s *server) apply(v *snapshotView) {
 				h.HeldMs = d
 			}
 		}
-		st.Holders = append(st.Holders, h)
+		hs = append(hs, h)
 	}
 	for _, ad := range v.Advisory {
-		if strings.HasPrefix(ad.Name, "waiting Manager") || strings.HasPrefix(ad.Name, "watching Manager") {
-			continue // listed below as waiting Managers
+		if !ad.Granted || managerLock(ad) || strings.HasPrefix(ad.Name, "lease acquire") {
+			continue
 		}
-		if ad.Granted {
-			if !strings.HasPrefix(ad.Name, "lease acquire") {
-				st.Holders = append(st.Holders, serveHolder{Kind: "advisory", KeyHash: ad.Key, Key: keyIf(ad.Name),
-					Holders: []string{fmt.Sprintf("%d %s", ad.PID, dash(ad.Application))}})
-			}
+		hs = append(hs, serveHolder{Kind: "advisory", KeyHash: ad.Key, Key: p.key(ad.Name),
+			Holders: []string{fmt.Sprintf("%d %s", ad.PID, dash(ad.Application))}})
+	}
+	return hs
+}
+
+// managerLock: a waiting or watching Manager's lock (listed as waiting
+// Managers, not as a lock).
+func managerLock(ad advisoryView) bool {
+	return strings.HasPrefix(ad.Name, "waiting Manager") || strings.HasPrefix(ad.Name, "watching Manager")
+}
+
+// waiters are the snapshot's waiters, oldest first: acquires waiting in
+// the database, sessions waiting for advisory locks, waiting Managers.
+func (p pageKeys) waiters(v *snapshotView) []serveWaiter {
+	ws := []serveWaiter{}
+	for _, ad := range v.Advisory {
+		if ad.Granted || managerLock(ad) {
 			continue
 		}
 		w := serveWaiter{What: dash(ad.Name), PID: ad.PID, Process: dash(ad.Application), WaitingMs: ad.WaitingMs}
-		if strings.HasPrefix(ad.Name, "lease acquire ") {
-			w.What = "acquire in the database"
-			w.KeyHash = strings.TrimPrefix(ad.Name, "lease acquire ")
-			w.Key = keyIf(keyOf[w.KeyHash])
+		if h, ok := strings.CutPrefix(ad.Name, "lease acquire "); ok {
+			w.What, w.KeyHash = "acquire in the database", h
+			w.Key = p.key(p.keyOf[h])
 		} else {
 			w.KeyHash = ad.Key
 		}
-		st.Waiters = append(st.Waiters, w)
+		ws = append(ws, w)
 	}
 	for _, m := range v.WaitingManagers {
 		for i, pid := range m.PIDs {
@@ -326,71 +404,52 @@ func (s *server) apply(v *snapshotView) {
 			}
 			if len(m.KeyHashes) > 0 {
 				w.KeyHash = m.KeyHashes[0]
-				w.Key = keyIf(keyOf[w.KeyHash])
+				w.Key = p.key(p.keyOf[w.KeyHash])
 			}
-			st.Waiters = append(st.Waiters, w)
+			ws = append(ws, w)
 		}
 	}
 	// Oldest wait first (a waiting Manager's start is not known: last).
-	slices.SortStableFunc(st.Waiters, func(a, b serveWaiter) int {
-		switch {
-		case a.WaitingMs > b.WaitingMs:
-			return -1
-		case a.WaitingMs < b.WaitingMs:
-			return 1
-		}
-		return 0
-	})
-	waiting = len(st.Waiters)
-	st.Counts["held"] = len(st.Holders)
-	st.Counts["waiting"] = waiting
-	st.Counts["leases_live"] = v.Leases.Live
+	slices.SortStableFunc(ws, func(a, b serveWaiter) int { return cmp.Compare(b.WaitingMs, a.WaitingMs) })
+	return ws
+}
 
-	// Events: what changed since the last refresh.
-	if s.started {
-		revokedNow := map[string]bool{}
-		for _, m := range v.Marks {
-			if m.Mark == markLockDelay && m.Source == "revoke" {
-				revokedNow[m.KeyHash] = true
-			}
-		}
-		for h, c := range cur {
-			p, ok := s.prev[h]
-			switch {
-			case c.live && (!ok || !p.live):
-				s.event(serveEvent{Time: now, Kind: "granted", KeyHash: h, Key: keyIf(c.key), Holder: c.holder, Fence: c.fence})
-			case c.live && p.fence != c.fence:
-				s.event(serveEvent{Time: now, Kind: "changed_hands", KeyHash: h, Key: keyIf(c.key), Holder: c.holder, Fence: c.fence,
-					Detail: "from " + dash(p.holder)})
-			case !c.live && ok && p.live:
-				s.event(serveEvent{Time: now, Kind: "expired", KeyHash: h, Key: keyIf(c.key), Holder: p.holder, Fence: p.fence,
-					Detail: "not released before its expiry: its holder lost it"})
-			}
-		}
-		for h, p := range s.prev {
-			if _, ok := cur[h]; ok || !p.live {
-				continue
-			}
-			e := serveEvent{Time: now, Kind: "released", KeyHash: h, Key: keyIf(p.key), Holder: p.holder, Fence: p.fence}
-			switch {
-			case revokedNow[h]:
-				e.Kind, e.Detail = "revoked", "deleted by a revoke; its holder is told (ErrRevoked)"
-			case !p.expiresAt.After(now):
-				e.Kind, e.Detail = "expired", "not released before its expiry: its holder lost it"
-			}
-			s.event(e)
+// changes records the events between the last snapshot's leases (s.prev)
+// and this one's (cur): grants, hand-overs, expiries, releases, revokes.
+func (s *server) changes(v *snapshotView, cur map[string]leaseSeen, p pageKeys) {
+	now := v.Time
+	for h, c := range cur {
+		prev, ok := s.prev[h]
+		switch {
+		case c.live && (!ok || !prev.live):
+			s.event(serveEvent{Time: now, Kind: "granted", KeyHash: h, Key: p.key(c.key), Holder: c.holder, Fence: c.fence})
+		case c.live && prev.fence != c.fence:
+			s.event(serveEvent{Time: now, Kind: "changed_hands", KeyHash: h, Key: p.key(c.key), Holder: c.holder, Fence: c.fence,
+				Detail: "from " + dash(prev.holder)})
+		case !c.live && ok && prev.live:
+			s.event(serveEvent{Time: now, Kind: "expired", KeyHash: h, Key: p.key(c.key), Holder: prev.holder, Fence: prev.fence,
+				Detail: "not released before its expiry: its holder lost it"})
 		}
 	}
-	s.started = true
-	s.prev = cur
-	s.keyOf = keyOf
-	s.hist = append(s.hist, servePoint{Time: now, Waiting: waiting, Held: len(st.Holders)})
-	for len(s.hist) > 0 && now.Sub(s.hist[0].Time) > s.history {
-		s.hist = s.hist[1:]
+	revokedNow := map[string]bool{}
+	for _, m := range v.Marks {
+		if m.Mark == markLockDelay && m.Source == "revoke" {
+			revokedNow[m.KeyHash] = true
+		}
 	}
-	st.History = slices.Clone(s.hist)
-	st.Events = slices.Clone(s.events)
-	s.state = st
+	for h, prev := range s.prev {
+		if _, ok := cur[h]; ok || !prev.live {
+			continue
+		}
+		e := serveEvent{Time: now, Kind: "released", KeyHash: h, Key: p.key(prev.key), Holder: prev.holder, Fence: prev.fence}
+		switch {
+		case revokedNow[h]:
+			e.Kind, e.Detail = "revoked", "deleted by a revoke; its holder is told (ErrRevoked)"
+		case !prev.expiresAt.After(now):
+			e.Kind, e.Detail = "expired", "not released before its expiry: its holder lost it"
+		}
+		s.event(e)
+	}
 }
 
 // event records e, newest first, keeping at most maxServeEvents within
