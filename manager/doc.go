@@ -190,7 +190,8 @@
 //     WithAcquireTimeout, WithoutAutoExtend, WithHoldLimit, Shared,
 //     WithLimit, WithLockDelay.
 //   - Advisory locks: LockAdvisory, AdvisoryLock, package advisory;
-//     elections: RunElection.
+//     elections: package election (election.Run), built on Acquire,
+//     Watch, Lookup and Config.
 //   - Telemetry: package telemetry names every span, event, attribute and
 //     metric, and says what recording costs.
 //   - Performance figures: docs/performance.md and docs/scaling.md.
@@ -200,5 +201,5 @@
 //     listener.go and waiters.go (the listener and its mailbox),
 //     revoke.go (Revoke, RequestRelease), watch.go (Watch),
 //     shared.go (shared holds), sets.go (AcquireAll: queueing and
-//     fairness), guard.go, advisory.go, election.go.
+//     fairness), guard.go, advisory.go, lookup.go (Config, Lookup).
 package manager
