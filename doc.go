@@ -12,7 +12,7 @@
 //
 // Every error returned by pglease is, or wraps, an *Error, except the
 // error of a function of yours that pglease runs and passes back unchanged
-// (manager.Manager.Do's and RunElection's fn). Test for a condition with
+// (manager.Manager.Do's and election.Run's fn). Test for a condition with
 // errors.Is against the sentinels (ErrInvalidArgument, ErrClosed,
 // ErrLockLost, …), which compare by Code, or extract the *Error with
 // errors.As. Retryable reports whether trying the same call

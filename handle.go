@@ -5,7 +5,7 @@ import "context"
 // Handle is what every held lock of pglease has in common, whatever kind
 // it is: a lease lock (*manager.Lock), a session advisory lock taken
 // through a Manager (*manager.AdvisoryLock), directly on a session
-// (*advisory.Lock), or a leader's term in an election (*manager.Term). Code that only needs to hold a lock, watch it and let
+// (*advisory.Lock), or a leader's term in an election (*election.Term). Code that only needs to hold a lock, watch it and let
 // it go can take a Handle and work with all of them.
 //
 // Each handle also has a Key method returning its own key type (a string

@@ -145,9 +145,9 @@
 //	a lock's expiry and window    run                          Lock methods  atomics (leaseState)
 //	lossCh                        loss and hold-limit timers,  run           one slot, non-blocking: nudges merge
 //	                              Lock.checkTrust
-//	the listening connection      listener goroutine           listener      owned by it (listener.go)
-//	session locks wanted          run (outbox)                 listener      handed over on a channel (waiters.go)
-//	notifications, resyncs        listener (and Revoke)        run           notifyCh
+//	the listening connection      listening service            service       owned by it (internal/notifier)
+//	subscriptions (session locks) run (Link's outbox)          service       handed over on a channel (notifier.Link)
+//	notifications, resyncs        service (and Revoke)         run           notifyCh, then Link.Deliver by topic
 //	watched keys (watchLoop)      run                          run           watchCh (Watch, its ctx's end); reads
 //	                                                                         on DB workers post to watchDoneCh
 //	a watcher's events            run (sends, closes)          the caller    buffered channel; full: oldest dropped
@@ -190,15 +190,17 @@
 //     WithAcquireTimeout, WithoutAutoExtend, WithHoldLimit, Shared,
 //     WithLimit, WithLockDelay.
 //   - Advisory locks: LockAdvisory, AdvisoryLock, package advisory;
-//     elections: RunElection.
+//     elections: package election (election.Run), built on Acquire,
+//     Watch, Lookup and Config.
 //   - Telemetry: package telemetry names every span, event, attribute and
 //     metric, and says what recording costs.
 //   - Performance figures: docs/performance.md and docs/scaling.md.
 //   - The implementation: loop.go (run, its handlers), state.go,
 //     lane.go and flight.go (batches, caps, stuck batches), handoff.go,
 //     overload.go, tryattempt.go, extend.go, relretry.go, shutdown.go, losswatch.go,
-//     listener.go and waiters.go (the listener and its mailbox),
+//     listener.go (the loop's subscriptions to the listening service,
+//     internal/notifier), waiters.go (release wake-ups),
 //     revoke.go (Revoke, RequestRelease), watch.go (Watch),
 //     shared.go (shared holds), sets.go (AcquireAll: queueing and
-//     fairness), guard.go, advisory.go, election.go.
+//     fairness), guard.go, advisory.go, lookup.go (Config, Lookup).
 package manager

@@ -663,21 +663,3 @@ func TestCloseWithDatabaseDown(t *testing.T) {
 		}
 	})
 }
-
-// TestRunElectionErrorIsPgleaseError: every error of the package is a
-// *pglease.Error; RunElection's answer to its context's end used to be a
-// bare context.Canceled. It still matches it.
-func TestRunElectionErrorIsPgleaseError(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{})
-	ctx, cancel := context.WithCancel(ctxT(t))
-	err := b.m.RunElection(ctx, Election{Name: "leader"}, func(ctx context.Context, term *Term) error {
-		cancel()
-		<-ctx.Done()
-		return nil
-	})
-	var e *pglease.Error
-	if !errors.As(err, &e) || e.Code != pglease.CodeAborted || e.Op != "manager.RunElection" || !errors.Is(err, context.Canceled) {
-		t.Fatalf("RunElection after its context ended = %#v (%v); want a CodeAborted *pglease.Error wrapping context.Canceled", err, err)
-	}
-}

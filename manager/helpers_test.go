@@ -21,9 +21,6 @@ func TestMain(m *testing.M) {
 	if os.Getenv(pauseChildEnv) != "" {
 		os.Exit(pauseChild())
 	}
-	if os.Getenv(electionChildEnv) != "" {
-		os.Exit(electionChild())
-	}
 	if os.Getenv(holdChildEnv) != "" {
 		os.Exit(holdChild())
 	}

@@ -80,14 +80,12 @@ func (m *Manager) run(st *loopState) {
 				m.test.timerFired(m.now().Sub(w))
 			}
 			st.handleDue(m.now())
-		case st.lis.mailbox() <- st.lis.outbox:
+		case st.lis.Mailbox() <- st.lis.Outbox():
 			lm.Busy()
-			st.lis.outbox = nil // the listener's now
-		case <-st.lis.done:
+			st.lis.Handed() // the listener's now
+		case <-st.lis.Done():
 			lm.Busy()
-			st.lis.ended()
-			st.lingering, st.lingerAt = nil, time.Time{}
-			st.closeWatches() // nothing reports their changes any more
+			st.lis.Ended() // its subscribers are told (listener.go)
 		case <-closing:
 			lm.Busy()
 			closing = nil // nil-channel gating: handled once
@@ -463,49 +461,14 @@ func (st *loopState) handleExtendDone(d extendDone) {
 	}
 }
 
+// handleNotice hands a notice to its topic's subscribers (listener.go):
+// release wake-ups (waiters.go), watch events (watch.go), revokes and
+// release requests (revoke.go); a resync and a registration go to all.
 func (st *loopState) handleNotice(n notice) {
-	if n.registered != nil {
-		st.handleRegistered(n.registered)
-		return
+	st.lis.Deliver(n)
+	if n.Resync {
+		st.sig().listening.signal(struct{}{}) // the listener (re)subscribed
 	}
-	switch n.note.Kind {
-	case store.NotifyRevoke:
-		st.handleRevoked(n.note) // revoke.go
-		return
-	case store.NotifyReleaseRequest:
-		st.handleReleaseRequest(n.note)
-		return
-	case store.NotifyWatch:
-		st.handleWatchNotice(n.note) // watch.go
-		return
-	}
-	if n.resync {
-		// Notifications may have been missed while not listening.
-		for _, ks := range st.keys {
-			if ks.attempt != nil {
-				ks.woken = true
-			}
-			st.forceKick(ks)
-		}
-		st.watchResync()
-		st.sig().listening.signal(struct{}{})
-		return
-	}
-	st.noteReleased(n.hash) // keys shared with foreign holders (foreign.go)
-	ks := st.byHash[n.hash]
-	if ks == nil {
-		return
-	}
-	st.kickSets(ks) // set waiters that want the key (sets.go)
-	if len(ks.queue) == 0 || ks.holder != nil {
-		return
-	}
-	if ks.attempt != nil {
-		ks.woken = true // the attempt in flight may have missed this release
-		return
-	}
-	st.forceKick(ks)
-	st.sig().woken.signal(ks.key)
 }
 
 // handleDue runs what the timer found due: stuck batches (flight.go),

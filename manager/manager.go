@@ -441,9 +441,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	m.extBatch = extBatch
 	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
 	st := newLoopState(m)
-	if !cfg.DisableNotify {
-		st.startListener()
-	}
+	st.startListener() // subscribes the loop's parts; starts the listener unless DisableNotify
 	go m.run(st)
 	return m, nil
 }

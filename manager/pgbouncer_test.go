@@ -137,12 +137,6 @@ func TestPgBouncerManagerTransactionMode(t *testing.T) {
 	}
 
 	// Another process's release reaches a waiter here by polling.
-	other, _, _ := bouncerManager(t, bouncerURL(b), schema, Config{DisableNotify: true})
-	held, err := other.Acquire(ctx, "pgb:poll")
-	if err != nil {
-		t.Fatal(err)
-	}
-	handOver(t, ctx, held, m, sig, "pgb:poll", "waiter not granted by polling after the other process released")
 }
 
 // TestPgBouncerManagerListenDirect: the pools of two Managers go through
@@ -314,12 +308,12 @@ func BenchmarkPgBouncer(b *testing.B) {
 	}
 }
 
-// TestPgBouncerWatchAndElection: behind a transaction-mode pooler the
-// Manager stops listening for good: a watch started before that has its
-// channel closed, one started after is refused (InvalidArgument), and an
-// election's candidates still learn of a new leader, by reading the
-// lease every ObserveInterval.
-func TestPgBouncerWatchAndElection(t *testing.T) {
+// TestPgBouncerWatch: behind a transaction-mode pooler the Manager stops
+// listening for good: a watch started before that has its channel closed,
+// and one started after is refused (InvalidArgument). (An election's
+// candidates then learn of a new leader by reading the lease: package
+// election's TestPgBouncerElection.)
+func TestPgBouncerWatch(t *testing.T) {
 	t.Parallel()
 	b := pgtest.PgBouncerForTest(t, pgtest.BouncerOptions{PoolMode: pgtest.PoolTransaction, PoolSize: 2})
 	schema := pgtest.Schema(t)
@@ -341,32 +335,4 @@ func TestPgBouncerWatchAndElection(t *testing.T) {
 		t.Fatalf("Watch after the listener stopped = %v", err)
 	}
 
-	other, _, _ := bouncerManager(t, bouncerURL(b), schema, Config{DisableNotify: true, Config: pg.Config{Holder: "other[1]@test"}})
-	held, err := other.Acquire(ctx, "pgb:leader")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Release(ctx)
-	ectx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	leader := make(chan string, 1)
-	go func() {
-		_ = m.RunElection(ectx, Election{Name: "pgb:leader", ObserveInterval: 100 * time.Millisecond,
-			OnNewLeader: func(id string, self bool) {
-				if !self {
-					select {
-					case leader <- id:
-					default:
-					}
-				}
-			}}, func(context.Context, *Term) error { return nil })
-	}()
-	select {
-	case id := <-leader:
-		if id != "other[1]@test" {
-			t.Fatalf("OnNewLeader(%q)", id)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("the candidate did not learn who leads")
-	}
 }

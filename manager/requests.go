@@ -83,18 +83,6 @@ type extendReq struct {
 	reply chan error // cap 1; run sends exactly once
 }
 
-// notice is what the listener goroutine posts to run: a release
-// notification's key hash (hash), another notification (note: a revoke,
-// a release request, a watch event; store.ParseNotification), resync
-// after (re)connecting, when notifications may have been missed, or the
-// session locks it just took.
-type notice struct {
-	hash       string
-	note       store.Notification // Kind 0: none
-	resync     bool
-	registered []sessionLock // session locks the listener just took (waiters.go)
-}
-
 // attempt is one key's database acquire attempt. Created by run; the DB
 // goroutine only reads lockID and ttl.
 type attempt struct {

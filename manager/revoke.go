@@ -15,6 +15,7 @@ import (
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/manager/internal/notifier"
 )
 
 // Revocation and release requests.
@@ -129,7 +130,7 @@ func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (revo
 	// too, and finds nothing left to do).
 	kh := pglease.HashKey(nk)
 	for _, h := range hashes {
-		n := notice{note: store.Notification{Kind: store.NotifyRevoke, KeyHash: kh, LockIDHash: h}}
+		n := notifier.Of(store.Notification{Kind: store.NotifyRevoke, KeyHash: kh, LockIDHash: h})
 		select {
 		case m.notifyCh <- n:
 		case <-m.done:
@@ -195,7 +196,7 @@ func (m *Manager) RequestRelease(ctx context.Context, key string, holds ...strin
 	}
 	// A holder here hears it at once, listener or not.
 	for _, h := range hs {
-		n := notice{note: store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: pglease.HashKey(nk), Hold: h}}
+		n := notifier.Of(store.Notification{Kind: store.NotifyReleaseRequest, KeyHash: pglease.HashKey(nk), Hold: h})
 		select {
 		case m.notifyCh <- n:
 		case <-m.done:

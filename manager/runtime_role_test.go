@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/advisory"
@@ -22,7 +21,7 @@ import (
 // runtime role: acquire, contended TryAcquire, Extend, release with a
 // local waiter (one-statement handoff), a cross-Manager wake-up through
 // LISTEN/NOTIFY (the waiting Manager polls only every 20 s), session
-// advisory locks, a leader election term, the fence guard at a resource,
+// advisory locks, the fence guard at a resource,
 // and Close releasing a held lock.
 func TestRuntimeRoleManager(t *testing.T) {
 	t.Parallel()
@@ -119,19 +118,6 @@ func TestRuntimeRoleManager(t *testing.T) {
 	}
 	if err := bl.Release(ctx); err != nil {
 		t.Fatal(err)
-	}
-
-	// One leader election term.
-	ectx, stop := context.WithCancel(ctx)
-	var term pglease.Fence
-	err = a.RunElection(ectx, Election{Name: "rr:leader"}, func(_ context.Context, l *Term) error {
-		term = l.Fence()
-		stop()
-		return nil
-	})
-	stop()
-	if term == 0 || (err != nil && !errors.Is(err, context.Canceled)) {
-		t.Fatalf("RunElection: term %v, %v", term, err)
 	}
 
 	// The fence guard at a resource the runtime role may write to.

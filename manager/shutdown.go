@@ -64,9 +64,7 @@ func (st *loopState) beginDrain() {
 	st.closeBy = st.m.now().Add(st.m.cfg.CloseTimeout)
 	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAcquire)
 	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
-	if st.lis.stop != nil {
-		st.lis.stop()
-	}
+	st.lis.Stop()
 	st.closeWatches()
 	for _, ks := range st.keys {
 		st.failAll(ks, closedErr("manager.Acquire"))
@@ -98,7 +96,7 @@ func (st *loopState) beginDrain() {
 
 // drained reports whether nothing is pending or in flight any more.
 func (st *loopState) drained() bool {
-	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && st.lis.done == nil
+	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && !st.lis.Running()
 }
 
 // finish is the last step of the drain: close an owned pool and record the

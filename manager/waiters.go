@@ -1,12 +1,9 @@
 package manager
 
 import (
-	"context"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/manager/internal/notifier"
 )
 
 // Releases notify only the keys some process waits for (store.ReleaseWaited):
@@ -33,145 +30,20 @@ import (
 // registered: other processes' releases then send no notification to this
 // one, whose waiters poll as before.
 //
-// The loop and the listener share no memory. The loop records each change
-// of the locks it wants in its outbox (listenerLink.want) and hands the
-// whole outbox over when the listener takes it: run's select offers it
-// on the unbuffered mail channel whenever it is not empty, so changes that
-// come while the listener is busy (connecting, taking locks, posting)
-// coalesce into the next handover, and the loop never waits for the
-// listener. The listener waits for notifications and for mail at once
-// (listener.wait) and applies each mail to its own copy of what the loop
-// wants. A lock is a class and a key (sessionLock): more kinds of session
-// lock (a watch of a key, say) are more classes in sessionLockClasses,
-// carried by the same mail.
-
-// lockClass names a kind of lock the listener holds on its session for
-// the loop.
-type lockClass uint8
-
-const (
-	// classWaiter: this process waits for the key (store.WaiterLockClass).
-	classWaiter lockClass = iota
-	// classWatch: a caller of this process watches the key
-	// (store.WatchLockClass, watch.go).
-	classWatch
-)
-
-// sessionLockClasses take and drop the session locks of each class, on
-// the listening connection, one round trip each. take reports per key
-// whether the lock was taken (false: held exclusively at that instant,
-// to be tried again soon).
-var sessionLockClasses = [...]struct {
-	take func(ctx context.Context, conn *pgx.Conn, keys []string) ([]bool, error)
-	drop func(ctx context.Context, conn *pgx.Conn, keys []string) error
-}{
-	classWaiter: {take: store.RegisterWaiters, drop: store.UnregisterWaiters},
-	classWatch:  {take: store.RegisterWatchers, drop: store.UnregisterWatchers},
-}
-
-// sessionLock is one lock the listener holds on its session for the loop.
-type sessionLock struct {
-	class lockClass
-	key   string // NFC key
-}
-
-// listenerMail is one handover from the loop to the listener: the latest
-// wish for each session lock that changed since the last one (true:
-// hold it; false: let it go). Once sent, it belongs to the listener.
-type listenerMail map[sessionLock]bool
-
-// listenerLink is the loop's end of the listener. Owned by run.
-type listenerLink struct {
-	mail   chan<- listenerMail // unbuffered; nil when no listener runs
-	outbox listenerMail        // changes not handed over yet; nil when none
-	done   <-chan struct{}     // closed when the listener goroutine has ended; nil when none runs
-	stop   context.CancelFunc  // ends the listener (Close)
-}
-
-// want records the loop's wish for lock k; the next handover carries it.
-func (l *listenerLink) want(k sessionLock, on bool) {
-	if l.mail == nil {
-		return
-	}
-	if l.outbox == nil {
-		l.outbox = make(listenerMail)
-	}
-	l.outbox[k] = on
-}
-
-// mailbox returns the channel to offer the outbox on in run's select: nil
-// (never ready) when there is nothing to hand over.
-func (l *listenerLink) mailbox() chan<- listenerMail {
-	if len(l.outbox) == 0 {
-		return nil
-	}
-	return l.mail
-}
-
-// ended forgets the listener once its goroutine has ended: nothing is
-// handed over any more.
-func (l *listenerLink) ended() {
-	*l = listenerLink{}
-}
-
-// sync brings the session's locks (have) to what the loop wants, and,
-// with post, posts the locks it took to the loop. Locks held exclusively
-// at that instant are left for the next round (retrySoon: the listener
-// comes back after waiterRetryDelay). An error means the connection
-// failed.
-func (l *listener) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySoon bool, err error) {
-	var add, drop [len(sessionLockClasses)][]string
-	for k := range l.want {
-		if _, ok := l.have[k]; !ok {
-			add[k.class] = append(add[k.class], k.key)
-		}
-	}
-	for k := range l.have {
-		if _, ok := l.want[k]; !ok {
-			drop[k.class] = append(drop[k.class], k.key)
-		}
-	}
-	var got []sessionLock
-	for c, fns := range sessionLockClasses {
-		class := lockClass(c)
-		if len(drop[c]) > 0 {
-			if err := fns.drop(ctx, conn, drop[c]); err != nil {
-				return false, err
-			}
-			for _, k := range drop[c] {
-				delete(l.have, sessionLock{class, k})
-			}
-		}
-		if len(add[c]) == 0 {
-			continue
-		}
-		ok, err := fns.take(ctx, conn, add[c])
-		if err != nil {
-			return false, err
-		}
-		for i, k := range add[c] {
-			if ok[i] {
-				l.have[sessionLock{class, k}] = struct{}{}
-				got = append(got, sessionLock{class, k})
-			} else {
-				retrySoon = true
-			}
-		}
-	}
-	if post && len(got) > 0 && !l.post(ctx, notice{registered: got}) {
-		return retrySoon, ctx.Err()
-	}
-	return retrySoon, nil
-}
+// A registration is the key's subscription of topic notifier.Wake
+// (listener.go): the loop subscribes and unsubscribes on its Link, which
+// hands the changes to the listening service; the service takes the
+// locks and posts the keys it registered (handleRegistered), and each
+// release notification of a registered key (handleWake).
 
 // wantWaiter asks for ks's registration: an attempt found the key taken
 // by someone else, or failed, and callers here still wait.
 func (st *loopState) wantWaiter(ks *keyState) {
-	if st.lis.mail == nil || ks.waitReg || (len(ks.queue) == 0 && len(ks.setWaiters()) == 0) || st.closing {
+	if !st.lis.Live() || ks.waitReg || (len(ks.queue) == 0 && len(ks.setWaiters()) == 0) || st.closing {
 		return
 	}
 	ks.waitReg = true
-	st.lis.want(sessionLock{classWaiter, ks.key}, true)
+	st.lis.Subscribe(notifier.Wake, ks.key)
 }
 
 // A registration outlives its key's state for waiterLinger: a key that
@@ -204,8 +76,8 @@ func (st *loopState) dropWaiter(ks *keyState) {
 	}
 	ks.waitReg = false
 	linger := st.m.waiterLinger()
-	if st.closing || st.lis.mail == nil || linger <= 0 || len(st.lingering) >= maxLingering {
-		st.lis.want(sessionLock{classWaiter, ks.key}, false)
+	if st.closing || !st.lis.Live() || linger <= 0 || len(st.lingering) >= maxLingering {
+		st.lis.Unsubscribe(notifier.Wake, ks.key)
 		return
 	}
 	if st.lingering == nil {
@@ -223,7 +95,7 @@ func (st *loopState) dropWaiter(ks *keyState) {
 func (st *loopState) resumeWaiter(ks *keyState) {
 	if _, ok := st.lingering[ks.key]; ok {
 		delete(st.lingering, ks.key)
-		ks.waitReg = st.lis.mail != nil
+		ks.waitReg = st.lis.Live()
 	}
 }
 
@@ -239,7 +111,7 @@ func (st *loopState) sweepLingering(now time.Time) {
 	for key, until := range st.lingering {
 		if !until.After(cut) {
 			delete(st.lingering, key)
-			st.lis.want(sessionLock{classWaiter, key}, false)
+			st.lis.Unsubscribe(notifier.Wake, key)
 			continue
 		}
 		if next.IsZero() || until.Before(next) {
@@ -253,18 +125,11 @@ func (st *loopState) sweepLingering(now time.Time) {
 // once more (see above), unless it is held here, has nobody waiting, or
 // has an attempt in flight (which may have missed the release: its
 // "locked" answer leads to another try).
-func (st *loopState) handleRegistered(locks []sessionLock) {
+func (st *loopState) handleRegistered(keys []string) {
 	n := 0
-	for _, k := range locks {
-		if k.class == classWatch {
-			st.handleWatchRegistered(k.key) // watch.go
-			continue
-		}
-		if k.class != classWaiter {
-			continue
-		}
+	for _, key := range keys {
 		n++
-		ks := st.keys[k.key]
+		ks := st.keys[key]
 		if ks == nil || !ks.waitReg {
 			continue
 		}
@@ -280,4 +145,43 @@ func (st *loopState) handleRegistered(locks []sessionLock) {
 		st.sig().woken.signal(ks.key)
 	}
 	st.sig().registered.signal(n)
+}
+
+// handleWake: a release of the key of hash committed (a key this process
+// waits for: its registration made the server notify). Its waiters try
+// at once, unless it is held here or an attempt is in flight (which may
+// have missed the release: it tries again).
+func (st *loopState) handleWake(hash string) {
+	st.noteReleased(hash) // keys shared with foreign holders (foreign.go)
+	ks := st.byHash[hash]
+	if ks == nil {
+		return
+	}
+	st.kickSets(ks) // set waiters that want the key (sets.go)
+	if len(ks.queue) == 0 || ks.holder != nil {
+		return
+	}
+	if ks.attempt != nil {
+		ks.woken = true // the attempt in flight may have missed this release
+		return
+	}
+	st.forceKick(ks)
+	st.sig().woken.signal(ks.key)
+}
+
+// resyncWaiters: the listener (re)subscribed, and releases may have been
+// missed while it was not listening: every key is tried once more.
+func (st *loopState) resyncWaiters() {
+	for _, ks := range st.keys {
+		if ks.attempt != nil {
+			ks.woken = true
+		}
+		st.forceKick(ks)
+	}
+}
+
+// waitersUnlistened: the listener stopped for good; no registration is
+// taken or dropped any more, so none lingers.
+func (st *loopState) waitersUnlistened() {
+	st.lingering, st.lingerAt = nil, time.Time{}
 }

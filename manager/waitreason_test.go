@@ -208,44 +208,6 @@ func TestSetErrorsSayWhatToDo(t *testing.T) {
 	}
 }
 
-// TestElectionEndsOnCloseSaysSo: RunElection that ends because its
-// Manager closed says so (CodeClosed), not an Acquire's error.
-func TestElectionEndsOnCloseSaysSo(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{})
-	ctx := ctxT(t)
-	holder, err := New(b.pool, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close(context.Background())
-	lk, err := holder.Acquire(ctx, "elect/closed")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lk.Release(ctx)
-	m, err := New(b.pool, Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		done <- m.RunElection(ctx, Election{Name: "elect/closed"}, func(ctx context.Context, _ *Term) error {
-			<-ctx.Done()
-			return nil
-		})
-	}()
-	time.Sleep(300 * time.Millisecond) // campaigning: the key is held
-	if err := m.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	err = <-done
-	if pglease.CodeOf(err) != pglease.CodeClosed || !strings.Contains(err.Error(), "manager.RunElection") ||
-		!strings.Contains(err.Error(), "election ended because its Manager closed") {
-		t.Fatalf("RunElection after Close: %v; want Closed saying the election ended because its Manager closed", err)
-	}
-}
-
 // TestHoldAndWaitGauges: while a lock is held and an acquire waits, the
 // gauges name the oldest lock and the longest wait by key hash (never the
 // raw key) with their ages; hold times are recorded per lock kind when

@@ -12,6 +12,7 @@ import (
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/manager/internal/notifier"
 )
 
 // Watching a key, without polling.
@@ -20,10 +21,9 @@ import (
 // release, handoff and revoke functions notify "w:" + HashKey(key) + ":"
 // + an event letter + ":" + the fence on the notify channel, but only
 // while some session holds the key's watch lock (store.WatchLockClass),
-// so unwatched keys cost nothing. The loop asks the listener for that
-// lock (a session lock of class classWatch, through the same mail as the
-// waiter locks, waiters.go); once the listener took it (a registered
-// notice), the loop reads the key's state (store.Snapshot on a DB worker,
+// so unwatched keys cost nothing. The loop subscribes the key to topic
+// notifier.Watch (listener.go), which has the listener take that lock;
+// once the listener took it (a registration), the loop reads the key's state (store.Snapshot on a DB worker,
 // one batch in flight for all watched keys) and hands it to the watchers
 // as their first event. A change that committed before that read is in
 // it; one after sends a notification (it saw the lock). The read never
@@ -314,7 +314,7 @@ func (st *loopState) handleWatch(req *watchReq) {
 	case st.closing:
 		req.reply <- closedErr("manager.Watch")
 		return
-	case st.lis.mail == nil:
+	case !st.lis.Live():
 		req.reply <- invalid("manager.Watch", "the Manager has stopped listening for good (its listening connection goes "+
 			"through a transaction-mode pooler; set Config.ListenConnString): nothing would report the key's changes")
 		return
@@ -331,14 +331,13 @@ func (st *loopState) handleWatch(req *watchReq) {
 		wl.byHash[w.hash] = ws
 		// The read comes once the listener holds the watch lock
 		// (handleWatchRegistered). But when the key's last watch ended
-		// and its lock was not handed back yet, the two wishes merge in
-		// the outbox: the listener keeps the lock and posts no
-		// registration, so read now.
-		k := sessionLock{classWatch, w.key}
-		if on, pending := st.lis.outbox[k]; pending && !on {
+		// and its lock was not handed back yet, the two wishes merge:
+		// the listener keeps the lock and posts no registration, so
+		// read now.
+		if st.lis.Unsubscribing(notifier.Watch, w.key) {
 			st.wantWatchRead(ws)
 		}
-		st.lis.want(k, true)
+		st.lis.Subscribe(notifier.Watch, w.key)
 	}
 	w.ws = ws
 	ws.subs = append(ws.subs, w)
@@ -368,7 +367,7 @@ func (st *loopState) unwatch(w *watcher) {
 	ws.checkGen++
 	delete(st.watch.keys, ws.key)
 	delete(st.watch.byHash, ws.hash)
-	st.lis.want(sessionLock{classWatch, ws.key}, false)
+	st.lis.Unsubscribe(notifier.Watch, ws.key)
 }
 
 // closeWatches closes every watcher's channel (Close, or the listener
@@ -386,6 +385,14 @@ func (st *loopState) closeWatches() {
 	}
 	st.watch.keys, st.watch.byHash, st.watch.want = nil, nil, nil
 	st.watch.checks = nil
+}
+
+// handleWatchesRegistered: the listener holds the watch locks of keys now
+// (handleWatchRegistered for each).
+func (st *loopState) handleWatchesRegistered(keys []string) {
+	for _, key := range keys {
+		st.handleWatchRegistered(key)
+	}
 }
 
 // handleWatchRegistered: the listener holds the key's watch lock now, so

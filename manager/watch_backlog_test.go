@@ -32,7 +32,7 @@ func newWatchRig(t *testing.T) *watchRig {
 	}
 	t.Cleanup(func() { m.Close(context.Background()) })
 	st := newLoopState(m)
-	st.lis = listenerLink{mail: make(chan listenerMail)} // a listener that takes no mail
+	st.lis.Idle() // a listener that takes no mail
 	// A reader that keeps up: a buffer as large as the test's changes, so
 	// every event the loop sends is kept.
 	w := &watcher{key: "k", hash: pglease.HashKey("k"), ch: make(chan Event, 1024)}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/manager/internal/notifier"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -376,7 +377,7 @@ func TestWatchAgainBeforeUnregister(t *testing.T) {
 	}
 	defer m.Close(context.Background())
 	st := newLoopState(m)
-	st.lis = listenerLink{mail: make(chan listenerMail)} // a listener that takes no mail
+	st.lis.Idle() // a listener that takes no mail
 	add := func(key string) *watcher {
 		w := &watcher{key: key, hash: pglease.HashKey(key), ch: make(chan Event, watchBuffer)}
 		req := &watchReq{w: w, reply: make(chan error, 1)}
@@ -387,18 +388,18 @@ func TestWatchAgainBeforeUnregister(t *testing.T) {
 		return w
 	}
 	w1 := add("k")
-	st.lis.outbox = nil // handed over: the listener takes the lock
+	st.lis.Handed() // handed over: the listener takes the lock
 	st.handleWatchRegistered("k")
 	if !st.watch.keys["k"].wantRead {
 		t.Fatal("no read after the registration")
 	}
 	st.watch.want = nil
 	st.unwatch(w1)
-	if on, ok := st.lis.outbox[sessionLock{classWatch, "k"}]; !ok || on {
+	if !st.lis.Unsubscribing(notifier.Watch, "k") {
 		t.Fatal("the lock's end is not in the outbox")
 	}
 	add("k")
-	if on := st.lis.outbox[sessionLock{classWatch, "k"}]; !on {
+	if on := st.lis.Outbox()[notifier.Sub{Topic: notifier.Watch, Key: "k"}]; !on {
 		t.Fatal("the lock is not wanted again")
 	}
 	if ws := st.watch.keys["k"]; !ws.wantRead {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/election"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
@@ -273,7 +274,7 @@ func TestStatusWaitingManagers(t *testing.T) {
 		}
 		defer func() { _ = m.Close(context.Background()) }()
 		go func() {
-			_ = m.RunElection(ectx, manager.Election{Name: key, TTL: 10 * time.Second}, func(ctx context.Context, _ *manager.Term) error {
+			_ = election.Run(ectx, m, election.Config{Name: key, TTL: 10 * time.Second}, func(ctx context.Context, _ *election.Term) error {
 				started.Add(1)
 				<-ctx.Done()
 				return nil

@@ -1,4 +1,4 @@
-// Command leader shows leader election with manager.RunElection: two
+// Command leader shows leader election with election.Run: two
 // candidates (each its own Manager and pool, as if they were two
 // processes) campaign for one lease. A leads and does fenced work with its
 // term's fence; B waits and learns who leads. A finishes and resigns: B
@@ -6,7 +6,7 @@
 // B lead. B shuts down; A leads again. A leader that dies or hangs instead
 // is replaced once its lease expires (TTL + 1 s tolerance), and its late
 // writes are refused by the fence: see TestElectionProcesses in package
-// manager (SIGKILL and SIGSTOP of the leader) and examples/demo.
+// election (SIGKILL and SIGSTOP of the leader) and examples/demo.
 //
 //	go run ./internal/cmd/withpg -C examples -- go run ./leader
 package main
@@ -23,6 +23,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease/election"
 	"github.com/pglease/pglease/internal/exampledb"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
@@ -100,7 +101,7 @@ func run(ctx context.Context, w io.Writer, url string) error {
 		c := &candidate{name: name, m: m, pool: pool, stop: stop, terms: make(chan uint64, 10),
 			done: make(chan error, 1), resign: make(chan struct{}, 10), sees: make(chan string, 10)}
 		go func() {
-			c.done <- m.RunElection(cctx, manager.Election{
+			c.done <- election.Run(cctx, m, election.Config{
 				Name: "examples:leader", TTL: 3 * time.Second,
 				OnNewLeader: func(id string, self bool) {
 					if !self {
@@ -111,14 +112,14 @@ func run(ctx context.Context, w io.Writer, url string) error {
 						}
 					}
 				},
-				OnStoppedLeading: func(term *manager.Term, cause error) {
+				OnStoppedLeading: func(term *election.Term, cause error) {
 					why := "resigned"
 					if cause != nil {
 						why = "stopped: " + cause.Error()
 					}
 					say("%s's term (fence %d) ended: %s", name, uint64(term.Fence()), why)
 				},
-			}, func(lctx context.Context, term *manager.Term) error {
+			}, func(lctx context.Context, term *election.Term) error {
 				say("%s leads with fence %d", name, uint64(term.Fence()))
 				tag, err := pool.Exec(lctx, fencedWrite, int64(term.Fence()), name)
 				if err != nil {

@@ -1,4 +1,4 @@
-package manager
+package election
 
 import (
 	"bufio"
@@ -17,6 +17,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/retry"
 )
@@ -49,14 +50,14 @@ func electionChild() int {
 		return 1
 	}
 	defer pool.Close()
-	m, err := New(pool, Config{Config: pg.Config{Holder: os.Getenv(electionChildEnv)}, Retry: retry.Policy{Multiplier: 1, Base: 100 * time.Millisecond}})
+	m, err := manager.New(pool, manager.Config{Config: pg.Config{Holder: os.Getenv(electionChildEnv)}, Retry: retry.Policy{Multiplier: 1, Base: 100 * time.Millisecond}})
 	if err != nil {
 		say("error %v", err)
 		return 1
 	}
 	defer m.Close(context.Background())
 	say("ready")
-	err = m.RunElection(ctx, Election{
+	err = Run(ctx, m, Config{
 		Name: electionName, TTL: electionTTL,
 		OnNewLeader: func(id string, self bool) { say("leader %s %t", id, self) },
 		OnStoppedLeading: func(term *Term, cause error) {
@@ -192,7 +193,7 @@ func TestElectionProcesses(t *testing.T) {
 	t.Parallel()
 	pool, schema := pgtest.Pool(t)
 	ctx := ctxT(t)
-	m, err := New(pool, Config{})
+	m, err := manager.New(pool, manager.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -306,7 +307,7 @@ func TestElectionProcesses(t *testing.T) {
 // configuration fails before any I/O.
 func TestElectionResignAndCallbacks(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{cfg: Config{Retry: retry.Policy{Multiplier: 1, Base: 50 * time.Millisecond}}})
+	b := setup(t, manager.Config{Retry: retry.Policy{Multiplier: 1, Base: 50 * time.Millisecond}})
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
 	var mu sync.Mutex
@@ -320,13 +321,8 @@ func TestElectionResignAndCallbacks(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			name := fmt.Sprint("c", i)
-			err := b.m.RunElection(ctx, Election{
+			err := Run(ctx, b.m, Config{
 				Name: "leader:resign", TTL: time.Second,
-				OnStartedLeading: func(term *Term) {
-					mu.Lock()
-					events = append(events, name+" started")
-					mu.Unlock()
-				},
 				OnStoppedLeading: func(term *Term, cause error) {
 					mu.Lock()
 					events = append(events, fmt.Sprintf("%s stopped %v", name, cause))
@@ -334,6 +330,7 @@ func TestElectionResignAndCallbacks(t *testing.T) {
 				},
 			}, func(fctx context.Context, term *Term) error {
 				mu.Lock()
+				events = append(events, name+" started")
 				leading++
 				n := leading
 				fences = append(fences, term.Fence())
@@ -349,7 +346,7 @@ func TestElectionResignAndCallbacks(t *testing.T) {
 				return nil // resign
 			})
 			if !errors.Is(err, context.Canceled) {
-				t.Errorf("RunElection = %v", err)
+				t.Errorf("Run = %v", err)
 			}
 		}()
 	}
@@ -386,13 +383,16 @@ func TestElectionResignAndCallbacks(t *testing.T) {
 	}
 
 	// Bad configuration: InvalidArgument, no I/O needed.
-	for _, e := range []Election{{Name: ""}, {Name: "x", TTL: time.Millisecond}, {Name: "x", ObserveInterval: -1}} {
-		if err := b.m.RunElection(ctxT(t), e, func(context.Context, *Term) error { return nil }); !errors.Is(err, pglease.ErrInvalidArgument) {
-			t.Fatalf("RunElection(%+v) = %v", e, err)
+	for _, e := range []Config{{Name: ""}, {Name: "x", TTL: time.Millisecond}, {Name: "x", TTL: 299 * time.Millisecond}} {
+		if err := Run(ctxT(t), b.m, e, func(context.Context, *Term) error { return nil }); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Fatalf("Run(%+v) = %v", e, err)
 		}
 	}
-	if err := b.m.RunElection(ctxT(t), Election{Name: "x"}, nil); !errors.Is(err, pglease.ErrInvalidArgument) {
+	if err := Run(ctxT(t), b.m, Config{Name: "x"}, nil); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatal(err)
+	}
+	if err := Run(ctxT(t), nil, Config{Name: "x"}, func(context.Context, *Term) error { return nil }); !errors.Is(err, pglease.ErrInvalidArgument) {
+		t.Fatalf("Run with a nil Manager = %v", err)
 	}
 }
 
@@ -411,7 +411,7 @@ type termSeen struct {
 // the Manager closes. A nil *Term answers InvalidArgument.
 func TestElectionTermHandle(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
+	b := setup(t, manager.Config{})
 	ctx := ctxT(t)
 	const ttl = time.Second
 
@@ -423,13 +423,13 @@ func TestElectionTermHandle(t *testing.T) {
 		done    chan error
 		cancel  context.CancelFunc
 	}
-	start := func(m *Manager, name string, act func(*Term)) *run {
+	start := func(m *manager.Manager, name string, act func(*Term)) *run {
 		r := &run{seen: make(chan termSeen, 1), stopped: make(chan error, 1), done: make(chan error, 1)}
 		ectx, cancel := context.WithCancel(ctx)
 		r.cancel = cancel
 		first := true
 		go func() {
-			r.done <- m.RunElection(ectx, Election{Name: name, TTL: ttl,
+			r.done <- Run(ectx, m, Config{Name: name, TTL: ttl,
 				OnStoppedLeading: func(term *Term, cause error) {
 					select {
 					case r.stopped <- cause:
@@ -497,7 +497,7 @@ func TestElectionTermHandle(t *testing.T) {
 	}
 	r.cancel()
 	if err := <-r.done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("RunElection = %v", err)
+		t.Fatalf("Run = %v", err)
 	}
 
 	// The election's context ends: ErrReleased wrapping context.Canceled,
@@ -510,13 +510,13 @@ func TestElectionTermHandle(t *testing.T) {
 		t.Fatalf("cancel: Err = %v, want ErrReleased wrapping context.Canceled", s.term.Err())
 	}
 	if err := <-r.done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("RunElection = %v", err)
+		t.Fatalf("Run = %v", err)
 	}
 	if c := <-r.stopped; !errors.Is(c, context.Canceled) {
 		t.Fatalf("OnStoppedLeading after cancel: cause %v", c)
 	}
 	if _, ok := lockRow(t, b.pool, "leader:term-cancel"); ok {
-		t.Fatal("the lease is still held after RunElection returned")
+		t.Fatal("the lease is still held after Run returned")
 	}
 
 	// The lease is taken away on the server: ErrLockLost.
@@ -533,7 +533,7 @@ func TestElectionTermHandle(t *testing.T) {
 	<-r.done
 
 	// The Manager closes: ErrClosed.
-	peer, _ := b.newPeer(t, Config{})
+	peer := b.newPeer(t, manager.Config{})
 	r = start(peer, "leader:term-closed", func(*Term) {})
 	s = get(r)
 	if err := peer.Close(ctx); err != nil {
@@ -541,7 +541,7 @@ func TestElectionTermHandle(t *testing.T) {
 	}
 	ended("closed", s.term, pglease.ErrClosed)
 	if err := <-r.done; !errors.Is(err, pglease.ErrClosed) {
-		t.Fatalf("RunElection after Close = %v", err)
+		t.Fatalf("Run after Close = %v", err)
 	}
 
 	// A nil *Term.

@@ -1,4 +1,4 @@
-package manager
+package election
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -22,7 +23,7 @@ import (
 // a candidate reports its own term as another's.
 func TestElectionObserveLatency(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
+	b := setup(t, manager.Config{})
 	ctx, cancel := context.WithCancel(ctxT(t))
 	defer cancel()
 	const ttl = 3 * time.Second
@@ -40,17 +41,12 @@ func TestElectionObserveLatency(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 3 {
 		id := fmt.Sprintf("cand-%d", i)
-		m, _ := b.newPeer(t, Config{Config: pg.Config{Holder: id}})
+		m := b.newPeer(t, manager.Config{Config: pg.Config{Holder: id}})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = m.RunElection(ctx, Election{
+			_ = Run(ctx, m, Config{
 				Name: "leader:latency", TTL: ttl,
-				OnStartedLeading: func(term *Term) {
-					mu.Lock()
-					grants = append(grants, seen{id, term.Lock().AcquiredAt()})
-					mu.Unlock()
-				},
 				OnNewLeader: func(leader string, self bool) {
 					now := time.Now()
 					if self {
@@ -66,6 +62,9 @@ func TestElectionObserveLatency(t *testing.T) {
 					mu.Unlock()
 				},
 			}, func(fctx context.Context, term *Term) error {
+				mu.Lock()
+				grants = append(grants, seen{id, term.Lock().AcquiredAt()})
+				mu.Unlock()
 				select {
 				case <-time.After(time.Second):
 				case <-fctx.Done():
@@ -90,7 +89,7 @@ func TestElectionObserveLatency(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	// An observation is of its leader's latest grant before it (a
-	// follower may learn before the leader's OnStartedLeading runs).
+	// follower may learn before the leader's function starts).
 	var lat []time.Duration
 	for _, o := range observed {
 		var g time.Time
