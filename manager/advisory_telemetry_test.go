@@ -276,7 +276,7 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", advPID(b.m)).Scan(&terminated); err != nil || !terminated {
 		t.Fatalf("pg_terminate_backend = %v, %v", terminated, err)
 	}
-	for _, l := range []*AdvisoryLock{la, lb} {
+	for _, l := range []*advisory.Lock{la, lb} {
 		waitDone(t, l)
 		if !errors.Is(l.Err(), pglease.ErrLockLost) {
 			t.Fatalf("cause = %v, want ErrLockLost", l.Err())
@@ -343,7 +343,7 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 	rg := newRig(t)
 	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}, noSignals: true})
 	ctx := ctxT(t)
-	var locks []*AdvisoryLock
+	var locks []*advisory.Lock
 	for range 3 {
 		l, err := b.m.LockAdvisory(ctx, advKey())
 		if err != nil {

@@ -33,11 +33,12 @@ func fastProbe(m *Manager) {
 // advPID returns the backend pid of m's current advisory session, 0 if none.
 func advPID(m *Manager) int32 {
 	m.adv.mu.Lock()
-	defer m.adv.mu.Unlock()
-	if m.adv.sess == nil {
+	c := m.adv.c
+	m.adv.mu.Unlock()
+	if c == nil {
 		return 0
 	}
-	return m.adv.sess.BackendPID()
+	return advFuncs.SessionPID(c)
 }
 
 // until polls cond (a database condition that has no signal) until it
@@ -81,7 +82,7 @@ func waitErrCh(t *testing.T, ch <-chan error) error {
 	}
 }
 
-func waitDone(t *testing.T, l *AdvisoryLock) {
+func waitDone(t *testing.T, l *advisory.Lock) {
 	t.Helper()
 	select {
 	case <-l.Done():
@@ -91,7 +92,7 @@ func waitDone(t *testing.T, l *AdvisoryLock) {
 }
 
 type lockResult struct {
-	l   *AdvisoryLock
+	l   *advisory.Lock
 	err error
 }
 
@@ -125,7 +126,7 @@ func TestAdvisoryTwoManagers(t *testing.T) {
 	close(start)
 	wg.Wait()
 	winners := 0
-	var winner *AdvisoryLock
+	var winner *advisory.Lock
 	var loser *Manager
 	for i, r := range res {
 		if r.err != nil {
@@ -252,8 +253,8 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	check("cancelled ctx", pglease.ErrAborted, func() error { _, err := m.LockAdvisory(cancelled, key); return err })
 	check("zero key", pglease.ErrInvalidArgument, func() error { _, err := m.LockAdvisory(ctx, advisory.Key{}); return err })
 	check("try zero key", pglease.ErrInvalidArgument, func() error { _, _, err := m.TryLockAdvisory(ctx, advisory.Key{}); return err })
-	check("release nil ctx", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{m: m}).Release(nilCtx) })
-	check("release zero lock", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{}).Release(ctx) })
+	check("release nil ctx", pglease.ErrInvalidArgument, func() error { return (&advisory.Lock{}).Release(nilCtx) })
+	check("release zero lock", pglease.ErrInvalidArgument, func() error { return (&advisory.Lock{}).Release(ctx) })
 	if pid := advPID(m); pid != 0 {
 		t.Fatalf("bad input opened a session (pid %d)", pid)
 	}
@@ -267,6 +268,7 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	if qc.n.Load() == before {
 		t.Fatal("the statement counter saw no statement for a valid call")
 	}
+	check("release nil ctx of a held lock", pglease.ErrInvalidArgument, func() error { return l.Release(nilCtx) })
 	// A key held through this Manager: the try answers ok=false and the
 	// wait waits for the local holder, both without I/O (the wait ends
 	// with its context here, saying who held the key).
@@ -329,7 +331,7 @@ func TestAdvisoryTerminate(t *testing.T) {
 	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
 		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
 	}
-	for _, l := range []*AdvisoryLock{la, lb} {
+	for _, l := range []*advisory.Lock{la, lb} {
 		waitDone(t, l)
 		if !errors.Is(l.Err(), pglease.ErrLockLost) {
 			t.Fatalf("cause = %v, want ErrLockLost", l.Err())
@@ -362,7 +364,7 @@ func TestAdvisoryTerminate(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LockAdvisory of the lost key: %v", err)
 	}
-	for _, l := range []*AdvisoryLock{la2, lb2} {
+	for _, l := range []*advisory.Lock{la2, lb2} {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -419,7 +421,7 @@ func TestAdvisoryClose(t *testing.T) {
 	if _, err := m.LockAdvisory(ctx, advKey()); !errors.Is(err, pglease.ErrClosed) {
 		t.Fatalf("LockAdvisory after Close = %v", err)
 	}
-	for _, l := range []*AdvisoryLock{pl, pl2} {
+	for _, l := range []*advisory.Lock{pl, pl2} {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -467,7 +469,7 @@ func TestAdvisoryWaitBounded(t *testing.T) {
 	if err != nil {
 		t.Fatalf("LockAdvisory after the holder left: %v", err)
 	}
-	for _, l := range []*AdvisoryLock{l, l2} {
+	for _, l := range []*advisory.Lock{l, l2} {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
