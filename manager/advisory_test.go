@@ -306,71 +306,6 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	}
 }
 
-// TestAdvisoryTerminate: pg_terminate_backend of the session's backend
-// cancels every advisory lock's Context with ErrLockLost (the server
-// freed them), and the next call opens a new session.
-func TestAdvisoryTerminate(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{noSignals: true})
-	m := b.m
-	fastProbe(m)
-	peer, _ := b.newPeer(t, Config{})
-	admin, _ := pgtest.Pool(t)
-	ctx := ctxT(t)
-	ka, kb := advKey(), advKey()
-	la, err := m.LockAdvisory(ctx, ka)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, _, err := m.TryLockAdvisory(ctx, kb)
-	if err != nil || lb == nil {
-		t.Fatalf("TryLockAdvisory = %v, %v", lb != nil, err)
-	}
-	pid := advPID(m)
-	var ok bool
-	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
-		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
-	}
-	for _, l := range []*advisory.Lock{la, lb} {
-		waitDone(t, l)
-		if !errors.Is(l.Err(), pglease.ErrLockLost) {
-			t.Fatalf("cause = %v, want ErrLockLost", l.Err())
-		}
-	}
-	if err := la.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
-		t.Fatalf("Release of a lost lock = %v, want ErrLockLost", err)
-	}
-	// The server freed kb with the session: another Manager takes it.
-	pl, ok, err := peer.TryLockAdvisory(ctx, kb)
-	if err != nil || !ok {
-		t.Fatalf("peer TryLockAdvisory of a freed key = %v, %v", ok, err)
-	}
-	// A new session, and the lost key can be taken again here.
-	la2, err := m.LockAdvisory(ctx, ka)
-	if err != nil {
-		t.Fatalf("LockAdvisory after the loss: %v", err)
-	}
-	if np := advPID(m); np == 0 || np == pid {
-		t.Fatalf("session pid %d after the loss, old %d", np, pid)
-	}
-	if _, ok, err := peer.TryLockAdvisory(ctx, ka); ok || err != nil {
-		t.Fatalf("peer TryLockAdvisory of the re-taken key = %v, %v", ok, err)
-	}
-	// The stale lb entry does not block kb once the peer lets it go.
-	if err := pl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lb2, err := m.LockAdvisory(ctx, kb)
-	if err != nil {
-		t.Fatalf("LockAdvisory of the lost key: %v", err)
-	}
-	for _, l := range []*advisory.Lock{la2, lb2} {
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
 // TestAdvisoryClose: Close cancels held advisory locks with ErrClosed,
 // fails a waiting LockAdvisory with ErrClosed, frees the server locks
 // (another Manager takes them) and leaves the Manager refusing calls.
@@ -422,54 +357,6 @@ func TestAdvisoryClose(t *testing.T) {
 		t.Fatalf("LockAdvisory after Close = %v", err)
 	}
 	for _, l := range []*advisory.Lock{pl, pl2} {
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// TestAdvisoryWaitBounded: a LockAdvisory whose ctx ends while the key is
-// held elsewhere returns Aborted, and the Manager's other advisory locks
-// stay held on the same session; the key can be taken later.
-func TestAdvisoryWaitBounded(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{noSignals: true})
-	m := b.m
-	peer, _ := b.newPeer(t, Config{})
-	ctx := ctxT(t)
-	mine, theirs := advKey(), advKey()
-	l, err := m.LockAdvisory(ctx, mine)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := advPID(m)
-	pl, err := peer.LockAdvisory(ctx, theirs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = m.LockAdvisory(wctx, theirs)
-	cancel()
-	if !errors.Is(err, pglease.ErrAborted) {
-		t.Fatalf("bounded LockAdvisory = %v, want Aborted", err)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("bounded LockAdvisory = %v, want it to wrap DeadlineExceeded", err)
-	}
-	if l.Err() != nil || advPID(m) != pid {
-		t.Fatalf("the other lock ended (%v) or the session changed", l.Err())
-	}
-	if _, ok, err := peer.TryLockAdvisory(ctx, mine); ok || err != nil {
-		t.Fatalf("peer TryLockAdvisory of the still-held key = %v, %v", ok, err)
-	}
-	if err := pl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l2, err := m.LockAdvisory(ctx, theirs)
-	if err != nil {
-		t.Fatalf("LockAdvisory after the holder left: %v", err)
-	}
-	for _, l := range []*advisory.Lock{l, l2} {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -43,12 +43,13 @@ import (
 // A Client is safe for concurrent use. The pool is not closed by the
 // Client.
 type Client struct {
-	pool     *pgxpool.Pool  // immutable
-	opts     Options        // immutable: the sessions' options (HoldLimit 0: the Client applies it per lock)
-	cfg      advhook.Config // immutable, defaults filled
-	opening  singleflight.Group
-	stop     context.Context    // immutable; cancelled when Close begins: an Open in flight gives up
-	stopOpen context.CancelFunc // immutable
+	pool      *pgxpool.Pool  // immutable
+	opts      Options        // immutable: the sessions' options, HoldLimit 0
+	holdLimit time.Duration  // immutable: Options.HoldLimit, applied per lock by take
+	cfg       advhook.Config // immutable, defaults filled
+	opening   singleflight.Group
+	stop      context.Context    // immutable; cancelled when Close begins: an Open in flight gives up
+	stopOpen  context.CancelFunc // immutable
 
 	mu      sync.Mutex
 	closed  bool                    // Close began: no new session, no new lock
@@ -166,7 +167,11 @@ func newClient(pool *pgxpool.Pool, opts *Options, cfg advhook.Config) (*Client, 
 	if cfg.HeldHereMsg == "" {
 		cfg.HeldHereMsg = "the key was held through this Client (another of its callers; locks are not re-entrant)"
 	}
-	c := &Client{pool: pool, opts: o, cfg: cfg}
+	c := &Client{pool: pool, opts: o, holdLimit: o.HoldLimit, cfg: cfg}
+	// The Client applies the hold limit to its own handle (take): the
+	// session's lock under it must not end at the limit, or the Client
+	// would hand a still-held key to its next caller.
+	c.opts.HoldLimit = 0
 	c.stop, c.stopOpen = context.WithCancel(context.Background())
 	return c, nil
 }
@@ -185,7 +190,7 @@ func newClient(pool *pgxpool.Pool, opts *Options, cfg advhook.Config) (*Client, 
 // (pg_advisory_lock) only when that finds the key held, so an
 // uncontended call costs one statement.
 func (c *Client) Lock(ctx context.Context, k Key) (*Lock, error) {
-	return c.acquire(ctx, "advisory.Client.Lock", k, true, c.opts.HoldLimit)
+	return c.acquire(ctx, "advisory.Client.Lock", k, true, c.holdLimit)
 }
 
 // TryLock makes one attempt to take k without waiting: ok is false (and
@@ -193,7 +198,7 @@ func (c *Client) Lock(ctx context.Context, k Key) (*Lock, error) {
 // holds it or is taking it (without I/O). Errors as Lock; ctx bounds the
 // attempt and the caller's wait for the session to open.
 func (c *Client) TryLock(ctx context.Context, k Key) (l *Lock, ok bool, err error) {
-	l, err = c.acquire(ctx, "advisory.Client.TryLock", k, false, c.opts.HoldLimit)
+	l, err = c.acquire(ctx, "advisory.Client.TryLock", k, false, c.holdLimit)
 	return l, l != nil, err
 }
 
