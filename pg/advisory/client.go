@@ -190,7 +190,7 @@ func newClient(pool *pgxpool.Pool, opts *Options, cfg advhook.Config) (*Client, 
 // (pg_advisory_lock) only when that finds the key held, so an
 // uncontended call costs one statement.
 func (c *Client) Lock(ctx context.Context, k Key) (*Lock, error) {
-	return c.acquire(ctx, "advisory.Client.Lock", k, true, c.holdLimit)
+	return c.acquire(ctx, "advisory.Client.Lock", k, true, c.limit())
 }
 
 // TryLock makes one attempt to take k without waiting: ok is false (and
@@ -198,8 +198,17 @@ func (c *Client) Lock(ctx context.Context, k Key) (*Lock, error) {
 // holds it or is taking it (without I/O). Errors as Lock; ctx bounds the
 // attempt and the caller's wait for the session to open.
 func (c *Client) TryLock(ctx context.Context, k Key) (l *Lock, ok bool, err error) {
-	l, err = c.acquire(ctx, "advisory.Client.TryLock", k, false, c.holdLimit)
+	l, err = c.acquire(ctx, "advisory.Client.TryLock", k, false, c.limit())
 	return l, l != nil, err
+}
+
+// limit is the hold limit of the Client's own calls (0 on a nil Client,
+// which acquire refuses).
+func (c *Client) limit() time.Duration {
+	if c == nil {
+		return 0
+	}
+	return c.holdLimit
 }
 
 func (c *Client) closedErr(op string) error {

@@ -241,6 +241,8 @@ func TestClientBadInputNoIO(t *testing.T) {
 	check("zero key", pglease.ErrInvalidArgument, func() error { _, err := c.Lock(ctx, Key{}); return err })
 	check("try zero key", pglease.ErrInvalidArgument, func() error { _, _, err := c.TryLock(ctx, Key{}); return err })
 	check("zero client", pglease.ErrInvalidArgument, func() error { _, err := (&Client{}).Lock(ctx, k); return err })
+	check("nil client", pglease.ErrInvalidArgument, func() error { _, _, err := (*Client)(nil).TryLock(ctx, k); return err })
+	check("close nil client", pglease.ErrInvalidArgument, func() error { return (*Client)(nil).Close(ctx) })
 	check("close nil ctx", pglease.ErrInvalidArgument, func() error { return c.Close(nilCtx) })
 	if pid := clientPID(c); pid != 0 {
 		t.Fatalf("bad input opened a session (pid %d)", pid)
