@@ -678,3 +678,92 @@ func TestClientHoldLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// gatedPool returns a pool whose new connections wait, before they
+// connect, until gate is closed or their context ends; connects counts
+// the connections started.
+func gatedPool(t testing.TB) (pool *pgxpool.Pool, gate chan struct{}, connects *atomic.Int64) {
+	gate, connects = make(chan struct{}), &atomic.Int64{}
+	pool = newPool(t, func(c *pgxpool.Config) {
+		c.BeforeConnect = func(ctx context.Context, _ *pgx.ConnConfig) error {
+			connects.Add(1)
+			select {
+			case <-gate:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	})
+	return pool, gate, connects
+}
+
+// TestClientOpenOutlivesCaller: the session is opened once for all
+// callers, detached from their contexts: a caller whose context ends while
+// the session is being opened returns Aborted, and the open goes on for
+// the caller who came next, which gets its lock on that same open (one
+// connection made in all).
+func TestClientOpenOutlivesCaller(t *testing.T) {
+	t.Parallel()
+	pool, gate, connects := gatedPool(t)
+	c := testClient(t, pool, testOpts())
+	ctx := ctxT(t, 30*time.Second)
+	k := randKey()
+
+	short, cancel := context.WithCancel(ctx)
+	first := make(chan lockResult, 1)
+	go func() {
+		l, err := c.Lock(short, k)
+		first <- lockResult{1, l, err}
+	}()
+	waitFor(t, "the open to start", func() bool { return connects.Load() == 1 })
+	cancel()
+	r := recv(t, first)
+	if !errors.Is(r.err, pglease.ErrAborted) || !strings.Contains(r.err.Error(), "being opened") {
+		t.Fatalf("Lock whose ctx ended during the open = %v, want Aborted while the session was being opened", r.err)
+	}
+	second := make(chan lockResult, 1)
+	go func() {
+		l, err := c.Lock(ctx, k)
+		second <- lockResult{2, l, err}
+	}()
+	close(gate)
+	r = recv(t, second)
+	if r.err != nil {
+		t.Fatalf("Lock after the first caller left: %v", r.err)
+	}
+	if n := connects.Load(); n != 1 {
+		t.Errorf("%d connections made, want 1: the first caller's end cancelled the shared open", n)
+	}
+	if !heldBy(t, superConn(t), clientPID(c), k) {
+		t.Error("the key is not held by the Client's session")
+	}
+	if err := r.l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestClientCloseDuringOpen: Close while the session is being opened
+// cancels the open: the waiting caller gets ErrClosed, Close returns, and
+// no session is left (goleak in TestMain checks for goroutines).
+func TestClientCloseDuringOpen(t *testing.T) {
+	t.Parallel()
+	pool, _, connects := gatedPool(t)
+	c := testClient(t, pool, testOpts())
+	ctx := ctxT(t, 30*time.Second)
+	res := make(chan lockResult, 1)
+	go func() {
+		l, err := c.Lock(ctx, randKey())
+		res <- lockResult{1, l, err}
+	}()
+	waitFor(t, "the open to start", func() bool { return connects.Load() == 1 })
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := recv(t, res); !errors.Is(r.err, pglease.ErrClosed) {
+		t.Fatalf("Lock during Close = %v, want ErrClosed", r.err)
+	}
+	if pid := clientPID(c); pid != 0 {
+		t.Fatalf("a session (pid %d) is left after Close", pid)
+	}
+}
