@@ -40,12 +40,14 @@ type advisoryState struct {
 // advisory.Session.Lock).
 //
 // All advisory locks of a Manager are held through one advisory.Client,
-// made on first use: one advisory.Session (a dedicated connection
-// hijacked from the Manager's pool, with a probe), opened on first use;
-// after that session is lost, the next call opens a new one. Its opening
-// is bounded by Config.StatementTimeout. When the session is lost
-// (connection cut, pg_terminate_backend, server restart) the server has
-// already freed its locks: every held lock's Context ends with a cause
+// on one advisory.Session (a dedicated connection hijacked from the
+// Manager's pool, with a probe) that it opens on first use, and again on
+// the next call after that session is lost. Concurrent callers share one
+// opening, bounded by Config.StatementTimeout and by Close but not by
+// their contexts: a caller whose ctx ends first returns CodeAborted, and
+// the opening goes on for the next. When the session is lost (connection
+// cut, pg_terminate_backend, server restart) the server has already
+// freed its locks: every held lock's Context ends with a cause
 // matching pglease.ErrLockLost once the probe notices (within about
 // ProbeInterval + ProbeTimeout, 2 s by default). No fence covers that
 // window: see package advisory for when to prefer a lease or a
@@ -193,7 +195,7 @@ func (m *Manager) advisoryClient(op string) (*advisory.Client, error) {
 			HeldHereMsg: heldHereMsg,
 		})
 		if err != nil {
-			return nil, pgerr.New(pglease.CodeInternal, op, "advisory client", err)
+			return nil, reop(op, err) // only a test's bad advisory options
 		}
 		a.c = c
 	}

@@ -40,8 +40,10 @@ import (
 // Close ends the held locks with a cause matching pglease.ErrClosed and
 // fails waiting calls with ErrClosed.
 //
-// A Client is safe for concurrent use. The pool is not closed by the
-// Client.
+// A Client made by NewClient records no telemetry, like a Session; the
+// Manager's records spans and metrics through its Config.Telemetry (see
+// manager.Manager.TryLockAdvisory). A Client is safe for concurrent use.
+// The pool is not closed by the Client.
 type Client struct {
 	pool      *pgxpool.Pool  // immutable
 	opts      Options        // immutable: the sessions' options, HoldLimit 0
