@@ -8,6 +8,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/advhook"
+	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg/advisory"
 )
@@ -171,6 +172,10 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 	}
 	c, err := m.advisoryClient(op)
 	if err != nil {
+		// Closed: the acquire span records it, as the Client's own
+		// refusal does.
+		_, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), obs.AcquireInfo{Kind: obs.KindAdvisory, Try: !blocking})
+		acq.Failed(err)
 		return nil, err
 	}
 	return advFuncs.Acquire(ctx, c, key, advhook.Call{Op: op, Blocking: blocking, HoldLimit: holdLimit})

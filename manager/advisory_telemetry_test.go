@@ -337,7 +337,8 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 // TestAdvisoryTelemetryClose: Close releases two held advisory locks with
 // the session: a pglease.release span each (outcome ok), both linked to
 // one root pglease.advisory_unlock round trip of batch size 2, and the
-// held gauge back to 0. A lock unlocked before Close is released once.
+// held gauge back to 0. A lock unlocked before Close is released once. A
+// call after Close records its acquire span, ended "closed".
 func TestAdvisoryTelemetryClose(t *testing.T) {
 	t.Parallel()
 	rg := newRig(t)
@@ -400,4 +401,19 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 	if n := sumOf(t, ms["pglease.lock.held"], kindAdvisory); n != 0 {
 		t.Errorf("lock.held{advisory} after Close = %d", n)
 	}
+
+	late := advKey()
+	if _, _, err := b.m.TryLockAdvisory(ctx, late); !errors.Is(err, pglease.ErrClosed) {
+		t.Fatalf("TryLockAdvisory after Close = %v, want ErrClosed", err)
+	}
+	var lateAcq sdktrace.ReadOnlySpan
+	for _, s := range named(rg.spans.Ended(), spanAcquire) {
+		if attrOf(s.Attributes(), attrKeyHash) == advHash(late).Value {
+			lateAcq = s
+		}
+	}
+	if lateAcq == nil {
+		t.Fatal("no acquire span for a TryLockAdvisory after Close")
+	}
+	wantAttrs(t, lateAcq, kindAdvisory, attrTry.Bool(true), attrOutcome.String("closed"), attrAttempts.Int64(0))
 }
