@@ -312,43 +312,51 @@ func (c *Client) take(ctx context.Context, op string, k Key, blocking bool, hold
 		if il == nil {
 			return nil, nil // TryLock: held by another session
 		}
-		h := &clientHold{c: c, inner: il, acq: acq}
-		l := &Lock{key: k, via: h}
-		l.ctx, l.cancel = context.WithCancelCause(context.Background())
-		if holdLimit > 0 {
-			h.limitCause = pgerr.New(pglease.CodeHoldLimitExceeded, "advisory.Lock",
-				"the lock reached its hold limit ("+holdLimit.String()+"); stop and release it (it is still held)", nil)
-			h.limitTimer = time.AfterFunc(holdLimit, func() { l.cancel(h.limitCause) })
-		}
-		if !c.install(l) {
-			// Close began after the grant; its Session.Close releases it.
-			if h.limitTimer != nil {
-				h.limitTimer.Stop()
-			}
-			l.cancel(c.cfg.ClosedCause)
-			return nil, c.closedErr(op)
-		}
-		granted = true
-		// l's context follows il's: the session reports a loss by
-		// cancelling il's context with a LockLost cause. The loss is
-		// recorded before l's context ends, so whoever watches l.Done()
-		// finds it in telemetry. il's context always ends (Release, loss,
-		// or the session's Close), so this never outlives the session;
-		// after Release or Close, l's context has ended already and keeps
-		// its own cause.
-		context.AfterFunc(il.Context(), func() {
-			if h.limitTimer != nil {
-				h.limitTimer.Stop()
-			}
-			cause := context.Cause(il.Context())
-			if errors.Is(cause, pglease.ErrLockLost) {
-				acq.Lost(obs.LossSessionEnded, trace.SpanContext{})
-				c.forget(l) // the server freed it with the session: hand it on
-			}
-			l.cancel(cause)
-		})
-		return l, nil
+		l, err := c.hand(op, k, il, holdLimit, acq)
+		granted = err == nil
+		return l, err
 	}
+}
+
+// hand wraps the session's lock il in the Client's handle, arms its hold
+// limit, installs it (recording the grant) and makes its context follow
+// il's. Once Close has begun, il is left to Close's Session.Close and
+// the answer is Closed.
+func (c *Client) hand(op string, k Key, il *Lock, holdLimit time.Duration, acq *obs.Acquisition) (*Lock, error) {
+	h := &clientHold{c: c, inner: il, acq: acq}
+	l := &Lock{key: k, via: h}
+	l.ctx, l.cancel = context.WithCancelCause(context.Background())
+	if holdLimit > 0 {
+		h.limitCause = pgerr.New(pglease.CodeHoldLimitExceeded, "advisory.Lock",
+			"the lock reached its hold limit ("+holdLimit.String()+"); stop and release it (it is still held)", nil)
+		h.limitTimer = time.AfterFunc(holdLimit, func() { l.cancel(h.limitCause) })
+	}
+	if !c.install(l) {
+		// Close began after the grant; its Session.Close releases it.
+		if h.limitTimer != nil {
+			h.limitTimer.Stop()
+		}
+		l.cancel(c.cfg.ClosedCause)
+		return nil, c.closedErr(op)
+	}
+	// l's context follows il's: the session reports a loss by cancelling
+	// il's context with a LockLost cause. The loss is recorded before l's
+	// context ends, so whoever watches l.Done() finds it in telemetry.
+	// il's context always ends (Release, loss, or the session's Close),
+	// so this never outlives the session; after Release or Close, l's
+	// context has ended already and keeps its own cause.
+	context.AfterFunc(il.Context(), func() {
+		if h.limitTimer != nil {
+			h.limitTimer.Stop()
+		}
+		cause := context.Cause(il.Context())
+		if errors.Is(cause, pglease.ErrLockLost) {
+			acq.Lost(obs.LossSessionEnded, trace.SpanContext{})
+			c.forget(l) // the server freed it with the session: hand it on
+		}
+		l.cancel(cause)
+	})
+	return l, nil
 }
 
 // roundTrip makes one call to the session, TryLock or (blocking) Lock,
@@ -748,24 +756,7 @@ func (c *Client) beginClose(ctx context.Context, timeout time.Duration) {
 			}
 		}
 		c.mu.Unlock()
-		var rels []obs.Release
-		var relSC trace.SpanContext
-		for _, l := range held {
-			h := l.via
-			if ic := h.inner.Context(); ic.Err() != nil {
-				l.cancel(context.Cause(ic)) // lost, and Lost recorded or about to be
-			}
-			pastLimit := h.heldPastLimit(l) && h.pastLimitEnd.CompareAndSwap(false, true)
-			l.cancel(c.cfg.ClosedCause)
-			if h.limitTimer != nil {
-				h.limitTimer.Stop()
-			}
-			if context.Cause(l.ctx) == c.cfg.ClosedCause || pastLimit { // not released or lost before
-				rctx, rel := h.acq.StartRelease(context.Background())
-				rels = append(rels, rel)
-				relSC = trace.SpanContextFromContext(rctx)
-			}
-		}
+		rels, relSC := c.endHeld(held)
 		if s != nil {
 			var db obs.DBSpan
 			if len(rels) > 0 {
@@ -791,6 +782,30 @@ func (c *Client) beginClose(ctx context.Context, timeout time.Duration) {
 		}
 		c.unlocks.Wait()
 	}()
+}
+
+// endHeld ends the held locks' contexts with the closed cause, and
+// starts a release (telemetry) for each whose end Close decided: not
+// released or lost before, or past its hold limit and not taken over by
+// its Release. relSC is the span context of the last of them.
+func (c *Client) endHeld(held []*Lock) (rels []obs.Release, relSC trace.SpanContext) {
+	for _, l := range held {
+		h := l.via
+		if ic := h.inner.Context(); ic.Err() != nil {
+			l.cancel(context.Cause(ic)) // lost, and Lost recorded or about to be
+		}
+		pastLimit := h.heldPastLimit(l) && h.pastLimitEnd.CompareAndSwap(false, true)
+		l.cancel(c.cfg.ClosedCause)
+		if h.limitTimer != nil {
+			h.limitTimer.Stop()
+		}
+		if context.Cause(l.ctx) == c.cfg.ClosedCause || pastLimit {
+			rctx, rel := h.acq.StartRelease(context.Background())
+			rels = append(rels, rel)
+			relSC = trace.SpanContextFromContext(rctx)
+		}
+	}
+	return rels, relSC
 }
 
 // wait blocks until the close started by beginClose has finished.
