@@ -767,3 +767,42 @@ func TestClientCloseDuringOpen(t *testing.T) {
 		t.Fatalf("a session (pid %d) is left after Close", pid)
 	}
 }
+
+// TestClientExclusion: goroutines of two Clients take one key over and
+// over; at no moment do two of them hold it (callers of one Client are
+// excluded by its queue, the two Clients by the server), and every call
+// is granted.
+func TestClientExclusion(t *testing.T) {
+	t.Parallel()
+	pool := newPool(t)
+	clients := []*Client{testClient(t, pool, testOpts()), testClient(t, pool, testOpts())}
+	ctx := ctxT(t, 120*time.Second)
+	k := randKey()
+	var holders, grants atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 8 {
+		c := clients[g%2]
+		wg.Go(func() {
+			for range 15 {
+				l, err := c.Lock(ctx, k)
+				if err != nil {
+					t.Errorf("Lock: %v", err)
+					return
+				}
+				if n := holders.Add(1); n != 1 {
+					t.Errorf("%d holders at once", n)
+				}
+				grants.Add(1)
+				holders.Add(-1)
+				if err := l.Release(ctx); err != nil {
+					t.Errorf("Release: %v", err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := grants.Load(); n != 8*15 {
+		t.Fatalf("%d grants, want %d", n, 8*15)
+	}
+}
