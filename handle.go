@@ -3,10 +3,11 @@ package pglease
 import "context"
 
 // Handle is what every held lock of pglease has in common, whatever kind
-// it is: a lease lock (*manager.Lock), a session advisory lock taken
-// through a Manager (*manager.AdvisoryLock), directly on a session
-// (*advisory.Lock), or a leader's term in an election (*election.Term). Code that only needs to hold a lock, watch it and let
-// it go can take a Handle and work with all of them.
+// it is: a lease lock (*manager.Lock), a session advisory lock
+// (*advisory.Lock, whether taken on a Session, through an
+// advisory.Client or through a Manager), or a leader's term in an
+// election (*election.Term). Code that only needs to hold a lock, watch it
+// and let it go can take a Handle and work with all of them.
 //
 // Each handle also has a Key method returning its own key type (a string
 // for leases, an advisory.Key for advisory locks), and leases add Fence

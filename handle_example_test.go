@@ -79,8 +79,8 @@ func ExampleHandle() {
 	// *manager.Lock
 	//   fenced: true
 	//   ended: pglease: manager.Release: Released: lock released | released: true
-	// *manager.AdvisoryLock
-	//   ended: pglease: manager.AdvisoryLock.Release: Released: lock released | released: true
+	// *advisory.Lock
+	//   ended: pglease: advisory.Lock.Release: Released: lock released | released: true
 	// *advisory.Lock
 	//   ended: pglease: advisory.Lock.Release: Released: lock released | released: true
 	// nil handle: true

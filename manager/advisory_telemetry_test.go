@@ -276,7 +276,7 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", advPID(b.m)).Scan(&terminated); err != nil || !terminated {
 		t.Fatalf("pg_terminate_backend = %v, %v", terminated, err)
 	}
-	for _, l := range []*AdvisoryLock{la, lb} {
+	for _, l := range []*advisory.Lock{la, lb} {
 		waitDone(t, l)
 		if !errors.Is(l.Err(), pglease.ErrLockLost) {
 			t.Fatalf("cause = %v, want ErrLockLost", l.Err())
@@ -337,13 +337,14 @@ func TestAdvisoryTelemetryLoss(t *testing.T) {
 // TestAdvisoryTelemetryClose: Close releases two held advisory locks with
 // the session: a pglease.release span each (outcome ok), both linked to
 // one root pglease.advisory_unlock round trip of batch size 2, and the
-// held gauge back to 0. A lock unlocked before Close is released once.
+// held gauge back to 0. A lock unlocked before Close is released once. A
+// call after Close records its acquire span, ended "closed".
 func TestAdvisoryTelemetryClose(t *testing.T) {
 	t.Parallel()
 	rg := newRig(t)
 	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}, noSignals: true})
 	ctx := ctxT(t)
-	var locks []*AdvisoryLock
+	var locks []*advisory.Lock
 	for range 3 {
 		l, err := b.m.LockAdvisory(ctx, advKey())
 		if err != nil {
@@ -400,4 +401,19 @@ func TestAdvisoryTelemetryClose(t *testing.T) {
 	if n := sumOf(t, ms["pglease.lock.held"], kindAdvisory); n != 0 {
 		t.Errorf("lock.held{advisory} after Close = %d", n)
 	}
+
+	late := advKey()
+	if _, _, err := b.m.TryLockAdvisory(ctx, late); !errors.Is(err, pglease.ErrClosed) {
+		t.Fatalf("TryLockAdvisory after Close = %v, want ErrClosed", err)
+	}
+	var lateAcq sdktrace.ReadOnlySpan
+	for _, s := range named(rg.spans.Ended(), spanAcquire) {
+		if attrOf(s.Attributes(), attrKeyHash) == advHash(late).Value {
+			lateAcq = s
+		}
+	}
+	if lateAcq == nil {
+		t.Fatal("no acquire span for a TryLockAdvisory after Close")
+	}
+	wantAttrs(t, lateAcq, kindAdvisory, attrTry.Bool(true), attrOutcome.String("closed"), attrAttempts.Int64(0))
 }

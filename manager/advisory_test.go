@@ -33,11 +33,12 @@ func fastProbe(m *Manager) {
 // advPID returns the backend pid of m's current advisory session, 0 if none.
 func advPID(m *Manager) int32 {
 	m.adv.mu.Lock()
-	defer m.adv.mu.Unlock()
-	if m.adv.sess == nil {
+	c := m.adv.c
+	m.adv.mu.Unlock()
+	if c == nil {
 		return 0
 	}
-	return m.adv.sess.BackendPID()
+	return advFuncs.SessionPID(c)
 }
 
 // until polls cond (a database condition that has no signal) until it
@@ -81,7 +82,7 @@ func waitErrCh(t *testing.T, ch <-chan error) error {
 	}
 }
 
-func waitDone(t *testing.T, l *AdvisoryLock) {
+func waitDone(t *testing.T, l *advisory.Lock) {
 	t.Helper()
 	select {
 	case <-l.Done():
@@ -91,7 +92,7 @@ func waitDone(t *testing.T, l *AdvisoryLock) {
 }
 
 type lockResult struct {
-	l   *AdvisoryLock
+	l   *advisory.Lock
 	err error
 }
 
@@ -125,7 +126,7 @@ func TestAdvisoryTwoManagers(t *testing.T) {
 	close(start)
 	wg.Wait()
 	winners := 0
-	var winner *AdvisoryLock
+	var winner *advisory.Lock
 	var loser *Manager
 	for i, r := range res {
 		if r.err != nil {
@@ -252,8 +253,8 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	check("cancelled ctx", pglease.ErrAborted, func() error { _, err := m.LockAdvisory(cancelled, key); return err })
 	check("zero key", pglease.ErrInvalidArgument, func() error { _, err := m.LockAdvisory(ctx, advisory.Key{}); return err })
 	check("try zero key", pglease.ErrInvalidArgument, func() error { _, _, err := m.TryLockAdvisory(ctx, advisory.Key{}); return err })
-	check("release nil ctx", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{m: m}).Release(nilCtx) })
-	check("release zero lock", pglease.ErrInvalidArgument, func() error { return (&AdvisoryLock{}).Release(ctx) })
+	check("release nil ctx", pglease.ErrInvalidArgument, func() error { return (&advisory.Lock{}).Release(nilCtx) })
+	check("release zero lock", pglease.ErrInvalidArgument, func() error { return (&advisory.Lock{}).Release(ctx) })
 	if pid := advPID(m); pid != 0 {
 		t.Fatalf("bad input opened a session (pid %d)", pid)
 	}
@@ -267,6 +268,7 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	if qc.n.Load() == before {
 		t.Fatal("the statement counter saw no statement for a valid call")
 	}
+	check("release nil ctx of a held lock", pglease.ErrInvalidArgument, func() error { return l.Release(nilCtx) })
 	// A key held through this Manager: the try answers ok=false and the
 	// wait waits for the local holder, both without I/O (the wait ends
 	// with its context here, saying who held the key).
@@ -301,71 +303,6 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	before = qc.n.Load()
 	if err := l.Release(ctx); err != nil || qc.n.Load() != before {
 		t.Fatalf("Release after Close = %v with %d statements, want nil and none", err, qc.n.Load()-before)
-	}
-}
-
-// TestAdvisoryTerminate: pg_terminate_backend of the session's backend
-// cancels every advisory lock's Context with ErrLockLost (the server
-// freed them), and the next call opens a new session.
-func TestAdvisoryTerminate(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{noSignals: true})
-	m := b.m
-	fastProbe(m)
-	peer, _ := b.newPeer(t, Config{})
-	admin, _ := pgtest.Pool(t)
-	ctx := ctxT(t)
-	ka, kb := advKey(), advKey()
-	la, err := m.LockAdvisory(ctx, ka)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, _, err := m.TryLockAdvisory(ctx, kb)
-	if err != nil || lb == nil {
-		t.Fatalf("TryLockAdvisory = %v, %v", lb != nil, err)
-	}
-	pid := advPID(m)
-	var ok bool
-	if err := admin.QueryRow(ctx, "SELECT pg_terminate_backend($1)", pid).Scan(&ok); err != nil || !ok {
-		t.Fatalf("pg_terminate_backend = %v, %v", ok, err)
-	}
-	for _, l := range []*AdvisoryLock{la, lb} {
-		waitDone(t, l)
-		if !errors.Is(l.Err(), pglease.ErrLockLost) {
-			t.Fatalf("cause = %v, want ErrLockLost", l.Err())
-		}
-	}
-	if err := la.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
-		t.Fatalf("Release of a lost lock = %v, want ErrLockLost", err)
-	}
-	// The server freed kb with the session: another Manager takes it.
-	pl, ok, err := peer.TryLockAdvisory(ctx, kb)
-	if err != nil || !ok {
-		t.Fatalf("peer TryLockAdvisory of a freed key = %v, %v", ok, err)
-	}
-	// A new session, and the lost key can be taken again here.
-	la2, err := m.LockAdvisory(ctx, ka)
-	if err != nil {
-		t.Fatalf("LockAdvisory after the loss: %v", err)
-	}
-	if np := advPID(m); np == 0 || np == pid {
-		t.Fatalf("session pid %d after the loss, old %d", np, pid)
-	}
-	if _, ok, err := peer.TryLockAdvisory(ctx, ka); ok || err != nil {
-		t.Fatalf("peer TryLockAdvisory of the re-taken key = %v, %v", ok, err)
-	}
-	// The stale lb entry does not block kb once the peer lets it go.
-	if err := pl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lb2, err := m.LockAdvisory(ctx, kb)
-	if err != nil {
-		t.Fatalf("LockAdvisory of the lost key: %v", err)
-	}
-	for _, l := range []*AdvisoryLock{la2, lb2} {
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
@@ -419,55 +356,7 @@ func TestAdvisoryClose(t *testing.T) {
 	if _, err := m.LockAdvisory(ctx, advKey()); !errors.Is(err, pglease.ErrClosed) {
 		t.Fatalf("LockAdvisory after Close = %v", err)
 	}
-	for _, l := range []*AdvisoryLock{pl, pl2} {
-		if err := l.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// TestAdvisoryWaitBounded: a LockAdvisory whose ctx ends while the key is
-// held elsewhere returns Aborted, and the Manager's other advisory locks
-// stay held on the same session; the key can be taken later.
-func TestAdvisoryWaitBounded(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{noSignals: true})
-	m := b.m
-	peer, _ := b.newPeer(t, Config{})
-	ctx := ctxT(t)
-	mine, theirs := advKey(), advKey()
-	l, err := m.LockAdvisory(ctx, mine)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid := advPID(m)
-	pl, err := peer.LockAdvisory(ctx, theirs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = m.LockAdvisory(wctx, theirs)
-	cancel()
-	if !errors.Is(err, pglease.ErrAborted) {
-		t.Fatalf("bounded LockAdvisory = %v, want Aborted", err)
-	}
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("bounded LockAdvisory = %v, want it to wrap DeadlineExceeded", err)
-	}
-	if l.Err() != nil || advPID(m) != pid {
-		t.Fatalf("the other lock ended (%v) or the session changed", l.Err())
-	}
-	if _, ok, err := peer.TryLockAdvisory(ctx, mine); ok || err != nil {
-		t.Fatalf("peer TryLockAdvisory of the still-held key = %v, %v", ok, err)
-	}
-	if err := pl.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	l2, err := m.LockAdvisory(ctx, theirs)
-	if err != nil {
-		t.Fatalf("LockAdvisory after the holder left: %v", err)
-	}
-	for _, l := range []*AdvisoryLock{l, l2} {
+	for _, l := range []*advisory.Lock{pl, pl2} {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -476,8 +365,8 @@ func TestAdvisoryWaitBounded(t *testing.T) {
 
 // TestAdvisoryCloseUnderLoad: goroutines lock and unlock a few shared
 // keys through one Manager while it is closed. Every call ends in a
-// lock, a refusal (key held through this Manager), ErrClosed or, for
-// Release, nil; no lock is held in the server afterwards; no goroutine
+// lock (callers of the Manager wait for each other) or ErrClosed, and
+// every Release in nil; no lock is held in the server afterwards; no goroutine
 // leaks (goleak in TestMain).
 func TestAdvisoryCloseUnderLoad(t *testing.T) {
 	t.Parallel()
@@ -500,8 +389,6 @@ func TestAdvisoryCloseUnderLoad(t *testing.T) {
 				switch {
 				case errors.Is(err, pglease.ErrClosed):
 					return
-				case errors.Is(err, pglease.ErrInvalidArgument):
-					continue // held by another goroutine of this Manager
 				case err != nil:
 					t.Errorf("LockAdvisory: %v", err)
 					return

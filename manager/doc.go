@@ -153,8 +153,8 @@
 //	a watcher's events            run (sends, closes)          the caller    buffered channel; full: oldest dropped
 //	a lock's ReleaseRequested     run, Lock.ReleaseRequested   the caller    made once by CAS (Lock.rq), closed by run
 //	closing; done and closeErr    Close; run                   all; Close    closed once; closeErr set before done
-//	advisory locks (adv)          callers, Close               callers       advisoryState.mu: they run on their
-//	                                                                         advisory.Session, not on the loop
+//	advisory locks (adv)          callers, Close               callers       advisoryState.mu: they run on the
+//	                                                                         Manager's advisory.Client, not on the loop
 //
 // # How it fails
 //
@@ -189,7 +189,8 @@
 //   - Settings and defaults: Config; per call: WithTTL,
 //     WithAcquireTimeout, WithoutAutoExtend, WithHoldLimit, Shared,
 //     WithLimit, WithLockDelay.
-//   - Advisory locks: LockAdvisory, AdvisoryLock, package advisory;
+//   - Advisory locks: LockAdvisory, TryLockAdvisory (through one
+//     advisory.Client per Manager), package advisory;
 //     elections: package election (election.Run), built on Acquire,
 //     Watch, Lookup and Config.
 //   - Telemetry: package telemetry names every span, event, attribute and

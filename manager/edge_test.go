@@ -461,9 +461,10 @@ func advQueued(t *testing.T, m *Manager, n int, key advisory.Key) {
 	t.Helper()
 	deadline := time.Now().Add(waitTimeout())
 	for {
-		m.adv.mu.Lock()
-		got := len(m.adv.queues[key])
-		m.adv.mu.Unlock()
+		got := 0
+		if c, _ := m.advisoryClient("test"); c != nil {
+			got = advFuncs.Waiters(c, key)
+		}
 		if got == n {
 			return
 		}
@@ -490,7 +491,7 @@ func TestAdvisoryWaitsForLocalHolder(t *testing.T) {
 	ctx := ctxT(t)
 	type result struct {
 		id int
-		l  *AdvisoryLock
+		l  *advisory.Lock
 		e  error
 	}
 	res := make(chan result, 4)

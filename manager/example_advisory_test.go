@@ -46,5 +46,5 @@ func ExampleManager_LockAdvisory() {
 	// Output:
 	// held: int64:7000001 true
 	// again: false <nil>
-	// cause after Release: pglease: manager.AdvisoryLock.Release: Released: lock released
+	// cause after Release: pglease: advisory.Lock.Release: Released: lock released
 }

@@ -14,7 +14,7 @@ import (
 	"github.com/pglease/pglease/pg/advisory"
 )
 
-// Tests of the handle shape shared by Lock and AdvisoryLock (one release
+// Tests of the handle shape shared by Lock and advisory.Lock (one release
 // method, Context/Done/Err with a typed cause, safe on nil), of Do with
 // the lock, of waiting as long as the context allows, and of Extend and
 // the lease's expiry on the Lock.
@@ -97,8 +97,8 @@ func TestNilHandles(t *testing.T) {
 		t.Fatalf("TryAcquire of a held key = %v, %v, %v", lk, ok, err)
 	}
 	before := qc.n.Load()
-	var adv *AdvisoryLock
-	for _, h := range []pglease.Handle{lk, adv, &Lock{}, &AdvisoryLock{}} { // nil, and zero values
+	var adv *advisory.Lock
+	for _, h := range []pglease.Handle{lk, adv, &Lock{}, &advisory.Lock{}} { // nil, and zero values
 		if err := h.Release(ctx); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Errorf("%T Release = %v, want InvalidArgument", h, err)
 		}
@@ -124,7 +124,7 @@ func TestNilHandles(t *testing.T) {
 		t.Error("nil Lock accessors are not zero")
 	}
 	if adv.Key() != (advisory.Key{}) {
-		t.Error("nil AdvisoryLock Key is valid")
+		t.Error("nil advisory.Lock Key is valid")
 	}
 	if n := qc.n.Load() - before; n != 0 {
 		t.Errorf("methods on nil handles sent %d queries", n)

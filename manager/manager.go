@@ -282,7 +282,7 @@ type Manager struct {
 	done      chan struct{} // closed by run when it has fully stopped
 	closeErr  error         // written by run before done is closed; read by Close after done
 
-	adv advisoryState // advisory session locks (advisory.go): callers and run (Close), guarded by its own mutex
+	adv advisoryState // advisory session locks (advisory.go: the Manager's advisory.Client): callers and run (Close), guarded by its own mutex
 }
 
 type option func(*Manager)

@@ -15,10 +15,11 @@
 //   - Lease locks (package pg and the Manager): for work outside the
 //     database or longer than a transaction. They have a TTL and a fencing
 //     token, so a resource can refuse a stale holder's writes.
-//   - Session-level (Session): for coordination across many transactions
-//     (a scheduler that must run once, a long cleanup) where a fence is not
-//     needed, or for compatibility with code that already uses
-//     pg_advisory_lock on the same ids.
+//   - Session-level (Session, or Client, which manages a Session for
+//     you): for coordination across many transactions (a scheduler that
+//     must run once, a long cleanup) where a fence is not needed, or for
+//     compatibility with code that already uses pg_advisory_lock on the
+//     same ids.
 //
 // A session lock has NO fencing token, and it has a detection window:
 // when the session dies (connection cut, pg_terminate_backend,
@@ -122,6 +123,20 @@
 // unless Options.Reentrant is set: PostgreSQL would otherwise stack the
 // lock silently and need two unlocks. Sessions are independent: two
 // Sessions in one process contend like two processes.
+//
+// # Client
+//
+// A Client (NewClient) takes session locks from a pool without the
+// caller managing sessions: it opens one Session on its first Lock or
+// TryLock (concurrent first callers share that one Open), replaces it on
+// the next call after a loss, and hands out the same *Lock a Session
+// does, with the same loss signal. Its callers exclude each other like
+// two sessions: Lock of a key held through the Client waits, without
+// I/O, for that holder in FIFO order, and the key is handed on only once
+// the holder's unlock was answered, so the session never stacks a key.
+// Options.HoldLimit applies per lock, from its grant. The Manager's
+// LockAdvisory and TryLockAdvisory go through one Client per Manager,
+// which adds its telemetry, a per-call hold limit and its Close.
 //
 // # Shared locks
 //

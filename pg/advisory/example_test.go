@@ -143,6 +143,48 @@ func ExampleLoadRegistry() {
 
 // Readers hold a key shared at the same time; a writer takes it
 // exclusively only when no reader holds it.
+// A Client opens its session on the first Lock and replaces it after a
+// loss; its callers wait for each other in FIFO order.
+func ExampleClient() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		panic(err)
+	}
+	defer pool.Close()
+
+	// readme:begin client
+	c, err := advisory.NewClient(pool, nil) // no I/O yet
+	if err != nil {
+		panic(err)
+	}
+	defer c.Close(ctx) // releases what is still held
+
+	key := advisory.Int64(42424245)
+	lock, err := c.Lock(ctx, key) // opens the session, then waits as long as ctx allows
+	if err != nil {
+		panic(err)
+	}
+	// Not re-entrant: another caller of c waits for this one (TryLock
+	// answers ok=false), as a caller in another process would.
+	_, ok, err := c.TryLock(ctx, key)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("again:", ok)
+
+	// work(lock.Context()) — cancelled with cause pglease.ErrLockLost if
+	// the session dies; the next Lock then opens a new one.
+	if err := lock.Release(ctx); err != nil {
+		panic(err)
+	}
+	// readme:end client
+	fmt.Println("cause after Release:", context.Cause(lock.Context()))
+	// Output:
+	// again: false
+	// cause after Release: pglease: advisory.Lock.Release: Released: lock released
+}
+
 func ExampleSession_LockShared() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))

@@ -9,23 +9,27 @@ import (
 	"github.com/pglease/pglease/internal/pgerr"
 )
 
-// Lock is one session-level advisory lock held by a Session, exclusive
-// (Lock, TryLock, LockAll) or shared (LockShared, TryLockShared): a
-// pglease.Handle with no fencing token and no TTL. Its Context is
-// cancelled when the lock ends, and Err (or context.Cause) tells why: an
-// error matching pglease.ErrReleased after Release, pglease.ErrLockLost
-// when the session's connection died or the server no longer held the
-// lock, and pglease.ErrClosed when the Session was closed. With
-// Options.HoldLimit it is also cancelled, with a cause matching
-// pglease.ErrHoldLimitExceeded, when the limit passes while the lock is
-// still held (it stays held until Release). Every method
-// is safe on a nil *Lock (what TryLock returns with ok=false): Release
-// and Err return an error matching pglease.ErrInvalidArgument, Context
-// and Done an ended context, Key the zero Key.
+// Lock is one session-level advisory lock, held by a Session (exclusive:
+// Lock, TryLock, LockAll; shared: LockShared, TryLockShared) or through a
+// Client (Lock, TryLock; also what the Manager's LockAdvisory and
+// TryLockAdvisory return): a pglease.Handle with no fencing token and no
+// TTL. Its Context is cancelled when the lock ends, and Err (or
+// context.Cause) tells why: an error matching pglease.ErrReleased after
+// Release, pglease.ErrLockLost when the session's connection died or the
+// server no longer held the lock, and pglease.ErrClosed when the Session,
+// the Client or the Manager was closed. With a hold limit
+// (Options.HoldLimit, manager.WithHoldLimit) it is also cancelled, with a
+// cause matching pglease.ErrHoldLimitExceeded, when the limit passes
+// while the lock is still held (it stays held until Release). A Lock is
+// safe for concurrent use. Every method is safe on a nil *Lock (what
+// TryLock returns with ok=false): Release and Err return an error
+// matching pglease.ErrInvalidArgument, Context and Done an ended context,
+// Key the zero Key.
 type Lock struct {
-	s      *Session // immutable
-	key    Key      // immutable
-	shared bool     // immutable: taken with LockShared or TryLockShared
+	s      *Session    // immutable; nil for a Client's lock
+	via    *clientHold // immutable; non-nil for a Client's lock (client.go)
+	key    Key         // immutable
+	shared bool        // immutable: taken with LockShared or TryLockShared
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 	ended  bool        // guarded by s.mu
@@ -94,13 +98,22 @@ func (l *Lock) Err() error {
 // by ProbeTimeout). If ctx has ended or ends before the connection is
 // free, Release returns CodeAborted and the unlock goes on in the
 // background, so a deferred Release never leaves the key held.
+//
+// A Client's lock answers the same, except that its Release returns
+// CodeAborted whenever ctx ends before the unlock is answered (the unlock
+// goes on in the background); its key goes to the Client's next caller
+// waiting for it once the unlock is answered. Past its hold limit a lock
+// is still held, and Release releases it.
 func (l *Lock) Release(ctx context.Context) error {
 	const op = "advisory.Lock.Release"
-	if l == nil || l.s == nil {
+	if l == nil || (l.s == nil && l.via == nil) {
 		return errNilLock
 	}
 	if ctx == nil {
 		return invalid(op, "nil context")
+	}
+	if l.via != nil {
+		return l.via.release(ctx, l)
 	}
 	s := l.s
 	if !s.live(l) {
