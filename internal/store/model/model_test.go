@@ -1,0 +1,49 @@
+package model_test
+
+import (
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/internal/store/model"
+	"github.com/pglease/pglease/internal/store/storetest"
+)
+
+// clock is a manual clock: it moves only when the test advances it.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// tx stands for a transaction: the model's Guard only checks it for nil.
+type tx struct{ store.DB }
+
+// TestConformance holds the model to the suite the real store is held to.
+func TestConformance(t *testing.T) {
+	storetest.Exercise(t, func(t *testing.T) *storetest.Harness {
+		c := &clock{now: time.UnixMilli(1_700_000_000_123)}
+		a, err := model.New(model.Config{Clock: c.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &storetest.Harness{
+			Store: a, Other: a.WithHolder(storetest.HolderB),
+			Now:     func(testing.TB) time.Time { return c.Now() },
+			Advance: func(_ testing.TB, d time.Duration) { c.Advance(d) },
+			Tx:      func(testing.TB) store.DB { return tx{} },
+		}
+	})
+}
