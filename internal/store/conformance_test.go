@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/internal/store/storetest"
 )
@@ -31,6 +32,13 @@ func TestConformance(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 				return tx
+			},
+			SetFence: func(t testing.TB, key string, f pglease.Fence) {
+				_, err := pool.Exec(ctx(t), "INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ('fence:' || $1, $2, $1)"+
+					" ON CONFLICT (fence_key) DO UPDATE SET fence = EXCLUDED.fence", key, int64(f))
+				if err != nil {
+					t.Fatal(err)
+				}
 			},
 		}
 	})

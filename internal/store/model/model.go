@@ -126,6 +126,18 @@ func (s *Store) WithHolder(holder string) *Store {
 	return &Store{d: s.d, holder: holder, channel: s.channel}
 }
 
+// SetFenceCounter sets key's fence counter to f, as an operator could
+// (or a key's long life): for tests and simulators of the fence limit.
+func (s *Store) SetFenceCounter(key string, f pglease.Fence) {
+	k, err := keys.NormalizeKey(key)
+	if err != nil {
+		panic("model: SetFenceCounter: " + err.Error())
+	}
+	s.d.mu.Lock()
+	defer s.d.mu.Unlock()
+	s.d.key(k).counter = int64(f)
+}
+
 // Holder returns the holder identity the Store records.
 func (s *Store) Holder() string { return s.holder }
 

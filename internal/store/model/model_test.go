@@ -3,8 +3,10 @@ package model_test
 import (
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/internal/store/model"
 	"github.com/pglease/pglease/internal/store/storetest"
@@ -41,9 +43,29 @@ func TestConformance(t *testing.T) {
 		}
 		return &storetest.Harness{
 			Store: a, Other: a.WithHolder(storetest.HolderB),
-			Now:     func(testing.TB) time.Time { return c.Now() },
-			Advance: func(_ testing.TB, d time.Duration) { c.Advance(d) },
-			Tx:      func(testing.TB) store.DB { return tx{} },
+			Now:      func(testing.TB) time.Time { return c.Now() },
+			Advance:  func(_ testing.TB, d time.Duration) { c.Advance(d) },
+			Tx:       func(testing.TB) store.DB { return tx{} },
+			SetFence: func(_ testing.TB, key string, f pglease.Fence) { a.SetFenceCounter(key, f) },
 		}
 	})
+}
+
+// TestConformanceSynctest runs the suite with each test in a
+// testing/synctest bubble, the model on the bubble's clock (time.Now) and
+// time let pass by sleeping: how a simulator drives it.
+func TestConformanceSynctest(t *testing.T) {
+	storetest.Exercise(t, func(t *testing.T) *storetest.Harness {
+		a, err := model.New(model.Config{Clock: time.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &storetest.Harness{
+			Store: a, Other: a.WithHolder(storetest.HolderB),
+			Now:      func(testing.TB) time.Time { return time.Now() },
+			Advance:  func(_ testing.TB, d time.Duration) { time.Sleep(d) },
+			Tx:       func(testing.TB) store.DB { return tx{} },
+			SetFence: func(_ testing.TB, key string, f pglease.Fence) { a.SetFenceCounter(key, f) },
+		}
+	}, storetest.Wrap(func(t *testing.T, body func(*testing.T)) { synctest.Test(t, body) }))
 }

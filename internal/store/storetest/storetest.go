@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -57,6 +58,10 @@ type Harness struct {
 	Advance func(t testing.TB, d time.Duration)
 	// Tx returns a transaction for Guard, ended when the test ends.
 	Tx func(t testing.TB) store.DB
+	// SetFence, if not nil, sets key's fence counter to f (as an operator
+	// could, or a long life): for the tests at the fence limit, which are
+	// skipped without it.
+	SetFence func(t testing.TB, key string, f pglease.Fence)
 }
 
 // The holder identities of Harness.Store and Harness.Other.
@@ -65,10 +70,29 @@ const (
 	HolderB = "storetest-b"
 )
 
+// Option tunes Exercise.
+type Option func(*options)
+
+type options struct {
+	wrap func(t *testing.T, body func(t *testing.T))
+}
+
+// Wrap runs each test's body (its harness made, then its case) through
+// wrap, which must call body once with a *testing.T: a model's tests pass
+// synctest.Test, so that the suite runs in a bubble with a fake clock
+// (Harness.Now time.Now, Advance time.Sleep).
+func Wrap(wrap func(t *testing.T, body func(t *testing.T))) Option {
+	return func(o *options) { o.wrap = wrap }
+}
+
 // Exercise runs the conformance suite. newHarness is called once per
 // test, and must return a fresh store (no key of the suite granted).
 // Tests run in parallel.
-func Exercise(t *testing.T, newHarness func(t *testing.T) *Harness) {
+func Exercise(t *testing.T, newHarness func(t *testing.T) *Harness, opts ...Option) {
+	o := options{wrap: func(t *testing.T, body func(*testing.T)) { body(t) }}
+	for _, f := range opts {
+		f(&o)
+	}
 	groups := []struct {
 		name  string
 		tests []test
@@ -88,6 +112,7 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) *Harness) {
 		{"Snapshot", snapshotTests},
 		{"Guard", guardTests},
 		{"MarkChecked", markTests},
+		{"FenceLimit", fenceLimitTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
@@ -95,7 +120,7 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) *Harness) {
 			for _, tc := range g.tests {
 				t.Run(tc.name, func(t *testing.T) {
 					t.Parallel()
-					tc.run(t, &env{Harness: newHarness(t), t: t})
+					o.wrap(t, func(t *testing.T) { tc.run(t, &env{Harness: newHarness(t), t: t}) })
 				})
 			}
 		})
