@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/internal/store/storetest"
 )
@@ -14,8 +16,10 @@ import (
 // (package model) is held to.
 func TestConformance(t *testing.T) {
 	storetest.Exercise(t, func(t *testing.T) *storetest.Harness {
-		a, pool, _ := newStore(t, store.Config{Holder: storetest.HolderA, NotifyChannel: "pglease_release"})
-		b, err := store.New("pg.New", pool, store.Config{Holder: storetest.HolderB, NotifyChannel: "pglease_release"})
+		// A channel of the test's own: channels are the database's.
+		channel := pgtest.RandomName("storetest_")
+		a, pool, _ := newStore(t, store.Config{Holder: storetest.HolderA, NotifyChannel: channel})
+		b, err := store.New("pg.New", pool, store.Config{Holder: storetest.HolderB, NotifyChannel: channel})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,6 +36,36 @@ func TestConformance(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 				return tx
+			},
+			Listen: func(t testing.TB) (func() string, func(string)) {
+				conn, err := pgx.ConnectConfig(ctx(t), pool.Config().ConnConfig.Copy())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { conn.Close(context.Background()) })
+				if _, err := conn.Exec(ctx(t), "LISTEN "+channel); err != nil {
+					t.Fatal(err)
+				}
+				next := func() string {
+					for {
+						c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+						n, err := conn.WaitForNotification(c)
+						cancel()
+						if err != nil {
+							t.Fatalf("no notification: %v", err)
+						}
+						if n.Channel == channel {
+							return n.Payload
+						}
+					}
+				}
+				wait := func(key string) {
+					ok, err := store.RegisterWaiters(ctx(t), conn, []string{key})
+					if err != nil || len(ok) != 1 || !ok[0] {
+						t.Fatalf("RegisterWaiters = %v, %v", ok, err)
+					}
+				}
+				return next, wait
 			},
 			SetFence: func(t testing.TB, key string, f pglease.Fence) {
 				_, err := pool.Exec(ctx(t), "INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ('fence:' || $1, $2, $1)"+

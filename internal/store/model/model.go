@@ -14,13 +14,18 @@
 // each key, all on the server's clock (the injected one), in whole
 // milliseconds, with the 1 s time tolerance of the real store.
 //
-// What it does not: concurrency between statements (each call runs
+// Notifications: the payloads the real store sends on its notify channel
+// for these calls are handed to Config.Notify, in order, once per call
+// (PostgreSQL delivers a transaction's identical payloads once): wake-ups
+// of keys someone waits for (Config.Waited), revokes ("r:") and release
+// requests ("q:"). A simulator decides when, and whether, each reaches
+// the kernel. Watch events ("w:") are not modelled.
+//
+// What it does not model: concurrency between statements (each call runs
 // alone, under one mutex, as if serialized; the real store's row and
-// advisory locks and its bounded waits never show), notifications (no
-// channel: RequestRelease only validates, and releases, revokes and
-// grants wake nobody: a simulator delivers notifications itself), the
-// schema check (MarkChecked does nothing) and Guard's row lock (Guard
-// checks the lease, and the transaction it is given is not used).
+// advisory locks and its bounded waits never show, and Snapshot is never
+// Busy), the schema check (MarkChecked does nothing) and Guard's row lock
+// (Guard checks the lease; the transaction it is given is not used).
 package model
 
 import (
@@ -51,8 +56,18 @@ type Config struct {
 	// store.DefaultHolder()).
 	Holder string
 	// NotifyChannel stands for store.Config.NotifyChannel: RequestRelease
-	// needs one, as the real store's does. Nothing is sent on it.
+	// needs one, as the real store's does, and without one nothing is
+	// notified.
 	NotifyChannel string
+	// Notify, if set, is called with each payload the real store would
+	// send on NotifyChannel (see the package doc), after the call's
+	// changes and before it returns, outside the model's lock.
+	Notify func(payload string)
+	// Waited reports whether some session waits for key (holds its waiter
+	// lock, store.RegisterWaiters): a release, a revoke and the first
+	// shared attempt a writer refuses wake the key only then. nil: nobody
+	// waits.
+	Waited func(key string) bool
 }
 
 // excl is a key's exclusive row (the lock table's), with the holder
@@ -94,6 +109,7 @@ type keyState struct {
 type data struct {
 	mu    sync.Mutex
 	keys  map[string]*keyState
+	byID  map[string]string // the key of each exclusive row's and shared hold's lockId
 	clock func() time.Time
 }
 
@@ -103,6 +119,8 @@ type Store struct {
 	d       *data
 	holder  string
 	channel string
+	notify  func(string)
+	waited  func(string) bool
 }
 
 // New returns an empty model store.
@@ -117,13 +135,14 @@ func New(cfg Config) (*Store, error) {
 	} else if len(h) > store.MaxHolderBytes {
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "Holder must be 1-256 bytes of UTF-8", nil)
 	}
-	return &Store{d: &data{keys: map[string]*keyState{}, clock: cfg.Clock}, holder: h, channel: cfg.NotifyChannel}, nil
+	return &Store{d: &data{keys: map[string]*keyState{}, byID: map[string]string{}, clock: cfg.Clock}, holder: h,
+		channel: cfg.NotifyChannel, notify: cfg.Notify, waited: cfg.Waited}, nil
 }
 
 // WithHolder returns a Store on the same data that records holder as its
 // identity: another process of the fleet.
 func (s *Store) WithHolder(holder string) *Store {
-	return &Store{d: s.d, holder: holder, channel: s.channel}
+	return &Store{d: s.d, holder: holder, channel: s.channel, notify: s.notify, waited: s.waited}
 }
 
 // SetFenceCounter sets key's fence counter to f, as an operator could
@@ -161,6 +180,7 @@ func (d *data) key(k string) *keyState {
 // holds. It answers a grantable key with ok and a refused one with the
 // refusal (its OK false).
 type checked struct {
+	wake   bool // the first shared attempt refused by a writer or a delay: wake the key's waiters
 	ok     bool
 	row    bool // the key has an exclusive row (a grant takes it over)
 	res    store.AcquireResult
@@ -200,6 +220,7 @@ func (d *data) check(k string, limit int, now int64) checked {
 			ks.waitUntil = now + 2000
 		} else if limit >= 0 && !ks.waitSet {
 			ks.waitSet, ks.waitUntil = true, 0
+			c.wake = true
 		}
 		return c
 	}
@@ -215,6 +236,7 @@ func (d *data) check(k string, limit int, now int64) checked {
 	for id, h := range ks.shared {
 		if h.exp+tolMs <= now {
 			delete(ks.shared, id)
+			delete(d.byID, id)
 			continue
 		}
 		n++
@@ -288,12 +310,30 @@ func (d *data) grant(k, lockID string, ttl, delay int64, holder string, now int6
 		return store.AcquireResult{}, false
 	}
 	ks.counter++
-	ks.ex = &excl{lockID: lockID, acq: now, exp: now + ttl, fence: ks.counter, holder: holder, hasHolder: true, delay: delay, holderMatches: true}
+	d.setExcl(k, &excl{lockID: lockID, acq: now, exp: now + ttl, fence: ks.counter, holder: holder, hasHolder: true, delay: delay, holderMatches: true})
 	if !row && ks.waitSet && ks.waitUntil > 0 {
 		ks.waitUntil = 0
 	}
 	return store.AcquireResult{OK: true, LockID: lockID, Fence: pglease.Fence(ks.counter),
 		AcquiredAt: time.UnixMilli(now), ExpiresAt: time.UnixMilli(now + ttl)}, true
+}
+
+// setExcl sets (e nil: deletes) key k's exclusive row.
+func (d *data) setExcl(k string, e *excl) {
+	ks := d.key(k)
+	if ks.ex != nil {
+		delete(d.byID, ks.ex.lockID)
+	}
+	ks.ex = e
+	if e != nil {
+		d.byID[e.lockID] = k
+	}
+}
+
+// dropShared deletes a shared hold.
+func (d *data) dropShared(h *hold) {
+	delete(d.keys[h.key].shared, h.lockID)
+	delete(d.byID, h.lockID)
 }
 
 func overflow(op string) store.AcquireResult {
@@ -412,6 +452,8 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []store.SharedReques
 	if err != nil {
 		return nil, err
 	}
+	n := &notes{s: s}
+	defer n.send()
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -420,6 +462,9 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []store.SharedReques
 	for i, it := range items {
 		lim := reqs[i].Limit
 		c := d.check(it.key, lim, now)
+		if c.wake {
+			n.wake(it.key, true)
+		}
 		if !c.ok {
 			out[i] = c.refused(now)
 			continue
@@ -435,6 +480,7 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []store.SharedReques
 			fence = ks.counter
 		}
 		ks.shared[it.id] = &hold{lockID: it.id, key: it.key, lim: lim, acq: now, exp: now + it.ttl, fence: fence, holder: s.holder}
+		d.byID[it.id] = it.key
 		out[i] = store.AcquireResult{OK: true, LockID: it.id, Fence: pglease.Fence(fence),
 			AcquiredAt: time.UnixMilli(now), ExpiresAt: time.UnixMilli(now + it.ttl)}
 	}
@@ -595,21 +641,50 @@ func (s *Store) ExtendMany(ctx context.Context, reqs []store.ExtendRequest) ([]s
 }
 
 func (d *data) findExcl(lockID string) (*excl, string) {
-	for k, ks := range d.keys {
-		if ks.ex != nil && ks.ex.lockID == lockID {
-			return ks.ex, k
-		}
+	k, ok := d.byID[lockID]
+	if ks := d.keys[k]; ok && ks.ex != nil && ks.ex.lockID == lockID {
+		return ks.ex, k
 	}
 	return nil, ""
 }
 
 func (d *data) findShared(lockID string) *hold {
-	for _, ks := range d.keys {
-		if h := ks.shared[lockID]; h != nil {
-			return h
-		}
+	if k, ok := d.byID[lockID]; ok {
+		return d.keys[k].shared[lockID]
 	}
 	return nil
+}
+
+// notes collects a call's notifications, sent by send.
+type notes struct {
+	s   *Store
+	out []string
+}
+
+// wake notes a wake-up of key: always, or (waited) when someone waits
+// for it.
+func (n *notes) wake(key string, waited bool) {
+	if !waited || (n.s.waited != nil && n.s.waited(key)) {
+		n.add(pglease.HashKey(key))
+	}
+}
+
+func (n *notes) add(payload string) {
+	if n.s.channel != "" && n.s.notify != nil {
+		n.out = append(n.out, payload)
+	}
+}
+
+// send hands the payloads to Config.Notify, each once, in order (call it
+// after the model's lock is released).
+func (n *notes) send() {
+	seen := make(map[string]bool, len(n.out))
+	for _, p := range n.out {
+		if !seen[p] {
+			seen[p] = true
+			n.s.notify(p)
+		}
+	}
 }
 
 // ReleaseWaited is store.Store.ReleaseWaited: a lease is released while
@@ -633,6 +708,8 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []store.ReleaseRequest) 
 	if len(reqs) == 0 {
 		return []bool{}, nil
 	}
+	n := &notes{s: s}
+	defer n.send()
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -640,12 +717,14 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []store.ReleaseRequest) 
 	out := make([]bool, len(reqs))
 	for i, r := range reqs {
 		if e, k := d.findExcl(r.LockID); e != nil && e.exp > now {
-			d.keys[k].ex = nil
+			d.setExcl(k, nil)
+			n.wake(k, true)
 			out[i] = true
 			continue
 		}
 		if h := d.findShared(r.LockID); h != nil && h.exp > now {
-			delete(d.keys[h.key].shared, h.lockID)
+			d.dropShared(h)
+			n.wake(h.key, true)
 			out[i] = true
 		}
 	}
@@ -678,6 +757,8 @@ func (s *Store) HandOff(ctx context.Context, reqs []store.HandOffRequest) ([]sto
 	if err != nil {
 		return nil, err
 	}
+	n := &notes{s: s}
+	defer n.send()
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -690,14 +771,16 @@ func (s *Store) HandOff(ctx context.Context, reqs []store.HandOffRequest) ([]sto
 		if live && ks.counter < int64(keys.FenceMax) {
 			// In place: the holder row is rewritten, the waiting mark kept.
 			ks.counter++
-			ks.ex = &excl{lockID: it.id, acq: now, exp: now + it.ttl, fence: ks.counter, holder: s.holder, hasHolder: true, delay: it.delay, holderMatches: true}
+			d.setExcl(it.key, &excl{lockID: it.id, acq: now, exp: now + it.ttl, fence: ks.counter, holder: s.holder, hasHolder: true, delay: it.delay, holderMatches: true})
 			out[i] = store.HandOffResult{Released: true, AcquireResult: store.AcquireResult{OK: true, LockID: it.id,
 				Fence: pglease.Fence(ks.counter), AcquiredAt: time.UnixMilli(now), ExpiresAt: time.UnixMilli(now + it.ttl)}}
 			continue
 		}
 		if live {
-			// At the fence limit: the old lease is released, nothing granted.
-			ks.ex = nil
+			// At the fence limit: the old lease is released (and its key
+			// woken, waited for or not), nothing granted.
+			d.setExcl(it.key, nil)
+			n.wake(it.key, false)
 			out[i] = store.HandOffResult{Released: true, AcquireResult: overflow(op)}
 			continue
 		}
@@ -752,6 +835,8 @@ func (s *Store) Revoke(ctx context.Context, reqs []store.RevokeRequest) ([]store
 	if len(reqs) == 0 {
 		return []store.RevokeResult{}, nil
 	}
+	n := &notes{s: s}
+	defer n.send()
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -766,7 +851,9 @@ func (s *Store) Revoke(ctx context.Context, reqs []store.RevokeRequest) ([]store
 			ldelay = e.delay
 		}
 		if e := st.ex; e != nil && e.exp+tolMs > now && holdMatches(r.Hold, e.lockID) {
-			st.ex = nil
+			d.setExcl(ks[i], nil)
+			n.add("r:" + pglease.HashKey(ks[i]) + ":" + pglease.HashKey(e.lockID))
+			n.wake(ks[i], true)
 			res.Revoked, res.Exclusive = 1, true
 			res.LockIDHashes = append(res.LockIDHashes, pglease.HashKey(e.lockID))
 			res.Fences = append(res.Fences, pglease.Fence(e.fence))
@@ -783,7 +870,9 @@ func (s *Store) Revoke(ctx context.Context, reqs []store.RevokeRequest) ([]store
 		sort.Strings(ids)
 		for _, id := range ids {
 			h := st.shared[id]
-			delete(st.shared, id)
+			d.dropShared(h)
+			n.add("r:" + pglease.HashKey(ks[i]) + ":" + pglease.HashKey(id))
+			n.wake(ks[i], true)
 			res.Revoked++
 			res.LockIDHashes = append(res.LockIDHashes, pglease.HashKey(id))
 			res.Fences = append(res.Fences, pglease.Fence(h.fence))
@@ -807,7 +896,7 @@ func (s *Store) Revoke(ctx context.Context, reqs []store.RevokeRequest) ([]store
 }
 
 // RequestRelease is store.Store.RequestRelease: it validates as the real
-// one does and sends nothing (the model has no channel).
+// one does and notifies the requests ("q:").
 func (s *Store) RequestRelease(ctx context.Context, ks []string, holds []string) error {
 	const op = "pg.RequestRelease"
 	if err := pgerr.CheckContext(op, ctx); err != nil {
@@ -822,15 +911,23 @@ func (s *Store) RequestRelease(ctx context.Context, ks []string, holds []string)
 	if holds != nil && len(holds) != len(ks) {
 		return pgerr.New(pglease.CodeInvalidArgument, op, "one hold per key, or none", nil)
 	}
+	n := &notes{s: s}
 	for i, k := range ks {
-		if _, err := keys.NormalizeKey(k); err != nil {
+		nk, err := keys.NormalizeKey(k)
+		if err != nil {
 			return store.WithOp(op, err)
 		}
-		if holds != nil && holds[i] != "" && !store.ValidHold(holds[i]) {
-			return pgerr.New(pglease.CodeInvalidArgument, op,
-				"a hold is named by its lockId's hash (24 lowercase hex digits) or its grant id (64)", nil)
+		p := "q:" + pglease.HashKey(nk)
+		if holds != nil && holds[i] != "" {
+			if !store.ValidHold(holds[i]) {
+				return pgerr.New(pglease.CodeInvalidArgument, op,
+					"a hold is named by its lockId's hash (24 lowercase hex digits) or its grant id (64)", nil)
+			}
+			p += ":" + holds[i]
 		}
+		n.add(p)
 	}
+	n.send()
 	return nil
 }
 

@@ -33,16 +33,68 @@ func (c *clock) Advance(d time.Duration) {
 // tx stands for a transaction: the model's Guard only checks it for nil.
 type tx struct{ store.DB }
 
+// channel stands for the notify channel and the listening session: the
+// model hands it every payload, and the session waits for the keys it
+// was told to.
+type channel struct {
+	mu        sync.Mutex
+	listening bool
+	got       []string
+	waited    map[string]bool
+}
+
+func (c *channel) notify(p string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.listening {
+		c.got = append(c.got, p)
+	}
+}
+
+func (c *channel) isWaited(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.waited[key]
+}
+
+// listen is Harness.Listen: the model notifies synchronously, so a
+// payload not there when asked for never comes.
+func (c *channel) listen(t testing.TB) (next func() string, wait func(string)) {
+	c.mu.Lock()
+	c.listening = true
+	c.mu.Unlock()
+	next = func() string {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if len(c.got) == 0 {
+			t.Fatal("no notification")
+		}
+		p := c.got[0]
+		c.got = c.got[1:]
+		return p
+	}
+	wait = func(key string) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.waited[key] = true
+	}
+	return next, wait
+}
+
+func newChannel() *channel { return &channel{waited: map[string]bool{}} }
+
 // TestConformance holds the model to the suite the real store is held to.
 func TestConformance(t *testing.T) {
 	storetest.Exercise(t, func(t *testing.T) *storetest.Harness {
 		c := &clock{now: time.UnixMilli(1_700_000_000_123)}
-		a, err := model.New(model.Config{Clock: c.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release"})
+		ch := newChannel()
+		a, err := model.New(model.Config{Clock: c.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release", Notify: ch.notify, Waited: ch.isWaited})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return &storetest.Harness{
-			Store: a, Other: a.WithHolder(storetest.HolderB),
+			Listen: ch.listen,
+			Store:  a, Other: a.WithHolder(storetest.HolderB),
 			Now:      func(testing.TB) time.Time { return c.Now() },
 			Advance:  func(_ testing.TB, d time.Duration) { c.Advance(d) },
 			Tx:       func(testing.TB) store.DB { return tx{} },
@@ -56,12 +108,14 @@ func TestConformance(t *testing.T) {
 // time let pass by sleeping: how a simulator drives it.
 func TestConformanceSynctest(t *testing.T) {
 	storetest.Exercise(t, func(t *testing.T) *storetest.Harness {
-		a, err := model.New(model.Config{Clock: time.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release"})
+		ch := newChannel()
+		a, err := model.New(model.Config{Clock: time.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release", Notify: ch.notify, Waited: ch.isWaited})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return &storetest.Harness{
-			Store: a, Other: a.WithHolder(storetest.HolderB),
+			Listen: ch.listen,
+			Store:  a, Other: a.WithHolder(storetest.HolderB),
 			Now:      func(testing.TB) time.Time { return time.Now() },
 			Advance:  func(_ testing.TB, d time.Duration) { time.Sleep(d) },
 			Tx:       func(testing.TB) store.DB { return tx{} },

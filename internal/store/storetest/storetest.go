@@ -62,6 +62,12 @@ type Harness struct {
 	// could, or a long life): for the tests at the fence limit, which are
 	// skipped without it.
 	SetFence func(t testing.TB, key string, f pglease.Fence)
+	// Listen, if not nil, starts listening to Store's notify channel and
+	// returns next, which returns the next payload received (failing the
+	// test when none comes), and wait, which makes the listening session
+	// wait for key (take its waiter lock, store.RegisterWaiters). The
+	// notification tests are skipped without it.
+	Listen func(t testing.TB) (next func() string, wait func(key string))
 }
 
 // The holder identities of Harness.Store and Harness.Other.
@@ -113,6 +119,7 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) *Harness, opts ...Opti
 		{"Guard", guardTests},
 		{"MarkChecked", markTests},
 		{"FenceLimit", fenceLimitTests},
+		{"Notifications", notifyTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
