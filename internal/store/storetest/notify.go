@@ -63,7 +63,9 @@ func (l *listener) same(what string, got []string, want ...string) {
 	}
 }
 
-func revoked(key, lockID string) string { return "r:" + pglease.HashKey(key) + ":" + pglease.HashKey(lockID) }
+func revoked(key, lockID string) string {
+	return "r:" + pglease.HashKey(key) + ":" + pglease.HashKey(lockID)
+}
 
 var notifyTests = []test{
 	{"GrantsAndExtendsSendNothing", func(t *testing.T, e *env) {
