@@ -146,8 +146,5 @@ func (e *env) to(t testing.TB, v int) {
 	}
 }
 
-// serverNow returns the server's clock_timestamp in ms.
-func serverNow(t testing.TB, db testDB) int64 { t.Helper(); return pgtest.ServerNowMs(t, db) }
-
 // waitServer polls until the server clock reaches ms.
 func waitServer(t testing.TB, db testDB, ms int64) { t.Helper(); pgtest.WaitServerMs(t, db, ms) }

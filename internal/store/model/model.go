@@ -183,7 +183,6 @@ type checked struct {
 	wake   bool // the first shared attempt refused by a writer or a delay: wake the key's waiters
 	ok     bool
 	row    bool // the key has an exclusive row (a grant takes it over)
-	res    store.AcquireResult
 	exp    *int64
 	retry  *int64
 	holder *string

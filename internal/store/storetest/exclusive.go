@@ -31,7 +31,7 @@ var acquireTests = []test{
 		if err := keys.ValidateLockID(res[0].LockID); err != nil {
 			t.Fatalf("generated lockId: %v", err)
 		}
-		if e.extend(e.Store, res[0].LockID, long).OK != true {
+		if !e.extend(e.Store, res[0].LockID, long).OK {
 			t.Fatal("the generated lockId does not hold the lease")
 		}
 	}},
