@@ -37,7 +37,7 @@ func TestConformance(t *testing.T) {
 				t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 				return tx
 			},
-			Listen: func(t testing.TB) (func() string, func(string)) {
+			Listen: func(t testing.TB) storetest.Listener {
 				conn, err := pgx.ConnectConfig(ctx(t), pool.Config().ConnConfig.Copy())
 				if err != nil {
 					t.Fatal(err)
@@ -46,26 +46,31 @@ func TestConformance(t *testing.T) {
 				if _, err := conn.Exec(ctx(t), "LISTEN "+channel); err != nil {
 					t.Fatal(err)
 				}
-				next := func() string {
-					for {
-						c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-						n, err := conn.WaitForNotification(c)
-						cancel()
-						if err != nil {
-							t.Fatalf("no notification: %v", err)
-						}
-						if n.Channel == channel {
-							return n.Payload
+				register := func(reg func(context.Context, *pgx.Conn, []string) ([]bool, error)) func(string) {
+					return func(key string) {
+						ok, err := reg(ctx(t), conn, []string{key})
+						if err != nil || len(ok) != 1 || !ok[0] {
+							t.Fatalf("register = %v, %v", ok, err)
 						}
 					}
 				}
-				wait := func(key string) {
-					ok, err := store.RegisterWaiters(ctx(t), conn, []string{key})
-					if err != nil || len(ok) != 1 || !ok[0] {
-						t.Fatalf("RegisterWaiters = %v, %v", ok, err)
-					}
+				return storetest.Listener{
+					Next: func() string {
+						for {
+							c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+							n, err := conn.WaitForNotification(c)
+							cancel()
+							if err != nil {
+								t.Fatalf("no notification: %v", err)
+							}
+							if n.Channel == channel {
+								return n.Payload
+							}
+						}
+					},
+					Wait:  register(store.RegisterWaiters),
+					Watch: register(store.RegisterWatchers),
 				}
-				return next, wait
 			},
 			SetFence: func(t testing.TB, key string, f pglease.Fence) {
 				_, err := pool.Exec(ctx(t), "INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ('fence:' || $1, $2, $1)"+

@@ -15,11 +15,13 @@
 // milliseconds, with the 1 s time tolerance of the real store.
 //
 // Notifications: the payloads the real store sends on its notify channel
-// for these calls are handed to Config.Notify, in order, once per call
+// for these calls are handed to Config.Notify, once per call
 // (PostgreSQL delivers a transaction's identical payloads once): wake-ups
-// of keys someone waits for (Config.Waited), revokes ("r:") and release
-// requests ("q:"). A simulator decides when, and whether, each reaches
-// the kernel. Watch events ("w:") are not modelled.
+// of keys someone waits for (Config.Waited), revokes ("r:"), release
+// requests ("q:") and watch events of watched keys (Config.Watched). A
+// simulator decides when, and whether, each reaches the kernel. Per key
+// they come in the real store's order; the keys of one call come in the
+// order of its items (the real store's is its global key order).
 //
 // What it does not model: concurrency between statements (each call runs
 // alone, under one mutex, as if serialized; the real store's row and
@@ -32,6 +34,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"math"
 	"sort"
 	"sync"
@@ -68,6 +71,12 @@ type Config struct {
 	// shared attempt a writer refuses wake the key only then. nil: nobody
 	// waits.
 	Waited func(key string) bool
+	// Watched reports whether some session watches key (holds its watch
+	// lock, store.RegisterWatchers): grants, releases and revokes of the
+	// key are then told to Notify as watch events ("w:", see
+	// store.ParseNotification), with or without NotifyChannel (the real
+	// store sends them on the default channel then). nil: nobody watches.
+	Watched func(key string) bool
 }
 
 // excl is a key's exclusive row (the lock table's), with the holder
@@ -121,6 +130,7 @@ type Store struct {
 	channel string
 	notify  func(string)
 	waited  func(string) bool
+	watched func(string) bool
 }
 
 // New returns an empty model store.
@@ -136,13 +146,13 @@ func New(cfg Config) (*Store, error) {
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "Holder must be 1-256 bytes of UTF-8", nil)
 	}
 	return &Store{d: &data{keys: map[string]*keyState{}, byID: map[string]string{}, clock: cfg.Clock}, holder: h,
-		channel: cfg.NotifyChannel, notify: cfg.Notify, waited: cfg.Waited}, nil
+		channel: cfg.NotifyChannel, notify: cfg.Notify, waited: cfg.Waited, watched: cfg.Watched}, nil
 }
 
 // WithHolder returns a Store on the same data that records holder as its
 // identity: another process of the fleet.
 func (s *Store) WithHolder(holder string) *Store {
-	return &Store{d: s.d, holder: holder, channel: s.channel, notify: s.notify, waited: s.waited}
+	return &Store{d: s.d, holder: holder, channel: s.channel, notify: s.notify, waited: s.waited, watched: s.watched}
 }
 
 // SetFenceCounter sets key's fence counter to f, as an operator could
@@ -408,6 +418,8 @@ func (s *Store) AcquireMany(ctx context.Context, reqs []store.AcquireRequest) ([
 	if err != nil {
 		return nil, err
 	}
+	n := &notes{s: s}
+	defer n.send()
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -422,6 +434,8 @@ func (s *Store) AcquireMany(ctx context.Context, reqs []store.AcquireRequest) ([
 		r, ok := d.grant(it.key, it.id, it.ttl, it.delay, s.holder, now, c.row)
 		if !ok {
 			r = overflow(op)
+		} else {
+			n.watch(it.key, store.WatchGranted, int64(r.Fence))
 		}
 		out[i] = r
 	}
@@ -480,6 +494,7 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []store.SharedReques
 		}
 		ks.shared[it.id] = &hold{lockID: it.id, key: it.key, lim: lim, acq: now, exp: now + it.ttl, fence: fence, holder: s.holder}
 		d.byID[it.id] = it.key
+		n.watch(it.key, store.WatchSharedGranted, fence)
 		out[i] = store.AcquireResult{OK: true, LockID: it.id, Fence: pglease.Fence(fence),
 			AcquiredAt: time.UnixMilli(now), ExpiresAt: time.UnixMilli(now + it.ttl)}
 	}
@@ -526,6 +541,8 @@ func (s *Store) AcquireSets(ctx context.Context, sets [][]store.AcquireRequest) 
 	if err != nil {
 		return nil, err
 	}
+	n := &notes{s: s}
+	defer n.send()
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -580,6 +597,7 @@ func (s *Store) AcquireSets(ctx context.Context, sets [][]store.AcquireRequest) 
 		if !ok {
 			panic("model: fence counter changed under its row lock")
 		}
+		n.watch(it.key, store.WatchGranted, int64(r.Fence))
 		res[i] = r
 	}
 	out := make([][]store.AcquireResult, len(sets))
@@ -668,6 +686,13 @@ func (n *notes) wake(key string, waited bool) {
 	}
 }
 
+// watch notes a watch event of key (ev, see store.WatchEvent) with fence.
+func (n *notes) watch(key string, ev store.WatchEvent, fence int64) {
+	if n.s.watched != nil && n.s.notify != nil && n.s.watched(key) {
+		n.out = append(n.out, fmt.Sprintf("w:%s:%c:%015d", pglease.HashKey(key), ev, fence))
+	}
+}
+
 func (n *notes) add(payload string) {
 	if n.s.channel != "" && n.s.notify != nil {
 		n.out = append(n.out, payload)
@@ -718,12 +743,14 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []store.ReleaseRequest) 
 		if e, k := d.findExcl(r.LockID); e != nil && e.exp > now {
 			d.setExcl(k, nil)
 			n.wake(k, true)
+			n.watch(k, store.WatchReleased, e.fence)
 			out[i] = true
 			continue
 		}
 		if h := d.findShared(r.LockID); h != nil && h.exp > now {
 			d.dropShared(h)
 			n.wake(h.key, true)
+			n.watch(h.key, store.WatchSharedReleased, h.fence)
 			out[i] = true
 		}
 	}
@@ -768,8 +795,11 @@ func (s *Store) HandOff(ctx context.Context, reqs []store.HandOffRequest) ([]sto
 		e := ks.ex
 		live := e != nil && e.lockID == reqs[i].Old && e.exp > now
 		if live && ks.counter < int64(keys.FenceMax) {
-			// In place: the holder row is rewritten, the waiting mark kept.
+			// In place: the holder row is rewritten, the waiting mark kept;
+			// watchers hear the old lease's release, then the grant.
+			n.watch(it.key, store.WatchReleased, ks.counter)
 			ks.counter++
+			n.watch(it.key, store.WatchGranted, ks.counter)
 			d.setExcl(it.key, &excl{lockID: it.id, acq: now, exp: now + it.ttl, fence: ks.counter, holder: s.holder, hasHolder: true, delay: it.delay, holderMatches: true})
 			out[i] = store.HandOffResult{Released: true, AcquireResult: store.AcquireResult{OK: true, LockID: it.id,
 				Fence: pglease.Fence(ks.counter), AcquiredAt: time.UnixMilli(now), ExpiresAt: time.UnixMilli(now + it.ttl)}}
@@ -780,6 +810,7 @@ func (s *Store) HandOff(ctx context.Context, reqs []store.HandOffRequest) ([]sto
 			// woken, waited for or not), nothing granted.
 			d.setExcl(it.key, nil)
 			n.wake(it.key, false)
+			n.watch(it.key, store.WatchReleased, e.fence)
 			out[i] = store.HandOffResult{Released: true, AcquireResult: overflow(op)}
 			continue
 		}
@@ -791,6 +822,8 @@ func (s *Store) HandOff(ctx context.Context, reqs []store.HandOffRequest) ([]sto
 		r, ok := d.grant(it.key, it.id, it.ttl, it.delay, s.holder, now, c.row)
 		if !ok {
 			r = overflow(op)
+		} else {
+			n.watch(it.key, store.WatchGranted, int64(r.Fence))
 		}
 		out[i] = store.HandOffResult{AcquireResult: r}
 	}
@@ -853,6 +886,7 @@ func (s *Store) Revoke(ctx context.Context, reqs []store.RevokeRequest) ([]store
 			d.setExcl(ks[i], nil)
 			n.add("r:" + pglease.HashKey(ks[i]) + ":" + pglease.HashKey(e.lockID))
 			n.wake(ks[i], true)
+			n.watch(ks[i], store.WatchRevoked, e.fence)
 			res.Revoked, res.Exclusive = 1, true
 			res.LockIDHashes = append(res.LockIDHashes, pglease.HashKey(e.lockID))
 			res.Fences = append(res.Fences, pglease.Fence(e.fence))
@@ -872,6 +906,7 @@ func (s *Store) Revoke(ctx context.Context, reqs []store.RevokeRequest) ([]store
 			d.dropShared(h)
 			n.add("r:" + pglease.HashKey(ks[i]) + ":" + pglease.HashKey(id))
 			n.wake(ks[i], true)
+			n.watch(ks[i], store.WatchSharedReleased, h.fence)
 			res.Revoked++
 			res.LockIDHashes = append(res.LockIDHashes, pglease.HashKey(id))
 			res.Fences = append(res.Fences, pglease.Fence(h.fence))

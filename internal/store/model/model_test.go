@@ -41,6 +41,7 @@ type channel struct {
 	listening bool
 	got       []string
 	waited    map[string]bool
+	watched   map[string]bool
 }
 
 func (c *channel) notify(p string) {
@@ -57,38 +58,49 @@ func (c *channel) isWaited(key string) bool {
 	return c.waited[key]
 }
 
+func (c *channel) isWatched(key string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.watched[key]
+}
+
 // listen is Harness.Listen: the model notifies synchronously, so a
 // payload not there when asked for never comes.
-func (c *channel) listen(t testing.TB) (next func() string, wait func(string)) {
+func (c *channel) listen(t testing.TB) storetest.Listener {
 	c.mu.Lock()
 	c.listening = true
 	c.mu.Unlock()
-	next = func() string {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		if len(c.got) == 0 {
-			t.Fatal("no notification")
+	set := func(m map[string]bool) func(string) {
+		return func(key string) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			m[key] = true
 		}
-		p := c.got[0]
-		c.got = c.got[1:]
-		return p
 	}
-	wait = func(key string) {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		c.waited[key] = true
+	return storetest.Listener{
+		Next: func() string {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if len(c.got) == 0 {
+				t.Fatal("no notification")
+			}
+			p := c.got[0]
+			c.got = c.got[1:]
+			return p
+		},
+		Wait:  set(c.waited),
+		Watch: set(c.watched),
 	}
-	return next, wait
 }
 
-func newChannel() *channel { return &channel{waited: map[string]bool{}} }
+func newChannel() *channel { return &channel{waited: map[string]bool{}, watched: map[string]bool{}} }
 
 // TestConformance holds the model to the suite the real store is held to.
 func TestConformance(t *testing.T) {
 	storetest.Exercise(t, func(t *testing.T) *storetest.Harness {
 		c := &clock{now: time.UnixMilli(1_700_000_000_123)}
 		ch := newChannel()
-		a, err := model.New(model.Config{Clock: c.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release", Notify: ch.notify, Waited: ch.isWaited})
+		a, err := model.New(model.Config{Clock: c.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release", Notify: ch.notify, Waited: ch.isWaited, Watched: ch.isWatched})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +121,7 @@ func TestConformance(t *testing.T) {
 func TestConformanceSynctest(t *testing.T) {
 	storetest.Exercise(t, func(t *testing.T) *storetest.Harness {
 		ch := newChannel()
-		a, err := model.New(model.Config{Clock: time.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release", Notify: ch.notify, Waited: ch.isWaited})
+		a, err := model.New(model.Config{Clock: time.Now, Holder: storetest.HolderA, NotifyChannel: "pglease_release", Notify: ch.notify, Waited: ch.isWaited, Watched: ch.isWatched})
 		if err != nil {
 			t.Fatal(err)
 		}

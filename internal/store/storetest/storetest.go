@@ -62,12 +62,20 @@ type Harness struct {
 	// could, or a long life): for the tests at the fence limit, which are
 	// skipped without it.
 	SetFence func(t testing.TB, key string, f pglease.Fence)
-	// Listen, if not nil, starts listening to Store's notify channel and
-	// returns next, which returns the next payload received (failing the
-	// test when none comes), and wait, which makes the listening session
-	// wait for key (take its waiter lock, store.RegisterWaiters). The
+	// Listen, if not nil, starts listening to Store's notify channel. The
 	// notification tests are skipped without it.
-	Listen func(t testing.TB) (next func() string, wait func(key string))
+	Listen func(t testing.TB) Listener
+}
+
+// Listener is a session listening to the Store's notify channel.
+type Listener struct {
+	// Next returns the next payload received, failing the test when none
+	// comes.
+	Next func() string
+	// Wait makes the session wait for key (take its waiter lock,
+	// store.RegisterWaiters), Watch watch it (its watch lock,
+	// store.RegisterWatchers).
+	Wait, Watch func(key string)
 }
 
 // The holder identities of Harness.Store and Harness.Other.
@@ -120,6 +128,7 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) *Harness, opts ...Opti
 		{"MarkChecked", markTests},
 		{"FenceLimit", fenceLimitTests},
 		{"Notifications", notifyTests},
+		{"Watches", watchTests},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
