@@ -10,6 +10,9 @@
 // server's clock and for the model moves the injected one. Assertions
 // about time hold whatever Advance overshoots by (a loaded machine), or
 // are checked only when the clock readings around a call decide them.
+// Notifications are checked through Harness.Listen: each step is closed by
+// a release request of a marker key, so that the payloads before the
+// marker are the step's, and their absence is checked without waiting.
 //
 // This package is test infrastructure: unstable, for this module's tests.
 package storetest
