@@ -196,6 +196,21 @@ var extendTests = []test{
 			t.Fatalf("extend of a revoked lease after a new grant: %+v, want Revoked", x)
 		}
 	}},
+	{"RevokedOnlyLastPerKey", func(t *testing.T, e *env) {
+		// The store remembers the last revoked lockId of each key: a later
+		// revoke of the key makes an earlier revoked holder's extend an
+		// expiry-like answer.
+		g1 := e.mustAcquire(e.Store, "k", long)
+		e.revoke(e.Other, store.RevokeRequest{Key: "k"})
+		g2 := e.mustAcquire(e.Store, "k", long)
+		e.revoke(e.Other, store.RevokeRequest{Key: "k"})
+		if x := e.extend(e.Store, g2.LockID, long); !x.Revoked {
+			t.Fatalf("extend of the last revoked lease: %+v, want Revoked", x)
+		}
+		if x := e.extend(e.Store, g1.LockID, long); x.OK || x.Revoked {
+			t.Fatalf("extend of an earlier revoked lease: %+v, want neither OK nor Revoked", x)
+		}
+	}},
 	{"SharedHold", func(t *testing.T, e *env) {
 		r := e.mustShared(e.Store, "k", long, 0)
 		if x := e.extend(e.Store, r.LockID, 2*long); !x.OK || !x.ExpiresAt.After(r.ExpiresAt) {
