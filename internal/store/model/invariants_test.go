@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,4 +143,66 @@ func indexOf(xs []string, x string) int {
 		}
 	}
 	return -1
+}
+
+// TestConcurrentUse: the model is safe for concurrent use (run with
+// -race): processes call it at once, and the promises still hold after.
+func TestConcurrentUse(t *testing.T) {
+	c := &clock{now: time.UnixMilli(1_700_000_000_000)}
+	notified := make(chan string, 1<<16)
+	base, err := model.New(model.Config{Clock: c.Now, Holder: "p", NotifyChannel: "ch",
+		Notify: func(p string) { notified <- p }, Waited: func(string) bool { return true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	keyNames := []string{"a", "b"}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s := base.WithHolder(fmt.Sprint("p", g))
+			rng := rand.New(rand.NewPCG(uint64(g), 1))
+			for range 300 {
+				key := keyNames[rng.IntN(2)]
+				switch rng.IntN(4) {
+				case 0:
+					res, err := s.AcquireMany(ctx, []store.AcquireRequest{{Key: key, TTL: time.Second}})
+					if err == nil && res[0].OK {
+						_, err = s.ReleaseWaited(ctx, []store.ReleaseRequest{{LockID: res[0].LockID, Key: key}})
+					}
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				case 1:
+					_, err := s.AcquireSharedMany(ctx, []store.SharedRequest{{Key: key, TTL: time.Second, Limit: 2}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				case 2:
+					_, err := s.Revoke(ctx, []store.RevokeRequest{{Key: key}})
+					if err != nil {
+						t.Error(err)
+						return
+					}
+				default:
+					c.Advance(100 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	states, err := base.Snapshot(ctx, keyNames)
+	must(t, err)
+	for i, st := range states {
+		if (st.Held && st.Shared > 0) || (st.Limit > 0 && st.Shared > st.Limit) {
+			t.Fatalf("key %s after concurrent use: %+v", keyNames[i], st)
+		}
+	}
+	if len(notified) == 0 {
+		t.Fatal("no notification from releases and revokes of waited keys")
+	}
 }

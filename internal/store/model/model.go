@@ -69,7 +69,8 @@ type Config struct {
 	// Waited reports whether some session waits for key (holds its waiter
 	// lock, store.RegisterWaiters): a release, a revoke and the first
 	// shared attempt a writer refuses wake the key only then. nil: nobody
-	// waits.
+	// waits. Waited and Watched are called with the model's lock held:
+	// they must not call the Store.
 	Waited func(key string) bool
 	// Watched reports whether some session watches key (holds its watch
 	// lock, store.RegisterWatchers): grants, releases and revokes of the
