@@ -25,12 +25,12 @@ gomin:
 # client its programs use stay out of the library's go.mod.
 # pg/migrate/tooltest is a module of its own (goose and golang-migrate
 # apply the migration files there, kept out of pglease's go.mod).
-# internal/soak is a module of its own too (porcupine stays out of
+# soak is a module of its own too (porcupine stays out of
 # pglease's go.mod); its TestSmoke runs a ~35 s fault soak with -race
 # workers on a throwaway server of its own.
 test: fmt vet staticcheck
 	$(WITHPG) -- sh -c '$(GO) test -race -count=1 -timeout 9m ./... && (cd examples && $(GO) test -race -count=1 -timeout 5m ./...) && cd pg/migrate/tooltest && $(GO) test -race -count=1 -timeout 3m ./...'
-	cd internal/soak && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 6m ./...
+	cd soak && $(GO) vet ./... && $(STATICCHECK) ./... && $(GO) test -race -count=1 -timeout 6m ./...
 
 # The store, migration, advisory, Manager and pgleasetest suites (-short) on
 # every PostgreSQL major from 13 to 18, one at a time, with server binaries
@@ -65,14 +65,14 @@ bench:
 trace:
 	$(WITHPG) -C examples -- $(GO) run ./trace $(TRACEFLAGS)
 
-# The fault soak (internal/soak/README.md): W worker processes with their
+# The fault soak (soak/README.md): W worker processes with their
 # own Managers behind fault proxies, faults on a schedule, then every check.
 # Default: >= 100,000 lease cycles and >= 1,000 faults, at most 30 minutes.
 #   make soak SOAKFLAGS="-duration 2m -cycles 0 -faults 0 -seed 42"
 soak:
-	cd internal/soak && $(GO) run ./cmd/soak run $(SOAKFLAGS)
+	cd soak && $(GO) run ./cmd/soak run $(SOAKFLAGS)
 
 # Negative controls: a deliberately broken worker (or driver) per check,
 # each of which must make its check fail.
 soak-controls:
-	cd internal/soak && $(GO) test -count=1 -timeout 30m -run TestControls -v . -soak.controls
+	cd soak && $(GO) test -count=1 -timeout 30m -run TestControls -v . -soak.controls

@@ -30,7 +30,7 @@ func advisoryKey(w int) advisory.Key { return advisory.Int64(0x5047_0000 + int64
 
 func runAdvisoryPoint(ctx context.Context, url, impl string, c int, d time.Duration) (Result, error) {
 	tr := &stmtTracer{}
-	pool, err := newPool(ctx, url, "", min(c, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	pool, err := newPool(ctx, url, "", min(c, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr.recorder() })
 	if err != nil {
 		return Result{}, err
 	}

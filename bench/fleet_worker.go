@@ -14,10 +14,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest/pgrec"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 )
@@ -122,7 +122,7 @@ func openFleetManager(ctx context.Context, spec fleetSpec) (*fleetManager, error
 	// 30 s are closed, looked for every 10 s.
 	pc.MaxConnIdleTime, pc.HealthCheckPeriod = 30*time.Second, 10*time.Second
 	tr := &fleetTracer{}
-	pc.ConnConfig.Tracer = tr
+	pc.ConnConfig.Tracer = &pgrec.Recorder{OnStart: tr.observe}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err
@@ -142,7 +142,8 @@ type fleetTracer struct {
 	n  fleetStmts
 }
 
-func (t *fleetTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
+// observe counts one statement started.
+func (t *fleetTracer) observe(data pgrec.Statement) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.n.All++
@@ -160,10 +161,7 @@ func (t *fleetTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx
 	case strings.Contains(data.SQL, "pglease_handoff_"):
 		t.n.HandOff++
 	}
-	return ctx
 }
-
-func (t *fleetTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 func (t *fleetTracer) counts() fleetStmts {
 	t.mu.Lock()

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pglease/pglease/internal/pgtest/pgrec"
 	"github.com/pglease/pglease/manager"
 )
 
@@ -61,8 +62,13 @@ type stmtTracer struct {
 	lags        latencies // may be negative (sent early)
 }
 
-func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	now := time.Now()
+// recorder returns a statement recorder that reports to t, to install as
+// a pool's tracer.
+func (t *stmtTracer) recorder() *pgrec.Recorder { return &pgrec.Recorder{OnStart: t.observe} }
+
+// observe counts one statement started.
+func (t *stmtTracer) observe(data pgrec.Statement) {
+	now := data.Start
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.all++
@@ -70,7 +76,7 @@ func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.
 		keys, _ := data.Args[0].([]string)
 		t.shStmts++
 		t.shItems += int64(len(keys))
-		return ctx
+		return
 	}
 	if strings.Contains(data.SQL, "pglease_acquire_") && len(data.Args) > 3 {
 		ids, _ := data.Args[3].([]string)
@@ -81,10 +87,10 @@ func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.
 				t.last[id] = now
 			}
 		}
-		return ctx
+		return
 	}
 	if !strings.Contains(data.SQL, "pglease_extend_") || len(data.Args) == 0 {
-		return ctx
+		return
 	}
 	ids, _ := data.Args[0].([]string)
 	t.extendStmts++
@@ -97,10 +103,7 @@ func (t *stmtTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.
 			t.last[id] = now
 		}
 	}
-	return ctx
 }
-
-func (t *stmtTracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // reset zeroes the counters; with track, it starts recording acquire and
 // extend times of up to n lockIds (the map is made here, at its full size,
@@ -159,7 +162,7 @@ func runHeartbeatPoint(ctx context.Context, cfg config, n int) (Result, error) {
 	url, d := cfg.url, heartbeatWindow(ttl, cfg.hbDuration)
 	tr := &stmtTracer{period: ttl / 3}
 	pool, _, cleanup, err := benchSchema(ctx, url, heartbeatPoolSize, func(c *pgxpool.Config) {
-		c.ConnConfig.Tracer = tr
+		c.ConnConfig.Tracer = tr.recorder()
 	})
 	if err != nil {
 		return Result{}, err

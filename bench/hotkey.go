@@ -91,7 +91,7 @@ func runWorkerMode() bool {
 func hotKeyWorker(spec workerSpec, in *bufio.Reader, out io.Writer) (rep workerReport) {
 	ctx := context.Background()
 	tr := &stmtTracer{}
-	pool, err := newPool(ctx, spec.URL, spec.Schema, min(spec.Callers, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	pool, err := newPool(ctx, spec.URL, spec.Schema, min(spec.Callers, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr.recorder() })
 	if err != nil {
 		return workerReport{Err: err.Error()}
 	}

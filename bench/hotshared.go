@@ -77,7 +77,7 @@ type hotSharedCaller struct {
 
 func runHotSharedPoint(ctx context.Context, cfg config, kind string, callers int, note noteFunc) (Result, error) {
 	tr := &stmtTracer{}
-	pool, _, cleanup, err := benchSchema(ctx, cfg.url, min(callers, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	pool, _, cleanup, err := benchSchema(ctx, cfg.url, min(callers, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr.recorder() })
 	if err != nil {
 		return Result{}, err
 	}

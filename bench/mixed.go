@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest/pgrec"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/migrate"
@@ -417,7 +418,7 @@ func mixedWorker(in *bufio.Reader) (rep mixedReport) {
 		return mixedReport{Err: "bad spec: " + err.Error()}
 	}
 	tr := &fleetTracer{}
-	pool, err := newPool(ctx, spec.URL, spec.Schema, min(spec.Callers, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	pool, err := newPool(ctx, spec.URL, spec.Schema, min(spec.Callers, 64)+2, func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = &pgrec.Recorder{OnStart: tr.observe} })
 	if err != nil {
 		return mixedReport{Err: err.Error()}
 	}

@@ -59,7 +59,7 @@ func runPrimScenario(ctx context.Context, cfg config, scenario string, impls []p
 // returns (a set counts its keys).
 func runPrimPoint(ctx context.Context, url, scenario string, impl primImpl, c int, d time.Duration) (Result, error) {
 	tr := &stmtTracer{}
-	pool, schema, cleanup, err := benchSchema(ctx, url, uncontendedPoolSize(c), func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	pool, schema, cleanup, err := benchSchema(ctx, url, uncontendedPoolSize(c), func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr.recorder() })
 	if err != nil {
 		return Result{}, err
 	}

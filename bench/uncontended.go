@@ -76,7 +76,7 @@ func medianRun(runs []Result) Result {
 
 func runUncontendedPoint(ctx context.Context, url string, impl uncontendedImpl, c int, d time.Duration) (Result, error) {
 	tr := &stmtTracer{}
-	pool, _, cleanup, err := benchSchema(ctx, url, uncontendedPoolSize(c), func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr })
+	pool, _, cleanup, err := benchSchema(ctx, url, uncontendedPoolSize(c), func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr.recorder() })
 	if err != nil {
 		return Result{}, err
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -13,8 +14,8 @@ import (
 // statements of the store underneath are.
 func TestStoreOneRoundTripPerOperation(t *testing.T) {
 	t.Parallel()
-	cnt := &counter{}
-	s, _, _ := newStore(t, pg.Config{NotifyChannel: "pglease_test"}, withCounter(cnt), maxConns(1))
+	cnt := &pgtest.Recorder{}
+	s, _, _ := newStore(t, pg.Config{NotifyChannel: "pglease_test"}, cnt.Configure, maxConns(1))
 	c := ctx(t)
 	var id string
 	ops := []struct {
@@ -42,14 +43,14 @@ func TestStoreOneRoundTripPerOperation(t *testing.T) {
 	}
 	for round := 0; round < 3; round++ {
 		for _, op := range ops {
-			cnt.reset()
+			cnt.Reset()
 			if err := op.fn(); err != nil {
 				t.Fatalf("%s: %v", op.name, err)
 			}
 			if round == 0 {
 				continue // warm-up: pgx prepares each statement once per connection, the Store checks the schema once
 			}
-			if q, p, w := cnt.queries.Load(), cnt.prepares.Load(), cnt.writes.Load(); q != 1 || p != 0 || w != 1 {
+			if q, p, w := cnt.Queries(), cnt.Prepares(), cnt.Writes(); q != 1 || p != 0 || w != 1 {
 				t.Errorf("%s: %d queries, %d prepares, %d writes; want 1, 0, 1", op.name, q, p, w)
 			}
 		}

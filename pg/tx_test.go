@@ -6,6 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -146,8 +147,8 @@ func TestStoreInCallerTransaction(t *testing.T) {
 // pool checks for itself, once for its life.)
 func TestStoreInCallerTransactionChecksSchemaOnce(t *testing.T) {
 	t.Parallel()
-	cnt := &counter{}
-	_, pool, _ := newStore(t, pg.Config{}, withCounter(cnt), maxConns(2))
+	cnt := &pgtest.Recorder{}
+	_, pool, _ := newStore(t, pg.Config{}, cnt.Configure, maxConns(2))
 	c := ctx(t)
 	for round := range 4 {
 		tx, err := pool.Begin(c)
@@ -158,17 +159,17 @@ func TestStoreInCallerTransactionChecksSchemaOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cnt.reset()
+		cnt.Reset()
 		r, err := s.Acquire(c, "tx-check-once", time.Minute)
 		if err != nil || !r.OK {
 			t.Fatalf("round %d: Acquire in the transaction = %+v, %v", round, r, err)
 		}
-		acq := cnt.queries.Load()
-		cnt.reset()
+		acq := cnt.Queries()
+		cnt.Reset()
 		if ok, err := s.Release(c, r.LockID); err != nil || !ok {
 			t.Fatalf("round %d: Release = %v, %v", round, ok, err)
 		}
-		rel := cnt.queries.Load()
+		rel := cnt.Queries()
 		if err := tx.Commit(c); err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +194,7 @@ func TestStoreInCallerTransactionChecksSchemaOnce(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cnt.reset()
+		cnt.Reset()
 		if _, err := s.IsLocked(c, "tx-check-once"); err != nil {
 			t.Fatal(err)
 		}
@@ -201,7 +202,7 @@ func TestStoreInCallerTransactionChecksSchemaOnce(t *testing.T) {
 		if err != nil || !r.OK {
 			t.Fatalf("Acquire = %+v, %v", r, err)
 		}
-		if q := cnt.queries.Load(); q != 2 {
+		if q := cnt.Queries(); q != 2 {
 			t.Errorf("IsLocked and Acquire in a transaction on another connection: %d queries, want 2", q)
 		}
 		if err := tx.Rollback(c); err != nil {

@@ -12,6 +12,12 @@
 // always stopped and removed afterwards. Run as root (CI, these machines),
 // initdb and postgres run as the unprivileged "postgres" user, or "nobody"
 // when that user does not exist, since both refuse to run as root.
+//
+// It is also the tests' one kit: the lease-schema pools (RuntimePool,
+// LeasePool), the server-clock helpers (ServerNowMs, WaitServerMs), and the
+// statement recorder (Recorder, package pgrec). It sits below the packages
+// it tests and imports none of them: the lease schema is set up with what
+// pg/migrate registers in the store when it is linked (store.Setup).
 package pgtest
 
 import (

@@ -14,8 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/pg/migrate"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // RoleSchema is a fresh schema of the package's database set up the way
@@ -131,7 +130,10 @@ func RoleSchemaForTest(tb testing.TB) *RoleSchema {
 	rs.OwnerURL = roleURL(tb, admin, rs.Owner, rs.Schema)
 	rs.RuntimeURL = roleURL(tb, admin, rs.Runtime, rs.Schema)
 
-	ownerSQL, runtimeSQL, err := migrate.RolesSQL(rs.Owner, rs.Runtime, rs.Schema, db)
+	// pgtest sits below pg/migrate (whose tests import it): the schema is
+	// set up with what pg/migrate registered in the store (store.Setup).
+	mustSetup(tb)
+	ownerSQL, runtimeSQL, err := store.Setup.RolesSQL(rs.Owner, rs.Runtime, rs.Schema, db)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
 	}
@@ -147,11 +149,7 @@ func RoleSchemaForTest(tb testing.TB) *RoleSchema {
 		tb.Fatalf("pgtest: %v", err)
 	}
 	defer owner1.Close(context.Background())
-	mg, err := migrate.New(owner1, pg.Config{})
-	if err != nil {
-		tb.Fatalf("pgtest: %v", err)
-	}
-	if err := mg.Up(ctx); err != nil {
+	if err := store.Setup.Install(ctx, owner1, store.Config{}); err != nil {
 		tb.Fatalf("pgtest: SetupSchema as the owner role: %v", err)
 	}
 	if _, err := conn.Exec(ctx, runtimeSQL); err != nil {

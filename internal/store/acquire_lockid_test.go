@@ -7,6 +7,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -16,8 +17,8 @@ import (
 // InvalidArgument before any I/O.
 func TestAcquireCallerLockID(t *testing.T) {
 	t.Parallel()
-	cnt := &counter{}
-	s, pool, _ := newStore(t, store.Config{}, withCounter(cnt))
+	cnt := &pgtest.Recorder{}
+	s, pool, _ := newStore(t, store.Config{}, cnt.Configure)
 	c := ctx(t)
 	id := keys.NewLockID()
 	r, err := s.Acquire(c, store.AcquireRequest{Key: "chosen-id", TTL: time.Minute, LockID: id})
@@ -37,14 +38,14 @@ func TestAcquireCallerLockID(t *testing.T) {
 		t.Fatal("row left after Release by the chosen lockId")
 	}
 
-	cnt.reset()
+	cnt.Reset()
 	for _, bad := range []string{"short", "has spaces in it......", id + "x"} {
 		_, err := s.Acquire(c, store.AcquireRequest{Key: "k", TTL: time.Second, LockID: bad})
 		if !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Errorf("lockId %d bytes: %v, want InvalidArgument", len(bad), err)
 		}
 	}
-	if n := cnt.queries.Load(); n != 0 {
+	if n := cnt.Queries(); n != 0 {
 		t.Errorf("bad lockIds sent %d queries", n)
 	}
 }

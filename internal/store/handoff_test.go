@@ -30,8 +30,8 @@ func acquireOne(t *testing.T, s *store.Store, key string, ttl time.Duration) sto
 // one round trip, with the next fence, and sends no release notification.
 func TestHandOff(t *testing.T) {
 	t.Parallel()
-	var cnt counter
-	s, pool, _ := newStore(t, store.Config{NotifyChannel: "pglease_handoff"}, withCounter(&cnt))
+	var cnt pgtest.Recorder
+	s, pool, _ := newStore(t, store.Config{NotifyChannel: "pglease_handoff"}, cnt.Configure)
 	c := ctx(t)
 	l, err := pgx.Connect(c, pgtest.URL(t))
 	if err != nil {
@@ -48,12 +48,12 @@ func TestHandOff(t *testing.T) {
 	}
 	first := acquireOne(t, s, "handoff", time.Minute)
 	next := keys.NewLockID()
-	cnt.reset()
+	cnt.Reset()
 	res, err := s.HandOff(c, []store.HandOffRequest{{Old: first.LockID, Key: "handoff", TTL: 30 * time.Second, LockID: next}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if w := cnt.writes.Load(); w != 1 {
+	if w := cnt.Writes(); w != 1 {
 		t.Errorf("HandOff took %d round trips, want 1", w)
 	}
 	r := res[0]
@@ -157,11 +157,11 @@ func TestHandOffFenceOverflow(t *testing.T) {
 
 func TestHandOffBadInput(t *testing.T) {
 	t.Parallel()
-	var cnt counter
-	s, _, _ := newStore(t, store.Config{}, withCounter(&cnt))
+	var cnt pgtest.Recorder
+	s, _, _ := newStore(t, store.Config{}, cnt.Configure)
 	c := ctx(t)
 	id := keys.NewLockID()
-	cnt.reset()
+	cnt.Reset()
 	for name, reqs := range map[string][]store.HandOffRequest{
 		"bad old":     {{Old: "x", Key: "k", TTL: time.Minute}},
 		"same lockId": {{Old: id, Key: "k", TTL: time.Minute, LockID: id}},
@@ -176,7 +176,7 @@ func TestHandOffBadInput(t *testing.T) {
 	if res, err := s.HandOff(c, nil); err != nil || len(res) != 0 {
 		t.Errorf("empty HandOff = %v, %v", res, err)
 	}
-	if q := cnt.queries.Load(); q != 0 {
+	if q := cnt.Queries(); q != 0 {
 		t.Errorf("bad input sent %d statements", q)
 	}
 }

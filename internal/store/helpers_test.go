@@ -2,71 +2,20 @@ package store_test
 
 import (
 	"context"
-	"net"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/store"
-	"github.com/pglease/pglease/pg"
-	"github.com/pglease/pglease/pg/migrate"
+	_ "github.com/pglease/pglease/pg/migrate" // sets store.Setup, which pgtest sets schemas up with
 )
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// counter is a pgx QueryTracer and PrepareTracer, plus a count of network
-// writes (each round trip starts with one write).
-type counter struct {
-	queries, prepares, writes atomic.Int64
-}
-
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.queries.Add(1)
-	return ctx
-}
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *counter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	c.prepares.Add(1)
-	return ctx
-}
-func (c *counter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
-
-func (c *counter) reset() { c.queries.Store(0); c.prepares.Store(0); c.writes.Store(0) }
-
-type countingConn struct {
-	net.Conn
-	c *counter
-}
-
-func (w countingConn) Write(b []byte) (int, error) {
-	w.c.writes.Add(1)
-	return w.Conn.Write(b)
-}
-
-// withCounter installs c as tracer and write counter.
-func withCounter(c *counter) func(*pgxpool.Config) {
-	return func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = c
-		dial := cfg.ConnConfig.DialFunc
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return countingConn{conn, c}, nil
-		}
-	}
-}
-
-func maxConns(n int32) func(*pgxpool.Config) {
-	return func(cfg *pgxpool.Config) { cfg.MaxConns = n; cfg.MinConns = 0 }
-}
+// The package's short names for pgtest's helpers (the one set the
+// store, pg and pg/migrate tests share).
+var maxConns = pgtest.MaxConns
 
 // newStore returns a Store with its schema set up in a fresh schema. With
 // SyncGuard's default table names (what roles.sql grants on), the
@@ -92,66 +41,32 @@ func newStore(t testing.TB, cfg store.Config, configure ...func(*pgxpool.Config)
 // does DDL through the Store's pool.
 func newSuperStore(t testing.TB, cfg store.Config, configure ...func(*pgxpool.Config)) (*store.Store, *pgxpool.Pool, string) {
 	t.Helper()
-	pool, schema := pgtest.Pool(t, configure...)
+	pool, schema := pgtest.LeasePool(t, cfg, configure...)
 	s, err := store.New("pg.New", pool, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := setupSchema(s, ctx(t)); err != nil {
-		t.Fatal(err)
-	}
+	s.MarkChecked()
 	return s, pool, schema
 }
 
-func ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
+func ctx(t testing.TB) context.Context { return pgtest.Ctx(t) }
 
 // serverNow returns the server's clock_timestamp in ms.
-func serverNow(t testing.TB, db testDB) int64 {
-	t.Helper()
-	var ms int64
-	if err := db.QueryRow(ctx(t), "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").Scan(&ms); err != nil {
-		t.Fatal(err)
-	}
-	return ms
-}
+func serverNow(t testing.TB, db testDB) int64 { t.Helper(); return pgtest.ServerNowMs(t, db) }
 
 // waitServer polls until the server clock reaches ms.
-func waitServer(t testing.TB, db testDB, ms int64) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		now := serverNow(t, db)
-		if now >= ms {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("server clock did not advance")
-		}
-		time.Sleep(time.Duration(min(ms-now, 50)) * time.Millisecond)
-	}
-}
+func waitServer(t testing.TB, db testDB, ms int64) { t.Helper(); pgtest.WaitServerMs(t, db, ms) }
 
 // testDB is what the tests' own statements run on (a pool, a connection,
 // a transaction).
-type testDB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type testDB = pgtest.Querier
 
 // setupSchema migrates s's tables to the current version with package
 // pg/migrate, as the Manager's SetupSchema does (which then spares the
 // store its own check).
 func setupSchema(s *store.Store, ctx context.Context) error {
-	mg, err := migrate.New(s.DBForTest(), pg.Config(s.ConfigForTest()))
-	if err != nil {
-		return err
-	}
-	if err := mg.Up(ctx); err != nil {
+	if err := store.Setup.Install(ctx, s.DBForTest(), s.ConfigForTest()); err != nil {
 		return err
 	}
 	s.MarkChecked()

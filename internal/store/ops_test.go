@@ -13,6 +13,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -190,8 +191,8 @@ func TestHostileKeys(t *testing.T) {
 // of the input.
 func TestBadInputNoIO(t *testing.T) {
 	t.Parallel()
-	cnt := &counter{}
-	s, _, _ := newStore(t, store.Config{}, withCounter(cnt))
+	cnt := &pgtest.Recorder{}
+	s, _, _ := newStore(t, store.Config{}, cnt.Configure)
 	c := ctx(t)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -199,7 +200,7 @@ func TestBadInputNoIO(t *testing.T) {
 	badKeys := []string{"", "\xff\xfe", "a\x80b", "a\x00b", strings.Repeat("x", 513), strings.Repeat("é", 256) + "a", strings.Repeat("k", 10<<20)}
 	badIDs := []string{"", "AAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAAAAA", "AAAAAAAAAAAAAAAAAAAA+A", "AAAAAAAAAAAAAAAAAAAA/A", "AAAAAAAAAAAAAAAAAAAAA=", "AAAAAAAAAA AAAAAAAAAAA", "'; DROP TABLE x;--xxxx"}
 	badTTLs := []time.Duration{0, -time.Second, 1500 * time.Microsecond, time.Nanosecond, 1<<63 - 1}
-	cnt.reset()
+	cnt.Reset()
 	type call struct {
 		name string
 		want *pglease.Error
@@ -293,7 +294,7 @@ func TestBadInputNoIO(t *testing.T) {
 	if _, err := s.Acquire(cancelled, store.AcquireRequest{Key: "k", TTL: time.Second}); !errors.Is(err, context.Canceled) {
 		t.Errorf("Aborted does not wrap context.Canceled: %v", err)
 	}
-	if q, w := cnt.queries.Load(), cnt.writes.Load(); q != 0 || w != 0 {
+	if q, w := cnt.Queries(), cnt.Writes(); q != 0 || w != 0 {
 		t.Fatalf("invalid input caused %d queries, %d network writes; want 0", q, w)
 	}
 	// Empty batches are no-ops without I/O.
@@ -306,7 +307,7 @@ func TestBadInputNoIO(t *testing.T) {
 	if r, err := s.ExtendMany(c, nil); err != nil || len(r) != 0 {
 		t.Fatal(r, err)
 	}
-	if q := cnt.queries.Load(); q != 0 {
+	if q := cnt.Queries(); q != 0 {
 		t.Fatalf("empty batches sent %d queries", q)
 	}
 }
@@ -315,8 +316,8 @@ func TestBadInputNoIO(t *testing.T) {
 // operation once pgx's statement cache is warm.
 func TestOneRoundTripPerOperation(t *testing.T) {
 	t.Parallel()
-	cnt := &counter{}
-	s, _, _ := newStore(t, store.Config{NotifyChannel: "pglease_test"}, withCounter(cnt), maxConns(1))
+	cnt := &pgtest.Recorder{}
+	s, _, _ := newStore(t, store.Config{NotifyChannel: "pglease_test"}, cnt.Configure, maxConns(1))
 	c := ctx(t)
 	var id string
 	var ids []string
@@ -361,14 +362,14 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 	}
 	for round := 0; round < 3; round++ {
 		for _, op := range ops {
-			cnt.reset()
+			cnt.Reset()
 			if err := op.fn(); err != nil {
 				t.Fatalf("%s: %v", op.name, err)
 			}
 			if round == 0 {
 				continue // warm-up: pgx prepares each statement once per connection
 			}
-			if q, p, w := cnt.queries.Load(), cnt.prepares.Load(), cnt.writes.Load(); q != 1 || p != 0 || w != 1 {
+			if q, p, w := cnt.Queries(), cnt.Prepares(), cnt.Writes(); q != 1 || p != 0 || w != 1 {
 				t.Errorf("%s: %d queries, %d prepares, %d writes; want 1, 0, 1", op.name, q, p, w)
 			}
 		}
@@ -379,8 +380,8 @@ func TestOneRoundTripPerOperation(t *testing.T) {
 // statement: a large holder's heartbeat tick is one round trip.
 func TestExtendManyBeyondMaxBatch(t *testing.T) {
 	t.Parallel()
-	cnt := &counter{}
-	s, _, _ := newStore(t, store.Config{}, withCounter(cnt))
+	cnt := &pgtest.Recorder{}
+	s, _, _ := newStore(t, store.Config{}, cnt.Configure)
 	c := ctx(t)
 	n := store.MaxBatch + 1
 	ids := make([]string, 0, n)
@@ -404,12 +405,12 @@ func TestExtendManyBeyondMaxBatch(t *testing.T) {
 	for i, id := range ids {
 		reqs[i] = store.ExtendRequest{LockID: id, TTL: 2 * time.Minute}
 	}
-	cnt.reset()
+	cnt.Reset()
 	res, err := s.ExtendMany(c, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q := cnt.queries.Load(); q != 1 {
+	if q := cnt.Queries(); q != 1 {
 		t.Fatalf("%d queries for one ExtendMany of %d, want 1", q, n)
 	}
 	for i, r := range res {

@@ -67,6 +67,20 @@ func (e *SchemaError) Error() string {
 // hook is set whenever someone asks.
 var AsPublic func(e *SchemaError, target any) bool
 
+// Setup, set once by package pg/migrate when it is initialized, is what
+// sets a lease schema up, for code below pg/migrate that must: the test
+// harness (internal/pgtest), which the tests of the lease packages import
+// and which therefore cannot import pg/migrate (that would run up the
+// package layers). Install migrates the tables cfg names on db to
+// SchemaVersion (migrate.New(db, pg.Config(cfg)).Up); RolesSQL is
+// migrate.RolesSQL. Every program that links pg/migrate has them (a
+// Manager's user, and the tests of the store, pg, pg/migrate, the
+// Manager and the CLI); they are nil in one that does not.
+var Setup struct {
+	Install  func(ctx context.Context, db DB, cfg Config) error
+	RolesSQL func(owner, runtime, schema, database string) (beforeSchema, afterSchema string, err error)
+}
+
 // As lets errors.As find e as a *migrate.SchemaError (see AsPublic).
 func (e *SchemaError) As(target any) bool {
 	return AsPublic != nil && AsPublic(e, target)

@@ -226,10 +226,10 @@ func TestSetFenceOverflow(t *testing.T) {
 // Bad sets fail before any I/O.
 func TestSetsBadInputNoIO(t *testing.T) {
 	t.Parallel()
-	var cnt counter
-	s, _, _ := newStore(t, store.Config{}, withCounter(&cnt))
+	var cnt pgtest.Recorder
+	s, _, _ := newStore(t, store.Config{}, cnt.Configure)
 	c := ctx(t)
-	cnt.reset()
+	cnt.Reset()
 	for name, sets := range map[string][][]store.AcquireRequest{
 		"empty set": {set(time.Minute, "a"), {}},
 		"dup key":   {set(time.Minute, "a", "b", "a")},
@@ -242,7 +242,7 @@ func TestSetsBadInputNoIO(t *testing.T) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}
-	if n := cnt.queries.Load() + cnt.writes.Load(); n != 0 {
+	if n := cnt.Queries() + cnt.Writes(); n != 0 {
 		t.Fatalf("%d queries/writes for bad input", n)
 	}
 	if res, err := s.AcquireSets(c, nil); err != nil || len(res) != 0 {

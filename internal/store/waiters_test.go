@@ -203,10 +203,10 @@ func TestReleaseWaitedNoLostWakeUp(t *testing.T) {
 // Bad input is InvalidArgument before any I/O.
 func TestReleaseWaitedBadInputNoIO(t *testing.T) {
 	t.Parallel()
-	cnt := &counter{}
-	s, _, _ := newStore(t, store.Config{NotifyChannel: "pglease_bad"}, withCounter(cnt))
+	cnt := &pgtest.Recorder{}
+	s, _, _ := newStore(t, store.Config{NotifyChannel: "pglease_bad"}, cnt.Configure)
 	c := ctx(t)
-	cnt.reset()
+	cnt.Reset()
 	good := keys.NewLockID()
 	for name, reqs := range map[string][]store.ReleaseRequest{
 		"bad lockId": {{LockID: "nope", Key: "k"}},
@@ -229,7 +229,7 @@ func TestReleaseWaitedBadInputNoIO(t *testing.T) {
 	if err := store.UnregisterWaiters(c, w, []string{"k\xff"}); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
 		t.Errorf("UnregisterWaiters(bad key): %v", err)
 	}
-	if q := cnt.queries.Load() + cnt.writes.Load(); q != 0 {
+	if q := cnt.Queries() + cnt.Writes(); q != 0 {
 		t.Fatalf("%d queries/writes for bad input", q)
 	}
 	if n := waiterLocks(t, w, mine); n != 0 {

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
 )
 
 // TestReleaseUnlockFalseIsLoss: when pg_advisory_unlock answers false
@@ -45,7 +46,7 @@ func TestReleaseUnlockFalseIsLoss(t *testing.T) {
 // method without a panic or I/O.
 func TestNilLockMethods(t *testing.T) {
 	t.Parallel()
-	qc := &queryCounter{}
+	qc := &pgtest.Recorder{}
 	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc })
 	s1, s2 := openSession(t, pool, testOpts()), openSession(t, pool, testOpts())
 	ctx := ctxT(t, 15*time.Second)
@@ -59,7 +60,7 @@ func TestNilLockMethods(t *testing.T) {
 	if ok || err != nil || l != nil {
 		t.Fatalf("TryLock of a held key = %v %v %v", l, ok, err)
 	}
-	before := qc.n.Load()
+	before := qc.Queries()
 	var h pglease.Handle = l
 	if err := h.Release(ctx); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Errorf("Release = %v", err)
@@ -78,7 +79,7 @@ func TestNilLockMethods(t *testing.T) {
 	if l.Key().valid() {
 		t.Error("nil Lock has a valid key")
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qc.Queries() - before; n != 0 {
 		t.Errorf("%d queries", n)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"os"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,13 +132,3 @@ func wantCode(t testing.TB, err error, code pglease.Code) {
 		t.Fatalf("error %v is not a *pglease.Error", err)
 	}
 }
-
-// queryCounter is a pgx tracer counting the queries started.
-type queryCounter struct{ n atomic.Int64 }
-
-func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.n.Add(1)
-	return ctx
-}
-
-func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}

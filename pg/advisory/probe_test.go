@@ -24,20 +24,40 @@ import (
 
 const probeSQL = "SELECT pg_backend_pid()"
 
-// probeCtxKey marks the context of a traced probe statement.
-type probeCtxKey struct{}
-
-// probeTracer is a pgx tracer that watches one connection (set with
-// watch, after Open) and records when each probe statement was sent, and
+// probeTracer watches one connection (set with watch, after Open) with a
+// statement recorder: it records when each probe statement was sent, and
 // signals each probe answered on answered (capacity 1, latest only).
 type probeTracer struct {
+	rec      pgtest.Recorder
 	mu       sync.Mutex
 	conn     *pgx.Conn
 	starts   []time.Time
 	answered chan time.Time
 }
 
-func newProbeTracer() *probeTracer { return &probeTracer{answered: make(chan time.Time, 1)} }
+func newProbeTracer() *probeTracer {
+	p := &probeTracer{answered: make(chan time.Time, 1)}
+	p.rec.OnStart = func(st pgtest.Statement) {
+		if p.isProbe(st.Conn, st.SQL) {
+			p.mu.Lock()
+			p.starts = append(p.starts, st.Start)
+			p.mu.Unlock()
+		}
+	}
+	p.rec.OnEnd = func(st pgtest.Statement, err error) {
+		if err != nil || !p.isProbe(st.Conn, st.SQL) {
+			return
+		}
+		// One writer (the session's connection is used by one goroutine at
+		// a time): drop a stale signal, then send.
+		select {
+		case <-p.answered:
+		default:
+		}
+		p.answered <- time.Now()
+	}
+	return p
+}
 
 func (p *probeTracer) watch(c *pgx.Conn) {
 	p.mu.Lock()
@@ -51,29 +71,6 @@ func (p *probeTracer) isProbe(c *pgx.Conn, sql string) bool {
 	return c == p.conn && sql == probeSQL
 }
 
-func (p *probeTracer) TraceQueryStart(ctx context.Context, c *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if p.isProbe(c, d.SQL) {
-		p.mu.Lock()
-		p.starts = append(p.starts, time.Now())
-		p.mu.Unlock()
-		return context.WithValue(ctx, probeCtxKey{}, true)
-	}
-	return ctx
-}
-
-func (p *probeTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
-	if ctx.Value(probeCtxKey{}) == nil || d.Err != nil {
-		return
-	}
-	// One writer (the session's connection is used by one goroutine at a
-	// time): drop a stale signal, then send.
-	select {
-	case <-p.answered:
-	default:
-	}
-	p.answered <- time.Now()
-}
-
 func (p *probeTracer) probeStarts() []time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -85,7 +82,7 @@ func (p *probeTracer) probeStarts() []time.Time {
 func tracedSession(t *testing.T, o *Options, configure ...func(*pgxpool.Config)) (*Session, *probeTracer) {
 	t.Helper()
 	tr := newProbeTracer()
-	pool := newPool(t, append(configure, func(c *pgxpool.Config) { c.ConnConfig.Tracer = tr })...)
+	pool := newPool(t, append(configure, func(c *pgxpool.Config) { c.ConnConfig.Tracer = &tr.rec })...)
 	s := openSession(t, pool, o)
 	tr.watch(s.conn)
 	return s, tr

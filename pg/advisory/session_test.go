@@ -449,7 +449,7 @@ func TestPooledConnectionNeverLeaksLock(t *testing.T) {
 // tracer on the session's connection and the pool).
 func TestBadInputNoIO(t *testing.T) {
 	t.Parallel()
-	qc := &queryCounter{}
+	qc := &pgtest.Recorder{}
 	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc })
 	o := &Options{ProbeInterval: 10 * time.Second}
 	s := openSession(t, pool, o)
@@ -467,7 +467,7 @@ func TestBadInputNoIO(t *testing.T) {
 	defer tx.Rollback(ctx)
 	var nilPool *pgxpool.Pool
 	var nilCtx context.Context
-	before := qc.n.Load()
+	before := qc.Queries()
 	cases := []struct {
 		name string
 		code pglease.Code
@@ -549,14 +549,14 @@ func TestBadInputNoIO(t *testing.T) {
 			t.Errorf("%s: %v, want %v", c.name, c.err, c.code)
 		}
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qc.Queries() - before; n != 0 {
 		t.Errorf("bad input caused %d queries", n)
 	}
 
 	if err := s.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	before = qc.n.Load()
+	before = qc.Queries()
 	_, _, err = s.TryLock(ctx, randKey())
 	wantCode(t, err, pglease.CodeClosed)
 	_, err = s.Lock(ctx, randKey())
@@ -576,7 +576,7 @@ func TestBadInputNoIO(t *testing.T) {
 	if err := s.Close(ctx); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qc.Queries() - before; n != 0 {
 		t.Errorf("calls on a closed session caused %d queries", n)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
 )
 
 // grantedModes returns, for backend pid, the mode of every advisory lock
@@ -297,7 +298,7 @@ func TestSharedExclusiveMutualExclusion(t *testing.T) {
 // Reentrant, shared holds of one key stack and each needs its Release.
 func TestSharedModeBookkeeping(t *testing.T) {
 	t.Parallel()
-	qc := &queryCounter{}
+	qc := &pgtest.Recorder{}
 	pool := newPool(t, func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc })
 	ctx := ctxT(t, 20*time.Second)
 	other := openSession(t, pool, testOpts())
@@ -314,7 +315,7 @@ func TestSharedModeBookkeeping(t *testing.T) {
 		if !ok || err != nil {
 			t.Fatal(ok, err)
 		}
-		before := qc.n.Load()
+		before := qc.Queries()
 		calls := map[string]func() error{
 			"LockShared of an exclusive key":    func() error { _, err := s.LockShared(ctx, ex); return err },
 			"TryLockShared of an exclusive key": func() error { _, _, err := s.TryLockShared(ctx, ex); return err },
@@ -336,7 +337,7 @@ func TestSharedModeBookkeeping(t *testing.T) {
 				t.Errorf("%s: error shows the key id: %v", name, err)
 			}
 		}
-		if n := qc.n.Load() - before; n != 0 {
+		if n := qc.Queries() - before; n != 0 {
 			t.Errorf("reentrant=%v: refused calls made %d queries", reentrant, n)
 		}
 		if got := grantedModes(t, pool, s.BackendPID()); got[ex] != "ExclusiveLock" || got[sh] != "ShareLock" || len(got) != 2 {

@@ -263,10 +263,10 @@ func TestGuardInstallForms(t *testing.T) {
 // cannot be guarded; a missing table or column is InvalidArgument.
 func TestGuardBadInput(t *testing.T) {
 	t.Parallel()
-	var cnt counter
-	e, pool, _ := newSuperStore(t, pg.Config{}, withCounter(&cnt))
+	var cnt pgtest.Recorder
+	e, pool, _ := newSuperStore(t, pg.Config{}, cnt.Configure)
 	c := ctx(t)
-	cnt.reset()
+	cnt.Reset()
 	for _, tc := range [][2]string{{"bad name", "k"}, {"a.b.c", "k"}, {"orders", "bad col"}, {"orders", ""},
 		{"syncguard_locks", "key"}, {"syncguard_fence_counters", "fence_key"}, {"syncguard_locks_shared", "key"}} {
 		if err := e.mg.Guard(c, tc[0], tc[1]); !errors.Is(err, pglease.ErrInvalidArgument) {
@@ -276,7 +276,7 @@ func TestGuardBadInput(t *testing.T) {
 	if err := e.mg.Unguard(c, "x y"); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Errorf("Unguard(bad) = %v", err)
 	}
-	if n := cnt.queries.Load() + cnt.writes.Load(); n != 0 {
+	if n := cnt.Queries() + cnt.Writes(); n != 0 {
 		t.Fatalf("%d queries/writes for bad input", n)
 	}
 	if err := e.mg.Guard(c, "no_such_table", "k"); !errors.Is(err, pglease.ErrInvalidArgument) {

@@ -3,15 +3,10 @@ package migrate_test
 import (
 	"context"
 	"io/fs"
-	"net"
 	"path"
 	"strings"
-	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/pgtest"
@@ -22,67 +17,15 @@ import (
 
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// counter is a pgx QueryTracer and PrepareTracer, plus a count of network
-// writes (each round trip starts with one write).
-type counter struct {
-	queries, prepares, writes atomic.Int64
-}
+// The package's short names for pgtest's helpers (the one set the
+// store, pg and pg/migrate tests share).
+var maxConns = pgtest.MaxConns
 
-func (c *counter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.queries.Add(1)
-	return ctx
-}
-func (c *counter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (c *counter) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
-	c.prepares.Add(1)
-	return ctx
-}
-func (c *counter) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
-
-func (c *counter) reset() { c.queries.Store(0); c.prepares.Store(0); c.writes.Store(0) }
-
-type countingConn struct {
-	net.Conn
-	c *counter
-}
-
-func (w countingConn) Write(b []byte) (int, error) {
-	w.c.writes.Add(1)
-	return w.Conn.Write(b)
-}
-
-// withCounter installs c as tracer and write counter.
-func withCounter(c *counter) func(*pgxpool.Config) {
-	return func(cfg *pgxpool.Config) {
-		cfg.ConnConfig.Tracer = c
-		dial := cfg.ConnConfig.DialFunc
-		cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			conn, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return countingConn{conn, c}, nil
-		}
-	}
-}
-
-func maxConns(n int32) func(*pgxpool.Config) {
-	return func(cfg *pgxpool.Config) { cfg.MaxConns = n; cfg.MinConns = 0 }
-}
-
-func ctx(t testing.TB) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return c
-}
+func ctx(t testing.TB) context.Context { return pgtest.Ctx(t) }
 
 // testDB is what the tests' own statements run on (a pool, a connection,
 // a transaction).
-type testDB interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}
+type testDB = pgtest.Querier
 
 // env is a Migrator and the lease store on the same tables and DB: the
 // schema under test and the operations that use it.
@@ -203,28 +146,5 @@ func (e *env) to(t testing.TB, v int) {
 	}
 }
 
-// serverNow returns the server's clock_timestamp in ms.
-func serverNow(t testing.TB, db testDB) int64 {
-	t.Helper()
-	var ms int64
-	if err := db.QueryRow(ctx(t), "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").Scan(&ms); err != nil {
-		t.Fatal(err)
-	}
-	return ms
-}
-
 // waitServer polls until the server clock reaches ms.
-func waitServer(t testing.TB, db testDB, ms int64) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		now := serverNow(t, db)
-		if now >= ms {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("server clock did not advance")
-		}
-		time.Sleep(time.Duration(min(ms-now, 50)) * time.Millisecond)
-	}
-}
+func waitServer(t testing.TB, db testDB, ms int64) { t.Helper(); pgtest.WaitServerMs(t, db, ms) }

@@ -217,4 +217,14 @@ func init() {
 		}
 		return ok
 	}
+	// The test harness sets schemas up through the store, below this
+	// package (see store.Setup).
+	store.Setup.Install = func(ctx context.Context, db store.DB, cfg store.Config) error {
+		m, err := New(db, pg.Config(cfg))
+		if err != nil {
+			return err
+		}
+		return m.Up(ctx)
+	}
+	store.Setup.RolesSQL = RolesSQL
 }

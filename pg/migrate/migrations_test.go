@@ -501,8 +501,8 @@ func TestMigrateDownKeepsReleaseTrigger(t *testing.T) {
 // rejects bad options before any I/O.
 func TestListLeases(t *testing.T) {
 	t.Parallel()
-	var cnt counter
-	s, pool, _ := newSuperStore(t, pg.Config{}, withCounter(&cnt))
+	var cnt pgtest.Recorder
+	s, pool, _ := newSuperStore(t, pg.Config{}, cnt.Configure)
 	c := ctx(t)
 	short := mustAcquire(t, s, "short", 300*time.Millisecond)
 	_ = short
@@ -540,7 +540,7 @@ func TestListLeases(t *testing.T) {
 	if l, err := s.ListLeases(c, store.ListOptions{}); err != nil || l.HolderKnown || l.Total != 2 || l.Rows[0].Holder != "" {
 		t.Fatalf("ListLeases without the holder table = %+v, %v", l, err)
 	}
-	cnt.reset()
+	cnt.Reset()
 	for _, o := range []store.ListOptions{{Limit: -1}, {Limit: store.MaxBatch + 1}, {Key: "a", LockID: short}, {LockID: "bad"}, {Key: strings.Repeat("x", 600)}} {
 		if _, err := s.ListLeases(c, o); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Fatalf("ListLeases(%+v) = %v", o, err)
@@ -549,7 +549,7 @@ func TestListLeases(t *testing.T) {
 	if _, _, err := s.FenceCounter(c, ""); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatal(err)
 	}
-	if n := cnt.queries.Load() + cnt.writes.Load(); n != 0 {
+	if n := cnt.Queries() + cnt.Writes(); n != 0 {
 		t.Fatalf("%d queries/writes for bad options", n)
 	}
 }

@@ -30,9 +30,9 @@ func TestSchemaFile(t *testing.T) {
 // migrate's) and SQL, with no query sent.
 func TestBadNamesNoIO(t *testing.T) {
 	t.Parallel()
-	c := &counter{}
-	pool, _ := pgtest.Pool(t, withCounter(c))
-	c.reset()
+	c := &pgtest.Recorder{}
+	pool, _ := pgtest.Pool(t, c.Configure)
+	c.Reset()
 	long := strings.Repeat("a", 64)
 	bad := []pg.Config{
 		{LockTable: "locks; DROP TABLE x"}, {LockTable: `"locks"`}, {LockTable: "a.b.c"}, {LockTable: long},
@@ -73,7 +73,7 @@ func TestBadNamesNoIO(t *testing.T) {
 	if strings.Count(sql, "_lock_id\"") != 1 || strings.Count(sql, "_expires\"") != 1 {
 		t.Error("long table name: index names lost their suffix")
 	}
-	if n := c.queries.Load() + c.writes.Load(); n != 0 {
+	if n := c.Queries() + c.Writes(); n != 0 {
 		t.Fatalf("%d queries/writes for invalid config, want 0", n)
 	}
 }

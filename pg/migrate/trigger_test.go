@@ -360,8 +360,8 @@ func TestReleaseTriggerSQL(t *testing.T) {
 // Bad input is rejected before any I/O.
 func TestReleaseTriggerBadInput(t *testing.T) {
 	t.Parallel()
-	var cnt counter
-	pool, _ := pgtest.Pool(t, withCounter(&cnt))
+	var cnt pgtest.Recorder
+	pool, _ := pgtest.Pool(t, cnt.Configure)
 	s, err := newEnv(pool, pg.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -369,7 +369,7 @@ func TestReleaseTriggerBadInput(t *testing.T) {
 	c := ctx(t)
 	cancelled, cancel := context.WithCancel(c)
 	cancel()
-	cnt.reset()
+	cnt.Reset()
 	for _, ch := range []string{"", "1a", "a-b", "a b", "x'y", "ä", strings.Repeat("a", 64), "pg_notify;--"} {
 		if err := s.mg.SetupReleaseTrigger(c, ch); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
 			t.Errorf("SetupReleaseTrigger(%q) = %v", ch, err)
@@ -394,7 +394,7 @@ func TestReleaseTriggerBadInput(t *testing.T) {
 	if err := s.mg.DropReleaseTrigger(cancelled); pglease.CodeOf(err) != pglease.CodeAborted {
 		t.Errorf("Drop cancelled ctx = %v", err)
 	}
-	if q, p, w := cnt.queries.Load(), cnt.prepares.Load(), cnt.writes.Load(); q+p+w != 0 {
+	if q, p, w := cnt.Queries(), cnt.Prepares(), cnt.Writes(); q+p+w != 0 {
 		t.Fatalf("bad input did I/O: %d queries, %d prepares, %d writes", q, p, w)
 	}
 }

@@ -1,5 +1,5 @@
 // Command soak runs pglease's fault soak (see the README of
-// internal/soak): W worker processes with their own Managers, each through
+// soak): W worker processes with their own Managers, each through
 // its own fault proxy, over K contended keys, while faults hit the
 // network, the processes and the server; then it checks the logs.
 //
@@ -21,10 +21,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/pglease/pglease/internal/soak/check"
-	"github.com/pglease/pglease/internal/soak/driver"
-	"github.com/pglease/pglease/internal/soak/event"
-	"github.com/pglease/pglease/internal/soak/worker"
+	"github.com/pglease/pglease/soak/check"
+	"github.com/pglease/pglease/soak/driver"
+	"github.com/pglease/pglease/soak/event"
+	"github.com/pglease/pglease/soak/worker"
 )
 
 func main() {
@@ -82,7 +82,7 @@ func runCmd(args []string) int {
 	mix := fs.String("mix", driver.DefaultMix, "fault types and weights")
 	fs.BoolVar(&o.RoundRobin, "round-robin", false, "start the fault types in turn instead of drawing them by weight")
 	seed := fs.Uint64("seed", 0, "seed (0: from the clock; printed)")
-	fs.StringVar(&o.Broken, "broken", "", "negative control: a broken mode, e.g. no-fence:0 (see internal/soak/README.md)")
+	fs.StringVar(&o.Broken, "broken", "", "negative control: a broken mode, e.g. no-fence:0 (see soak/README.md)")
 	bin := fs.String("worker-bin", "", "soak binary for workers and burners (default: this one; build it with -race to race-check the workers)")
 	_ = fs.Parse(args)
 	var err error

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/soak/driver"
-	"github.com/pglease/pglease/internal/soak/event"
-	"github.com/pglease/pglease/internal/soak/worker"
+	"github.com/pglease/pglease/soak/driver"
+	"github.com/pglease/pglease/soak/event"
+	"github.com/pglease/pglease/soak/worker"
 )
 
 // The checks on synthetic runs: a clean history passes every check, and

@@ -6,8 +6,8 @@ import (
 	"sort"
 	"time"
 
-	"github.com/pglease/pglease/internal/soak/event"
-	"github.com/pglease/pglease/internal/soak/worker"
+	"github.com/pglease/pglease/soak/event"
+	"github.com/pglease/pglease/soak/worker"
 )
 
 // The checks of the Manager's other primitives: semaphore permits

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglease/pglease/internal/soak/event"
 	"github.com/pglease/pglease/manager"
+	"github.com/pglease/pglease/soak/event"
 )
 
 // semExclusive is the share of semaphore cycles that take the key

@@ -1,8 +1,8 @@
-module github.com/pglease/pglease/internal/soak
+module github.com/pglease/pglease/soak
 
 go 1.25.0
 
-replace github.com/pglease/pglease => ../..
+replace github.com/pglease/pglease => ..
 
 require (
 	github.com/anishathalye/porcupine v1.3.1

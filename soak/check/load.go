@@ -24,9 +24,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pglease/pglease/internal/soak/driver"
-	"github.com/pglease/pglease/internal/soak/event"
-	"github.com/pglease/pglease/internal/soak/worker"
+	"github.com/pglease/pglease/soak/driver"
+	"github.com/pglease/pglease/soak/event"
+	"github.com/pglease/pglease/soak/worker"
 )
 
 // grant is one grant as a worker saw it: a lease (r.grants: lease keys,

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/soak/check"
-	"github.com/pglease/pglease/internal/soak/driver"
+	"github.com/pglease/pglease/soak/check"
+	"github.com/pglease/pglease/soak/driver"
 )
 
 var controls = flag.Bool("soak.controls", false, "also run the negative controls (a deliberately broken worker per check; make soak-controls)")

@@ -30,10 +30,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/soak/event"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/advisory"
+	"github.com/pglease/pglease/soak/event"
 )
 
 // Broken modes of a worker.

@@ -31,10 +31,10 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/faultproxy"
 	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/internal/soak/event"
 	"github.com/pglease/pglease/manager"
 	"github.com/pglease/pglease/pg"
 	"github.com/pglease/pglease/pg/migrate"
+	"github.com/pglease/pglease/soak/event"
 )
 
 // Meta is what the checks need to know about a run (meta.json).

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pglease/pglease/internal/soak/driver"
+	"github.com/pglease/pglease/soak/driver"
 )
 
 // Check is the outcome of one check.
