@@ -670,3 +670,38 @@ func TestQueueBadInput(t *testing.T) {
 		t.Error("ParseTurn accepted a bad payload")
 	}
 }
+
+// TestQueueWaitAfterMissedGrant: a waiter that missed its grant's
+// notification and attempts again with its ticket's lockId is answered
+// granted (the lease the release gave it), not queued behind its own
+// lease.
+func TestQueueWaitAfterMissedGrant(t *testing.T) {
+	procs, admin := newQProcs(t, 2)
+	c := ctx(t)
+	const key = "fair:missed"
+	for _, shared := range []bool{false, true} {
+		h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		if err != nil || !h.OK {
+			t.Fatal(h, err)
+		}
+		id := keys.NewLockID()
+		req := []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id, Shared: shared}}
+		if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].Position != 1 {
+			t.Fatal(res, err)
+		}
+		if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil || rel[0].Served != 1 {
+			t.Fatal(rel, err)
+		}
+		res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife)
+		if err != nil || !res[0].OK || res[0].Fence == 0 && !shared {
+			t.Fatalf("shared %v: attempt after a missed grant: %+v %v, want granted", shared, res, err)
+		}
+		var n int
+		if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("shared %v: %d tickets (%v), want none", shared, n, err)
+		}
+		if ok, err := procs[1].s.Release(c, id); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+}

@@ -1522,6 +1522,12 @@ DECLARE
   v_fence bigint;
   v_s bigint;
   v_sn bigint;
+  v_hf bigint;
+  v_ha bigint;
+  v_he bigint;
+  v_hfence bigint[];
+  v_hacq bigint[];
+  v_hexp bigint[];
   v_void text;
 BEGIN
   IF current_setting('synchronous_commit') <> 'on' THEN
@@ -1532,7 +1538,7 @@ BEGIN
   v_setok := array_fill(true, ARRAY[v_nsets]);
   v_setno := array_fill(NULL::bigint, ARRAY[v_nsets]);
   v_seq := array_fill(NULL::bigint, ARRAY[v_n]);
-  v_cnow := v_seq; v_retry := v_seq; v_exp := v_seq;
+  v_cnow := v_seq; v_retry := v_seq; v_exp := v_seq; v_hfence := v_seq; v_hacq := v_seq; v_hexp := v_seq;
   v_status := array_fill(NULL::integer, ARRAY[v_n]);
   v_shared := v_status; v_limit := v_status;
   v_holder := array_fill(NULL::text, ARRAY[v_n]);
@@ -1554,6 +1560,19 @@ BEGIN
       WHERE x.lock_id = p_lock_ids[r.i] AND x.key = r.k AND x.expires_at_ms > v_now
       RETURNING x.seq, x.set_no INTO v_s, v_sn;
     IF v_s IS NULL THEN
+      -- Already granted (a release served the ticket and the caller did
+      -- not hear it): answered granted, not queued again.
+      v_hf := NULL;
+      SELECT l.fence::bigint, l.acquired_at_ms, l.expires_at_ms INTO v_hf, v_ha, v_he
+        FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[r.i] AND l.key = r.k AND l.expires_at_ms > v_now;
+      IF v_hf IS NULL THEN
+        SELECT s.fence, s.acquired_at_ms, s.expires_at_ms INTO v_hf, v_ha, v_he
+          FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[r.i] AND s.key = r.k AND s.expires_at_ms > v_now;
+      END IF;
+      IF v_hf IS NOT NULL THEN
+        v_hfence[r.i] := v_hf; v_hacq[r.i] := v_ha; v_hexp[r.i] := v_he;
+        CONTINUE;
+      END IF;
       DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_ids[r.i];
       INSERT INTO "syncguard_locks_queue" (key, lock_id, fence_key, lim, set_no, ttl_ms, delay_ms, holder, channel, enqueued_at_ms, expires_at_ms)
         VALUES (r.k, p_lock_ids[r.i], p_fence_keys[r.i], p_limits[r.i], CASE WHEN r.st > 0 THEN v_setno[r.st] END, p_ttls[r.i],
@@ -1575,6 +1594,13 @@ BEGIN
     o_idx := r.i;
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL; o_limit := NULL;
     o_position := NULL; o_now_ms := v_now;
+    IF v_hfence[r.i] IS NOT NULL THEN
+      IF r.st = 0 THEN
+        o_status := 0; o_fence := v_hfence[r.i]; o_acquired_ms := v_hacq[r.i]; o_expires_ms := v_hexp[r.i];
+        RETURN NEXT;
+      END IF;
+      CONTINUE;
+    END IF;
     IF v_seq[r.i] IS NULL THEN
       -- Not locked in time (or its set was not): held, to try again.
       IF r.st = 0 THEN
@@ -1660,6 +1686,11 @@ BEGIN
     o_idx := r.i; o_now_ms := v_cnow[r.i];
     o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL; o_limit := NULL;
     o_position := NULL;
+    IF v_hfence[r.i] IS NOT NULL THEN
+      o_status := 0; o_fence := v_hfence[r.i]; o_acquired_ms := v_hacq[r.i]; o_expires_ms := v_hexp[r.i];
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
     IF NOT v_setok[r.st] THEN
       o_status := CASE WHEN v_status[r.i] = 2 THEN 2 ELSE 1 END;
       o_retry_ms := v_retry[r.i]; o_expires_ms := v_exp[r.i]; o_holder := v_holder[r.i]; o_shared := v_shared[r.i];
