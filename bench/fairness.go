@@ -59,6 +59,7 @@ type fairConfig struct {
 	hold       time.Duration // critical section
 	limit      int           // semaphore's n
 	kinds      []string
+	impls      []string // "manager" (today's Manager), "queue" (the fair queue's store calls)
 }
 
 var fairKinds = []string{"mutex", "semaphore", "rwlock", "set"}
@@ -74,6 +75,7 @@ type fairSpec struct {
 	Duration   time.Duration `json:"duration"`
 	Hold       time.Duration `json:"hold"`
 	Limit      int           `json:"limit"`
+	Impl       string        `json:"impl"` // "manager" or "queue"
 }
 
 // fairCaller is what one caller of a worker saw in the window.
@@ -90,6 +92,7 @@ type fairCaller struct {
 
 type fairReport struct {
 	Callers []fairCaller `json:"callers"`
+	Notes   int64        `json:"notes"` // notifications read on the process's queue channel
 	Err     string       `json:"err,omitempty"`
 }
 
@@ -139,60 +142,31 @@ func fairWorker(spec fairSpec, in *bufio.Reader, out io.Writer) (rep fairReport)
 		return fairReport{Err: err.Error()}
 	}
 	defer pool.Close()
-	m, err := manager.New(pool, manager.Config{})
-	if err != nil {
-		return fairReport{Err: err.Error()}
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-		defer cancel()
-		if err := m.Close(cctx); err != nil && rep.Err == "" {
-			rep.Err = "close: " + err.Error()
-		}
-	}()
-	base := []manager.AcquireOption{manager.WithTTL(30 * time.Second), manager.WithAcquireTimeout(fairWait)}
 	sts := make([]fairCaller, callers)
-	type cycleFn func(ctx context.Context) (func() error, error)
-	cycles := make([]cycleFn, callers)
-	for w := range callers {
-		opts := base
-		key := fairKey
-		switch spec.Kind {
-		case "semaphore":
-			opts = append(base[:len(base):len(base)], manager.WithLimit(spec.Limit))
-		case "rwlock":
-			sts[w].Writer = w%2 == 0
-			if !sts[w].Writer {
-				opts = append(base[:len(base):len(base)], manager.Shared())
-			}
-		case "set":
-			if setProc {
-				sts[w].Set = true
-				ks := fairSetKeyNames()
-				cycles[w] = func(ctx context.Context) (func() error, error) {
-					locks, err := m.AcquireAll(ctx, ks, base...)
-					if err != nil {
-						return nil, err
-					}
-					return func() error {
-						var errs []error
-						for _, lk := range locks {
-							errs = append(errs, lk.Release(context.Background()))
-						}
-						return errors.Join(errs...)
-					}, nil
-				}
-				continue
-			}
-			key = fairSetKeyNames()[w]
+	var cycles []func(context.Context) (func() error, error)
+	if spec.Impl == "queue" {
+		q, err := newFairQueue(ctx, pool)
+		if err != nil {
+			return fairReport{Err: err.Error()}
 		}
-		cycles[w] = func(ctx context.Context) (func() error, error) {
-			lk, err := m.Acquire(ctx, key, opts...)
-			if err != nil {
-				return nil, err
-			}
-			return func() error { return lk.Release(context.Background()) }, nil
+		defer func() {
+			q.stop()
+			rep.Notes = q.notes.Load()
+		}()
+		cycles = fairQueueCycles(q, spec, sts, setProc)
+	} else {
+		m, err := manager.New(pool, manager.Config{})
+		if err != nil {
+			return fairReport{Err: err.Error()}
 		}
+		defer func() {
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			if err := m.Close(cctx); err != nil && rep.Err == "" {
+				rep.Err = "close: " + err.Error()
+			}
+		}()
+		cycles = fairManagerCycles(m, spec, sts, setProc)
 	}
 	// Warm up: each caller once (connections, statements).
 	var wg sync.WaitGroup
@@ -258,18 +232,72 @@ func fairWorker(spec fairSpec, in *bufio.Reader, out io.Writer) (rep fairReport)
 	return rep
 }
 
-func runFairness(ctx context.Context, cfg config, emit func(Result), note noteFunc) error {
-	for _, kind := range cfg.fair.kinds {
-		r, err := runFairPoint(ctx, cfg, kind)
-		if err != nil {
-			return fmt.Errorf("%s: %w", kind, err)
+// fairManagerCycles builds the Manager implementation's cycle of each
+// caller.
+func fairManagerCycles(m *manager.Manager, spec fairSpec, sts []fairCaller, setProc bool) []func(context.Context) (func() error, error) {
+	base := []manager.AcquireOption{manager.WithTTL(30 * time.Second), manager.WithAcquireTimeout(fairWait)}
+	cycles := make([]func(context.Context) (func() error, error), len(sts))
+	for w := range sts {
+		opts := base
+		key := fairKey
+		switch spec.Kind {
+		case "semaphore":
+			opts = append(base[:len(base):len(base)], manager.WithLimit(spec.Limit))
+		case "rwlock":
+			sts[w].Writer = w%2 == 0
+			if !sts[w].Writer {
+				opts = append(base[:len(base):len(base)], manager.Shared())
+			}
+		case "set":
+			if setProc {
+				sts[w].Set = true
+				ks := fairSetKeyNames()
+				cycles[w] = func(ctx context.Context) (func() error, error) {
+					locks, err := m.AcquireAll(ctx, ks, base...)
+					if err != nil {
+						return nil, err
+					}
+					return func() error {
+						var errs []error
+						for _, lk := range locks {
+							errs = append(errs, lk.Release(context.Background()))
+						}
+						return errors.Join(errs...)
+					}, nil
+				}
+				continue
+			}
+			key = fairSetKeyNames()[w]
 		}
-		emit(r)
+		cycles[w] = func(ctx context.Context) (func() error, error) {
+			lk, err := m.Acquire(ctx, key, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return func() error { return lk.Release(context.Background()) }, nil
+		}
+	}
+	return cycles
+}
+
+func runFairness(ctx context.Context, cfg config, emit func(Result), note noteFunc) error {
+	impls := cfg.fair.impls
+	if len(impls) == 0 {
+		impls = []string{"manager"}
+	}
+	for _, impl := range impls {
+		for _, kind := range cfg.fair.kinds {
+			r, err := runFairPoint(ctx, cfg, impl, kind)
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", impl, kind, err)
+			}
+			emit(r)
+		}
 	}
 	return nil
 }
 
-func runFairPoint(ctx context.Context, cfg config, kind string) (Result, error) {
+func runFairPoint(ctx context.Context, cfg config, impl, kind string) (Result, error) {
 	pool, schema, cleanup, err := benchSchema(ctx, cfg.url, 2)
 	if err != nil {
 		return Result{}, err
@@ -286,7 +314,7 @@ func runFairPoint(ctx context.Context, cfg config, kind string) (Result, error) 
 	}()
 	for p, c := range fc.callers {
 		spec := fairSpec{URL: cfg.url, Schema: schema, Kind: kind, Proc: p, Callers: c, SetCallers: fc.setCallers,
-			Duration: fc.duration, Hold: fc.hold, Limit: fc.limit}
+			Duration: fc.duration, Hold: fc.hold, Limit: fc.limit, Impl: impl}
 		raw, _ := json.Marshal(spec)
 		cmd := exec.Command(os.Args[0])
 		cmd.Env = append(os.Environ(), fairWorkerEv+"="+string(raw))
@@ -339,14 +367,14 @@ func runFairPoint(ctx context.Context, cfg config, kind string) (Result, error) 
 	if err != nil {
 		return Result{}, err
 	}
-	return summarizeFair(kind, fc, reps, min(elapsed, fc.duration), n1-n0), nil
+	return summarizeFair(impl, kind, fc, reps, min(elapsed, fc.duration), n1-n0), nil
 }
 
 // summarizeFair computes the fairness figures of one kind (see the
 // scenario's comment). window is the measured window; notes the
 // notifications seen on the shared channel during the run.
-func summarizeFair(kind string, fc fairConfig, reps []fairReport, window time.Duration, notes int64) Result {
-	r := Result{Scenario: "fairness", Impl: kind, Processes: len(reps), Seconds: window.Seconds(), Latency: "wait"}
+func summarizeFair(impl, kind string, fc fairConfig, reps []fairReport, window time.Duration, notes int64) Result {
+	r := Result{Scenario: "fairness", Impl: fairImplName(impl, kind), Processes: len(reps), Seconds: window.Seconds(), Latency: "wait"}
 	var waits []float64
 	var grants, callers, timeouts, setGrants, setTimeouts, setCallers int64
 	var longest, setLongest float64
@@ -454,15 +482,47 @@ func summarizeFair(kind string, fc fairConfig, reps []fairReport, window time.Du
 		}
 	}
 	if r.Cycles > 0 {
-		listeners := float64(len(reps)) // one listening connection per Manager
-		x["notifies_per_grant"] = float64(notes) / float64(r.Cycles)
-		x["deliveries_per_grant"] = float64(notes) * listeners / float64(r.Cycles)
+		// Each Manager listens on the shared channel (one connection
+		// each); the queue implementation listens only on its own
+		// channel, where each notification is delivered once.
+		listeners := float64(len(reps))
+		var own int64
+		if impl == "queue" {
+			listeners = 0
+			for _, rep := range reps {
+				own += rep.Notes
+			}
+		}
+		x["notifies_per_grant"] = float64(notes+own) / float64(r.Cycles)
+		x["deliveries_per_grant"] = (float64(notes)*listeners + float64(own)) / float64(r.Cycles)
 	}
 	r.Extra = x
 	if firstErr != "" {
 		fmt.Fprintf(os.Stderr, "bench: fairness %s: first error: %s\n", kind, firstErr)
 	}
 	return r
+}
+
+// fairImplName is a fairness result's Impl: the kind for the Manager,
+// "queue-" and the kind for the queue implementation.
+func fairImplName(impl, kind string) string {
+	if impl == "queue" {
+		return "queue-" + kind
+	}
+	return kind
+}
+
+// parseFairImpls parses -fair-impls.
+func parseFairImpls(s string) ([]string, error) {
+	var out []string
+	for _, k := range strings.Split(s, ",") {
+		k = strings.TrimSpace(k)
+		if k != "manager" && k != "queue" {
+			return nil, fmt.Errorf("unknown fairness implementation %q", k)
+		}
+		out = append(out, k)
+	}
+	return out, nil
 }
 
 // parseFairKinds parses -fair-kinds.
@@ -489,34 +549,38 @@ const (
 	fairWaitRatioLimit = 1.0  // longest wait ≤ the bound
 )
 
-// fairTargets judges the fairness scenario's results (target F).
+// fairTargets judges the fairness scenario's results (target F), for
+// each implementation measured.
 func fairTargets(res resultSet) []Target {
 	var ts []Target
 	add := func(name, measured string, met *bool) {
 		ts = append(ts, Target{ID: "F", Name: name, Measured: measured, Met: met})
 	}
-	for _, kind := range fairKinds {
-		for _, r := range res.all("fairness", kind) {
-			x := r.Extra
-			if kind != "set" {
-				lo, hi := x["share_min"], x["share_max"]
-				add(fmt.Sprintf("fairness %s: grants/callers share per process 1 ± %.0f %%", kind, 100*fairShareTol),
-					fmt.Sprintf("%.2f–%.2f", lo, hi), boolp(lo >= 1-fairShareTol && hi <= 1+fairShareTol))
+	for _, impl := range []string{"manager", "queue"} {
+		for _, kind := range fairKinds {
+			name := fairImplName(impl, kind)
+			for _, r := range res.all("fairness", name) {
+				x := r.Extra
+				if kind != "set" {
+					lo, hi := x["share_min"], x["share_max"]
+					add(fmt.Sprintf("fairness %s: grants/callers share per process 1 ± %.0f %%", name, 100*fairShareTol),
+						fmt.Sprintf("%.2f–%.2f", lo, hi), boolp(lo >= 1-fairShareTol && hi <= 1+fairShareTol))
+				}
+				if kind == "rwlock" {
+					lo, hi := x["writer_share_min"], x["writer_share_max"]
+					add(fmt.Sprintf("fairness %s: writers' share per process 1 ± %.0f %%", name, 100*fairShareTol),
+						fmt.Sprintf("%.2f–%.2f", lo, hi), boolp(lo >= 1-fairShareTol && hi <= 1+fairShareTol))
+				}
+				if kind == "set" {
+					n := x["set_timeouts"]
+					add(fmt.Sprintf("fairness %s of %d keys: 0 timeouts at a %v wait", name, fairSetKeys, fairWait),
+						fmt.Sprintf("%.0f (%.0f set grants, %.0f single)", n, x["set_grants"], x["single_grants"]), boolp(n == 0 && x["set_grants"] > 0))
+				}
+				add(fmt.Sprintf("fairness %s: longest wait ≤ 2 × hold cycle × queue + 0.5 s", name),
+					fmt.Sprintf("%.0f vs %.0f ms", x["longest_wait_ms"], x["wait_bound_ms"]), boolp(x["wait_ratio"] <= fairWaitRatioLimit))
+				add(fmt.Sprintf("fairness %s: notifications delivered per grant ≤ %.1f", name, fairDeliveriesMax),
+					fmt.Sprintf("%.2f", x["deliveries_per_grant"]), boolp(x["deliveries_per_grant"] <= fairDeliveriesMax))
 			}
-			if kind == "rwlock" {
-				lo, hi := x["writer_share_min"], x["writer_share_max"]
-				add(fmt.Sprintf("fairness rwlock: writers' share per process 1 ± %.0f %%", 100*fairShareTol),
-					fmt.Sprintf("%.2f–%.2f", lo, hi), boolp(lo >= 1-fairShareTol && hi <= 1+fairShareTol))
-			}
-			if kind == "set" {
-				n := x["set_timeouts"]
-				add(fmt.Sprintf("fairness set of %d keys: 0 timeouts at a %v wait", fairSetKeys, fairWait),
-					fmt.Sprintf("%.0f (%.0f set grants, %.0f single)", n, x["set_grants"], x["single_grants"]), boolp(n == 0 && x["set_grants"] > 0))
-			}
-			add(fmt.Sprintf("fairness %s: longest wait ≤ 2 × hold cycle × queue + 0.5 s", kind),
-				fmt.Sprintf("%.0f vs %.0f ms", x["longest_wait_ms"], x["wait_bound_ms"]), boolp(x["wait_ratio"] <= fairWaitRatioLimit))
-			add(fmt.Sprintf("fairness %s: notifications delivered per grant ≤ %.1f", kind, fairDeliveriesMax),
-				fmt.Sprintf("%.2f", x["deliveries_per_grant"]), boolp(x["deliveries_per_grant"] <= fairDeliveriesMax))
 		}
 	}
 	return ts

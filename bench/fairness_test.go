@@ -2,6 +2,7 @@ package main
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -12,10 +13,11 @@ import (
 func TestFairnessSmoke(t *testing.T) {
 	t.Parallel()
 	cfg := smokeConfig(t, "fairness")
-	cfg.fair = fairConfig{callers: []int{1, 2}, setCallers: 1, duration: 700 * time.Millisecond, hold: time.Millisecond, limit: 2, kinds: fairKinds}
+	cfg.fair = fairConfig{callers: []int{1, 2}, setCallers: 1, duration: 700 * time.Millisecond, hold: time.Millisecond, limit: 2,
+		kinds: fairKinds, impls: []string{"manager", "queue"}}
 	res, table := runSmoke(t, cfg)
-	if len(res) != len(fairKinds) {
-		t.Fatalf("%d results, want %d:\n%s", len(res), len(fairKinds), table)
+	if len(res) != 2*len(fairKinds) {
+		t.Fatalf("%d results, want %d:\n%s", len(res), 2*len(fairKinds), table)
 	}
 	for _, r := range res {
 		x := r.Extra
@@ -25,7 +27,7 @@ func TestFairnessSmoke(t *testing.T) {
 		if _, ok := x["deliveries_per_grant"]; !ok {
 			t.Errorf("%s: no deliveries_per_grant", r.Impl)
 		}
-		switch r.Impl {
+		switch strings.TrimPrefix(r.Impl, "queue-") {
 		case "set":
 			if x["set_grants"]+x["set_timeouts"] <= 0 || x["single_grants"] <= 0 {
 				t.Errorf("set: %+v", x)
@@ -56,7 +58,7 @@ func TestSummarizeFair(t *testing.T) {
 	fc := fairConfig{limit: 2}
 	// Process 0: 1 caller, 10 grants; process 1: 3 callers, 30 in all:
 	// each gets its share (1).
-	r := summarizeFair("mutex", fc, []fairReport{rep(10), rep(10, 10, 10)}, 4*time.Second, 20)
+	r := summarizeFair("manager", "mutex", fc, []fairReport{rep(10), rep(10, 10, 10)}, 4*time.Second, 20)
 	if r.Extra["share_min"] != 1 || r.Extra["share_max"] != 1 {
 		t.Errorf("fair: %+v", r.Extra)
 	}
@@ -67,11 +69,11 @@ func TestSummarizeFair(t *testing.T) {
 		t.Errorf("deliveries %v", r.Extra["deliveries_per_grant"])
 	}
 	// Round-robin per process (20 each): process 0 gets twice its share.
-	r = summarizeFair("mutex", fc, []fairReport{rep(20), rep(7, 7, 6)}, 4*time.Second, 0)
+	r = summarizeFair("manager", "mutex", fc, []fairReport{rep(20), rep(7, 7, 6)}, 4*time.Second, 0)
 	if math.Abs(r.Extra["share_p0"]-2) > 1e-9 || math.Abs(r.Extra["share_p1"]-2.0/3) > 1e-9 {
 		t.Errorf("per process: %+v", r.Extra)
 	}
-	r = summarizeFair("rwlock", fc, []fairReport{rep(20), rep(20, 5, 5)}, 4*time.Second, 0)
+	r = summarizeFair("manager", "rwlock", fc, []fairReport{rep(20), rep(20, 5, 5)}, 4*time.Second, 0)
 	if r.Extra["writer_share_min"] != 1 || r.Extra["writer_share_max"] != 1 {
 		t.Errorf("writers: %+v", r.Extra)
 	}
@@ -81,9 +83,9 @@ func TestSummarizeFair(t *testing.T) {
 // the round-robin per process of a race between processes.
 func TestFairTargets(t *testing.T) {
 	fc := fairConfig{limit: 2}
-	fair := summarizeFair("mutex", fc, []fairReport{{Callers: []fairCaller{{Grants: 10, MaxWait: 50}}},
+	fair := summarizeFair("manager", "mutex", fc, []fairReport{{Callers: []fairCaller{{Grants: 10, MaxWait: 50}}},
 		{Callers: []fairCaller{{Grants: 10, MaxWait: 50}, {Grants: 10, MaxWait: 50}}}}, 3*time.Second, 15)
-	raced := summarizeFair("mutex", fc, []fairReport{{Callers: []fairCaller{{Grants: 15, MaxWait: 5000}}},
+	raced := summarizeFair("manager", "mutex", fc, []fairReport{{Callers: []fairCaller{{Grants: 15, MaxWait: 5000}}},
 		{Callers: []fairCaller{{Grants: 8, MaxWait: 50}, {Grants: 7, MaxWait: 50}}}}, 3*time.Second, 60)
 	for _, tc := range []struct {
 		r    Result

@@ -283,7 +283,7 @@ func main() {
 	}
 	var cfg config
 	var callers, hotCallers, hotProcs, hbN, advCallers, fleetN, scen, primCallers, hotSharedCallers, mixedShape string
-	var fairCallers, fairKindsFlag string
+	var fairCallers, fairKindsFlag, fairImplsFlag string
 	var hb100k bool
 	var impls string
 	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measuring time per point")
@@ -315,6 +315,7 @@ func main() {
 	flag.DurationVar(&cfg.fair.hold, "fair-hold", 2*time.Millisecond, "fairness: how long each grant is held")
 	flag.IntVar(&cfg.fair.limit, "fair-limit", 2, "fairness: the semaphore's n")
 	flag.StringVar(&fairKindsFlag, "fair-kinds", "mutex,semaphore,rwlock,set", "fairness: kinds to run")
+	flag.StringVar(&fairImplsFlag, "fair-impls", "manager,queue", "fairness: implementations (manager: today's Manager; queue: the fair queue's store calls, no Manager)")
 	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard,fleet,mixed,fairness", "scenarios to run")
 	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, fleet, primitives, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
@@ -370,6 +371,10 @@ func main() {
 	}
 	if cfg.hotLimit < 1 || cfg.hotWriters < 0 || cfg.hotWriters > 1 {
 		fmt.Fprintln(os.Stderr, "bench: -hot-limit must be at least 1, -hot-writers between 0 and 1")
+		os.Exit(2)
+	}
+	if cfg.fair.impls, err = parseFairImpls(fairImplsFlag); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: -fair-impls must name manager or queue")
 		os.Exit(2)
 	}
 	if cfg.fair.kinds, err = parseFairKinds(fairKindsFlag); err != nil || len(cfg.fair.callers) < 2 || cfg.fair.setCallers < 1 ||
