@@ -92,7 +92,8 @@ type fairCaller struct {
 
 type fairReport struct {
 	Callers []fairCaller `json:"callers"`
-	Notes   int64        `json:"notes"` // notifications read on the process's queue channel
+	Notes   int64        `json:"notes"`   // notifications read on the process's queue channel
+	Retries int64        `json:"retries"` // queue: attempts after a wait slice without a turn
 	Err     string       `json:"err,omitempty"`
 }
 
@@ -151,7 +152,7 @@ func fairWorker(spec fairSpec, in *bufio.Reader, out io.Writer) (rep fairReport)
 		}
 		defer func() {
 			q.stop()
-			rep.Notes = q.notes.Load()
+			rep.Notes, rep.Retries = q.notes.Load(), q.retries.Load()
 		}()
 		cycles = fairQueueCycles(q, spec, sts, setProc)
 	} else {
@@ -494,6 +495,13 @@ func summarizeFair(impl, kind string, fc fairConfig, reps []fairReport, window t
 			}
 		}
 		x["notifies_per_grant"] = float64(notes+own) / float64(r.Cycles)
+		if impl == "queue" {
+			var retries int64
+			for _, rep := range reps {
+				retries += rep.Retries
+			}
+			x["slice_retries"] = float64(retries)
+		}
 		x["deliveries_per_grant"] = (float64(notes)*listeners + float64(own)) / float64(r.Cycles)
 	}
 	r.Extra = x

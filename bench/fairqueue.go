@@ -33,7 +33,11 @@ type fairQueue struct {
 	mu    sync.Mutex
 	turns map[string]chan store.Turn
 	notes atomic.Int64
-	stop  func()
+	// retries counts attempts made because a wait slice (life/3) ended
+	// without a turn: the ticket's refresh, and the only way a turn that
+	// no release served (or a lost notification) is found.
+	retries atomic.Int64
+	stop    func()
 }
 
 func newFairQueue(ctx context.Context, pool *pgxpool.Pool) (*fairQueue, error) {
@@ -151,6 +155,7 @@ func (q *fairQueue) acquire(ctx context.Context, reqs []store.WaitRequest) (func
 				return release, nil
 			}
 		case <-t.C:
+			q.retries.Add(1)
 		case <-ctx.Done():
 			t.Stop()
 			_, _ = q.s.QueueLeave(context.Background(), ids)

@@ -358,10 +358,11 @@ type LeaveResult struct {
 
 // QueueLeave takes each lockId's ticket out of its key's queue (a caller
 // that gives up: timeout, cancel, Close), in one statement, under the
-// keys' advisory locks; a lease the lockId was granted meanwhile is
-// released, and each key's queue is served (a head that left lets the
-// next ticket go at once). Durable. Bad lockIds are InvalidArgument
-// before I/O.
+// keys' advisory locks (1 s at most: a key locked longer by another
+// transaction has its ticket dropped without the lock, and its queue not
+// served); a lease the lockId was granted meanwhile is released, and each
+// key's queue is served (a head that left lets the next ticket go at
+// once). Durable. Bad lockIds are InvalidArgument before I/O.
 func (s *Store) QueueLeave(ctx context.Context, lockIDs []string) ([]LeaveResult, error) {
 	const op = "pg.QueueLeave"
 	if err := pgerr.CheckContext(op, ctx); err != nil {

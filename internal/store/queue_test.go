@@ -705,3 +705,44 @@ func TestQueueWaitAfterMissedGrant(t *testing.T) {
 		}
 	}
 }
+
+// TestQueueLeaveServesNext: a head that gives up while the key is free
+// (released without serving, as in a foreign window) lets the next ticket
+// go at once: the leave grants it and notifies its process only.
+func TestQueueLeaveServesNext(t *testing.T) {
+	procs, _ := newQProcs(t, 3)
+	c := ctx(t)
+	const key = "fair:leave"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	a, b := keys.NewLockID(), keys.NewLockID()
+	turnB := procs[2].expect(b)
+	for i, id := range []string{a, b} {
+		if res, err := procs[i+1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id}}, procs[i+1].ch, qlife); err != nil || res[0].Position != i+1 {
+			t.Fatal(res, err)
+		}
+	}
+	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false); err != nil || !rel[0].Released || rel[0].Served != 0 {
+		t.Fatalf("release without serving: %+v %v", rel, err)
+	}
+	if lv, err := procs[1].s.QueueLeave(c, []string{a}); err != nil || !lv[0].Left || lv[0].Released {
+		t.Fatalf("leave: %+v %v", lv, err)
+	}
+	if info, err := procs[2].s.LookupByID(c, b); err != nil || info == nil {
+		t.Fatalf("the next ticket was not served by the leave: %v %v", info, err)
+	}
+	select {
+	case tr := <-turnB:
+		if !tr.Granted {
+			t.Fatalf("turn %+v", tr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no notification")
+	}
+	settle(procs)
+	if n := procs[1].n.Load() + procs[0].n.Load(); n != 0 {
+		t.Errorf("%d notifications to the other processes", n)
+	}
+}

@@ -1812,7 +1812,9 @@ $fn$;
 
 -- Leaves the queue: drops each ticket whose lock_id is p_lock_ids[i]
 -- (o_left), under its key's advisory lock (taken in (hashtext, key) order,
--- unbounded: a giving-up caller must not leave a ticket behind), releases
+-- waiting 1 s at most: a key locked longer by another transaction still
+-- has the ticket dropped, without the lock, and its queue is not served
+-- here: a grant that raced with the drop is found and released), releases
 -- a lease the lockId holds (a grant that came while the caller gave up:
 -- o_released), and serves the keys' queues ("pglease_qserve_07f27fb7aa"): a head that left
 -- lets the next ticket go at once.
@@ -1820,6 +1822,8 @@ CREATE OR REPLACE FUNCTION "pglease_qleave_07f27fb7aa"(p_lock_ids text[], p_chan
 RETURNS TABLE (o_idx integer, o_left boolean, o_released boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1000;
+  v_locked boolean[];
   v_keys text[];
   v_j integer;
   v_k text;
@@ -1829,8 +1833,9 @@ BEGIN
       SELECT q.key AS k FROM "syncguard_locks_queue" AS q WHERE q.lock_id = ANY (p_lock_ids)
       UNION SELECT l.key FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
       UNION SELECT s.key FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS y) AS x ORDER BY hashtext(x.k), x.k);
+  v_locked := array_fill(false, ARRAY[greatest(cardinality(v_keys), 1)]);
   FOR v_j IN 1 .. cardinality(v_keys) LOOP
-    PERFORM pg_advisory_xact_lock(hashtext(v_keys[v_j]));
+    v_locked[v_j] := pg_try_advisory_xact_lock(hashtext(v_keys[v_j])) OR "pglease_lockwait_07f27fb7aa"(v_keys[v_j], 0, v_until);
   END LOOP;
   FOR v_j IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
     o_idx := v_j;
@@ -1845,7 +1850,9 @@ BEGIN
     RETURN NEXT;
   END LOOP;
   FOR v_j IN 1 .. cardinality(v_keys) LOOP
-    PERFORM "pglease_qserve_07f27fb7aa"(v_keys[v_j], p_channel, NULL);
+    IF v_locked[v_j] THEN
+      PERFORM "pglease_qserve_07f27fb7aa"(v_keys[v_j], p_channel, v_until);
+    END IF;
   END LOOP;
 END
 $fn$;
