@@ -746,3 +746,41 @@ func TestQueueLeaveServesNext(t *testing.T) {
 		t.Errorf("%d notifications to the other processes", n)
 	}
 }
+
+// TestQueueForeignWindow: SyncGuard does not queue. A release without
+// serving (the foreign window of docs/fairness.md) leaves a queued key
+// free, and SyncGuard's own acquire takes it; the queue's head is then
+// refused while SyncGuard holds it, keeps its place, and is granted
+// after SyncGuard's release (by its next attempt: SyncGuard's release
+// serves no queue).
+func TestQueueForeignWindow(t *testing.T) {
+	procs, _ := newQProcs(t, 2)
+	c := ctx(t)
+	const key = "fair:foreign"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	id := keys.NewLockID()
+	req := []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id}}
+	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].Position != 1 {
+		t.Fatal(res, err)
+	}
+	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false); err != nil || rel[0].Served != 0 {
+		t.Fatal(rel, err)
+	}
+	sg := pgtest.NewSyncGuard(t, procs[0].pool)
+	sgID, ok, err := sg.Acquire(key, time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("SyncGuard's acquire of the key left free: %v %v", ok, err)
+	}
+	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].OK || res[0].Position != 1 || res[0].Holder != "" {
+		t.Fatalf("the head while SyncGuard holds the key: %+v %v", res, err)
+	}
+	if ok, err := sg.ExtendOrRelease(sgID, 0); err != nil || !ok {
+		t.Fatalf("SyncGuard's release: %v %v", ok, err)
+	}
+	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || !res[0].OK {
+		t.Fatalf("the head after SyncGuard's release: %+v %v", res, err)
+	}
+}
