@@ -156,6 +156,26 @@ func TestQueueServesArrivalOrder(t *testing.T) {
 			t.Fatalf("waiter %d: OK %v position %d, want queued at %d", i, res[0].OK, res[0].Position, i+1)
 		}
 	}
+	// The waiters view shows the queue in order, without lockIds.
+	rows, err := procs[0].pool.Query(c, "SELECT position, mode, lock_id_hash, holder FROM syncguard_locks_waiters WHERE key = $1 AND kind = 'queued' ORDER BY position", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var pos int64
+		var mode, hash, holder string
+		if err := rows.Scan(&pos, &mode, &hash, &holder); err != nil {
+			t.Fatal(err)
+		}
+		if n >= len(ids) || pos != int64(n+1) || mode != "exclusive" || hash != pglease.HashKey(ids[n]) || holder == "" {
+			t.Fatalf("waiters view row %d: %d %s %s %q", n, pos, mode, hash, holder)
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil || n != len(ids) {
+		t.Fatalf("waiters view: %d queued rows (%v), want %d", n, err, len(ids))
+	}
 	// A second attempt of a queued waiter keeps its place.
 	if res, err := procs[2].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: ids[4]}}, procs[2].ch, qlife); err != nil || res[0].Position != 5 {
 		t.Fatalf("retry of waiter 4: %+v %v, want position 5", res, err)

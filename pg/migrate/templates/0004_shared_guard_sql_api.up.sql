@@ -21,6 +21,32 @@ CREATE TABLE IF NOT EXISTS {s} (
   holder TEXT
 );
 CREATE INDEX IF NOT EXISTS {idx_shared_key} ON {s} (key);
+-- The fair queue (docs/fairness.md): one ticket per waiting caller, in
+-- arrival order (seq, assigned under the key's advisory lock). A ticket
+-- carries what its grant needs: the pre-generated lockId (the ticket's
+-- identity: every attempt of one wait uses it, so retries keep their
+-- place), fence key, TTL, lock delay, kind (lim NULL exclusive, 0 reader,
+-- n permit), set_no (the tickets of one all-or-nothing set share it: the
+-- seq of its first ticket), holder identity, and the waiting process's own
+-- notify channel. Live while expires_at_ms > server now; the waiting
+-- process refreshes it ({fn_qrefresh}), so a dead waiter's ticket blocks
+-- its key at most its life (the enqueue's p_life) after its last refresh.
+-- pglease's own table: SyncGuard does not queue (it polls).
+CREATE TABLE IF NOT EXISTS {q} (
+  seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  key TEXT NOT NULL,
+  lock_id TEXT NOT NULL UNIQUE,
+  fence_key TEXT NOT NULL,
+  lim INTEGER,
+  set_no BIGINT,
+  ttl_ms BIGINT NOT NULL,
+  delay_ms BIGINT NOT NULL,
+  holder TEXT,
+  channel TEXT NOT NULL,
+  enqueued_at_ms BIGINT NOT NULL,
+  expires_at_ms BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {idx_queue_key} ON {q} (key, seq);
 -- Per key, next to the holder identity: excl_wait_until_ms, set by an
 -- exclusive acquire refused for any reason (live shared holds; an
 -- exclusive holder or a delay, on a key readers or permits use: now +
@@ -1344,16 +1370,27 @@ CREATE OR REPLACE VIEW {v_leases} AS
 
 -- The sessions that wait for (Managers' waiter locks) or watch a key of the
 -- lock table (keys with an exclusive or shared row; a waiter lock names the
--- key by hashtext, so a collision can show a session under another key).
+-- key by hashtext, so a collision can show a session under another key),
+-- and the fair queue's live tickets (kind 'queued', in order: position 1
+-- is the head; since, holder identity, mode, and the hashKey of the
+-- ticket's lockId, never the lockId; no session).
 CREATE OR REPLACE VIEW {v_waiters} AS
   SELECT k.key, CASE WHEN p.classid = {waiter_class}::oid THEN 'wait' ELSE 'watch' END AS kind,
-    p.pid, a.application_name, a.usename
+    p.pid, a.application_name, a.usename,
+    NULL::bigint AS position, NULL::timestamptz AS since, NULL::text AS holder, NULL::text AS mode, NULL::text AS lock_id_hash
   FROM pg_locks AS p
   JOIN (SELECT l.key FROM {t} AS l UNION SELECT s.key FROM {s} AS s) AS k ON p.objid = hashtext(k.key)::oid
   LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
   WHERE p.locktype = 'advisory' AND p.objsubid = 2 AND p.granted
     AND p.classid IN ({waiter_class}::oid, {watch_class}::oid)
-    AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+  UNION ALL
+  SELECT q.key, 'queued', NULL::integer, NULL::text, NULL::name,
+    row_number() OVER (PARTITION BY q.key ORDER BY q.seq), to_timestamp(q.enqueued_at_ms / 1000.0), q.holder,
+    CASE WHEN q.set_no IS NOT NULL THEN 'set' WHEN q.lim IS NULL THEN 'exclusive' WHEN q.lim = 0 THEN 'reader' ELSE 'permit' END,
+    {fn_hash}(q.lock_id)
+  FROM {q} AS q
+  WHERE q.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 
 -- Every advisory lock of the database, with its session: key for the
 -- one-bigint form, key1 and key2 for the two-integer form, and kind
@@ -1369,33 +1406,6 @@ CREATE OR REPLACE VIEW {v_advisory} AS
     a.application_name, a.usename, a.state, a.xact_start
   FROM pg_locks AS p LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
   WHERE p.locktype = 'advisory' AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
-
--- The fair queue (docs/fairness.md): one ticket per waiting caller, in
--- arrival order (seq, assigned under the key's advisory lock). A ticket
--- carries what its grant needs: the pre-generated lockId (the ticket's
--- identity: every attempt of one wait uses it, so retries keep their
--- place), fence key, TTL, lock delay, kind (lim NULL exclusive, 0 reader,
--- n permit), set_no (the tickets of one all-or-nothing set share it: the
--- seq of its first ticket), holder identity, and the waiting process's own
--- notify channel. Live while expires_at_ms > server now; the waiting
--- process refreshes it ({fn_qrefresh}), so a dead waiter's ticket blocks
--- its key at most its life (the enqueue's p_life) after its last refresh.
--- pglease's own table: SyncGuard does not queue (it polls).
-CREATE TABLE IF NOT EXISTS {q} (
-  seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-  key TEXT NOT NULL,
-  lock_id TEXT NOT NULL UNIQUE,
-  fence_key TEXT NOT NULL,
-  lim INTEGER,
-  set_no BIGINT,
-  ttl_ms BIGINT NOT NULL,
-  delay_ms BIGINT NOT NULL,
-  holder TEXT,
-  channel TEXT NOT NULL,
-  enqueued_at_ms BIGINT NOT NULL,
-  expires_at_ms BIGINT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS {idx_queue_key} ON {q} (key, seq);
 
 -- Serves key p_key's queue, under the key's advisory lock (the caller
 -- holds it): drops its expired tickets, then grants the head ticket when
