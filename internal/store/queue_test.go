@@ -477,6 +477,11 @@ func TestQueueRefresh(t *testing.T) {
 	if st[0].Position != 1 || st[1].Position != 2 || st[2] != (store.TicketState{}) {
 		t.Fatalf("refresh: %+v, want positions 1, 2 and an expired ticket", st)
 	}
+	// The refresh deleted the expired ticket (its key may never be used again).
+	var left int
+	if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue WHERE lock_id = $1", gone).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("the expired ticket is still there: %d %v", left, err)
+	}
 	if _, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil {
 		t.Fatal(err)
 	}
@@ -802,5 +807,61 @@ func TestQueueForeignWindow(t *testing.T) {
 	}
 	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || !res[0].OK {
 		t.Fatalf("the head after SyncGuard's release: %+v %v", res, err)
+	}
+}
+
+// TestQueueRefreshDuringServe: a process refreshing its tickets (in any
+// order) while a release serves them (in seq order) never deadlocks with
+// it: each release serves both readers, each refresh succeeds.
+func TestQueueRefreshDuringServe(t *testing.T) {
+	procs, _ := newQProcs(t, 2)
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const key = "fair:refresh-serve"
+	var stop atomic.Bool
+	var ids atomic.Value // []string, the current tickets, newest first
+	ids.Store([]string{})
+	errc := make(chan error, 4)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				if cur := ids.Load().([]string); len(cur) > 0 {
+					if _, err := procs[1].s.QueueRefresh(c, cur, qlife); err != nil {
+						errc <- fmt.Errorf("refresh: %w", err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 40 && len(errc) == 0; i++ {
+		h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		if err != nil || !h.OK {
+			t.Fatal(h, err)
+		}
+		r1, r2 := keys.NewLockID(), keys.NewLockID()
+		for _, id := range []string{r1, r2} {
+			if _, err := procs[1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id, Shared: true}}, procs[1].ch, qlife); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids.Store([]string{r2, r1})
+		rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true)
+		if err != nil || rel[0].Served != 2 {
+			t.Fatalf("round %d: release %+v %v, want both readers served", i, rel, err)
+		}
+		ids.Store([]string{})
+		if _, err := procs[1].s.ReleaseMany(c, []string{r1, r2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
 	}
 }

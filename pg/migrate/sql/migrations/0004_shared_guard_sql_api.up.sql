@@ -1728,6 +1728,11 @@ $fn$;
 -- tell a grant that came meanwhile (the lockId holds a live lease: a
 -- release served the ticket, whose notification may have been missed).
 -- Not durable: a refresh lost in a crash only shortens a ticket's life.
+-- The tickets are locked first in (hashtext(key), key, seq) order, the
+-- order in which a release serving their keys deletes them ("pglease_qserve_07f27fb7aa",
+-- keys in the release's order), so the two cannot deadlock. It also
+-- deletes up to 100 expired tickets of any key (none it would wait for),
+-- so that a dead waiter's ticket on a key nobody uses again goes too.
 CREATE OR REPLACE FUNCTION "pglease_qrefresh_07f27fb7aa"(p_lock_ids text[], p_life bigint)
 RETURNS TABLE (o_idx integer, o_position bigint, o_fence bigint, o_expires_ms bigint, o_now_ms bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -1741,6 +1746,9 @@ BEGIN
     v_void := set_config('synchronous_commit', 'off', true);
   END IF;
   o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  DELETE FROM "syncguard_locks_queue" AS x WHERE x.seq IN (SELECT y.seq FROM "syncguard_locks_queue" AS y WHERE y.expires_at_ms <= o_now_ms LIMIT 100 FOR UPDATE SKIP LOCKED);
+  PERFORM 1 FROM "syncguard_locks_queue" AS x WHERE x.lock_id = ANY (p_lock_ids) AND x.expires_at_ms > o_now_ms
+    ORDER BY hashtext(x.key), x.key, x.seq FOR NO KEY UPDATE;
   FOR v_i IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
     o_idx := v_i; o_position := NULL; o_fence := NULL; o_expires_ms := NULL; v_k := NULL;
     UPDATE "syncguard_locks_queue" AS x SET expires_at_ms = o_now_ms + p_life WHERE x.lock_id = p_lock_ids[v_i] AND x.expires_at_ms > o_now_ms
@@ -1845,6 +1853,9 @@ BEGIN
   FOR v_j IN 1 .. cardinality(v_keys) LOOP
     v_locked[v_j] := pg_try_advisory_xact_lock(hashtext(v_keys[v_j])) OR "pglease_lockwait_07f27fb7aa"(v_keys[v_j], 0, v_until);
   END LOOP;
+  -- The tickets in the order a release serving their keys deletes them
+  -- (matters for a key not locked in time).
+  PERFORM 1 FROM "syncguard_locks_queue" AS x WHERE x.lock_id = ANY (p_lock_ids) ORDER BY hashtext(x.key), x.key, x.seq FOR UPDATE;
   FOR v_j IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
     o_idx := v_j;
     v_k := NULL;
