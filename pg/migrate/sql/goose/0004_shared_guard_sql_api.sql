@@ -1561,8 +1561,15 @@ BEGIN
     END IF;
   END LOOP;
   v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-  -- Enqueue or refresh, in item order (a set's items together).
-  FOR r IN SELECT u.k, u.st, u.i::integer AS i FROM unnest(p_keys, p_sets) WITH ORDINALITY AS u(k, st, i) ORDER BY u.i LOOP
+  -- The items' tickets, locked in "pglease_qrefresh_07f27fb7aa"'s order (a refresh of the
+  -- same tickets at the same time cannot deadlock with this).
+  PERFORM 1 FROM "syncguard_locks_queue" AS x WHERE x.lock_id = ANY (p_lock_ids) AND x.expires_at_ms > v_now
+    ORDER BY hashtext(x.key), x.key, x.seq FOR NO KEY UPDATE;
+  -- Enqueue or refresh, per key the single items first, then each set's
+  -- item in set order: two sets of one batch that share keys are in the
+  -- same order on each.
+  FOR r IN SELECT u.k, u.st, u.i::integer AS i FROM unnest(p_keys, p_sets) WITH ORDINALITY AS u(k, st, i)
+    ORDER BY hashtext(u.k), u.k, u.st, u.i LOOP
     IF NOT v_got[r.i] OR (r.st > 0 AND NOT v_setok[r.st]) THEN
       CONTINUE;
     END IF;
