@@ -112,7 +112,20 @@ func (p *qproc) turnsSeen() []store.Turn {
 
 // settle waits until no process received a notification for a while (the
 // notifications of committed statements arrive within it on any machine).
-func settle(procs []*qproc) {
+func settle(procs []*qproc) { settleAt(procs, 0) }
+
+// settleAt is settle after the processes received want notifications in
+// all (or 30 s passed: then the test's own count check fails).
+func settleAt(procs []*qproc, want int64) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var sum int64
+		for _, p := range procs {
+			sum += p.n.Load()
+		}
+		if sum >= want {
+			break
+		}
+	}
 	last := int64(-1)
 	for {
 		var sum int64
@@ -211,7 +224,7 @@ func TestQueueServesArrivalOrder(t *testing.T) {
 	if err != nil || !rel[0].Released || rel[0].Served != 0 {
 		t.Fatalf("last release: %+v %v", rel, err)
 	}
-	settle(procs)
+	settleAt(procs, int64(len(owners)))
 	for _, p := range procs {
 		want := 0
 		for _, o := range owners {
@@ -352,7 +365,7 @@ CREATE TRIGGER qlog_t AFTER INSERT ON syncguard_locks_queue FOR EACH ROW EXECUTE
 	if inversions > 0 {
 		t.Errorf("%d grants out of ticket arrival order", inversions)
 	}
-	settle(procs)
+	settleAt(procs, served.Load())
 	var notes int64
 	for _, p := range procs {
 		notes += p.n.Load()
