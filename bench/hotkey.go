@@ -67,7 +67,7 @@ type workerReport struct {
 // "ready"; on a "go" line it runs for the spec's duration and prints one
 // JSON workerReport line.
 func runWorkerMode() bool {
-	if runFleetWorkerMode() || runMixedWorkerMode() { // exit when this is a fleet or mixed worker
+	if runFleetWorkerMode() || runMixedWorkerMode() || runFairWorkerMode() { // exit when this is a fleet or mixed worker
 		return true
 	}
 	raw := os.Getenv(workerEnv)

@@ -273,6 +273,7 @@ type config struct {
 	markdown         string          // write the run's tables for docs/performance.md here; "" = no
 	fleet            fleetConfig
 	mixed            mixedConfig
+	fair             fairConfig
 	out              io.Writer // the run's output (set by run)
 }
 
@@ -282,6 +283,7 @@ func main() {
 	}
 	var cfg config
 	var callers, hotCallers, hotProcs, hbN, advCallers, fleetN, scen, primCallers, hotSharedCallers, mixedShape string
+	var fairCallers, fairKindsFlag, fairImplsFlag string
 	var hb100k bool
 	var impls string
 	flag.DurationVar(&cfg.duration, "duration", 3*time.Second, "measuring time per point")
@@ -307,7 +309,14 @@ func main() {
 	flag.DurationVar(&cfg.mixed.duration, "mixed-duration", 60*time.Second, "mixed: length of each phase (SyncGuard alone, Managers alone, both)")
 	flag.StringVar(&mixedShape, "mixed-shape", "3,3,2,3,3", "mixed: SyncGuard processes, lock() loops each, Manager processes, goroutines each, hot keys")
 	flag.StringVar(&cfg.mixed.nodeDir, "mixed-node-dir", "bench/peers/syncguard", "mixed: folder of the SyncGuard Node worker (worker.mjs)")
-	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard,fleet,mixed", "scenarios to run")
+	flag.StringVar(&fairCallers, "fair-callers", "1,2,3,4", "fairness: callers of each process (one process per number)")
+	flag.IntVar(&cfg.fair.setCallers, "fair-set-callers", 1, "fairness: callers of the set process (set kind)")
+	flag.DurationVar(&cfg.fair.duration, "fair-duration", 10*time.Second, "fairness: measured window per kind")
+	flag.DurationVar(&cfg.fair.hold, "fair-hold", 2*time.Millisecond, "fairness: how long each grant is held")
+	flag.IntVar(&cfg.fair.limit, "fair-limit", 2, "fairness: the semaphore's n")
+	flag.StringVar(&fairKindsFlag, "fair-kinds", "mutex,semaphore,rwlock,set", "fairness: kinds to run")
+	flag.StringVar(&fairImplsFlag, "fair-impls", "manager,queue", "fairness: implementations (manager: today's Manager; queue: the fair queue's store calls, no Manager)")
+	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard,fleet,mixed,fairness", "scenarios to run")
 	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, fleet, primitives, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")
 	flag.StringVar(&cfg.peersDir, "peers-dir", "bench/peers", "peers: directory of the peers module (cirello pglock, bsm redislock)")
@@ -331,7 +340,8 @@ func main() {
 		dst  *[]int
 	}{{"callers", callers, &cfg.callers}, {"hot-callers", hotCallers, &cfg.hotCallers}, {"hot-procs", hotProcs, &cfg.hotProcs},
 		{"heartbeat-n", hbN, &cfg.hbN}, {"advisory-callers", advCallers, &cfg.advCallers}, {"fleet-n", fleetN, &cfg.fleet.n},
-		{"prim-callers", primCallers, &cfg.primCallers}, {"hot-shared-callers", hotSharedCallers, &cfg.hotSharedCallers}} {
+		{"prim-callers", primCallers, &cfg.primCallers}, {"hot-shared-callers", hotSharedCallers, &cfg.hotSharedCallers},
+		{"fair-callers", fairCallers, &cfg.fair.callers}} {
 		if *p.dst, err = parseInts(p.s); err != nil {
 			fmt.Fprintf(os.Stderr, "bench: bad -%s %q\n", p.name, p.s)
 			os.Exit(2)
@@ -361,6 +371,15 @@ func main() {
 	}
 	if cfg.hotLimit < 1 || cfg.hotWriters < 0 || cfg.hotWriters > 1 {
 		fmt.Fprintln(os.Stderr, "bench: -hot-limit must be at least 1, -hot-writers between 0 and 1")
+		os.Exit(2)
+	}
+	if cfg.fair.impls, err = parseFairImpls(fairImplsFlag); err != nil {
+		fmt.Fprintln(os.Stderr, "bench: -fair-impls must name manager or queue")
+		os.Exit(2)
+	}
+	if cfg.fair.kinds, err = parseFairKinds(fairKindsFlag); err != nil || len(cfg.fair.callers) < 2 || cfg.fair.setCallers < 1 ||
+		cfg.fair.duration <= 0 || cfg.fair.hold < 0 || cfg.fair.limit < 1 {
+		fmt.Fprintln(os.Stderr, "bench: -fair-kinds must name mutex, semaphore, rwlock or set; -fair-callers at least two processes; -fair-set-callers, -fair-limit and -fair-duration positive")
 		os.Exit(2)
 	}
 	if cfg.rounds < 1 {
@@ -532,6 +551,7 @@ var scenarioOrder = []scenario{
 	{"guard", runGuard},
 	{"fleet", runFleet},
 	{"mixed", runMixed},
+	{"fairness", runFairness},
 }
 
 // step performs one unit of work for worker w and returns how many

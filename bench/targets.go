@@ -183,6 +183,7 @@ func computeTargets(res, base resultSet) []Target {
 	}
 	ts = append(ts, mixedTargets(res)...)
 	ts = append(ts, primTargets(res)...)
+	ts = append(ts, fairTargets(res)...)    // bench/fairness.go
 	return append(ts, fleetTargets(res)...) // bench/fleet_targets.go
 }
 

@@ -76,6 +76,11 @@ type Names struct {
 	// FnLockWait waits, within a deadline, for a lock another transaction
 	// holds on a key (the acquire functions' bounded lock waits).
 	FnLockWait string
+	// The fair queue (docs/fairness.md): the ticket table ({lock}_queue),
+	// its (key, seq) index, and its functions: acquire or enqueue,
+	// refresh, leave, release and serve the head, serve (internal).
+	Queue, IdxQueueKey                                  string
+	FnQWait, FnQRefresh, FnQLeave, FnQRelease, FnQServe string
 	// FnGuardTrigger is the database guard's trigger function, named
 	// without a version so that installed triggers keep it; GuardTrigger
 	// the (unquoted) name of the trigger on a guarded table.
@@ -168,6 +173,10 @@ func (c Config) Names(op string) (Names, error) {
 		return Names{}, pgerr.New(pglease.CodeInvalidArgument, op, fmt.Sprintf(
 			"FenceTable %q may be the lock table's shared-hold table %q: give it another name", fence, suffixName(li, "_shared")), nil)
 	}
+	if maySame(ls, suffixName(li, "_queue"), fs, fi) {
+		return Names{}, pgerr.New(pglease.CodeInvalidArgument, op, fmt.Sprintf(
+			"FenceTable %q may be the lock table's queue table %q: give it another name", fence, suffixName(li, "_queue")), nil)
+	}
 	if c.NotifyChannel != "" {
 		if err := CheckChannel(op, c.NotifyChannel); err != nil {
 			return Names{}, err
@@ -215,6 +224,14 @@ func (c Config) Names(op string) (Names, error) {
 	n.FnGrant = Quote(ls, "pglease_grant_"+v4)
 	n.FnNotify = Quote(ls, "pglease_notify_"+v4)
 	n.FnLockWait = Quote(ls, "pglease_lockwait_"+v4)
+	queue := suffixName(li, "_queue")
+	n.Queue = Quote(ls, queue)
+	n.IdxQueueKey = indexName(queue, "key")
+	n.FnQWait = Quote(ls, "pglease_qwait_"+v4)
+	n.FnQRefresh = Quote(ls, "pglease_qrefresh_"+v4)
+	n.FnQLeave = Quote(ls, "pglease_qleave_"+v4)
+	n.FnQRelease = Quote(ls, "pglease_qrelease_"+v4)
+	n.FnQServe = Quote(ls, "pglease_qserve_"+v4)
 	guard := h("guard")
 	n.FnGuardTrigger = "pglease_guard_" + guard // created in the lock table's schema
 	n.GuardTrigger = "pglease_guard_" + guard

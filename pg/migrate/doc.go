@@ -24,7 +24,9 @@
 //
 // Version 4 adds, next to the lock table (names derived from its name,
 // {lock} below, e.g. syncguard_locks): the table of shared holds
-// ({lock}_shared: readers and semaphore permits); the SQL API for SQL
+// ({lock}_shared: readers and semaphore permits); the fair queue's
+// tickets ({lock}_queue: one per waiting caller, in arrival order; see
+// docs/fairness.md); the SQL API for SQL
 // callers next to pglease processes, {lock}_acquire(key, ttl_ms),
 // {lock}_release(lock_id), {lock}_extend(lock_id, ttl_ms),
 // {lock}_status(key), {lock}_revoke(key, delay_ms, hold) and

@@ -113,7 +113,7 @@ func guardedTable(op string, n store.Names, table string) (string, error) {
 		return "", err
 	}
 	q := store.Quote(schema, ident)
-	for _, own := range []string{n.Lock, n.Fence, n.Holders, n.Shared} {
+	for _, own := range []string{n.Lock, n.Fence, n.Holders, n.Shared, n.Queue} {
 		if q == own {
 			return "", pgerr.New(pglease.CodeInvalidArgument, op, "pglease's own tables cannot be guarded", nil)
 		}

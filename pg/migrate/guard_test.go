@@ -268,7 +268,8 @@ func TestGuardBadInput(t *testing.T) {
 	c := ctx(t)
 	cnt.Reset()
 	for _, tc := range [][2]string{{"bad name", "k"}, {"a.b.c", "k"}, {"orders", "bad col"}, {"orders", ""},
-		{"syncguard_locks", "key"}, {"syncguard_fence_counters", "fence_key"}, {"syncguard_locks_shared", "key"}} {
+		{"syncguard_locks", "key"}, {"syncguard_fence_counters", "fence_key"}, {"syncguard_locks_shared", "key"},
+		{"syncguard_locks_queue", "key"}} {
 		if err := e.mg.Guard(c, tc[0], tc[1]); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Errorf("Guard(%q, %q) = %v", tc[0], tc[1], err)
 		}

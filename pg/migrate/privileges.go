@@ -32,6 +32,7 @@ func runtimeGrants(n store.Names) []grant {
 		{"table", n.Fence, ru},
 		{"table", n.Holders, ru},
 		{"table", n.Shared, rw},
+		{"table", n.Queue, rw},
 		{"table", n.ViewLeases, sel},
 		{"table", n.ViewWaiters, sel},
 		{"table", n.ViewAdvisory, sel},
@@ -48,7 +49,7 @@ func runtimeGrants(n store.Names) []grant {
 // of the privileges roles.sql grants the runtime role (`pglease sql
 // roles`, RolesSQL) on this Migrator's tables: CONNECT on the database,
 // USAGE on the lock table's schema, SELECT/INSERT/UPDATE/DELETE on the
-// lock table and the shared-hold table, SELECT/INSERT/UPDATE on the
+// lock table, the shared-hold table and the queue table, SELECT/INSERT/UPDATE on the
 // fence and holder tables, SELECT on the SQL API's views, and EXECUTE on
 // the SQL API's functions and on every pglease_* function of the schema.
 // Each entry reads like "DELETE on table public.syncguard_locks_shared";

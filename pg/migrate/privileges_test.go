@@ -76,6 +76,8 @@ func TestMissingPrivileges(t *testing.T) {
 	}
 	want := []string{"SELECT on table syncguard_locks_shared", "INSERT on table syncguard_locks_shared",
 		"UPDATE on table syncguard_locks_shared", "DELETE on table syncguard_locks_shared",
+		"SELECT on table syncguard_locks_queue", "INSERT on table syncguard_locks_queue",
+		"UPDATE on table syncguard_locks_queue", "DELETE on table syncguard_locks_queue",
 		"SELECT on table syncguard_locks_leases", "SELECT on table syncguard_locks_waiters", "SELECT on table pglease_advisory_locks",
 		"EXECUTE on function syncguard_locks_acquire(text,bigint)", "EXECUTE on function syncguard_locks_release(text)",
 		"EXECUTE on function syncguard_locks_extend(text,bigint)", "EXECUTE on function syncguard_locks_status(text)",

@@ -131,6 +131,10 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 		"my_locks_holders key text NO ", "my_locks_holders lock_id text NO ", "my_locks_holders holder text NO ",
 		"my_locks_holders excl_wait_until_ms bigint YES ", "my_locks_holders lock_delay_ms bigint YES ",
 		"my_locks_holders delay_until_ms bigint YES ", "my_locks_holders revoked_lock_hash text YES ",
+		"my_locks_queue seq bigint NO ", "my_locks_queue key text NO ", "my_locks_queue lock_id text NO ",
+		"my_locks_queue fence_key text NO ", "my_locks_queue lim integer YES ", "my_locks_queue set_no bigint YES ",
+		"my_locks_queue ttl_ms bigint NO ", "my_locks_queue delay_ms bigint NO ", "my_locks_queue holder text YES ",
+		"my_locks_queue channel text NO ", "my_locks_queue enqueued_at_ms bigint NO ", "my_locks_queue expires_at_ms bigint NO ",
 		"my_locks_shared lock_id text NO ", "my_locks_shared key text NO ", "my_locks_shared lim integer NO ",
 		"my_locks_shared expires_at_ms bigint NO ", "my_locks_shared acquired_at_ms bigint NO ",
 		"my_locks_shared fence bigint NO ", "my_locks_shared holder text YES ",
@@ -153,11 +157,14 @@ func TestSetupSchemaConcurrentAndShape(t *testing.T) {
 	wantIdx := []string{
 		"CREATE INDEX idx_my_locks_expires ON my_locks USING btree (expires_at_ms)",
 		"CREATE UNIQUE INDEX idx_my_locks_lock_id ON my_locks USING btree (lock_id)",
+		"CREATE INDEX idx_my_locks_queue_key ON my_locks_queue USING btree (key, seq)",
 		"CREATE INDEX idx_my_locks_shared_key ON my_locks_shared USING btree (key)",
 		"CREATE UNIQUE INDEX my_fences_pkey ON my_fences USING btree (fence_key)",
 		"CREATE UNIQUE INDEX my_locks_holders_pkey ON my_locks_holders USING btree (key)",
 		"CREATE INDEX my_locks_holders_revoked_lock_hash_idx ON my_locks_holders USING btree (revoked_lock_hash) WHERE (revoked_lock_hash IS NOT NULL)",
 		"CREATE UNIQUE INDEX my_locks_pkey ON my_locks USING btree (key)",
+		"CREATE UNIQUE INDEX my_locks_queue_lock_id_key ON my_locks_queue USING btree (lock_id)",
+		"CREATE UNIQUE INDEX my_locks_queue_pkey ON my_locks_queue USING btree (seq)",
 		"CREATE UNIQUE INDEX my_locks_shared_pkey ON my_locks_shared USING btree (lock_id)",
 	}
 	if strings.Join(idx, "\n") != strings.Join(wantIdx, "\n") {

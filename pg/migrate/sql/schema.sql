@@ -335,6 +335,32 @@ CREATE TABLE IF NOT EXISTS "syncguard_locks_shared" (
   holder TEXT
 );
 CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_shared_key" ON "syncguard_locks_shared" (key);
+-- The fair queue (docs/fairness.md): one ticket per waiting caller, in
+-- arrival order (seq, assigned under the key's advisory lock). A ticket
+-- carries what its grant needs: the pre-generated lockId (the ticket's
+-- identity: every attempt of one wait uses it, so retries keep their
+-- place), fence key, TTL, lock delay, kind (lim NULL exclusive, 0 reader,
+-- n permit), set_no (the tickets of one all-or-nothing set share it: the
+-- seq of its first ticket), holder identity, and the waiting process's own
+-- notify channel. Live while expires_at_ms > server now; the waiting
+-- process refreshes it ("pglease_qrefresh_07f27fb7aa"), so a dead waiter's ticket blocks
+-- its key at most its life (the enqueue's p_life) after its last refresh.
+-- pglease's own table: SyncGuard does not queue (it polls).
+CREATE TABLE IF NOT EXISTS "syncguard_locks_queue" (
+  seq BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  key TEXT NOT NULL,
+  lock_id TEXT NOT NULL UNIQUE,
+  fence_key TEXT NOT NULL,
+  lim INTEGER,
+  set_no BIGINT,
+  ttl_ms BIGINT NOT NULL,
+  delay_ms BIGINT NOT NULL,
+  holder TEXT,
+  channel TEXT NOT NULL,
+  enqueued_at_ms BIGINT NOT NULL,
+  expires_at_ms BIGINT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS "idx_syncguard_locks_queue_key" ON "syncguard_locks_queue" (key, seq);
 -- Per key, next to the holder identity: excl_wait_until_ms, set by an
 -- exclusive acquire refused for any reason (live shared holds; an
 -- exclusive holder or a delay, on a key readers or permits use: now +
@@ -1658,16 +1684,27 @@ CREATE OR REPLACE VIEW "syncguard_locks_leases" AS
 
 -- The sessions that wait for (Managers' waiter locks) or watch a key of the
 -- lock table (keys with an exclusive or shared row; a waiter lock names the
--- key by hashtext, so a collision can show a session under another key).
+-- key by hashtext, so a collision can show a session under another key),
+-- and the fair queue's live tickets (kind 'queued', in order: position 1
+-- is the head; since, holder identity, mode, and the hashKey of the
+-- ticket's lockId, never the lockId; no session).
 CREATE OR REPLACE VIEW "syncguard_locks_waiters" AS
   SELECT k.key, CASE WHEN p.classid = 1886156663::oid THEN 'wait' ELSE 'watch' END AS kind,
-    p.pid, a.application_name, a.usename
+    p.pid, a.application_name, a.usename,
+    NULL::bigint AS position, NULL::timestamptz AS since, NULL::text AS holder, NULL::text AS mode, NULL::text AS lock_id_hash
   FROM pg_locks AS p
   JOIN (SELECT l.key FROM "syncguard_locks" AS l UNION SELECT s.key FROM "syncguard_locks_shared" AS s) AS k ON p.objid = hashtext(k.key)::oid
   LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
   WHERE p.locktype = 'advisory' AND p.objsubid = 2 AND p.granted
     AND p.classid IN (1886156663::oid, 1886156660::oid)
-    AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+    AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database())
+  UNION ALL
+  SELECT q.key, 'queued', NULL::integer, NULL::text, NULL::name,
+    row_number() OVER (PARTITION BY q.key ORDER BY q.seq), to_timestamp(q.enqueued_at_ms / 1000.0), q.holder,
+    CASE WHEN q.set_no IS NOT NULL THEN 'set' WHEN q.lim IS NULL THEN 'exclusive' WHEN q.lim = 0 THEN 'reader' ELSE 'permit' END,
+    "pglease_hashkey_v1"(q.lock_id)
+  FROM "syncguard_locks_queue" AS q
+  WHERE q.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
 
 -- Every advisory lock of the database, with its session: key for the
 -- one-bigint form, key1 and key2 for the two-integer form, and kind
@@ -1683,6 +1720,480 @@ CREATE OR REPLACE VIEW "pglease_advisory_locks" AS
     a.application_name, a.usename, a.state, a.xact_start
   FROM pg_locks AS p LEFT JOIN pg_stat_activity AS a ON a.pid = p.pid
   WHERE p.locktype = 'advisory' AND p.database = (SELECT d.oid FROM pg_database AS d WHERE d.datname = current_database());
+
+-- Serves key p_key's queue, under the key's advisory lock (the caller
+-- holds it): drops its expired tickets, then grants the head ticket when
+-- "pglease_check_07f27fb7aa" allows (exclusive: "pglease_grant_07f27fb7aa"; reader or permit: the shared
+-- insert of "pglease_acquire_shared_07f27fb7aa"), and the tickets after it while they are
+-- of the head's kind and can be granted (readers in a row; permits while
+-- the semaphore has room); an exclusive head goes alone. Each grant
+-- deletes its ticket, makes the commit durable and notifies the ticket's
+-- channel only: 'q:' || hashKey(key) || ':' || hashKey(lockId) || ':' ||
+-- fence || ':' || expires_at_ms. A head that is a set's ticket is not
+-- granted here (its other keys are not locked): it is told its turn
+-- ('…:0:0') and the key stays free for it (no ticket behind it may go).
+-- Returns the number of grants.
+CREATE OR REPLACE FUNCTION "pglease_qserve_07f27fb7aa"(p_key text, p_channel text, p_until bigint) RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  q record;
+  c record;
+  v_now bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  v_fence bigint;
+  v_n integer := 0;
+  v_first boolean := true;
+  v_kind integer;
+  v_this integer;
+  v_void text;
+BEGIN
+  DELETE FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.expires_at_ms <= v_now;
+  FOR q IN SELECT x.* FROM "syncguard_locks_queue" AS x WHERE x.key = p_key ORDER BY x.seq LOOP
+    IF q.set_no IS NOT NULL THEN
+      IF v_first THEN
+        PERFORM pg_notify(q.channel, 'q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':0:0');
+      END IF;
+      EXIT;
+    END IF;
+    v_this := CASE WHEN q.lim IS NULL THEN -1 WHEN q.lim = 0 THEN 0 ELSE 1 END;
+    IF v_first THEN
+      v_kind := v_this;
+    ELSIF v_kind = -1 OR v_kind <> v_this THEN
+      EXIT;
+    END IF;
+    v_first := false;
+    c := "pglease_check_07f27fb7aa"(p_key, q.lim, p_until);
+    IF c.c_status <> 0 THEN
+      EXIT;
+    END IF;
+    IF q.lim IS NULL THEN
+      v_fence := "pglease_grant_07f27fb7aa"(p_key, q.fence_key, q.lock_id, q.ttl_ms, q.delay_ms, q.holder, p_channel, c.c_now, c.c_row);
+    ELSIF q.lim = 0 THEN
+      SELECT fc.fence INTO v_fence FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = q.fence_key;
+      v_fence := coalesce(v_fence, 0);
+    ELSE
+      v_fence := NULL;
+      INSERT INTO "syncguard_fence_counters" AS fc (fence_key, fence, key_debug) VALUES (q.fence_key, 1, p_key)
+        ON CONFLICT (fence_key) DO UPDATE SET fence = fc.fence + 1 WHERE fc.fence < 900000000000000
+        RETURNING fc.fence INTO v_fence;
+    END IF;
+    IF v_fence IS NULL THEN
+      -- FENCE MAX: the ticket's own attempt reports it.
+      PERFORM pg_notify(q.channel, 'q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':0:0');
+      EXIT;
+    END IF;
+    IF q.lim IS NOT NULL THEN
+      INSERT INTO "syncguard_locks_shared" (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
+        VALUES (q.lock_id, p_key, q.lim, c.c_now + q.ttl_ms, c.c_now, v_fence, q.holder);
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 's:' || lpad(v_fence::text, 15, '0'));
+    END IF;
+    IF v_n = 0 AND current_setting('synchronous_commit') <> 'on' THEN
+      -- A fence handed out and lost in a crash would be handed out again.
+      v_void := set_config('synchronous_commit', 'on', true);
+    END IF;
+    DELETE FROM "syncguard_locks_queue" AS x WHERE x.seq = q.seq;
+    PERFORM pg_notify(q.channel, 'q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':' || v_fence::text || ':' || (c.c_now + q.ttl_ms)::text);
+    v_n := v_n + 1;
+  END LOOP;
+  RETURN v_n;
+END
+$fn$;
+
+-- Acquire or enqueue, in one statement: the fair queue's attempt. p_sets[i]
+-- is 0 for a single-key item, k > 0 for an item of the batch's set k (all
+-- or nothing, exclusive); p_limits[i] NULL exclusive, 0 reader, n permit.
+-- Every key's advisory lock is taken first, in (hashtext, key) order
+-- (bounded as in "pglease_acquire_07f27fb7aa": a key still locked after 100 ms is
+-- answered held and its item neither queued nor granted, nor any item of
+-- its set). Then, per item, the key's expired tickets are dropped and the
+-- item's ticket (the ticket whose lock_id is the item's) refreshed to now
+-- + p_life, or enqueued at the tail: a set's tickets after all its keys
+-- are locked, so two tickets that share keys are in the same order on
+-- each. Then, per key in seq order, an item whose ticket may go (an
+-- exclusive one at the head of the key's live tickets, a reader with no
+-- writer or permit ahead, a permit with nothing ahead) and that
+-- "pglease_check_07f27fb7aa" allows is granted ("pglease_grant_07f27fb7aa", or the shared insert) and its
+-- ticket deleted; a set is granted only when each of its items may go and
+-- can be granted. Status: 0 acquired, 1 held (o_position: the ticket's
+-- place among the key's live tickets, 1 = head; NULL when not queued), 2
+-- fence overflow (the ticket is dropped).
+CREATE OR REPLACE FUNCTION "pglease_qwait_07f27fb7aa"(p_sets integer[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[],
+  p_limits integer[], p_holder text, p_channel text, p_qchannel text, p_life bigint)
+RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint,
+  o_holder text, o_shared integer, o_limit integer, o_position bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  c record;
+  v_n integer := coalesce(array_length(p_keys, 1), 0);
+  v_nsets integer := greatest(coalesce((SELECT max(x) FROM unnest(p_sets) AS x), 0), 1);
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
+  v_now bigint;
+  v_got boolean[];
+  v_setok boolean[];
+  v_setno bigint[];
+  v_seq bigint[];
+  v_status integer[];
+  v_cnow bigint[];
+  v_retry bigint[];
+  v_exp bigint[];
+  v_holder text[];
+  v_shared integer[];
+  v_limit integer[];
+  v_row boolean[];
+  v_may boolean;
+  v_fence bigint;
+  v_s bigint;
+  v_sn bigint;
+  v_hf bigint;
+  v_ha bigint;
+  v_he bigint;
+  v_hfence bigint[];
+  v_hacq bigint[];
+  v_hexp bigint[];
+  v_void text;
+BEGIN
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    v_void := set_config('synchronous_commit', 'on', true);
+  END IF;
+  v_got := array_fill(false, ARRAY[v_n]);
+  v_row := v_got;
+  v_setok := array_fill(true, ARRAY[v_nsets]);
+  v_setno := array_fill(NULL::bigint, ARRAY[v_nsets]);
+  v_seq := array_fill(NULL::bigint, ARRAY[v_n]);
+  v_cnow := v_seq; v_retry := v_seq; v_exp := v_seq; v_hfence := v_seq; v_hacq := v_seq; v_hexp := v_seq;
+  v_status := array_fill(NULL::integer, ARRAY[v_n]);
+  v_shared := v_status; v_limit := v_status;
+  v_holder := array_fill(NULL::text, ARRAY[v_n]);
+  FOR r IN SELECT u.k, u.i::integer AS i FROM unnest(p_keys) WITH ORDINALITY AS u(k, i) ORDER BY hashtext(u.k), u.k, u.i LOOP
+    v_got[r.i] := pg_try_advisory_xact_lock(hashtext(r.k)) OR "pglease_lockwait_07f27fb7aa"(r.k, 0, v_until);
+    IF NOT v_got[r.i] AND p_sets[r.i] > 0 THEN
+      v_setok[p_sets[r.i]] := false;
+    END IF;
+  END LOOP;
+  v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  -- The items' tickets, locked in "pglease_qrefresh_07f27fb7aa"'s order (a refresh of the
+  -- same tickets at the same time cannot deadlock with this).
+  PERFORM 1 FROM "syncguard_locks_queue" AS x WHERE x.lock_id = ANY (p_lock_ids) AND x.expires_at_ms > v_now
+    ORDER BY hashtext(x.key), x.key, x.seq FOR NO KEY UPDATE;
+  -- Enqueue or refresh, per key the single items first, then each set's
+  -- item in set order: two sets of one batch that share keys are in the
+  -- same order on each.
+  FOR r IN SELECT u.k, u.st, u.i::integer AS i FROM unnest(p_keys, p_sets) WITH ORDINALITY AS u(k, st, i)
+    ORDER BY hashtext(u.k), u.k, u.st, u.i LOOP
+    IF NOT v_got[r.i] OR (r.st > 0 AND NOT v_setok[r.st]) THEN
+      CONTINUE;
+    END IF;
+    DELETE FROM "syncguard_locks_queue" AS x WHERE x.key = r.k AND x.expires_at_ms <= v_now;
+    v_s := NULL; v_sn := NULL;
+    UPDATE "syncguard_locks_queue" AS x SET expires_at_ms = v_now + p_life, channel = p_qchannel
+      WHERE x.lock_id = p_lock_ids[r.i] AND x.key = r.k AND x.expires_at_ms > v_now
+      RETURNING x.seq, x.set_no INTO v_s, v_sn;
+    IF v_s IS NULL THEN
+      -- Already granted (a release served the ticket and the caller did
+      -- not hear it): answered granted, not queued again.
+      v_hf := NULL;
+      SELECT l.fence::bigint, l.acquired_at_ms, l.expires_at_ms INTO v_hf, v_ha, v_he
+        FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[r.i] AND l.key = r.k AND l.expires_at_ms > v_now;
+      IF v_hf IS NULL THEN
+        SELECT s.fence, s.acquired_at_ms, s.expires_at_ms INTO v_hf, v_ha, v_he
+          FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[r.i] AND s.key = r.k AND s.expires_at_ms > v_now;
+      END IF;
+      IF v_hf IS NOT NULL THEN
+        v_hfence[r.i] := v_hf; v_hacq[r.i] := v_ha; v_hexp[r.i] := v_he;
+        CONTINUE;
+      END IF;
+      DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_ids[r.i];
+      INSERT INTO "syncguard_locks_queue" (key, lock_id, fence_key, lim, set_no, ttl_ms, delay_ms, holder, channel, enqueued_at_ms, expires_at_ms)
+        VALUES (r.k, p_lock_ids[r.i], p_fence_keys[r.i], p_limits[r.i], CASE WHEN r.st > 0 THEN v_setno[r.st] END, p_ttls[r.i],
+          coalesce(p_delays[r.i], 0), p_holder, p_qchannel, v_now, v_now + p_life)
+        RETURNING seq INTO v_s;
+      IF r.st > 0 AND v_setno[r.st] IS NULL THEN
+        v_setno[r.st] := v_s;
+        UPDATE "syncguard_locks_queue" AS x SET set_no = v_s WHERE x.seq = v_s;
+      END IF;
+    ELSIF r.st > 0 AND v_setno[r.st] IS NULL THEN
+      v_setno[r.st] := v_sn;
+    END IF;
+    v_seq[r.i] := v_s;
+  END LOOP;
+  -- Single items: per key in seq order, check and grant at once, so that
+  -- a grant lets the next ticket of the batch go.
+  FOR r IN SELECT u.k, u.st, u.lim, u.i::integer AS i FROM unnest(p_keys, p_sets, p_limits) WITH ORDINALITY AS u(k, st, lim, i)
+    ORDER BY hashtext(u.k), u.k, v_seq[u.i], u.i LOOP
+    o_idx := r.i;
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL; o_limit := NULL;
+    o_position := NULL; o_now_ms := v_now;
+    IF v_hfence[r.i] IS NOT NULL THEN
+      IF r.st = 0 THEN
+        o_status := 0; o_fence := v_hfence[r.i]; o_acquired_ms := v_hacq[r.i]; o_expires_ms := v_hexp[r.i];
+        RETURN NEXT;
+      END IF;
+      CONTINUE;
+    END IF;
+    IF v_seq[r.i] IS NULL THEN
+      -- Not locked in time (or its set was not): held, to try again.
+      IF r.st = 0 THEN
+        o_status := 1; o_retry_ms := v_now + 1000;
+        RETURN NEXT;
+      ELSE
+        v_status[r.i] := 1; v_retry[r.i] := v_now + 1000; v_setok[r.st] := false;
+      END IF;
+      CONTINUE;
+    END IF;
+    v_may := NOT EXISTS (SELECT 1 FROM "syncguard_locks_queue" AS x WHERE x.key = r.k AND x.seq < v_seq[r.i] AND x.expires_at_ms > v_now
+      AND (r.lim IS DISTINCT FROM 0 OR x.lim IS DISTINCT FROM 0));
+    IF v_may THEN
+      c := "pglease_check_07f27fb7aa"(r.k, r.lim, v_until);
+      IF c.c_limit = -1 THEN
+        PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 1, NULL);
+        c.c_limit := NULL;
+      END IF;
+    END IF;
+    IF r.st > 0 THEN
+      -- A set's item: checked here, granted below with its set.
+      v_cnow[r.i] := v_now;
+      IF NOT v_may THEN
+        v_status[r.i] := 1;
+        v_setok[r.st] := false;
+        CONTINUE;
+      END IF;
+      v_row[r.i] := c.c_row; v_cnow[r.i] := c.c_now;
+      IF c.c_status <> 0 THEN
+        v_status[r.i] := c.c_status; v_retry[r.i] := c.c_retry; v_exp[r.i] := c.c_exp; v_holder[r.i] := c.c_holder; v_shared[r.i] := c.c_shared;
+        v_setok[r.st] := false;
+      ELSE
+        v_fence := NULL;
+        SELECT fc.fence INTO v_fence FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = p_fence_keys[r.i] FOR UPDATE;
+        v_status[r.i] := CASE WHEN v_fence >= 900000000000000 THEN 2 ELSE 0 END;
+        IF v_status[r.i] <> 0 THEN
+          v_setok[r.st] := false;
+        END IF;
+      END IF;
+      CONTINUE;
+    END IF;
+    IF v_may THEN
+      v_may := c.c_status = 0;
+      IF NOT v_may THEN
+        o_now_ms := c.c_now; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared; o_limit := c.c_limit;
+      END IF;
+    END IF;
+    IF NOT v_may THEN
+      o_status := 1;
+      SELECT count(*) INTO o_position FROM "syncguard_locks_queue" AS x WHERE x.key = r.k AND x.seq <= v_seq[r.i] AND x.expires_at_ms > v_now;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    o_now_ms := c.c_now;
+    IF r.lim IS NULL THEN
+      v_fence := "pglease_grant_07f27fb7aa"(r.k, p_fence_keys[r.i], p_lock_ids[r.i], p_ttls[r.i], coalesce(p_delays[r.i], 0), p_holder, p_channel, c.c_now, c.c_row);
+    ELSIF r.lim = 0 THEN
+      SELECT fc.fence INTO v_fence FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = p_fence_keys[r.i];
+      v_fence := coalesce(v_fence, 0);
+    ELSE
+      v_fence := NULL;
+      INSERT INTO "syncguard_fence_counters" AS fc (fence_key, fence, key_debug) VALUES (p_fence_keys[r.i], 1, r.k)
+        ON CONFLICT (fence_key) DO UPDATE SET fence = fc.fence + 1 WHERE fc.fence < 900000000000000
+        RETURNING fc.fence INTO v_fence;
+    END IF;
+    DELETE FROM "syncguard_locks_queue" AS x WHERE x.seq = v_seq[r.i];
+    IF v_fence IS NULL THEN
+      o_status := 2;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    IF r.lim IS NOT NULL THEN
+      INSERT INTO "syncguard_locks_shared" (lock_id, key, lim, expires_at_ms, acquired_at_ms, fence, holder)
+        VALUES (p_lock_ids[r.i], r.k, r.lim, c.c_now + p_ttls[r.i], c.c_now, v_fence, p_holder);
+      PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
+    END IF;
+    o_status := 0; o_fence := v_fence; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + p_ttls[r.i];
+    RETURN NEXT;
+  END LOOP;
+  -- Sets: granted whole or not at all.
+  FOR r IN SELECT u.k, u.st, u.i::integer AS i FROM unnest(p_keys, p_sets) WITH ORDINALITY AS u(k, st, i)
+    WHERE u.st > 0 ORDER BY hashtext(u.k), u.k, u.i LOOP
+    o_idx := r.i; o_now_ms := v_cnow[r.i];
+    o_fence := NULL; o_acquired_ms := NULL; o_expires_ms := NULL; o_retry_ms := NULL; o_holder := NULL; o_shared := NULL; o_limit := NULL;
+    o_position := NULL;
+    IF v_hfence[r.i] IS NOT NULL THEN
+      o_status := 0; o_fence := v_hfence[r.i]; o_acquired_ms := v_hacq[r.i]; o_expires_ms := v_hexp[r.i];
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    IF NOT v_setok[r.st] THEN
+      o_status := CASE WHEN v_status[r.i] = 2 THEN 2 ELSE 1 END;
+      o_retry_ms := v_retry[r.i]; o_expires_ms := v_exp[r.i]; o_holder := v_holder[r.i]; o_shared := v_shared[r.i];
+      IF v_seq[r.i] IS NOT NULL THEN
+        SELECT count(*) INTO o_position FROM "syncguard_locks_queue" AS x WHERE x.key = r.k AND x.seq <= v_seq[r.i] AND x.expires_at_ms > v_now;
+      END IF;
+      RETURN NEXT;
+      CONTINUE;
+    END IF;
+    o_fence := "pglease_grant_07f27fb7aa"(r.k, p_fence_keys[r.i], p_lock_ids[r.i], p_ttls[r.i], coalesce(p_delays[r.i], 0), p_holder, p_channel, v_cnow[r.i], v_row[r.i]);
+    IF o_fence IS NULL THEN
+      RAISE EXCEPTION 'pglease: fence counter changed under its row lock' USING ERRCODE = 'internal_error';
+    END IF;
+    DELETE FROM "syncguard_locks_queue" AS x WHERE x.seq = v_seq[r.i];
+    o_status := 0; o_acquired_ms := v_cnow[r.i]; o_expires_ms := v_cnow[r.i] + p_ttls[r.i];
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Refreshes tickets: each live ticket whose lock_id is p_lock_ids[i] lives
+-- until now + p_life (an expired one is not revived: its caller enqueues
+-- again, at the tail). o_position: the ticket's place among its key's live
+-- tickets (1 = head); NULL when it has none, then o_fence and o_expires_ms
+-- tell a grant that came meanwhile (the lockId holds a live lease: a
+-- release served the ticket, whose notification may have been missed).
+-- Not durable: a refresh lost in a crash only shortens a ticket's life.
+-- The tickets are locked first in (hashtext(key), key, seq) order, the
+-- order in which a release serving their keys deletes them ("pglease_qserve_07f27fb7aa",
+-- keys in the release's order), so the two cannot deadlock. It also
+-- deletes up to 100 expired tickets of any key (none it would wait for),
+-- so that a dead waiter's ticket on a key nobody uses again goes too.
+CREATE OR REPLACE FUNCTION "pglease_qrefresh_07f27fb7aa"(p_lock_ids text[], p_life bigint)
+RETURNS TABLE (o_idx integer, o_position bigint, o_fence bigint, o_expires_ms bigint, o_now_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_i integer;
+  v_k text;
+  v_seq bigint;
+  v_void text;
+BEGIN
+  IF pg_current_xact_id_if_assigned() IS NULL THEN
+    v_void := set_config('synchronous_commit', 'off', true);
+  END IF;
+  o_now_ms := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+  DELETE FROM "syncguard_locks_queue" AS x WHERE x.seq IN (SELECT y.seq FROM "syncguard_locks_queue" AS y WHERE y.expires_at_ms <= o_now_ms LIMIT 100 FOR UPDATE SKIP LOCKED);
+  PERFORM 1 FROM "syncguard_locks_queue" AS x WHERE x.lock_id = ANY (p_lock_ids) AND x.expires_at_ms > o_now_ms
+    ORDER BY hashtext(x.key), x.key, x.seq FOR NO KEY UPDATE;
+  FOR v_i IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
+    o_idx := v_i; o_position := NULL; o_fence := NULL; o_expires_ms := NULL; v_k := NULL;
+    UPDATE "syncguard_locks_queue" AS x SET expires_at_ms = o_now_ms + p_life WHERE x.lock_id = p_lock_ids[v_i] AND x.expires_at_ms > o_now_ms
+      RETURNING x.key, x.seq INTO v_k, v_seq;
+    IF v_k IS NOT NULL THEN
+      SELECT count(*) INTO o_position FROM "syncguard_locks_queue" AS x WHERE x.key = v_k AND x.seq <= v_seq AND x.expires_at_ms > o_now_ms;
+    ELSE
+      SELECT l.fence::bigint, l.expires_at_ms INTO o_fence, o_expires_ms FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[v_i] AND l.expires_at_ms > o_now_ms;
+      IF NOT FOUND THEN
+        SELECT s.fence, s.expires_at_ms INTO o_fence, o_expires_ms FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > o_now_ms;
+      END IF;
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Releases N lockIds (exclusive or shared) as "pglease_release_07f27fb7aa" does (p_wake
+-- and p_async its own), and, with p_grant, serves each released key's
+-- queue ("pglease_qserve_07f27fb7aa") in the same transaction: the next holder is granted
+-- by the release's commit and only its process is notified. The keys'
+-- advisory locks are taken first, in (hashtext, key) order (the acquire's
+-- lock order, then the rows'), waiting 100 ms at most: a key still locked
+-- then is released without being served, and its head ticket's process
+-- told its turn (its own attempt serves it). o_served: the grants made on
+-- the item's key (on its first item only). Durable when it granted.
+CREATE OR REPLACE FUNCTION "pglease_qrelease_07f27fb7aa"(p_lock_ids text[], p_channel text, p_wake integer, p_grant boolean, p_async boolean)
+RETURNS TABLE (o_idx integer, o_ok boolean, o_served integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  r record;
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
+  v_keys text[];
+  v_locked boolean[];
+  v_item text[];
+  v_ok boolean[];
+  v_served integer[];
+  v_j integer;
+  v_seen text[] := ARRAY[]::text[];
+BEGIN
+  v_item := ARRAY(SELECT coalesce((SELECT l.key FROM "syncguard_locks" AS l WHERE l.lock_id = u.id), (SELECT s.key FROM "syncguard_locks_shared" AS s WHERE s.lock_id = u.id))
+    FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i);
+  v_keys := ARRAY(SELECT x.k FROM (SELECT DISTINCT k FROM unnest(v_item) AS y(k) WHERE k IS NOT NULL) AS x ORDER BY hashtext(x.k), x.k);
+  v_locked := array_fill(false, ARRAY[greatest(cardinality(v_keys), 1)]);
+  FOR v_j IN 1 .. cardinality(v_keys) LOOP
+    v_locked[v_j] := pg_try_advisory_xact_lock(hashtext(v_keys[v_j])) OR "pglease_lockwait_07f27fb7aa"(v_keys[v_j], 0, v_until);
+  END LOOP;
+  v_ok := array_fill(false, ARRAY[greatest(cardinality(p_lock_ids), 1)]);
+  FOR r IN SELECT x.o_idx, x.o_ok FROM "pglease_release_07f27fb7aa"(p_lock_ids, p_channel, p_wake, p_async) AS x LOOP
+    v_ok[r.o_idx] := r.o_ok;
+  END LOOP;
+  v_served := array_fill(0, ARRAY[greatest(cardinality(v_keys), 1)]);
+  IF p_grant THEN
+    FOR v_j IN 1 .. cardinality(v_keys) LOOP
+      IF NOT EXISTS (SELECT 1 FROM "syncguard_locks_queue" AS x WHERE x.key = v_keys[v_j]) THEN
+        CONTINUE;
+      END IF;
+      IF v_locked[v_j] THEN
+        v_served[v_j] := "pglease_qserve_07f27fb7aa"(v_keys[v_j], p_channel, v_until);
+      ELSE
+        PERFORM pg_notify(x.channel, 'q:' || "pglease_hashkey_v1"(x.key) || ':' || "pglease_hashkey_v1"(x.lock_id) || ':0:0')
+          FROM (SELECT y.* FROM "syncguard_locks_queue" AS y WHERE y.key = v_keys[v_j] AND y.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+            ORDER BY y.seq LIMIT 1) AS x;
+      END IF;
+    END LOOP;
+  END IF;
+  FOR v_j IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
+    o_idx := v_j; o_ok := v_ok[v_j]; o_served := 0;
+    IF v_item[v_j] IS NOT NULL AND NOT v_item[v_j] = ANY (v_seen) THEN
+      v_seen := v_seen || v_item[v_j];
+      o_served := v_served[array_position(v_keys, v_item[v_j])];
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END
+$fn$;
+
+-- Leaves the queue: drops each ticket whose lock_id is p_lock_ids[i]
+-- (o_left), under its key's advisory lock (taken in (hashtext, key) order,
+-- waiting 1 s at most: a key locked longer by another transaction still
+-- has the ticket dropped, without the lock, and its queue is not served
+-- here: a grant that raced with the drop is found and released), releases
+-- a lease the lockId holds (a grant that came while the caller gave up:
+-- o_released), and serves the keys' queues ("pglease_qserve_07f27fb7aa"): a head that left
+-- lets the next ticket go at once.
+CREATE OR REPLACE FUNCTION "pglease_qleave_07f27fb7aa"(p_lock_ids text[], p_channel text)
+RETURNS TABLE (o_idx integer, o_left boolean, o_released boolean)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 1000;
+  v_locked boolean[];
+  v_keys text[];
+  v_j integer;
+  v_k text;
+  v_ok boolean;
+BEGIN
+  v_keys := ARRAY(SELECT x.k FROM (SELECT DISTINCT y.k FROM (
+      SELECT q.key AS k FROM "syncguard_locks_queue" AS q WHERE q.lock_id = ANY (p_lock_ids)
+      UNION SELECT l.key FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
+      UNION SELECT s.key FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids)) AS y) AS x ORDER BY hashtext(x.k), x.k);
+  v_locked := array_fill(false, ARRAY[greatest(cardinality(v_keys), 1)]);
+  FOR v_j IN 1 .. cardinality(v_keys) LOOP
+    v_locked[v_j] := pg_try_advisory_xact_lock(hashtext(v_keys[v_j])) OR "pglease_lockwait_07f27fb7aa"(v_keys[v_j], 0, v_until);
+  END LOOP;
+  -- The tickets in the order a release serving their keys deletes them
+  -- (matters for a key not locked in time).
+  PERFORM 1 FROM "syncguard_locks_queue" AS x WHERE x.lock_id = ANY (p_lock_ids) ORDER BY hashtext(x.key), x.key, x.seq FOR UPDATE;
+  FOR v_j IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
+    o_idx := v_j;
+    v_k := NULL;
+    DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_ids[v_j] RETURNING x.key INTO v_k;
+    o_left := v_k IS NOT NULL;
+    o_released := false;
+    IF NOT o_left THEN
+      SELECT x.o_ok INTO v_ok FROM "pglease_release_07f27fb7aa"(ARRAY[p_lock_ids[v_j]], p_channel, 1, false) AS x;
+      o_released := coalesce(v_ok, false);
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+  FOR v_j IN 1 .. cardinality(v_keys) LOOP
+    IF v_locked[v_j] THEN
+      PERFORM "pglease_qserve_07f27fb7aa"(v_keys[v_j], p_channel, v_until);
+    END IF;
+  END LOOP;
+END
+$fn$;
 -- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
 CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)
 LANGUAGE sql IMMUTABLE AS $fn$ SELECT 4, 2 $fn$;

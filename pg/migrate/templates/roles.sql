@@ -13,6 +13,7 @@
 --                 SELECT/INSERT/UPDATE on pglease's holder table
 --                 (syncguard_locks_holders), SELECT/INSERT/UPDATE/DELETE
 --                 on its shared-hold table (syncguard_locks_shared),
+--                 its queue table (syncguard_locks_queue),
 --                 SELECT/INSERT/UPDATE on the fence table (never DELETE or
 --                 TRUNCATE: fence counters are never deleted), EXECUTE on
 --                 the pglease_* functions and on the SQL API's
@@ -79,6 +80,11 @@ GRANT SELECT, INSERT, UPDATE ON TABLE :"schema".syncguard_locks_holders TO :"run
 -- acquires, deleted by their release or after their expiry.
 REVOKE ALL ON TABLE :"schema".syncguard_locks_shared FROM PUBLIC, :"runtime_role";
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks_shared TO :"runtime_role";
+-- pglease's queue table (schema version 4): one ticket per waiting caller,
+-- inserted and refreshed by its waiter, deleted by a grant, a leave or
+-- after its expiry.
+REVOKE ALL ON TABLE :"schema".syncguard_locks_queue FROM PUBLIC, :"runtime_role";
+GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE :"schema".syncguard_locks_queue TO :"runtime_role";
 -- The SQL API (schema version 4): the functions SQL callers use, and the
 -- views (which show no lockId: a monitoring role may be given SELECT on
 -- them alone).

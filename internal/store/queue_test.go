@@ -1,0 +1,880 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/store"
+)
+
+// qproc is one process of the queue tests: a pool of its own (as the
+// runtime role), a Store on it, its queue channel and a connection of its
+// own LISTENing on that channel, whose notifications a reader goroutine
+// routes by lockId hash and counts.
+type qproc struct {
+	id    int
+	s     *store.Store
+	pool  *pgxpool.Pool
+	ch    string
+	mu    sync.Mutex
+	turns map[string]chan store.Turn // by lock hash
+	got   []store.Turn               // every notification, in order
+	bad   []string                   // payloads that were not turns
+	n     atomic.Int64
+}
+
+// newQProcs returns n processes on one fresh schema, and a superuser pool
+// on it (for checks).
+func newQProcs(t *testing.T, n int) ([]*qproc, *pgxpool.Pool) {
+	t.Helper()
+	_, rs := pgtest.RuntimePool(t)
+	procs := make([]*qproc, n)
+	for i := range procs {
+		pool := rs.RuntimePool(t)
+		s, err := store.New("pg.New", pool, store.Config{NotifyChannel: "pglease_release"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &qproc{id: i, s: s, pool: pool, ch: store.QueueChannel(), turns: map[string]chan store.Turn{}}
+		procs[i] = p
+		p.listen(t)
+	}
+	return procs, rs.AdminPool(t)
+}
+
+func (p *qproc) listen(t *testing.T) {
+	t.Helper()
+	lctx, cancel := context.WithCancel(context.Background())
+	conn, err := p.pool.Acquire(lctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(lctx, "LISTEN "+p.ch); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			nt, err := conn.Conn().WaitForNotification(lctx)
+			if err != nil {
+				return
+			}
+			p.n.Add(1)
+			tr, ok := store.ParseTurn(nt.Payload)
+			p.mu.Lock()
+			if !ok || nt.Channel != p.ch {
+				p.bad = append(p.bad, nt.Channel+" "+nt.Payload)
+			} else {
+				p.got = append(p.got, tr)
+				if c := p.turns[tr.LockHash]; c != nil {
+					select {
+					case c <- tr:
+					default:
+					}
+				}
+			}
+			p.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		conn.Release()
+	})
+}
+
+// expect registers lockID for routing and returns its channel of turns.
+func (p *qproc) expect(lockID string) chan store.Turn {
+	c := make(chan store.Turn, 4)
+	p.mu.Lock()
+	p.turns[pglease.HashKey(lockID)] = c
+	p.mu.Unlock()
+	return c
+}
+
+func (p *qproc) turnsSeen() []store.Turn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]store.Turn(nil), p.got...)
+}
+
+// settle waits until no process received a notification for a while (the
+// notifications of committed statements arrive within it on any machine).
+func settle(procs []*qproc) { settleAt(procs, 0) }
+
+// settleAt is settle after the processes received want notifications in
+// all (or 30 s passed: then the test's own count check fails).
+func settleAt(procs []*qproc, want int64) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var sum int64
+		for _, p := range procs {
+			sum += p.n.Load()
+		}
+		if sum >= want {
+			break
+		}
+	}
+	last := int64(-1)
+	for {
+		var sum int64
+		for _, p := range procs {
+			sum += p.n.Load()
+		}
+		if sum == last {
+			return
+		}
+		last = sum
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+const qlife = 30 * time.Second
+
+// TestQueueServesArrivalOrder: waiters of three processes queue on a held
+// key in a known order; each release serves exactly the head, in the
+// release's own transaction (the grant is live when the release returns,
+// with a fence above every earlier one), and only the head's process is
+// notified, once.
+func TestQueueServesArrivalOrder(t *testing.T) {
+	procs, _ := newQProcs(t, 4)
+	c := ctx(t)
+	const key = "fair:order"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	owners := []int{1, 2, 3, 1, 2, 3, 3, 1, 2}
+	ids := make([]string, len(owners))
+	turns := make([]chan store.Turn, len(owners))
+	for i, o := range owners {
+		ids[i] = keys.NewLockID()
+		turns[i] = procs[o].expect(ids[i])
+		res, err := procs[o].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: ids[i]}}, procs[o].ch, qlife)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].OK || res[0].Position != i+1 {
+			t.Fatalf("waiter %d: OK %v position %d, want queued at %d", i, res[0].OK, res[0].Position, i+1)
+		}
+	}
+	// The waiters view shows the queue in order, without lockIds.
+	rows, err := procs[0].pool.Query(c, "SELECT position, mode, lock_id_hash, holder FROM syncguard_locks_waiters WHERE key = $1 AND kind = 'queued' ORDER BY position", key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for rows.Next() {
+		var pos int64
+		var mode, hash, holder string
+		if err := rows.Scan(&pos, &mode, &hash, &holder); err != nil {
+			t.Fatal(err)
+		}
+		if n >= len(ids) || pos != int64(n+1) || mode != "exclusive" || hash != pglease.HashKey(ids[n]) || holder == "" {
+			t.Fatalf("waiters view row %d: %d %s %s %q", n, pos, mode, hash, holder)
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil || n != len(ids) {
+		t.Fatalf("waiters view: %d queued rows (%v), want %d", n, err, len(ids))
+	}
+	// A second attempt of a queued waiter keeps its place.
+	if res, err := procs[2].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: ids[4]}}, procs[2].ch, qlife); err != nil || res[0].Position != 5 {
+		t.Fatalf("retry of waiter 4: %+v %v, want position 5", res, err)
+	}
+	holder, holderProc, fence := h.LockID, 0, h.Fence
+	for i, o := range owners {
+		rel, err := procs[holderProc].s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rel[0].Released || rel[0].Served != 1 {
+			t.Fatalf("release %d: %+v, want released and 1 served", i, rel[0])
+		}
+		// Granted by the release's commit: live now, before any notification is read.
+		info, err := procs[o].s.LookupByID(c, ids[i])
+		if err != nil || info == nil {
+			t.Fatalf("waiter %d not holding after the release: %v %v", i, info, err)
+		}
+		if info.Fence <= fence {
+			t.Fatalf("waiter %d: fence %d not above the previous %d", i, info.Fence, fence)
+		}
+		select {
+		case tr := <-turns[i]:
+			if !tr.Granted || tr.Fence != info.Fence || tr.KeyHash != pglease.HashKey(key) {
+				t.Fatalf("waiter %d: turn %+v, lease fence %d", i, tr, info.Fence)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("waiter %d: no notification", i)
+		}
+		holder, holderProc, fence = ids[i], o, info.Fence
+	}
+	rel, err := procs[holderProc].s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true)
+	if err != nil || !rel[0].Released || rel[0].Served != 0 {
+		t.Fatalf("last release: %+v %v", rel, err)
+	}
+	settleAt(procs, int64(len(owners)))
+	for _, p := range procs {
+		want := 0
+		for _, o := range owners {
+			if o == p.id {
+				want++
+			}
+		}
+		if got := int(p.n.Load()); got != want || len(p.bad) > 0 {
+			t.Errorf("process %d received %d notifications (%d not its turns), want %d: one per grant of its own tickets", p.id, got, len(p.bad), want)
+		}
+	}
+}
+
+// TestQueueConcurrentFIFO: 4 processes × 4 callers loop on one key through
+// the queue (attempt, wait for the notification, hold, release serving the
+// head). One holder at a time, every fence above the one before, grants in
+// ticket arrival order (a trigger logs every ticket's seq), and each
+// process notified only of grants of its own tickets, once each.
+func TestQueueConcurrentFIFO(t *testing.T) {
+	procs, admin := newQProcs(t, 4)
+	c := ctx(t)
+	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	_, err := admin.Exec(c, `CREATE TABLE qlog (seq bigint, lock_id text);
+CREATE FUNCTION qlog_f() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$ BEGIN INSERT INTO qlog VALUES (NEW.seq, NEW.lock_id); RETURN NULL; END $$;
+CREATE TRIGGER qlog_t AFTER INSERT ON syncguard_locks_queue FOR EACH ROW EXECUTE FUNCTION qlog_f();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const key, callers, cycles = "fair:concurrent", 4, 6
+	type grant struct {
+		id       string
+		fence    pglease.Fence
+		proc     int
+		notified bool
+	}
+	var mu sync.Mutex
+	var grants []grant
+	var holders atomic.Int32
+	var served, overlap atomic.Int64
+	var wg sync.WaitGroup
+	errc := make(chan error, len(procs)*callers)
+	for _, p := range procs {
+		for range callers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for range cycles {
+					id := keys.NewLockID()
+					turn := p.expect(id)
+					var fence pglease.Fence
+					notified := false
+					for fence == 0 {
+						res, err := p.s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id}}, p.ch, qlife)
+						if err != nil {
+							errc <- err
+							return
+						}
+						if res[0].OK {
+							fence = res[0].Fence
+							break
+						}
+						select {
+						case tr := <-turn:
+							if tr.Granted {
+								fence, notified = tr.Fence, true
+							}
+						case <-time.After(5 * time.Second):
+							// A missed turn would show here as a slow test, not a hang:
+							// the attempt again keeps the ticket's place.
+						case <-c.Done():
+							errc <- c.Err()
+							return
+						}
+					}
+					if holders.Add(1) != 1 {
+						overlap.Add(1)
+					}
+					mu.Lock()
+					grants = append(grants, grant{id, fence, p.id, notified})
+					mu.Unlock()
+					time.Sleep(time.Millisecond)
+					holders.Add(-1)
+					rel, err := p.s.QueueRelease(c, []store.ReleaseRequest{{LockID: id, Key: key}}, true)
+					if err != nil || !rel[0].Released {
+						errc <- fmt.Errorf("release: %+v %v", rel, err)
+						return
+					}
+					served.Add(int64(rel[0].Served))
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+	if overlap.Load() != 0 {
+		t.Fatalf("%d grants overlapped another holder", overlap.Load())
+	}
+	total := len(procs) * callers * cycles
+	if len(grants) != total {
+		t.Fatalf("%d grants, want %d", len(grants), total)
+	}
+	sort.Slice(grants, func(i, j int) bool { return grants[i].fence < grants[j].fence })
+	seqOf := map[string]int64{}
+	rows, err := admin.Query(c, "SELECT seq, lock_id FROM qlog")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var seq int64
+		var id string
+		if err := rows.Scan(&seq, &id); err != nil {
+			t.Fatal(err)
+		}
+		if _, dup := seqOf[id]; dup {
+			t.Fatalf("a ticket enqueued twice (it expired or was dropped)")
+		}
+		seqOf[id] = seq
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	inversions, notified := 0, 0
+	for i, g := range grants {
+		if i > 0 && g.fence == grants[i-1].fence {
+			t.Fatalf("fence %d granted twice", g.fence)
+		}
+		if i > 0 && seqOf[g.id] < seqOf[grants[i-1].id] {
+			inversions++
+		}
+		if g.notified {
+			notified++
+		}
+	}
+	if inversions > 0 {
+		t.Errorf("%d grants out of ticket arrival order", inversions)
+	}
+	settleAt(procs, served.Load())
+	var notes int64
+	for _, p := range procs {
+		notes += p.n.Load()
+		if len(p.bad) > 0 {
+			t.Errorf("process %d received notifications that are not its turns: %q", p.id, p.bad)
+		}
+		mine := map[string]bool{}
+		for _, g := range grants {
+			if g.proc == p.id {
+				mine[pglease.HashKey(g.id)] = true
+			}
+		}
+		for _, tr := range p.turnsSeen() {
+			if !mine[tr.LockHash] {
+				t.Errorf("process %d was told of a ticket of another process", p.id)
+			}
+		}
+	}
+	if notes != served.Load() {
+		t.Errorf("%d notifications for %d grants made by releases: want one each", notes, served.Load())
+	}
+	t.Logf("%d grants, %d by releases (%d waiters woke by their notification), %d notifications", total, served.Load(), notified, notes)
+}
+
+// TestQueueDeadTicketExpires: a waiter that stops refreshing (a dead
+// process) holds the head of the queue until its ticket's life ends, no
+// longer: the waiter behind it is refused while the dead ticket is live
+// and granted once it has expired; a release after that serves the live
+// waiter, not the dead one.
+func TestQueueDeadTicketExpires(t *testing.T) {
+	procs, admin := newQProcs(t, 3)
+	c := ctx(t)
+	const key = "fair:dead"
+	const deadLife = time.Second
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	dead, live := keys.NewLockID(), keys.NewLockID()
+	res, err := procs[1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: dead}}, procs[1].ch, deadLife)
+	if err != nil || res[0].Position != 1 {
+		t.Fatal(res, err)
+	}
+	var deadExp int64
+	if err := admin.QueryRow(c, "SELECT expires_at_ms FROM syncguard_locks_queue WHERE lock_id = $1", dead).Scan(&deadExp); err != nil {
+		t.Fatal(err)
+	}
+	res, err = procs[2].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: live}}, procs[2].ch, qlife)
+	if err != nil || res[0].Position != 2 {
+		t.Fatal(res, err)
+	}
+	// A plain release (no serving): the key is free, the dead ticket is the head.
+	if ok, err := procs[0].s.Release(c, h.LockID); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	res, err = procs[2].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: live}}, procs[2].ch, qlife)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now := serverNow(t, admin); now < deadExp && (res[0].OK || res[0].Position != 2) {
+		t.Fatalf("behind a live ticket: %+v, want refused at position 2", res[0])
+	}
+	waitServer(t, admin, deadExp)
+	res, err = procs[2].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: live}}, procs[2].ch, qlife)
+	if err != nil || !res[0].OK {
+		t.Fatalf("after the dead ticket's life: %+v %v, want granted", res, err)
+	}
+	// The same through a release that serves: a dead head is skipped.
+	dead2, live2 := keys.NewLockID(), keys.NewLockID()
+	if res, err := procs[1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: dead2}}, procs[1].ch, deadLife); err != nil || res[0].Position != 1 {
+		t.Fatal(res, err)
+	}
+	if err := admin.QueryRow(c, "SELECT expires_at_ms FROM syncguard_locks_queue WHERE lock_id = $1", dead2).Scan(&deadExp); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := procs[0].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: live2}}, procs[0].ch, qlife); err != nil || res[0].Position != 2 {
+		t.Fatal(res, err)
+	}
+	waitServer(t, admin, deadExp)
+	rel, err := procs[2].s.QueueRelease(c, []store.ReleaseRequest{{LockID: live, Key: key}}, true)
+	if err != nil || !rel[0].Released || rel[0].Served != 1 {
+		t.Fatalf("release: %+v %v", rel, err)
+	}
+	if info, err := procs[0].s.LookupByID(c, live2); err != nil || info == nil {
+		t.Fatalf("the live waiter was not served: %v %v", info, err)
+	}
+	settle(procs)
+	if n := procs[1].n.Load(); n != 0 {
+		t.Errorf("the dead waiter's process was notified %d times", n)
+	}
+}
+
+// TestQueueRefresh: a refresh tells a ticket's position, a grant whose
+// notification nobody read (fence and expiry), and a ticket that expired;
+// an expired ticket is not revived.
+func TestQueueRefresh(t *testing.T) {
+	procs, admin := newQProcs(t, 2)
+	c := ctx(t)
+	const key = "fair:refresh"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	a, b, gone := keys.NewLockID(), keys.NewLockID(), keys.NewLockID()
+	for _, id := range []string{a, b} {
+		if _, err := procs[1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id}}, procs[1].ch, qlife); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := procs[1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: gone}}, procs[1].ch, store.MinTicketLife); err != nil {
+		t.Fatal(err)
+	}
+	var exp int64
+	if err := admin.QueryRow(c, "SELECT expires_at_ms FROM syncguard_locks_queue WHERE lock_id = $1", gone).Scan(&exp); err != nil {
+		t.Fatal(err)
+	}
+	waitServer(t, admin, exp)
+	st, err := procs[1].s.QueueRefresh(c, []string{a, b, gone}, qlife)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st[0].Position != 1 || st[1].Position != 2 || st[2] != (store.TicketState{}) {
+		t.Fatalf("refresh: %+v, want positions 1, 2 and an expired ticket", st)
+	}
+	// The refresh deleted the expired ticket (its key may never be used again).
+	var left int
+	if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue WHERE lock_id = $1", gone).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("the expired ticket is still there: %d %v", left, err)
+	}
+	if _, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil {
+		t.Fatal(err)
+	}
+	st, err = procs[1].s.QueueRefresh(c, []string{a, b, gone}, qlife)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := procs[1].s.LookupByID(c, a)
+	if err != nil || info == nil {
+		t.Fatal(info, err)
+	}
+	if !st[0].Granted || st[0].Fence != info.Fence || !st[0].ExpiresAt.Equal(info.ExpiresAt) || st[1].Position != 1 || st[2] != (store.TicketState{}) {
+		t.Fatalf("refresh after the release: %+v (lease fence %d expires %v)", st, info.Fence, info.ExpiresAt)
+	}
+	// Leaving: b's ticket goes; a's lease (granted) is released by a leave of a.
+	lv, err := procs[1].s.QueueLeave(c, []string{b, a})
+	if err != nil || !lv[0].Left || lv[0].Released || lv[1].Left || !lv[1].Released {
+		t.Fatalf("leave: %+v %v", lv, err)
+	}
+	var n int
+	if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue").Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d tickets left (%v)", n, err)
+	}
+}
+
+// TestQueueSharedKinds: readers in a row are served together by one
+// release, a writer queued ahead of a reader holds it off (even while
+// readers hold the key), and a semaphore's release serves its permits in
+// order while there is room.
+func TestQueueSharedKinds(t *testing.T) {
+	procs, _ := newQProcs(t, 4)
+	c := ctx(t)
+	const key = "fair:rw"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	wait := func(p *qproc, id string, shared bool, limit int) store.WaitResult {
+		t.Helper()
+		res, err := p.s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id, Shared: shared, Limit: limit}}, p.ch, qlife)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	r1, r2, w, r3 := keys.NewLockID(), keys.NewLockID(), keys.NewLockID(), keys.NewLockID()
+	wait(procs[1], r1, true, 0)
+	wait(procs[2], r2, true, 0)
+	wait(procs[3], w, false, 0)
+	if res := wait(procs[1], r3, true, 0); res.Position != 4 {
+		t.Fatalf("r3: %+v", res)
+	}
+	rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true)
+	if err != nil || rel[0].Served != 2 {
+		t.Fatalf("release of the writer: %+v %v, want the 2 readers at the head served", rel, err)
+	}
+	if res := wait(procs[1], r3, true, 0); res.OK || res.Position != 2 {
+		t.Fatalf("a reader behind a queued writer: %+v, want refused at 2", res)
+	}
+	if rel, err := procs[1].s.QueueRelease(c, []store.ReleaseRequest{{LockID: r1, Key: key}}, true); err != nil || rel[0].Served != 0 {
+		t.Fatalf("first reader's release: %+v %v (the other reader still holds)", rel, err)
+	}
+	if rel, err := procs[2].s.QueueRelease(c, []store.ReleaseRequest{{LockID: r2, Key: key}}, true); err != nil || rel[0].Served != 1 {
+		t.Fatalf("last reader's release: %+v %v, want the writer served", rel, err)
+	}
+	if info, err := procs[3].s.LookupByID(c, w); err != nil || info == nil {
+		t.Fatal("writer not served", err)
+	}
+	if rel, err := procs[3].s.QueueRelease(c, []store.ReleaseRequest{{LockID: w, Key: key}}, true); err != nil || rel[0].Served != 1 {
+		t.Fatalf("writer's release: %+v %v, want r3 served", rel, err)
+	}
+	if _, err := procs[1].s.Release(c, r3); err != nil {
+		t.Fatal(err)
+	}
+
+	const sem = "fair:sem"
+	p := make([]string, 5)
+	for i := range p {
+		p[i] = keys.NewLockID()
+	}
+	sw := func(pr *qproc, id string) store.WaitResult {
+		t.Helper()
+		res, err := pr.s.QueueWait(c, []store.WaitRequest{{Key: sem, TTL: time.Minute, LockID: id, Shared: true, Limit: 2}}, pr.ch, qlife)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res[0]
+	}
+	if !sw(procs[0], p[0]).OK || !sw(procs[1], p[1]).OK {
+		t.Fatal("the first two permits were refused")
+	}
+	for i := 2; i < 5; i++ {
+		if res := sw(procs[i%4], p[i]); res.OK || res.Position != i-1 {
+			t.Fatalf("permit %d: %+v", i, res)
+		}
+	}
+	rel, err = procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: p[0], Key: sem}, {LockID: p[1], Key: sem}}, true)
+	if err != nil || rel[0].Served+rel[1].Served != 2 {
+		t.Fatalf("release of both permits: %+v %v, want 2 served", rel, err)
+	}
+	for i, want := range []bool{true, true, false} {
+		info, err := procs[0].s.LookupByID(c, p[i+2])
+		_ = info
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := procs[(i+2)%4].s.QueueRefresh(c, []string{p[i+2]}, qlife)
+		if err != nil || st[0].Granted != want {
+			t.Fatalf("permit %d: %+v %v, granted want %v", i+2, st, err, want)
+		}
+	}
+}
+
+// TestQueueSetInOrder: a set queued before a single-key caller gets its
+// turn: a release of one of its keys leaves that key free for it (the
+// caller behind it is refused, and only the set's process is told), and
+// the set is granted whole once every key is free.
+func TestQueueSetInOrder(t *testing.T) {
+	procs, _ := newQProcs(t, 3)
+	c := ctx(t)
+	ha, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: "fair:a", TTL: time.Minute})
+	if err != nil || !ha.OK {
+		t.Fatal(ha, err)
+	}
+	hb, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: "fair:b", TTL: time.Minute})
+	if err != nil || !hb.OK {
+		t.Fatal(hb, err)
+	}
+	sa, sb, single := keys.NewLockID(), keys.NewLockID(), keys.NewLockID()
+	turnA := procs[1].expect(sa)
+	set := []store.WaitRequest{{Key: "fair:a", TTL: time.Minute, LockID: sa, Set: 1}, {Key: "fair:b", TTL: time.Minute, LockID: sb, Set: 1}}
+	res, err := procs[1].s.QueueWait(c, set, procs[1].ch, qlife)
+	if err != nil || res[0].OK || res[1].OK || res[0].Position != 1 || res[1].Position != 1 {
+		t.Fatalf("set: %+v %v", res, err)
+	}
+	one := []store.WaitRequest{{Key: "fair:a", TTL: time.Minute, LockID: single}}
+	if res, err := procs[2].s.QueueWait(c, one, procs[2].ch, qlife); err != nil || res[0].Position != 2 {
+		t.Fatalf("single: %+v %v", res, err)
+	}
+	rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: ha.LockID, Key: "fair:a"}}, true)
+	if err != nil || rel[0].Served != 0 {
+		t.Fatalf("release of a: %+v %v, want nothing served (the head is a set)", rel, err)
+	}
+	select {
+	case tr := <-turnA:
+		if tr.Granted {
+			t.Fatalf("the set's ticket was granted alone: %+v", tr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the set's process was not told its turn")
+	}
+	if res, err := procs[2].s.QueueWait(c, one, procs[2].ch, qlife); err != nil || res[0].OK {
+		t.Fatalf("the single-key caller behind the set took the free key: %+v %v", res, err)
+	}
+	if _, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: hb.LockID, Key: "fair:b"}}, true); err != nil {
+		t.Fatal(err)
+	}
+	res, err = procs[1].s.QueueWait(c, set, procs[1].ch, qlife)
+	if err != nil || !res[0].OK || !res[1].OK {
+		t.Fatalf("the set at the head of both free keys: %+v %v", res, err)
+	}
+	rel, err = procs[1].s.QueueRelease(c, []store.ReleaseRequest{{LockID: sa, Key: "fair:a"}, {LockID: sb, Key: "fair:b"}}, true)
+	if err != nil || rel[0].Served+rel[1].Served != 1 {
+		t.Fatalf("release of the set: %+v %v, want the single-key caller served", rel, err)
+	}
+	settle(procs)
+	if n := procs[2].n.Load(); n != 1 {
+		t.Errorf("the single-key caller's process got %d notifications, want 1", n)
+	}
+}
+
+// TestQueueBadInput: a mistake is InvalidArgument before any I/O.
+func TestQueueBadInput(t *testing.T) {
+	procs, _ := newQProcs(t, 1)
+	s, c, ch := procs[0].s, ctx(t), procs[0].ch
+	id := keys.NewLockID()
+	for name, call := range map[string]func() error{
+		"no lockId": func() error {
+			_, err := s.QueueWait(c, []store.WaitRequest{{Key: "k", TTL: time.Second}}, ch, qlife)
+			return err
+		},
+		"bad channel": func() error {
+			_, err := s.QueueWait(c, []store.WaitRequest{{Key: "k", TTL: time.Second, LockID: id}}, "pglease_release", qlife)
+			return err
+		},
+		"short life": func() error {
+			_, err := s.QueueWait(c, []store.WaitRequest{{Key: "k", TTL: time.Second, LockID: id}}, ch, time.Millisecond)
+			return err
+		},
+		"shared set": func() error {
+			_, err := s.QueueWait(c, []store.WaitRequest{{Key: "k", TTL: time.Second, LockID: id, Shared: true, Set: 1}}, ch, qlife)
+			return err
+		},
+		"key twice": func() error {
+			_, err := s.QueueWait(c, []store.WaitRequest{{Key: "k", TTL: time.Second, LockID: id, Set: 1}, {Key: "k", TTL: time.Second, LockID: keys.NewLockID(), Set: 1}}, ch, qlife)
+			return err
+		},
+		"bad refresh": func() error { _, err := s.QueueRefresh(c, []string{"x"}, qlife); return err },
+		"bad leave":   func() error { _, err := s.QueueLeave(c, []string{"x"}); return err },
+		"bad release": func() error {
+			_, err := s.QueueRelease(c, []store.ReleaseRequest{{LockID: "x", Key: "k"}}, true)
+			return err
+		},
+		"refresh life": func() error { _, err := s.QueueRefresh(c, []string{id}, 2*time.Minute); return err },
+	} {
+		if err := call(); !errors.Is(err, pglease.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want InvalidArgument", name, err)
+		}
+	}
+	if _, ok := store.ParseTurn("q:abc"); ok {
+		t.Error("ParseTurn accepted a bad payload")
+	}
+}
+
+// TestQueueWaitAfterMissedGrant: a waiter that missed its grant's
+// notification and attempts again with its ticket's lockId is answered
+// granted (the lease the release gave it), not queued behind its own
+// lease.
+func TestQueueWaitAfterMissedGrant(t *testing.T) {
+	procs, admin := newQProcs(t, 2)
+	c := ctx(t)
+	const key = "fair:missed"
+	for _, shared := range []bool{false, true} {
+		h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		if err != nil || !h.OK {
+			t.Fatal(h, err)
+		}
+		id := keys.NewLockID()
+		req := []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id, Shared: shared}}
+		if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].Position != 1 {
+			t.Fatal(res, err)
+		}
+		if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil || rel[0].Served != 1 {
+			t.Fatal(rel, err)
+		}
+		res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife)
+		if err != nil || !res[0].OK || res[0].Fence == 0 && !shared {
+			t.Fatalf("shared %v: attempt after a missed grant: %+v %v, want granted", shared, res, err)
+		}
+		var n int
+		if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue").Scan(&n); err != nil || n != 0 {
+			t.Fatalf("shared %v: %d tickets (%v), want none", shared, n, err)
+		}
+		if ok, err := procs[1].s.Release(c, id); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+}
+
+// TestQueueLeaveServesNext: a head that gives up while the key is free
+// (released without serving, as in a foreign window) lets the next ticket
+// go at once: the leave grants it and notifies its process only.
+func TestQueueLeaveServesNext(t *testing.T) {
+	procs, _ := newQProcs(t, 3)
+	c := ctx(t)
+	const key = "fair:leave"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	a, b := keys.NewLockID(), keys.NewLockID()
+	turnB := procs[2].expect(b)
+	for i, id := range []string{a, b} {
+		if res, err := procs[i+1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id}}, procs[i+1].ch, qlife); err != nil || res[0].Position != i+1 {
+			t.Fatal(res, err)
+		}
+	}
+	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false); err != nil || !rel[0].Released || rel[0].Served != 0 {
+		t.Fatalf("release without serving: %+v %v", rel, err)
+	}
+	if lv, err := procs[1].s.QueueLeave(c, []string{a}); err != nil || !lv[0].Left || lv[0].Released {
+		t.Fatalf("leave: %+v %v", lv, err)
+	}
+	if info, err := procs[2].s.LookupByID(c, b); err != nil || info == nil {
+		t.Fatalf("the next ticket was not served by the leave: %v %v", info, err)
+	}
+	select {
+	case tr := <-turnB:
+		if !tr.Granted {
+			t.Fatalf("turn %+v", tr)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("no notification")
+	}
+	settle(procs)
+	if n := procs[1].n.Load() + procs[0].n.Load(); n != 0 {
+		t.Errorf("%d notifications to the other processes", n)
+	}
+}
+
+// TestQueueForeignWindow: SyncGuard does not queue. A release without
+// serving (the foreign window of docs/fairness.md) leaves a queued key
+// free, and SyncGuard's own acquire takes it; the queue's head is then
+// refused while SyncGuard holds it, keeps its place, and is granted
+// after SyncGuard's release (by its next attempt: SyncGuard's release
+// serves no queue).
+func TestQueueForeignWindow(t *testing.T) {
+	procs, _ := newQProcs(t, 2)
+	c := ctx(t)
+	const key = "fair:foreign"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	id := keys.NewLockID()
+	req := []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id}}
+	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].Position != 1 {
+		t.Fatal(res, err)
+	}
+	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false); err != nil || rel[0].Served != 0 {
+		t.Fatal(rel, err)
+	}
+	sg := pgtest.NewSyncGuard(t, procs[0].pool)
+	sgID, ok, err := sg.Acquire(key, time.Minute)
+	if err != nil || !ok {
+		t.Fatalf("SyncGuard's acquire of the key left free: %v %v", ok, err)
+	}
+	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].OK || res[0].Position != 1 || res[0].Holder != "" {
+		t.Fatalf("the head while SyncGuard holds the key: %+v %v", res, err)
+	}
+	if ok, err := sg.ExtendOrRelease(sgID, 0); err != nil || !ok {
+		t.Fatalf("SyncGuard's release: %v %v", ok, err)
+	}
+	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || !res[0].OK {
+		t.Fatalf("the head after SyncGuard's release: %+v %v", res, err)
+	}
+}
+
+// TestQueueRefreshDuringServe: a process refreshing its tickets (in any
+// order) while a release serves them (in seq order) never deadlocks with
+// it: each release serves both readers, each refresh succeeds.
+func TestQueueRefreshDuringServe(t *testing.T) {
+	procs, _ := newQProcs(t, 2)
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const key = "fair:refresh-serve"
+	var stop atomic.Bool
+	var ids atomic.Value // []string, the current tickets, newest first
+	ids.Store([]string{})
+	errc := make(chan error, 4)
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				if cur := ids.Load().([]string); len(cur) > 0 {
+					if _, err := procs[1].s.QueueRefresh(c, cur, qlife); err != nil {
+						errc <- fmt.Errorf("refresh: %w", err)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := 0; i < 40 && len(errc) == 0; i++ {
+		h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		if err != nil || !h.OK {
+			t.Fatal(h, err)
+		}
+		r1, r2 := keys.NewLockID(), keys.NewLockID()
+		for _, id := range []string{r1, r2} {
+			if _, err := procs[1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id, Shared: true}}, procs[1].ch, qlife); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ids.Store([]string{r2, r1})
+		rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true)
+		if err != nil || rel[0].Served != 2 {
+			t.Fatalf("round %d: release %+v %v, want both readers served", i, rel, err)
+		}
+		ids.Store([]string{})
+		if _, err := procs[1].s.ReleaseMany(c, []string{r1, r2}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop.Store(true)
+	wg.Wait()
+	close(errc)
+	for err := range errc {
+		t.Fatal(err)
+	}
+}
