@@ -96,7 +96,7 @@ func (st *loopState) sendHandOffs(fl *flight, batch []handOffItem) {
 	// a child of that waiter's acquire span, linked to the releaser's
 	// release span and the other waiters (roundTripSpans).
 	parent, served := roundTripSpans(atts, rels)
-	st.m.spawn(func() { st.m.sendHandOff(fl, batch, parent, served) })
+	st.start(fl, len(batch), func() { st.m.sendHandOff(fl, batch, parent, served) })
 }
 
 // sendHandOff runs in its own goroutine, never on the loop.

@@ -28,7 +28,8 @@ func (m *Manager) run(st *loopState) {
 	lm := m.rec.Loop() // busy ratio and queue depths: a clock read or an atomic store each
 	for {
 		st.flush()
-		if m.sig != nil { // a test's Manager: the state after every event
+		st.startWork(m.spawn) // the batches flush launched (effects.go)
+		if m.sig != nil {     // a test's Manager: the state after every event
 			st.mustHold()
 		}
 		if st.closing && st.drained() {
@@ -450,7 +451,7 @@ func (st *loopState) isHeld(h *holding) bool {
 // sendReleases starts a release batch (loop side of sendRelease).
 func (st *loopState) sendReleases(fl *flight, batch []releaseItem) {
 	parent, served := roundTripSpans(nil, batch)
-	st.m.spawn(func() { st.m.sendRelease(fl, batch, parent, served) })
+	st.start(fl, len(batch), func() { st.m.sendRelease(fl, batch, parent, served) })
 }
 
 // sendExtends starts an extend batch (loop side of sendExtend), bounded
@@ -481,7 +482,7 @@ func (st *loopState) sendExtends(fl *flight, batch []*holding) {
 			served = append(served, sc)
 		}
 	}
-	m.spawn(func() { m.sendExtend(fl, batch, reqs, deadline, hb, served) })
+	st.start(fl, len(batch), func() { m.sendExtend(fl, batch, reqs, deadline, hb, served) })
 }
 
 // roundTripSpans returns where the span of a round trip carrying the

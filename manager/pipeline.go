@@ -507,7 +507,7 @@ func keyServed(a *attempt, add func(*obs.Acquisition) bool) bool {
 func (st *loopState) sendAttempts(fl *flight, batch []*attempt) {
 	fl.attempts = batch
 	parent, served := roundTripSpans(batch, nil)
-	st.m.spawn(func() { st.m.sendAttempts(fl, batch, parent, served) })
+	st.start(fl, len(batch), func() { st.m.sendAttempts(fl, batch, parent, served) })
 }
 
 // sendAttempts runs on a DB worker: one statement (the kind's store call)

@@ -54,6 +54,7 @@ type loopState struct {
 	lanes                                   []batchLane // in flush order
 	acquireSlots, releaseSlots, extendSlots slots
 	flights                                 map[*flight]struct{} // the batches in flight (flight.go)
+	work                                    []dbWork             // batches launched, to start on DB workers (effects.go)
 
 	waiting int // owned by run: callers in all keys' queues and set waiters (telemetry: queue depth "waiters")
 
