@@ -5,6 +5,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // TestKernelOneEventAtATime drives a loop state by hand, one event at a
@@ -200,5 +201,108 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPipelineGrantRules drives every kind of attempt, in both modes,
+// through a granted answer (fabricated: the statement is never run) that
+// nobody may keep: its caller left while it was in flight (the grant is
+// taken back), or its fence is not above one already seen for the key
+// (fence monotonicity: refused with CodeFenceRegression). Either way
+// every lockId granted is queued for release and nobody holds the key.
+func TestPipelineGrantRules(t *testing.T) {
+	b := setup(t, setupOpts{})
+	m := b.m
+	one := func(key string, try, shared bool, limit int32) *acquireReq {
+		return &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, try: try, shared: shared, limit: limit,
+			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+	}
+	set := func(try bool, keys ...string) *acquireReq {
+		sk := make([]setKey, len(keys))
+		for i, k := range keys {
+			sk[i] = setKey{key: k, hash: pglease.HashKey(k)}
+		}
+		r := one(keys[0], try, false, 0)
+		r.set = &setReq{keys: sk}
+		return r
+	}
+	cases := []struct {
+		name string
+		req  func() *acquireReq
+	}{
+		{"exclusive", func() *acquireReq { return one("rule:x", false, false, 0) }},
+		{"permit", func() *acquireReq { return one("rule:p", false, true, 2) }},
+		{"set", func() *acquireReq { return set(false, "rule:s1", "rule:s2") }},
+		{"try", func() *acquireReq { return one("rule:t", true, false, 0) }},
+		{"permit try", func() *acquireReq { return one("rule:tp", true, true, 2) }},
+		{"set try", func() *acquireReq { return set(true, "rule:ts1", "rule:ts2") }},
+	}
+	keysOf := func(r *acquireReq) []setKey {
+		if r.set != nil {
+			return r.set.keys
+		}
+		return []setKey{{key: r.key, hash: r.hash}}
+	}
+	for _, rule := range []string{"caller left", "fence regression"} {
+		for _, c := range cases {
+			t.Run(rule+"/"+c.name, func(t *testing.T) {
+				st := newLoopState(m)
+				r := c.req()
+				if rule == "fence regression" {
+					for _, k := range keysOf(r) {
+						st.fences[k.key] = 1000 // seen before: the key's state is made again from it
+					}
+				}
+				st.handleAcquire(r)
+				st.flush()
+				if len(st.work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
+				}
+				fl := st.work[0].fl
+				st.work = st.work[:0]
+				if rule == "caller left" {
+					st.handleAbandon(r)
+					if ans := <-r.final; !ans.abandoned {
+						t.Fatalf("abandon answered %+v", ans)
+					}
+				}
+				now := m.now()
+				var ids []string
+				var res []store.AcquireResult
+				for _, a := range fl.attempts {
+					for j := range a.kind.holds(a) {
+						id, _, _ := a.kind.hold(a, j)
+						ids = append(ids, id)
+						res = append(res, store.AcquireResult{OK: true, Fence: 5, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)})
+					}
+				}
+				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
+				if err := st.checkInvariants(); err != nil {
+					t.Fatal(err)
+				}
+				released := map[string]bool{}
+				for _, it := range st.releases.pending {
+					released[it.lockID] = true
+				}
+				for _, id := range ids {
+					if !released[id] {
+						t.Error("a lockId granted is not released")
+					}
+				}
+				if len(st.held) != 0 {
+					t.Errorf("%d locks held", len(st.held))
+				}
+				if rule == "fence regression" {
+					select {
+					case ans := <-r.reply:
+						if pglease.CodeOf(ans.err) != pglease.CodeFenceRegression {
+							t.Errorf("answered %+v, want CodeFenceRegression", ans)
+						}
+					default:
+						t.Error("the caller was not told")
+					}
+				}
+			})
+		}
 	}
 }

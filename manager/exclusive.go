@@ -25,7 +25,7 @@ func newAttempt(ks *keyState, req *acquireReq, chain uint64) *attempt {
 
 func (exclusiveKind) lane(st *loopState) *lane[*attempt] { return &st.acquires }
 
-func (exclusiveKind) statement() (batchKind, obs.DBOperation) { return kindAcquire, obs.OpAcquireMany }
+func (exclusiveKind) statement() batchKind { return kindAcquire }
 
 func (exclusiveKind) exec(ctx context.Context, s kernelStore, batch []*attempt) ([]store.AcquireResult, error) {
 	reqs := make([]store.AcquireRequest, len(batch))

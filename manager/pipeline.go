@@ -42,7 +42,9 @@ import (
 // (the key's queue, or a set waiter); and its mode: a try (a.try set)
 // answers its one caller at once, whatever the outcome, where the others
 // leave their waiters waiting and retrying. A new kind of acquire is one
-// attemptKind and one store call.
+// attemptKind (its file) and one store call (kernelStore), plus its lane
+// (loopState, newLoopState) and the name of its batches (batchKind: its
+// span name, op, and whether shedding paces it, paced).
 
 // attempt is one database acquire attempt. Created by run; the DB
 // goroutine reads only lockID, ttl and what its kind sends.
@@ -80,11 +82,11 @@ type attempt struct {
 // except exec, which runs on a DB worker and reads only what is immutable
 // once the attempt is made.
 type attemptKind interface {
-	// The statement: its lane, its batch kind and span name, and the
-	// store call that sends a batch of attempts of this kind, answered
-	// one result per hold, in attempt order.
+	// The statement: its lane, its batch kind (which names its span:
+	// batchKind.op), and the store call that sends a batch of attempts of
+	// this kind, answered one result per hold, in attempt order.
 	lane(st *loopState) *lane[*attempt]
-	statement() (batchKind, obs.DBOperation)
+	statement() batchKind
 	exec(ctx context.Context, s kernelStore, batch []*attempt) ([]store.AcquireResult, error)
 	// holds is how many lockIds a asks for; hold returns the j-th, with its
 	// key. unit is how many holds make one caller's grant: a's results
@@ -525,9 +527,9 @@ func (m *Manager) sendAttempts(fl *flight, batch []*attempt, parent trace.SpanCo
 	// answer, and the drain releases whatever it granted.
 	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
-	kind, op := k.statement()
+	kind := k.statement()
 	m.beforeBatch(kind, n)
-	ctx, db := m.rec.StartDB(ctx, op, n, parent, served...)
+	ctx, db := m.rec.StartDB(ctx, kind.op(), n, parent, served...)
 	start := m.now()
 	res, err := k.exec(ctx, m.store, batch)
 	ok := 0

@@ -487,7 +487,7 @@ func noteSet(req *acquireReq, db trace.SpanContext, o obs.AttemptOutcome, retryI
 
 func (sk *setKind) lane(st *loopState) *lane[*attempt] { return &st.setAcqs }
 
-func (sk *setKind) statement() (batchKind, obs.DBOperation) { return kindSets, obs.OpAcquireSets }
+func (sk *setKind) statement() batchKind { return kindSets }
 
 // exec sends one AcquireSets for the batch; its results, flattened, are in
 // the order of the sets and of each set's keys.

@@ -261,9 +261,7 @@ type sharedKind struct {
 
 func (sh *sharedKind) lane(st *loopState) *lane[*attempt] { return &st.sharedAcqs }
 
-func (sh *sharedKind) statement() (batchKind, obs.DBOperation) {
-	return kindShared, obs.OpAcquireShared
-}
+func (sh *sharedKind) statement() batchKind { return kindShared }
 
 // exec sends one AcquireSharedMany for every hold of the batch.
 func (sh *sharedKind) exec(ctx context.Context, s kernelStore, batch []*attempt) ([]store.AcquireResult, error) {
