@@ -2,6 +2,7 @@ package manager
 
 import (
 	"testing"
+	"time"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -304,5 +305,74 @@ func TestPipelineGrantRules(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestPipelineStaleChain drives a key's attempt through a stuck batch by
+// hand: the batch is hedged (a new attempt, new lockIds, in the same
+// chain), the hedge's grant answers first and is the key's answer, and
+// the first attempt's grant, answered later, is stale: released, never
+// granted to anyone. One holder here, whatever the order of the answers.
+func TestPipelineStaleChain(t *testing.T) {
+	b := setup(t, setupOpts{})
+	m := b.m
+	for _, shared := range []bool{false, true} {
+		name := "exclusive"
+		if shared {
+			name = "reader"
+		}
+		t.Run(name, func(t *testing.T) {
+			st := newLoopState(m)
+			key := "stale:" + name
+			req := &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, shared: shared,
+				reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+			st.handleAcquire(req)
+			launch := func() *flight {
+				t.Helper()
+				st.flush()
+				if len(st.work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
+				}
+				fl := st.work[0].fl
+				st.work = st.work[:0]
+				return fl
+			}
+			first := launch()
+			st.checkStuck(first.start.Add(m.stuckAfter() + time.Millisecond))
+			hedge := launch()
+			if hedge.attempts[0].chain != first.attempts[0].chain || !first.attempts[0].stale {
+				t.Fatal("the stuck attempt was not hedged in its chain")
+			}
+			grant := func(fl *flight, fence pglease.Fence) {
+				now := m.now()
+				res := []store.AcquireResult{{OK: true, Fence: fence, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)}}
+				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
+				if err := st.checkInvariants(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			grant(hedge, 7)
+			ans := <-req.reply
+			if ans.lock == nil || ans.lock.id != hedge.attempts[0].lockID {
+				t.Fatalf("answered %+v, want the hedge's lock", ans)
+			}
+			grant(first, 8) // (a real server would have refused one of them)
+			if len(st.held) != 1 {
+				t.Fatalf("%d holds, want the hedge's alone", len(st.held))
+			}
+			var released bool
+			for _, it := range st.releases.pending {
+				if it.lockID == first.attempts[0].lockID && it.unblocked {
+					released = true
+				}
+			}
+			if !released {
+				t.Fatal("the stale attempt's grant is not released")
+			}
+			ks := st.keys[key]
+			if ks == nil || ks.stale != 0 {
+				t.Fatalf("key after both answers: %+v", ks)
+			}
+		})
 	}
 }
