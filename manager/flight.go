@@ -6,6 +6,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
 )
 
 // A statement sent on a dead pooled connection (half-open, blackholed)
@@ -87,25 +88,15 @@ const maxHedges = 2
 // current attempt and may still be hedged; a becomes stale.
 func (st *loopState) hedge(a *attempt) {
 	ks := a.ks
-	if ks.attempt != a || a.hedges >= maxHedges || len(ks.queue) == 0 || ks.holder != nil || ks.releasing > 0 {
+	if ks == nil || ks.attempt != a || a.hedges >= maxHedges || len(ks.queue) == 0 || ks.holder != nil || ks.releasing > 0 {
 		return
 	}
 	a.stale = true
 	ks.stale++
 	h := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: a.ttl, delayMs: a.delayMs, chain: a.chain, hedges: a.hedges + 1}
-	if a.sh != nil {
-		sh := *a.sh
-		if sh.ids != nil {
-			sh.ids = make([]string, len(a.sh.ids))
-			sh.ids[0] = h.lockID
-			for j := 1; j < len(sh.ids); j++ {
-				sh.ids[j] = keys.NewLockID()
-			}
-		}
-		h.sh = &sh
-	}
+	h.kind = a.kind.again(a, h.lockID)
 	ks.attempt = h
-	st.laneFor(h).add(h)
+	h.kind.lane(st).add(h)
 }
 
 // noAnswer records, for a key whose current attempt a is stuck and that
@@ -114,7 +105,7 @@ func (st *loopState) hedge(a *attempt) {
 // (waitErr). The next answer that reaches the database clears it.
 func (st *loopState) noAnswer(a *attempt, after time.Duration) {
 	ks := a.ks
-	if a.try != nil || ks.attempt == nil || ks.attempt.chain != a.chain || ks.lastErr != nil {
+	if a.try != nil || ks == nil || ks.attempt == nil || ks.attempt.chain != a.chain || ks.lastErr != nil {
 		return
 	}
 	ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire",
@@ -135,4 +126,36 @@ func (st *loopState) nextStuck() time.Time {
 		}
 	}
 	return next
+}
+
+// settleStale handles the answer of a superseded attempt: it releases
+// whatever the attempt granted or may have granted and reports true; or,
+// for the first answer of the key's current chain, makes the attempt in
+// flight the stale one and reports false. (Tries and sets are never
+// stale: they are in no key's attempt chain.)
+func (st *loopState) settleStale(a *attempt, d acquireDone, rs []store.AcquireResult) bool {
+	ks := a.ks
+	if a.stale {
+		ks.stale--
+		if cur := ks.attempt; cur != nil && cur.chain == a.chain && !st.closing {
+			// The first answer of the key's current attempt chain: it is
+			// the key's answer, the hedge still in flight is superseded.
+			cur.stale = true
+			ks.stale++
+			a.stale = false
+		}
+	}
+	if !a.stale {
+		return false
+	}
+	for j := range a.kind.holds(a) {
+		if mayHaveGranted(d.err) || (d.err == nil && rs[j].OK) {
+			// Not blocking the key's attempts: this release may meet a
+			// dead connection too.
+			id, _, _ := a.kind.hold(a, j)
+			st.releases.add(releaseItem{lockID: id, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
+		}
+	}
+	st.gc(ks)
+	return true
 }

@@ -5,7 +5,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
@@ -65,7 +64,7 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	st.clearRetry(ks)
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: ks.queue[0].ttl, delayMs: ks.queue[0].delayMs(), chain: ks.chains}
+	a := newAttempt(ks, ks.queue[0], ks.chains)
 	ks.attempt = a
 	st.handOffs.add(handOffItem{rel: it, a: a})
 	return true
@@ -97,7 +96,7 @@ func (st *loopState) sendHandOffs(fl *flight, batch []handOffItem) {
 	// a child of that waiter's acquire span, linked to the releaser's
 	// release span and the other waiters (roundTripSpans).
 	parent, served := roundTripSpans(atts, rels)
-	st.m.spawn(func() { st.m.sendHandOff(fl, batch, parent, served) })
+	st.start(fl, len(batch), func() { st.m.sendHandOff(fl, batch, parent, served) })
 }
 
 // sendHandOff runs in its own goroutine, never on the loop.

@@ -36,9 +36,12 @@ func (m *Manager) Lookup(ctx context.Context, key string) (*pg.LockInfo, error) 
 	}
 	lctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
-	r, err := m.store.Lookup(lctx, op, nk)
-	if r == nil || err != nil {
-		return nil, err
+	r, err := m.store.LookupByKey(lctx, nk)
+	if err != nil {
+		return nil, reop(op, err)
+	}
+	if r == nil {
+		return nil, nil
 	}
 	i := pg.LockInfo(*r)
 	return &i, nil

@@ -28,6 +28,10 @@ func (m *Manager) run(st *loopState) {
 	lm := m.rec.Loop() // busy ratio and queue depths: a clock read or an atomic store each
 	for {
 		st.flush()
+		st.startWork(m.spawn) // the batches flush launched (effects.go)
+		if m.sig != nil {     // a test's Manager: the state after every event
+			st.mustHold()
+		}
 		if st.closing && st.drained() {
 			st.finish()
 			return
@@ -195,93 +199,6 @@ func (st *loopState) handleRelease(req *releaseReq) {
 	st.releaseHolding(h, req.reply, req.parent)
 }
 
-func (st *loopState) handleAcquireDone(d acquireDone) {
-	st.land(d.fl, &st.acquireSlots)
-	now := st.m.now()
-	st.observe(d.fl, len(d.batch)+len(d.sets), d.err, now) // overload.go
-	if d.sets != nil {
-		st.setsDone(d, now) // sets.go
-		return
-	}
-	off := 0
-	for _, a := range d.batch {
-		n := a.items()
-		var rs []store.AcquireResult
-		if d.err == nil {
-			rs = d.res[off : off+n]
-		}
-		off += n
-		if a.try != nil {
-			st.tryDone(a, d, rs, now) // tryattempt.go
-			continue
-		}
-		if a.sh != nil {
-			st.sharedDone(a, d, rs, now) // shared.go
-			continue
-		}
-		ks := a.ks
-		err := d.err
-		var r store.AcquireResult
-		if err == nil {
-			r = rs[0]
-			err = r.Err
-		}
-		// Superseded (flight.go): another attempt serves the key's
-		// waiters; whatever this one granted is released.
-		if st.settleStale(a, d, rs) {
-			continue
-		}
-		ks.attempt = nil
-		if d.err == nil && err == nil {
-			ks.lastErr = nil // it reached the database: whatever it found, no outage (waitErr)
-		}
-		switch {
-		case st.closing:
-			if mayHaveGranted(d.err) || r.OK {
-				st.orphanRelease(nil, a)
-			}
-		case d.err != nil:
-			// Outcome unknown (ambiguity is never success): release the pre-generated lockId (when
-			// the statement may have run), then retry or fail.
-			if mayHaveGranted(d.err) {
-				st.orphanRelease(ks, a)
-			}
-			st.attemptFailed(ks, err, now, d.db)
-		case err != nil: // this item failed on its own (fence overflow): nothing granted
-			ks.lastErr = err
-			noteAttempt(ks.queue, d.db, obs.AttemptFailed, 0)
-			st.failAll(ks, err)
-		case !r.OK:
-			noteWaiting(ks.queue, r)
-			n := leadingTries(ks.queue)
-			noteAttempt(ks.queue[:n], d.db, obs.AttemptContended, 0)
-			st.popTries(ks, acquireReply{locked: true})
-			st.wantWaiter(ks)
-			if len(ks.queue) > 0 {
-				st.contended(ks).heldBy = r.Holder
-			}
-			st.noteLocked(ks, r, now) // keys shared with foreign holders (foreign.go)
-			var retryIn time.Duration
-			if ks.woken {
-				// A release was notified while this attempt was in flight:
-				// its "locked" may predate the release. Try again at once.
-				st.kick(ks)
-			} else if len(ks.queue) > 0 {
-				// Nothing wakes this process when a holder elsewhere dies:
-				// try again when its lease can be taken over, if the
-				// backoff would wait longer; within writerRetry, to keep
-				// the key marked as waited for by a writer.
-				st.scheduleRetry(ks, now, keepMark(takeoverAt(r, now), now))
-				retryIn = ks.retryAt.Sub(now)
-			}
-			noteAttempt(ks.queue, d.db, obs.AttemptContended, retryIn)
-		default:
-			st.attemptGranted(ks, a, r, d.start, now, d.db)
-		}
-		st.gc(ks)
-	}
-}
-
 func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db trace.SpanContext) {
 	ks.lastErr = err
 	if !retryable(err) {
@@ -289,8 +206,6 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 		st.failAll(ks, err)
 		return
 	}
-	noteAttempt(ks.queue[:leadingTries(ks.queue)], db, obs.AttemptFailed, 0)
-	st.popTries(ks, acquireReply{err: err})
 	// Whether the key was free is unknown: register it as waited for
 	// (waiters.go), or a release elsewhere that nobody else waits for
 	// would not notify, and the waiters here would sleep through it until
@@ -299,50 +214,6 @@ func (st *loopState) attemptFailed(ks *keyState, err error, now time.Time, db tr
 	if len(ks.queue) > 0 {
 		st.scheduleRetry(ks, now, time.Time{})
 		noteAttempt(ks.queue, db, obs.AttemptFailed, ks.retryAt.Sub(now))
-	}
-}
-
-func (st *loopState) attemptGranted(ks *keyState, a *attempt, r store.AcquireResult, start, now time.Time, db trace.SpanContext) {
-	if !st.noteFence(ks, r.Fence) {
-		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
-		// Fence monotonicity: a fence not above one already seen means the database lost
-		// acknowledged grants. Refuse it; the head waiter learns why.
-		err := pgerr.New(pglease.CodeFenceRegression, "manager.Acquire",
-			"fence not above one already seen for this key: the database lost acknowledged writes", nil)
-		st.orphanRelease(ks, a)
-		ks.lastErr = err
-		if len(ks.queue) > 0 {
-			req := st.popWaiter(ks)
-			req.answered = true
-			req.reply <- acquireReply{err: err}
-		}
-		if len(ks.queue) > 0 {
-			st.scheduleRetry(ks, now, time.Time{})
-		}
-		return
-	}
-	lease := heartbeat.Lease{TTL: a.ttl, Start: start, Margin: st.margin(a.ttl)}
-	switch {
-	case len(ks.queue) == 0:
-		// Every waiter left while the attempt was in flight.
-		st.orphanRelease(ks, a)
-		st.sig().orphaned.signal(ks.key)
-	case !now.Before(lease.TrustedUntil()):
-		// The answer came after the grant's own trust window.
-		st.orphanRelease(ks, a)
-		ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
-		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
-		st.popTries(ks, acquireReply{err: ks.lastErr})
-	case ks.queue[0].ttl != a.ttl || ks.queue[0].delayMs() != a.delayMs || ks.queue[0].shared:
-		// The waiter it was for left; the next one wants another TTL or
-		// lock delay, or a shared hold. Release, then attempt again for it.
-		st.orphanRelease(ks, a)
-	default:
-		req := st.popWaiter(ks)
-		req.acq.Attempt(db, obs.AttemptGranted, 0)
-		// The others now wait for this holder: for them the key was taken.
-		noteAttempt(ks.queue, db, obs.AttemptContended, 0)
-		st.grant(ks, req, a.lockID, a.ttl, r, lease)
 	}
 }
 
@@ -533,20 +404,6 @@ func (st *loopState) flush() {
 	st.flushWatchReads() // watch.go
 }
 
-// keepAttempt settles a pending acquire attempt that is not to be sent
-// any more: its waiters all left, or Close began (a try's: keepTry).
-func (st *loopState) keepAttempt(a *attempt) bool {
-	if a.try != nil {
-		return st.keepTry(a)
-	}
-	if st.closing || len(a.ks.queue) == 0 {
-		a.ks.attempt = nil // nobody left to serve
-		st.gc(a.ks)
-		return false
-	}
-	return true
-}
-
 // isHeld reports whether a lease waiting for the next extend batch is
 // still held (it may have been released or lost meanwhile).
 func (st *loopState) isHeld(h *holding) bool {
@@ -554,17 +411,10 @@ func (st *loopState) isHeld(h *holding) bool {
 	return ok
 }
 
-// sendAcquires starts an acquire batch (loop side of sendAcquire).
-func (st *loopState) sendAcquires(fl *flight, batch []*attempt) {
-	fl.attempts = batch
-	parent, served := roundTripSpans(batch, nil)
-	st.m.spawn(func() { st.m.sendAcquire(fl, batch, parent, served) })
-}
-
 // sendReleases starts a release batch (loop side of sendRelease).
 func (st *loopState) sendReleases(fl *flight, batch []releaseItem) {
 	parent, served := roundTripSpans(nil, batch)
-	st.m.spawn(func() { st.m.sendRelease(fl, batch, parent, served) })
+	st.start(fl, len(batch), func() { st.m.sendRelease(fl, batch, parent, served) })
 }
 
 // sendExtends starts an extend batch (loop side of sendExtend), bounded
@@ -595,7 +445,7 @@ func (st *loopState) sendExtends(fl *flight, batch []*holding) {
 			served = append(served, sc)
 		}
 	}
-	m.spawn(func() { m.sendExtend(fl, batch, reqs, deadline, hb, served) })
+	st.start(fl, len(batch), func() { m.sendExtend(fl, batch, reqs, deadline, hb, served) })
 }
 
 // roundTripSpans returns where the span of a round trip carrying the
@@ -611,10 +461,11 @@ func (st *loopState) sendExtends(fl *flight, batch []*holding) {
 // Loop only: it reads the keys' queues.
 func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanContext, served []trace.SpanContext) {
 	switch {
-	case len(atts) == 1 && atts[0].try != nil:
-		parent = atts[0].try.acq.SpanContext()
-	case len(atts) == 1 && len(atts[0].ks.queue) > 0:
-		parent = atts[0].ks.queue[0].acq.SpanContext()
+	case len(atts) == 1:
+		atts[0].kind.served(atts[0], func(acq *obs.Acquisition) bool {
+			parent = acq.SpanContext()
+			return false
+		})
 	case len(atts) == 0 && len(rels) == 1:
 		parent = rels[0].sc
 	}
@@ -630,16 +481,8 @@ func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanConte
 		}
 	}
 	for _, a := range atts {
-		if a.try != nil { // a try's attempt serves the try alone (tryattempt.go)
-			if !add(a.try.acq.SpanContext()) {
-				return parent, served
-			}
-			continue
-		}
-		for _, req := range a.ks.queue {
-			if !add(req.acq.SpanContext()) {
-				return parent, served
-			}
+		if !a.kind.served(a, func(acq *obs.Acquisition) bool { return add(acq.SpanContext()) }) {
+			return parent, served
 		}
 	}
 	return parent, served
@@ -679,39 +522,6 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 	if m.test.beforeBatch != nil {
 		m.test.beforeBatch(kind, n)
 	}
-}
-
-func (m *Manager) sendAcquire(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
-	reqs := make([]store.AcquireRequest, len(batch))
-	for i, a := range batch {
-		reqs[i] = store.AcquireRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.lockID, LockDelay: a.lockDelay()}
-	}
-	// Not cancelled by Close: an acquire abandoned mid-statement has an
-	// unknown outcome, and the server may commit it after the release of
-	// its lockId has already run, leaving the row until it expires. Letting
-	// the statement finish (bounded by StatementTimeout) gives a definite
-	// answer, and the drain releases whatever it granted.
-	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
-	defer cancel()
-	m.beforeBatch(kindAcquire, len(batch))
-	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireMany, len(batch), parent, served...)
-	start := m.now()
-	res, err := m.store.AcquireMany(ctx, reqs)
-	ok := 0
-	for _, r := range res {
-		if r.OK {
-			ok++
-		}
-	}
-	db.End(ok, err)
-	if m.test.afterAcquire != nil {
-		m.test.afterAcquire()
-	}
-	sc := db.SpanContext()
-	for _, a := range batch {
-		a.db = sc
-	}
-	m.acquireDoneCh <- acquireDone{fl: fl, batch: batch, start: start, res: res, err: err, db: sc}
 }
 
 func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext, served []trace.SpanContext) {

@@ -245,7 +245,7 @@ type Manager struct {
 	// storeCfg is the Store's config (store.New on the listening connection
 	// checks the release trigger there); immutable.
 	storeCfg pg.Config
-	store    *store.Store // immutable; safe for concurrent use (DB workers, SetupSchema)
+	store    kernelStore // immutable; safe for concurrent use (DB workers, SetupSchema); *store.Store in production
 	// rec records spans, metrics and logs (internal/obs); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	rec  *obs.Recorder

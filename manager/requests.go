@@ -5,7 +5,6 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/store"
 )
@@ -83,76 +82,11 @@ type extendReq struct {
 	reply chan error // cap 1; run sends exactly once
 }
 
-// attempt is one key's database acquire attempt. Created by run; the DB
-// goroutine only reads lockID and ttl.
-type attempt struct {
-	ks     *keyState
-	lockID string // pre-generated, so an ambiguous outcome can be released (ambiguity is never success)
-	ttl    time.Duration
-	// Owned by run (flight.go): chain numbers the key's attempt and its
-	// hedges (an answer from any of them is the key's answer, the first
-	// wins); hedges counts the hedges before this one in its chain; stale
-	// marks an attempt superseded by a hedge or by another attempt's answer.
-	chain  uint64
-	hedges uint8
-	stale  bool
-	// delayMs is the lock delay stored with the grant (WithLockDelay), in
-	// ms (at most math.MaxInt32: kept in the padding after stale).
-	delayMs int32
-	// db is the span of the round trip that carried the attempt
-	// (telemetry): an orphan release of its lockId goes in that span's
-	// trace. Written by the DB goroutine before it posts the result, read
-	// by run after.
-	db trace.SpanContext
-	// try is the TryAcquire this attempt alone serves (nil: the key's
-	// attempt, serving its queue). A try's attempt is outside the key's
-	// attempt chain: it never waits for the key's attempt, retry or
-	// releases, and never serves the queue (tryattempt.go).
-	try *acquireReq
-
-	// sh makes it a shared attempt (shared.go), which goes in the shared
-	// lane; nil for an exclusive one (most: kept out of the attempt's
-	// size class).
-	sh *sharedAttempt
-}
-
-// sharedAttempt is what a shared attempt asks for: shared holds with
-// limit (0: a reader), one per lockId of ids (ids[0] is the attempt's
-// lockID; nil for a try's single hold), for as many shared waiters at the
-// head of the key's queue. floor is the key's highest fence seen when the
-// attempt was made (hasFloor: there was one): a permit's fence must be
-// above it (fence monotonicity).
-type sharedAttempt struct {
-	limit    int32
-	hasFloor bool
-	floor    pglease.Fence
-	ids      []string
-}
-
 // lockDelay returns the lock delay a's grant is stored with.
 func (a *attempt) lockDelay() time.Duration { return time.Duration(a.delayMs) * time.Millisecond }
 
 // delayMs returns req's lock delay in ms, as an attempt keeps it.
 func (req *acquireReq) delayMs() int32 { return int32(req.delay / time.Millisecond) }
-
-// items returns how many holds a asks for (its lockIds).
-func (a *attempt) items() int {
-	if a.sh == nil || a.sh.ids == nil {
-		return 1
-	}
-	return len(a.sh.ids)
-}
-
-// id returns a's j-th lockId.
-func (a *attempt) id(j int) string {
-	if a.sh == nil || a.sh.ids == nil {
-		return a.lockID
-	}
-	return a.sh.ids[j]
-}
-
-// limit returns a shared attempt's limit.
-func (a *attempt) limit() int32 { return a.sh.limit }
 
 // releaseItem is one lockId to release, with the reply of a user's
 // Release call if there is one.
@@ -191,11 +125,11 @@ type releaseItem struct {
 // Results posted by DB goroutines to run, one type per kind.
 type acquireDone struct {
 	fl    *flight
-	batch []*attempt
-	sets  []*setAttempt // a set batch's (batch is nil then)
-	start time.Time     // local time just before the statement was sent
-	// res answers the batch's holds in order: an exclusive attempt's
-	// one, a shared attempt's items() (attempt.id order), a set's keys.
+	batch []*attempt // of one kind
+	start time.Time  // local time just before the statement was sent
+	// res answers the batch's holds in order: each attempt's holds, in
+	// the order of its kind's hold (an exclusive attempt's one, a shared
+	// attempt's lockIds, a set's keys).
 	res []store.AcquireResult
 	err error
 	db  trace.SpanContext // the round trip's pglease.acquire_many span

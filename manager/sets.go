@@ -74,7 +74,7 @@ type setKey struct {
 // keyContention, which keeps those keyStates.
 type setWait struct {
 	req      *acquireReq
-	attempt  *setAttempt // pending or in flight
+	attempt  *attempt // pending or in flight (its kind: setKind)
 	bo       backoff.BackOff
 	retryAt  time.Time // scheduled retry (zero: none)
 	retryGen uint64    // invalidates stale retryHeap entries
@@ -88,16 +88,17 @@ type setWait struct {
 	done     bool      // answered: an attempt still in flight serves nobody
 }
 
-// setAttempt is one attempt of a set: a lockId per key.
-type setAttempt struct {
+// setKind is the kind of a set's attempt (acquire pipeline:
+// pipeline.go): a lockId per key, all granted or none, in one
+// AcquireSets; its waiter is w (a set waiter, or in try mode its caller).
+type setKind struct {
 	w      *setWait
 	ids    []string
-	ttl    time.Duration
 	inTurn bool // made during w's turn: its answer ends the turn
-	// db is the span of the round trip that carried it: written by the DB
-	// worker before it posts the result, read by run after.
-	db trace.SpanContext
 }
+
+// setOf returns the set kind of a set's attempt a.
+func setOf(a *attempt) *setKind { return a.kind.(*setKind) }
 
 // AcquireAll waits for all of keys, exclusively, and returns their locks
 // in the order of keys: all of them or none. Each attempt takes every key
@@ -307,7 +308,7 @@ func (st *loopState) kickSet(w *setWait) {
 		return
 	}
 	for _, k := range w.req.set.keys {
-		if ks := st.keys[k.key]; ks != nil && (ks.holder != nil || ks.nShared > 0 || ks.releasing > 0) {
+		if ks := st.keys[k.key]; ks != nil && (ks.held() || ks.releasing > 0) {
 			return
 		}
 	}
@@ -317,12 +318,16 @@ func (st *loopState) kickSet(w *setWait) {
 // newSetAttempt queues an attempt for w, with a new lockId per key.
 func (st *loopState) newSetAttempt(w *setWait) {
 	w.woken, w.lapsed = false, false
-	sa := &setAttempt{w: w, ttl: w.req.ttl, ids: make([]string, len(w.req.set.keys)), inTurn: w.turn}
-	for i := range sa.ids {
-		sa.ids[i] = keys.NewLockID()
+	sk := &setKind{w: w, ids: make([]string, len(w.req.set.keys)), inTurn: w.turn}
+	for i := range sk.ids {
+		sk.ids[i] = keys.NewLockID()
 	}
-	w.attempt = sa
-	st.setAcqs.add(sa)
+	a := &attempt{lockID: sk.ids[0], ttl: w.req.ttl, delayMs: w.req.delayMs(), kind: sk}
+	if w.req.try {
+		a.try = w.req // try mode: answered at once
+	}
+	w.attempt = a
+	st.setAcqs.add(a)
 }
 
 // kickSets tries the set waiters that want ks's key once more: the key
@@ -368,18 +373,18 @@ func (st *loopState) passSets(ks *keyState) {
 // lapseTurn ends w's turn at setTurnMax unless its attempt is in flight
 // (whose answer ends it).
 func (st *loopState) lapseTurn(w *setWait) {
-	if sa := w.attempt; sa == nil || !sa.inTurn {
+	if a := w.attempt; a == nil || !setOf(a).inTurn {
 		st.endTurnOf(w)
 		w.lapsed = true
 	}
 }
 
-// endTurn ends the turn of sa's waiter if sa was made during it (an
-// attempt sent before the turn began does not end it): its keys' own
+// endTurn ends the turn of the waiter of sk if sk was made during it
+// (an attempt sent before the turn began does not end it): its keys' own
 // attempts go on.
-func (st *loopState) endTurn(sa *setAttempt) {
-	if sa.inTurn {
-		st.endTurnOf(sa.w)
+func (st *loopState) endTurn(sk *setKind) {
+	if sk.inTurn {
+		st.endTurnOf(sk.w)
 	}
 }
 
@@ -473,18 +478,6 @@ func (st *loopState) abandonSet(req *acquireReq) acquireReply {
 	return ans
 }
 
-// keepSet reports whether flush sends a pending set attempt: not once its
-// caller left or was answered, nor during Close.
-func (st *loopState) keepSet(sa *setAttempt) bool {
-	if st.closing || sa.w.done {
-		if sa.w.attempt == sa {
-			sa.w.attempt = nil
-		}
-		return false
-	}
-	return true
-}
-
 // noteSet records one attempt on each key's telemetry of req.
 func noteSet(req *acquireReq, db trace.SpanContext, o obs.AttemptOutcome, retryIn time.Duration) {
 	for _, k := range req.set.keys {
@@ -492,125 +485,78 @@ func noteSet(req *acquireReq, db trace.SpanContext, o obs.AttemptOutcome, retryI
 	}
 }
 
-// setsDone handles the answer to a batch of set attempts.
-func (st *loopState) setsDone(d acquireDone, now time.Time) {
-	off := 0
-	for _, sa := range d.sets {
-		n := len(sa.ids)
-		var rs []store.AcquireResult
-		if d.err == nil {
-			rs = d.res[off : off+n]
+func (sk *setKind) lane(st *loopState) *lane[*attempt] { return &st.setAcqs }
+
+func (sk *setKind) statement() batchKind { return kindSets }
+
+// exec sends one AcquireSets for the batch; its results, flattened, are in
+// the order of the sets and of each set's keys.
+func (sk *setKind) exec(ctx context.Context, s kernelStore, batch []*attempt) ([]store.AcquireResult, error) {
+	n := 0
+	reqs := make([][]store.AcquireRequest, len(batch))
+	for i, a := range batch {
+		k := setOf(a)
+		reqs[i] = make([]store.AcquireRequest, len(k.ids))
+		for j, key := range k.w.req.set.keys {
+			reqs[i][j] = store.AcquireRequest{Key: key.key, TTL: a.ttl, LockID: k.ids[j], LockDelay: k.w.req.delay}
 		}
-		off += n
-		st.setDone(sa, d, rs, now)
+		n += len(k.ids)
 	}
+	res, err := s.AcquireSets(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	flat := make([]store.AcquireResult, 0, n)
+	for _, set := range res {
+		flat = append(flat, set...)
+	}
+	return flat, nil
 }
 
-// setDone handles the answer (rs, nil when the round trip failed) to the
-// set attempt sa.
-func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
-	w, req := sa.w, sa.w.req
-	if w.attempt == sa {
-		w.attempt = nil
-	}
-	// release sends the release of every lockId the attempt granted or
-	// may have granted; the keys' attempts do not wait for them.
-	release := func() {
-		for j, k := range req.set.keys {
-			if !mayHaveGranted(d.err) && (d.err != nil || !rs[j].OK) {
-				continue
-			}
-			it := releaseItem{lockID: sa.ids[j], key: k.key, ttl: sa.ttl, sc: sa.db}
-			if !st.closing {
-				it.ks, it.unblocked = st.keyFor(k.key, k.hash), true
-			}
-			st.releases.add(it)
+func (sk *setKind) holds(a *attempt) int { return len(sk.ids) }
+
+func (sk *setKind) hold(a *attempt, j int) (lockID, key, hash string) {
+	k := sk.w.req.set.keys[j]
+	return sk.ids[j], k.key, k.hash
+}
+
+// unit: the set is one caller's, all of it or nothing.
+func (sk *setKind) unit(a *attempt) int { return len(sk.ids) }
+
+// fenceOK: each key's fence strictly above every fence seen for it.
+func (sk *setKind) fenceOK(st *loopState, a *attempt, lo, hi int, rs []store.AcquireResult) bool {
+	for j, k := range sk.w.req.set.keys {
+		if !st.noteFence(st.keyFor(k.key, k.hash), rs[j].Fence) {
+			return false
 		}
 	}
-	if d.err == nil {
-		w.lastErr = nil // it reached the database (waitErr)
-	}
-	switch {
-	case w.done: // the caller left, or Close answered it
-		release()
-		return
-	case st.closing:
-		release()
-		st.answerSet(w, acquireReply{err: closedErr("manager.AcquireAll")})
-		return
-	case d.err != nil:
-		if mayHaveGranted(d.err) {
-			release()
-		}
-		w.lastErr = d.err
-		noteSet(req, d.db, obs.AttemptFailed, 0)
-		if req.try || !retryable(d.err) {
-			st.answerSet(w, acquireReply{err: d.err})
-			return
-		}
-		for _, k := range req.set.keys {
-			st.wantWaiter(st.keys[k.key]) // free or not is unknown (attemptFailed)
-		}
-		st.setRetry(sa, now, time.Time{})
-		return
-	}
-	ok := true
-	for j := range rs {
-		if rs[j].Err != nil { // fence overflow: no retry fixes it
-			release()
-			noteSet(req, d.db, obs.AttemptFailed, 0)
-			st.answerSet(w, acquireReply{err: rs[j].Err})
-			return
-		}
-		ok = ok && rs[j].OK
-	}
-	lease := heartbeat.Lease{TTL: sa.ttl, Start: d.start, Margin: st.margin(sa.ttl)}
-	conflict := false
-	for _, k := range req.set.keys {
-		if ks := st.keys[k.key]; ks != nil && (ks.holder != nil || ks.nShared > 0) {
-			// A caller here got a key meanwhile (the server gave it the
-			// set only after that holder's row was gone: it finds out at
-			// its next extend). One holder here at a time: the set goes back.
-			conflict = true
+	return true
+}
+
+// heldHere: any of its keys held here (a caller here got it while the
+// set's attempt was in flight).
+func (sk *setKind) heldHere(st *loopState, a *attempt, to *acquireReq) bool {
+	for _, k := range sk.w.req.set.keys {
+		if ks := st.keys[k.key]; ks != nil && ks.held() {
+			return true
 		}
 	}
-	switch {
-	case !ok || conflict:
-		if conflict {
-			release()
-		}
-		st.setRefused(sa, d, rs, now)
-		return
-	case !now.Before(lease.TrustedUntil()):
-		release()
-		w.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.AcquireAll", "grant arrived after its trust window", nil)
-		noteSet(req, d.db, obs.AttemptFailed, 0)
-		if req.try {
-			st.answerSet(w, acquireReply{err: w.lastErr})
-			return
-		}
-		st.setRetry(sa, now, time.Time{})
-		return
-	}
+	return false
+}
+
+// grant makes a lock of each key and answers the set's caller.
+func (sk *setKind) grant(st *loopState, a *attempt, to *acquireReq, lo, hi int, rs []store.AcquireResult, lease heartbeat.Lease) {
+	req := sk.w.req
 	kss := make([]*keyState, len(req.set.keys))
-	for j, k := range req.set.keys {
-		kss[j] = st.keyFor(k.key, k.hash)
-		if !st.noteFence(kss[j], rs[j].Fence) {
-			release()
-			noteSet(req, d.db, obs.AttemptFailed, 0)
-			st.answerSet(w, acquireReply{err: fenceRegression("manager.AcquireAll")})
-			return
-		}
-	}
 	locks := make([]*Lock, len(req.set.keys))
 	for j, k := range req.set.keys {
-		k.acq.Attempt(d.db, obs.AttemptGranted, 0)
-		locks[j] = st.hold(kss[j], req, k.acq, sa.ids[j], sa.ttl, rs[j], lease)
+		kss[j] = st.keyFor(k.key, k.hash)
+		locks[j] = st.hold(kss[j], req, k.acq, sk.ids[j], a.ttl, rs[j], lease)
 	}
 	for j, k := range req.set.keys {
 		k.acq.Granted(rs[j].Fence) // before the reply: Lost/Release may follow at once
 	}
-	st.answerSet(w, acquireReply{locks: locks})
+	st.answerSet(sk.w, acquireReply{locks: locks})
 	for _, ks := range kss {
 		st.granted(ks)
 	}
@@ -619,17 +565,112 @@ func (st *loopState) setDone(sa *setAttempt, d acquireDone, rs []store.AcquireRe
 	}
 }
 
-// setRefused handles a set attempt that found a key held: a try is
-// answered; a waiter waits for a release of its keys (it holds their
-// waiter locks) or its retry, whichever comes first.
-func (st *loopState) setRefused(sa *setAttempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
-	w, req := sa.w, sa.w.req
-	noteSetWaiting(req, rs)
-	if req.try {
-		noteSet(req, d.db, obs.AttemptContended, 0)
-		st.answerSet(w, acquireReply{locked: true})
+func (sk *setKind) waiters(st *loopState, a *attempt) waiters { return sk.w }
+
+func (sk *setKind) serves(a *attempt, req *acquireReq) bool { return req == sk.w.req }
+
+func (sk *setKind) refusal(st *loopState, a *attempt, r store.AcquireResult, now time.Time) time.Time {
+	return takeoverAt(r, now) // (its waiter computes its own: setRefused)
+}
+
+// again: a set's attempt is not in a key's attempt chain, and never
+// hedged.
+func (sk *setKind) again(a *attempt, id string) attemptKind { return sk }
+
+// keep: not once its caller left or was answered, nor during Close.
+func (sk *setKind) keep(st *loopState, a *attempt) bool {
+	if st.closing || sk.w.done {
+		if sk.w.attempt == a {
+			sk.w.attempt = nil
+		}
+		return false
+	}
+	return true
+}
+
+// served: a round trip carrying a set is made for its first key's
+// acquire span, and serves every key's.
+func (sk *setKind) served(a *attempt, add func(*obs.Acquisition) bool) bool {
+	for _, k := range sk.w.req.set.keys {
+		if !add(k.acq) {
+			return false
+		}
+	}
+	return true
+}
+
+func (sk *setKind) op(try bool) string { return "manager.AcquireAll" }
+
+// A set waiter is the waiters of its set's attempts (acquire pipeline).
+
+func (w *setWait) land(st *loopState, a *attempt) {
+	if w.attempt == a {
+		w.attempt = nil
+	}
+}
+
+func (w *setWait) reached(err error) {
+	if err == nil {
+		w.lastErr = nil // it reached the database (waitErr)
+	}
+}
+
+func (w *setWait) left() bool { return w.done } // the caller left, or Close answered it
+
+func (w *setWait) closed(st *loopState, a *attempt) {
+	st.answerSet(w, acquireReply{err: closedErr("manager.AcquireAll")})
+}
+
+func (w *setWait) failed(st *loopState, a *attempt, err error, now time.Time, db trace.SpanContext) {
+	w.lastErr = err
+	noteSet(w.req, db, obs.AttemptFailed, 0)
+	if !retryable(err) {
+		st.answerSet(w, acquireReply{err: err})
 		return
 	}
+	for _, k := range w.req.set.keys {
+		st.wantWaiter(st.keys[k.key]) // free or not is unknown (attemptFailed)
+	}
+	st.setRetry(a, now, time.Time{})
+}
+
+func (w *setWait) fatal(st *loopState, a *attempt, err error, db trace.SpanContext) {
+	noteSet(w.req, db, obs.AttemptFailed, 0)
+	st.answerSet(w, acquireReply{err: err})
+}
+
+func (w *setWait) refused(st *loopState, a *attempt, rs []store.AcquireResult, r *store.AcquireResult, now time.Time, db trace.SpanContext) {
+	st.setRefused(a, rs, now, db)
+}
+
+func (w *setWait) taker(a *attempt, lo, hi int) *acquireReq { return w.req }
+
+func (w *setWait) takenHere(st *loopState, a *attempt, to *acquireReq) bool {
+	return a.kind.heldHere(st, a, to)
+}
+
+// refuse: a fence regression fails the set; a late answer is retried.
+func (w *setWait) refuse(st *loopState, a *attempt, to *acquireReq, err error, late bool, now time.Time, db trace.SpanContext) {
+	noteSet(w.req, db, obs.AttemptFailed, 0)
+	if !late {
+		st.answerSet(w, acquireReply{err: err})
+		return
+	}
+	w.lastErr = err
+	st.setRetry(a, now, time.Time{})
+}
+
+func (w *setWait) unserved(st *loopState) {}
+
+func (w *setWait) settled(st *loopState, a *attempt, granted bool, db trace.SpanContext) {}
+
+// setRefused handles a set attempt a that found a key held: its waiter
+// waits for a release of its keys (it holds their waiter locks) or its
+// retry, whichever comes first.
+func (st *loopState) setRefused(a *attempt, rs []store.AcquireResult, now time.Time, db trace.SpanContext) {
+	w := setOf(a).w
+	req := w.req
+	noteSetWaiting(req, rs)
 	// The set can be taken when the last of its holders' leases can be
 	// taken over (unknown when one of them did not say).
 	var freeAt time.Time
@@ -657,7 +698,7 @@ func (st *loopState) setRefused(sa *setAttempt, d acquireDone, rs []store.Acquir
 	for _, k := range req.set.keys {
 		st.wantWaiter(st.keys[k.key])
 	}
-	noteSet(req, d.db, obs.AttemptContended, st.setRetry(sa, now, freeAt))
+	noteSet(req, db, obs.AttemptContended, st.setRetry(a, now, freeAt))
 }
 
 // setRetry schedules the next attempt of sa's waiter after sa failed or
@@ -665,7 +706,8 @@ func (st *loopState) setRefused(sa *setAttempt, d acquireDone, rs []store.Acquir
 // began (the turn's own attempt is still to come), or when a release was
 // notified meanwhile; otherwise after its backoff or at freeAt (see
 // scheduleSetRetry), ending the turn sa served. It returns the delay.
-func (st *loopState) setRetry(sa *setAttempt, now, freeAt time.Time) time.Duration {
+func (st *loopState) setRetry(a *attempt, now, freeAt time.Time) time.Duration {
+	sa := setOf(a)
 	w := sa.w
 	switch {
 	case w.turn && !sa.inTurn:
@@ -679,60 +721,4 @@ func (st *loopState) setRetry(sa *setAttempt, now, freeAt time.Time) time.Durati
 		return w.retryAt.Sub(now)
 	}
 	return 0
-}
-
-// sendSets starts a batch of set attempts (loop side of sendSetAcquire).
-// A batch of one set is a child of its first key's acquire span; every
-// round trip links to the acquire spans of the keys it carries.
-func (st *loopState) sendSets(fl *flight, batch []*setAttempt) {
-	var parent trace.SpanContext
-	if len(batch) == 1 {
-		parent = batch[0].w.req.set.keys[0].acq.SpanContext()
-	}
-	var served []trace.SpanContext
-	reqs := make([][]store.AcquireRequest, len(batch))
-	for i, sa := range batch {
-		reqs[i] = make([]store.AcquireRequest, len(sa.ids))
-		for j, k := range sa.w.req.set.keys {
-			reqs[i][j] = store.AcquireRequest{Key: k.key, TTL: sa.ttl, LockID: sa.ids[j], LockDelay: sa.w.req.delay}
-			if sc := k.acq.SpanContext(); sc.IsValid() && len(served) < obs.MaxLinks {
-				served = append(served, sc)
-			}
-		}
-	}
-	st.m.spawn(func() { st.m.sendSetAcquire(fl, batch, reqs, parent, served) })
-}
-
-// sendSetAcquire runs on a DB worker: one AcquireSets for the batch.
-func (m *Manager) sendSetAcquire(fl *flight, batch []*setAttempt, reqs [][]store.AcquireRequest, parent trace.SpanContext, served []trace.SpanContext) {
-	n := 0
-	for _, r := range reqs {
-		n += len(r)
-	}
-	// Not cancelled by Close, as sendAcquire.
-	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
-	defer cancel()
-	m.beforeBatch(kindSets, n)
-	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireSets, n, parent, served...)
-	start := m.now()
-	res, err := m.store.AcquireSets(ctx, reqs)
-	var flat []store.AcquireResult
-	ok := 0
-	if err == nil {
-		flat = make([]store.AcquireResult, 0, n)
-		for _, set := range res {
-			flat = append(flat, set...)
-			for _, r := range set {
-				if r.OK {
-					ok++
-				}
-			}
-		}
-	}
-	db.End(ok, err)
-	sc := db.SpanContext()
-	for _, sa := range batch {
-		sa.db = sc
-	}
-	m.acquireDoneCh <- acquireDone{fl: fl, sets: batch, start: start, res: flat, err: err, db: sc}
 }

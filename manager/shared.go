@@ -5,13 +5,10 @@ import (
 	"math"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
-	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -233,7 +230,13 @@ func (st *loopState) shareAttempt(a *attempt, head *acquireReq) {
 	for j := 1; j < k; j++ {
 		ids[j] = keys.NewLockID()
 	}
-	a.sh = &sharedAttempt{limit: head.limit, floor: ks.fence, hasFloor: ks.hasFence, ids: ids}
+	a.kind = &sharedKind{limit: head.limit, floor: ks.fence, hasFloor: ks.hasFence, ids: ids}
+}
+
+// shareTry makes a, a try's attempt for req, a shared attempt of one
+// hold.
+func shareTry(a *attempt, req *acquireReq) {
+	a.kind = &sharedKind{limit: req.limit, floor: a.ks.fence, hasFloor: a.ks.hasFence}
 }
 
 // coalescible reports whether waiter q can share the attempt made for
@@ -242,204 +245,126 @@ func coalescible(q, head *acquireReq) bool {
 	return q.shared && !q.try && q.limit == head.limit && q.ttl == head.ttl
 }
 
-// sharedHead returns ks's head waiter if a's holds can serve it (nil
-// otherwise: it left, or the head now wants another kind of hold).
-func sharedHead(ks *keyState, a *attempt) *acquireReq {
-	if len(ks.queue) == 0 {
-		return nil
-	}
-	if q := ks.queue[0]; q.shared && !q.try && q.limit == a.limit() && q.ttl == a.ttl {
-		return q
-	}
-	return nil
+// sharedKind is the kind of a shared attempt (acquire pipeline:
+// pipeline.go): shared holds with limit (0: a reader), one per lockId of
+// ids (ids[0] is the attempt's lockID; nil for a try's single hold), for
+// as many shared waiters at the head of the key's queue, in one
+// AcquireSharedMany. floor is the key's highest fence seen when the
+// attempt was made (hasFloor: there was one): a permit's fence must be
+// above it (fence monotonicity).
+type sharedKind struct {
+	limit    int32
+	hasFloor bool
+	floor    pglease.Fence
+	ids      []string
 }
 
-// checkFence applies fence monotonicity to a grant of f by a: an
-// exclusive grant's fence must be above every fence seen for the key, a
-// permit's above every fence seen before its attempt was made; a
-// reader's is the counter as it was and is not checked. It records f.
-func (st *loopState) checkFence(ks *keyState, a *attempt, f pglease.Fence) bool {
+func (sh *sharedKind) lane(st *loopState) *lane[*attempt] { return &st.sharedAcqs }
+
+func (sh *sharedKind) statement() batchKind { return kindShared }
+
+// exec sends one AcquireSharedMany for every hold of the batch.
+func (sh *sharedKind) exec(ctx context.Context, s kernelStore, batch []*attempt) ([]store.AcquireResult, error) {
+	n := 0
+	for _, a := range batch {
+		n += a.kind.holds(a)
+	}
+	reqs := make([]store.SharedRequest, 0, n)
+	for _, a := range batch {
+		k := a.kind.(*sharedKind)
+		for j := range k.holds(a) {
+			reqs = append(reqs, store.SharedRequest{Key: a.ks.key, TTL: a.ttl, LockID: k.id(a, j), Limit: int(k.limit)})
+		}
+	}
+	return s.AcquireSharedMany(ctx, reqs)
+}
+
+func (sh *sharedKind) holds(a *attempt) int {
+	if sh.ids == nil {
+		return 1
+	}
+	return len(sh.ids)
+}
+
+func (sh *sharedKind) id(a *attempt, j int) string {
+	if sh.ids == nil {
+		return a.lockID
+	}
+	return sh.ids[j]
+}
+
+func (sh *sharedKind) hold(a *attempt, j int) (lockID, key, hash string) {
+	return sh.id(a, j), a.ks.key, a.ks.hash
+}
+
+// unit: each hold is one waiter's.
+func (sh *sharedKind) unit(a *attempt) int { return 1 }
+
+// fenceOK applies fence monotonicity to a permit's grant: its fence must
+// be above every fence seen before its attempt was made (permits of one
+// key may be granted by attempts whose answers cross); a reader's is the
+// counter as it was and is not checked. It records the fence.
+func (sh *sharedKind) fenceOK(st *loopState, a *attempt, lo, hi int, rs []store.AcquireResult) bool {
+	f := rs[lo].Fence
 	switch {
-	case a.sh == nil:
-		return st.noteFence(ks, f)
-	case a.sh.limit == 0:
+	case sh.limit == 0:
 		return true
-	case a.sh.hasFloor && f <= a.sh.floor:
+	case sh.hasFloor && f <= sh.floor:
 		return false
 	}
-	if !ks.hasFence || f > ks.fence {
+	if ks := a.ks; !ks.hasFence || f > ks.fence {
 		ks.fence, ks.hasFence = f, true
 	}
 	return true
 }
 
-// fenceRegression is the error of a grant refused by fence monotonicity.
-func fenceRegression(op string) error {
-	return pgerr.New(pglease.CodeFenceRegression, op,
-		"fence not above one already seen for this key: the database lost acknowledged writes", nil)
+// heldHere: a try's shared hold is excluded by an exclusive holder here
+// (the server decides between shared holds).
+func (sh *sharedKind) heldHere(st *loopState, a *attempt, to *acquireReq) bool {
+	return a.ks.holder != nil
 }
 
-// sharedDone handles the answer to a's holds (rs, nil when the round trip
-// failed), a being ks's shared attempt.
-func (st *loopState) sharedDone(a *attempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
-	ks := a.ks
-	if st.settleStale(a, d, rs) {
-		return
+func (sh *sharedKind) grant(st *loopState, a *attempt, to *acquireReq, lo, hi int, rs []store.AcquireResult, lease heartbeat.Lease) {
+	if a.try == nil {
+		st.popWaiter(a.ks)
 	}
-	ks.attempt = nil
-	if d.err == nil {
-		ks.lastErr = nil // it reached the database (waitErr)
-	}
-	switch {
-	case st.closing:
-		for j := range a.items() {
-			if mayHaveGranted(d.err) || (d.err == nil && rs[j].OK) {
-				st.orphanReleaseID(nil, a, a.id(j))
-			}
-		}
-		st.gc(ks)
-		return
-	case d.err != nil:
-		if mayHaveGranted(d.err) {
-			for j := range a.items() {
-				st.orphanReleaseID(ks, a, a.id(j))
-			}
-		}
-		st.attemptFailed(ks, d.err, now, d.db)
-		st.gc(ks)
-		return
-	}
-	lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
-	var locked *store.AcquireResult
-	var fatal error // an item's own failure no retry fixes (fence overflow)
-	for j := range rs {
-		r := &rs[j]
-		id := a.id(j)
-		switch {
-		case r.Err != nil:
-			fatal = r.Err
-		case !r.OK:
-			locked = r
-		case !st.checkFence(ks, a, r.Fence):
-			st.orphanReleaseID(ks, a, id)
-			err := fenceRegression("manager.Acquire")
-			ks.lastErr = err
-			if req := sharedHead(ks, a); req != nil {
-				st.popWaiter(ks)
-				req.acq.Attempt(d.db, obs.AttemptFailed, 0)
-				req.answered = true
-				req.reply <- acquireReply{err: err}
-			}
-		case !now.Before(lease.TrustedUntil()):
-			// The answer came after the grants' trust window.
-			st.orphanReleaseID(ks, a, id)
-			ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire", "grant arrived after its trust window", nil)
-		default:
-			req := sharedHead(ks, a)
-			if req == nil {
-				// The waiter it was for left.
-				st.orphanReleaseID(ks, a, id)
-				st.sig().orphaned.signal(ks.key)
-				continue
-			}
-			st.popWaiter(ks)
-			req.acq.Attempt(d.db, obs.AttemptGranted, 0)
-			st.grant(ks, req, id, a.ttl, *r, lease)
-		}
-	}
-	switch {
-	case fatal != nil:
-		ks.lastErr = fatal
-		noteAttempt(ks.queue, d.db, obs.AttemptFailed, 0)
-		st.failAll(ks, fatal)
-	case len(ks.queue) == 0:
-	case locked != nil:
-		noteWaiting(ks.queue, *locked)
-		st.wantWaiter(ks)
-		st.contended(ks).heldBy = locked.Holder
-		var retryIn time.Duration
-		if ks.woken {
-			st.kick(ks)
-		} else {
-			st.scheduleRetry(ks, now, takeoverAt(*locked, now))
-			retryIn = ks.retryAt.Sub(now)
-		}
-		noteAttempt(ks.queue, d.db, obs.AttemptContended, retryIn)
-	default:
-		// Everything asked for was granted (or settled): the waiters
-		// behind are served by the key's next attempt.
-		st.kick(ks)
-	}
-	st.gc(ks)
+	st.grant(a.ks, to, sh.id(a, lo), a.ttl, rs[lo], lease)
 }
 
-// settleStale handles the answer of a superseded attempt (flight.go): it
-// releases whatever the attempt granted or may have granted and reports
-// true; or, for the first answer of the key's current chain, makes the
-// attempt in flight the stale one and reports false.
-func (st *loopState) settleStale(a *attempt, d acquireDone, rs []store.AcquireResult) bool {
-	ks := a.ks
-	if a.stale {
-		ks.stale--
-		if cur := ks.attempt; cur != nil && cur.chain == a.chain && !st.closing {
-			// The first answer of the key's current attempt chain: it is
-			// the key's answer, the hedge still in flight is superseded.
-			cur.stale = true
-			ks.stale++
-			a.stale = false
-		}
-	}
-	if !a.stale {
-		return false
-	}
-	for j := range a.items() {
-		if mayHaveGranted(d.err) || (d.err == nil && rs[j].OK) {
-			// Not blocking the key's attempts: this release may meet a
-			// dead connection too.
-			st.releases.add(releaseItem{lockID: a.id(j), key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
-		}
-	}
-	st.gc(ks)
-	return true
+func (sh *sharedKind) waiters(st *loopState, a *attempt) waiters { return (*keyQueue)(a.ks) }
+
+// serves: the head must want a shared hold of this limit and TTL.
+func (sh *sharedKind) serves(a *attempt, q *acquireReq) bool {
+	return q.shared && !q.try && q.limit == sh.limit && q.ttl == a.ttl
 }
 
-// sendShared starts a shared-hold batch (loop side of sendSharedAcquire).
-func (st *loopState) sendShared(fl *flight, batch []*attempt) {
-	fl.attempts = batch
-	parent, served := roundTripSpans(batch, nil)
-	st.m.spawn(func() { st.m.sendSharedAcquire(fl, batch, parent, served) })
+func (sh *sharedKind) refusal(st *loopState, a *attempt, r store.AcquireResult, now time.Time) time.Time {
+	return takeoverAt(r, now)
 }
 
-// sendSharedAcquire runs on a DB worker: one AcquireSharedMany for every
-// hold of the batch, as sendAcquire does for exclusive attempts.
-func (m *Manager) sendSharedAcquire(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
-	n := 0
-	for _, a := range batch {
-		n += a.items()
-	}
-	reqs := make([]store.SharedRequest, 0, n)
-	for _, a := range batch {
-		for j := range a.items() {
-			reqs = append(reqs, store.SharedRequest{Key: a.ks.key, TTL: a.ttl, LockID: a.id(j), Limit: int(a.limit())})
+// again is the kind of a hedge of a: as many holds, new lockIds (id the
+// first).
+func (sh *sharedKind) again(a *attempt, id string) attemptKind {
+	c := *sh
+	if sh.ids != nil {
+		c.ids = make([]string, len(sh.ids))
+		c.ids[0] = id
+		for j := 1; j < len(c.ids); j++ {
+			c.ids[j] = keys.NewLockID()
 		}
 	}
-	// Not cancelled by Close, as sendAcquire.
-	ctx, cancel := context.WithTimeoutCause(context.Background(), m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
-	defer cancel()
-	m.beforeBatch(kindShared, len(reqs))
-	ctx, db := m.rec.StartDB(ctx, obs.OpAcquireShared, len(reqs), parent, served...)
-	start := m.now()
-	res, err := m.store.AcquireSharedMany(ctx, reqs)
-	ok := 0
-	for _, r := range res {
-		if r.OK {
-			ok++
-		}
+	return &c
+}
+
+func (sh *sharedKind) keep(st *loopState, a *attempt) bool { return st.keepKeyAttempt(a) }
+
+func (sh *sharedKind) served(a *attempt, add func(*obs.Acquisition) bool) bool {
+	return keyServed(a, add)
+}
+
+func (sh *sharedKind) op(try bool) string {
+	if try {
+		return "manager.TryAcquire"
 	}
-	db.End(ok, err)
-	sc := db.SpanContext()
-	for _, a := range batch {
-		a.db = sc
-	}
-	m.acquireDoneCh <- acquireDone{fl: fl, batch: batch, start: start, res: res, err: err, db: sc}
+	return "manager.Acquire"
 }

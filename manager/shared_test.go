@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pg/advisory"
 )
 
@@ -335,26 +336,29 @@ func TestPermitFenceCheck(t *testing.T) {
 	ks := &keyState{key: "k"}
 	ks.fence, ks.hasFence = 10, true
 	mk := func(shared bool, limit int32) *attempt {
-		a := &attempt{ks: ks}
+		a := &attempt{ks: ks, kind: exclusiveKind{}}
 		if shared {
-			a.sh = &sharedAttempt{limit: limit, floor: ks.fence, hasFloor: ks.hasFence}
+			a.kind = &sharedKind{limit: limit, floor: ks.fence, hasFloor: ks.hasFence}
 		}
 		return a
 	}
+	checkFence := func(a *attempt, f pglease.Fence) bool {
+		return a.kind.fenceOK(st, a, 0, 1, []store.AcquireResult{{Fence: f}})
+	}
 	p1, p2 := mk(true, 4), mk(true, 4)
-	if !st.checkFence(ks, p2, 12) || !st.checkFence(ks, p1, 11) {
+	if !checkFence(p2, 12) || !checkFence(p1, 11) {
 		t.Fatal("permits whose answers crossed were refused")
 	}
 	if ks.fence != 12 {
 		t.Fatalf("highest fence seen %v, want 12", ks.fence)
 	}
-	if st.checkFence(ks, mk(true, 4), 12) {
+	if checkFence(mk(true, 4), 12) {
 		t.Error("a permit at a fence already seen before its attempt was accepted")
 	}
-	if !st.checkFence(ks, mk(true, 0), 3) {
+	if !checkFence(mk(true, 0), 3) {
 		t.Error("a reader's fence was checked")
 	}
-	if st.checkFence(ks, mk(false, 0), 12) || !st.checkFence(ks, mk(false, 0), 13) {
+	if checkFence(mk(false, 0), 12) || !checkFence(mk(false, 0), 13) {
 		t.Error("exclusive grants: not strictly above every fence seen")
 	}
 }

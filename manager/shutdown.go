@@ -62,7 +62,7 @@ func (m *Manager) Close(ctx context.Context) error {
 func (st *loopState) beginDrain() {
 	st.closing = true
 	st.closeBy = st.m.now().Add(st.m.cfg.CloseTimeout)
-	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAcquire)
+	st.m.cancelWork() // in-flight extends are moot now; acquires finish (see sendAttempts)
 	st.m.adv.beginClose(st.m.cfg.CloseTimeout)
 	st.lis.Stop()
 	st.closeWatches()

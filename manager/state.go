@@ -11,7 +11,6 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
-	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
@@ -48,13 +47,14 @@ type loopState struct {
 	// reads only what it was handed (its flight pointer and items).
 	acquires                                lane[*attempt]
 	sharedAcqs                              lane[*attempt] // shared attempts (shared.go)
-	setAcqs                                 lane[*setAttempt]
+	setAcqs                                 lane[*attempt] // set attempts (sets.go)
 	releases                                lane[releaseItem]
 	extends                                 lane[*holding]
 	handOffs                                lane[handOffItem]
 	lanes                                   []batchLane // in flush order
 	acquireSlots, releaseSlots, extendSlots slots
 	flights                                 map[*flight]struct{} // the batches in flight (flight.go)
+	work                                    []dbWork             // batches launched, to start on DB workers (effects.go)
 
 	waiting int // owned by run: callers in all keys' queues and set waiters (telemetry: queue depth "waiters")
 
@@ -224,11 +224,11 @@ func newLoopState(m *Manager) *loopState {
 		extendSlots:  slots{limit: m.extLimit},
 	}
 	st.acquires = lane[*attempt]{batchSpec: batchSpec{kindAcquire, []*slots{&st.acquireSlots}},
-		maxBatch: m.cfg.MaxBatch, adaptive: true, keep: st.keepAttempt, send: st.sendAcquires}
+		maxBatch: m.cfg.MaxBatch, adaptive: true, keep: st.keepAttempt, send: st.sendAttempts}
 	st.sharedAcqs = lane[*attempt]{batchSpec: batchSpec{kindShared, []*slots{&st.acquireSlots}},
-		maxBatch: max(1, m.cfg.MaxBatch/maxCoalesce), adaptive: true, keep: st.keepAttempt, send: st.sendShared}
-	st.setAcqs = lane[*setAttempt]{batchSpec: batchSpec{kindSets, []*slots{&st.acquireSlots}},
-		maxBatch: max(1, m.cfg.MaxBatch/maxSetKeys), keep: st.keepSet, send: st.sendSets}
+		maxBatch: max(1, m.cfg.MaxBatch/maxCoalesce), adaptive: true, keep: st.keepAttempt, send: st.sendAttempts}
+	st.setAcqs = lane[*attempt]{batchSpec: batchSpec{kindSets, []*slots{&st.acquireSlots}},
+		maxBatch: max(1, m.cfg.MaxBatch/maxSetKeys), keep: st.keepAttempt, send: st.sendAttempts}
 	st.releases = lane[releaseItem]{batchSpec: batchSpec{kindRelease, []*slots{&st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, adaptive: true, drains: true, send: st.sendReleases}
 	st.extends = lane[*holding]{batchSpec: batchSpec{kindExtend, []*slots{&st.extendSlots}},
@@ -291,7 +291,7 @@ func (st *loopState) popWaiter(ks *keyState) *acquireReq {
 
 // gc forgets ks when nothing refers to it any more.
 func (st *loopState) gc(ks *keyState) {
-	if len(ks.queue) > 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || ks.stale > 0 || ks.nShared > 0 || len(ks.setWaiters()) > 0 {
+	if !ks.idle() {
 		return
 	}
 	st.clearRetry(ks)
@@ -314,7 +314,7 @@ func (st *loopState) gc(ks *keyState) {
 // (shared.go: permits for a reader, readers for a permit, or as many
 // permits as its semaphore allows).
 func (st *loopState) kick(ks *keyState) {
-	if st.closing || len(ks.queue) == 0 || ks.attempt != nil || ks.holder != nil || ks.releasing > 0 || !ks.retryAt.IsZero() || ks.inTurn() {
+	if st.closing || len(ks.queue) == 0 || ks.busy() || !ks.retryAt.IsZero() || ks.inTurn() {
 		return
 	}
 	head := ks.queue[0]
@@ -326,22 +326,12 @@ func (st *loopState) kick(ks *keyState) {
 	}
 	ks.woken = false
 	ks.chains++
-	a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: head.ttl, delayMs: head.delayMs(), chain: ks.chains}
+	a := newAttempt(ks, head, ks.chains)
 	ks.attempt = a
 	if head.shared {
-		st.shareAttempt(a, head)
-		st.sharedAcqs.add(a)
-		return
+		st.shareAttempt(a, head) // shared.go
 	}
-	st.acquires.add(a)
-}
-
-// laneFor returns the lane a's kind of attempt goes in.
-func (st *loopState) laneFor(a *attempt) *lane[*attempt] {
-	if a.sh != nil {
-		return &st.sharedAcqs
-	}
-	return &st.acquires
+	a.kind.lane(st).add(a)
 }
 
 // forceKick cancels a scheduled retry and kicks: the key was (probably)
@@ -444,22 +434,6 @@ func (st *loopState) margin(ttl time.Duration) time.Duration {
 		return st.m.cfg.LossMargin
 	}
 	return defaultMargin(ttl)
-}
-
-// orphanRelease releases a lockId nobody holds (an attempt without a
-// waiter, an ambiguous attempt, a refused grant). The key's next attempt
-// waits until the release is answered.
-func (st *loopState) orphanRelease(ks *keyState, a *attempt) {
-	st.orphanReleaseID(ks, a, a.lockID)
-}
-
-// orphanReleaseID is orphanRelease of one of a's lockIds (a shared
-// attempt has several).
-func (st *loopState) orphanReleaseID(ks *keyState, a *attempt, id string) {
-	if ks != nil {
-		ks.releasing++
-	}
-	st.releases.add(releaseItem{lockID: id, key: a.ks.key, ks: ks, ttl: a.ttl, sc: a.db})
 }
 
 // dropHolding forgets h and ends its lock's context with cause (the first
@@ -735,25 +709,6 @@ func (st *loopState) rememberFence(key string, f pglease.Fence) {
 		}
 	}
 	st.fences[key] = f
-}
-
-// popTries answers the TryAcquire requests at the head of ks's queue.
-func (st *loopState) popTries(ks *keyState, r acquireReply) {
-	for len(ks.queue) > 0 && ks.queue[0].try {
-		req := st.popWaiter(ks)
-		req.answered = true
-		req.reply <- r
-	}
-}
-
-// leadingTries returns how many TryAcquire requests head the queue (the
-// ones popTries answers).
-func leadingTries(q []*acquireReq) int {
-	n := 0
-	for n < len(q) && q[n].try {
-		n++
-	}
-	return n
 }
 
 // noteAttempt records one database attempt, carried by the round trip

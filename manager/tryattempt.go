@@ -2,14 +2,9 @@ package manager
 
 import (
 	"errors"
-	"time"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
-	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
-	"github.com/pglease/pglease/internal/pgerr"
-	"github.com/pglease/pglease/internal/store"
 )
 
 // A TryAcquire makes one attempt of its own. It does not join its key's
@@ -39,12 +34,13 @@ func (st *loopState) tryAcquire(ks *keyState, req *acquireReq) {
 		st.answerTry(req, acquireReply{locked: true})
 	default:
 		req.acq.Queued(obs.QueueInfo{})
-		a := &attempt{ks: ks, lockID: keys.NewLockID(), ttl: req.ttl, delayMs: req.delayMs(), try: req}
+		a := newAttempt(ks, req, 0) // outside the key's attempt chain
+		a.try = req
 		if req.shared {
-			a.sh = &sharedAttempt{limit: req.limit, floor: ks.fence, hasFloor: ks.hasFence}
+			shareTry(a, req) // shared.go
 		}
-		st.laneFor(a).add(a)
-		return // ks is looked up again when the answer comes (tryDone)
+		a.kind.lane(st).add(a)
+		return // ks is looked up again when the answer comes (settleTry)
 	}
 	st.gc(ks)
 }
@@ -73,82 +69,6 @@ func (st *loopState) gcKey(key string) {
 	if ks := st.keys[key]; ks != nil {
 		st.gc(ks)
 	}
-}
-
-// tryDone handles the answer (rs, nil when the round trip failed) to a
-// try's attempt a.
-func (st *loopState) tryDone(a *attempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
-	req := a.try
-	ks := st.keyFor(a.ks.key, a.ks.hash) // a.ks may have been forgotten meanwhile
-	err := d.err
-	var r store.AcquireResult
-	if err == nil {
-		r = rs[0]
-		err = r.Err
-	}
-	left := req.answered // the caller's context ended
-	release := func() {
-		it := releaseItem{lockID: a.lockID, key: ks.key, ttl: a.ttl}
-		if !st.closing {
-			// Kicks the key when answered; the key's attempts do not wait
-			// for it (it is not one of theirs).
-			it.ks, it.unblocked = ks, true
-		}
-		st.releases.add(it)
-	}
-	if mayHaveGranted(d.err) {
-		release()
-	}
-	switch {
-	case d.err != nil:
-		ks.lastErr = d.err
-	case err == nil:
-		ks.lastErr = nil // it reached the database
-	}
-	var ans acquireReply
-	outcome := obs.AttemptFailed
-	switch {
-	case st.closing:
-		if r.OK {
-			release()
-		}
-		ans.err = closedErr("manager.TryAcquire")
-	case err != nil:
-		ans.err = err
-	case !r.OK:
-		ans.locked, outcome = true, obs.AttemptContended
-		req.acq.Waiting(waitReasonOf(req.shared, req.limit, r), r.Holder)
-		if foreignHolder(r) {
-			st.m.rec.ForeignHolder() // one Info record when the release trigger is missing
-		}
-	case !st.checkFence(ks, a, r.Fence):
-		// Fence monotonicity, as for any grant (attemptGranted).
-		release()
-		ans.err = fenceRegression("manager.TryAcquire")
-	case left || ks.holder != nil || (!req.shared && ks.nShared > 0):
-		// Nobody to give it to; or a caller here got the key meanwhile
-		// (the server granted this attempt only after that holder's row
-		// was gone: it finds out at its next extend). One holder here at
-		// a time: this grant goes back.
-		release()
-		ans.locked, outcome = true, obs.AttemptContended
-	default:
-		lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
-		if !now.Before(lease.TrustedUntil()) {
-			release()
-			ans.err = pgerr.New(pglease.CodeNetworkTimeout, "manager.TryAcquire", "grant arrived after its trust window", nil)
-			break
-		}
-		req.acq.Attempt(d.db, obs.AttemptGranted, 0)
-		st.grant(ks, req, a.lockID, a.ttl, r, lease) // answers req
-		st.gc(ks)
-		return
-	}
-	if !left {
-		req.acq.Attempt(d.db, outcome, 0)
-		st.answerTry(req, ans)
-	}
-	st.gc(ks)
 }
 
 // mayHaveGranted reports whether an acquire round trip that failed with

@@ -1,0 +1,378 @@
+package manager
+
+import (
+	"testing"
+	"time"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
+)
+
+// TestKernelOneEventAtATime drives a loop state by hand, one event at a
+// time, against the real store: each handler's decision is an effect the
+// test sees (the batch flush launched, the caller's answer) before it
+// performs it, in the order it chooses (effects.go). Two callers want one
+// key: the first attempt grants the head, the second waits; the holder's
+// release becomes a handoff to the second.
+func TestKernelOneEventAtATime(t *testing.T) {
+	b := setup(t, setupOpts{})
+	m := b.m
+	// The Manager's own loop ends; the test is the loop from here on
+	// (its store and DB workers' code stay usable: the pool is the
+	// test's).
+	if err := m.Close(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	st := newLoopState(m)
+	req := func() *acquireReq {
+		return &acquireReq{key: "kernel:step", hash: pglease.HashKey("kernel:step"), ttl: m.cfg.TTL,
+			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+	}
+	// step flushes, checks the invariants, and performs the one batch the
+	// event launched, of kind want, handing its answer back as the next
+	// event.
+	step := func(want batchKind) {
+		t.Helper()
+		st.flush()
+		if err := st.checkInvariants(); err != nil {
+			t.Fatal(err)
+		}
+		if len(st.work) != 1 || st.work[0].fl.spec.kind != want {
+			t.Fatalf("launched %d batches (first %v), want one %s batch", len(st.work), kindsOf(st.work), want)
+		}
+		w := st.work[0]
+		st.work = st.work[:0]
+		go w.run()
+		switch want {
+		case kindAcquire:
+			st.handleAcquireDone(<-m.acquireDoneCh)
+		case kindRelease:
+			st.handleReleaseDone(<-m.releaseDoneCh)
+		case kindHandOff: // both halves
+			st.handleReleaseDone(<-m.releaseDoneCh)
+			st.handleAcquireDone(<-m.acquireDoneCh)
+		}
+		if err := st.checkInvariants(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r1, r2 := req(), req()
+	st.handleAcquire(r1)
+	st.handleAcquire(r2)
+	if len(r1.reply) != 0 || len(r2.reply) != 0 {
+		t.Fatal("answered before any statement")
+	}
+	step(kindAcquire)
+	a1 := <-r1.reply
+	if a1.lock == nil {
+		t.Fatalf("head waiter: %+v, want its lock", a1)
+	}
+	if len(r2.reply) != 0 {
+		t.Fatal("second waiter answered while the key is held")
+	}
+	st.flush()
+	if len(st.work) != 0 {
+		t.Fatalf("%d batches launched for a key held here", len(st.work))
+	}
+	// Release: one handoff statement releases and grants the next waiter.
+	rel := make(chan error, 1)
+	st.handleRelease(&releaseReq{lock: a1.lock, reply: rel})
+	step(kindHandOff)
+	if err := <-rel; err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	a2 := <-r2.reply
+	if a2.lock == nil || a2.lock.fence <= a1.lock.fence {
+		t.Fatalf("second waiter: %+v after fence %v, want a lock with a higher fence", a2, a1.lock.fence)
+	}
+	rel2 := make(chan error, 1)
+	st.handleRelease(&releaseReq{lock: a2.lock, reply: rel2})
+	step(kindRelease)
+	if err := <-rel2; err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if len(st.keys) != 0 || len(st.held) != 0 {
+		t.Fatalf("state left: %d keys, %d held", len(st.keys), len(st.held))
+	}
+	if n := countLocks(t, b.pool); n != 0 {
+		t.Fatalf("%d lock rows left", n)
+	}
+}
+
+func kindsOf(ws []dbWork) []batchKind {
+	var ks []batchKind
+	for _, w := range ws {
+		ks = append(ks, w.fl.spec.kind)
+	}
+	return ks
+}
+
+// TestPipelineAmbiguousNeverGrants drives every kind of attempt, in both
+// modes, through one event by hand: the answer of its round trip is lost
+// mid-statement (CodeAmbiguous, fabricated: the statement is never run).
+// Ambiguity is never success: nobody is granted, every lockId the batch
+// carried is queued for release, a try is answered with the failure, and
+// waiters keep waiting (their key's next attempt waits for the release).
+func TestPipelineAmbiguousNeverGrants(t *testing.T) {
+	b := setup(t, setupOpts{})
+	m := b.m
+	one := func(key string, try, shared bool, limit int32) *acquireReq {
+		return &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, try: try, shared: shared, limit: limit,
+			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+	}
+	set := func(try bool, keys ...string) *acquireReq {
+		sk := make([]setKey, len(keys))
+		for i, k := range keys {
+			sk[i] = setKey{key: k, hash: pglease.HashKey(k)}
+		}
+		r := one(keys[0], try, false, 0)
+		r.set = &setReq{keys: sk}
+		return r
+	}
+	for _, c := range []struct {
+		name  string
+		reqs  []*acquireReq
+		kind  batchKind
+		holds int
+		try   bool
+	}{
+		{"exclusive", []*acquireReq{one("amb:x", false, false, 0), one("amb:x", false, false, 0)}, kindAcquire, 1, false},
+		{"readers", []*acquireReq{one("amb:r", false, true, 0), one("amb:r", false, true, 0)}, kindShared, 1, false}, // the second joins the queue after the first one's attempt was made
+		{"permit", []*acquireReq{one("amb:p", false, true, 3)}, kindShared, 1, false},
+		{"set", []*acquireReq{set(false, "amb:s1", "amb:s2")}, kindSets, 2, false},
+		{"try", []*acquireReq{one("amb:t", true, false, 0)}, kindAcquire, 1, true},
+		{"shared try", []*acquireReq{one("amb:ts", true, true, 0)}, kindShared, 1, true},
+		{"set try", []*acquireReq{set(true, "amb:ts1", "amb:ts2", "amb:ts3")}, kindSets, 3, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st := newLoopState(m)
+			for _, r := range c.reqs {
+				st.handleAcquire(r)
+			}
+			st.flush()
+			if len(st.work) != 1 || st.work[0].fl.spec.kind != c.kind {
+				t.Fatalf("launched %v, want one %s batch", kindsOf(st.work), c.kind)
+			}
+			fl := st.work[0].fl
+			st.work = st.work[:0]
+			var ids []string
+			for _, a := range fl.attempts {
+				for j := range a.kind.holds(a) {
+					id, _, _ := a.kind.hold(a, j)
+					ids = append(ids, id)
+				}
+			}
+			if len(ids) != c.holds {
+				t.Fatalf("%d lockIds sent, want %d", len(ids), c.holds)
+			}
+			lost := pgerr.New(pglease.CodeAmbiguous, "store.AcquireMany", "connection lost mid-statement", nil)
+			st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: m.now(), err: lost})
+			if err := st.checkInvariants(); err != nil {
+				t.Fatal(err)
+			}
+			released := map[string]bool{}
+			for _, it := range st.releases.pending {
+				released[it.lockID] = true
+			}
+			for _, id := range ids {
+				if !released[id] {
+					t.Errorf("a lockId of the ambiguous batch is not released")
+				}
+			}
+			if len(st.held) != 0 {
+				t.Errorf("%d locks held after an ambiguous answer", len(st.held))
+			}
+			for i, r := range c.reqs {
+				select {
+				case ans := <-r.reply:
+					if !c.try || ans.lock != nil || ans.locks != nil || ans.err == nil {
+						t.Errorf("caller %d answered %+v", i, ans)
+					}
+				default:
+					if c.try {
+						t.Errorf("try %d not answered", i)
+					}
+				}
+			}
+			if !c.try && c.kind != kindSets {
+				ks := st.keys[c.reqs[0].key]
+				if ks == nil || int(ks.releasing) != c.holds || len(ks.queue) != len(c.reqs) {
+					t.Fatalf("key after the ambiguous answer: %+v; want its waiters, and its attempts held back by %d releases", ks, c.holds)
+				}
+			}
+		})
+	}
+}
+
+// TestPipelineGrantRules drives every kind of attempt, in both modes,
+// through a granted answer (fabricated: the statement is never run) that
+// nobody may keep: its caller left while it was in flight (the grant is
+// taken back), or its fence is not above one already seen for the key
+// (fence monotonicity: refused with CodeFenceRegression). Either way
+// every lockId granted is queued for release and nobody holds the key.
+func TestPipelineGrantRules(t *testing.T) {
+	b := setup(t, setupOpts{})
+	m := b.m
+	one := func(key string, try, shared bool, limit int32) *acquireReq {
+		return &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, try: try, shared: shared, limit: limit,
+			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+	}
+	set := func(try bool, keys ...string) *acquireReq {
+		sk := make([]setKey, len(keys))
+		for i, k := range keys {
+			sk[i] = setKey{key: k, hash: pglease.HashKey(k)}
+		}
+		r := one(keys[0], try, false, 0)
+		r.set = &setReq{keys: sk}
+		return r
+	}
+	cases := []struct {
+		name string
+		req  func() *acquireReq
+	}{
+		{"exclusive", func() *acquireReq { return one("rule:x", false, false, 0) }},
+		{"permit", func() *acquireReq { return one("rule:p", false, true, 2) }},
+		{"set", func() *acquireReq { return set(false, "rule:s1", "rule:s2") }},
+		{"try", func() *acquireReq { return one("rule:t", true, false, 0) }},
+		{"permit try", func() *acquireReq { return one("rule:tp", true, true, 2) }},
+		{"set try", func() *acquireReq { return set(true, "rule:ts1", "rule:ts2") }},
+	}
+	keysOf := func(r *acquireReq) []setKey {
+		if r.set != nil {
+			return r.set.keys
+		}
+		return []setKey{{key: r.key, hash: r.hash}}
+	}
+	for _, rule := range []string{"caller left", "fence regression"} {
+		for _, c := range cases {
+			t.Run(rule+"/"+c.name, func(t *testing.T) {
+				st := newLoopState(m)
+				r := c.req()
+				if rule == "fence regression" {
+					for _, k := range keysOf(r) {
+						st.fences[k.key] = 1000 // seen before: the key's state is made again from it
+					}
+				}
+				st.handleAcquire(r)
+				st.flush()
+				if len(st.work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
+				}
+				fl := st.work[0].fl
+				st.work = st.work[:0]
+				if rule == "caller left" {
+					st.handleAbandon(r)
+					if ans := <-r.final; !ans.abandoned {
+						t.Fatalf("abandon answered %+v", ans)
+					}
+				}
+				now := m.now()
+				var ids []string
+				var res []store.AcquireResult
+				for _, a := range fl.attempts {
+					for j := range a.kind.holds(a) {
+						id, _, _ := a.kind.hold(a, j)
+						ids = append(ids, id)
+						res = append(res, store.AcquireResult{OK: true, Fence: 5, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)})
+					}
+				}
+				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
+				if err := st.checkInvariants(); err != nil {
+					t.Fatal(err)
+				}
+				released := map[string]bool{}
+				for _, it := range st.releases.pending {
+					released[it.lockID] = true
+				}
+				for _, id := range ids {
+					if !released[id] {
+						t.Error("a lockId granted is not released")
+					}
+				}
+				if len(st.held) != 0 {
+					t.Errorf("%d locks held", len(st.held))
+				}
+				if rule == "fence regression" {
+					select {
+					case ans := <-r.reply:
+						if pglease.CodeOf(ans.err) != pglease.CodeFenceRegression {
+							t.Errorf("answered %+v, want CodeFenceRegression", ans)
+						}
+					default:
+						t.Error("the caller was not told")
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestPipelineStaleChain drives a key's attempt through a stuck batch by
+// hand: the batch is hedged (a new attempt, new lockIds, in the same
+// chain), the hedge's grant answers first and is the key's answer, and
+// the first attempt's grant, answered later, is stale: released, never
+// granted to anyone. One holder here, whatever the order of the answers.
+func TestPipelineStaleChain(t *testing.T) {
+	b := setup(t, setupOpts{})
+	m := b.m
+	for _, shared := range []bool{false, true} {
+		name := "exclusive"
+		if shared {
+			name = "reader"
+		}
+		t.Run(name, func(t *testing.T) {
+			st := newLoopState(m)
+			key := "stale:" + name
+			req := &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, shared: shared,
+				reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+			st.handleAcquire(req)
+			launch := func() *flight {
+				t.Helper()
+				st.flush()
+				if len(st.work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
+				}
+				fl := st.work[0].fl
+				st.work = st.work[:0]
+				return fl
+			}
+			first := launch()
+			st.checkStuck(first.start.Add(m.stuckAfter() + time.Millisecond))
+			hedge := launch()
+			if hedge.attempts[0].chain != first.attempts[0].chain || !first.attempts[0].stale {
+				t.Fatal("the stuck attempt was not hedged in its chain")
+			}
+			grant := func(fl *flight, fence pglease.Fence) {
+				now := m.now()
+				res := []store.AcquireResult{{OK: true, Fence: fence, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)}}
+				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
+				if err := st.checkInvariants(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			grant(hedge, 7)
+			ans := <-req.reply
+			if ans.lock == nil || ans.lock.id != hedge.attempts[0].lockID {
+				t.Fatalf("answered %+v, want the hedge's lock", ans)
+			}
+			grant(first, 8) // (a real server would have refused one of them)
+			if len(st.held) != 1 {
+				t.Fatalf("%d holds, want the hedge's alone", len(st.held))
+			}
+			var released bool
+			for _, it := range st.releases.pending {
+				if it.lockID == first.attempts[0].lockID && it.unblocked {
+					released = true
+				}
+			}
+			if !released {
+				t.Fatal("the stale attempt's grant is not released")
+			}
+			ks := st.keys[key]
+			if ks == nil || ks.stale != 0 {
+				t.Fatalf("key after both answers: %+v", ks)
+			}
+		})
+	}
+}
