@@ -273,6 +273,14 @@ func (l *listener) session(ctx context.Context, bo backoff.BackOff) (stop bool) 
 // probe proves that conn is alive with one round trip bounded by
 // timeout; false when it failed (the caller reconnects). Notifications
 // that come during it are kept by pgx for the next wait.
+//
+// A probe that succeeds on a server that turned read-only (a primary
+// demoted, or set default_transaction_read_only, without closing its
+// connections; a standby) fails too: no write is made there, so no
+// notification comes from it, and the reconnect (target_session_attrs,
+// if the connection string sets it) finds the writer. The server reports
+// both settings with every change (ParameterStatus, PostgreSQL 14+), so
+// this costs no round trip.
 func (l *listener) probe(ctx context.Context, conn *pgx.Conn, timeout time.Duration) bool {
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	_, err := conn.Exec(pctx, "SELECT 1")
@@ -281,7 +289,7 @@ func (l *listener) probe(ctx context.Context, conn *pgx.Conn, timeout time.Durat
 		l.probeFailed()
 		return false
 	}
-	return true
+	return !connx.ReadOnly(conn.PgConn())
 }
 
 // wait waits up to d for a notification on conn, and ends early when mail

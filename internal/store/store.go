@@ -256,13 +256,14 @@ func Sent(err error) bool {
 // cause): the write may or may not have committed.
 func (s *Store) run(ctx context.Context, op string, write bool, sql string, args []any, scan func(pgx.Rows) error) error {
 	db := s.db
+	var pc *pgxpool.Conn
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		conn, err := acquireConn(ctx, pool)
 		if err != nil {
 			return pgerr.MapSchema(ctx, op, err)
 		}
 		defer conn.Release()
-		db = conn
+		db, pc = conn, conn
 	}
 	err := func() error {
 		rows, err := db.Query(ctx, sql, args...)
@@ -280,11 +281,27 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 	if err == nil {
 		return nil
 	}
+	if pc != nil && pgerr.ReadOnly(err) {
+		dropConn(pc)
+	}
 	mapped := pgerr.MapSchema(ctx, op, err)
 	if write && Sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
 		return pgerr.New(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
 	}
 	return mapped
+}
+
+// dropConn closes conn, which its Release then takes out of the pool. A
+// connection whose server refused a write as read-only (a standby, or a
+// primary demoted or made read-only without closing its connections)
+// would refuse every later one too, while pgxpool's liveness ping keeps
+// succeeding there: kept, it would pin the pool to that server. Its
+// replacement is a new connection, which a multi-host connection string
+// with target_session_attrs=read-write opens on the writer.
+func dropConn(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Conn().Close(ctx)
 }
 
 // connCheckSlice bounds each try of acquireConn. pgxpool checks a
