@@ -482,7 +482,7 @@ func TestConnStringAndValidation(t *testing.T) {
 	if err := p.SetDelay(-1, 0); err == nil {
 		t.Fatal("SetDelay accepted a negative latency")
 	}
-	for m := faultproxy.Pass; m <= faultproxy.HalfOpen; m++ {
+	for m := faultproxy.Pass; m <= faultproxy.BlackholeDown; m++ {
 		if got, err := faultproxy.ParseMode(m.String()); err != nil || got != m {
 			t.Errorf("ParseMode(%q) = %v, %v", m.String(), got, err)
 		}
