@@ -138,7 +138,21 @@ func TestDemotedPrimaryKeepsSockets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldSess, err := advisory.Open(ctx, serverPool(t, url, 2), nil)
+	// Its pool keeps idle connections to the old primary, as a Manager's
+	// does (Manager.Advisory opens sessions from the Manager's pool).
+	advPool := serverPool(t, url, 3)
+	var idle []*pgxpool.Conn
+	for range 3 {
+		c, err := advPool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, c)
+	}
+	for _, c := range idle {
+		c.Release()
+	}
+	oldSess, err := advisory.Open(ctx, advPool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,11 +196,18 @@ func TestDemotedPrimaryKeepsSockets(t *testing.T) {
 	// The advisory key, on the new primary: another session gets it (the
 	// old server's session lock excludes no one there), after the old
 	// holder was told.
-	newSess, err := advisory.Open(ctx, serverPool(t, url, 2), nil)
+	newSess, err := advisory.Open(ctx, advPool, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = newSess.Close(context.Background()) })
+	var onNew int
+	if err := p1.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", newSess.BackendPID()).Scan(&onNew); err != nil {
+		t.Fatal(err)
+	}
+	if onNew != 1 {
+		t.Fatal("an advisory session opened after the promotion from a pool with idle connections to the old primary is not on the new primary")
+	}
 	if _, ok, err := newSess.TryLock(ctx, advKey); err != nil || !ok {
 		t.Fatalf("advisory key on the new primary: %v %v", ok, err)
 	}
