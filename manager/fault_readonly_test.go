@@ -170,6 +170,14 @@ func TestDemotedPrimaryKeepsSockets(t *testing.T) {
 	onOld := managerBackends(t, ctx, p0)
 	setReadOnly(t, ctx, p0, true)
 	flipped := time.Now()
+	// The resource and the trust checks move to node 1 before it is
+	// promoted (a grant there must not be looked for on node 0), once it
+	// has replayed what node 0 committed: with node 0 read-only, the two
+	// have the same lock tables.
+	if err := r.WaitReplayed(ctx, 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	l.writer.Store(p1)
 	select {
 	case <-advLock.Done():
 		t.Logf("advisory lock on the old primary told lost %v after it turned read-only: %v",
@@ -187,7 +195,6 @@ func TestDemotedPrimaryKeepsSockets(t *testing.T) {
 		t.Fatal(err)
 	}
 	promoted := time.Now()
-	l.writer.Store(p1)
 	for i, m := range []*Manager{m0, m1} {
 		d := grantedBy(t, ctx, m, fmt.Sprintf("ro:probe%d", i), 20*time.Second)
 		t.Logf("Manager %d: first grant on the new primary %v after the promotion", i, d.Round(time.Millisecond))
