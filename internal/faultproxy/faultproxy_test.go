@@ -549,6 +549,9 @@ func TestOneWay(t *testing.T) {
 // TestLossAndCorrupt: lost chunks make round trips late (never wrong), a
 // corrupted stream breaks the session, and both stop when set to 0.
 func TestLossAndCorrupt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10–20 s of retransmission delays")
+	}
 	p, url := start(t)
 	ctx := context.Background()
 	c := connect(t, url)
