@@ -64,10 +64,12 @@ func waitSyncRepWaiters(t *testing.T, ctx context.Context, conn *pgx.Conn, n int
 //     commit returns only once the standby has it.
 //  2. The standby stops. An Acquire of "sc:cut" then waits in the
 //     primary's commit. The wait is cancelled (pg_cancel_backend): the
-//     Acquire succeeds (fence C), committed on the primary alone. The
-//     warning PostgreSQL sends with it reaches no one: pgx drops notices
-//     unless the pool's OnNotice is set, and pglease reports the grant as
-//     it would a replicated one.
+//     Acquire, on a pool the caller configured, succeeds (fence C),
+//     committed on the primary alone: the warning PostgreSQL sends with
+//     it reaches only an OnNotice the caller set, and pglease reports the
+//     grant as it would a replicated one. On a pool configured by
+//     pg.ConfigurePool (pg.NewPool) the warning is recorded and the
+//     attempt is Ambiguous: never a grant, its lockId released.
 //  3. A Manager whose own statement timeout ends the wait first gets a
 //     typed error, never a grant: pgx closes the socket, the backend goes on
 //     waiting (its commit lands when the wait ends) and the key is held
@@ -233,6 +235,44 @@ func TestSyncCommitCancelled(t *testing.T) {
 		t.Fatalf("the server's warnings to the pool: %q, want one per cancelled commit", warned)
 	}
 	t.Logf("what a pool's OnNotice sees: %s", warned[0])
+
+	// On a pool configured by pg.ConfigurePool (pg.NewPool, manager.Open)
+	// the warning is recorded, and the cancelled commit is not reported
+	// as a grant: the attempt is Ambiguous, its lockId released, and the
+	// waiting Acquire ends with an error when every retry meets the same.
+	npool, err := pg.NewPool(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(npool.Close)
+	d := faultManager(t, npool, Config{StatementTimeout: 30 * time.Second})
+	err = cancelled(func() error {
+		lk, err := d.Acquire(ctx, "sc:noticed", WithAcquireTimeout(3*time.Second))
+		if err == nil {
+			return fmt.Errorf("granted fence %d", lk.Fence())
+		}
+		return err
+	})
+	var de *pglease.Error
+	if !errors.As(err, &de) || de.Code == 0 {
+		t.Fatalf("Acquire on a configured pool whose commit waits were cancelled: %v, want a typed error, never a grant", err)
+	}
+	var left int
+	t2 := time.Now()
+	for {
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE user_key = 'sc:noticed'
+			AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 || time.Since(t2) > 5*time.Second {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if left != 0 {
+		t.Errorf("%d leases of sc:noticed left on the primary 5 s after the refused grants: the Manager did not release them", left)
+	}
+	t.Logf("configured pool: the cancelled commits were refused (%v) and released", de.Code)
 	t.Logf("cancelled synchronous commit: Acquire granted fence %d, committed on the primary only", cut.Fence())
 
 	// 3. The Manager's own statement timeout ends the wait first.

@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 )
@@ -264,6 +265,7 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 		}
 		defer conn.Release()
 		db, pc = conn, conn
+		connx.TakeWarning(conn.Conn().PgConn()) // one from an earlier statement is not this one's
 	}
 	err := func() error {
 		rows, err := db.Query(ctx, sql, args...)
@@ -279,6 +281,15 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 		return rows.Err()
 	}()
 	if err == nil {
+		if write && pc != nil && connx.TakeWarning(pc.Conn().PgConn()) {
+			// The only warning a lock write's commit gets is PostgreSQL's
+			// for a cancelled wait for a synchronous standby: committed
+			// here, maybe not on the standby, so a failover can undo it
+			// and issue its fence again. pglease's writes ask for that
+			// durability (synchronous_commit = on): the outcome is not
+			// what was asked, so it is not reported as a success.
+			return pgerr.New(pglease.CodeAmbiguous, op, SyncCommitWarned, nil)
+		}
 		return nil
 	}
 	if pc != nil && pgerr.ReadOnly(err) {
@@ -290,6 +301,12 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 	}
 	return mapped
 }
+
+// SyncCommitWarned is the message of the Ambiguous error of a write whose
+// commit drew a server WARNING, on a pool whose connections record them
+// (pg.ConfigurePool).
+const SyncCommitWarned = "outcome unknown: the server warned during the commit (a cancelled wait for a synchronous standby " +
+	"commits on the primary only, and a failover can then undo the write and issue its fence again)"
 
 // dropConn closes conn, which its Release then takes out of the pool. A
 // connection whose server refused a write as read-only (a standby, or a
