@@ -207,6 +207,10 @@ type faultLoad struct {
 	untyped    []string
 	violations []string
 	lastOK     atomic.Int64 // UnixNano of the last successful acquire
+
+	// writer, once a test sets it (a failover moved the lock tables and
+	// the resource to another server), replaces direct.
+	writer atomic.Pointer[pgxpool.Pool]
 }
 
 // record classifies one operation's outcome.
@@ -248,7 +252,7 @@ func (l *faultLoad) live(ctx context.Context, lockID string) (live, ok bool) {
 	defer cancel()
 	var n int
 	const unexpired = " WHERE lock_id = $1 AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)"
-	err := l.direct.QueryRow(ctx, "SELECT (SELECT count(*) FROM "+l.lockTable+unexpired+
+	err := l.db().QueryRow(ctx, "SELECT (SELECT count(*) FROM "+l.lockTable+unexpired+
 		") + (SELECT count(*) FROM "+l.lockTable+"_shared"+unexpired+")", lockID).Scan(&n)
 	return n == 1, err == nil
 }
@@ -394,7 +398,7 @@ func (l *faultLoad) cycle(ctx context.Context, m *Manager, key string, i int) {
 			continue
 		}
 		l.granted(lk.Key(), lk)
-		ok, werr := l.res.write(wctx, l.direct, lk.Key(), lk.Fence(), int64(i))
+		ok, werr := l.res.write(wctx, l.db(), lk.Key(), lk.Fence(), int64(i))
 		if werr == nil && !ok && lk.Err() == nil {
 			l.violate("fenced write of %s refused while its holder trusted the lease (fence %d)", lk.Key(), lk.Fence())
 		}
@@ -559,4 +563,13 @@ func (l *faultLoad) since(b loadCounts) string {
 		}
 	}
 	return fmt.Sprintf("ok %v, typed errors %v, untyped %d", ok, typed, now.untyped-b.untyped)
+}
+
+// db is the pool of the load's resource writes and lock-table reads:
+// writer once set, else direct.
+func (l *faultLoad) db() *pgxpool.Pool {
+	if p := l.writer.Load(); p != nil {
+		return p
+	}
+	return l.direct
 }

@@ -29,6 +29,13 @@ import (
 //     15 s: with every pooled connection broken, nothing would run for
 //     15 s after the network is back. A BeforeClose already set on cfg is
 //     kept and runs first. Healthy connections are closed by pgx as usual.
+//   - The server's WARNING notices are recorded per connection (an
+//     OnNotice already set on cfg is kept and runs first). A lock write
+//     whose commit drew one is reported Ambiguous, not as a success: the
+//     warning is PostgreSQL's only sign that a wait for a synchronous
+//     standby was cancelled (pg_cancel_backend), after which the write is
+//     committed on the primary alone and a failover can undo it and issue
+//     its fence again.
 //   - application_name is this process's default holder identity,
 //     "program[pid]@host" (cut to the server's 63 bytes), unless the
 //     connection string or PGAPPNAME sets one: pg_stat_activity and
@@ -53,11 +60,13 @@ func ConfigurePool(cfg *pgxpool.Config) error {
 	}
 	connx.AppName(&cfg.ConnConfig.Config, store.DefaultHolder())
 	connx.BoundCleanup(&cfg.ConnConfig.Config)
+	connx.NoteWarnings(&cfg.ConnConfig.Config)
 	prev := cfg.BeforeClose
 	cfg.BeforeClose = func(c *pgx.Conn) {
 		if prev != nil {
 			prev(c)
 		}
+		connx.TakeWarning(c.PgConn())
 		if pc := c.PgConn(); pc.IsClosed() {
 			_ = pc.Conn().Close()
 		}

@@ -64,6 +64,16 @@ func UnboundedMultiHost(cfg *pgconn.Config) bool {
 	return cfg.ConnectTimeout == 0 && Hosts(cfg) > 1
 }
 
+// ReadOnly reports whether conn's server said (ParameterStatus, which
+// PostgreSQL 14+ sends at connect and with every change) that the
+// session's transactions are read-only by default or that it is a hot
+// standby. A primary demoted, or set default_transaction_read_only,
+// without closing its connections says so on them at their next
+// statement; a server older than 14 says nothing (false).
+func ReadOnly(conn *pgconn.PgConn) bool {
+	return conn.ParameterStatus("default_transaction_read_only") == "on" || conn.ParameterStatus("in_hot_standby") == "on"
+}
+
 // BackendPID returns the server process id of conn's session
 // (pg_backend_pid()), asked with the simple protocol so that it works
 // whatever the connection's statement cache mode and pooler.

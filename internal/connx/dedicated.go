@@ -133,12 +133,26 @@ func Dial(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
 // Hijack takes a connection out of pool for good, as a dedicated one: it
 // never goes back (the caller closes it), so its session state cannot
 // leak to the pool's next user.
+//
+// A pooled connection whose server has turned read-only since it was
+// opened (a primary demoted without closing its connections: the pool
+// keeps them until a write fails there) is closed instead, when the
+// pool's config lists several hosts, and a new connection is dialled with
+// that config, whose target_session_attrs then finds the writer.
 func Hijack(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
 	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return pc.Hijack(), nil
+	conn := pc.Hijack()
+	cfg := pool.Config().ConnConfig
+	if !ReadOnly(conn.PgConn()) || Hosts(&cfg.Config) < 2 {
+		return conn, nil
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	_ = conn.Close(cctx)
+	cancel()
+	return Dial(ctx, cfg)
 }
 
 // TransactionPooled reports whether conn, whose backend pid is pid,

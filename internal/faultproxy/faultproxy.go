@@ -33,6 +33,20 @@
 //     accepted while in HalfOpen never reach the target. A connection made
 //     half-open stays so until its client closes it, a Cut/Disconnect, or
 //     Close, even after the mode returns to Pass: the server side is gone.
+//   - BlackholeUp holds what the client sends (the server hears nothing)
+//     and forwards what the server sends; BlackholeDown is the reverse
+//     (the server gets every statement, the client hears no answer): a
+//     one-way partition. Held bytes are delivered when the mode changes,
+//     as with Blackhole.
+//
+// Independently of the mode, SetLoss and SetCorrupt impair the chunks read
+// in either direction: a lost chunk is delivered late, as TCP delivers a
+// segment after its retransmission (200 ms, doubling for each loss of the
+// same chunk, up to 1.6 s), holding the chunks behind it (head-of-line
+// blocking); a corrupted chunk has one bit flipped, as a segment damaged
+// in a way TCP's checksum does not catch would. A proxy works on the byte
+// stream, so duplicated and reordered segments, which TCP removes and
+// reorders before any application sees them, cannot be shown.
 //
 // Close stops the listener, closes every connection and returns after every
 // goroutine the proxy started has exited.
@@ -60,6 +74,8 @@ const (
 	Blackhole
 	Cut
 	HalfOpen
+	BlackholeUp
+	BlackholeDown
 )
 
 // String returns the mode's name.
@@ -75,18 +91,22 @@ func (m Mode) String() string {
 		return "cut"
 	case HalfOpen:
 		return "half-open"
+	case BlackholeUp:
+		return "blackhole-up"
+	case BlackholeDown:
+		return "blackhole-down"
 	}
 	return "Mode(" + strconv.Itoa(int(m)) + ")"
 }
 
 // ParseMode returns the Mode named s (as String prints it).
 func ParseMode(s string) (Mode, error) {
-	for m := Pass; m <= HalfOpen; m++ {
+	for m := Pass; m <= BlackholeDown; m++ {
 		if m.String() == s {
 			return m, nil
 		}
 	}
-	return 0, fmt.Errorf("faultproxy: unknown mode %q (pass, delay, blackhole, cut, half-open)", s)
+	return 0, fmt.Errorf("faultproxy: unknown mode %q (pass, delay, blackhole, cut, half-open, blackhole-up, blackhole-down)", s)
 }
 
 // ErrClosed is returned by methods called after Close.
@@ -111,6 +131,8 @@ type Proxy struct {
 	mode     Mode
 	latency  time.Duration
 	jitter   time.Duration
+	loss     float64       // SetLoss
+	corrupt  float64       // SetCorrupt
 	changed  chan struct{} // closed and replaced on every mode change
 	conns    map[*pconn]struct{}
 	accepted int64
@@ -197,7 +219,7 @@ func (p *Proxy) Accepted() int64 {
 // Set switches to mode m (Delay uses the latency and jitter last given to
 // SetDelay; zero by default). It applies to current and new connections.
 func (p *Proxy) Set(m Mode) error {
-	if m < Pass || m > HalfOpen {
+	if m < Pass || m > BlackholeDown {
 		return fmt.Errorf("faultproxy: invalid mode %d", int(m))
 	}
 	p.mu.Lock()
@@ -240,6 +262,27 @@ func (p *Proxy) SetDelay(latency, jitter time.Duration) error {
 	p.latency, p.jitter = latency, jitter
 	p.setLocked(Delay)
 	return nil
+}
+
+// SetLoss makes each chunk read in either direction lost with
+// probability p (0 ≤ p < 1; 0 turns it off), whatever the mode: see the
+// package documentation.
+func (p *Proxy) SetLoss(prob float64) { p.mu.Lock(); p.loss = prob; p.mu.Unlock() }
+
+// SetCorrupt flips one random bit of each chunk read in either direction
+// with probability prob (0 turns it off), whatever the mode.
+func (p *Proxy) SetCorrupt(prob float64) { p.mu.Lock(); p.corrupt = prob; p.mu.Unlock() }
+
+// impair returns the extra delay of a chunk by SetLoss and whether it is
+// to be corrupted.
+func (p *Proxy) impair() (late time.Duration, corrupt bool) {
+	p.mu.Lock()
+	loss, cor := p.loss, p.corrupt
+	p.mu.Unlock()
+	for rto := 200 * time.Millisecond; rto <= 1600*time.Millisecond && loss > 0 && rand.Float64() < loss; rto *= 2 {
+		late += rto
+	}
+	return late, cor > 0 && rand.Float64() < cor
 }
 
 // Pass switches to Pass.
@@ -411,7 +454,7 @@ func (c *pconn) serve() {
 			c.discard(up)
 			return
 		}
-		if mode == Pass || mode == Delay {
+		if mode == Pass || mode == Delay || mode == BlackholeUp || mode == BlackholeDown {
 			break
 		}
 		select {
@@ -453,9 +496,9 @@ func (c *pconn) serve() {
 	}()
 	go func() {
 		defer pumps.Done()
-		c.write(down, c.client)
+		c.write(down, c.client, BlackholeDown)
 	}()
-	c.write(up, server)
+	c.write(up, server, BlackholeUp)
 }
 
 // read copies src into q chunk by chunk, stamping each with its due time,
@@ -470,8 +513,13 @@ func (c *pconn) read(src net.Conn, q chan<- chunk) {
 		n, err := src.Read(buf)
 		if n > 0 {
 			_, _, d := c.p.state()
+			late, corrupt := c.p.impair()
+			b := append([]byte(nil), buf[:n]...)
+			if corrupt {
+				b[rand.N(n)] ^= 1 << rand.N(8)
+			}
 			select {
-			case q <- chunk{b: append([]byte(nil), buf[:n]...), due: time.Now().Add(d)}:
+			case q <- chunk{b: b, due: time.Now().Add(d + late)}:
 			case <-c.done:
 				return
 			}
@@ -484,8 +532,9 @@ func (c *pconn) read(src net.Conn, q chan<- chunk) {
 
 // write delivers q's chunks to dst in order, each no earlier than its due
 // time (and no earlier than the one before), holding them while the mode is
-// Blackhole and dropping them once the connection is half-open.
-func (c *pconn) write(q <-chan chunk, dst net.Conn) {
+// Blackhole or oneWay (this direction's one-way mode) and dropping them
+// once the connection is half-open.
+func (c *pconn) write(q <-chan chunk, dst net.Conn, oneWay Mode) {
 	var last time.Time
 	for ch := range q {
 		due := ch.due
@@ -504,7 +553,7 @@ func (c *pconn) write(q <-chan chunk, dst net.Conn) {
 		}
 		for {
 			mode, changed, _ := c.p.state()
-			if mode != Blackhole {
+			if mode != Blackhole && mode != oneWay {
 				break
 			}
 			select {

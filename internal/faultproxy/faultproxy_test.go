@@ -482,7 +482,7 @@ func TestConnStringAndValidation(t *testing.T) {
 	if err := p.SetDelay(-1, 0); err == nil {
 		t.Fatal("SetDelay accepted a negative latency")
 	}
-	for m := faultproxy.Pass; m <= faultproxy.HalfOpen; m++ {
+	for m := faultproxy.Pass; m <= faultproxy.BlackholeDown; m++ {
 		if got, err := faultproxy.ParseMode(m.String()); err != nil || got != m {
 			t.Errorf("ParseMode(%q) = %v, %v", m.String(), got, err)
 		}
@@ -496,5 +496,93 @@ func TestConnStringAndValidation(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := c.Read(make([]byte, 1)); err != io.EOF {
 		t.Fatalf("read through a proxy to a closed port: %v, want EOF", err)
+	}
+}
+
+// TestOneWay: in BlackholeDown the server runs what the client sends and
+// the client hears nothing; in BlackholeUp the server hears nothing.
+func TestOneWay(t *testing.T) {
+	p, url := start(t)
+	ctx := context.Background()
+	table := pgx.Identifier{pgtest.RandomName("oneway")}.Sanitize()
+	direct, err := pgx.Connect(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close(ctx)
+	if _, err := direct.Exec(ctx, "CREATE TABLE "+table+" (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = direct.Exec(context.Background(), "DROP TABLE "+table) })
+	rows := func() int {
+		t.Helper()
+		var n int
+		if err := direct.QueryRow(ctx, "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		mode faultproxy.Mode
+		want int // rows the server has after the insert
+	}{{faultproxy.BlackholeDown, 1}, {faultproxy.BlackholeUp, 1}} {
+		c := connect(t, url)
+		if err := p.Set(tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		ictx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		_, err := c.Exec(ictx, "INSERT INTO "+table+" VALUES (1)")
+		cancel()
+		if err == nil {
+			t.Fatalf("%v: the client heard the insert's answer", tc.mode)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if got := rows(); got != tc.want {
+			t.Fatalf("%v: the server has %d rows, want %d", tc.mode, got, tc.want)
+		}
+		if err := p.Pass(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLossAndCorrupt: lost chunks make round trips late (never wrong), a
+// corrupted stream breaks the session, and both stop when set to 0.
+func TestLossAndCorrupt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("10–20 s of retransmission delays")
+	}
+	p, url := start(t)
+	ctx := context.Background()
+	c := connect(t, url)
+	p.SetLoss(0.5)
+	t0 := time.Now()
+	for i := range 10 {
+		var n int
+		if err := c.QueryRow(ctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+			t.Fatalf("query %d under loss: %d, %v", i, n, err)
+		}
+	}
+	if d := time.Since(t0); d < 200*time.Millisecond {
+		t.Fatalf("10 round trips with half the chunks lost took %v, want at least one retransmission delay (200 ms)", d)
+	}
+	p.SetLoss(0)
+	p.SetCorrupt(1)
+	wrong := 0
+	for i := range 5 {
+		qctx, cancel := context.WithTimeout(ctx, time.Second)
+		var n int
+		if err := c.QueryRow(qctx, "SELECT $1::int", i).Scan(&n); err != nil || n != i {
+			wrong++
+		}
+		cancel()
+	}
+	if wrong == 0 {
+		t.Fatal("every chunk corrupted, yet every query answered right")
+	}
+	p.SetCorrupt(0)
+	var n int
+	if err := connect(t, url).QueryRow(ctx, "SELECT 7").Scan(&n); err != nil || n != 7 {
+		t.Fatalf("after SetCorrupt(0): %d, %v", n, err)
 	}
 }

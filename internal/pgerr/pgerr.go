@@ -88,6 +88,19 @@ const StmtCacheMsg = "prepared statement conflict: pgx's statement cache is in u
 	"add default_query_exec_mode=exec to the connection string (or set ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec), " +
 	"or use PgBouncer >= 1.21 with max_prepared_statements > 0"
 
+// ReadOnlyMsg is the message of the error Map returns for 25006: the
+// server refused a write because it is read-only.
+const ReadOnlyMsg = "the server is read-only (a standby, a demoted primary, or default_transaction_read_only): " +
+	"the connection is dropped; with several hosts and target_session_attrs=read-write the next one finds the writer"
+
+// ReadOnly reports whether err is a server's refusal of a write because
+// it is read-only (SQLSTATE 25006, read_only_sql_transaction: a standby,
+// "cannot execute … during recovery", or a read-only transaction).
+func ReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == pgerrcode.ReadOnlySQLTransaction
+}
+
 // SchemaMissing is the message of an error from a statement on pglease's
 // own tables and functions (MapSchema) that the server refused because one
 // of them does not exist.
@@ -176,6 +189,9 @@ func mapErr(ctx context.Context, op string, err error, ownSchema bool) error {
 		if pgErr.Code == pgerrcode.UniqueViolation {
 			// The message names only the constraint; Detail (dropped) holds the value.
 			return New(pglease.CodeInternal, op, "unique violation", safe)
+		}
+		if pgErr.Code == pgerrcode.ReadOnlySQLTransaction {
+			return New(pglease.CodeServiceUnavailable, op, ReadOnlyMsg, safe)
 		}
 		if ownSchema && missingObject(pgErr.Code) {
 			return New(CodeFor(pgErr.Code), op, SchemaMissing, safe)

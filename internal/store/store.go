@@ -29,6 +29,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/pgerr"
 )
@@ -256,13 +257,15 @@ func Sent(err error) bool {
 // cause): the write may or may not have committed.
 func (s *Store) run(ctx context.Context, op string, write bool, sql string, args []any, scan func(pgx.Rows) error) error {
 	db := s.db
+	var pc *pgxpool.Conn
 	if pool, ok := db.(*pgxpool.Pool); ok {
 		conn, err := acquireConn(ctx, pool)
 		if err != nil {
 			return pgerr.MapSchema(ctx, op, err)
 		}
 		defer conn.Release()
-		db = conn
+		db, pc = conn, conn
+		connx.TakeWarning(conn.Conn().PgConn()) // one from an earlier statement is not this one's
 	}
 	err := func() error {
 		rows, err := db.Query(ctx, sql, args...)
@@ -278,13 +281,44 @@ func (s *Store) run(ctx context.Context, op string, write bool, sql string, args
 		return rows.Err()
 	}()
 	if err == nil {
+		if write && pc != nil && connx.TakeWarning(pc.Conn().PgConn()) {
+			// The only warning a lock write's commit gets is PostgreSQL's
+			// for a cancelled wait for a synchronous standby: committed
+			// here, maybe not on the standby, so a failover can undo it
+			// and issue its fence again. pglease's writes ask for that
+			// durability (synchronous_commit = on): the outcome is not
+			// what was asked, so it is not reported as a success.
+			return pgerr.New(pglease.CodeAmbiguous, op, SyncCommitWarned, nil)
+		}
 		return nil
+	}
+	if pc != nil && pgerr.ReadOnly(err) {
+		dropConn(pc)
 	}
 	mapped := pgerr.MapSchema(ctx, op, err)
 	if write && Sent(err) && pglease.CodeOf(mapped) != pglease.CodeInvalidArgument {
 		return pgerr.New(pglease.CodeAmbiguous, op, "outcome unknown: the statement may have committed", mapped)
 	}
 	return mapped
+}
+
+// SyncCommitWarned is the message of the Ambiguous error of a write whose
+// commit drew a server WARNING, on a pool whose connections record them
+// (pg.ConfigurePool).
+const SyncCommitWarned = "outcome unknown: the server warned during the commit (a cancelled wait for a synchronous standby " +
+	"commits on the primary only, and a failover can then undo the write and issue its fence again)"
+
+// dropConn closes conn, which its Release then takes out of the pool. A
+// connection whose server refused a write as read-only (a standby, or a
+// primary demoted or made read-only without closing its connections)
+// would refuse every later one too, while pgxpool's liveness ping keeps
+// succeeding there: kept, it would pin the pool to that server. Its
+// replacement is a new connection, which a multi-host connection string
+// with target_session_attrs=read-write opens on the writer.
+func dropConn(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Conn().Close(ctx)
 }
 
 // connCheckSlice bounds each try of acquireConn. pgxpool checks a

@@ -206,6 +206,10 @@ type Session struct {
 	closingCancel context.CancelFunc
 	probeDone     chan struct{} // closed by probeLoop on exit
 	closeDone     chan struct{} // closed when Close has finished
+	// writable: the server was not read-only when the session opened
+	// (connx.ReadOnly); a probe that finds it read-only since then ends
+	// the session as lost (errDemoted).
+	writable bool
 
 	mu    sync.Mutex         // guards the fields below
 	state int                // stateOpen, stateLost, stateClosed
@@ -289,6 +293,7 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Session, err
 		held:      map[Key]holding{},
 		locks:     map[*Lock]struct{}{},
 		alive:     alive,
+		writable:  !connx.ReadOnly(conn.PgConn()),
 	}
 	s.stmtCtx, s.stmtCancel = context.WithCancel(context.Background())
 	s.closing, s.closingCancel = context.WithCancel(context.Background())
@@ -547,9 +552,20 @@ func (s *Session) ping(op string) error {
 	case pid != s.pid:
 		s.fail(errPooler)
 		return s.check(op)
+	case s.writable && connx.ReadOnly(s.conn.PgConn()):
+		s.fail(errDemoted)
+		return s.check(op)
 	}
 	return nil
 }
+
+// errDemoted is the cause of a lost session whose server turned read-only
+// under it (a primary demoted, or set default_transaction_read_only,
+// without closing its connections): another server is likely the writer
+// now, where another session can take the same keys, so this session's
+// locks no longer exclude anyone.
+var errDemoted = errors.New("the server turned read-only (a demoted primary?): advisory locks held there no longer exclude " +
+	"holders on the new primary")
 
 // TryLock takes k if it is free, without waiting: ok is false (and err
 // nil) when another session holds it. Taking a key this session already

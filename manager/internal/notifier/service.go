@@ -285,6 +285,14 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 // probe proves that conn is alive with one round trip bounded by
 // timeout; false when it failed (the caller reconnects). Notifications
 // that come during it are kept by pgx for the next wait.
+//
+// A probe that succeeds on a server that turned read-only (a primary
+// demoted, or set default_transaction_read_only, without closing its
+// connections; a standby) fails too: no write is made there, so no
+// notification comes from it, and the reconnect (target_session_attrs,
+// if the connection string sets it) finds the writer. The server reports
+// both settings with every change (ParameterStatus, PostgreSQL 14+), so
+// this costs no round trip.
 func (s *service) probe(ctx context.Context, conn *pgx.Conn, timeout time.Duration) bool {
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	_, err := conn.Exec(pctx, "SELECT 1")
@@ -293,7 +301,7 @@ func (s *service) probe(ctx context.Context, conn *pgx.Conn, timeout time.Durati
 		s.probeFailed()
 		return false
 	}
-	return true
+	return !connx.ReadOnly(conn.PgConn())
 }
 
 // wait waits up to d for a notification on conn, and ends early when mail
