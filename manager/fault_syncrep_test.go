@@ -370,9 +370,6 @@ func TestSyncCommitCancelled(t *testing.T) {
 // must be released by the Manager's clean-up of those ambiguous attempts,
 // not left holding their keys for no one until the TTL.
 func TestSyncCommitTimeoutLeavesNoLease(t *testing.T) {
-	t.Skip("defect: the Manager's release of an ambiguous acquire's lockId is final when it answers \"not held\", " +
-		"but the acquire's commit, still waiting for the synchronous standby, lands after it; the key is then held " +
-		"by no one until the lease's TTL (the fix belongs in the loop's clean-up, loop.go)")
 	t.Parallel()
 	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
 	url := failoverURL(r)

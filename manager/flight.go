@@ -153,7 +153,7 @@ func (st *loopState) settleStale(a *attempt, d acquireDone, rs []store.AcquireRe
 			// Not blocking the key's attempts: this release may meet a
 			// dead connection too.
 			id, _, _ := a.kind.hold(a, j)
-			st.releases.add(releaseItem{lockID: id, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db})
+			st.releases.add(releaseItem{lockID: id, key: ks.key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db, pending: mayHaveGranted(d.err)})
 		}
 	}
 	st.gc(ks)

@@ -227,6 +227,19 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 		// server and a retry can help (relretry.go); the key stays
 		// "releasing" meanwhile.
 		retried := d.err != nil && retryable(d.err) && st.retryRelease(it, now)
+		if !retried && d.err == nil && it.pending && !d.res[i] && !st.closing {
+			// An ambiguous acquire's lockId, not (yet) held: its commit may
+			// still land (releaseItem.pending). Retried in the background;
+			// the key's waiters go on now.
+			if it.ks != nil && !it.unblocked {
+				it.ks.releasing--
+				it.unblocked = true
+				st.forceKick(it.ks)
+			}
+			if st.retryRelease(it, now) {
+				continue
+			}
+		}
 		if it.ks != nil && d.err != nil {
 			// The key's waiters wait for this release: it failing to
 			// reach the database is how their wait may end (waitErr). Its

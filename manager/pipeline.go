@@ -344,7 +344,7 @@ func (st *loopState) releaseHolds(a *attempt, d acquireDone, rs []store.AcquireR
 	maybe := mayHaveGranted(d.err)
 	for j := range a.kind.holds(a) {
 		if maybe || (d.err == nil && rs[j].OK) {
-			st.releaseHold(a, j, how)
+			st.releaseHold(a, j, how, maybe)
 		}
 	}
 }
@@ -353,15 +353,16 @@ func (st *loopState) releaseHolds(a *attempt, d acquireDone, rs []store.AcquireR
 func (st *loopState) releaseUnit(a *attempt, lo, hi int, rs []store.AcquireResult, how releaseMode) {
 	for j := lo; j < hi; j++ {
 		if rs[j].OK {
-			st.releaseHold(a, j, how)
+			st.releaseHold(a, j, how, false)
 		}
 	}
 }
 
-// releaseHold queues the release of a's j-th lockId.
-func (st *loopState) releaseHold(a *attempt, j int, how releaseMode) {
+// releaseHold queues the release of a's j-th lockId; pending: its grant
+// is not known (releaseItem.pending).
+func (st *loopState) releaseHold(a *attempt, j int, how releaseMode, pending bool) {
 	id, key, hash := a.kind.hold(a, j)
-	it := releaseItem{lockID: id, key: key, ttl: a.ttl, sc: a.db}
+	it := releaseItem{lockID: id, key: key, ttl: a.ttl, sc: a.db, pending: pending}
 	if st.closing {
 		how = relDetached
 	}

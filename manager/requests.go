@@ -103,6 +103,16 @@ type releaseItem struct {
 	// its holder or by Close, or a lost one's kept row). Close reports on
 	// these only; the others (lockIds no caller ever got) are best effort.
 	handed bool
+	// pending: the lockId is an ambiguous acquire's (its answer was lost),
+	// whose commit may land after this release looked. PostgreSQL keeps a
+	// committing transaction in progress while it waits for a synchronous
+	// standby, and a cancel request (pgconn sends one when a statement
+	// times out) ends the wait with the commit kept: a "not held" answer
+	// then proves nothing, and the release is retried (relretry.go),
+	// without holding up the key's waiters, until the lease would have
+	// expired. Otherwise the grant would hold the key for no one until
+	// its TTL.
+	pending bool
 
 	// Retries of a release whose outcome was unknown (relretry.go): ttl is
 	// the lease's TTL, until the time after which the server has surely
