@@ -66,7 +66,8 @@ function render(st) {
 
   fill("waiters", st.waiters.map((w, i) => {
     const tr = el("tr");
-    tr.append(el("td", i + 1), el("td", keyOf(w), "key"), el("td", w.what), el("td", w.pid + " " + w.process),
+    const what = w.position ? "queued #" + w.position + " (" + w.mode + ")" : w.what;
+    tr.append(el("td", i + 1), el("td", keyOf(w), "key"), el("td", what), el("td", w.pid ? w.pid + " " + w.process : w.process),
       el("td", w.waiting_ms ? dur(w.waiting_ms) : "-"));
     return tr;
   }), 5, "nobody waits");
