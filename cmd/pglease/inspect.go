@@ -167,8 +167,8 @@ func printInspect(w io.Writer, kv *keyView) {
 	printKeyQueue(tw, kv)
 	printKeyWaiters(tw, kv)
 	tw.Flush()
-	fmt.Fprintln(w, "(a pglease Manager queues its callers in process: it shows up among the waiting Managers while they wait,\n"+
-		"and among the acquires in progress only while an attempt runs)")
+	fmt.Fprintln(w, "(a pglease Manager's waiting callers show in the queue while they hold a ticket in the database (the fair queue);\n"+
+		"the Manager shows up among the waiting Managers while they wait, and among the acquires in progress only while an attempt runs)")
 }
 
 // printKeyLease prints the key's exclusive lease, or what its absence

@@ -420,7 +420,7 @@ func (p pageKeys) waiters(v *snapshotView) []serveWaiter {
 	for _, g := range v.Queue.Rows {
 		for _, t := range g.Tickets {
 			ws = append(ws, serveWaiter{What: "queued", KeyHash: g.KeyHash, Key: p.key(g.Key), Process: dash(t.Holder),
-				WaitingMs: t.WaitingMs, Position: t.Position, Mode: t.mode()})
+				WaitingMs: t.WaitingMs, Position: t.Position, Mode: t.Mode})
 		}
 	}
 	// Oldest wait first (a waiting Manager's start is not known: last).
