@@ -210,6 +210,25 @@ func TestStatusQueue(t *testing.T) {
 			t.Fatalf("/api/state holds the secret %q:\n%s", s, body)
 		}
 	}
+	// The page (a real headless Chromium) shows the line in order.
+	br := startBrowser(t)
+	br.call("Page.navigate", map[string]any{"url": base + "/"})
+	page := br.waitText("the queue on the page", `document.querySelector("#waiters tbody").innerText`,
+		func(s string) bool { return strings.Contains(s, "queued #4 (set)") })
+	var order []int
+	for _, x := range []string{"queued #1 (exclusive)\tqa[1]@host-a", "queued #2 (exclusive)\tqc[3]@host-c",
+		"queued #3 (reader)\tqb[2]@host-b", "queued #4 (set)\tqd[4]@host-d"} {
+		order = append(order, strings.Index(page, x))
+	}
+	if order[0] < 0 || order[0] > order[1] || order[1] > order[2] || order[2] > order[3] {
+		t.Fatalf("the page's waiters do not show the line in order (%v):\n%s", order, page)
+	}
+	if all := br.eval(`document.body.innerText`); strings.Contains(all, mx) || !strings.Contains(all, h(mx)) {
+		t.Fatalf("the page shows the raw key, or not its hash:\n%s", all)
+	}
+	if p := br.pageProblems(); len(p) > 0 {
+		t.Fatalf("the page reported problems:\n%s", strings.Join(p, "\n"))
+	}
 
 	// qc's ticket expires (its last refresh gave it 100 ms); its row
 	// stays until a statement touches the key.
