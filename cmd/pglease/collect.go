@@ -378,6 +378,7 @@ func (k *collector) countOnKeys() {
 	}
 	for i := range v.Shared.Rows {
 		v.Shared.Rows[i].AcquiresWaiting = v.acquiresWaiting[v.Shared.Rows[i].KeyHash]
+		v.Shared.Rows[i].Queued = queued[v.Shared.Rows[i].KeyHash]
 	}
 }
 

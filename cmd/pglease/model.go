@@ -185,7 +185,9 @@ type sharedKeyView struct {
 	AcquiresWaiting int `json:"acquires_waiting"`
 	// Holders are the holds shown (all of them, but for --limit), the
 	// latest-expiring first.
-	Holders     []sharedHoldView `json:"holders"`
+	Holders []sharedHoldView `json:"holders"`
+	// Queued counts the live tickets of the key's fair queue.
+	Queued      int `json:"queued"`
 	advisoryKey int64
 }
 

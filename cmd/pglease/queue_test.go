@@ -163,10 +163,11 @@ func TestStatusQueue(t *testing.T) {
 	if g := queueOf(v, sem).Tickets[0]; g.Limit != 1 {
 		t.Fatalf("the permit's ticket shows limit %d, want 1", g.Limit)
 	}
-	for _, l := range v.Leases.Rows {
-		if l.KeyHash == h(mx) && l.Queued != 4 {
-			t.Fatalf("the lease row of %s counts %d queued, want 4", h(mx), l.Queued)
-		}
+	if len(v.Leases.Rows) != 1 || v.Leases.Rows[0].Queued != 4 {
+		t.Fatalf("the lease row of %s: %+v, want 4 queued", h(mx), v.Leases.Rows)
+	}
+	if len(v.Shared.Rows) != 1 || v.Shared.Rows[0].Queued != 1 {
+		t.Fatalf("the shared holds of %s: %+v, want 1 queued", h(sem), v.Shared.Rows)
 	}
 
 	r = run(t, w.url, "", "inspect", mx)
@@ -196,6 +197,11 @@ func TestStatusQueue(t *testing.T) {
 		st, body = getState(t, base)
 		return st.Counts["queued"] == 6
 	})
+	for _, x := range st.Holders {
+		if x.KeyHash == h(mx) && x.Queued != 4 || x.KeyHash == h(sem) && x.Queued != 1 {
+			t.Fatalf("serve's holder %+v: want 4 queued on %s, 1 on %s", x, h(mx), h(sem))
+		}
+	}
 	var got []string
 	for _, x := range st.Waiters {
 		if x.What == "queued" && x.KeyHash == h(mx) {
@@ -223,6 +229,10 @@ func TestStatusQueue(t *testing.T) {
 	if order[0] < 0 || order[0] > order[1] || order[1] > order[2] || order[2] > order[3] {
 		t.Fatalf("the page's waiters do not show the line in order (%v):\n%s", order, page)
 	}
+	br.waitText("the line's length with its holder", `document.querySelector("#holders tbody").innerText`,
+		func(s string) bool {
+			return strings.Contains(s, "0 + 4 in line") && strings.Contains(s, "0 + 1 in line")
+		})
 	if all := br.eval(`document.body.innerText`); strings.Contains(all, mx) || !strings.Contains(all, h(mx)) {
 		t.Fatalf("the page shows the raw key, or not its hash:\n%s", all)
 	}

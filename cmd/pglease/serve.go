@@ -66,6 +66,9 @@ type serveHolder struct {
 	Count       int      `json:"count,omitempty"`
 	Limit       int      `json:"limit,omitempty"`
 	Waiting     int      `json:"waiting"`
+	// Queued counts the callers in the key's fair queue (listed among
+	// the waiters).
+	Queued int `json:"queued,omitempty"`
 }
 
 // serveWaiter is one waiter, oldest first: an acquire waiting in the
@@ -355,11 +358,11 @@ func (p pageKeys) holders(v *snapshotView) []serveHolder {
 		}
 		hs = append(hs, serveHolder{Kind: "lease", KeyHash: l.KeyHash, Key: p.key(l.Key), Holders: []string{dash(l.Holder)},
 			Fence: strings.TrimLeft(l.Fence, "0"), HeldMs: now.Sub(l.AcquiredAt).Milliseconds(), ExpiresInMs: l.ExpiresInMs,
-			Waiting: l.AcquiresWaiting + l.ManagersWaiting})
+			Waiting: l.AcquiresWaiting + l.ManagersWaiting, Queued: l.Queued})
 	}
 	for _, g := range v.Shared.Rows {
 		h := serveHolder{Kind: g.Kind, KeyHash: g.KeyHash, Key: p.key(g.Key), Count: g.Count, Limit: g.Limit, Holders: []string{},
-			Waiting: g.AcquiresWaiting}
+			Waiting: g.AcquiresWaiting, Queued: g.Queued}
 		for _, x := range g.Holders {
 			h.Holders = append(h.Holders, dash(x.Holder))
 			if d := now.Sub(x.AcquiredAt).Milliseconds(); d > h.HeldMs {

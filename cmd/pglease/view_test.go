@@ -37,7 +37,7 @@ func TestJSONShape(t *testing.T) {
 	inspect := `{"key_hash":"` + h + `","key":"k","lease":{"key_hash":"h","holder":"x","fence":"000000000000007",` +
 		`"acquired_at":"0001-01-01T00:00:00Z","expires_at":"0001-01-01T00:00:00Z","expires_in_ms":0,"live":false,"acquires_waiting":0,` +
 		`"managers_waiting":0,"managers_watching":0,"lock_delay_ms":0,"fence_counter":"000000000000007","queued":0},"fence_counter":"000000000000007",` +
-		`"shared":{"key_hash":"` + h + `","key":"k","kind":"none","count":0,"limit":0,"acquires_waiting":0,"holders":[]},` +
+		`"shared":{"key_hash":"` + h + `","key":"k","kind":"none","count":0,"limit":0,"acquires_waiting":0,"holders":[],"queued":0},` +
 		`"marks":[],"acquires_in_progress":[],"waiting_manager_pids":[],"watching_manager_pids":[],"guarded_tables":[],` +
 		`"schema":{"version":0,"needs":0,"current":false,"lock_table":false,"fence_table":false,"holder_table":false,"shared_table":false,` +
 		`"mark_columns":false,"release_trigger":false,"notify_channel":"","missing":null,"queue_table":false},"queue":[]}`
