@@ -65,6 +65,7 @@ func newSnapshot() *snapshotView {
 	v.WatchingManagers = []waitersView{}
 	v.GuardedTables = []guardedView{}
 	v.Advisory = []advisoryView{}
+	v.Queue.Rows = []queueKeyView{}
 	v.acquiresWaiting = map[string]int{}
 	return v
 }
@@ -141,6 +142,14 @@ func (k *collector) leaseTables(ctx context.Context) error {
 			return err
 		}
 	}
+	if s.QueueTable, err = probeQueue(ctx, k.pool, k.n); err != nil {
+		return err
+	}
+	if s.QueueTable {
+		if err := k.queue(ctx); err != nil {
+			return err
+		}
+	}
 	k.v.GuardedTables, err = readGuarded(ctx, k.pool, k.n)
 	return err
 }
@@ -176,6 +185,19 @@ func (k *collector) shared(ctx context.Context) error {
 		return err
 	}
 	k.v.Shared = sec
+	for _, g := range sec.Rows {
+		k.acquireOf[g.advisoryKey] = g.KeyHash
+	}
+	return nil
+}
+
+// queue reads the fair queue's live tickets.
+func (k *collector) queue(ctx context.Context) error {
+	sec, err := readQueue(ctx, k.pool, k.n, k.key, k.o.limit, k.o.showKeys)
+	if err != nil {
+		return err
+	}
+	k.v.Queue = sec
 	for _, g := range sec.Rows {
 		k.acquireOf[g.advisoryKey] = g.KeyHash
 	}
@@ -218,6 +240,9 @@ func missingParts(s *schemaView, c *common) []string {
 	}
 	if s.LockTable && !s.SharedTable {
 		missing = append(missing, "shared-hold table (schema version 4)")
+	}
+	if s.LockTable && !s.QueueTable {
+		missing = append(missing, "queue table (schema version 4)")
 	}
 	if s.HolderTable && !s.MarkColumns {
 		missing = append(missing, "lock delay and exclusive-waiting columns of the holder table (schema version 4)")
@@ -327,13 +352,19 @@ func (k *collector) lockName(l advisory.LockInfo) string {
 	return ""
 }
 
-// countOnKeys counts the acquires in progress, and the Managers waiting
-// and watching, on the lease rows and shared holds of their keys.
+// countOnKeys counts the acquires in progress, the Managers waiting and
+// watching, and the queued tickets, on the lease rows and shared holds of
+// their keys.
 func (k *collector) countOnKeys() {
 	v := k.v
+	queued := map[string]int{}
+	for _, g := range v.Queue.Rows {
+		queued[g.KeyHash] = g.Length
+	}
 	for i := range v.Leases.Rows {
 		l := &v.Leases.Rows[i]
 		l.AcquiresWaiting = v.acquiresWaiting[l.KeyHash]
+		l.Queued = queued[l.KeyHash]
 		for _, w := range v.WaitingManagers {
 			if slices.Contains(w.KeyHashes, l.KeyHash) {
 				l.ManagersWaiting += w.Managers
@@ -347,6 +378,7 @@ func (k *collector) countOnKeys() {
 	}
 	for i := range v.Shared.Rows {
 		v.Shared.Rows[i].AcquiresWaiting = v.acquiresWaiting[v.Shared.Rows[i].KeyHash]
+		v.Shared.Rows[i].Queued = queued[v.Shared.Rows[i].KeyHash]
 	}
 }
 

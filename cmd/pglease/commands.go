@@ -32,11 +32,13 @@ type command struct {
 var commands = []command{
 	{name: "status", flags: statusFlags, summary: []string{
 		"every lease and every advisory lock, with waiters and waiting Managers,",
-		"shared holds, marks and lock delays, watching Managers, guarded tables,",
-		"and the schema's missing parts (--json, --watch)"}},
+		"shared holds, marks and lock delays, each key's fair queue in order,",
+		"watching Managers, guarded tables, and the schema's missing parts",
+		"(--json, --watch)"}},
 	{name: "inspect", args: "KEY", title: "inspect KEY", flags: inspectFlags, summary: []string{
 		"one key: exclusive holder, fence, fence counter, expiry, shared holds,",
-		"exclusive waiting, lock delay, acquires and Managers waiting or watching"}},
+		"exclusive waiting, lock delay, its fair queue in order, acquires and",
+		"Managers waiting or watching"}},
 	{name: "release", args: "(--key KEY | --lock-id ID | --pid PID)", flags: releaseFlags, summary: []string{
 		"revoke a lease (--key K | --lock-id ID; its holder is told at once;",
 		"--delay D: no grant for D), ask the holders to release (--key K --request),",

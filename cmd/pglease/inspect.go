@@ -70,7 +70,7 @@ func (c *inspectCmd) run(ctx context.Context, args []string) error {
 	} else {
 		printInspect(a.stdout, kv)
 	}
-	if !kv.found && kv.Shared.Count == 0 {
+	if !kv.found && kv.Shared.Count == 0 && kv.queueLen == 0 {
 		return fail(exitNotFound, "")
 	}
 	return nil
@@ -103,8 +103,8 @@ func newKeyView(v *snapshotView, nk string, counter *string, ht int32, showKeys 
 	hash := pglease.HashKey(nk)
 	kv := &keyView{KeyHash: hash, FenceCounter: counter, Marks: v.Marks, Acquires: []advisoryView{},
 		WaitingManagers: []int32{}, WatchingManagers: []int32{}, GuardedTables: v.GuardedTables, Schema: v.Schema,
-		Shared: sharedKeyView{KeyHash: hash, Kind: "none", Holders: []sharedHoldView{}},
-		time:   v.Time, found: len(v.Leases.Rows) > 0}
+		Shared: sharedKeyView{KeyHash: hash, Kind: "none", Holders: []sharedHoldView{}}, Queue: []queuedView{},
+		time: v.Time, found: len(v.Leases.Rows) > 0}
 	if len(v.Leases.Rows) == 1 {
 		v.Leases.Rows[0].FenceCounter = counter
 		kv.Lease = &v.Leases.Rows[0]
@@ -127,6 +127,9 @@ func newKeyView(v *snapshotView, nk string, counter *string, ht int32, showKeys 
 	}
 	if len(v.Shared.Rows) == 1 {
 		kv.Shared = v.Shared.Rows[0]
+	}
+	if len(v.Queue.Rows) == 1 {
+		kv.Queue, kv.queueLen = v.Queue.Rows[0].Tickets, v.Queue.Rows[0].Length
 	}
 	if showKeys {
 		kv.Key, kv.Shared.Key = nk, nk
@@ -161,10 +164,11 @@ func printInspect(w io.Writer, kv *keyView) {
 	printKeyLease(tw, kv)
 	printKeyShared(tw, kv)
 	printKeyMarks(tw, kv)
+	printKeyQueue(tw, kv)
 	printKeyWaiters(tw, kv)
 	tw.Flush()
-	fmt.Fprintln(w, "(a pglease Manager queues its callers in process: it shows up among the waiting Managers while they wait,\n"+
-		"and among the acquires in progress only while an attempt runs)")
+	fmt.Fprintln(w, "(a pglease Manager's waiting callers show in the queue while they hold a ticket in the database (the fair queue);\n"+
+		"the Manager shows up among the waiting Managers while they wait, and among the acquires in progress only while an attempt runs)")
 }
 
 // printKeyLease prints the key's exclusive lease, or what its absence

@@ -327,14 +327,17 @@ func TestStatusOlderSchema(t *testing.T) {
 			"lock delay and exclusive-waiting columns of the holder table (schema version 4)",
 			fmt.Sprintf("SHARED HOLDS  not shown: no shared-hold table (schema v%d;", ver),
 			fmt.Sprintf("MARKS  not shown: the holder table has no columns for lock delays and exclusive waiting (schema v%d;", ver),
+			fmt.Sprintf("QUEUE  not shown: no queue table (schema v%d; the fair queue needs v4)", ver), "queue table (schema version 4)",
 			"GUARDED TABLES  none")
 		r = run(t, w.url, "", "status", "--json")
 		want(t, r, exitSchema, `"shared_table":false`, `"mark_columns":false`, `"shared":{"live":0,"keys":0,"rows":[]}`, `"marks":[]`,
+			`"queue_table":false`, `"queue":{"tickets":0,"keys":0,"rows":[]}`,
 			`"watching_managers":[`, `"guarded_tables":[]`) // advisory locks are the database's: other tests' may show
 		r = run(t, w.url, "", "inspect", "old:1")
 		want(t, r, 0)
 		wantLines(t, r, `holder\s+billing\[42\]@web-1`, fmt.Sprintf(`shared holds\s+not shown: no shared-hold table \(schema v%d; .*`, ver),
-			fmt.Sprintf(`lock delay\s+not shown \(schema v%d; needs v4\)`, ver))
+			fmt.Sprintf(`lock delay\s+not shown \(schema v%d; needs v4\)`, ver),
+			fmt.Sprintf(`queue\s+not shown: no queue table \(schema v%d; the fair queue needs v4\)`, ver))
 		noSecrets(t, r, g.LockID)
 	}
 	// SyncGuard's tables alone: no holder table either.

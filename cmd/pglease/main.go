@@ -13,14 +13,15 @@
 //	status          every lease and every advisory lock, with waiters (acquires in
 //	                progress, waiting Managers); shared holds (readers, semaphore
 //	                permits with their limit), keys marked exclusive waiting or
-//	                under a lock delay, watching Managers, guarded tables; which
+//	                under a lock delay, each key's fair queue in order (position,
+//	                holder, mode, since when), watching Managers, guarded tables; which
 //	                parts of the schema are missing (the lease tables, the parts of
 //	                schema version 4) and whether the optional release trigger is
 //	                installed: advisory locks are shown without any lease table;
 //	                --json, --watch
 //	inspect KEY     one key: exclusive holder, fence, fence counter, expiry, shared
-//	                holds, exclusive waiting, lock delay, acquires and Managers
-//	                waiting, Managers watching, guarded tables
+//	                holds, exclusive waiting, lock delay, its fair queue in order,
+//	                acquires and Managers waiting, Managers watching, guarded tables
 //	release         revoke a lease (--key or --lock-id: its holder's Manager is
 //	                told at once, ErrRevoked; --delay D keeps the key free for D),
 //	                ask a key's holders to release it (--key K --request: nothing

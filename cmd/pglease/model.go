@@ -40,7 +40,10 @@ type leaseView struct {
 	// before its expiry + the delay.
 	LockDelayMs  int64   `json:"lock_delay_ms"`
 	FenceCounter *string `json:"fence_counter,omitempty"`
-	advisoryKey  int64
+	// Queued counts the live tickets of the key's fair queue: callers
+	// waiting in line (see snapshotView.Queue).
+	Queued      int `json:"queued"`
+	advisoryKey int64
 }
 
 // advisoryView is one advisory lock holder or waiter.
@@ -123,6 +126,9 @@ type schemaView struct {
 	NotifyChannel  string `json:"notify_channel"`
 	// Missing names each missing part, for people.
 	Missing []string `json:"missing"`
+	// QueueTable: the fair queue's table (schema version 4). Without it,
+	// no queue is shown.
+	QueueTable bool `json:"queue_table"`
 }
 
 // snapshotView is what status prints.
@@ -143,6 +149,9 @@ type snapshotView struct {
 	WatchingManagers []waitersView  `json:"watching_managers"`
 	GuardedTables    []guardedView  `json:"guarded_tables"`
 	Advisory         []advisoryView `json:"advisory"`
+	// Queue is the fair queue: the callers waiting in line for each key,
+	// in order.
+	Queue queueSection `json:"queue"`
 	// acquiresWaiting counts, by key hash, the acquires waiting in the
 	// database for a key of a lease row or a shared hold.
 	acquiresWaiting map[string]int
@@ -176,7 +185,9 @@ type sharedKeyView struct {
 	AcquiresWaiting int `json:"acquires_waiting"`
 	// Holders are the holds shown (all of them, but for --limit), the
 	// latest-expiring first.
-	Holders     []sharedHoldView `json:"holders"`
+	Holders []sharedHoldView `json:"holders"`
+	// Queued counts the live tickets of the key's fair queue.
+	Queued      int `json:"queued"`
 	advisoryKey int64
 }
 
@@ -273,6 +284,55 @@ type keyView struct {
 	WatchingManagers []int32        `json:"watching_manager_pids"`
 	GuardedTables    []guardedView  `json:"guarded_tables"`
 	Schema           schemaView     `json:"schema"`
-	time             time.Time      // the snapshot's
-	found            bool           // the key has a lease row (live or not)
+	// Queue is the key's fair queue, in order: the head first.
+	Queue    []queuedView `json:"queue"`
+	time     time.Time    // the snapshot's
+	found    bool         // the key has a lease row (live or not)
+	queueLen int          // the key's live tickets, listed or not
+}
+
+// queuedView is one ticket of a key's fair queue (docs/fairness.md): a
+// caller waiting in line. Its lockId is never shown, only its hash.
+type queuedView struct {
+	// Position is the ticket's place among the key's live tickets: 1 is
+	// the head, the next to be served.
+	Position int `json:"position"`
+	// Holder is the waiting process's holder identity, the one its grant
+	// will carry ("program[pid]@host" unless configured otherwise).
+	Holder string `json:"holder"`
+	// Mode is what the ticket waits for: "exclusive", "reader", "permit"
+	// (of a semaphore of Limit) or "set" (a key of an all-or-nothing
+	// set, exclusive).
+	Mode  string `json:"mode"`
+	Limit int    `json:"limit,omitempty"`
+	// Since is when the caller joined the line (server time); WaitingMs
+	// is how long ago that was.
+	Since     time.Time `json:"since"`
+	WaitingMs int64     `json:"waiting_ms"`
+	// ExpiresInMs is the ticket's life left: a waiter refreshes it while
+	// it waits; one that stops (a dead process) leaves the line then.
+	ExpiresInMs int64 `json:"expires_in_ms"`
+	// LockIDHash is pglease.HashKey of the ticket's lockId, which the
+	// grant will carry.
+	LockIDHash string `json:"lock_id_hash"`
+}
+
+// queueKeyView is the fair queue of one key.
+type queueKeyView struct {
+	KeyHash string `json:"key_hash"`
+	Key     string `json:"key,omitempty"`
+	// Length counts the key's live tickets, listed or not.
+	Length int `json:"length"`
+	// Tickets are the tickets shown (all of them, but for --limit), in
+	// order.
+	Tickets     []queuedView `json:"tickets"`
+	advisoryKey int64
+}
+
+// queueSection is status's fair queue.
+type queueSection struct {
+	// Tickets counts every live ticket, on Keys keys, listed or not.
+	Tickets int            `json:"tickets"`
+	Keys    int            `json:"keys"`
+	Rows    []queueKeyView `json:"rows"`
 }

@@ -66,10 +66,15 @@ type serveHolder struct {
 	Count       int      `json:"count,omitempty"`
 	Limit       int      `json:"limit,omitempty"`
 	Waiting     int      `json:"waiting"`
+	// Queued counts the callers in the key's fair queue (listed among
+	// the waiters).
+	Queued int `json:"queued,omitempty"`
 }
 
 // serveWaiter is one waiter, oldest first: an acquire waiting in the
-// database, a waiting Manager, or a session waiting for an advisory lock.
+// database, a waiting Manager, a session waiting for an advisory lock,
+// or a caller waiting in a key's fair queue (What "queued": Position in
+// its key's line and Mode, Process its holder identity, no PID).
 type serveWaiter struct {
 	What      string `json:"what"`
 	KeyHash   string `json:"key_hash,omitempty"`
@@ -77,6 +82,8 @@ type serveWaiter struct {
 	PID       int32  `json:"pid"`
 	Process   string `json:"process"`
 	WaitingMs int64  `json:"waiting_ms"`
+	Position  int    `json:"position,omitempty"`
+	Mode      string `json:"mode,omitempty"`
 }
 
 // servePoint is one refresh's contention: how many wait and how many
@@ -304,6 +311,7 @@ func (s *server) apply(v *snapshotView) {
 	}
 	st.Counts["held"] = len(st.Holders)
 	st.Counts["waiting"] = len(st.Waiters)
+	st.Counts["queued"] = v.Queue.Tickets
 	st.Counts["leases_live"] = v.Leases.Live
 	cur := map[string]leaseSeen{}
 	for _, l := range v.Leases.Rows {
@@ -350,11 +358,11 @@ func (p pageKeys) holders(v *snapshotView) []serveHolder {
 		}
 		hs = append(hs, serveHolder{Kind: "lease", KeyHash: l.KeyHash, Key: p.key(l.Key), Holders: []string{dash(l.Holder)},
 			Fence: strings.TrimLeft(l.Fence, "0"), HeldMs: now.Sub(l.AcquiredAt).Milliseconds(), ExpiresInMs: l.ExpiresInMs,
-			Waiting: l.AcquiresWaiting + l.ManagersWaiting})
+			Waiting: l.AcquiresWaiting + l.ManagersWaiting, Queued: l.Queued})
 	}
 	for _, g := range v.Shared.Rows {
 		h := serveHolder{Kind: g.Kind, KeyHash: g.KeyHash, Key: p.key(g.Key), Count: g.Count, Limit: g.Limit, Holders: []string{},
-			Waiting: g.AcquiresWaiting}
+			Waiting: g.AcquiresWaiting, Queued: g.Queued}
 		for _, x := range g.Holders {
 			h.Holders = append(h.Holders, dash(x.Holder))
 			if d := now.Sub(x.AcquiredAt).Milliseconds(); d > h.HeldMs {
@@ -380,7 +388,8 @@ func managerLock(ad advisoryView) bool {
 }
 
 // waiters are the snapshot's waiters, oldest first: acquires waiting in
-// the database, sessions waiting for advisory locks, waiting Managers.
+// the database, sessions waiting for advisory locks, waiting Managers,
+// callers in the fair queue.
 func (p pageKeys) waiters(v *snapshotView) []serveWaiter {
 	ws := []serveWaiter{}
 	for _, ad := range v.Advisory {
@@ -407,6 +416,14 @@ func (p pageKeys) waiters(v *snapshotView) []serveWaiter {
 				w.Key = p.key(p.keyOf[w.KeyHash])
 			}
 			ws = append(ws, w)
+		}
+	}
+	// The fair queue's tickets, in order per key (an earlier ticket
+	// has waited longer, so the sort below keeps the order).
+	for _, g := range v.Queue.Rows {
+		for _, t := range g.Tickets {
+			ws = append(ws, serveWaiter{What: "queued", KeyHash: g.KeyHash, Key: p.key(g.Key), Process: dash(t.Holder),
+				WaitingMs: t.WaitingMs, Position: t.Position, Mode: t.Mode})
 		}
 	}
 	// Oldest wait first (a waiting Manager's start is not known: last).

@@ -47,7 +47,7 @@ func (a *app) viewFlags(fs *flag.FlagSet, o *viewOpts) {
 	fs.StringVar(&o.deriveStdin, "derive-stdin", "", "like --derive NAME=INPUT for each line of stdin (one input per line), so that inputs\n"+
 		"such as e-mail addresses stay out of the command line (ps, shell history)")
 	fs.StringVar(&o.deriveSep, "derive-sep", "", "split each --derive/--derive-stdin INPUT into the pattern's parts on this separator")
-	fs.IntVar(&o.limit, "limit", 100, fmt.Sprintf("show at most this many leases (live first), 1..%d", store.MaxBatch))
+	fs.IntVar(&o.limit, "limit", 100, fmt.Sprintf("show at most this many leases (live first), shared holds and queued tickets, 1..%d", store.MaxBatch))
 	fs.StringVar(&o.notifyChannel, "notify-channel", manager.DefaultNotifyChannel, "the channel the Managers listen on (manager.Config.NotifyChannel), for the release trigger's check")
 }
 

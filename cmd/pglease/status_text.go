@@ -16,6 +16,7 @@ func printStatus(w io.Writer, v *snapshotView, prev map[string]string) {
 	printLeases(w, v, prev)
 	printShared(w, v)
 	printMarks(w, v)
+	printQueue(w, v)
 	printManagers(w, v.WaitingManagers, "WAITING MANAGERS", "pglease Managers whose callers wait for a lease held elsewhere")
 	printManagers(w, v.WatchingManagers, "WATCHING MANAGERS", "pglease Managers told of every change of the key as it commits (watchers)")
 	printGuarded(w, v)
@@ -147,14 +148,18 @@ type contended struct {
 	waiters, managers int
 	longest           int64 // ms
 	writer            bool  // an exclusive waiting mark
+	// queued counts the key's tickets in the fair queue; inLine is the
+	// longest of their waits (ms).
+	queued int
+	inLine int64
 }
 
 // weight orders contention: the most waiters first.
 func (c contended) weight() int {
 	if c.writer {
-		return c.waiters + c.managers + 1
+		return c.waiters + c.managers + c.queued + 1
 	}
-	return c.waiters + c.managers
+	return c.waiters + c.managers + c.queued
 }
 
 // contention is contention at a glance: the keys someone waits for, the
@@ -178,6 +183,13 @@ func contention(v *snapshotView) []contended {
 	slices.Sort(hs)
 	for _, h := range hs {
 		at("lease " + h).waiters += v.acquiresWaiting[h]
+	}
+	for _, g := range v.Queue.Rows {
+		c := at("lease " + g.KeyHash)
+		c.queued += g.Length
+		for _, t := range g.Tickets {
+			c.inLine = max(c.inLine, t.WaitingMs)
+		}
 	}
 	for _, m := range v.Marks {
 		if m.Mark == markExclusiveWaiting {
@@ -223,6 +235,9 @@ func printContention(w io.Writer, cs []contended) {
 				p += ", longest " + short(time.Duration(c.longest)*time.Millisecond)
 			}
 			parts = append(parts, p)
+		}
+		if c.queued > 0 {
+			parts = append(parts, fmt.Sprintf("%d in line (fair queue), longest %s", c.queued, short(time.Duration(c.inLine)*time.Millisecond)))
 		}
 		if c.managers > 0 {
 			parts = append(parts, fmt.Sprintf("%d waiting Manager(s)", c.managers))

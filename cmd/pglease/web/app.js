@@ -53,7 +53,8 @@ function render(st) {
     if (h.kind === "permits") kind += " " + h.count + "/" + h.limit;
     if (h.kind === "readers") kind += " " + h.count;
     tr.append(el("td", keyOf(h), "key"), el("td", kind), el("td", h.holders.join(", ")), el("td", h.fence || "-"),
-      el("td", dur(h.held_ms)), el("td", h.kind === "lease" ? "in " + dur(h.expires_in_ms) : "-"), el("td", h.waiting));
+      el("td", dur(h.held_ms)), el("td", h.kind === "lease" ? "in " + dur(h.expires_in_ms) : "-"),
+      el("td", h.queued ? h.waiting + " + " + h.queued + " in line" : h.waiting));
     const act = el("td");
     if (st.can_revoke && h.kind === "lease") {
       const b = el("button", "revoke");
@@ -66,7 +67,8 @@ function render(st) {
 
   fill("waiters", st.waiters.map((w, i) => {
     const tr = el("tr");
-    tr.append(el("td", i + 1), el("td", keyOf(w), "key"), el("td", w.what), el("td", w.pid + " " + w.process),
+    const what = w.position ? "queued #" + w.position + " (" + w.mode + ")" : w.what;
+    tr.append(el("td", i + 1), el("td", keyOf(w), "key"), el("td", what), el("td", w.pid ? w.pid + " " + w.process : w.process),
       el("td", w.waiting_ms ? dur(w.waiting_ms) : "-"));
     return tr;
   }), 5, "nobody waits");
