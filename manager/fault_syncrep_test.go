@@ -37,26 +37,6 @@ func syncRepWaiters(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 	return pgx.CollectRows(rows, pgx.RowTo[int])
 }
 
-// waitSyncRepWaiters polls until at least n backends wait for the
-// synchronous standby, and returns their pids.
-func waitSyncRepWaiters(t *testing.T, ctx context.Context, conn *pgx.Conn, n int) []int {
-	t.Helper()
-	deadline := time.Now().Add(4 * waitTimeout())
-	for {
-		pids, err := syncRepWaiters(ctx, conn)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if len(pids) >= n {
-			return pids
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d backends wait for the synchronous standby after %v, want %d", len(pids), 4*waitTimeout(), n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestSyncCommitCancelled shows what a cancelled synchronous commit does to
 // a grant, and what pglease does about it.
 //
@@ -359,8 +339,8 @@ func TestSyncCommitCancelled(t *testing.T) {
 	if !errors.As(err, &pe) || pe.Code != pglease.CodeFenceRegression {
 		t.Fatalf("Acquire by the process that saw fence %d: %v, want CodeFenceRegression", seen.Fence(), err)
 	}
-	t.Log(fmt.Sprintf("after the failover: sc:kept fence above %d (replicated), sc:cut fence %d issued again to another process; "+
-		"plain guard accepted it, grant guard refused it; the process that saw it: %v", kept.Fence(), cut.Fence(), pe.Code))
+	t.Logf("after the failover: sc:kept fence above %d (replicated), sc:cut fence %d issued again to another process; "+
+		"plain guard accepted it, grant guard refused it; the process that saw it: %v", kept.Fence(), cut.Fence(), pe.Code)
 }
 
 // TestSyncCommitTimeoutLeavesNoLease: with the synchronous standby gone,

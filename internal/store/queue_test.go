@@ -245,7 +245,6 @@ func TestQueueServesArrivalOrder(t *testing.T) {
 // process notified only of grants of its own tickets, once each.
 func TestQueueConcurrentFIFO(t *testing.T) {
 	procs, admin := newQProcs(t, 4)
-	c := ctx(t)
 	c, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	_, err := admin.Exec(c, `CREATE TABLE qlog (seq bigint, lock_id text);
