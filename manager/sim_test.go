@@ -308,7 +308,7 @@ func (w *simWorld) newMgr(i int, s *model.Store) *simMgr {
 		maxConns:      8,
 		extBatch:      store.MaxExtendBatch,
 	}
-	m.test.clock = time.Now // the bubble's clock
+	m.test.clock = time.Now                                                                              // the bubble's clock
 	m.test.jitter = func(n time.Duration) time.Duration { return time.Duration(w.rng.Int64N(int64(n))) } // release retries: the seed's draws
 	m.acqLimit, m.relLimit, m.extLimit = cfg.MaxInFlight, cfg.MaxInFlight, cfg.MaxInFlight
 	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
