@@ -136,6 +136,8 @@ func simulate(seed uint64, steps int) (res simResult) {
 	w := &simWorld{
 		rng:      rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
 		fence:    map[string]pglease.Fence{},
+		fenceBy:  map[*simMgr]map[string]pglease.Fence{},
+		reset:    map[string]bool{},
 		rows:     map[string]store.KeyState{},
 		released: map[string]bool{},
 		delays:   map[string]time.Duration{},
@@ -196,11 +198,13 @@ type simWorld struct {
 	reqs []*simReq // every caller's request
 
 	// The oracle.
-	fence    map[string]pglease.Fence  // highest fence told per key (exclusive holds)
-	rows     map[string]store.KeyState // each key's exclusive row as last seen on the server
-	released map[string]bool           // lockId hashes whose row a release deleted
-	delays   map[string]time.Duration  // lock delay asked for, by lockId hash
-	told     map[*Lock]*simHold        // every lock a caller was told it holds
+	fence    map[string]pglease.Fence             // highest fence told per key (exclusive holds)
+	fenceBy  map[*simMgr]map[string]pglease.Fence // the same, per Manager
+	reset    map[string]bool                      // keys whose fence counter was set back
+	rows     map[string]store.KeyState            // each key's exclusive row as last seen on the server
+	released map[string]bool                      // lockId hashes whose row a release deleted
+	delays   map[string]time.Duration             // lock delay asked for, by lockId hash
+	told     map[*Lock]*simHold                   // every lock a caller was told it holds
 }
 
 type simMgr struct {
@@ -308,8 +312,9 @@ func (w *simWorld) newMgr(i int, s *model.Store) *simMgr {
 		maxConns:      8,
 		extBatch:      store.MaxExtendBatch,
 	}
-	m.test.clock = time.Now                                                                              // the bubble's clock
-	m.test.jitter = func(n time.Duration) time.Duration { return time.Duration(w.rng.Int64N(int64(n))) } // release retries: the seed's draws
+	m.test.clock = time.Now // the bubble's clock
+	// A release retry's jitter: the seed's draws.
+	m.test.jitter = func(n time.Duration) time.Duration { return time.Duration(w.rng.Int64N(int64(n))) }
 	m.acqLimit, m.relLimit, m.extLimit = cfg.MaxInFlight, cfg.MaxInFlight, cfg.MaxInFlight
 	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
 	g := &simMgr{i: i, m: m, waited: map[string]bool{}}
@@ -362,10 +367,33 @@ func (w *simWorld) step() {
 		w.deliverNote()
 	case r < 86:
 		w.handOver()
-	default:
+	case r < 99:
 		w.advance()
+	default:
+		w.resetFence()
 	}
 	w.check()
+}
+
+// resetFence sets a key's fence counter back, as an operator (or a
+// restore from an old backup) could: the server then hands out fences
+// it handed out before. A Manager that saw a higher fence for the key
+// must refuse them (fence monotonicity); across Managers, nothing can
+// tell, so the global check stops for that key.
+func (w *simWorld) resetFence() {
+	if !w.faults {
+		return
+	}
+	key := simKeys[w.rng.IntN(len(simKeys))]
+	snap, err := w.base.Snapshot(context.Background(), []string{key})
+	if err != nil || snap[0].Fence < 2 {
+		return
+	}
+	f := pglease.Fence(w.rng.Int64N(int64(snap[0].Fence)))
+	w.base.SetFenceCounter(key, f)
+	w.reset[key] = true
+	w.stats["fault: fence counter set back"]++
+	w.logf("%s's fence counter set back to %d", key, f)
 }
 
 func (w *simWorld) pickMgr() *simMgr { return w.mgrs[w.rng.IntN(len(w.mgrs))] }
@@ -433,6 +461,9 @@ func (w *simWorld) observe() {
 	case ans := <-r.req.reply:
 		r.settled = true
 		w.logf("m%d caller %d reads: %s", r.mgr.i, slices.Index(w.reqs, r), ansString(ans))
+		if ans.err != nil {
+			w.stats["read: "+pglease.CodeOf(ans.err).String()]++
+		}
 		r.locks = append(r.locks, ans.locks...)
 		if ans.lock != nil {
 			r.locks = append(r.locks, ans.lock)
@@ -862,11 +893,23 @@ func (w *simWorld) check() {
 				w.stats["told: exclusive"]++
 			}
 			if !lk.shared {
-				if f, ok := w.fence[lk.key]; ok && lk.fence <= f {
+				// Fences told strictly increase per key: in each Manager
+				// always, across them unless the counter was set back.
+				mine := w.fenceBy[r.mgr]
+				if mine == nil {
+					mine = map[string]pglease.Fence{}
+					w.fenceBy[r.mgr] = mine
+				}
+				if f, ok := mine[lk.key]; ok && lk.fence <= f {
+					w.fail("m%d told fence %d of %s after %d", r.mgr.i, lk.fence, lk.key, f)
+					return
+				}
+				if f, ok := w.fence[lk.key]; ok && lk.fence <= f && !w.reset[lk.key] {
 					w.fail("fence of %s told %d after %d", lk.key, lk.fence, f)
 					return
 				}
-				w.fence[lk.key] = lk.fence
+				mine[lk.key] = lk.fence
+				w.fence[lk.key] = max(w.fence[lk.key], lk.fence)
 			}
 		}
 	}
