@@ -612,6 +612,15 @@ func (w *simWorld) perform(i int, f simFate) {
 	}
 	c.decide <- f
 	synctest.Wait()
+	if w.faults && w.rng.IntN(30) == 0 {
+		// The answer is in, and the process pauses before its loop
+		// reads it: a late answer.
+		d := time.Duration(200+w.rng.IntN(3000)) * time.Millisecond
+		w.logf("pause %v before m%d reads the answer", d, c.mgr.i)
+		w.stats["fault: pause before an answer is read"]++
+		time.Sleep(d)
+		synctest.Wait()
+	}
 	w.settle(c.mgr)
 	w.check()
 }
@@ -881,6 +890,10 @@ func (w *simWorld) check() {
 				return
 			}
 			r.peeked = append(r.peeked, lk)
+			if !now.Before(lk.start.Add(time.Duration(lk.lease.trustedNs.Load()))) {
+				w.fail("m%d told caller %d a lock of %s whose trust window had passed", r.mgr.i, ri, lk.key)
+				return
+			}
 			w.told[lk] = &simHold{mgr: r.mgr, lk: lk, limit: r.req.limit, seq: len(w.told)}
 			w.delays[pglease.HashKey(lk.id)] = r.req.delay
 			w.logf("m%d told caller %d: %s fence %d (lockId %s)", r.mgr.i, ri, lk.key, lk.fence, pglease.HashKey(lk.id)[:8])
