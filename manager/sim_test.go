@@ -44,8 +44,27 @@ import (
 // reader beside it, no more permits than the limit), by what callers
 // were told and by the model's rows; fences told strictly increase per
 // key; no grant stays with a caller who left; no key is granted inside
-// a lock delay; and at the end, after Close: every waiter was answered,
-// and no lease is left live on the server.
+// a lock delay; a lock is trusted when it is told; and at the end, after
+// Close: every waiter was answered, and no lease is left live on the
+// server.
+//
+// A failing seed prints its trace and how to replay it; -sim.runs runs
+// more schedules (thousands: -sim.runs=5000 takes seconds), -sim.first
+// others. A seed replays exactly (TestSimulateReplays): the generator
+// makes every choice, the clock is the bubble's, the retry backoff has
+// no jitter and a release retry's jitter is the generator's
+// (testHooks.jitter); only lockIds differ from run to run.
+//
+// Not covered: the Manager's own goroutine (run's select and timer, the
+// DB worker pool), the public calls above the loop (Acquire's wait and
+// its errors, Do, Lock.Release and Lock.Extend through their channels),
+// hold limits, watches, Revoke and release requests, advisory locks,
+// the listener service itself (its reconnects and resyncs: a lost
+// wake-up here is lost for good, and only polling makes up for it),
+// foreign (SyncGuard) holders, the fair queue, SQL and pgx (the model
+// store stands in, held to the real one by storetest), and clock skew
+// (the server's clock is the bubble's). Shared holds are checked on the
+// server by count, not by lockId.
 
 var (
 	simSeed  = flag.Uint64("sim.seed", 0, "TestSimulate: replay this one schedule")
