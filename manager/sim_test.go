@@ -250,7 +250,8 @@ type simWorld struct {
 	calls []*simCall // store calls waiting for their fate, in arrival order
 	notes []string   // wake-up payloads sent, not delivered yet
 
-	reqs []*simReq // every caller's request
+	reqs    []*simReq    // every caller's request
+	extends []chan error // every Lock.Extend call's answer
 
 	// The oracle.
 	fence    map[string]pglease.Fence             // highest fence told per key (exclusive holds)
@@ -431,12 +432,54 @@ func (w *simWorld) step() {
 		w.deliverNote()
 	case r < 86:
 		w.handOver()
-	case r < 99:
+	case r < 96:
 		w.advance()
+	case r < 98:
+		w.extend()
+	case r < 99:
+		w.resync()
 	default:
 		w.resetFence()
 	}
 	w.check()
+}
+
+// extend: a holder calls Lock.Extend.
+func (w *simWorld) extend() {
+	var hs []*simHold
+	for _, r := range w.reqs {
+		for _, lk := range r.locks {
+			if h := w.told[lk]; h != nil && !h.released && !h.mgr.closed {
+				hs = append(hs, h)
+			}
+		}
+	}
+	if len(hs) == 0 {
+		return
+	}
+	slices.SortFunc(hs, func(a, b *simHold) int { return a.seq - b.seq })
+	h := hs[w.rng.IntN(len(hs))]
+	reply := make(chan error, 1)
+	w.extends = append(w.extends, reply)
+	w.logf("m%d extends fence %d of %s", h.mgr.i, h.lk.fence, h.lk.key)
+	h.mgr.st.handleExtend(&extendReq{lock: h.lk, reply: reply})
+	w.settle(h.mgr)
+}
+
+// resync: a Manager's listener reconnected (notifications sent
+// meanwhile are lost) and tells its loop.
+func (w *simWorld) resync() {
+	if !w.faults {
+		return
+	}
+	g := w.pickMgr()
+	if g.closed {
+		return
+	}
+	w.logf("m%d listener resyncs", g.i)
+	w.stats["fault: listener resync"]++
+	g.st.handleNotice(notice{Resync: true})
+	w.settle(g)
 }
 
 // resetFence sets a key's fence counter back, as an operator (or a
@@ -1156,6 +1199,12 @@ func (w *simWorld) closeAll() {
 			r.req.reply <- ans
 		default:
 			w.fail("caller %d (%s) not answered at Close", i, r.desc)
+			return
+		}
+	}
+	for i, reply := range w.extends {
+		if len(reply) == 0 {
+			w.fail("Extend call %d not answered at Close", i)
 			return
 		}
 	}
