@@ -33,13 +33,16 @@ const (
 	relRetryMax  = 2 * time.Second
 )
 
-func relRetryDelay(n int) time.Duration {
+func relRetryDelay(n int, jitter func(time.Duration) time.Duration) time.Duration {
 	d := relRetryBase
 	for i := 1; i < n && d < relRetryMax; i++ {
 		d *= 2
 	}
 	d = min(d, relRetryMax)
-	return d/2 + rand.N(d/2+1)
+	if jitter == nil {
+		jitter = rand.N[time.Duration]
+	}
+	return d/2 + jitter(d/2+1)
 }
 
 // retryRelease schedules it again after a failure with an unknown
@@ -63,7 +66,7 @@ func (st *loopState) retryRelease(it releaseItem, now time.Time) bool {
 		}
 	}
 	it.tries++
-	it.at = now.Add(relRetryDelay(it.tries))
+	it.at = now.Add(relRetryDelay(it.tries, st.m.test.jitter))
 	if !it.at.Before(bound) {
 		return false
 	}

@@ -112,6 +112,9 @@ type extendTiming struct {
 }
 
 type testHooks struct {
+	// jitter, if set, draws a release retry's jitter in [0, n) instead
+	// of math/rand (a simulator's seeded draws replay).
+	jitter func(n time.Duration) time.Duration
 	// beforeBatch runs in the DB goroutine just before the statement is
 	// sent (after the loop counted the batch as in flight).
 	beforeBatch func(kind batchKind, n int)
