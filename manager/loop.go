@@ -291,6 +291,11 @@ func (st *loopState) handleExtendDone(d extendDone) {
 	}
 	n, lost := 0, 0
 	for i, h := range d.batch {
+		if d.err != nil && d.start.After(h.unknownStart) {
+			// It may have run: a kept row lives until TTL after it, even
+			// if the lock was lost meanwhile (keptUntil).
+			h.unknownStart = d.start
+		}
 		if _, ok := st.held[h]; !ok {
 			continue // released or lost meanwhile
 		}

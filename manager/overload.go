@@ -180,7 +180,11 @@ func (st *loopState) nextShed() time.Time {
 		return time.Time{}
 	}
 	next := o.lastHit.Add(st.m.shedCalm())
-	if !o.next.IsZero() && o.next.Before(next) &&
+	// A pace already past is no reason to wake: nextShed is asked after a
+	// flush, which sent what the pace allowed, so what still waits waits
+	// for a batch slot, and the landing batch wakes the loop (without
+	// this the loop's timer stayed due and the loop spun until then).
+	if !o.next.IsZero() && o.next.Before(next) && o.next.After(st.m.now()) &&
 		st.acquires.waiting()+st.sharedAcqs.waiting()+st.setAcqs.waiting() > 0 {
 		next = o.next
 	}

@@ -150,6 +150,10 @@ type holding struct {
 	ks    *keyState
 	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
 	lease heldLease        // last successful attempt; Pending/NotBefore/Manual
+	// unknownStart is when the latest extend whose outcome is unknown was
+	// sent (zero: none since the last success): it may have run on the
+	// server, which then keeps the row until TTL after it (keptUntil).
+	unknownStart time.Time
 	// lossAt is lease.TrustedUntil() in st.loss, which ends the lock at
 	// that time independently of the loop; lossIdx is the holding's
 	// position in st.loss's heap (-1: not in it), lossFired tells that
@@ -511,9 +515,10 @@ func (st *loopState) lose(h *holding, cause error, rowMayRemain bool, lc obs.Los
 
 // keep remembers a lost lock whose row may still be on the server, until
 // the server has expired it for sure: the last successful acquire or
-// extend was sent at lease.Start and answered within StatementTimeout, so
-// the server's expires_at is at most Start + StatementTimeout + TTL (plus
-// a second for the clocks' rates).
+// extend was sent at lease.Start (or a later extend whose outcome is
+// unknown at unknownStart) and ran within StatementTimeout, so the
+// server's expires_at is at most that + StatementTimeout + TTL (plus a
+// second for the clocks' rates).
 func (st *loopState) keep(h *holding) {
 	st.kept[h] = struct{}{}
 }
@@ -522,7 +527,11 @@ func (st *loopState) keep(h *holding) {
 // sure: forgetting it is safe after that. (h.lease no longer changes once
 // h is lost.)
 func (st *loopState) keptUntil(h *holding) time.Time {
-	return h.lease.Start.Add(st.m.cfg.StatementTimeout + h.lock.ttl + time.Second)
+	start := h.lease.Start
+	if h.unknownStart.After(start) {
+		start = h.unknownStart // an extend that may have run after the last success
+	}
+	return start.Add(st.m.cfg.StatementTimeout + h.lock.ttl + time.Second)
 }
 
 // unkeep forgets h and returns whether it was kept.
