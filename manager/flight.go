@@ -88,6 +88,9 @@ const maxHedges = 2
 // current attempt and may still be hedged; a becomes stale.
 func (st *loopState) hedge(a *attempt) {
 	ks := a.ks
+	if _, fair := a.kind.(*fairKind); fair {
+		return // fair.go: its tickets are the same in a hedge
+	}
 	if ks == nil || ks.attempt != a || a.hedges >= maxHedges || len(ks.queue) == 0 || ks.holder != nil || ks.releasing > 0 {
 		return
 	}

@@ -165,6 +165,9 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			rs = d.res[off : off+n]
 		}
 		off += n
+		if k, ok := a.kind.(*fairKind); ok {
+			st.fairLanded(a, k, d, rs) // fair.go
+		}
 		st.settle(a, d, rs, now)
 	}
 }
@@ -360,6 +363,9 @@ func (st *loopState) releaseUnit(a *attempt, lo, hi int, rs []store.AcquireResul
 
 // releaseHold queues the release of a's j-th lockId.
 func (st *loopState) releaseHold(a *attempt, j int, how releaseMode) {
+	if k, ok := a.kind.(*fairKind); ok && k.reqs[j].qgranted {
+		return // its caller holds the grant of this lockId (fair.go)
+	}
 	id, key, hash := a.kind.hold(a, j)
 	it := releaseItem{lockID: id, key: key, ttl: a.ttl, sc: a.db}
 	if st.closing {
