@@ -1,0 +1,5 @@
+package manager
+
+import "testing"
+
+func TestFairOrderWithoutQueue(t *testing.T) { testFairOrder(t, false) }
