@@ -1,5 +1,0 @@
-package manager
-
-import "testing"
-
-func TestFairOrderWithoutQueue(t *testing.T) { testFairOrder(t, false) }
