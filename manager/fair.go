@@ -239,7 +239,13 @@ func (st *loopState) fairLanded(a *attempt, k *fairKind, d acquireDone, rs []sto
 				// after its grant was released: not knowing which, a
 				// leave could release the caller's lease. Such a ticket
 				// expires in ticketLife; a grant of it goes back (stray).
-				st.noteStray(req.qhash, id, a.ks.key, now)
+				// During Close nothing hears that grant, and the drain has
+				// released (or is releasing) the caller's lock: it leaves.
+				if st.closing {
+					st.leave(id, a.ks.key, req.ttl)
+				} else {
+					st.noteStray(req.qhash, id, a.ks.key, now)
+				}
 			case rs[j].OK && rs[j].Fence != req.qfence:
 				st.releases.add(releaseItem{lockID: id, key: a.ks.key, ks: a.ks, unblocked: true, ttl: req.ttl, sc: a.db})
 			}
@@ -395,6 +401,21 @@ func (st *loopState) noteStray(hash, id, key string, now time.Time) {
 		if now.Before(until) {
 			st.strayGrant(hash)
 		}
+	}
+}
+
+// leaveStrays: Close began; nothing will hear the grant of a stray
+// ticket any more, and the callers' locks are being released: every
+// stray ticket leaves (after the releases of the drain's batch, or with
+// them: a leave that finds a caller's lease still there releases it,
+// which the drain does anyway).
+func (st *loopState) leaveStrays() {
+	now := st.m.now()
+	for h, s := range st.fq.strays {
+		if now.Before(s.until) {
+			st.leave(s.id, s.key, ticketLife)
+		}
+		delete(st.fq.strays, h)
 	}
 }
 

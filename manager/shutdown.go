@@ -86,6 +86,7 @@ func (st *loopState) beginDrain() {
 			st.releaseKept(h, nil)
 		}
 	}
+	st.leaveStrays() // fair.go
 	// Releases waiting for their retry go out now, once more (relretry.go).
 	st.releases.pending = append(st.releases.pending, st.relRetries...)
 	clear(st.relRetries)
