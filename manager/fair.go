@@ -188,10 +188,12 @@ func (k *fairKind) refusal(st *loopState, a *attempt, r store.AcquireResult, now
 	return exclusiveKind{}.refusal(st, a, r, now)
 }
 
-// again: fair attempts are not hedged (hedge): a hedge would carry the
-// same tickets, and the stale attempt's release of them would take a
-// grant from its caller.
-func (k *fairKind) again(a *attempt, id string) attemptKind { return k }
+// again: a hedge carries the same tickets (their lockIds are the
+// waiters' places); whichever answer comes second is stale, and its
+// release skips a lockId its caller was granted (settleStale).
+func (k *fairKind) again(a *attempt, id string) attemptKind {
+	return &fairKind{reqs: k.reqs, items: k.items, ch: k.ch, pos: make([]int, len(k.items))}
+}
 
 func (k *fairKind) keep(st *loopState, a *attempt) bool { return st.keepKeyAttempt(a) }
 

@@ -88,9 +88,6 @@ const maxHedges = 2
 // current attempt and may still be hedged; a becomes stale.
 func (st *loopState) hedge(a *attempt) {
 	ks := a.ks
-	if _, fair := a.kind.(*fairKind); fair {
-		return // fair.go: its tickets are the same in a hedge
-	}
 	if ks == nil || ks.attempt != a || a.hedges >= maxHedges || len(ks.queue) == 0 || ks.holder != nil || ks.releasing > 0 {
 		return
 	}
@@ -152,6 +149,9 @@ func (st *loopState) settleStale(a *attempt, d acquireDone, rs []store.AcquireRe
 		return false
 	}
 	for j := range a.kind.holds(a) {
+		if k, ok := a.kind.(*fairKind); ok && k.reqs[j].qgranted {
+			continue // its caller holds the grant of this lockId (fair.go: fairLanded settled the rest)
+		}
 		if mayHaveGranted(d.err) || (d.err == nil && rs[j].OK) {
 			// Not blocking the key's attempts: this release may meet a
 			// dead connection too.
