@@ -208,6 +208,17 @@ func (k *fairKind) served(a *attempt, add func(*obs.Acquisition) bool) bool {
 
 func (k *fairKind) op(try bool) string { return "manager.Acquire" }
 
+// fairWaiting reports whether a is a fair attempt: its ambiguous outcome
+// releases nothing. A waiter still waiting keeps the lockId, and the
+// next QueueWait of its ticket answers a grant this one made (granted,
+// idempotently), where a release sent now could end that later grant of
+// the same lockId; a waiter that left leaves its ticket (fairLanded: a
+// leave releases a grant), one granted meanwhile holds the lease.
+func fairWaiting(a *attempt) bool {
+	_, ok := a.kind.(*fairKind)
+	return ok
+}
+
 // ticketServed records that req's ticket was granted to it, with fence f.
 func (st *loopState) ticketServed(req *acquireReq, f pglease.Fence) {
 	req.qgranted, req.qfence = true, f

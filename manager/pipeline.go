@@ -192,7 +192,7 @@ func (st *loopState) settle(a *attempt, d acquireDone, rs []store.AcquireResult,
 		st.releaseHolds(a, d, rs, relDetached)
 		w.closed(st, a)
 	case d.err != nil:
-		if mayHaveGranted(d.err) {
+		if mayHaveGranted(d.err) && !fairWaiting(a) {
 			st.releaseHolds(a, d, rs, relBlocking)
 		}
 		w.failed(st, a, d.err, now, d.db)
