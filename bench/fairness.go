@@ -44,7 +44,10 @@ import (
 // especially: set_timeouts). deliveries_per_grant: notifications on the
 // Managers' shared channel, times the Managers listening on it, per grant
 // (target ≤ 1.5): a release that wakes every waiting process costs one
-// delivery per listening process.
+// delivery per listening process. For manager-fair (the Manager with
+// Config.FairQueue) the count is the shared channel's only: a Manager's
+// turn notices on its own queue channel (at most one per handoff, to the
+// head's process) are not visible to the bench.
 const (
 	fairWait     = 10 * time.Second
 	fairSetKeys  = 4
@@ -59,7 +62,7 @@ type fairConfig struct {
 	hold       time.Duration // critical section
 	limit      int           // semaphore's n
 	kinds      []string
-	impls      []string // "manager" (today's Manager), "queue" (the fair queue's store calls)
+	impls      []string // "manager" (the Manager), "manager-fair" (with Config.FairQueue), "queue" (the fair queue's store calls)
 }
 
 var fairKinds = []string{"mutex", "semaphore", "rwlock", "set"}
@@ -75,7 +78,7 @@ type fairSpec struct {
 	Duration   time.Duration `json:"duration"`
 	Hold       time.Duration `json:"hold"`
 	Limit      int           `json:"limit"`
-	Impl       string        `json:"impl"` // "manager" or "queue"
+	Impl       string        `json:"impl"` // "manager", "manager-fair" or "queue"
 }
 
 // fairCaller is what one caller of a worker saw in the window.
@@ -156,7 +159,7 @@ func fairWorker(spec fairSpec, in *bufio.Reader, out io.Writer) (rep fairReport)
 		}()
 		cycles = fairQueueCycles(q, spec, sts, setProc)
 	} else {
-		m, err := manager.New(pool, manager.Config{})
+		m, err := manager.New(pool, manager.Config{FairQueue: spec.Impl == "manager-fair"})
 		if err != nil {
 			return fairReport{Err: err.Error()}
 		}
@@ -512,10 +515,14 @@ func summarizeFair(impl, kind string, fc fairConfig, reps []fairReport, window t
 }
 
 // fairImplName is a fairness result's Impl: the kind for the Manager,
-// "queue-" and the kind for the queue implementation.
+// "fair-" and the kind for the Manager with Config.FairQueue, "queue-"
+// and the kind for the queue implementation.
 func fairImplName(impl, kind string) string {
-	if impl == "queue" {
+	switch impl {
+	case "queue":
 		return "queue-" + kind
+	case "manager-fair":
+		return "fair-" + kind
 	}
 	return kind
 }
@@ -525,7 +532,7 @@ func parseFairImpls(s string) ([]string, error) {
 	var out []string
 	for _, k := range strings.Split(s, ",") {
 		k = strings.TrimSpace(k)
-		if k != "manager" && k != "queue" {
+		if k != "manager" && k != "manager-fair" && k != "queue" {
 			return nil, fmt.Errorf("unknown fairness implementation %q", k)
 		}
 		out = append(out, k)
@@ -564,7 +571,7 @@ func fairTargets(res resultSet) []Target {
 	add := func(name, measured string, met *bool) {
 		ts = append(ts, Target{ID: "F", Name: name, Measured: measured, Met: met})
 	}
-	for _, impl := range []string{"manager", "queue"} {
+	for _, impl := range []string{"manager", "manager-fair", "queue"} {
 		for _, kind := range fairKinds {
 			name := fairImplName(impl, kind)
 			for _, r := range res.all("fairness", name) {

@@ -14,10 +14,10 @@ func TestFairnessSmoke(t *testing.T) {
 	t.Parallel()
 	cfg := smokeConfig(t, "fairness")
 	cfg.fair = fairConfig{callers: []int{1, 2}, setCallers: 1, duration: 700 * time.Millisecond, hold: time.Millisecond, limit: 2,
-		kinds: fairKinds, impls: []string{"manager", "queue"}}
+		kinds: fairKinds, impls: []string{"manager", "manager-fair", "queue"}}
 	res, table := runSmoke(t, cfg)
-	if len(res) != 2*len(fairKinds) {
-		t.Fatalf("%d results, want %d:\n%s", len(res), 2*len(fairKinds), table)
+	if len(res) != 3*len(fairKinds) {
+		t.Fatalf("%d results, want %d:\n%s", len(res), 3*len(fairKinds), table)
 	}
 	for _, r := range res {
 		x := r.Extra
@@ -27,7 +27,7 @@ func TestFairnessSmoke(t *testing.T) {
 		if _, ok := x["deliveries_per_grant"]; !ok {
 			t.Errorf("%s: no deliveries_per_grant", r.Impl)
 		}
-		switch strings.TrimPrefix(r.Impl, "queue-") {
+		switch strings.TrimPrefix(strings.TrimPrefix(r.Impl, "queue-"), "fair-") {
 		case "set":
 			if x["set_grants"]+x["set_timeouts"] <= 0 || x["single_grants"] <= 0 {
 				t.Errorf("set: %+v", x)

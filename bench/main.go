@@ -315,7 +315,7 @@ func main() {
 	flag.DurationVar(&cfg.fair.hold, "fair-hold", 2*time.Millisecond, "fairness: how long each grant is held")
 	flag.IntVar(&cfg.fair.limit, "fair-limit", 2, "fairness: the semaphore's n")
 	flag.StringVar(&fairKindsFlag, "fair-kinds", "mutex,semaphore,rwlock,set", "fairness: kinds to run")
-	flag.StringVar(&fairImplsFlag, "fair-impls", "manager,queue", "fairness: implementations (manager: today's Manager; queue: the fair queue's store calls, no Manager)")
+	flag.StringVar(&fairImplsFlag, "fair-impls", "manager,manager-fair,queue", "fairness: implementations (manager: the Manager; manager-fair: the Manager with Config.FairQueue; queue: the fair queue's store calls, no Manager)")
 	flag.StringVar(&scen, "scenarios", "uncontended,peers,hotkey,heartbeat,advisory,shared,hotshared,sets,txlease,guard,fleet,mixed,fairness", "scenarios to run")
 	flag.StringVar(&cfg.markdown, "markdown", "bench/out/results.md", "write the run's tables (uncontended, hot key, heartbeat, fleet, primitives, targets) as Markdown for docs/performance.md here (empty: none)")
 	flag.IntVar(&cfg.rounds, "rounds", 1, "uncontended: run each point this many times, implementations interleaved, and report the median")

@@ -149,6 +149,13 @@ func (st *loopState) settleStale(a *attempt, d acquireDone, rs []store.AcquireRe
 		return false
 	}
 	for j := range a.kind.holds(a) {
+		if k, ok := a.kind.(*fairKind); ok && (k.reqs[j].qgranted || !k.reqs[j].answered) {
+			// Its caller holds the grant of this lockId, or still waits
+			// with it: the next QueueWait of the ticket answers a grant
+			// this one made (fair.go). A release now could end a later
+			// grant of the same lockId.
+			continue
+		}
 		if mayHaveGranted(d.err) || (d.err == nil && rs[j].OK) {
 			// Not blocking the key's attempts: this release may meet a
 			// dead connection too.

@@ -112,8 +112,14 @@ func sgLock(ctx context.Context, pool *pgxpool.Pool, key string) (attempts int, 
 // Judged in attempts and timeouts, not wall time: SyncGuard's attempts
 // per lock() call, and its timeouts.
 func TestForeignPollerGetsHotKey(t *testing.T) {
-	const channel = "pglease_foreign_test"
-	b := setup(t, setupOpts{cfg: Config{Config: pg.Config{NotifyChannel: channel}}})
+	testForeignPoller(t, Config{Config: pg.Config{NotifyChannel: "pglease_foreign_test"}})
+}
+
+// testForeignPoller is TestForeignPollerGetsHotKey with the Manager's
+// cfg.
+func testForeignPoller(t *testing.T, cfg Config) {
+	channel := cfg.NotifyChannel
+	b := setup(t, setupOpts{cfg: cfg})
 	ctx := ctxT(t)
 	mg, err := migrate.New(b.admin, pg.Config{}) // the trigger needs the table owner
 	if err != nil {

@@ -55,7 +55,7 @@ func (st *loopState) queueHandOff(it releaseItem) bool {
 	if ks == nil {
 		return false
 	}
-	if !st.yieldForeign(ks) || st.closing || it.lost != nil || len(ks.queue) == 0 || ks.queue[0].shared || ks.nShared > 0 || ks.inTurn() ||
+	if st.fair() || !st.yieldForeign(ks) || st.closing || it.lost != nil || len(ks.queue) == 0 || ks.queue[0].shared || ks.nShared > 0 || ks.inTurn() ||
 		ks.attempt != nil || ks.releasing != 1 || ks.handOffs >= maxLocalHandOffs {
 		ks.handOffs = 0
 		return false

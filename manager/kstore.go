@@ -2,6 +2,7 @@ package manager
 
 import (
 	"context"
+	"time"
 
 	"github.com/pglease/pglease/internal/store"
 )
@@ -18,6 +19,12 @@ type kernelStore interface {
 	AcquireSharedMany(ctx context.Context, reqs []store.SharedRequest) ([]store.AcquireResult, error)
 	AcquireSets(ctx context.Context, sets [][]store.AcquireRequest) ([][]store.AcquireResult, error)
 	HandOff(ctx context.Context, reqs []store.HandOffRequest) ([]store.HandOffResult, error)
+	// The fair queue (Config.FairQueue, fair.go): acquire or enqueue,
+	// refresh the tickets, release and serve the head, leave.
+	QueueWait(ctx context.Context, reqs []store.WaitRequest, qchannel string, life time.Duration) ([]store.WaitResult, error)
+	QueueRefresh(ctx context.Context, lockIDs []string, life time.Duration) ([]store.TicketState, error)
+	QueueRelease(ctx context.Context, reqs []store.ReleaseRequest, grant bool) ([]store.QueueReleaseResult, error)
+	QueueLeave(ctx context.Context, lockIDs []string) ([]store.LeaveResult, error)
 	// Held leases: extends and releases.
 	ExtendMany(ctx context.Context, reqs []store.ExtendRequest) ([]store.ExtendResult, error)
 	ReleaseWaited(ctx context.Context, reqs []store.ReleaseRequest) ([]bool, error)

@@ -57,6 +57,10 @@ func (st *loopState) startListener() {
 	st.lis.Handle(notifier.ReleaseRequest, notifier.Handler{
 		Notice: func(n notifier.Notice) { st.handleReleaseRequest(n.Note) },
 	})
+	st.lis.Handle(notifier.Turn, notifier.Handler{
+		Notice: func(n notifier.Notice) { st.handleTurn(n.Turn) }, // fair.go
+		Resync: st.fairResync,
+	})
 	m := st.m
 	if m.cfg.DisableNotify {
 		return
@@ -64,6 +68,7 @@ func (st *loopState) startListener() {
 	cfg := notifier.Config{
 		Conn:             m.listenCfg,
 		Channel:          m.cfg.NotifyChannel,
+		QueueChannel:     m.qch,
 		DefaultChannel:   DefaultNotifyChannel,
 		StatementTimeout: m.cfg.StatementTimeout,
 		Store:            store.Config(m.storeCfg),

@@ -191,9 +191,21 @@ func TestDeadPooledConnections(t *testing.T) {
 // callers are served by a new attempt: both within about stuckAfter.
 func TestStuckBatchNoGlobalStall(t *testing.T) {
 	t.Parallel()
+	testStuckBatch(t, Config{})
+}
+
+// TestFairStuckBatchNoGlobalStall is TestStuckBatchNoGlobalStall with the
+// fair queue: a stuck QueueWait is hedged with the same tickets.
+func TestFairStuckBatchNoGlobalStall(t *testing.T) {
+	t.Parallel()
+	testStuckBatch(t, Config{FairQueue: true})
+}
+
+func testStuckBatch(t *testing.T, cfg Config) {
 	gate := make(chan struct{})
 	var sent atomic.Int32
 	b := setup(t, setupOpts{
+		cfg:  cfg,
 		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.MaxConns = 4 }},
 		hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
 			if kind == kindAcquire && sent.Add(1) == 1 {

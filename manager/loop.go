@@ -1,6 +1,7 @@
 package manager
 
 import (
+	"cmp"
 	"container/heap"
 	"context"
 	"slices"
@@ -66,6 +67,9 @@ func (m *Manager) run(st *loopState) {
 		case d := <-m.extendDoneCh:
 			lm.Busy()
 			st.handleExtendDone(d)
+		case d := <-m.refreshDoneCh:
+			lm.Busy()
+			st.handleRefreshDone(d) // fair.go
 		case n := <-m.notifyCh:
 			lm.Busy()
 			st.handleNotice(n)
@@ -170,6 +174,7 @@ func (st *loopState) handleAbandon(req *acquireReq) {
 			st.waiting--
 			st.unqueued(ks)
 		}
+		st.leaveTicket(req) // fair.go: a grant that raced with it is released
 		// What the wait ended on (waitErr): a holder here, a holder
 		// elsewhere (named by its last "locked" answer), or an outage.
 		ans.heldHere, ans.lastErr, ans.heldBy = ks.heldHere(req), ks.lastErr, ks.heldBy()
@@ -223,11 +228,15 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
 	for i, it := range d.batch {
 		var err error
+		derr := d.err
+		if it.leave {
+			derr = d.leaveErr
+		}
 		// An unknown outcome is retried while the lease may be live on the
 		// server and a retry can help (relretry.go); the key stays
 		// "releasing" meanwhile.
-		retried := d.err != nil && retryable(d.err) && st.retryRelease(it, now)
-		if !retried && d.err == nil && it.pending && !d.res[i] && !st.closing {
+		retried := derr != nil && retryable(derr) && st.retryRelease(it, now)
+		if !retried && derr == nil && it.pending && !d.res[i] && !st.closing {
 			// An ambiguous acquire's lockId, not (yet) held: its commit may
 			// still land (releaseItem.pending). Retried in the background;
 			// the key's waiters go on now.
@@ -240,21 +249,21 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 				continue
 			}
 		}
-		if it.ks != nil && d.err != nil {
+		if it.ks != nil && derr != nil {
 			// The key's waiters wait for this release: it failing to
 			// reach the database is how their wait may end (waitErr). Its
 			// success clears nothing: the attempt it lets go decides.
-			it.ks.lastErr = d.err
+			it.ks.lastErr = derr
 		}
 		switch {
 		case it.lost != nil:
 			err = it.lost
-		case d.err != nil && retried:
-			err = pgerr.New(pglease.CodeOf(d.err), "manager.Release",
-				"release outcome unknown: the lock is no longer extended; the release is retried until the server answers or the lease expires", d.err)
-		case d.err != nil:
-			err = pgerr.New(pglease.CodeOf(d.err), "manager.Release",
-				"release outcome unknown: the lock is no longer extended and expires by itself", d.err)
+		case derr != nil && retried:
+			err = pgerr.New(pglease.CodeOf(derr), "manager.Release",
+				"release outcome unknown: the lock is no longer extended; the release is retried until the server answers or the lease expires", derr)
+		case derr != nil:
+			err = pgerr.New(pglease.CodeOf(derr), "manager.Release",
+				"release outcome unknown: the lock is no longer extended and expires by itself", derr)
 			if st.closeErr == nil && st.closing && it.handed {
 				st.closeErr = err // a lock a caller held (Close)
 			}
@@ -276,7 +285,11 @@ func (st *loopState) handleReleaseDone(d releaseDone) {
 				ks.releasing--
 			}
 			st.sig().released.signal(ks.key)
-			st.forceKick(ks) // local handoff: the next waiter tries at once
+			if st.fair() {
+				st.fairAfterRelease(ks) // fair.go: the release served the queue
+			} else {
+				st.forceKick(ks) // local handoff: the next waiter tries at once
+			}
 			st.gc(ks)
 		}
 	}
@@ -371,6 +384,7 @@ func (st *loopState) handleDue(now time.Time) {
 	st.dueWatch(now)
 	st.sweepLingering(now) // waiters.go
 	st.shedDue(now)        // overload.go
+	st.fairDue(now)        // fair.go
 	for len(st.retries) > 0 && !st.retries[0].at.After(now) {
 		e := heap.Pop(&st.retries).(retryEntry)
 		switch {
@@ -556,15 +570,21 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	defer cancel()
 	m.beforeBatch(kindRelease, len(batch))
 	ctx, db := m.rec.StartDB(ctx, obs.OpReleaseMany, len(batch), parent, served...)
-	res, err := m.store.ReleaseWaited(ctx, reqs)
+	var res []bool
+	var err, leaveErr error
+	if m.cfg.FairQueue {
+		res, err, leaveErr = m.sendQueueRelease(ctx, batch) // fair.go
+	} else {
+		res, err = m.store.ReleaseWaited(ctx, reqs)
+	}
 	ok := 0
 	for _, r := range res {
 		if r {
 			ok++
 		}
 	}
-	db.End(ok, err)
-	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, db: db.SpanContext()}
+	db.End(ok, cmp.Or(err, leaveErr))
+	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, leaveErr: leaveErr, db: db.SpanContext()}
 }
 
 func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {

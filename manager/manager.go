@@ -65,6 +65,17 @@ type Config struct {
 	// on DefaultNotifyChannel), and no listening connection is opened. Waiters then learn of releases in
 	// other processes by polling alone.
 	DisableNotify bool
+	// FairQueue serves the exclusive waiters of a key in arrival order
+	// across processes (docs/fairness.md): a waiting Acquire keeps a
+	// ticket in the key's queue table (schema version 4), a release with
+	// tickets queued grants the key to the head in its own transaction
+	// and notifies only the head's process, and a caller that gives up
+	// leaves its ticket. Off by default (see docs/fairness.md for why):
+	// shared holds, semaphore permits and AcquireAll do not queue yet, and
+	// take a queued key only in the moments it is free. TryAcquire never
+	// queues. A dead process's tickets stop blocking its keys 3 s after
+	// its last refresh.
+	FairQueue bool
 	// ListenConnString, if set, is the connection string (pgx.ParseConfig
 	// syntax) of the one connection the Manager LISTENs on, instead of
 	// the pool's connection config. Set it to a direct connection to
@@ -242,6 +253,11 @@ type Manager struct {
 	// the pool's), its connect bounded per host; immutable, nil with
 	// DisableNotify.
 	listenCfg *pgx.ConnConfig
+	// qch is this process's fair-queue channel (Config.FairQueue;
+	// immutable, "" without), refreshDoneCh where the tickets' refresh
+	// posts its answer (fair.go; buffered: one refresh at a time).
+	qch           string
+	refreshDoneCh chan refreshDone
 	// storeCfg is the Store's config (store.New on the listening connection
 	// checks the release trigger there); immutable.
 	storeCfg pg.Config
@@ -415,6 +431,10 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		closing:       make(chan struct{}),
 		done:          make(chan struct{}),
 		work:          make(chan func()),
+		refreshDoneCh: make(chan refreshDone, 1),
+	}
+	if cfg.FairQueue {
+		m.qch = store.QueueChannel()
 	}
 	if !cfg.DisableNotify {
 		lc := pool.Config().ConnConfig

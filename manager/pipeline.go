@@ -165,6 +165,9 @@ func (st *loopState) handleAcquireDone(d acquireDone) {
 			rs = d.res[off : off+n]
 		}
 		off += n
+		if k, ok := a.kind.(*fairKind); ok {
+			st.fairLanded(a, k, d, rs) // fair.go
+		}
 		st.settle(a, d, rs, now)
 	}
 }
@@ -189,7 +192,7 @@ func (st *loopState) settle(a *attempt, d acquireDone, rs []store.AcquireResult,
 		st.releaseHolds(a, d, rs, relDetached)
 		w.closed(st, a)
 	case d.err != nil:
-		if mayHaveGranted(d.err) {
+		if mayHaveGranted(d.err) && !fairWaiting(a) {
 			st.releaseHolds(a, d, rs, relBlocking)
 		}
 		w.failed(st, a, d.err, now, d.db)
@@ -361,6 +364,9 @@ func (st *loopState) releaseUnit(a *attempt, lo, hi int, rs []store.AcquireResul
 // releaseHold queues the release of a's j-th lockId; pending: its grant
 // is not known (releaseItem.pending).
 func (st *loopState) releaseHold(a *attempt, j int, how releaseMode, pending bool) {
+	if k, ok := a.kind.(*fairKind); ok && k.reqs[j].qgranted {
+		return // its caller holds the grant of this lockId (fair.go)
+	}
 	id, key, hash := a.kind.hold(a, j)
 	it := releaseItem{lockID: id, key: key, ttl: a.ttl, sc: a.db, pending: pending}
 	if st.closing {

@@ -5,6 +5,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/store"
 )
@@ -30,6 +31,21 @@ type acquireReq struct {
 
 	holdLimit time.Duration // immutable: WithHoldLimit; 0 for none
 	delay     time.Duration // immutable: WithLockDelay; 0 for none
+
+	// The caller's ticket in the key's fair queue (Config.FairQueue,
+	// fair.go), owned by run: qid is its lockId (made at its first
+	// attempt, kept for the whole wait, so every attempt keeps its place;
+	// the grant's lockId), qhash its hash (what a turn names), qsent the
+	// local send time of the latest statement that found it queued (a
+	// turn's grant is trusted from there, or from qmade before any such
+	// answer came), qpos its last known place,
+	// qgranted that a grant of qid was handed to the caller.
+	qid, qhash string
+	qsent      time.Time
+	qmade      time.Time // when qid was made: before any statement that queued it
+	qpos       int32
+	qgranted   bool
+	qfence     pglease.Fence // the fence of the grant of qid handed to the caller
 
 	// set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
 	// key and hash are then its first key's): the request never joins a
@@ -99,6 +115,11 @@ type releaseItem struct {
 	// unblocked: ks's attempts did not wait for this release (a hedged
 	// attempt's, flight.go); it only kicks ks when answered.
 	unblocked bool
+	// leave: the lockId is a waiter's fair-queue ticket to take out of
+	// its key's queue (store.QueueLeave), not a lease to release;
+	// noServe: release without serving the key's queue (a key left to
+	// foreign pollers for a while, foreign.go).
+	leave, noServe bool
 	// handed: the lockId was handed to a caller (a held lock, released by
 	// its holder or by Close, or a lost one's kept row). Close reports on
 	// these only; the others (lockIds no caller ever got) are best effort.
@@ -148,9 +169,12 @@ type acquireDone struct {
 type releaseDone struct {
 	fl    *flight
 	batch []releaseItem
-	res   []bool
-	err   error
-	db    trace.SpanContext // the round trip's pglease.release_many span
+	// leaveErr is the outcome of the batch's leave items (a statement of
+	// their own, fair.go); err is the others'.
+	leaveErr error
+	res      []bool
+	err      error
+	db       trace.SpanContext // the round trip's pglease.release_many span
 }
 
 type extendDone struct {

@@ -86,6 +86,7 @@ func (st *loopState) beginDrain() {
 			st.releaseKept(h, nil)
 		}
 	}
+	st.leaveStrays() // fair.go
 	// Releases waiting for their retry go out now, once more (relretry.go).
 	st.releases.pending = append(st.releases.pending, st.relRetries...)
 	clear(st.relRetries)
@@ -96,7 +97,7 @@ func (st *loopState) beginDrain() {
 
 // drained reports whether nothing is pending or in flight any more.
 func (st *loopState) drained() bool {
-	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && !st.lis.Running()
+	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && !st.lis.Running() && !st.fq.refreshing
 }
 
 // finish is the last step of the drain: close an owned pool and record the

@@ -53,6 +53,9 @@ type signals struct {
 	releaseRequested    testSignal[string]       // a held lock's ReleaseRequested was closed
 	watchRead           testSignal[int]          // a snapshot read for watches came back (how many keys)
 	shedding            testSignal[bool]         // the Manager started (true) or stopped (false) holding back acquires (overload.go)
+	turn                testSignal[bool]         // a fair-queue notice came on this process's queue channel (granted?)
+	ticket              testSignal[int]          // a waiter's place in its key's fair queue changed (the place)
+	leftGranted         testSignal[string]       // a leaving waiter's ticket had been granted; the leave released it
 }
 
 func (s *signals) init() {
@@ -82,6 +85,9 @@ func (s *signals) init() {
 	s.releaseRequested.init()
 	s.watchRead.init()
 	s.shedding.init()
+	s.turn.init()
+	s.ticket.init()
+	s.leftGranted.init()
 }
 
 // batchKind names a kind of batched statement.

@@ -1423,6 +1423,27 @@ func (s *simStore) Guard(ctx context.Context, tx store.DB, lockID string) (store
 func (s *simStore) Holder() string { return s.s.Holder() }
 func (s *simStore) MarkChecked()   {}
 
+// The fair queue (Config.FairQueue) is not simulated: the model store has
+// no tickets, and the simulated Managers run with the queue off, so a call
+// here is a bug in the simulator (it panics).
+var errSimNoQueue = errors.New("simulator: the fair queue is not simulated (Config.FairQueue is off)")
+
+func (s *simStore) QueueWait(context.Context, []store.WaitRequest, string, time.Duration) ([]store.WaitResult, error) {
+	panic(fmt.Sprintf("%v: QueueWait called", errSimNoQueue))
+}
+
+func (s *simStore) QueueRefresh(context.Context, []string, time.Duration) ([]store.TicketState, error) {
+	panic(fmt.Sprintf("%v: QueueRefresh called", errSimNoQueue))
+}
+
+func (s *simStore) QueueRelease(context.Context, []store.ReleaseRequest, bool) ([]store.QueueReleaseResult, error) {
+	panic(fmt.Sprintf("%v: QueueRelease called", errSimNoQueue))
+}
+
+func (s *simStore) QueueLeave(context.Context, []string) ([]store.LeaveResult, error) {
+	panic(fmt.Sprintf("%v: QueueLeave called", errSimNoQueue))
+}
+
 var _ kernelStore = (*simStore)(nil)
 
 // TestSimulateReplays runs schedules twice each: a seed's trace (every

@@ -48,6 +48,7 @@ type loopState struct {
 	acquires                                lane[*attempt]
 	sharedAcqs                              lane[*attempt] // shared attempts (shared.go)
 	setAcqs                                 lane[*attempt] // set attempts (sets.go)
+	fairAcqs                                lane[*attempt] // fair-queue attempts (fair.go)
 	releases                                lane[releaseItem]
 	extends                                 lane[*holding]
 	handOffs                                lane[handOffItem]
@@ -87,6 +88,8 @@ type loopState struct {
 	// holder lately, by key hash, shared with them in time
 	// (foreign.go); nil in pure pglease fleets.
 	foreign map[string]*foreignKey
+
+	fq fairLoop // owned by run: the fair queue's tickets (fair.go)
 }
 
 // keyState is one key's FIFO queue and attempt loop. Owned by run.
@@ -233,6 +236,8 @@ func newLoopState(m *Manager) *loopState {
 		maxBatch: max(1, m.cfg.MaxBatch/maxCoalesce), adaptive: true, keep: st.keepAttempt, send: st.sendAttempts}
 	st.setAcqs = lane[*attempt]{batchSpec: batchSpec{kindSets, []*slots{&st.acquireSlots}},
 		maxBatch: max(1, m.cfg.MaxBatch/maxSetKeys), keep: st.keepAttempt, send: st.sendAttempts}
+	st.fairAcqs = lane[*attempt]{batchSpec: batchSpec{kindAcquire, []*slots{&st.acquireSlots}},
+		maxBatch: max(1, m.cfg.MaxBatch/maxFairItems), adaptive: true, keep: st.keepAttempt, send: st.sendAttempts}
 	st.releases = lane[releaseItem]{batchSpec: batchSpec{kindRelease, []*slots{&st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, adaptive: true, drains: true, send: st.sendReleases}
 	st.extends = lane[*holding]{batchSpec: batchSpec{kindExtend, []*slots{&st.extendSlots}},
@@ -240,7 +245,7 @@ func newLoopState(m *Manager) *loopState {
 	st.handOffs = lane[handOffItem]{batchSpec: batchSpec{kindHandOff, []*slots{&st.acquireSlots, &st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, keep: st.keepHandOff, send: st.sendHandOffs}
 	st.loss.now = m.now
-	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.sharedAcqs, &st.setAcqs, &st.releases, &st.extends}
+	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.fairAcqs, &st.sharedAcqs, &st.setAcqs, &st.releases, &st.extends}
 	return st
 }
 
@@ -318,10 +323,21 @@ func (st *loopState) gc(ks *keyState) {
 // (shared.go: permits for a reader, readers for a permit, or as many
 // permits as its semaphore allows).
 func (st *loopState) kick(ks *keyState) {
-	if st.closing || len(ks.queue) == 0 || ks.busy() || !ks.retryAt.IsZero() || ks.inTurn() {
+	if st.closing || len(ks.queue) == 0 || ks.inTurn() {
 		return
 	}
 	head := ks.queue[0]
+	// In fair mode an exclusive waiter takes its place in the key's queue
+	// at once (fair.go): even while a caller here holds the key, or a
+	// retry is scheduled.
+	fair := st.fair() && !head.shared
+	newcomer := fair && st.unticketed(ks)
+	if !ks.retryAt.IsZero() && !newcomer {
+		return
+	}
+	if ks.busy() && !(fair && ks.attempt == nil && ks.releasing == 0) {
+		return
+	}
 	if head.shared && ks.heldHere(head) {
 		return // a local release kicks the key
 	}
@@ -330,6 +346,13 @@ func (st *loopState) kick(ks *keyState) {
 	}
 	ks.woken = false
 	ks.chains++
+	if fair {
+		st.clearRetry(ks)
+		a := st.fairAttempt(ks, ks.chains) // fair.go
+		ks.attempt = a
+		a.kind.lane(st).add(a)
+		return
+	}
 	a := newAttempt(ks, head, ks.chains)
 	ks.attempt = a
 	if head.shared {
@@ -419,6 +442,9 @@ func (st *loopState) nextWake() time.Time {
 	if s := st.nextShed(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
+	if s := st.nextRefresh(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
 	for len(st.retries) > 0 {
 		e := st.retries[0]
 		if e.stale() {
@@ -474,7 +500,11 @@ func (st *loopState) releaseHolding(h *holding, reply chan error, parent trace.S
 	}
 	it.rel, it.sc = startRelease(h, parent)
 	h.ks.releasing++
-	if !h.lock.shared && st.queueHandOff(it) { // local waiters: release and grant in one statement
+	if st.fair() {
+		// The release serves the key's queue, unless the key is left to
+		// foreign pollers for a while (foreign.go).
+		it.noServe = !st.yieldForeign(h.ks)
+	} else if !h.lock.shared && st.queueHandOff(it) { // local waiters: release and grant in one statement
 		return
 	}
 	st.releases.add(it)
@@ -743,6 +773,7 @@ func (st *loopState) reportDepth(l *obs.Loop) {
 // failAll answers every waiter of ks with err.
 func (st *loopState) failAll(ks *keyState, err error) {
 	for _, req := range ks.queue {
+		st.leaveTicket(req) // fair.go
 		req.answered = true
 		req.reply <- acquireReply{err: err}
 	}

@@ -118,7 +118,20 @@ func countBatches(s *signals, kind batchKind) (n int) {
 // left in the table.
 func TestCloseUnderLoad(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
+	testCloseUnderLoad(t, Config{})
+}
+
+// TestFairCloseUnderLoad is TestCloseUnderLoad with the fair queue: a
+// grant that Close's drain makes to a ticket nobody will hear of any more
+// (a waiter's, or one an attempt queued again after its caller released
+// the grant) is released, not left in the table.
+func TestFairCloseUnderLoad(t *testing.T) {
+	t.Parallel()
+	testCloseUnderLoad(t, Config{FairQueue: true})
+}
+
+func testCloseUnderLoad(t *testing.T, cfg Config) {
+	b := setup(t, setupOpts{cfg: cfg})
 	ctx := ctxT(t)
 	var wg sync.WaitGroup
 	var closedErrs atomic.Int64

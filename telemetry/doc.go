@@ -138,6 +138,8 @@
 //	                                                                         pglease.attempt.retry_in.
 //	pglease.wait                       event                      -          On pglease.acquire, at its first refusal and when the reason or the
 //	                                                                         holder changes: pglease.wait.reason, pglease.holder.
+//	pglease.ticket                     event                      -          On pglease.acquire with Config.FairQueue, when its place in the key's
+//	                                                                         queue in the database changed: pglease.ticket.position.
 //	pglease.key.hash                   attribute, string          -          The key's hash (see "Redaction"): on every per-key span, event and
 //	                                                                         log record; on metrics only on the two age gauges
 //	                                                                         (pglease.lock.oldest.age, pglease.acquire.wait.longest), one point
@@ -162,6 +164,8 @@
 //	pglease.attempt                    attribute, int             -          The attempt's number, from 1, on a pglease.attempt event.
 //	pglease.attempt.retry_in           attribute, float64         s          The backoff delay before the next attempt.
 //	pglease.queue.position             attribute, int             -          The caller's place in the key's local queue (0 = first).
+//	pglease.ticket.position            attribute, int             -          The caller's place in the key's queue in the database, across
+//	                                                                         processes (1 = the head; Config.FairQueue).
 //	pglease.wait.reason                attribute, string          -          Why an acquire waits (its last refusal): holder (a live exclusive
 //	                                                                         lease), shared_holders (readers or permits an exclusive acquire waits
 //	                                                                         for), semaphore_full (a permit: the limit is taken), writer_mark (a

@@ -166,6 +166,16 @@ func (a *Acquisition) Queued(q QueueInfo) {
 	}
 }
 
+// Ticket records the caller's place in its key's fair queue in the
+// database (1: the head), when an attempt or a refresh of its ticket
+// found it waiting there and the place changed (loop).
+func (a *Acquisition) Ticket(position int) {
+	if a == nil || !a.span.IsRecording() {
+		return
+	}
+	a.span.AddEvent(eventTicket, trace.WithAttributes(attrTicketPos.Int(position)))
+}
+
 // Attempt records one database attempt made on this acquire's behalf
 // (loop, when the attempt's result arrives): its outcome, the DB span
 // that carried it (linked from the acquire span; pass DBSpan.SpanContext),

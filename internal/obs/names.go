@@ -40,6 +40,7 @@ const (
 	eventQueued  = "pglease.queued"
 	eventAttempt = "pglease.attempt"
 	eventWait    = "pglease.wait"
+	eventTicket  = "pglease.ticket"
 )
 
 // Attribute keys of pglease's own (beside the semantic-convention ones).
@@ -57,6 +58,7 @@ const (
 	attrAttempt       = attribute.Key("pglease.attempt")
 	attrRetryIn       = attribute.Key("pglease.attempt.retry_in")
 	attrQueuePosition = attribute.Key("pglease.queue.position")
+	attrTicketPos     = attribute.Key("pglease.ticket.position")
 	attrFence         = attribute.Key("pglease.fence")
 	attrHeldFor       = attribute.Key("pglease.lock.held_for")
 	attrLossCause     = attribute.Key("pglease.loss.cause")

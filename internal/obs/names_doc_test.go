@@ -116,6 +116,7 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 	waits.Waiting(WaitHolder, "other[1]@host")
 	_, waited := h.rec.StartAcquire(ctx, h.rec.Key("waited"), AcquireInfo{Kind: KindLease})
 	waited.Waiting(WaitLockDelay, "other[1]@host")
+	waited.Ticket(2)
 	waited.Failed(pglease.ErrAcquisitionTimeout)
 	h.rec.ListenerPolling("behind a transaction-mode pooler")
 	h.rec.ListenerUp(true)

@@ -31,7 +31,9 @@ type recorder struct{ got []string }
 
 func (r *recorder) handler(t Topic) Handler {
 	return Handler{
-		Notice:     func(n Notice) { r.got = append(r.got, fmt.Sprintf("%d notice %s%s", t, n.Hash, n.Note.KeyHash)) },
+		Notice: func(n Notice) {
+			r.got = append(r.got, fmt.Sprintf("%d notice %s%s%s", t, n.Hash, n.Note.KeyHash, n.Turn.LockHash))
+		},
 		Registered: func(keys []string) { r.got = append(r.got, fmt.Sprintf("%d registered %v", t, keys)) },
 		Resync:     func() { r.got = append(r.got, fmt.Sprintf("%d resync", t)) },
 		Ended:      func() { r.got = append(r.got, fmt.Sprintf("%d ended", t)) },
@@ -70,11 +72,13 @@ func TestDeliverByTopic(t *testing.T) {
 	check("a watch registration", fmt.Sprintf("%d registered []", Wake), fmt.Sprintf("%d registered [a]", Watch))
 	l.Deliver(Notice{Resync: true})
 	check("a resync", fmt.Sprintf("%d resync", Wake), fmt.Sprintf("%d resync", Watch),
-		fmt.Sprintf("%d resync", Revoke), fmt.Sprintf("%d resync", ReleaseRequest))
+		fmt.Sprintf("%d resync", Revoke), fmt.Sprintf("%d resync", ReleaseRequest), fmt.Sprintf("%d resync", Turn))
+	l.Deliver(Notice{Topic: Turn, Turn: store.Turn{LockHash: h}})
+	check("a turn", fmt.Sprintf("%d notice %s", Turn, h))
 	l.Idle()
 	l.Ended()
 	check("the end", fmt.Sprintf("%d ended", Wake), fmt.Sprintf("%d ended", Watch),
-		fmt.Sprintf("%d ended", Revoke), fmt.Sprintf("%d ended", ReleaseRequest))
+		fmt.Sprintf("%d ended", Revoke), fmt.Sprintf("%d ended", ReleaseRequest), fmt.Sprintf("%d ended", Turn))
 	if l.Live() {
 		t.Fatal("live after the service ended")
 	}

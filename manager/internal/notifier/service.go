@@ -53,6 +53,10 @@ type Config struct {
 	// SQL functions notify on when given none (watch events only are
 	// taken from it when Channel differs).
 	Channel, DefaultChannel string
+	// QueueChannel, if set, is the process's own fair-queue channel
+	// (store.QueueChannel): LISTENed on too; its payloads are Turn
+	// notices.
+	QueueChannel string
 	// StatementTimeout bounds connecting (with each host's connect
 	// timeout) and subscribing.
 	StatementTimeout time.Duration
@@ -147,6 +151,9 @@ func (c *Config) listenSQL() string {
 		// channel (the SQL notify function): watch events only are taken
 		// from it (watchOnly).
 		q += ";\nLISTEN " + pgx.Identifier{c.DefaultChannel}.Sanitize()
+	}
+	if c.QueueChannel != "" {
+		q += ";\nLISTEN " + pgx.Identifier{c.QueueChannel}.Sanitize()
 	}
 	return q
 }
@@ -264,8 +271,14 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 			continue // the mail ended the wait: take the locks it asks for
 		}
 		if err == nil {
-			nt, ok := Parse(n.Payload)
-			if !ok || (c.watchOnly(n.Channel) && nt.Topic != Watch) {
+			var nt Notice
+			var ok bool
+			if c.QueueChannel != "" && n.Channel == c.QueueChannel {
+				nt, ok = ParseTurn(n.Payload)
+			} else {
+				nt, ok = Parse(n.Payload)
+			}
+			if !ok || (nt.Topic != Turn && c.watchOnly(n.Channel) && nt.Topic != Watch) {
 				continue // not pglease's, or not a watch event on the default channel
 			}
 			if !s.post(ctx, nt) {

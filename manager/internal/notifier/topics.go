@@ -42,6 +42,10 @@ const (
 	// ReleaseRequest: a request to release holds (Notice.Note,
 	// store.NotifyReleaseRequest), for every process on the channel.
 	ReleaseRequest
+	// Turn: a fair-queue notification on this process's own queue
+	// channel (Notice.Turn, store.ParseTurn): a release served one of its
+	// tickets, or told it its turn. Channel-wide, no subscription per key.
+	Turn
 
 	numTopics
 )
@@ -63,6 +67,7 @@ type Notice struct {
 	Topic Topic
 	Hash  string             // Wake: the released key's hash
 	Note  store.Notification // Watch, Revoke, ReleaseRequest
+	Turn  store.Turn         // Turn
 	// Resync: the service (re)subscribed: notifications sent while it
 	// was not listening are lost.
 	Resync bool
@@ -100,6 +105,16 @@ func Parse(payload string) (n Notice, ok bool) {
 		return Notice{Topic: Wake, Hash: note.KeyHash}, true
 	}
 	return Notice{Topic: t, Note: note}, true
+}
+
+// ParseTurn turns a payload of the queue channel into its notice; ok is
+// false for a payload that is not a queue notification.
+func ParseTurn(payload string) (n Notice, ok bool) {
+	t, ok := store.ParseTurn(payload)
+	if !ok {
+		return Notice{}, false
+	}
+	return Notice{Topic: Turn, Turn: t}, true
 }
 
 // Of is the notice of a notification this process sends itself (Revoke,
