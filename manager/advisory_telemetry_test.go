@@ -156,7 +156,7 @@ func TestAdvisoryTelemetryContended(t *testing.T) {
 		l, err := b.m.LockAdvisory(ctx, key)
 		got <- lockResult{l, err}
 	}()
-	until(t, "the waiter waits on the server", func() bool { return waitingFor(t, admin, b.m) })
+	eventually(t, waitTimeout(), "the waiter waits on the server", func() bool { return waitingFor(t, admin, b.m) })
 	seenWaiting := time.Now()
 	if n := heldAdvisory(t, rg); n != 0 {
 		t.Errorf("lock.held{advisory} while waiting = %d", n)

@@ -41,21 +41,6 @@ func advPID(m *Manager) int32 {
 	return advFuncs.SessionPID(c)
 }
 
-// until polls cond (a database condition that has no signal) until it
-// holds, failing the test after waitTimeout.
-func until(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout())
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		<-tick.C
-	}
-}
-
 // waitingFor reports whether m's advisory session is waiting on the
 // server for a lock it has not been granted.
 func waitingFor(t *testing.T, admin *pgxpool.Pool, m *Manager) bool {
@@ -154,7 +139,7 @@ func TestAdvisoryTwoManagers(t *testing.T) {
 		l, err := loser.LockAdvisory(ctx, key)
 		got <- lockResult{l, err}
 	}()
-	until(t, "the loser waits on the server", func() bool { return waitingFor(t, admin, loser) })
+	eventually(t, waitTimeout(), "the loser waits on the server", func() bool { return waitingFor(t, admin, loser) })
 	select {
 	case r := <-got:
 		t.Fatalf("LockAdvisory returned while the key was held: %v", r.err)
@@ -330,7 +315,7 @@ func TestAdvisoryClose(t *testing.T) {
 		_, err := m.LockAdvisory(ctx, contended)
 		waiter <- err
 	}()
-	until(t, "the Manager waits on the server", func() bool { return waitingFor(t, admin, m) })
+	eventually(t, waitTimeout(), "the Manager waits on the server", func() bool { return waitingFor(t, admin, m) })
 
 	if err := m.Close(ctx); err != nil {
 		t.Fatalf("Close: %v", err)

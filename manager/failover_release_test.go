@@ -86,7 +86,7 @@ func TestFailoverReleasesRetried(t *testing.T) {
 		acquired <- err
 	}()
 	waitFor(t, &asig.batchSent, func(b batchInfo) bool { return b.kind == kindAcquire })
-	waitUntil(t, "the acquire waiting for the advisory lock", func() bool {
+	eventually(t, 4*waitTimeout(), "the acquire waiting for the advisory lock", func() bool {
 		var n int
 		err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
 			WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n)
@@ -100,7 +100,7 @@ func TestFailoverReleasesRetried(t *testing.T) {
 	if err := blocker.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the acquire committed", func() bool {
+	eventually(t, 4*waitTimeout(), "the acquire committed", func() bool {
 		var n int
 		err := direct.QueryRow(ctx, "SELECT count(*) FROM syncguard_locks WHERE key = $1", amb).Scan(&n)
 		return err == nil && n == 1

@@ -342,7 +342,7 @@ func runFailoverLoad(t *testing.T, r *pgtest.Replicated, rounds int) (*ledger, [
 			}
 		}
 		// Load first: every Manager is granted locks on this primary.
-		waitUntil(t, "grants before the crash", func() bool {
+		eventually(t, 4*waitTimeout(), "grants before the crash", func() bool {
 			n := led.grantsAfter(time.Now().Add(-time.Hour))
 			for i := range ms {
 				if n[i] < 5*(round+1) {
@@ -371,7 +371,7 @@ func runFailoverLoad(t *testing.T, r *pgtest.Replicated, rounds int) (*ledger, [
 		}
 		fr.crashToListen = time.Since(t0)
 		// Every Manager's waiters get their locks on the new primary.
-		waitUntil(t, "grants on the new primary", func() bool {
+		eventually(t, 4*waitTimeout(), "grants on the new primary", func() bool {
 			n := led.grantsAfter(promoted)
 			for i := range ms {
 				if n[i] < 3 {
@@ -414,19 +414,6 @@ func harnessCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// waitUntil polls cond every 10 ms until it holds, failing after a bound
-// that covers a failover on a loaded machine.
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(4 * waitTimeout())
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func reportRounds(t *testing.T, mode string, rounds []failoverRound, led *ledger, st *workerStats) {

@@ -41,6 +41,21 @@ func waitTimeout() time.Duration {
 	return 15 * time.Second
 }
 
+// eventually polls cond every 10 ms until it holds, failing the test
+// after within (waitTimeout() for most waits). It is the one polling
+// helper of the package's tests: a test that can wait for a signal
+// (wait, waitFor) does that instead.
+func eventually(t testing.TB, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // wait returns the next value of s, failing the test after waitTimeout.
 func wait[T any](t testing.TB, s *testSignal[T]) T {
 	t.Helper()

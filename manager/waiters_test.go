@@ -39,19 +39,6 @@ func waiterLocksHeld(t testing.TB, b *bundle, keys ...string) int {
 	return n
 }
 
-// eventually polls cond every 10 ms until it holds, failing after
-// waitTimeout.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout())
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // Releases nobody waits for send no notification; a key another Manager
 // waits for is registered as waited for, its release notifies and wakes
 // that Manager (its retries are a minute apart), and the registration
@@ -117,7 +104,7 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	if n.Payload != pglease.HashKey(hot) {
 		t.Fatalf("first notification is %s, want the waited key's %s: a release nobody waited for notified", n.Payload, pglease.HashKey(hot))
 	}
-	eventually(t, "the waiter's registration ends", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
+	eventually(t, waitTimeout(), "the waiter's registration ends", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
 }
 
 // A key's waiter registration outlives its waiters for a while: waiting
@@ -166,7 +153,7 @@ func TestWaiterRegistrationLingers(t *testing.T) {
 		t.Fatal(err)
 	}
 	handOver(t, ctx, held, short, ssig, hot, "the short-lingering waiter was not woken by the release")
-	eventually(t, "the short linger ends", func() bool { return waiterLocksHeld(t, b, hot) == 1 })
+	eventually(t, waitTimeout(), "the short linger ends", func() bool { return waiterLocksHeld(t, b, hot) == 1 })
 }
 
 // A listener that reconnects takes its waiter locks again (a new session
