@@ -196,12 +196,18 @@
 //   - Telemetry: package telemetry names every span, event, attribute and
 //     metric, and says what recording costs.
 //   - Performance figures: docs/performance.md and docs/scaling.md.
-//   - The implementation: loop.go (run, its handlers), state.go,
-//     lane.go and flight.go (batches, caps, stuck batches), handoff.go,
-//     overload.go, tryattempt.go, extend.go, relretry.go, shutdown.go, losswatch.go,
+//   - The implementation (CONTRIBUTING.md maps the whole repository):
+//     loop.go (run, its handlers), state.go (keyState and its
+//     predicates), invariants.go (the rules the loop state keeps, checked
+//     after every event in tests), pipeline.go (the acquire-attempt
+//     protocol, written once), the attempt kinds exclusive.go, shared.go
+//     (shared holds) and sets.go (AcquireAll), tryattempt.go (try as a
+//     mode), fair.go (Config.FairQueue), effects.go (an event's DB work),
+//     kstore.go (the store calls the kernel makes), lane.go and flight.go
+//     (batches, caps, stuck batches), handoff.go, foreign.go, overload.go,
+//     extend.go, relretry.go, shutdown.go, losswatch.go, timing.go,
 //     listener.go (the loop's subscriptions to the listening service,
-//     internal/notifier), waiters.go (release wake-ups),
-//     revoke.go (Revoke, RequestRelease), watch.go (Watch),
-//     shared.go (shared holds), sets.go (AcquireAll: queueing and
-//     fairness), guard.go, advisory.go, lookup.go (Config, Lookup).
+//     internal/notifier), waiters.go (release wake-ups), revoke.go
+//     (Revoke, RequestRelease), watch.go (Watch), guard.go, advisory.go,
+//     lookup.go (Config, Lookup).
 package manager
