@@ -718,7 +718,7 @@ func (d *driver) startFault(ctx context.Context, ft string, draw int, durDraw, p
 			d.ev(event.Event{E: event.Heal, W: -1, O: id, M: ft})
 		}()
 		return true
-	case FTableLock:
+	case FTableLock, FReadOnly:
 		d.mu.Lock()
 		if d.srvBusy || d.stopping {
 			d.mu.Unlock()
@@ -728,13 +728,20 @@ func (d *driver) startFault(ctx context.Context, ft string, draw int, durDraw, p
 		d.mu.Unlock()
 		id := d.faultID.Add(1)
 		dur := between(0.5, 1)
+		if ft == FReadOnly {
+			dur = between(0.5, 1.5)
+		}
 		d.faultWG.Add(1)
 		d.faults.Add(1)
 		go func() {
 			defer d.faultWG.Done()
 			defer func() { d.mu.Lock(); d.srvBusy = false; d.mu.Unlock() }()
 			d.ev(event.Event{E: event.Fault, W: -1, O: id, M: ft, V: int64(dur)})
-			d.lockTables(ctx, dur)
+			if ft == FReadOnly {
+				d.readOnly(ctx, dur)
+			} else {
+				d.lockTables(ctx, dur)
+			}
 			d.ev(event.Event{E: event.Heal, W: -1, O: id, M: ft})
 		}()
 		return true
@@ -843,6 +850,47 @@ func (d *driver) lockTables(ctx context.Context, dur time.Duration) {
 		return
 	}
 	sleepCtx(ctx, dur)
+}
+
+// readOnly turns the server read-only under every open session for dur,
+// as a primary demoted without closing its connections does (some cloud
+// databases flip roles that way): default_transaction_read_only set by
+// ALTER SYSTEM and a configuration reload, then reset the same way. The
+// driver's own session keeps writing (a session-level SET outranks the
+// file). It logs why when it could not (the server is down, say); the
+// reset is retried until it is made, so the server never stays read-only.
+func (d *driver) readOnly(ctx context.Context, dur time.Duration) {
+	if err := d.setReadOnly(ctx, "ALTER SYSTEM SET default_transaction_read_only = on"); err != nil {
+		d.logf("read-only: %v", err)
+	}
+	sleepCtx(ctx, dur)
+	for {
+		err := d.setReadOnly(context.Background(), "ALTER SYSTEM RESET default_transaction_read_only")
+		if err == nil {
+			return
+		}
+		d.logf("read-only: reset: %v; retrying", err)
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// setReadOnly runs alter (ALTER SYSTEM, which runs in no transaction
+// block, so a statement of its own) and reloads the configuration, on one
+// admin session that stays writable itself.
+func (d *driver) setReadOnly(ctx context.Context, alter string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := d.admin.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	for _, q := range []string{"SET default_transaction_read_only = off", alter, "SELECT pg_reload_conf()"} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // terminate ends the worker's backends of one kind with

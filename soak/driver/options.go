@@ -23,15 +23,16 @@ const (
 	FCrash           = "crash"            // server stopped -m immediate, then started
 	FRestart         = "restart"          // server stopped -m fast, then started
 	FTableLock       = "table-lock"       // the lock tables locked ACCESS EXCLUSIVE (a VACUUM FULL queued behind a reader), 0.5–1 TTL
+	FReadOnly        = "read-only"        // the server turns read-only under open sessions (default_transaction_read_only, reloaded), 0.5–1.5 TTL
 )
 
 // FaultTypes lists every fault type, in report order.
 var FaultTypes = []string{FTerminatePool, FTerminateListen, FTerminateAdv, FHalfOpen, FBlackhole, FCut,
-	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart, FTableLock}
+	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart, FTableLock, FReadOnly}
 
 // DefaultMix weighs the fault types: the server-wide faults are rarer
 // because each hits every worker at once.
-const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3"
+const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3,read-only=3"
 
 // Driver-side broken modes (the worker ones are in package worker).
 const (
