@@ -86,12 +86,24 @@ func TestCancelWhileWaiting(t *testing.T) {
 	if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext('waiting'))"); err != nil {
 		t.Fatal(err)
 	}
-	cc, cancel := context.WithCancel(c)
-	done := make(chan error, 1)
-	go func() { _, err := s.Acquire(cc, store.AcquireRequest{Key: "waiting", TTL: time.Second}); done <- err }()
-	waitForLockWait(t, c, pool, "advisory")
-	cancel()
-	err = <-done
+	// The acquire waits at most 100 ms for the key's lock and then answers
+	// "held, try again" (no error). On a loaded machine that answer can
+	// come before the cancel; the attempt is then made again.
+	for attempt := 1; ; attempt++ {
+		cc, cancel := context.WithCancel(c)
+		done, answered := make(chan error, 1), make(chan struct{})
+		go func() {
+			_, err := s.Acquire(cc, store.AcquireRequest{Key: "waiting", TTL: time.Second})
+			done <- err
+			close(answered)
+		}()
+		waitForLockWait(t, c, pool, "advisory", answered)
+		cancel()
+		err = <-done
+		if err != nil || attempt == 20 {
+			break
+		}
+	}
 	if !errors.Is(err, pglease.ErrAborted) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled acquire: %v", err)
 	}
@@ -100,7 +112,10 @@ func TestCancelWhileWaiting(t *testing.T) {
 	}
 }
 
-func waitForLockWait(t *testing.T, c context.Context, pool *pgxpool.Pool, event string) {
+// waitForLockWait returns once a backend waits for a lock of kind event,
+// or once answered is closed (nil: never), when the waiter answered
+// before it was seen.
+func waitForLockWait(t *testing.T, c context.Context, pool *pgxpool.Pool, event string, answered <-chan struct{}) {
 	t.Helper()
 	for {
 		var n int
@@ -114,6 +129,8 @@ func waitForLockWait(t *testing.T, c context.Context, pool *pgxpool.Pool, event 
 		select {
 		case <-c.Done():
 			t.Fatal("nobody waited")
+		case <-answered:
+			return
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -208,7 +225,7 @@ func TestAmbiguousAcquire(t *testing.T) {
 		}
 		done <- err
 	}()
-	waitForLockWait(t, c, pool, "advisory")
+	waitForLockWait(t, c, pool, "advisory", nil)
 	p.cut()
 	err = <-done
 	if !errors.Is(err, pglease.ErrAmbiguous) || pglease.CodeOf(err) != pglease.CodeAmbiguous {
