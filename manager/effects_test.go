@@ -24,7 +24,7 @@ func TestKernelOneEventAtATime(t *testing.T) {
 	if err := m.Close(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	st := newLoopState(m)
+	st := newLoopState(m.Kernel)
 	req := func() *acquireReq {
 		return &acquireReq{key: "kernel:step", hash: pglease.HashKey("kernel:step"), ttl: m.cfg.TTL,
 			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
@@ -146,7 +146,7 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 		{"set try", []*acquireReq{set(true, "amb:ts1", "amb:ts2", "amb:ts3")}, kindSets, 3, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			st := newLoopState(m)
+			st := newLoopState(m.Kernel)
 			for _, r := range c.reqs {
 				st.handleAcquire(r)
 			}
@@ -247,7 +247,7 @@ func TestPipelineGrantRules(t *testing.T) {
 	for _, rule := range []string{"caller left", "fence regression"} {
 		for _, c := range cases {
 			t.Run(rule+"/"+c.name, func(t *testing.T) {
-				st := newLoopState(m)
+				st := newLoopState(m.Kernel)
 				r := c.req()
 				if rule == "fence regression" {
 					for _, k := range keysOf(r) {
@@ -322,7 +322,7 @@ func TestPipelineStaleChain(t *testing.T) {
 			name = "reader"
 		}
 		t.Run(name, func(t *testing.T) {
-			st := newLoopState(m)
+			st := newLoopState(m.Kernel)
 			key := "stale:" + name
 			req := &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, shared: shared,
 				reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}

@@ -659,7 +659,7 @@ func (st *loopState) fairAfterRelease(ks *keyState) {
 // releases (QueueRelease, serving each key's queue unless an item's key
 // is left to foreign pollers). res answers each item; the leaves' error
 // is their own.
-func (m *Manager) sendQueueRelease(ctx context.Context, batch []releaseItem) (res []bool, err, leaveErr error) {
+func (m *Kernel) sendQueueRelease(ctx context.Context, batch []releaseItem) (res []bool, err, leaveErr error) {
 	res = make([]bool, len(batch))
 	var rels []store.ReleaseRequest
 	var relIdx, leaveIdx []int

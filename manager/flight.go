@@ -35,7 +35,7 @@ import (
 // twice that, stuckAfter is half the statement timeout.
 const stuckAfterMax = time.Second
 
-func (m *Manager) stuckAfter() time.Duration {
+func (m *Kernel) stuckAfter() time.Duration {
 	if m.test.stuckAfter > 0 {
 		return m.test.stuckAfter
 	}

@@ -100,7 +100,7 @@ func (st *loopState) sendHandOffs(fl *flight, batch []handOffItem) {
 }
 
 // sendHandOff runs in its own goroutine, never on the loop.
-func (m *Manager) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanContext, served []trace.SpanContext) {
+func (m *Kernel) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]store.HandOffRequest, len(batch))
 	rels := make([]releaseItem, len(batch))
 	atts := make([]*attempt, len(batch))

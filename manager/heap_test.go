@@ -15,16 +15,16 @@ import (
 func TestLossWatchFiresInOrder(t *testing.T) {
 	t.Parallel()
 	type fired struct {
-		l  *Lock
+		l  *Hold
 		at time.Time
 	}
 	ch := make(chan fired, 8)
-	w := newLossWatch(func(l *Lock) { ch <- fired{l, time.Now()} })
+	w := newLossWatch(func(l *Hold) { ch <- fired{l, time.Now()} })
 	defer w.close()
 	start := time.Now()
 	hs := make([]*holding, 4)
 	for i := range hs {
-		hs[i] = &holding{lock: &Lock{}, lossIdx: -1}
+		hs[i] = &holding{lock: &Hold{}, lossIdx: -1}
 	}
 	// Deadlines out of order; hs[3] is stopped before its deadline.
 	deadlines := []time.Duration{60 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 30 * time.Millisecond}
@@ -60,7 +60,7 @@ func TestLossWatchFiresInOrder(t *testing.T) {
 	}
 	// Moving a deadline (an extend: stop, then start again) keeps the
 	// lease until the new one.
-	h := &holding{lock: &Lock{}, lossIdx: -1}
+	h := &holding{lock: &Hold{}, lossIdx: -1}
 	w.start(h, time.Now().Add(20*time.Millisecond))
 	if !w.stop(h) {
 		t.Fatal("stop before the deadline failed")

@@ -33,7 +33,7 @@ func TestLoopInvariants(t *testing.T) {
 		{"waiting miscounted", "waiting", func(st *loopState, ks *keyState) { st.waiting = 2 }},
 		{"a try queued", "not a waiting caller", func(st *loopState, ks *keyState) { ks.queue[0].try = true }},
 		{"negative releases", "negative", func(st *loopState, ks *keyState) { ks.releasing = -1 }},
-		{"holder not held", "holder", func(st *loopState, ks *keyState) { ks.holder = &holding{ks: ks, lock: &Lock{}} }},
+		{"holder not held", "holder", func(st *loopState, ks *keyState) { ks.holder = &holding{ks: ks, lock: &Hold{}} }},
 		{"shared count", "shared holds", func(st *loopState, ks *keyState) { ks.nShared = 1 }},
 		{"foreign attempt", "attempt", func(st *loopState, ks *keyState) { ks.attempt = &attempt{ks: &keyState{}} }},
 	} {

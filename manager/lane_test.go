@@ -11,7 +11,7 @@ import (
 // yet), only the slot still open counts it as stuck, so the release cap
 // does not grow by one for good.
 func TestStuckHandOffLandsEachSlotOnce(t *testing.T) {
-	m := &Manager{cfg: Config{StatementTimeout: time.Second, MaxBatch: 10}, acqLimit: 1, relLimit: 1, extLimit: 1, maxConns: 4}
+	m := &Kernel{cfg: kernelConfig{StatementTimeout: time.Second, MaxBatch: 10}, acqLimit: 1, relLimit: 1, extLimit: 1, maxConns: 4}
 	st := newLoopState(m)
 	defer st.loss.close()
 	fl := st.launch(&st.handOffs.batchSpec)
@@ -39,7 +39,7 @@ func TestStuckHandOffLandsEachSlotOnce(t *testing.T) {
 // while a full batch waits (within (MaxConns−1)/2), never more than the
 // cap + MaxConns in all, and no cap for a draining lane during Close.
 func TestLaneRoom(t *testing.T) {
-	m := &Manager{cfg: Config{StatementTimeout: time.Second, MaxBatch: 10}, acqLimit: 1, relLimit: 1, extLimit: 1, maxConns: 6}
+	m := &Kernel{cfg: kernelConfig{StatementTimeout: time.Second, MaxBatch: 10}, acqLimit: 1, relLimit: 1, extLimit: 1, maxConns: 6}
 	st := newLoopState(m)
 	defer st.loss.close()
 	s := &slots{limit: 1}

@@ -69,7 +69,7 @@ func (st *loopState) startListener() {
 		Conn:             m.listenCfg,
 		Channel:          m.cfg.NotifyChannel,
 		QueueChannel:     m.qch,
-		DefaultChannel:   DefaultNotifyChannel,
+		DefaultChannel:   defaultNotifyChannel,
 		StatementTimeout: m.cfg.StatementTimeout,
 		Store:            store.Config(m.storeCfg),
 		Rec:              m.rec,

@@ -2,23 +2,16 @@ package manager
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 )
-
-// releasedCause is the cause of a Lock's Context after Release.
-var releasedCause = pgerr.New(pglease.CodeReleased, "manager.Release", "lock released", nil)
 
 // errNilLock is what the methods of a nil *Lock answer: the nil a
 // TryAcquire returns with ok=false holds nothing.
@@ -41,44 +34,10 @@ func endedContext(cause error) context.Context {
 // Err return an error matching pglease.ErrInvalidArgument, Context and
 // Done an ended context, the others zero values.
 type Lock struct {
-	m          *Manager                // immutable
-	key        string                  // immutable: NFC key; never printed
-	id         string                  // immutable: the lockId; never printed
-	fence      pglease.Fence           // immutable
-	ttl        time.Duration           // immutable
-	acquiredMs int64                   // immutable: server time of the grant, Unix ms (smaller than a time.Time: one per held lock)
-	start      time.Time               // immutable: local (monotonic) start of the granting attempt
-	ctx        context.Context         // immutable; cancelled with a cause
-	cancel     context.CancelCauseFunc // called by run and by the loss timer
-
-	lease *leaseState // immutable pointer; see leaseState
-	// rq is the *releaseRequest of ReleaseRequested, made on first use
-	// (by the caller or by run, whichever comes first: revoke.go); read
-	// and set with sync/atomic's pointer functions only. (Not an
-	// atomic.Pointer, which the printing methods' value receivers would
-	// copy; the Lock's size class has room for it.)
-	rq     unsafe.Pointer
-	shared bool // immutable: a shared hold (Shared, WithLimit)
-
-	h *holding // owned by run
-}
-
-// leaseState is a Lock's current lease, written by run after the grant
-// and after each successful extend, read by anyone. (A pointer, so the
-// Lock's value-receiver printing methods copy no atomics.)
-type leaseState struct {
-	expiresAt atomic.Int64 // server expires_at, Unix milliseconds
-	trustedNs atomic.Int64 // trust deadline as nanoseconds after Lock.start
+	*Hold // immutable
 }
 
 var _ pglease.Handle = (*Lock)(nil)
-
-// setLease records the lease's state after the grant or a successful
-// extend: the server's expiry and the local trust deadline. Called by run.
-func (l *Lock) setLease(lease heartbeat.Lease, expiresAt time.Time) {
-	l.lease.expiresAt.Store(expiresAt.UnixMilli())
-	l.lease.trustedNs.Store(int64(lease.TrustedUntil().Sub(l.start)))
-}
 
 // Key returns the lock's key, NFC-normalized ("" for a nil Lock).
 func (l *Lock) Key() string {
@@ -192,13 +151,7 @@ func (l *Lock) Err() error {
 	if l == nil || l.ctx == nil {
 		return errNilLock
 	}
-	if l.ctx.Err() == nil {
-		l.checkTrust(l.m.now())
-		if l.ctx.Err() == nil {
-			return nil
-		}
-	}
-	return context.Cause(l.ctx)
+	return l.Hold.Err()
 }
 
 // Release releases the lock in PostgreSQL (batched with other releases)
@@ -225,7 +178,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	m := l.m
 	// The loop starts the pglease.release span under the caller's span
 	// when it actually releases (not for a lock already released).
-	req := &releaseReq{lock: l, reply: make(chan error, 1), parent: trace.SpanContextFromContext(ctx)}
+	req := &releaseReq{lock: l.Hold, reply: make(chan error, 1), parent: trace.SpanContextFromContext(ctx)}
 	if err := ctx.Err(); err != nil {
 		// Still stop the heartbeat and release in the background: a lock
 		// left auto-extended because a deferred Release got an ended
@@ -241,7 +194,7 @@ func (l *Lock) Release(ctx context.Context) error {
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
 	case <-m.done:
-		return releasedAnswer(l) // Close released it
+		return releasedAnswer(l.Hold) // Close released it
 	}
 	select {
 	case err := <-req.reply:
@@ -249,18 +202,6 @@ func (l *Lock) Release(ctx context.Context) error {
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was confirmed", ctx.Err())
 	}
-}
-
-// releasedAnswer is what Release returns for a lock that is no longer
-// held in this process.
-func releasedAnswer(l *Lock) error {
-	switch c := context.Cause(l.ctx); {
-	case errors.Is(c, pglease.ErrLockLost):
-		return pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
-	case errors.Is(c, pglease.ErrRevoked):
-		return pgerr.New(pglease.CodeRevoked, "manager.Release", "the lock had been revoked before it was released", c)
-	}
-	return nil
 }
 
 // Extend renews the lease now, for the lock's TTL, and returns once the
@@ -292,7 +233,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 		return endedExtend(c)
 	}
 	m := l.m
-	req := &extendReq{lock: l, reply: make(chan error, 1)}
+	req := &extendReq{lock: l.Hold, reply: make(chan error, 1)}
 	select {
 	case m.extendCh <- req:
 	case <-ctx.Done():
@@ -306,19 +247,6 @@ func (l *Lock) Extend(ctx context.Context) error {
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
 	}
-}
-
-// endedExtend is Extend's answer for a lock that ended with cause: an
-// error with the cause's code, wrapping it.
-func endedExtend(cause error) error {
-	code := pglease.CodeOf(cause)
-	if code == 0 {
-		code = pglease.CodeInternal
-	}
-	if code == pglease.CodeHoldLimitExceeded {
-		return pgerr.New(code, "manager.Extend", "the lock reached its hold limit: it is not extended any more", cause)
-	}
-	return pgerr.New(code, "manager.Extend", "the lock is no longer held", cause)
 }
 
 // The printing methods have value receivers, so a dereferenced Lock is
@@ -349,12 +277,15 @@ var (
 	_ slog.LogValuer = Lock{}
 )
 
-// extendUnknown is Extend's answer when the round trip failed: the
-// outcome is unknown, the lease keeps its previous expiry.
-func extendUnknown(err error) error {
-	code := pglease.CodeOf(err)
-	if code == 0 {
-		code = pglease.CodeInternal
+// ReleaseRequested returns a channel that is closed when someone asks
+// for the lock (Manager.RequestRelease of its key, from any process)
+// while it is held. Nothing else happens: the holder decides whether and
+// when to release. It stays open if no request comes, and after the lock
+// ended; a request that came before the lock was granted is not seen. nil
+// for a nil Lock.
+func (l *Lock) ReleaseRequested() <-chan struct{} {
+	if l == nil {
+		return nil
 	}
-	return pgerr.New(code, "manager.Extend", "extend outcome unknown; the lease keeps its previous expiry and trust window", err)
+	return l.Hold.ReleaseRequested()
 }

@@ -20,7 +20,7 @@ import (
 // blocks on a caller (every reply channel has room) and never runs SQL:
 // database work runs in goroutines it starts, which post their results
 // back on the *DoneCh channels.
-func (m *Manager) run(st *loopState) {
+func (m *Kernel) run(st *loopState) {
 	defer close(m.done)
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
@@ -528,7 +528,7 @@ func roundTripSpans(atts []*attempt, rels []releaseItem) (parent trace.SpanConte
 // depth every time (and be created and scheduled anew), which was a tenth
 // of the Manager's CPU per cycle for a lone caller. There are at most as
 // many as batches were ever in flight at once, which the caps bound.
-func (m *Manager) spawn(f func()) {
+func (m *Kernel) spawn(f func()) {
 	select {
 	case m.work <- f:
 	default:
@@ -536,7 +536,7 @@ func (m *Manager) spawn(f func()) {
 	}
 }
 
-func (m *Manager) worker(f func()) {
+func (m *Kernel) worker(f func()) {
 	for {
 		f()
 		select {
@@ -547,7 +547,7 @@ func (m *Manager) worker(f func()) {
 	}
 }
 
-func (m *Manager) beforeBatch(kind batchKind, n int) {
+func (m *Kernel) beforeBatch(kind batchKind, n int) {
 	if m.sig != nil {
 		m.sig.batchSent.signal(batchInfo{kind, n})
 	}
@@ -556,7 +556,7 @@ func (m *Manager) beforeBatch(kind batchKind, n int) {
 	}
 }
 
-func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext, served []trace.SpanContext) {
+func (m *Kernel) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]store.ReleaseRequest, len(batch))
 	for i, it := range batch {
 		reqs[i] = store.ReleaseRequest{LockID: it.lockID, Key: it.key}
@@ -587,7 +587,7 @@ func (m *Manager) sendRelease(fl *flight, batch []releaseItem, parent trace.Span
 	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, leaveErr: leaveErr, db: db.SpanContext()}
 }
 
-func (m *Manager) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
+func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
 	// Bounded by the earliest trust deadline of the batch (sendExtends).
 	ctx, cancel := context.WithTimeoutCause(m.workCtx, deadline.Sub(m.now()), pgerr.ErrStatementTimeout)
 	defer cancel()

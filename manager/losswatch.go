@@ -24,7 +24,7 @@ import (
 // due, and is set for the new earliest one.
 type lossWatch struct {
 	epoch time.Time // deadlines are nanoseconds after epoch (on now's clock)
-	fired func(*Lock)
+	fired func(*Hold)
 	now   func() time.Time // the Manager's clock (Manager.now); set before the first start
 
 	mu    sync.Mutex
@@ -36,7 +36,7 @@ type lossWatch struct {
 // newLossWatch returns a watch whose timer calls fired (from its own
 // goroutine, never holding the watch's mutex) for each lease whose
 // deadline passed.
-func newLossWatch(fired func(*Lock)) *lossWatch {
+func newLossWatch(fired func(*Hold)) *lossWatch {
 	w := &lossWatch{epoch: heartbeat.Now(), fired: fired, now: heartbeat.Now}
 	w.timer = time.AfterFunc(time.Hour, w.fire)
 	w.timer.Stop()
@@ -85,7 +85,7 @@ func (w *lossWatch) close() {
 // fire is the timer's callback: it ends every lease whose deadline passed
 // and sets the timer for the next one.
 func (w *lossWatch) fire() {
-	var due []*Lock
+	var due []*Hold
 	w.mu.Lock()
 	now := int64(w.now().Sub(w.epoch)) + 1
 	for len(w.heap) > 0 && w.heap[0].lossAt <= now {

@@ -8,7 +8,6 @@ import (
 	"math"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,16 +30,7 @@ import (
 // Config.NotifyChannel is empty: name it where something outside the
 // Managers must use their channel, such as the release trigger that lets
 // SyncGuard processes sharing the tables wake this fleet's waiters.
-const DefaultNotifyChannel = "pglease_release"
-
-// Defaults of Config's zero fields (each field's documentation says its
-// default in words).
-const (
-	defaultTTL              = 30 * time.Second
-	defaultStatementTimeout = 5 * time.Second
-	defaultCloseTimeout     = 5 * time.Second
-	defaultMaxInFlight      = 1
-)
+const DefaultNotifyChannel = defaultNotifyChannel
 
 // Config configures a Manager. The zero value means "all defaults"; each
 // field documents its default. Invalid values make New fail with
@@ -152,15 +142,7 @@ type Config struct {
 	Telemetry telemetry.Config
 }
 
-func (c Config) withDefaults() Config {
-	c.TTL = cmp.Or(c.TTL, defaultTTL)
-	c.StatementTimeout = cmp.Or(c.StatementTimeout, defaultStatementTimeout)
-	c.CloseTimeout = cmp.Or(c.CloseTimeout, defaultCloseTimeout)
-	c.MaxBatch = cmp.Or(c.MaxBatch, store.MaxBatch)
-	c.MaxInFlight = cmp.Or(c.MaxInFlight, defaultMaxInFlight)
-	c.NotifyChannel = cmp.Or(c.NotifyChannel, DefaultNotifyChannel)
-	return c
-}
+func (c Config) withDefaults() Config { return Config(kernelConfig(c).withDefaults()) }
 
 func invalid(op, msg string) error {
 	return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
@@ -242,63 +224,12 @@ const minTrustWindow = 10 * time.Millisecond
 // goroutines of this process. See the package documentation. A Manager
 // is safe for concurrent use; Close it when done.
 type Manager struct {
-	// Its fields are immutable after New, channels, or (the advisory
-	// locks) guarded by a mutex: the lock state is the loop's loopState,
-	// owned by run ("Who owns what" in the package documentation).
-
-	cfg      Config        // immutable after New (defaults filled)
-	pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
-	ownsPool bool          // immutable
-	// listenCfg is the listening connection's config (ListenConnString or
-	// the pool's), its connect bounded per host; immutable, nil with
-	// DisableNotify.
-	listenCfg *pgx.ConnConfig
-	// qch is this process's fair-queue channel (Config.FairQueue;
-	// immutable, "" without), refreshDoneCh where the tickets' refresh
-	// posts its answer (fair.go; buffered: one refresh at a time).
-	qch           string
-	refreshDoneCh chan refreshDone
-	// storeCfg is the Store's config (store.New on the listening connection
-	// checks the release trigger there); immutable.
-	storeCfg pg.Config
-	store    kernelStore // immutable; safe for concurrent use (DB workers, SetupSchema); *store.Store in production
-	// rec records spans, metrics and logs (internal/obs); immutable,
-	// never nil. Its methods never block and are safe from any goroutine.
-	rec  *obs.Recorder
-	sig  *signals  // immutable; nil in production
-	test testHooks // immutable; zero in production
-
-	extBatch                     int // immutable: items of one extend statement
-	acqLimit, relLimit, extLimit int // immutable: batches in flight per kind (not counting stuck ones, lane.go)
-	maxConns                     int // immutable: the pool's MaxConns
-
-	work chan func() // written by run (spawn), read by idle DB workers
-
-	acquireCh     chan *acquireReq // written by Acquire/TryAcquire, read only by run
-	releaseCh     chan *releaseReq // written by Lock.Release, read only by run
-	extendCh      chan *extendReq  // written by Lock.Extend, read only by run
-	abandonCh     chan *acquireReq // written by callers whose ctx ended, read only by run
-	acquireDoneCh chan acquireDone // written by DB workers (acquire and handoff batches), read only by run
-	releaseDoneCh chan releaseDone // written by DB workers (release and handoff batches), read only by run
-	extendDoneCh  chan extendDone  // written by DB workers (extend batches), read only by run
-	notifyCh      chan notice      // written by the listener goroutine (and Revoke), read only by run
-	watchCh       chan *watchReq   // written by Watch and its context's end, read only by run
-	watchDoneCh   chan watchDone   // written by DB workers (watch reads), read only by run
-	// lossCh nudges run (cap 1, non-blocking sends merge): written by the
-	// loss timer, the hold-limit timers and Lock.checkTrust (any
-	// goroutine), after each has ended a lock's Context itself; read only
-	// by run.
-	lossCh chan struct{}
-
-	workCtx    context.Context    // immutable; extends and advisory work run under it; cancelled by run when draining
-	cancelWork context.CancelFunc // immutable; called by run
-
-	closeOnce sync.Once     // Close's
-	closing   chan struct{} // closed by Close (once); read by run and callers
-	done      chan struct{} // closed by run when it has fully stopped
-	closeErr  error         // written by run before done is closed; read by Close after done
-
-	adv advisoryState // advisory session locks (advisory.go: the Manager's advisory.Client): callers and run (Close), guarded by its own mutex
+	// The lock state is the kernel's (its loop's loopState, owned by
+	// run: "Who owns what" in the package documentation); the advisory
+	// locks are guarded by their own mutex.
+	*Kernel
+	cfg Config        // immutable after New (defaults filled)
+	adv advisoryState // advisory session locks (advisory.go: the Manager's advisory.Client): callers and Close, guarded by its own mutex
 }
 
 type option func(*Manager)
@@ -410,29 +341,9 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		}
 		return nil, reop(op, err)
 	}
-	m := &Manager{
-		cfg:           cfg,
-		pool:          pool,
-		ownsPool:      owns,
-		store:         ls,
-		storeCfg:      pcfg,
-		rec:           obs.New(cfg.Telemetry, dbTelemetry(pool)),
-		acquireCh:     make(chan *acquireReq),
-		releaseCh:     make(chan *releaseReq),
-		extendCh:      make(chan *extendReq),
-		abandonCh:     make(chan *acquireReq),
-		acquireDoneCh: make(chan acquireDone),
-		releaseDoneCh: make(chan releaseDone),
-		extendDoneCh:  make(chan extendDone),
-		notifyCh:      make(chan notice),
-		watchCh:       make(chan *watchReq),
-		watchDoneCh:   make(chan watchDone),
-		lossCh:        make(chan struct{}, 1),
-		closing:       make(chan struct{}),
-		done:          make(chan struct{}),
-		work:          make(chan func()),
-		refreshDoneCh: make(chan refreshDone, 1),
-	}
+	k := newKernel(kernelConfig(cfg), pool, owns, ls, pcfg, obs.New(cfg.Telemetry, dbTelemetry(pool)))
+	m := &Manager{Kernel: k, cfg: cfg}
+	k.advClose, k.advWait = m.adv.beginClose, m.adv.wait
 	if cfg.FairQueue {
 		m.qch = store.QueueChannel()
 	}
@@ -453,16 +364,7 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	for _, o := range opts {
 		o(m)
 	}
-	m.maxConns = int(pool.Config().MaxConns)
-	perKind := max(1, (m.maxConns-1)/2)
-	m.acqLimit = min(cfg.MaxInFlight, perKind)
-	m.relLimit = min(cfg.MaxInFlight, perKind)
-	m.extLimit = cfg.MaxInFlight
-	m.extBatch = extBatch
-	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
-	st := newLoopState(m)
-	st.startListener() // subscribes the loop's parts; starts the listener unless DisableNotify
-	go m.run(st)
+	m.Kernel.start(extBatch)
 	return m, nil
 }
 
@@ -493,15 +395,6 @@ func (m *Manager) SetupSchema(ctx context.Context) error {
 
 // Done is closed when the Manager has fully stopped (after Close).
 func (m *Manager) Done() <-chan struct{} { return m.done }
-
-func (m *Manager) isClosing() bool {
-	select {
-	case <-m.closing:
-		return true
-	default:
-		return false
-	}
-}
 
 // AcquireOption tunes one Acquire, TryAcquire or Do. Options validate
 // their argument; a bad one makes the call fail with InvalidArgument
@@ -613,6 +506,75 @@ func WithoutAutoExtend() AcquireOption {
 	}
 }
 
+// Shared makes the acquire a reader of the key's reader-writer lease:
+// any number of readers, of any process, hold the key at once, never
+// together with an exclusive holder (a plain Acquire: the writer), nor
+// with permits (WithLimit). A waiting writer goes first: from its first
+// refused attempt, whatever refused it (readers, permits, another
+// writer, a delay), no new reader or permit is granted until it has had
+// the key (writer preference: a steady stream of readers cannot starve
+// it, and when the writer it waits behind releases, the readers waiting
+// with it do not get in first). Each refused exclusive attempt marks the
+// key for 2 s and a waiting writer tries again at least once a second,
+// which keeps the mark (a key no reader or permit has contended for is
+// marked a round trip after the first of them is refused on it, which
+// wakes the waiting writers); a writer that dies or gives up waiting (a
+// refused TryAcquire included) stops blocking readers 2 s after its last
+// attempt.
+// So, as with sync.RWMutex, a reader must not take the key again while
+// it holds it: the second read would wait for a waiting writer, which
+// waits for the first.
+//
+// A reader's Fence is the fence of the state it reads under: the key's
+// fence counter at its grant, not incremented (the fence of the last
+// exclusive grant or permit of the key; 0 if there was none), so readers
+// may share a fence, and a writer's fence is above every reader's before
+// it. Present it where a reader must show which writer's state it read.
+//
+// Shared locks are Locks like any: Release, Extend, heartbeat, loss
+// signal, Context, WithTTL, WithHoldLimit, WithoutAutoExtend, and they
+// work with Acquire, TryAcquire and Do. Guard refuses them (the database
+// guard accepts exclusive leases only). SyncGuard processes sharing the
+// tables do not see shared holds: they take the key as if nobody held it.
+func Shared() AcquireOption {
+	return func(o *acquireOpts) error {
+		o.shared = true
+		return nil
+	}
+}
+
+// WithLimit makes the acquire a permit of a counting semaphore of n on
+// the key: at most n permits, of any process, are held at once, never
+// together with an exclusive holder or readers (Shared: a permit waits
+// for readers to go, a reader for permits); n must be at least 1. A
+// waiting exclusive acquire keeps new permits away as it keeps readers
+// (see Shared). It implies Shared.
+//
+// Holders may disagree on n, so a limit can be changed in a live fleet
+// by deploying the new n process by process: a permit is granted only
+// while the live permits are fewer than the smallest n among them and
+// the caller's, so the key never has more permits than the smallest n of
+// a live permit. A raise takes effect once the permits taken with the old
+// n are gone, a lowering as soon as the live permits are fewer than the
+// new n (its callers wait until then). A caller whose n disagrees waits
+// as for a full semaphore (TryAcquire answers "not acquired"), never an
+// error: the disagreement lives in the database, between processes, and
+// the same call succeeds later.
+//
+// Each permit's Fence is a fresh increment of the key's fence counter:
+// fences strictly increase across the key's permits and exclusive grants,
+// so a resource can refuse a write older than the last one it accepted.
+// Permits are Locks like any (see Shared).
+func WithLimit(n int) AcquireOption {
+	return func(o *acquireOpts) error {
+		if n < 1 || n > math.MaxInt32 {
+			return invalid("manager.WithLimit", "limit must be at least 1 (and fit in 32 bits)")
+		}
+		o.shared, o.limit = true, int32(n)
+		return nil
+	}
+}
+
 // newAcquireReq validates everything before any I/O.
 func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try bool, opts []AcquireOption) (*acquireReq, time.Duration, error) {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
@@ -675,42 +637,6 @@ func (m *Manager) parseOpts(op string, opts []AcquireOption) (acquireOpts, error
 // errWaitTimeout is the cause of the wait context when the acquire
 // timeout (not the caller's context) ends the wait.
 var errWaitTimeout = errors.New("acquire timeout")
-
-// submit sends req to run and waits for the answer, leaving cleanly
-// (through abandonCh) when wctx ends. run is the only arbiter of a grant
-// that races the caller's departure: after an abandon, run takes back a
-// grant the caller never received and sends one final answer.
-func (m *Manager) submit(op string, wctx context.Context, req *acquireReq) acquireReply {
-	select {
-	case m.acquireCh <- req:
-	case <-wctx.Done():
-		return acquireReply{abandoned: true}
-	case <-m.closing:
-		return acquireReply{err: closedErr(op)}
-	}
-	select {
-	case r := <-req.reply:
-		return r
-	case <-wctx.Done():
-	}
-	select {
-	case m.abandonCh <- req:
-	case <-m.done:
-		return acquireReply{err: closedErr(op)}
-	}
-	select {
-	case r := <-req.final:
-		return r
-	case <-m.done:
-		// run answers every abandon it received before it stopped.
-		select {
-		case r := <-req.final:
-			return r
-		default:
-			return acquireReply{err: closedErr(op)}
-		}
-	}
-}
 
 // heldHereMsg ends the message of a wait that ended while the key was
 // held by a caller of this Manager.
@@ -815,7 +741,7 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 	r := m.submit(op, wctx, req)
 	switch {
 	case r.lock != nil:
-		return r.lock, nil // the loop recorded the grant before replying
+		return &Lock{r.lock}, nil // the loop recorded the grant before replying
 	case r.err != nil:
 		err = userErr(op, r.err)
 	default: // abandoned (locked is impossible for Acquire)
@@ -872,7 +798,7 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 	r := m.submit(op, ctx, req)
 	switch {
 	case r.lock != nil:
-		return r.lock, true, nil
+		return &Lock{r.lock}, true, nil
 	case r.locked:
 		req.acq.NotAcquired()
 		return nil, false, nil

@@ -177,7 +177,7 @@ func TestBadInputNoIO(t *testing.T) {
 		}(), pglease.ErrInvalidArgument},
 		{"timeout 0", func() error { _, err := b.m.Acquire(ctx, "k", WithAcquireTimeout(0)); return err }(), pglease.ErrInvalidArgument},
 		{"nil option", func() error { _, err := b.m.Acquire(ctx, "k", nil); return err }(), pglease.ErrInvalidArgument},
-		{"release nil ctx", func() error { return (&Lock{m: b.m}).Release(nilCtx) }(), pglease.ErrInvalidArgument},
+		{"release nil ctx", func() error { return (&Lock{&Hold{m: b.m.Kernel}}).Release(nilCtx) }(), pglease.ErrInvalidArgument},
 		{"close nil ctx", b.m.Close(nilCtx), pglease.ErrInvalidArgument},
 	}
 	for _, c := range cases {

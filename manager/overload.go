@@ -56,14 +56,14 @@ const (
 
 // slowRoundTrip is the round trip beyond which an answered batch counts
 // as pressure: a tenth of StatementTimeout, within [50 ms, 500 ms].
-func (m *Manager) slowRoundTrip() time.Duration {
+func (m *Kernel) slowRoundTrip() time.Duration {
 	if m.test.slowRoundTrip > 0 {
 		return m.test.slowRoundTrip
 	}
 	return min(max(m.cfg.StatementTimeout/10, slowRoundTripMin), slowRoundTripMax)
 }
 
-func (m *Manager) shedCalm() time.Duration {
+func (m *Kernel) shedCalm() time.Duration {
 	if m.test.shedCalm > 0 {
 		return m.test.shedCalm
 	}

@@ -521,7 +521,7 @@ func (st *loopState) sendAttempts(fl *flight, batch []*attempt) {
 
 // sendAttempts runs on a DB worker: one statement (the kind's store call)
 // for the batch.
-func (m *Manager) sendAttempts(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
+func (m *Kernel) sendAttempts(fl *flight, batch []*attempt, parent trace.SpanContext, served []trace.SpanContext) {
 	k := batch[0].kind
 	n := 0
 	for _, a := range batch {

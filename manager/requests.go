@@ -74,8 +74,8 @@ type acquireReq struct {
 // this Manager held the key, and heldBy names the holder elsewhere that
 // the key's last "locked" answer named, if any: keyState.heldBy).
 type acquireReply struct {
-	lock      *Lock
-	locks     []*Lock // a set's, in the order of its keys
+	lock      *Hold
+	locks     []*Hold // a set's, in the order of its keys
 	locked    bool
 	err       error
 	abandoned bool
@@ -87,14 +87,14 @@ type acquireReply struct {
 
 // releaseReq is one Lock.Release call.
 type releaseReq struct {
-	lock   *Lock
+	lock   *Hold
 	reply  chan error        // cap 1; run sends exactly once
 	parent trace.SpanContext // immutable: the caller's span, parent of the pglease.release span
 }
 
 // extendReq is one Lock.Extend call.
 type extendReq struct {
-	lock  *Lock
+	lock  *Hold
 	reply chan error // cap 1; run sends exactly once
 }
 

@@ -58,48 +58,8 @@ func revokedCause() error {
 	return pgerr.New(pglease.CodeRevoked, "manager.Lock", "the lease was revoked (deleted on the server by a revoke)", nil)
 }
 
-// Revoke deletes key's live holds on the server, whoever holds them
-// (this process or another), in one durable statement: its exclusive
-// lease, or its shared holds (readers, Shared; semaphore permits,
-// WithLimit). With holds, only the holds named are revoked, each by its
-// grant id (Lock.GrantID, which a holder may log) or by the hash of its
-// lockId (pglease.HashKey: lock_id_hash in the {lock}_leases view and
-// pglease status), for example one hung permit of a semaphore. A lease
-// that has expired is not live: it is left in place, and with it its lock
-// delay.
-//
-// The answer says what it did. revoked counts the live holds the revoke
-// deleted: 1 for the key's exclusive lease, or the readers or permits
-// revoked; 0: the key had no live hold (or none of those named), and
-// nothing was changed. notBefore, when not zero, is the server time
-// before which no acquire gets the key: the revoked lease's lock delay
-// (WithLockDelay) after the revoke, or, when nothing was revoked, the
-// delay of an expired lease still in force (a revoke leaves an expired
-// lease and its delay in place: it never frees a key earlier than its
-// expiry would). Zero: no delay keeps the key.
-//
-// Each revoked holder's Manager, which hears of it on its listening
-// connection, ends the lock's Context at once with a cause matching
-// pglease.ErrRevoked (typically within milliseconds of the revoke's
-// commit); its Release then returns that error and nothing is extended or
-// released any more. A holder that was not listening at that moment (its
-// listening connection was being replaced) learns at its next extend,
-// which finds the lease gone and, for an exclusive lease, the revoke
-// recorded: pglease.ErrRevoked too (a revoked reader or permit that missed
-// the notice learns pglease.ErrLockLost). Until the holder
-// stops, only fencing protects the resource: the next holder's fence is
-// higher (pg.FenceGuard refuses the revoked holder's later writes).
-// Revoke waits for transactions that guard the lease (Lock.Guard), so
-// their writes come before it.
-//
-// If the revoked lease was taken WithLockDelay, nobody gets the key
-// before that delay has passed after the revoke (notBefore); otherwise
-// its waiters may take it at once (they are woken). Bad input (a key, or
-// a hold that is neither a grant id nor a lockId hash) is
-// CodeInvalidArgument before any I/O; an outage is its code
-// (pglease.Retryable; a revoke whose outcome is unknown may be repeated:
-// it is idempotent).
-func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (revoked int, notBefore time.Time, err error) {
+// Revoke is Manager.Revoke.
+func (m *Kernel) Revoke(ctx context.Context, key string, holds ...string) (revoked int, notBefore time.Time, err error) {
 	const op = "manager.Revoke"
 	nk, err := m.checkKeyCall(op, ctx, key)
 	if err != nil {
@@ -159,17 +119,8 @@ func holdRequests(op, key string, holds []string) ([]store.RevokeRequest, error)
 	return reqs, nil
 }
 
-// RequestRelease asks the holders of key to release it, without taking
-// anything: one statement notifies every Manager listening on the notify
-// channel, and each closes ReleaseRequested of the locks of key it holds
-// (exclusive and shared: readers and permits), or, with holds, of the
-// holds named (as Revoke names them); this Manager's own holders hear it
-// at once. The holder decides whether and when to release; nothing else
-// changes. A holder in another process that is not listening at that
-// moment (its listening connection being replaced) does not hear it: ask
-// again. It needs notifications: with Config.DisableNotify it is
-// CodeInvalidArgument, like bad input, before any I/O.
-func (m *Manager) RequestRelease(ctx context.Context, key string, holds ...string) error {
+// RequestRelease is Manager.RequestRelease.
+func (m *Kernel) RequestRelease(ctx context.Context, key string, holds ...string) error {
 	const op = "manager.RequestRelease"
 	nk, err := m.checkKeyCall(op, ctx, key)
 	if err != nil {
@@ -208,7 +159,7 @@ func (m *Manager) RequestRelease(ctx context.Context, key string, holds ...strin
 
 // checkKeyCall validates a call on key: ctx, the key (returned in NFC)
 // and that the Manager is open.
-func (m *Manager) checkKeyCall(op string, ctx context.Context, key string) (string, error) {
+func (m *Kernel) checkKeyCall(op string, ctx context.Context, key string) (string, error) {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return "", err
 	}
@@ -331,7 +282,7 @@ func (r *releaseRequest) close() { r.once.Do(func() { close(r.ch) }) }
 
 // requestSignal returns l's releaseRequest, making it if needed. Safe
 // from any goroutine.
-func (l *Lock) requestSignal() *releaseRequest {
+func (l *Hold) requestSignal() *releaseRequest {
 	if r := (*releaseRequest)(atomic.LoadPointer(&l.rq)); r != nil {
 		return r
 	}
@@ -342,13 +293,8 @@ func (l *Lock) requestSignal() *releaseRequest {
 	return (*releaseRequest)(atomic.LoadPointer(&l.rq))
 }
 
-// ReleaseRequested returns a channel that is closed when someone asks
-// for the lock (Manager.RequestRelease of its key, from any process)
-// while it is held. Nothing else happens: the holder decides whether and
-// when to release. It stays open if no request comes, and after the lock
-// ended; a request that came before the lock was granted is not seen. nil
-// for a nil Lock.
-func (l *Lock) ReleaseRequested() <-chan struct{} {
+// ReleaseRequested is Lock.ReleaseRequested.
+func (l *Hold) ReleaseRequested() <-chan struct{} {
 	if l == nil || l.m == nil {
 		return nil
 	}

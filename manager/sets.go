@@ -4,17 +4,14 @@ import (
 	"container/heap"
 	"context"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
-	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
 )
 
@@ -99,159 +96,6 @@ type setKind struct {
 
 // setOf returns the set kind of a set's attempt a.
 func setOf(a *attempt) *setKind { return a.kind.(*setKind) }
-
-// AcquireAll waits for all of keys, exclusively, and returns their locks
-// in the order of keys: all of them or none. Each attempt takes every key
-// in one statement, or nothing (no key is ever held while the call waits
-// for another, so sets with common keys never deadlock, in any order).
-// Each returned Lock is an ordinary lease of its key (Acquire's): its own
-// fence, heartbeat, loss signal and Release; release each (or let Close).
-//
-// It waits as Acquire does (the context, WithAcquireTimeout, the same
-// errors), and is woken by the release of any of its keys, in this
-// process or another. It never holds up callers waiting for one of its
-// keys alone; in return it gets a turn: after 4 grants of its keys to
-// other callers of this Manager while it waits, those callers wait until
-// its next attempt has been answered, which goes out as soon as this
-// Manager holds none of its keys (a turn lapses after a second if that
-// does not happen: a long holder of one key does not block the others). Against other processes it has
-// no priority: the database grants whoever comes first, and the set needs
-// all its keys free at the same moment.
-//
-// keys must be 1 to 100 valid keys, none twice (after NFC normalization);
-// WithTTL, WithAcquireTimeout, WithoutAutoExtend and WithHoldLimit apply
-// to every lock; Shared and WithLimit do not apply (InvalidArgument).
-// Bad input is InvalidArgument before any I/O.
-func (m *Manager) AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) ([]*Lock, error) {
-	const op = "manager.AcquireAll"
-	req, timeout, err := m.newSetReq(op, ctx, keys, false, opts)
-	if err != nil {
-		return nil, err
-	}
-	m.startSetAcquire(ctx, req)
-	var wctx context.Context
-	var cancel context.CancelFunc
-	if timeout > 0 {
-		wctx, cancel = context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
-	} else {
-		wctx, cancel = context.WithCancel(ctx)
-	}
-	defer cancel()
-	r := m.submit(op, wctx, req)
-	switch {
-	case r.locks != nil:
-		return r.locks, nil
-	case r.err != nil:
-		err = userErr(op, r.err)
-	default:
-		err = waitErr(op, ctx, wctx, r)
-	}
-	failSet(req, err)
-	return nil, err
-}
-
-// TryAcquireAll makes one attempt to take all of keys, exclusively, in one
-// statement: ok is false (and err nil) when any of them is held, by
-// another process or by this Manager, or when callers of this Manager wait
-// for one of them (they come first). Otherwise it is AcquireAll without
-// the wait (see TryAcquire for what a single attempt waits for).
-func (m *Manager) TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (locks []*Lock, ok bool, err error) {
-	const op = "manager.TryAcquireAll"
-	req, _, err := m.newSetReq(op, ctx, keys, true, opts)
-	if err != nil {
-		return nil, false, err
-	}
-	m.startSetAcquire(ctx, req)
-	r := m.submit(op, ctx, req)
-	switch {
-	case r.locks != nil:
-		return r.locks, true, nil
-	case r.locked:
-		for _, k := range req.set.keys {
-			k.acq.NotAcquired()
-		}
-		return nil, false, nil
-	case r.err != nil:
-		err = userErr(op, r.err)
-	default:
-		err = waitErr(op, ctx, ctx, r)
-	}
-	failSet(req, err)
-	return nil, false, err
-}
-
-// newSetReq validates a set request before any I/O.
-func (m *Manager) newSetReq(op string, ctx context.Context, keyList []string, try bool, opts []AcquireOption) (*acquireReq, time.Duration, error) {
-	if err := pgerr.CheckContext(op, ctx); err != nil {
-		return nil, 0, err
-	}
-	switch {
-	case len(keyList) == 0:
-		return nil, 0, invalid(op, "no keys")
-	case len(keyList) > maxSetKeys:
-		return nil, 0, invalid(op, strconv.Itoa(len(keyList))+" keys, more than the "+strconv.Itoa(maxSetKeys)+" one set may have: "+
-			"take one lock that stands for the whole group (a coarser key), or take smaller sets one after another in the same order in every process")
-	}
-	set := make([]setKey, len(keyList))
-	seen := make(map[string]int, len(keyList))
-	for i, k := range keyList {
-		nk, err := keys.NormalizeKey(k)
-		if err != nil {
-			return nil, 0, reop(op, err)
-		}
-		if j, dup := seen[nk]; dup {
-			return nil, 0, invalid(op, "a key given twice: keys["+strconv.Itoa(j)+"] and keys["+strconv.Itoa(i)+"] are equal after NFC normalization; give each key once")
-		}
-		seen[nk] = i
-		set[i] = setKey{key: nk, hash: pglease.HashKey(nk)}
-	}
-	o, err := m.parseOpts(op, opts)
-	if err != nil {
-		return nil, 0, err
-	}
-	if o.shared {
-		return nil, 0, invalid(op, "Shared and WithLimit do not apply to sets: AcquireAll takes exclusive leases")
-	}
-	if err := checkTTL(op, o.ttl, m.cfg.LossMargin, !o.manual); err != nil {
-		return nil, 0, err
-	}
-	if m.isClosing() {
-		return nil, 0, closedErr(op)
-	}
-	return &acquireReq{
-		key:       set[0].key,
-		hash:      set[0].hash,
-		ttl:       o.ttl,
-		manual:    o.manual,
-		try:       try,
-		holdLimit: o.holdLimit,
-		set:       &setReq{keys: set},
-		reply:     make(chan acquireReply, 1),
-		final:     make(chan acquireReply, 1),
-	}, o.timeout, nil
-}
-
-// failSet ends each key's acquire telemetry of a failed set: one log
-// record for the set, not one per key.
-func failSet(req *acquireReq, err error) {
-	acqs := make([]*obs.Acquisition, len(req.set.keys))
-	for i, k := range req.set.keys {
-		acqs[i] = k.acq
-	}
-	obs.FailedSet(acqs, err)
-}
-
-// startSetAcquire starts one pglease.acquire span per key of the set, each
-// a child of the span in ctx.
-func (m *Manager) startSetAcquire(ctx context.Context, req *acquireReq) {
-	for i := range req.set.keys {
-		k := &req.set.keys[i]
-		_, k.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(k.key, k.hash), obs.AcquireInfo{
-			Kind: obs.KindLease, TTL: req.ttl, Try: req.try,
-		})
-	}
-	req.acq = req.set.keys[0].acq
-}
 
 // setWaiters returns the set waiters that want ks's key.
 func (ks *keyState) setWaiters() []*setWait {
@@ -548,7 +392,7 @@ func (sk *setKind) heldHere(st *loopState, a *attempt, to *acquireReq) bool {
 func (sk *setKind) grant(st *loopState, a *attempt, to *acquireReq, lo, hi int, rs []store.AcquireResult, lease heartbeat.Lease) {
 	req := sk.w.req
 	kss := make([]*keyState, len(req.set.keys))
-	locks := make([]*Lock, len(req.set.keys))
+	locks := make([]*Hold, len(req.set.keys))
 	for j, k := range req.set.keys {
 		kss[j] = st.keyFor(k.key, k.hash)
 		locks[j] = st.hold(kss[j], req, k.acq, sk.ids[j], a.ttl, rs[j], lease)

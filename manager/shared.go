@@ -2,7 +2,6 @@ package manager
 
 import (
 	"context"
-	"math"
 	"time"
 
 	"github.com/pglease/pglease"
@@ -70,75 +69,6 @@ func keepMark(freeAt, now time.Time) time.Time {
 // maxCoalesce caps the shared waiters one attempt serves (and the holds
 // it asks for).
 const maxCoalesce = 64
-
-// Shared makes the acquire a reader of the key's reader-writer lease:
-// any number of readers, of any process, hold the key at once, never
-// together with an exclusive holder (a plain Acquire: the writer), nor
-// with permits (WithLimit). A waiting writer goes first: from its first
-// refused attempt, whatever refused it (readers, permits, another
-// writer, a delay), no new reader or permit is granted until it has had
-// the key (writer preference: a steady stream of readers cannot starve
-// it, and when the writer it waits behind releases, the readers waiting
-// with it do not get in first). Each refused exclusive attempt marks the
-// key for 2 s and a waiting writer tries again at least once a second,
-// which keeps the mark (a key no reader or permit has contended for is
-// marked a round trip after the first of them is refused on it, which
-// wakes the waiting writers); a writer that dies or gives up waiting (a
-// refused TryAcquire included) stops blocking readers 2 s after its last
-// attempt.
-// So, as with sync.RWMutex, a reader must not take the key again while
-// it holds it: the second read would wait for a waiting writer, which
-// waits for the first.
-//
-// A reader's Fence is the fence of the state it reads under: the key's
-// fence counter at its grant, not incremented (the fence of the last
-// exclusive grant or permit of the key; 0 if there was none), so readers
-// may share a fence, and a writer's fence is above every reader's before
-// it. Present it where a reader must show which writer's state it read.
-//
-// Shared locks are Locks like any: Release, Extend, heartbeat, loss
-// signal, Context, WithTTL, WithHoldLimit, WithoutAutoExtend, and they
-// work with Acquire, TryAcquire and Do. Guard refuses them (the database
-// guard accepts exclusive leases only). SyncGuard processes sharing the
-// tables do not see shared holds: they take the key as if nobody held it.
-func Shared() AcquireOption {
-	return func(o *acquireOpts) error {
-		o.shared = true
-		return nil
-	}
-}
-
-// WithLimit makes the acquire a permit of a counting semaphore of n on
-// the key: at most n permits, of any process, are held at once, never
-// together with an exclusive holder or readers (Shared: a permit waits
-// for readers to go, a reader for permits); n must be at least 1. A
-// waiting exclusive acquire keeps new permits away as it keeps readers
-// (see Shared). It implies Shared.
-//
-// Holders may disagree on n, so a limit can be changed in a live fleet
-// by deploying the new n process by process: a permit is granted only
-// while the live permits are fewer than the smallest n among them and
-// the caller's, so the key never has more permits than the smallest n of
-// a live permit. A raise takes effect once the permits taken with the old
-// n are gone, a lowering as soon as the live permits are fewer than the
-// new n (its callers wait until then). A caller whose n disagrees waits
-// as for a full semaphore (TryAcquire answers "not acquired"), never an
-// error: the disagreement lives in the database, between processes, and
-// the same call succeeds later.
-//
-// Each permit's Fence is a fresh increment of the key's fence counter:
-// fences strictly increase across the key's permits and exclusive grants,
-// so a resource can refuse a write older than the last one it accepted.
-// Permits are Locks like any (see Shared).
-func WithLimit(n int) AcquireOption {
-	return func(o *acquireOpts) error {
-		if n < 1 || n > math.MaxInt32 {
-			return invalid("manager.WithLimit", "limit must be at least 1 (and fit in 32 bits)")
-		}
-		o.shared, o.limit = true, int32(n)
-		return nil
-	}
-}
 
 // addShared counts a shared hold of ks with limit lim (0: a reader).
 func (c *keyContention) addShared(ks *keyState, lim int32) {

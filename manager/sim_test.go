@@ -176,8 +176,8 @@ type simResult struct {
 // so that expiries, stuck batches and retries happen within a schedule.
 // The retry backoff has no jitter (its random numbers are not the
 // seed's: they would not replay); its base comes from the seed.
-func (w *simWorld) simConfig() Config {
-	return Config{TTL: w.ttl, StatementTimeout: time.Second, CloseTimeout: 2 * time.Second, MaxInFlight: 2,
+func (w *simWorld) simConfig() kernelConfig {
+	return kernelConfig{TTL: w.ttl, StatementTimeout: time.Second, CloseTimeout: 2 * time.Second, MaxInFlight: 2,
 		Retry: retry.Policy{Base: time.Duration(20+w.rng.IntN(200)) * time.Millisecond, MaxDelay: time.Second, Jitter: retry.NoJitter}}.withDefaults()
 }
 
@@ -194,12 +194,12 @@ func simulate(seed uint64, steps int) (res simResult) {
 		rows:     map[string]store.KeyState{},
 		released: map[string]bool{},
 		delays:   map[string]time.Duration{},
-		told:     map[*Lock]*simHold{},
+		told:     map[*Hold]*simHold{},
 		stats:    map[string]int{},
 	}
 	w.faults = w.rng.IntN(4) != 0 // a quarter of the schedules run without faults
 	w.ttl = []time.Duration{2 * time.Second, 5 * time.Second}[w.rng.IntN(2)]
-	base, err := model.New(model.Config{Clock: w.serverNow, Holder: "sim-0", NotifyChannel: DefaultNotifyChannel,
+	base, err := model.New(model.Config{Clock: w.serverNow, Holder: "sim-0", NotifyChannel: defaultNotifyChannel,
 		Notify: w.notify, Waited: w.waited})
 	if err != nil {
 		return simResult{err: err}
@@ -269,7 +269,7 @@ type simWorld struct {
 	rows     map[string]store.KeyState            // each key's exclusive row as last seen on the server
 	released map[string]bool                      // lockId hashes whose row a release deleted
 	delays   map[string]time.Duration             // lock delay asked for, by lockId hash
-	told     map[*Lock]*simHold                   // every lock a caller was told it holds
+	told     map[*Hold]*simHold                   // every lock a caller was told it holds
 }
 
 // serverNow is the model's clock.
@@ -282,7 +282,7 @@ func (w *simWorld) serverNow() time.Time {
 
 type simMgr struct {
 	i      int
-	m      *Manager
+	m      *Kernel
 	st     *loopState
 	waited map[string]bool // its waiter subscriptions the simulated listener holds (guarded by simWorld.mu)
 	closed bool
@@ -298,13 +298,13 @@ type simReq struct {
 	desc    string
 	left    bool    // the caller left (abandon)
 	settled bool    // the caller read its answer
-	locks   []*Lock // the locks of the answer it read
-	peeked  []*Lock // the locks of the answer the loop sent it
+	locks   []*Hold // the locks of the answer it read
+	peeked  []*Hold // the locks of the answer the loop sent it
 }
 
 type simHold struct {
 	mgr       *simMgr
-	lk        *Lock
+	lk        *Hold
 	released  bool // the caller released it (or never got it: taken back)
 	limit     int32
 	seq       int  // the order it was told in
@@ -365,7 +365,7 @@ func (w *simWorld) waited(key string) bool {
 // goroutines of its own: its loop is the simulator.
 func (w *simWorld) newMgr(i int, s *model.Store) *simMgr {
 	cfg := w.simConfig()
-	m := &Manager{
+	m := &Kernel{
 		cfg:           cfg,
 		store:         &simStore{w: w, s: s},
 		rec:           obs.New(cfg.Telemetry, obs.Database{}),
@@ -1070,7 +1070,7 @@ func (w *simWorld) check() {
 	// see end)...
 	type count struct{ excl, shared, permits int }
 	counts := map[string]*count{}
-	var trusted []*Lock
+	var trusted []*Hold
 	for lk, h := range w.told {
 		if !h.ended && lk.ctx.Err() != nil {
 			h.ended = true

@@ -22,12 +22,12 @@ import (
 const maxFenceMemory = 100_000
 
 // loopState is every map, queue and counter the loop owns. It is touched
-// only by (*Manager).run and the methods it calls: no mutex. Every field
+// only by (*Kernel).run and the methods it calls: no mutex. Every field
 // is owned by run, as is everything it reaches (keyState, holding,
 // attempt, the lanes' items), except where a comment says otherwise: the
 // loss watch, shared with its timer goroutine under its own mutex.
 type loopState struct {
-	m *Manager // immutable
+	m *Kernel // immutable
 
 	keys    map[string]*keyState     // owned by run: keys with waiters, an attempt, a holder or a release in flight
 	byHash  map[string]*keyState     // owned by run: pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
@@ -148,7 +148,7 @@ func (ks *keyState) heldBy() string {
 // holding is a held lock, as the loop sees it. Owned by run, except the
 // loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
 type holding struct {
-	lock  *Lock // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
+	lock  *Hold // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
 	limit int32 // a shared hold's limit (0: a reader), counted in ks.cont.sharedLims
 	ks    *keyState
 	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
@@ -215,7 +215,7 @@ func (h *retryHeap) Pop() any {
 	return e
 }
 
-func newLoopState(m *Manager) *loopState {
+func newLoopState(m *Kernel) *loopState {
 	st := &loopState{
 		m:            m,
 		keys:         make(map[string]*keyState),
@@ -225,7 +225,7 @@ func newLoopState(m *Manager) *loopState {
 		flights:      make(map[*flight]struct{}),
 		sets:         make(map[*acquireReq]*setWait),
 		fences:       make(map[string]pglease.Fence),
-		loss:         newLossWatch((*Lock).lossTimerFired),
+		loss:         newLossWatch((*Hold).lossTimerFired),
 		acquireSlots: slots{limit: m.acqLimit},
 		releaseSlots: slots{limit: m.relLimit},
 		extendSlots:  slots{limit: m.extLimit},
@@ -602,7 +602,7 @@ func (st *loopState) releaseKept(h *holding, reply chan error) {
 // timer does (from the timer's goroutine), and what anyone who finds the
 // window passed before the timer fired does (checkTrust). It then nudges
 // the loop. Idempotent: the first cause wins.
-func (l *Lock) expire() {
+func (l *Hold) expire() {
 	l.cancel(lostCause("trust window passed without a successful extend"))
 	select {
 	case l.m.lossCh <- struct{}{}:
@@ -612,7 +612,7 @@ func (l *Lock) expire() {
 
 // lossTimerFired is what st.loss calls, from its timer's goroutine, for a
 // lease whose deadline passed.
-func (l *Lock) lossTimerFired() {
+func (l *Hold) lossTimerFired() {
 	if l.m.test.timerFired != nil {
 		l.m.test.timerFired(l.m.now().Sub(l.start.Add(time.Duration(l.lease.trustedNs.Load()))))
 	}
@@ -625,7 +625,7 @@ func (l *Lock) lossTimerFired() {
 // timer fires only some time after the process runs again, and until then
 // the context alone would still say "held" (after a pause). Safe from any
 // goroutine; a no-op for a lock that already ended.
-func (l *Lock) checkTrust(now time.Time) {
+func (l *Hold) checkTrust(now time.Time) {
 	if l.lease == nil || l.ctx.Err() != nil {
 		return
 	}
@@ -693,10 +693,10 @@ func (st *loopState) granted(ks *keyState) {
 // hold makes the holding of a grant of ks to lockID for req (acq its
 // telemetry), with its loss and hold-limit timers, and returns its Lock.
 // The caller answers req.
-func (st *loopState) hold(ks *keyState, req *acquireReq, acq *obs.Acquisition, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) *Lock {
+func (st *loopState) hold(ks *keyState, req *acquireReq, acq *obs.Acquisition, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) *Hold {
 	m := st.m
 	lctx, cancel := context.WithCancelCause(context.Background())
-	lk := &Lock{m: m, key: ks.key, id: lockID, fence: r.Fence, ttl: ttl, acquiredMs: r.AcquiredAt.UnixMilli(),
+	lk := &Hold{m: m, key: ks.key, id: lockID, fence: r.Fence, ttl: ttl, acquiredMs: r.AcquiredAt.UnixMilli(),
 		start: lease.Start, ctx: lctx, cancel: cancel, lease: &leaseState{}, shared: req.shared}
 	lk.setLease(lease, r.ExpiresAt)
 	h := &holding{lock: lk, ks: ks, lease: heldLease{Lease: lease, Manual: req.manual}, acq: acq, lossIdx: -1}

@@ -17,7 +17,7 @@ import (
 // package documentation). Every time the loop keeps, compares or arms a
 // timer for comes from it: a time from time.Now would be off by the
 // suspended time. Safe from any goroutine.
-func (m *Manager) now() time.Time {
+func (m *Kernel) now() time.Time {
 	if m.test.clock != nil {
 		return m.test.clock()
 	}

@@ -61,7 +61,7 @@ const (
 	maxLingering = 10_000
 )
 
-func (m *Manager) waiterLinger() time.Duration {
+func (m *Kernel) waiterLinger() time.Duration {
 	if m.test.waiterLinger != 0 {
 		return max(m.test.waiterLinger, 0)
 	}

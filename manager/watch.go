@@ -57,96 +57,81 @@ import (
 // is dropped for the newest, so the last event a reader sees is always
 // the latest state the Manager knows.
 
-// Event is one change of a watched key's exclusive lease (Watch), or its
-// state when the watch starts. Kind says what happened; Fence is the
-// fence of the grant it is about (0 when the key is free and its last
-// grant is unknown); Holder is the holder identity the grant's Manager
-// recorded (its Config.Holder, by default "program[pid]@host"; "" when
-// unknown: a SyncGuard holder, or a grant that ended before it could be
-// read); ExpiresAt is the lease's expiry on the server's clock, as last
-// read (zero when unknown).
-type Event struct {
-	Kind      EventKind
+// kEvent is a Manager's Event as the kernel sends it (the Manager's Watch
+// converts it): one change of a watched key's exclusive lease.
+type kEvent struct {
+	Kind      kEventKind
 	Fence     pglease.Fence
 	Holder    string
 	ExpiresAt time.Time
 }
 
-// EventKind says what an Event reports. As a string, it prints as its
-// name.
-type EventKind string
+// kEventKind is an Event's kind, with the Manager's EventKind's values.
+type kEventKind string
 
-// The kinds of Event. The first event of a watch, and the first after
-// the Manager's listening connection was replaced, is the key's state as
-// read then: EventGranted while a lease is live, EventExpired for a lease
-// that expired without a release, EventReleased when there is none.
+// The kinds of an Event (see the Manager's EventKind).
 const (
-	// EventGranted: the key was granted (Fence, Holder, ExpiresAt of the
-	// new lease), or is held when the watch starts.
-	EventGranted EventKind = "granted"
-	// EventReleased: the lease of Fence was released (or the key is free
-	// when the watch starts).
-	EventReleased EventKind = "released"
-	// EventExpired: the lease of Fence expired without a release: the
-	// key can be taken over. Reported when found (about a second after
-	// ExpiresAt, on one read), or when the next grant comes first.
-	EventExpired EventKind = "expired"
-	// EventRevoked: the lease of Fence was revoked (Revoke).
-	EventRevoked EventKind = "revoked"
-	// EventResync: the Manager's listening connection was replaced, so
-	// notifications were lost, and the key changed meanwhile in a way
-	// the read after it cannot tell: the lease of Fence, which was live
-	// at the last event, ended (released, revoked or expired), or, when
-	// the key is free, Fence is its last grant, ended. When the key has
-	// a lease again, its EventGranted (or EventExpired) follows.
-	EventResync EventKind = "resync"
+	kEventGranted  kEventKind = "granted"
+	kEventReleased kEventKind = "released"
+	kEventExpired  kEventKind = "expired"
+	kEventRevoked  kEventKind = "revoked"
+	kEventResync   kEventKind = "resync"
 )
 
-// Watch reports the changes of key's exclusive lease as they commit,
-// from any process, without polling: the returned channel first gets the
-// key's state, then an Event for each change (EventGranted with the new
-// grant's fence, holder and expiry, then EventReleased, EventRevoked or
-// EventExpired with its fence). Fences only grow: an event never takes
-// the key back to an older grant. After the Manager's listening
-// connection was replaced (notifications sent meanwhile are lost), the
-// key is read again and the channel gets what changed since the last
-// event, and nothing when nothing did: a lease found expired
-// (EventExpired), a lease that ended unseen (EventResync), a new lease
-// (EventGranted); so the final state is never missed and no change is
-// told twice.
-//
-// The channel is closed when ctx ends or the Manager closes (or stops
-// listening for good: see Config.ListenConnString). It is never blocked
-// on: it buffers 16 events, and a reader further behind loses the oldest
-// ones, never the latest. Shared holds (Shared, WithLimit) are not
-// reported, nor are changes made by SyncGuard processes sharing the
-// tables (they notify nothing), except as found by the reads (a lease
-// found expired, or replaced).
-//
-// Watch needs notifications: with Config.DisableNotify it is
-// CodeInvalidArgument, like a bad key or a nil ctx, before any I/O.
-// Watches of one key by several callers of a Manager share one
-// registration and one read per change.
-func (m *Manager) Watch(ctx context.Context, key string) (<-chan Event, error) {
+// eventSink is where a watcher's events go: a buffered channel that
+// never blocks run (full, the oldest event makes room). Only run calls
+// it.
+type eventSink interface {
+	Send(ev kEvent)
+	Close()
+}
+
+// eventChan is an eventSink on a channel of the kernel's events.
+type eventChan chan kEvent
+
+// Send hands ev over without blocking: when the buffer is full the
+// oldest event makes room.
+func (c eventChan) Send(ev kEvent) {
+	select {
+	case c <- ev:
+		return
+	default:
+	}
+	select {
+	case <-c:
+	default:
+	}
+	select {
+	case c <- ev:
+	default:
+	}
+}
+
+// Close closes the channel.
+func (c eventChan) Close() { close(c) }
+
+// watch is Manager.Watch: it registers a watcher whose events go to
+// sink.
+func (m *Kernel) watch(ctx context.Context, key string, sink eventSink) error {
 	const op = "manager.Watch"
 	nk, err := m.checkKeyCall(op, ctx, key)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if m.cfg.DisableNotify {
-		return nil, invalid(op, "notifications are off (Config.DisableNotify): nothing would report the key's changes")
+		return invalid(op, "notifications are off (Config.DisableNotify): nothing would report the key's changes")
 	}
-	w := &watcher{key: nk, hash: pglease.HashKey(nk), ch: make(chan Event, watchBuffer)}
+	w := &watcher{key: nk, hash: pglease.HashKey(nk), sink: sink}
 	req := &watchReq{w: w, reply: make(chan error, 1)}
 	select {
 	case m.watchCh <- req:
 	case <-ctx.Done():
-		return nil, pgerr.New(pglease.CodeAborted, op, "context ended before the watch started", ctx.Err())
+		return pgerr.New(pglease.CodeAborted, op, "context ended before the watch started", ctx.Err())
 	case <-m.closing:
-		return nil, closedErr(op)
+		return closedErr(op)
 	}
 	if err := <-req.reply; err != nil { // the loop answers at once
-		return nil, err
+		return err
 	}
 	context.AfterFunc(ctx, func() {
 		select {
@@ -154,7 +139,7 @@ func (m *Manager) Watch(ctx context.Context, key string) (<-chan Event, error) {
 		case <-m.done:
 		}
 	})
-	return w.ch, nil
+	return nil
 }
 
 // watchBuffer is the capacity of a watcher's channel.
@@ -188,29 +173,14 @@ type watchReq struct {
 // watcher is one Watch call's channel. Only run sends on or closes ch.
 type watcher struct {
 	key, hash string // immutable: NFC key and its hash
-	ch        chan Event
+	sink      eventSink
 	ws        *watchState // owned by run
 	fresh     bool        // owned by run: it got its first event
 	closed    bool        // owned by run: ch is closed
 }
 
-// send hands ev to w without blocking: when its buffer is full the
-// oldest event makes room.
-func (w *watcher) send(ev Event) {
-	select {
-	case w.ch <- ev:
-		return
-	default:
-	}
-	select {
-	case <-w.ch:
-	default:
-	}
-	select {
-	case w.ch <- ev:
-	default:
-	}
-}
+// send hands ev to w without blocking (see eventSink).
+func (w *watcher) send(ev kEvent) { w.sink.Send(ev) }
 
 // watchState is one watched key, shared by its watchers. Owned by run.
 type watchState struct {
@@ -247,7 +217,7 @@ type watchState struct {
 	live      bool
 	holder    string
 	expiresAt time.Time
-	last      Event // the last event sent (new watchers get it first)
+	last      kEvent // the last event sent (new watchers get it first)
 	hasLast   bool
 
 	checkGen uint64 // invalidates checks in watchLoop.checks
@@ -352,7 +322,7 @@ func (st *loopState) unwatch(w *watcher) {
 		return
 	}
 	w.closed = true
-	close(w.ch)
+	w.sink.Close()
 	ws := w.ws
 	for i, s := range ws.subs {
 		if s == w {
@@ -377,7 +347,7 @@ func (st *loopState) closeWatches() {
 		for _, w := range ws.subs {
 			if !w.closed {
 				w.closed = true
-				close(w.ch)
+				w.sink.Close()
 			}
 		}
 		ws.subs = nil
@@ -490,10 +460,10 @@ func (st *loopState) tellGrant(ws *watchState, r *store.KeyState) {
 	if same {
 		ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
 	}
-	st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+	st.emit(ws, kEvent{Kind: kEventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	if same && !r.Held {
 		ws.live = false
-		st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		st.emit(ws, kEvent{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	}
 }
 
@@ -544,24 +514,24 @@ func (st *loopState) applyWatchNotice(ws *watchState, n store.Notification) {
 			// The lease before ended without a notification: it expired
 			// (nobody takes a live lease over) or a SyncGuard process
 			// released it.
-			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, kEvent{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 		}
 		ws.fence, ws.seen, ws.live, ws.holder, ws.expiresAt = f, f, true, "", time.Time{}
 		ws.settling = false
 		ws.checkGen++
 		ws.pendingGrant = true // its read: wantGrantRead, by the caller
 	case store.WatchReleased, store.WatchRevoked:
-		kind := EventReleased
+		kind := kEventReleased
 		if n.Event == store.WatchRevoked {
-			kind = EventRevoked
+			kind = kEventRevoked
 		}
 		switch {
 		case f == ws.fence && ws.live:
-			st.emit(ws, Event{Kind: kind, Fence: f, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, kEvent{Kind: kind, Fence: f, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 		case f > ws.seen:
 			// The end of a grant this Manager never saw granted.
 			ws.fence, ws.holder, ws.expiresAt = f, "", time.Time{}
-			st.emit(ws, Event{Kind: kind, Fence: f})
+			st.emit(ws, kEvent{Kind: kind, Fence: f})
 		default:
 			return // told already (its end found by a read) or older
 		}
@@ -573,7 +543,7 @@ func (st *loopState) applyWatchNotice(ws *watchState, n store.Notification) {
 
 // emit sends ev to the key's watchers that have had their first event
 // (the others get the state, which ev is then, when greeted).
-func (st *loopState) emit(ws *watchState, ev Event) {
+func (st *loopState) emit(ws *watchState, ev kEvent) {
 	ws.last, ws.hasLast = ev, true
 	for _, w := range ws.subs {
 		if w.fresh {
@@ -634,7 +604,7 @@ func (st *loopState) takeWatchReads() (*watchFlight, []string) {
 }
 
 // sendWatchRead runs on a DB worker, never on the loop.
-func (m *Manager) sendWatchRead(fl *watchFlight, ks []string) {
+func (m *Kernel) sendWatchRead(fl *watchFlight, ks []string) {
 	ctx, cancel := context.WithTimeoutCause(m.workCtx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	ctx, db := m.rec.StartDB(ctx, obs.OpSnapshot, len(ks), trace.SpanContext{})
@@ -710,14 +680,14 @@ func (st *loopState) staleWatchRead(ws *watchState) bool {
 }
 
 // stateEvent is the event that tells the state r read.
-func stateEvent(r store.KeyState) Event {
+func stateEvent(r store.KeyState) kEvent {
 	switch {
 	case r.LockIDHash == "":
-		return Event{Kind: EventReleased}
+		return kEvent{Kind: kEventReleased}
 	case r.Held:
-		return Event{Kind: EventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
+		return kEvent{Kind: kEventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
 	}
-	return Event{Kind: EventExpired, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
+	return kEvent{Kind: kEventExpired, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
 }
 
 // applyWatchRead applies the state r of ws's key, read for announce (a
@@ -760,7 +730,7 @@ func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 	case same:
 		ws.live, ws.settling = false, false
 		ws.expiresAt = r.ExpiresAt
-		st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		st.emit(ws, kEvent{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	case !ws.settling:
 		// Gone or replaced, and no notification yet: it may be on its way.
 		ws.settling = true
@@ -770,13 +740,13 @@ func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 		// process's release or takeover notifies nothing).
 		ws.settling, ws.live = false, false
 		if !row {
-			st.emit(ws, Event{Kind: EventReleased, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, kEvent{Kind: kEventReleased, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 		} else {
-			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, kEvent{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 			if r.Fence > ws.seen {
 				ws.fence, ws.seen, ws.holder, ws.expiresAt, ws.live = r.Fence, r.Fence, r.Holder, r.ExpiresAt, r.Held
 				if r.Held {
-					st.emit(ws, Event{Kind: EventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt})
+					st.emit(ws, kEvent{Kind: kEventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt})
 				}
 			}
 		}
@@ -799,7 +769,7 @@ func (st *loopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 
 // resyncWatch applies the state r, read after notifications may have been
 // lost, to a key whose watchers know its last event: they are told what
-// changed since, once (see EventResync), and nothing when nothing did.
+// changed since, once (see kEventResync), and nothing when nothing did.
 func (st *loopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 	last := max(r.Fence, r.Counter)
 	if ws.pendingGrant {
@@ -809,7 +779,7 @@ func (st *loopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 		if row && r.Fence == ws.fence {
 			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
 		}
-		st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		st.emit(ws, kEvent{Kind: kEventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	}
 	prevLive, prevFence := ws.live, ws.fence
 	ws.settling = false
@@ -820,7 +790,7 @@ func (st *loopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 		// The same lease: extended, or expired meanwhile.
 		if prevLive && !r.Held {
 			ws.live, ws.expiresAt = false, r.ExpiresAt
-			st.emit(ws, Event{Kind: EventExpired, Fence: prevFence, Holder: ws.holder, ExpiresAt: r.ExpiresAt})
+			st.emit(ws, kEvent{Kind: kEventExpired, Fence: prevFence, Holder: ws.holder, ExpiresAt: r.ExpiresAt})
 		} else if prevLive {
 			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
 		}
@@ -828,7 +798,7 @@ func (st *loopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 		// New grants came: the one read is told as the watch's first
 		// event would be, after the end of the one known live.
 		if prevLive {
-			st.emit(ws, Event{Kind: EventResync, Fence: prevFence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, kEvent{Kind: kEventResync, Fence: prevFence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 		}
 		ev := stateEvent(r)
 		ws.fence, ws.live, ws.holder, ws.expiresAt = r.Fence, r.Held, r.Holder, r.ExpiresAt
@@ -836,9 +806,9 @@ func (st *loopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 	case !row && prevLive:
 		// Free now: the lease known live (and any grant after it) ended.
 		ws.fence, ws.live, ws.holder, ws.expiresAt = max(last, prevFence), false, "", time.Time{}
-		st.emit(ws, Event{Kind: EventResync, Fence: ws.fence})
+		st.emit(ws, kEvent{Kind: kEventResync, Fence: ws.fence})
 		// A watcher that comes later gets the state: free.
-		ws.last = Event{Kind: EventReleased, Fence: ws.fence}
+		ws.last = kEvent{Kind: kEventReleased, Fence: ws.fence}
 	default:
 		// Free before and now, or nothing newer than what was told.
 	}

@@ -19,6 +19,7 @@ type watchRig struct {
 	t   *testing.T
 	st  *loopState
 	w   *watcher
+	ch  eventChan
 	got []Event
 	now time.Time
 }
@@ -31,18 +32,19 @@ func newWatchRig(t *testing.T) *watchRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close(context.Background()) })
-	st := newLoopState(m)
+	st := newLoopState(m.Kernel)
 	st.lis.Idle() // a listener that takes no mail
 	// A reader that keeps up: a buffer as large as the test's changes, so
 	// every event the loop sends is kept.
-	w := &watcher{key: "k", hash: pglease.HashKey("k"), ch: make(chan Event, 1024)}
+	ch := make(eventChan, 1024)
+	w := &watcher{key: "k", hash: pglease.HashKey("k"), sink: ch}
 	req := &watchReq{w: w, reply: make(chan error, 1)}
 	st.handleWatch(req)
 	if err := <-req.reply; err != nil {
 		t.Fatal(err)
 	}
 	st.handleWatchRegistered("k")
-	return &watchRig{t: t, st: st, w: w, now: time.Now()}
+	return &watchRig{t: t, st: st, w: w, ch: ch, now: time.Now()}
 }
 
 // take starts the wanted read, failing when none is wanted.
@@ -67,8 +69,9 @@ func (g *watchRig) notice(ev store.WatchEvent, f pglease.Fence) {
 }
 
 func (g *watchRig) recv() {
-	for len(g.w.ch) > 0 {
-		g.got = append(g.got, <-g.w.ch)
+	for len(g.ch) > 0 {
+		ev := <-g.ch
+		g.got = append(g.got, Event{Kind: EventKind(ev.Kind), Fence: ev.Fence, Holder: ev.Holder, ExpiresAt: ev.ExpiresAt})
 	}
 }
 

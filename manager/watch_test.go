@@ -376,10 +376,10 @@ func TestWatchAgainBeforeUnregister(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close(context.Background())
-	st := newLoopState(m)
+	st := newLoopState(m.Kernel)
 	st.lis.Idle() // a listener that takes no mail
 	add := func(key string) *watcher {
-		w := &watcher{key: key, hash: pglease.HashKey(key), ch: make(chan Event, watchBuffer)}
+		w := &watcher{key: key, hash: pglease.HashKey(key), sink: make(eventChan, watchBuffer)}
 		req := &watchReq{w: w, reply: make(chan error, 1)}
 		st.handleWatch(req)
 		if err := <-req.reply; err != nil {
