@@ -310,3 +310,22 @@ func (c kernelConfig) withDefaults() kernelConfig {
 	c.NotifyChannel = cmp.Or(c.NotifyChannel, defaultNotifyChannel)
 	return c
 }
+
+func invalid(op, msg string) error {
+	return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
+}
+
+func closedErr(op string) error {
+	return pgerr.New(pglease.CodeClosed, op, "manager closed", nil)
+}
+
+// reop gives a *pglease.Error (from package advisory, pg or pglease) the
+// Manager's op; any other error, which none of them returns, becomes
+// CodeInternal: every error of the Manager is a *pglease.Error.
+func reop(op string, err error) error {
+	var e *pglease.Error
+	if errors.As(err, &e) {
+		return pgerr.New(e.Code, op, e.Msg, e.Err)
+	}
+	return pgerr.New(pglease.CodeInternal, op, "unexpected error", err)
+}

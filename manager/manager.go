@@ -144,10 +144,6 @@ type Config struct {
 
 func (c Config) withDefaults() Config { return Config(kernelConfig(c).withDefaults()) }
 
-func invalid(op, msg string) error {
-	return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
-}
-
 func (c Config) validate(op string) error {
 	switch {
 	case c.AcquireTimeout < 0:
@@ -877,10 +873,6 @@ func userErr(op string, err error) error {
 		msg = "attempt failed with its outcome unknown; its lockId is being released"
 	}
 	return pgerr.New(attemptCode(e), op, msg, err)
-}
-
-func closedErr(op string) error {
-	return pgerr.New(pglease.CodeClosed, op, "manager closed", nil)
 }
 
 // dbTelemetry names the pool's server and database for the
