@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/obs"
@@ -48,12 +50,12 @@ func (m *Manager) AcquireAll(ctx context.Context, keys []string, opts ...Acquire
 		wctx, cancel = context.WithCancel(ctx)
 	}
 	defer cancel()
-	r := m.submit(op, wctx, req)
+	r := m.k.Submit(op, wctx, req)
 	switch {
-	case r.locks != nil:
-		return wrapLocks(r.locks), nil
-	case r.err != nil:
-		err = userErr(op, r.err)
+	case r.Locks != nil:
+		return wrapLocks(r.Locks), nil
+	case r.Err != nil:
+		err = userErr(op, r.Err)
 	default:
 		err = waitErr(op, ctx, wctx, r)
 	}
@@ -73,17 +75,17 @@ func (m *Manager) TryAcquireAll(ctx context.Context, keys []string, opts ...Acqu
 		return nil, false, err
 	}
 	m.startSetAcquire(ctx, req)
-	r := m.submit(op, ctx, req)
+	r := m.k.Submit(op, ctx, req)
 	switch {
-	case r.locks != nil:
-		return wrapLocks(r.locks), true, nil
-	case r.locked:
-		for _, k := range req.set.keys {
-			k.acq.NotAcquired()
+	case r.Locks != nil:
+		return wrapLocks(r.Locks), true, nil
+	case r.Locked:
+		for _, k := range req.Set.Keys {
+			k.Acq.NotAcquired()
 		}
 		return nil, false, nil
-	case r.err != nil:
-		err = userErr(op, r.err)
+	case r.Err != nil:
+		err = userErr(op, r.Err)
 	default:
 		err = waitErr(op, ctx, ctx, r)
 	}
@@ -92,80 +94,80 @@ func (m *Manager) TryAcquireAll(ctx context.Context, keys []string, opts ...Acqu
 }
 
 // newSetReq validates a set request before any I/O.
-func (m *Manager) newSetReq(op string, ctx context.Context, keyList []string, try bool, opts []AcquireOption) (*acquireReq, time.Duration, error) {
+func (m *Manager) newSetReq(op string, ctx context.Context, keyList []string, try bool, opts []AcquireOption) (*kernel.AcquireReq, time.Duration, error) {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, 0, err
 	}
 	switch {
 	case len(keyList) == 0:
-		return nil, 0, invalid(op, "no keys")
-	case len(keyList) > maxSetKeys:
-		return nil, 0, invalid(op, strconv.Itoa(len(keyList))+" keys, more than the "+strconv.Itoa(maxSetKeys)+" one set may have: "+
+		return nil, 0, kernel.Invalid(op, "no keys")
+	case len(keyList) > kernel.MaxSetKeys:
+		return nil, 0, kernel.Invalid(op, strconv.Itoa(len(keyList))+" keys, more than the "+strconv.Itoa(kernel.MaxSetKeys)+" one set may have: "+
 			"take one lock that stands for the whole group (a coarser key), or take smaller sets one after another in the same order in every process")
 	}
-	set := make([]setKey, len(keyList))
+	set := make([]kernel.SetKey, len(keyList))
 	seen := make(map[string]int, len(keyList))
 	for i, k := range keyList {
 		nk, err := keys.NormalizeKey(k)
 		if err != nil {
-			return nil, 0, reop(op, err)
+			return nil, 0, kernel.Reop(op, err)
 		}
 		if j, dup := seen[nk]; dup {
-			return nil, 0, invalid(op, "a key given twice: keys["+strconv.Itoa(j)+"] and keys["+strconv.Itoa(i)+"] are equal after NFC normalization; give each key once")
+			return nil, 0, kernel.Invalid(op, "a key given twice: keys["+strconv.Itoa(j)+"] and keys["+strconv.Itoa(i)+"] are equal after NFC normalization; give each key once")
 		}
 		seen[nk] = i
-		set[i] = setKey{key: nk, hash: pglease.HashKey(nk)}
+		set[i] = kernel.SetKey{Key: nk, Hash: pglease.HashKey(nk)}
 	}
 	o, err := m.parseOpts(op, opts)
 	if err != nil {
 		return nil, 0, err
 	}
 	if o.shared {
-		return nil, 0, invalid(op, "Shared and WithLimit do not apply to sets: AcquireAll takes exclusive leases")
+		return nil, 0, kernel.Invalid(op, "Shared and WithLimit do not apply to sets: AcquireAll takes exclusive leases")
 	}
 	if err := checkTTL(op, o.ttl, m.cfg.LossMargin, !o.manual); err != nil {
 		return nil, 0, err
 	}
-	if m.isClosing() {
-		return nil, 0, closedErr(op)
+	if m.k.IsClosing() {
+		return nil, 0, kernel.ClosedErr(op)
 	}
-	return &acquireReq{
-		key:       set[0].key,
-		hash:      set[0].hash,
-		ttl:       o.ttl,
-		manual:    o.manual,
-		try:       try,
-		holdLimit: o.holdLimit,
-		set:       &setReq{keys: set},
-		reply:     make(chan acquireReply, 1),
-		final:     make(chan acquireReply, 1),
+	return &kernel.AcquireReq{
+		Key:       set[0].Key,
+		Hash:      set[0].Hash,
+		TTL:       o.ttl,
+		Manual:    o.manual,
+		Try:       try,
+		HoldLimit: o.holdLimit,
+		Set:       &kernel.SetReq{Keys: set},
+		Reply:     make(chan kernel.AcquireReply, 1),
+		Final:     make(chan kernel.AcquireReply, 1),
 	}, o.timeout, nil
 }
 
 // failSet ends each key's acquire telemetry of a failed set: one log
 // record for the set, not one per key.
-func failSet(req *acquireReq, err error) {
-	acqs := make([]*obs.Acquisition, len(req.set.keys))
-	for i, k := range req.set.keys {
-		acqs[i] = k.acq
+func failSet(req *kernel.AcquireReq, err error) {
+	acqs := make([]*obs.Acquisition, len(req.Set.Keys))
+	for i, k := range req.Set.Keys {
+		acqs[i] = k.Acq
 	}
 	obs.FailedSet(acqs, err)
 }
 
 // startSetAcquire starts one pglease.acquire span per key of the set, each
 // a child of the span in ctx.
-func (m *Manager) startSetAcquire(ctx context.Context, req *acquireReq) {
-	for i := range req.set.keys {
-		k := &req.set.keys[i]
-		_, k.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(k.key, k.hash), obs.AcquireInfo{
-			Kind: obs.KindLease, TTL: req.ttl, Try: req.try,
+func (m *Manager) startSetAcquire(ctx context.Context, req *kernel.AcquireReq) {
+	for i := range req.Set.Keys {
+		k := &req.Set.Keys[i]
+		_, k.Acq = m.k.Rec.StartAcquire(ctx, m.k.Rec.KeyHashed(k.Key, k.Hash), obs.AcquireInfo{
+			Kind: obs.KindLease, TTL: req.TTL, Try: req.Try,
 		})
 	}
-	req.acq = req.set.keys[0].acq
+	req.Acq = req.Set.Keys[0].Acq
 }
 
 // wrapLocks wraps the holds of a set's grant, in the order of its keys.
-func wrapLocks(hs []*Hold) []*Lock {
+func wrapLocks(hs []*kernel.Hold) []*Lock {
 	ls := make([]*Lock, len(hs))
 	for i, h := range hs {
 		ls[i] = &Lock{h}

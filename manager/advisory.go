@@ -6,6 +6,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/advhook"
 	"github.com/pglease/pglease/internal/obs"
@@ -143,18 +145,18 @@ func advisoryOpts(op string, opts []AcquireOption) (holdLimit time.Duration, err
 	var o acquireOpts
 	for _, f := range opts {
 		if f == nil {
-			return 0, invalid(op, "nil option")
+			return 0, kernel.Invalid(op, "nil option")
 		}
 		if err := f(&o); err != nil {
 			var e *pglease.Error
 			if errors.As(err, &e) {
 				return 0, pgerr.New(e.Code, op, e.Msg, nil)
 			}
-			return 0, reop(op, err)
+			return 0, kernel.Reop(op, err)
 		}
 	}
 	if o.ttl != 0 || o.timeout != 0 || o.manual || o.shared || o.delay != 0 {
-		return 0, invalid(op, "only WithHoldLimit applies to advisory locks (no TTL; the context bounds the wait)")
+		return 0, kernel.Invalid(op, "only WithHoldLimit applies to advisory locks (no TTL; the context bounds the wait)")
 	}
 	return o.holdLimit, nil
 }
@@ -164,7 +166,7 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 		return nil, err
 	}
 	if key == (advisory.Key{}) {
-		return nil, invalid(op, "invalid advisory key (build it with advisory.Int64, advisory.Pair or a derivation)")
+		return nil, kernel.Invalid(op, "invalid advisory key (build it with advisory.Int64, advisory.Pair or a derivation)")
 	}
 	holdLimit, err := advisoryOpts(op, opts)
 	if err != nil {
@@ -174,7 +176,7 @@ func (m *Manager) lockAdvisory(ctx context.Context, op string, key advisory.Key,
 	if err != nil {
 		// Closed: the acquire span records it, as the Client's own
 		// refusal does.
-		_, acq := m.rec.StartAcquire(ctx, m.rec.Key(key.String()), obs.AcquireInfo{Kind: obs.KindAdvisory, Try: !blocking})
+		_, acq := m.k.Rec.StartAcquire(ctx, m.k.Rec.Key(key.String()), obs.AcquireInfo{Kind: obs.KindAdvisory, Try: !blocking})
 		acq.Failed(err)
 		return nil, err
 	}
@@ -187,20 +189,20 @@ func (m *Manager) advisoryClient(op string) (*advisory.Client, error) {
 	a := &m.adv
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.closed || m.isClosing() {
-		return nil, closedErr(op)
+	if a.closed || m.k.IsClosing() {
+		return nil, kernel.ClosedErr(op)
 	}
 	if a.c == nil {
-		c, err := advFuncs.New(m.pool, a.opts, advhook.Config{
-			Recorder:    m.rec,
+		c, err := advFuncs.New(m.k.Pool, a.opts, advhook.Config{
+			Recorder:    m.k.Rec,
 			OpenTimeout: m.cfg.StatementTimeout,
-			Closing:     m.closing,
-			ClosedCause: closedCause,
+			Closing:     m.k.Closing,
+			ClosedCause: kernel.ClosedCause,
 			ClosedMsg:   "manager closed",
 			HeldHereMsg: heldHereMsg,
 		})
 		if err != nil {
-			return nil, reop(op, err) // only a test's bad advisory options
+			return nil, kernel.Reop(op, err) // only a test's bad advisory options
 		}
 		a.c = c
 	}

@@ -27,7 +27,7 @@ func TestConnectionsNamedByHolder(t *testing.T) {
 		if err := m.SetupSchema(ctx); err != nil { // a pool connection
 			t.Fatal(err)
 		}
-		rows, err := m.pool.Query(ctx, "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")
+		rows, err := m.k.Pool.Query(ctx, "SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -74,7 +74,7 @@ func TestOpenAllPooledConnectionsBroken(t *testing.T) {
 			// All four pooled connections open, then broken.
 			var conns []*pgxpool.Conn
 			for range 4 {
-				pc, err := m.pool.Acquire(ctx)
+				pc, err := m.k.Pool.Acquire(ctx)
 				if err != nil {
 					t.Fatal(err)
 				}

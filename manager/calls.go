@@ -39,7 +39,7 @@ import (
 // the key, which a shutdown that gave up at once would impose. A service
 // whose shutdown must be quicker sets CloseTimeout lower; its leases then
 // expire by themselves at the end of their TTL.
-func (m *Manager) Close(ctx context.Context) error { return m.Kernel.Close(ctx) }
+func (m *Manager) Close(ctx context.Context) error { return m.k.Close(ctx) }
 
 // Revoke deletes key's live holds on the server, whoever holds them
 // (this process or another), in one durable statement: its exclusive
@@ -83,7 +83,7 @@ func (m *Manager) Close(ctx context.Context) error { return m.Kernel.Close(ctx) 
 // (pglease.Retryable; a revoke whose outcome is unknown may be repeated:
 // it is idempotent).
 func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (revoked int, notBefore time.Time, err error) {
-	return m.Kernel.Revoke(ctx, key, holds...)
+	return m.k.Revoke(ctx, key, holds...)
 }
 
 // RequestRelease asks the holders of key to release it, without taking
@@ -97,5 +97,5 @@ func (m *Manager) Revoke(ctx context.Context, key string, holds ...string) (revo
 // again. It needs notifications: with Config.DisableNotify it is
 // CodeInvalidArgument, like bad input, before any I/O.
 func (m *Manager) RequestRelease(ctx context.Context, key string, holds ...string) error {
-	return m.Kernel.RequestRelease(ctx, key, holds...)
+	return m.k.RequestRelease(ctx, key, holds...)
 }

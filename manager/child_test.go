@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/pgtest"
@@ -35,7 +37,7 @@ var pollingTooSlow = retry.Policy{Multiplier: 1, Base: 20 * time.Second}
 // pingPong takes hotKey rounds times, each time doing a fenced increment
 // of the shared counter, and returns the fences it got and how many times
 // a notification woke it.
-func pingPong(ctx context.Context, m *Manager, work *pgxpool.Pool, sig *signals, rounds int) (fences []int64, woken int, err error) {
+func pingPong(ctx context.Context, m *Manager, work *pgxpool.Pool, sig *kernel.Signals, rounds int) (fences []int64, woken int, err error) {
 	for range rounds {
 		lk, err := m.Acquire(ctx, hotKey, WithAcquireTimeout(30*time.Second))
 		if err != nil {
@@ -55,7 +57,7 @@ func pingPong(ctx context.Context, m *Manager, work *pgxpool.Pool, sig *signals,
 	}
 	for {
 		select {
-		case <-sig.woken.ch:
+		case <-sig.Woken.Ch:
 			woken++
 		default:
 			return fences, woken, nil
@@ -83,14 +85,14 @@ func childMain() int {
 		return fail(err)
 	}
 	defer pool.Close()
-	sig := &signals{}
-	sig.init()
-	m, err := newManager("child", pool, false, Config{Retry: pollingTooSlow}, func(m *Manager) { m.sig = sig })
+	sig := &kernel.Signals{}
+	sig.Init()
+	m, err := newManager("child", pool, false, Config{Retry: pollingTooSlow}, func(m *Manager) { m.k.Sig = sig })
 	if err != nil {
 		return fail(err)
 	}
 	defer m.Close(ctx)
-	<-sig.listening.ch
+	<-sig.Listening.Ch
 	fmt.Println("ready")
 	rounds, _ := strconv.Atoi(os.Getenv(childRoundsEnv))
 	fences, woken, err := pingPong(ctx, m, pool, sig, rounds)
@@ -109,8 +111,8 @@ func childMain() int {
 	for in.Scan() {
 		switch in.Text() {
 		case "park":
-			drain(&sig.woken)
-			drain(&sig.retrying)
+			drain(&sig.Woken)
+			drain(&sig.Retrying)
 			type res struct {
 				lk  *Lock
 				err error
@@ -120,7 +122,7 @@ func childMain() int {
 				lk, err := m.Acquire(ctx, hotKey, WithAcquireTimeout(30*time.Second))
 				got <- res{lk, err}
 			}()
-			for k := range sig.retrying.ch { // contended; next poll in 10–20 s
+			for k := range sig.Retrying.Ch { // contended; next poll in 10–20 s
 				if k == hotKey {
 					break
 				}
@@ -132,8 +134,8 @@ func childMain() int {
 				return fail(r.err)
 			}
 			woken := 0
-			for len(sig.woken.ch) > 0 {
-				if <-sig.woken.ch == hotKey {
+			for len(sig.Woken.Ch) > 0 {
+				if <-sig.Woken.Ch == hotKey {
 					woken++
 				}
 			}
@@ -180,7 +182,7 @@ func TestTwoProcessesHotKey(t *testing.T) {
 	const rounds = 15
 	b := setup(t, setupOpts{cfg: Config{Retry: pollingTooSlow}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	if _, err := b.admin.Exec(ctx, "CREATE TABLE pingpong (value bigint NOT NULL, fence bigint NOT NULL); INSERT INTO pingpong VALUES (0, 0); GRANT SELECT, UPDATE ON pingpong TO PUBLIC"); err != nil {
 		t.Fatal(err)
 	}
@@ -288,8 +290,8 @@ func TestTwoProcessesHotKey(t *testing.T) {
 	if l := next(); l != "held" {
 		t.Fatalf("child: %q", l)
 	}
-	drain(&b.sig.woken)
-	drain(&b.sig.retrying)
+	drain(&b.sig.Woken)
+	drain(&b.sig.Retrying)
 	got := make(chan error, 1)
 	go func() {
 		lk, err := b.m.Acquire(ctx, hotKey, WithAcquireTimeout(30*time.Second))
@@ -298,7 +300,7 @@ func TestTwoProcessesHotKey(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == hotKey })
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == hotKey })
 	send("release")
 	hstart := time.Now()
 	if err := <-got; err != nil {
@@ -309,8 +311,8 @@ func TestTwoProcessesHotKey(t *testing.T) {
 		t.Fatal("child did not release")
 	}
 	parentWake := 0
-	for len(b.sig.woken.ch) > 0 {
-		if <-b.sig.woken.ch == hotKey {
+	for len(b.sig.Woken.Ch) > 0 {
+		if <-b.sig.Woken.Ch == hotKey {
 			parentWake++
 		}
 	}

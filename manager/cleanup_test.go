@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -31,7 +33,7 @@ func TestPoolClosesSoonAfterBlackhole(t *testing.T) {
 		}
 	})
 	m, err := newManager("test", pool, false, Config{StatementTimeout: 2 * time.Second, CloseTimeout: time.Second}, func(m *Manager) {
-		m.test = testHooks{listenConfig: viaProxy(proxy)}
+		m.k.Test = kernel.TestHooks{ListenConfig: viaProxy(proxy)}
 	})
 	if err != nil {
 		t.Fatal(err)

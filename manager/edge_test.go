@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,11 +37,11 @@ func proxied(t *testing.T, cfg Config) (*bundle, *faultproxy.Proxy) {
 	t.Helper()
 	proxy := newProxy(t)
 	pool, rs := pgtest.RuntimePool(t, func(c *pgxpool.Config) { viaProxy(proxy)(c.ConnConfig) })
-	b := &bundle{pool: pool, admin: rs.AdminPool(t), schema: rs.Schema, sig: &signals{}}
-	b.sig.init()
+	b := &bundle{pool: pool, admin: rs.AdminPool(t), schema: rs.Schema, sig: &kernel.Signals{}}
+	b.sig.Init()
 	m, err := newManager("test", pool, false, cfg, func(m *Manager) {
-		m.sig = b.sig
-		m.test = testHooks{listenConfig: viaProxy(proxy)}
+		m.k.Sig = b.sig
+		m.k.Test = kernel.TestHooks{ListenConfig: viaProxy(proxy)}
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +109,7 @@ func TestTryAcquireDuringOutageAnswersAtOnce(t *testing.T) {
 	wctx, stopWaiter := context.WithCancel(ctx)
 	waiter := make(chan error, 1)
 	go func() { _, err := b.m.Acquire(wctx, "waited"); waiter <- err }()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == "waited" })
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == "waited" })
 	if _, ok, err := b.m.TryAcquire(ctx, "waited"); ok || !errors.Is(err, pglease.ErrServiceUnavailable) {
 		t.Errorf("TryAcquire of a key waited for during the outage = %v, %v; want the outage (ServiceUnavailable)", ok, err)
 	}
@@ -147,11 +149,11 @@ func TestTryAcquireDoesNotWaitForOrphanRelease(t *testing.T) {
 	t.Parallel()
 	acqGate, relGate := make(chan struct{}), make(chan struct{})
 	var acquires, releases atomic.Int32
-	b := setup(t, setupOpts{hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{BeforeBatch: func(kind kernel.BatchKind, n int) {
 		switch {
-		case kind == kindAcquire && acquires.Add(1) == 1:
+		case kind == kernel.KindAcquire && acquires.Add(1) == 1:
 			<-acqGate
-		case kind == kindRelease && releases.Add(1) == 1:
+		case kind == kernel.KindRelease && releases.Add(1) == 1:
 			<-relGate
 		}
 	}}})
@@ -164,8 +166,8 @@ func TestTryAcquireDoesNotWaitForOrphanRelease(t *testing.T) {
 		t.Fatalf("Acquire = %v, want AcquisitionTimeout", err)
 	}
 	close(acqGate)
-	wait(t, &b.sig.orphaned)
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindRelease })
+	wait(t, &b.sig.Orphaned)
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindRelease })
 
 	tctx, cancel := context.WithTimeout(ctx, waitTimeout()/2)
 	defer cancel()
@@ -176,7 +178,7 @@ func TestTryAcquireDoesNotWaitForOrphanRelease(t *testing.T) {
 		t.Fatalf("TryAcquire = %v, %v; want ok=false at once (the orphan's row is live)", ok, err)
 	}
 	openRel()
-	waitFor(t, &b.sig.released, func(k string) bool { return k == "k" })
+	waitFor(t, &b.sig.Released, func(k string) bool { return k == "k" })
 	lk, ok, err := b.m.TryAcquire(ctx, "k")
 	if err != nil || !ok {
 		t.Fatalf("TryAcquire after the release = %v, %v", ok, err)
@@ -630,7 +632,7 @@ func TestCloseWithDatabaseDown(t *testing.T) {
 		if err := proxy.Cut(); err != nil {
 			t.Fatal(err)
 		}
-		wait(t, &b.sig.releaseRetry)
+		wait(t, &b.sig.ReleaseRetry)
 		start := time.Now()
 		err := b.m.Close(ctxT(t))
 		took := time.Since(start)
@@ -638,7 +640,7 @@ func TestCloseWithDatabaseDown(t *testing.T) {
 		if err != nil {
 			t.Errorf("Close = %v, want nil: no caller held a lock", err)
 		}
-		if took > defaultCloseTimeout/2 {
+		if took > kernel.DefaultCloseTimeout/2 {
 			t.Errorf("Close took %v: it retried the release of a lockId nobody held", took)
 		}
 	})

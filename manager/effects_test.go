@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
@@ -24,86 +26,86 @@ func TestKernelOneEventAtATime(t *testing.T) {
 	if err := m.Close(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	st := newLoopState(m.Kernel)
-	req := func() *acquireReq {
-		return &acquireReq{key: "kernel:step", hash: pglease.HashKey("kernel:step"), ttl: m.cfg.TTL,
-			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+	st := kernel.NewLoopState(m.k)
+	req := func() *kernel.AcquireReq {
+		return &kernel.AcquireReq{Key: "kernel:step", Hash: pglease.HashKey("kernel:step"), TTL: m.cfg.TTL,
+			Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
 	}
 	// step flushes, checks the invariants, and performs the one batch the
 	// event launched, of kind want, handing its answer back as the next
 	// event.
-	step := func(want batchKind) {
+	step := func(want kernel.BatchKind) {
 		t.Helper()
-		st.flush()
-		if err := st.checkInvariants(); err != nil {
+		st.Flush()
+		if err := st.CheckInvariants(); err != nil {
 			t.Fatal(err)
 		}
-		if len(st.work) != 1 || st.work[0].fl.spec.kind != want {
-			t.Fatalf("launched %d batches (first %v), want one %s batch", len(st.work), kindsOf(st.work), want)
+		if len(st.Work) != 1 || st.Work[0].Fl.Spec.Kind != want {
+			t.Fatalf("launched %d batches (first %v), want one %s batch", len(st.Work), kindsOf(st.Work), want)
 		}
-		w := st.work[0]
-		st.work = st.work[:0]
-		go w.run()
+		w := st.Work[0]
+		st.Work = st.Work[:0]
+		go w.Run()
 		switch want {
-		case kindAcquire:
-			st.handleAcquireDone(<-m.acquireDoneCh)
-		case kindRelease:
-			st.handleReleaseDone(<-m.releaseDoneCh)
-		case kindHandOff: // both halves
-			st.handleReleaseDone(<-m.releaseDoneCh)
-			st.handleAcquireDone(<-m.acquireDoneCh)
+		case kernel.KindAcquire:
+			st.HandleAcquireDone(<-m.k.AcquireDoneCh)
+		case kernel.KindRelease:
+			st.HandleReleaseDone(<-m.k.ReleaseDoneCh)
+		case kernel.KindHandOff: // both halves
+			st.HandleReleaseDone(<-m.k.ReleaseDoneCh)
+			st.HandleAcquireDone(<-m.k.AcquireDoneCh)
 		}
-		if err := st.checkInvariants(); err != nil {
+		if err := st.CheckInvariants(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	r1, r2 := req(), req()
-	st.handleAcquire(r1)
-	st.handleAcquire(r2)
-	if len(r1.reply) != 0 || len(r2.reply) != 0 {
+	st.HandleAcquire(r1)
+	st.HandleAcquire(r2)
+	if len(r1.Reply) != 0 || len(r2.Reply) != 0 {
 		t.Fatal("answered before any statement")
 	}
-	step(kindAcquire)
-	a1 := <-r1.reply
-	if a1.lock == nil {
+	step(kernel.KindAcquire)
+	a1 := <-r1.Reply
+	if a1.Lock == nil {
 		t.Fatalf("head waiter: %+v, want its lock", a1)
 	}
-	if len(r2.reply) != 0 {
+	if len(r2.Reply) != 0 {
 		t.Fatal("second waiter answered while the key is held")
 	}
-	st.flush()
-	if len(st.work) != 0 {
-		t.Fatalf("%d batches launched for a key held here", len(st.work))
+	st.Flush()
+	if len(st.Work) != 0 {
+		t.Fatalf("%d batches launched for a key held here", len(st.Work))
 	}
 	// Release: one handoff statement releases and grants the next waiter.
 	rel := make(chan error, 1)
-	st.handleRelease(&releaseReq{lock: a1.lock, reply: rel})
-	step(kindHandOff)
+	st.HandleRelease(&kernel.ReleaseReq{Lock: a1.Lock, Reply: rel})
+	step(kernel.KindHandOff)
 	if err := <-rel; err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	a2 := <-r2.reply
-	if a2.lock == nil || a2.lock.fence <= a1.lock.fence {
-		t.Fatalf("second waiter: %+v after fence %v, want a lock with a higher fence", a2, a1.lock.fence)
+	a2 := <-r2.Reply
+	if a2.Lock == nil || a2.Lock.Fence <= a1.Lock.Fence {
+		t.Fatalf("second waiter: %+v after fence %v, want a lock with a higher fence", a2, a1.Lock.Fence)
 	}
 	rel2 := make(chan error, 1)
-	st.handleRelease(&releaseReq{lock: a2.lock, reply: rel2})
-	step(kindRelease)
+	st.HandleRelease(&kernel.ReleaseReq{Lock: a2.Lock, Reply: rel2})
+	step(kernel.KindRelease)
 	if err := <-rel2; err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	if len(st.keys) != 0 || len(st.held) != 0 {
-		t.Fatalf("state left: %d keys, %d held", len(st.keys), len(st.held))
+	if len(st.Keys) != 0 || len(st.Held) != 0 {
+		t.Fatalf("state left: %d keys, %d held", len(st.Keys), len(st.Held))
 	}
 	if n := countLocks(t, b.pool); n != 0 {
 		t.Fatalf("%d lock rows left", n)
 	}
 }
 
-func kindsOf(ws []dbWork) []batchKind {
-	var ks []batchKind
+func kindsOf(ws []kernel.DBWork) []kernel.BatchKind {
+	var ks []kernel.BatchKind
 	for _, w := range ws {
-		ks = append(ks, w.fl.spec.kind)
+		ks = append(ks, w.Fl.Spec.Kind)
 	}
 	return ks
 }
@@ -117,49 +119,49 @@ func kindsOf(ws []dbWork) []batchKind {
 func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 	b := setup(t, setupOpts{})
 	m := b.m
-	one := func(key string, try, shared bool, limit int32) *acquireReq {
-		return &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, try: try, shared: shared, limit: limit,
-			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+	one := func(key string, try, shared bool, limit int32) *kernel.AcquireReq {
+		return &kernel.AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: m.cfg.TTL, Try: try, Shared: shared, Limit: limit,
+			Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
 	}
-	set := func(try bool, keys ...string) *acquireReq {
-		sk := make([]setKey, len(keys))
+	set := func(try bool, keys ...string) *kernel.AcquireReq {
+		sk := make([]kernel.SetKey, len(keys))
 		for i, k := range keys {
-			sk[i] = setKey{key: k, hash: pglease.HashKey(k)}
+			sk[i] = kernel.SetKey{Key: k, Hash: pglease.HashKey(k)}
 		}
 		r := one(keys[0], try, false, 0)
-		r.set = &setReq{keys: sk}
+		r.Set = &kernel.SetReq{Keys: sk}
 		return r
 	}
 	for _, c := range []struct {
 		name  string
-		reqs  []*acquireReq
-		kind  batchKind
+		reqs  []*kernel.AcquireReq
+		kind  kernel.BatchKind
 		holds int
 		try   bool
 	}{
-		{"exclusive", []*acquireReq{one("amb:x", false, false, 0), one("amb:x", false, false, 0)}, kindAcquire, 1, false},
-		{"readers", []*acquireReq{one("amb:r", false, true, 0), one("amb:r", false, true, 0)}, kindShared, 1, false}, // the second joins the queue after the first one's attempt was made
-		{"permit", []*acquireReq{one("amb:p", false, true, 3)}, kindShared, 1, false},
-		{"set", []*acquireReq{set(false, "amb:s1", "amb:s2")}, kindSets, 2, false},
-		{"try", []*acquireReq{one("amb:t", true, false, 0)}, kindAcquire, 1, true},
-		{"shared try", []*acquireReq{one("amb:ts", true, true, 0)}, kindShared, 1, true},
-		{"set try", []*acquireReq{set(true, "amb:ts1", "amb:ts2", "amb:ts3")}, kindSets, 3, true},
+		{"exclusive", []*kernel.AcquireReq{one("amb:x", false, false, 0), one("amb:x", false, false, 0)}, kernel.KindAcquire, 1, false},
+		{"readers", []*kernel.AcquireReq{one("amb:r", false, true, 0), one("amb:r", false, true, 0)}, kernel.KindShared, 1, false}, // the second joins the queue after the first one's attempt was made
+		{"permit", []*kernel.AcquireReq{one("amb:p", false, true, 3)}, kernel.KindShared, 1, false},
+		{"set", []*kernel.AcquireReq{set(false, "amb:s1", "amb:s2")}, kernel.KindSets, 2, false},
+		{"try", []*kernel.AcquireReq{one("amb:t", true, false, 0)}, kernel.KindAcquire, 1, true},
+		{"shared try", []*kernel.AcquireReq{one("amb:ts", true, true, 0)}, kernel.KindShared, 1, true},
+		{"set try", []*kernel.AcquireReq{set(true, "amb:ts1", "amb:ts2", "amb:ts3")}, kernel.KindSets, 3, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			st := newLoopState(m.Kernel)
+			st := kernel.NewLoopState(m.k)
 			for _, r := range c.reqs {
-				st.handleAcquire(r)
+				st.HandleAcquire(r)
 			}
-			st.flush()
-			if len(st.work) != 1 || st.work[0].fl.spec.kind != c.kind {
-				t.Fatalf("launched %v, want one %s batch", kindsOf(st.work), c.kind)
+			st.Flush()
+			if len(st.Work) != 1 || st.Work[0].Fl.Spec.Kind != c.kind {
+				t.Fatalf("launched %v, want one %s batch", kindsOf(st.Work), c.kind)
 			}
-			fl := st.work[0].fl
-			st.work = st.work[:0]
+			fl := st.Work[0].Fl
+			st.Work = st.Work[:0]
 			var ids []string
-			for _, a := range fl.attempts {
-				for j := range a.kind.holds(a) {
-					id, _, _ := a.kind.hold(a, j)
+			for _, a := range fl.Attempts {
+				for j := range a.Kind.Holds(a) {
+					id, _, _ := a.Kind.Hold(a, j)
 					ids = append(ids, id)
 				}
 			}
@@ -167,26 +169,26 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 				t.Fatalf("%d lockIds sent, want %d", len(ids), c.holds)
 			}
 			lost := pgerr.New(pglease.CodeAmbiguous, "store.AcquireMany", "connection lost mid-statement", nil)
-			st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: m.now(), err: lost})
-			if err := st.checkInvariants(); err != nil {
+			st.HandleAcquireDone(kernel.AcquireDone{Fl: fl, Batch: fl.Attempts, Start: m.k.Now(), Err: lost})
+			if err := st.CheckInvariants(); err != nil {
 				t.Fatal(err)
 			}
 			released := map[string]bool{}
-			for _, it := range st.releases.pending {
-				released[it.lockID] = true
+			for _, it := range st.Releases.Pending {
+				released[it.LockID] = true
 			}
 			for _, id := range ids {
 				if !released[id] {
 					t.Errorf("a lockId of the ambiguous batch is not released")
 				}
 			}
-			if len(st.held) != 0 {
-				t.Errorf("%d locks held after an ambiguous answer", len(st.held))
+			if len(st.Held) != 0 {
+				t.Errorf("%d locks held after an ambiguous answer", len(st.Held))
 			}
 			for i, r := range c.reqs {
 				select {
-				case ans := <-r.reply:
-					if !c.try || ans.lock != nil || ans.locks != nil || ans.err == nil {
+				case ans := <-r.Reply:
+					if !c.try || ans.Lock != nil || ans.Locks != nil || ans.Err == nil {
 						t.Errorf("caller %d answered %+v", i, ans)
 					}
 				default:
@@ -195,9 +197,9 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 					}
 				}
 			}
-			if !c.try && c.kind != kindSets {
-				ks := st.keys[c.reqs[0].key]
-				if ks == nil || int(ks.releasing) != c.holds || len(ks.queue) != len(c.reqs) {
+			if !c.try && c.kind != kernel.KindSets {
+				ks := st.Keys[c.reqs[0].Key]
+				if ks == nil || int(ks.Releasing) != c.holds || len(ks.Queue) != len(c.reqs) {
 					t.Fatalf("key after the ambiguous answer: %+v; want its waiters, and its attempts held back by %d releases", ks, c.holds)
 				}
 			}
@@ -214,89 +216,89 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 func TestPipelineGrantRules(t *testing.T) {
 	b := setup(t, setupOpts{})
 	m := b.m
-	one := func(key string, try, shared bool, limit int32) *acquireReq {
-		return &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, try: try, shared: shared, limit: limit,
-			reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
+	one := func(key string, try, shared bool, limit int32) *kernel.AcquireReq {
+		return &kernel.AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: m.cfg.TTL, Try: try, Shared: shared, Limit: limit,
+			Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
 	}
-	set := func(try bool, keys ...string) *acquireReq {
-		sk := make([]setKey, len(keys))
+	set := func(try bool, keys ...string) *kernel.AcquireReq {
+		sk := make([]kernel.SetKey, len(keys))
 		for i, k := range keys {
-			sk[i] = setKey{key: k, hash: pglease.HashKey(k)}
+			sk[i] = kernel.SetKey{Key: k, Hash: pglease.HashKey(k)}
 		}
 		r := one(keys[0], try, false, 0)
-		r.set = &setReq{keys: sk}
+		r.Set = &kernel.SetReq{Keys: sk}
 		return r
 	}
 	cases := []struct {
 		name string
-		req  func() *acquireReq
+		req  func() *kernel.AcquireReq
 	}{
-		{"exclusive", func() *acquireReq { return one("rule:x", false, false, 0) }},
-		{"permit", func() *acquireReq { return one("rule:p", false, true, 2) }},
-		{"set", func() *acquireReq { return set(false, "rule:s1", "rule:s2") }},
-		{"try", func() *acquireReq { return one("rule:t", true, false, 0) }},
-		{"permit try", func() *acquireReq { return one("rule:tp", true, true, 2) }},
-		{"set try", func() *acquireReq { return set(true, "rule:ts1", "rule:ts2") }},
+		{"exclusive", func() *kernel.AcquireReq { return one("rule:x", false, false, 0) }},
+		{"permit", func() *kernel.AcquireReq { return one("rule:p", false, true, 2) }},
+		{"set", func() *kernel.AcquireReq { return set(false, "rule:s1", "rule:s2") }},
+		{"try", func() *kernel.AcquireReq { return one("rule:t", true, false, 0) }},
+		{"permit try", func() *kernel.AcquireReq { return one("rule:tp", true, true, 2) }},
+		{"set try", func() *kernel.AcquireReq { return set(true, "rule:ts1", "rule:ts2") }},
 	}
-	keysOf := func(r *acquireReq) []setKey {
-		if r.set != nil {
-			return r.set.keys
+	keysOf := func(r *kernel.AcquireReq) []kernel.SetKey {
+		if r.Set != nil {
+			return r.Set.Keys
 		}
-		return []setKey{{key: r.key, hash: r.hash}}
+		return []kernel.SetKey{{Key: r.Key, Hash: r.Hash}}
 	}
 	for _, rule := range []string{"caller left", "fence regression"} {
 		for _, c := range cases {
 			t.Run(rule+"/"+c.name, func(t *testing.T) {
-				st := newLoopState(m.Kernel)
+				st := kernel.NewLoopState(m.k)
 				r := c.req()
 				if rule == "fence regression" {
 					for _, k := range keysOf(r) {
-						st.fences[k.key] = 1000 // seen before: the key's state is made again from it
+						st.Fences[k.Key] = 1000 // seen before: the key's state is made again from it
 					}
 				}
-				st.handleAcquire(r)
-				st.flush()
-				if len(st.work) != 1 {
-					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
+				st.HandleAcquire(r)
+				st.Flush()
+				if len(st.Work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.Work))
 				}
-				fl := st.work[0].fl
-				st.work = st.work[:0]
+				fl := st.Work[0].Fl
+				st.Work = st.Work[:0]
 				if rule == "caller left" {
-					st.handleAbandon(r)
-					if ans := <-r.final; !ans.abandoned {
+					st.HandleAbandon(r)
+					if ans := <-r.Final; !ans.Abandoned {
 						t.Fatalf("abandon answered %+v", ans)
 					}
 				}
-				now := m.now()
+				now := m.k.Now()
 				var ids []string
 				var res []store.AcquireResult
-				for _, a := range fl.attempts {
-					for j := range a.kind.holds(a) {
-						id, _, _ := a.kind.hold(a, j)
+				for _, a := range fl.Attempts {
+					for j := range a.Kind.Holds(a) {
+						id, _, _ := a.Kind.Hold(a, j)
 						ids = append(ids, id)
 						res = append(res, store.AcquireResult{OK: true, Fence: 5, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)})
 					}
 				}
-				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
-				if err := st.checkInvariants(); err != nil {
+				st.HandleAcquireDone(kernel.AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
+				if err := st.CheckInvariants(); err != nil {
 					t.Fatal(err)
 				}
 				released := map[string]bool{}
-				for _, it := range st.releases.pending {
-					released[it.lockID] = true
+				for _, it := range st.Releases.Pending {
+					released[it.LockID] = true
 				}
 				for _, id := range ids {
 					if !released[id] {
 						t.Error("a lockId granted is not released")
 					}
 				}
-				if len(st.held) != 0 {
-					t.Errorf("%d locks held", len(st.held))
+				if len(st.Held) != 0 {
+					t.Errorf("%d locks held", len(st.Held))
 				}
 				if rule == "fence regression" {
 					select {
-					case ans := <-r.reply:
-						if pglease.CodeOf(ans.err) != pglease.CodeFenceRegression {
+					case ans := <-r.Reply:
+						if pglease.CodeOf(ans.Err) != pglease.CodeFenceRegression {
 							t.Errorf("answered %+v, want CodeFenceRegression", ans)
 						}
 					default:
@@ -322,55 +324,55 @@ func TestPipelineStaleChain(t *testing.T) {
 			name = "reader"
 		}
 		t.Run(name, func(t *testing.T) {
-			st := newLoopState(m.Kernel)
+			st := kernel.NewLoopState(m.k)
 			key := "stale:" + name
-			req := &acquireReq{key: key, hash: pglease.HashKey(key), ttl: m.cfg.TTL, shared: shared,
-				reply: make(chan acquireReply, 1), final: make(chan acquireReply, 1)}
-			st.handleAcquire(req)
-			launch := func() *flight {
+			req := &kernel.AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: m.cfg.TTL, Shared: shared,
+				Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
+			st.HandleAcquire(req)
+			launch := func() *kernel.Flight {
 				t.Helper()
-				st.flush()
-				if len(st.work) != 1 {
-					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
+				st.Flush()
+				if len(st.Work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.Work))
 				}
-				fl := st.work[0].fl
-				st.work = st.work[:0]
+				fl := st.Work[0].Fl
+				st.Work = st.Work[:0]
 				return fl
 			}
 			first := launch()
-			st.checkStuck(first.start.Add(m.stuckAfter() + time.Millisecond))
+			st.CheckStuck(first.Start.Add(m.k.StuckAfter() + time.Millisecond))
 			hedge := launch()
-			if hedge.attempts[0].chain != first.attempts[0].chain || !first.attempts[0].stale {
+			if hedge.Attempts[0].Chain != first.Attempts[0].Chain || !first.Attempts[0].Stale {
 				t.Fatal("the stuck attempt was not hedged in its chain")
 			}
-			grant := func(fl *flight, fence pglease.Fence) {
-				now := m.now()
+			grant := func(fl *kernel.Flight, fence pglease.Fence) {
+				now := m.k.Now()
 				res := []store.AcquireResult{{OK: true, Fence: fence, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)}}
-				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
-				if err := st.checkInvariants(); err != nil {
+				st.HandleAcquireDone(kernel.AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
+				if err := st.CheckInvariants(); err != nil {
 					t.Fatal(err)
 				}
 			}
 			grant(hedge, 7)
-			ans := <-req.reply
-			if ans.lock == nil || ans.lock.id != hedge.attempts[0].lockID {
+			ans := <-req.Reply
+			if ans.Lock == nil || ans.Lock.ID != hedge.Attempts[0].LockID {
 				t.Fatalf("answered %+v, want the hedge's lock", ans)
 			}
 			grant(first, 8) // (a real server would have refused one of them)
-			if len(st.held) != 1 {
-				t.Fatalf("%d holds, want the hedge's alone", len(st.held))
+			if len(st.Held) != 1 {
+				t.Fatalf("%d holds, want the hedge's alone", len(st.Held))
 			}
 			var released bool
-			for _, it := range st.releases.pending {
-				if it.lockID == first.attempts[0].lockID && it.unblocked {
+			for _, it := range st.Releases.Pending {
+				if it.LockID == first.Attempts[0].LockID && it.Unblocked {
 					released = true
 				}
 			}
 			if !released {
 				t.Fatal("the stale attempt's grant is not released")
 			}
-			ks := st.keys[key]
-			if ks == nil || ks.stale != 0 {
+			ks := st.Keys[key]
+			if ks == nil || ks.Stale != 0 {
 				t.Fatalf("key after both answers: %+v", ks)
 			}
 		})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 )
 
@@ -78,8 +80,8 @@ const (
 // Watches of one key by several callers of a Manager share one
 // registration and one read per change.
 func (m *Manager) Watch(ctx context.Context, key string) (<-chan Event, error) {
-	ch := make(chan Event, watchBuffer)
-	if err := m.Kernel.watch(ctx, key, eventOut(ch)); err != nil {
+	ch := make(chan Event, kernel.WatchBuffer)
+	if err := m.k.Watch(ctx, key, eventOut(ch)); err != nil {
 		return nil, err
 	}
 	return ch, nil
@@ -89,7 +91,7 @@ func (m *Manager) Watch(ctx context.Context, key string) (<-chan Event, error) {
 // each event, and never blocks (full, the oldest event makes room).
 type eventOut chan Event
 
-func (c eventOut) Send(ev kEvent) {
+func (c eventOut) Send(ev kernel.Event) {
 	e := Event{Kind: EventKind(ev.Kind), Fence: ev.Fence, Holder: ev.Holder, ExpiresAt: ev.ExpiresAt}
 	select {
 	case c <- e:

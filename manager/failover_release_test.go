@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/pgtest"
@@ -48,8 +50,8 @@ func TestFailoverReleasesRetried(t *testing.T) {
 	const ttl = 20 * time.Second
 	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true, Proxy: true})
 	url := failoverURL(r)
-	a, asig := failoverManager(t, url, Config{TTL: ttl, StatementTimeout: 2 * time.Second}, testHooks{})
-	b, _ := failoverManager(t, url, Config{}, testHooks{})
+	a, asig := failoverManager(t, url, Config{TTL: ttl, StatementTimeout: 2 * time.Second}, kernel.TestHooks{})
+	b, _ := failoverManager(t, url, Config{}, kernel.TestHooks{})
 	ctx := harnessCtx(t)
 	if err := a.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
@@ -85,7 +87,7 @@ func TestFailoverReleasesRetried(t *testing.T) {
 		}
 		acquired <- err
 	}()
-	waitFor(t, &asig.batchSent, func(b batchInfo) bool { return b.kind == kindAcquire })
+	waitFor(t, &asig.BatchSent, func(b kernel.BatchInfo) bool { return b.Kind == kernel.KindAcquire })
 	eventually(t, 4*waitTimeout(), "the acquire waiting for the advisory lock", func() bool {
 		var n int
 		err := direct.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -52,7 +54,7 @@ func failoverURL(r *pgtest.Replicated) string { return r.URL("", "connect_timeou
 // failoverManager returns a Manager with test signals on its own pool (its
 // own connections and listener: another process as far as locking goes),
 // closed when the test ends.
-func failoverManager(t *testing.T, url string, cfg Config, hooks testHooks) (*Manager, *signals) {
+func failoverManager(t *testing.T, url string, cfg Config, hooks kernel.TestHooks) (*Manager, *kernel.Signals) {
 	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -64,11 +66,11 @@ func failoverManager(t *testing.T, url string, cfg Config, hooks testHooks) (*Ma
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	sig := &signals{}
-	sig.init()
+	sig := &kernel.Signals{}
+	sig.Init()
 	m, err := newManager("test", pool, false, cfg, func(m *Manager) {
-		m.sig = sig
-		m.test = hooks
+		m.k.Sig = sig
+		m.k.Test = hooks
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -124,15 +126,15 @@ func (l *ledger) write(mgr int, lk *Lock) bool {
 	if lk.Err() != nil {
 		return false
 	}
-	prev, ok := l.last[lk.key]
+	prev, ok := l.last[lk.hd.Key]
 	switch {
-	case ok && lk.fence < prev.fence:
+	case ok && lk.hd.Fence < prev.fence:
 		l.bad = append(l.bad, fmt.Sprintf("key %s: fence %d (manager %d) written after fence %d (manager %d): went backwards, or a holder not told",
-			lk.key, lk.fence, mgr, prev.fence, prev.mgr))
-	case ok && lk.fence == prev.fence && lk.id != prev.id:
-		l.bad = append(l.bad, fmt.Sprintf("key %s: fence %d granted twice (managers %d and %d)", lk.key, lk.fence, prev.mgr, mgr))
+			lk.hd.Key, lk.hd.Fence, mgr, prev.fence, prev.mgr))
+	case ok && lk.hd.Fence == prev.fence && lk.hd.ID != prev.id:
+		l.bad = append(l.bad, fmt.Sprintf("key %s: fence %d granted twice (managers %d and %d)", lk.hd.Key, lk.hd.Fence, prev.mgr, mgr))
 	}
-	l.last[lk.key] = ledgerEntry{lk.fence, lk.id, mgr}
+	l.last[lk.hd.Key] = ledgerEntry{lk.hd.Fence, lk.hd.ID, mgr}
 	return true
 }
 
@@ -145,7 +147,7 @@ func (l *ledger) told(lk *Lock, now time.Time) {
 	// Another holder can be granted the key only after the server's
 	// expiry + 1 s (the takeover tolerance); told after that is too late.
 	if lead < -time.Second {
-		l.bad = append(l.bad, fmt.Sprintf("key %s: holder told of its loss %v after the server's expiry", lk.key, -lead))
+		l.bad = append(l.bad, fmt.Sprintf("key %s: holder told of its loss %v after the server's expiry", lk.hd.Key, -lead))
 	}
 }
 
@@ -304,21 +306,21 @@ func runFailoverLoad(t *testing.T, r *pgtest.Replicated, rounds int) (*ledger, [
 	url := failoverURL(r)
 	cfg := Config{TTL: 3 * time.Second, StatementTimeout: 2 * time.Second}
 	ms := make([]*Manager, managers)
-	sigs := make([]*signals, managers)
+	sigs := make([]*kernel.Signals, managers)
 	for i := range ms {
-		ms[i], sigs[i] = failoverManager(t, url, cfg, testHooks{})
+		ms[i], sigs[i] = failoverManager(t, url, cfg, kernel.TestHooks{})
 	}
 	// Two idle Managers for the wake-up check at the end: b polls only
 	// every 20 s, so only a notification wakes it in time.
-	wa, asig := failoverManager(t, url, Config{}, testHooks{})
-	wb, bsig := failoverManager(t, url, Config{Retry: pollingTooSlow}, testHooks{})
+	wa, asig := failoverManager(t, url, Config{}, kernel.TestHooks{})
+	wb, bsig := failoverManager(t, url, Config{Retry: pollingTooSlow}, kernel.TestHooks{})
 	listeners := append(slices.Clone(sigs), asig, bsig)
 	ctx := context.Background()
 	if err := ms[0].SetupSchema(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range listeners {
-		wait(t, &s.listening)
+		wait(t, &s.Listening)
 	}
 	keys := []string{"fo:a", "fo:b", "fo:c", "fo:d", "fo:e"}
 	led := newLedger()
@@ -352,7 +354,7 @@ func runFailoverLoad(t *testing.T, r *pgtest.Replicated, rounds int) (*ledger, [
 			return true
 		})
 		for _, s := range listeners {
-			drain(&s.listening)
+			drain(&s.Listening)
 		}
 		t0 := time.Now()
 		if err := r.Crash(primary); err != nil {
@@ -367,7 +369,7 @@ func runFailoverLoad(t *testing.T, r *pgtest.Replicated, rounds int) (*ledger, [
 		var fr failoverRound
 		fr.crashToPromoted = promoted.Sub(t0)
 		for _, s := range listeners {
-			wait(t, &s.listening)
+			wait(t, &s.Listening)
 		}
 		fr.crashToListen = time.Since(t0)
 		// Every Manager's waiters get their locks on the new primary.
@@ -397,7 +399,7 @@ func runFailoverLoad(t *testing.T, r *pgtest.Replicated, rounds int) (*ledger, [
 // listening connections they had before the failover (reconnected): b
 // polls only every 20 s, so only a notification can wake it within the
 // bound.
-func wakeAfterFailover(t *testing.T, a, b *Manager, bsig *signals) {
+func wakeAfterFailover(t *testing.T, a, b *Manager, bsig *kernel.Signals) {
 	t.Helper()
 	ctx := harnessCtx(t)
 	lk, err := a.Acquire(ctx, "fo:wake")
@@ -501,7 +503,7 @@ func TestFailoverAsyncLostGrants(t *testing.T) {
 	t.Parallel()
 	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{})
 	url := failoverURL(r)
-	a, _ := failoverManager(t, url, Config{}, testHooks{})
+	a, _ := failoverManager(t, url, Config{}, kernel.TestHooks{})
 	ctx := harnessCtx(t)
 	if err := a.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
@@ -592,7 +594,7 @@ func TestFailoverAsyncLostGrants(t *testing.T) {
 	}
 
 	// 4. A process that never saw the lost grants gets their fences again.
-	b, _ := failoverManager(t, url, Config{}, testHooks{})
+	b, _ := failoverManager(t, url, Config{}, kernel.TestHooks{})
 	for i, want := range lost {
 		lk := take(b, "res")
 		if lk.Fence() != want {
@@ -648,11 +650,11 @@ func TestFailoverSilentHost(t *testing.T) {
 	t.Parallel()
 	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true, Proxy: true})
 	url := r.URL("") // no connect_timeout
-	open := func(cfg Config) (*Manager, *signals) {
+	open := func(cfg Config) (*Manager, *kernel.Signals) {
 		t.Helper()
-		sig := &signals{}
-		sig.init()
-		m, err := openManager("test", ctxT(t), url, cfg, func(m *Manager) { m.sig = sig })
+		sig := &kernel.Signals{}
+		sig.Init()
+		m, err := openManager("test", ctxT(t), url, cfg, func(m *Manager) { m.k.Sig = sig })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -669,8 +671,8 @@ func TestFailoverSilentHost(t *testing.T) {
 	if err := a.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wait(t, &asig.listening)
-	wait(t, &bsig.listening)
+	wait(t, &asig.Listening)
+	wait(t, &bsig.Listening)
 	lk, err := a.Acquire(ctx, "fo:silent")
 	if err != nil {
 		t.Fatal(err)
@@ -698,8 +700,8 @@ func TestFailoverSilentHost(t *testing.T) {
 		t.Fatalf("no warning about a multi-host pool without connect_timeout:\n%s", logs)
 	}
 
-	drain(&asig.listening)
-	drain(&bsig.listening)
+	drain(&asig.Listening)
+	drain(&bsig.Listening)
 	t0 := time.Now()
 	if err := r.Nodes[0].Proxy.Blackhole(); err != nil {
 		t.Fatal(err)
@@ -716,8 +718,8 @@ func TestFailoverSilentHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	granted := time.Now()
-	wait(t, &asig.listening)
-	wait(t, &bsig.listening)
+	wait(t, &asig.Listening)
+	wait(t, &bsig.Listening)
 	listening := time.Now()
 	t.Logf("silent host: promoted %v after the fault, first grant %v after, both listeners back %v after",
 		promoted.Sub(t0).Round(time.Millisecond), granted.Sub(t0).Round(time.Millisecond), listening.Sub(t0).Round(time.Millisecond))

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -19,17 +21,17 @@ import (
 // fairManagers returns n Managers with Config.FairQueue set to fair on
 // one schema, each its own process for the server (its own pool and
 // listener), with their test signals, once each listens.
-func fairManagers(t *testing.T, n int, fair bool) (*bundle, []*Manager, []*signals) {
+func fairManagers(t *testing.T, n int, fair bool) (*bundle, []*Manager, []*kernel.Signals) {
 	t.Helper()
 	cfg := Config{FairQueue: fair}
 	b := setup(t, setupOpts{cfg: cfg})
-	ms, sigs := []*Manager{b.m}, []*signals{b.sig}
+	ms, sigs := []*Manager{b.m}, []*kernel.Signals{b.sig}
 	for range n - 1 {
 		m, sig := b.newPeer(t, cfg)
 		ms, sigs = append(ms, m), append(sigs, sig)
 	}
 	for _, sig := range sigs {
-		wait(t, &sig.listening)
+		wait(t, &sig.Listening)
 	}
 	return b, ms, sigs
 }
@@ -100,7 +102,7 @@ func testFairOrder(t *testing.T, fair bool) {
 				errc <- fmt.Errorf("caller %d release: %w", i, err)
 			}
 		}()
-		wait(t, &sigs[mi].queued)
+		wait(t, &sigs[mi].Queued)
 		if fair {
 			waitTickets(t, b.admin, key, i+1) // its place taken before the next comes
 		} else {
@@ -152,8 +154,8 @@ func TestFairReleaseNotifiesOnlyHead(t *testing.T) {
 	}()
 	waitTickets(t, b.admin, key, 2)
 	for _, s := range sigs {
-		drain(&s.turn)
-		drain(&s.woken)
+		drain(&s.Turn)
+		drain(&s.Woken)
 	}
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -168,9 +170,9 @@ func TestFairReleaseNotifiesOnlyHead(t *testing.T) {
 		t.Fatal("the head's Acquire failed")
 	}
 	time.Sleep(300 * time.Millisecond) // a quiet period: a stray notice would come in it
-	count := func(s *testSignal[bool]) int { n := len(s.ch); drain(s); return n }
-	turns := []int{count(&sigs[0].turn), count(&sigs[1].turn), count(&sigs[2].turn)}
-	woken := []int{len(sigs[0].woken.ch), len(sigs[1].woken.ch), len(sigs[2].woken.ch)}
+	count := func(s *kernel.TestSignal[bool]) int { n := len(s.Ch); drain(s); return n }
+	turns := []int{count(&sigs[0].Turn), count(&sigs[1].Turn), count(&sigs[2].Turn)}
+	woken := []int{len(sigs[0].Woken.Ch), len(sigs[1].Woken.Ch), len(sigs[2].Woken.Ch)}
 	t.Logf("turn notices per Manager %v, release wake-ups %v", turns, woken)
 	if turns[1] != 1 || turns[0] != 0 || turns[2] != 0 {
 		t.Errorf("turn notices per Manager %v, want [0 1 0]: only the head's process is told", turns)
@@ -217,7 +219,7 @@ func TestFairDeadTicketBound(t *testing.T) {
 	}
 	// The dead process: one enqueue, never refreshed, never leaving.
 	dead := keys.NewLockID()
-	wr, err := raw.QueueWait(ctx, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: dead}}, store.QueueChannel(), ticketLife)
+	wr, err := raw.QueueWait(ctx, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: dead}}, store.QueueChannel(), kernel.TicketLife)
 	if err != nil || wr[0].OK || wr[0].Position != 1 {
 		t.Fatalf("dead enqueue: %+v %v", wr, err)
 	}
@@ -239,13 +241,13 @@ func TestFairDeadTicketBound(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(ticketLife + waitTimeout()):
-		t.Fatalf("the waiter behind a dead ticket was not granted within %v", ticketLife+waitTimeout())
+	case <-time.After(kernel.TicketLife + waitTimeout()):
+		t.Fatalf("the waiter behind a dead ticket was not granted within %v", kernel.TicketLife+waitTimeout())
 	}
 	waited := time.Since(enqueued)
-	t.Logf("granted %v after the dead ticket's enqueue (its life %v)", waited.Round(time.Millisecond), ticketLife)
-	if waited < ticketLife-100*time.Millisecond {
-		t.Errorf("granted %v after the dead ticket's enqueue: before it expired (%v), the queue was jumped", waited, ticketLife)
+	t.Logf("granted %v after the dead ticket's enqueue (its life %v)", waited.Round(time.Millisecond), kernel.TicketLife)
+	if waited < kernel.TicketLife-100*time.Millisecond {
+		t.Errorf("granted %v after the dead ticket's enqueue: before it expired (%v), the queue was jumped", waited, kernel.TicketLife)
 	}
 	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -297,7 +299,7 @@ func TestFairWaiterLeaves(t *testing.T) {
 			got <- err
 		}()
 		waitTickets(t, b.admin, key, 1)
-		drain(&dsig.leftGranted)
+		drain(&dsig.LeftGranted)
 		if err := held.Release(ctx); err != nil { // grants the deaf Manager's ticket
 			cancel()
 			t.Fatal(err)
@@ -307,7 +309,7 @@ func TestFairWaiterLeaves(t *testing.T) {
 		switch {
 		case errors.Is(err, context.Canceled):
 			select {
-			case <-dsig.leftGranted.ch:
+			case <-dsig.LeftGranted.Ch:
 				raced++
 			case <-time.After(waitTimeout()):
 				t.Fatal("the leaving waiter's leave did not report its grant released")

@@ -394,7 +394,7 @@ func (l *faultLoad) cycle(ctx context.Context, m *Manager, key string, i int) {
 	defer cancel()
 	for _, lk := range locks {
 		if !exclusive {
-			l.checkTrust(wctx, "a shared holder", lk.id, func() bool { return lk.Err() == nil })
+			l.checkTrust(wctx, "a shared holder", lk.hd.ID, func() bool { return lk.Err() == nil })
 			continue
 		}
 		l.granted(lk.Key(), lk)
@@ -402,7 +402,7 @@ func (l *faultLoad) cycle(ctx context.Context, m *Manager, key string, i int) {
 		if werr == nil && !ok && lk.Err() == nil {
 			l.violate("fenced write of %s refused while its holder trusted the lease (fence %d)", lk.Key(), lk.Fence())
 		}
-		l.checkTrust(wctx, "a worker", lk.id, func() bool { return lk.Err() == nil })
+		l.checkTrust(wctx, "a worker", lk.hd.ID, func() bool { return lk.Err() == nil })
 	}
 	time.Sleep(time.Duration(i%5) * 10 * time.Millisecond)
 	for _, lk := range locks {
@@ -438,7 +438,7 @@ func (l *faultLoad) longHolder(ctx context.Context, m *Manager, key string) {
 		}
 		l.granted(key, lk)
 		for ctx.Err() == nil && lk.Err() == nil {
-			l.checkTrust(ctx, "the long holder", lk.id, func() bool { return lk.Err() == nil })
+			l.checkTrust(ctx, "the long holder", lk.hd.ID, func() bool { return lk.Err() == nil })
 			select {
 			case <-ctx.Done():
 			case <-lk.Done():
@@ -500,7 +500,7 @@ func (l *faultLoad) brokenHolder(ctx context.Context, m *Manager, key string) (s
 	go func() {
 		defer close(done)
 		for cctx.Err() == nil {
-			if l.trustViolated(cctx, lk.id, func() bool { return true }) {
+			if l.trustViolated(cctx, lk.hd.ID, func() bool { return true }) {
 				caught.Store(true)
 				return
 			}

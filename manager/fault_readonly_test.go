@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/pgtest"
@@ -115,10 +117,10 @@ func TestDemotedPrimaryKeepsSockets(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := newFencedResource(t, ctx, p0)
-	wa, asig := failoverManager(t, url, Config{StatementTimeout: 2 * time.Second}, testHooks{})
-	wb, bsig := failoverManager(t, url, Config{Retry: pollingTooSlow, StatementTimeout: 2 * time.Second}, testHooks{})
-	wait(t, &asig.listening)
-	wait(t, &bsig.listening)
+	wa, asig := failoverManager(t, url, Config{StatementTimeout: 2 * time.Second}, kernel.TestHooks{})
+	wb, bsig := failoverManager(t, url, Config{Retry: pollingTooSlow, StatementTimeout: 2 * time.Second}, kernel.TestHooks{})
+	wait(t, &asig.Listening)
+	wait(t, &bsig.Listening)
 
 	l := &faultLoad{ms: []*Manager{m0, m1}, res: res, direct: p0, lockTable: "syncguard_locks",
 		ttl: 1500 * time.Millisecond, keys: 3, prefix: "ro"}
@@ -162,8 +164,8 @@ func TestDemotedPrimaryKeepsSockets(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := l.snapshot()
-	drain(&asig.listening)
-	drain(&bsig.listening)
+	drain(&asig.Listening)
+	drain(&bsig.Listening)
 
 	// 1. The primary turns read-only under its open connections, for
 	// twice the TTL with no writer anywhere.
@@ -221,9 +223,9 @@ func TestDemotedPrimaryKeepsSockets(t *testing.T) {
 	if advLock.Err() == nil {
 		t.Fatal("two advisory holders of a key trust it: the old primary's was not told")
 	}
-	for _, s := range []*signals{asig, bsig} {
+	for _, s := range []*kernel.Signals{asig, bsig} {
 		select {
-		case <-s.listening.ch:
+		case <-s.Listening.Ch:
 		case <-time.After(10 * time.Second):
 			t.Fatalf("a listener did not subscribe again within 10 s of the promotion: it stays on the read-only server")
 		}

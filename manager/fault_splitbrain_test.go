@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -94,7 +96,7 @@ func TestSplitBrainAsync(t *testing.T) {
 	}
 	oldC := splitManager(t, r, 0, cfg)
 	// The multi-host process: on node 0 first (listed first, writable).
-	mover, _ := failoverManager(t, r.URL("", "connect_timeout=2"), cfg, testHooks{})
+	mover, _ := failoverManager(t, r.URL("", "connect_timeout=2"), cfg, kernel.TestHooks{})
 	g := newSplitGuards(t, ctx)
 
 	// The control: one server, one holder.

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -256,7 +258,7 @@ func TestSyncCommitCancelled(t *testing.T) {
 	t.Logf("cancelled synchronous commit: Acquire granted fence %d, committed on the primary only", cut.Fence())
 
 	// 3. The Manager's own statement timeout ends the wait first.
-	c, _ := failoverManager(t, url, Config{StatementTimeout: time.Second}, testHooks{})
+	c, _ := failoverManager(t, url, Config{StatementTimeout: time.Second}, kernel.TestHooks{})
 	t0 := time.Now()
 	_, err = c.Acquire(ctx, "sc:timeout", WithAcquireTimeout(3*time.Second))
 	var pe *pglease.Error
@@ -303,7 +305,7 @@ func TestSyncCommitCancelled(t *testing.T) {
 	if err := r.Promote(harnessCtx(t), 1); err != nil {
 		t.Fatal(err)
 	}
-	b, _ := failoverManager(t, url, Config{}, testHooks{})
+	b, _ := failoverManager(t, url, Config{}, kernel.TestHooks{})
 	repeated := func(key string, told pglease.Fence) (*Lock, bool) {
 		t.Helper()
 		lk, err := b.Acquire(ctx, key)
@@ -354,7 +356,7 @@ func TestSyncCommitTimeoutLeavesNoLease(t *testing.T) {
 	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
 	url := failoverURL(r)
 	ctx := harnessCtx(t)
-	c, _ := failoverManager(t, url, Config{StatementTimeout: time.Second, TTL: time.Minute}, testHooks{})
+	c, _ := failoverManager(t, url, Config{StatementTimeout: time.Second, TTL: time.Minute}, kernel.TestHooks{})
 	if err := c.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}

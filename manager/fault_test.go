@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -27,21 +29,21 @@ func TestHeartbeatKeepsShortLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	hold := time.After(5 * time.Second) // the property under test is a duration
-	var timings []extendTiming
+	var timings []kernel.ExtendTiming
 loop:
 	for {
 		select {
 		case <-lk.Done():
 			t.Fatalf("lock lost after %d extends: %v", len(timings), lk.Err())
-		case e := <-b.sig.extendTimed.ch:
-			if e.key == "hb" {
+		case e := <-b.sig.ExtendTimed.Ch:
+			if e.Key == "hb" {
 				timings = append(timings, e)
 			}
 		case <-hold:
 			break loop
 		}
 	}
-	if id, ok := lockRow(t, b.pool, "hb"); !ok || id != lk.id {
+	if id, ok := lockRow(t, b.pool, "hb"); !ok || id != lk.hd.ID {
 		t.Fatal("row not live or not ours after 5 s")
 	}
 	// The cadence, from the heartbeat's own schedule rather than from
@@ -51,16 +53,16 @@ loop:
 	// off. How late the loop ran it is the machine's (max lag logged).
 	var maxLag time.Duration
 	for i, e := range timings {
-		if got := e.due.Sub(e.prevStart); got != ttl/3 {
+		if got := e.Due.Sub(e.PrevStart); got != ttl/3 {
 			t.Errorf("extend %d due %v after the previous attempt, want TTL/3 = %v", i, got, ttl/3)
 		}
-		if e.start.Before(e.due.Add(-ttl / 12)) {
-			t.Errorf("extend %d sent %v before it was due", i, e.due.Sub(e.start))
+		if e.Start.Before(e.Due.Add(-ttl / 12)) {
+			t.Errorf("extend %d sent %v before it was due", i, e.Due.Sub(e.Start))
 		}
-		if i > 0 && !e.prevStart.Equal(timings[i-1].start) {
+		if i > 0 && !e.PrevStart.Equal(timings[i-1].Start) {
 			t.Errorf("extend %d does not follow extend %d", i, i-1)
 		}
-		maxLag = max(maxLag, e.start.Sub(e.due))
+		maxLag = max(maxLag, e.Start.Sub(e.Due))
 	}
 	// At least one extend per trust window (TTL − margin), with the
 	// nominal 15 in 5 s on an idle machine.
@@ -118,7 +120,7 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 	t.Cleanup(func() { _, _ = b.admin.Exec(context.Background(), "ALTER TABLE moved RENAME TO syncguard_locks") })
 	<-lk.Done()
 	lostAt := time.Now()
-	wait(t, &b.sig.extendFailed)
+	wait(t, &b.sig.ExtendFailed)
 	if !errors.Is(lk.Err(), pglease.ErrLockLost) {
 		t.Fatalf("cause = %v", lk.Err())
 	}
@@ -129,7 +131,7 @@ func TestLossBeforeServerExpiry(t *testing.T) {
 	// Compared with each other, not with when this goroutine woke up: under
 	// CPU load that was late (the test failed so, with lostAt − sent
 	// > 1 s, though the Manager had done right).
-	deadline := lk.start.Add(time.Duration(lk.lease.trustedNs.Load()))
+	deadline := lk.hd.Start.Add(time.Duration(lk.hd.Lease.TrustedNs.Load()))
 	if gap := lk.ExpiresAt().Sub(deadline); gap < time.Second/10-time.Millisecond {
 		t.Fatalf("trust deadline only %v before the server's expiry, want the 100 ms margin", gap)
 	}
@@ -165,12 +167,12 @@ func TestFenceRegressionRefused(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, "UPDATE syncguard_fence_counters SET fence = fence - 2"); err != nil {
 		t.Fatal(err)
 	}
-	drain(&b.sig.released)
+	drain(&b.sig.Released)
 	_, err := b.m.Acquire(ctx, "f")
 	if !errors.Is(err, pglease.ErrFenceRegression) {
 		t.Fatalf("err = %v", err)
 	}
-	wait(t, &b.sig.released)
+	wait(t, &b.sig.Released)
 	if _, ok := lockRow(t, b.pool, "f"); ok {
 		t.Fatal("refused grant left a row")
 	}
@@ -197,7 +199,7 @@ func TestTerminateBackends(t *testing.T) {
 		c.ConnConfig.RuntimeParams["application_name"] = app
 	}}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	var locks []*Lock
 	for _, k := range []string{"t1", "t2", "t3"} {
 		lk, err := b.m.Acquire(ctx, k, WithTTL(2*time.Second))
@@ -215,15 +217,15 @@ func TestTerminateBackends(t *testing.T) {
 		if n == 0 {
 			t.Fatal("no backend terminated")
 		}
-		wait(t, &b.sig.listening) // the listener reconnected
+		wait(t, &b.sig.Listening) // the listener reconnected
 		// An extend round that succeeds after the termination.
-		waitFor(t, &b.sig.extended, func(n int) bool { return n > 0 })
+		waitFor(t, &b.sig.Extended, func(n int) bool { return n > 0 })
 		t.Logf("round %d: %d backends terminated", round, n)
 	}
 	for _, lk := range locks {
 		id, live := lockRow(t, b.pool, lk.Key())
 		switch {
-		case lk.Err() == nil && (!live || id != lk.id):
+		case lk.Err() == nil && (!live || id != lk.hd.ID):
 			t.Fatalf("%s: silently lost", lk.Key())
 		case lk.Err() != nil && !errors.Is(lk.Err(), pglease.ErrLockLost):
 			t.Fatalf("%s: ended with %v", lk.Key(), lk.Err())
@@ -238,7 +240,7 @@ func TestTerminateBackends(t *testing.T) {
 		}
 		got <- err
 	}()
-	wait(t, &b.sig.queued)
+	wait(t, &b.sig.Queued)
 	for _, lk := range locks {
 		_ = lk.Release(ctx)
 	}
@@ -276,9 +278,9 @@ func TestServerRestart(t *testing.T) {
 		}
 		waiter <- err
 	}()
-	wait(t, &b.sig.queued)
-	wait(t, &b.sig.queued)
-	wait(t, &b.sig.queued)
+	wait(t, &b.sig.Queued)
+	wait(t, &b.sig.Queued)
+	wait(t, &b.sig.Queued)
 	if err := cl.StopServer(true); err != nil {
 		t.Fatal(err)
 	}
@@ -300,11 +302,11 @@ func TestServerRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	stopped = false
-	waitFor(t, &b.sig.extended, func(n int) bool { return n > 0 })
+	waitFor(t, &b.sig.Extended, func(n int) bool { return n > 0 })
 	if long.Err() != nil {
 		t.Fatalf("long lease lost: %v", long.Err())
 	}
-	if id, ok := lockRow(t, b.pool, "long"); !ok || id != long.id {
+	if id, ok := lockRow(t, b.pool, "long"); !ok || id != long.hd.ID {
 		t.Fatal("long lease not held after the restart")
 	}
 	if err := <-waiter; err != nil {
@@ -322,8 +324,8 @@ func TestHeartbeatNotBehindAcquires(t *testing.T) {
 	t.Parallel()
 	gate := make(chan struct{})
 	var stuck atomic.Bool
-	b := setup(t, setupOpts{hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
-		if kind == kindAcquire && stuck.Load() {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{BeforeBatch: func(kind kernel.BatchKind, n int) {
+		if kind == kernel.KindAcquire && stuck.Load() {
 			<-gate
 		}
 	}}})
@@ -343,9 +345,9 @@ func TestHeartbeatNotBehindAcquires(t *testing.T) {
 			errs <- err
 		}()
 	}
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindAcquire })
 	for range 3 {
-		waitFor(t, &b.sig.extended, func(n int) bool { return n == 1 })
+		waitFor(t, &b.sig.Extended, func(n int) bool { return n == 1 })
 	}
 	if lk.Err() != nil {
 		t.Fatalf("lost while acquires were stuck: %v", lk.Err())

@@ -128,7 +128,7 @@ func testForeignPoller(t *testing.T, cfg Config) {
 	if err := mg.SetupReleaseTrigger(ctx, channel); err != nil {
 		t.Fatal(err)
 	}
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	const key = "foreign:hot"
 	// SyncGuard holds the key first: the Manager's callers find a holder
 	// that is not a pglease process.
@@ -173,7 +173,7 @@ func testForeignPoller(t *testing.T, cfg Config) {
 		default:
 		}
 	}()
-	wait(t, &b.sig.retrying) // a caller found SyncGuard's holder
+	wait(t, &b.sig.Retrying) // a caller found SyncGuard's holder
 	if err := sgRelease(ctx, b.admin, id); err != nil {
 		t.Fatal(err)
 	}

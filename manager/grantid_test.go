@@ -18,7 +18,7 @@ func TestLockGrantID(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lk.Release(ctx) //nolint:errcheck
-	if got := lk.GrantID(); got != pg.GrantID(lk.id) || len(got) != 64 || got == lk.id {
+	if got := lk.GrantID(); got != pg.GrantID(lk.hd.ID) || len(got) != 64 || got == lk.hd.ID {
 		t.Fatalf("GrantID = %q, want pg.GrantID(lockId)", got)
 	}
 	var nilLock *Lock

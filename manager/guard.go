@@ -3,6 +3,8 @@ package manager
 import (
 	"context"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
@@ -41,17 +43,17 @@ import (
 // the grant or its last extend makes the check fail.
 func (l *Lock) Guard(ctx context.Context, tx pgx.Tx) error {
 	const op = "manager.Guard"
-	if l == nil || l.m == nil {
+	if l == nil || l.hd.M == nil {
 		return errNilLock
 	}
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if store.IsNilDB(tx) {
-		return invalid(op, "nil transaction")
+		return kernel.Invalid(op, "nil transaction")
 	}
-	if l.shared {
-		return invalid(op, "Guard ties a transaction to an exclusive lease; a shared lock (Shared, WithLimit) has none")
+	if l.hd.Shared {
+		return kernel.Invalid(op, "Guard ties a transaction to an exclusive lease; a shared lock (Shared, WithLimit) has none")
 	}
 	if c := l.Err(); c != nil {
 		code := pglease.CodeOf(c)
@@ -60,8 +62,8 @@ func (l *Lock) Guard(ctx context.Context, tx pgx.Tx) error {
 		}
 		return pgerr.New(code, op, "the lock is no longer held", c)
 	}
-	if _, err := l.m.store.Guard(ctx, tx, l.id); err != nil {
-		return reop(op, err)
+	if _, err := l.hd.M.Store.Guard(ctx, tx, l.hd.ID); err != nil {
+		return kernel.Reop(op, err)
 	}
 	return nil
 }

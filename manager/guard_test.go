@@ -149,11 +149,11 @@ func TestGuardHeartbeatNotBlocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	exp := lk.ExpiresAt()
-	drain(&b.sig.extended)
+	drain(&b.sig.Extended)
 	extends := 0
 	for deadline := time.After(2 * time.Second); extends < 3; {
 		select {
-		case n := <-b.sig.extended.ch:
+		case n := <-b.sig.Extended.Ch:
 			extends += n
 		case <-deadline:
 			t.Fatalf("%d extends in 2 s (TTL 600 ms) while a transaction guards the lease", extends)

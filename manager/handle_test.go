@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -202,12 +204,12 @@ func TestAcquireWaitsAsLongAsContext(t *testing.T) {
 		err error
 	}
 	res := make(chan result, 1)
-	drain(&m2.sig.queued)
+	drain(&m2.sig.Queued)
 	go func() {
 		lk, err := m2.m.Acquire(context.WithoutCancel(ctx), "long-wait")
 		res <- result{lk, err}
 	}()
-	waitFor(t, &m2.sig.queued, func(k string) bool { return k == "long-wait" })
+	waitFor(t, &m2.sig.Queued, func(k string) bool { return k == "long-wait" })
 	select {
 	case r := <-res:
 		t.Fatalf("Acquire without a bound returned early: %v, %v", r.lk, r.err)
@@ -296,7 +298,7 @@ func TestExtendKeepsManualLease(t *testing.T) {
 	if !lk.ExpiresAt().After(lk.AcquiredAt()) {
 		t.Fatalf("ExpiresAt %v not after AcquiredAt %v", lk.ExpiresAt(), lk.AcquiredAt())
 	}
-	drain(&b.sig.batchSent)
+	drain(&b.sig.BatchSent)
 	start := time.Now()
 	prev := lk.ExpiresAt()
 	for time.Since(start) < 2*ttl {
@@ -304,7 +306,7 @@ func TestExtendKeepsManualLease(t *testing.T) {
 		if err := lk.Extend(ctx); err != nil {
 			t.Fatalf("Extend after %v: %v", time.Since(start), err)
 		}
-		waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindExtend })
+		waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindExtend })
 		if lk.ExpiresAt().Before(prev) {
 			t.Fatalf("ExpiresAt went back: %v < %v", lk.ExpiresAt(), prev)
 		}
@@ -387,8 +389,8 @@ func TestExtendJoinsInFlight(t *testing.T) {
 	gate := make(chan struct{})
 	var block sync.Once
 	blocked := make(chan struct{})
-	b := setup(t, setupOpts{hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
-		if kind == kindExtend {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{BeforeBatch: func(kind kernel.BatchKind, n int) {
+		if kind == kernel.KindExtend {
 			block.Do(func() { close(blocked); <-gate })
 		}
 	}}})
@@ -407,7 +409,7 @@ func TestExtendJoinsInFlight(t *testing.T) {
 	}
 	// They reach the loop while the first is in flight; then let it finish.
 	for range n {
-		wait(t, &b.sig.extendAsked)
+		wait(t, &b.sig.ExtendAsked)
 	}
 	close(gate)
 	if err := <-first; err != nil {

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pglease/pglease/manager/internal/kernel"
 )
 
 // TestLossWatchFiresInOrder: the shared loss timer (losswatch.go) ends
@@ -15,30 +17,30 @@ import (
 func TestLossWatchFiresInOrder(t *testing.T) {
 	t.Parallel()
 	type fired struct {
-		l  *Hold
+		l  *kernel.Hold
 		at time.Time
 	}
 	ch := make(chan fired, 8)
-	w := newLossWatch(func(l *Hold) { ch <- fired{l, time.Now()} })
-	defer w.close()
+	w := kernel.NewLossWatch(func(l *kernel.Hold) { ch <- fired{l, time.Now()} })
+	defer w.Close()
 	start := time.Now()
-	hs := make([]*holding, 4)
+	hs := make([]*kernel.Holding, 4)
 	for i := range hs {
-		hs[i] = &holding{lock: &Hold{}, lossIdx: -1}
+		hs[i] = &kernel.Holding{Lock: &kernel.Hold{}, LossIdx: -1}
 	}
 	// Deadlines out of order; hs[3] is stopped before its deadline.
 	deadlines := []time.Duration{60 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 30 * time.Millisecond}
 	for i, h := range hs {
-		w.start(h, start.Add(deadlines[i]))
+		w.Start(h, start.Add(deadlines[i]))
 	}
-	if !w.stop(hs[3]) {
+	if !w.Stop(hs[3]) {
 		t.Fatal("stop of a lease before its deadline reported it fired")
 	}
 	want := []int{1, 2, 0}
 	for _, i := range want {
 		select {
 		case f := <-ch:
-			if f.l != hs[i].lock {
+			if f.l != hs[i].Lock {
 				t.Fatalf("fired out of order: want lease %d", i)
 			}
 			if f.at.Before(start.Add(deadlines[i])) {
@@ -54,19 +56,19 @@ func TestLossWatchFiresInOrder(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	for _, i := range want {
-		if w.stop(hs[i]) {
+		if w.Stop(hs[i]) {
 			t.Fatalf("stop after lease %d fired reported it still watched", i)
 		}
 	}
 	// Moving a deadline (an extend: stop, then start again) keeps the
 	// lease until the new one.
-	h := &holding{lock: &Hold{}, lossIdx: -1}
-	w.start(h, time.Now().Add(20*time.Millisecond))
-	if !w.stop(h) {
+	h := &kernel.Holding{Lock: &kernel.Hold{}, LossIdx: -1}
+	w.Start(h, time.Now().Add(20*time.Millisecond))
+	if !w.Stop(h) {
 		t.Fatal("stop before the deadline failed")
 	}
 	moved := time.Now().Add(80 * time.Millisecond)
-	w.start(h, moved)
+	w.Start(h, moved)
 	select {
 	case f := <-ch:
 		if f.at.Before(moved) {

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -57,10 +59,10 @@ func eventually(t testing.TB, within time.Duration, what string, cond func() boo
 }
 
 // wait returns the next value of s, failing the test after waitTimeout.
-func wait[T any](t testing.TB, s *testSignal[T]) T {
+func wait[T any](t testing.TB, s *kernel.TestSignal[T]) T {
 	t.Helper()
 	select {
-	case v := <-s.ch:
+	case v := <-s.Ch:
 		return v
 	case <-time.After(waitTimeout()):
 		t.Fatalf("timed out waiting for a signal")
@@ -73,10 +75,10 @@ func wait[T any](t testing.TB, s *testSignal[T]) T {
 // Acquire is retrying (wsig is waiter's signals), and fails the test with
 // notWoken unless the waiter is granted within waitTimeout. It returns how
 // long after the release the grant came.
-func handOver(t *testing.T, ctx context.Context, held *Lock, waiter *Manager, wsig *signals, key, notWoken string) time.Duration {
+func handOver(t *testing.T, ctx context.Context, held *Lock, waiter *Manager, wsig *kernel.Signals, key, notWoken string) time.Duration {
 	t.Helper()
 	got := acquireAndRelease(ctx, waiter, key)
-	waitFor(t, &wsig.retrying, func(k string) bool { return k == key })
+	waitFor(t, &wsig.Retrying, func(k string) bool { return k == key })
 	t0 := time.Now()
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -114,12 +116,12 @@ func expectGrant(t testing.TB, got <-chan error, notWoken string) {
 }
 
 // waitFor consumes values of s until one satisfies ok.
-func waitFor[T any](t testing.TB, s *testSignal[T], ok func(T) bool) T {
+func waitFor[T any](t testing.TB, s *kernel.TestSignal[T], ok func(T) bool) T {
 	t.Helper()
 	deadline := time.After(waitTimeout())
 	for {
 		select {
-		case v := <-s.ch:
+		case v := <-s.Ch:
 			if ok(v) {
 				return v
 			}
@@ -156,13 +158,13 @@ type bundle struct {
 	admin  *pgxpool.Pool // superuser, same schema: fault injection and DDL only
 	schema string
 	m      *Manager
-	sig    *signals
+	sig    *kernel.Signals
 }
 
 type setupOpts struct {
 	cfg       Config
 	pool      []func(*pgxpool.Config)
-	hooks     testHooks
+	hooks     kernel.TestHooks
 	noSignals bool
 }
 
@@ -184,12 +186,12 @@ func setup(t testing.TB, o setupOpts) *bundle {
 		t.Fatal(err)
 	}
 	if !o.noSignals {
-		b.sig = &signals{}
-		b.sig.init()
+		b.sig = &kernel.Signals{}
+		b.sig.Init()
 	}
 	m, err := newManager("test", pool, false, o.cfg, func(m *Manager) {
-		m.sig = b.sig
-		m.test = o.hooks
+		m.k.Sig = b.sig
+		m.k.Test = o.hooks
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -215,7 +217,7 @@ func setup(t testing.TB, o setupOpts) *bundle {
 // newPeer returns a second Manager on the same schema (another "process"
 // as far as locking goes: own loop, own pool, own listener), with the
 // test hooks hooks[0] if given.
-func (b *bundle) newPeer(t testing.TB, cfg Config, hooks ...testHooks) (*Manager, *signals) {
+func (b *bundle) newPeer(t testing.TB, cfg Config, hooks ...kernel.TestHooks) (*Manager, *kernel.Signals) {
 	t.Helper()
 	pcfg := b.pool.Config().Copy()
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
@@ -223,12 +225,12 @@ func (b *bundle) newPeer(t testing.TB, cfg Config, hooks ...testHooks) (*Manager
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	sig := &signals{}
-	sig.init()
+	sig := &kernel.Signals{}
+	sig.Init()
 	m, err := newManager("test", pool, false, cfg, func(m *Manager) {
-		m.sig = sig
+		m.k.Sig = sig
 		if len(hooks) > 0 {
-			m.test = hooks[0]
+			m.k.Test = hooks[0]
 		}
 	})
 	if err != nil {
@@ -289,10 +291,10 @@ func waitExtended(t testing.TB, lk *Lock, from time.Time, by time.Duration) {
 }
 
 // drain discards the values s holds now.
-func drain[T any](s *testSignal[T]) {
+func drain[T any](s *kernel.TestSignal[T]) {
 	for {
 		select {
-		case <-s.ch:
+		case <-s.Ch:
 		default:
 			return
 		}

@@ -31,7 +31,7 @@ func TestOpenIdlePool(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := m.pool.Config()
+		c := m.k.Pool.Config()
 		if c.MaxConnIdleTime != tc.idle || c.HealthCheckPeriod != tc.healthy {
 			t.Errorf("Open(%q): MaxConnIdleTime %v, HealthCheckPeriod %v; want %v, %v", tc.params, c.MaxConnIdleTime, c.HealthCheckPeriod, tc.idle, tc.healthy)
 		}

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pglease/pglease/manager/internal/kernel"
 )
 
 // TestListenerBusyKeepsSession: a Manager that only receives
@@ -17,9 +19,9 @@ import (
 func TestListenerBusyKeepsSession(t *testing.T) {
 	t.Parallel()
 	const idle = 4 * time.Second
-	b := setup(t, setupOpts{hooks: testHooks{listenIdleTimeout: idle}})
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{ListenIdleTimeout: idle}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	channel := b.m.cfg.NotifyChannel
 
 	nctx, stop := context.WithCancel(ctx)
@@ -45,7 +47,7 @@ func TestListenerBusyKeepsSession(t *testing.T) {
 	n := 0
 	for {
 		select {
-		case <-b.sig.listening.ch:
+		case <-b.sig.Listening.Ch:
 			n++
 			continue
 		default:

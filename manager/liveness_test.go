@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -58,10 +60,10 @@ func viaProxy(p *faultproxy.Proxy) func(*pgx.ConnConfig) {
 func TestListenerRecoversFromHalfOpen(t *testing.T) {
 	t.Parallel()
 	proxy := newProxy(t)
-	b := setup(t, setupOpts{cfg: Config{Retry: pollingTooSlow}, hooks: testHooks{listenConfig: viaProxy(proxy)}})
+	b := setup(t, setupOpts{cfg: Config{Retry: pollingTooSlow}, hooks: kernel.TestHooks{ListenConfig: viaProxy(proxy)}})
 	peer, _ := b.newPeer(t, Config{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	if err := proxy.HalfOpen(); err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +82,7 @@ func TestListenerRecoversFromHalfOpen(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == "k" })
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == "k" })
 	released := time.Now()
 	if err := hold.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -93,7 +95,7 @@ func TestListenerRecoversFromHalfOpen(t *testing.T) {
 	if handoff > 9*time.Second {
 		t.Fatalf("hand-over took %v: the waiter was woken by polling, not by the listener", handoff)
 	}
-	wait(t, &b.sig.listening) // it re-subscribed
+	wait(t, &b.sig.Listening) // it re-subscribed
 }
 
 var _ = context.Background
@@ -207,16 +209,16 @@ func testStuckBatch(t *testing.T, cfg Config) {
 	b := setup(t, setupOpts{
 		cfg:  cfg,
 		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.MaxConns = 4 }},
-		hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
-			if kind == kindAcquire && sent.Add(1) == 1 {
+		hooks: kernel.TestHooks{BeforeBatch: func(kind kernel.BatchKind, n int) {
+			if kind == kernel.KindAcquire && sent.Add(1) == 1 {
 				<-gate
 			}
 		}},
 	})
 	defer close(gate)
 	ctx := ctxT(t)
-	if b.m.acqLimit != 1 {
-		t.Fatalf("acquire cap %d, want 1", b.m.acqLimit)
+	if b.m.k.AcqLimit != 1 {
+		t.Fatalf("acquire cap %d, want 1", b.m.k.AcqLimit)
 	}
 	stuck := make(chan error, 1)
 	go func() {
@@ -226,8 +228,8 @@ func testStuckBatch(t *testing.T, cfg Config) {
 		}
 		stuck <- err
 	}()
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
-	const bound = 4 * stuckAfterMax // stuckAfter, plus a round trip, under load
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindAcquire })
+	const bound = 4 * kernel.StuckAfterMax // stuckAfter, plus a round trip, under load
 	start := time.Now()
 	lk, err := b.m.Acquire(ctx, "other", WithAcquireTimeout(waitTimeout()))
 	if err != nil {
@@ -257,8 +259,8 @@ func TestAdaptiveInFlight(t *testing.T) {
 	var sent atomic.Int32
 	b := setup(t, setupOpts{
 		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.MaxConns = 20 }},
-		hooks: testHooks{stuckAfter: time.Hour, beforeBatch: func(kind batchKind, n int) {
-			if kind == kindAcquire && sent.Add(1) == 1 {
+		hooks: kernel.TestHooks{StuckAfter: time.Hour, BeforeBatch: func(kind kernel.BatchKind, n int) {
+			if kind == kernel.KindAcquire && sent.Add(1) == 1 {
 				<-gate
 			}
 		}},
@@ -267,10 +269,10 @@ func TestAdaptiveInFlight(t *testing.T) {
 	release := func() { open.Do(func() { close(gate) }) }
 	defer release() // before Close, which waits for the held batch
 	ctx := ctxT(t)
-	if b.m.acqLimit != 1 {
-		t.Fatalf("acquire cap %d, want 1", b.m.acqLimit)
+	if b.m.k.AcqLimit != 1 {
+		t.Fatalf("acquire cap %d, want 1", b.m.k.AcqLimit)
 	}
-	results := make(chan error, fullBatch+1)
+	results := make(chan error, kernel.FullBatch+1)
 	acquire := func(key string) {
 		go func() {
 			lk, err := b.m.Acquire(ctx, key)
@@ -281,20 +283,20 @@ func TestAdaptiveInFlight(t *testing.T) {
 		}()
 	}
 	acquire("adapt:first")
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
-	for i := range fullBatch - 1 {
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindAcquire })
+	for i := range kernel.FullBatch - 1 {
 		acquire(fmt.Sprintf("adapt:%d", i))
 	}
-	for range fullBatch { // the first's and the 63 others'
-		wait(t, &b.sig.queued)
+	for range kernel.FullBatch { // the first's and the 63 others'
+		wait(t, &b.sig.Queued)
 	}
 	acquire("adapt:last")
-	bi := waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	bi := waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindAcquire })
 	release()
-	if bi.n != fullBatch {
-		t.Fatalf("second acquire batch of %d, want the %d waiting (none may go out before a full batch waits)", bi.n, fullBatch)
+	if bi.N != kernel.FullBatch {
+		t.Fatalf("second acquire batch of %d, want the %d waiting (none may go out before a full batch waits)", bi.N, kernel.FullBatch)
 	}
-	for range fullBatch + 1 {
+	for range kernel.FullBatch + 1 {
 		if err := <-results; err != nil {
 			t.Fatal(err)
 		}

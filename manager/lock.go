@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
@@ -15,7 +17,7 @@ import (
 
 // errNilLock is what the methods of a nil *Lock answer: the nil a
 // TryAcquire returns with ok=false holds nothing.
-var errNilLock = invalid("manager.Lock", "nil Lock (TryAcquire returns a nil Lock when ok is false)")
+var errNilLock = kernel.Invalid("manager.Lock", "nil Lock (TryAcquire returns a nil Lock when ok is false)")
 
 // nilLockCtx is the Context of a nil *Lock: ended, with cause errNilLock.
 var nilLockCtx = endedContext(errNilLock)
@@ -34,7 +36,7 @@ func endedContext(cause error) context.Context {
 // Err return an error matching pglease.ErrInvalidArgument, Context and
 // Done an ended context, the others zero values.
 type Lock struct {
-	*Hold // immutable
+	hd *kernel.Hold // immutable
 }
 
 var _ pglease.Handle = (*Lock)(nil)
@@ -44,7 +46,7 @@ func (l *Lock) Key() string {
 	if l == nil {
 		return ""
 	}
-	return l.key
+	return l.hd.Key
 }
 
 // Fence returns the lock's fencing token: for an exclusive lease or a
@@ -58,7 +60,7 @@ func (l *Lock) Fence() pglease.Fence {
 	if l == nil {
 		return 0
 	}
-	return l.fence
+	return l.hd.Fence
 }
 
 // GrantID returns pg.GrantID of the lock's lockId: an identity of this
@@ -70,7 +72,7 @@ func (l *Lock) GrantID() string {
 	if l == nil {
 		return ""
 	}
-	return pg.GrantID(l.id)
+	return pg.GrantID(l.hd.ID)
 }
 
 // TTL returns the lease TTL the lock was acquired with (WithTTL or
@@ -80,7 +82,7 @@ func (l *Lock) TTL() time.Duration {
 	if l == nil {
 		return 0
 	}
-	return l.ttl
+	return l.hd.TTL
 }
 
 // AcquiredAt returns the server time of the grant (millisecond precision):
@@ -91,7 +93,7 @@ func (l *Lock) AcquiredAt() time.Time {
 	if l == nil {
 		return time.Time{}
 	}
-	return time.UnixMilli(l.acquiredMs)
+	return time.UnixMilli(l.hd.AcquiredMs)
 }
 
 // ExpiresAt returns the lease's current expiry on the server's clock
@@ -100,10 +102,10 @@ func (l *Lock) AcquiredAt() time.Time {
 // times, not with this process's clock (use Remaining for that). After
 // the lock ended it keeps its last value.
 func (l *Lock) ExpiresAt() time.Time {
-	if l == nil || l.lease == nil {
+	if l == nil || l.hd.Lease == nil {
 		return time.Time{}
 	}
-	return time.UnixMilli(l.lease.expiresAt.Load())
+	return time.UnixMilli(l.hd.Lease.ExpiresAt.Load())
 }
 
 // Remaining returns how much longer this process trusts the lease, on its
@@ -114,19 +116,19 @@ func (l *Lock) ExpiresAt() time.Time {
 // Context is cancelled with a cause matching pglease.ErrLockLost. It is 0
 // once the lock has ended, for whatever cause. redislock calls this TTL.
 func (l *Lock) Remaining() time.Duration {
-	if l == nil || l.ctx == nil || l.lease == nil || l.ctx.Err() != nil {
+	if l == nil || l.hd.Ctx == nil || l.hd.Lease == nil || l.hd.Ctx.Err() != nil {
 		return 0
 	}
-	return max(0, l.start.Add(time.Duration(l.lease.trustedNs.Load())).Sub(l.m.now()))
+	return max(0, l.hd.Start.Add(time.Duration(l.hd.Lease.TrustedNs.Load())).Sub(l.hd.M.Now()))
 }
 
 // Context returns a context that is cancelled when the lock stops being
 // held. context.Cause then tells why (see Err).
 func (l *Lock) Context() context.Context {
-	if l == nil || l.ctx == nil {
+	if l == nil || l.hd.Ctx == nil {
 		return nilLockCtx
 	}
-	return l.ctx
+	return l.hd.Ctx
 }
 
 // Done is Context().Done().
@@ -148,10 +150,10 @@ func (l *Lock) Done() <-chan struct{} { return l.Context().Done() }
 // Done, right before an action that needs the lock; see "After a pause"
 // in the package documentation.
 func (l *Lock) Err() error {
-	if l == nil || l.ctx == nil {
+	if l == nil || l.hd.Ctx == nil {
 		return errNilLock
 	}
-	return l.Hold.Err()
+	return l.hd.Err()
 }
 
 // Release releases the lock in PostgreSQL (batched with other releases)
@@ -169,35 +171,35 @@ func (l *Lock) Err() error {
 // Release never leaves the lock auto-extended).
 func (l *Lock) Release(ctx context.Context) error {
 	const op = "manager.Release"
-	if l == nil || l.m == nil {
+	if l == nil || l.hd.M == nil {
 		return errNilLock
 	}
 	if ctx == nil {
-		return invalid(op, "nil context")
+		return kernel.Invalid(op, "nil context")
 	}
-	m := l.m
+	m := l.hd.M
 	// The loop starts the pglease.release span under the caller's span
 	// when it actually releases (not for a lock already released).
-	req := &releaseReq{lock: l.Hold, reply: make(chan error, 1), parent: trace.SpanContextFromContext(ctx)}
+	req := &kernel.ReleaseReq{Lock: l.hd, Reply: make(chan error, 1), Parent: trace.SpanContextFromContext(ctx)}
 	if err := ctx.Err(); err != nil {
 		// Still stop the heartbeat and release in the background: a lock
 		// left auto-extended because a deferred Release got an ended
 		// context would otherwise be held until Close.
 		select {
-		case m.releaseCh <- req: // the loop takes it at once; its reply is dropped
-		case <-m.done:
+		case m.ReleaseCh <- req: // the loop takes it at once; its reply is dropped
+		case <-m.Done:
 		}
 		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
 	}
 	select {
-	case m.releaseCh <- req:
+	case m.ReleaseCh <- req:
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
-	case <-m.done:
-		return releasedAnswer(l.Hold) // Close released it
+	case <-m.Done:
+		return kernel.ReleasedAnswer(l.hd) // Close released it
 	}
 	select {
-	case err := <-req.reply:
+	case err := <-req.Reply:
 		return err
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was confirmed", ctx.Err())
@@ -223,26 +225,26 @@ func (l *Lock) Release(ctx context.Context) error {
 // still completes (its result applies to the lock).
 func (l *Lock) Extend(ctx context.Context) error {
 	const op = "manager.Extend"
-	if l == nil || l.m == nil {
+	if l == nil || l.hd.M == nil {
 		return errNilLock
 	}
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
 	if c := l.Err(); c != nil {
-		return endedExtend(c)
+		return kernel.EndedExtend(c)
 	}
-	m := l.m
-	req := &extendReq{lock: l.Hold, reply: make(chan error, 1)}
+	m := l.hd.M
+	req := &kernel.ExtendReq{Lock: l.hd, Reply: make(chan error, 1)}
 	select {
-	case m.extendCh <- req:
+	case m.ExtendCh <- req:
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
-	case <-m.done:
-		return endedExtend(l.Err())
+	case <-m.Done:
+		return kernel.EndedExtend(l.Err())
 	}
 	select {
-	case err := <-req.reply:
+	case err := <-req.Reply:
 		return err
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
@@ -254,7 +256,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 
 // String returns "pglease.Lock{fence:…, lockId:[redacted]}".
 func (l Lock) String() string {
-	return fmt.Sprintf("pglease.Lock{fence:%s, lockId:[redacted]}", l.fence)
+	return fmt.Sprintf("pglease.Lock{fence:%s, lockId:[redacted]}", l.hd.Fence)
 }
 
 // Format prints String for every verb and flag (%v, %+v, %#v, %s, %q …).
@@ -268,7 +270,7 @@ func (l Lock) Format(f fmt.State, verb rune) {
 
 // LogValue logs the fence and a redacted lockId.
 func (l Lock) LogValue() slog.Value {
-	return slog.GroupValue(slog.String("fence", l.fence.String()), slog.String("lockId", "[redacted]"))
+	return slog.GroupValue(slog.String("fence", l.hd.Fence.String()), slog.String("lockId", "[redacted]"))
 }
 
 var (
@@ -287,5 +289,5 @@ func (l *Lock) ReleaseRequested() <-chan struct{} {
 	if l == nil {
 		return nil
 	}
-	return l.Hold.ReleaseRequested()
+	return l.hd.ReleaseRequested()
 }

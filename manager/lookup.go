@@ -3,6 +3,8 @@ package manager
 import (
 	"context"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/pg"
 )
@@ -15,7 +17,7 @@ import (
 // e.g. the TTL its leases get without WithTTL (package election does).
 func (m *Manager) Config() Config {
 	c := m.cfg
-	c.Holder = m.store.Holder()
+	c.Holder = m.k.Store.Holder()
 	return c
 }
 
@@ -30,15 +32,15 @@ func (m *Manager) Config() Config {
 // Manager answers CodeClosed.
 func (m *Manager) Lookup(ctx context.Context, key string) (*pg.LockInfo, error) {
 	const op = "manager.Lookup"
-	nk, err := m.checkKeyCall(op, ctx, key)
+	nk, err := m.k.CheckKeyCall(op, ctx, key)
 	if err != nil {
 		return nil, err
 	}
 	lctx, cancel := context.WithTimeoutCause(ctx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
-	r, err := m.store.LookupByKey(lctx, nk)
+	r, err := m.k.Store.LookupByKey(lctx, nk)
 	if err != nil {
-		return nil, reop(op, err)
+		return nil, kernel.Reop(op, err)
 	}
 	if r == nil {
 		return nil, nil

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/pg"
@@ -18,7 +20,7 @@ func TestConfigAsRun(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{cfg: Config{TTL: 7 * time.Second, LossMargin: time.Second}})
 	c := b.m.Config()
-	if c.TTL != 7*time.Second || c.LossMargin != time.Second || c.StatementTimeout != defaultStatementTimeout ||
+	if c.TTL != 7*time.Second || c.LossMargin != time.Second || c.StatementTimeout != kernel.DefaultStatementTimeout ||
 		c.NotifyChannel != DefaultNotifyChannel || c.Holder != store.DefaultHolder() {
 		t.Fatalf("Config() = TTL %v, LossMargin %v, StatementTimeout %v, NotifyChannel %q, Holder %q",
 			c.TTL, c.LossMargin, c.StatementTimeout, c.NotifyChannel, c.Holder)

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -30,7 +32,7 @@ import (
 // Config.NotifyChannel is empty: name it where something outside the
 // Managers must use their channel, such as the release trigger that lets
 // SyncGuard processes sharing the tables wake this fleet's waiters.
-const DefaultNotifyChannel = defaultNotifyChannel
+const DefaultNotifyChannel = kernel.DefaultNotifyChannel
 
 // Config configures a Manager. The zero value means "all defaults"; each
 // field documents its default. Invalid values make New fail with
@@ -142,28 +144,28 @@ type Config struct {
 	Telemetry telemetry.Config
 }
 
-func (c Config) withDefaults() Config { return Config(kernelConfig(c).withDefaults()) }
+func (c Config) WithDefaults() Config { return Config(kernel.Config(c).WithDefaults()) }
 
 func (c Config) validate(op string) error {
 	switch {
 	case c.AcquireTimeout < 0:
-		return invalid(op, "AcquireTimeout must not be negative (zero: no cap, the context bounds the wait)")
+		return kernel.Invalid(op, "AcquireTimeout must not be negative (zero: no cap, the context bounds the wait)")
 	case c.LossMargin < 0:
-		return invalid(op, "LossMargin must not be negative")
+		return kernel.Invalid(op, "LossMargin must not be negative")
 	case c.StatementTimeout < 0:
-		return invalid(op, "StatementTimeout must not be negative")
+		return kernel.Invalid(op, "StatementTimeout must not be negative")
 	case c.CloseTimeout < 0:
-		return invalid(op, "CloseTimeout must not be negative")
+		return kernel.Invalid(op, "CloseTimeout must not be negative")
 	case c.MaxBatch < 0 || c.MaxBatch > store.MaxBatch:
-		return invalid(op, "MaxBatch must be between 0 and "+strconv.Itoa(store.MaxBatch))
+		return kernel.Invalid(op, "MaxBatch must be between 0 and "+strconv.Itoa(store.MaxBatch))
 	case c.MaxInFlight < 0:
-		return invalid(op, "MaxInFlight must not be negative")
+		return kernel.Invalid(op, "MaxInFlight must not be negative")
 	case c.ListenConnString != "" && c.DisableNotify:
-		return invalid(op, "ListenConnString is set but DisableNotify turns listening off")
+		return kernel.Invalid(op, "ListenConnString is set but DisableNotify turns listening off")
 	}
 	if c.ListenConnString != "" {
 		if _, err := pgx.ParseConfig(c.ListenConnString); err != nil {
-			return invalid(op, "bad ListenConnString") // the parse error may quote a password
+			return kernel.Invalid(op, "bad ListenConnString") // the parse error may quote a password
 		}
 	}
 	if c.TTL != 0 {
@@ -172,7 +174,7 @@ func (c Config) validate(op string) error {
 		}
 	}
 	if _, err := c.Retry.NewBackOff(); err != nil {
-		return reop(op, err)
+		return kernel.Reop(op, err)
 	}
 	return nil
 }
@@ -185,16 +187,16 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 		if errors.As(err, &e) {
 			return pgerr.New(e.Code, op, e.Msg, nil)
 		}
-		return reop(op, err)
+		return kernel.Reop(op, err)
 	}
 	if auto && ttl < heartbeat.MinAutoExtendTTL {
-		return invalid(op, "ttl below the auto-extend floor of 300ms (use WithoutAutoExtend for shorter single-shot leases)")
+		return kernel.Invalid(op, "ttl below the auto-extend floor of 300ms (use WithoutAutoExtend for shorter single-shot leases)")
 	}
-	if margin > 0 && !validMargin(ttl, margin) && auto {
-		return invalid(op, "LossMargin leaves no trust window after the first extend (must be below 2/3 of the ttl)")
+	if margin > 0 && !kernel.ValidMargin(ttl, margin) && auto {
+		return kernel.Invalid(op, "LossMargin leaves no trust window after the first extend (must be below 2/3 of the ttl)")
 	}
 	if margin > 0 && margin >= ttl {
-		return invalid(op, "LossMargin must be below the ttl")
+		return kernel.Invalid(op, "LossMargin must be below the ttl")
 	}
 	if !auto {
 		// The grant must come back within ttl − margin of its attempt's
@@ -202,10 +204,10 @@ func checkTTL(op string, ttl, margin time.Duration, auto bool) error {
 		// 1 ms window and could never be granted).
 		m := margin
 		if m <= 0 {
-			m = defaultMargin(ttl)
+			m = kernel.DefaultMargin(ttl)
 		}
 		if ttl-m < minTrustWindow {
-			return invalid(op, fmt.Sprintf("ttl %v leaves a trust window of %v after the loss margin of %v: a grant's round trip must fit in it; use a ttl of at least %v",
+			return kernel.Invalid(op, fmt.Sprintf("ttl %v leaves a trust window of %v after the loss margin of %v: a grant's round trip must fit in it; use a ttl of at least %v",
 				ttl, ttl-m, m, m+minTrustWindow))
 		}
 	}
@@ -223,7 +225,7 @@ type Manager struct {
 	// The lock state is the kernel's (its loop's loopState, owned by
 	// run: "Who owns what" in the package documentation); the advisory
 	// locks are guarded by their own mutex.
-	*Kernel
+	k   *kernel.Kernel
 	cfg Config        // immutable after New (defaults filled)
 	adv advisoryState // advisory session locks (advisory.go: the Manager's advisory.Client): callers and Close, guarded by its own mutex
 }
@@ -318,13 +320,13 @@ func idlePool(pcfg *pgxpool.Config, connString string) {
 
 func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...option) (*Manager, error) {
 	if pool == nil {
-		return nil, invalid(op, "nil pool")
+		return nil, kernel.Invalid(op, "nil pool")
 	}
 	if err := cfg.validate(op); err != nil {
 		return nil, err
 	}
 	extBatch := cmp.Or(cfg.MaxBatch, store.MaxExtendBatch)
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	pcfg := cfg.Config
 	if cfg.DisableNotify {
 		pcfg.NotifyChannel = ""
@@ -335,32 +337,32 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 		if errors.As(err, &e) {
 			return nil, pgerr.New(e.Code, op, e.Msg, e.Err)
 		}
-		return nil, reop(op, err)
+		return nil, kernel.Reop(op, err)
 	}
-	k := newKernel(kernelConfig(cfg), pool, owns, ls, pcfg, obs.New(cfg.Telemetry, dbTelemetry(pool)))
-	m := &Manager{Kernel: k, cfg: cfg}
-	k.advClose, k.advWait = m.adv.beginClose, m.adv.wait
+	k := kernel.New(kernel.Config(cfg), pool, owns, ls, pcfg, obs.New(cfg.Telemetry, dbTelemetry(pool)))
+	m := &Manager{k: k, cfg: cfg}
+	k.AdvClose, k.AdvWait = m.adv.beginClose, m.adv.wait
 	if cfg.FairQueue {
-		m.qch = store.QueueChannel()
+		m.k.Qch = store.QueueChannel()
 	}
 	if !cfg.DisableNotify {
 		lc := pool.Config().ConnConfig
 		if cfg.ListenConnString != "" {
 			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
 		}
-		m.listenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
+		m.k.ListenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
 		// The listening session holds the waiter and watch locks `pglease
 		// status` lists: name it by the Manager's holder identity.
-		connx.AppName(&m.listenCfg.Config, ls.Holder())
+		connx.AppName(&m.k.ListenCfg.Config, ls.Holder())
 	}
 	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
-		m.rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +
+		m.k.Rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +
 			"its connects wait on a host that stopped answering and never try the next one; add connect_timeout=2 (see docs/failover.md)")
 	}
 	for _, o := range opts {
 		o(m)
 	}
-	m.Kernel.start(extBatch)
+	m.k.Start(extBatch)
 	return m, nil
 }
 
@@ -374,10 +376,10 @@ func (m *Manager) SetupSchema(ctx context.Context) error {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return err
 	}
-	if m.isClosing() {
-		return closedErr(op)
+	if m.k.IsClosing() {
+		return kernel.ClosedErr(op)
 	}
-	mg, err := migrate.New(m.pool, m.storeCfg)
+	mg, err := migrate.New(m.k.Pool, m.k.StoreCfg)
 	if err != nil {
 		return err
 	}
@@ -385,12 +387,12 @@ func (m *Manager) SetupSchema(ctx context.Context) error {
 		return err
 	}
 	// The schema serves this pglease: the first acquire need not check.
-	m.store.MarkChecked()
+	m.k.Store.MarkChecked()
 	return nil
 }
 
 // Done is closed when the Manager has fully stopped (after Close).
-func (m *Manager) Done() <-chan struct{} { return m.done }
+func (m *Manager) Done() <-chan struct{} { return m.k.Done }
 
 // AcquireOption tunes one Acquire, TryAcquire or Do. Options validate
 // their argument; a bad one makes the call fail with InvalidArgument
@@ -419,7 +421,7 @@ type acquireOpts struct {
 func WithHoldLimit(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
 		if d <= 0 {
-			return invalid("manager.WithHoldLimit", "hold limit must be positive")
+			return kernel.Invalid("manager.WithHoldLimit", "hold limit must be positive")
 		}
 		o.holdLimit = d
 		return nil
@@ -447,11 +449,11 @@ func WithLockDelay(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
 		switch {
 		case d < 0:
-			return invalid("manager.WithLockDelay", "lock delay must not be negative")
+			return kernel.Invalid("manager.WithLockDelay", "lock delay must not be negative")
 		case d%time.Millisecond != 0:
-			return invalid("manager.WithLockDelay", "lock delay must be a whole number of milliseconds")
+			return kernel.Invalid("manager.WithLockDelay", "lock delay must be a whole number of milliseconds")
 		case d > maxLockDelay:
-			return invalid("manager.WithLockDelay", "lock delay too large: at most "+maxLockDelay.String())
+			return kernel.Invalid("manager.WithLockDelay", "lock delay too large: at most "+maxLockDelay.String())
 		}
 		o.delay = d
 		return nil
@@ -484,7 +486,7 @@ func WithTTL(ttl time.Duration) AcquireOption {
 func WithAcquireTimeout(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) error {
 		if d <= 0 {
-			return invalid("manager.WithAcquireTimeout", "acquire timeout must be positive (without the option the context alone bounds the wait)")
+			return kernel.Invalid("manager.WithAcquireTimeout", "acquire timeout must be positive (without the option the context alone bounds the wait)")
 		}
 		o.timeout = d
 		return nil
@@ -564,7 +566,7 @@ func Shared() AcquireOption {
 func WithLimit(n int) AcquireOption {
 	return func(o *acquireOpts) error {
 		if n < 1 || n > math.MaxInt32 {
-			return invalid("manager.WithLimit", "limit must be at least 1 (and fit in 32 bits)")
+			return kernel.Invalid("manager.WithLimit", "limit must be at least 1 (and fit in 32 bits)")
 		}
 		o.shared, o.limit = true, int32(n)
 		return nil
@@ -572,7 +574,7 @@ func WithLimit(n int) AcquireOption {
 }
 
 // newAcquireReq validates everything before any I/O.
-func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try bool, opts []AcquireOption) (*acquireReq, time.Duration, error) {
+func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try bool, opts []AcquireOption) (*kernel.AcquireReq, time.Duration, error) {
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, 0, err
 	}
@@ -582,7 +584,7 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 		if errors.As(err, &e) {
 			return nil, 0, pgerr.New(e.Code, op, e.Msg, nil)
 		}
-		return nil, 0, reop(op, err)
+		return nil, 0, kernel.Reop(op, err)
 	}
 	o, err := m.parseOpts(op, opts)
 	if err != nil {
@@ -591,21 +593,21 @@ func (m *Manager) newAcquireReq(op string, ctx context.Context, key string, try 
 	if err := checkTTL(op, o.ttl, m.cfg.LossMargin, !o.manual); err != nil {
 		return nil, 0, err
 	}
-	if m.isClosing() {
-		return nil, 0, closedErr(op)
+	if m.k.IsClosing() {
+		return nil, 0, kernel.ClosedErr(op)
 	}
-	return &acquireReq{
-		key:       nk,
-		hash:      pglease.HashKey(nk),
-		ttl:       o.ttl,
-		manual:    o.manual,
-		try:       try,
-		holdLimit: o.holdLimit,
-		delay:     o.delay,
-		shared:    o.shared,
-		limit:     o.limit,
-		reply:     make(chan acquireReply, 1),
-		final:     make(chan acquireReply, 1),
+	return &kernel.AcquireReq{
+		Key:       nk,
+		Hash:      pglease.HashKey(nk),
+		TTL:       o.ttl,
+		Manual:    o.manual,
+		Try:       try,
+		HoldLimit: o.holdLimit,
+		Delay:     o.delay,
+		Shared:    o.shared,
+		Limit:     o.limit,
+		Reply:     make(chan kernel.AcquireReply, 1),
+		Final:     make(chan kernel.AcquireReply, 1),
 	}, o.timeout, nil
 }
 
@@ -614,18 +616,18 @@ func (m *Manager) parseOpts(op string, opts []AcquireOption) (acquireOpts, error
 	o := acquireOpts{ttl: m.cfg.TTL, timeout: m.cfg.AcquireTimeout}
 	for _, f := range opts {
 		if f == nil {
-			return o, invalid(op, "nil option")
+			return o, kernel.Invalid(op, "nil option")
 		}
 		if err := f(&o); err != nil {
 			var e *pglease.Error
 			if errors.As(err, &e) {
 				return o, pgerr.New(e.Code, op, e.Msg, nil)
 			}
-			return o, reop(op, err)
+			return o, kernel.Reop(op, err)
 		}
 	}
 	if o.shared && o.delay != 0 {
-		return o, invalid(op, "a lock delay applies to exclusive leases, not to shared holds (Shared, WithLimit)")
+		return o, kernel.Invalid(op, "a lock delay applies to exclusive leases, not to shared holds (Shared, WithLimit)")
 	}
 	return o, nil
 }
@@ -646,7 +648,7 @@ const heldHereMsg = "the key was held by this process (another caller of this Ma
 // the code of the failure when the database could not be reached
 // (r.lastErr, see keyState.lastErr and unreachable). That failure is the
 // cause when there is one.
-func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
+func waitErr(op string, ctx, wctx context.Context, r kernel.AcquireReply) error {
 	cause := context.Cause(wctx)
 	if cause == nil {
 		cause = ctx.Err()
@@ -656,29 +658,29 @@ func waitErr(op string, ctx, wctx context.Context, r acquireReply) error {
 	if wrapped == nil {
 		wrapped = context.DeadlineExceeded
 	}
-	if r.lastErr != nil && !r.heldHere {
-		wrapped = userErr(op, r.lastErr)
+	if r.LastErr != nil && !r.HeldHere {
+		wrapped = userErr(op, r.LastErr)
 	}
 	switch {
-	case !timedOut && r.heldHere:
+	case !timedOut && r.HeldHere:
 		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock: "+heldHereMsg, wrapped)
 	case !timedOut:
 		return pgerr.New(pglease.CodeAborted, op, "context ended while waiting for the lock", wrapped)
-	case r.heldHere:
+	case r.HeldHere:
 		return pgerr.New(pglease.CodeAcquisitionTimeout, op, "lock not acquired before the wait ended: "+heldHereMsg, wrapped)
-	case r.lastErr != nil && unreachable(wrapped) && r.shed:
+	case r.LastErr != nil && kernel.Unreachable(wrapped) && r.Shed:
 		return pgerr.New(pglease.CodeOf(wrapped), op,
-			"the database did not answer before the wait ended; no lock was granted"+shedNote, wrapped)
-	case r.lastErr != nil && unreachable(wrapped):
+			"the database did not answer before the wait ended; no lock was granted"+kernel.ShedNote, wrapped)
+	case r.LastErr != nil && kernel.Unreachable(wrapped):
 		return pgerr.New(pglease.CodeOf(wrapped), op,
 			"the database could not be reached before the wait ended (the key's last attempt, or a release it waited for, failed and no attempt since reached it); no lock was granted", wrapped)
 	}
 	msg := "lock not acquired before the wait ended"
-	if r.heldBy != "" {
-		msg += " (held by " + r.heldBy + " when last checked)"
+	if r.HeldBy != "" {
+		msg += " (held by " + r.HeldBy + " when last checked)"
 	}
-	if r.shed {
-		msg += shedNote
+	if r.Shed {
+		msg += kernel.ShedNote
 	}
 	return pgerr.New(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 }
@@ -734,38 +736,26 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 		wctx, cancel = context.WithCancel(ctx)
 	}
 	defer cancel()
-	r := m.submit(op, wctx, req)
+	r := m.k.Submit(op, wctx, req)
 	switch {
-	case r.lock != nil:
-		return &Lock{r.lock}, nil // the loop recorded the grant before replying
-	case r.err != nil:
-		err = userErr(op, r.err)
+	case r.Lock != nil:
+		return &Lock{r.Lock}, nil // the loop recorded the grant before replying
+	case r.Err != nil:
+		err = userErr(op, r.Err)
 	default: // abandoned (locked is impossible for Acquire)
 		err = waitErr(op, ctx, wctx, r)
 	}
-	req.acq.Failed(err) // a no-op if the loop granted first (a grant it took back)
+	req.Acq.Failed(err) // a no-op if the loop granted first (a grant it took back)
 	return nil, err
 }
 
 // startAcquire starts req's pglease.acquire span, a child of the span in
 // ctx, and returns ctx carrying it (for the wait).
-func (m *Manager) startAcquire(ctx context.Context, req *acquireReq) context.Context {
-	ctx, req.acq = m.rec.StartAcquire(ctx, m.rec.KeyHashed(req.key, req.hash), obs.AcquireInfo{
-		Kind: req.kind(), TTL: req.ttl, Try: req.try,
+func (m *Manager) startAcquire(ctx context.Context, req *kernel.AcquireReq) context.Context {
+	ctx, req.Acq = m.k.Rec.StartAcquire(ctx, m.k.Rec.KeyHashed(req.Key, req.Hash), obs.AcquireInfo{
+		Kind: req.LockKind(), TTL: req.TTL, Try: req.Try,
 	})
 	return ctx
-}
-
-// kind is req's lock kind for telemetry: lease (exclusive), shared (a
-// reader) or permit.
-func (req *acquireReq) kind() obs.LockKind {
-	switch {
-	case !req.shared:
-		return obs.KindLease
-	case req.limit == 0:
-		return obs.KindShared
-	}
-	return obs.KindPermit
 }
 
 // TryAcquire makes one attempt to take key, without waiting for a
@@ -791,19 +781,19 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 		return nil, false, err
 	}
 	ctx = m.startAcquire(ctx, req)
-	r := m.submit(op, ctx, req)
+	r := m.k.Submit(op, ctx, req)
 	switch {
-	case r.lock != nil:
-		return &Lock{r.lock}, true, nil
-	case r.locked:
-		req.acq.NotAcquired()
+	case r.Lock != nil:
+		return &Lock{r.Lock}, true, nil
+	case r.Locked:
+		req.Acq.NotAcquired()
 		return nil, false, nil
-	case r.err != nil:
-		err = userErr(op, r.err)
+	case r.Err != nil:
+		err = userErr(op, r.Err)
 	default:
 		err = waitErr(op, ctx, ctx, r)
 	}
-	req.acq.Failed(err)
+	req.Acq.Failed(err)
 	return nil, false, err
 }
 
@@ -823,7 +813,7 @@ func (m *Manager) TryAcquire(ctx context.Context, key string, opts ...AcquireOpt
 func (m *Manager) Do(ctx context.Context, key string, fn func(ctx context.Context, lk *Lock) error, opts ...AcquireOption) (err error) {
 	const op = "manager.Do"
 	if fn == nil {
-		return invalid(op, "nil function")
+		return kernel.Invalid(op, "nil function")
 	}
 	lk, err := m.Acquire(ctx, key, opts...)
 	if err != nil {
@@ -872,7 +862,7 @@ func userErr(op string, err error) error {
 	if e.Code == pglease.CodeAmbiguous {
 		msg = "attempt failed with its outcome unknown; its lockId is being released"
 	}
-	return pgerr.New(attemptCode(e), op, msg, err)
+	return pgerr.New(kernel.AttemptCode(e), op, msg, err)
 }
 
 // dbTelemetry names the pool's server and database for the

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -25,10 +27,10 @@ func TestAcquireReleaseBasics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lk.Key() != "café" || lk.Fence() <= 0 || lk.TTL() != defaultTTL || lk.Err() != nil {
+	if lk.Key() != "café" || lk.Fence() <= 0 || lk.TTL() != kernel.DefaultTTL || lk.Err() != nil {
 		t.Fatalf("lock = key %q fence %v ttl %v err %v", lk.Key(), lk.Fence(), lk.TTL(), lk.Err())
 	}
-	if id, ok := lockRow(t, b.pool, "café"); !ok || id != lk.id {
+	if id, ok := lockRow(t, b.pool, "café"); !ok || id != lk.hd.ID {
 		t.Fatalf("lock row missing or not ours")
 	}
 	_, ok, err := b.m.TryAcquire(ctx, "café")
@@ -71,7 +73,7 @@ func TestDo(t *testing.T) {
 	ran := false
 	err := b.m.Do(ctx, "job:42", func(ctx context.Context, lk *Lock) error {
 		ran = true
-		if id, ok := lockRow(t, b.pool, "job:42"); !ok || id != lk.id {
+		if id, ok := lockRow(t, b.pool, "job:42"); !ok || id != lk.hd.ID {
 			t.Error("not locked inside Do, or not by the Lock fn got")
 		}
 		if lk.Fence() <= 0 || lk.Key() != "job:42" || lk.Err() != nil {
@@ -105,8 +107,8 @@ func TestLocalHandoffFIFO(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wait(t, &b.sig.queued)
-	wait(t, &b.sig.granted)
+	wait(t, &b.sig.Queued)
+	wait(t, &b.sig.Granted)
 	const n = 5
 	got := make(chan int, n)
 	locks := make(chan *Lock, n)
@@ -121,7 +123,7 @@ func TestLocalHandoffFIFO(t *testing.T) {
 			locks <- lk
 		}()
 		// Wait until waiter i is queued before starting i+1 (order).
-		wait(t, &b.sig.queued)
+		wait(t, &b.sig.Queued)
 	}
 	prev := first
 	if err := first.Release(ctx); err != nil {
@@ -132,7 +134,7 @@ func TestLocalHandoffFIFO(t *testing.T) {
 			t.Fatalf("served waiter %d, want %d", i, want)
 		}
 		lk := <-locks
-		if lk.Fence() <= prev.Fence() || lk.id == prev.id {
+		if lk.Fence() <= prev.Fence() || lk.hd.ID == prev.hd.ID {
 			t.Fatalf("handoff reused fence or lockId")
 		}
 		prev = lk
@@ -177,7 +179,7 @@ func TestBadInputNoIO(t *testing.T) {
 		}(), pglease.ErrInvalidArgument},
 		{"timeout 0", func() error { _, err := b.m.Acquire(ctx, "k", WithAcquireTimeout(0)); return err }(), pglease.ErrInvalidArgument},
 		{"nil option", func() error { _, err := b.m.Acquire(ctx, "k", nil); return err }(), pglease.ErrInvalidArgument},
-		{"release nil ctx", func() error { return (&Lock{&Hold{m: b.m.Kernel}}).Release(nilCtx) }(), pglease.ErrInvalidArgument},
+		{"release nil ctx", func() error { return (&Lock{&kernel.Hold{M: b.m.k}}).Release(nilCtx) }(), pglease.ErrInvalidArgument},
 		{"close nil ctx", b.m.Close(nilCtx), pglease.ErrInvalidArgument},
 	}
 	for _, c := range cases {
@@ -279,7 +281,7 @@ func TestLockRedaction(t *testing.T) {
 	slog.New(slog.NewJSONHandler(&logBuf, nil)).Info("held", "lock", lk)
 	out := fmt.Sprintf("%v %+v %#v %s %q %x", lk, lk, lk, lk, lk, lk) + fmt.Sprint(lk) + string(js) + logBuf.String() +
 		fmt.Sprintf("%+v %#v", *lk, []*Lock{lk})
-	for _, secret := range []string{lk.id, "secret-key"} {
+	for _, secret := range []string{lk.hd.ID, "secret-key"} {
 		if strings.Contains(out, secret) {
 			t.Fatalf("printed forms contain a secret: %s", out)
 		}
@@ -348,9 +350,9 @@ func TestLocalHandoffOneStatement(t *testing.T) {
 	}()
 	// Queued twice: the first caller, then the waiter (the holder is local,
 	// so the waiter sends no attempt of its own).
-	waitFor(t, &b.sig.queued, func(k string) bool { return k == "handoff" })
-	waitFor(t, &b.sig.queued, func(k string) bool { return k == "handoff" })
-	drain(&b.sig.batchSent)
+	waitFor(t, &b.sig.Queued, func(k string) bool { return k == "handoff" })
+	waitFor(t, &b.sig.Queued, func(k string) bool { return k == "handoff" })
+	drain(&b.sig.BatchSent)
 	if err := first.Release(ctx); err != nil {
 		t.Fatalf("Release of a handed-off lock: %v", err)
 	}
@@ -358,24 +360,24 @@ func TestLocalHandoffOneStatement(t *testing.T) {
 	if lk == nil {
 		t.Fatal("no lock")
 	}
-	if lk.Fence() != first.Fence()+1 || lk.id == first.id {
-		t.Fatalf("handoff fence %s (want %s), same lockId %v", lk.Fence(), first.Fence()+1, lk.id == first.id)
+	if lk.Fence() != first.Fence()+1 || lk.hd.ID == first.hd.ID {
+		t.Fatalf("handoff fence %s (want %s), same lockId %v", lk.Fence(), first.Fence()+1, lk.hd.ID == first.hd.ID)
 	}
-	kinds := map[batchKind]int{}
+	kinds := map[kernel.BatchKind]int{}
 	for {
 		select {
-		case bi := <-b.sig.batchSent.ch:
-			kinds[bi.kind]++
+		case bi := <-b.sig.BatchSent.Ch:
+			kinds[bi.Kind]++
 			continue
 		default:
 		}
 		break
 	}
-	if kinds[kindHandOff] != 1 || kinds[kindRelease] != 0 || kinds[kindAcquire] != 0 {
+	if kinds[kernel.KindHandOff] != 1 || kinds[kernel.KindRelease] != 0 || kinds[kernel.KindAcquire] != 0 {
 		t.Fatalf("batches from release to grant: %v, want one handoff", kinds)
 	}
 	var n int
-	if err := b.pool.QueryRow(ctx, "SELECT count(*) FROM syncguard_locks WHERE lock_id = $1", first.id).Scan(&n); err != nil || n != 0 {
+	if err := b.pool.QueryRow(ctx, "SELECT count(*) FROM syncguard_locks WHERE lock_id = $1", first.hd.ID).Scan(&n); err != nil || n != 0 {
 		t.Fatalf("old lockId rows: %d, %v", n, err)
 	}
 	if err := lk.Release(ctx); err != nil {
@@ -395,8 +397,8 @@ func TestLocalHandoffBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, &b.sig.queued, func(k string) bool { return k == "bounded" })
-	const n = maxLocalHandOffs + 2
+	waitFor(t, &b.sig.Queued, func(k string) bool { return k == "bounded" })
+	const n = kernel.MaxLocalHandOffs + 2
 	done := make(chan error, n)
 	for range n {
 		go func() {
@@ -406,9 +408,9 @@ func TestLocalHandoffBounded(t *testing.T) {
 			}
 			done <- err
 		}()
-		waitFor(t, &b.sig.queued, func(k string) bool { return k == "bounded" })
+		waitFor(t, &b.sig.Queued, func(k string) bool { return k == "bounded" })
 	}
-	drain(&b.sig.batchSent)
+	drain(&b.sig.BatchSent)
 	if err := first.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -419,17 +421,17 @@ func TestLocalHandoffBounded(t *testing.T) {
 	}
 	// first → w1 … w3 → w4: maxLocalHandOffs handoffs; w4 releases plainly
 	// and w5 acquires; w5 → w6 is a handoff; w6 releases plainly.
-	kinds := map[batchKind]int{}
+	kinds := map[kernel.BatchKind]int{}
 	for {
 		select {
-		case bi := <-b.sig.batchSent.ch:
-			kinds[bi.kind]++
+		case bi := <-b.sig.BatchSent.Ch:
+			kinds[bi.Kind]++
 			continue
 		default:
 		}
 		break
 	}
-	if kinds[kindHandOff] != maxLocalHandOffs+1 || kinds[kindRelease] != 2 || kinds[kindAcquire] != 1 {
-		t.Fatalf("batches %v, want %d handoffs, 2 releases, 1 acquire", kinds, maxLocalHandOffs+1)
+	if kinds[kernel.KindHandOff] != kernel.MaxLocalHandOffs+1 || kinds[kernel.KindRelease] != 2 || kinds[kernel.KindAcquire] != 1 {
+		t.Fatalf("batches %v, want %d handoffs, 2 releases, 1 acquire", kinds, kernel.MaxLocalHandOffs+1)
 	}
 }

@@ -31,7 +31,7 @@ func TestKeyHeldByOpenTransaction(t *testing.T) {
 	if r, err := st.Acquire(ctx, "held", time.Minute); err != nil || !r.OK {
 		t.Fatalf("acquire in the transaction = %v, %v", r, err)
 	}
-	drain(&b.sig.stuck)
+	drain(&b.sig.Stuck)
 
 	// A waiting Acquire of the key, in the acquire lane while the other
 	// calls below run.
@@ -62,7 +62,7 @@ func TestKeyHeldByOpenTransaction(t *testing.T) {
 		}
 	}
 	select {
-	case kind := <-b.sig.stuck.ch:
+	case kind := <-b.sig.Stuck.Ch:
 		t.Fatalf("an acquire statement got no answer for a second (a %v batch): it waited on the key's lock", kind)
 	default:
 	}
@@ -92,9 +92,9 @@ func TestHandOffWhileTransactionKeepsKeyLocked(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	drain(&b.sig.queued) // the holder's own Acquire was queued too
+	drain(&b.sig.Queued) // the holder's own Acquire was queued too
 	waiting := acquireAndRelease(ctx, b.m, "handed")
-	waitFor(t, &b.sig.queued, func(k string) bool { return k == "handed" })
+	waitFor(t, &b.sig.Queued, func(k string) bool { return k == "handed" })
 	tx, err := b.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +107,7 @@ func TestHandOffWhileTransactionKeepsKeyLocked(t *testing.T) {
 	if r, err := st.Acquire(ctx, "handed", time.Minute); err != nil || r.OK {
 		t.Fatalf("acquire of a held key in the transaction = %v, %v; want held", r, err)
 	}
-	drain(&b.sig.stuck)
+	drain(&b.sig.Stuck)
 	if err := lk.Release(ctx); err != nil {
 		t.Fatalf("Release handing the key over: %v", err)
 	}
@@ -115,7 +115,7 @@ func TestHandOffWhileTransactionKeepsKeyLocked(t *testing.T) {
 		t.Fatal("the released lease's row is still live")
 	}
 	select {
-	case kind := <-b.sig.stuck.ch:
+	case kind := <-b.sig.Stuck.Ch:
 		t.Fatalf("a %v batch got no answer for a second: it waited for the transaction", kind)
 	default:
 	}

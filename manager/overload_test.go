@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -33,7 +35,7 @@ func TestOverloadRenewalsFirst(t *testing.T) {
 	b := setup(t, setupOpts{
 		cfg:   Config{Telemetry: rg.opts, StatementTimeout: 8 * time.Second},
 		pool:  []func(*pgxpool.Config){func(c *pgxpool.Config) { c.MaxConns = 2 }},
-		hooks: testHooks{shedCalm: 2 * time.Second},
+		hooks: kernel.TestHooks{ShedCalm: 2 * time.Second},
 	})
 	ctx := ctxT(t)
 	const ttl = 3 * time.Second
@@ -113,7 +115,7 @@ func TestOverloadRenewalsFirst(t *testing.T) {
 					// as far as the Manager knows, it could not be reached.
 					pglease.CodeOf(err) == pglease.CodeNetworkTimeout:
 					timeouts.Add(1)
-					if strings.Contains(err.Error(), shedNote) {
+					if strings.Contains(err.Error(), kernel.ShedNote) {
 						noted.Add(1)
 					}
 				default:
@@ -144,14 +146,14 @@ func TestOverloadRenewalsFirst(t *testing.T) {
 		t.Error("no acquire timeout said that the Manager held back acquires")
 	}
 
-	if !waitSignal(b.sig.shedding.ch, true, 0) {
+	if !waitSignal(b.sig.Shedding.Ch, true, 0) {
 		t.Fatal("the Manager never said it was overloaded")
 	}
 	if !strings.Contains(rg.logs.String(), "the database is overloaded") {
 		t.Error("no Warn log record for the overload")
 	}
 	// It ends once no slow round trip was seen for shedCalm (2 s here).
-	if !waitSignal(b.sig.shedding.ch, false, 20*time.Second) {
+	if !waitSignal(b.sig.Shedding.Ch, false, 20*time.Second) {
 		t.Error("the Manager never said the overload ended")
 	}
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {

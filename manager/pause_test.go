@@ -55,7 +55,7 @@ func pauseChild() int {
 			time.Sleep(pauseTimerLate)
 		}
 	}
-	m, err := newManager("child", pool, false, Config{}, func(m *Manager) { m.test.timerFired = afterStop })
+	m, err := newManager("child", pool, false, Config{}, func(m *Manager) { m.k.Test.TimerFired = afterStop })
 	if err != nil {
 		return fail(err)
 	}

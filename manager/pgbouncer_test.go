@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -38,7 +40,7 @@ func withExecMode(url string) string {
 
 // bouncerManager returns a Manager with test signals whose pool goes to
 // url, with its tables in schema; closed when the test ends.
-func bouncerManager(t *testing.T, url, schema string, cfg Config) (*Manager, *signals, *pgxpool.Pool) {
+func bouncerManager(t *testing.T, url, schema string, cfg Config) (*Manager, *kernel.Signals, *pgxpool.Pool) {
 	t.Helper()
 	pcfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -51,9 +53,9 @@ func bouncerManager(t *testing.T, url, schema string, cfg Config) (*Manager, *si
 	}
 	t.Cleanup(pool.Close)
 	cfg.LockTable, cfg.FenceTable = schema+".locks", schema+".fences"
-	sig := &signals{}
-	sig.init()
-	m, err := newManager("test", pool, false, cfg, func(m *Manager) { m.sig = sig })
+	sig := &kernel.Signals{}
+	sig.Init()
+	m, err := newManager("test", pool, false, cfg, func(m *Manager) { m.k.Sig = sig })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +83,7 @@ func TestPgBouncerManagerTransactionMode(t *testing.T) {
 	if err := m.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wait(t, &sig.polling)
+	wait(t, &sig.Polling)
 	if n := strings.Count(r.logs.String(), "not listening for release notifications"); n != 1 {
 		t.Fatalf("%d log records about the fallback to polling, want 1:\n%s", n, r.logs)
 	}
@@ -100,7 +102,7 @@ func TestPgBouncerManagerTransactionMode(t *testing.T) {
 	extends := 0
 	for extends < 4 {
 		select {
-		case n := <-sig.extended.ch:
+		case n := <-sig.Extended.Ch:
 			extends += n
 		case <-lk.Done():
 			t.Fatalf("lost after %d extends through PgBouncer: %v", extends, lk.Err())
@@ -155,8 +157,8 @@ func TestPgBouncerManagerListenDirect(t *testing.T) {
 	if err := a.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wait(t, &asig.listening)
-	wait(t, &wsig.listening)
+	wait(t, &asig.Listening)
+	wait(t, &wsig.Listening)
 	for round := range 3 {
 		held, err := a.Acquire(ctx, "pgb:wake")
 		if err != nil {
@@ -165,9 +167,9 @@ func TestPgBouncerManagerListenDirect(t *testing.T) {
 		took := handOver(t, ctx, held, w, wsig, "pgb:wake", fmt.Sprintf("round %d: waiter not woken: the direct listening connection got no notification", round))
 		t.Logf("round %d: woken and granted %v after the release", round, took.Round(time.Millisecond))
 	}
-	for _, s := range []*signals{asig, wsig} {
+	for _, s := range []*kernel.Signals{asig, wsig} {
 		select {
-		case <-s.polling.ch:
+		case <-s.Polling.Ch:
 			t.Fatal("a Manager with a direct listening connection fell back to polling")
 		default:
 		}
@@ -187,14 +189,14 @@ func TestPgBouncerManagerSessionMode(t *testing.T) {
 	if err := a.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	wait(t, &wsig.listening)
+	wait(t, &wsig.Listening)
 	held, err := a.Acquire(ctx, "pgb:session")
 	if err != nil {
 		t.Fatal(err)
 	}
 	handOver(t, ctx, held, w, wsig, "pgb:session", "waiter not woken through a session-mode PgBouncer")
 	select {
-	case <-wsig.polling.ch:
+	case <-wsig.Polling.Ch:
 		t.Fatal("fell back to polling behind a session-mode pooler")
 	default:
 	}
@@ -326,7 +328,7 @@ func TestPgBouncerWatch(t *testing.T) {
 	if err != nil && !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Fatalf("Watch = %v", err)
 	}
-	wait(t, &sig.polling)
+	wait(t, &sig.Polling)
 	if err == nil {
 		for range early { // closed once the listener stopped
 		}

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/pgtest"
@@ -184,14 +186,14 @@ func primChild() int {
 		return fail(err)
 	}
 	defer work.Close()
-	sig := &signals{}
-	sig.init()
-	m, err := newManager("child", pool, false, Config{}, func(m *Manager) { m.sig = sig })
+	sig := &kernel.Signals{}
+	sig.Init()
+	m, err := newManager("child", pool, false, Config{}, func(m *Manager) { m.k.Sig = sig })
 	if err != nil {
 		return fail(err)
 	}
 	defer m.Close(ctx)
-	<-sig.listening.ch
+	<-sig.Listening.Ch
 	fmt.Println("ready")
 	in := bufio.NewScanner(os.Stdin)
 	if !in.Scan() || in.Text() != "go" {
@@ -211,7 +213,7 @@ func primProcs(t *testing.T, b *bundle, spec primSpec, children int, sample func
 	if _, err := b.admin.Exec(ctx, primLogSQL); err != nil {
 		t.Fatal(err)
 	}
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	type child struct {
 		cmd    *exec.Cmd
 		in     interface{ Close() error }

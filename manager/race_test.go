@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 )
 
@@ -23,7 +25,7 @@ func TestLateGrantCancelBeforeEnqueue(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 	select {
-	case <-b.sig.queued.ch:
+	case <-b.sig.Queued.Ch:
 		t.Fatal("request reached the loop")
 	default:
 	}
@@ -53,8 +55,8 @@ func TestLateGrantCancelInFlight(t *testing.T) {
 	t.Parallel()
 	gate := make(chan struct{})
 	var once sync.Once
-	b := setup(t, setupOpts{hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
-		if kind == kindAcquire {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{BeforeBatch: func(kind kernel.BatchKind, n int) {
+		if kind == kernel.KindAcquire {
 			once.Do(func() { <-gate }) // hold the first acquire batch
 		}
 	}}})
@@ -64,17 +66,17 @@ func TestLateGrantCancelInFlight(t *testing.T) {
 		_, err := b.m.Acquire(ctx, "inflight")
 		errc <- err
 	}()
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindAcquire })
 	cancel()
 	if err := <-errc; !errors.Is(err, pglease.ErrAborted) {
 		t.Fatalf("err = %v", err)
 	}
-	wait(t, &b.sig.abandoned)
+	wait(t, &b.sig.Abandoned)
 	close(gate) // the attempt now runs and succeeds
-	if k := wait(t, &b.sig.orphaned); k != "inflight" {
+	if k := wait(t, &b.sig.Orphaned); k != "inflight" {
 		t.Fatalf("orphaned %q", k)
 	}
-	wait(t, &b.sig.released)
+	wait(t, &b.sig.Released)
 	if _, ok := lockRow(t, b.pool, "inflight"); ok {
 		t.Fatal("leaked lock row")
 	}
@@ -98,18 +100,18 @@ func TestLateGrantCancelAfterGrant(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.acquireCh <- req // as Acquire does
-	wait(t, &b.sig.granted)
+	m.k.AcquireCh <- req // as Acquire does
+	wait(t, &b.sig.Granted)
 	if _, ok := lockRow(t, b.pool, "granted"); !ok {
 		t.Fatal("not granted in the database")
 	}
-	m.abandonCh <- req // the caller's ctx ended before it read the reply
-	r := <-req.final
-	if r.lock != nil || !r.abandoned {
+	m.k.AbandonCh <- req // the caller's ctx ended before it read the reply
+	r := <-req.Final
+	if r.Lock != nil || !r.Abandoned {
 		t.Fatalf("reply after abandon = %+v", r)
 	}
-	wait(t, &b.sig.takenBack)
-	wait(t, &b.sig.released)
+	wait(t, &b.sig.TakenBack)
+	wait(t, &b.sig.Released)
 	if _, ok := lockRow(t, b.pool, "granted"); ok {
 		t.Fatal("leaked lock row")
 	}
@@ -146,7 +148,7 @@ func TestLateGrantRandomCancels(t *testing.T) {
 				}
 				mu.Unlock()
 				if err == nil {
-					if id, ok := lockRow(t, b.pool, "hot"); !ok || id != lk.id {
+					if id, ok := lockRow(t, b.pool, "hot"); !ok || id != lk.hd.ID {
 						t.Error("granted lock not held in the database")
 					}
 					if err := lk.Release(context.Background()); err != nil {
@@ -185,7 +187,7 @@ func TestReleaseWithEndedContext(t *testing.T) {
 	if err := lk.Release(ctx); !errors.Is(err, pglease.ErrAborted) {
 		t.Fatalf("err = %v", err)
 	}
-	wait(t, &b.sig.released) // asynchronous: Release did not wait for it
+	wait(t, &b.sig.Released) // asynchronous: Release did not wait for it
 	if !errors.Is(lk.Err(), pglease.ErrReleased) {
 		t.Fatalf("cause = %v", lk.Err())
 	}

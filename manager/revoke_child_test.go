@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/pg"
@@ -45,14 +47,14 @@ func revokeChild() int {
 		return fail(err)
 	}
 	defer pool.Close()
-	sig := &signals{}
-	sig.init()
-	m, err := newManager("child", pool, false, Config{Config: pg.Config{Holder: "child[1]@test"}}, func(m *Manager) { m.sig = sig })
+	sig := &kernel.Signals{}
+	sig.Init()
+	m, err := newManager("child", pool, false, Config{Config: pg.Config{Holder: "child[1]@test"}}, func(m *Manager) { m.k.Sig = sig })
 	if err != nil {
 		return fail(err)
 	}
 	defer m.Close(context.Background())
-	<-sig.listening.ch
+	<-sig.Listening.Ch
 	say("ready")
 	var held *Lock
 	in := bufio.NewScanner(os.Stdin)
@@ -211,7 +213,7 @@ func TestRevokeAcrossProcesses(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	p := startRevokeChild(t, b)
 	const rounds = 40
 

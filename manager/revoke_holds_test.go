@@ -122,9 +122,9 @@ func TestRevokeSharedHolds(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	peer, psig := b.newPeer(t, Config{})
-	wait(t, &psig.listening)
+	wait(t, &psig.Listening)
 	const sem = "exports:slots"
 	var p [3]*Lock
 	for i := range p {
@@ -208,7 +208,7 @@ func TestRevokeSharedHolds(t *testing.T) {
 	}
 	// From SQL, one reader asked (the other is not), then all from Go.
 	var asked int
-	if err := b.admin.QueryRow(ctx, "SELECT syncguard_locks_request_release($1, $2)", rw, pglease.HashKey(r2.id)).Scan(&asked); err != nil || asked != 1 {
+	if err := b.admin.QueryRow(ctx, "SELECT syncguard_locks_request_release($1, $2)", rw, pglease.HashKey(r2.hd.ID)).Scan(&asked); err != nil || asked != 1 {
 		t.Fatalf("SQL request of one reader = %d, %v", asked, err)
 	}
 	select {
@@ -236,7 +236,7 @@ func TestRevokeSharedHolds(t *testing.T) {
 			t.Fatal("a reader was not asked to release")
 		}
 	}
-	n, _, err = peer.Revoke(ctx, rw, pglease.HashKey(r1.id))
+	n, _, err = peer.Revoke(ctx, rw, pglease.HashKey(r1.hd.ID))
 	if err != nil || n != 1 {
 		t.Fatalf("Revoke of one reader = %d, %v", n, err)
 	}

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -23,7 +25,7 @@ func TestRevokeEndsHolder(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	peer, _ := b.newPeer(t, Config{})
 	const key = "revoke:me"
 	lk, err := b.m.Acquire(ctx, key, WithTTL(30*time.Second))
@@ -31,7 +33,7 @@ func TestRevokeEndsHolder(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A waiter here, behind the holder (whose own Acquire was queued too).
-	drain(&b.sig.queued)
+	drain(&b.sig.Queued)
 	next := make(chan *Lock, 1)
 	go func() {
 		l2, err := b.m.Acquire(ctx, key, WithTTL(30*time.Second))
@@ -40,7 +42,7 @@ func TestRevokeEndsHolder(t *testing.T) {
 		}
 		next <- l2
 	}()
-	waitFor(t, &b.sig.queued, func(k string) bool { return k == key })
+	waitFor(t, &b.sig.Queued, func(k string) bool { return k == key })
 
 	if _, err := b.admin.Exec(ctx, "CREATE TABLE revoked_res (id text PRIMARY KEY, fence bigint, v text); INSERT INTO revoked_res VALUES ('r', 0, ''); GRANT SELECT, UPDATE ON revoked_res TO PUBLIC"); err != nil {
 		t.Fatal(err)
@@ -95,7 +97,7 @@ func TestRevokeEndsHolder(t *testing.T) {
 		t.Fatalf("Release = %v, want ErrRevoked", err)
 	}
 	// The revoked holder's Release did not touch the next holder's row.
-	if id, ok := lockRow(t, b.pool, key); !ok || id != l2.id {
+	if id, ok := lockRow(t, b.pool, key); !ok || id != l2.hd.ID {
 		t.Fatal("the next holder's row is gone")
 	}
 	if err := l2.Release(ctx); err != nil {
@@ -169,7 +171,7 @@ func TestReleaseRequested(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	peer, _ := b.newPeer(t, Config{})
 	lk, err := b.m.Acquire(ctx, "request:me")
 	if err != nil {
@@ -250,9 +252,9 @@ func TestLockDelay(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	waiter, wsig := b.newPeer(t, Config{Retry: pollingTooSlow})
-	wait(t, &wsig.listening)
+	wait(t, &wsig.Listening)
 	const delay = 1500 * time.Millisecond
 	const slack = time.Second
 
@@ -271,7 +273,7 @@ func TestLockDelay(t *testing.T) {
 		}
 		_ = l2.Release(ctx)
 	}()
-	waitFor(t, &wsig.retrying, func(k string) bool { return k == "delay:revoke" })
+	waitFor(t, &wsig.Retrying, func(k string) bool { return k == "delay:revoke" })
 	before := time.Now()
 	if n, _, err := waiter.Revoke(ctx, "delay:revoke"); err != nil || n != 1 {
 		t.Fatalf("Revoke = %v, %v", n, err)
@@ -326,14 +328,14 @@ func TestRevokeBeforeGrantAnswer(t *testing.T) {
 	granted := make(chan struct{}) // the acquire statement was answered
 	proceed := make(chan struct{}) // let its answer reach the loop
 	var once sync.Once
-	b := setup(t, setupOpts{hooks: testHooks{afterAcquire: func() {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{AfterAcquire: func() {
 		once.Do(func() {
 			close(granted)
 			<-proceed
 		})
 	}}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	peer, _ := b.newPeer(t, Config{})
 	const key = "revoke:early"
 	got := make(chan *Lock, 1)
@@ -348,7 +350,7 @@ func TestRevokeBeforeGrantAnswer(t *testing.T) {
 	if n, _, err := peer.Revoke(ctx, key); err != nil || n != 1 {
 		t.Fatalf("Revoke = %v, %v", n, err)
 	}
-	wait(t, &b.sig.revokeKept) // heard before the grant was answered
+	wait(t, &b.sig.RevokeKept) // heard before the grant was answered
 	close(proceed)
 	lk := <-got
 	if lk == nil {
@@ -373,7 +375,7 @@ func TestDoRevoked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	peer, _ := b.newPeer(t, Config{})
 	for name, revoker := range map[string]*Manager{"another Manager": peer, "its own Manager": b.m} {
 		t.Run(name, func(t *testing.T) {

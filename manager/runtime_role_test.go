@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
@@ -27,10 +29,10 @@ func TestRuntimeRoleManager(t *testing.T) {
 	t.Parallel()
 	rs := pgtest.RoleSchemaForTest(t)
 	ctx := ctxT(t)
-	a, asig := failoverManager(t, rs.RuntimeURL, Config{}, testHooks{})
-	b, bsig := failoverManager(t, rs.RuntimeURL, Config{Retry: pollingTooSlow}, testHooks{})
-	wait(t, &asig.listening)
-	wait(t, &bsig.listening)
+	a, asig := failoverManager(t, rs.RuntimeURL, Config{}, kernel.TestHooks{})
+	b, bsig := failoverManager(t, rs.RuntimeURL, Config{Retry: pollingTooSlow}, kernel.TestHooks{})
+	wait(t, &asig.Listening)
+	wait(t, &bsig.Listening)
 
 	// The Managers' pools connect as the runtime role: no DDL there.
 	var pe *pgconn.PgError
@@ -55,7 +57,7 @@ func TestRuntimeRoleManager(t *testing.T) {
 	}
 
 	// A local waiter: the release hands the key over in one statement.
-	drain(&asig.queued)
+	drain(&asig.Queued)
 	got := make(chan *Lock, 1)
 	go func() {
 		l, err := a.Acquire(ctx, "rr:a")
@@ -64,12 +66,12 @@ func TestRuntimeRoleManager(t *testing.T) {
 		}
 		got <- l
 	}()
-	waitFor(t, &asig.queued, func(k string) bool { return k == "rr:a" })
-	drain(&asig.batchSent)
+	waitFor(t, &asig.Queued, func(k string) bool { return k == "rr:a" })
+	drain(&asig.BatchSent)
 	if err := lk.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	waitFor(t, &asig.batchSent, func(bi batchInfo) bool { return bi.kind == kindHandOff })
+	waitFor(t, &asig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindHandOff })
 	next := <-got
 	if next == nil {
 		t.FailNow()
@@ -87,7 +89,7 @@ func TestRuntimeRoleManager(t *testing.T) {
 		}
 		woken <- err
 	}()
-	waitFor(t, &bsig.retrying, func(k string) bool { return k == "rr:a" })
+	waitFor(t, &bsig.Retrying, func(k string) bool { return k == "rr:a" })
 	if err := next.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}

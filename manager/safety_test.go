@@ -36,7 +36,7 @@ func TestLostLeaseRowKept(t *testing.T) {
 	if !errors.Is(lk.Err(), pglease.ErrLockLost) {
 		t.Fatalf("cause = %v", lk.Err())
 	}
-	waitFor(t, &b.sig.lost, func(k string) bool { return k == "kept" }) // the loop has handled the loss
+	waitFor(t, &b.sig.Lost, func(k string) bool { return k == "kept" }) // the loop has handled the loss
 	// A TryAcquire of the same Manager is sent after anything the loss
 	// queued for the key (a release of the lost lockId would be answered
 	// first): the row must still be there.
@@ -49,7 +49,7 @@ func TestLostLeaseRowKept(t *testing.T) {
 	if _, ok, err := peer.TryAcquire(ctx, "kept"); ok || err != nil {
 		t.Fatalf("TryAcquire elsewhere after the loss = %v, %v", ok, err)
 	}
-	if id, ok := lockRow(t, b.pool, "kept"); !ok || id != lk.id {
+	if id, ok := lockRow(t, b.pool, "kept"); !ok || id != lk.hd.ID {
 		t.Fatal("the lost lease's row is gone before its expiry")
 	}
 	// The holder stops: its Release reports the loss and frees the row.

@@ -71,9 +71,9 @@ func TestAcquireAllWokenAcrossProcesses(t *testing.T) {
 	slow := retry.Policy{Multiplier: 1, Base: time.Minute}
 	b := setup(t, setupOpts{cfg: Config{Retry: slow}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	h := startHolder(t, b, "set:far", 2*time.Minute) // takeover far away too
-	drain(&b.sig.retrying)
+	drain(&b.sig.Retrying)
 	type result struct {
 		locks []*Lock
 		err   error
@@ -83,7 +83,7 @@ func TestAcquireAllWokenAcrossProcesses(t *testing.T) {
 		locks, err := b.m.AcquireAll(ctx, []string{"set:near", "set:far"}, WithAcquireTimeout(40*time.Second))
 		got <- result{locks, err}
 	}()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == "set:near" }) // refused; next try in a minute
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == "set:near" }) // refused; next try in a minute
 	t0 := time.Now()
 	h.stdin.Close() // the holder releases, then exits
 	var r result
@@ -126,7 +126,7 @@ func TestAcquireAllDoesNotBlockSingleKeys(t *testing.T) {
 		}
 		got <- err
 	}()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == "set:free" })
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == "set:free" })
 	for range 3 {
 		lk, err := b.m.Acquire(ctx, "set:free", WithAcquireTimeout(5*time.Second))
 		if err != nil {
@@ -219,7 +219,7 @@ func TestAcquireAllWaitEnds(t *testing.T) {
 		_, err := b.m.AcquireAll(ctx, []string{"set:w1", "set:w2"})
 		got <- err
 	}()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == "set:w1" })
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == "set:w1" })
 	if err := b.m.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestAcquireAllTurnLapses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	drain(&b.sig.queued) // the holder's own Acquire was queued too
+	drain(&b.sig.Queued) // the holder's own Acquire was queued too
 	set := make(chan error, 1)
 	go func() {
 		locks, err := b.m.AcquireAll(ctx, []string{"set:long", "set:short"})
@@ -250,7 +250,7 @@ func TestAcquireAllTurnLapses(t *testing.T) {
 		}
 		set <- err
 	}()
-	waitFor(t, &b.sig.queued, func(k string) bool { return k == "set:long" })
+	waitFor(t, &b.sig.Queued, func(k string) bool { return k == "set:long" })
 	var worst time.Duration
 	turns := 0
 	for stop := time.Now().Add(6 * time.Second); time.Now().Before(stop); {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 )
 
@@ -207,7 +209,7 @@ func TestWriterPreferenceBehindWriter(t *testing.T) {
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
 	var writers, readers []*Manager
-	var wsigs, rsigs []*signals
+	var wsigs, rsigs []*kernel.Signals
 	for range 2 {
 		m, s := b.newPeer(t, Config{})
 		writers, wsigs = append(writers, m), append(wsigs, s)
@@ -247,21 +249,21 @@ func TestWriterPreferenceBehindWriter(t *testing.T) {
 			}
 		}
 		for i, m := range writers {
-			drain(&wsigs[i].retrying)
+			drain(&wsigs[i].Retrying)
 			for range writersEach {
 				wg.Add(1)
 				go take(m, &writerSeqs, 50*time.Millisecond)
 			}
 			// Its first attempt was refused by the holder.
-			waitFor(t, &wsigs[i].retrying, func(k string) bool { return k == key })
+			waitFor(t, &wsigs[i].Retrying, func(k string) bool { return k == key })
 		}
 		for i, m := range readers {
-			drain(&rsigs[i].retrying)
+			drain(&rsigs[i].Retrying)
 			for range readersEach {
 				wg.Add(1)
 				go take(m, &readerSeqs, 5*time.Millisecond, Shared())
 			}
-			waitFor(t, &rsigs[i].retrying, func(k string) bool { return k == key })
+			waitFor(t, &rsigs[i].Retrying, func(k string) bool { return k == key })
 		}
 		// Everybody waits; some hundreds of milliseconds pass, then the
 		// holder goes.

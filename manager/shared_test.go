@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -165,7 +167,7 @@ func TestSharedWaitersCoalesced(t *testing.T) {
 	}
 	// The writer's own Acquire was queued too: its signal must not count
 	// as a reader's.
-	drain(&b.sig.queued)
+	drain(&b.sig.Queued)
 	got := make(chan *Lock, readers)
 	for range readers {
 		go func() {
@@ -177,15 +179,15 @@ func TestSharedWaitersCoalesced(t *testing.T) {
 		}()
 	}
 	for range readers {
-		waitFor(t, &b.sig.queued, func(k string) bool { return k == key })
+		waitFor(t, &b.sig.Queued, func(k string) bool { return k == key })
 	}
-	drain(&b.sig.batchSent)
+	drain(&b.sig.BatchSent)
 	if err := w.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	bi := waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindShared })
-	if bi.n != readers {
-		t.Errorf("the readers' first attempt carried %d holds, want %d", bi.n, readers)
+	bi := waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindShared })
+	if bi.N != readers {
+		t.Errorf("the readers' first attempt carried %d holds, want %d", bi.N, readers)
 	}
 	for range readers {
 		lk := <-got
@@ -235,8 +237,8 @@ func TestSharedReleaseNotHandedOver(t *testing.T) {
 		}
 		wl <- lk
 	}()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == key }) // refused: readers hold it
-	drain(&b.sig.batchSent)
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == key }) // refused: readers hold it
+	drain(&b.sig.BatchSent)
 	if err := r1.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -256,8 +258,8 @@ func TestSharedReleaseNotHandedOver(t *testing.T) {
 		t.Fatal("the writer did not get the key after the last reader's release")
 	}
 	t.Logf("writer granted %v after the last reader's release", time.Since(t0))
-	for len(b.sig.batchSent.ch) > 0 {
-		if bi := <-b.sig.batchSent.ch; bi.kind == kindHandOff {
+	for len(b.sig.BatchSent.Ch) > 0 {
+		if bi := <-b.sig.BatchSent.Ch; bi.Kind == kernel.KindHandOff {
 			t.Error("a shared release was handed over")
 		}
 	}
@@ -332,25 +334,25 @@ func TestSharedLocksLikeLeases(t *testing.T) {
 // when their attempt was made: two permits' answers may cross), not to
 // readers (a reader's fence is the counter as it was, which repeats).
 func TestPermitFenceCheck(t *testing.T) {
-	st := &loopState{fences: map[string]pglease.Fence{}}
-	ks := &keyState{key: "k"}
-	ks.fence, ks.hasFence = 10, true
-	mk := func(shared bool, limit int32) *attempt {
-		a := &attempt{ks: ks, kind: exclusiveKind{}}
+	st := &kernel.LoopState{Fences: map[string]pglease.Fence{}}
+	ks := &kernel.KeyState{Key: "k"}
+	ks.Fence, ks.HasFence = 10, true
+	mk := func(shared bool, limit int32) *kernel.Attempt {
+		a := &kernel.Attempt{Ks: ks, Kind: kernel.ExclusiveKind{}}
 		if shared {
-			a.kind = &sharedKind{limit: limit, floor: ks.fence, hasFloor: ks.hasFence}
+			a.Kind = &kernel.SharedKind{Limit: limit, Floor: ks.Fence, HasFloor: ks.HasFence}
 		}
 		return a
 	}
-	checkFence := func(a *attempt, f pglease.Fence) bool {
-		return a.kind.fenceOK(st, a, 0, 1, []store.AcquireResult{{Fence: f}})
+	checkFence := func(a *kernel.Attempt, f pglease.Fence) bool {
+		return a.Kind.FenceOK(st, a, 0, 1, []store.AcquireResult{{Fence: f}})
 	}
 	p1, p2 := mk(true, 4), mk(true, 4)
 	if !checkFence(p2, 12) || !checkFence(p1, 11) {
 		t.Fatal("permits whose answers crossed were refused")
 	}
-	if ks.fence != 12 {
-		t.Fatalf("highest fence seen %v, want 12", ks.fence)
+	if ks.Fence != 12 {
+		t.Fatalf("highest fence seen %v, want 12", ks.Fence)
 	}
 	if checkFence(mk(true, 4), 12) {
 		t.Error("a permit at a fence already seen before its attempt was accepted")

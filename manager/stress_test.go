@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -89,7 +91,7 @@ func TestFencedCounterNoLostUpdate(t *testing.T) {
 	if err := work.QueryRow(ctx, "SELECT sum(value) FROM counters").Scan(&total); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%d sections in %v (%d acquire batches seen)", done.Load(), time.Since(start), countBatches(b.sig, kindAcquire))
+	t.Logf("%d sections in %v (%d acquire batches seen)", done.Load(), time.Since(start), countBatches(b.sig, kernel.KindAcquire))
 	if overlaps.Load() != 0 || rejected.Load() != 0 {
 		t.Fatalf("overlaps %d, fenced writes rejected %d", overlaps.Load(), rejected.Load())
 	}
@@ -99,11 +101,11 @@ func TestFencedCounterNoLostUpdate(t *testing.T) {
 }
 
 // countBatches drains the batchSent signal and counts batches of kind.
-func countBatches(s *signals, kind batchKind) (n int) {
+func countBatches(s *kernel.Signals, kind kernel.BatchKind) (n int) {
 	for {
 		select {
-		case bi := <-s.batchSent.ch:
-			if bi.kind == kind {
+		case bi := <-s.BatchSent.Ch:
+			if bi.Kind == kind {
 				n++
 			}
 		default:
@@ -157,7 +159,7 @@ func testCloseUnderLoad(t *testing.T, cfg Config) {
 		}()
 	}
 	for range 100 {
-		wait(t, &b.sig.granted)
+		wait(t, &b.sig.Granted)
 	}
 	if err := b.m.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -240,7 +242,7 @@ func TestOpenOwnsPool(t *testing.T) {
 	if !errors.Is(lk.Err(), pglease.ErrClosed) {
 		t.Fatalf("cause %v", lk.Err())
 	}
-	if err := m.pool.Ping(context.Background()); err == nil {
+	if err := m.k.Pool.Ping(context.Background()); err == nil {
 		t.Fatal("owned pool still open after Close")
 	}
 }

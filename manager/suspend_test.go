@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 )
 
@@ -15,7 +17,7 @@ import (
 // clock and not the monotonic one, as a real suspend does.
 type suspendClock struct{ slept atomic.Int64 }
 
-func (c *suspendClock) now() time.Time          { return time.Now().Add(time.Duration(c.slept.Load())) }
+func (c *suspendClock) Now() time.Time          { return time.Now().Add(time.Duration(c.slept.Load())) }
 func (c *suspendClock) suspend(d time.Duration) { c.slept.Add(int64(d)) }
 
 // TestTrustCountsSuspendedTime suspends the holder's machine for a minute
@@ -30,7 +32,7 @@ func (c *suspendClock) suspend(d time.Duration) { c.slept.Add(int64(d)) }
 func TestTrustCountsSuspendedTime(t *testing.T) {
 	t.Parallel()
 	clk := &suspendClock{}
-	b := setup(t, setupOpts{hooks: testHooks{clock: clk.now}})
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{Clock: clk.Now}})
 	peer, _ := b.newPeer(t, Config{})
 	ctx := ctxT(t)
 	const key = "suspend:trust"
@@ -80,7 +82,7 @@ func TestTrustCountsSuspendedTime(t *testing.T) {
 func TestTrustAfterSuspendStillExtends(t *testing.T) {
 	t.Parallel()
 	clk := &suspendClock{}
-	b := setup(t, setupOpts{hooks: testHooks{clock: clk.now}})
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{Clock: clk.Now}})
 	ctx := ctxT(t)
 	clk.suspend(time.Hour)
 
@@ -91,7 +93,7 @@ func TestTrustAfterSuspendStillExtends(t *testing.T) {
 	defer l.Release(ctx)
 	// Three extends at least (one each third of the TTL).
 	for range 3 {
-		waitFor(t, &b.sig.extended, func(n int) bool { return n > 0 })
+		waitFor(t, &b.sig.Extended, func(n int) bool { return n > 0 })
 	}
 	if err := l.Err(); err != nil {
 		t.Fatalf("a 1 s lease taken after a suspend was lost: %v", err)

@@ -133,7 +133,7 @@ func takeOver(t testing.TB, b *bundle, key string, ttl time.Duration) (late, sin
 	t.Helper()
 	ctx := ctxT(t)
 	h := startHolder(t, b, key, ttl)
-	drain(&b.sig.retrying)
+	drain(&b.sig.Retrying)
 	type result struct {
 		lk  *Lock
 		err error
@@ -143,7 +143,7 @@ func takeOver(t testing.TB, b *bundle, key string, ttl time.Duration) (late, sin
 		lk, err := b.m.Acquire(ctx, key)
 		got <- result{lk, err}
 	}()
-	waitFor(t, &b.sig.retrying, func(k string) bool { return k == key })
+	waitFor(t, &b.sig.Retrying, func(k string) bool { return k == key })
 	h.kill(t)
 	killed := time.Now()
 	r := <-got

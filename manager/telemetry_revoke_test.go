@@ -21,7 +21,7 @@ func TestTelemetryRevoke(t *testing.T) {
 	rg := newRig(t)
 	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	const key = "telemetry:revoke"
 	ch, err := b.m.Watch(ctx, key)
 	if err != nil {

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -216,7 +218,7 @@ func TestTelemetryUncontended(t *testing.T) {
 	t.Parallel()
 	rg := newRig(t)
 	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}})
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	ctx, root := rg.tp.Tracer("test").Start(ctxT(t), "test.root")
 	lk, err := b.m.Acquire(ctx, "solo", WithTTL(10*time.Second))
 	if err != nil {
@@ -334,7 +336,7 @@ func TestTelemetryContended(t *testing.T) {
 			lk, err := b.m.Acquire(ctx, "hot", WithAcquireTimeout(waitTimeout()))
 			ch <- result{lk, err}
 		}()
-		waitFor(t, &b.sig.queued, func(k string) bool { return k == "hot" })
+		waitFor(t, &b.sig.Queued, func(k string) bool { return k == "hot" })
 		return ch
 	}
 	first := acquire()
@@ -346,10 +348,10 @@ func TestTelemetryContended(t *testing.T) {
 	// holder still holds the key, the second answered "locked". (Waiting
 	// for two sends only, the second could still be in flight when the
 	// holder releases, and be granted: no contended root round trip.)
-	drain(&b.sig.batchSent)
+	drain(&b.sig.BatchSent)
 	sent := 0
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool {
-		if bi.kind == kindAcquire {
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool {
+		if bi.Kind == kernel.KindAcquire {
 			sent++
 		}
 		return sent >= 3
@@ -468,7 +470,7 @@ func TestTelemetryHeartbeat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, &b.sig.extended, func(n int) bool { return n >= 1 })
+	waitFor(t, &b.sig.Extended, func(n int) bool { return n >= 1 })
 	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -518,7 +520,7 @@ func TestTelemetryLoss(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, "DELETE FROM syncguard_locks WHERE key = 'vanish'"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, &b.sig.lost, func(k string) bool { return k == "vanish" })
+	waitFor(t, &b.sig.Lost, func(k string) bool { return k == "vanish" })
 	if err := lk.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
 		t.Fatalf("Release = %v", err)
 	}
@@ -597,7 +599,7 @@ func TestTelemetryNoRawKeysOrLockIDs(t *testing.T) {
 			t.Fatal(err)
 		}
 		peerLocks = append(peerLocks, lk)
-		lockIDs = append(lockIDs, lk.id)
+		lockIDs = append(lockIDs, lk.hd.ID)
 	}
 	for _, k := range keys[:2] { // contended until the wait ends
 		if _, err := b.m.Acquire(ctx, k, WithAcquireTimeout(60*time.Millisecond)); !errors.Is(err, pglease.ErrAcquisitionTimeout) {
@@ -632,16 +634,16 @@ func TestTelemetryNoRawKeysOrLockIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, lk := range locks[4:] {
-		lockIDs = append(lockIDs, lk.id)
+		lockIDs = append(lockIDs, lk.hd.ID)
 	}
 	if _, ok, err := b.m.TryAcquire(ctx, keys[4]); ok || err != nil { // held here
 		t.Fatalf("TryAcquire of a locally held key = %v, %v", ok, err)
 	}
-	waitFor(t, &b.sig.extended, func(k int) bool { return k >= 1 })
+	waitFor(t, &b.sig.Extended, func(k int) bool { return k >= 1 })
 	if _, err := b.pool.Exec(ctx, "DELETE FROM syncguard_locks WHERE key = $1", keys[5]); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, &b.sig.lost, func(k string) bool { return k == keys[5] })
+	waitFor(t, &b.sig.Lost, func(k string) bool { return k == keys[5] })
 	for i, lk := range locks[4:] {
 		err := lk.Release(ctx)
 		if i+4 == 5 {

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
@@ -79,15 +81,15 @@ func TestTelemetryContendedAcquireOneTracePerCaller(t *testing.T) {
 			lk, err := b.m.Acquire(cctx[i], "hot", WithAcquireTimeout(waitTimeout()))
 			got[i] <- result{lk, err}
 		}()
-		waitFor(t, &b.sig.queued, func(k string) bool { return k == "hot" })
+		waitFor(t, &b.sig.Queued, func(k string) bool { return k == "hot" })
 	}
 	// Both wait: of the acquire batches sent from now on, the second and
 	// later ones went out with both queued and came back "locked" (see
 	// TestTelemetryContended).
-	drain(&b.sig.batchSent)
+	drain(&b.sig.BatchSent)
 	sent := 0
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool {
-		if bi.kind == kindAcquire {
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool {
+		if bi.Kind == kernel.KindAcquire {
 			sent++
 		}
 		return sent >= 3
@@ -192,8 +194,8 @@ func TestTelemetryOrphanReleaseInCallersTrace(t *testing.T) {
 	rg := newRig(t)
 	gate := make(chan struct{})
 	var once sync.Once
-	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}, hooks: testHooks{beforeBatch: func(kind batchKind, n int) {
-		if kind == kindAcquire {
+	b := setup(t, setupOpts{cfg: Config{Telemetry: rg.opts}, hooks: kernel.TestHooks{BeforeBatch: func(kind kernel.BatchKind, n int) {
+		if kind == kernel.KindAcquire {
 			once.Do(func() { <-gate }) // hold the first acquire batch
 		}
 	}}})
@@ -204,18 +206,18 @@ func TestTelemetryOrphanReleaseInCallersTrace(t *testing.T) {
 		_, err := b.m.Acquire(ctx, "gone")
 		errc <- err
 	}()
-	waitFor(t, &b.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindAcquire })
+	waitFor(t, &b.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindAcquire })
 	cancel()
 	if err := <-errc; !errors.Is(err, pglease.ErrAborted) {
 		t.Fatalf("err = %v", err)
 	}
 	caller.End()
-	wait(t, &b.sig.abandoned)
+	wait(t, &b.sig.Abandoned)
 	close(gate)
-	if k := wait(t, &b.sig.orphaned); k != "gone" {
+	if k := wait(t, &b.sig.Orphaned); k != "gone" {
 		t.Fatalf("orphaned %q", k)
 	}
-	waitFor(t, &b.sig.released, func(k string) bool { return k == "gone" })
+	waitFor(t, &b.sig.Released, func(k string) bool { return k == "gone" })
 
 	spans := rg.spans.Ended()
 	acq := one(t, spans, spanAcquire)
@@ -248,7 +250,7 @@ func TestTelemetryDurationsInSeconds(t *testing.T) {
 	if _, err := b.pool.Exec(ctx, "DELETE FROM syncguard_locks WHERE key = 'units'"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, &b.sig.lost, func(k string) bool { return k == "units" })
+	waitFor(t, &b.sig.Lost, func(k string) bool { return k == "units" })
 	if err := lk.Release(ctx); !errors.Is(err, pglease.ErrLockLost) {
 		t.Fatalf("Release = %v", err)
 	}

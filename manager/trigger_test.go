@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/pg"
@@ -31,12 +33,12 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	if err := mg.SetupReleaseTrigger(ctx, DefaultNotifyChannel); err != nil {
 		t.Fatal(err)
 	}
-	start := func(pool *pgxpool.Pool) (*rig, *signals) {
+	start := func(pool *pgxpool.Pool) (*rig, *kernel.Signals) {
 		t.Helper()
 		r := newRig(t)
-		sig := &signals{}
-		sig.init()
-		m, err := newManager("test", pool, false, Config{Telemetry: r.opts}, func(m *Manager) { m.sig = sig })
+		sig := &kernel.Signals{}
+		sig.Init()
+		m, err := newManager("test", pool, false, Config{Telemetry: r.opts}, func(m *Manager) { m.k.Sig = sig })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +56,7 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	}
 
 	r, sig := start(b.pool)
-	if installed := wait(t, &sig.triggerChecked); !installed {
+	if installed := wait(t, &sig.TriggerChecked); !installed {
 		t.Fatal("the trigger was installed, the Manager says it is not")
 	}
 	if strings.Contains(r.logs.String(), note) {
@@ -65,14 +67,14 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 	}
 	// Another channel than the trigger's: missing for that Manager.
 	r2 := newRig(t)
-	sig2 := &signals{}
-	sig2.init()
-	m2, err := newManager("test", b.pool, false, Config{Telemetry: r2.opts, Config: pg.Config{NotifyChannel: "other_channel"}}, func(m *Manager) { m.sig = sig2 })
+	sig2 := &kernel.Signals{}
+	sig2.Init()
+	m2, err := newManager("test", b.pool, false, Config{Telemetry: r2.opts, Config: pg.Config{NotifyChannel: "other_channel"}}, func(m *Manager) { m.k.Sig = sig2 })
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m2.Close(context.Background()) })
-	if installed := wait(t, &sig2.triggerChecked); installed {
+	if installed := wait(t, &sig2.TriggerChecked); installed {
 		t.Fatal("the trigger notifies another channel, the Manager says it is installed")
 	}
 
@@ -80,7 +82,7 @@ func TestReleaseTriggerReportedQuietly(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, sig = start(b.pool)
-	if installed := wait(t, &sig.triggerChecked); installed {
+	if installed := wait(t, &sig.TriggerChecked); installed {
 		t.Fatal("the trigger was dropped, the Manager says it is installed")
 	}
 	var notes int
@@ -115,7 +117,7 @@ func TestForeignHolderNamesMissingTrigger(t *testing.T) {
 	r := newRig(t)
 	b := setup(t, setupOpts{cfg: Config{Telemetry: r.opts}})
 	ctx := ctxT(t)
-	if installed := wait(t, &b.sig.triggerChecked); installed {
+	if installed := wait(t, &b.sig.TriggerChecked); installed {
 		t.Fatal("a fresh schema has the release trigger")
 	}
 	infos := func() int {

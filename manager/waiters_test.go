@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
@@ -85,9 +87,9 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	}
 	// A listener that connects after the first try registers the key
 	// and resyncs instead (no registered signal): let it connect first.
-	wait(t, &wsig.listening)
+	wait(t, &wsig.Listening)
 	got := acquireAndRelease(ctx, w, hot)
-	wait(t, &wsig.registered)
+	wait(t, &wsig.Registered)
 	if n := waiterLocksHeld(t, b, hot); n != 1 {
 		t.Fatalf("%d waiter locks while one Manager waits for one key", n)
 	}
@@ -115,12 +117,12 @@ func TestWaiterRegistrationLingers(t *testing.T) {
 	t.Parallel()
 	cfg := Config{Retry: noPolling}
 	b := setup(t, setupOpts{cfg: cfg})
-	w, wsig := b.newPeer(t, cfg, testHooks{waiterLinger: time.Hour})
-	short, ssig := b.newPeer(t, cfg, testHooks{waiterLinger: 50 * time.Millisecond})
+	w, wsig := b.newPeer(t, cfg, kernel.TestHooks{WaiterLinger: time.Hour})
+	short, ssig := b.newPeer(t, cfg, kernel.TestHooks{WaiterLinger: 50 * time.Millisecond})
 	ctx := ctxT(t)
 	hot := "waited-linger:" + b.schema
-	wait(t, &wsig.listening)
-	wait(t, &ssig.listening)
+	wait(t, &wsig.Listening)
+	wait(t, &ssig.Listening)
 	for round := range 3 {
 		held, err := b.m.Acquire(ctx, hot)
 		if err != nil {
@@ -136,7 +138,7 @@ func TestWaiterRegistrationLingers(t *testing.T) {
 		regs := 0
 		for {
 			select {
-			case n := <-wsig.registered.ch:
+			case n := <-wsig.Registered.Ch:
 				regs += n
 				continue
 			default:
@@ -171,15 +173,15 @@ func TestWaiterRegistrationAfterReconnect(t *testing.T) {
 	}
 	// A listener that connects after the first try registers the key
 	// and resyncs instead (no registered signal): let it connect first.
-	wait(t, &wsig.listening)
+	wait(t, &wsig.Listening)
 	got := acquireAndRelease(ctx, w, hot)
-	wait(t, &wsig.registered)
-	drain(&wsig.listening)
+	wait(t, &wsig.Registered)
+	drain(&wsig.Listening)
 	var killed int
 	if err := b.admin.QueryRow(ctx, "SELECT count(pg_terminate_backend(pid)) "+waiterLocksSQL, store.WaiterLockClass, []string{hot}).Scan(&killed); err != nil || killed != 1 {
 		t.Fatalf("terminated %d listener backends, %v", killed, err)
 	}
-	wait(t, &wsig.listening) // reconnected, waiter locks taken, resync
+	wait(t, &wsig.Listening) // reconnected, waiter locks taken, resync
 	if n := waiterLocksHeld(t, b, hot); n != 1 {
 		t.Fatalf("%d waiter locks after the listener reconnected, want 1", n)
 	}
@@ -196,13 +198,13 @@ func TestWaiterRegistrationAfterReconnect(t *testing.T) {
 func TestExtendBatchSize(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
-	if b.m.extBatch != store.MaxExtendBatch {
-		t.Fatalf("default extend batch %d, want store.MaxExtendBatch", b.m.extBatch)
+	if b.m.k.ExtBatch != store.MaxExtendBatch {
+		t.Fatalf("default extend batch %d, want store.MaxExtendBatch", b.m.k.ExtBatch)
 	}
 	const capped, locks = 20, 50
 	c := setup(t, setupOpts{cfg: Config{MaxBatch: capped}})
 	ctx := ctxT(t)
-	drain(&c.sig.batchSent)
+	drain(&c.sig.BatchSent)
 	var wg sync.WaitGroup
 	held := make(chan *Lock, locks)
 	for i := range locks {
@@ -223,11 +225,11 @@ func TestExtendBatchSize(t *testing.T) {
 	// batches of at most capped.
 	extended := 0
 	for extended < locks {
-		bi := waitFor(t, &c.sig.batchSent, func(bi batchInfo) bool { return bi.kind == kindExtend })
-		if bi.n > capped {
-			t.Fatalf("extend batch of %d with MaxBatch %d", bi.n, capped)
+		bi := waitFor(t, &c.sig.BatchSent, func(bi kernel.BatchInfo) bool { return bi.Kind == kernel.KindExtend })
+		if bi.N > capped {
+			t.Fatalf("extend batch of %d with MaxBatch %d", bi.N, capped)
 		}
-		extended += bi.n
+		extended += bi.N
 	}
 	for lk := range held {
 		if err := lk.Release(ctx); err != nil {
@@ -248,11 +250,11 @@ func TestWaiterRegisteredAfterFailedAttempt(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
-		kind batchKind
+		kind kernel.BatchKind
 		take func(ctx context.Context, m *Manager, key string) <-chan error
 	}{
-		{"acquire", kindAcquire, acquireAndRelease},
-		{"set", kindSets, func(ctx context.Context, m *Manager, key string) <-chan error {
+		{"acquire", kernel.KindAcquire, acquireAndRelease},
+		{"set", kernel.KindSets, func(ctx context.Context, m *Manager, key string) <-chan error {
 			got := make(chan error, 1)
 			go func() {
 				locks, err := m.AcquireAll(ctx, []string{key, key + ":free"})
@@ -272,7 +274,7 @@ func TestWaiterRegisteredAfterFailedAttempt(t *testing.T) {
 			var sent atomic.Int32
 			// Not hedged (stuckAfter): the first attempt's statement runs
 			// out of time before it is sent.
-			w := setup(t, setupOpts{cfg: Config{Retry: noPolling, StatementTimeout: timeout}, hooks: testHooks{stuckAfter: time.Hour, beforeBatch: func(kind batchKind, n int) {
+			w := setup(t, setupOpts{cfg: Config{Retry: noPolling, StatementTimeout: timeout}, hooks: kernel.TestHooks{StuckAfter: time.Hour, BeforeBatch: func(kind kernel.BatchKind, n int) {
 				if kind == tc.kind && sent.Add(1) == 1 {
 					time.Sleep(timeout + 500*time.Millisecond)
 				}
@@ -284,9 +286,9 @@ func TestWaiterRegisteredAfterFailedAttempt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			wait(t, &w.sig.listening)
+			wait(t, &w.sig.Listening)
 			got := tc.take(ctx, w.m, key)
-			wait(t, &w.sig.retrying) // the first attempt failed
+			wait(t, &w.sig.Retrying) // the first attempt failed
 			if err := held.Release(ctx); err != nil {
 				t.Fatal(err)
 			}

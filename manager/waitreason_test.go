@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -197,7 +199,7 @@ func TestSetErrorsSayWhatToDo(t *testing.T) {
 	if pglease.CodeOf(err) != pglease.CodeInvalidArgument || !strings.Contains(err.Error(), "keys[1] and keys[3]") {
 		t.Errorf("duplicate key: %v; want InvalidArgument naming keys[1] and keys[3]", err)
 	}
-	many := make([]string, maxSetKeys+1)
+	many := make([]string, kernel.MaxSetKeys+1)
 	for i := range many {
 		many[i] = "k" + strings.Repeat("x", i%7) + string(rune('a'+i%26)) + string(rune('a'+i/26))
 	}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/store"
@@ -17,9 +19,9 @@ import (
 // reads are answered by the test, as the server would have.)
 type watchRig struct {
 	t   *testing.T
-	st  *loopState
-	w   *watcher
-	ch  eventChan
+	st  *kernel.LoopState
+	w   *kernel.Watcher
+	ch  kernel.EventChan
 	got []Event
 	now time.Time
 }
@@ -32,25 +34,25 @@ func newWatchRig(t *testing.T) *watchRig {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close(context.Background()) })
-	st := newLoopState(m.Kernel)
-	st.lis.Idle() // a listener that takes no mail
+	st := kernel.NewLoopState(m.k)
+	st.Lis.Idle() // a listener that takes no mail
 	// A reader that keeps up: a buffer as large as the test's changes, so
 	// every event the loop sends is kept.
-	ch := make(eventChan, 1024)
-	w := &watcher{key: "k", hash: pglease.HashKey("k"), sink: ch}
-	req := &watchReq{w: w, reply: make(chan error, 1)}
-	st.handleWatch(req)
-	if err := <-req.reply; err != nil {
+	ch := make(kernel.EventChan, 1024)
+	w := &kernel.Watcher{Key: "k", Hash: pglease.HashKey("k"), Sink: ch}
+	req := &kernel.WatchReq{W: w, Reply: make(chan error, 1)}
+	st.HandleWatch(req)
+	if err := <-req.Reply; err != nil {
 		t.Fatal(err)
 	}
-	st.handleWatchRegistered("k")
+	st.HandleWatchRegistered("k")
 	return &watchRig{t: t, st: st, w: w, ch: ch, now: time.Now()}
 }
 
 // take starts the wanted read, failing when none is wanted.
-func (g *watchRig) take() *watchFlight {
+func (g *watchRig) take() *kernel.WatchFlight {
 	g.t.Helper()
-	fl, _ := g.st.takeWatchReads()
+	fl, _ := g.st.TakeWatchReads()
 	if fl == nil {
 		g.t.Fatal("no read wanted")
 	}
@@ -58,13 +60,13 @@ func (g *watchRig) take() *watchFlight {
 }
 
 // answer gives the read fl the state r.
-func (g *watchRig) answer(fl *watchFlight, r store.KeyState) {
-	g.st.handleWatchRead(watchDone{fl: fl, res: []store.KeyState{r}, at: g.now})
+func (g *watchRig) answer(fl *kernel.WatchFlight, r store.KeyState) {
+	g.st.HandleWatchRead(kernel.WatchDone{Fl: fl, Res: []store.KeyState{r}, At: g.now})
 	g.recv()
 }
 
 func (g *watchRig) notice(ev store.WatchEvent, f pglease.Fence) {
-	g.st.handleWatchNotice(store.Notification{Kind: store.NotifyWatch, KeyHash: g.w.hash, Event: ev, Fence: f})
+	g.st.HandleWatchNotice(store.Notification{Kind: store.NotifyWatch, KeyHash: g.w.Hash, Event: ev, Fence: f})
 	g.recv()
 }
 
@@ -120,14 +122,14 @@ func TestWatchBacklogOverflow(t *testing.T) {
 	g.notice(store.WatchGranted, 1)
 	fl := g.take() // the grant's holder: under way while the key changes
 	g.notice(store.WatchReleased, 1)
-	const last = 3 * maxBacklog / 2
+	const last = 3 * kernel.MaxBacklog / 2
 	for f := pglease.Fence(2); f <= last; f++ {
 		g.notice(store.WatchGranted, f)
 		g.notice(store.WatchReleased, f)
 	}
 	g.answer(fl, g.held(1))
 	// Reads wanted since (none should be: the key is free) find it free.
-	for len(g.st.watch.want) > 0 {
+	for len(g.st.Watch.Want) > 0 {
 		g.answer(g.take(), g.free(last))
 	}
 	for f := pglease.Fence(1); f <= last; f++ {
@@ -164,7 +166,7 @@ func TestWatchBacklogGrantsNeedNoRead(t *testing.T) {
 	}
 	// Grant 6 came after the read: one read for it.
 	g.answer(g.take(), g.held(6))
-	if len(g.st.watch.want) != 0 {
+	if len(g.st.Watch.Want) != 0 {
 		t.Fatal("another read wanted")
 	}
 	want = append(want, Event{Kind: EventGranted, Fence: 6})
@@ -185,7 +187,7 @@ func TestWatchBusyReadAppliesBacklog(t *testing.T) {
 	g.answer(g.take(), g.free(0))
 	g.notice(store.WatchGranted, 1)
 	g.answer(g.take(), g.held(1))
-	g.st.dueWatch(g.now.Add(time.Hour)) // the expiry check is due
+	g.st.DueWatch(g.now.Add(time.Hour)) // the expiry check is due
 	fl := g.take()
 	g.notice(store.WatchReleased, 1)
 	g.answer(fl, store.KeyState{Busy: true})

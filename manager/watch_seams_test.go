@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/internal/pgtest"
@@ -19,9 +21,9 @@ func TestWatchHandoff(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	holder, hsig := b.newPeer(t, Config{})
-	wait(t, &hsig.listening)
+	wait(t, &hsig.Listening)
 	const key = "watch:handoff"
 	ch, err := b.m.Watch(ctx, key)
 	if err != nil {
@@ -34,7 +36,7 @@ func TestWatchHandoff(t *testing.T) {
 			t.Fatal(err)
 		}
 		expectEvent(t, nextEvent(t, ch), EventGranted, first.Fence())
-		drain(&hsig.queued) // the first caller's
+		drain(&hsig.Queued) // the first caller's
 		got := make(chan *Lock, 1)
 		go func() {
 			lk, err := holder.Acquire(ctx, key, WithTTL(30*time.Second))
@@ -43,10 +45,10 @@ func TestWatchHandoff(t *testing.T) {
 			}
 			got <- lk
 		}()
-		if k := wait(t, &hsig.queued); k != key {
+		if k := wait(t, &hsig.Queued); k != key {
 			t.Fatalf("queued %q", k)
 		}
-		drain(&hsig.batchSent)
+		drain(&hsig.BatchSent)
 		if err := first.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -55,12 +57,12 @@ func TestWatchHandoff(t *testing.T) {
 			return
 		}
 		handedOff := false
-		var kinds []batchKind
+		var kinds []kernel.BatchKind
 		for done := false; !done; {
 			select {
-			case bi := <-hsig.batchSent.ch:
-				kinds = append(kinds, bi.kind)
-				handedOff = handedOff || bi.kind == kindHandOff
+			case bi := <-hsig.BatchSent.Ch:
+				kinds = append(kinds, bi.Kind)
+				handedOff = handedOff || bi.Kind == kernel.KindHandOff
 			default:
 				done = true
 			}
@@ -91,9 +93,9 @@ func TestWatchStoreWithoutChannel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	own, osig := b.newPeer(t, Config{Config: pg.Config{NotifyChannel: pgtest.RandomName("own_")}})
-	wait(t, &osig.listening)
+	wait(t, &osig.Listening)
 	const key = "watch:nochannel"
 	chs := make([]<-chan Event, 0, 2)
 	for _, m := range []*Manager{b.m, own} {
@@ -160,7 +162,7 @@ func TestWatchBlockedKeyDoesNotStallOthers(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{cfg: Config{StatementTimeout: time.Minute}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	holder, _ := b.newPeer(t, Config{})
 	taker, _ := b.newPeer(t, Config{StatementTimeout: time.Minute}) // its takeover waits for the commit
 	const blocked, free = "watch:blocked", "watch:free"
@@ -250,7 +252,7 @@ func TestWatchReconnectTellsOnce(t *testing.T) {
 	app := pgtest.RandomName("watchonce_")
 	var mu sync.Mutex
 	var hold chan struct{} // non-nil: the listener's next connect waits for it
-	b := setup(t, setupOpts{hooks: testHooks{listenConfig: func(c *pgx.ConnConfig) {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{ListenConfig: func(c *pgx.ConnConfig) {
 		c.RuntimeParams["application_name"] = app
 		mu.Lock()
 		h := hold
@@ -260,7 +262,7 @@ func TestWatchReconnectTellsOnce(t *testing.T) {
 		}
 	}}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	actor, _ := b.newPeer(t, Config{})
 	const never, held, ended = "watch:once:never", "watch:once:held", "watch:once:ended"
 	chs := map[string]<-chan Event{}
@@ -302,12 +304,12 @@ func TestWatchReconnectTellsOnce(t *testing.T) {
 		mu.Lock()
 		hold = nil
 		mu.Unlock()
-		drain(&b.sig.watchRead)
+		drain(&b.sig.WatchRead)
 		close(release)
-		wait(t, &b.sig.listening)
+		wait(t, &b.sig.Listening)
 		// The keys are read again (the watch locks taken again, and the
 		// resync): give both reads time to come back.
-		wait(t, &b.sig.watchRead)
+		wait(t, &b.sig.WatchRead)
 		time.Sleep(500 * time.Millisecond)
 	}
 	quiet := func(when string) {

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pglease/pglease/manager/internal/kernel"
+
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease"
@@ -47,9 +49,9 @@ func TestWatchSequence(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	actor, asig := b.newPeer(t, Config{Config: pg.Config{Holder: "actor[1]@test"}})
-	wait(t, &asig.listening)
+	wait(t, &asig.Listening)
 	const key = "watch:seq"
 	ch, err := b.m.Watch(ctx, key)
 	if err != nil {
@@ -122,7 +124,7 @@ func TestWatchExtended(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	const key = "watch:extended"
 	ch, err := b.m.Watch(ctx, key)
 	if err != nil {
@@ -164,7 +166,7 @@ func TestWatchReconnect(t *testing.T) {
 	app := pgtest.RandomName("watchlis_")
 	var mu sync.Mutex
 	var hold chan struct{} // non-nil: the listener's next connect waits for it
-	b := setup(t, setupOpts{hooks: testHooks{listenConfig: func(c *pgx.ConnConfig) {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{ListenConfig: func(c *pgx.ConnConfig) {
 		c.RuntimeParams["application_name"] = app
 		mu.Lock()
 		h := hold
@@ -174,7 +176,7 @@ func TestWatchReconnect(t *testing.T) {
 		}
 	}}})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	actor, _ := b.newPeer(t, Config{})
 	const key = "watch:reconnect"
 	ch, err := b.m.Watch(ctx, key)
@@ -217,7 +219,7 @@ func TestWatchReconnect(t *testing.T) {
 	hold = nil
 	mu.Unlock()
 	close(release)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	prev := first.Fence()
 	for {
 		ev := nextEvent(t, ch)
@@ -250,9 +252,9 @@ func TestWatchMany(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	other, osig := b.newPeer(t, Config{})
-	wait(t, &osig.listening)
+	wait(t, &osig.Listening)
 	const key = "watch:many"
 	const n = 20
 	var chans []<-chan Event
@@ -317,7 +319,7 @@ func TestWatchSlowReader(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	wait(t, &b.sig.listening)
+	wait(t, &b.sig.Listening)
 	const key = "watch:slow"
 	slow, err := b.m.Watch(ctx, key)
 	if err != nil {
@@ -329,7 +331,7 @@ func TestWatchSlowReader(t *testing.T) {
 	}
 	expectEvent(t, nextEvent(t, fast), EventReleased, 0)
 	var last pglease.Fence
-	for range 3 * watchBuffer {
+	for range 3 * kernel.WatchBuffer {
 		lk, err := b.m.Acquire(ctx, key)
 		if err != nil {
 			t.Fatal(err)
@@ -345,8 +347,8 @@ func TestWatchSlowReader(t *testing.T) {
 			break
 		}
 	}
-	if len(slow) != watchBuffer {
-		t.Fatalf("slow reader holds %d events, want %d", len(slow), watchBuffer)
+	if len(slow) != kernel.WatchBuffer {
+		t.Fatalf("slow reader holds %d events, want %d", len(slow), kernel.WatchBuffer)
 	}
 	var evs []Event
 	for len(slow) > 0 {
@@ -376,33 +378,33 @@ func TestWatchAgainBeforeUnregister(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close(context.Background())
-	st := newLoopState(m.Kernel)
-	st.lis.Idle() // a listener that takes no mail
-	add := func(key string) *watcher {
-		w := &watcher{key: key, hash: pglease.HashKey(key), sink: make(eventChan, watchBuffer)}
-		req := &watchReq{w: w, reply: make(chan error, 1)}
-		st.handleWatch(req)
-		if err := <-req.reply; err != nil {
+	st := kernel.NewLoopState(m.k)
+	st.Lis.Idle() // a listener that takes no mail
+	add := func(key string) *kernel.Watcher {
+		w := &kernel.Watcher{Key: key, Hash: pglease.HashKey(key), Sink: make(kernel.EventChan, kernel.WatchBuffer)}
+		req := &kernel.WatchReq{W: w, Reply: make(chan error, 1)}
+		st.HandleWatch(req)
+		if err := <-req.Reply; err != nil {
 			t.Fatal(err)
 		}
 		return w
 	}
 	w1 := add("k")
-	st.lis.Handed() // handed over: the listener takes the lock
-	st.handleWatchRegistered("k")
-	if !st.watch.keys["k"].wantRead {
+	st.Lis.Handed() // handed over: the listener takes the lock
+	st.HandleWatchRegistered("k")
+	if !st.Watch.Keys["k"].WantRead {
 		t.Fatal("no read after the registration")
 	}
-	st.watch.want = nil
-	st.unwatch(w1)
-	if !st.lis.Unsubscribing(notifier.Watch, "k") {
+	st.Watch.Want = nil
+	st.Unwatch(w1)
+	if !st.Lis.Unsubscribing(notifier.Watch, "k") {
 		t.Fatal("the lock's end is not in the outbox")
 	}
 	add("k")
-	if on := st.lis.Outbox()[notifier.Sub{Topic: notifier.Watch, Key: "k"}]; !on {
+	if on := st.Lis.Outbox()[notifier.Sub{Topic: notifier.Watch, Key: "k"}]; !on {
 		t.Fatal("the lock is not wanted again")
 	}
-	if ws := st.watch.keys["k"]; !ws.wantRead {
+	if ws := st.Watch.Keys["k"]; !ws.WantRead {
 		t.Fatal("the new watch waits for a registration that will not come")
 	}
 }

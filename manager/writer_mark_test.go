@@ -36,7 +36,7 @@ func TestAbandonedWriterMarkLapses(t *testing.T) {
 		}
 		werr <- err
 	}()
-	waitFor(t, &wsig.retrying, func(k string) bool { return k == key }) // refused by r1: the key is marked
+	waitFor(t, &wsig.Retrying, func(k string) bool { return k == key }) // refused by r1: the key is marked
 	cancel()
 	t0 := time.Now()
 	if err := <-werr; !errors.Is(err, context.Canceled) {

@@ -1,0 +1,698 @@
+package kernel
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/keys"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
+)
+
+// The fair queue (Config.FairQueue; docs/fairness.md). Each waiting
+// exclusive caller has a ticket in its key's queue table: its lockId
+// (acquireReq.qid), made at its first attempt and kept for the whole
+// wait. The key's attempt is one QueueWait for the key's exclusive
+// waiters (fairKind): it grants the one whose ticket may go and the key
+// is free, and keeps the others' places. A release (QueueRelease) serves
+// the head of the key's queue in its own transaction and notifies only
+// the head's process, on its own channel (Manager.qch): the notice
+// (notifier.Turn) carries the grant, which handleTurn hands to the
+// waiter, or says "attempt now". The tickets are refreshed together, one
+// statement every min(ticketLife, TTL)/3 (fairDue); a refresh also finds
+// grants whose notice was lost. A waiter that leaves (its context,
+// Close, a failure) leaves its ticket (QueueLeave, a release item of its
+// own kind), which also releases a grant that raced with the leaving.
+// Tries, shared holds and sets do not queue.
+
+// ticketLife is the life of a ticket after each statement that refreshes
+// it: a dead process's tickets stop blocking their keys at most this long
+// after its last refresh.
+const TicketLife = 3 * time.Second
+
+// maxFairItems caps the waiters of one key one attempt carries.
+const maxFairItems = 64
+
+// fairLoop is the loop's fair-queue state. Owned by run.
+type fairLoop struct {
+	// byLock: the waiters with a ticket, by ticket hash (what a turn
+	// names); a waiter leaves it when granted or when it leaves.
+	byLock map[string]*AcquireReq
+	// strays: lockIds of granted waiters that an attempt may have queued
+	// again after the caller released the grant (fairLanded), by hash,
+	// until their ticket has surely expired: a turn that grants one
+	// finds nobody waiting, and releases it.
+	strays map[string]stray
+	// orphans: granted turns that named no waiter and no stray, by
+	// lockId hash, until when: a stray noted later (its attempt landed
+	// after the turn came) was granted.
+	orphans    map[string]time.Time
+	refreshAt  time.Time // next refresh of the tickets (zero: none due)
+	refreshing bool      // a refresh is in flight (one at a time)
+}
+
+// fair reports whether the Manager queues its waiters (Config.FairQueue).
+func (st *LoopState) fair() bool { return st.m.cfg.FairQueue }
+
+// fairKind is the kind of a key's attempt in fair mode: a QueueWait for
+// its exclusive waiters (in queue order, the head first), each under its
+// ticket's lockId. Its fields are set by the loop when the attempt is
+// made; pos is written by the DB worker before it posts the answer.
+type fairKind struct {
+	reqs  []*AcquireReq
+	items []store.WaitRequest
+	ch    string
+	pos   []int
+}
+
+// fairAttempt makes the attempt of ks in fair mode (kick), its head an
+// exclusive waiter.
+func (st *LoopState) fairAttempt(ks *KeyState, chain uint64) *Attempt {
+	k := &fairKind{ch: st.m.Qch}
+	var ttl time.Duration
+	for _, req := range ks.Queue {
+		if req.Shared {
+			continue
+		}
+		if req.qid == "" {
+			st.ticketFor(req)
+		}
+		k.reqs = append(k.reqs, req)
+		k.items = append(k.items, store.WaitRequest{Key: ks.Key, TTL: req.TTL, LockID: req.qid,
+			LockDelay: time.Duration(req.delayMs()) * time.Millisecond})
+		if ttl == 0 || req.TTL < ttl {
+			ttl = req.TTL // the trust check of the pipeline uses the shortest
+		}
+		if len(k.reqs) == maxFairItems {
+			break
+		}
+	}
+	k.pos = make([]int, len(k.reqs))
+	head := k.reqs[0]
+	return &Attempt{Ks: ks, LockID: head.qid, ttl: ttl, delayMs: head.delayMs(), Chain: chain, Kind: k}
+}
+
+// ticketFor gives req its ticket's lockId.
+func (st *LoopState) ticketFor(req *AcquireReq) {
+	req.qid = keys.NewLockID()
+	req.qhash = pglease.HashKey(req.qid)
+	req.qmade = st.m.Now()
+	if st.fq.byLock == nil {
+		st.fq.byLock = make(map[string]*AcquireReq)
+	}
+	st.fq.byLock[req.qhash] = req
+}
+
+// leaveTicket takes the ticket of req, a waiter that will not be granted
+// by it (it left, failed or was closed), out of its key's queue.
+func (st *LoopState) leaveTicket(req *AcquireReq) {
+	if req.qid == "" || req.qgranted || st.fq.byLock[req.qhash] != req {
+		return
+	}
+	delete(st.fq.byLock, req.qhash)
+	st.leave(req.qid, req.Key, req.TTL)
+}
+
+// leave queues the leave of ticket id of key.
+func (st *LoopState) leave(id, key string, ttl time.Duration) {
+	st.Releases.add(releaseItem{LockID: id, key: key, ttl: ttl, leave: true})
+}
+
+// removeWaiter takes req, wherever it is, out of ks's queue.
+func (st *LoopState) removeWaiter(ks *KeyState, req *AcquireReq) {
+	if i := slices.Index(ks.Queue, req); i >= 0 {
+		ks.Queue = slices.Delete(ks.Queue, i, i+1)
+		st.waiting--
+		st.unqueued(ks)
+	}
+}
+
+func (k *fairKind) lane(st *LoopState) *lane[*Attempt] { return &st.fairAcqs }
+
+func (k *fairKind) statement() BatchKind { return KindAcquire }
+
+func (k *fairKind) exec(ctx context.Context, s kernelStore, batch []*Attempt) ([]store.AcquireResult, error) {
+	var reqs []store.WaitRequest
+	for _, a := range batch {
+		reqs = append(reqs, a.Kind.(*fairKind).items...)
+	}
+	res, err := s.QueueWait(ctx, reqs, k.ch, TicketLife)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.AcquireResult, len(res))
+	off := 0
+	for _, a := range batch {
+		fk := a.Kind.(*fairKind)
+		for j := range fk.items {
+			out[off] = res[off].AcquireResult
+			fk.pos[j] = res[off].Position
+			off++
+		}
+	}
+	return out, nil
+}
+
+func (k *fairKind) Holds(a *Attempt) int { return len(k.items) }
+
+func (k *fairKind) Hold(a *Attempt, j int) (lockID, key, hash string) {
+	return k.items[j].LockID, a.Ks.Key, a.Ks.hash
+}
+
+func (k *fairKind) unit(a *Attempt) int { return 1 }
+
+func (k *fairKind) FenceOK(st *LoopState, a *Attempt, lo, hi int, rs []store.AcquireResult) bool {
+	return st.noteFence(a.Ks, rs[lo].Fence)
+}
+
+func (k *fairKind) heldHere(st *LoopState, a *Attempt, to *AcquireReq) bool { return a.Ks.held() }
+
+func (k *fairKind) grant(st *LoopState, a *Attempt, to *AcquireReq, lo, hi int, rs []store.AcquireResult, lease heartbeat.Lease) {
+	st.removeWaiter(a.Ks, to)
+	st.ticketServed(to, rs[lo].Fence)
+	lease.TTL, lease.Margin = to.TTL, st.margin(to.TTL)
+	st.grant(a.Ks, to, to.qid, to.TTL, rs[lo], lease)
+}
+
+func (k *fairKind) waiters(st *LoopState, a *Attempt) waiters { return (*fairQueue)(a.Ks) }
+
+func (k *fairKind) serves(a *Attempt, req *AcquireReq) bool { return !req.Shared }
+
+func (k *fairKind) refusal(st *LoopState, a *Attempt, r store.AcquireResult, now time.Time) time.Time {
+	return ExclusiveKind{}.refusal(st, a, r, now)
+}
+
+// again: a hedge carries the same tickets (their lockIds are the
+// waiters' places); whichever answer comes second is stale, and its
+// release skips a lockId its caller was granted (settleStale).
+func (k *fairKind) again(a *Attempt, id string) attemptKind {
+	return &fairKind{reqs: k.reqs, items: k.items, ch: k.ch, pos: make([]int, len(k.items))}
+}
+
+func (k *fairKind) keep(st *LoopState, a *Attempt) bool { return st.keepKeyAttempt(a) }
+
+func (k *fairKind) served(a *Attempt, add func(*obs.Acquisition) bool) bool {
+	for _, req := range k.reqs {
+		if !add(req.Acq) {
+			return false
+		}
+	}
+	return true
+}
+
+func (k *fairKind) op(try bool) string { return "manager.Acquire" }
+
+// fairWaiting reports whether a is a fair attempt: its ambiguous outcome
+// releases nothing. A waiter still waiting keeps the lockId, and the
+// next QueueWait of its ticket answers a grant this one made (granted,
+// idempotently), where a release sent now could end that later grant of
+// the same lockId; a waiter that left leaves its ticket (fairLanded: a
+// leave releases a grant), one granted meanwhile holds the lease.
+func fairWaiting(a *Attempt) bool {
+	_, ok := a.Kind.(*fairKind)
+	return ok
+}
+
+// ticketServed records that req's ticket was granted to it, with fence f.
+func (st *LoopState) ticketServed(req *AcquireReq, f pglease.Fence) {
+	req.qgranted, req.qfence = true, f
+	if st.fq.byLock[req.qhash] == req {
+		delete(st.fq.byLock, req.qhash)
+	}
+}
+
+// fairLanded settles, before the pipeline does, what only a fair attempt
+// has: the waiters that were granted by a turn or a refresh while it was
+// in flight (its answer for them is that grant's, not its own: neither
+// granted again nor released — unless the statement ran after the caller
+// had released that grant: then it queued the lockId again, or was even
+// granted it anew, a grant with another fence, and that ticket leaves or
+// that grant goes back), the waiters that left meanwhile (their tickets,
+// which the attempt may have queued again after their leave, leave
+// again), and the places of the others.
+func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d AcquireDone, rs []store.AcquireResult) {
+	now := st.m.Now()
+	for j, req := range k.reqs {
+		switch {
+		case req.qgranted:
+			if rs == nil {
+				break // unknown (ambiguity): a stray ticket expires, as a dead one
+			}
+			id := k.items[j].LockID
+			switch {
+			case rs[j].Err != nil:
+			case !rs[j].OK && k.pos[j] > 0:
+				// It ran before the grant, or queued the lockId again
+				// after its grant was released: not knowing which, a
+				// leave could release the caller's lease. Such a ticket
+				// expires in ticketLife; a grant of it goes back (stray).
+				// During Close nothing hears that grant, and the drain has
+				// released (or is releasing) the caller's lock: it leaves.
+				if st.closing {
+					st.leave(id, a.Ks.Key, req.TTL)
+				} else {
+					st.noteStray(req.qhash, id, a.Ks.Key, now)
+				}
+			case rs[j].OK && rs[j].Fence != req.qfence:
+				st.Releases.add(releaseItem{LockID: id, key: a.Ks.Key, ks: a.Ks, Unblocked: true, ttl: req.TTL, sc: a.db})
+			}
+			rs[j] = store.AcquireResult{}
+		case req.answered:
+			if d.Err != nil || !rs[j].OK {
+				st.leave(k.items[j].LockID, a.Ks.Key, req.TTL)
+			}
+		case d.Err == nil && !rs[j].OK && rs[j].Err == nil && k.pos[j] > 0:
+			if d.Start.After(req.qsent) {
+				req.qsent = d.Start
+			}
+			st.notePosition(req, k.pos[j])
+			st.scheduleRefresh(now, req.TTL)
+		}
+	}
+}
+
+// notePosition records req's place in its key's queue (a trace event when
+// it changed).
+func (st *LoopState) notePosition(req *AcquireReq, pos int) {
+	if int32(pos) != req.qpos {
+		req.qpos = int32(pos)
+		req.Acq.Ticket(pos)
+		st.sig().ticket.signal(pos)
+	}
+}
+
+// scheduleRefresh makes sure the tickets are refreshed within
+// min(ticketLife, ttl)/3 of now.
+func (st *LoopState) scheduleRefresh(now time.Time, ttl time.Duration) {
+	at := now.Add(min(TicketLife, ttl) / 3)
+	if st.fq.refreshAt.IsZero() || at.Before(st.fq.refreshAt) {
+		st.fq.refreshAt = at
+	}
+}
+
+// fairQueue is a key's queue as the waiters of a fair attempt: a grant
+// goes to the waiter whose ticket it is, wherever it stands here.
+type fairQueue KeyState
+
+func (q *fairQueue) kq() *keyQueue   { return (*keyQueue)(q) }
+func (q *fairQueue) ks() *KeyState   { return (*KeyState)(q) }
+func (q *fairQueue) left() bool      { return false }
+func (q *fairQueue) reached(e error) { q.kq().reached(e) }
+
+func (q *fairQueue) land(st *LoopState, a *Attempt)   { q.kq().land(st, a) }
+func (q *fairQueue) closed(st *LoopState, a *Attempt) {}
+
+func (q *fairQueue) failed(st *LoopState, a *Attempt, err error, now time.Time, db trace.SpanContext) {
+	q.kq().failed(st, a, err, now, db)
+}
+
+func (q *fairQueue) fatal(st *LoopState, a *Attempt, err error, db trace.SpanContext) {
+	q.kq().fatal(st, a, err, db)
+}
+
+// refused: as a key's queue (keyQueue.refused), except that a waiter
+// with a ticket needs no waiter lock (its process is told on its own
+// channel): only a key a foreign holder holds is subscribed, since its
+// release notifies only there. A waiter that has no place yet (it came
+// while the attempt was in flight) is queued at once.
+func (q *fairQueue) refused(st *LoopState, a *Attempt, rs []store.AcquireResult, r *store.AcquireResult, now time.Time, db trace.SpanContext) {
+	ks := q.ks()
+	if r == nil || len(ks.Queue) == 0 {
+		return
+	}
+	latest := a.Kind.refusal(st, a, *r, now)
+	noteWaiting(ks.Queue, *r)
+	if foreignHolder(*r) {
+		st.wantWaiter(ks)
+	}
+	st.contended(ks).heldBy = r.Holder
+	var retryIn time.Duration
+	if ks.woken || st.unticketed(ks) {
+		st.kick(ks)
+	} else {
+		st.scheduleRetry(ks, now, latest)
+		retryIn = ks.retryAt.Sub(now)
+	}
+	noteAttempt(ks.Queue, db, obs.AttemptContended, retryIn)
+}
+
+// unticketed reports whether an exclusive waiter of ks that its next
+// attempt carries has no place in its key's queue yet.
+func (st *LoopState) unticketed(ks *KeyState) bool {
+	n := 0
+	for _, req := range ks.Queue {
+		if req.Shared {
+			continue
+		}
+		if req.qsent.IsZero() {
+			return true
+		}
+		if n++; n == maxFairItems {
+			break
+		}
+	}
+	return false
+}
+
+func (q *fairQueue) taker(a *Attempt, lo, hi int) *AcquireReq {
+	req := a.Kind.(*fairKind).reqs[lo]
+	if req.answered {
+		return nil
+	}
+	return req
+}
+
+// takenHere: a caller here holds the key (fair attempts go while it is
+// held here, to keep their places): one holder here at a time.
+func (q *fairQueue) takenHere(st *LoopState, a *Attempt, to *AcquireReq) bool { return q.holder != nil }
+
+// refuse: a grant to to was refused (its fence; a late answer): to fails
+// (a late grant consumed its ticket: it would go to the tail).
+func (q *fairQueue) refuse(st *LoopState, a *Attempt, to *AcquireReq, err error, late bool, now time.Time, db trace.SpanContext) {
+	q.lastErr = err
+	if to == nil {
+		return
+	}
+	to.Acq.Attempt(db, obs.AttemptFailed, 0)
+	st.removeWaiter(q.ks(), to)
+	st.leaveTicket(to)
+	to.answered = true
+	to.Reply <- AcquireReply{Err: err}
+}
+
+func (q *fairQueue) unserved(st *LoopState) { q.kq().unserved(st) }
+
+func (q *fairQueue) settled(st *LoopState, a *Attempt, granted bool, db trace.SpanContext) {
+	q.kq().settled(st, a, granted, db)
+}
+
+// stray is a lockId that may have a ticket nobody waits with.
+type stray struct {
+	id, key string
+	until   time.Time
+}
+
+// noteStray remembers lockId id of key (hash) as a possible stray ticket.
+func (st *LoopState) noteStray(hash, id, key string, now time.Time) {
+	if st.fq.strays == nil {
+		st.fq.strays = make(map[string]stray)
+	}
+	for h, s := range st.fq.strays {
+		if now.After(s.until) {
+			delete(st.fq.strays, h)
+		}
+	}
+	st.fq.strays[hash] = stray{id: id, key: key, until: now.Add(2 * TicketLife)}
+	if until, ok := st.fq.orphans[hash]; ok {
+		delete(st.fq.orphans, hash)
+		if now.Before(until) {
+			st.strayGrant(hash)
+		}
+	}
+}
+
+// leaveStrays: Close began; nothing will hear the grant of a stray
+// ticket any more, and the callers' locks are being released: every
+// stray ticket leaves (after the releases of the drain's batch, or with
+// them: a leave that finds a caller's lease still there releases it,
+// which the drain does anyway).
+func (st *LoopState) leaveStrays() {
+	now := st.m.Now()
+	for h, s := range st.fq.strays {
+		if now.Before(s.until) {
+			st.leave(s.id, s.key, TicketLife)
+		}
+		delete(st.fq.strays, h)
+	}
+}
+
+// noteOrphan remembers a granted turn that named no waiter here.
+func (st *LoopState) noteOrphan(hash string, now time.Time) {
+	if st.fq.orphans == nil {
+		st.fq.orphans = make(map[string]time.Time)
+	}
+	for h, until := range st.fq.orphans {
+		if now.After(until) {
+			delete(st.fq.orphans, h)
+		}
+	}
+	st.fq.orphans[hash] = now.Add(2 * TicketLife)
+}
+
+// strayGrant releases the grant of a stray ticket (hash), unless a
+// caller here holds that lockId (then it is not a stray's: the caller's
+// own grant, told twice).
+func (st *LoopState) strayGrant(hash string) {
+	s, ok := st.fq.strays[hash]
+	if !ok {
+		return
+	}
+	delete(st.fq.strays, hash)
+	if ks := st.Keys[s.key]; ks != nil && ks.holder != nil && ks.holder.Lock.ID == s.id {
+		return
+	}
+	ks := st.keyFor(s.key, pglease.HashKey(s.key))
+	st.Releases.add(releaseItem{LockID: s.id, key: s.key, ks: ks, Unblocked: true, ttl: TicketLife})
+}
+
+// handleTurn: a queue notice for a ticket of this process. A grant goes
+// to its waiter (fairGrant); "your turn" makes the key's waiters attempt
+// at once. A ticket nobody here waits with any more left (or is
+// leaving): its leave releases a grant that raced with it.
+func (st *LoopState) handleTurn(t store.Turn) {
+	st.sig().Turn.signal(t.Granted)
+	req := st.fq.byLock[t.LockHash]
+	if req == nil && t.Granted {
+		if _, ok := st.fq.strays[t.LockHash]; ok {
+			st.strayGrant(t.LockHash)
+		} else {
+			st.noteOrphan(t.LockHash, st.m.Now())
+		}
+	}
+	if req == nil || req.answered {
+		return
+	}
+	ks := st.Keys[req.Key]
+	if ks == nil {
+		return
+	}
+	if !t.Granted {
+		st.wakeFair(ks)
+		return
+	}
+	st.fairGrant(ks, req, t.Fence, t.ExpiresAt)
+}
+
+// wakeFair makes ks's waiters attempt now (or as soon as its attempt in
+// flight lands).
+func (st *LoopState) wakeFair(ks *KeyState) {
+	if ks.attempt != nil {
+		ks.woken = true
+		return
+	}
+	st.forceKick(ks)
+}
+
+// fairGrant hands req the grant a release made to its ticket (a turn, or
+// a refresh that found it granted): fence and server expiry. It is
+// trusted from the send time of the latest statement that found the
+// ticket queued (the grant came after it; before any answered, the time
+// the ticket was made, which came before its first enqueue) plus the
+// TTL: a grant past that window, or whose fence is not above one seen,
+// is released and its waiter fails, as the pipeline does.
+func (st *LoopState) fairGrant(ks *KeyState, req *AcquireReq, fence pglease.Fence, exp time.Time) {
+	now := st.m.Now()
+	start := req.qsent
+	if start.IsZero() {
+		start = req.qmade
+	}
+	lease := heartbeat.Lease{TTL: req.TTL, Start: start, Margin: st.margin(req.TTL)}
+	var err error
+	switch {
+	case !now.Before(lease.TrustedUntil()):
+		err = lateGrant("manager.Acquire")
+	case !st.noteFence(ks, fence):
+		err = fenceRegression("manager.Acquire")
+	case ks.holder != nil:
+		// A caller here holds the key (its row must be gone on the
+		// server): one holder here at a time. The grant goes back, and
+		// the waiter's ticket, consumed, is queued again by its next
+		// attempt.
+		st.Releases.add(releaseItem{LockID: req.qid, key: req.Key, ks: ks, Unblocked: true, ttl: req.TTL})
+		req.qsent = time.Time{}
+		return
+	}
+	if err != nil {
+		st.Releases.add(releaseItem{LockID: req.qid, key: req.Key, ks: ks, Unblocked: true, ttl: req.TTL})
+		if st.fq.byLock[req.qhash] == req {
+			delete(st.fq.byLock, req.qhash) // its release is its leave
+		}
+		st.removeWaiter(ks, req)
+		req.Acq.Attempt(trace.SpanContext{}, obs.AttemptFailed, 0)
+		req.answered = true
+		req.Reply <- AcquireReply{Err: err}
+		st.gc(ks)
+		return
+	}
+	st.removeWaiter(ks, req)
+	st.ticketServed(req, fence)
+	req.Acq.Attempt(trace.SpanContext{}, obs.AttemptGranted, 0)
+	r := store.AcquireResult{OK: true, Fence: fence, AcquiredAt: exp.Add(-req.TTL), ExpiresAt: exp}
+	st.grant(ks, req, req.qid, req.TTL, r, lease)
+}
+
+// refreshDone is the answer to a refresh of the tickets of reqs (ids,
+// sent at start).
+type refreshDone struct {
+	reqs  []*AcquireReq
+	ids   []string
+	start time.Time
+	res   []store.TicketState
+	err   error
+}
+
+// fairDue refreshes every ticket of this process in one statement when
+// due (handleDue).
+func (st *LoopState) fairDue(now time.Time) {
+	f := &st.fq
+	if !st.fair() || f.refreshing || st.closing || f.refreshAt.IsZero() || now.Before(f.refreshAt) {
+		return
+	}
+	f.refreshAt = time.Time{}
+	var reqs []*AcquireReq
+	var ids []string
+	var ttl time.Duration
+	for _, req := range f.byLock {
+		if req.qsent.IsZero() {
+			continue // not queued yet: its attempt queues it
+		}
+		reqs = append(reqs, req)
+		ids = append(ids, req.qid)
+		if ttl == 0 || req.TTL < ttl {
+			ttl = req.TTL
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	st.scheduleRefresh(now, ttl)
+	f.refreshing = true
+	m := st.m
+	go func() {
+		ctx, cancel := context.WithTimeoutCause(m.workCtx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
+		defer cancel()
+		start := m.Now()
+		res, err := m.Store.QueueRefresh(ctx, ids, TicketLife)
+		m.refreshDoneCh <- refreshDone{reqs: reqs, ids: ids, start: start, res: res, err: err}
+	}()
+}
+
+// handleRefreshDone: a ticket found granted is handed to its waiter (its
+// notice was missed), one still queued is trusted from the refresh's send
+// time, one gone (it expired) is queued again, at the tail, by an attempt
+// now.
+func (st *LoopState) handleRefreshDone(d refreshDone) {
+	st.fq.refreshing = false
+	if d.err != nil || st.closing {
+		return
+	}
+	for i, req := range d.reqs {
+		if req.answered || req.qgranted || req.qid != d.ids[i] {
+			continue
+		}
+		ks := st.Keys[req.Key]
+		if ks == nil {
+			continue
+		}
+		t := d.res[i]
+		switch {
+		case t.Granted:
+			st.fairGrant(ks, req, t.Fence, t.ExpiresAt)
+		case t.Position > 0:
+			if d.start.After(req.qsent) {
+				req.qsent = d.start
+			}
+			st.notePosition(req, t.Position)
+		default:
+			st.wakeFair(ks)
+		}
+	}
+}
+
+// fairResync: the listener (re)subscribed, and turns may have been
+// missed: the tickets are refreshed now.
+func (st *LoopState) fairResync() {
+	if len(st.fq.byLock) > 0 {
+		st.fq.refreshAt = st.m.Now()
+	}
+}
+
+// nextRefresh is when the tickets' refresh is due (zero: none).
+func (st *LoopState) nextRefresh() time.Time {
+	if st.closing || st.fq.refreshing || len(st.fq.byLock) == 0 {
+		return time.Time{}
+	}
+	return st.fq.refreshAt
+}
+
+// fairAfterRelease: a release of ks's key came back. In fair mode the
+// release served the key's queue: the waiters here with a place wait for
+// their turn; only those without one yet (or a shared head, which does
+// not queue) attempt now.
+func (st *LoopState) fairAfterRelease(ks *KeyState) {
+	if len(ks.Queue) > 0 && (ks.Queue[0].Shared || st.unticketed(ks)) {
+		st.forceKick(ks)
+		return
+	}
+	st.kick(ks)
+	st.kickSets(ks)
+}
+
+// sendQueueRelease runs on a DB worker: the release batch in fair mode,
+// one statement for the tickets that leave (QueueLeave) and one for the
+// releases (QueueRelease, serving each key's queue unless an item's key
+// is left to foreign pollers). res answers each item; the leaves' error
+// is their own.
+func (m *Kernel) sendQueueRelease(ctx context.Context, batch []releaseItem) (res []bool, err, leaveErr error) {
+	res = make([]bool, len(batch))
+	var rels []store.ReleaseRequest
+	var relIdx, leaveIdx []int
+	var leaves []string
+	grant := true
+	for i, it := range batch {
+		if it.leave {
+			leaves = append(leaves, it.LockID)
+			leaveIdx = append(leaveIdx, i)
+			continue
+		}
+		rels = append(rels, store.ReleaseRequest{LockID: it.LockID, Key: it.key})
+		relIdx = append(relIdx, i)
+		if it.noServe {
+			grant = false
+		}
+	}
+	if len(leaves) > 0 {
+		var lr []store.LeaveResult
+		lr, leaveErr = m.Store.QueueLeave(ctx, leaves)
+		for k, r := range lr {
+			res[leaveIdx[k]] = r.Left || r.Released
+			if r.Released && m.Sig != nil {
+				m.Sig.LeftGranted.signal(batch[leaveIdx[k]].key)
+			}
+		}
+	}
+	if len(rels) > 0 {
+		var rr []store.QueueReleaseResult
+		rr, err = m.Store.QueueRelease(ctx, rels, grant)
+		for k, r := range rr {
+			res[relIdx[k]] = r.Released
+		}
+	}
+	return res, err, leaveErr
+}

@@ -1,0 +1,331 @@
+package kernel
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/pgerr"
+	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/retry"
+	"github.com/pglease/pglease/telemetry"
+)
+
+// Kernel is the Manager's lock machinery: the loop goroutine that owns
+// the lock state, its DB workers, the listener's subscriptions. The
+// public Manager validates a call, builds a request, hands it to the
+// kernel and wraps its answer.
+type Kernel struct {
+	// Its fields are immutable after New, channels, or (the advisory
+	// locks) guarded by a mutex: the lock state is the loop's loopState,
+	// owned by run ("Who owns what" in the package documentation).
+
+	cfg      Config        // immutable after New (defaults filled)
+	Pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
+	ownsPool bool          // immutable
+	// listenCfg is the listening connection's config (ListenConnString or
+	// the pool's), its connect bounded per host; immutable, nil with
+	// DisableNotify.
+	ListenCfg *pgx.ConnConfig
+	// qch is this process's fair-queue channel (Config.FairQueue;
+	// immutable, "" without), refreshDoneCh where the tickets' refresh
+	// posts its answer (fair.go; buffered: one refresh at a time).
+	Qch           string
+	refreshDoneCh chan refreshDone
+	// storeCfg is the Store's config (store.New on the listening connection
+	// checks the release trigger there); immutable.
+	StoreCfg pg.Config
+	Store    kernelStore // immutable; safe for concurrent use (DB workers, SetupSchema); *store.Store in production
+	// rec records spans, metrics and logs (internal/obs); immutable,
+	// never nil. Its methods never block and are safe from any goroutine.
+	Rec  *obs.Recorder
+	Sig  *Signals  // immutable; nil in production
+	Test TestHooks // immutable; zero in production
+
+	ExtBatch                     int // immutable: items of one extend statement
+	AcqLimit, relLimit, extLimit int // immutable: batches in flight per kind (not counting stuck ones, lane.go)
+	maxConns                     int // immutable: the pool's MaxConns
+
+	work chan func() // written by run (spawn), read by idle DB workers
+
+	AcquireCh     chan *AcquireReq // written by Acquire/TryAcquire, read only by run
+	ReleaseCh     chan *ReleaseReq // written by Lock.Release, read only by run
+	ExtendCh      chan *ExtendReq  // written by Lock.Extend, read only by run
+	AbandonCh     chan *AcquireReq // written by callers whose ctx ended, read only by run
+	AcquireDoneCh chan AcquireDone // written by DB workers (acquire and handoff batches), read only by run
+	ReleaseDoneCh chan releaseDone // written by DB workers (release and handoff batches), read only by run
+	extendDoneCh  chan extendDone  // written by DB workers (extend batches), read only by run
+	notifyCh      chan notice      // written by the listener goroutine (and Revoke), read only by run
+	watchCh       chan *WatchReq   // written by Watch and its context's end, read only by run
+	watchDoneCh   chan WatchDone   // written by DB workers (watch reads), read only by run
+	// lossCh nudges run (cap 1, non-blocking sends merge): written by the
+	// loss timer, the hold-limit timers and Lock.checkTrust (any
+	// goroutine), after each has ended a lock's Context itself; read only
+	// by run.
+	lossCh chan struct{}
+
+	workCtx    context.Context    // immutable; extends and advisory work run under it; cancelled by run when draining
+	cancelWork context.CancelFunc // immutable; called by run
+
+	closeOnce sync.Once     // Close's
+	Closing   chan struct{} // closed by Close (once); read by run and callers
+	Done      chan struct{} // closed by run when it has fully stopped
+	closeErr  error         // written by run before done is closed; read by Close after done
+
+	// advClose and advWait close the Manager's advisory locks (its
+	// advisory.Client) and wait for that, called by run during Close:
+	// after workCtx is cancelled, and before an owned pool is closed.
+	// Immutable; nil when there is nothing to close.
+	AdvClose func(timeout time.Duration)
+	AdvWait  func()
+}
+
+// kernelConfig is the Manager's Config as the kernel sees it (the same
+// fields, defaults filled: the Manager converts its Config).
+type Config struct {
+	pg.Config
+	DisableNotify    bool
+	FairQueue        bool
+	ListenConnString string
+	TTL              time.Duration
+	AcquireTimeout   time.Duration
+	Retry            retry.Policy
+	LossMargin       time.Duration
+	StatementTimeout time.Duration
+	CloseTimeout     time.Duration
+	MaxBatch         int
+	MaxInFlight      int
+	Telemetry        telemetry.Config
+}
+
+// newKernel makes the kernel of a Manager on pool (owned: closed at the
+// end of Close) and its store; start starts it.
+func New(cfg Config, pool *pgxpool.Pool, owns bool, ls kernelStore, storeCfg pg.Config, rec *obs.Recorder) *Kernel {
+	return &Kernel{
+		cfg:           cfg,
+		Pool:          pool,
+		ownsPool:      owns,
+		Store:         ls,
+		StoreCfg:      storeCfg,
+		Rec:           rec,
+		AcquireCh:     make(chan *AcquireReq),
+		ReleaseCh:     make(chan *ReleaseReq),
+		ExtendCh:      make(chan *ExtendReq),
+		AbandonCh:     make(chan *AcquireReq),
+		AcquireDoneCh: make(chan AcquireDone),
+		ReleaseDoneCh: make(chan releaseDone),
+		extendDoneCh:  make(chan extendDone),
+		notifyCh:      make(chan notice),
+		watchCh:       make(chan *WatchReq),
+		watchDoneCh:   make(chan WatchDone),
+		lossCh:        make(chan struct{}, 1),
+		Closing:       make(chan struct{}),
+		Done:          make(chan struct{}),
+		work:          make(chan func()),
+		refreshDoneCh: make(chan refreshDone, 1),
+	}
+}
+
+// start sets the caps from the pool's size and starts the loop (and,
+// unless DisableNotify, the listener).
+func (m *Kernel) Start(extBatch int) {
+	m.maxConns = int(m.Pool.Config().MaxConns)
+	perKind := max(1, (m.maxConns-1)/2)
+	m.AcqLimit = min(m.cfg.MaxInFlight, perKind)
+	m.relLimit = min(m.cfg.MaxInFlight, perKind)
+	m.extLimit = m.cfg.MaxInFlight
+	m.ExtBatch = extBatch
+	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
+	st := NewLoopState(m)
+	st.startListener() // subscribes the loop's parts; starts the listener unless DisableNotify
+	go m.run(st)
+}
+
+// Hold is the kernel's side of a held lock (a Manager's Lock wraps it):
+// its identity, its Context and its lease, written by run.
+type Hold struct {
+	M          *Kernel                 // immutable
+	Key        string                  // immutable: NFC key; never printed
+	ID         string                  // immutable: the lockId; never printed
+	Fence      pglease.Fence           // immutable
+	TTL        time.Duration           // immutable
+	AcquiredMs int64                   // immutable: server time of the grant, Unix ms (smaller than a time.Time: one per held lock)
+	Start      time.Time               // immutable: local (monotonic) start of the granting attempt
+	Ctx        context.Context         // immutable; cancelled with a cause
+	cancel     context.CancelCauseFunc // called by run and by the loss timer
+
+	Lease *leaseState // immutable pointer; see leaseState
+	// rq is the *releaseRequest of ReleaseRequested, made on first use
+	// (by the caller or by run, whichever comes first: revoke.go); read
+	// and set with sync/atomic's pointer functions only. (Not an
+	// atomic.Pointer, which the printing methods' value receivers would
+	// copy; the Lock's size class has room for it.)
+	rq     unsafe.Pointer
+	Shared bool // immutable: a shared hold (Shared, WithLimit)
+
+	h *Holding // owned by run
+}
+
+// leaseState is a Lock's current lease, written by run after the grant
+// and after each successful extend, read by anyone. (A pointer, so the
+// Lock's value-receiver printing methods copy no atomics.)
+type leaseState struct {
+	ExpiresAt atomic.Int64 // server expires_at, Unix milliseconds
+	TrustedNs atomic.Int64 // trust deadline as nanoseconds after Lock.start
+}
+
+// setLease records the lease's state after the grant or a successful
+// extend: the server's expiry and the local trust deadline. Called by run.
+func (l *Hold) setLease(lease heartbeat.Lease, expiresAt time.Time) {
+	l.Lease.ExpiresAt.Store(expiresAt.UnixMilli())
+	l.Lease.TrustedNs.Store(int64(lease.TrustedUntil().Sub(l.Start)))
+}
+
+// releasedCause is the cause of a Lock's Context after Release.
+var releasedCause = pgerr.New(pglease.CodeReleased, "manager.Release", "lock released", nil)
+
+// releasedAnswer is what Release returns for a lock that is no longer
+// held in this process.
+func ReleasedAnswer(l *Hold) error {
+	switch c := context.Cause(l.Ctx); {
+	case errors.Is(c, pglease.ErrLockLost):
+		return pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
+	case errors.Is(c, pglease.ErrRevoked):
+		return pgerr.New(pglease.CodeRevoked, "manager.Release", "the lock had been revoked before it was released", c)
+	}
+	return nil
+}
+
+// endedExtend is Extend's answer for a lock that ended with cause: an
+// error with the cause's code, wrapping it.
+func EndedExtend(cause error) error {
+	code := pglease.CodeOf(cause)
+	if code == 0 {
+		code = pglease.CodeInternal
+	}
+	if code == pglease.CodeHoldLimitExceeded {
+		return pgerr.New(code, "manager.Extend", "the lock reached its hold limit: it is not extended any more", cause)
+	}
+	return pgerr.New(code, "manager.Extend", "the lock is no longer held", cause)
+}
+
+// extendUnknown is Extend's answer when the round trip failed: the
+// outcome is unknown, the lease keeps its previous expiry.
+func extendUnknown(err error) error {
+	code := pglease.CodeOf(err)
+	if code == 0 {
+		code = pglease.CodeInternal
+	}
+	return pgerr.New(code, "manager.Extend", "extend outcome unknown; the lease keeps its previous expiry and trust window", err)
+}
+
+// Err is Lock.Err of a Lock that is not nil: nil while held, then the
+// cause of its end (reading the clock itself: see checkTrust).
+func (l *Hold) Err() error {
+	if l.Ctx.Err() == nil {
+		l.checkTrust(l.M.Now())
+		if l.Ctx.Err() == nil {
+			return nil
+		}
+	}
+	return context.Cause(l.Ctx)
+}
+
+func (m *Kernel) IsClosing() bool {
+	select {
+	case <-m.Closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// submit sends req to run and waits for the answer, leaving cleanly
+// (through abandonCh) when wctx ends. run is the only arbiter of a grant
+// that races the caller's departure: after an abandon, run takes back a
+// grant the caller never received and sends one final answer.
+func (m *Kernel) Submit(op string, wctx context.Context, req *AcquireReq) AcquireReply {
+	select {
+	case m.AcquireCh <- req:
+	case <-wctx.Done():
+		return AcquireReply{Abandoned: true}
+	case <-m.Closing:
+		return AcquireReply{Err: ClosedErr(op)}
+	}
+	select {
+	case r := <-req.Reply:
+		return r
+	case <-wctx.Done():
+	}
+	select {
+	case m.AbandonCh <- req:
+	case <-m.Done:
+		return AcquireReply{Err: ClosedErr(op)}
+	}
+	select {
+	case r := <-req.Final:
+		return r
+	case <-m.Done:
+		// run answers every abandon it received before it stopped.
+		select {
+		case r := <-req.Final:
+			return r
+		default:
+			return AcquireReply{Err: ClosedErr(op)}
+		}
+	}
+}
+
+// Defaults of Config's zero fields (each field's documentation says its
+// default in words).
+const (
+	DefaultTTL              = 30 * time.Second
+	DefaultStatementTimeout = 5 * time.Second
+	DefaultCloseTimeout     = 5 * time.Second
+	defaultMaxInFlight      = 1
+)
+
+// defaultNotifyChannel is the Manager's DefaultNotifyChannel.
+const DefaultNotifyChannel = "pglease_release"
+
+// withDefaults fills c's zero fields with their defaults (Config's
+// fields document them).
+func (c Config) WithDefaults() Config {
+	c.TTL = cmp.Or(c.TTL, DefaultTTL)
+	c.StatementTimeout = cmp.Or(c.StatementTimeout, DefaultStatementTimeout)
+	c.CloseTimeout = cmp.Or(c.CloseTimeout, DefaultCloseTimeout)
+	c.MaxBatch = cmp.Or(c.MaxBatch, store.MaxBatch)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, defaultMaxInFlight)
+	c.NotifyChannel = cmp.Or(c.NotifyChannel, DefaultNotifyChannel)
+	return c
+}
+
+func Invalid(op, msg string) error {
+	return pgerr.New(pglease.CodeInvalidArgument, op, msg, nil)
+}
+
+func ClosedErr(op string) error {
+	return pgerr.New(pglease.CodeClosed, op, "manager closed", nil)
+}
+
+// reop gives a *pglease.Error (from package advisory, pg or pglease) the
+// Manager's op; any other error, which none of them returns, becomes
+// CodeInternal: every error of the Manager is a *pglease.Error.
+func Reop(op string, err error) error {
+	var e *pglease.Error
+	if errors.As(err, &e) {
+		return pgerr.New(e.Code, op, e.Msg, e.Err)
+	}
+	return pgerr.New(pglease.CodeInternal, op, "unexpected error", err)
+}
