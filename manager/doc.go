@@ -197,17 +197,26 @@
 //     metric, and says what recording costs.
 //   - Performance figures: docs/performance.md and docs/scaling.md.
 //   - The implementation (CONTRIBUTING.md maps the whole repository):
-//     loop.go (run, its handlers), state.go (keyState and its
-//     predicates), invariants.go (the rules the loop state keeps, checked
-//     after every event in tests), pipeline.go (the acquire-attempt
-//     protocol, written once), the attempt kinds exclusive.go, shared.go
-//     (shared holds) and sets.go (AcquireAll), tryattempt.go (try as a
-//     mode), fair.go (Config.FairQueue), effects.go (an event's DB work),
-//     kstore.go (the store calls the kernel makes), lane.go and flight.go
-//     (batches, caps, stuck batches), handoff.go, foreign.go, overload.go,
-//     extend.go, relretry.go, shutdown.go, losswatch.go, timing.go,
-//     listener.go (the loop's subscriptions to the listening service,
-//     internal/notifier), waiters.go (release wake-ups), revoke.go
-//     (Revoke, RequestRelease), watch.go (Watch), guard.go, advisory.go,
-//     lookup.go (Config, Lookup).
+//     this package is the public face: manager.go (Config, New, Open,
+//     Acquire, the options), lock.go (Lock), acquireall.go, calls.go
+//     (Close, Revoke, RequestRelease), event.go (Watch), guard.go,
+//     advisory.go, lookup.go (Config, Lookup). Each call validates,
+//     builds a request, hands it to the kernel and wraps its answer; a
+//     Lock wraps the kernel's hold. The kernel is package
+//     manager/internal/kernel, and the file names above (loop.go,
+//     waiters.go …) are its: loop.go (run, its handlers), state.go
+//     (keyState and its predicates), invariants.go (the rules the loop
+//     state keeps, checked after every event in tests), pipeline.go (the
+//     acquire-attempt protocol, written once), the attempt kinds
+//     exclusive.go, shared.go (shared holds), sets.go (AcquireAll) and
+//     fair.go (Config.FairQueue), tryattempt.go (try as a mode),
+//     effects.go (an event's DB work), kstore.go (the store calls the
+//     kernel makes: its Store interface), lane.go and flight.go
+//     (batches, caps, stuck batches), handoff.go, foreign.go,
+//     overload.go, extend.go, relretry.go, shutdown.go, losswatch.go,
+//     timing.go, listener.go (the loop's subscriptions to the listening
+//     service, internal/notifier), waiters.go (release wake-ups),
+//     revoke.go (Revoke, RequestRelease), watch.go (Watch); its seeded
+//     simulator runs with go test -run TestSimulate
+//     ./manager/internal/kernel/ -sim.seed=N.
 package manager

@@ -87,7 +87,7 @@ func (m *Manager) Watch(ctx context.Context, key string) (<-chan Event, error) {
 	return ch, nil
 }
 
-// eventOut is a watcher's channel as the kernel's eventSink: it converts
+// eventOut is a watcher's channel as the kernel's EventSink: it converts
 // each event, and never blocks (full, the oldest event makes room).
 type eventOut chan Event
 

@@ -25,7 +25,7 @@ type DBWork struct {
 	Run func()
 }
 
-// start records the DB work of a batch just launched (fl, n items); run
+// Start records the DB work of a batch just launched (fl, n items); run
 // starts it once the event is handled (startWork).
 func (st *LoopState) Start(fl *Flight, n int, run func()) {
 	st.Work = append(st.Work, DBWork{Fl: fl, n: n, Run: run})

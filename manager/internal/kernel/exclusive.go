@@ -27,7 +27,7 @@ func (ExclusiveKind) lane(st *LoopState) *lane[*Attempt] { return &st.acquires }
 
 func (ExclusiveKind) statement() BatchKind { return KindAcquire }
 
-func (ExclusiveKind) exec(ctx context.Context, s kernelStore, batch []*Attempt) ([]store.AcquireResult, error) {
+func (ExclusiveKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
 	reqs := make([]store.AcquireRequest, len(batch))
 	for i, a := range batch {
 		reqs[i] = store.AcquireRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: a.LockID, LockDelay: a.lockDelay()}

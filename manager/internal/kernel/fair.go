@@ -137,7 +137,7 @@ func (k *fairKind) lane(st *LoopState) *lane[*Attempt] { return &st.fairAcqs }
 
 func (k *fairKind) statement() BatchKind { return KindAcquire }
 
-func (k *fairKind) exec(ctx context.Context, s kernelStore, batch []*Attempt) ([]store.AcquireResult, error) {
+func (k *fairKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
 	var reqs []store.WaitRequest
 	for _, a := range batch {
 		reqs = append(reqs, a.Kind.(*fairKind).items...)

@@ -42,7 +42,7 @@ func (m *Kernel) StuckAfter() time.Duration {
 	return min(StuckAfterMax, m.cfg.StatementTimeout/2)
 }
 
-// flight is one batch in flight. Owned by run; the DB worker only
+// Flight is one batch in flight. Owned by run; the DB worker only
 // carries the pointer back in its done messages (a handoff posts two: one
 // for each slot it took).
 type Flight struct {
@@ -54,7 +54,7 @@ type Flight struct {
 	slack    time.Duration // an extend batch: from its start to the earliest trust deadline of its leases (overload.go)
 }
 
-// checkStuck marks the batches older than stuckAfter as stuck and hedges
+// CheckStuck marks the batches older than stuckAfter as stuck and hedges
 // their attempts.
 func (st *LoopState) CheckStuck(now time.Time) {
 	after := st.m.StuckAfter()

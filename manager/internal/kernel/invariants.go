@@ -41,7 +41,7 @@ func (ks *KeyState) held() bool { return ks.holder != nil || ks.nShared > 0 }
 // one of its lockIds is in flight.
 func (ks *KeyState) busy() bool { return ks.attempt != nil || ks.holder != nil || ks.Releasing > 0 }
 
-// checkInvariants returns the first invariant (above) the state breaks,
+// CheckInvariants returns the first invariant (above) the state breaks,
 // or nil. Loop only.
 func (st *LoopState) CheckInvariants() error {
 	waiting := 0

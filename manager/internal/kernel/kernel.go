@@ -34,20 +34,20 @@ type Kernel struct {
 	cfg      Config        // immutable after New (defaults filled)
 	Pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
 	ownsPool bool          // immutable
-	// listenCfg is the listening connection's config (ListenConnString or
+	// ListenCfg is the listening connection's config (ListenConnString or
 	// the pool's), its connect bounded per host; immutable, nil with
 	// DisableNotify.
 	ListenCfg *pgx.ConnConfig
-	// qch is this process's fair-queue channel (Config.FairQueue;
+	// Qch is this process's fair-queue channel (Config.FairQueue;
 	// immutable, "" without), refreshDoneCh where the tickets' refresh
 	// posts its answer (fair.go; buffered: one refresh at a time).
 	Qch           string
 	refreshDoneCh chan refreshDone
-	// storeCfg is the Store's config (store.New on the listening connection
+	// StoreCfg is the Store's config (store.New on the listening connection
 	// checks the release trigger there); immutable.
 	StoreCfg pg.Config
-	Store    kernelStore // immutable; safe for concurrent use (DB workers, SetupSchema); *store.Store in production
-	// rec records spans, metrics and logs (internal/obs); immutable,
+	Store    Store // immutable; safe for concurrent use (DB workers, SetupSchema); *store.Store in production
+	// Rec records spans, metrics and logs (internal/obs); immutable,
 	// never nil. Its methods never block and are safe from any goroutine.
 	Rec  *obs.Recorder
 	Sig  *Signals  // immutable; nil in production
@@ -83,7 +83,7 @@ type Kernel struct {
 	Done      chan struct{} // closed by run when it has fully stopped
 	closeErr  error         // written by run before done is closed; read by Close after done
 
-	// advClose and advWait close the Manager's advisory locks (its
+	// AdvClose and advWait close the Manager's advisory locks (its
 	// advisory.Client) and wait for that, called by run during Close:
 	// after workCtx is cancelled, and before an owned pool is closed.
 	// Immutable; nil when there is nothing to close.
@@ -91,7 +91,7 @@ type Kernel struct {
 	AdvWait  func()
 }
 
-// kernelConfig is the Manager's Config as the kernel sees it (the same
+// Config is the Manager's Config as the kernel sees it (the same
 // fields, defaults filled: the Manager converts its Config).
 type Config struct {
 	pg.Config
@@ -111,7 +111,7 @@ type Config struct {
 
 // newKernel makes the kernel of a Manager on pool (owned: closed at the
 // end of Close) and its store; start starts it.
-func New(cfg Config, pool *pgxpool.Pool, owns bool, ls kernelStore, storeCfg pg.Config, rec *obs.Recorder) *Kernel {
+func New(cfg Config, pool *pgxpool.Pool, owns bool, ls Store, storeCfg pg.Config, rec *obs.Recorder) *Kernel {
 	return &Kernel{
 		cfg:           cfg,
 		Pool:          pool,
@@ -137,7 +137,7 @@ func New(cfg Config, pool *pgxpool.Pool, owns bool, ls kernelStore, storeCfg pg.
 	}
 }
 
-// start sets the caps from the pool's size and starts the loop (and,
+// Start sets the caps from the pool's size and starts the loop (and,
 // unless DisableNotify, the listener).
 func (m *Kernel) Start(extBatch int) {
 	m.maxConns = int(m.Pool.Config().MaxConns)
@@ -195,7 +195,7 @@ func (l *Hold) setLease(lease heartbeat.Lease, expiresAt time.Time) {
 // releasedCause is the cause of a Lock's Context after Release.
 var releasedCause = pgerr.New(pglease.CodeReleased, "manager.Release", "lock released", nil)
 
-// releasedAnswer is what Release returns for a lock that is no longer
+// ReleasedAnswer is what Release returns for a lock that is no longer
 // held in this process.
 func ReleasedAnswer(l *Hold) error {
 	switch c := context.Cause(l.Ctx); {
@@ -207,7 +207,7 @@ func ReleasedAnswer(l *Hold) error {
 	return nil
 }
 
-// endedExtend is Extend's answer for a lock that ended with cause: an
+// EndedExtend is Extend's answer for a lock that ended with cause: an
 // error with the cause's code, wrapping it.
 func EndedExtend(cause error) error {
 	code := pglease.CodeOf(cause)
@@ -251,7 +251,7 @@ func (m *Kernel) IsClosing() bool {
 	}
 }
 
-// submit sends req to run and waits for the answer, leaving cleanly
+// Submit sends req to run and waits for the answer, leaving cleanly
 // (through abandonCh) when wctx ends. run is the only arbiter of a grant
 // that races the caller's departure: after an abandon, run takes back a
 // grant the caller never received and sends one final answer.
@@ -299,7 +299,7 @@ const (
 // defaultNotifyChannel is the Manager's DefaultNotifyChannel.
 const DefaultNotifyChannel = "pglease_release"
 
-// withDefaults fills c's zero fields with their defaults (Config's
+// WithDefaults fills c's zero fields with their defaults (Config's
 // fields document them).
 func (c Config) WithDefaults() Config {
 	c.TTL = cmp.Or(c.TTL, DefaultTTL)
@@ -319,7 +319,7 @@ func ClosedErr(op string) error {
 	return pgerr.New(pglease.CodeClosed, op, "manager closed", nil)
 }
 
-// reop gives a *pglease.Error (from package advisory, pg or pglease) the
+// Reop gives a *pglease.Error (from package advisory, pg or pglease) the
 // Manager's op; any other error, which none of them returns, becomes
 // CodeInternal: every error of the Manager is a *pglease.Error.
 func Reop(op string, err error) error {

@@ -7,12 +7,12 @@ import (
 	"github.com/pglease/pglease/internal/store"
 )
 
-// kernelStore is what the Manager asks of its store: exactly the calls
+// Store is what the Manager asks of its store: exactly the calls
 // the loop, its DB workers and the Manager's own calls make, with
 // *store.Store's signatures. The Manager holds its store through it, so
 // that another implementation (an in-memory model held to the real store
 // by one conformance suite) can stand in for PostgreSQL in a test.
-type kernelStore interface {
+type Store interface {
 	// Acquire attempts: exclusive, shared holds, all-or-nothing sets, and
 	// the release-and-grant of a local handoff.
 	AcquireMany(ctx context.Context, reqs []store.AcquireRequest) ([]store.AcquireResult, error)
@@ -39,4 +39,4 @@ type kernelStore interface {
 	MarkChecked()
 }
 
-var _ kernelStore = (*store.Store)(nil)
+var _ Store = (*store.Store)(nil)

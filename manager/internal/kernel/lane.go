@@ -94,7 +94,7 @@ func (l *lane[T]) prune() {
 	l.Pending = live
 }
 
-// flush sends what is pending, in as few batches as the lane's room
+// Flush sends what is pending, in as few batches as the lane's room
 // allows.
 func (l *lane[T]) Flush(st *LoopState) {
 	if l.keep != nil && !l.keepLazily {

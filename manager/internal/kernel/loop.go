@@ -129,7 +129,7 @@ func (st *LoopState) HandleAcquire(req *AcquireReq) {
 	st.kick(ks)
 }
 
-// handleAbandon settles a caller who left (its wait context ended). The
+// HandleAbandon settles a caller who left (its wait context ended). The
 // loop is the only sender on req.reply and the caller no longer reads it,
 // so a non-blocking receive tells exactly where the request is:
 //   - a grant is waiting in reply: the caller never got it; take it back,
@@ -427,7 +427,7 @@ func (st *LoopState) heartbeat(now time.Time) {
 	st.hbNext = t.next
 }
 
-// flush sends whatever is pending, lane by lane (lane.go). Handoffs go
+// Flush sends whatever is pending, lane by lane (lane.go). Handoffs go
 // first: one that goes out as a plain release joins the releases.
 func (st *LoopState) Flush() {
 	for _, l := range st.lanes {

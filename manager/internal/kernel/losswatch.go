@@ -33,7 +33,7 @@ type lossWatch struct {
 	armed int64 // the timer's deadline (nanoseconds after epoch); 0: not armed
 }
 
-// newLossWatch returns a watch whose timer calls fired (from its own
+// NewLossWatch returns a watch whose timer calls fired (from its own
 // goroutine, never holding the watch's mutex) for each lease whose
 // deadline passed.
 func NewLossWatch(fired func(*Hold)) *lossWatch {
@@ -48,7 +48,7 @@ func (w *lossWatch) at(t time.Time) int64 {
 	return max(int64(t.Sub(w.epoch)), 0) + 1
 }
 
-// start watches h's lease: its lock is ended as lost at deadline unless
+// Start watches h's lease: its lock is ended as lost at deadline unless
 // stop is called first. h must not be watched already.
 func (w *lossWatch) Start(h *Holding, deadline time.Time) {
 	w.mu.Lock()
@@ -62,7 +62,7 @@ func (w *lossWatch) Start(h *Holding, deadline time.Time) {
 	}
 }
 
-// stop stops watching h and reports whether it was still watched: false
+// Stop stops watching h and reports whether it was still watched: false
 // when its deadline already fired (as time.Timer.Stop).
 func (w *lossWatch) Stop(h *Holding) bool {
 	w.mu.Lock()
@@ -74,7 +74,7 @@ func (w *lossWatch) Stop(h *Holding) bool {
 	return !h.lossFired
 }
 
-// close stops the timer; leases still watched are no longer ended.
+// Close stops the timer; leases still watched are no longer ended.
 func (w *lossWatch) Close() {
 	w.mu.Lock()
 	defer w.mu.Unlock()

@@ -42,11 +42,11 @@ import (
 // (the key's queue, or a set waiter); and its mode: a try (a.try set)
 // answers its one caller at once, whatever the outcome, where the others
 // leave their waiters waiting and retrying. A new kind of acquire is one
-// attemptKind (its file) and one store call (kernelStore), plus its lane
+// attemptKind (its file) and one store call (Store), plus its lane
 // (loopState, newLoopState) and the name of its batches (batchKind: its
 // span name, op, and whether shedding paces it, paced).
 
-// attempt is one database acquire attempt. Created by run; the DB
+// Attempt is one database acquire attempt. Created by run; the DB
 // goroutine reads only lockID, ttl and what its kind sends.
 type Attempt struct {
 	Ks     *KeyState // its key; nil for a set (its keys are its kind's)
@@ -73,7 +73,7 @@ type Attempt struct {
 	// key's attempt chain: it never waits for the key's attempt, retry or
 	// releases, and never serves the queue (tryattempt.go).
 	try *AcquireReq
-	// kind is what the attempt asks for, and what its grant means; its
+	// Kind is what the attempt asks for, and what its grant means; its
 	// value holds what the kind needs beyond these fields.
 	Kind attemptKind
 }
@@ -87,8 +87,8 @@ type attemptKind interface {
 	// this kind, answered one result per hold, in attempt order.
 	lane(st *LoopState) *lane[*Attempt]
 	statement() BatchKind
-	exec(ctx context.Context, s kernelStore, batch []*Attempt) ([]store.AcquireResult, error)
-	// holds is how many lockIds a asks for; hold returns the j-th, with its
+	exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error)
+	// Holds is how many lockIds a asks for; hold returns the j-th, with its
 	// key. unit is how many holds make one caller's grant: a's results
 	// are split among callers in units of it.
 	Holds(a *Attempt) int
@@ -152,7 +152,7 @@ type waiters interface {
 	settled(st *LoopState, a *Attempt, granted bool, db trace.SpanContext)
 }
 
-// handleAcquireDone settles the answer to a batch of attempts.
+// HandleAcquireDone settles the answer to a batch of attempts.
 func (st *LoopState) HandleAcquireDone(d AcquireDone) {
 	st.land(d.Fl, &st.acquireSlots)
 	now := st.m.Now()

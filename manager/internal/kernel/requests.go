@@ -10,7 +10,7 @@ import (
 	"github.com/pglease/pglease/internal/store"
 )
 
-// acquireReq is one Acquire or TryAcquire call. The caller fills the
+// AcquireReq is one Acquire or TryAcquire call. The caller fills the
 // immutable fields and sends it on acquireCh; from then on only run
 // touches answered, and only run sends on reply and final.
 type AcquireReq struct {
@@ -19,7 +19,7 @@ type AcquireReq struct {
 	TTL    time.Duration // immutable
 	Manual bool          // immutable: no auto-extend
 	Try    bool          // immutable: TryAcquire (one attempt, never queued behind others)
-	// shared and limit are the hold asked for (immutable): exclusive
+	// Shared and limit are the hold asked for (immutable): exclusive
 	// (shared false), a reader (shared, limit 0: Shared) or a permit of a
 	// semaphore of limit (WithLimit).
 	Shared bool
@@ -47,19 +47,19 @@ type AcquireReq struct {
 	qgranted   bool
 	qfence     pglease.Fence // the fence of the grant of qid handed to the caller
 
-	// set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
+	// Set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
 	// key and hash are then its first key's): the request never joins a
 	// key's queue, the loop keeps it in a setWait (sets.go).
 	Set *SetReq
 
-	// acq is the request's telemetry (the pglease.acquire span), started
+	// Acq is the request's telemetry (the pglease.acquire span), started
 	// by the caller before sending. The loop calls Queued, Attempt and
 	// Granted (before replying); the caller calls Failed or NotAcquired
 	// after its answer. Never nil (a Manager always has a Recorder), but
 	// nil-safe anyway.
 	Acq *obs.Acquisition
 
-	// reply has capacity 1; run sends on it at most once. After the
+	// Reply has capacity 1; run sends on it at most once. After the
 	// caller sent the request on abandonCh it never reads reply again:
 	// run takes back whatever it finds there (a grant the caller never
 	// received is released, handleAbandon) and sends the one final answer
@@ -68,7 +68,7 @@ type AcquireReq struct {
 	Final chan AcquireReply
 }
 
-// acquireReply carries exactly one of: lock (granted), locked (TryAcquire
+// AcquireReply carries exactly one of: lock (granted), locked (TryAcquire
 // found the key held), err, or abandoned (the caller left; lastErr is the
 // key's outage record, keyState.lastErr; heldHere tells that a caller of
 // this Manager held the key, and heldBy names the holder elsewhere that
@@ -85,14 +85,14 @@ type AcquireReply struct {
 	Shed      bool // the Manager was holding back acquires when the wait ended (overload.go)
 }
 
-// releaseReq is one Lock.Release call.
+// ReleaseReq is one Lock.Release call.
 type ReleaseReq struct {
 	Lock   *Hold
 	Reply  chan error        // cap 1; run sends exactly once
 	Parent trace.SpanContext // immutable: the caller's span, parent of the pglease.release span
 }
 
-// extendReq is one Lock.Extend call.
+// ExtendReq is one Lock.Extend call.
 type ExtendReq struct {
 	Lock  *Hold
 	Reply chan error // cap 1; run sends exactly once
@@ -112,7 +112,7 @@ type releaseItem struct {
 	ks     *KeyState // the key to kick once released; nil during drain
 	reply  chan error
 	lost   error // the lock was lost before the release: reply with this
-	// unblocked: ks's attempts did not wait for this release (a hedged
+	// Unblocked: ks's attempts did not wait for this release (a hedged
 	// attempt's, flight.go); it only kicks ks when answered.
 	Unblocked bool
 	// leave: the lockId is a waiter's fair-queue ticket to take out of
@@ -158,7 +158,7 @@ type AcquireDone struct {
 	Fl    *Flight
 	Batch []*Attempt // of one kind
 	Start time.Time  // local time just before the statement was sent
-	// res answers the batch's holds in order: each attempt's holds, in
+	// Res answers the batch's holds in order: each attempt's holds, in
 	// the order of its kind's hold (an exclusive attempt's one, a shared
 	// attempt's lockIds, a set's keys).
 	Res []store.AcquireResult

@@ -157,7 +157,7 @@ func (m *Kernel) RequestRelease(ctx context.Context, key string, holds ...string
 	return nil
 }
 
-// checkKeyCall validates a call on key: ctx, the key (returned in NFC)
+// CheckKeyCall validates a call on key: ctx, the key (returned in NFC)
 // and that the Manager is open.
 func (m *Kernel) CheckKeyCall(op string, ctx context.Context, key string) (string, error) {
 	if err := pgerr.CheckContext(op, ctx); err != nil {

@@ -55,10 +55,10 @@ const (
 	setTurnMax   = time.Second
 )
 
-// setReq is what a set request adds to an acquireReq: its keys.
+// SetReq is what a set request adds to an acquireReq: its keys.
 type SetReq struct{ Keys []SetKey }
 
-// setKey is one key of a set request: NFC key, hash, and that key's
+// SetKey is one key of a set request: NFC key, hash, and that key's
 // acquire telemetry (each key of a set is an acquire of its own, and each
 // returned Lock an ordinary lease).
 type SetKey struct {
@@ -335,7 +335,7 @@ func (sk *setKind) statement() BatchKind { return KindSets }
 
 // exec sends one AcquireSets for the batch; its results, flattened, are in
 // the order of the sets and of each set's keys.
-func (sk *setKind) exec(ctx context.Context, s kernelStore, batch []*Attempt) ([]store.AcquireResult, error) {
+func (sk *setKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
 	n := 0
 	reqs := make([][]store.AcquireRequest, len(batch))
 	for i, a := range batch {
@@ -367,7 +367,7 @@ func (sk *setKind) Hold(a *Attempt, j int) (lockID, key, hash string) {
 // unit: the set is one caller's, all of it or nothing.
 func (sk *setKind) unit(a *Attempt) int { return len(sk.ids) }
 
-// fenceOK: each key's fence strictly above every fence seen for it.
+// FenceOK: each key's fence strictly above every fence seen for it.
 func (sk *setKind) FenceOK(st *LoopState, a *Attempt, lo, hi int, rs []store.AcquireResult) bool {
 	for j, k := range sk.w.req.Set.Keys {
 		if !st.noteFence(st.keyFor(k.Key, k.Hash), rs[j].Fence) {

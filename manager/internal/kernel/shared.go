@@ -175,7 +175,7 @@ func coalescible(q, head *AcquireReq) bool {
 	return q.Shared && !q.Try && q.Limit == head.Limit && q.TTL == head.TTL
 }
 
-// sharedKind is the kind of a shared attempt (acquire pipeline:
+// SharedKind is the kind of a shared attempt (acquire pipeline:
 // pipeline.go): shared holds with limit (0: a reader), one per lockId of
 // ids (ids[0] is the attempt's lockID; nil for a try's single hold), for
 // as many shared waiters at the head of the key's queue, in one
@@ -194,7 +194,7 @@ func (sh *SharedKind) lane(st *LoopState) *lane[*Attempt] { return &st.sharedAcq
 func (sh *SharedKind) statement() BatchKind { return KindShared }
 
 // exec sends one AcquireSharedMany for every hold of the batch.
-func (sh *SharedKind) exec(ctx context.Context, s kernelStore, batch []*Attempt) ([]store.AcquireResult, error) {
+func (sh *SharedKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
 	n := 0
 	for _, a := range batch {
 		n += a.Kind.Holds(a)
@@ -230,7 +230,7 @@ func (sh *SharedKind) Hold(a *Attempt, j int) (lockID, key, hash string) {
 // unit: each hold is one waiter's.
 func (sh *SharedKind) unit(a *Attempt) int { return 1 }
 
-// fenceOK applies fence monotonicity to a permit's grant: its fence must
+// FenceOK applies fence monotonicity to a permit's grant: its fence must
 // be above every fence seen before its attempt was made (permits of one
 // key may be granted by attempts whose answers cross); a reader's is the
 // counter as it was and is not checked. It records the fence.

@@ -6,7 +6,7 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// testSignal is a River-style test signal: a no-op unless a test called
+// TestSignal is a River-style test signal: a no-op unless a test called
 // init, then a buffered channel the loop (or a DB goroutine) posts to
 // without ever blocking. Signals beyond the buffer are dropped, so tests
 // that count signals consume them as they go.
@@ -24,7 +24,7 @@ func (s *TestSignal[T]) signal(v T) {
 	}
 }
 
-// signals are the loop's test signals (all no-ops in production). Values
+// Signals are the loop's test signals (all no-ops in production). Values
 // carrying a key carry the NFC key; they exist only in tests.
 type Signals struct {
 	BatchSent           TestSignal[BatchInfo]    // a DB goroutine is about to send a batch
@@ -90,7 +90,7 @@ func (s *Signals) Init() {
 	s.LeftGranted.Init()
 }
 
-// batchKind names a kind of batched statement.
+// BatchKind names a kind of batched statement.
 type BatchKind string
 
 const (
@@ -121,34 +121,34 @@ type TestHooks struct {
 	// jitter, if set, draws a release retry's jitter in [0, n) instead
 	// of math/rand (a simulator's seeded draws replay).
 	jitter func(n time.Duration) time.Duration
-	// beforeBatch runs in the DB goroutine just before the statement is
+	// BeforeBatch runs in the DB goroutine just before the statement is
 	// sent (after the loop counted the batch as in flight).
 	BeforeBatch func(kind BatchKind, n int)
-	// listenConfig may change the listener's connection config (e.g.
+	// ListenConfig may change the listener's connection config (e.g.
 	// route it through a fault proxy) before each connect.
 	ListenConfig func(*pgx.ConnConfig)
 	// listenProbe, if set, replaces the listener's probe interval and
 	// timeout.
 	listenProbe time.Duration
-	// listenIdleTimeout, if set, replaces the listening session's
+	// ListenIdleTimeout, if set, replaces the listening session's
 	// idle_session_timeout (connx.DefaultLiveness).
 	ListenIdleTimeout time.Duration
-	// timerFired, if set, runs when a loss timer or the loop's wake-up
+	// TimerFired, if set, runs when a loss timer or the loop's wake-up
 	// timer fires, before it acts, with how late it fired; a test makes
 	// the runtime's delay in running timers after SIGCONT certain.
 	TimerFired func(late time.Duration)
-	// stuckAfter, if set, replaces stuckAfter (flight.go).
+	// StuckAfter, if set, replaces stuckAfter (flight.go).
 	StuckAfter time.Duration
-	// afterAcquire, if set, runs in the DB goroutine of an acquire batch
+	// AfterAcquire, if set, runs in the DB goroutine of an acquire batch
 	// after its statement was answered, before the answer is posted.
 	AfterAcquire func()
-	// waiterLinger, if set, replaces waiterLinger (waiters.go); negative:
+	// WaiterLinger, if set, replaces waiterLinger (waiters.go); negative:
 	// a registration ends with its key's state.
 	WaiterLinger time.Duration
 	// slowRoundTrip and shedCalm, if set, replace slowRoundTrip and
 	// shedCalm (overload.go).
 	slowRoundTrip, ShedCalm time.Duration
-	// clock, if set, replaces heartbeat.Now as the Manager's clock
+	// Clock, if set, replaces heartbeat.Now as the Manager's clock
 	// (Manager.now): a test moves it to suspend the machine.
 	Clock func() time.Time
 }

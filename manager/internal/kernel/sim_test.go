@@ -140,7 +140,7 @@ func TestSimulate(t *testing.T) {
 			if !*simStrict {
 				extra += " -sim.strict=false"
 			}
-			t.Fatalf("seed %d: %v\nreplay: go test -run 'TestSimulate$' ./manager/ -sim.seed=%d%s -v (-sim.trace for every event)", seed, res.err, seed, extra)
+			t.Fatalf("seed %d: %v\nreplay: go test -run 'TestSimulate$' ./manager/internal/kernel/ -sim.seed=%d%s -v (-sim.trace for every event)", seed, res.err, seed, extra)
 		}
 	}
 	el := time.Since(start)
@@ -1444,7 +1444,7 @@ func (s *simStore) QueueLeave(context.Context, []string) ([]store.LeaveResult, e
 	panic(fmt.Sprintf("%v: QueueLeave called", errSimNoQueue))
 }
 
-var _ kernelStore = (*simStore)(nil)
+var _ Store = (*simStore)(nil)
 
 // TestSimulateReplays runs schedules twice each: a seed's trace (every
 // event, every choice, the clock) is the same both times, but for the

@@ -21,7 +21,7 @@ import (
 // dropped.
 const maxFenceMemory = 100_000
 
-// loopState is every map, queue and counter the loop owns. It is touched
+// LoopState is every map, queue and counter the loop owns. It is touched
 // only by (*Kernel).run and the methods it calls: no mutex. Every field
 // is owned by run, as is everything it reaches (keyState, holding,
 // attempt, the lanes' items), except where a comment says otherwise: the
@@ -92,7 +92,7 @@ type LoopState struct {
 	fq fairLoop // owned by run: the fair queue's tickets (fair.go)
 }
 
-// keyState is one key's FIFO queue and attempt loop. Owned by run.
+// KeyState is one key's FIFO queue and attempt loop. Owned by run.
 // (Field sizes and order keep it at 160 bytes: one is kept per held
 // lock. What only some keys need is in cont.)
 type KeyState struct {
@@ -145,7 +145,7 @@ func (ks *KeyState) heldBy() string {
 	return ks.cont.heldBy
 }
 
-// holding is a held lock, as the loop sees it. Owned by run, except the
+// Holding is a held lock, as the loop sees it. Owned by run, except the
 // loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
 type Holding struct {
 	Lock  *Hold // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
@@ -690,7 +690,7 @@ func (st *LoopState) granted(ks *KeyState) {
 	st.sig().Granted.signal(ks.Key)
 }
 
-// hold makes the holding of a grant of ks to lockID for req (acq its
+// Hold makes the holding of a grant of ks to lockID for req (acq its
 // telemetry), with its loss and hold-limit timers, and returns its Lock.
 // The caller answers req.
 func (st *LoopState) Hold(ks *KeyState, req *AcquireReq, acq *obs.Acquisition, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) *Hold {

@@ -10,7 +10,7 @@ import (
 	"github.com/pglease/pglease/retry"
 )
 
-// now reads the clock the Manager times everything with: heartbeat.Now,
+// Now reads the clock the Manager times everything with: heartbeat.Now,
 // which counts the time the machine was suspended, where Go's monotonic
 // clock (time.Now) stops, so that a lease the server expired during a
 // suspend is not trusted after the resume ("The trust window" in the
@@ -24,7 +24,7 @@ func (m *Kernel) Now() time.Time {
 	return heartbeat.Now()
 }
 
-// defaultMargin is the loss margin of a lease of ttl when
+// DefaultMargin is the loss margin of a lease of ttl when
 // Config.LossMargin is zero: the margin package heartbeat cuts from a
 // Lease with a zero Margin (TTL/10 within [10 ms, 5 s]), read from
 // heartbeat itself so the two can not drift apart.
@@ -65,7 +65,7 @@ type heldLease struct {
 // share one round trip.
 func slack(ttl time.Duration) time.Duration { return ttl / 12 }
 
-// validMargin reports whether margin is usable with an auto-extended ttl:
+// ValidMargin reports whether margin is usable with an auto-extended ttl:
 // positive and small enough that the trust window still reaches past the
 // first extend (t + ttl/3 < t + ttl − margin).
 func ValidMargin(ttl, margin time.Duration) bool {

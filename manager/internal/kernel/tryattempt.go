@@ -80,7 +80,7 @@ func mayHaveGranted(err error) bool {
 	return err != nil && pglease.CodeOf(err) == pglease.CodeAmbiguous
 }
 
-// attemptCode is the code a caller gets for an attempt's error e (see
+// AttemptCode is the code a caller gets for an attempt's error e (see
 // userErr): an ambiguous attempt is not ambiguous to the caller, who was
 // not granted the lock, so it gets the code of what went wrong.
 func AttemptCode(e *pglease.Error) pglease.Code {
@@ -94,7 +94,7 @@ func AttemptCode(e *pglease.Error) pglease.Code {
 	return code
 }
 
-// unreachable reports whether err, an attempt's failure, says the
+// Unreachable reports whether err, an attempt's failure, says the
 // database could not be reached or did not answer in time (rather than
 // that the key was taken or the request was wrong).
 func Unreachable(err error) bool {

@@ -57,36 +57,36 @@ import (
 // is dropped for the newest, so the last event a reader sees is always
 // the latest state the Manager knows.
 
-// kEvent is a Manager's Event as the kernel sends it (the Manager's Watch
+// Event is a Manager's Event as the kernel sends it (the Manager's Watch
 // converts it): one change of a watched key's exclusive lease.
 type Event struct {
-	Kind      kEventKind
+	Kind      EventKind
 	Fence     pglease.Fence
 	Holder    string
 	ExpiresAt time.Time
 }
 
-// kEventKind is an Event's kind, with the Manager's EventKind's values.
-type kEventKind string
+// EventKind is an Event's kind, with the Manager's EventKind's values.
+type EventKind string
 
 // The kinds of an Event (see the Manager's EventKind).
 const (
-	kEventGranted  kEventKind = "granted"
-	kEventReleased kEventKind = "released"
-	kEventExpired  kEventKind = "expired"
-	kEventRevoked  kEventKind = "revoked"
-	kEventResync   kEventKind = "resync"
+	EventGranted  EventKind = "granted"
+	EventReleased EventKind = "released"
+	EventExpired  EventKind = "expired"
+	EventRevoked  EventKind = "revoked"
+	EventResync   EventKind = "resync"
 )
 
-// eventSink is where a watcher's events go: a buffered channel that
+// EventSink is where a watcher's events go: a buffered channel that
 // never blocks run (full, the oldest event makes room). Only run calls
 // it.
-type eventSink interface {
+type EventSink interface {
 	Send(ev Event)
 	Close()
 }
 
-// eventChan is an eventSink on a channel of the kernel's events.
+// EventChan is an EventSink on a channel of the kernel's events.
 type EventChan chan Event
 
 // Send hands ev over without blocking: when the buffer is full the
@@ -110,9 +110,9 @@ func (c EventChan) Send(ev Event) {
 // Close closes the channel.
 func (c EventChan) Close() { close(c) }
 
-// watch is Manager.Watch: it registers a watcher whose events go to
+// Watch is Manager.Watch: it registers a watcher whose events go to
 // sink.
-func (m *Kernel) Watch(ctx context.Context, key string, sink eventSink) error {
+func (m *Kernel) Watch(ctx context.Context, key string, sink EventSink) error {
 	const op = "manager.Watch"
 	nk, err := m.CheckKeyCall(op, ctx, key)
 	if err != nil {
@@ -163,23 +163,23 @@ const watchSettle = 250 * time.Millisecond
 // watchSettle.
 const watchBusyRetry = 10 * time.Millisecond
 
-// watchReq is a Watch call (remove false) or the end of its context.
+// WatchReq is a Watch call (remove false) or the end of its context.
 type WatchReq struct {
 	W      *Watcher
 	remove bool
 	Reply  chan error // cap 1; add only
 }
 
-// watcher is one Watch call's channel. Only run sends on or closes ch.
+// Watcher is one Watch call's channel. Only run sends on or closes ch.
 type Watcher struct {
 	Key, Hash string // immutable: NFC key and its hash
-	Sink      eventSink
+	Sink      EventSink
 	ws        *watchState // owned by run
 	fresh     bool        // owned by run: it got its first event
 	closed    bool        // owned by run: ch is closed
 }
 
-// send hands ev to w without blocking (see eventSink).
+// Send hands ev to w without blocking (see EventSink).
 func (w *Watcher) send(ev Event) { w.Sink.Send(ev) }
 
 // watchState is one watched key, shared by its watchers. Owned by run.
@@ -240,13 +240,13 @@ type watchLoop struct {
 	checks   watchChecks // expiry confirmations due, earliest first
 }
 
-// watchFlight is one read batch.
+// WatchFlight is one read batch.
 type WatchFlight struct {
 	states   []*watchState
 	announce []bool
 }
 
-// watchDone is a read batch's outcome, posted by its DB worker.
+// WatchDone is a read batch's outcome, posted by its DB worker.
 type WatchDone struct {
 	Fl  *WatchFlight
 	Res []store.KeyState
@@ -273,7 +273,7 @@ func (h *watchChecks) Pop() any {
 	return e
 }
 
-// handleWatch adds or removes a watcher.
+// HandleWatch adds or removes a watcher.
 func (st *LoopState) HandleWatch(req *WatchReq) {
 	w := req.W
 	if req.remove {
@@ -315,7 +315,7 @@ func (st *LoopState) HandleWatch(req *WatchReq) {
 	st.greet(ws)
 }
 
-// unwatch ends w (its context ended): its channel is closed, and the key
+// Unwatch ends w (its context ended): its channel is closed, and the key
 // forgotten when it was its last watcher.
 func (st *LoopState) Unwatch(w *Watcher) {
 	if w.closed {
@@ -365,7 +365,7 @@ func (st *LoopState) handleWatchesRegistered(keys []string) {
 	}
 }
 
-// handleWatchRegistered: the listener holds the key's watch lock now, so
+// HandleWatchRegistered: the listener holds the key's watch lock now, so
 // every later change notifies: read the key's state for its watchers.
 func (st *LoopState) HandleWatchRegistered(key string) {
 	if ws := st.Watch.Keys[key]; ws != nil {
@@ -391,7 +391,7 @@ func (st *LoopState) wantWatchRead(ws *watchState) {
 	st.Watch.Want = append(st.Watch.Want, ws)
 }
 
-// handleWatchNotice applies a watch notification, or keeps it while the
+// HandleWatchNotice applies a watch notification, or keeps it while the
 // key's state is being read.
 func (st *LoopState) HandleWatchNotice(n store.Notification) {
 	ws := st.Watch.byHash[n.KeyHash]
@@ -460,10 +460,10 @@ func (st *LoopState) tellGrant(ws *watchState, r *store.KeyState) {
 	if same {
 		ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
 	}
-	st.emit(ws, Event{Kind: kEventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+	st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	if same && !r.Held {
 		ws.live = false
-		st.emit(ws, Event{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	}
 }
 
@@ -514,16 +514,16 @@ func (st *LoopState) applyWatchNotice(ws *watchState, n store.Notification) {
 			// The lease before ended without a notification: it expired
 			// (nobody takes a live lease over) or a SyncGuard process
 			// released it.
-			st.emit(ws, Event{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 		}
 		ws.fence, ws.seen, ws.live, ws.holder, ws.expiresAt = f, f, true, "", time.Time{}
 		ws.settling = false
 		ws.checkGen++
 		ws.pendingGrant = true // its read: wantGrantRead, by the caller
 	case store.WatchReleased, store.WatchRevoked:
-		kind := kEventReleased
+		kind := EventReleased
 		if n.Event == store.WatchRevoked {
-			kind = kEventRevoked
+			kind = EventRevoked
 		}
 		switch {
 		case f == ws.fence && ws.live:
@@ -574,7 +574,7 @@ func (st *LoopState) flushWatchReads() {
 	}
 }
 
-// takeWatchReads makes the next read batch of the wanted reads (nil: none
+// TakeWatchReads makes the next read batch of the wanted reads (nil: none
 // now), marking its keys reading.
 func (st *LoopState) TakeWatchReads() (*WatchFlight, []string) {
 	wl := &st.Watch
@@ -621,7 +621,7 @@ func (m *Kernel) sendWatchRead(fl *WatchFlight, ks []string) {
 	}
 }
 
-// handleWatchRead applies a read batch's outcome.
+// HandleWatchRead applies a read batch's outcome.
 func (st *LoopState) HandleWatchRead(d WatchDone) {
 	wl := &st.Watch
 	wl.inFlight = false
@@ -683,11 +683,11 @@ func (st *LoopState) staleWatchRead(ws *watchState) bool {
 func stateEvent(r store.KeyState) Event {
 	switch {
 	case r.LockIDHash == "":
-		return Event{Kind: kEventReleased}
+		return Event{Kind: EventReleased}
 	case r.Held:
-		return Event{Kind: kEventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
+		return Event{Kind: EventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
 	}
-	return Event{Kind: kEventExpired, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
+	return Event{Kind: EventExpired, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt}
 }
 
 // applyWatchRead applies the state r of ws's key, read for announce (a
@@ -730,7 +730,7 @@ func (st *LoopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 	case same:
 		ws.live, ws.settling = false, false
 		ws.expiresAt = r.ExpiresAt
-		st.emit(ws, Event{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	case !ws.settling:
 		// Gone or replaced, and no notification yet: it may be on its way.
 		ws.settling = true
@@ -740,13 +740,13 @@ func (st *LoopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 		// process's release or takeover notifies nothing).
 		ws.settling, ws.live = false, false
 		if !row {
-			st.emit(ws, Event{Kind: kEventReleased, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, Event{Kind: EventReleased, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 		} else {
-			st.emit(ws, Event{Kind: kEventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, Event{Kind: EventExpired, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 			if r.Fence > ws.seen {
 				ws.fence, ws.seen, ws.holder, ws.expiresAt, ws.live = r.Fence, r.Fence, r.Holder, r.ExpiresAt, r.Held
 				if r.Held {
-					st.emit(ws, Event{Kind: kEventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt})
+					st.emit(ws, Event{Kind: EventGranted, Fence: r.Fence, Holder: r.Holder, ExpiresAt: r.ExpiresAt})
 				}
 			}
 		}
@@ -769,7 +769,7 @@ func (st *LoopState) applyWatchRead(ws *watchState, r store.KeyState, announce b
 
 // resyncWatch applies the state r, read after notifications may have been
 // lost, to a key whose watchers know its last event: they are told what
-// changed since, once (see kEventResync), and nothing when nothing did.
+// changed since, once (see EventResync), and nothing when nothing did.
 func (st *LoopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 	last := max(r.Fence, r.Counter)
 	if ws.pendingGrant {
@@ -779,7 +779,7 @@ func (st *LoopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 		if row && r.Fence == ws.fence {
 			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
 		}
-		st.emit(ws, Event{Kind: kEventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+		st.emit(ws, Event{Kind: EventGranted, Fence: ws.fence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 	}
 	prevLive, prevFence := ws.live, ws.fence
 	ws.settling = false
@@ -790,7 +790,7 @@ func (st *LoopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 		// The same lease: extended, or expired meanwhile.
 		if prevLive && !r.Held {
 			ws.live, ws.expiresAt = false, r.ExpiresAt
-			st.emit(ws, Event{Kind: kEventExpired, Fence: prevFence, Holder: ws.holder, ExpiresAt: r.ExpiresAt})
+			st.emit(ws, Event{Kind: EventExpired, Fence: prevFence, Holder: ws.holder, ExpiresAt: r.ExpiresAt})
 		} else if prevLive {
 			ws.holder, ws.expiresAt = r.Holder, r.ExpiresAt
 		}
@@ -798,7 +798,7 @@ func (st *LoopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 		// New grants came: the one read is told as the watch's first
 		// event would be, after the end of the one known live.
 		if prevLive {
-			st.emit(ws, Event{Kind: kEventResync, Fence: prevFence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
+			st.emit(ws, Event{Kind: EventResync, Fence: prevFence, Holder: ws.holder, ExpiresAt: ws.expiresAt})
 		}
 		ev := stateEvent(r)
 		ws.fence, ws.live, ws.holder, ws.expiresAt = r.Fence, r.Held, r.Holder, r.ExpiresAt
@@ -806,9 +806,9 @@ func (st *LoopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 	case !row && prevLive:
 		// Free now: the lease known live (and any grant after it) ended.
 		ws.fence, ws.live, ws.holder, ws.expiresAt = max(last, prevFence), false, "", time.Time{}
-		st.emit(ws, Event{Kind: kEventResync, Fence: ws.fence})
+		st.emit(ws, Event{Kind: EventResync, Fence: ws.fence})
 		// A watcher that comes later gets the state: free.
-		ws.last = Event{Kind: kEventReleased, Fence: ws.fence}
+		ws.last = Event{Kind: EventReleased, Fence: ws.fence}
 	default:
 		// Free before and now, or nothing newer than what was told.
 	}
@@ -821,7 +821,7 @@ func (st *LoopState) checkWatch(ws *watchState, t time.Time) {
 	heap.Push(&st.Watch.checks, watchCheck{at: t, ws: ws, gen: ws.checkGen})
 }
 
-// dueWatch starts the confirming reads that are due.
+// DueWatch starts the confirming reads that are due.
 func (st *LoopState) DueWatch(now time.Time) {
 	c := &st.Watch.checks
 	for c.Len() > 0 && !(*c)[0].at.After(now) {
