@@ -144,7 +144,7 @@ type Config struct {
 	Telemetry telemetry.Config
 }
 
-func (c Config) WithDefaults() Config { return Config(kernel.Config(c).WithDefaults()) }
+func (c Config) withDefaults() Config { return Config(kernel.Config(c).WithDefaults()) }
 
 func (c Config) validate(op string) error {
 	switch {
@@ -325,44 +325,16 @@ func newManager(op string, pool *pgxpool.Pool, owns bool, cfg Config, opts ...op
 	if err := cfg.validate(op); err != nil {
 		return nil, err
 	}
-	extBatch := cmp.Or(cfg.MaxBatch, store.MaxExtendBatch)
-	cfg = cfg.WithDefaults()
-	pcfg := cfg.Config
-	if cfg.DisableNotify {
-		pcfg.NotifyChannel = ""
-	}
-	ls, err := store.New("pg.New", pool, store.Config(pcfg))
+	k, err := kernel.Make(op, pool, owns, kernel.Config(cfg))
 	if err != nil {
-		var e *pglease.Error
-		if errors.As(err, &e) {
-			return nil, pgerr.New(e.Code, op, e.Msg, e.Err)
-		}
-		return nil, kernel.Reop(op, err)
+		return nil, err
 	}
-	k := kernel.New(kernel.Config(cfg), pool, owns, ls, pcfg, obs.New(cfg.Telemetry, dbTelemetry(pool)))
-	m := &Manager{k: k, cfg: cfg}
+	m := &Manager{k: k, cfg: cfg.withDefaults()}
 	k.AdvClose, k.AdvWait = m.adv.beginClose, m.adv.wait
-	if cfg.FairQueue {
-		m.k.Qch = store.QueueChannel()
-	}
-	if !cfg.DisableNotify {
-		lc := pool.Config().ConnConfig
-		if cfg.ListenConnString != "" {
-			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
-		}
-		m.k.ListenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
-		// The listening session holds the waiter and watch locks `pglease
-		// status` lists: name it by the Manager's holder identity.
-		connx.AppName(&m.k.ListenCfg.Config, ls.Holder())
-	}
-	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
-		m.k.Rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +
-			"its connects wait on a host that stopped answering and never try the next one; add connect_timeout=2 (see docs/failover.md)")
-	}
 	for _, o := range opts {
 		o(m)
 	}
-	m.k.Start(extBatch)
+	k.Start()
 	return m, nil
 }
 
@@ -863,12 +835,4 @@ func userErr(op string, err error) error {
 		msg = "attempt failed with its outcome unknown; its lockId is being released"
 	}
 	return pgerr.New(kernel.AttemptCode(e), op, msg, err)
-}
-
-// dbTelemetry names the pool's server and database for the
-// semantic-convention attributes of database spans (server.address,
-// server.port, db.namespace).
-func dbTelemetry(pool *pgxpool.Pool) obs.Database {
-	cc := pool.Config().ConnConfig
-	return obs.Database{Address: cc.Host, Port: int(cc.Port), Namespace: cc.Database}
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/heartbeat"
+	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/obs"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
@@ -109,8 +110,57 @@ type Config struct {
 	Telemetry        telemetry.Config
 }
 
-// newKernel makes the kernel of a Manager on pool (owned: closed at the
-// end of Close) and its store; start starts it.
+// Make makes the kernel of a Manager on pool (owned: closed at the end
+// of Close) with cfg, the Manager's validated Config (Make fills its
+// defaults), and the kernel's store on pool; Start starts it. op names
+// the call in errors.
+func Make(op string, pool *pgxpool.Pool, owns bool, cfg Config) (*Kernel, error) {
+	extBatch := cmp.Or(cfg.MaxBatch, store.MaxExtendBatch)
+	cfg = cfg.WithDefaults()
+	pcfg := cfg.Config
+	if cfg.DisableNotify {
+		pcfg.NotifyChannel = ""
+	}
+	ls, err := store.New("pg.New", pool, store.Config(pcfg))
+	if err != nil {
+		var e *pglease.Error
+		if errors.As(err, &e) {
+			return nil, pgerr.New(e.Code, op, e.Msg, e.Err)
+		}
+		return nil, Reop(op, err)
+	}
+	k := New(cfg, pool, owns, ls, pcfg, obs.New(cfg.Telemetry, dbTelemetry(pool)))
+	k.ExtBatch = extBatch
+	if cfg.FairQueue {
+		k.Qch = store.QueueChannel()
+	}
+	if !cfg.DisableNotify {
+		lc := pool.Config().ConnConfig
+		if cfg.ListenConnString != "" {
+			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
+		}
+		k.ListenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
+		// The listening session holds the waiter and watch locks `pglease
+		// status` lists: name it by the Manager's holder identity.
+		connx.AppName(&k.ListenCfg.Config, ls.Holder())
+	}
+	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
+		k.Rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +
+			"its connects wait on a host that stopped answering and never try the next one; add connect_timeout=2 (see docs/failover.md)")
+	}
+	return k, nil
+}
+
+// dbTelemetry names the pool's server and database for the
+// semantic-convention attributes of database spans (server.address,
+// server.port, db.namespace).
+func dbTelemetry(pool *pgxpool.Pool) obs.Database {
+	cc := pool.Config().ConnConfig
+	return obs.Database{Address: cc.Host, Port: int(cc.Port), Namespace: cc.Database}
+}
+
+// New makes a kernel on pool (owned: closed at the end of Close) with
+// cfg (defaults filled) and the store ls; Make is New for a Manager.
 func New(cfg Config, pool *pgxpool.Pool, owns bool, ls Store, storeCfg pg.Config, rec *obs.Recorder) *Kernel {
 	return &Kernel{
 		cfg:           cfg,
@@ -139,13 +189,12 @@ func New(cfg Config, pool *pgxpool.Pool, owns bool, ls Store, storeCfg pg.Config
 
 // Start sets the caps from the pool's size and starts the loop (and,
 // unless DisableNotify, the listener).
-func (m *Kernel) Start(extBatch int) {
+func (m *Kernel) Start() {
 	m.maxConns = int(m.Pool.Config().MaxConns)
 	perKind := max(1, (m.maxConns-1)/2)
 	m.AcqLimit = min(m.cfg.MaxInFlight, perKind)
 	m.relLimit = min(m.cfg.MaxInFlight, perKind)
 	m.extLimit = m.cfg.MaxInFlight
-	m.ExtBatch = extBatch
 	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
 	st := NewLoopState(m)
 	st.startListener() // subscribes the loop's parts; starts the listener unless DisableNotify
