@@ -43,7 +43,7 @@ import (
 // the grant or its last extend makes the check fail.
 func (l *Lock) Guard(ctx context.Context, tx pgx.Tx) error {
 	const op = "manager.Guard"
-	if l == nil || l.hd.M == nil {
+	if l == nil || l.hd == nil || l.hd.M == nil {
 		return errNilLock
 	}
 	if err := pgerr.CheckContext(op, ctx); err != nil {

@@ -43,7 +43,7 @@ var _ pglease.Handle = (*Lock)(nil)
 
 // Key returns the lock's key, NFC-normalized ("" for a nil Lock).
 func (l *Lock) Key() string {
-	if l == nil {
+	if l == nil || l.hd == nil {
 		return ""
 	}
 	return l.hd.Key
@@ -57,7 +57,7 @@ func (l *Lock) Key() string {
 // (accept a write only if its fence is ≥ the highest fence the resource
 // has seen). 0 for a nil Lock.
 func (l *Lock) Fence() pglease.Fence {
-	if l == nil {
+	if l == nil || l.hd == nil {
 		return 0
 	}
 	return l.hd.Fence
@@ -69,7 +69,7 @@ func (l *Lock) Fence() pglease.Fence {
 // the value of its grant column's pg.Set), which then tells a retry of
 // this grant from another grant that got the same fence.
 func (l *Lock) GrantID() string {
-	if l == nil {
+	if l == nil || l.hd == nil {
 		return ""
 	}
 	return pg.GrantID(l.hd.ID)
@@ -79,7 +79,7 @@ func (l *Lock) GrantID() string {
 // Config.TTL): every extend, automatic or by Extend, renews the lease for
 // this long. For the time left, see Remaining and ExpiresAt.
 func (l *Lock) TTL() time.Duration {
-	if l == nil {
+	if l == nil || l.hd == nil {
 		return 0
 	}
 	return l.hd.TTL
@@ -90,7 +90,7 @@ func (l *Lock) TTL() time.Duration {
 // that a holder can log or compare its grant with what operators see in
 // the table (`pglease status`) without mixing in its own clock.
 func (l *Lock) AcquiredAt() time.Time {
-	if l == nil {
+	if l == nil || l.hd == nil {
 		return time.Time{}
 	}
 	return time.UnixMilli(l.hd.AcquiredMs)
@@ -102,7 +102,7 @@ func (l *Lock) AcquiredAt() time.Time {
 // times, not with this process's clock (use Remaining for that). After
 // the lock ended it keeps its last value.
 func (l *Lock) ExpiresAt() time.Time {
-	if l == nil || l.hd.Lease == nil {
+	if l == nil || l.hd == nil || l.hd.Lease == nil {
 		return time.Time{}
 	}
 	return time.UnixMilli(l.hd.Lease.ExpiresAt.Load())
@@ -116,7 +116,7 @@ func (l *Lock) ExpiresAt() time.Time {
 // Context is cancelled with a cause matching pglease.ErrLockLost. It is 0
 // once the lock has ended, for whatever cause. redislock calls this TTL.
 func (l *Lock) Remaining() time.Duration {
-	if l == nil || l.hd.Ctx == nil || l.hd.Lease == nil || l.hd.Ctx.Err() != nil {
+	if l == nil || l.hd == nil || l.hd.Ctx == nil || l.hd.Lease == nil || l.hd.Ctx.Err() != nil {
 		return 0
 	}
 	return max(0, l.hd.Start.Add(time.Duration(l.hd.Lease.TrustedNs.Load())).Sub(l.hd.M.Now()))
@@ -125,7 +125,7 @@ func (l *Lock) Remaining() time.Duration {
 // Context returns a context that is cancelled when the lock stops being
 // held. context.Cause then tells why (see Err).
 func (l *Lock) Context() context.Context {
-	if l == nil || l.hd.Ctx == nil {
+	if l == nil || l.hd == nil || l.hd.Ctx == nil {
 		return nilLockCtx
 	}
 	return l.hd.Ctx
@@ -150,7 +150,7 @@ func (l *Lock) Done() <-chan struct{} { return l.Context().Done() }
 // Done, right before an action that needs the lock; see "After a pause"
 // in the package documentation.
 func (l *Lock) Err() error {
-	if l == nil || l.hd.Ctx == nil {
+	if l == nil || l.hd == nil || l.hd.Ctx == nil {
 		return errNilLock
 	}
 	return l.hd.Err()
@@ -171,7 +171,7 @@ func (l *Lock) Err() error {
 // Release never leaves the lock auto-extended).
 func (l *Lock) Release(ctx context.Context) error {
 	const op = "manager.Release"
-	if l == nil || l.hd.M == nil {
+	if l == nil || l.hd == nil || l.hd.M == nil {
 		return errNilLock
 	}
 	if ctx == nil {
@@ -225,7 +225,7 @@ func (l *Lock) Release(ctx context.Context) error {
 // still completes (its result applies to the lock).
 func (l *Lock) Extend(ctx context.Context) error {
 	const op = "manager.Extend"
-	if l == nil || l.hd.M == nil {
+	if l == nil || l.hd == nil || l.hd.M == nil {
 		return errNilLock
 	}
 	if err := pgerr.CheckContext(op, ctx); err != nil {
@@ -256,7 +256,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 
 // String returns "pglease.Lock{fence:…, lockId:[redacted]}".
 func (l Lock) String() string {
-	return fmt.Sprintf("pglease.Lock{fence:%s, lockId:[redacted]}", l.hd.Fence)
+	return fmt.Sprintf("pglease.Lock{fence:%s, lockId:[redacted]}", l.Fence())
 }
 
 // Format prints String for every verb and flag (%v, %+v, %#v, %s, %q …).
@@ -270,7 +270,7 @@ func (l Lock) Format(f fmt.State, verb rune) {
 
 // LogValue logs the fence and a redacted lockId.
 func (l Lock) LogValue() slog.Value {
-	return slog.GroupValue(slog.String("fence", l.hd.Fence.String()), slog.String("lockId", "[redacted]"))
+	return slog.GroupValue(slog.String("fence", l.Fence().String()), slog.String("lockId", "[redacted]"))
 }
 
 var (
@@ -286,7 +286,7 @@ var (
 // ended; a request that came before the lock was granted is not seen. nil
 // for a nil Lock.
 func (l *Lock) ReleaseRequested() <-chan struct{} {
-	if l == nil {
+	if l == nil || l.hd == nil {
 		return nil
 	}
 	return l.hd.ReleaseRequested()
