@@ -12,7 +12,6 @@ import (
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
-	"github.com/pglease/pglease/manager/internal/notifier"
 	"github.com/pglease/pglease/pg"
 )
 
@@ -361,50 +360,5 @@ func TestWatchSlowReader(t *testing.T) {
 		if evs[i].Fence < evs[i-1].Fence {
 			t.Fatalf("out of order: %+v", evs)
 		}
-	}
-}
-
-// TestWatchAgainBeforeUnregister: the last watch of a key ends and a new
-// one starts before the loop handed the listener the end (the two wishes
-// merge in the outbox: the listener keeps the lock and posts no
-// registration). The new watch's read is wanted at once; otherwise it
-// would wait for a registration that never comes. (Loop state only: the
-// handover's timing cannot be forced through the goroutines.)
-func TestWatchAgainBeforeUnregister(t *testing.T) {
-	t.Parallel()
-	pool, _ := pgtest.Pool(t)
-	m, err := newManager("test", pool, false, Config{DisableNotify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close(context.Background())
-	st := kernel.NewLoopState(m.k)
-	st.Lis.Idle() // a listener that takes no mail
-	add := func(key string) *kernel.Watcher {
-		w := &kernel.Watcher{Key: key, Hash: pglease.HashKey(key), Sink: make(kernel.EventChan, kernel.WatchBuffer)}
-		req := &kernel.WatchReq{W: w, Reply: make(chan error, 1)}
-		st.HandleWatch(req)
-		if err := <-req.Reply; err != nil {
-			t.Fatal(err)
-		}
-		return w
-	}
-	w1 := add("k")
-	st.Lis.Handed() // handed over: the listener takes the lock
-	st.HandleWatchRegistered("k")
-	if !st.Watch.Keys["k"].WantRead {
-		t.Fatal("no read after the registration")
-	}
-	st.Watch.Want = nil
-	st.Unwatch(w1)
-	if !st.Lis.Unsubscribing(notifier.Watch, "k") {
-		t.Fatal("the lock's end is not in the outbox")
-	}
-	add("k")
-	if on := st.Lis.Outbox()[notifier.Sub{Topic: notifier.Watch, Key: "k"}]; !on {
-		t.Fatal("the lock is not wanted again")
-	}
-	if ws := st.Watch.Keys["k"]; !ws.WantRead {
-		t.Fatal("the new watch waits for a registration that will not come")
 	}
 }

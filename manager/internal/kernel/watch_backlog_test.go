@@ -1,16 +1,13 @@
-package manager
+package kernel
 
 import (
-	"context"
 	"fmt"
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/manager/internal/kernel"
-
 	"github.com/pglease/pglease"
-	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/manager/internal/notifier"
 )
 
 // watchRig drives one watched key's loop state by hand: notifications
@@ -19,28 +16,23 @@ import (
 // reads are answered by the test, as the server would have.)
 type watchRig struct {
 	t   *testing.T
-	st  *kernel.LoopState
-	w   *kernel.Watcher
-	ch  kernel.EventChan
+	st  *LoopState
+	w   *Watcher
+	ch  EventChan
 	got []Event
 	now time.Time
 }
 
 func newWatchRig(t *testing.T) *watchRig {
 	t.Helper()
-	pool, _ := pgtest.Pool(t)
-	m, err := newManager("test", pool, false, Config{DisableNotify: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close(context.Background()) })
-	st := kernel.NewLoopState(m.k)
+	k, _ := pgKernel(t, Config{DisableNotify: true})
+	st := NewLoopState(k)
 	st.Lis.Idle() // a listener that takes no mail
 	// A reader that keeps up: a buffer as large as the test's changes, so
 	// every event the loop sends is kept.
-	ch := make(kernel.EventChan, 1024)
-	w := &kernel.Watcher{Key: "k", Hash: pglease.HashKey("k"), Sink: ch}
-	req := &kernel.WatchReq{W: w, Reply: make(chan error, 1)}
+	ch := make(EventChan, 1024)
+	w := &Watcher{Key: "k", Hash: pglease.HashKey("k"), Sink: ch}
+	req := &WatchReq{W: w, Reply: make(chan error, 1)}
 	st.HandleWatch(req)
 	if err := <-req.Reply; err != nil {
 		t.Fatal(err)
@@ -50,7 +42,7 @@ func newWatchRig(t *testing.T) *watchRig {
 }
 
 // take starts the wanted read, failing when none is wanted.
-func (g *watchRig) take() *kernel.WatchFlight {
+func (g *watchRig) take() *WatchFlight {
 	g.t.Helper()
 	fl, _ := g.st.TakeWatchReads()
 	if fl == nil {
@@ -60,8 +52,8 @@ func (g *watchRig) take() *kernel.WatchFlight {
 }
 
 // answer gives the read fl the state r.
-func (g *watchRig) answer(fl *kernel.WatchFlight, r store.KeyState) {
-	g.st.HandleWatchRead(kernel.WatchDone{Fl: fl, Res: []store.KeyState{r}, At: g.now})
+func (g *watchRig) answer(fl *WatchFlight, r store.KeyState) {
+	g.st.HandleWatchRead(WatchDone{Fl: fl, Res: []store.KeyState{r}, At: g.now})
 	g.recv()
 }
 
@@ -72,8 +64,7 @@ func (g *watchRig) notice(ev store.WatchEvent, f pglease.Fence) {
 
 func (g *watchRig) recv() {
 	for len(g.ch) > 0 {
-		ev := <-g.ch
-		g.got = append(g.got, Event{Kind: EventKind(ev.Kind), Fence: ev.Fence, Holder: ev.Holder, ExpiresAt: ev.ExpiresAt})
+		g.got = append(g.got, <-g.ch)
 	}
 }
 
@@ -122,7 +113,7 @@ func TestWatchBacklogOverflow(t *testing.T) {
 	g.notice(store.WatchGranted, 1)
 	fl := g.take() // the grant's holder: under way while the key changes
 	g.notice(store.WatchReleased, 1)
-	const last = 3 * kernel.MaxBacklog / 2
+	const last = 3 * MaxBacklog / 2
 	for f := pglease.Fence(2); f <= last; f++ {
 		g.notice(store.WatchGranted, f)
 		g.notice(store.WatchReleased, f)
@@ -208,4 +199,44 @@ func TestWatchBusyGrantReadEnded(t *testing.T) {
 	g.answer(g.take(), store.KeyState{Busy: true})
 	g.notice(store.WatchReleased, 1)
 	g.expect([]Event{{Kind: EventReleased}, {Kind: EventGranted, Fence: 1}, {Kind: EventReleased, Fence: 1}})
+}
+
+// TestWatchAgainBeforeUnregister: the last watch of a key ends and a new
+// one starts before the loop handed the listener the end (the two wishes
+// merge in the outbox: the listener keeps the lock and posts no
+// registration). The new watch's read is wanted at once; otherwise it
+// would wait for a registration that never comes. (Loop state only: the
+// handover's timing cannot be forced through the goroutines.)
+func TestWatchAgainBeforeUnregister(t *testing.T) {
+	t.Parallel()
+	k, _ := pgKernel(t, Config{DisableNotify: true})
+	st := NewLoopState(k)
+	st.Lis.Idle() // a listener that takes no mail
+	add := func(key string) *Watcher {
+		w := &Watcher{Key: key, Hash: pglease.HashKey(key), Sink: make(EventChan, WatchBuffer)}
+		req := &WatchReq{W: w, Reply: make(chan error, 1)}
+		st.HandleWatch(req)
+		if err := <-req.Reply; err != nil {
+			t.Fatal(err)
+		}
+		return w
+	}
+	w1 := add("k")
+	st.Lis.Handed() // handed over: the listener takes the lock
+	st.HandleWatchRegistered("k")
+	if !st.Watch.Keys["k"].WantRead {
+		t.Fatal("no read after the registration")
+	}
+	st.Watch.Want = nil
+	st.Unwatch(w1)
+	if !st.Lis.Unsubscribing(notifier.Watch, "k") {
+		t.Fatal("the lock's end is not in the outbox")
+	}
+	add("k")
+	if on := st.Lis.Outbox()[notifier.Sub{Topic: notifier.Watch, Key: "k"}]; !on {
+		t.Fatal("the lock is not wanted again")
+	}
+	if ws := st.Watch.Keys["k"]; !ws.WantRead {
+		t.Fatal("the new watch waits for a registration that will not come")
+	}
 }

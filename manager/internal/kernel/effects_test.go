@@ -1,10 +1,8 @@
-package manager
+package kernel
 
 import (
 	"testing"
 	"time"
-
-	"github.com/pglease/pglease/manager/internal/kernel"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
@@ -18,23 +16,22 @@ import (
 // key: the first attempt grants the head, the second waits; the holder's
 // release becomes a handoff to the second.
 func TestKernelOneEventAtATime(t *testing.T) {
-	b := setup(t, setupOpts{})
-	m := b.m
+	k, pool := pgKernel(t, Config{})
 	// The Manager's own loop ends; the test is the loop from here on
 	// (its store and DB workers' code stay usable: the pool is the
 	// test's).
-	if err := m.Close(ctxT(t)); err != nil {
+	if err := k.Close(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	st := kernel.NewLoopState(m.k)
-	req := func() *kernel.AcquireReq {
-		return &kernel.AcquireReq{Key: "kernel:step", Hash: pglease.HashKey("kernel:step"), TTL: m.cfg.TTL,
-			Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
+	st := NewLoopState(k)
+	req := func() *AcquireReq {
+		return &AcquireReq{Key: "kernel:step", Hash: pglease.HashKey("kernel:step"), TTL: k.cfg.TTL,
+			Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
 	}
 	// step flushes, checks the invariants, and performs the one batch the
 	// event launched, of kind want, handing its answer back as the next
 	// event.
-	step := func(want kernel.BatchKind) {
+	step := func(want BatchKind) {
 		t.Helper()
 		st.Flush()
 		if err := st.CheckInvariants(); err != nil {
@@ -47,13 +44,13 @@ func TestKernelOneEventAtATime(t *testing.T) {
 		st.Work = st.Work[:0]
 		go w.Run()
 		switch want {
-		case kernel.KindAcquire:
-			st.HandleAcquireDone(<-m.k.AcquireDoneCh)
-		case kernel.KindRelease:
-			st.HandleReleaseDone(<-m.k.ReleaseDoneCh)
-		case kernel.KindHandOff: // both halves
-			st.HandleReleaseDone(<-m.k.ReleaseDoneCh)
-			st.HandleAcquireDone(<-m.k.AcquireDoneCh)
+		case KindAcquire:
+			st.HandleAcquireDone(<-k.AcquireDoneCh)
+		case KindRelease:
+			st.HandleReleaseDone(<-k.ReleaseDoneCh)
+		case KindHandOff: // both halves
+			st.HandleReleaseDone(<-k.ReleaseDoneCh)
+			st.HandleAcquireDone(<-k.AcquireDoneCh)
 		}
 		if err := st.CheckInvariants(); err != nil {
 			t.Fatal(err)
@@ -65,7 +62,7 @@ func TestKernelOneEventAtATime(t *testing.T) {
 	if len(r1.Reply) != 0 || len(r2.Reply) != 0 {
 		t.Fatal("answered before any statement")
 	}
-	step(kernel.KindAcquire)
+	step(KindAcquire)
 	a1 := <-r1.Reply
 	if a1.Lock == nil {
 		t.Fatalf("head waiter: %+v, want its lock", a1)
@@ -79,8 +76,8 @@ func TestKernelOneEventAtATime(t *testing.T) {
 	}
 	// Release: one handoff statement releases and grants the next waiter.
 	rel := make(chan error, 1)
-	st.HandleRelease(&kernel.ReleaseReq{Lock: a1.Lock, Reply: rel})
-	step(kernel.KindHandOff)
+	st.HandleRelease(&ReleaseReq{Lock: a1.Lock, Reply: rel})
+	step(KindHandOff)
 	if err := <-rel; err != nil {
 		t.Fatalf("release: %v", err)
 	}
@@ -89,21 +86,21 @@ func TestKernelOneEventAtATime(t *testing.T) {
 		t.Fatalf("second waiter: %+v after fence %v, want a lock with a higher fence", a2, a1.Lock.Fence)
 	}
 	rel2 := make(chan error, 1)
-	st.HandleRelease(&kernel.ReleaseReq{Lock: a2.Lock, Reply: rel2})
-	step(kernel.KindRelease)
+	st.HandleRelease(&ReleaseReq{Lock: a2.Lock, Reply: rel2})
+	step(KindRelease)
 	if err := <-rel2; err != nil {
 		t.Fatalf("release: %v", err)
 	}
 	if len(st.Keys) != 0 || len(st.Held) != 0 {
 		t.Fatalf("state left: %d keys, %d held", len(st.Keys), len(st.Held))
 	}
-	if n := countLocks(t, b.pool); n != 0 {
+	if n := countLocks(t, pool); n != 0 {
 		t.Fatalf("%d lock rows left", n)
 	}
 }
 
-func kindsOf(ws []kernel.DBWork) []kernel.BatchKind {
-	var ks []kernel.BatchKind
+func kindsOf(ws []DBWork) []BatchKind {
+	var ks []BatchKind
 	for _, w := range ws {
 		ks = append(ks, w.Fl.Spec.Kind)
 	}
@@ -117,38 +114,37 @@ func kindsOf(ws []kernel.DBWork) []kernel.BatchKind {
 // carried is queued for release, a try is answered with the failure, and
 // waiters keep waiting (their key's next attempt waits for the release).
 func TestPipelineAmbiguousNeverGrants(t *testing.T) {
-	b := setup(t, setupOpts{})
-	m := b.m
-	one := func(key string, try, shared bool, limit int32) *kernel.AcquireReq {
-		return &kernel.AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: m.cfg.TTL, Try: try, Shared: shared, Limit: limit,
-			Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
+	k, _ := pgKernel(t, Config{})
+	one := func(key string, try, shared bool, limit int32) *AcquireReq {
+		return &AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: k.cfg.TTL, Try: try, Shared: shared, Limit: limit,
+			Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
 	}
-	set := func(try bool, keys ...string) *kernel.AcquireReq {
-		sk := make([]kernel.SetKey, len(keys))
+	set := func(try bool, keys ...string) *AcquireReq {
+		sk := make([]SetKey, len(keys))
 		for i, k := range keys {
-			sk[i] = kernel.SetKey{Key: k, Hash: pglease.HashKey(k)}
+			sk[i] = SetKey{Key: k, Hash: pglease.HashKey(k)}
 		}
 		r := one(keys[0], try, false, 0)
-		r.Set = &kernel.SetReq{Keys: sk}
+		r.Set = &SetReq{Keys: sk}
 		return r
 	}
 	for _, c := range []struct {
 		name  string
-		reqs  []*kernel.AcquireReq
-		kind  kernel.BatchKind
+		reqs  []*AcquireReq
+		kind  BatchKind
 		holds int
 		try   bool
 	}{
-		{"exclusive", []*kernel.AcquireReq{one("amb:x", false, false, 0), one("amb:x", false, false, 0)}, kernel.KindAcquire, 1, false},
-		{"readers", []*kernel.AcquireReq{one("amb:r", false, true, 0), one("amb:r", false, true, 0)}, kernel.KindShared, 1, false}, // the second joins the queue after the first one's attempt was made
-		{"permit", []*kernel.AcquireReq{one("amb:p", false, true, 3)}, kernel.KindShared, 1, false},
-		{"set", []*kernel.AcquireReq{set(false, "amb:s1", "amb:s2")}, kernel.KindSets, 2, false},
-		{"try", []*kernel.AcquireReq{one("amb:t", true, false, 0)}, kernel.KindAcquire, 1, true},
-		{"shared try", []*kernel.AcquireReq{one("amb:ts", true, true, 0)}, kernel.KindShared, 1, true},
-		{"set try", []*kernel.AcquireReq{set(true, "amb:ts1", "amb:ts2", "amb:ts3")}, kernel.KindSets, 3, true},
+		{"exclusive", []*AcquireReq{one("amb:x", false, false, 0), one("amb:x", false, false, 0)}, KindAcquire, 1, false},
+		{"readers", []*AcquireReq{one("amb:r", false, true, 0), one("amb:r", false, true, 0)}, KindShared, 1, false}, // the second joins the queue after the first one's attempt was made
+		{"permit", []*AcquireReq{one("amb:p", false, true, 3)}, KindShared, 1, false},
+		{"set", []*AcquireReq{set(false, "amb:s1", "amb:s2")}, KindSets, 2, false},
+		{"try", []*AcquireReq{one("amb:t", true, false, 0)}, KindAcquire, 1, true},
+		{"shared try", []*AcquireReq{one("amb:ts", true, true, 0)}, KindShared, 1, true},
+		{"set try", []*AcquireReq{set(true, "amb:ts1", "amb:ts2", "amb:ts3")}, KindSets, 3, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			st := kernel.NewLoopState(m.k)
+			st := NewLoopState(k)
 			for _, r := range c.reqs {
 				st.HandleAcquire(r)
 			}
@@ -169,7 +165,7 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 				t.Fatalf("%d lockIds sent, want %d", len(ids), c.holds)
 			}
 			lost := pgerr.New(pglease.CodeAmbiguous, "store.AcquireMany", "connection lost mid-statement", nil)
-			st.HandleAcquireDone(kernel.AcquireDone{Fl: fl, Batch: fl.Attempts, Start: m.k.Now(), Err: lost})
+			st.HandleAcquireDone(AcquireDone{Fl: fl, Batch: fl.Attempts, Start: k.Now(), Err: lost})
 			if err := st.CheckInvariants(); err != nil {
 				t.Fatal(err)
 			}
@@ -197,7 +193,7 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 					}
 				}
 			}
-			if !c.try && c.kind != kernel.KindSets {
+			if !c.try && c.kind != KindSets {
 				ks := st.Keys[c.reqs[0].Key]
 				if ks == nil || int(ks.Releasing) != c.holds || len(ks.Queue) != len(c.reqs) {
 					t.Fatalf("key after the ambiguous answer: %+v; want its waiters, and its attempts held back by %d releases", ks, c.holds)
@@ -214,42 +210,41 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 // (fence monotonicity: refused with CodeFenceRegression). Either way
 // every lockId granted is queued for release and nobody holds the key.
 func TestPipelineGrantRules(t *testing.T) {
-	b := setup(t, setupOpts{})
-	m := b.m
-	one := func(key string, try, shared bool, limit int32) *kernel.AcquireReq {
-		return &kernel.AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: m.cfg.TTL, Try: try, Shared: shared, Limit: limit,
-			Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
+	k, _ := pgKernel(t, Config{})
+	one := func(key string, try, shared bool, limit int32) *AcquireReq {
+		return &AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: k.cfg.TTL, Try: try, Shared: shared, Limit: limit,
+			Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
 	}
-	set := func(try bool, keys ...string) *kernel.AcquireReq {
-		sk := make([]kernel.SetKey, len(keys))
+	set := func(try bool, keys ...string) *AcquireReq {
+		sk := make([]SetKey, len(keys))
 		for i, k := range keys {
-			sk[i] = kernel.SetKey{Key: k, Hash: pglease.HashKey(k)}
+			sk[i] = SetKey{Key: k, Hash: pglease.HashKey(k)}
 		}
 		r := one(keys[0], try, false, 0)
-		r.Set = &kernel.SetReq{Keys: sk}
+		r.Set = &SetReq{Keys: sk}
 		return r
 	}
 	cases := []struct {
 		name string
-		req  func() *kernel.AcquireReq
+		req  func() *AcquireReq
 	}{
-		{"exclusive", func() *kernel.AcquireReq { return one("rule:x", false, false, 0) }},
-		{"permit", func() *kernel.AcquireReq { return one("rule:p", false, true, 2) }},
-		{"set", func() *kernel.AcquireReq { return set(false, "rule:s1", "rule:s2") }},
-		{"try", func() *kernel.AcquireReq { return one("rule:t", true, false, 0) }},
-		{"permit try", func() *kernel.AcquireReq { return one("rule:tp", true, true, 2) }},
-		{"set try", func() *kernel.AcquireReq { return set(true, "rule:ts1", "rule:ts2") }},
+		{"exclusive", func() *AcquireReq { return one("rule:x", false, false, 0) }},
+		{"permit", func() *AcquireReq { return one("rule:p", false, true, 2) }},
+		{"set", func() *AcquireReq { return set(false, "rule:s1", "rule:s2") }},
+		{"try", func() *AcquireReq { return one("rule:t", true, false, 0) }},
+		{"permit try", func() *AcquireReq { return one("rule:tp", true, true, 2) }},
+		{"set try", func() *AcquireReq { return set(true, "rule:ts1", "rule:ts2") }},
 	}
-	keysOf := func(r *kernel.AcquireReq) []kernel.SetKey {
+	keysOf := func(r *AcquireReq) []SetKey {
 		if r.Set != nil {
 			return r.Set.Keys
 		}
-		return []kernel.SetKey{{Key: r.Key, Hash: r.Hash}}
+		return []SetKey{{Key: r.Key, Hash: r.Hash}}
 	}
 	for _, rule := range []string{"caller left", "fence regression"} {
 		for _, c := range cases {
 			t.Run(rule+"/"+c.name, func(t *testing.T) {
-				st := kernel.NewLoopState(m.k)
+				st := NewLoopState(k)
 				r := c.req()
 				if rule == "fence regression" {
 					for _, k := range keysOf(r) {
@@ -269,17 +264,17 @@ func TestPipelineGrantRules(t *testing.T) {
 						t.Fatalf("abandon answered %+v", ans)
 					}
 				}
-				now := m.k.Now()
+				now := k.Now()
 				var ids []string
 				var res []store.AcquireResult
 				for _, a := range fl.Attempts {
 					for j := range a.Kind.Holds(a) {
 						id, _, _ := a.Kind.Hold(a, j)
 						ids = append(ids, id)
-						res = append(res, store.AcquireResult{OK: true, Fence: 5, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)})
+						res = append(res, store.AcquireResult{OK: true, Fence: 5, AcquiredAt: now, ExpiresAt: now.Add(k.cfg.TTL)})
 					}
 				}
-				st.HandleAcquireDone(kernel.AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
+				st.HandleAcquireDone(AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
 				if err := st.CheckInvariants(); err != nil {
 					t.Fatal(err)
 				}
@@ -316,20 +311,19 @@ func TestPipelineGrantRules(t *testing.T) {
 // the first attempt's grant, answered later, is stale: released, never
 // granted to anyone. One holder here, whatever the order of the answers.
 func TestPipelineStaleChain(t *testing.T) {
-	b := setup(t, setupOpts{})
-	m := b.m
+	k, _ := pgKernel(t, Config{})
 	for _, shared := range []bool{false, true} {
 		name := "exclusive"
 		if shared {
 			name = "reader"
 		}
 		t.Run(name, func(t *testing.T) {
-			st := kernel.NewLoopState(m.k)
+			st := NewLoopState(k)
 			key := "stale:" + name
-			req := &kernel.AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: m.cfg.TTL, Shared: shared,
-				Reply: make(chan kernel.AcquireReply, 1), Final: make(chan kernel.AcquireReply, 1)}
+			req := &AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: k.cfg.TTL, Shared: shared,
+				Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
 			st.HandleAcquire(req)
-			launch := func() *kernel.Flight {
+			launch := func() *Flight {
 				t.Helper()
 				st.Flush()
 				if len(st.Work) != 1 {
@@ -340,15 +334,15 @@ func TestPipelineStaleChain(t *testing.T) {
 				return fl
 			}
 			first := launch()
-			st.CheckStuck(first.Start.Add(m.k.StuckAfter() + time.Millisecond))
+			st.CheckStuck(first.Start.Add(k.StuckAfter() + time.Millisecond))
 			hedge := launch()
 			if hedge.Attempts[0].Chain != first.Attempts[0].Chain || !first.Attempts[0].Stale {
 				t.Fatal("the stuck attempt was not hedged in its chain")
 			}
-			grant := func(fl *kernel.Flight, fence pglease.Fence) {
-				now := m.k.Now()
-				res := []store.AcquireResult{{OK: true, Fence: fence, AcquiredAt: now, ExpiresAt: now.Add(m.cfg.TTL)}}
-				st.HandleAcquireDone(kernel.AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
+			grant := func(fl *Flight, fence pglease.Fence) {
+				now := k.Now()
+				res := []store.AcquireResult{{OK: true, Fence: fence, AcquiredAt: now, ExpiresAt: now.Add(k.cfg.TTL)}}
+				st.HandleAcquireDone(AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
 				if err := st.CheckInvariants(); err != nil {
 					t.Fatal(err)
 				}
