@@ -177,33 +177,10 @@ func (l *Lock) Release(ctx context.Context) error {
 	if ctx == nil {
 		return kernel.Invalid(op, "nil context")
 	}
-	m := l.hd.M
 	// The loop starts the pglease.release span under the caller's span
 	// when it actually releases (not for a lock already released).
 	req := &kernel.ReleaseReq{Lock: l.hd, Reply: make(chan error, 1), Parent: trace.SpanContextFromContext(ctx)}
-	if err := ctx.Err(); err != nil {
-		// Still stop the heartbeat and release in the background: a lock
-		// left auto-extended because a deferred Release got an ended
-		// context would otherwise be held until Close.
-		select {
-		case m.ReleaseCh <- req: // the loop takes it at once; its reply is dropped
-		case <-m.Done:
-		}
-		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
-	}
-	select {
-	case m.ReleaseCh <- req:
-	case <-ctx.Done():
-		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
-	case <-m.Done:
-		return kernel.ReleasedAnswer(l.hd) // Close released it
-	}
-	select {
-	case err := <-req.Reply:
-		return err
-	case <-ctx.Done():
-		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was confirmed", ctx.Err())
-	}
+	return l.hd.M.SubmitRelease(op, ctx, req)
 }
 
 // Extend renews the lease now, for the lock's TTL, and returns once the
@@ -234,21 +211,7 @@ func (l *Lock) Extend(ctx context.Context) error {
 	if c := l.Err(); c != nil {
 		return kernel.EndedExtend(c)
 	}
-	m := l.hd.M
-	req := &kernel.ExtendReq{Lock: l.hd, Reply: make(chan error, 1)}
-	select {
-	case m.ExtendCh <- req:
-	case <-ctx.Done():
-		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
-	case <-m.Done:
-		return kernel.EndedExtend(l.Err())
-	}
-	select {
-	case err := <-req.Reply:
-		return err
-	case <-ctx.Done():
-		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was answered; it goes on", ctx.Err())
-	}
+	return l.hd.M.SubmitExtend(op, ctx, &kernel.ExtendReq{Lock: l.hd, Reply: make(chan error, 1)})
 }
 
 // The printing methods have value receivers, so a dereferenced Lock is
