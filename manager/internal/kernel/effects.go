@@ -19,24 +19,24 @@ package kernel
 // dbWork is one batch launched by flush: its flight (its kind and slots:
 // flight.go), how many items it carries, and the statement to run on a
 // DB worker, which posts its answer back to run.
-type DBWork struct {
-	Fl  *Flight
+type dbWork struct {
+	fl  *flight
 	n   int
-	Run func()
+	run func()
 }
 
 // Start records the DB work of a batch just launched (fl, n items); run
 // starts it once the event is handled (startWork).
-func (st *LoopState) Start(fl *Flight, n int, run func()) {
-	st.Work = append(st.Work, DBWork{Fl: fl, n: n, Run: run})
+func (st *LoopState) Start(fl *flight, n int, run func()) {
+	st.work = append(st.work, dbWork{fl: fl, n: n, run: run})
 }
 
 // startWork hands the recorded DB work to do (run: Manager.spawn), in
 // the order it was launched, and forgets it.
 func (st *LoopState) startWork(do func(func())) {
-	for _, w := range st.Work {
-		do(w.Run)
+	for _, w := range st.work {
+		do(w.run)
 	}
-	clear(st.Work)
-	st.Work = st.Work[:0]
+	clear(st.work)
+	st.work = st.work[:0]
 }

@@ -23,7 +23,7 @@ func TestKernelOneEventAtATime(t *testing.T) {
 	if err := k.Close(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	st := NewLoopState(k)
+	st := newLoopState(k)
 	req := func() *AcquireReq {
 		return &AcquireReq{Key: "kernel:step", Hash: pglease.HashKey("kernel:step"), TTL: k.cfg.TTL,
 			Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
@@ -33,32 +33,32 @@ func TestKernelOneEventAtATime(t *testing.T) {
 	// event.
 	step := func(want BatchKind) {
 		t.Helper()
-		st.Flush()
-		if err := st.CheckInvariants(); err != nil {
+		st.flush()
+		if err := st.checkInvariants(); err != nil {
 			t.Fatal(err)
 		}
-		if len(st.Work) != 1 || st.Work[0].Fl.Spec.Kind != want {
-			t.Fatalf("launched %d batches (first %v), want one %s batch", len(st.Work), kindsOf(st.Work), want)
+		if len(st.work) != 1 || st.work[0].fl.spec.kind != want {
+			t.Fatalf("launched %d batches (first %v), want one %s batch", len(st.work), kindsOf(st.work), want)
 		}
-		w := st.Work[0]
-		st.Work = st.Work[:0]
-		go w.Run()
+		w := st.work[0]
+		st.work = st.work[:0]
+		go w.run()
 		switch want {
 		case KindAcquire:
-			st.HandleAcquireDone(<-k.AcquireDoneCh)
+			st.handleAcquireDone(<-k.acquireDoneCh)
 		case KindRelease:
-			st.HandleReleaseDone(<-k.ReleaseDoneCh)
+			st.handleReleaseDone(<-k.releaseDoneCh)
 		case KindHandOff: // both halves
-			st.HandleReleaseDone(<-k.ReleaseDoneCh)
-			st.HandleAcquireDone(<-k.AcquireDoneCh)
+			st.handleReleaseDone(<-k.releaseDoneCh)
+			st.handleAcquireDone(<-k.acquireDoneCh)
 		}
-		if err := st.CheckInvariants(); err != nil {
+		if err := st.checkInvariants(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	r1, r2 := req(), req()
-	st.HandleAcquire(r1)
-	st.HandleAcquire(r2)
+	st.handleAcquire(r1)
+	st.handleAcquire(r2)
 	if len(r1.Reply) != 0 || len(r2.Reply) != 0 {
 		t.Fatal("answered before any statement")
 	}
@@ -70,13 +70,13 @@ func TestKernelOneEventAtATime(t *testing.T) {
 	if len(r2.Reply) != 0 {
 		t.Fatal("second waiter answered while the key is held")
 	}
-	st.Flush()
-	if len(st.Work) != 0 {
-		t.Fatalf("%d batches launched for a key held here", len(st.Work))
+	st.flush()
+	if len(st.work) != 0 {
+		t.Fatalf("%d batches launched for a key held here", len(st.work))
 	}
 	// Release: one handoff statement releases and grants the next waiter.
 	rel := make(chan error, 1)
-	st.HandleRelease(&ReleaseReq{Lock: a1.Lock, Reply: rel})
+	st.handleRelease(&ReleaseReq{Lock: a1.Lock, Reply: rel})
 	step(KindHandOff)
 	if err := <-rel; err != nil {
 		t.Fatalf("release: %v", err)
@@ -86,23 +86,23 @@ func TestKernelOneEventAtATime(t *testing.T) {
 		t.Fatalf("second waiter: %+v after fence %v, want a lock with a higher fence", a2, a1.Lock.Fence)
 	}
 	rel2 := make(chan error, 1)
-	st.HandleRelease(&ReleaseReq{Lock: a2.Lock, Reply: rel2})
+	st.handleRelease(&ReleaseReq{Lock: a2.Lock, Reply: rel2})
 	step(KindRelease)
 	if err := <-rel2; err != nil {
 		t.Fatalf("release: %v", err)
 	}
-	if len(st.Keys) != 0 || len(st.Held) != 0 {
-		t.Fatalf("state left: %d keys, %d held", len(st.Keys), len(st.Held))
+	if len(st.keys) != 0 || len(st.held) != 0 {
+		t.Fatalf("state left: %d keys, %d held", len(st.keys), len(st.held))
 	}
 	if n := countLocks(t, pool); n != 0 {
 		t.Fatalf("%d lock rows left", n)
 	}
 }
 
-func kindsOf(ws []DBWork) []BatchKind {
+func kindsOf(ws []dbWork) []BatchKind {
 	var ks []BatchKind
 	for _, w := range ws {
-		ks = append(ks, w.Fl.Spec.Kind)
+		ks = append(ks, w.fl.spec.kind)
 	}
 	return ks
 }
@@ -144,20 +144,20 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 		{"set try", []*AcquireReq{set(true, "amb:ts1", "amb:ts2", "amb:ts3")}, KindSets, 3, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			st := NewLoopState(k)
+			st := newLoopState(k)
 			for _, r := range c.reqs {
-				st.HandleAcquire(r)
+				st.handleAcquire(r)
 			}
-			st.Flush()
-			if len(st.Work) != 1 || st.Work[0].Fl.Spec.Kind != c.kind {
-				t.Fatalf("launched %v, want one %s batch", kindsOf(st.Work), c.kind)
+			st.flush()
+			if len(st.work) != 1 || st.work[0].fl.spec.kind != c.kind {
+				t.Fatalf("launched %v, want one %s batch", kindsOf(st.work), c.kind)
 			}
-			fl := st.Work[0].Fl
-			st.Work = st.Work[:0]
+			fl := st.work[0].fl
+			st.work = st.work[:0]
 			var ids []string
-			for _, a := range fl.Attempts {
-				for j := range a.Kind.Holds(a) {
-					id, _, _ := a.Kind.Hold(a, j)
+			for _, a := range fl.attempts {
+				for j := range a.Kind.holds(a) {
+					id, _, _ := a.Kind.hold(a, j)
 					ids = append(ids, id)
 				}
 			}
@@ -165,21 +165,21 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 				t.Fatalf("%d lockIds sent, want %d", len(ids), c.holds)
 			}
 			lost := pgerr.New(pglease.CodeAmbiguous, "store.AcquireMany", "connection lost mid-statement", nil)
-			st.HandleAcquireDone(AcquireDone{Fl: fl, Batch: fl.Attempts, Start: k.Now(), Err: lost})
-			if err := st.CheckInvariants(); err != nil {
+			st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: k.Now(), err: lost})
+			if err := st.checkInvariants(); err != nil {
 				t.Fatal(err)
 			}
 			released := map[string]bool{}
-			for _, it := range st.Releases.Pending {
-				released[it.LockID] = true
+			for _, it := range st.releases.pending {
+				released[it.lockID] = true
 			}
 			for _, id := range ids {
 				if !released[id] {
 					t.Errorf("a lockId of the ambiguous batch is not released")
 				}
 			}
-			if len(st.Held) != 0 {
-				t.Errorf("%d locks held after an ambiguous answer", len(st.Held))
+			if len(st.held) != 0 {
+				t.Errorf("%d locks held after an ambiguous answer", len(st.held))
 			}
 			for i, r := range c.reqs {
 				select {
@@ -194,8 +194,8 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 				}
 			}
 			if !c.try && c.kind != KindSets {
-				ks := st.Keys[c.reqs[0].Key]
-				if ks == nil || int(ks.Releasing) != c.holds || len(ks.Queue) != len(c.reqs) {
+				ks := st.keys[c.reqs[0].Key]
+				if ks == nil || int(ks.releasing) != c.holds || len(ks.queue) != len(c.reqs) {
 					t.Fatalf("key after the ambiguous answer: %+v; want its waiters, and its attempts held back by %d releases", ks, c.holds)
 				}
 			}
@@ -244,22 +244,22 @@ func TestPipelineGrantRules(t *testing.T) {
 	for _, rule := range []string{"caller left", "fence regression"} {
 		for _, c := range cases {
 			t.Run(rule+"/"+c.name, func(t *testing.T) {
-				st := NewLoopState(k)
+				st := newLoopState(k)
 				r := c.req()
 				if rule == "fence regression" {
 					for _, k := range keysOf(r) {
 						st.Fences[k.Key] = 1000 // seen before: the key's state is made again from it
 					}
 				}
-				st.HandleAcquire(r)
-				st.Flush()
-				if len(st.Work) != 1 {
-					t.Fatalf("launched %v, want one batch", kindsOf(st.Work))
+				st.handleAcquire(r)
+				st.flush()
+				if len(st.work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
 				}
-				fl := st.Work[0].Fl
-				st.Work = st.Work[:0]
+				fl := st.work[0].fl
+				st.work = st.work[:0]
 				if rule == "caller left" {
-					st.HandleAbandon(r)
+					st.handleAbandon(r)
 					if ans := <-r.Final; !ans.Abandoned {
 						t.Fatalf("abandon answered %+v", ans)
 					}
@@ -267,28 +267,28 @@ func TestPipelineGrantRules(t *testing.T) {
 				now := k.Now()
 				var ids []string
 				var res []store.AcquireResult
-				for _, a := range fl.Attempts {
-					for j := range a.Kind.Holds(a) {
-						id, _, _ := a.Kind.Hold(a, j)
+				for _, a := range fl.attempts {
+					for j := range a.Kind.holds(a) {
+						id, _, _ := a.Kind.hold(a, j)
 						ids = append(ids, id)
 						res = append(res, store.AcquireResult{OK: true, Fence: 5, AcquiredAt: now, ExpiresAt: now.Add(k.cfg.TTL)})
 					}
 				}
-				st.HandleAcquireDone(AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
-				if err := st.CheckInvariants(); err != nil {
+				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
+				if err := st.checkInvariants(); err != nil {
 					t.Fatal(err)
 				}
 				released := map[string]bool{}
-				for _, it := range st.Releases.Pending {
-					released[it.LockID] = true
+				for _, it := range st.releases.pending {
+					released[it.lockID] = true
 				}
 				for _, id := range ids {
 					if !released[id] {
 						t.Error("a lockId granted is not released")
 					}
 				}
-				if len(st.Held) != 0 {
-					t.Errorf("%d locks held", len(st.Held))
+				if len(st.held) != 0 {
+					t.Errorf("%d locks held", len(st.held))
 				}
 				if rule == "fence regression" {
 					select {
@@ -318,55 +318,55 @@ func TestPipelineStaleChain(t *testing.T) {
 			name = "reader"
 		}
 		t.Run(name, func(t *testing.T) {
-			st := NewLoopState(k)
+			st := newLoopState(k)
 			key := "stale:" + name
 			req := &AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: k.cfg.TTL, Shared: shared,
 				Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
-			st.HandleAcquire(req)
-			launch := func() *Flight {
+			st.handleAcquire(req)
+			launch := func() *flight {
 				t.Helper()
-				st.Flush()
-				if len(st.Work) != 1 {
-					t.Fatalf("launched %v, want one batch", kindsOf(st.Work))
+				st.flush()
+				if len(st.work) != 1 {
+					t.Fatalf("launched %v, want one batch", kindsOf(st.work))
 				}
-				fl := st.Work[0].Fl
-				st.Work = st.Work[:0]
+				fl := st.work[0].fl
+				st.work = st.work[:0]
 				return fl
 			}
 			first := launch()
-			st.CheckStuck(first.Start.Add(k.StuckAfter() + time.Millisecond))
+			st.checkStuck(first.start.Add(k.stuckAfter() + time.Millisecond))
 			hedge := launch()
-			if hedge.Attempts[0].Chain != first.Attempts[0].Chain || !first.Attempts[0].Stale {
+			if hedge.attempts[0].chain != first.attempts[0].chain || !first.attempts[0].stale {
 				t.Fatal("the stuck attempt was not hedged in its chain")
 			}
-			grant := func(fl *Flight, fence pglease.Fence) {
+			grant := func(fl *flight, fence pglease.Fence) {
 				now := k.Now()
 				res := []store.AcquireResult{{OK: true, Fence: fence, AcquiredAt: now, ExpiresAt: now.Add(k.cfg.TTL)}}
-				st.HandleAcquireDone(AcquireDone{Fl: fl, Batch: fl.Attempts, Start: now, Res: res})
-				if err := st.CheckInvariants(); err != nil {
+				st.handleAcquireDone(acquireDone{fl: fl, batch: fl.attempts, start: now, res: res})
+				if err := st.checkInvariants(); err != nil {
 					t.Fatal(err)
 				}
 			}
 			grant(hedge, 7)
 			ans := <-req.Reply
-			if ans.Lock == nil || ans.Lock.ID != hedge.Attempts[0].LockID {
+			if ans.Lock == nil || ans.Lock.ID != hedge.attempts[0].lockID {
 				t.Fatalf("answered %+v, want the hedge's lock", ans)
 			}
 			grant(first, 8) // (a real server would have refused one of them)
-			if len(st.Held) != 1 {
-				t.Fatalf("%d holds, want the hedge's alone", len(st.Held))
+			if len(st.held) != 1 {
+				t.Fatalf("%d holds, want the hedge's alone", len(st.held))
 			}
 			var released bool
-			for _, it := range st.Releases.Pending {
-				if it.LockID == first.Attempts[0].LockID && it.Unblocked {
+			for _, it := range st.releases.pending {
+				if it.lockID == first.attempts[0].lockID && it.unblocked {
 					released = true
 				}
 			}
 			if !released {
 				t.Fatal("the stale attempt's grant is not released")
 			}
-			ks := st.Keys[key]
-			if ks == nil || ks.Stale != 0 {
+			ks := st.keys[key]
+			if ks == nil || ks.stale != 0 {
 				t.Fatalf("key after both answers: %+v", ks)
 			}
 		})

@@ -20,7 +20,7 @@ type ExclusiveKind struct{}
 // chain chain (0: none, a try's): exclusive, unless its maker makes it
 // shared (shareAttempt, shareTry).
 func newAttempt(ks *KeyState, req *AcquireReq, chain uint64) *Attempt {
-	return &Attempt{Ks: ks, LockID: keys.NewLockID(), ttl: req.TTL, delayMs: req.delayMs(), Chain: chain, Kind: ExclusiveKind{}}
+	return &Attempt{Ks: ks, lockID: keys.NewLockID(), ttl: req.TTL, delayMs: req.delayMs(), chain: chain, Kind: ExclusiveKind{}}
 }
 
 func (ExclusiveKind) lane(st *LoopState) *lane[*Attempt] { return &st.acquires }
@@ -30,15 +30,15 @@ func (ExclusiveKind) statement() BatchKind { return KindAcquire }
 func (ExclusiveKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
 	reqs := make([]store.AcquireRequest, len(batch))
 	for i, a := range batch {
-		reqs[i] = store.AcquireRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: a.LockID, LockDelay: a.lockDelay()}
+		reqs[i] = store.AcquireRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: a.lockID, LockDelay: a.lockDelay()}
 	}
 	return s.AcquireMany(ctx, reqs)
 }
 
-func (ExclusiveKind) Holds(a *Attempt) int { return 1 }
+func (ExclusiveKind) holds(a *Attempt) int { return 1 }
 
-func (ExclusiveKind) Hold(a *Attempt, j int) (lockID, key, hash string) {
-	return a.LockID, a.Ks.Key, a.Ks.hash
+func (ExclusiveKind) hold(a *Attempt, j int) (lockID, key, hash string) {
+	return a.lockID, a.Ks.Key, a.Ks.hash
 }
 
 func (ExclusiveKind) unit(a *Attempt) int { return 1 }
@@ -56,7 +56,7 @@ func (ExclusiveKind) grant(st *LoopState, a *Attempt, to *AcquireReq, lo, hi int
 	if a.try == nil {
 		st.popWaiter(a.Ks)
 	}
-	st.grant(a.Ks, to, a.LockID, a.ttl, rs[lo], lease)
+	st.grant(a.Ks, to, a.lockID, a.ttl, rs[lo], lease)
 }
 
 func (ExclusiveKind) waiters(st *LoopState, a *Attempt) waiters { return (*keyQueue)(a.Ks) }

@@ -8,7 +8,7 @@ package kernel
 // handleExtend queues req.lock's lease for the next extend batch.
 func (st *LoopState) handleExtend(req *ExtendReq) {
 	h := req.Lock.h
-	if _, ok := st.Held[h]; !ok || h == nil {
+	if _, ok := st.held[h]; !ok || h == nil {
 		req.Reply <- EndedExtend(req.Lock.Err())
 		return
 	}
@@ -28,7 +28,7 @@ func (st *LoopState) handleExtend(req *ExtendReq) {
 
 // queueExtend adds h to the next extend batch unless an extend of h is
 // already pending or in flight (answerExtends queues it again then).
-func (st *LoopState) queueExtend(h *Holding) {
+func (st *LoopState) queueExtend(h *holding) {
 	if h.lease.Pending {
 		return
 	}
@@ -43,7 +43,7 @@ func (st *LoopState) queueExtend(h *Holding) {
 // next batch. Called by handleExtendDone after it updated the leases.
 func (st *LoopState) answerExtends(d extendDone) {
 	for _, h := range d.batch {
-		if _, ok := st.Held[h]; !ok {
+		if _, ok := st.held[h]; !ok {
 			continue
 		}
 		var err error
@@ -67,7 +67,7 @@ func (st *LoopState) answerExtends(d extendDone) {
 }
 
 // answerExtendWaiters answers every Extend caller of h with err.
-func (h *Holding) answerExtendWaiters(err error) {
+func (h *holding) answerExtendWaiters(err error) {
 	if h.ext == nil {
 		return
 	}

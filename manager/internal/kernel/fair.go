@@ -31,7 +31,7 @@ import (
 // own kind), which also releases a grant that raced with the leaving.
 // Tries, shared holds and sets do not queue.
 
-// ticketLife is the life of a ticket after each statement that refreshes
+// TicketLife is the life of a ticket after each statement that refreshes
 // it: a dead process's tickets stop blocking their keys at most this long
 // after its last refresh.
 const TicketLife = 3 * time.Second
@@ -74,9 +74,9 @@ type fairKind struct {
 // fairAttempt makes the attempt of ks in fair mode (kick), its head an
 // exclusive waiter.
 func (st *LoopState) fairAttempt(ks *KeyState, chain uint64) *Attempt {
-	k := &fairKind{ch: st.m.Qch}
+	k := &fairKind{ch: st.m.qch}
 	var ttl time.Duration
-	for _, req := range ks.Queue {
+	for _, req := range ks.queue {
 		if req.Shared {
 			continue
 		}
@@ -95,7 +95,7 @@ func (st *LoopState) fairAttempt(ks *KeyState, chain uint64) *Attempt {
 	}
 	k.pos = make([]int, len(k.reqs))
 	head := k.reqs[0]
-	return &Attempt{Ks: ks, LockID: head.qid, ttl: ttl, delayMs: head.delayMs(), Chain: chain, Kind: k}
+	return &Attempt{Ks: ks, lockID: head.qid, ttl: ttl, delayMs: head.delayMs(), chain: chain, Kind: k}
 }
 
 // ticketFor gives req its ticket's lockId.
@@ -121,13 +121,13 @@ func (st *LoopState) leaveTicket(req *AcquireReq) {
 
 // leave queues the leave of ticket id of key.
 func (st *LoopState) leave(id, key string, ttl time.Duration) {
-	st.Releases.add(releaseItem{LockID: id, key: key, ttl: ttl, leave: true})
+	st.releases.add(releaseItem{lockID: id, key: key, ttl: ttl, leave: true})
 }
 
 // removeWaiter takes req, wherever it is, out of ks's queue.
 func (st *LoopState) removeWaiter(ks *KeyState, req *AcquireReq) {
-	if i := slices.Index(ks.Queue, req); i >= 0 {
-		ks.Queue = slices.Delete(ks.Queue, i, i+1)
+	if i := slices.Index(ks.queue, req); i >= 0 {
+		ks.queue = slices.Delete(ks.queue, i, i+1)
 		st.waiting--
 		st.unqueued(ks)
 	}
@@ -159,9 +159,9 @@ func (k *fairKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store
 	return out, nil
 }
 
-func (k *fairKind) Holds(a *Attempt) int { return len(k.items) }
+func (k *fairKind) holds(a *Attempt) int { return len(k.items) }
 
-func (k *fairKind) Hold(a *Attempt, j int) (lockID, key, hash string) {
+func (k *fairKind) hold(a *Attempt, j int) (lockID, key, hash string) {
 	return k.items[j].LockID, a.Ks.Key, a.Ks.hash
 }
 
@@ -236,7 +236,7 @@ func (st *LoopState) ticketServed(req *AcquireReq, f pglease.Fence) {
 // that grant goes back), the waiters that left meanwhile (their tickets,
 // which the attempt may have queued again after their leave, leave
 // again), and the places of the others.
-func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d AcquireDone, rs []store.AcquireResult) {
+func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []store.AcquireResult) {
 	now := st.m.Now()
 	for j, req := range k.reqs {
 		switch {
@@ -260,16 +260,16 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d AcquireDone, rs []sto
 					st.noteStray(req.qhash, id, a.Ks.Key, now)
 				}
 			case rs[j].OK && rs[j].Fence != req.qfence:
-				st.Releases.add(releaseItem{LockID: id, key: a.Ks.Key, ks: a.Ks, Unblocked: true, ttl: req.TTL, sc: a.db})
+				st.releases.add(releaseItem{lockID: id, key: a.Ks.Key, ks: a.Ks, unblocked: true, ttl: req.TTL, sc: a.db})
 			}
 			rs[j] = store.AcquireResult{}
 		case req.answered:
-			if d.Err != nil || !rs[j].OK {
+			if d.err != nil || !rs[j].OK {
 				st.leave(k.items[j].LockID, a.Ks.Key, req.TTL)
 			}
-		case d.Err == nil && !rs[j].OK && rs[j].Err == nil && k.pos[j] > 0:
-			if d.Start.After(req.qsent) {
-				req.qsent = d.Start
+		case d.err == nil && !rs[j].OK && rs[j].Err == nil && k.pos[j] > 0:
+			if d.start.After(req.qsent) {
+				req.qsent = d.start
 			}
 			st.notePosition(req, k.pos[j])
 			st.scheduleRefresh(now, req.TTL)
@@ -323,11 +323,11 @@ func (q *fairQueue) fatal(st *LoopState, a *Attempt, err error, db trace.SpanCon
 // while the attempt was in flight) is queued at once.
 func (q *fairQueue) refused(st *LoopState, a *Attempt, rs []store.AcquireResult, r *store.AcquireResult, now time.Time, db trace.SpanContext) {
 	ks := q.ks()
-	if r == nil || len(ks.Queue) == 0 {
+	if r == nil || len(ks.queue) == 0 {
 		return
 	}
 	latest := a.Kind.refusal(st, a, *r, now)
-	noteWaiting(ks.Queue, *r)
+	noteWaiting(ks.queue, *r)
 	if foreignHolder(*r) {
 		st.wantWaiter(ks)
 	}
@@ -339,14 +339,14 @@ func (q *fairQueue) refused(st *LoopState, a *Attempt, rs []store.AcquireResult,
 		st.scheduleRetry(ks, now, latest)
 		retryIn = ks.retryAt.Sub(now)
 	}
-	noteAttempt(ks.Queue, db, obs.AttemptContended, retryIn)
+	noteAttempt(ks.queue, db, obs.AttemptContended, retryIn)
 }
 
 // unticketed reports whether an exclusive waiter of ks that its next
 // attempt carries has no place in its key's queue yet.
 func (st *LoopState) unticketed(ks *KeyState) bool {
 	n := 0
-	for _, req := range ks.Queue {
+	for _, req := range ks.queue {
 		if req.Shared {
 			continue
 		}
@@ -454,11 +454,11 @@ func (st *LoopState) strayGrant(hash string) {
 		return
 	}
 	delete(st.fq.strays, hash)
-	if ks := st.Keys[s.key]; ks != nil && ks.holder != nil && ks.holder.Lock.ID == s.id {
+	if ks := st.keys[s.key]; ks != nil && ks.holder != nil && ks.holder.lock.ID == s.id {
 		return
 	}
 	ks := st.keyFor(s.key, pglease.HashKey(s.key))
-	st.Releases.add(releaseItem{LockID: s.id, key: s.key, ks: ks, Unblocked: true, ttl: TicketLife})
+	st.releases.add(releaseItem{lockID: s.id, key: s.key, ks: ks, unblocked: true, ttl: TicketLife})
 }
 
 // handleTurn: a queue notice for a ticket of this process. A grant goes
@@ -478,7 +478,7 @@ func (st *LoopState) handleTurn(t store.Turn) {
 	if req == nil || req.answered {
 		return
 	}
-	ks := st.Keys[req.Key]
+	ks := st.keys[req.Key]
 	if ks == nil {
 		return
 	}
@@ -524,12 +524,12 @@ func (st *LoopState) fairGrant(ks *KeyState, req *AcquireReq, fence pglease.Fenc
 		// server): one holder here at a time. The grant goes back, and
 		// the waiter's ticket, consumed, is queued again by its next
 		// attempt.
-		st.Releases.add(releaseItem{LockID: req.qid, key: req.Key, ks: ks, Unblocked: true, ttl: req.TTL})
+		st.releases.add(releaseItem{lockID: req.qid, key: req.Key, ks: ks, unblocked: true, ttl: req.TTL})
 		req.qsent = time.Time{}
 		return
 	}
 	if err != nil {
-		st.Releases.add(releaseItem{LockID: req.qid, key: req.Key, ks: ks, Unblocked: true, ttl: req.TTL})
+		st.releases.add(releaseItem{lockID: req.qid, key: req.Key, ks: ks, unblocked: true, ttl: req.TTL})
 		if st.fq.byLock[req.qhash] == req {
 			delete(st.fq.byLock, req.qhash) // its release is its leave
 		}
@@ -606,7 +606,7 @@ func (st *LoopState) handleRefreshDone(d refreshDone) {
 		if req.answered || req.qgranted || req.qid != d.ids[i] {
 			continue
 		}
-		ks := st.Keys[req.Key]
+		ks := st.keys[req.Key]
 		if ks == nil {
 			continue
 		}
@@ -646,7 +646,7 @@ func (st *LoopState) nextRefresh() time.Time {
 // their turn; only those without one yet (or a shared head, which does
 // not queue) attempt now.
 func (st *LoopState) fairAfterRelease(ks *KeyState) {
-	if len(ks.Queue) > 0 && (ks.Queue[0].Shared || st.unticketed(ks)) {
+	if len(ks.queue) > 0 && (ks.queue[0].Shared || st.unticketed(ks)) {
 		st.forceKick(ks)
 		return
 	}
@@ -667,11 +667,11 @@ func (m *Kernel) sendQueueRelease(ctx context.Context, batch []releaseItem) (res
 	grant := true
 	for i, it := range batch {
 		if it.leave {
-			leaves = append(leaves, it.LockID)
+			leaves = append(leaves, it.lockID)
 			leaveIdx = append(leaveIdx, i)
 			continue
 		}
-		rels = append(rels, store.ReleaseRequest{LockID: it.LockID, Key: it.key})
+		rels = append(rels, store.ReleaseRequest{LockID: it.lockID, Key: it.key})
 		relIdx = append(relIdx, i)
 		if it.noServe {
 			grant = false

@@ -31,39 +31,39 @@ import (
 // attempt that is merely slow (a lock wait on the server) still gets its
 // answer, from whichever attempt of its chain answers first.
 
-// stuckAfterMax bounds stuckAfter; with a statement timeout shorter than
+// StuckAfterMax bounds stuckAfter; with a statement timeout shorter than
 // twice that, stuckAfter is half the statement timeout.
 const StuckAfterMax = time.Second
 
-func (m *Kernel) StuckAfter() time.Duration {
+func (m *Kernel) stuckAfter() time.Duration {
 	if m.Test.StuckAfter > 0 {
 		return m.Test.StuckAfter
 	}
 	return min(StuckAfterMax, m.cfg.StatementTimeout/2)
 }
 
-// Flight is one batch in flight. Owned by run; the DB worker only
+// flight is one batch in flight. Owned by run; the DB worker only
 // carries the pointer back in its done messages (a handoff posts two: one
 // for each slot it took).
-type Flight struct {
-	Spec     *batchSpec // its lane's kind and slots (lane.go)
-	Start    time.Time
+type flight struct {
+	spec     *batchSpec // its lane's kind and slots (lane.go)
+	start    time.Time
 	landed   uint8         // bit i: the done message for spec.slots[i] has landed
-	Attempts []*Attempt    // the attempts it carries (acquires, handoffs): hedged when it is stuck
+	attempts []*Attempt    // the attempts it carries (acquires, handoffs): hedged when it is stuck
 	stuck    bool          // older than stuckAfter: the caps no longer count it
 	slack    time.Duration // an extend batch: from its start to the earliest trust deadline of its leases (overload.go)
 }
 
-// CheckStuck marks the batches older than stuckAfter as stuck and hedges
+// checkStuck marks the batches older than stuckAfter as stuck and hedges
 // their attempts.
-func (st *LoopState) CheckStuck(now time.Time) {
-	after := st.m.StuckAfter()
+func (st *LoopState) checkStuck(now time.Time) {
+	after := st.m.stuckAfter()
 	for fl := range st.flights {
-		if fl.stuck || now.Sub(fl.Start) < after {
+		if fl.stuck || now.Sub(fl.start) < after {
 			continue
 		}
 		fl.stuck = true
-		for i, s := range fl.Spec.slots {
+		for i, s := range fl.spec.slots {
 			if fl.landed&(1<<i) == 0 { // still counted there
 				s.stuck++
 			}
@@ -71,11 +71,11 @@ func (st *LoopState) CheckStuck(now time.Time) {
 		if st.closing || st.shed.on {
 			continue // shedding: a slow server, not a dead connection, is the likelier cause (overload.go)
 		}
-		for _, a := range fl.Attempts {
+		for _, a := range fl.attempts {
 			st.noAnswer(a, after)
 			st.hedge(a)
 		}
-		st.sig().Stuck.signal(fl.Spec.Kind)
+		st.sig().Stuck.signal(fl.spec.kind)
 	}
 }
 
@@ -88,13 +88,13 @@ const maxHedges = 2
 // current attempt and may still be hedged; a becomes stale.
 func (st *LoopState) hedge(a *Attempt) {
 	ks := a.Ks
-	if ks == nil || ks.attempt != a || a.hedges >= maxHedges || len(ks.Queue) == 0 || ks.holder != nil || ks.Releasing > 0 {
+	if ks == nil || ks.attempt != a || a.hedges >= maxHedges || len(ks.queue) == 0 || ks.holder != nil || ks.releasing > 0 {
 		return
 	}
-	a.Stale = true
-	ks.Stale++
-	h := &Attempt{Ks: ks, LockID: keys.NewLockID(), ttl: a.ttl, delayMs: a.delayMs, Chain: a.Chain, hedges: a.hedges + 1}
-	h.Kind = a.Kind.again(a, h.LockID)
+	a.stale = true
+	ks.stale++
+	h := &Attempt{Ks: ks, lockID: keys.NewLockID(), ttl: a.ttl, delayMs: a.delayMs, chain: a.chain, hedges: a.hedges + 1}
+	h.Kind = a.Kind.again(a, h.lockID)
 	ks.attempt = h
 	h.Kind.lane(st).add(h)
 }
@@ -105,7 +105,7 @@ func (st *LoopState) hedge(a *Attempt) {
 // (waitErr). The next answer that reaches the database clears it.
 func (st *LoopState) noAnswer(a *Attempt, after time.Duration) {
 	ks := a.Ks
-	if a.try != nil || ks == nil || ks.attempt == nil || ks.attempt.Chain != a.Chain || ks.lastErr != nil {
+	if a.try != nil || ks == nil || ks.attempt == nil || ks.attempt.chain != a.chain || ks.lastErr != nil {
 		return
 	}
 	ks.lastErr = pgerr.New(pglease.CodeNetworkTimeout, "manager.Acquire",
@@ -116,12 +116,12 @@ func (st *LoopState) noAnswer(a *Attempt, after time.Duration) {
 // (zero: none in flight).
 func (st *LoopState) nextStuck() time.Time {
 	var next time.Time
-	after := st.m.StuckAfter()
+	after := st.m.stuckAfter()
 	for fl := range st.flights {
 		if fl.stuck {
 			continue
 		}
-		if at := fl.Start.Add(after); next.IsZero() || at.Before(next) {
+		if at := fl.start.Add(after); next.IsZero() || at.Before(next) {
 			next = at
 		}
 	}
@@ -133,22 +133,22 @@ func (st *LoopState) nextStuck() time.Time {
 // for the first answer of the key's current chain, makes the attempt in
 // flight the stale one and reports false. (Tries and sets are never
 // stale: they are in no key's attempt chain.)
-func (st *LoopState) settleStale(a *Attempt, d AcquireDone, rs []store.AcquireResult) bool {
+func (st *LoopState) settleStale(a *Attempt, d acquireDone, rs []store.AcquireResult) bool {
 	ks := a.Ks
-	if a.Stale {
-		ks.Stale--
-		if cur := ks.attempt; cur != nil && cur.Chain == a.Chain && !st.closing {
+	if a.stale {
+		ks.stale--
+		if cur := ks.attempt; cur != nil && cur.chain == a.chain && !st.closing {
 			// The first answer of the key's current attempt chain: it is
 			// the key's answer, the hedge still in flight is superseded.
-			cur.Stale = true
-			ks.Stale++
-			a.Stale = false
+			cur.stale = true
+			ks.stale++
+			a.stale = false
 		}
 	}
-	if !a.Stale {
+	if !a.stale {
 		return false
 	}
-	for j := range a.Kind.Holds(a) {
+	for j := range a.Kind.holds(a) {
 		if k, ok := a.Kind.(*fairKind); ok && (k.reqs[j].qgranted || !k.reqs[j].answered) {
 			// Its caller holds the grant of this lockId, or still waits
 			// with it: the next QueueWait of the ticket answers a grant
@@ -156,11 +156,11 @@ func (st *LoopState) settleStale(a *Attempt, d AcquireDone, rs []store.AcquireRe
 			// grant of the same lockId.
 			continue
 		}
-		if mayHaveGranted(d.Err) || (d.Err == nil && rs[j].OK) {
+		if mayHaveGranted(d.err) || (d.err == nil && rs[j].OK) {
 			// Not blocking the key's attempts: this release may meet a
 			// dead connection too.
-			id, _, _ := a.Kind.Hold(a, j)
-			st.Releases.add(releaseItem{LockID: id, key: ks.Key, ks: ks, Unblocked: true, ttl: a.ttl, sc: a.db, pending: mayHaveGranted(d.Err)})
+			id, _, _ := a.Kind.hold(a, j)
+			st.releases.add(releaseItem{lockID: id, key: ks.Key, ks: ks, unblocked: true, ttl: a.ttl, sc: a.db, pending: mayHaveGranted(d.err)})
 		}
 	}
 	st.gc(ks)

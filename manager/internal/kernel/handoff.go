@@ -26,7 +26,7 @@ import (
 // release does (the lock expires by itself if it was not handed over), and
 // the attempt's lockId is released like any ambiguous attempt's (ambiguity is never success).
 
-// maxLocalHandOffs bounds how many times in a row a key is handed over
+// MaxLocalHandOffs bounds how many times in a row a key is handed over
 // inside this process. The next release is a plain one: it notifies, and
 // waiters of other processes (woken by it) race this process's next
 // waiter for the key. Without the bound, a process whose callers keep
@@ -55,8 +55,8 @@ func (st *LoopState) queueHandOff(it releaseItem) bool {
 	if ks == nil {
 		return false
 	}
-	if st.fair() || !st.yieldForeign(ks) || st.closing || it.lost != nil || len(ks.Queue) == 0 || ks.Queue[0].Shared || ks.nShared > 0 || ks.inTurn() ||
-		ks.attempt != nil || ks.Releasing != 1 || ks.handOffs >= MaxLocalHandOffs {
+	if st.fair() || !st.yieldForeign(ks) || st.closing || it.lost != nil || len(ks.queue) == 0 || ks.queue[0].Shared || ks.nShared > 0 || ks.inTurn() ||
+		ks.attempt != nil || ks.releasing != 1 || ks.handOffs >= MaxLocalHandOffs {
 		ks.handOffs = 0
 		return false
 	}
@@ -64,7 +64,7 @@ func (st *LoopState) queueHandOff(it releaseItem) bool {
 	st.clearRetry(ks)
 	ks.woken = false
 	ks.chains++
-	a := newAttempt(ks, ks.Queue[0], ks.chains)
+	a := newAttempt(ks, ks.queue[0], ks.chains)
 	ks.attempt = a
 	st.handOffs.add(handOffItem{rel: it, a: a})
 	return true
@@ -73,9 +73,9 @@ func (st *LoopState) queueHandOff(it releaseItem) bool {
 // keepHandOff settles a pending handoff whose waiters all left meanwhile,
 // or any during Close: it goes out as a plain release.
 func (st *LoopState) keepHandOff(h handOffItem) bool {
-	if st.closing || len(h.a.Ks.Queue) == 0 {
+	if st.closing || len(h.a.Ks.queue) == 0 {
 		h.a.Ks.attempt = nil
-		st.Releases.add(h.rel)
+		st.releases.add(h.rel)
 		return false
 	}
 	return true
@@ -85,13 +85,13 @@ func (st *LoopState) keepHandOff(h handOffItem) bool {
 // lane sends as many as the acquire cap allows (a handoff's grant is an
 // acquire: durable); both halves are posted back (releaseDone,
 // acquireDone), each landing the slot of its kind.
-func (st *LoopState) sendHandOffs(fl *Flight, batch []handOffItem) {
+func (st *LoopState) sendHandOffs(fl *flight, batch []handOffItem) {
 	atts := make([]*Attempt, len(batch))
 	rels := make([]releaseItem, len(batch))
 	for i, h := range batch {
 		atts[i], rels[i] = h.a, h.rel
 	}
-	fl.Attempts = atts
+	fl.attempts = atts
 	// A handoff of one key is made for the head waiter (it grants it):
 	// a child of that waiter's acquire span, linked to the releaser's
 	// release span and the other waiters (roundTripSpans).
@@ -100,12 +100,12 @@ func (st *LoopState) sendHandOffs(fl *Flight, batch []handOffItem) {
 }
 
 // sendHandOff runs in its own goroutine, never on the loop.
-func (m *Kernel) sendHandOff(fl *Flight, batch []handOffItem, parent trace.SpanContext, served []trace.SpanContext) {
+func (m *Kernel) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]store.HandOffRequest, len(batch))
 	rels := make([]releaseItem, len(batch))
 	atts := make([]*Attempt, len(batch))
 	for i, h := range batch {
-		reqs[i] = store.HandOffRequest{Old: h.rel.LockID, Key: h.a.Ks.Key, TTL: h.a.ttl, LockID: h.a.LockID, LockDelay: h.a.lockDelay()}
+		reqs[i] = store.HandOffRequest{Old: h.rel.lockID, Key: h.a.Ks.Key, TTL: h.a.ttl, LockID: h.a.lockID, LockDelay: h.a.lockDelay()}
 		rels[i], atts[i] = h.rel, h.a
 	}
 	// Like an acquire batch: not cancelled by Close, bounded by the
@@ -134,6 +134,6 @@ func (m *Kernel) sendHandOff(fl *Flight, batch []handOffItem, parent trace.SpanC
 	for _, a := range atts {
 		a.db = sc
 	}
-	m.ReleaseDoneCh <- releaseDone{fl: fl, batch: rels, res: released, err: err, db: sc}
-	m.AcquireDoneCh <- AcquireDone{Fl: fl, Batch: atts, Start: start, Res: granted, Err: err, db: sc}
+	m.releaseDoneCh <- releaseDone{fl: fl, batch: rels, res: released, err: err, db: sc}
+	m.acquireDoneCh <- acquireDone{fl: fl, batch: atts, start: start, res: granted, err: err, db: sc}
 }

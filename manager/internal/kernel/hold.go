@@ -34,7 +34,7 @@ type Hold struct {
 	rq     unsafe.Pointer
 	Shared bool // immutable: a shared hold (Shared, WithLimit)
 
-	h *Holding // owned by run
+	h *holding // owned by run
 }
 
 // leaseState is a Lock's current lease, written by run after the grant
@@ -55,9 +55,9 @@ func (l *Hold) setLease(lease heartbeat.Lease, expiresAt time.Time) {
 // releasedCause is the cause of a Lock's Context after Release.
 var releasedCause = pgerr.New(pglease.CodeReleased, "manager.Release", "lock released", nil)
 
-// ReleasedAnswer is what Release returns for a lock that is no longer
+// releasedAnswer is what Release returns for a lock that is no longer
 // held in this process.
-func ReleasedAnswer(l *Hold) error {
+func releasedAnswer(l *Hold) error {
 	switch c := context.Cause(l.Ctx); {
 	case errors.Is(c, pglease.ErrLockLost):
 		return pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)

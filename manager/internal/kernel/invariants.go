@@ -29,7 +29,7 @@ import (
 // holder, release or stale attempt in flight, shared hold, or set waiter
 // (gc forgets it).
 func (ks *KeyState) idle() bool {
-	return len(ks.Queue) == 0 && ks.attempt == nil && !ks.held() && ks.Releasing == 0 && ks.Stale == 0 && len(ks.setWaiters()) == 0
+	return len(ks.queue) == 0 && ks.attempt == nil && !ks.held() && ks.releasing == 0 && ks.stale == 0 && len(ks.setWaiters()) == 0
 }
 
 // held reports whether a caller of this process holds the key,
@@ -39,29 +39,29 @@ func (ks *KeyState) held() bool { return ks.holder != nil || ks.nShared > 0 }
 // busy reports whether the key's next attempt must wait: one is pending
 // or in flight, a caller here holds the key exclusively, or a release of
 // one of its lockIds is in flight.
-func (ks *KeyState) busy() bool { return ks.attempt != nil || ks.holder != nil || ks.Releasing > 0 }
+func (ks *KeyState) busy() bool { return ks.attempt != nil || ks.holder != nil || ks.releasing > 0 }
 
-// CheckInvariants returns the first invariant (above) the state breaks,
+// checkInvariants returns the first invariant (above) the state breaks,
 // or nil. Loop only.
-func (st *LoopState) CheckInvariants() error {
+func (st *LoopState) checkInvariants() error {
 	waiting := 0
-	for k, ks := range st.Keys {
+	for k, ks := range st.keys {
 		if err := st.checkKey(k, ks); err != nil {
 			return fmt.Errorf("key %s: %w", keyRef(ks), err)
 		}
-		waiting += len(ks.Queue)
+		waiting += len(ks.queue)
 	}
 	for _, ks := range st.byHash {
-		if st.Keys[ks.Key] != ks {
+		if st.keys[ks.Key] != ks {
 			return fmt.Errorf("key %s: in byHash, not in keys", keyRef(ks))
 		}
 	}
-	for h := range st.Held {
+	for h := range st.held {
 		ks := h.ks
-		if st.Keys[ks.Key] != ks {
+		if st.keys[ks.Key] != ks {
 			return fmt.Errorf("key %s: held, its state forgotten", keyRef(ks))
 		}
-		if !h.Lock.Shared && ks.holder != h {
+		if !h.lock.Shared && ks.holder != h {
 			return fmt.Errorf("key %s: an exclusive hold that is not its key's holder", keyRef(ks))
 		}
 	}
@@ -85,15 +85,15 @@ func (st *LoopState) checkKey(k string, ks *KeyState) error {
 	switch {
 	case ks.Key != k:
 		return fmt.Errorf("kept under another key")
-	case ks.Releasing < 0 || ks.Stale < 0 || ks.nShared < 0:
-		return fmt.Errorf("negative counter: releasing %d, stale %d, shared %d", ks.Releasing, ks.Stale, ks.nShared)
+	case ks.releasing < 0 || ks.stale < 0 || ks.nShared < 0:
+		return fmt.Errorf("negative counter: releasing %d, stale %d, shared %d", ks.releasing, ks.stale, ks.nShared)
 	case ks.attempt != nil && (ks.attempt.Ks != ks || ks.attempt.try != nil):
 		return fmt.Errorf("its attempt is not its own")
-	case len(ks.Queue) > 0 && st.byHash[ks.hash] != ks:
+	case len(ks.queue) > 0 && st.byHash[ks.hash] != ks:
 		return fmt.Errorf("waiters, not in byHash")
 	}
 	if h := ks.holder; h != nil {
-		if _, ok := st.Held[h]; !ok || h.ks != ks || h.Lock.Shared {
+		if _, ok := st.held[h]; !ok || h.ks != ks || h.lock.Shared {
 			return fmt.Errorf("its holder is not an exclusive hold of it")
 		}
 	}
@@ -106,7 +106,7 @@ func (st *LoopState) checkKey(k string, ks *KeyState) error {
 	if shared != ks.nShared {
 		return fmt.Errorf("%d shared holds, %d counted by limit", ks.nShared, shared)
 	}
-	for i, req := range ks.Queue {
+	for i, req := range ks.queue {
 		if req == nil || req.answered || req.Try || req.Set != nil {
 			return fmt.Errorf("queue[%d] is not a waiting caller", i)
 		}
@@ -131,10 +131,10 @@ const invariantCheckMax = 512
 // Manager with test signals), unless it is too large to check at every
 // event.
 func (st *LoopState) mustHold() {
-	if len(st.Keys)+len(st.Held) > invariantCheckMax {
+	if len(st.keys)+len(st.held) > invariantCheckMax {
 		return
 	}
-	if err := st.CheckInvariants(); err != nil {
+	if err := st.checkInvariants(); err != nil {
 		panic("manager: loop state invariant broken: " + err.Error())
 	}
 }

@@ -32,14 +32,14 @@ type Kernel struct {
 	cfg      Config        // immutable after New (defaults filled)
 	Pool     *pgxpool.Pool // immutable; closed by run at the end of Close only if ownsPool
 	ownsPool bool          // immutable
-	// ListenCfg is the listening connection's config (ListenConnString or
+	// listenCfg is the listening connection's config (ListenConnString or
 	// the pool's), its connect bounded per host; immutable, nil with
 	// DisableNotify.
-	ListenCfg *pgx.ConnConfig
-	// Qch is this process's fair-queue channel (Config.FairQueue;
+	listenCfg *pgx.ConnConfig
+	// qch is this process's fair-queue channel (Config.FairQueue;
 	// immutable, "" without), refreshDoneCh where the tickets' refresh
 	// posts its answer (fair.go; buffered: one refresh at a time).
-	Qch           string
+	qch           string
 	refreshDoneCh chan refreshDone
 	// StoreCfg is the Store's config (store.New on the listening connection
 	// checks the release trigger there); immutable.
@@ -58,15 +58,15 @@ type Kernel struct {
 	work chan func() // written by run (spawn), read by idle DB workers
 
 	AcquireCh     chan *AcquireReq // written by Acquire/TryAcquire, read only by run
-	ReleaseCh     chan *ReleaseReq // written by Lock.Release, read only by run
-	ExtendCh      chan *ExtendReq  // written by Lock.Extend, read only by run
+	releaseCh     chan *ReleaseReq // written by Lock.Release, read only by run
+	extendCh      chan *ExtendReq  // written by Lock.Extend, read only by run
 	AbandonCh     chan *AcquireReq // written by callers whose ctx ended, read only by run
-	AcquireDoneCh chan AcquireDone // written by DB workers (acquire and handoff batches), read only by run
-	ReleaseDoneCh chan releaseDone // written by DB workers (release and handoff batches), read only by run
+	acquireDoneCh chan acquireDone // written by DB workers (acquire and handoff batches), read only by run
+	releaseDoneCh chan releaseDone // written by DB workers (release and handoff batches), read only by run
 	extendDoneCh  chan extendDone  // written by DB workers (extend batches), read only by run
 	notifyCh      chan notice      // written by the listener goroutine (and Revoke), read only by run
-	watchCh       chan *WatchReq   // written by Watch and its context's end, read only by run
-	watchDoneCh   chan WatchDone   // written by DB workers (watch reads), read only by run
+	watchCh       chan *watchReq   // written by Watch and its context's end, read only by run
+	watchDoneCh   chan watchDone   // written by DB workers (watch reads), read only by run
 	// lossCh nudges run (cap 1, non-blocking sends merge): written by the
 	// loss timer, the hold-limit timers and Lock.checkTrust (any
 	// goroutine), after each has ended a lock's Context itself; read only
@@ -129,17 +129,17 @@ func Make(op string, pool *pgxpool.Pool, owns bool, cfg Config) (*Kernel, error)
 	k := New(cfg, pool, owns, ls, pcfg, obs.New(cfg.Telemetry, dbTelemetry(pool)))
 	k.ExtBatch = extBatch
 	if cfg.FairQueue {
-		k.Qch = store.QueueChannel()
+		k.qch = store.QueueChannel()
 	}
 	if !cfg.DisableNotify {
 		lc := pool.Config().ConnConfig
 		if cfg.ListenConnString != "" {
 			lc, _ = pgx.ParseConfig(cfg.ListenConnString) // validated
 		}
-		k.ListenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
+		k.listenCfg = connx.Bounded(lc, min(connx.DefaultConnectTimeout, cfg.StatementTimeout))
 		// The listening session holds the waiter and watch locks `pglease
 		// status` lists: name it by the Manager's holder identity.
-		connx.AppName(&k.ListenCfg.Config, ls.Holder())
+		connx.AppName(&k.listenCfg.Config, ls.Holder())
 	}
 	if connx.UnboundedMultiHost(&pool.Config().ConnConfig.Config) {
 		k.Rec.ConfigWarning("the pool's connection string lists several hosts but sets no connect_timeout: " +
@@ -167,15 +167,15 @@ func New(cfg Config, pool *pgxpool.Pool, owns bool, ls Store, storeCfg pg.Config
 		StoreCfg:      storeCfg,
 		Rec:           rec,
 		AcquireCh:     make(chan *AcquireReq),
-		ReleaseCh:     make(chan *ReleaseReq),
-		ExtendCh:      make(chan *ExtendReq),
+		releaseCh:     make(chan *ReleaseReq),
+		extendCh:      make(chan *ExtendReq),
 		AbandonCh:     make(chan *AcquireReq),
-		AcquireDoneCh: make(chan AcquireDone),
-		ReleaseDoneCh: make(chan releaseDone),
+		acquireDoneCh: make(chan acquireDone),
+		releaseDoneCh: make(chan releaseDone),
 		extendDoneCh:  make(chan extendDone),
 		notifyCh:      make(chan notice),
-		watchCh:       make(chan *WatchReq),
-		watchDoneCh:   make(chan WatchDone),
+		watchCh:       make(chan *watchReq),
+		watchDoneCh:   make(chan watchDone),
 		lossCh:        make(chan struct{}, 1),
 		Closing:       make(chan struct{}),
 		Done:          make(chan struct{}),
@@ -193,7 +193,7 @@ func (m *Kernel) Start() {
 	m.relLimit = min(m.cfg.MaxInFlight, perKind)
 	m.extLimit = m.cfg.MaxInFlight
 	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
-	st := NewLoopState(m)
+	st := newLoopState(m)
 	st.startListener() // subscribes the loop's parts; starts the listener unless DisableNotify
 	go m.run(st)
 }
@@ -297,17 +297,17 @@ func (m *Kernel) SubmitRelease(op string, ctx context.Context, req *ReleaseReq) 
 		// left auto-extended because a deferred Release got an ended
 		// context would otherwise be held until Close.
 		select {
-		case m.ReleaseCh <- req: // the loop takes it at once; its reply is dropped
+		case m.releaseCh <- req: // the loop takes it at once; its reply is dropped
 		case <-m.Done:
 		}
 		return pgerr.New(pglease.CodeAborted, op, "context ended; the lock is being released in the background", err)
 	}
 	select {
-	case m.ReleaseCh <- req:
+	case m.releaseCh <- req:
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the release was sent", ctx.Err())
 	case <-m.Done:
-		return ReleasedAnswer(req.Lock) // Close released it
+		return releasedAnswer(req.Lock) // Close released it
 	}
 	select {
 	case err := <-req.Reply:
@@ -321,7 +321,7 @@ func (m *Kernel) SubmitRelease(op string, ctx context.Context, req *ReleaseReq) 
 // Lock.Extend).
 func (m *Kernel) SubmitExtend(op string, ctx context.Context, req *ExtendReq) error {
 	select {
-	case m.ExtendCh <- req:
+	case m.extendCh <- req:
 	case <-ctx.Done():
 		return pgerr.New(pglease.CodeAborted, op, "context ended before the extend was sent", ctx.Err())
 	case <-m.Done:

@@ -38,7 +38,7 @@ import (
 // cap has room (handoff.go).
 type lane[T any] struct {
 	batchSpec
-	Pending  []T  // items waiting for the next batch, oldest first
+	pending  []T  // items waiting for the next batch, oldest first
 	maxBatch int  // items per statement (immutable)
 	adaptive bool // one more batch in flight while fullBatch or more wait
 	drains   bool // during Close everything pending goes out at once (releases)
@@ -52,14 +52,14 @@ type lane[T any] struct {
 	// send starts a batch on a DB worker (spawn). It runs on the loop and
 	// may read loop state (the keys' queues, for telemetry); the worker
 	// posts its outcome back to run.
-	send func(fl *Flight, batch []T)
+	send func(fl *flight, batch []T)
 }
 
 // batchSpec is what every batch of a lane shares (immutable): its kind,
 // and the slots it takes. A batch may go out when slots[0] has room, and
 // is counted in each of them until its done message for that slot lands.
 type batchSpec struct {
-	Kind  BatchKind
+	kind  BatchKind
 	slots []*slots
 }
 
@@ -74,41 +74,41 @@ type slots struct {
 // batchLane is what flush and the loop's bookkeeping need of a lane,
 // whatever its item type.
 type batchLane interface {
-	Flush(st *LoopState)
+	flush(st *LoopState)
 	waiting() int
 }
 
-func (l *lane[T]) add(x T) { l.Pending = append(l.Pending, x) }
+func (l *lane[T]) add(x T) { l.pending = append(l.pending, x) }
 
-func (l *lane[T]) waiting() int { return len(l.Pending) }
+func (l *lane[T]) waiting() int { return len(l.pending) }
 
 // prune drops the pending items keep refuses.
 func (l *lane[T]) prune() {
-	live := l.Pending[:0]
-	for _, x := range l.Pending {
+	live := l.pending[:0]
+	for _, x := range l.pending {
 		if l.keep(x) {
 			live = append(live, x)
 		}
 	}
-	clear(l.Pending[len(live):])
-	l.Pending = live
+	clear(l.pending[len(live):])
+	l.pending = live
 }
 
-// Flush sends what is pending, in as few batches as the lane's room
+// flush sends what is pending, in as few batches as the lane's room
 // allows.
-func (l *lane[T]) Flush(st *LoopState) {
+func (l *lane[T]) flush(st *LoopState) {
 	if l.keep != nil && !l.keepLazily {
 		l.prune()
 	}
 	if st.closing && !l.drains {
-		clear(l.Pending)
-		l.Pending = nil
+		clear(l.pending)
+		l.pending = nil
 		return
 	}
-	paced := l.Kind.paced()
-	for len(l.Pending) > 0 && st.room(l.slots[0], l.adaptive, len(l.Pending), l.drains) {
+	paced := l.kind.paced()
+	for len(l.pending) > 0 && st.room(l.slots[0], l.adaptive, len(l.pending), l.drains) {
 		if l.keep != nil && l.keepLazily {
-			if l.prune(); len(l.Pending) == 0 {
+			if l.prune(); len(l.pending) == 0 {
 				break
 			}
 		}
@@ -123,14 +123,14 @@ func (l *lane[T]) Flush(st *LoopState) {
 		if st.closing {
 			size = store.MaxBatch // all at once
 		}
-		n := min(len(l.Pending), size)
-		batch := slices.Clone(l.Pending[:n])
-		l.Pending = slices.Delete(l.Pending, 0, n)
+		n := min(len(l.pending), size)
+		batch := slices.Clone(l.pending[:n])
+		l.pending = slices.Delete(l.pending, 0, n)
 		l.send(st.launch(&l.batchSpec), batch)
 	}
 }
 
-// fullBatch is the pending count from which one more batch of an
+// FullBatch is the pending count from which one more batch of an
 // adaptive lane may go out beyond its cap (adapt).
 const FullBatch = 64
 
@@ -165,12 +165,12 @@ func (st *LoopState) room(s *slots, adaptive bool, pending int, drains bool) boo
 
 // launch records a batch of spec about to be sent, taking one of each of
 // its slots.
-func (st *LoopState) launch(spec *batchSpec) *Flight {
-	fl := &Flight{Spec: spec, Start: st.m.Now()}
+func (st *LoopState) launch(spec *batchSpec) *flight {
+	fl := &flight{spec: spec, start: st.m.Now()}
 	for _, s := range spec.slots {
 		s.n++
 	}
-	if spec.Kind != KindExtend {
+	if spec.kind != KindExtend {
 		st.busyConns++
 	}
 	st.flights[fl] = struct{}{}
@@ -179,12 +179,12 @@ func (st *LoopState) launch(spec *batchSpec) *Flight {
 
 // land records the done message of fl for its slot s: the batch no longer
 // counts there. fl is forgotten once every slot it took has landed.
-func (st *LoopState) land(fl *Flight, s *slots) {
-	i := slices.Index(fl.Spec.slots, s)
+func (st *LoopState) land(fl *flight, s *slots) {
+	i := slices.Index(fl.spec.slots, s)
 	if i < 0 || fl.landed&(1<<i) != 0 {
 		return
 	}
-	if fl.landed == 0 && fl.Spec.Kind != KindExtend {
+	if fl.landed == 0 && fl.spec.kind != KindExtend {
 		st.busyConns-- // its statement was answered: the connection is free
 	}
 	fl.landed |= 1 << i
@@ -192,7 +192,7 @@ func (st *LoopState) land(fl *Flight, s *slots) {
 	if fl.stuck {
 		s.stuck--
 	}
-	if fl.landed == 1<<len(fl.Spec.slots)-1 {
+	if fl.landed == 1<<len(fl.spec.slots)-1 {
 		delete(st.flights, fl)
 	}
 }

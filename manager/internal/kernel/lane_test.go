@@ -12,14 +12,14 @@ import (
 // does not grow by one for good.
 func TestStuckHandOffLandsEachSlotOnce(t *testing.T) {
 	m := &Kernel{cfg: Config{StatementTimeout: time.Second, MaxBatch: 10}, AcqLimit: 1, relLimit: 1, extLimit: 1, maxConns: 4}
-	st := NewLoopState(m)
+	st := newLoopState(m)
 	defer st.loss.Close()
 	fl := st.launch(&st.handOffs.batchSpec)
 	if st.acquireSlots.n != 1 || st.releaseSlots.n != 1 {
 		t.Fatalf("a handoff in flight: acquire %d, release %d batches; want 1, 1", st.acquireSlots.n, st.releaseSlots.n)
 	}
 	st.land(fl, &st.releaseSlots)
-	st.CheckStuck(fl.Start.Add(time.Hour))
+	st.checkStuck(fl.start.Add(time.Hour))
 	if st.acquireSlots.stuck != 1 || st.releaseSlots.stuck != 0 {
 		t.Fatalf("stuck after the release half landed: acquire %d, release %d; want 1, 0", st.acquireSlots.stuck, st.releaseSlots.stuck)
 	}
@@ -40,7 +40,7 @@ func TestStuckHandOffLandsEachSlotOnce(t *testing.T) {
 // cap + MaxConns in all, and no cap for a draining lane during Close.
 func TestLaneRoom(t *testing.T) {
 	m := &Kernel{cfg: Config{StatementTimeout: time.Second, MaxBatch: 10}, AcqLimit: 1, relLimit: 1, extLimit: 1, maxConns: 6}
-	st := NewLoopState(m)
+	st := newLoopState(m)
 	defer st.loss.Close()
 	s := &slots{limit: 1}
 	if !st.room(s, false, 1, false) {

@@ -39,25 +39,25 @@ type notice = notifier.Notice
 // notifications are off (Config.DisableNotify), starts the listening
 // service.
 func (st *LoopState) startListener() {
-	st.Lis.Handle(notifier.Wake, notifier.Handler{
+	st.lis.Handle(notifier.Wake, notifier.Handler{
 		Notice:     func(n notifier.Notice) { st.handleWake(n.Hash) },
 		Registered: st.handleRegistered,
 		Resync:     st.resyncWaiters,
 		Ended:      st.waitersUnlistened,
 	})
-	st.Lis.Handle(notifier.Watch, notifier.Handler{
-		Notice:     func(n notifier.Notice) { st.HandleWatchNotice(n.Note) },
+	st.lis.Handle(notifier.Watch, notifier.Handler{
+		Notice:     func(n notifier.Notice) { st.handleWatchNotice(n.Note) },
 		Registered: st.handleWatchesRegistered,
 		Resync:     st.watchResync,
 		Ended:      st.closeWatches, // nothing reports their changes any more
 	})
-	st.Lis.Handle(notifier.Revoke, notifier.Handler{
+	st.lis.Handle(notifier.Revoke, notifier.Handler{
 		Notice: func(n notifier.Notice) { st.handleRevoked(n.Note) },
 	})
-	st.Lis.Handle(notifier.ReleaseRequest, notifier.Handler{
+	st.lis.Handle(notifier.ReleaseRequest, notifier.Handler{
 		Notice: func(n notifier.Notice) { st.handleReleaseRequest(n.Note) },
 	})
-	st.Lis.Handle(notifier.Turn, notifier.Handler{
+	st.lis.Handle(notifier.Turn, notifier.Handler{
 		Notice: func(n notifier.Notice) { st.handleTurn(n.Turn) }, // fair.go
 		Resync: st.fairResync,
 	})
@@ -66,9 +66,9 @@ func (st *LoopState) startListener() {
 		return
 	}
 	cfg := notifier.Config{
-		Conn:             m.ListenCfg,
+		Conn:             m.listenCfg,
 		Channel:          m.cfg.NotifyChannel,
-		QueueChannel:     m.Qch,
+		QueueChannel:     m.qch,
 		DefaultChannel:   DefaultNotifyChannel,
 		StatementTimeout: m.cfg.StatementTimeout,
 		Store:            store.Config(m.StoreCfg),
@@ -89,5 +89,5 @@ func (st *LoopState) startListener() {
 		cfg.TriggerChecked = func(ok bool) { sig.TriggerChecked.signal(ok) }
 		cfg.ProbeFailed = func() { sig.listenerProbeFailed.signal(struct{}{}) }
 	}
-	st.Lis.Start(cfg, m.notifyCh)
+	st.lis.Start(cfg, m.notifyCh)
 }

@@ -28,7 +28,7 @@ func (m *Kernel) run(st *LoopState) {
 	closing := m.Closing
 	lm := m.Rec.Loop() // busy ratio and queue depths: a clock read or an atomic store each
 	for {
-		st.Flush()
+		st.flush()
 		st.startWork(m.spawn) // the batches flush launched (effects.go)
 		if m.Sig != nil {     // a test's Manager: the state after every event
 			st.mustHold()
@@ -48,22 +48,22 @@ func (m *Kernel) run(st *LoopState) {
 		select {
 		case req := <-m.AcquireCh:
 			lm.Busy()
-			st.HandleAcquire(req)
-		case req := <-m.ReleaseCh:
+			st.handleAcquire(req)
+		case req := <-m.releaseCh:
 			lm.Busy()
-			st.HandleRelease(req)
+			st.handleRelease(req)
 		case req := <-m.AbandonCh:
 			lm.Busy()
-			st.HandleAbandon(req)
-		case req := <-m.ExtendCh:
+			st.handleAbandon(req)
+		case req := <-m.extendCh:
 			lm.Busy()
 			st.handleExtend(req)
-		case d := <-m.AcquireDoneCh:
+		case d := <-m.acquireDoneCh:
 			lm.Busy()
-			st.HandleAcquireDone(d)
-		case d := <-m.ReleaseDoneCh:
+			st.handleAcquireDone(d)
+		case d := <-m.releaseDoneCh:
 			lm.Busy()
-			st.HandleReleaseDone(d)
+			st.handleReleaseDone(d)
 		case d := <-m.extendDoneCh:
 			lm.Busy()
 			st.handleExtendDone(d)
@@ -75,10 +75,10 @@ func (m *Kernel) run(st *LoopState) {
 			st.handleNotice(n)
 		case req := <-m.watchCh:
 			lm.Busy()
-			st.HandleWatch(req) // watch.go
+			st.handleWatch(req) // watch.go
 		case d := <-m.watchDoneCh:
 			lm.Busy()
-			st.HandleWatchRead(d)
+			st.handleWatchRead(d)
 		case <-m.lossCh:
 			lm.Busy()
 			st.heartbeat(m.Now())
@@ -88,12 +88,12 @@ func (m *Kernel) run(st *LoopState) {
 				m.Test.TimerFired(m.Now().Sub(w))
 			}
 			st.handleDue(m.Now())
-		case st.Lis.Mailbox() <- st.Lis.Outbox():
+		case st.lis.Mailbox() <- st.lis.Outbox():
 			lm.Busy()
-			st.Lis.Handed() // the listener's now
-		case <-st.Lis.Done():
+			st.lis.Handed() // the listener's now
+		case <-st.lis.Done():
 			lm.Busy()
-			st.Lis.Ended() // its subscribers are told (listener.go)
+			st.lis.Ended() // its subscribers are told (listener.go)
 		case <-closing:
 			lm.Busy()
 			closing = nil // nil-channel gating: handled once
@@ -102,7 +102,7 @@ func (m *Kernel) run(st *LoopState) {
 	}
 }
 
-func (st *LoopState) HandleAcquire(req *AcquireReq) {
+func (st *LoopState) handleAcquire(req *AcquireReq) {
 	if st.closing {
 		req.answered = true
 		req.Reply <- AcquireReply{Err: ClosedErr("manager.Acquire")}
@@ -118,18 +118,18 @@ func (st *LoopState) HandleAcquire(req *AcquireReq) {
 		return
 	}
 	req.Acq.Queued(obs.QueueInfo{
-		Coalesced:   len(ks.Queue) > 0,
+		Coalesced:   len(ks.queue) > 0,
 		HeldLocally: ks.heldHere(req),
-		Position:    len(ks.Queue),
+		Position:    len(ks.queue),
 	})
-	ks.Queue = append(ks.Queue, req)
+	ks.queue = append(ks.queue, req)
 	st.queued(ks)
 	st.waiting++
 	st.sig().Queued.signal(req.Key)
 	st.kick(ks)
 }
 
-// HandleAbandon settles a caller who left (its wait context ended). The
+// handleAbandon settles a caller who left (its wait context ended). The
 // loop is the only sender on req.reply and the caller no longer reads it,
 // so a non-blocking receive tells exactly where the request is:
 //   - a grant is waiting in reply: the caller never got it; take it back,
@@ -138,7 +138,7 @@ func (st *LoopState) HandleAcquire(req *AcquireReq) {
 //   - nothing: the request is still queued; remove it, answer "abandoned".
 //
 // The answer goes on req.final.
-func (st *LoopState) HandleAbandon(req *AcquireReq) {
+func (st *LoopState) handleAbandon(req *AcquireReq) {
 	select {
 	case r := <-req.Reply:
 		if r.Lock == nil && r.Locks == nil {
@@ -149,7 +149,7 @@ func (st *LoopState) HandleAbandon(req *AcquireReq) {
 			if lk == nil || lk.h == nil {
 				continue
 			}
-			if _, ok := st.Held[lk.h]; ok {
+			if _, ok := st.held[lk.h]; ok {
 				st.releaseHolding(lk.h, nil, trace.SpanContext{})
 			}
 		}
@@ -166,11 +166,11 @@ func (st *LoopState) HandleAbandon(req *AcquireReq) {
 		st.sig().Abandoned.signal(req.Key)
 		return
 	}
-	ks := st.Keys[req.Key]
+	ks := st.keys[req.Key]
 	ans := AcquireReply{Abandoned: true}
 	if ks != nil {
-		if i := slices.Index(ks.Queue, req); i >= 0 {
-			ks.Queue = slices.Delete(ks.Queue, i, i+1)
+		if i := slices.Index(ks.queue, req); i >= 0 {
+			ks.queue = slices.Delete(ks.queue, i, i+1)
 			st.waiting--
 			st.unqueued(ks)
 		}
@@ -179,7 +179,7 @@ func (st *LoopState) HandleAbandon(req *AcquireReq) {
 		// elsewhere (named by its last "locked" answer), or an outage.
 		ans.HeldHere, ans.LastErr, ans.HeldBy = ks.heldHere(req), ks.lastErr, ks.heldBy()
 		ans.Shed = st.shed.on
-		if len(ks.Queue) == 0 {
+		if len(ks.queue) == 0 {
 			st.clearRetry(ks) // an attempt in flight finds no waiter and releases its grant
 		}
 		st.gc(ks)
@@ -189,7 +189,7 @@ func (st *LoopState) HandleAbandon(req *AcquireReq) {
 	st.sig().Abandoned.signal(req.Key)
 }
 
-func (st *LoopState) HandleRelease(req *ReleaseReq) {
+func (st *LoopState) handleRelease(req *ReleaseReq) {
 	h := req.Lock.h
 	if st.unkeep(h) {
 		// Lost, but its row may still be on the server: the holder has
@@ -197,8 +197,8 @@ func (st *LoopState) HandleRelease(req *ReleaseReq) {
 		st.releaseKept(h, req.Reply)
 		return
 	}
-	if _, ok := st.Held[h]; !ok || h == nil {
-		req.Reply <- ReleasedAnswer(req.Lock)
+	if _, ok := st.held[h]; !ok || h == nil {
+		req.Reply <- releasedAnswer(req.Lock)
 		return
 	}
 	st.releaseHolding(h, req.Reply, req.Parent)
@@ -207,7 +207,7 @@ func (st *LoopState) HandleRelease(req *ReleaseReq) {
 func (st *LoopState) attemptFailed(ks *KeyState, err error, now time.Time, db trace.SpanContext) {
 	ks.lastErr = err
 	if !retryable(err) {
-		noteAttempt(ks.Queue, db, obs.AttemptFailed, 0)
+		noteAttempt(ks.queue, db, obs.AttemptFailed, 0)
 		st.failAll(ks, err)
 		return
 	}
@@ -216,13 +216,13 @@ func (st *LoopState) attemptFailed(ks *KeyState, err error, now time.Time, db tr
 	// would not notify, and the waiters here would sleep through it until
 	// their retry.
 	st.wantWaiter(ks)
-	if len(ks.Queue) > 0 {
+	if len(ks.queue) > 0 {
 		st.scheduleRetry(ks, now, time.Time{})
-		noteAttempt(ks.Queue, db, obs.AttemptFailed, ks.retryAt.Sub(now))
+		noteAttempt(ks.queue, db, obs.AttemptFailed, ks.retryAt.Sub(now))
 	}
 }
 
-func (st *LoopState) HandleReleaseDone(d releaseDone) {
+func (st *LoopState) handleReleaseDone(d releaseDone) {
 	st.land(d.fl, &st.releaseSlots)
 	now := st.m.Now()
 	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
@@ -240,9 +240,9 @@ func (st *LoopState) HandleReleaseDone(d releaseDone) {
 			// An ambiguous acquire's lockId, not (yet) held: its commit may
 			// still land (releaseItem.pending). Retried in the background;
 			// the key's waiters go on now.
-			if it.ks != nil && !it.Unblocked {
-				it.ks.Releasing--
-				it.Unblocked = true
+			if it.ks != nil && !it.unblocked {
+				it.ks.releasing--
+				it.unblocked = true
 				st.forceKick(it.ks)
 			}
 			if st.retryRelease(it, now) {
@@ -281,8 +281,8 @@ func (st *LoopState) HandleReleaseDone(d releaseDone) {
 			continue
 		}
 		if ks := it.ks; ks != nil {
-			if !it.Unblocked {
-				ks.Releasing--
+			if !it.unblocked {
+				ks.releasing--
 			}
 			st.sig().Released.signal(ks.Key)
 			if st.fair() {
@@ -309,7 +309,7 @@ func (st *LoopState) handleExtendDone(d extendDone) {
 			// if the lock was lost meanwhile (keptUntil).
 			h.unknownStart = d.start
 		}
-		if _, ok := st.Held[h]; !ok {
+		if _, ok := st.held[h]; !ok {
 			continue // released or lost meanwhile
 		}
 		due := h.lease.NextExtend()
@@ -333,7 +333,7 @@ func (st *LoopState) handleExtendDone(d extendDone) {
 			st.lose(h, lostCause("the server no longer has the lock"), false, obs.LossNotHeld, d.db)
 			lost++
 			continue
-		case (h.Lock.Ctx.Err() != nil && !st.pastLimit(h, now)) || !now.Before(h.lease.TrustedUntil()) || !st.loss.Stop(h):
+		case (h.lock.Ctx.Err() != nil && !st.pastLimit(h, now)) || !now.Before(h.lease.TrustedUntil()) || !st.loss.stop(h):
 			// (Not trusted: the window passed though the timer may not have
 			// fired yet, e.g. the process was stopped: see "After a pause".)
 			// The trust window passed while the extend was in flight: the
@@ -347,9 +347,9 @@ func (st *LoopState) handleExtendDone(d extendDone) {
 			// A lease past its hold limit (pastLimit made it Manual) keeps
 			// this late extend but gets no more.
 			st.sig().ExtendTimed.signal(ExtendTiming{Key: h.ks.Key, PrevStart: h.lease.Start, Due: due, Start: d.start})
-			h.lease = heldLease{Lease: heartbeat.Lease{TTL: h.Lock.TTL, Start: d.start, Margin: h.lease.Margin}, Manual: h.lease.Manual}
+			h.lease = heldLease{Lease: heartbeat.Lease{TTL: h.lock.TTL, Start: d.start, Margin: h.lease.Margin}, Manual: h.lease.Manual}
 			st.loss.Start(h, h.lease.TrustedUntil())
-			h.Lock.setLease(h.lease.Lease, d.res[i].ExpiresAt)
+			h.lock.setLease(h.lease.Lease, d.res[i].ExpiresAt)
 			h.ks.lastErr = nil // the database answered
 			h.acq.Extended(d.start.Sub(due))
 			n++
@@ -367,7 +367,7 @@ func (st *LoopState) handleExtendDone(d extendDone) {
 // release wake-ups (waiters.go), watch events (watch.go), revokes and
 // release requests (revoke.go); a resync and a registration go to all.
 func (st *LoopState) handleNotice(n notice) {
-	st.Lis.Deliver(n)
+	st.lis.Deliver(n)
 	if n.Resync {
 		st.sig().Listening.signal(struct{}{}) // the listener (re)subscribed
 	}
@@ -376,12 +376,12 @@ func (st *LoopState) handleNotice(n notice) {
 // handleDue runs what the timer found due: stuck batches (flight.go),
 // retries and the heartbeat.
 func (st *LoopState) handleDue(now time.Time) {
-	st.CheckStuck(now)
+	st.checkStuck(now)
 	st.dueReleases(now)
 	if st.closing {
 		return
 	}
-	st.DueWatch(now)
+	st.dueWatch(now)
 	st.sweepLingering(now) // waiters.go
 	st.shedDue(now)        // overload.go
 	st.fairDue(now)        // fair.go
@@ -411,8 +411,8 @@ func (st *LoopState) heartbeat(now time.Time) {
 		return
 	}
 	st.pruneKept(now)
-	for h := range st.Held {
-		if h.Lock.Ctx.Err() != nil && !st.pastLimit(h, now) { // its loss timer fired
+	for h := range st.held {
+		if h.lock.Ctx.Err() != nil && !st.pastLimit(h, now) { // its loss timer fired
 			st.lose(h, nil, true, obs.LossExpired, trace.SpanContext{})
 		}
 	}
@@ -427,24 +427,24 @@ func (st *LoopState) heartbeat(now time.Time) {
 	st.hbNext = t.next
 }
 
-// Flush sends whatever is pending, lane by lane (lane.go). Handoffs go
+// flush sends whatever is pending, lane by lane (lane.go). Handoffs go
 // first: one that goes out as a plain release joins the releases.
-func (st *LoopState) Flush() {
+func (st *LoopState) flush() {
 	for _, l := range st.lanes {
-		l.Flush(st)
+		l.flush(st)
 	}
 	st.flushWatchReads() // watch.go
 }
 
 // isHeld reports whether a lease waiting for the next extend batch is
 // still held (it may have been released or lost meanwhile).
-func (st *LoopState) isHeld(h *Holding) bool {
-	_, ok := st.Held[h]
+func (st *LoopState) isHeld(h *holding) bool {
+	_, ok := st.held[h]
 	return ok
 }
 
 // sendReleases starts a release batch (loop side of sendRelease).
-func (st *LoopState) sendReleases(fl *Flight, batch []releaseItem) {
+func (st *LoopState) sendReleases(fl *flight, batch []releaseItem) {
 	parent, served := roundTripSpans(nil, batch)
 	st.Start(fl, len(batch), func() { st.m.sendRelease(fl, batch, parent, served) })
 }
@@ -452,13 +452,13 @@ func (st *LoopState) sendReleases(fl *Flight, batch []releaseItem) {
 // sendExtends starts an extend batch (loop side of sendExtend), bounded
 // by the earliest trust deadline of its leases: an answer after it is
 // useless.
-func (st *LoopState) sendExtends(fl *Flight, batch []*Holding) {
+func (st *LoopState) sendExtends(fl *flight, batch []*holding) {
 	m := st.m
 	now := st.m.Now()
 	deadline := now.Add(m.cfg.StatementTimeout)
 	reqs := make([]store.ExtendRequest, len(batch))
 	for i, h := range batch {
-		reqs[i] = store.ExtendRequest{LockID: h.Lock.ID, TTL: h.Lock.TTL}
+		reqs[i] = store.ExtendRequest{LockID: h.lock.ID, TTL: h.lock.TTL}
 		if h.ext != nil {
 			h.ext.sent, h.ext.want = h.ext.want, nil // Extend callers this round trip answers
 		}
@@ -556,10 +556,10 @@ func (m *Kernel) beforeBatch(kind BatchKind, n int) {
 	}
 }
 
-func (m *Kernel) sendRelease(fl *Flight, batch []releaseItem, parent trace.SpanContext, served []trace.SpanContext) {
+func (m *Kernel) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanContext, served []trace.SpanContext) {
 	reqs := make([]store.ReleaseRequest, len(batch))
 	for i, it := range batch {
-		reqs[i] = store.ReleaseRequest{LockID: it.LockID, Key: it.key}
+		reqs[i] = store.ReleaseRequest{LockID: it.lockID, Key: it.key}
 	}
 	timeout := m.cfg.StatementTimeout
 	if m.IsClosing() {
@@ -584,10 +584,10 @@ func (m *Kernel) sendRelease(fl *Flight, batch []releaseItem, parent trace.SpanC
 		}
 	}
 	db.End(ok, cmp.Or(err, leaveErr))
-	m.ReleaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, leaveErr: leaveErr, db: db.SpanContext()}
+	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, leaveErr: leaveErr, db: db.SpanContext()}
 }
 
-func (m *Kernel) sendExtend(fl *Flight, batch []*Holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
+func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
 	// Bounded by the earliest trust deadline of the batch (sendExtends).
 	ctx, cancel := context.WithTimeoutCause(m.workCtx, deadline.Sub(m.Now()), pgerr.ErrStatementTimeout)
 	defer cancel()

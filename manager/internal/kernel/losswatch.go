@@ -28,15 +28,15 @@ type lossWatch struct {
 	now   func() time.Time // the Manager's clock (Manager.now); set before the first start
 
 	mu    sync.Mutex
-	heap  []*Holding // min-heap on lossAt; holding.lossIdx is the position
+	heap  []*holding // min-heap on lossAt; holding.lossIdx is the position
 	timer *time.Timer
 	armed int64 // the timer's deadline (nanoseconds after epoch); 0: not armed
 }
 
-// NewLossWatch returns a watch whose timer calls fired (from its own
+// newLossWatch returns a watch whose timer calls fired (from its own
 // goroutine, never holding the watch's mutex) for each lease whose
 // deadline passed.
-func NewLossWatch(fired func(*Hold)) *lossWatch {
+func newLossWatch(fired func(*Hold)) *lossWatch {
 	w := &lossWatch{epoch: heartbeat.Now(), fired: fired, now: heartbeat.Now}
 	w.timer = time.AfterFunc(time.Hour, w.fire)
 	w.timer.Stop()
@@ -50,7 +50,7 @@ func (w *lossWatch) at(t time.Time) int64 {
 
 // Start watches h's lease: its lock is ended as lost at deadline unless
 // stop is called first. h must not be watched already.
-func (w *lossWatch) Start(h *Holding, deadline time.Time) {
+func (w *lossWatch) Start(h *holding, deadline time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	h.lossAt = w.at(deadline)
@@ -62,15 +62,15 @@ func (w *lossWatch) Start(h *Holding, deadline time.Time) {
 	}
 }
 
-// Stop stops watching h and reports whether it was still watched: false
+// stop stops watching h and reports whether it was still watched: false
 // when its deadline already fired (as time.Timer.Stop).
-func (w *lossWatch) Stop(h *Holding) bool {
+func (w *lossWatch) stop(h *holding) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if h.LossIdx < 0 {
+	if h.lossIdx < 0 {
 		return false
 	}
-	w.remove(int(h.LossIdx))
+	w.remove(int(h.lossIdx))
 	return !h.lossFired
 }
 
@@ -92,7 +92,7 @@ func (w *lossWatch) fire() {
 		h := w.heap[0]
 		w.remove(0)
 		h.lossFired = true
-		due = append(due, h.Lock)
+		due = append(due, h.lock)
 	}
 	w.armed = 0
 	if len(w.heap) > 0 {
@@ -108,8 +108,8 @@ func (w *lossWatch) fire() {
 // The heap (container/heap's algorithms on the concrete type: no
 // interface conversions). Called with mu held.
 
-func (w *lossWatch) push(h *Holding) {
-	h.LossIdx = int32(len(w.heap))
+func (w *lossWatch) push(h *holding) {
+	h.lossIdx = int32(len(w.heap))
 	w.heap = append(w.heap, h)
 	w.up(len(w.heap) - 1)
 }
@@ -122,21 +122,21 @@ func (w *lossWatch) remove(i int) {
 	}
 	w.heap[n] = nil
 	w.heap = w.heap[:n]
-	h.LossIdx = -1
+	h.lossIdx = -1
 	if i != n {
 		if !w.down(i) {
 			w.up(i)
 		}
 	}
 	if n == 0 || cap(w.heap) > 1024 && n < cap(w.heap)/4 {
-		w.heap = append([]*Holding(nil), w.heap...) // give back what a past peak took
+		w.heap = append([]*holding(nil), w.heap...) // give back what a past peak took
 	}
 }
 
 func (w *lossWatch) swap(i, j int) {
 	w.heap[i], w.heap[j] = w.heap[j], w.heap[i]
-	w.heap[i].LossIdx = int32(i)
-	w.heap[j].LossIdx = int32(j)
+	w.heap[i].lossIdx = int32(i)
+	w.heap[j].lossIdx = int32(j)
 }
 
 func (w *lossWatch) up(j int) {

@@ -16,26 +16,26 @@ func TestLossWatchFiresInOrder(t *testing.T) {
 		at time.Time
 	}
 	ch := make(chan fired, 8)
-	w := NewLossWatch(func(l *Hold) { ch <- fired{l, time.Now()} })
+	w := newLossWatch(func(l *Hold) { ch <- fired{l, time.Now()} })
 	defer w.Close()
 	start := time.Now()
-	hs := make([]*Holding, 4)
+	hs := make([]*holding, 4)
 	for i := range hs {
-		hs[i] = &Holding{Lock: &Hold{}, LossIdx: -1}
+		hs[i] = &holding{lock: &Hold{}, lossIdx: -1}
 	}
-	// Deadlines out of order; hs[3] is stopped before its deadline.
+	// deadlines out of order; hs[3] is stopped before its deadline.
 	deadlines := []time.Duration{60 * time.Millisecond, 20 * time.Millisecond, 40 * time.Millisecond, 30 * time.Millisecond}
 	for i, h := range hs {
 		w.Start(h, start.Add(deadlines[i]))
 	}
-	if !w.Stop(hs[3]) {
+	if !w.stop(hs[3]) {
 		t.Fatal("stop of a lease before its deadline reported it fired")
 	}
 	want := []int{1, 2, 0}
 	for _, i := range want {
 		select {
 		case f := <-ch:
-			if f.l != hs[i].Lock {
+			if f.l != hs[i].lock {
 				t.Fatalf("fired out of order: want lease %d", i)
 			}
 			if f.at.Before(start.Add(deadlines[i])) {
@@ -51,15 +51,15 @@ func TestLossWatchFiresInOrder(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	for _, i := range want {
-		if w.Stop(hs[i]) {
+		if w.stop(hs[i]) {
 			t.Fatalf("stop after lease %d fired reported it still watched", i)
 		}
 	}
 	// Moving a deadline (an extend: stop, then start again) keeps the
 	// lease until the new one.
-	h := &Holding{Lock: &Hold{}, LossIdx: -1}
+	h := &holding{lock: &Hold{}, lossIdx: -1}
 	w.Start(h, time.Now().Add(20*time.Millisecond))
-	if !w.Stop(h) {
+	if !w.stop(h) {
 		t.Fatal("stop before the deadline failed")
 	}
 	moved := time.Now().Add(80 * time.Millisecond)

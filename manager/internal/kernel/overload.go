@@ -99,20 +99,20 @@ func (o *overload) sentAcquire(now time.Time) {
 
 // observe takes one answered (or, for an extend, timed-out) round trip
 // of fl, carrying n items, into the shedding state.
-func (st *LoopState) observe(fl *Flight, n int, err error, now time.Time) {
+func (st *LoopState) observe(fl *flight, n int, err error, now time.Time) {
 	if fl == nil || st.closing {
 		return
 	}
-	rt := now.Sub(fl.Start)
-	op := fl.Spec.Kind.op()
+	rt := now.Sub(fl.start)
+	op := fl.spec.kind.op()
 	slow := st.m.slowRoundTrip()
 	switch {
-	case fl.Spec.Kind == KindExtend && err != nil && errors.Is(err, pgerr.ErrStatementTimeout):
+	case fl.spec.kind == KindExtend && err != nil && errors.Is(err, pgerr.ErrStatementTimeout):
 		st.pressure(rt, op, now)
 	case err != nil:
 		// Not answered: a dead connection or an outage, which the
 		// stuck-batch and retry rules handle; no sign of overload.
-	case rt > slow+time.Duration(n)*slowPerItem || (fl.Spec.Kind == KindExtend && fl.slack > 0 && rt > max(fl.slack/4, slowRoundTripMin)):
+	case rt > slow+time.Duration(n)*slowPerItem || (fl.spec.kind == KindExtend && fl.slack > 0 && rt > max(fl.slack/4, slowRoundTripMin)):
 		st.pressure(rt, op, now)
 	case rt < slow/4:
 		st.calm(now)
@@ -161,7 +161,7 @@ func (st *LoopState) shedDue(now time.Time) {
 	}
 	slow := st.m.slowRoundTrip()
 	for fl := range st.flights {
-		if now.Sub(fl.Start) > slow {
+		if now.Sub(fl.start) > slow {
 			o.lastHit = now // a batch still unanswered is pressure too
 			return
 		}
@@ -191,7 +191,7 @@ func (st *LoopState) nextShed() time.Time {
 	return next
 }
 
-// shedNote is what a wait that ended while the Manager shed adds to its
+// ShedNote is what a wait that ended while the Manager shed adds to its
 // error message.
 const ShedNote = "; the database was overloaded and this Manager was holding back acquires so that held leases stay renewed"
 

@@ -50,15 +50,15 @@ import (
 // goroutine reads only lockID, ttl and what its kind sends.
 type Attempt struct {
 	Ks     *KeyState // its key; nil for a set (its keys are its kind's)
-	LockID string    // pre-generated, so an ambiguous outcome can be released (ambiguity is never success)
+	lockID string    // pre-generated, so an ambiguous outcome can be released (ambiguity is never success)
 	ttl    time.Duration
 	// Owned by run (flight.go): chain numbers the key's attempt and its
 	// hedges (an answer from any of them is the key's answer, the first
 	// wins); hedges counts the hedges before this one in its chain; stale
 	// marks an attempt superseded by a hedge or by another attempt's answer.
-	Chain  uint64
+	chain  uint64
 	hedges uint8
-	Stale  bool
+	stale  bool
 	// delayMs is the lock delay stored with the grant (WithLockDelay), in
 	// ms (at most math.MaxInt32: kept in the padding after stale).
 	delayMs int32
@@ -91,8 +91,8 @@ type attemptKind interface {
 	// Holds is how many lockIds a asks for; hold returns the j-th, with its
 	// key. unit is how many holds make one caller's grant: a's results
 	// are split among callers in units of it.
-	Holds(a *Attempt) int
-	Hold(a *Attempt, j int) (lockID, key, hash string)
+	holds(a *Attempt) int
+	hold(a *Attempt, j int) (lockID, key, hash string)
 	unit(a *Attempt) int
 	// What a grant means: whether the fences of holds [lo, hi) pass
 	// fence monotonicity (recording them); whether a caller of this
@@ -152,17 +152,17 @@ type waiters interface {
 	settled(st *LoopState, a *Attempt, granted bool, db trace.SpanContext)
 }
 
-// HandleAcquireDone settles the answer to a batch of attempts.
-func (st *LoopState) HandleAcquireDone(d AcquireDone) {
-	st.land(d.Fl, &st.acquireSlots)
+// handleAcquireDone settles the answer to a batch of attempts.
+func (st *LoopState) handleAcquireDone(d acquireDone) {
+	st.land(d.fl, &st.acquireSlots)
 	now := st.m.Now()
-	st.observe(d.Fl, len(d.Batch), d.Err, now) // overload.go
+	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
 	off := 0
-	for _, a := range d.Batch {
-		n := a.Kind.Holds(a)
+	for _, a := range d.batch {
+		n := a.Kind.holds(a)
 		var rs []store.AcquireResult
-		if d.Err == nil {
-			rs = d.Res[off : off+n]
+		if d.err == nil {
+			rs = d.res[off : off+n]
 		}
 		off += n
 		if k, ok := a.Kind.(*fairKind); ok {
@@ -174,7 +174,7 @@ func (st *LoopState) HandleAcquireDone(d AcquireDone) {
 
 // settle is the acquire protocol (see above) for one attempt a; rs are
 // its results (nil when the round trip failed).
-func (st *LoopState) settle(a *Attempt, d AcquireDone, rs []store.AcquireResult, now time.Time) {
+func (st *LoopState) settle(a *Attempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
 	if st.settleStale(a, d, rs) { // flight.go
 		return
 	}
@@ -184,18 +184,18 @@ func (st *LoopState) settle(a *Attempt, d AcquireDone, rs []store.AcquireResult,
 	}
 	w := a.Kind.waiters(st, a)
 	w.land(st, a)
-	w.reached(d.Err)
+	w.reached(d.err)
 	switch {
 	case w.left():
 		st.releaseHolds(a, d, rs, relUnblocked)
 	case st.closing:
 		st.releaseHolds(a, d, rs, relDetached)
 		w.closed(st, a)
-	case d.Err != nil:
-		if mayHaveGranted(d.Err) && !fairWaiting(a) {
+	case d.err != nil:
+		if mayHaveGranted(d.err) && !fairWaiting(a) {
 			st.releaseHolds(a, d, rs, relBlocking)
 		}
-		w.failed(st, a, d.Err, now, d.db)
+		w.failed(st, a, d.err, now, d.db)
 	default:
 		st.settleAnswer(a, w, d, rs, now)
 		return
@@ -205,12 +205,12 @@ func (st *LoopState) settle(a *Attempt, d AcquireDone, rs []store.AcquireResult,
 
 // settleAnswer settles the results rs of a round trip that reached the
 // database, unit by unit (a unit: the holds one caller gets).
-func (st *LoopState) settleAnswer(a *Attempt, w waiters, d AcquireDone, rs []store.AcquireResult, now time.Time) {
+func (st *LoopState) settleAnswer(a *Attempt, w waiters, d acquireDone, rs []store.AcquireResult, now time.Time) {
 	var refused *store.AcquireResult
 	var fatal error // an item's own failure no retry fixes (fence overflow)
 	granted := false
-	lease := heartbeat.Lease{TTL: a.ttl, Start: d.Start, Margin: st.margin(a.ttl)}
-	n, size := a.Kind.Holds(a), a.Kind.unit(a)
+	lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
+	n, size := a.Kind.holds(a), a.Kind.unit(a)
 	for lo := 0; lo < n; lo += size {
 		hi := lo + size
 		if err := firstErr(rs[lo:hi]); err != nil {
@@ -265,7 +265,7 @@ func (st *LoopState) settleAnswer(a *Attempt, w waiters, d AcquireDone, rs []sto
 
 // settleTry is the protocol in try mode: the one caller is answered at
 // once, whatever the outcome (an error, "locked", or its lock).
-func (st *LoopState) settleTry(a *Attempt, d AcquireDone, rs []store.AcquireResult, now time.Time) {
+func (st *LoopState) settleTry(a *Attempt, d acquireDone, rs []store.AcquireResult, now time.Time) {
 	req := a.try
 	k := a.Kind
 	if a.Ks != nil {
@@ -274,30 +274,30 @@ func (st *LoopState) settleTry(a *Attempt, d AcquireDone, rs []store.AcquireResu
 	if a.Ks == nil { // a set's try is its set waiter's attempt
 		k.waiters(st, a).land(st, a)
 	}
-	if mayHaveGranted(d.Err) {
+	if mayHaveGranted(d.err) {
 		st.releaseHolds(a, d, rs, relUnblocked)
 	}
-	err := d.Err
+	err := d.err
 	if err == nil {
 		err = firstErr(rs)
 	}
-	st.tryReached(a, d.Err, err)
+	st.tryReached(a, d.err, err)
 	var ans AcquireReply
 	outcome := obs.AttemptFailed
 	switch {
 	case req.answered: // the caller left, or Close answered it
-		if d.Err == nil {
+		if d.err == nil {
 			st.releaseHolds(a, d, rs, relUnblocked)
 		}
 		st.tryDone(a)
 		return
 	case st.closing:
-		if d.Err == nil {
+		if d.err == nil {
 			st.releaseHolds(a, d, rs, relUnblocked)
 		}
 		ans.Err = ClosedErr(k.op(true))
 	case err != nil:
-		if d.Err == nil {
+		if d.err == nil {
 			st.releaseHolds(a, d, rs, relUnblocked)
 		}
 		ans.Err = err
@@ -315,7 +315,7 @@ func (st *LoopState) settleTry(a *Attempt, d AcquireDone, rs []store.AcquireResu
 		st.releaseHolds(a, d, rs, relUnblocked)
 		ans.Locked, outcome = true, obs.AttemptContended
 	default:
-		lease := heartbeat.Lease{TTL: a.ttl, Start: d.Start, Margin: st.margin(a.ttl)}
+		lease := heartbeat.Lease{TTL: a.ttl, Start: d.start, Margin: st.margin(a.ttl)}
 		if !now.Before(lease.TrustedUntil()) {
 			st.releaseHolds(a, d, rs, relUnblocked)
 			ans.Err = lateGrant(k.op(true))
@@ -343,10 +343,10 @@ const (
 
 // releaseHolds releases every lockId of a that its answer granted or may
 // have granted (all of them when its outcome is unknown).
-func (st *LoopState) releaseHolds(a *Attempt, d AcquireDone, rs []store.AcquireResult, how releaseMode) {
-	maybe := mayHaveGranted(d.Err)
-	for j := range a.Kind.Holds(a) {
-		if maybe || (d.Err == nil && rs[j].OK) {
+func (st *LoopState) releaseHolds(a *Attempt, d acquireDone, rs []store.AcquireResult, how releaseMode) {
+	maybe := mayHaveGranted(d.err)
+	for j := range a.Kind.holds(a) {
+		if maybe || (d.err == nil && rs[j].OK) {
 			st.releaseHold(a, j, how, maybe)
 		}
 	}
@@ -367,8 +367,8 @@ func (st *LoopState) releaseHold(a *Attempt, j int, how releaseMode, pending boo
 	if k, ok := a.Kind.(*fairKind); ok && k.reqs[j].qgranted {
 		return // its caller holds the grant of this lockId (fair.go)
 	}
-	id, key, hash := a.Kind.Hold(a, j)
-	it := releaseItem{LockID: id, key: key, ttl: a.ttl, sc: a.db, pending: pending}
+	id, key, hash := a.Kind.hold(a, j)
+	it := releaseItem{lockID: id, key: key, ttl: a.ttl, sc: a.db, pending: pending}
 	if st.closing {
 		how = relDetached
 	}
@@ -376,7 +376,7 @@ func (st *LoopState) releaseHold(a *Attempt, j int, how releaseMode, pending boo
 	case relBlocking:
 		if a.Ks != nil && a.try == nil {
 			it.ks = a.Ks
-			a.Ks.Releasing++
+			a.Ks.releasing++
 			break
 		}
 		fallthrough // a try's or a set's release never holds up a key's attempts
@@ -385,9 +385,9 @@ func (st *LoopState) releaseHold(a *Attempt, j int, how releaseMode, pending boo
 		if ks == nil {
 			ks = st.keyFor(key, hash)
 		}
-		it.ks, it.Unblocked = ks, true
+		it.ks, it.unblocked = ks, true
 	}
-	st.Releases.add(it)
+	st.releases.add(it)
 }
 
 // answerCaller answers a try's caller with r.
@@ -489,7 +489,7 @@ func (st *LoopState) keepAttempt(a *Attempt) bool {
 // keepKeyAttempt reports whether flush sends a key's pending attempt:
 // not once its waiters all left, nor during Close.
 func (st *LoopState) keepKeyAttempt(a *Attempt) bool {
-	if st.closing || len(a.Ks.Queue) == 0 {
+	if st.closing || len(a.Ks.queue) == 0 {
 		a.Ks.attempt = nil // nobody left to serve
 		st.gc(a.Ks)
 		return false
@@ -503,7 +503,7 @@ func keyServed(a *Attempt, add func(*obs.Acquisition) bool) bool {
 	if a.try != nil {
 		return add(a.try.Acq)
 	}
-	for _, req := range a.Ks.Queue {
+	for _, req := range a.Ks.queue {
 		if !add(req.Acq) {
 			return false
 		}
@@ -513,19 +513,19 @@ func keyServed(a *Attempt, add func(*obs.Acquisition) bool) bool {
 
 // sendAttempts starts an acquire batch of one kind (loop side of
 // sendAttempts).
-func (st *LoopState) sendAttempts(fl *Flight, batch []*Attempt) {
-	fl.Attempts = batch
+func (st *LoopState) sendAttempts(fl *flight, batch []*Attempt) {
+	fl.attempts = batch
 	parent, served := roundTripSpans(batch, nil)
 	st.Start(fl, len(batch), func() { st.m.sendAttempts(fl, batch, parent, served) })
 }
 
 // sendAttempts runs on a DB worker: one statement (the kind's store call)
 // for the batch.
-func (m *Kernel) sendAttempts(fl *Flight, batch []*Attempt, parent trace.SpanContext, served []trace.SpanContext) {
+func (m *Kernel) sendAttempts(fl *flight, batch []*Attempt, parent trace.SpanContext, served []trace.SpanContext) {
 	k := batch[0].Kind
 	n := 0
 	for _, a := range batch {
-		n += k.Holds(a)
+		n += k.holds(a)
 	}
 	// Not cancelled by Close: an acquire abandoned mid-statement has an
 	// unknown outcome, and the server may commit it after the release of
@@ -553,7 +553,7 @@ func (m *Kernel) sendAttempts(fl *Flight, batch []*Attempt, parent trace.SpanCon
 	for _, a := range batch {
 		a.db = sc
 	}
-	m.AcquireDoneCh <- AcquireDone{Fl: fl, Batch: batch, Start: start, Res: res, Err: err, db: sc}
+	m.acquireDoneCh <- acquireDone{fl: fl, batch: batch, start: start, res: res, err: err, db: sc}
 }
 
 // keyQueue is a key's queue as the waiters of the key's own attempt (an
@@ -582,7 +582,7 @@ func (q *keyQueue) failed(st *LoopState, a *Attempt, err error, now time.Time, d
 
 func (q *keyQueue) fatal(st *LoopState, a *Attempt, err error, db trace.SpanContext) {
 	q.lastErr = err
-	noteAttempt(q.Queue, db, obs.AttemptFailed, 0)
+	noteAttempt(q.queue, db, obs.AttemptFailed, 0)
 	st.failAll(q.ks(), err)
 }
 
@@ -593,10 +593,10 @@ func (q *keyQueue) fatal(st *LoopState, a *Attempt, err error, db trace.SpanCont
 func (q *keyQueue) refused(st *LoopState, a *Attempt, rs []store.AcquireResult, r *store.AcquireResult, now time.Time, db trace.SpanContext) {
 	ks := q.ks()
 	latest := a.Kind.refusal(st, a, *r, now)
-	if len(ks.Queue) == 0 {
+	if len(ks.queue) == 0 {
 		return
 	}
-	noteWaiting(ks.Queue, *r)
+	noteWaiting(ks.queue, *r)
 	st.wantWaiter(ks)
 	st.contended(ks).heldBy = r.Holder
 	var retryIn time.Duration
@@ -606,12 +606,12 @@ func (q *keyQueue) refused(st *LoopState, a *Attempt, rs []store.AcquireResult, 
 		st.scheduleRetry(ks, now, latest)
 		retryIn = ks.retryAt.Sub(now)
 	}
-	noteAttempt(ks.Queue, db, obs.AttemptContended, retryIn)
+	noteAttempt(ks.queue, db, obs.AttemptContended, retryIn)
 }
 
 func (q *keyQueue) taker(a *Attempt, lo, hi int) *AcquireReq {
-	if len(q.Queue) > 0 && a.Kind.serves(a, q.Queue[0]) {
-		return q.Queue[0]
+	if len(q.queue) > 0 && a.Kind.serves(a, q.queue[0]) {
+		return q.queue[0]
 	}
 	return nil
 }
@@ -640,7 +640,7 @@ func (q *keyQueue) settled(st *LoopState, a *Attempt, granted bool, db trace.Spa
 	ks := q.ks()
 	if granted && ks.holder != nil {
 		// The others now wait for this holder: for them the key was taken.
-		noteAttempt(ks.Queue, db, obs.AttemptContended, 0)
+		noteAttempt(ks.queue, db, obs.AttemptContended, 0)
 	}
 	// Everything asked for was granted (or settled): the waiters behind
 	// are served by the key's next attempt (a no-op while the key is

@@ -72,7 +72,7 @@ func (st *LoopState) retryRelease(it releaseItem, now time.Time) bool {
 	}
 	it.retry = true
 	st.relRetries = append(st.relRetries, it)
-	st.sig().ReleaseRetry.signal(it.LockID)
+	st.sig().ReleaseRetry.signal(it.lockID)
 	return true
 }
 
@@ -84,7 +84,7 @@ func (st *LoopState) dueReleases(now time.Time) {
 			keep = append(keep, it)
 			continue
 		}
-		st.Releases.add(it)
+		st.releases.add(it)
 	}
 	clear(st.relRetries[len(keep):])
 	st.relRetries = keep

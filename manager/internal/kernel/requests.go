@@ -107,14 +107,14 @@ func (req *AcquireReq) delayMs() int32 { return int32(req.Delay / time.Milliseco
 // releaseItem is one lockId to release, with the reply of a user's
 // Release call if there is one.
 type releaseItem struct {
-	LockID string
+	lockID string
 	key    string    // the key lockID holds (or may hold): decides whether the release notifies (waiters.go)
 	ks     *KeyState // the key to kick once released; nil during drain
 	reply  chan error
 	lost   error // the lock was lost before the release: reply with this
-	// Unblocked: ks's attempts did not wait for this release (a hedged
+	// unblocked: ks's attempts did not wait for this release (a hedged
 	// attempt's, flight.go); it only kicks ks when answered.
-	Unblocked bool
+	unblocked bool
 	// leave: the lockId is a waiter's fair-queue ticket to take out of
 	// its key's queue (store.QueueLeave), not a lease to release;
 	// noServe: release without serving the key's queue (a key left to
@@ -154,20 +154,20 @@ type releaseItem struct {
 }
 
 // Results posted by DB goroutines to run, one type per kind.
-type AcquireDone struct {
-	Fl    *Flight
-	Batch []*Attempt // of one kind
-	Start time.Time  // local time just before the statement was sent
-	// Res answers the batch's holds in order: each attempt's holds, in
+type acquireDone struct {
+	fl    *flight
+	batch []*Attempt // of one kind
+	start time.Time  // local time just before the statement was sent
+	// res answers the batch's holds in order: each attempt's holds, in
 	// the order of its kind's hold (an exclusive attempt's one, a shared
 	// attempt's lockIds, a set's keys).
-	Res []store.AcquireResult
-	Err error
+	res []store.AcquireResult
+	err error
 	db  trace.SpanContext // the round trip's pglease.acquire_many span
 }
 
 type releaseDone struct {
-	fl    *Flight
+	fl    *flight
 	batch []releaseItem
 	// leaveErr is the outcome of the batch's leave items (a statement of
 	// their own, fair.go); err is the others'.
@@ -178,8 +178,8 @@ type releaseDone struct {
 }
 
 type extendDone struct {
-	fl    *Flight
-	batch []*Holding
+	fl    *flight
+	batch []*holding
 	start time.Time // local time just before the statement was sent
 	res   []store.ExtendResult
 	err   error

@@ -194,8 +194,8 @@ func callErr(op string, err error) error {
 // (and keys) are searched rather than indexed by hash, which would cost
 // every held lock memory.
 func (st *LoopState) handleRevoked(n store.Notification) {
-	for h := range st.Held {
-		if h.ks.hash == n.KeyHash && pglease.HashKey(h.Lock.ID) == n.LockIDHash {
+	for h := range st.held {
+		if h.ks.hash == n.KeyHash && pglease.HashKey(h.lock.ID) == n.LockIDHash {
 			st.revoke(h)
 			return
 		}
@@ -204,7 +204,7 @@ func (st *LoopState) handleRevoked(n store.Notification) {
 	// in flight may bring the revoked grant): the other processes' revokes
 	// cost nothing more.
 	busy := false
-	for _, ks := range st.Keys {
+	for _, ks := range st.keys {
 		if ks.hash == n.KeyHash {
 			busy = true
 			break
@@ -231,11 +231,11 @@ func (st *LoopState) handleRevoked(n store.Notification) {
 // checkRevokedEarly ends h, just granted, if a revoke of its grant was
 // heard before (handleRevoked): the notification overtook the grant's
 // answer. Free while no revoke is remembered.
-func (st *LoopState) checkRevokedEarly(h *Holding) {
+func (st *LoopState) checkRevokedEarly(h *holding) {
 	if len(st.revokedEarly) == 0 {
 		return
 	}
-	hash := pglease.HashKey(h.Lock.ID)
+	hash := pglease.HashKey(h.lock.ID)
 	until, ok := st.revokedEarly[hash]
 	if !ok {
 		return
@@ -250,7 +250,7 @@ func (st *LoopState) checkRevokedEarly(h *Holding) {
 // longer extended, and its row, deleted by the revoke, is neither
 // released nor kept. Waiters here try the key at once (the server makes
 // them wait out a lock delay, and says until when).
-func (st *LoopState) revoke(h *Holding) {
+func (st *LoopState) revoke(h *holding) {
 	ks := h.ks
 	st.dropHolding(h, revokedCause())
 	h.acq.Lost(obs.LossRevoked, trace.SpanContext{})
@@ -263,9 +263,9 @@ func (st *LoopState) revoke(h *Holding) {
 // handleReleaseRequest closes ReleaseRequested of every lock of the key
 // with the notification's hash held here (or of the one hold it names).
 func (st *LoopState) handleReleaseRequest(n store.Notification) {
-	for h := range st.Held {
-		if h.ks.hash == n.KeyHash && store.HoldMatches(n.Hold, h.Lock.ID) {
-			h.Lock.requestSignal().Close()
+	for h := range st.held {
+		if h.ks.hash == n.KeyHash && store.HoldMatches(n.Hold, h.lock.ID) {
+			h.lock.requestSignal().Close()
 			st.sig().releaseRequested.signal(h.ks.Key)
 		}
 	}

@@ -44,7 +44,7 @@ import (
 //     grants whoever comes first, and a set needs all its keys free at
 //     once.
 
-// maxSetKeys caps the keys of one AcquireAll.
+// MaxSetKeys caps the keys of one AcquireAll.
 const MaxSetKeys = 100
 
 // setTurnAfter is how many grants of its keys to other callers of this
@@ -120,7 +120,7 @@ func (st *LoopState) startSet(req *AcquireReq) {
 		// Never queued: callers here that hold or wait for one of its
 		// keys come first, as for TryAcquire.
 		for _, k := range req.Set.Keys {
-			if ks := st.Keys[k.Key]; ks != nil && (ks.heldHere(req) || len(ks.Queue) > 0 || ks.inTurn() || len(ks.setWaiters()) > 0) {
+			if ks := st.keys[k.Key]; ks != nil && (ks.heldHere(req) || len(ks.queue) > 0 || ks.inTurn() || len(ks.setWaiters()) > 0) {
 				st.answerSet(w, AcquireReply{Locked: true})
 				return
 			}
@@ -138,7 +138,7 @@ func (st *LoopState) startSet(req *AcquireReq) {
 		c := st.contended(ks)
 		c.sets = append(c.sets, w)
 		st.byHash[ks.hash] = ks // notifications of its releases wake the set
-		k.Acq.Queued(obs.QueueInfo{HeldLocally: ks.heldHere(req), Coalesced: len(ks.Queue) > 0})
+		k.Acq.Queued(obs.QueueInfo{HeldLocally: ks.heldHere(req), Coalesced: len(ks.queue) > 0})
 	}
 	st.sig().Queued.signal(req.Key)
 	st.kickSet(w)
@@ -152,7 +152,7 @@ func (st *LoopState) kickSet(w *setWait) {
 		return
 	}
 	for _, k := range w.req.Set.Keys {
-		if ks := st.Keys[k.Key]; ks != nil && (ks.held() || ks.Releasing > 0) {
+		if ks := st.keys[k.Key]; ks != nil && (ks.held() || ks.releasing > 0) {
 			return
 		}
 	}
@@ -166,7 +166,7 @@ func (st *LoopState) newSetAttempt(w *setWait) {
 	for i := range sk.ids {
 		sk.ids[i] = keys.NewLockID()
 	}
-	a := &Attempt{LockID: sk.ids[0], ttl: w.req.TTL, delayMs: w.req.delayMs(), Kind: sk}
+	a := &Attempt{lockID: sk.ids[0], ttl: w.req.TTL, delayMs: w.req.delayMs(), Kind: sk}
 	if w.req.Try {
 		a.try = w.req // try mode: answered at once
 	}
@@ -199,7 +199,7 @@ func (st *LoopState) passSets(ks *KeyState) {
 		}
 		w.turn = true
 		for _, k := range w.req.Set.Keys {
-			if c := st.Keys[k.Key].cont; c != nil {
+			if c := st.keys[k.Key].cont; c != nil {
 				c.turns++
 			}
 		}
@@ -239,7 +239,7 @@ func (st *LoopState) endTurnOf(w *setWait) {
 	w.turn, w.passes = false, 0
 	w.turnGen++
 	for _, k := range w.req.Set.Keys {
-		if ks := st.Keys[k.Key]; ks != nil && ks.cont != nil {
+		if ks := st.keys[k.Key]; ks != nil && ks.cont != nil {
 			ks.cont.turns--
 			st.kick(ks)
 		}
@@ -287,7 +287,7 @@ func (st *LoopState) endSet(w *setWait) {
 	turn := w.turn
 	w.turn = false
 	for _, k := range w.req.Set.Keys {
-		ks := st.Keys[k.Key]
+		ks := st.keys[k.Key]
 		if ks == nil || ks.cont == nil {
 			continue
 		}
@@ -314,7 +314,7 @@ func (st *LoopState) abandonSet(req *AcquireReq) AcquireReply {
 	}
 	ans.LastErr, ans.HeldBy = w.lastErr, w.heldBy
 	for _, k := range req.Set.Keys {
-		if ks := st.Keys[k.Key]; ks != nil && ks.heldHere(req) {
+		if ks := st.keys[k.Key]; ks != nil && ks.heldHere(req) {
 			ans.HeldHere = true
 		}
 	}
@@ -357,9 +357,9 @@ func (sk *setKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store
 	return flat, nil
 }
 
-func (sk *setKind) Holds(a *Attempt) int { return len(sk.ids) }
+func (sk *setKind) holds(a *Attempt) int { return len(sk.ids) }
 
-func (sk *setKind) Hold(a *Attempt, j int) (lockID, key, hash string) {
+func (sk *setKind) hold(a *Attempt, j int) (lockID, key, hash string) {
 	k := sk.w.req.Set.Keys[j]
 	return sk.ids[j], k.Key, k.Hash
 }
@@ -381,7 +381,7 @@ func (sk *setKind) FenceOK(st *LoopState, a *Attempt, lo, hi int, rs []store.Acq
 // set's attempt was in flight).
 func (sk *setKind) heldHere(st *LoopState, a *Attempt, to *AcquireReq) bool {
 	for _, k := range sk.w.req.Set.Keys {
-		if ks := st.Keys[k.Key]; ks != nil && ks.held() {
+		if ks := st.keys[k.Key]; ks != nil && ks.held() {
 			return true
 		}
 	}
@@ -395,7 +395,7 @@ func (sk *setKind) grant(st *LoopState, a *Attempt, to *AcquireReq, lo, hi int, 
 	locks := make([]*Hold, len(req.Set.Keys))
 	for j, k := range req.Set.Keys {
 		kss[j] = st.keyFor(k.Key, k.Hash)
-		locks[j] = st.Hold(kss[j], req, k.Acq, sk.ids[j], a.ttl, rs[j], lease)
+		locks[j] = st.hold(kss[j], req, k.Acq, sk.ids[j], a.ttl, rs[j], lease)
 	}
 	for j, k := range req.Set.Keys {
 		k.Acq.Granted(rs[j].Fence) // before the reply: Lost/Release may follow at once
@@ -473,7 +473,7 @@ func (w *setWait) failed(st *LoopState, a *Attempt, err error, now time.Time, db
 		return
 	}
 	for _, k := range w.req.Set.Keys {
-		st.wantWaiter(st.Keys[k.Key]) // free or not is unknown (attemptFailed)
+		st.wantWaiter(st.keys[k.Key]) // free or not is unknown (attemptFailed)
 	}
 	st.setRetry(a, now, time.Time{})
 }
@@ -540,7 +540,7 @@ func (st *LoopState) setRefused(a *Attempt, rs []store.AcquireResult, now time.T
 	}
 	freeAt = keepMark(freeAt, now) // its refused keys are marked as waited for by a writer
 	for _, k := range req.Set.Keys {
-		st.wantWaiter(st.Keys[k.Key])
+		st.wantWaiter(st.keys[k.Key])
 	}
 	noteSet(req, db, obs.AttemptContended, st.setRetry(a, now, freeAt))
 }

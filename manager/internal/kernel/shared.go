@@ -152,11 +152,11 @@ func (st *LoopState) shareAttempt(a *Attempt, head *AcquireReq) {
 		n = min(n, max(1, int(ks.permitRoom(head.Limit))))
 	}
 	k := 1
-	for k < n && k < len(ks.Queue) && coalescible(ks.Queue[k], head) {
+	for k < n && k < len(ks.queue) && coalescible(ks.queue[k], head) {
 		k++
 	}
 	ids := make([]string, k)
-	ids[0] = a.LockID
+	ids[0] = a.lockID
 	for j := 1; j < k; j++ {
 		ids[j] = keys.NewLockID()
 	}
@@ -197,19 +197,19 @@ func (sh *SharedKind) statement() BatchKind { return KindShared }
 func (sh *SharedKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
 	n := 0
 	for _, a := range batch {
-		n += a.Kind.Holds(a)
+		n += a.Kind.holds(a)
 	}
 	reqs := make([]store.SharedRequest, 0, n)
 	for _, a := range batch {
 		k := a.Kind.(*SharedKind)
-		for j := range k.Holds(a) {
+		for j := range k.holds(a) {
 			reqs = append(reqs, store.SharedRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: k.id(a, j), Limit: int(k.Limit)})
 		}
 	}
 	return s.AcquireSharedMany(ctx, reqs)
 }
 
-func (sh *SharedKind) Holds(a *Attempt) int {
+func (sh *SharedKind) holds(a *Attempt) int {
 	if sh.ids == nil {
 		return 1
 	}
@@ -218,12 +218,12 @@ func (sh *SharedKind) Holds(a *Attempt) int {
 
 func (sh *SharedKind) id(a *Attempt, j int) string {
 	if sh.ids == nil {
-		return a.LockID
+		return a.lockID
 	}
 	return sh.ids[j]
 }
 
-func (sh *SharedKind) Hold(a *Attempt, j int) (lockID, key, hash string) {
+func (sh *SharedKind) hold(a *Attempt, j int) (lockID, key, hash string) {
 	return sh.id(a, j), a.Ks.Key, a.Ks.hash
 }
 

@@ -33,18 +33,18 @@ func (st *LoopState) beginDrain() {
 	if st.m.AdvClose != nil {
 		st.m.AdvClose(st.m.cfg.CloseTimeout)
 	}
-	st.Lis.Stop()
+	st.lis.Stop()
 	st.closeWatches()
-	for _, ks := range st.Keys {
+	for _, ks := range st.keys {
 		st.failAll(ks, ClosedErr("manager.Acquire"))
 	}
 	for _, w := range st.sets {
 		st.answerSet(w, AcquireReply{Err: ClosedErr("manager.AcquireAll")})
 	}
-	for h := range st.Held {
+	for h := range st.held {
 		st.dropHolding(h, ClosedCause)
 		rel, sc := startRelease(h, trace.SpanContext{})
-		st.Releases.add(releaseItem{LockID: h.Lock.ID, key: h.ks.Key, rel: rel, sc: sc, ttl: h.Lock.TTL, handed: true})
+		st.releases.add(releaseItem{lockID: h.lock.ID, key: h.ks.Key, rel: rel, sc: sc, ttl: h.lock.TTL, handed: true})
 	}
 	// Lost locks whose rows were kept for their holders: Close releases
 	// them like the held ones (their holders were told long ago).
@@ -57,16 +57,16 @@ func (st *LoopState) beginDrain() {
 	}
 	st.leaveStrays() // fair.go
 	// Releases waiting for their retry go out now, once more (relretry.go).
-	st.Releases.Pending = append(st.Releases.Pending, st.relRetries...)
+	st.releases.pending = append(st.releases.pending, st.relRetries...)
 	clear(st.relRetries)
 	st.relRetries = st.relRetries[:0]
-	st.extends.Pending = nil
+	st.extends.pending = nil
 	st.hbNext = time.Time{}
 }
 
 // drained reports whether nothing is pending or in flight any more.
 func (st *LoopState) drained() bool {
-	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && !st.Lis.Running() && !st.fq.refreshing
+	return st.inFlight() == 0 && st.pendingItems() == 0 && len(st.relRetries) == 0 && !st.lis.Running() && !st.fq.refreshing
 }
 
 // finish is the last step of the drain: close an owned pool and record the

@@ -370,15 +370,15 @@ func (w *simWorld) newMgr(i int, s *model.Store) *simMgr {
 		Store:         &simStore{w: w, s: s},
 		Rec:           obs.New(cfg.Telemetry, obs.Database{}),
 		AcquireCh:     make(chan *AcquireReq),
-		ReleaseCh:     make(chan *ReleaseReq),
-		ExtendCh:      make(chan *ExtendReq),
+		releaseCh:     make(chan *ReleaseReq),
+		extendCh:      make(chan *ExtendReq),
 		AbandonCh:     make(chan *AcquireReq),
-		AcquireDoneCh: make(chan AcquireDone, 8), // buffered: a worker posts and ends; the simulator reads
-		ReleaseDoneCh: make(chan releaseDone, 8),
+		acquireDoneCh: make(chan acquireDone, 8), // buffered: a worker posts and ends; the simulator reads
+		releaseDoneCh: make(chan releaseDone, 8),
 		extendDoneCh:  make(chan extendDone, 8),
 		notifyCh:      make(chan notice),
-		watchCh:       make(chan *WatchReq),
-		watchDoneCh:   make(chan WatchDone, 8),
+		watchCh:       make(chan *watchReq),
+		watchDoneCh:   make(chan watchDone, 8),
 		lossCh:        make(chan struct{}, 1),
 		Closing:       make(chan struct{}),
 		Done:          make(chan struct{}),
@@ -393,12 +393,12 @@ func (w *simWorld) newMgr(i int, s *model.Store) *simMgr {
 	m.workCtx, m.cancelWork = context.WithCancel(context.Background())
 	g := &simMgr{i: i, m: m, waited: map[string]bool{}}
 	m.Store.(*simStore).mgr = g
-	st := NewLoopState(m)
+	st := newLoopState(m)
 	st.loss.epoch = m.Now()
 	m.cfg.DisableNotify = true // subscribe the loop's parts, start no service: the simulator is the listener
 	st.startListener()
 	m.cfg.DisableNotify = false
-	st.Lis.Idle()
+	st.lis.Idle()
 	g.st = st
 	return g
 }
@@ -415,7 +415,7 @@ func (w *simWorld) shutdown() {
 	for _, g := range w.mgrs {
 		g.st.loss.Close()
 		g.m.cancelWork()
-		for h := range g.st.Held {
+		for h := range g.st.held {
 			if h.limitTimer != nil {
 				h.limitTimer.Stop()
 			}
@@ -557,7 +557,7 @@ func (w *simWorld) newRequest() {
 	if g.closed {
 		return
 	}
-	g.st.HandleAcquire(req)
+	g.st.handleAcquire(req)
 	w.settle(g)
 }
 
@@ -628,7 +628,7 @@ func (w *simWorld) release() {
 	if h.mgr.closed {
 		return
 	}
-	h.mgr.st.HandleRelease(&ReleaseReq{Lock: h.lk, Reply: make(chan error, 1)})
+	h.mgr.st.handleRelease(&ReleaseReq{Lock: h.lk, Reply: make(chan error, 1)})
 	w.settle(h.mgr)
 }
 
@@ -647,7 +647,7 @@ func (w *simWorld) abandon() {
 	r := open[w.rng.IntN(len(open))]
 	r.left = true
 	w.logf("m%d caller %d leaves", r.mgr.i, slices.Index(w.reqs, r))
-	r.mgr.st.HandleAbandon(r.req)
+	r.mgr.st.handleAbandon(r.req)
 	ans := <-r.req.Final
 	if ans.Lock != nil || ans.Locks != nil {
 		w.fail("caller %d left and was given a lock on its final answer", slices.Index(w.reqs, r))
@@ -659,7 +659,7 @@ func (w *simWorld) abandon() {
 		if h := w.told[lk]; h != nil {
 			h.released, h.takenBack = true, true
 		}
-		if _, ok := r.mgr.st.Held[lk.h]; ok {
+		if _, ok := r.mgr.st.held[lk.h]; ok {
 			w.fail("caller %d left; the grant it never read is still held", slices.Index(w.reqs, r))
 		}
 	}
@@ -768,15 +768,15 @@ func (w *simWorld) settle(g *simMgr) {
 	for {
 		progressed := false
 		select {
-		case d := <-g.m.ReleaseDoneCh:
-			st.HandleReleaseDone(d)
+		case d := <-g.m.releaseDoneCh:
+			st.handleReleaseDone(d)
 			progressed = true
 		default:
 		}
 		if !progressed {
 			select {
-			case d := <-g.m.AcquireDoneCh:
-				st.HandleAcquireDone(d)
+			case d := <-g.m.acquireDoneCh:
+				st.handleAcquireDone(d)
 				progressed = true
 			default:
 			}
@@ -797,17 +797,17 @@ func (w *simWorld) settle(g *simMgr) {
 			default:
 			}
 		}
-		st.Flush()
-		for _, wk := range st.Work {
-			go wk.Run()
+		st.flush()
+		for _, wk := range st.work {
+			go wk.run()
 			synctest.Wait() // the worker is at the gate (one at a time: a fixed order)
 		}
-		if len(st.Work) > 0 {
+		if len(st.work) > 0 {
 			progressed = true
 		}
-		clear(st.Work)
-		st.Work = st.Work[:0]
-		if err := st.CheckInvariants(); err != nil {
+		clear(st.work)
+		st.work = st.work[:0]
+		if err := st.checkInvariants(); err != nil {
 			w.fail("m%d kernel invariant: %v", g.i, err)
 			return
 		}
@@ -844,8 +844,8 @@ func (w *simWorld) deliverNote() {
 // for (its waiter locks) and posts their registration.
 func (w *simWorld) handOver() {
 	g := w.pickMgr()
-	out := g.st.Lis.Outbox()
-	if g.closed || g.st.Lis.Mailbox() == nil || len(out) == 0 {
+	out := g.st.lis.Outbox()
+	if g.closed || g.st.lis.Mailbox() == nil || len(out) == 0 {
 		return
 	}
 	var subs []notifier.Sub
@@ -861,7 +861,7 @@ func (w *simWorld) handOver() {
 	}
 	w.mu.Unlock()
 	slices.SortFunc(subs, func(a, b notifier.Sub) int { return strings.Compare(a.Key, b.Key) })
-	g.st.Lis.Handed()
+	g.st.lis.Handed()
 	w.logf("m%d listener takes %d subscriptions", g.i, len(subs))
 	g.st.handleNotice(notice{Registered: subs})
 	w.settle(g)
@@ -1159,7 +1159,7 @@ func (w *simWorld) closeAll() {
 		g.closed = true
 		if *simTrace {
 			for h := range g.st.kept {
-				w.logf("m%d kept %.8s until %s (now %s)", g.i, pglease.HashKey(h.Lock.ID), simTime(g.st.keptUntil(h)), simTime(time.Now()))
+				w.logf("m%d kept %.8s until %s (now %s)", g.i, pglease.HashKey(h.lock.ID), simTime(g.st.keptUntil(h)), simTime(time.Now()))
 			}
 		}
 		g.st.beginDrain()

@@ -29,10 +29,10 @@ const maxFenceMemory = 100_000
 type LoopState struct {
 	m *Kernel // immutable
 
-	Keys    map[string]*KeyState     // owned by run: keys with waiters, an attempt, a holder or a release in flight
+	keys    map[string]*KeyState     // owned by run: keys with waiters, an attempt, a holder or a release in flight
 	byHash  map[string]*KeyState     // owned by run: pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
-	Held    map[*Holding]struct{}    // owned by run: locks this process holds
-	kept    map[*Holding]struct{}    // owned by run: lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
+	held    map[*holding]struct{}    // owned by run: locks this process holds
+	kept    map[*holding]struct{}    // owned by run: lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
 	Fences  map[string]pglease.Fence // owned by run: highest fence seen per key not in keys (fence monotonicity; keyState.fence for the others)
 	retries retryHeap                // owned by run: scheduled retries, earliest first
 	hbNext  time.Time                // owned by run: next heartbeat event (zero: none)
@@ -49,20 +49,20 @@ type LoopState struct {
 	sharedAcqs                              lane[*Attempt] // shared attempts (shared.go)
 	setAcqs                                 lane[*Attempt] // set attempts (sets.go)
 	fairAcqs                                lane[*Attempt] // fair-queue attempts (fair.go)
-	Releases                                lane[releaseItem]
-	extends                                 lane[*Holding]
+	releases                                lane[releaseItem]
+	extends                                 lane[*holding]
 	handOffs                                lane[handOffItem]
 	lanes                                   []batchLane // in flush order
 	acquireSlots, releaseSlots, extendSlots slots
-	flights                                 map[*Flight]struct{} // the batches in flight (flight.go)
-	Work                                    []DBWork             // batches launched, to start on DB workers (effects.go)
+	flights                                 map[*flight]struct{} // the batches in flight (flight.go)
+	work                                    []dbWork             // batches launched, to start on DB workers (effects.go)
 
 	waiting int // owned by run: callers in all keys' queues and set waiters (telemetry: queue depth "waiters")
 
 	sets map[*AcquireReq]*setWait // owned by run: AcquireAll and TryAcquireAll calls not answered yet (sets.go)
 
 	closing bool         // owned by run: Close began (beginDrain)
-	Lis     listenerLink // owned by run: the listener's mailbox and lifetime (waiters.go, listener.go)
+	lis     listenerLink // owned by run: the listener's mailbox and lifetime (waiters.go, listener.go)
 
 	closeErr error     // owned by run: first release failure during the drain, handed to Close through Manager.closeErr
 	closeBy  time.Time // owned by run: when the drain gives up retrying releases (beginDrain + CloseTimeout)
@@ -73,7 +73,7 @@ type LoopState struct {
 	// lock held here, by lockId hash, until when they are remembered
 	// (revoke.go); nil while there are none.
 	revokedEarly map[string]time.Time
-	Watch        watchLoop // owned by run: the watched keys (watch.go)
+	watch        watchLoop // owned by run: the watched keys (watch.go)
 
 	// lingering: owned by run: the waiter registrations kept after their
 	// key was forgotten, by NFC key, until when (waiters.go); lingerAt is
@@ -97,11 +97,11 @@ type LoopState struct {
 // lock. What only some keys need is in cont.)
 type KeyState struct {
 	Key, hash string
-	Queue     []*AcquireReq  // FIFO; the head is served by the next grant; nil when empty
+	queue     []*AcquireReq  // FIFO; the head is served by the next grant; nil when empty
 	attempt   *Attempt       // the one attempt pending or in flight
-	holder    *Holding       // this process's holder
-	Releasing int32          // releases in flight for this key's lockIds; attempts wait for them
-	Stale     int32          // superseded attempts of this key still in flight (flight.go)
+	holder    *holding       // this process's holder
+	releasing int32          // releases in flight for this key's lockIds; attempts wait for them
+	stale     int32          // superseded attempts of this key still in flight (flight.go)
 	retryAt   time.Time      // scheduled retry (zero: none)
 	retryGen  uint64         // invalidates stale retryHeap entries
 	cont      *keyContention // made on the key's first failed or "locked" attempt (most keys have none)
@@ -145,10 +145,10 @@ func (ks *KeyState) heldBy() string {
 	return ks.cont.heldBy
 }
 
-// Holding is a held lock, as the loop sees it. Owned by run, except the
+// holding is a held lock, as the loop sees it. Owned by run, except the
 // loss-watch fields (guarded by st.loss.mu) and limitTimer's callback.
-type Holding struct {
-	Lock  *Hold // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
+type holding struct {
+	lock  *Hold // a shared hold (lock.shared) is counted in ks.nShared, an exclusive one is ks.holder
 	limit int32 // a shared hold's limit (0: a reader), counted in ks.cont.sharedLims
 	ks    *KeyState
 	acq   *obs.Acquisition // the grant's telemetry: Extended, Lost, StartRelease
@@ -162,7 +162,7 @@ type Holding struct {
 	// position in st.loss's heap (-1: not in it), lossFired tells that
 	// the deadline fired. All three guarded by st.loss.mu.
 	lossAt    int64
-	LossIdx   int32
+	lossIdx   int32
 	lossFired bool
 	// limitTimer fires at the hold limit (WithHoldLimit; nil without
 	// one): its callback, on a timer goroutine, ends the lock's context
@@ -215,17 +215,17 @@ func (h *retryHeap) Pop() any {
 	return e
 }
 
-func NewLoopState(m *Kernel) *LoopState {
+func newLoopState(m *Kernel) *LoopState {
 	st := &LoopState{
 		m:            m,
-		Keys:         make(map[string]*KeyState),
+		keys:         make(map[string]*KeyState),
 		byHash:       make(map[string]*KeyState),
-		Held:         make(map[*Holding]struct{}),
-		kept:         make(map[*Holding]struct{}),
-		flights:      make(map[*Flight]struct{}),
+		held:         make(map[*holding]struct{}),
+		kept:         make(map[*holding]struct{}),
+		flights:      make(map[*flight]struct{}),
 		sets:         make(map[*AcquireReq]*setWait),
 		Fences:       make(map[string]pglease.Fence),
-		loss:         NewLossWatch((*Hold).lossTimerFired),
+		loss:         newLossWatch((*Hold).lossTimerFired),
 		acquireSlots: slots{limit: m.AcqLimit},
 		releaseSlots: slots{limit: m.relLimit},
 		extendSlots:  slots{limit: m.extLimit},
@@ -238,20 +238,20 @@ func NewLoopState(m *Kernel) *LoopState {
 		maxBatch: max(1, m.cfg.MaxBatch/MaxSetKeys), keep: st.keepAttempt, send: st.sendAttempts}
 	st.fairAcqs = lane[*Attempt]{batchSpec: batchSpec{KindAcquire, []*slots{&st.acquireSlots}},
 		maxBatch: max(1, m.cfg.MaxBatch/maxFairItems), adaptive: true, keep: st.keepAttempt, send: st.sendAttempts}
-	st.Releases = lane[releaseItem]{batchSpec: batchSpec{KindRelease, []*slots{&st.releaseSlots}},
+	st.releases = lane[releaseItem]{batchSpec: batchSpec{KindRelease, []*slots{&st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, adaptive: true, drains: true, send: st.sendReleases}
-	st.extends = lane[*Holding]{batchSpec: batchSpec{KindExtend, []*slots{&st.extendSlots}},
+	st.extends = lane[*holding]{batchSpec: batchSpec{KindExtend, []*slots{&st.extendSlots}},
 		maxBatch: m.ExtBatch, keep: st.isHeld, keepLazily: true, send: st.sendExtends}
 	st.handOffs = lane[handOffItem]{batchSpec: batchSpec{KindHandOff, []*slots{&st.acquireSlots, &st.releaseSlots}},
 		maxBatch: m.cfg.MaxBatch, keep: st.keepHandOff, send: st.sendHandOffs}
 	st.loss.now = m.Now
-	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.fairAcqs, &st.sharedAcqs, &st.setAcqs, &st.Releases, &st.extends}
+	st.lanes = []batchLane{&st.handOffs, &st.acquires, &st.fairAcqs, &st.sharedAcqs, &st.setAcqs, &st.releases, &st.extends}
 	return st
 }
 
 // keyFor returns the state of key, creating it.
 func (st *LoopState) keyFor(key, hash string) *KeyState {
-	ks := st.Keys[key]
+	ks := st.keys[key]
 	if ks == nil {
 		ks = &KeyState{Key: key, hash: hash} // cont is made on first contention
 		if f, ok := st.Fences[key]; ok {
@@ -259,7 +259,7 @@ func (st *LoopState) keyFor(key, hash string) *KeyState {
 			delete(st.Fences, key)
 		}
 		st.resumeWaiter(ks) // a registration that lingers is the key's again (waiters.go)
-		st.Keys[key] = ks
+		st.keys[key] = ks
 	}
 	return ks
 }
@@ -269,7 +269,7 @@ func (st *LoopState) keyFor(key, hash string) *KeyState {
 // waiters), and a held key without waiters (most of them) then costs no
 // byHash entry.
 func (st *LoopState) queued(ks *KeyState) {
-	if len(ks.Queue) == 1 {
+	if len(ks.queue) == 1 {
 		st.byHash[ks.hash] = ks
 	}
 }
@@ -277,10 +277,10 @@ func (st *LoopState) queued(ks *KeyState) {
 // unqueued drops ks from byHash, and its queue's backing array, when its
 // queue is empty (and no set waits for it).
 func (st *LoopState) unqueued(ks *KeyState) {
-	if len(ks.Queue) > 0 {
+	if len(ks.queue) > 0 {
 		return
 	}
-	ks.Queue = nil
+	ks.queue = nil
 	if len(ks.setWaiters()) == 0 && st.byHash[ks.hash] == ks {
 		delete(st.byHash, ks.hash)
 	}
@@ -290,9 +290,9 @@ func (st *LoopState) unqueued(ks *KeyState) {
 // cleared: the backing array outlives the pop (it stays with ks while the
 // key is held), and would otherwise keep the request alive.
 func (st *LoopState) popWaiter(ks *KeyState) *AcquireReq {
-	req := ks.Queue[0]
-	ks.Queue[0] = nil
-	ks.Queue = ks.Queue[1:]
+	req := ks.queue[0]
+	ks.queue[0] = nil
+	ks.queue = ks.queue[1:]
 	st.waiting--
 	st.unqueued(ks)
 	return req
@@ -305,8 +305,8 @@ func (st *LoopState) gc(ks *KeyState) {
 	}
 	st.clearRetry(ks)
 	st.dropWaiter(ks)
-	if st.Keys[ks.Key] == ks {
-		delete(st.Keys, ks.Key)
+	if st.keys[ks.Key] == ks {
+		delete(st.keys, ks.Key)
 		if ks.HasFence {
 			st.rememberFence(ks.Key, ks.Fence)
 		}
@@ -323,10 +323,10 @@ func (st *LoopState) gc(ks *KeyState) {
 // (shared.go: permits for a reader, readers for a permit, or as many
 // permits as its semaphore allows).
 func (st *LoopState) kick(ks *KeyState) {
-	if st.closing || len(ks.Queue) == 0 || ks.inTurn() {
+	if st.closing || len(ks.queue) == 0 || ks.inTurn() {
 		return
 	}
-	head := ks.Queue[0]
+	head := ks.queue[0]
 	// In fair mode an exclusive waiter takes its place in the key's queue
 	// at once (fair.go): even while a caller here holds the key, or a
 	// retry is scheduled.
@@ -335,7 +335,7 @@ func (st *LoopState) kick(ks *KeyState) {
 	if !ks.retryAt.IsZero() && !newcomer {
 		return
 	}
-	if ks.busy() && !(fair && ks.attempt == nil && ks.Releasing == 0) {
+	if ks.busy() && !(fair && ks.attempt == nil && ks.releasing == 0) {
 		return
 	}
 	if head.Shared && ks.heldHere(head) {
@@ -468,51 +468,51 @@ func (st *LoopState) margin(ttl time.Duration) time.Duration {
 
 // dropHolding forgets h and ends its lock's context with cause (the first
 // cause wins: a lock already lost stays lost).
-func (st *LoopState) dropHolding(h *Holding, cause error) {
-	if _, ok := st.Held[h]; ok && h.Lock.Shared {
+func (st *LoopState) dropHolding(h *holding, cause error) {
+	if _, ok := st.held[h]; ok && h.lock.Shared {
 		h.ks.dropShared(h.limit)
 	}
-	delete(st.Held, h)
-	st.loss.Stop(h)
+	delete(st.held, h)
+	st.loss.stop(h)
 	if h.limitTimer != nil {
 		h.limitTimer.Stop()
 	}
-	h.Lock.cancel(cause)
+	h.lock.cancel(cause)
 	if h.ks.holder == h {
 		h.ks.holder = nil
 	}
-	h.answerExtendWaiters(EndedExtend(h.Lock.Err()))
+	h.answerExtendWaiters(EndedExtend(h.lock.Err()))
 }
 
 // releaseHolding drops h and queues the release of its lockId; reply, if
 // set, gets the outcome. parent is the releasing caller's span (invalid
 // when the loop releases on its own): the pglease.release span's parent.
-func (st *LoopState) releaseHolding(h *Holding, reply chan error, parent trace.SpanContext) {
-	h.Lock.checkTrust(st.m.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (after a pause)
+func (st *LoopState) releaseHolding(h *holding, reply chan error, parent trace.SpanContext) {
+	h.lock.checkTrust(st.m.Now()) // a lock past its trust window was lost, even if its timer has not fired yet (after a pause)
 	st.dropHolding(h, releasedCause)
 	// A grant taken back from a caller who left (no reply) was never
 	// handed to anyone.
-	it := releaseItem{LockID: h.Lock.ID, key: h.ks.Key, ks: h.ks, reply: reply, ttl: h.Lock.TTL, handed: reply != nil}
-	if c := context.Cause(h.Lock.Ctx); errors.Is(c, pglease.ErrLockLost) {
+	it := releaseItem{lockID: h.lock.ID, key: h.ks.Key, ks: h.ks, reply: reply, ttl: h.lock.TTL, handed: reply != nil}
+	if c := context.Cause(h.lock.Ctx); errors.Is(c, pglease.ErrLockLost) {
 		it.lost = pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", c)
 		// Its loss timer fired before the loop noticed: report the loss.
 		h.acq.Lost(obs.LossExpired, trace.SpanContext{})
 	}
 	it.rel, it.sc = startRelease(h, parent)
-	h.ks.Releasing++
+	h.ks.releasing++
 	if st.fair() {
 		// The release serves the key's queue, unless the key is left to
 		// foreign pollers for a while (foreign.go).
 		it.noServe = !st.yieldForeign(h.ks)
-	} else if !h.Lock.Shared && st.queueHandOff(it) { // local waiters: release and grant in one statement
+	} else if !h.lock.Shared && st.queueHandOff(it) { // local waiters: release and grant in one statement
 		return
 	}
-	st.Releases.add(it)
+	st.releases.add(it)
 }
 
 // startRelease starts h's pglease.release span (loop), as a child of
 // parent when it is valid, and returns it with its span context.
-func startRelease(h *Holding, parent trace.SpanContext) (obs.Release, trace.SpanContext) {
+func startRelease(h *holding, parent trace.SpanContext) (obs.Release, trace.SpanContext) {
 	ctx := context.Background()
 	if parent.IsValid() {
 		ctx = trace.ContextWithSpanContext(ctx, parent)
@@ -532,7 +532,7 @@ func startRelease(h *Holding, parent trace.SpanContext) (obs.Release, trace.Span
 // The row stays until the holder calls Release (it has stopped: releasing
 // is safe then), Close, or its expiry. Otherwise (the server refused the
 // extend: no row of ours is left) local waiters try at once.
-func (st *LoopState) lose(h *Holding, cause error, rowMayRemain bool, lc obs.LossCause, by trace.SpanContext) {
+func (st *LoopState) lose(h *holding, cause error, rowMayRemain bool, lc obs.LossCause, by trace.SpanContext) {
 	ks := h.ks
 	st.dropHolding(h, cause)
 	h.acq.Lost(lc, by)
@@ -549,23 +549,23 @@ func (st *LoopState) lose(h *Holding, cause error, rowMayRemain bool, lc obs.Los
 // unknown at unknownStart) and ran within StatementTimeout, so the
 // server's expires_at is at most that + StatementTimeout + TTL (plus a
 // second for the clocks' rates).
-func (st *LoopState) keep(h *Holding) {
+func (st *LoopState) keep(h *holding) {
 	st.kept[h] = struct{}{}
 }
 
 // keptUntil is when the server has expired a kept row (see keep) for
 // sure: forgetting it is safe after that. (h.lease no longer changes once
 // h is lost.)
-func (st *LoopState) keptUntil(h *Holding) time.Time {
+func (st *LoopState) keptUntil(h *holding) time.Time {
 	start := h.lease.Start
 	if h.unknownStart.After(start) {
 		start = h.unknownStart // an extend that may have run after the last success
 	}
-	return start.Add(st.m.cfg.StatementTimeout + h.Lock.TTL + time.Second)
+	return start.Add(st.m.cfg.StatementTimeout + h.lock.TTL + time.Second)
 }
 
 // unkeep forgets h and returns whether it was kept.
-func (st *LoopState) unkeep(h *Holding) bool {
+func (st *LoopState) unkeep(h *holding) bool {
 	if h == nil {
 		return false
 	}
@@ -587,15 +587,15 @@ func (st *LoopState) pruneKept(now time.Time) {
 
 // releaseKept queues the release of a lost lock's kept row (its holder
 // called Release, or Close); reply, if set, gets the loss as the outcome.
-func (st *LoopState) releaseKept(h *Holding, reply chan error) {
-	it := releaseItem{LockID: h.Lock.ID, key: h.ks.Key, reply: reply, ttl: h.Lock.TTL, handed: true,
-		lost: pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.Lock.Ctx))}
+func (st *LoopState) releaseKept(h *holding, reply chan error) {
+	it := releaseItem{lockID: h.lock.ID, key: h.ks.Key, reply: reply, ttl: h.lock.TTL, handed: true,
+		lost: pgerr.New(pglease.CodeLockLost, "manager.Release", "the lock had been lost before it was released", context.Cause(h.lock.Ctx))}
 	if !st.closing {
 		ks := st.keyFor(h.ks.Key, h.ks.hash) // h.ks may have been forgotten since
-		ks.Releasing++
+		ks.releasing++
 		it.ks = ks
 	}
-	st.Releases.add(it)
+	st.releases.add(it)
 }
 
 // expire ends l as lost because its trust window passed: what its loss
@@ -650,8 +650,8 @@ func holdLimitCause(d time.Duration) error {
 // trust window has not passed: the lock is still held, but no longer
 // extended (its lease is made Manual here). It is lost as usual when the
 // trust window passes, and its row then kept until Release or expiry.
-func (st *LoopState) pastLimit(h *Holding, now time.Time) bool {
-	if !errors.Is(context.Cause(h.Lock.Ctx), pglease.ErrHoldLimitExceeded) || !now.Before(h.lease.TrustedUntil()) {
+func (st *LoopState) pastLimit(h *holding, now time.Time) bool {
+	if !errors.Is(context.Cause(h.lock.Ctx), pglease.ErrHoldLimitExceeded) || !now.Before(h.lease.TrustedUntil()) {
 		return false
 	}
 	h.lease.Manual = true
@@ -670,7 +670,7 @@ var noSignals Signals // all channels nil: every signal is a no-op
 // grant makes a holding of lockID for req from a successful attempt and
 // answers req.
 func (st *LoopState) grant(ks *KeyState, req *AcquireReq, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) {
-	lk := st.Hold(ks, req, req.Acq, lockID, ttl, r, lease)
+	lk := st.hold(ks, req, req.Acq, lockID, ttl, r, lease)
 	req.answered = true
 	req.Acq.Granted(r.Fence) // before the reply: Lost/Release may follow at once
 	req.Reply <- AcquireReply{Lock: lk}
@@ -690,16 +690,16 @@ func (st *LoopState) granted(ks *KeyState) {
 	st.sig().Granted.signal(ks.Key)
 }
 
-// Hold makes the holding of a grant of ks to lockID for req (acq its
+// hold makes the holding of a grant of ks to lockID for req (acq its
 // telemetry), with its loss and hold-limit timers, and returns its Lock.
 // The caller answers req.
-func (st *LoopState) Hold(ks *KeyState, req *AcquireReq, acq *obs.Acquisition, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) *Hold {
+func (st *LoopState) hold(ks *KeyState, req *AcquireReq, acq *obs.Acquisition, lockID string, ttl time.Duration, r store.AcquireResult, lease heartbeat.Lease) *Hold {
 	m := st.m
 	lctx, cancel := context.WithCancelCause(context.Background())
 	lk := &Hold{M: m, Key: ks.Key, ID: lockID, Fence: r.Fence, TTL: ttl, AcquiredMs: r.AcquiredAt.UnixMilli(),
 		Start: lease.Start, Ctx: lctx, cancel: cancel, Lease: &leaseState{}, Shared: req.Shared}
 	lk.setLease(lease, r.ExpiresAt)
-	h := &Holding{Lock: lk, ks: ks, lease: heldLease{Lease: lease, Manual: req.Manual}, acq: acq, LossIdx: -1}
+	h := &holding{lock: lk, ks: ks, lease: heldLease{Lease: lease, Manual: req.Manual}, acq: acq, lossIdx: -1}
 	lk.h = h
 	// The loss deadline does not depend on the loop: st.loss's timer
 	// cancels the lock's context by itself, then nudges the loop.
@@ -721,7 +721,7 @@ func (st *LoopState) Hold(ks *KeyState, req *AcquireReq, acq *obs.Acquisition, l
 	} else {
 		ks.holder = h
 	}
-	st.Held[h] = struct{}{}
+	st.held[h] = struct{}{}
 	st.noteEvent(h.lease.NextEvent())
 	return lk
 }
@@ -767,18 +767,18 @@ func (st *LoopState) reportDepth(l *obs.Loop) {
 	l.SetDepth(obs.QueueWaiters, st.waiting)
 	l.SetDepth(obs.QueueMailbox, st.pendingItems())
 	l.SetDepth(obs.QueueInflight, st.inFlight())
-	l.SetDepth(obs.QueueDue, len(st.retries)+len(st.Held))
+	l.SetDepth(obs.QueueDue, len(st.retries)+len(st.held))
 }
 
 // failAll answers every waiter of ks with err.
 func (st *LoopState) failAll(ks *KeyState, err error) {
-	for _, req := range ks.Queue {
+	for _, req := range ks.queue {
 		st.leaveTicket(req) // fair.go
 		req.answered = true
 		req.Reply <- AcquireReply{Err: err}
 	}
-	st.waiting -= len(ks.Queue)
-	ks.Queue = nil
+	st.waiting -= len(ks.queue)
+	ks.queue = nil
 	st.unqueued(ks)
 	st.clearRetry(ks)
 }
@@ -795,8 +795,8 @@ func retryable(err error) bool {
 }
 
 // leases iterates the held locks for collectLeases.
-func (st *LoopState) leases(yield func(*Holding, heldLease) bool) {
-	for h := range st.Held {
+func (st *LoopState) leases(yield func(*holding, heldLease) bool) {
+	for h := range st.held {
 		if !yield(h, h.lease) {
 			return
 		}

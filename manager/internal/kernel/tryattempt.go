@@ -28,9 +28,9 @@ func (st *LoopState) tryAcquire(ks *KeyState, req *AcquireReq) {
 	switch {
 	case ks.heldHere(req):
 		st.answerTry(req, AcquireReply{Locked: true})
-	case len(ks.Queue) > 0 && ks.lastErr != nil && Unreachable(ks.lastErr):
+	case len(ks.queue) > 0 && ks.lastErr != nil && Unreachable(ks.lastErr):
 		st.answerTry(req, AcquireReply{Err: ks.lastErr})
-	case len(ks.Queue) > 0 || ks.inTurn():
+	case len(ks.queue) > 0 || ks.inTurn():
 		st.answerTry(req, AcquireReply{Locked: true})
 	default:
 		req.Acq.Queued(obs.QueueInfo{})
@@ -66,7 +66,7 @@ func (st *LoopState) keepTry(a *Attempt) bool {
 
 // gcKey forgets key's state if nothing refers to it any more.
 func (st *LoopState) gcKey(key string) {
-	if ks := st.Keys[key]; ks != nil {
+	if ks := st.keys[key]; ks != nil {
 		st.gc(ks)
 	}
 }

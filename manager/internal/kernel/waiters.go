@@ -39,11 +39,11 @@ import (
 // wantWaiter asks for ks's registration: an attempt found the key taken
 // by someone else, or failed, and callers here still wait.
 func (st *LoopState) wantWaiter(ks *KeyState) {
-	if !st.Lis.Live() || ks.waitReg || (len(ks.Queue) == 0 && len(ks.setWaiters()) == 0) || st.closing {
+	if !st.lis.Live() || ks.waitReg || (len(ks.queue) == 0 && len(ks.setWaiters()) == 0) || st.closing {
 		return
 	}
 	ks.waitReg = true
-	st.Lis.Subscribe(notifier.Wake, ks.Key)
+	st.lis.Subscribe(notifier.Wake, ks.Key)
 }
 
 // A registration outlives its key's state for waiterLinger: a key that
@@ -76,8 +76,8 @@ func (st *LoopState) dropWaiter(ks *KeyState) {
 	}
 	ks.waitReg = false
 	linger := st.m.waiterLinger()
-	if st.closing || !st.Lis.Live() || linger <= 0 || len(st.lingering) >= maxLingering {
-		st.Lis.Unsubscribe(notifier.Wake, ks.Key)
+	if st.closing || !st.lis.Live() || linger <= 0 || len(st.lingering) >= maxLingering {
+		st.lis.Unsubscribe(notifier.Wake, ks.Key)
 		return
 	}
 	if st.lingering == nil {
@@ -95,7 +95,7 @@ func (st *LoopState) dropWaiter(ks *KeyState) {
 func (st *LoopState) resumeWaiter(ks *KeyState) {
 	if _, ok := st.lingering[ks.Key]; ok {
 		delete(st.lingering, ks.Key)
-		ks.waitReg = st.Lis.Live()
+		ks.waitReg = st.lis.Live()
 	}
 }
 
@@ -111,7 +111,7 @@ func (st *LoopState) sweepLingering(now time.Time) {
 	for key, until := range st.lingering {
 		if !until.After(cut) {
 			delete(st.lingering, key)
-			st.Lis.Unsubscribe(notifier.Wake, key)
+			st.lis.Unsubscribe(notifier.Wake, key)
 			continue
 		}
 		if next.IsZero() || until.Before(next) {
@@ -129,12 +129,12 @@ func (st *LoopState) handleRegistered(keys []string) {
 	n := 0
 	for _, key := range keys {
 		n++
-		ks := st.Keys[key]
+		ks := st.keys[key]
 		if ks == nil || !ks.waitReg {
 			continue
 		}
 		st.kickSets(ks)
-		if len(ks.Queue) == 0 || ks.holder != nil {
+		if len(ks.queue) == 0 || ks.holder != nil {
 			continue
 		}
 		if ks.attempt != nil {
@@ -158,7 +158,7 @@ func (st *LoopState) handleWake(hash string) {
 		return
 	}
 	st.kickSets(ks) // set waiters that want the key (sets.go)
-	if len(ks.Queue) == 0 || ks.holder != nil {
+	if len(ks.queue) == 0 || ks.holder != nil {
 		return
 	}
 	if ks.attempt != nil {
@@ -172,7 +172,7 @@ func (st *LoopState) handleWake(hash string) {
 // resyncWaiters: the listener (re)subscribed, and releases may have been
 // missed while it was not listening: every key is tried once more.
 func (st *LoopState) resyncWaiters() {
-	for _, ks := range st.Keys {
+	for _, ks := range st.keys {
 		if ks.attempt != nil {
 			ks.woken = true
 		}

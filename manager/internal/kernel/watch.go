@@ -86,12 +86,12 @@ type EventSink interface {
 	Close()
 }
 
-// EventChan is an EventSink on a channel of the kernel's events.
-type EventChan chan Event
+// eventChan is an EventSink on a channel of the kernel's events.
+type eventChan chan Event
 
 // Send hands ev over without blocking: when the buffer is full the
 // oldest event makes room.
-func (c EventChan) Send(ev Event) {
+func (c eventChan) Send(ev Event) {
 	select {
 	case c <- ev:
 		return
@@ -108,7 +108,7 @@ func (c EventChan) Send(ev Event) {
 }
 
 // Close closes the channel.
-func (c EventChan) Close() { close(c) }
+func (c eventChan) Close() { close(c) }
 
 // Watch is Manager.Watch: it registers a watcher whose events go to
 // sink.
@@ -121,8 +121,8 @@ func (m *Kernel) Watch(ctx context.Context, key string, sink EventSink) error {
 	if m.cfg.DisableNotify {
 		return Invalid(op, "notifications are off (Config.DisableNotify): nothing would report the key's changes")
 	}
-	w := &Watcher{Key: nk, Hash: pglease.HashKey(nk), Sink: sink}
-	req := &WatchReq{W: w, Reply: make(chan error, 1)}
+	w := &watcher{key: nk, hash: pglease.HashKey(nk), sink: sink}
+	req := &watchReq{w: w, reply: make(chan error, 1)}
 	select {
 	case m.watchCh <- req:
 	case <-ctx.Done():
@@ -130,19 +130,19 @@ func (m *Kernel) Watch(ctx context.Context, key string, sink EventSink) error {
 	case <-m.Closing:
 		return ClosedErr(op)
 	}
-	if err := <-req.Reply; err != nil { // the loop answers at once
+	if err := <-req.reply; err != nil { // the loop answers at once
 		return err
 	}
 	context.AfterFunc(ctx, func() {
 		select {
-		case m.watchCh <- &WatchReq{W: w, remove: true}:
+		case m.watchCh <- &watchReq{w: w, remove: true}:
 		case <-m.Done:
 		}
 	})
 	return nil
 }
 
-// watchBuffer is the capacity of a watcher's channel.
+// WatchBuffer is the capacity of a watcher's channel.
 const WatchBuffer = 16
 
 // maxBacklog bounds the notifications a watched key keeps while a read
@@ -151,7 +151,7 @@ const WatchBuffer = 16
 // holder) and the notifications are applied, none lost; when the read
 // gets the key's state anew (a new registration or a reconnect), which
 // covers them, they are dropped and the key is read afresh.
-const MaxBacklog = 64
+const maxBacklog = 64
 
 // watchSettle is how long after a confirming read found a lease gone or
 // replaced without a notification the loop reads again before it reports
@@ -163,29 +163,29 @@ const watchSettle = 250 * time.Millisecond
 // watchSettle.
 const watchBusyRetry = 10 * time.Millisecond
 
-// WatchReq is a Watch call (remove false) or the end of its context.
-type WatchReq struct {
-	W      *Watcher
+// watchReq is a Watch call (remove false) or the end of its context.
+type watchReq struct {
+	w      *watcher
 	remove bool
-	Reply  chan error // cap 1; add only
+	reply  chan error // cap 1; add only
 }
 
-// Watcher is one Watch call's channel. Only run sends on or closes ch.
-type Watcher struct {
-	Key, Hash string // immutable: NFC key and its hash
-	Sink      EventSink
+// watcher is one Watch call's channel. Only run sends on or closes ch.
+type watcher struct {
+	key, hash string // immutable: NFC key and its hash
+	sink      EventSink
 	ws        *watchState // owned by run
 	fresh     bool        // owned by run: it got its first event
 	closed    bool        // owned by run: ch is closed
 }
 
-// Send hands ev to w without blocking (see EventSink).
-func (w *Watcher) send(ev Event) { w.Sink.Send(ev) }
+// send hands ev to w without blocking (see EventSink).
+func (w *watcher) send(ev Event) { w.sink.Send(ev) }
 
 // watchState is one watched key, shared by its watchers. Owned by run.
 type watchState struct {
 	key, hash string
-	subs      []*Watcher
+	subs      []*watcher
 	dropped   bool // no watcher left: forgotten (a read in flight is ignored)
 
 	// announce: the next read's state goes to every watcher (the key was
@@ -195,7 +195,7 @@ type watchState struct {
 	// pendingGrant: the last grant's notification was applied and its
 	// Granted event waits for a read (holder, expiry).
 	pendingGrant bool
-	WantRead     bool // in watchLoop.want
+	wantRead     bool // in watchLoop.want
 	reading      bool // in the read in flight
 	// readAnnounce: the read in flight carries announce. staleRead: the
 	// read in flight was given up (the backlog overflowed): its outcome
@@ -231,27 +231,27 @@ func (ws *watchState) blocked() bool {
 
 // watchLoop is the loop's watch state (loopState.watch). Owned by run.
 type watchLoop struct {
-	Keys     map[string]*watchState // by NFC key
+	keys     map[string]*watchState // by NFC key
 	byHash   map[string]*watchState // by pglease.HashKey(key)
-	Want     []*watchState          // reads wanted, in order
+	want     []*watchState          // reads wanted, in order
 	inFlight bool                   // a read batch is in flight
 	retryAt  time.Time              // reads failed: when to try again (zero: now)
 	failures int
 	checks   watchChecks // expiry confirmations due, earliest first
 }
 
-// WatchFlight is one read batch.
-type WatchFlight struct {
+// watchFlight is one read batch.
+type watchFlight struct {
 	states   []*watchState
 	announce []bool
 }
 
-// WatchDone is a read batch's outcome, posted by its DB worker.
-type WatchDone struct {
-	Fl  *WatchFlight
-	Res []store.KeyState
+// watchDone is a read batch's outcome, posted by its DB worker.
+type watchDone struct {
+	fl  *watchFlight
+	res []store.KeyState
 	err error
-	At  time.Time // local time when the answer came (after the server read its clock)
+	at  time.Time // local time when the answer came (after the server read its clock)
 }
 
 type watchCheck struct {
@@ -273,56 +273,56 @@ func (h *watchChecks) Pop() any {
 	return e
 }
 
-// HandleWatch adds or removes a watcher.
-func (st *LoopState) HandleWatch(req *WatchReq) {
-	w := req.W
+// handleWatch adds or removes a watcher.
+func (st *LoopState) handleWatch(req *watchReq) {
+	w := req.w
 	if req.remove {
-		st.Unwatch(w)
+		st.unwatch(w)
 		return
 	}
 	switch {
 	case st.closing:
-		req.Reply <- ClosedErr("manager.Watch")
+		req.reply <- ClosedErr("manager.Watch")
 		return
-	case !st.Lis.Live():
-		req.Reply <- Invalid("manager.Watch", "the Manager has stopped listening for good (its listening connection goes "+
+	case !st.lis.Live():
+		req.reply <- Invalid("manager.Watch", "the Manager has stopped listening for good (its listening connection goes "+
 			"through a transaction-mode pooler; set Config.ListenConnString): nothing would report the key's changes")
 		return
 	}
-	wl := &st.Watch
-	ws := wl.Keys[w.Key]
+	wl := &st.watch
+	ws := wl.keys[w.key]
 	if ws == nil {
-		if wl.Keys == nil {
-			wl.Keys = make(map[string]*watchState)
+		if wl.keys == nil {
+			wl.keys = make(map[string]*watchState)
 			wl.byHash = make(map[string]*watchState)
 		}
-		ws = &watchState{key: w.Key, hash: w.Hash, announce: true}
-		wl.Keys[w.Key] = ws
-		wl.byHash[w.Hash] = ws
+		ws = &watchState{key: w.key, hash: w.hash, announce: true}
+		wl.keys[w.key] = ws
+		wl.byHash[w.hash] = ws
 		// The read comes once the listener holds the watch lock
 		// (handleWatchRegistered). But when the key's last watch ended
 		// and its lock was not handed back yet, the two wishes merge:
 		// the listener keeps the lock and posts no registration, so
 		// read now.
-		if st.Lis.Unsubscribing(notifier.Watch, w.Key) {
+		if st.lis.Unsubscribing(notifier.Watch, w.key) {
 			st.wantWatchRead(ws)
 		}
-		st.Lis.Subscribe(notifier.Watch, w.Key)
+		st.lis.Subscribe(notifier.Watch, w.key)
 	}
 	w.ws = ws
 	ws.subs = append(ws.subs, w)
-	req.Reply <- nil
+	req.reply <- nil
 	st.greet(ws)
 }
 
-// Unwatch ends w (its context ended): its channel is closed, and the key
+// unwatch ends w (its context ended): its channel is closed, and the key
 // forgotten when it was its last watcher.
-func (st *LoopState) Unwatch(w *Watcher) {
+func (st *LoopState) unwatch(w *watcher) {
 	if w.closed {
 		return
 	}
 	w.closed = true
-	w.Sink.Close()
+	w.sink.Close()
 	ws := w.ws
 	for i, s := range ws.subs {
 		if s == w {
@@ -335,40 +335,40 @@ func (st *LoopState) Unwatch(w *Watcher) {
 	}
 	ws.dropped = true
 	ws.checkGen++
-	delete(st.Watch.Keys, ws.key)
-	delete(st.Watch.byHash, ws.hash)
-	st.Lis.Unsubscribe(notifier.Watch, ws.key)
+	delete(st.watch.keys, ws.key)
+	delete(st.watch.byHash, ws.hash)
+	st.lis.Unsubscribe(notifier.Watch, ws.key)
 }
 
 // closeWatches closes every watcher's channel (Close, or the listener
 // stopped for good).
 func (st *LoopState) closeWatches() {
-	for _, ws := range st.Watch.Keys {
+	for _, ws := range st.watch.keys {
 		for _, w := range ws.subs {
 			if !w.closed {
 				w.closed = true
-				w.Sink.Close()
+				w.sink.Close()
 			}
 		}
 		ws.subs = nil
 		ws.dropped = true
 	}
-	st.Watch.Keys, st.Watch.byHash, st.Watch.Want = nil, nil, nil
-	st.Watch.checks = nil
+	st.watch.keys, st.watch.byHash, st.watch.want = nil, nil, nil
+	st.watch.checks = nil
 }
 
 // handleWatchesRegistered: the listener holds the watch locks of keys now
 // (handleWatchRegistered for each).
 func (st *LoopState) handleWatchesRegistered(keys []string) {
 	for _, key := range keys {
-		st.HandleWatchRegistered(key)
+		st.handleWatchRegistered(key)
 	}
 }
 
-// HandleWatchRegistered: the listener holds the key's watch lock now, so
+// handleWatchRegistered: the listener holds the key's watch lock now, so
 // every later change notifies: read the key's state for its watchers.
-func (st *LoopState) HandleWatchRegistered(key string) {
-	if ws := st.Watch.Keys[key]; ws != nil {
+func (st *LoopState) handleWatchRegistered(key string) {
+	if ws := st.watch.keys[key]; ws != nil {
 		ws.announce = true
 		st.wantWatchRead(ws)
 	}
@@ -377,24 +377,24 @@ func (st *LoopState) HandleWatchRegistered(key string) {
 // watchResync: the listener reconnected (notifications may have been
 // lost): every watched key is read again, and its watchers get its state.
 func (st *LoopState) watchResync() {
-	for _, ws := range st.Watch.Keys {
+	for _, ws := range st.watch.keys {
 		ws.announce = true
 		st.wantWatchRead(ws)
 	}
 }
 
 func (st *LoopState) wantWatchRead(ws *watchState) {
-	if ws.WantRead || ws.dropped {
+	if ws.wantRead || ws.dropped {
 		return
 	}
-	ws.WantRead = true
-	st.Watch.Want = append(st.Watch.Want, ws)
+	ws.wantRead = true
+	st.watch.want = append(st.watch.want, ws)
 }
 
-// HandleWatchNotice applies a watch notification, or keeps it while the
+// handleWatchNotice applies a watch notification, or keeps it while the
 // key's state is being read.
-func (st *LoopState) HandleWatchNotice(n store.Notification) {
-	ws := st.Watch.byHash[n.KeyHash]
+func (st *LoopState) handleWatchNotice(n store.Notification) {
+	ws := st.watch.byHash[n.KeyHash]
 	if ws == nil {
 		return
 	}
@@ -409,7 +409,7 @@ func (st *LoopState) HandleWatchNotice(n store.Notification) {
 		st.greet(ws)
 		return
 	}
-	if len(ws.backlog) >= MaxBacklog {
+	if len(ws.backlog) >= maxBacklog {
 		if ws.announce || ws.readAnnounce {
 			// The read that gets the key's state anew covers these.
 			ws.backlog = nil
@@ -568,24 +568,24 @@ func (st *LoopState) greet(ws *watchState) {
 
 // flushWatchReads sends the wanted reads, one batch at a time.
 func (st *LoopState) flushWatchReads() {
-	if fl, ks := st.TakeWatchReads(); fl != nil {
+	if fl, ks := st.takeWatchReads(); fl != nil {
 		m := st.m
 		m.spawn(func() { m.sendWatchRead(fl, ks) })
 	}
 }
 
-// TakeWatchReads makes the next read batch of the wanted reads (nil: none
+// takeWatchReads makes the next read batch of the wanted reads (nil: none
 // now), marking its keys reading.
-func (st *LoopState) TakeWatchReads() (*WatchFlight, []string) {
-	wl := &st.Watch
-	if wl.inFlight || len(wl.Want) == 0 || st.closing || (!wl.retryAt.IsZero() && st.m.Now().Before(wl.retryAt)) {
+func (st *LoopState) takeWatchReads() (*watchFlight, []string) {
+	wl := &st.watch
+	if wl.inFlight || len(wl.want) == 0 || st.closing || (!wl.retryAt.IsZero() && st.m.Now().Before(wl.retryAt)) {
 		return nil, nil
 	}
-	n := min(len(wl.Want), st.m.cfg.MaxBatch)
-	fl := &WatchFlight{states: make([]*watchState, 0, n), announce: make([]bool, 0, n)}
+	n := min(len(wl.want), st.m.cfg.MaxBatch)
+	fl := &watchFlight{states: make([]*watchState, 0, n), announce: make([]bool, 0, n)}
 	ks := make([]string, 0, n)
-	for _, ws := range wl.Want[:n] {
-		ws.WantRead = false
+	for _, ws := range wl.want[:n] {
+		ws.wantRead = false
 		if ws.dropped {
 			continue
 		}
@@ -595,7 +595,7 @@ func (st *LoopState) TakeWatchReads() (*WatchFlight, []string) {
 		ws.announce = false
 		ks = append(ks, ws.key)
 	}
-	wl.Want = append(wl.Want[:0], wl.Want[n:]...)
+	wl.want = append(wl.want[:0], wl.want[n:]...)
 	if len(ks) == 0 {
 		return nil, nil
 	}
@@ -604,7 +604,7 @@ func (st *LoopState) TakeWatchReads() (*WatchFlight, []string) {
 }
 
 // sendWatchRead runs on a DB worker, never on the loop.
-func (m *Kernel) sendWatchRead(fl *WatchFlight, ks []string) {
+func (m *Kernel) sendWatchRead(fl *watchFlight, ks []string) {
 	ctx, cancel := context.WithTimeoutCause(m.workCtx, m.cfg.StatementTimeout, pgerr.ErrStatementTimeout)
 	defer cancel()
 	ctx, db := m.Rec.StartDB(ctx, obs.OpSnapshot, len(ks), trace.SpanContext{})
@@ -616,53 +616,53 @@ func (m *Kernel) sendWatchRead(fl *WatchFlight, ks []string) {
 		db.End(0, err)
 	}
 	select {
-	case m.watchDoneCh <- WatchDone{Fl: fl, Res: res, err: err, At: at}:
+	case m.watchDoneCh <- watchDone{fl: fl, res: res, err: err, at: at}:
 	case <-m.Done:
 	}
 }
 
-// HandleWatchRead applies a read batch's outcome.
-func (st *LoopState) HandleWatchRead(d WatchDone) {
-	wl := &st.Watch
+// handleWatchRead applies a read batch's outcome.
+func (st *LoopState) handleWatchRead(d watchDone) {
+	wl := &st.watch
 	wl.inFlight = false
 	if d.err != nil {
 		// Read again later, with backoff; notifications wait meanwhile.
 		wl.failures++
-		wl.retryAt = d.At.Add(min(100*time.Millisecond<<min(wl.failures, 6), 5*time.Second))
-		for i, ws := range d.Fl.states {
+		wl.retryAt = d.at.Add(min(100*time.Millisecond<<min(wl.failures, 6), 5*time.Second))
+		for i, ws := range d.fl.states {
 			if st.staleWatchRead(ws) {
 				continue
 			}
 			ws.reading, ws.readAnnounce = false, false
-			ws.announce = ws.announce || d.Fl.announce[i]
+			ws.announce = ws.announce || d.fl.announce[i]
 			st.wantWatchRead(ws)
 		}
 		return
 	}
 	wl.failures, wl.retryAt = 0, time.Time{}
-	for i, ws := range d.Fl.states {
+	for i, ws := range d.fl.states {
 		if ws.dropped || st.staleWatchRead(ws) {
 			continue
 		}
 		ws.reading, ws.readAnnounce = false, false
-		if d.Res[i].Busy {
+		if d.res[i].Busy {
 			// A change of the key was in flight (a takeover waiting for a
 			// transaction that guards the lease can take seconds): read
 			// it again a moment later, as it was wanted; the other keys'
 			// reads go on meanwhile. The notifications that came
 			// meanwhile are applied unless the state is read anew: they
 			// may have ended a grant waiting for this read.
-			ws.announce = ws.announce || d.Fl.announce[i]
+			ws.announce = ws.announce || d.fl.announce[i]
 			ws.busy++
-			st.checkWatch(ws, d.At.Add(min(watchBusyRetry<<min(ws.busy-1, 5), watchSettle)))
+			st.checkWatch(ws, d.at.Add(min(watchBusyRetry<<min(ws.busy-1, 5), watchSettle)))
 			st.drainWatch(ws, nil)
 			st.greet(ws)
 			continue
 		}
 		ws.busy = 0
-		st.applyWatchRead(ws, d.Res[i], d.Fl.announce[i], d.At)
+		st.applyWatchRead(ws, d.res[i], d.fl.announce[i], d.at)
 	}
-	st.sig().WatchRead.signal(len(d.Fl.states))
+	st.sig().WatchRead.signal(len(d.fl.states))
 }
 
 // staleWatchRead reports whether ws's read just come back was given up
@@ -818,12 +818,12 @@ func (st *LoopState) resyncWatch(ws *watchState, r store.KeyState, row bool) {
 // checkWatch schedules a confirming read of ws at t (replacing any).
 func (st *LoopState) checkWatch(ws *watchState, t time.Time) {
 	ws.checkGen++
-	heap.Push(&st.Watch.checks, watchCheck{at: t, ws: ws, gen: ws.checkGen})
+	heap.Push(&st.watch.checks, watchCheck{at: t, ws: ws, gen: ws.checkGen})
 }
 
-// DueWatch starts the confirming reads that are due.
-func (st *LoopState) DueWatch(now time.Time) {
-	c := &st.Watch.checks
+// dueWatch starts the confirming reads that are due.
+func (st *LoopState) dueWatch(now time.Time) {
+	c := &st.watch.checks
 	for c.Len() > 0 && !(*c)[0].at.After(now) {
 		e := heap.Pop(c).(watchCheck)
 		if e.gen == e.ws.checkGen && !e.ws.dropped {
@@ -835,7 +835,7 @@ func (st *LoopState) DueWatch(now time.Time) {
 // nextWatchWake is when the loop's timer must fire for the watches (zero:
 // never): the next check, or a retry of failed reads.
 func (st *LoopState) nextWatchWake() time.Time {
-	wl := &st.Watch
+	wl := &st.watch
 	var next time.Time
 	for wl.checks.Len() > 0 {
 		e := wl.checks[0]
@@ -846,7 +846,7 @@ func (st *LoopState) nextWatchWake() time.Time {
 		next = e.at
 		break
 	}
-	if len(wl.Want) > 0 && !wl.inFlight && !wl.retryAt.IsZero() && (next.IsZero() || wl.retryAt.Before(next)) {
+	if len(wl.want) > 0 && !wl.inFlight && !wl.retryAt.IsZero() && (next.IsZero() || wl.retryAt.Before(next)) {
 		next = wl.retryAt
 	}
 	return next

@@ -17,8 +17,8 @@ import (
 type watchRig struct {
 	t   *testing.T
 	st  *LoopState
-	w   *Watcher
-	ch  EventChan
+	w   *watcher
+	ch  eventChan
 	got []Event
 	now time.Time
 }
@@ -26,25 +26,25 @@ type watchRig struct {
 func newWatchRig(t *testing.T) *watchRig {
 	t.Helper()
 	k, _ := pgKernel(t, Config{DisableNotify: true})
-	st := NewLoopState(k)
-	st.Lis.Idle() // a listener that takes no mail
+	st := newLoopState(k)
+	st.lis.Idle() // a listener that takes no mail
 	// A reader that keeps up: a buffer as large as the test's changes, so
 	// every event the loop sends is kept.
-	ch := make(EventChan, 1024)
-	w := &Watcher{Key: "k", Hash: pglease.HashKey("k"), Sink: ch}
-	req := &WatchReq{W: w, Reply: make(chan error, 1)}
-	st.HandleWatch(req)
-	if err := <-req.Reply; err != nil {
+	ch := make(eventChan, 1024)
+	w := &watcher{key: "k", hash: pglease.HashKey("k"), sink: ch}
+	req := &watchReq{w: w, reply: make(chan error, 1)}
+	st.handleWatch(req)
+	if err := <-req.reply; err != nil {
 		t.Fatal(err)
 	}
-	st.HandleWatchRegistered("k")
+	st.handleWatchRegistered("k")
 	return &watchRig{t: t, st: st, w: w, ch: ch, now: time.Now()}
 }
 
 // take starts the wanted read, failing when none is wanted.
-func (g *watchRig) take() *WatchFlight {
+func (g *watchRig) take() *watchFlight {
 	g.t.Helper()
-	fl, _ := g.st.TakeWatchReads()
+	fl, _ := g.st.takeWatchReads()
 	if fl == nil {
 		g.t.Fatal("no read wanted")
 	}
@@ -52,13 +52,13 @@ func (g *watchRig) take() *WatchFlight {
 }
 
 // answer gives the read fl the state r.
-func (g *watchRig) answer(fl *WatchFlight, r store.KeyState) {
-	g.st.HandleWatchRead(WatchDone{Fl: fl, Res: []store.KeyState{r}, At: g.now})
+func (g *watchRig) answer(fl *watchFlight, r store.KeyState) {
+	g.st.handleWatchRead(watchDone{fl: fl, res: []store.KeyState{r}, at: g.now})
 	g.recv()
 }
 
 func (g *watchRig) notice(ev store.WatchEvent, f pglease.Fence) {
-	g.st.HandleWatchNotice(store.Notification{Kind: store.NotifyWatch, KeyHash: g.w.Hash, Event: ev, Fence: f})
+	g.st.handleWatchNotice(store.Notification{Kind: store.NotifyWatch, KeyHash: g.w.hash, Event: ev, Fence: f})
 	g.recv()
 }
 
@@ -113,14 +113,14 @@ func TestWatchBacklogOverflow(t *testing.T) {
 	g.notice(store.WatchGranted, 1)
 	fl := g.take() // the grant's holder: under way while the key changes
 	g.notice(store.WatchReleased, 1)
-	const last = 3 * MaxBacklog / 2
+	const last = 3 * maxBacklog / 2
 	for f := pglease.Fence(2); f <= last; f++ {
 		g.notice(store.WatchGranted, f)
 		g.notice(store.WatchReleased, f)
 	}
 	g.answer(fl, g.held(1))
 	// Reads wanted since (none should be: the key is free) find it free.
-	for len(g.st.Watch.Want) > 0 {
+	for len(g.st.watch.want) > 0 {
 		g.answer(g.take(), g.free(last))
 	}
 	for f := pglease.Fence(1); f <= last; f++ {
@@ -157,7 +157,7 @@ func TestWatchBacklogGrantsNeedNoRead(t *testing.T) {
 	}
 	// Grant 6 came after the read: one read for it.
 	g.answer(g.take(), g.held(6))
-	if len(g.st.Watch.Want) != 0 {
+	if len(g.st.watch.want) != 0 {
 		t.Fatal("another read wanted")
 	}
 	want = append(want, Event{Kind: EventGranted, Fence: 6})
@@ -178,7 +178,7 @@ func TestWatchBusyReadAppliesBacklog(t *testing.T) {
 	g.answer(g.take(), g.free(0))
 	g.notice(store.WatchGranted, 1)
 	g.answer(g.take(), g.held(1))
-	g.st.DueWatch(g.now.Add(time.Hour)) // the expiry check is due
+	g.st.dueWatch(g.now.Add(time.Hour)) // the expiry check is due
 	fl := g.take()
 	g.notice(store.WatchReleased, 1)
 	g.answer(fl, store.KeyState{Busy: true})
@@ -210,33 +210,33 @@ func TestWatchBusyGrantReadEnded(t *testing.T) {
 func TestWatchAgainBeforeUnregister(t *testing.T) {
 	t.Parallel()
 	k, _ := pgKernel(t, Config{DisableNotify: true})
-	st := NewLoopState(k)
-	st.Lis.Idle() // a listener that takes no mail
-	add := func(key string) *Watcher {
-		w := &Watcher{Key: key, Hash: pglease.HashKey(key), Sink: make(EventChan, WatchBuffer)}
-		req := &WatchReq{W: w, Reply: make(chan error, 1)}
-		st.HandleWatch(req)
-		if err := <-req.Reply; err != nil {
+	st := newLoopState(k)
+	st.lis.Idle() // a listener that takes no mail
+	add := func(key string) *watcher {
+		w := &watcher{key: key, hash: pglease.HashKey(key), sink: make(eventChan, WatchBuffer)}
+		req := &watchReq{w: w, reply: make(chan error, 1)}
+		st.handleWatch(req)
+		if err := <-req.reply; err != nil {
 			t.Fatal(err)
 		}
 		return w
 	}
 	w1 := add("k")
-	st.Lis.Handed() // handed over: the listener takes the lock
-	st.HandleWatchRegistered("k")
-	if !st.Watch.Keys["k"].WantRead {
+	st.lis.Handed() // handed over: the listener takes the lock
+	st.handleWatchRegistered("k")
+	if !st.watch.keys["k"].wantRead {
 		t.Fatal("no read after the registration")
 	}
-	st.Watch.Want = nil
-	st.Unwatch(w1)
-	if !st.Lis.Unsubscribing(notifier.Watch, "k") {
+	st.watch.want = nil
+	st.unwatch(w1)
+	if !st.lis.Unsubscribing(notifier.Watch, "k") {
 		t.Fatal("the lock's end is not in the outbox")
 	}
 	add("k")
-	if on := st.Lis.Outbox()[notifier.Sub{Topic: notifier.Watch, Key: "k"}]; !on {
+	if on := st.lis.Outbox()[notifier.Sub{Topic: notifier.Watch, Key: "k"}]; !on {
 		t.Fatal("the lock is not wanted again")
 	}
-	if ws := st.Watch.Keys["k"]; !ws.WantRead {
+	if ws := st.watch.keys["k"]; !ws.wantRead {
 		t.Fatal("the new watch waits for a registration that will not come")
 	}
 }
