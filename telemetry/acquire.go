@@ -39,13 +39,13 @@ const (
 // acquisition follows one acquire from the caller's call to its outcome
 // and, when granted, the lock's life until it is released or lost. It
 // owns the pglease.acquire span. Its methods are safe for concurrent use
-// and each end state is reached once: later calls are no-ops. A nil
-// *acquisition is valid and records nothing.
+// and each end state is reached once: later calls are no-ops. Callers hold
+// its handle, pub (an *obs.Acquisition, nil when nothing is recorded).
 //
 // Order the Manager keeps: StartAcquire (caller) → Queued, Attempt (loop,
 // any number) → exactly one of Granted (loop, before it sends the reply),
 // Failed or NotAcquired (loop or caller) → for a granted lock, any number
-// of Extended / ExtendFailed (loop) → one of StartRelease … obs.Release.End or
+// of Extended / ExtendFailed (loop) → one of StartRelease … EndRelease or
 // Lost. Granted must happen before any Extended, Lost or StartRelease of
 // the same lock; calling Granted from the loop guarantees that.
 type acquisition struct {
@@ -63,7 +63,7 @@ type acquisition struct {
 	state    atomic.Uint32
 	granted  atomic.Int64 // 1 + nanoseconds from start to the grant (monotonic); 0 = not granted
 
-	// The last refusal's reason (a obs.WaitReason) and holder (Waiting).
+	// The last refusal's reason (an obs.WaitReason) and holder (Waiting).
 	waitReason atomic.Uint32
 	waitHolder atomic.Pointer[string]
 }
@@ -340,7 +340,7 @@ func (a *acquisition) heldFor(now time.Time) time.Duration {
 }
 
 // Extended records a successful automatic extend of this held lock, lag
-// being how late it started after it was due (≥ 0). loop, after the
+// being how late it started after it was due (≥ 0). Loop, after the
 // extend's result arrives. The round trip itself is the heartbeat's DB
 // span.
 func (a *acquisition) Extended(lag time.Duration) {
@@ -376,7 +376,7 @@ func (a *acquisition) ExtendFailed(err error) {
 // pglease.lost span in the acquirer's trace (child of the pglease.acquire
 // span) with status Error "LockLost" ("Revoked" for obs.LossRevoked), counts
 // pglease.lock.lost{cause},
-// lowers pglease.lock.held, and logs a warning. loop.
+// lowers pglease.lock.held, and logs a warning. Loop.
 func (a *acquisition) Lost(cause obs.LossCause, by trace.SpanContext) {
 	if a == nil || !a.state.CompareAndSwap(stHeld, stLost) {
 		return

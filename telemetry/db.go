@@ -30,7 +30,7 @@ type dbSpan struct {
 //   - parent, when valid: the span of the operation the round trip is
 //     made for (the acquire span of the one key's head waiter, the one
 //     release it carries), so a caller's round trips are in its trace;
-//   - otherwise the span in ctx (e.g. a obs.Heartbeat's), or none: a batch
+//   - otherwise the span in ctx (e.g. a heartbeat's), or none: a batch
 //     carrying several keys or releases is a root span.
 //
 // served are the spans of the operations the round trip serves (every
@@ -39,7 +39,7 @@ type dbSpan struct {
 // its start, as the messaging conventions link a batch to the messages it
 // processes. So every caller's trace reaches every round trip made for it,
 // as a child or through a link; the operation spans also link to the
-// round trip (acquisition.Attempt, obs.Release.Served). At most obs.MaxLinks.
+// round trip (acquisition.Attempt, ReleaseServed). At most obs.MaxLinks.
 func (r *recorder) StartDB(ctx context.Context, op obs.DBOperation, batch int, parent trace.SpanContext, served ...trace.SpanContext) (context.Context, obs.DBSpan) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -133,7 +133,7 @@ func (d dbSpan) end(ok int, err error) {
 
 // StartHeartbeat starts a pglease.heartbeat span for a round extending due
 // locks, and returns ctx carrying it: pass that ctx to StartDB (with an
-// invalid parent) so the extend round trip is its child. loop or worker.
+// invalid parent) so the extend round trip is its child. Loop or worker.
 func (r *recorder) StartHeartbeat(ctx context.Context, due int) (context.Context, obs.Heartbeat) {
 	if ctx == nil {
 		ctx = context.Background()

@@ -73,7 +73,7 @@ const (
 // by a holder without a holder identity (a SyncGuard process). When the
 // lock table has no release trigger for the Manager's channel
 // (ReleaseTrigger said so), the first one logs one Info record: that
-// holder's releases reach this Manager's waiters by polling only. loop.
+// holder's releases reach this Manager's waiters by polling only. Loop.
 func (r *recorder) ForeignHolder() {
 	if r == nil {
 		return

@@ -17,7 +17,7 @@ import (
 // for the loop goroutine only; SetDepth may be called from any goroutine.
 // Each costs a clock read or an atomic store, and nothing else: the
 // numbers are read by the MeterProvider's collection, through callbacks.
-// A nil *loop is valid and records nothing.
+// (obs.Loop is its handle; a nil *obs.Loop records nothing.)
 type loop struct {
 	now  func() time.Time
 	base time.Time
@@ -40,8 +40,8 @@ func newLoop(_ *recorder, now func() time.Time) *loop {
 
 func (l *loop) nanos() int64 { return int64(l.now().Sub(l.base)) }
 
-// loop returns the recorder's loop meter (one per recorder, so one
-// recorder per Manager). Nil for a nil recorder.
+// Loop returns the recorder's loop meter (one per recorder, so one
+// recorder per Manager).
 func (r *recorder) Loop() obs.LoopImpl {
 	return r.loop
 }

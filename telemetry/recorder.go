@@ -15,10 +15,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// recorder turns Manager events into spans, metrics and log records. Build
-// one per Manager with New; all methods are safe for concurrent use, never
-// block on I/O, never fail, and never panic on bad input. A nil *recorder
-// is valid and records nothing, at the cost of a nil check.
+// recorder turns Manager events into spans, metrics and log records: the
+// obs.RecorderImpl behind an *obs.Recorder, one per Manager, built by
+// obs.New. All methods are safe for concurrent use, never block on I/O,
+// never fail, and never panic on bad input. The handle answers for a nil
+// Recorder; the nil checks left here are belt and braces.
 type recorder struct {
 	tracer  trace.Tracer
 	log     *slog.Logger
@@ -180,7 +181,6 @@ func (r *recorder) Close() {
 
 // Key returns the obs.KeyID of key. It normalises the key to NFC and hashes it
 // (see obs.KeyID.Hash): call it once per request, in the caller's goroutine.
-// A nil recorder returns the zero obs.KeyID without hashing.
 func (r *recorder) Key(key string) obs.KeyID {
 	if r == nil {
 		return obs.KeyID{}
