@@ -13,16 +13,22 @@ import (
 	"github.com/pglease/pglease"
 )
 
-// This test binary does not link package telemetry, so no recorder is
-// registered until a test registers the fake below. The tests do not run
-// in parallel: they share the registration.
+// The tests below replace the registered recorder (package telemetry's,
+// linked by the Example) and put it back when they end; they do not run
+// in parallel, since they share the registration.
+
+// unregister removes the registered recorder until t ends.
+func unregister(t *testing.T) {
+	prev := registered.Load()
+	registered.Store(nil)
+	t.Cleanup(func() { registered.Store(prev) })
+}
 
 // TestNewWithoutRecorderPanics: a program that builds a Recorder without
 // linking package telemetry fails at once, loudly, instead of recording
 // nothing.
 func TestNewWithoutRecorderPanics(t *testing.T) {
-	registered.Store(nil)
-	t.Cleanup(func() { registered.Store(nil) })
+	unregister(t)
 	msg := panicOf(t, func() { New(struct{}{}, Database{}) })
 	if !strings.Contains(msg, "github.com/pglease/pglease/telemetry") {
 		t.Fatalf("panic %q does not say which package to link", msg)
@@ -53,8 +59,7 @@ func panicOf(t *testing.T, f func()) (msg string) {
 // logic of their own, so a forward that drops or swaps a call would lose
 // telemetry silently.
 func TestHandlesForward(t *testing.T) {
-	registered.Store(nil)
-	t.Cleanup(func() { registered.Store(nil) })
+	unregister(t)
 	f := &fake{}
 	var gotDB Database
 	Register(func(c int, db Database) RecorderImpl {

@@ -1,4 +1,4 @@
-package telemetry_test
+package obs_test
 
 import (
 	"context"
