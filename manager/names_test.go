@@ -4,7 +4,7 @@ import "go.opentelemetry.io/otel/attribute"
 
 // The telemetry names the tests look for, as the table in package
 // telemetry's documentation lists them (the recorder's own copy is checked
-// against that table in internal/obs).
+// against that table in package telemetry).
 
 // Span names.
 const (

@@ -2,8 +2,10 @@
 // OpenTelemetry instrumentation: the configuration (Config, set as
 // manager.Config.Telemetry), and, in the table under "Names" below, every
 // span, event, attribute and metric a Manager records, with its unit and
-// meaning. Keys are identified by hash and lockIds are never recorded. The
-// recording itself is internal to pglease.
+// meaning. Keys are identified by hash and lockIds are never recorded.
+// This package also holds the recorder that names and emits them, as
+// unexported code (see "Where the recorder lives"): a user configures and
+// reads, and never calls it.
 //
 //	tp := sdktrace.NewTracerProvider(...)          // or leave nil: the otel globals
 //	m, err := manager.New(pool, manager.Config{
@@ -343,4 +345,22 @@
 // If the lock is later lost, a pglease.lost span appears in the same
 // trace, under the acquire span, with the cause and a link to the
 // heartbeat round that found it.
+//
+// # Where the recorder lives
+//
+// Everything that names and emits pglease's telemetry is in this package:
+// the names (names.go), the instruments and their attribute sets, the
+// spans, the log records and the metric callbacks (the unexported
+// recorder, acquisition and loop types). The Manager, the advisory Client
+// and the notifier reach it through pglease's internal/obs package, which
+// holds only the handles they keep (a nil or zero one records nothing)
+// and the values they pass (lock kinds, outcomes, causes, operations).
+// This package registers its constructor there in its init, as grpc's
+// packages register balancers and codecs, and as pglease's pg/advisory
+// and pg/migrate register themselves in its internal packages. So the
+// public API gains no name (the recorder's methods are on unexported
+// types), the callers compile against the small internal/obs, and every
+// program that builds a Manager links this package, because
+// manager.Config holds a Config; a recorder built without it panics at
+// once, never records nothing in silence.
 package telemetry

@@ -1,13 +1,24 @@
-// Package obs records pglease's spans, metrics and log records: the
-// Manager's plumbing (Recorder, Acquisition, DBSpan, Heartbeat, Release,
-// Loop). It is internal so that only pglease can import it, and named obs
-// so that "telemetry." in the Manager means the public package: what users
-// configure (Config) and read (ScopeName, and the table of every
-// span, event, attribute and metric name in its documentation) is in
-// github.com/pglease/pglease/telemetry, whose documentation also describes
-// the redaction rules and the guarantees. The names this package records
-// are unexported constants (names.go), held to that table by
-// TestNamesMatchDocTable.
+// Package obs is the seam between the code that reports pglease's
+// events (the Manager, advisory.Client, the notifier) and the recorder
+// that turns them into spans, metrics and log records, which is the
+// public package github.com/pglease/pglease/telemetry, as unexported
+// types. This package holds what the callers keep and pass: the handles
+// (Recorder, Acquisition, DBSpan, Heartbeat, Release, Loop), each a thin
+// forward to the recorder, and the values (LockKind, AttemptOutcome,
+// LossCause, WaitReason, Queue, DBOperation, KeyID, the Info structs).
+// Package telemetry registers its recorder here in its init (Register);
+// New builds a Recorder with it, and panics when none is registered for
+// the configuration's type (package telemetry not linked: a build
+// mistake, never a silent loss of spans). Every program that builds a
+// Manager links telemetry, since manager.Config holds a telemetry.Config.
+//
+// Why not the recorder in telemetry as exported API, or under
+// telemetry/internal: the first would add 114 exported names to the
+// public API, the second could not be imported by manager (Go's internal
+// rule). Why not the recorder here: the names and what is emitted belong
+// with the table that documents them (telemetry/doc.go), where
+// TestNamesMatchDocTable holds one to the other. The package is named obs
+// so that "telemetry." in the Manager means the public package.
 //
 // A nil *Recorder, a nil *Acquisition, a nil *Loop and the zero DBSpan,
 // Heartbeat and Release are valid and record nothing. Each Acquisition

@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease/internal/obs"
-	ptel "github.com/pglease/pglease/telemetry"
+	"github.com/pglease/pglease/telemetry"
 )
 
 // A contended acquire as it appears in a trace: the caller's
@@ -24,7 +24,7 @@ import (
 func Example_contendedAcquire() {
 	spans := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
-	rec := obs.New(ptel.Config{TracerProvider: tp}, obs.Database{})
+	rec := obs.New(telemetry.Config{TracerProvider: tp}, obs.Database{})
 	defer rec.Close()
 
 	// Caller goroutine: Manager.Acquire(ctx, "payment:123", WithTTL(30s)).

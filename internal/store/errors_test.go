@@ -199,15 +199,6 @@ func TestAmbiguousAcquire(t *testing.T) {
 	p := newProxy(t, net.JoinHostPort(cfg.Host, itoa(int(cfg.Port))))
 	cfg.Host, cfg.Port = "127.0.0.1", uint16(p.ln.Addr().(*net.TCPAddr).Port)
 	cfg.RuntimeParams["search_path"] = schema
-	conn, err := pgx.ConnectConfig(c, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	s, err := store.New("pg.New", conn, store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	tx, err := pool.Begin(c)
 	if err != nil {
 		t.Fatal(err)
@@ -217,21 +208,54 @@ func TestAmbiguousAcquire(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := keys.NewLockID()
-	done := make(chan error, 1)
-	go func() {
-		r, err := s.AcquireMany(c, []store.AcquireRequest{{Key: "amb", TTL: time.Minute, LockID: id}})
-		if err == nil && r[0].OK {
-			err = errors.New("reported success")
+	var cutErr error
+	// The acquire waits at most 100 ms for the key's lock and then answers
+	// "held, try again". On a loaded machine that answer can come before
+	// the cut (or before the wait is seen); the attempt is then made again
+	// on a new connection. Success is never accepted.
+	for attempt := 1; ; attempt++ {
+		conn, err := pgx.ConnectConfig(c, cfg)
+		if err != nil {
+			t.Fatal(err)
 		}
-		done <- err
-	}()
-	waitForLockWait(t, c, pool, "advisory", nil)
-	p.cut()
-	err = <-done
-	if !errors.Is(err, pglease.ErrAmbiguous) || pglease.CodeOf(err) != pglease.CodeAmbiguous {
-		t.Fatalf("acquire on a cut connection: %v; want Ambiguous", err)
+		s, err := store.New("pg.New", conn, store.Config{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		type answer struct {
+			held bool // answered "held" without error: too early to test
+			err  error
+		}
+		done, answered := make(chan answer, 1), make(chan struct{})
+		go func() {
+			r, err := s.AcquireMany(c, []store.AcquireRequest{{Key: "amb", TTL: time.Minute, LockID: id}})
+			switch {
+			case err == nil && r[0].OK:
+				done <- answer{err: errors.New("reported success")}
+			case err == nil:
+				done <- answer{held: true}
+			default:
+				done <- answer{err: err}
+			}
+			close(answered)
+		}()
+		waitForLockWait(t, c, pool, "advisory", answered)
+		p.cut()
+		a := <-done
+		conn.Close(context.Background())
+		if a.held && attempt < 20 {
+			continue
+		}
+		if a.held {
+			t.Fatal("the acquire answered before the cut in 20 attempts")
+		}
+		cutErr = a.err
+		break
 	}
-	if strings.Contains(err.Error(), id) {
+	if !errors.Is(cutErr, pglease.ErrAmbiguous) || pglease.CodeOf(cutErr) != pglease.CodeAmbiguous {
+		t.Fatalf("acquire on a cut connection: %v; want Ambiguous", cutErr)
+	}
+	if strings.Contains(cutErr.Error(), id) {
 		t.Fatal("error echoes the lockId")
 	}
 	_ = tx.Rollback(c) // the orphaned statement proceeds and may commit

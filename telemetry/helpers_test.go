@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"bytes"
@@ -7,14 +7,14 @@ import (
 	"sync"
 	"testing"
 
+	. "github.com/pglease/pglease/internal/obs"
+
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-
-	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // harness is a Recorder wired to in-memory SDK exporters and a JSON log
@@ -44,13 +44,13 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-func newHarness(t testing.TB, opts ...func(*ptel.Config)) *harness {
+func newHarness(t testing.TB, opts ...func(*Config)) *harness {
 	t.Helper()
 	return newHarnessDB(t, Database{}, opts...)
 }
 
 // newHarnessDB is newHarness with the database the round trips go to.
-func newHarnessDB(t testing.TB, db Database, opts ...func(*ptel.Config)) *harness {
+func newHarnessDB(t testing.TB, db Database, opts ...func(*Config)) *harness {
 	t.Helper()
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
@@ -58,7 +58,7 @@ func newHarnessDB(t testing.TB, db Database, opts ...func(*ptel.Config)) *harnes
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	logs := &syncBuffer{}
 	logger := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg := ptel.Config{TracerProvider: tp, MeterProvider: mp, Logger: logger}
+	cfg := Config{TracerProvider: tp, MeterProvider: mp, Logger: logger}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -219,3 +219,9 @@ func hasLink(s sdktrace.ReadOnlySpan, sc trace.SpanContext) bool {
 	}
 	return false
 }
+
+// recOf, acqOf and loopOf return the recorder's own types behind the
+// handles obs.New and its methods return.
+func recOf(r *Recorder) *recorder       { return r.Impl().(*recorder) }
+func acqOf(a *Acquisition) *acquisition { return a.Impl().(*acquisition) }
+func loopOf(l *Loop) *loop              { return l.Impl().(*loop) }

@@ -1,31 +1,18 @@
-package obs
+package telemetry
 
 import (
 	"context"
 	"log/slog"
-	"time"
-)
 
-// OverloadInfo describes the Manager's shedding state when it changes.
-type OverloadInfo struct {
-	// RoundTrip is the slow round trip that made the Manager start
-	// shedding (entering), or the slowest one while it shed (leaving).
-	RoundTrip time.Duration
-	// Op is that round trip's operation (OpAcquireMany, OpExtendMany …).
-	Op DBOperation
-	// Gap is the pause the Manager keeps between two acquire round trips
-	// (entering: the first one; leaving: the longest one).
-	Gap time.Duration
-	// Lasted is how long the Manager shed (leaving only).
-	Lasted time.Duration
-}
+	"github.com/pglease/pglease/internal/obs"
+)
 
 // Overload records that the Manager started (on) or stopped shedding
 // acquires because the database answered slowly: pglease.manager.overload
 // is 1 while it sheds, and each change is one log record, Warn when it
 // starts, Info when it stops. Safe from any goroutine; the Manager calls
 // it on changes only.
-func (r *Recorder) Overload(on bool, info OverloadInfo) {
+func (r *recorder) Overload(on bool, info obs.OverloadInfo) {
 	if r == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/obs"
 )
 
 // Span start options, built once: an option and a variadic slice passed
@@ -21,26 +22,7 @@ var (
 	startClient   = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 )
 
-// AcquireInfo describes an acquire when it starts.
-type AcquireInfo struct {
-	Kind LockKind      // lease, shared, permit or advisory
-	TTL  time.Duration // lease TTL; 0 for advisory locks
-	Try  bool          // TryAcquire: one attempt, no waiting
-}
-
-// QueueInfo describes how an acquire entered its key's local FIFO.
-type QueueInfo struct {
-	// Coalesced: another caller of this process already had an attempt
-	// loop running for the key, and this one joined it.
-	Coalesced bool
-	// HeldLocally: another caller of this process holds the key, so this
-	// one waits for a local handoff (counts as contended).
-	HeldLocally bool
-	// Position in the FIFO, 0 = first.
-	Position int
-}
-
-// Acquisition states.
+// acquisition states.
 const (
 	stAcquiring uint32 = iota
 	stHeld
@@ -54,24 +36,25 @@ const (
 	flagContended
 )
 
-// Acquisition follows one acquire from the caller's call to its outcome
+// acquisition follows one acquire from the caller's call to its outcome
 // and, when granted, the lock's life until it is released or lost. It
 // owns the pglease.acquire span. Its methods are safe for concurrent use
-// and each end state is reached once: later calls are no-ops. A nil
-// *Acquisition is valid and records nothing.
+// and each end state is reached once: later calls are no-ops. Callers hold
+// its handle, pub (an *obs.Acquisition, nil when nothing is recorded).
 //
 // Order the Manager keeps: StartAcquire (caller) → Queued, Attempt (loop,
 // any number) → exactly one of Granted (loop, before it sends the reply),
 // Failed or NotAcquired (loop or caller) → for a granted lock, any number
-// of Extended / ExtendFailed (loop) → one of StartRelease … Release.End or
+// of Extended / ExtendFailed (loop) → one of StartRelease … EndRelease or
 // Lost. Granted must happen before any Extended, Lost or StartRelease of
 // the same lock; calling Granted from the loop guarantees that.
-type Acquisition struct {
-	r     *Recorder
+type acquisition struct {
+	pub   obs.Acquisition // the handle callers hold: &a.pub
+	r     *recorder
 	span  trace.Span
 	sc    trace.SpanContext
-	key   KeyID
-	kind  LockKind
+	key   obs.KeyID
+	kind  obs.LockKind
 	try   bool
 	start time.Time
 
@@ -80,7 +63,7 @@ type Acquisition struct {
 	state    atomic.Uint32
 	granted  atomic.Int64 // 1 + nanoseconds from start to the grant (monotonic); 0 = not granted
 
-	// The last refusal's reason (a WaitReason) and holder (Waiting).
+	// The last refusal's reason (an obs.WaitReason) and holder (Waiting).
 	waitReason atomic.Uint32
 	waitHolder atomic.Pointer[string]
 }
@@ -92,20 +75,18 @@ var noopSpan = trace.SpanFromContext(context.Background())
 // StartAcquire starts the pglease.acquire span as a child of the span in
 // ctx (the caller's trace) and returns ctx carrying it. Call it in the
 // caller's goroutine, after validation, before enqueueing the request.
-func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo) (context.Context, *Acquisition) {
-	if r == nil {
-		return ctx, nil
-	}
+func (r *recorder) StartAcquire(ctx context.Context, key obs.KeyID, info obs.AcquireInfo) (context.Context, *obs.Acquisition) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	kind := info.Kind.norm()
-	a := &Acquisition{r: r, key: key, kind: kind, try: info.Try, start: time.Now()}
+	kind := info.Kind.Norm()
+	a := &acquisition{r: r, key: key, kind: kind, try: info.Try, start: time.Now()}
+	a.pub = obs.NewAcquisition(a)
 	ctx, a.span = r.tracer.Start(ctx, spanAcquire, startInternal...)
 	a.sc = a.span.SpanContext()
 	if !a.span.IsRecording() {
 		// Nothing to record (no SDK, or not sampled): keep no reference to
-		// the span, which the Acquisition would hold for as long as the lock
+		// the span, which the acquisition would hold for as long as the lock
 		// is held (≈ 100 bytes of heap per held lock; End is a no-op on it).
 		a.span = noopSpan
 	} else {
@@ -117,20 +98,20 @@ func (r *Recorder) StartAcquire(ctx context.Context, key KeyID, info AcquireInfo
 		}
 		a.span.SetAttributes(attrs...)
 	}
-	return ctx, a
+	return ctx, &a.pub
 }
 
-// Key returns the acquisition's KeyID.
-func (a *Acquisition) Key() KeyID {
+// Key returns the acquisition's obs.KeyID.
+func (a *acquisition) Key() obs.KeyID {
 	if a == nil {
-		return KeyID{}
+		return obs.KeyID{}
 	}
 	return a.key
 }
 
 // SpanContext returns the pglease.acquire span's context, e.g. to parent
 // the DB span of a round trip that serves only this acquire (StartDB).
-func (a *Acquisition) SpanContext() trace.SpanContext {
+func (a *acquisition) SpanContext() trace.SpanContext {
 	if a == nil {
 		return trace.SpanContext{}
 	}
@@ -138,7 +119,7 @@ func (a *Acquisition) SpanContext() trace.SpanContext {
 }
 
 // Queued records that the acquire entered its key's local FIFO (loop).
-func (a *Acquisition) Queued(q QueueInfo) {
+func (a *acquisition) Queued(q obs.QueueInfo) {
 	if a == nil {
 		return
 	}
@@ -152,7 +133,7 @@ func (a *Acquisition) Queued(q QueueInfo) {
 	if f != 0 {
 		a.flags.Or(f)
 	}
-	if q.HeldLocally && a.waitReason.CompareAndSwap(uint32(WaitNone), uint32(WaitHeldLocally)) {
+	if q.HeldLocally && a.waitReason.CompareAndSwap(uint32(obs.WaitNone), uint32(obs.WaitHeldLocally)) {
 		a.r.live.add(a)
 		if a.state.Load() != stAcquiring {
 			a.r.live.remove(a)
@@ -169,7 +150,7 @@ func (a *Acquisition) Queued(q QueueInfo) {
 // Ticket records the caller's place in its key's fair queue in the
 // database (1: the head), when an attempt or a refresh of its ticket
 // found it waiting there and the place changed (loop).
-func (a *Acquisition) Ticket(position int) {
+func (a *acquisition) Ticket(position int) {
 	if a == nil || !a.span.IsRecording() {
 		return
 	}
@@ -178,16 +159,16 @@ func (a *Acquisition) Ticket(position int) {
 
 // Attempt records one database attempt made on this acquire's behalf
 // (loop, when the attempt's result arrives): its outcome, the DB span
-// that carried it (linked from the acquire span; pass DBSpan.SpanContext),
+// that carried it (linked from the acquire span; pass obs.DBSpan.SpanContext),
 // and the backoff before the next attempt (0 if none is scheduled). With
 // coalescing, call it for every waiter the attempt served: attempts are
 // counted per caller.
-func (a *Acquisition) Attempt(db trace.SpanContext, outcome AttemptOutcome, retryIn time.Duration) {
+func (a *acquisition) Attempt(db trace.SpanContext, outcome obs.AttemptOutcome, retryIn time.Duration) {
 	if a == nil {
 		return
 	}
 	n := a.attempts.Add(1)
-	if outcome == AttemptContended {
+	if outcome == obs.AttemptContended {
 		a.flags.Or(flagContended)
 	}
 	if !a.span.IsRecording() {
@@ -206,7 +187,7 @@ func (a *Acquisition) Attempt(db trace.SpanContext, outcome AttemptOutcome, retr
 // Granted ends the acquire as granted with the given fence (0 when the
 // lock kind has none, e.g. advisory locks) and starts the held state: pglease.lock.held goes up
 // by one. Call it from the loop when it grants, before replying.
-func (a *Acquisition) Granted(fence pglease.Fence) {
+func (a *acquisition) Granted(fence pglease.Fence) {
 	if a == nil || !a.state.CompareAndSwap(stAcquiring, stHeld) {
 		return
 	}
@@ -220,7 +201,7 @@ func (a *Acquisition) Granted(fence pglease.Fence) {
 
 // NotAcquired ends a TryAcquire that found the key held: outcome "locked",
 // status unset (it is an answer, not an error).
-func (a *Acquisition) NotAcquired() {
+func (a *acquisition) NotAcquired() {
 	if a == nil || !a.state.CompareAndSwap(stAcquiring, stFailed) {
 		return
 	}
@@ -232,7 +213,7 @@ func (a *Acquisition) NotAcquired() {
 // context ending (Aborted), the Manager closing, or a database error. The
 // span status is Error with error.type = the pglease Code name; err's text
 // is never recorded (it may quote caller data).
-func (a *Acquisition) Failed(err error) {
+func (a *acquisition) Failed(err error) {
 	if a == nil || !a.state.CompareAndSwap(stAcquiring, stFailed) {
 		return
 	}
@@ -246,9 +227,10 @@ func (a *Acquisition) Failed(err error) {
 // (AcquireAll): each span ends failed, but a failure that logs (an error,
 // not a timeout) logs one record for the set, the first key's, with
 // set.size, instead of one per key.
-func FailedSet(acqs []*Acquisition, err error) {
+func (*acquisition) FailedSet(acqs []*obs.Acquisition, err error) {
 	first := true
-	for _, a := range acqs {
+	for _, pub := range acqs {
+		a, _ := pub.Impl().(*acquisition)
 		if a == nil || !a.state.CompareAndSwap(stAcquiring, stFailed) {
 			continue
 		}
@@ -265,13 +247,13 @@ func FailedSet(acqs []*Acquisition, err error) {
 	}
 }
 
-func (a *Acquisition) finish(o acquireOutcome, err error, fence int64, now time.Time) {
+func (a *acquisition) finish(o acquireOutcome, err error, fence int64, now time.Time) {
 	a.finishAll(o, err, fence, 0, now)
 }
 
 // finishAll ends the acquire; setSize > 0 adds set.size to its log
 // record, < 0 leaves the record out (FailedSet logs it with the first).
-func (a *Acquisition) finishAll(o acquireOutcome, err error, fence int64, setSize int, now time.Time) {
+func (a *acquisition) finishAll(o acquireOutcome, err error, fence int64, setSize int, now time.Time) {
 	r := a.r
 	wait := now.Sub(a.start)
 	n := a.attempts.Load()
@@ -304,7 +286,7 @@ func (a *Acquisition) finishAll(o acquireOutcome, err error, fence int64, setSiz
 		if o == aoGranted && fence != 0 {
 			attrs = append(attrs, attrFence.Int64(fence))
 		}
-		if w.reason != WaitNone {
+		if w.reason != obs.WaitNone {
 			attrs = append(attrs, attrWaitReason.String(w.reason.String()))
 		}
 		if w.holder != "" {
@@ -336,7 +318,7 @@ func (a *Acquisition) finishAll(o acquireOutcome, err error, fence int64, setSiz
 		if o == aoGranted && fence != 0 {
 			attrs = append(attrs, slog.Int64("fence", fence))
 		}
-		if w.reason != WaitNone {
+		if w.reason != obs.WaitNone {
 			attrs = append(attrs, slog.String("wait.reason", w.reason.String()))
 		}
 		if w.holder != "" {
@@ -349,7 +331,7 @@ func (a *Acquisition) finishAll(o acquireOutcome, err error, fence int64, setSiz
 	}
 }
 
-func (a *Acquisition) heldFor(now time.Time) time.Duration {
+func (a *acquisition) heldFor(now time.Time) time.Duration {
 	g := a.granted.Load()
 	if g == 0 {
 		return 0
@@ -361,7 +343,7 @@ func (a *Acquisition) heldFor(now time.Time) time.Duration {
 // being how late it started after it was due (≥ 0). Loop, after the
 // extend's result arrives. The round trip itself is the heartbeat's DB
 // span.
-func (a *Acquisition) Extended(lag time.Duration) {
+func (a *acquisition) Extended(lag time.Duration) {
 	if a == nil {
 		return
 	}
@@ -376,7 +358,7 @@ func (a *Acquisition) Extended(lag time.Duration) {
 
 // ExtendFailed records an extend whose round trip failed (the lock is not
 // lost yet: the trust window decides that, and Lost reports it).
-func (a *Acquisition) ExtendFailed(err error) {
+func (a *acquisition) ExtendFailed(err error) {
 	if a == nil {
 		return
 	}
@@ -392,15 +374,15 @@ func (a *Acquisition) ExtendFailed(err error) {
 // Lost records that the held lock was lost, with its cause and the span
 // that found out (the heartbeat or DB span; may be invalid). It emits a
 // pglease.lost span in the acquirer's trace (child of the pglease.acquire
-// span) with status Error "LockLost" ("Revoked" for LossRevoked), counts
+// span) with status Error "LockLost" ("Revoked" for obs.LossRevoked), counts
 // pglease.lock.lost{cause},
 // lowers pglease.lock.held, and logs a warning. Loop.
-func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
+func (a *acquisition) Lost(cause obs.LossCause, by trace.SpanContext) {
 	if a == nil || !a.state.CompareAndSwap(stHeld, stLost) {
 		return
 	}
 	r := a.r
-	cause = cause.norm()
+	cause = cause.Norm()
 	now := time.Now()
 	held := a.heldFor(now)
 	ctx := context.Background()
@@ -416,7 +398,7 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 			span.AddLink(trace.Link{SpanContext: by})
 		}
 		code := pglease.CodeLockLost
-		if cause == LossRevoked {
+		if cause == obs.LossRevoked {
 			code = pglease.CodeRevoked
 		}
 		attrs := make([]attribute.KeyValue, 0, 6)
@@ -437,21 +419,10 @@ func (a *Acquisition) Lost(cause LossCause, by trace.SpanContext) {
 	}
 }
 
-// Release follows one release of a held lock: the pglease.release span.
-// The zero Release is valid and records nothing.
-type Release struct {
-	a     *Acquisition
-	span  trace.Span
-	start time.Time
-}
-
 // StartRelease starts the pglease.release span as a child of ctx (the
 // releasing caller's trace, or the Manager's drain context on Close),
 // linked to the lock's pglease.acquire span.
-func (a *Acquisition) StartRelease(ctx context.Context) (context.Context, Release) {
-	if a == nil {
-		return ctx, Release{}
-	}
+func (a *acquisition) StartRelease(ctx context.Context) (context.Context, obs.Release) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -466,22 +437,34 @@ func (a *Acquisition) StartRelease(ctx context.Context) (context.Context, Releas
 		attrs = append(attrs, attrLockKind.String(a.kind.String()))
 		span.SetAttributes(attrs...)
 	}
-	return ctx, Release{a: a, span: span, start: time.Now()}
+	return ctx, obs.NewRelease(a, span, time.Now())
 }
 
 // Served links the release span to the DB span that carried it.
-func (rl Release) Served(db trace.SpanContext) {
-	if rl.span == nil || !db.IsValid() || !rl.span.IsRecording() {
+func (a *acquisition) ReleaseServed(span trace.Span, db trace.SpanContext) {
+	if span == nil || !db.IsValid() || !span.IsRecording() {
 		return
 	}
-	rl.span.AddLink(trace.Link{SpanContext: db})
+	span.AddLink(trace.Link{SpanContext: db})
 }
 
 // End ends the release: err nil (released), an error with Code LockLost
 // (the lock was no longer this holder's: outcome "not_held"), or another
 // error. Whatever the outcome, this process no longer counts the lock as
 // held (pglease.lock.held goes down once per lock, by End or Lost).
-func (rl Release) End(err error) {
+func (a *acquisition) EndRelease(span trace.Span, start time.Time, err error) {
+	release{a: a, span: span, start: start}.end(err)
+}
+
+// release is one release of a held lock, its pglease.release span begun
+// at start (the fields of an obs.Release).
+type release struct {
+	a     *acquisition
+	span  trace.Span
+	start time.Time
+}
+
+func (rl release) end(err error) {
 	a := rl.a
 	if a == nil {
 		return
@@ -532,7 +515,7 @@ const privLogEvery = time.Minute
 // errorLevel returns the level of a failed acquire's log record: Warn,
 // except for AuthFailed within privLogEvery of the last one logged at
 // Warn.
-func (r *Recorder) errorLevel(err error, now time.Time) slog.Level {
+func (r *recorder) errorLevel(err error, now time.Time) slog.Level {
 	if pglease.CodeOf(err) != pglease.CodeAuthFailed {
 		return slog.LevelWarn
 	}

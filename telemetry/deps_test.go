@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"go/parser"
@@ -11,11 +11,12 @@ import (
 )
 
 // TestAPIOnly enforces the contrib rule (depguard no-sdk-instrumentation):
-// non-test files of this package and of the public telemetry package
-// import the OpenTelemetry API, never the SDK or an exporter.
+// non-test files of this package and of internal/obs (the handles the
+// Manager holds) import the OpenTelemetry API, never the SDK or an
+// exporter.
 func TestAPIOnly(t *testing.T) {
 	t.Parallel()
-	for _, dir := range []string{".", "../../telemetry"} {
+	for _, dir := range []string{".", "../internal/obs"} {
 		checkAPIOnly(t, dir)
 	}
 }

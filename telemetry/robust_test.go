@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/pglease/pglease/internal/obs"
+
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
-	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // driveAll calls every method once, in the Manager's order.
@@ -97,12 +98,12 @@ func TestNilRecorderIsNoop(t *testing.T) {
 	Release{}.Served(trace.SpanContext{})
 	Release{}.End(nil)
 	// A nil ctx is tolerated by a live Recorder.
-	rec := New(ptel.Config{}, Database{})
+	rec := New(Config{}, Database{})
 	//lint:ignore SA1012 a nil ctx is what this checks
 	if got, _ := rec.StartAcquire(nil, rec.Key("k"), AcquireInfo{}); got == nil {
 		t.Errorf("StartAcquire(nil ctx) returned a nil ctx")
 	}
-	driveAll(New(ptel.Config{TracerProvider: nil, MeterProvider: nil, Logger: nil}, Database{}))
+	driveAll(New(Config{TracerProvider: nil, MeterProvider: nil, Logger: nil}, Database{}))
 }
 
 var errInstrument = errors.New("instrument creation refused")
@@ -181,7 +182,7 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 	otel.SetErrorHandler(h)
 	t.Cleanup(func() { otel.SetErrorHandler(prev) })
 
-	r := New(ptel.Config{MeterProvider: failingProvider{m: failingMeter{failInstruments: true}}}, Database{})
+	r := New(Config{MeterProvider: failingProvider{m: failingMeter{failInstruments: true}}}, Database{})
 	if r == nil {
 		t.Fatal("New returned nil")
 	}
@@ -193,7 +194,7 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 	}
 
 	h.n.Store(0)
-	driveAll(New(ptel.Config{MeterProvider: failingProvider{m: failingMeter{}}}, Database{}))
+	driveAll(New(Config{MeterProvider: failingProvider{m: failingMeter{}}}, Database{}))
 	if got := h.n.Load(); got != 2 { // the loop gauges' callback and the age gauges'
 		t.Errorf("otel.Handle got %d errors for refused callbacks, want 2", got)
 	}
@@ -219,7 +220,7 @@ func TestConcurrentEndStates(t *testing.T) {
 			inner.Go(func() { a.Failed(context.Canceled) })
 			inner.Go(func() { r.Loop().Busy(); r.Loop().SetDepth(QueueWaiters, i); r.Loop().Idle() })
 			inner.Wait()
-			if a.state.Load() != stHeld {
+			if acqOf(a).state.Load() != stHeld {
 				failed.Add(1)
 			} else {
 				granted.Add(1)

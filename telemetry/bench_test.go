@@ -1,17 +1,17 @@
-package obs
+package telemetry
 
 import (
 	"context"
 	"testing"
 	"time"
 
+	. "github.com/pglease/pglease/internal/obs"
+
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
-
-	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // acquireCycle is everything the Manager records for one uncontended
@@ -32,7 +32,7 @@ func acquireCycle(r *Recorder, ctx context.Context, key string) {
 }
 
 // BenchmarkAcquireCycle: cost per acquire+release recorded, by provider.
-// "global-noop" is New(ptel.Config{}, Database{}) with no options and no global provider
+// "global-noop" is New(Config{}, Database{}) with no options and no global provider
 // installed: what a user who never configures OpenTelemetry pays.
 func BenchmarkAcquireCycle(b *testing.B) {
 	ctx := context.Background()
@@ -43,28 +43,28 @@ func BenchmarkAcquireCycle(b *testing.B) {
 		}
 	}
 	b.Run("nil", func(b *testing.B) { run(b, nil) })
-	b.Run("global-noop", func(b *testing.B) { run(b, New(ptel.Config{}, Database{})) })
+	b.Run("global-noop", func(b *testing.B) { run(b, New(Config{}, Database{})) })
 	b.Run("explicit-noop", func(b *testing.B) {
-		run(b, New(ptel.Config{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: metricnoop.NewMeterProvider()}, Database{}))
+		run(b, New(Config{TracerProvider: tracenoop.NewTracerProvider(), MeterProvider: metricnoop.NewMeterProvider()}, Database{}))
 	})
 	b.Run("sdk-recording", func(b *testing.B) {
 		tp := sdktrace.NewTracerProvider() // samples everything, exports nowhere
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 		b.Cleanup(func() { _ = tp.Shutdown(ctx); _ = mp.Shutdown(ctx) })
-		run(b, New(ptel.Config{TracerProvider: tp, MeterProvider: mp}, Database{}))
+		run(b, New(Config{TracerProvider: tp, MeterProvider: mp}, Database{}))
 	})
 }
 
 func BenchmarkKey(b *testing.B) {
 	b.Run("hashKey", func(b *testing.B) {
-		r := New(ptel.Config{}, Database{})
+		r := New(Config{}, Database{})
 		b.ReportAllocs()
 		for b.Loop() {
 			r.Key("payment:1234567890")
 		}
 	})
 	b.Run("hmac", func(b *testing.B) {
-		r := New(ptel.Config{KeySecret: []byte("0123456789abcdef0123456789abcdef")}, Database{})
+		r := New(Config{KeySecret: []byte("0123456789abcdef0123456789abcdef")}, Database{})
 		b.ReportAllocs()
 		for b.Loop() {
 			r.Key("payment:1234567890")
@@ -73,7 +73,7 @@ func BenchmarkKey(b *testing.B) {
 }
 
 func BenchmarkLoopTurn(b *testing.B) {
-	l := New(ptel.Config{}, Database{}).Loop()
+	l := New(Config{}, Database{}).Loop()
 	b.ReportAllocs()
 	for b.Loop() {
 		l.Busy()

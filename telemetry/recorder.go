@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -6,26 +6,26 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pglease/pglease/internal/obs"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
-
-	ptel "github.com/pglease/pglease/telemetry"
 )
 
-// Recorder turns Manager events into spans, metrics and log records. Build
-// one per Manager with New; all methods are safe for concurrent use, never
-// block on I/O, never fail, and never panic on bad input. A nil *Recorder
-// is valid and records nothing, at the cost of a nil check.
-type Recorder struct {
+// recorder turns Manager events into spans, metrics and log records: the
+// obs.RecorderImpl behind an *obs.Recorder, one per Manager, built by
+// obs.New. All methods are safe for concurrent use, never block on I/O,
+// never fail, and never panic on bad input. The handle answers for a nil
+// Recorder; the nil checks left here are belt and braces.
+type recorder struct {
 	tracer  trace.Tracer
 	log     *slog.Logger
 	keys    *keyHasher
 	rawKeys bool
-	dbAttrs []attribute.KeyValue // server.address, server.port, db.namespace (Database)
+	dbAttrs []attribute.KeyValue // server.address, server.port, db.namespace (obs.Database)
 
 	acqDuration  metric.Float64Histogram
 	acqAttempts  metric.Int64Histogram
@@ -42,7 +42,7 @@ type Recorder struct {
 	listenPolling metric.Int64Counter
 	// triggerInstalled is 1 per Manager whose lock table has the release
 	// trigger, 0 for one without (ReleaseTrigger); trigger says whether
-	// this Recorder added its 1, which Close takes back.
+	// this recorder added its 1, which Close takes back.
 	triggerInstalled metric.Int64UpDownCounter
 	trigger          atomic.Int32
 	// privWarned is when (Unix ns) a failed acquire last logged an
@@ -56,23 +56,23 @@ type Recorder struct {
 	listenUp atomic.Int64
 
 	// Precomputed attribute sets, so recording allocates nothing.
-	kindOpt    [numKinds]mopts
-	acqOpt     [numKinds][numAcquireOutcs]mopts
-	extendOpt  [numKinds][2]mopts // ok, error
-	lostOpt    [numKinds][numLossCauses]mopts
-	releaseOpt [numKinds][3]mopts     // ok, not_held, error
-	dbOpt      map[DBOperation]dbOpts // read-only after New
+	kindOpt    [obs.NumKinds]mopts
+	acqOpt     [obs.NumKinds][numAcquireOutcs]mopts
+	extendOpt  [obs.NumKinds][2]mopts // ok, error
+	lostOpt    [obs.NumKinds][obs.NumLossCauses]mopts
+	releaseOpt [obs.NumKinds][3]mopts     // ok, not_held, error
+	dbOpt      map[obs.DBOperation]dbOpts // read-only after New
 
 	// holdDuration and waitDuration: how long locks were held (by kind)
 	// and contended acquires waited (by kind and wait reason); live: the
 	// acquisitions waiting or holding, for the age gauges (agesReg).
 	holdDuration metric.Float64Histogram
 	waitDuration metric.Float64Histogram
-	waitOpt      [numKinds][numWaitReasons]mopts
+	waitOpt      [obs.NumKinds][obs.NumWaitReasons]mopts
 	live         live
 	agesReg      metric.Registration
 
-	loop *Loop
+	loop *loop
 	reg  metric.Registration
 }
 
@@ -100,12 +100,18 @@ type dbOpts struct {
 // data, so a dashboard can tell which release's names and units apply.
 const scopeVersion = "0.1.0"
 
-// New returns a Recorder configured by c (the user's
+// init registers the recorder as the one obs.New builds: every program
+// that builds a Manager links this package (manager.Config holds a
+// Config), so obs.New never runs without it.
+func init() { obs.Register(newRecorderImpl) }
+
+func newRecorderImpl(c Config, db obs.Database) obs.RecorderImpl { return newRecorder(c, db) }
+
+// newRecorder returns a recorder configured by c (the user's
 // manager.Config.Telemetry; the zero value means the defaults), for round
-// trips to db. It never
-// fails: an instrument that cannot be created is reported to otel.Handle
-// and replaced by a no-op one.
-func New(c ptel.Config, db Database) *Recorder {
+// trips to db. It never fails: an instrument that cannot be created is
+// reported to otel.Handle and replaced by a no-op one.
+func newRecorder(c Config, db obs.Database) *recorder {
 	tp, mp, logger := c.TracerProvider, c.MeterProvider, c.Logger
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -116,16 +122,16 @@ func New(c ptel.Config, db Database) *Recorder {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	r := &Recorder{
-		tracer: tp.Tracer(ptel.ScopeName,
+	r := &recorder{
+		tracer: tp.Tracer(ScopeName,
 			trace.WithInstrumentationVersion(scopeVersion),
 			trace.WithSchemaURL(semconv.SchemaURL)),
 		log:     logger,
 		keys:    newKeyHasher(append([]byte(nil), c.KeySecret...)),
 		rawKeys: c.RawKeys,
-		dbAttrs: db.attributes(),
+		dbAttrs: dbAttributes(db),
 	}
-	meter := mp.Meter(ptel.ScopeName,
+	meter := mp.Meter(ScopeName,
 		metric.WithInstrumentationVersion(scopeVersion),
 		metric.WithSchemaURL(semconv.SchemaURL))
 	r.initInstruments(meter)
@@ -135,18 +141,7 @@ func New(c ptel.Config, db Database) *Recorder {
 	return r
 }
 
-// Database names the database server and database the round trips go
-// to: the semantic-convention attributes server.address, server.port and
-// db.namespace on every database span and on db.client.operation.duration
-// (empty or zero fields are left out). The Manager fills it from its
-// pool's connection configuration.
-type Database struct {
-	Address   string
-	Port      int
-	Namespace string
-}
-
-func (d Database) attributes() []attribute.KeyValue {
+func dbAttributes(d obs.Database) []attribute.KeyValue {
 	var kv []attribute.KeyValue
 	if d.Address != "" {
 		kv = append(kv, semconv.ServerAddress(d.Address))
@@ -160,11 +155,11 @@ func (d Database) attributes() []attribute.KeyValue {
 	return kv
 }
 
-// Close unregisters the Recorder's metric callbacks (loop busy ratio and
+// Close unregisters the recorder's metric callbacks (loop busy ratio and
 // queue depths) and takes the Manager out of
 // pglease.release_trigger.installed. Call it when the Manager has
 // stopped. Other methods keep working after Close.
-func (r *Recorder) Close() {
+func (r *recorder) Close() {
 	if r == nil {
 		return
 	}
@@ -184,58 +179,57 @@ func (r *Recorder) Close() {
 	}
 }
 
-// Key returns the KeyID of key. It normalises the key to NFC and hashes it
-// (see KeyID.Hash): call it once per request, in the caller's goroutine.
-// A nil Recorder returns the zero KeyID without hashing.
-func (r *Recorder) Key(key string) KeyID {
+// Key returns the obs.KeyID of key. It normalises the key to NFC and hashes it
+// (see obs.KeyID.Hash): call it once per request, in the caller's goroutine.
+func (r *recorder) Key(key string) obs.KeyID {
 	if r == nil {
-		return KeyID{}
+		return obs.KeyID{}
 	}
-	k := KeyID{hash: r.keys.hash(key)}
-	if r.rawKeys {
-		k.raw = key
-	}
-	return k
+	return obs.NewKeyID(r.keys.hash(key), r.raw(key))
 }
 
 // KeyHashed is Key for a key whose pglease.HashKey the caller already
-// computed (hash): without a KeySecret that is the KeyID's hash, so the
-// key is not hashed twice and the KeyID shares the caller's string.
-func (r *Recorder) KeyHashed(key, hash string) KeyID {
+// computed (hash): without a KeySecret that is the obs.KeyID's hash, so the
+// key is not hashed twice and the obs.KeyID shares the caller's string.
+func (r *recorder) KeyHashed(key, hash string) obs.KeyID {
 	if r == nil || r.keys.secret != nil {
 		return r.Key(key)
 	}
-	k := KeyID{hash: hash}
+	return obs.NewKeyID(hash, r.raw(key))
+}
+
+// raw is the raw key a KeyID keeps: key with Config.RawKeys, else none.
+func (r *recorder) raw(key string) string {
 	if r.rawKeys {
-		k.raw = key
+		return key
 	}
-	return k
+	return ""
 }
 
 // keyAttrs appends the key's attributes: the hash, and the raw key only
 // when opted in.
-func (r *Recorder) keyAttrs(dst []attribute.KeyValue, k KeyID) []attribute.KeyValue {
-	dst = append(dst, attrKeyHash.String(k.hash))
-	if r.rawKeys && k.raw != "" {
-		dst = append(dst, attrKey.String(k.raw))
+func (r *recorder) keyAttrs(dst []attribute.KeyValue, k obs.KeyID) []attribute.KeyValue {
+	dst = append(dst, attrKeyHash.String(k.Hash()))
+	if r.rawKeys && k.Raw() != "" {
+		dst = append(dst, attrKey.String(k.Raw()))
 	}
 	return dst
 }
 
 // logKey logs msg with the key's fields when the logger is enabled at
 // level. Callers check r.log.Enabled first when building attrs costs.
-func (r *Recorder) logKey(ctx context.Context, level slog.Level, msg string, k KeyID, kind LockKind, attrs ...slog.Attr) {
+func (r *recorder) logKey(ctx context.Context, level slog.Level, msg string, k obs.KeyID, kind obs.LockKind, attrs ...slog.Attr) {
 	all := make([]slog.Attr, 0, len(attrs)+3)
-	all = append(all, slog.String("key.hash", k.hash))
-	if r.rawKeys && k.raw != "" {
-		all = append(all, slog.String("key", k.raw))
+	all = append(all, slog.String("key.hash", k.Hash()))
+	if r.rawKeys && k.Raw() != "" {
+		all = append(all, slog.String("key", k.Raw()))
 	}
 	all = append(all, slog.String("lock.kind", kind.String()))
 	all = append(all, attrs...)
 	r.log.LogAttrs(ctx, level, msg, all...)
 }
 
-func (r *Recorder) logEnabled(ctx context.Context, level slog.Level) bool {
+func (r *recorder) logEnabled(ctx context.Context, level slog.Level) bool {
 	return r.log.Enabled(ctx, level)
 }
 
@@ -247,7 +241,7 @@ func handle(err error) {
 	}
 }
 
-func (r *Recorder) initInstruments(m metric.Meter) {
+func (r *recorder) initInstruments(m metric.Meter) {
 	nm := noop.Meter{}
 	var err error
 
@@ -368,10 +362,10 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 	}
 
 	set := mset
-	for k := range numKinds {
+	for k := range obs.NumKinds {
 		kk := attrLockKind.String(k.String())
 		r.kindOpt[k] = set(kk)
-		for w := range numWaitReasons {
+		for w := range obs.NumWaitReasons {
 			r.waitOpt[k][w] = set(kk, attrWaitReason.String(w.String()))
 		}
 		for o := range acquireOutcome(numAcquireOutcs) {
@@ -379,21 +373,21 @@ func (r *Recorder) initInstruments(m metric.Meter) {
 		}
 		r.extendOpt[k][0] = set(kk, attrOutcome.String(outcomeOK))
 		r.extendOpt[k][1] = set(kk, attrOutcome.String(outcomeError))
-		for c := range numLossCauses {
+		for c := range obs.NumLossCauses {
 			r.lostOpt[k][c] = set(kk, attrLossCause.String(c.String()))
 		}
 		r.releaseOpt[k][0] = set(kk, attrOutcome.String(outcomeOK))
 		r.releaseOpt[k][1] = set(kk, attrOutcome.String(outcomeNotHeld))
 		r.releaseOpt[k][2] = set(kk, attrOutcome.String(outcomeError))
 	}
-	r.dbOpt = make(map[DBOperation]dbOpts)
-	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff, OpAcquireShared, OpAcquireSets,
-		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen, OpRevoke, OpRequestRelease, OpSnapshot} {
+	r.dbOpt = make(map[obs.DBOperation]dbOpts)
+	for _, op := range []obs.DBOperation{obs.OpAcquireMany, obs.OpReleaseMany, obs.OpExtendMany, obs.OpHandOff, obs.OpAcquireShared, obs.OpAcquireSets,
+		obs.OpAdvisoryLock, obs.OpAdvisoryTryLock, obs.OpAdvisoryUnlock, obs.OpListen, obs.OpRevoke, obs.OpRequestRelease, obs.OpSnapshot} {
 		r.dbOpt[op] = r.newDBOpts(op)
 	}
 }
 
-func (r *Recorder) newDBOpts(op DBOperation) dbOpts {
+func (r *recorder) newDBOpts(op obs.DBOperation) dbOpts {
 	kv := semconv.DBOperationName(string(op))
 	return dbOpts{
 		op:      kv,
@@ -402,7 +396,7 @@ func (r *Recorder) newDBOpts(op DBOperation) dbOpts {
 	}
 }
 
-func (r *Recorder) dbOpts(op DBOperation) dbOpts {
+func (r *recorder) dbOpts(op obs.DBOperation) dbOpts {
 	if o, ok := r.dbOpt[op]; ok {
 		return o
 	}

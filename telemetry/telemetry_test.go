@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -8,13 +8,14 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/pglease/pglease/internal/obs"
+
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
-	ptel "github.com/pglease/pglease/telemetry"
 )
 
 var (
@@ -38,7 +39,7 @@ func grant(h *harness, ctx context.Context, key string, fence pglease.Fence) *Ac
 func TestAcquireUncontended(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	ctx, caller := h.rec.tracer.Start(context.Background(), "caller")
+	ctx, caller := recOf(h.rec).tracer.Start(context.Background(), "caller")
 	grant(h, ctx, "resource:123", 7)
 	caller.End()
 
@@ -49,7 +50,7 @@ func TestAcquireUncontended(t *testing.T) {
 	if acq.Parent().SpanID() != caller.SpanContext().SpanID() {
 		t.Errorf("acquire span is not a child of the caller's span")
 	}
-	if acq.InstrumentationScope().Name != ptel.ScopeName || acq.InstrumentationScope().Version != scopeVersion {
+	if acq.InstrumentationScope().Name != ScopeName || acq.InstrumentationScope().Version != scopeVersion {
 		t.Errorf("scope = %+v", acq.InstrumentationScope())
 	}
 	a := acq.Attributes()
@@ -415,7 +416,7 @@ func TestAcquireFailures(t *testing.T) {
 func TestLoopMeter(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
-	l := h.rec.Loop()
+	l := loopOf(h.rec.Loop())
 	clock := time.Unix(1000, 0)
 	l.mu.Lock() // the fields below are set before any use; the lock is for -race clarity
 	l.now = func() time.Time { return clock }

@@ -1,80 +1,22 @@
-package obs
+package telemetry
 
 import (
 	"context"
 	"sync"
 	"time"
 
+	"github.com/pglease/pglease/internal/obs"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 )
 
-// WaitReason says why an acquire waits: what the key's last refusal
-// found. It is pglease.wait.reason on the acquire span, its pglease.wait
-// events, pglease.acquire.wait.duration and pglease.acquire.wait.longest.
-type WaitReason uint8
-
-// Wait reasons.
-const (
-	// WaitNone: the acquire has not been refused (yet).
-	WaitNone WaitReason = iota
-	// WaitHolder: a live exclusive lease of another holder (a pglease
-	// process or a SyncGuard one).
-	WaitHolder
-	// WaitSharedHolders: an exclusive attempt waits for the readers or
-	// permits that hold the key.
-	WaitSharedHolders
-	// WaitSemaphoreFull: a permit waits because the semaphore's limit of
-	// permits is taken.
-	WaitSemaphoreFull
-	// WaitWriterMark: a reader or permit waits because a writer waiting
-	// for the key has marked it (writer preference).
-	WaitWriterMark
-	// WaitLockDelay: the last holder's lease expired, but its lock delay
-	// (or a revoke's delay) keeps the key from everyone until it passes.
-	WaitLockDelay
-	// WaitSetMember: the key is free, but it is one key of an
-	// all-or-nothing set (AcquireAll) another key of which is held.
-	WaitSetMember
-	// WaitHeldLocally: another caller of this process holds the key; the
-	// acquire waits for it to be handed over in this process.
-	WaitHeldLocally
-	numWaitReasons
-)
-
-var waitNames = [numWaitReasons]string{
-	WaitNone:          "none",
-	WaitHolder:        "holder",
-	WaitSharedHolders: "shared_holders",
-	WaitSemaphoreFull: "semaphore_full",
-	WaitWriterMark:    "writer_mark",
-	WaitLockDelay:     "lock_delay",
-	WaitSetMember:     "set_member",
-	WaitHeldLocally:   "held_locally",
-}
-
-// String returns the reason as recorded in pglease.wait.reason.
-func (w WaitReason) String() string {
-	if w < numWaitReasons {
-		return waitNames[w]
-	}
-	return "none"
-}
-
-func (w WaitReason) norm() WaitReason {
-	if w < numWaitReasons {
-		return w
-	}
-	return WaitNone
-}
-
-// waitState is what an Acquisition's last refusal found: its reason and
+// waitState is what an acquisition's last refusal found: its reason and
 // the holder identity the refusal named ("" when none: a SyncGuard
 // holder, readers, a lock delay).
 type waitState struct {
-	reason WaitReason
+	reason obs.WaitReason
 	holder string
 }
 
@@ -86,14 +28,14 @@ type waitState struct {
 // span carries the last ones as pglease.wait.reason and pglease.holder,
 // and a contended acquire's wait is recorded in
 // pglease.acquire.wait.duration under that reason.
-func (a *Acquisition) Waiting(reason WaitReason, holder string) {
-	if a == nil || reason == WaitNone {
+func (a *acquisition) Waiting(reason obs.WaitReason, holder string) {
+	if a == nil || reason == obs.WaitNone {
 		return
 	}
-	reason = reason.norm()
+	reason = reason.Norm()
 	a.flags.Or(flagContended)
-	prevR := WaitReason(a.waitReason.Swap(uint32(reason)))
-	if prevR == WaitNone {
+	prevR := obs.WaitReason(a.waitReason.Swap(uint32(reason)))
+	if prevR == obs.WaitNone {
 		a.r.live.add(a) // for pglease.acquire.wait.longest, until it ends
 		if a.state.Load() != stAcquiring {
 			a.r.live.remove(a) // it ended meanwhile (finish removed it before the add)
@@ -110,29 +52,29 @@ func (a *Acquisition) Waiting(reason WaitReason, holder string) {
 	}
 }
 
-func (a *Acquisition) lastWait() waitState {
-	w := waitState{reason: WaitReason(a.waitReason.Load()).norm()}
+func (a *acquisition) lastWait() waitState {
+	w := waitState{reason: obs.WaitReason(a.waitReason.Load()).Norm()}
 	if h := a.waitHolder.Load(); h != nil {
 		w.holder = *h
 	}
 	return w
 }
 
-// live is the set of a Recorder's acquisitions waiting after a refusal
+// live is the set of a recorder's acquisitions waiting after a refusal
 // (from Waiting) or holding (from Granted),
 // read by the pglease.lock.oldest.age and pglease.acquire.wait.longest
 // callbacks. A sync.Map: recording (Store, Delete) never waits for a
 // collection walking it.
 type live struct{ m sync.Map }
 
-func (l *live) add(a *Acquisition)    { l.m.Store(a, struct{}{}) }
-func (l *live) remove(a *Acquisition) { l.m.Delete(a) }
+func (l *live) add(a *acquisition)    { l.m.Store(a, struct{}{}) }
+func (l *live) remove(a *acquisition) { l.m.Delete(a) }
 
 // oldest returns the held lock granted longest ago and the acquisition
 // waiting longest, at now (nil when none).
-func (l *live) oldest(now time.Time) (held *Acquisition, heldFor time.Duration, wait *Acquisition, waitFor time.Duration) {
+func (l *live) oldest(now time.Time) (held *acquisition, heldFor time.Duration, wait *acquisition, waitFor time.Duration) {
 	l.m.Range(func(k, _ any) bool {
-		a := k.(*Acquisition)
+		a := k.(*acquisition)
 		switch a.state.Load() {
 		case stHeld:
 			if d := a.heldFor(now); held == nil || d > heldFor {
@@ -153,7 +95,7 @@ func (l *live) oldest(now time.Time) (held *Acquisition, heldFor time.Duration, 
 
 // registerAges registers the callback of the two age gauges and
 // pglease.listener.up.
-func (r *Recorder) registerAges(m metric.Meter) {
+func (r *recorder) registerAges(m metric.Meter) {
 	oldest, err := m.Float64ObservableGauge(metricLockOldestAge,
 		metric.WithUnit("s"),
 		metric.WithDescription("How long the lock this process has held longest has been held, with its key hash and lock kind; no point when none is held."))
@@ -175,17 +117,17 @@ func (r *Recorder) registerAges(m metric.Meter) {
 		otel.Handle(err)
 		listenUp = nil
 	}
-	var obs []metric.Observable
+	var observed []metric.Observable
 	if listenUp != nil {
-		obs = append(obs, listenUp)
+		observed = append(observed, listenUp)
 	}
 	if oldest != nil {
-		obs = append(obs, oldest)
+		observed = append(observed, oldest)
 	}
 	if longest != nil {
-		obs = append(obs, longest)
+		observed = append(observed, longest)
 	}
-	if len(obs) == 0 {
+	if len(observed) == 0 {
 		return
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
@@ -195,15 +137,15 @@ func (r *Recorder) registerAges(m metric.Meter) {
 		h, hd, w, wd := r.live.oldest(time.Now())
 		if h != nil && oldest != nil {
 			o.ObserveFloat64(oldest, hd.Seconds(), metric.WithAttributes(
-				attrKeyHash.String(h.key.hash), attrLockKind.String(h.kind.String())))
+				attrKeyHash.String(h.key.Hash()), attrLockKind.String(h.kind.String())))
 		}
 		if w != nil && longest != nil {
 			o.ObserveFloat64(longest, wd.Seconds(), metric.WithAttributes(
-				attrKeyHash.String(w.key.hash), attrLockKind.String(w.kind.String()),
+				attrKeyHash.String(w.key.Hash()), attrLockKind.String(w.kind.String()),
 				attrWaitReason.String(w.lastWait().reason.String())))
 		}
 		return nil
-	}, obs...)
+	}, observed...)
 	if err != nil {
 		otel.Handle(err)
 		return
@@ -212,7 +154,7 @@ func (r *Recorder) registerAges(m metric.Meter) {
 }
 
 // holdDone records a lock's hold time when it ends (released or lost).
-func (r *Recorder) holdDone(a *Acquisition, held time.Duration) {
+func (r *recorder) holdDone(a *acquisition, held time.Duration) {
 	if held <= 0 {
 		return
 	}

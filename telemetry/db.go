@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/pglease/pglease/internal/obs"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
@@ -13,23 +14,15 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// DBSpan follows one database round trip (one transaction or statement,
-// however many keys it carries): a SpanKindClient span named after the
-// DBOperation. The zero DBSpan is valid and records nothing. It is a small
-// value: pass it by value.
-type DBSpan struct {
-	r     *Recorder
+// dbSpan is one database round trip, its client span begun at start (the
+// fields of an obs.DBSpan).
+type dbSpan struct {
+	r     *recorder
 	span  trace.Span
-	op    DBOperation
+	op    obs.DBOperation
 	batch int
 	start time.Time
 }
-
-// MaxLinks bounds the links StartDB gives one round trip's span: the
-// OpenTelemetry SDK's default link limit per span, beyond which it would
-// drop them anyway. A batch serving more callers links to the first
-// MaxLinks (collect no more than that).
-const MaxLinks = 128
 
 // StartDB starts the client span of one round trip carrying batch items.
 // Call it in the worker goroutine, right before the SQL, and pass the
@@ -37,7 +30,7 @@ const MaxLinks = 128
 //   - parent, when valid: the span of the operation the round trip is
 //     made for (the acquire span of the one key's head waiter, the one
 //     release it carries), so a caller's round trips are in its trace;
-//   - otherwise the span in ctx (e.g. a Heartbeat's), or none: a batch
+//   - otherwise the span in ctx (e.g. a heartbeat's), or none: a batch
 //     carrying several keys or releases is a root span.
 //
 // served are the spans of the operations the round trip serves (every
@@ -46,11 +39,8 @@ const MaxLinks = 128
 // its start, as the messaging conventions link a batch to the messages it
 // processes. So every caller's trace reaches every round trip made for it,
 // as a child or through a link; the operation spans also link to the
-// round trip (Acquisition.Attempt, Release.Served). At most MaxLinks.
-func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, parent trace.SpanContext, served ...trace.SpanContext) (context.Context, DBSpan) {
-	if r == nil {
-		return ctx, DBSpan{}
-	}
+// round trip (acquisition.Attempt, ReleaseServed). At most obs.MaxLinks.
+func (r *recorder) StartDB(ctx context.Context, op obs.DBOperation, batch int, parent trace.SpanContext, served ...trace.SpanContext) (context.Context, obs.DBSpan) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -69,16 +59,16 @@ func (r *Recorder) StartDB(ctx context.Context, op DBOperation, batch int, paren
 			attrBatchSize.Int(batch))
 		span.SetAttributes(r.dbAttrs...)
 	}
-	return ctx, DBSpan{r: r, span: span, op: op, batch: batch, start: time.Now()}
+	return ctx, obs.NewDBSpan(r, span, op, batch, time.Now())
 }
 
 // servedLinks returns a link to each valid span context of served other
-// than parent, each once, at most MaxLinks; nil (no allocation) when
+// than parent, each once, at most obs.MaxLinks; nil (no allocation) when
 // there is none.
 func servedLinks(served []trace.SpanContext, parent trace.SpanContext) []trace.Link {
 	var links []trace.Link
 	for _, sc := range served {
-		if len(links) == MaxLinks {
+		if len(links) == obs.MaxLinks {
 			break
 		}
 		if !sc.IsValid() || sc.Equal(parent) || slices.ContainsFunc(links, func(l trace.Link) bool { return l.SpanContext.Equal(sc) }) {
@@ -89,21 +79,16 @@ func servedLinks(served []trace.SpanContext, parent trace.SpanContext) []trace.L
 	return links
 }
 
-// SpanContext returns the span's context, for Acquisition.Attempt,
-// Release.Served and Acquisition.Lost links.
-func (d DBSpan) SpanContext() trace.SpanContext {
-	if d.span == nil {
-		return trace.SpanContext{}
-	}
-	return d.span.SpanContext()
-}
-
 // End ends the round trip: ok is how many items succeeded (granted,
 // extended, released; for a contended acquire batch, fewer than the batch
 // size), err the round trip's error (nil when it completed, whatever the
 // per-item answers). Records db.client.operation.duration and
 // pglease.db.batch.size.
-func (d DBSpan) End(ok int, err error) {
+func (r *recorder) EndDB(span trace.Span, op obs.DBOperation, batch int, start time.Time, ok int, err error) {
+	dbSpan{r: r, span: span, op: op, batch: batch, start: start}.end(ok, err)
+}
+
+func (d dbSpan) end(ok int, err error) {
 	if d.r == nil {
 		return
 	}
@@ -146,20 +131,10 @@ func (d DBSpan) End(ok int, err error) {
 	}
 }
 
-// Heartbeat follows one heartbeat round: all extends due in one tick,
-// sent as one round trip. The zero Heartbeat is valid and records nothing.
-type Heartbeat struct {
-	r    *Recorder
-	span trace.Span
-}
-
 // StartHeartbeat starts a pglease.heartbeat span for a round extending due
 // locks, and returns ctx carrying it: pass that ctx to StartDB (with an
 // invalid parent) so the extend round trip is its child. Loop or worker.
-func (r *Recorder) StartHeartbeat(ctx context.Context, due int) (context.Context, Heartbeat) {
-	if r == nil {
-		return ctx, Heartbeat{}
-	}
+func (r *recorder) StartHeartbeat(ctx context.Context, due int) (context.Context, obs.Heartbeat) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -167,26 +142,18 @@ func (r *Recorder) StartHeartbeat(ctx context.Context, due int) (context.Context
 	if span.IsRecording() {
 		span.SetAttributes(attrDue.Int(due))
 	}
-	return ctx, Heartbeat{r: r, span: span}
-}
-
-// SpanContext returns the heartbeat span's context (e.g. for Lost's by).
-func (h Heartbeat) SpanContext() trace.SpanContext {
-	if h.span == nil {
-		return trace.SpanContext{}
-	}
-	return h.span.SpanContext()
+	return ctx, obs.NewHeartbeat(r, span)
 }
 
 // End ends the round: extended and lost count the locks extended and the
-// locks found lost (report each loss with Acquisition.Lost and each
-// extend with Acquisition.Extended too; these are the round's totals);
+// locks found lost (report each loss with acquisition.Lost and each
+// extend with acquisition.Extended too; these are the round's totals);
 // err is the round trip's error, if any.
-func (h Heartbeat) End(extended, lost int, err error) {
-	if h.span == nil {
+func (r *recorder) EndHeartbeat(span trace.Span, extended, lost int, err error) {
+	if span == nil {
 		return
 	}
-	if h.span.IsRecording() {
+	if span.IsRecording() {
 		outcome := outcomeOK
 		if err != nil {
 			outcome = outcomeError
@@ -195,9 +162,9 @@ func (h Heartbeat) End(extended, lost int, err error) {
 		if err != nil {
 			et := errorType(err)
 			attrs = append(attrs, semconv.ErrorTypeKey.String(et))
-			h.span.SetStatus(codes.Error, et)
+			span.SetStatus(codes.Error, et)
 		}
-		h.span.SetAttributes(attrs...)
+		span.SetAttributes(attrs...)
 	}
-	h.span.End()
+	span.End()
 }

@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -6,25 +6,26 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/pglease/pglease/internal/obs"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
-// Loop measures the Manager loop: how busy it is (as hashicorp/raft's
+// loop measures the Manager loop: how busy it is (as hashicorp/raft's
 // saturationMetric does) and the depth of its queues. Busy and Idle are
 // for the loop goroutine only; SetDepth may be called from any goroutine.
 // Each costs a clock read or an atomic store, and nothing else: the
 // numbers are read by the MeterProvider's collection, through callbacks.
-// A nil *Loop is valid and records nothing.
-type Loop struct {
+// (obs.Loop is its handle; a nil *obs.Loop records nothing.)
+type loop struct {
 	now  func() time.Time
 	base time.Time
 
 	busySince atomic.Int64 // 1 + ns since base when busy began; 0 = idle
 	busyTotal atomic.Int64 // ns busy in completed busy periods
-	depth     [numQueues]atomic.Int64
-	overload  atomic.Int64 // 1 while the Manager sheds acquires (Recorder.Overload)
+	depth     [obs.NumQueues]atomic.Int64
+	overload  atomic.Int64 // 1 while the Manager sheds acquires (recorder.Overload)
 
 	mu        sync.Mutex // guards the fields below (collection only)
 	lastObs   int64
@@ -32,25 +33,22 @@ type Loop struct {
 	lastRatio float64
 }
 
-func newLoop(_ *Recorder, now func() time.Time) *Loop {
-	l := &Loop{now: now, base: now()}
+func newLoop(_ *recorder, now func() time.Time) *loop {
+	l := &loop{now: now, base: now()}
 	return l
 }
 
-func (l *Loop) nanos() int64 { return int64(l.now().Sub(l.base)) }
+func (l *loop) nanos() int64 { return int64(l.now().Sub(l.base)) }
 
-// Loop returns the Recorder's loop meter (one per Recorder, so one
-// Recorder per Manager). Nil for a nil Recorder.
-func (r *Recorder) Loop() *Loop {
-	if r == nil {
-		return nil
-	}
+// Loop returns the recorder's loop meter (one per recorder, so one
+// recorder per Manager).
+func (r *recorder) Loop() obs.LoopImpl {
 	return r.loop
 }
 
 // Busy marks the start of work: call it right after the loop's select
 // returns.
-func (l *Loop) Busy() {
+func (l *loop) Busy() {
 	if l == nil {
 		return
 	}
@@ -59,7 +57,7 @@ func (l *Loop) Busy() {
 
 // Idle marks the end of work: call it right before the loop blocks in its
 // select.
-func (l *Loop) Idle() {
+func (l *loop) Idle() {
 	if l == nil {
 		return
 	}
@@ -71,8 +69,8 @@ func (l *Loop) Idle() {
 }
 
 // SetDepth sets the current depth of queue q.
-func (l *Loop) SetDepth(q Queue, n int) {
-	if l == nil || q >= numQueues {
+func (l *loop) SetDepth(q obs.Queue, n int) {
+	if l == nil || q >= obs.NumQueues {
 		return
 	}
 	l.depth[q].Store(int64(n))
@@ -80,7 +78,7 @@ func (l *Loop) SetDepth(q Queue, n int) {
 
 // busyRatio returns the share of time the loop was busy since the last
 // call (in [0, 1]); the first call covers the time since New.
-func (l *Loop) busyRatio() float64 {
+func (l *loop) busyRatio() float64 {
 	now := l.nanos()
 	total := l.busyTotal.Load()
 	if s := l.busySince.Load(); s != 0 && now > s-1 {
@@ -97,7 +95,7 @@ func (l *Loop) busyRatio() float64 {
 	return ratio
 }
 
-func (l *Loop) register(r *Recorder, m metric.Meter) {
+func (l *loop) register(r *recorder, m metric.Meter) {
 	busy, err := m.Float64ObservableGauge(metricManagerLoopBusy,
 		metric.WithUnit("1"),
 		metric.WithDescription("Share of time the Manager loop spent working (not waiting in select) since the previous collection."))
@@ -116,27 +114,27 @@ func (l *Loop) register(r *Recorder, m metric.Meter) {
 	if err3 != nil {
 		otel.Handle(err3)
 	}
-	var obs []metric.Observable
+	var observed []metric.Observable
 	if err == nil && busy != nil {
-		obs = append(obs, busy)
+		observed = append(observed, busy)
 	} else {
 		busy = nil
 	}
 	if err2 == nil && depth != nil {
-		obs = append(obs, depth)
+		observed = append(observed, depth)
 	} else {
 		depth = nil
 	}
 	if err3 == nil && over != nil {
-		obs = append(obs, over)
+		observed = append(observed, over)
 	} else {
 		over = nil
 	}
-	if len(obs) == 0 {
+	if len(observed) == 0 {
 		return
 	}
-	var qOpt [numQueues]metric.ObserveOption
-	for q := range numQueues {
+	var qOpt [obs.NumQueues]metric.ObserveOption
+	for q := range obs.NumQueues {
 		qOpt[q] = metric.WithAttributeSet(attribute.NewSet(attrQueue.String(q.String())))
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
@@ -144,7 +142,7 @@ func (l *Loop) register(r *Recorder, m metric.Meter) {
 			o.ObserveFloat64(busy, l.busyRatio())
 		}
 		if depth != nil {
-			for q := range numQueues {
+			for q := range obs.NumQueues {
 				o.ObserveInt64(depth, l.depth[q].Load(), qOpt[q])
 			}
 		}
@@ -152,7 +150,7 @@ func (l *Loop) register(r *Recorder, m metric.Meter) {
 			o.ObserveInt64(over, l.overload.Load())
 		}
 		return nil
-	}, obs...)
+	}, observed...)
 	if err != nil {
 		otel.Handle(err)
 		return

@@ -1,46 +1,16 @@
-package obs
+package telemetry
 
 import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
 	"hash"
-	"log/slog"
 	"sync"
 
 	"golang.org/x/text/unicode/norm"
 
 	"github.com/pglease/pglease"
 )
-
-// KeyID is how telemetry identifies a lock key: a hash of the key, and the
-// raw key only when the Recorder was built with Config.RawKeys.
-//
-// Build it once per request with Recorder.Key, outside the Manager loop (in
-// the caller's goroutine), and pass it to StartAcquire. The zero KeyID is
-// valid and identifies nothing (a nil Recorder returns it).
-//
-// KeyID's String, GoString and LogValue never print the raw key, even when
-// it is kept for Config.RawKeys: the raw key reaches telemetry only as the
-// separate attribute pglease.key.
-type KeyID struct {
-	hash string // HMAC (32 hex) or SyncGuard hashKey (24 hex)
-	raw  string // only with Config.RawKeys
-}
-
-// Hash returns the key's hash: 32 lowercase hex digits (HMAC-SHA-256 keyed
-// with the Config.KeySecret secret, truncated to 128 bits) or, without a
-// secret, 24 lowercase hex digits (SyncGuard's hashKey, not secret).
-func (k KeyID) Hash() string { return k.hash }
-
-// String returns the hash.
-func (k KeyID) String() string { return k.hash }
-
-// LogValue makes slog print the hash only.
-func (k KeyID) LogValue() slog.Value { return slog.StringValue(k.hash) }
-
-// GoString returns the hash in Go syntax, so %#v cannot reveal the raw key.
-func (k KeyID) GoString() string { return `obs.KeyID("` + k.hash + `")` }
 
 // hmacSize is the number of HMAC-SHA-256 bytes kept: 16 bytes, 128 bits,
 // printed as 32 hex digits.

@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/pglease/pglease/internal/obs"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
-	ptel "github.com/pglease/pglease/telemetry"
 )
 
 func randomToken(t testing.TB, n int) string {
@@ -204,10 +205,10 @@ func TestNoRawKeysOrLockIDs(t *testing.T) {
 	secret := []byte("hmac-secret-" + randomToken(t, 24))
 	for _, tc := range []struct {
 		name string
-		opts []func(*ptel.Config)
+		opts []func(*Config)
 	}{
 		{"hashKey", nil},
-		{"hmac", []func(*ptel.Config){func(c *ptel.Config) { c.KeySecret = secret }}},
+		{"hmac", []func(*Config){func(c *Config) { c.KeySecret = secret }}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -237,7 +238,7 @@ func TestNoRawKeysOrLockIDs(t *testing.T) {
 	// lockIds still never appear.
 	t.Run("rawKeysControl", func(t *testing.T) {
 		t.Parallel()
-		h := newHarness(t, func(c *ptel.Config) { c.RawKeys = true })
+		h := newHarness(t, func(c *Config) { c.RawKeys = true })
 		s := newSecrets(t, 40)
 		exercise(t, h.rec, s)
 		corpus := h.corpus()

@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"crypto/hmac"
@@ -8,14 +8,14 @@ import (
 	"strings"
 	"testing"
 
-	ptel "github.com/pglease/pglease/telemetry"
+	. "github.com/pglease/pglease/internal/obs"
 )
 
 // Vectors from SyncGuard's hashKey (common/crypto.ts), verified against
 // the TypeScript implementation (reference/syncguard-facts.md §2.4).
 func TestHashKeyVectors(t *testing.T) {
 	t.Parallel()
-	r := New(ptel.Config{}, Database{})
+	r := New(Config{}, Database{})
 	for _, tc := range []struct{ in, want string }{
 		{"", "000000000000000000000000"},
 		{"k1", "00000d2600009fd20017666a"},
@@ -35,7 +35,7 @@ func TestHashKeyVectors(t *testing.T) {
 func TestKeySecretHMAC(t *testing.T) {
 	t.Parallel()
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	r := New(ptel.Config{KeySecret: secret}, Database{})
+	r := New(Config{KeySecret: secret}, Database{})
 	secret[0] = 'X' // New copied it
 	mac := hmac.New(sha256.New, []byte("0123456789abcdef0123456789abcdef"))
 	mac.Write([]byte("café"))
@@ -46,14 +46,14 @@ func TestKeySecretHMAC(t *testing.T) {
 			t.Errorf("Key(%q) = %s, want HMAC %s", in, got, want)
 		}
 	}
-	other := New(ptel.Config{KeySecret: []byte("another secret, same length!!!!!")}, Database{})
+	other := New(Config{KeySecret: []byte("another secret, same length!!!!!")}, Database{})
 	if a, b := r.Key("payment:1").Hash(), other.Key("payment:1").Hash(); a == b {
 		t.Errorf("different secrets gave the same hash %s", a)
 	}
 	if a, b := r.Key("payment:1").Hash(), r.Key("payment:2").Hash(); a == b {
 		t.Errorf("different keys gave the same hash %s", a)
 	}
-	if got := New(ptel.Config{}, Database{}).Key("k1").Hash(); got != "00000d2600009fd20017666a" {
+	if got := New(Config{}, Database{}).Key("k1").Hash(); got != "00000d2600009fd20017666a" {
 		t.Errorf("empty secret: got %s, want the unkeyed hashKey", got)
 	}
 }
@@ -61,8 +61,8 @@ func TestKeySecretHMAC(t *testing.T) {
 func TestKeyIDNeverPrintsRawKey(t *testing.T) {
 	t.Parallel()
 	const raw = "alice@example.com"
-	k := New(ptel.Config{RawKeys: true}, Database{}).Key(raw)
-	if k.raw != raw {
+	k := New(Config{RawKeys: true}, Database{}).Key(raw)
+	if k.Raw() != raw {
 		t.Fatalf("RawKeys did not keep the raw key")
 	}
 	for _, s := range []string{

@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 // waiters in this process then learn of releases in other processes by
 // polling alone. One Warn log record with reason, and pglease.listener.polling
 // goes up by one. Call it once per Manager.
-func (r *Recorder) ListenerPolling(reason string) {
+func (r *recorder) ListenerPolling(reason string) {
 	if r == nil {
 		return
 	}
@@ -25,7 +25,7 @@ func (r *Recorder) ListenerPolling(reason string) {
 // ConfigWarning logs one Warn record about a setting that works but
 // weakens what the Manager can promise (e.g. a multi-host pool without
 // connect_timeout), with the fix in msg.
-func (r *Recorder) ConfigWarning(msg string) {
+func (r *recorder) ConfigWarning(msg string) {
 	if r == nil {
 		return
 	}
@@ -41,7 +41,7 @@ func (r *Recorder) ConfigWarning(msg string) {
 // a missing trigger is one Debug log record saying how to install it, and
 // one Info record later only if this Manager meets a SyncGuard holder
 // (ForeignHolder). Call it once per Manager.
-func (r *Recorder) ReleaseTrigger(installed bool, channel string) {
+func (r *recorder) ReleaseTrigger(installed bool, channel string) {
 	if r == nil {
 		return
 	}
@@ -61,7 +61,7 @@ func (r *Recorder) ReleaseTrigger(installed bool, channel string) {
 	}
 }
 
-// States of Recorder.trigger: whether this Manager counts in
+// States of recorder.trigger: whether this Manager counts in
 // pglease.release_trigger.installed, which Close undoes.
 const (
 	triggerUnknown int32 = iota
@@ -74,7 +74,7 @@ const (
 // lock table has no release trigger for the Manager's channel
 // (ReleaseTrigger said so), the first one logs one Info record: that
 // holder's releases reach this Manager's waiters by polling only. Loop.
-func (r *Recorder) ForeignHolder() {
+func (r *recorder) ForeignHolder() {
 	if r == nil {
 		return
 	}
@@ -93,7 +93,7 @@ func (r *Recorder) ForeignHolder() {
 // and subscribed (true) or not (false: connecting again, or given up for
 // polling): pglease.listener.up is 1 or 0 from the first call on (a
 // Manager that never listens reports no point). Listener goroutine.
-func (r *Recorder) ListenerUp(up bool) {
+func (r *recorder) ListenerUp(up bool) {
 	if r == nil {
 		return
 	}

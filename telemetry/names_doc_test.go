@@ -1,4 +1,4 @@
-package obs
+package telemetry
 
 import (
 	"context"
@@ -14,13 +14,14 @@ import (
 	"testing"
 	"time"
 
+	. "github.com/pglease/pglease/internal/obs"
+
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
-	ptel "github.com/pglease/pglease/telemetry"
 )
 
 // docName is one row of the table under "# Names" in telemetry/doc.go.
@@ -39,7 +40,7 @@ var tableSplit = regexp.MustCompile(`\s{2,}`)
 // that starts in the name column, continuation lines indented.
 func docTable(t *testing.T) []docName {
 	t.Helper()
-	src, err := os.ReadFile("../../telemetry/doc.go")
+	src, err := os.ReadFile("doc.go")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func (sqlStateErr) SQLState() string { return "55P03" }
 // (db.response.status_code), and returns the span, event, attribute and
 // metric names it recorded, each "category name", and each metric's unit.
 func recordEverything(t *testing.T) (names map[string]bool, units map[string]string) {
-	h := newHarnessDB(t, Database{Address: "db.example", Port: 5432, Namespace: "app"}, func(c *ptel.Config) { c.RawKeys = true })
+	h := newHarnessDB(t, Database{Address: "db.example", Port: 5432, Namespace: "app"}, func(c *Config) { c.RawKeys = true })
 	exercise(t, h.rec, newSecrets(t, 24))
 	ctx := context.Background()
 	_, a := h.rec.StartAcquire(ctx, h.rec.Key("every-op"), AcquireInfo{Kind: KindAdvisory})
@@ -178,15 +179,29 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 	return names, units
 }
 
-// declaredNames returns the names.go constants, each "category name".
+// declaredNames returns the names.go constants, each "category name",
+// and the span names of database round trips: the obs.DBOperation
+// constants (Op…) of internal/obs/vocab.go.
 func declaredNames(t *testing.T) map[string]bool {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), "names.go", nil, 0)
+	out := map[string]bool{}
+	declared(t, "names.go", map[string]string{"span": "span", "event": "event", "attr": "attribute", "metric": "metric"}, out)
+	declared(t, "../internal/obs/vocab.go", map[string]string{"Op": "span"}, out)
+	if len(out) < 60 {
+		t.Fatalf("%d names declared: the parse missed names.go or vocab.go", len(out))
+	}
+	return out
+}
+
+// declared adds to out the string constants of file whose name starts
+// with a key of categories, each "category name"; in names.go every
+// constant must have one.
+func declared(t *testing.T, file string, categories map[string]string, out map[string]bool) {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := map[string]bool{}
-	categories := map[string]string{"span": "span", "event": "event", "attr": "attribute", "metric": "metric"}
 	ast.Inspect(f, func(n ast.Node) bool {
 		vs, ok := n.(*ast.ValueSpec)
 		if !ok {
@@ -200,11 +215,16 @@ func declaredNames(t *testing.T) map[string]bool {
 				}
 			}
 			var lit *ast.BasicLit
-			switch v := vs.Values[i].(type) {
-			case *ast.BasicLit:
-				lit = v
-			case *ast.CallExpr: // attribute.Key("…")
-				lit, _ = v.Args[0].(*ast.BasicLit)
+			if i < len(vs.Values) {
+				switch v := vs.Values[i].(type) {
+				case *ast.BasicLit:
+					lit = v
+				case *ast.CallExpr: // attribute.Key("…")
+					lit, _ = v.Args[0].(*ast.BasicLit)
+				}
+			}
+			if (cat == "" || lit == nil) && file != "names.go" {
+				continue // vocab.go: not an operation
 			}
 			if cat == "" || lit == nil {
 				t.Fatalf("names.go: %s is not a span, event, attr or metric name constant", id.Name)
@@ -217,7 +237,6 @@ func declaredNames(t *testing.T) map[string]bool {
 		}
 		return false
 	})
-	return out
 }
 
 // TestNamesMatchDocTable holds the table of every name in the public
