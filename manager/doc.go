@@ -128,7 +128,7 @@
 //
 // # Who owns what
 //
-// One goroutine, run (loop.go), owns the lock state: loopState and all it
+// One goroutine, run (loop.go), owns the lock state: LoopState and all it
 // reaches (keys and their FIFO queues, set waiters, held locks, watched
 // keys, the lanes of batched statements, retries, the listener's
 // outbox). It never blocks on a caller
@@ -205,7 +205,7 @@
 //     Lock wraps the kernel's hold. The kernel is package
 //     manager/internal/kernel, and the file names above (loop.go,
 //     waiters.go …) are its: loop.go (run, its handlers), state.go
-//     (keyState and its predicates), invariants.go (the rules the loop
+//     (KeyState and its predicates), invariants.go (the rules the loop
 //     state keeps, checked after every event in tests), pipeline.go (the
 //     acquire-attempt protocol, written once), the attempt kinds
 //     exclusive.go, shared.go (shared holds), sets.go (AcquireAll) and

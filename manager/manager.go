@@ -222,7 +222,7 @@ const minTrustWindow = 10 * time.Millisecond
 // goroutines of this process. See the package documentation. A Manager
 // is safe for concurrent use; Close it when done.
 type Manager struct {
-	// The lock state is the kernel's (its loop's loopState, owned by
+	// The lock state is the kernel's (its loop's LoopState, owned by
 	// run: "Who owns what" in the package documentation); the advisory
 	// locks are guarded by their own mutex.
 	k   *kernel.Kernel
@@ -618,7 +618,7 @@ const heldHereMsg = "the key was held by this process (another caller of this Ma
 // message says so; or elsewhere: the message names the holder identity
 // the key's last "locked" answer gave, r.heldBy, when there was one), and
 // the code of the failure when the database could not be reached
-// (r.lastErr, see keyState.lastErr and unreachable). That failure is the
+// (r.lastErr, see the kernel's KeyState.lastErr and Unreachable). That failure is the
 // cause when there is one.
 func waitErr(op string, ctx, wctx context.Context, r kernel.AcquireReply) error {
 	cause := context.Cause(wctx)

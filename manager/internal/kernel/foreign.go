@@ -65,7 +65,7 @@ const (
 )
 
 // foreignKey is what a Manager knows of a key shared with foreign holders
-// (loopState.foreign, by key hash: it outlives the key's keyState, which
+// (LoopState.foreign, by key hash: it outlives the key's KeyState, which
 // goes when no caller here wants the key). Owned by run.
 type foreignKey struct {
 	seen time.Time // last "locked" answer that named a foreign holder

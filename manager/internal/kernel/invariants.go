@@ -9,7 +9,7 @@ import (
 // (checkInvariants tests them; the tests' Managers check them after every
 // event, see run):
 //
-//   - Every keyState is the one of its key: st.keys[ks.key] == ks, and a
+//   - Every KeyState is the one of its key: st.keys[ks.key] == ks, and a
 //     key in byHash is in keys.
 //   - Its counters are never negative: releasing, stale, nShared.
 //   - Its holder, if any, is an exclusive hold of that key, held

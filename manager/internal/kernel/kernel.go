@@ -26,7 +26,7 @@ import (
 // kernel and wraps its answer.
 type Kernel struct {
 	// Its fields are immutable after New, channels, or (the advisory
-	// locks) guarded by a mutex: the lock state is the loop's loopState,
+	// locks) guarded by a mutex: the lock state is the loop's LoopState,
 	// owned by run ("Who owns what" in the package documentation).
 
 	cfg      Config        // immutable after New (defaults filled)

@@ -43,7 +43,7 @@ import (
 // answers its one caller at once, whatever the outcome, where the others
 // leave their waiters waiting and retrying. A new kind of acquire is one
 // attemptKind (its file) and one store call (Store), plus its lane
-// (loopState, newLoopState) and the name of its batches (batchKind: its
+// (LoopState, newLoopState) and the name of its batches (batchKind: its
 // span name, op, and whether shedding paces it, paced).
 
 // Attempt is one database acquire attempt. Created by run; the DB

@@ -70,9 +70,9 @@ type AcquireReq struct {
 
 // AcquireReply carries exactly one of: lock (granted), locked (TryAcquire
 // found the key held), err, or abandoned (the caller left; lastErr is the
-// key's outage record, keyState.lastErr; heldHere tells that a caller of
+// key's outage record, KeyState.lastErr; heldHere tells that a caller of
 // this Manager held the key, and heldBy names the holder elsewhere that
-// the key's last "locked" answer named, if any: keyState.heldBy).
+// the key's last "locked" answer named, if any: KeyState.heldBy).
 type AcquireReply struct {
 	Lock      *Hold
 	Locks     []*Hold // a set's, in the order of its keys

@@ -24,7 +24,7 @@ import (
 //     follow it (coalescing: one item per waiter in one statement, as many
 //     as the server grants; a semaphore's at most limit).
 //   - Several callers of this process may hold a key shared at once
-//     (keyState.nShared counts them, keyContention.sharedLims by limit:
+//     (KeyState.nShared counts them, keyContention.sharedLims by limit:
 //     callers may disagree on a semaphore's limit while it is changed).
 //     A shared head waits for a local exclusive holder, a reader head for
 //     local permits, a permit head for local readers, or for a local

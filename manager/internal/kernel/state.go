@@ -23,7 +23,7 @@ const maxFenceMemory = 100_000
 
 // LoopState is every map, queue and counter the loop owns. It is touched
 // only by (*Kernel).run and the methods it calls: no mutex. Every field
-// is owned by run, as is everything it reaches (keyState, holding,
+// is owned by run, as is everything it reaches (KeyState, holding,
 // attempt, the lanes' items), except where a comment says otherwise: the
 // loss watch, shared with its timer goroutine under its own mutex.
 type LoopState struct {
@@ -33,7 +33,7 @@ type LoopState struct {
 	byHash  map[string]*KeyState     // owned by run: pglease.HashKey(key) → key with waiters, for notifications (queued/unqueued)
 	held    map[*holding]struct{}    // owned by run: locks this process holds
 	kept    map[*holding]struct{}    // owned by run: lost locks whose row may still be on the server: released by Lock.Release or Close (timely loss signal)
-	Fences  map[string]pglease.Fence // owned by run: highest fence seen per key not in keys (fence monotonicity; keyState.fence for the others)
+	Fences  map[string]pglease.Fence // owned by run: highest fence seen per key not in keys (fence monotonicity; KeyState.fence for the others)
 	retries retryHeap                // owned by run: scheduled retries, earliest first
 	hbNext  time.Time                // owned by run: next heartbeat event (zero: none)
 	// loss holds the loss deadlines of the held leases (losswatch.go):

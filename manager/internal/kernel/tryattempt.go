@@ -21,7 +21,7 @@ import (
 // Manager exclude each other), and a key with callers of this Manager
 // waiting (in its queue, or a set waiter's turn) is theirs first
 // ("locked", or the failure that keeps them from reaching the database,
-// keyState.lastErr: they are waiting out an outage, not a holder).
+// KeyState.lastErr: they are waiting out an outage, not a holder).
 
 // tryAcquire answers req at once, or queues its attempt.
 func (st *LoopState) tryAcquire(ks *KeyState, req *AcquireReq) {

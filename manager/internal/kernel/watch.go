@@ -229,7 +229,7 @@ func (ws *watchState) blocked() bool {
 	return ws.announce || ws.pendingGrant || ws.reading
 }
 
-// watchLoop is the loop's watch state (loopState.watch). Owned by run.
+// watchLoop is the loop's watch state (LoopState.watch). Owned by run.
 type watchLoop struct {
 	keys     map[string]*watchState // by NFC key
 	byHash   map[string]*watchState // by pglease.HashKey(key)
