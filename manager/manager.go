@@ -618,7 +618,7 @@ const heldHereMsg = "the key was held by this process (another caller of this Ma
 // message says so; or elsewhere: the message names the holder identity
 // the key's last "locked" answer gave, r.heldBy, when there was one), and
 // the code of the failure when the database could not be reached
-// (r.lastErr, see the kernel's KeyState.lastErr and Unreachable). That failure is the
+// (r.LastErr, see the kernel's KeyState.lastErr and Unreachable). That failure is the
 // cause when there is one.
 func waitErr(op string, ctx, wctx context.Context, r kernel.AcquireReply) error {
 	cause := context.Cause(wctx)
