@@ -82,7 +82,7 @@ func TestNilRecorderIsNoop(t *testing.T) {
 		t.Errorf("nil obs.Recorder StartHeartbeat changed ctx or returned a span")
 	}
 	if r.Loop() != nil {
-		t.Errorf("nil obs.Recorder obs.Loop is not nil")
+		t.Errorf("nil obs.Recorder Loop is not nil")
 	}
 	var a *obs.Acquisition
 	if got, rel := a.StartRelease(ctx); got != ctx || rel != (obs.Release{}) {
