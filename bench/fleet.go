@@ -604,6 +604,11 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 		// found locked; a local handoff grants without one.
 		x["attempts_per_grant"] = float64(d.stmts.AcqItems) / float64(d.grants)
 		x["xact_per_grant"] = float64(s1.xacts-s0.xacts) / float64(d.grants)
+		// The listening backends' own transactions per grant (and the
+		// probes'): PostgreSQL (15 here) wakes every session LISTENing in
+		// the database on every NOTIFY, whatever its channel, and each
+		// reads the queue in a transaction of its own.
+		x["nonpool_xact_per_grant"] = max(0, float64(s1.xacts-s0.xacts-d.stmts.All)) / float64(d.grants)
 	}
 	if s0.cpuTicks >= 0 && s1.cpuTicks >= 0 {
 		cpuMs := float64(s1.cpuTicks-s0.cpuTicks) * 1000 / userHZ

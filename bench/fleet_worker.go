@@ -482,7 +482,11 @@ func fleetWorker(spec fleetSpec, in *bufio.Reader, stdout io.Writer) int {
 	}
 	started := false
 	for cmd := range cmds {
-		prof.next(cmd)
+		if cmd == "stop" {
+			prof.stop(cmd) // the last: the end of stdin may end the process before the deferred stop
+		} else {
+			prof.next(cmd)
+		}
 		switch cmd {
 		case "go":
 			if !started {
