@@ -27,15 +27,6 @@ func (m *Manager) run(st *loopState) {
 	defer timer.Stop()
 	closing := m.closing
 	lm := m.rec.Loop() // busy ratio and queue depths: a clock read or an atomic store each
-	// armed is the time the timer is set for (zero: stopped), armedAt
-	// and armedMono the Manager's clock and Go's monotonic clock when it
-	// was set. Most events leave the next wake where it was (a grant's
-	// lease is due long after the leases held before it): the timer
-	// (≈ 0.6 µs a Reset here, against ≈ 0.05 µs a clock read) is set
-	// again only when that time moved, or when the Manager's clock moved
-	// apart from the monotonic one the timer runs on (a suspend, a
-	// test's clock), as setting it after every event did.
-	var armed, armedAt, armedMono time.Time
 	for {
 		st.flush()
 		st.startWork(m.spawn) // the batches flush launched (effects.go)
@@ -47,18 +38,11 @@ func (m *Manager) run(st *loopState) {
 			return
 		}
 		w := st.nextWake()
-		switch {
-		case w.IsZero():
-			if !armed.IsZero() {
-				timer.Stop()
-			}
-		case w.Equal(armed) && clockKept(m.now().Sub(armedAt), time.Since(armedMono)):
-			// Set for w already (a value it sent meanwhile waits in C).
-		default:
-			armedAt, armedMono = m.now(), time.Now()
-			timer.Reset(w.Sub(armedAt))
+		if w.IsZero() {
+			timer.Stop()
+		} else {
+			timer.Reset(w.Sub(m.now()))
 		}
-		armed = w
 		st.reportDepth(lm)
 		lm.Idle()
 		select {
@@ -100,7 +84,6 @@ func (m *Manager) run(st *loopState) {
 			st.heartbeat(m.now())
 		case <-timer.C:
 			lm.Busy()
-			armed = time.Time{}
 			if m.test.timerFired != nil {
 				m.test.timerFired(m.now().Sub(w))
 			}
@@ -117,14 +100,6 @@ func (m *Manager) run(st *loopState) {
 			st.beginDrain()
 		}
 	}
-}
-
-// clockKept reports whether the Manager's clock moved by managerMoved
-// while the monotonic clock moved by monoMoved, within a millisecond: a
-// timer set by the one still fires when the other says.
-func clockKept(managerMoved, monoMoved time.Duration) bool {
-	d := managerMoved - monoMoved
-	return d < time.Millisecond && d > -time.Millisecond
 }
 
 func (st *loopState) handleAcquire(req *acquireReq) {
