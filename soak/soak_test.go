@@ -160,6 +160,7 @@ func TestSmoke(t *testing.T) {
 // control is one negative control: a broken mode and the checks that must
 // catch it.
 type control struct {
+	name     string // default: broken
 	broken   string
 	mix      string
 	race     bool
@@ -215,6 +216,22 @@ var controlList = []control{
 	// Revokes of worker 0's leases, which it ignores: it works on (fenced)
 	// for 4 TTL.
 	{broken: "ignore-revoke:0", mix: "revoke=1", targets: []int{0}, want: []string{check.CRevoked}, wantSeen: "after it was told of the revoke"},
+	// The faults of the server, the pooler and the operator. Under clock
+	// steps (forward by up to 3 TTL: leases end on the server before their
+	// holders' windows), a writer without the fence lands stale writes:
+	// the fence, not time, is what keeps them out.
+	{name: "clock-step/no-fence:0", broken: "no-fence:0", mix: "clock-step=1", every: 2 * time.Second, longHold: 0.3, want: []string{check.CRegister, check.CLinear}},
+	// Behind a pooler that PAUSEs longer than the TTL, a pooled worker (the
+	// odd ids) that keeps working after its loss notice.
+	{name: "pool-pause/ignore-loss:1", broken: "ignore-loss:1", mix: "pool-pause=1", every: 2 * time.Second, longHold: 0.5, want: []string{check.CHolderEnded}},
+	// DELETE FROM the lock table: a holder that works on past the notice
+	// of the lost lease.
+	{name: "delete-rows/ignore-loss:0", broken: "ignore-loss:0", mix: "delete-rows=1", every: 2 * time.Second, longHold: 0.5, want: []string{check.CRevoked}},
+	// statement_timeout = 1ms for every session: the leases are lost; a
+	// holder that works on holds the key when it is granted again.
+	{name: "statement-timeout/ignore-loss:0", broken: "ignore-loss:0", mix: "statement-timeout=1", every: 3 * time.Second, longHold: 0.5, want: []string{check.CHolderEnded}},
+	// A full disk: a client that reports a failed acquire as a grant.
+	{name: "disk-full/fake-grant:0", broken: "fake-grant:0", mix: "disk-full=1", every: 2 * time.Second, want: []string{check.CGrantsReal}},
 }
 
 // TestControls runs a short soak per broken mode and checks that the
@@ -226,7 +243,11 @@ func TestControls(t *testing.T) {
 	needPostgres(t)
 	bins := map[bool]string{false: buildSoak(t, false), true: buildSoak(t, true)}
 	for _, c := range controlList {
-		t.Run(strings.ReplaceAll(c.broken, ":", "_"), func(t *testing.T) {
+		name := c.name
+		if name == "" {
+			name = c.broken
+		}
+		t.Run(strings.ReplaceAll(name, ":", "_"), func(t *testing.T) {
 			dir := runDir(t, "control")
 			mix, err := driver.ParseMix(c.mix)
 			if err != nil {

@@ -44,6 +44,17 @@ func (rep *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "Targets: %d lease cycles, %d faults, within %s: %s.\n\n", m.Cycles, m.Faults, m.Duration, verdict)
 	}
+	if m.Pooled > 0 {
+		fmt.Fprintf(&b, "%d workers' pools go through PgBouncer (transaction mode; their LISTEN and advisory sessions go to the server).\n\n", m.Pooled)
+	}
+	if len(m.NotRun) > 0 {
+		var nr []string
+		for ft, why := range m.NotRun {
+			nr = append(nr, fmt.Sprintf("%s (%s)", ft, why))
+		}
+		sort.Strings(nr)
+		fmt.Fprintf(&b, "Not run on this machine: %s.\n\n", strings.Join(nr, "; "))
+	}
 	if m.Broken != "" {
 		fmt.Fprintf(&b, "**negative control: broken mode %q**\n\n", m.Broken)
 	}
