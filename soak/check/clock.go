@@ -1,6 +1,11 @@
 package check
 
 import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
 	"sort"
 	"time"
 )
@@ -9,6 +14,10 @@ import (
 // step (event.ClockStep: from then on the server's clock runs V ns ahead
 // of true time). Server timestamps and expiries map to the monotonic
 // clock through the step in force, not only through the realtime offset.
+
+// stepSlack is how long the driver may take between a step and its log
+// line (a file rename, a write).
+const stepSlack = int64(50 * time.Millisecond)
 
 // clockSeg: from mono time t on, the server's clock ran off ns ahead.
 type clockSeg struct{ t, off int64 }
@@ -62,16 +71,18 @@ func (r *run) atMono(serverNs, hint int64) int64 {
 		}
 	}
 	// Before the first step: offset 0.
-	if t < r.clock[0].t {
+	if t < r.clock[0].t+stepSlack {
 		consider(t)
 	}
+	// A step is logged right after the driver made it: a row of the
+	// moments between falls up to stepSlack outside its segment.
 	for i, sg := range r.clock {
 		m := t - sg.off
 		end := int64(1) << 62
 		if i+1 < len(r.clock) {
-			end = r.clock[i+1].t
+			end = r.clock[i+1].t + stepSlack
 		}
-		if m >= sg.t && m < end {
+		if m >= sg.t-stepSlack && m < end {
 			consider(m)
 		}
 	}
@@ -148,4 +159,47 @@ const tolerance = time.Second
 // does not happen; fencing (S3) is what holds then, and is checked.
 func (r *run) exempt(w int, from, to int64, over time.Duration) bool {
 	return r.pausedDuring(w, from, to) || r.forwardStepDuring(from, to, over)
+}
+
+// mapServerTimes maps the rows of both lock audits (one sequence, in
+// commit order) to mono times, in seq order, each row's candidate nearest
+// the previous row's: after a backward step the rows of the two audits
+// together are dense enough (ms apart) to tell the repeated times apart.
+func (r *run) mapServerTimes() error {
+	type row struct {
+		Seq  int64 `json:"seq"`
+		AtUs int64 `json:"at_us"`
+	}
+	var rows []row
+	for _, name := range []string{"lock_log.jsonl", "shared_log.jsonl"} {
+		f, err := os.Open(filepath.Join(r.dir, name))
+		if errors.Is(err, os.ErrNotExist) && name == "shared_log.jsonl" {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			var x row
+			if err := json.Unmarshal(sc.Bytes(), &x); err != nil {
+				f.Close()
+				return err
+			}
+			rows = append(rows, x)
+		}
+		f.Close()
+		if err := sc.Err(); err != nil {
+			return err
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].Seq < rows[j].Seq })
+	r.seqT = make(map[int64]int64, len(rows))
+	hint := int64(0)
+	for _, x := range rows {
+		hint = r.atMono(x.AtUs*1000, hint)
+		r.seqT[x.Seq] = hint
+	}
+	return nil
 }

@@ -269,7 +269,8 @@ type run struct {
 	revokes []event.Event      // the revoke faults' outcomes
 	pauses  map[int][]interval // SIGSTOP periods per worker
 	srvDown []interval
-	clock   []clockSeg // the server clock's steps (clock-step faults)
+	seqT    map[int64]int64 // mono time of each row of the two lock audits, by seq
+	clock   []clockSeg      // the server clock's steps (clock-step faults)
 	steps   []stepAt
 	spawns  map[[2]int]int64 // (w, inc) → spawn time
 	deaths  map[[2]int]deathInfo
@@ -571,8 +572,10 @@ func (r *run) loadServer() error {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	if err := r.mapServerTimes(); err != nil {
+		return err
+	}
 	byID := map[string]*serverGrant{}
-	hint := int64(0)
 	for sc.Scan() {
 		var row lockLogRow
 		if err := json.Unmarshal(sc.Bytes(), &row); err != nil {
@@ -583,8 +586,7 @@ func (r *run) loadServer() error {
 		if !ok {
 			continue
 		}
-		t := r.atMono(row.AtUs*1000, hint)
-		hint = t
+		t := r.seqT[row.Seq]
 		newGrant := func() {
 			s := &serverGrant{key: k, fence: row.Fence, idHash: row.IDHash, seq: row.Seq, atT: t, acqMs: row.AcquiredMs,
 				expires: []int64{row.ExpiresMs}, changeT: []int64{t}, xid: row.Xid}
@@ -655,7 +657,6 @@ func (r *run) loadShared() error {
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	byID := map[string]*serverShared{}
-	hint := int64(0)
 	for sc.Scan() {
 		var row sharedLogRow
 		if err := json.Unmarshal(sc.Bytes(), &row); err != nil {
@@ -666,8 +667,7 @@ func (r *run) loadShared() error {
 		if !ok {
 			continue
 		}
-		t := r.atMono(row.AtUs*1000, hint)
-		hint = t
+		t := r.seqT[row.Seq]
 		switch row.Tg {
 		case "I":
 			s := &serverShared{key: k, lim: row.Lim, fence: row.Fence, grantID: row.GrantID, seq: row.Seq, xid: row.Xid, app: row.App,
