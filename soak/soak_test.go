@@ -65,13 +65,18 @@ func runDir(t *testing.T, name string) string {
 	return dir
 }
 
-// smokeFaultTypes are the fault types of the smoke: every one of the
-// default mix. table-lock is left out while it is out of the default mix
-// too (README: its open findings).
+// smokeFaultTypes are the fault types of the smoke: those of the default
+// mix that need nothing of the machine beyond the server, plus the clock
+// steps (libfaketime under the server). table-lock is out of the default
+// mix; the pooler's, the disk's, VACUUM FULL and statement_timeout run in
+// make soak only (a PgBouncer and a mount more, and each fault a second or
+// two of the smoke's 32).
 func smokeFaultTypes() []string {
+	skip := map[string]bool{driver.FTableLock: true, driver.FPoolPause: true, driver.FPoolReconnect: true, driver.FPoolRestart: true,
+		driver.FDiskFull: true, driver.FVacuumFull: true, driver.FStmtTimeout: true}
 	var out []string
 	for _, ft := range driver.FaultTypes {
-		if ft != driver.FTableLock {
+		if !skip[ft] {
 			out = append(out, ft)
 		}
 	}
@@ -133,6 +138,10 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("%d violations (seed %d)", v, seed)
 	}
 	for _, ft := range smokeFaultTypes() {
+		if why, ok := meta.NotRun[ft]; ok {
+			t.Logf("fault type %s not run on this machine: %s", ft, why)
+			continue
+		}
 		if rep.FaultsByType[ft] == 0 {
 			t.Errorf("fault type %s never ran", ft)
 		}

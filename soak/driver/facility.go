@@ -244,7 +244,7 @@ func (d *driver) serverFault(ctx context.Context, ft string, id int64, dur time.
 	case FPoolReconnect:
 		d.bouncerAdmin(ctx, "RECONNECT")
 	case FPoolRestart:
-		for try := 0; ; try++ {
+		for try := 0; try < 60; try++ {
 			rctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			err := d.bouncer.Restart(rctx)
 			cancel()

@@ -50,7 +50,7 @@ func ServerFault(ft string) bool { return serverFaults[ft] }
 
 // DefaultMix weighs the fault types: the server-wide faults are rarer
 // because each hits every worker at once.
-const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3,read-only=3," +
+const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3,read-only=3,table-lock=2," +
 	"clock-step=3,pool-pause=2,pool-reconnect=2,pool-restart=2,disk-full=2,delete-rows=2,vacuum-full=1,statement-timeout=2"
 
 // Driver-side broken modes (the worker ones are in package worker).
