@@ -97,24 +97,32 @@ func (r *run) atMono(serverNs, hint int64) int64 {
 	return best
 }
 
-// expMono is the first mono time at which the server's clock reached
-// serverNs (an expiry, ns): at a forward step that jumped over it, the
-// step's time.
-func (r *run) expMono(serverNs int64) int64 {
+// expMono is the first mono time from from on (when the expiry was set)
+// at which the server's clock reached serverNs (an expiry, ns): from
+// itself when it had already; at a forward step that jumped over it, the
+// step's time. (After a backward step the clock shows some times a second
+// time: an expiry set after the step is reached the second time.)
+func (r *run) expMono(serverNs, from int64) int64 {
 	t := serverNs - r.offset
-	if len(r.clock) == 0 || t < r.clock[0].t {
-		return t
-	}
-	for i, sg := range r.clock {
-		m := t - sg.off
-		if m < sg.t {
-			return sg.t
+	// Segments: before the first step (offset 0), then one per step.
+	i := sort.Search(len(r.clock), func(i int) bool { return r.clock[i].t > from }) - 1
+	for ; ; i++ {
+		start, off, end := int64(-1<<62), int64(0), int64(1<<62)
+		if i >= 0 {
+			start, off = r.clock[i].t, r.clock[i].off
 		}
-		if i+1 == len(r.clock) || m < r.clock[i+1].t {
+		if i+1 < len(r.clock) {
+			end = r.clock[i+1].t
+		}
+		start = max(start, from)
+		m := t - off
+		if m < start {
+			return start
+		}
+		if m < end {
 			return m
 		}
 	}
-	return t
 }
 
 // forwardStepDuring reports whether the server's clock stepped forward by

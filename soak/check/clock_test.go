@@ -47,9 +47,21 @@ func TestClockMapping(t *testing.T) {
 		{"ahead", 26*s + r.offset, 23 * s},
 		{"behind", 12*s + r.offset, 14 * s},
 	} {
-		if got := r.expMono(c.exp); got != c.end {
+		if got := r.expMono(c.exp, 0); got != c.end {
 			t.Errorf("expiry %s: ends at %v, want %v", c.name, time.Duration(got), time.Duration(c.end))
 		}
+	}
+	// An expiry the server's clock passed before the back step at 10 s
+	// and reaches again after it: set after the step, it ends the second
+	// time; set before, the first.
+	if got := r.expMono(9*s+r.offset, 10*s+s/2); got != 11*s {
+		t.Errorf("expiry set after the back step: ends at %v, want 11s", time.Duration(got))
+	}
+	if got := r.expMono(9*s+r.offset, 5*s); got != 9*s {
+		t.Errorf("expiry set before the back step: ends at %v, want 9s", time.Duration(got))
+	}
+	if got := r.expMono(3*s+r.offset, 5*s); got != 5*s {
+		t.Errorf("expiry passed when set: ends at %v, want 5s (when it was set)", time.Duration(got))
 	}
 	// The step at 20 s is 5 s forward (from 2 s behind to 3 s ahead); the
 	// others go back.

@@ -159,7 +159,7 @@ type serverGrant struct {
 // tolerance, whichever comes first (an expired lease cannot be extended,
 // so its expiry in force only grows while it lives).
 func (s *serverGrant) liveEnd(r *run) int64 {
-	end := r.expMono((s.expires[len(s.expires)-1] + 1000) * 1e6)
+	end := r.expMono((s.expires[len(s.expires)-1]+1000)*1e6, s.changeT[len(s.changeT)-1])
 	if s.deletedT > 0 {
 		end = min(end, s.deletedT)
 	}
@@ -185,11 +185,12 @@ type serverShared struct {
 	app      string
 	atT      int64   // mono time of its insert
 	expires  []int64 // expires_at_ms after each change
+	lastT    int64   // mono time of its last change (insert or extend)
 	deletedT int64   // mono time of its delete (release, cleanup of an expired row; 0: still there)
 }
 
 func (s *serverShared) liveEnd(r *run) int64 {
-	end := r.expMono((s.expires[len(s.expires)-1] + 1000) * 1e6)
+	end := r.expMono((s.expires[len(s.expires)-1]+1000)*1e6, s.lastT)
 	if s.deletedT > 0 {
 		end = min(end, s.deletedT)
 	}
@@ -615,7 +616,7 @@ func (r *run) loadServer() error {
 				// (revoked-holder-stops checks when).
 				if row.App == driver.RevokerApp || row.App == driver.OperatorApp {
 					s.revokedT = t
-					s.revokeExp = r.expMono(row.ExpiresMs * 1e6)
+					s.revokeExp = r.expMono(row.ExpiresMs*1e6, t)
 				}
 			}
 		}
@@ -671,12 +672,13 @@ func (r *run) loadShared() error {
 		switch row.Tg {
 		case "I":
 			s := &serverShared{key: k, lim: row.Lim, fence: row.Fence, grantID: row.GrantID, seq: row.Seq, xid: row.Xid, app: row.App,
-				atT: t, expires: []int64{row.ExpiresMs}}
+				atT: t, lastT: t, expires: []int64{row.ExpiresMs}}
 			byID[row.GrantID] = s
 			r.sshared[k] = append(r.sshared[k], s)
 		case "U":
 			if s := byID[row.GrantID]; s != nil {
 				s.expires = append(s.expires, row.ExpiresMs)
+				s.lastT = t
 			}
 		case "D":
 			if s := byID[row.GrantID]; s != nil && s.deletedT == 0 {

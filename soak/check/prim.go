@@ -497,7 +497,7 @@ func (r *run) sharedLeftovers(c *Check) {
 			continue
 		}
 		c.Checked++
-		if s.deletedT == 0 || s.deletedT >= r.expMono(s.expires[len(s.expires)-1]*1e6) {
+		if s.deletedT == 0 || s.deletedT >= r.expMono(s.expires[len(s.expires)-1]*1e6, s.lastT) {
 			c.fail("%s: worker %d.%d held a %s (fence %d) at the stop and did not release it", kn(g.key), g.w, g.inc, kindName(g.kind), g.fence)
 		}
 	}
