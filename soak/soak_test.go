@@ -230,15 +230,15 @@ var controlList = []control{
 	// holders' windows), a writer without the fence lands stale writes:
 	// the fence, not time, is what keeps them out.
 	{name: "clock-step/no-fence:0", broken: "no-fence:0", mix: "clock-step=1", every: 2 * time.Second, longHold: 0.3, want: []string{check.CRegister, check.CLinear}},
-	// Behind a pooler that PAUSEs longer than the TTL, a pooled worker (the
-	// odd ids) that keeps working after its loss notice.
-	{name: "pool-pause/ignore-loss:1", broken: "ignore-loss:1", mix: "pool-pause=1", every: 2 * time.Second, longHold: 0.5, want: []string{check.CHolderEnded}},
-	// DELETE FROM the lock table: a holder that works on past the notice
-	// of the lost lease.
-	{name: "delete-rows/ignore-loss:0", broken: "ignore-loss:0", mix: "delete-rows=1", every: 2 * time.Second, longHold: 0.5, want: []string{check.CRevoked}},
-	// statement_timeout = 1ms for every session: the leases are lost; a
-	// holder that works on holds the key when it is granted again.
-	{name: "statement-timeout/ignore-loss:0", broken: "ignore-loss:0", mix: "statement-timeout=1", every: 3 * time.Second, longHold: 0.5, want: []string{check.CHolderEnded}},
+	// Behind a pooler that PAUSEs longer than the TTL (every worker behind
+	// it), a worker that keeps working after its loss notice: the others
+	// are granted its keys after RESUME while it works on.
+	{name: "pool-pause/ignore-loss:0", broken: "ignore-loss:0", mix: "pool-pause=1", dur: 30 * time.Second, every: 3 * time.Second, longHold: 0.5,
+		opts: func(o *driver.Options) { o.Pooled = o.Workers }, want: []string{check.CHolderEnded}},
+	// DELETE FROM the lock table: a holder that works on (fenced, past
+	// refusals) for 4 TTL past the loss its next extend reveals.
+	{name: "delete-rows/ignore-delete:0", broken: "ignore-delete:0", mix: "delete-rows=1", every: 2 * time.Second,
+		want: []string{check.CRevoked}, wantSeen: "after it was told of the revoke"},
 	// A full disk: a client that reports a failed acquire as a grant.
 	{name: "disk-full/fake-grant:0", broken: "fake-grant:0", mix: "disk-full=1", every: 2 * time.Second, want: []string{check.CGrantsReal}},
 }

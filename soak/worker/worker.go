@@ -51,6 +51,7 @@ const (
 	BrokenStall        = "stall"         // stops taking locks 3 s after it started
 	BrokenHog          = "hog"           // holds key 0 for ever
 	BrokenIgnoreRevoke = "ignore-revoke" // keeps working (fenced writes) 4 TTL past a revoke of its lease
+	BrokenIgnoreDelete = "ignore-delete" // as ignore-revoke, past the loss (ErrLockLost) an operator's delete of its lease row shows as
 	BrokenFakeGrant    = "fake-grant"    // an acquire that failed for the server (not a timeout of its wait) is reported granted
 	// The primitives' (these workers run only the primitive they break).
 	BrokenFakePermit     = "fake-permit"      // a refused permit (TryAcquire) is counted as held
@@ -441,7 +442,8 @@ func (w *worker) cycle(r *rand.Rand, g, k int) {
 // TTLs) repeat read+write every TTL/2.
 func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock) {
 	ignore := w.cfg.Broken == BrokenIgnoreLoss || w.cfg.Broken == BrokenNoFence
-	ignoreRevoke := w.cfg.Broken == BrokenIgnoreRevoke
+	ignoreRevoke := w.cfg.Broken == BrokenIgnoreRevoke || w.cfg.Broken == BrokenIgnoreDelete
+	ignoreDelete := w.cfg.Broken == BrokenIgnoreDelete
 	fence := int64(lk.Fence())
 	if w.cfg.Broken == BrokenOldFence {
 		if pf := w.prevFence.Load(); pf > 0 {
@@ -454,7 +456,7 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 	}
 	held := func() bool {
 		err := lk.Err()
-		return ignore || err == nil || ignoreRevoke && errors.Is(err, pglease.ErrRevoked)
+		return ignore || err == nil || ignoreRevoke && errors.Is(err, pglease.ErrRevoked) || ignoreDelete && errors.Is(err, pglease.ErrLockLost)
 	}
 	// The holder's "stop" is when it stops working on this grant: a
 	// correct holder stops when its Context ends (logged as End), a broken
