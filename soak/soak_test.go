@@ -67,10 +67,10 @@ func runDir(t *testing.T, name string) string {
 
 // smokeFaultTypes are the fault types of the smoke: those of the default
 // mix that need nothing of the machine beyond the server, plus the clock
-// steps (libfaketime under the server). table-lock is out of the default
-// mix; the pooler's, the disk's, VACUUM FULL and statement_timeout run in
-// make soak only (a PgBouncer and a mount more, and each fault a second or
-// two of the smoke's 32).
+// steps (libfaketime under the server). table-lock, the pooler's, the
+// disk's, VACUUM FULL and statement_timeout run in make soak only (a
+// PgBouncer and a mount more, and each server fault a second or two of the
+// smoke's 32, in which every type must occur).
 func smokeFaultTypes() []string {
 	skip := map[string]bool{driver.FTableLock: true, driver.FPoolPause: true, driver.FPoolReconnect: true, driver.FPoolRestart: true,
 		driver.FDiskFull: true, driver.FVacuumFull: true, driver.FStmtTimeout: true}
