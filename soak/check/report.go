@@ -76,7 +76,7 @@ func (rep *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %d |\n", rc.Type, rc.Faults, p50, mx, ms(rc.Bound), rc.Over, rc.Censored)
 	}
-	b.WriteString("\nRecovery: from the heal (proxy back to pass, SIGCONT, new process, server up; at once for terminate) to the target's next lease; server faults count every worker. Censored: healed too close to the end to tell, or another fault hit the target (or the server) before it recovered.\n\n")
+	b.WriteString("\nRecovery: from the heal (proxy back to pass, SIGCONT, new process, server up; at once for terminate) to the target's next lease; server faults count every worker, PgBouncer's the workers behind it. Censored: healed too close to the end to tell, or another fault hit the target (or the server) before it recovered.\n\n")
 
 	fmt.Fprintf(&b, "| check | guarantee | checked | skipped | violations |\n|---|---|---|---|---|\n")
 	for _, c := range rep.Checks {
