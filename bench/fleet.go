@@ -39,11 +39,17 @@ type fleetConfig struct {
 	churn    time.Duration // > 0: churn mode (unique own keys, sampled), instead of the steps
 	idle     time.Duration // > 0: after each step's window, stop the load and count the idle fleet's connections after this long
 	sample   time.Duration // churn: sampling interval
+	fair     bool          // the workers' Managers queue their waiters (manager.Config.FairQueue)
+	profile  string        // non-empty: worker 0 writes CPU profiles here, one per phase (phaseProfiler)
 }
 
 func (fc fleetConfig) describe() string {
-	return fmt.Sprintf("each worker process a default Manager holding %d leases (TTL %v, auto-extended), %d own-key acquire+release/s, "+
-		"%d goroutines acquire/hold %v/release on %d keys shared by the fleet", fleetHeld, fleetTTL, fleetOwnRate, fleetShared, fc.hold, fleetSharedKeys)
+	kind := "default"
+	if fc.fair {
+		kind = "FairQueue"
+	}
+	return fmt.Sprintf("each worker process a %s Manager holding %d leases (TTL %v, auto-extended), %d own-key acquire+release/s, "+
+		"%d goroutines acquire/hold %v/release on %d keys shared by the fleet", kind, fleetHeld, fleetTTL, fleetOwnRate, fleetShared, fc.hold, fleetSharedKeys)
 }
 
 // fleetConnsPerWorker is how many connections one worker may open: its
@@ -159,7 +165,10 @@ func startFleet(ctx context.Context, cfg config, n int, ownKeys int) (*fleetRun,
 	f.startSpawner()
 	for i := range n {
 		spec := fleetSpec{URL: cfg.url, Schema: schema, Channel: channel, App: app, Worker: i, Held: fleetHeld, TTL: fleetTTL,
-			OwnRate: fleetOwnRate, OwnKeys: ownKeys, Shared: fleetShared, SharedKeys: fleetSharedKeys, Hold: cfg.fleet.hold}
+			OwnRate: fleetOwnRate, OwnKeys: ownKeys, Shared: fleetShared, SharedKeys: fleetSharedKeys, Hold: cfg.fleet.hold, Fair: cfg.fleet.fair}
+		if i == 0 {
+			spec.CPUProfile = cfg.fleet.profile
+		}
 		p, err := f.startWorker(spec)
 		if err != nil {
 			f.close()
@@ -385,7 +394,9 @@ type fleetDelta struct {
 	stmts                                              fleetStmts
 	errors                                             map[string]int64
 	sharedMs                                           []float64
-	rssKB                                              int64 // of the later reports; -1 unknown
+	rssKB                                              int64   // of the later reports; -1 unknown
+	cpuMs                                              float64 // the workers' CPU time; -1 unknown
+	notified                                           int64   // notifications delivered to the workers' listeners; -1 unknown
 }
 
 func fleetDiff(before, after []fleetReport) fleetDelta {
@@ -413,6 +424,16 @@ func fleetDiff(before, after []fleetReport) fleetDelta {
 			d.rssKB = -1
 		} else {
 			d.rssKB += a.RSSKB
+		}
+		if a.CPUMs < 0 || b.CPUMs < 0 || d.cpuMs < 0 {
+			d.cpuMs = -1
+		} else {
+			d.cpuMs += a.CPUMs - b.CPUMs
+		}
+		if a.Notified < 0 || b.Notified < 0 || d.notified < 0 {
+			d.notified = -1
+		} else {
+			d.notified += a.Notified - b.Notified
 		}
 	}
 	return d
@@ -489,18 +510,29 @@ func runFleetStep(ctx context.Context, cfg config, n int) (res Result, err error
 		return res, err
 	}
 	idle := serverCounts{conns: -1}
+	var idleD fleetDelta
+	var idleSecs float64
 	if fc.idle > 0 {
 		// The idle fleet: the held leases stay (auto-extended), nothing
 		// else runs; the pools close the connections idle too long.
-		if _, err := f.collect(ctx, "idle", collectWait); err != nil {
+		// Its CPU is measured from the end of the load to the end of
+		// the idle time.
+		i0, err := f.collect(ctx, "idle", collectWait)
+		if err != nil {
 			return res, err
 		}
+		t0 := time.Now()
 		if err := sleepCtx(ctx, fc.idle); err != nil {
 			return res, err
 		}
 		if idle, err = f.probe.counts(ctx, false); err != nil {
 			return res, err
 		}
+		i1, err := f.collect(ctx, "report", collectWait)
+		if err != nil {
+			return res, err
+		}
+		idleD, idleSecs = fleetDiff(i0, i1), time.Since(t0).Seconds()
 	}
 	finals, err := f.stop(ctx)
 	if err != nil {
@@ -518,6 +550,16 @@ func runFleetStep(ctx context.Context, cfg config, n int) (res Result, err error
 		r.Extra["idle_listen_conns"] = float64(idle.listen)
 		r.Extra["idle_conns_per_proc"] = float64(idle.conns) / float64(n)
 		r.Extra["idle_s"] = fc.idle.Seconds()
+		if idleD.cpuMs >= 0 && idleSecs > 0 {
+			r.Extra["idle_client_cpu_ms_per_s"] = idleD.cpuMs / idleSecs
+			r.Extra["idle_client_cpu_us_per_lease_s"] = idleD.cpuMs * 1000 / (float64(n*fleetHeld) * idleSecs)
+		}
+		if idleD.notified >= 0 && idleSecs > 0 {
+			r.Extra["idle_notified_per_s"] = float64(idleD.notified) / idleSecs
+		}
+	}
+	if fc.fair {
+		r.Impl = "manager-fair"
 	}
 	return r, nil
 }
@@ -562,6 +604,11 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 		// found locked; a local handoff grants without one.
 		x["attempts_per_grant"] = float64(d.stmts.AcqItems) / float64(d.grants)
 		x["xact_per_grant"] = float64(s1.xacts-s0.xacts) / float64(d.grants)
+		// The listening backends' own transactions per grant (and the
+		// probes'): PostgreSQL (15 here) wakes every session LISTENing in
+		// the database on every NOTIFY, whatever its channel, and each
+		// reads the queue in a transaction of its own.
+		x["nonpool_xact_per_grant"] = max(0, float64(s1.xacts-s0.xacts-d.stmts.All)) / float64(d.grants)
 	}
 	if s0.cpuTicks >= 0 && s1.cpuTicks >= 0 {
 		cpuMs := float64(s1.cpuTicks-s0.cpuTicks) * 1000 / userHZ
@@ -580,6 +627,25 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 	if d.rssKB >= 0 {
 		x["rss_MB"] = float64(d.rssKB) / 1024
 	}
+	// The workers' own CPU (getrusage): per second, per grant, and per
+	// held lease-second (all of it over the leases held for the whole
+	// run: the load's cost included; the idle phase gives the leases'
+	// own).
+	if d.cpuMs >= 0 {
+		x["client_cpu_ms_per_s"] = d.cpuMs / secs
+		x["client_cpu_us_per_lease_s"] = d.cpuMs * 1000 / (float64(n*fleetHeld) * secs)
+		if d.grants > 0 {
+			x["client_cpu_ms_per_grant"] = d.cpuMs / float64(d.grants)
+		}
+	}
+	// Notifications the server delivered to the workers' listening
+	// connections, counted on the wire by each worker (notifyCounter).
+	if d.notified >= 0 {
+		x["notified_per_s"] = float64(d.notified) / secs
+		if d.grants > 0 {
+			x["notified_per_grant"] = float64(d.notified) / float64(d.grants)
+		}
+	}
 	for k, v := range d.errors {
 		x["err_"+k] = float64(v)
 		r.Errors += v
@@ -591,7 +657,8 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 // fleetColumns are the fleet table's columns, in order; fleetCells gives
 // a row's cells (text and Markdown alike).
 var fleetColumns = []string{"N", "conns", "listen", "srv CPU ms/1k grants", "grants/s", "attempts/grant", "xact/s", "non-pool xact/s", "WAL kB/s",
-	"notify/release", "deliveries/release", "adv locks max/end", "shared p50/p99 ms", "lost", "client RSS MB", "idle conns/proc", "errors"}
+	"notify/release", "deliveries/release", "notified/grant", "client CPU ms/s", "client CPU ms/grant", "client CPU µs/lease·s",
+	"idle client CPU µs/lease·s", "adv locks max/end", "shared p50/p99 ms", "lost", "client RSS MB", "idle conns/proc", "errors"}
 
 func fleetCells(r Result) []string {
 	x := r.Extra
@@ -605,8 +672,12 @@ func fleetCells(r Result) []string {
 	if r.Latency != "" {
 		lat = fmt.Sprintf("%.1f / %.1f", r.P50Ms, r.P99Ms)
 	}
+	n := fmt.Sprint(r.Processes)
+	if r.Impl == "manager-fair" {
+		n += " fair"
+	}
 	return []string{
-		fmt.Sprint(r.Processes),
+		n,
 		fmt.Sprintf("%.0f", x["conns"]),
 		fmt.Sprintf("%.0f", x["listen_conns"]),
 		opt("cpu_ms_per_1k_grants", "%.0f"),
@@ -617,6 +688,11 @@ func fleetCells(r Result) []string {
 		fmt.Sprintf("%.0f", x["wal_kB_per_s"]),
 		opt("notify_per_release", "%.3f"),
 		opt("deliveries_per_release", "%.2f"),
+		opt("notified_per_grant", "%.2f"),
+		opt("client_cpu_ms_per_s", "%.0f"),
+		opt("client_cpu_ms_per_grant", "%.2f"),
+		opt("client_cpu_us_per_lease_s", "%.1f"),
+		opt("idle_client_cpu_us_per_lease_s", "%.2f"),
 		fmt.Sprintf("%.0f / %.0f", x["adv_locks_max"], x["adv_locks_end"]),
 		lat,
 		fmt.Sprintf("%.0f", x["lost"]),

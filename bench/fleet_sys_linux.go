@@ -80,3 +80,13 @@ func clusterCPUTicks(postmaster int) (int64, bool) {
 	}
 	return total, true
 }
+
+// selfCPUMs returns this process's user+system CPU time in ms (getrusage),
+// -1 if unknown.
+func selfCPUMs() float64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return -1
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e6
+}

@@ -16,3 +16,5 @@ func selfRSSKB() int64 { return -1 }
 func postmasterOf(int) int { return 0 }
 
 func clusterCPUTicks(int) (int64, bool) { return 0, false }
+
+func selfCPUMs() float64 { return -1 }

@@ -30,6 +30,7 @@ func fleetSmokeConfig(t *testing.T) config {
 func TestFleetSmoke(t *testing.T) {
 	t.Parallel()
 	t.Run("step", testFleetStep)
+	t.Run("fair", testFleetFair)
 	t.Run("churn", testFleetChurn)
 	assertNoFleetWorkers(t)
 }
@@ -69,9 +70,17 @@ func testFleetStep(t *testing.T) {
 	if v, ok := x["notify_per_release"]; !ok || v <= 0 || v > 1 || x["deliveries_per_release"] != 2*v {
 		t.Errorf("notifications: %v per release, %v deliveries per release", x["notify_per_release"], x["deliveries_per_release"])
 	}
+	// The workers' listeners read the notifications of each other's
+	// releases of the shared keys.
+	if x["notified_per_grant"] <= 0 || x["notified_per_s"] <= 0 {
+		t.Errorf("notifications delivered: %v per grant, %v/s", x["notified_per_grant"], x["notified_per_s"])
+	}
 	if runtime.GOOS == "linux" {
 		if x["cpu_ms_per_1k_grants"] <= 0 || x["rss_MB"] <= 0 {
 			t.Errorf("server CPU %v ms/1k grants, client RSS %v MB: want both measured", x["cpu_ms_per_1k_grants"], x["rss_MB"])
+		}
+		if x["client_cpu_ms_per_s"] <= 0 || x["client_cpu_ms_per_grant"] <= 0 || x["client_cpu_us_per_lease_s"] <= 0 {
+			t.Errorf("client CPU %v ms/s, %v ms/grant, %v µs/lease·s: want all measured", x["client_cpu_ms_per_s"], x["client_cpu_ms_per_grant"], x["client_cpu_us_per_lease_s"])
 		}
 	}
 	if table := out.String(); !strings.Contains(table, "# fleet: ") || !strings.Contains(table, "deliveries/release") {
@@ -83,6 +92,41 @@ func testFleetStep(t *testing.T) {
 	}
 	if !strings.Contains(string(md), "| "+strings.Join(fleetColumns, " | ")+" |") || !strings.Contains(string(md), "| 2 | ") {
 		t.Errorf("markdown lacks the fleet table:\n%s", md)
+	}
+}
+
+// testFleetFair runs the step with FairQueue Managers and an idle phase,
+// and profiles worker 0.
+func testFleetFair(t *testing.T) {
+	cfg := fleetSmokeConfig(t)
+	cfg.fleet.fair, cfg.fleet.idle, cfg.fleet.profile = true, 2*time.Second, t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var out bytes.Buffer
+	res, err := run(ctx, cfg, &out)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	if len(res) != 1 || res[0].Impl != "manager-fair" {
+		t.Fatalf("got %+v:\n%s", res, out.String())
+	}
+	t.Log("\n" + out.String())
+	x := res[0].Extra
+	if x["lost"] != 0 || res[0].Cycles < 20 || !strings.Contains(out.String(), "FairQueue Manager") || !strings.Contains(out.String(), "\n2 fair ") {
+		t.Errorf("bad fair step %+v:\n%s", res[0], out.String())
+	}
+	if _, ok := x["notified_per_grant"]; !ok {
+		t.Errorf("notifications delivered not measured: %v", x)
+	}
+	if runtime.GOOS == "linux" {
+		if x["idle_client_cpu_us_per_lease_s"] <= 0 || x["idle_client_cpu_ms_per_s"] <= 0 {
+			t.Errorf("idle client CPU %v µs/lease·s, %v ms/s: want both measured", x["idle_client_cpu_us_per_lease_s"], x["idle_client_cpu_ms_per_s"])
+		}
+	}
+	for _, name := range []string{"w0-2-report.pprof", "w0-4-report.pprof"} {
+		if st, err := os.Stat(filepath.Join(cfg.fleet.profile, name)); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", name, err)
+		}
 	}
 }
 
@@ -316,11 +360,12 @@ func TestSummarizeFleetStep(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	s0 := serverSnap{at: t0, xacts: 100, walBytes: 0, cpuTicks: 1000}
 	s1 := serverSnap{at: t0.Add(10 * time.Second), xacts: 2100, walBytes: 10 * 1024 * 1024, cpuTicks: 1500}
-	before := []fleetReport{{Grants: 100, Releases: 10, Errors: map[string]int64{"acquire:AcquisitionTimeout": 1}}, {Grants: 100}}
+	before := []fleetReport{{Grants: 100, Releases: 10, Errors: map[string]int64{"acquire:AcquisitionTimeout": 1}, CPUMs: 50, Notified: 7}, {Grants: 100, CPUMs: 100}}
 	after := []fleetReport{
 		{Grants: 1100, OwnGrants: 900, SharedGrants: 100, Releases: 1010, Errors: map[string]int64{"acquire:AcquisitionTimeout": 3}, SharedMs: []float64{1, 2, 3}, RSSKB: 10240,
-			Stmts: fleetStmts{All: 500, Acquire: 300, AcqItems: 600}},
-		{Grants: 1100, OwnGrants: 900, SharedGrants: 100, Releases: 1000, SharedMs: []float64{4}, RSSKB: 10240, Stmts: fleetStmts{All: 500, Acquire: 300, AcqItems: 600}},
+			Stmts: fleetStmts{All: 500, Acquire: 300, AcqItems: 600}, CPUMs: 1050, Notified: 507},
+		{Grants: 1100, OwnGrants: 900, SharedGrants: 100, Releases: 1000, SharedMs: []float64{4}, RSSKB: 10240, Stmts: fleetStmts{All: 500, Acquire: 300, AcqItems: 600},
+			CPUMs: 1100, Notified: 500},
 	}
 	d := fleetDiff(before, after)
 	r := summarizeFleetStep(2, s0, s1, d, 0, 400, serverCounts{conns: 8, listen: 2, clients: 10, advisory: 1}, 3, 9)
@@ -333,6 +378,17 @@ func TestSummarizeFleetStep(t *testing.T) {
 		x["adv_locks_max"] != 3 || x["rss_MB"] != 20 || x["client_stmts_per_grant"] != 0.5 || x["attempts_per_grant"] != 0.6 || x["xact_per_grant"] != 1 ||
 		x["nonpool_xact_per_s"] != 100 || x["err_acquire:AcquisitionTimeout"] != 2 || r.Errors != 2 || r.P50Ms != 2 || r.MaxMs != 4 {
 		t.Fatalf("got %+v", r)
+	}
+	// 2 s of the workers' CPU in 10 s, for 2,000 grants and 2 × 100
+	// leases; 1,000 notifications delivered.
+	if x["client_cpu_ms_per_s"] != 200 || x["client_cpu_ms_per_grant"] != 1 || x["client_cpu_us_per_lease_s"] != 1000 ||
+		x["notified_per_grant"] != 0.5 || x["notified_per_s"] != 100 {
+		t.Fatalf("client figures %v", x)
+	}
+	// One worker's unknown figure makes the sum unknown.
+	after[1].CPUMs, after[1].Notified = -1, -1
+	if d := fleetDiff(before, after); d.cpuMs != -1 || d.notified != -1 {
+		t.Fatalf("unknown figures summed: %+v", d)
 	}
 	cells := fleetCells(r)
 	if len(cells) != len(fleetColumns) || cells[3] != "2500" || cells[len(cells)-1] != "acquire:AcquisitionTimeout=2" {
@@ -359,19 +415,32 @@ func TestFleetTargets(t *testing.T) {
 		return Result{Scenario: "fleet", Impl: "manager", Callers: n, Processes: n, Extra: x}
 	}
 	res := resultSet{
-		step(10, map[string]float64{"lost": 0, "cpu_ms_per_1k_grants": 1000, "idle_conns_per_proc": 3, "idle_conns": 30, "idle_listen_conns": 10, "idle_s": 45}),
-		step(100, map[string]float64{"lost": 2, "cpu_ms_per_1k_grants": 1600, "idle_conns_per_proc": 3.2, "idle_conns": 320, "idle_listen_conns": 100, "idle_s": 45}),
+		step(10, map[string]float64{"lost": 0, "cpu_ms_per_1k_grants": 1000, "idle_conns_per_proc": 3, "idle_conns": 30, "idle_listen_conns": 10, "idle_s": 45,
+			"notified_per_grant": 1.5, "client_cpu_ms_per_grant": 0.5, "client_cpu_us_per_lease_s": 40, "idle_client_cpu_us_per_lease_s": 2}),
+		step(100, map[string]float64{"lost": 2, "cpu_ms_per_1k_grants": 1250, "idle_conns_per_proc": 3.2, "idle_conns": 320, "idle_listen_conns": 100, "idle_s": 45,
+			"notified_per_grant": 9}),
 	}
+	fair := step(10, map[string]float64{"lost": 0, "cpu_ms_per_1k_grants": 1000, "notified_per_grant": 0.2})
+	fair.Impl = "manager-fair"
+	res = append(res, fair, step(100, map[string]float64{"lost": 0, "cpu_ms_per_1k_grants": 1200}))
+	res[len(res)-1].Impl = "manager-fair"
 	got := map[string]string{}
 	for _, tg := range fleetTargets(res) {
 		got[tg.Name] = tg.verdict()
 	}
 	want := map[string]string{
-		"0 lost leases, N=10 (extends fit: 3 extend statements/s)":         "met",
-		"0 lost leases, N=100 (extends fit: 30 extend statements/s)":       "MISSED",
-		"server CPU/grant N=100 ≤ 1.5 × N=10":                              "MISSED",
-		"≤ 3 server connections per idle process, N=10 (after 45 s idle)":  "met",
-		"≤ 3 server connections per idle process, N=100 (after 45 s idle)": "MISSED",
+		"0 lost leases, N=10 (extends fit: 3 extend statements/s)":               "met",
+		"0 lost leases, N=100 (extends fit: 30 extend statements/s)":             "MISSED",
+		"server CPU/grant N=100 ≤ 1.2 × N=10":                                    "MISSED",
+		"≤ 1.5 notifications delivered per grant, N=10":                          "met",
+		"≤ 1.5 notifications delivered per grant, N=100":                         "MISSED",
+		"client CPU (reported), N=10":                                            "info",
+		"0 lost leases, N=10 (extends fit: 3 extend statements/s) (FairQueue)":   "met",
+		"0 lost leases, N=100 (extends fit: 30 extend statements/s) (FairQueue)": "met",
+		"server CPU/grant N=100 ≤ 1.2 × N=10 (FairQueue)":                        "met",
+		"≤ 1.5 notifications delivered per grant, N=10 (FairQueue)":              "met",
+		"≤ 3 server connections per idle process, N=10 (after 45 s idle)":        "met",
+		"≤ 3 server connections per idle process, N=100 (after 45 s idle)":       "MISSED",
 	}
 	for name, v := range want {
 		if got[name] != v {

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -42,6 +43,8 @@ type fleetSpec struct {
 	Shared     int           `json:"shared"`      // goroutines looping on the shared keys
 	SharedKeys int           `json:"shared_keys"` // keys shared by the whole fleet
 	Hold       time.Duration `json:"hold"`        // how long a shared key is held
+	Fair       bool          `json:"fair"`        // manager.Config.FairQueue
+	CPUProfile string        `json:"cpu_profile"` // non-empty: write CPU profiles here, one per phase (between two commands)
 }
 
 // fleetReport is one JSON line a worker prints: when ready, on "report",
@@ -61,7 +64,9 @@ type fleetReport struct {
 	Errors       map[string]int64 `json:"errors,omitempty"` // "acquire:<Code>", "release:<Code>"
 	Stmts        fleetStmts       `json:"stmts"`            // statements sent on the Manager's pool
 	SharedMs     []float64        `json:"shared_ms,omitempty"`
-	RSSKB        int64            `json:"rss_kb"` // VmRSS; -1 where /proc is missing
+	RSSKB        int64            `json:"rss_kb"`   // VmRSS; -1 where /proc is missing
+	CPUMs        float64          `json:"cpu_ms"`   // this process's user+system CPU time since it started; -1 unknown
+	Notified     int64            `json:"notified"` // notifications delivered to the Manager's listening connection; -1 unknown
 	Err          string           `json:"err,omitempty"`
 }
 
@@ -91,27 +96,30 @@ func (a fleetStmts) plus(b fleetStmts) fleetStmts {
 // manager.Open makes its own (pg.ConfigurePool, pgxpool's default size),
 // with the defaults, except: a statement counter on the pool (fleetTracer),
 // a notify channel of the run's own (so that an observer can count this
-// run's notifications), and ListenConnString set to the pool's connection
-// with another application_name, so that the server tells the listening
-// connection from the pool's.
+// run's notifications), a notification counter on every connection
+// (notifyCounter), the pool's connections and the listening one named
+// apart (application_name), so that the server tells them apart, and,
+// with -fleet-fair, Config.FairQueue.
 type fleetManager struct {
-	m    *manager.Manager
-	pool *pgxpool.Pool
-	tr   *fleetTracer
+	m     *manager.Manager
+	pool  *pgxpool.Pool
+	tr    *fleetTracer
+	notes *notifyCounter
 }
 
 type fleetLock = *manager.Lock
 
 func openFleetManager(ctx context.Context, spec fleetSpec) (*fleetManager, error) {
-	conn, err := withConnParams(spec.URL, [][2]string{{"application_name", spec.App}, {"search_path", spec.Schema}})
-	if err != nil {
-		return nil, err
-	}
+	// The base config names the listening connection: manager.New makes
+	// it from the pool's config (no ListenConnString), so that it is
+	// dialled, like the pool's, through the notification counter. The
+	// pool's own connections get the pool's name and the statement
+	// counter in BeforeConnect.
 	listen, err := withConnParams(spec.URL, [][2]string{{"application_name", spec.App + "-listen"}, {"search_path", spec.Schema}})
 	if err != nil {
 		return nil, err
 	}
-	pc, err := pgxpool.ParseConfig(conn)
+	pc, err := pgxpool.ParseConfig(listen)
 	if err != nil {
 		return nil, err
 	}
@@ -122,17 +130,24 @@ func openFleetManager(ctx context.Context, spec fleetSpec) (*fleetManager, error
 	// 30 s are closed, looked for every 10 s.
 	pc.MaxConnIdleTime, pc.HealthCheckPeriod = 30*time.Second, 10*time.Second
 	tr := &fleetTracer{}
-	pc.ConnConfig.Tracer = &pgrec.Recorder{OnStart: tr.observe}
+	rec := &pgrec.Recorder{OnStart: tr.observe}
+	nc := &notifyCounter{}
+	pc.ConnConfig.DialFunc = nc.dial(pc.ConnConfig.DialFunc)
+	pc.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+		cc.RuntimeParams["application_name"] = spec.App
+		cc.Tracer = rec
+		return nil
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, err
 	}
-	m, err := manager.New(pool, manager.Config{Config: pg.Config{NotifyChannel: spec.Channel}, ListenConnString: listen})
+	m, err := manager.New(pool, manager.Config{Config: pg.Config{NotifyChannel: spec.Channel}, FairQueue: spec.Fair})
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	return &fleetManager{m, pool, tr}, nil
+	return &fleetManager{m, pool, tr, nc}, nil
 }
 
 // fleetTracer counts the statements on a worker's pool by the pglease
@@ -142,7 +157,9 @@ type fleetTracer struct {
 	n  fleetStmts
 }
 
-// observe counts one statement started.
+// observe counts one statement started: the acquire statements (and
+// their keys), the releases, the extends and the handoffs, of either
+// mode (FairQueue or not).
 func (t *fleetTracer) observe(data pgrec.Statement) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -154,7 +171,15 @@ func (t *fleetTracer) observe(data pgrec.Statement) {
 			keys, _ := data.Args[0].([]string)
 			t.n.AcqItems += int64(len(keys))
 		}
-	case strings.Contains(data.SQL, "pglease_release_"):
+	case strings.Contains(data.SQL, "pglease_qwait_"):
+		// The fair queue's acquire (Config.FairQueue): the keys are its
+		// second argument.
+		t.n.Acquire++
+		if len(data.Args) > 1 {
+			keys, _ := data.Args[1].([]string)
+			t.n.AcqItems += int64(len(keys))
+		}
+	case strings.Contains(data.SQL, "pglease_release_"), strings.Contains(data.SQL, "pglease_qrelease_"):
 		t.n.Release++
 	case strings.Contains(data.SQL, "pglease_extend_"):
 		t.n.Extend++
@@ -255,9 +280,10 @@ func runFleetWorkerMode() bool {
 // fleetCounters are a worker's counters; mu guards them all (a few
 // hundred updates per second at most).
 type fleetCounters struct {
-	mu    sync.Mutex
-	rep   fleetReport
-	stmts func() fleetStmts
+	mu       sync.Mutex
+	rep      fleetReport
+	stmts    func() fleetStmts
+	notified func() int64
 }
 
 func (c *fleetCounters) add(f func(r *fleetReport)) {
@@ -287,8 +313,13 @@ func (c *fleetCounters) snapshot() fleetReport {
 	}
 	c.rep.SharedMs = nil
 	r.RSSKB = selfRSSKB()
+	r.CPUMs = selfCPUMs()
 	if c.stmts != nil {
 		r.Stmts = c.stmts()
+	}
+	r.Notified = -1
+	if c.notified != nil {
+		r.Notified = c.notified()
 	}
 	return r
 }
@@ -309,7 +340,9 @@ func fleetWorker(spec fleetSpec, in *bufio.Reader, stdout io.Writer) int {
 		defer cancel()
 		return m.close(cctx)
 	}
-	c := fleetCounters{stmts: m.tr.counts}
+	c := fleetCounters{stmts: m.tr.counts, notified: m.notes.count}
+	prof := newPhaseProfiler(spec.CPUProfile, spec.Worker)
+	defer prof.stop("end")
 	// End of stdin means the bench is gone: end at once (the leases
 	// expire by themselves).
 	cmds := make(chan string)
@@ -449,6 +482,11 @@ func fleetWorker(spec fleetSpec, in *bufio.Reader, stdout io.Writer) int {
 	}
 	started := false
 	for cmd := range cmds {
+		if cmd == "stop" {
+			prof.stop(cmd) // the last: the end of stdin may end the process before the deferred stop
+		} else {
+			prof.next(cmd)
+		}
 		switch cmd {
 		case "go":
 			if !started {

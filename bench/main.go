@@ -166,6 +166,16 @@
 //     each NOTIFY once); deliveries/release is that times the fleet's
 //     listening connections (PostgreSQL delivers every notification to
 //     every session listening on the channel).
+//   - notified/grant: notifications the server delivered to the workers'
+//     listening connections per grant, counted by each worker on the wire
+//     (the NotificationResponse messages its connections read; unknown on
+//     TLS): every channel, the queue channel of -fleet-fair included.
+//   - client CPU ms/s, ms/grant, µs/lease·s: the workers' own user+system
+//     CPU (getrusage, read by each worker at the window's start and end,
+//     summed), per second of the window, per grant, and per held
+//     lease-second (the 100 leases each worker holds, the load's cost
+//     included); idle client CPU µs/lease·s (with -fleet-idle) is the same
+//     over the idle time, when the held leases are all that runs.
 //   - adv locks max/end: pg_locks advisory rows of the database, sampled
 //     every second (max) and at the window's end.
 //   - shared p50/p99 ms: the workers' own timing of Acquire on the shared
@@ -178,6 +188,11 @@
 //   - idle conns/proc (with -fleet-idle D): after the window the workers
 //     stop their load but keep their held leases (auto-extended); D later
 //     the fleet's connections per worker (pool and listening connection).
+//
+// -fleet-fair runs the workers' Managers with manager.Config.FairQueue (the
+// rows read "N fair"); -fleet-cpuprofile DIR has worker 0 write a CPU
+// profile per phase there (go tool pprof DIR/w0-2-report.pprof: the
+// measured window).
 //
 // Before starting, the bench checks that the server accepts N × (min(pool
 // size, 5) + 1) more connections (fleetConnsPerWorker) and otherwise says
@@ -305,6 +320,8 @@ func main() {
 	flag.DurationVar(&cfg.fleet.hold, "fleet-hold", 5*time.Millisecond, "fleet: how long a shared key is held")
 	flag.DurationVar(&cfg.fleet.churn, "fleet-churn", 0, "fleet: run the churn mode for this long per N instead of the steps (e.g. 10m): unique own keys, gauges sampled every -fleet-sample")
 	flag.DurationVar(&cfg.fleet.sample, "fleet-sample", 10*time.Second, "fleet: churn mode's sampling interval")
+	flag.BoolVar(&cfg.fleet.fair, "fleet-fair", false, "fleet: the workers' Managers queue their waiters (manager.Config.FairQueue)")
+	flag.StringVar(&cfg.fleet.profile, "fleet-cpuprofile", "", "fleet: worker 0 writes a CPU profile per phase into this directory (w0-<n>-<command>.pprof: the measured window ends at the second report, the idle time at the report after idle)")
 	flag.DurationVar(&cfg.fleet.idle, "fleet-idle", 45*time.Second, "fleet: after each step's window, stop the load (held leases stay) and count the fleet's connections after this long (past the pool's 30 s idle time; 0: skip)")
 	flag.DurationVar(&cfg.mixed.duration, "mixed-duration", 60*time.Second, "mixed: length of each phase (SyncGuard alone, Managers alone, both)")
 	flag.StringVar(&mixedShape, "mixed-shape", "3,3,2,3,3", "mixed: SyncGuard processes, lock() loops each, Manager processes, goroutines each, hot keys")

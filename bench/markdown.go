@@ -98,7 +98,7 @@ func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 		}
 	}
 	if len(fleet) > 0 {
-		w("Fleet (N worker processes, each one default Manager; see docs/scaling.md for the load and how each column is measured):\n\n")
+		w("Fleet (N worker processes, each one default Manager, or one with FairQueue in the rows \"N fair\"; see docs/scaling.md for the load and how each column is measured):\n\n")
 		w("| %s |\n|%s\n", strings.Join(fleetColumns, " | "), strings.Repeat("---|", len(fleetColumns)))
 		for _, r := range fleet {
 			w("| %s |\n", strings.Join(fleetCells(r), " | "))

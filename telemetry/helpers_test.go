@@ -7,7 +7,7 @@ import (
 	"sync"
 	"testing"
 
-	. "github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/obs"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -21,7 +21,7 @@ import (
 // buffer.
 type harness struct {
 	t      testing.TB
-	rec    *Recorder
+	rec    *obs.Recorder
 	spans  *tracetest.SpanRecorder
 	reader *sdkmetric.ManualReader
 	logs   *syncBuffer
@@ -46,11 +46,11 @@ func (s *syncBuffer) String() string {
 
 func newHarness(t testing.TB, opts ...func(*Config)) *harness {
 	t.Helper()
-	return newHarnessDB(t, Database{}, opts...)
+	return newHarnessDB(t, obs.Database{}, opts...)
 }
 
 // newHarnessDB is newHarness with the database the round trips go to.
-func newHarnessDB(t testing.TB, db Database, opts ...func(*Config)) *harness {
+func newHarnessDB(t testing.TB, db obs.Database, opts ...func(*Config)) *harness {
 	t.Helper()
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
@@ -62,7 +62,7 @@ func newHarnessDB(t testing.TB, db Database, opts ...func(*Config)) *harness {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	h := &harness{t: t, rec: New(cfg, db), spans: sr, reader: reader, logs: logs}
+	h := &harness{t: t, rec: obs.New(cfg, db), spans: sr, reader: reader, logs: logs}
 	t.Cleanup(func() {
 		h.rec.Close()
 		_ = tp.Shutdown(context.Background())
@@ -222,6 +222,6 @@ func hasLink(s sdktrace.ReadOnlySpan, sc trace.SpanContext) bool {
 
 // recOf, acqOf and loopOf return the recorder's own types behind the
 // handles obs.New and its methods return.
-func recOf(r *Recorder) *recorder       { return r.Impl().(*recorder) }
-func acqOf(a *Acquisition) *acquisition { return a.Impl().(*acquisition) }
-func loopOf(l *Loop) *loop              { return l.Impl().(*loop) }
+func recOf(r *obs.Recorder) *recorder       { return r.Impl().(*recorder) }
+func acqOf(a *obs.Acquisition) *acquisition { return a.Impl().(*acquisition) }
+func loopOf(l *obs.Loop) *loop              { return l.Impl().(*loop) }

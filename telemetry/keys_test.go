@@ -8,14 +8,14 @@ import (
 	"strings"
 	"testing"
 
-	. "github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/obs"
 )
 
 // Vectors from SyncGuard's hashKey (common/crypto.ts), verified against
 // the TypeScript implementation (reference/syncguard-facts.md §2.4).
 func TestHashKeyVectors(t *testing.T) {
 	t.Parallel()
-	r := New(Config{}, Database{})
+	r := obs.New(Config{}, obs.Database{})
 	for _, tc := range []struct{ in, want string }{
 		{"", "000000000000000000000000"},
 		{"k1", "00000d2600009fd20017666a"},
@@ -35,8 +35,8 @@ func TestHashKeyVectors(t *testing.T) {
 func TestKeySecretHMAC(t *testing.T) {
 	t.Parallel()
 	secret := []byte("0123456789abcdef0123456789abcdef")
-	r := New(Config{KeySecret: secret}, Database{})
-	secret[0] = 'X' // New copied it
+	r := obs.New(Config{KeySecret: secret}, obs.Database{})
+	secret[0] = 'X' // obs.New copied it
 	mac := hmac.New(sha256.New, []byte("0123456789abcdef0123456789abcdef"))
 	mac.Write([]byte("café"))
 	want := hex.EncodeToString(mac.Sum(nil))[:32]
@@ -46,14 +46,14 @@ func TestKeySecretHMAC(t *testing.T) {
 			t.Errorf("Key(%q) = %s, want HMAC %s", in, got, want)
 		}
 	}
-	other := New(Config{KeySecret: []byte("another secret, same length!!!!!")}, Database{})
+	other := obs.New(Config{KeySecret: []byte("another secret, same length!!!!!")}, obs.Database{})
 	if a, b := r.Key("payment:1").Hash(), other.Key("payment:1").Hash(); a == b {
 		t.Errorf("different secrets gave the same hash %s", a)
 	}
 	if a, b := r.Key("payment:1").Hash(), r.Key("payment:2").Hash(); a == b {
 		t.Errorf("different keys gave the same hash %s", a)
 	}
-	if got := New(Config{}, Database{}).Key("k1").Hash(); got != "00000d2600009fd20017666a" {
+	if got := obs.New(Config{}, obs.Database{}).Key("k1").Hash(); got != "00000d2600009fd20017666a" {
 		t.Errorf("empty secret: got %s, want the unkeyed hashKey", got)
 	}
 }
@@ -61,7 +61,7 @@ func TestKeySecretHMAC(t *testing.T) {
 func TestKeyIDNeverPrintsRawKey(t *testing.T) {
 	t.Parallel()
 	const raw = "alice@example.com"
-	k := New(Config{RawKeys: true}, Database{}).Key(raw)
+	k := obs.New(Config{RawKeys: true}, obs.Database{}).Key(raw)
 	if k.Raw() != raw {
 		t.Fatalf("RawKeys did not keep the raw key")
 	}
@@ -69,10 +69,10 @@ func TestKeyIDNeverPrintsRawKey(t *testing.T) {
 		fmt.Sprint(k), fmt.Sprintf("%v %+v %#v %s %q", k, k, k, k, k), k.String(), k.LogValue().String(),
 	} {
 		if strings.Contains(s, raw) {
-			t.Errorf("formatted KeyID %q contains the raw key", s)
+			t.Errorf("formatted obs.KeyID %q contains the raw key", s)
 		}
 		if !strings.Contains(s, k.Hash()) {
-			t.Errorf("formatted KeyID %q lacks the hash", s)
+			t.Errorf("formatted obs.KeyID %q lacks the hash", s)
 		}
 	}
 }

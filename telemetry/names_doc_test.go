@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/obs"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -98,12 +98,12 @@ func (sqlStateErr) SQLState() string { return "55P03" }
 // (db.response.status_code), and returns the span, event, attribute and
 // metric names it recorded, each "category name", and each metric's unit.
 func recordEverything(t *testing.T) (names map[string]bool, units map[string]string) {
-	h := newHarnessDB(t, Database{Address: "db.example", Port: 5432, Namespace: "app"}, func(c *Config) { c.RawKeys = true })
+	h := newHarnessDB(t, obs.Database{Address: "db.example", Port: 5432, Namespace: "app"}, func(c *Config) { c.RawKeys = true })
 	exercise(t, h.rec, newSecrets(t, 24))
 	ctx := context.Background()
-	_, a := h.rec.StartAcquire(ctx, h.rec.Key("every-op"), AcquireInfo{Kind: KindAdvisory})
-	for _, op := range []DBOperation{OpAcquireMany, OpReleaseMany, OpExtendMany, OpHandOff, OpAcquireShared, OpAcquireSets,
-		OpAdvisoryLock, OpAdvisoryTryLock, OpAdvisoryUnlock, OpListen, OpRevoke, OpRequestRelease, OpSnapshot} {
+	_, a := h.rec.StartAcquire(ctx, h.rec.Key("every-op"), obs.AcquireInfo{Kind: obs.KindAdvisory})
+	for _, op := range []obs.DBOperation{obs.OpAcquireMany, obs.OpReleaseMany, obs.OpExtendMany, obs.OpHandOff, obs.OpAcquireShared, obs.OpAcquireSets,
+		obs.OpAdvisoryLock, obs.OpAdvisoryTryLock, obs.OpAdvisoryUnlock, obs.OpListen, obs.OpRevoke, obs.OpRequestRelease, obs.OpSnapshot} {
 		_, db := h.rec.StartDB(ctx, op, 2, a.SpanContext())
 		db.End(1, nil)
 		_, db = h.rec.StartDB(ctx, op, 1, trace.SpanContext{})
@@ -111,12 +111,12 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 	}
 	a.Failed(errors.New("x"))
 	// A lock held and an acquire waiting at collection: the age gauges.
-	_, held := h.rec.StartAcquire(ctx, h.rec.Key("held"), AcquireInfo{Kind: KindLease})
+	_, held := h.rec.StartAcquire(ctx, h.rec.Key("held"), obs.AcquireInfo{Kind: obs.KindLease})
 	held.Granted(1)
-	_, waits := h.rec.StartAcquire(ctx, h.rec.Key("waits"), AcquireInfo{Kind: KindLease})
-	waits.Waiting(WaitHolder, "other[1]@host")
-	_, waited := h.rec.StartAcquire(ctx, h.rec.Key("waited"), AcquireInfo{Kind: KindLease})
-	waited.Waiting(WaitLockDelay, "other[1]@host")
+	_, waits := h.rec.StartAcquire(ctx, h.rec.Key("waits"), obs.AcquireInfo{Kind: obs.KindLease})
+	waits.Waiting(obs.WaitHolder, "other[1]@host")
+	_, waited := h.rec.StartAcquire(ctx, h.rec.Key("waited"), obs.AcquireInfo{Kind: obs.KindLease})
+	waited.Waiting(obs.WaitLockDelay, "other[1]@host")
 	waited.Ticket(2)
 	waited.Failed(pglease.ErrAcquisitionTimeout)
 	h.rec.ListenerPolling("behind a transaction-mode pooler")
@@ -124,7 +124,7 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 	h.rec.ReleaseTrigger(true, "pglease_release")
 	l := h.rec.Loop()
 	l.Busy()
-	l.SetDepth(QueueDue, 1)
+	l.SetDepth(obs.QueueDue, 1)
 	time.Sleep(time.Millisecond)
 	l.Idle()
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/obs"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -66,19 +66,19 @@ func leakyErr(code pglease.Code, key, lockID string) error {
 
 // exercise drives every Recorder path for every key, concurrently, with
 // errors whose text contains the key and its lockId.
-func exercise(t testing.TB, r *Recorder, s secrets) {
+func exercise(t testing.TB, r *obs.Recorder, s secrets) {
 	l := r.Loop()
 	var wg sync.WaitGroup
 	for i := range s.keys {
 		wg.Go(func() {
 			key, id := s.keys[i], s.lockIDs[i]
 			kid := r.Key(key)
-			ctx, a := r.StartAcquire(context.Background(), kid, AcquireInfo{Kind: LockKind(i % 2), TTL: time.Second, Try: i%7 == 0})
-			a.Queued(QueueInfo{Coalesced: i%3 == 0, HeldLocally: i%5 == 0, Position: i % 4})
-			_, db := r.StartDB(ctx, OpAcquireMany, 1+i%8, a.SpanContext())
+			ctx, a := r.StartAcquire(context.Background(), kid, obs.AcquireInfo{Kind: obs.LockKind(i % 2), TTL: time.Second, Try: i%7 == 0})
+			a.Queued(obs.QueueInfo{Coalesced: i%3 == 0, HeldLocally: i%5 == 0, Position: i % 4})
+			_, db := r.StartDB(ctx, obs.OpAcquireMany, 1+i%8, a.SpanContext())
 			db.End(0, leakyErr(pglease.CodeServiceUnavailable, key, id))
-			a.Attempt(db.SpanContext(), AttemptFailed, time.Millisecond)
-			_, db = r.StartDB(ctx, OpAcquireMany, 1, trace.SpanContext{})
+			a.Attempt(db.SpanContext(), obs.AttemptFailed, time.Millisecond)
+			_, db = r.StartDB(ctx, obs.OpAcquireMany, 1, trace.SpanContext{})
 			db.End(1, nil)
 			switch i % 6 {
 			case 0:
@@ -91,19 +91,19 @@ func exercise(t testing.TB, r *Recorder, s secrets) {
 				a.Failed(leakyErr(0, key, id))
 				return
 			}
-			a.Attempt(db.SpanContext(), AttemptGranted, 0)
+			a.Attempt(db.SpanContext(), obs.AttemptGranted, 0)
 			a.Granted(pglease.Fence(i + 1))
 			l.Busy()
-			l.SetDepth(QueueWaiters, i)
+			l.SetDepth(obs.QueueWaiters, i)
 			l.Idle()
 			hctx, hb := r.StartHeartbeat(context.Background(), 1)
-			_, edb := r.StartDB(hctx, OpExtendMany, 1, trace.SpanContext{})
+			_, edb := r.StartDB(hctx, obs.OpExtendMany, 1, trace.SpanContext{})
 			edb.End(0, leakyErr(pglease.CodeNetworkTimeout, key, id))
 			a.ExtendFailed(leakyErr(pglease.CodeNetworkTimeout, key, id))
 			a.Extended(time.Millisecond)
 			hb.End(0, 0, leakyErr(pglease.CodeNetworkTimeout, key, id))
 			if i%6 == 3 {
-				a.Lost(LossNotHeld, edb.SpanContext())
+				a.Lost(obs.LossNotHeld, edb.SpanContext())
 				return
 			}
 			_, rel := a.StartRelease(context.Background())

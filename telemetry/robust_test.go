@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/obs"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
@@ -19,27 +19,27 @@ import (
 )
 
 // driveAll calls every method once, in the Manager's order.
-func driveAll(r *Recorder) {
+func driveAll(r *obs.Recorder) {
 	ctx := context.Background()
 	k := r.Key("k1")
-	actx, a := r.StartAcquire(ctx, k, AcquireInfo{Kind: KindLease, TTL: time.Second})
+	actx, a := r.StartAcquire(ctx, k, obs.AcquireInfo{Kind: obs.KindLease, TTL: time.Second})
 	_ = actx
-	a.Queued(QueueInfo{Coalesced: true})
-	a.Waiting(WaitHolder, "other[1]@host")
-	a.Waiting(WaitReason(200), "")
+	a.Queued(obs.QueueInfo{Coalesced: true})
+	a.Waiting(obs.WaitHolder, "other[1]@host")
+	a.Waiting(obs.WaitReason(200), "")
 	r.ForeignHolder()
 	r.ListenerUp(true)
 	r.ListenerUp(false)
-	FailedSet([]*Acquisition{nil}, nil)
-	r.Overload(true, OverloadInfo{RoundTrip: time.Second, Op: OpAcquireMany, Gap: time.Second})
-	r.Overload(false, OverloadInfo{RoundTrip: time.Second, Op: OpAcquireMany, Gap: time.Second, Lasted: time.Second})
-	_, db := r.StartDB(ctx, OpAcquireMany, 1, a.SpanContext())
+	obs.FailedSet([]*obs.Acquisition{nil}, nil)
+	r.Overload(true, obs.OverloadInfo{RoundTrip: time.Second, Op: obs.OpAcquireMany, Gap: time.Second})
+	r.Overload(false, obs.OverloadInfo{RoundTrip: time.Second, Op: obs.OpAcquireMany, Gap: time.Second, Lasted: time.Second})
+	_, db := r.StartDB(ctx, obs.OpAcquireMany, 1, a.SpanContext())
 	db.End(1, nil)
-	a.Attempt(db.SpanContext(), AttemptGranted, 0)
+	a.Attempt(db.SpanContext(), obs.AttemptGranted, 0)
 	a.Granted(1)
 	_ = a.Key()
 	hctx, hb := r.StartHeartbeat(ctx, 1)
-	_, edb := r.StartDB(hctx, OpExtendMany, 1, trace.SpanContext{}, a.SpanContext(), trace.SpanContext{})
+	_, edb := r.StartDB(hctx, obs.OpExtendMany, 1, trace.SpanContext{}, a.SpanContext(), trace.SpanContext{})
 	edb.End(0, errors.New("x"))
 	a.Extended(time.Millisecond)
 	a.ExtendFailed(errors.New("x"))
@@ -48,10 +48,10 @@ func driveAll(r *Recorder) {
 	_, rel := a.StartRelease(ctx)
 	rel.Served(edb.SpanContext())
 	rel.End(nil)
-	a.Lost(LossExpired, trace.SpanContext{})
-	_, b := r.StartAcquire(ctx, k, AcquireInfo{Try: true})
+	a.Lost(obs.LossExpired, trace.SpanContext{})
+	_, b := r.StartAcquire(ctx, k, obs.AcquireInfo{Try: true})
 	b.NotAcquired()
-	_, c := r.StartAcquire(ctx, k, AcquireInfo{})
+	_, c := r.StartAcquire(ctx, k, obs.AcquireInfo{})
 	c.Failed(nil)
 	r.ListenerPolling("behind a transaction-mode pooler")
 	r.ReleaseTrigger(false, "pglease_release")
@@ -59,51 +59,51 @@ func driveAll(r *Recorder) {
 	r.ConfigWarning("a setting")
 	l := r.Loop()
 	l.Busy()
-	l.SetDepth(QueueMailbox, 3)
+	l.SetDepth(obs.QueueMailbox, 3)
 	l.Idle()
 	r.Close()
 }
 
 func TestNilRecorderIsNoop(t *testing.T) {
 	t.Parallel()
-	var r *Recorder
+	var r *obs.Recorder
 	type ctxKey struct{}
 	ctx := context.WithValue(context.Background(), ctxKey{}, 1)
-	if k := r.Key("secret"); k != (KeyID{}) {
-		t.Errorf("nil Recorder Key = %#v, want zero", k)
+	if k := r.Key("secret"); k != (obs.KeyID{}) {
+		t.Errorf("nil obs.Recorder Key = %#v, want zero", k)
 	}
-	if got, a := r.StartAcquire(ctx, KeyID{}, AcquireInfo{}); got != ctx || a != nil {
-		t.Errorf("nil Recorder StartAcquire changed ctx or returned an Acquisition")
+	if got, a := r.StartAcquire(ctx, obs.KeyID{}, obs.AcquireInfo{}); got != ctx || a != nil {
+		t.Errorf("nil obs.Recorder StartAcquire changed ctx or returned an obs.Acquisition")
 	}
-	if got, d := r.StartDB(ctx, OpAcquireMany, 1, trace.SpanContext{}); got != ctx || d != (DBSpan{}) {
-		t.Errorf("nil Recorder StartDB changed ctx or returned a span")
+	if got, d := r.StartDB(ctx, obs.OpAcquireMany, 1, trace.SpanContext{}); got != ctx || d != (obs.DBSpan{}) {
+		t.Errorf("nil obs.Recorder StartDB changed ctx or returned a span")
 	}
-	if got, h := r.StartHeartbeat(ctx, 1); got != ctx || h != (Heartbeat{}) {
-		t.Errorf("nil Recorder StartHeartbeat changed ctx or returned a span")
+	if got, h := r.StartHeartbeat(ctx, 1); got != ctx || h != (obs.Heartbeat{}) {
+		t.Errorf("nil obs.Recorder StartHeartbeat changed ctx or returned a span")
 	}
 	if r.Loop() != nil {
-		t.Errorf("nil Recorder Loop is not nil")
+		t.Errorf("nil obs.Recorder Loop is not nil")
 	}
-	var a *Acquisition
-	if got, rel := a.StartRelease(ctx); got != ctx || rel != (Release{}) {
-		t.Errorf("nil Acquisition StartRelease changed ctx or returned a span")
+	var a *obs.Acquisition
+	if got, rel := a.StartRelease(ctx); got != ctx || rel != (obs.Release{}) {
+		t.Errorf("nil obs.Acquisition StartRelease changed ctx or returned a span")
 	}
-	if a.SpanContext().IsValid() || a.Key() != (KeyID{}) {
-		t.Errorf("nil Acquisition has a span context or key")
+	if a.SpanContext().IsValid() || a.Key() != (obs.KeyID{}) {
+		t.Errorf("nil obs.Acquisition has a span context or key")
 	}
 	driveAll(r) // must not panic
 	// Zero values of the value types are no-ops too.
-	DBSpan{}.End(1, errors.New("x"))
-	Heartbeat{}.End(1, 1, nil)
-	Release{}.Served(trace.SpanContext{})
-	Release{}.End(nil)
+	obs.DBSpan{}.End(1, errors.New("x"))
+	obs.Heartbeat{}.End(1, 1, nil)
+	obs.Release{}.Served(trace.SpanContext{})
+	obs.Release{}.End(nil)
 	// A nil ctx is tolerated by a live Recorder.
-	rec := New(Config{}, Database{})
+	rec := obs.New(Config{}, obs.Database{})
 	//lint:ignore SA1012 a nil ctx is what this checks
-	if got, _ := rec.StartAcquire(nil, rec.Key("k"), AcquireInfo{}); got == nil {
+	if got, _ := rec.StartAcquire(nil, rec.Key("k"), obs.AcquireInfo{}); got == nil {
 		t.Errorf("StartAcquire(nil ctx) returned a nil ctx")
 	}
-	driveAll(New(Config{TracerProvider: nil, MeterProvider: nil, Logger: nil}, Database{}))
+	driveAll(obs.New(Config{TracerProvider: nil, MeterProvider: nil, Logger: nil}, obs.Database{}))
 }
 
 var errInstrument = errors.New("instrument creation refused")
@@ -182,9 +182,9 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 	otel.SetErrorHandler(h)
 	t.Cleanup(func() { otel.SetErrorHandler(prev) })
 
-	r := New(Config{MeterProvider: failingProvider{m: failingMeter{failInstruments: true}}}, Database{})
+	r := obs.New(Config{MeterProvider: failingProvider{m: failingMeter{failInstruments: true}}}, obs.Database{})
 	if r == nil {
-		t.Fatal("New returned nil")
+		t.Fatal("obs.New returned nil")
 	}
 	driveAll(r)
 	// 15 synchronous instruments + 6 observable gauges; no callback is
@@ -194,7 +194,7 @@ func TestInstrumentErrorsDoNotFail(t *testing.T) {
 	}
 
 	h.n.Store(0)
-	driveAll(New(Config{MeterProvider: failingProvider{m: failingMeter{}}}, Database{}))
+	driveAll(obs.New(Config{MeterProvider: failingProvider{m: failingMeter{}}}, obs.Database{}))
 	if got := h.n.Load(); got != 2 { // the loop gauges' callback and the age gauges'
 		t.Errorf("otel.Handle got %d errors for refused callbacks, want 2", got)
 	}
@@ -213,12 +213,12 @@ func TestConcurrentEndStates(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
-			_, a := r.StartAcquire(context.Background(), r.Key("hot"), AcquireInfo{})
+			_, a := r.StartAcquire(context.Background(), r.Key("hot"), obs.AcquireInfo{})
 			var inner sync.WaitGroup
-			inner.Go(func() { a.Attempt(trace.SpanContext{}, AttemptContended, time.Millisecond) })
+			inner.Go(func() { a.Attempt(trace.SpanContext{}, obs.AttemptContended, time.Millisecond) })
 			inner.Go(func() { a.Granted(pglease.Fence(i)) })
 			inner.Go(func() { a.Failed(context.Canceled) })
-			inner.Go(func() { r.Loop().Busy(); r.Loop().SetDepth(QueueWaiters, i); r.Loop().Idle() })
+			inner.Go(func() { r.Loop().Busy(); r.Loop().SetDepth(obs.QueueWaiters, i); r.Loop().Idle() })
 			inner.Wait()
 			if acqOf(a).state.Load() != stHeld {
 				failed.Add(1)
@@ -228,7 +228,7 @@ func TestConcurrentEndStates(t *testing.T) {
 			// Whoever ends it, the lock stops counting once.
 			_, rel := a.StartRelease(context.Background())
 			inner.Go(func() { rel.End(nil) })
-			inner.Go(func() { a.Lost(LossExpired, trace.SpanContext{}) })
+			inner.Go(func() { a.Lost(obs.LossExpired, trace.SpanContext{}) })
 			inner.Wait()
 		})
 	}

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	. "github.com/pglease/pglease/internal/obs"
+	"github.com/pglease/pglease/internal/obs"
 
 	"go.opentelemetry.io/otel/codes"
 	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
@@ -25,13 +25,13 @@ var (
 
 // grant drives one uncontended acquire the way the Manager does for a lone
 // caller: the DB span is the acquire span's child.
-func grant(h *harness, ctx context.Context, key string, fence pglease.Fence) *Acquisition {
+func grant(h *harness, ctx context.Context, key string, fence pglease.Fence) *obs.Acquisition {
 	r := h.rec
-	_, a := r.StartAcquire(ctx, r.Key(key), AcquireInfo{Kind: KindLease, TTL: 30 * time.Second})
-	a.Queued(QueueInfo{})
-	_, db := r.StartDB(context.Background(), OpAcquireMany, 1, a.SpanContext())
+	_, a := r.StartAcquire(ctx, r.Key(key), obs.AcquireInfo{Kind: obs.KindLease, TTL: 30 * time.Second})
+	a.Queued(obs.QueueInfo{})
+	_, db := r.StartDB(context.Background(), obs.OpAcquireMany, 1, a.SpanContext())
 	db.End(1, nil)
-	a.Attempt(db.SpanContext(), AttemptGranted, 0)
+	a.Attempt(db.SpanContext(), obs.AttemptGranted, 0)
 	a.Granted(fence)
 	return a
 }
@@ -67,7 +67,7 @@ func TestAcquireUncontended(t *testing.T) {
 		t.Errorf("acquire status %v", acq.Status())
 	}
 
-	db := h.oneSpan(string(OpAcquireMany))
+	db := h.oneSpan(string(obs.OpAcquireMany))
 	if db.SpanKind() != trace.SpanKindClient {
 		t.Errorf("db span kind %v", db.SpanKind())
 	}
@@ -112,19 +112,19 @@ func TestContendedAcquire(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	r := h.rec
-	_, a := r.StartAcquire(context.Background(), r.Key("payment:123"), AcquireInfo{Kind: KindLease, TTL: time.Second})
-	a.Queued(QueueInfo{})
+	_, a := r.StartAcquire(context.Background(), r.Key("payment:123"), obs.AcquireInfo{Kind: obs.KindLease, TTL: time.Second})
+	a.Queued(obs.QueueInfo{})
 	var dbs []trace.SpanContext
-	for i, out := range []AttemptOutcome{AttemptContended, AttemptContended, AttemptGranted} {
-		_, db := r.StartDB(context.Background(), OpAcquireMany, 1, a.SpanContext())
+	for i, out := range []obs.AttemptOutcome{obs.AttemptContended, obs.AttemptContended, obs.AttemptGranted} {
+		_, db := r.StartDB(context.Background(), obs.OpAcquireMany, 1, a.SpanContext())
 		ok := 0
-		if out == AttemptGranted {
+		if out == obs.AttemptGranted {
 			ok = 1
 		}
 		db.End(ok, nil)
 		dbs = append(dbs, db.SpanContext())
 		retry := time.Duration(0)
-		if out == AttemptContended {
+		if out == obs.AttemptContended {
 			retry = 100 * time.Millisecond << i
 		}
 		a.Attempt(db.SpanContext(), out, retry)
@@ -159,7 +159,7 @@ func TestContendedAcquire(t *testing.T) {
 			t.Errorf("acquire span lacks a link to DB attempt %d", i+1)
 		}
 	}
-	if n := len(h.spansNamed(string(OpAcquireMany))); n != 3 {
+	if n := len(h.spansNamed(string(obs.OpAcquireMany))); n != 3 {
 		t.Errorf("%d DB spans, want 3", n)
 	}
 	rm := h.collect()
@@ -181,30 +181,30 @@ func TestCoalescedBatch(t *testing.T) {
 	h := newHarness(t)
 	r := h.rec
 	k := r.Key("job:42")
-	_, a := r.StartAcquire(context.Background(), k, AcquireInfo{Kind: KindLease})
-	_, b := r.StartAcquire(context.Background(), k, AcquireInfo{Kind: KindLease})
-	a.Queued(QueueInfo{Position: 0})
-	b.Queued(QueueInfo{Coalesced: true, Position: 1})
-	_, db := r.StartDB(context.Background(), OpAcquireMany, 1, a.SpanContext(), a.SpanContext(), b.SpanContext())
+	_, a := r.StartAcquire(context.Background(), k, obs.AcquireInfo{Kind: obs.KindLease})
+	_, b := r.StartAcquire(context.Background(), k, obs.AcquireInfo{Kind: obs.KindLease})
+	a.Queued(obs.QueueInfo{Position: 0})
+	b.Queued(obs.QueueInfo{Coalesced: true, Position: 1})
+	_, db := r.StartDB(context.Background(), obs.OpAcquireMany, 1, a.SpanContext(), a.SpanContext(), b.SpanContext())
 	db.End(1, nil)
-	a.Attempt(db.SpanContext(), AttemptGranted, 0)
-	b.Attempt(db.SpanContext(), AttemptContended, 0)
+	a.Attempt(db.SpanContext(), obs.AttemptGranted, 0)
+	b.Attempt(db.SpanContext(), obs.AttemptContended, 0)
 	a.Granted(1)
 	rctx, rel := a.StartRelease(context.Background())
 	relSC := trace.SpanContextFromContext(rctx)
-	_, db2 := r.StartDB(context.Background(), OpHandOff, 1, b.SpanContext(), relSC, b.SpanContext()) // release + acquire for b
+	_, db2 := r.StartDB(context.Background(), obs.OpHandOff, 1, b.SpanContext(), relSC, b.SpanContext()) // release + acquire for b
 	db2.End(1, nil)
 	rel.Served(db2.SpanContext())
 	rel.End(nil)
-	b.Attempt(db2.SpanContext(), AttemptGranted, 0)
+	b.Attempt(db2.SpanContext(), obs.AttemptGranted, 0)
 	b.Granted(2)
 
-	batch := h.spansNamed(string(OpAcquireMany))[0]
+	batch := h.spansNamed(string(obs.OpAcquireMany))[0]
 	var spA, spB trace.SpanContext = a.SpanContext(), b.SpanContext()
 	if batch.Parent().SpanID() != spA.SpanID() || len(batch.Links()) != 1 || !hasLink(batch, spB) {
 		t.Errorf("the shared round trip: parent %v, links %v; want a child of the head waiter linked to the other", batch.Parent().SpanID(), batch.Links())
 	}
-	handoff := h.oneSpan(string(OpHandOff))
+	handoff := h.oneSpan(string(obs.OpHandOff))
 	if handoff.Parent().SpanID() != spB.SpanID() || !hasLink(handoff, relSC) || !hasLink(h.oneSpan(spanRelease), handoff.SpanContext()) {
 		t.Errorf("the handoff: parent %v, links %v; want a child of the waiter linked to and from the release", handoff.Parent().SpanID(), handoff.Links())
 	}
@@ -242,20 +242,20 @@ func TestHeartbeatExtendAndLoss(t *testing.T) {
 	expire := grant(h, context.Background(), "expire", 3)
 
 	hctx, hb := r.StartHeartbeat(context.Background(), 3)
-	_, db := r.StartDB(hctx, OpExtendMany, 3, trace.SpanContext{})
+	_, db := r.StartDB(hctx, obs.OpExtendMany, 3, trace.SpanContext{})
 	db.End(1, nil)
 	keep.Extended(20 * time.Millisecond)
-	lose.Lost(LossNotHeld, db.SpanContext())
-	lose.Lost(LossNotHeld, db.SpanContext()) // once only
+	lose.Lost(obs.LossNotHeld, db.SpanContext())
+	lose.Lost(obs.LossNotHeld, db.SpanContext()) // once only
 	expire.ExtendFailed(pgerr.New(pglease.CodeServiceUnavailable, "extend", "conn lost", nil))
 	hb.End(1, 1, nil)
-	expire.Lost(LossExpired, trace.SpanContext{})
+	expire.Lost(obs.LossExpired, trace.SpanContext{})
 
 	hbSpan := h.oneSpan(spanHeartbeat)
 	wantAttr(t, "heartbeat", hbSpan.Attributes(), attrDue.Int(3))
 	wantAttr(t, "heartbeat", hbSpan.Attributes(), attrExtended.Int(1))
 	wantAttr(t, "heartbeat", hbSpan.Attributes(), attrLost.Int(1))
-	ext := h.oneSpan(string(OpExtendMany))
+	ext := h.oneSpan(string(obs.OpExtendMany))
 	if ext.Parent().SpanID() != hbSpan.SpanContext().SpanID() {
 		t.Errorf("extend DB span is not the heartbeat's child")
 	}
@@ -313,13 +313,13 @@ func TestRelease(t *testing.T) {
 	b := grant(h, context.Background(), "rel-gone", 6)
 	_, ra := a.StartRelease(context.Background())
 	_, rb := b.StartRelease(context.Background())
-	_, db := r.StartDB(context.Background(), OpReleaseMany, 2, trace.SpanContext{})
+	_, db := r.StartDB(context.Background(), obs.OpReleaseMany, 2, trace.SpanContext{})
 	db.End(1, nil)
 	ra.Served(db.SpanContext())
 	rb.Served(db.SpanContext())
 	ra.End(nil)
 	rb.End(pgerr.New(pglease.CodeLockLost, "release", "lock was no longer held", nil))
-	b.Lost(LossNotHeld, trace.SpanContext{}) // after release: no-op
+	b.Lost(obs.LossNotHeld, trace.SpanContext{}) // after release: no-op
 
 	for _, s := range h.spansNamed(spanRelease) {
 		if !hasLink(s, db.SpanContext()) {
@@ -351,12 +351,12 @@ func TestAcquireFailures(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t)
 	r := h.rec
-	start := func(key string, try bool) *Acquisition {
-		_, a := r.StartAcquire(context.Background(), r.Key(key), AcquireInfo{Kind: KindAdvisory, Try: try})
+	start := func(key string, try bool) *obs.Acquisition {
+		_, a := r.StartAcquire(context.Background(), r.Key(key), obs.AcquireInfo{Kind: obs.KindAdvisory, Try: try})
 		return a
 	}
 	timeout := start("t", false)
-	timeout.Attempt(trace.SpanContext{}, AttemptContended, time.Second)
+	timeout.Attempt(trace.SpanContext{}, obs.AttemptContended, time.Second)
 	timeout.Failed(pgerr.New(pglease.CodeAcquisitionTimeout, "manager.Acquire", "wait bound passed", nil))
 	timeout.Granted(9) // too late: no-op
 
@@ -364,11 +364,11 @@ func TestAcquireFailures(t *testing.T) {
 	aborted.Failed(context.Canceled)
 
 	locked := start("l", true)
-	locked.Attempt(trace.SpanContext{}, AttemptContended, 0)
+	locked.Attempt(trace.SpanContext{}, obs.AttemptContended, 0)
 	locked.NotAcquired()
 
 	broken := start("b", false)
-	broken.Attempt(trace.SpanContext{}, AttemptFailed, 0)
+	broken.Attempt(trace.SpanContext{}, obs.AttemptFailed, 0)
 	broken.Failed(errors.New("boom"))
 
 	byKey := map[string]struct {
@@ -449,9 +449,9 @@ func TestLoopMeter(t *testing.T) {
 		t.Errorf("busy = %v, want 1/3", got)
 	}
 
-	l.SetDepth(QueueWaiters, 5)
-	l.SetDepth(QueueInflight, 2)
-	l.SetDepth(Queue(200), 9) // ignored
+	l.SetDepth(obs.QueueWaiters, 5)
+	l.SetDepth(obs.QueueInflight, 2)
+	l.SetDepth(obs.Queue(200), 9) // ignored
 	rm := h.collect()
 	if p := h.point(rm, "pglease.manager.queue.depth", attrQueue.String("waiters")); p.value != 5 {
 		t.Errorf("waiters depth = %v", p.value)
@@ -485,20 +485,20 @@ func TestDBSpanLinksServed(t *testing.T) {
 	ctx := context.Background()
 	var scs []trace.SpanContext
 	for range 3 {
-		_, a := r.StartAcquire(ctx, r.Key("k"), AcquireInfo{})
+		_, a := r.StartAcquire(ctx, r.Key("k"), obs.AcquireInfo{})
 		scs = append(scs, a.SpanContext())
 	}
 	head, b, c := scs[0], scs[1], scs[2]
-	_, db := r.StartDB(ctx, OpAcquireMany, 1, head, head, b, trace.SpanContext{}, b, c)
+	_, db := r.StartDB(ctx, obs.OpAcquireMany, 1, head, head, b, trace.SpanContext{}, b, c)
 	db.End(0, nil)
-	_, root := r.StartDB(ctx, OpReleaseMany, 2, trace.SpanContext{}, b, c)
+	_, root := r.StartDB(ctx, obs.OpReleaseMany, 2, trace.SpanContext{}, b, c)
 	root.End(2, nil)
-	many := make([]trace.SpanContext, 0, MaxLinks+10)
-	for range MaxLinks + 10 {
-		_, a := r.StartAcquire(ctx, r.Key("k"), AcquireInfo{})
+	many := make([]trace.SpanContext, 0, obs.MaxLinks+10)
+	for range obs.MaxLinks + 10 {
+		_, a := r.StartAcquire(ctx, r.Key("k"), obs.AcquireInfo{})
 		many = append(many, a.SpanContext())
 	}
-	_, big := r.StartDB(ctx, OpAcquireMany, len(many), trace.SpanContext{}, many...)
+	_, big := r.StartDB(ctx, obs.OpAcquireMany, len(many), trace.SpanContext{}, many...)
 	big.End(0, nil)
 
 	for _, s := range h.ended() {
@@ -515,8 +515,8 @@ func TestDBSpanLinksServed(t *testing.T) {
 				t.Errorf("root batch: parent %v, links %v", s.Parent().SpanID(), s.Links())
 			}
 		case big.SpanContext().SpanID():
-			if len(s.Links()) != MaxLinks || s.DroppedLinks() != 0 {
-				t.Errorf("%d links (%d dropped), want %d", len(s.Links()), s.DroppedLinks(), MaxLinks)
+			if len(s.Links()) != obs.MaxLinks || s.DroppedLinks() != 0 {
+				t.Errorf("%d links (%d dropped), want %d", len(s.Links()), s.DroppedLinks(), obs.MaxLinks)
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -211,7 +212,7 @@ const slack = 2 * time.Second
 // starts over on another key.
 func (r *run) recoveryBound() time.Duration {
 	m := r.meta
-	return m.StatementTO + m.AcquireTimeout + m.TTL + time.Second + m.RetryCap + slack
+	return m.StatementTO + m.AcquireTimeout + m.TTL + time.Second + m.RetryCap + slack + r.backStepMax()
 }
 
 // keyGapBound is the longest a lease key may go without a grant while the
@@ -382,7 +383,7 @@ func (r *run) checkWrites() *Check {
 			continue
 		}
 		g := r.grants[op.grant]
-		if g == nil || r.pausedDuring(op.w, g.callT, max(op.retT, op.callT)) {
+		if g == nil || r.exempt(op.w, g.callT, max(op.retT, op.callT), r.margin()) {
 			continue
 		}
 		// A refused write is fine after the loss notice (the lease may be
@@ -440,7 +441,7 @@ func (r *run) checkHolderEnded() *Check {
 			continue
 		}
 		stop, ok := g.stopped()
-		if r.pausedDuring(g.w, g.callT, max(stop, next.atT)) {
+		if r.exempt(g.w, g.callT, max(stop, next.atT), tolerance+r.margin()) {
 			c.Skipped++
 			continue
 		}
@@ -469,7 +470,7 @@ func (r *run) checkNotice(rep *Report) *Check {
 		if _, rv := r.revoked(g); rv {
 			continue // a revoked holder that missed the notice hears of it at its next extend, after the delete (revoked-holder-stops)
 		}
-		if r.pausedDuring(g.w, g.callT, g.endT) {
+		if r.exempt(g.w, g.callT, g.endT, r.margin()) {
 			c.Skipped++
 			continue
 		}
@@ -478,7 +479,7 @@ func (r *run) checkNotice(rep *Report) *Check {
 			continue // grants-committed reports it
 		}
 		c.Checked++
-		alive, left := s.aliveAt(g.endT, r.offset)
+		alive, left := s.aliveAt(g.endT, r)
 		if alive {
 			rep.NoticeLeft = append(rep.NoticeLeft, time.Duration(left))
 			continue
@@ -646,6 +647,11 @@ func (r *run) checkRecovery() (*Check, []*Recovery) {
 			continue
 		}
 		for w := range r.meta.Workers {
+			// A pooler's fault: its target is the workers behind it.
+			if slices.Contains([]string{driver.FPoolPause, driver.FPoolReconnect, driver.FPoolRestart}, f.typ) &&
+				!driver.PooledWorker(w, r.meta.Workers, r.meta.Pooled) {
+				continue
+			}
 			measure(f, w)
 		}
 	}
@@ -777,7 +783,7 @@ func (r *run) checkLeftovers() *Check {
 		// takeover of an expired lease.
 		released := s.deletedBy == "D"
 		if s.deletedBy == "U" {
-			released, _ = s.aliveAt(s.deletedT-1, r.offset)
+			released, _ = s.aliveAt(s.deletedT-1, r)
 		}
 		if !released {
 			c.fail("%s: worker %d.%d held fence %d at the stop and its Close did not release it", kn(g.key), g.w, g.inc, g.fence)

@@ -90,12 +90,14 @@ func (r *run) checkLinear() (*Check, LinearStats) {
 	}
 	logs := map[int][]logged{}
 	byOp := map[int64]int{} // op → index in logs[key]
+	hint := int64(0)
 	for _, row := range r.resLog {
 		nf := int64(0)
 		if row.NewFence != nil {
 			nf = *row.NewFence
 		}
-		l := logged{t: row.AtUs*1000 - r.offset, state: regState{nf, row.NewCounter}}
+		hint = r.atMono(row.AtUs*1000, hint)
+		l := logged{t: hint, state: regState{nf, row.NewCounter}}
 		logs[row.Key] = append(logs[row.Key], l)
 		if row.Op != nil {
 			byOp[*row.Op] = len(logs[row.Key]) - 1

@@ -158,8 +158,8 @@ type serverGrant struct {
 // server: its deletion or takeover, or its last expiry + the 1 s
 // tolerance, whichever comes first (an expired lease cannot be extended,
 // so its expiry in force only grows while it lives).
-func (s *serverGrant) liveEnd(offset int64) int64 {
-	end := (s.expires[len(s.expires)-1]+1000)*1e6 - offset
+func (s *serverGrant) liveEnd(r *run) int64 {
+	end := r.expMono((s.expires[len(s.expires)-1]+1000)*1e6, s.changeT[len(s.changeT)-1])
 	if s.deletedT > 0 {
 		end = min(end, s.deletedT)
 	}
@@ -185,11 +185,12 @@ type serverShared struct {
 	app      string
 	atT      int64   // mono time of its insert
 	expires  []int64 // expires_at_ms after each change
+	lastT    int64   // mono time of its last change (insert or extend)
 	deletedT int64   // mono time of its delete (release, cleanup of an expired row; 0: still there)
 }
 
-func (s *serverShared) liveEnd(offset int64) int64 {
-	end := (s.expires[len(s.expires)-1]+1000)*1e6 - offset
+func (s *serverShared) liveEnd(r *run) int64 {
+	end := r.expMono((s.expires[len(s.expires)-1]+1000)*1e6, s.lastT)
 	if s.deletedT > 0 {
 		end = min(end, s.deletedT)
 	}
@@ -199,7 +200,7 @@ func (s *serverShared) liveEnd(offset int64) int64 {
 // aliveAt reports whether the lease was live on the server at mono time t
 // (before its expiry in force at t, and not deleted or taken over), and
 // how much of it was left (ns).
-func (s *serverGrant) aliveAt(t int64, offset int64) (bool, int64) {
+func (s *serverGrant) aliveAt(t int64, r *run) (bool, int64) {
 	if s.deletedT > 0 && t >= s.deletedT {
 		return false, 0
 	}
@@ -207,8 +208,8 @@ func (s *serverGrant) aliveAt(t int64, offset int64) (bool, int64) {
 	if i < 0 {
 		i = 0
 	}
-	exp := s.expires[i]*1e6 - offset
-	return t < exp, exp - t
+	left := s.expires[i]*1e6 - r.serverNow(t)
+	return left > 0, left
 }
 
 type lockLogRow struct {
@@ -269,6 +270,9 @@ type run struct {
 	revokes []event.Event      // the revoke faults' outcomes
 	pauses  map[int][]interval // SIGSTOP periods per worker
 	srvDown []interval
+	seqT    map[int64]int64 // mono time of each row of the two lock audits, by seq
+	clock   []clockSeg      // the server clock's steps (clock-step faults)
+	steps   []stepAt
 	spawns  map[[2]int]int64 // (w, inc) → spawn time
 	deaths  map[[2]int]deathInfo
 	closes  map[[2]int]int64 // Close duration
@@ -374,6 +378,8 @@ func (r *run) loadDriver() error {
 			}
 		case event.Revoke:
 			r.revokes = append(r.revokes, e)
+		case event.ClockStep:
+			r.addClockStep(e.T, e.V)
 		case event.Spawn:
 			r.spawns[[2]int{e.W, e.I}] = e.T
 		case event.Died:
@@ -567,6 +573,9 @@ func (r *run) loadServer() error {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	if err := r.mapServerTimes(); err != nil {
+		return err
+	}
 	byID := map[string]*serverGrant{}
 	for sc.Scan() {
 		var row lockLogRow
@@ -578,7 +587,7 @@ func (r *run) loadServer() error {
 		if !ok {
 			continue
 		}
-		t := row.AtUs*1000 - r.offset
+		t := r.seqT[row.Seq]
 		newGrant := func() {
 			s := &serverGrant{key: k, fence: row.Fence, idHash: row.IDHash, seq: row.Seq, atT: t, acqMs: row.AcquiredMs,
 				expires: []int64{row.ExpiresMs}, changeT: []int64{t}, xid: row.Xid}
@@ -602,9 +611,12 @@ func (r *run) loadServer() error {
 			if s := byID[row.IDHash]; s != nil && s.deletedT == 0 {
 				s.deletedT, s.deletedBy = t, "D"
 				s.deletedTx = row.Xid != 0 && row.Xid == s.xid
-				if row.App == driver.RevokerApp {
+				// A revoke, or an operator's DELETE FROM the lock table:
+				// the key is free at once, its holder hears of it later
+				// (revoked-holder-stops checks when).
+				if row.App == driver.RevokerApp || row.App == driver.OperatorApp {
 					s.revokedT = t
-					s.revokeExp = row.ExpiresMs*1e6 - r.offset
+					s.revokeExp = r.expMono(row.ExpiresMs*1e6, t)
 				}
 			}
 		}
@@ -656,16 +668,17 @@ func (r *run) loadShared() error {
 		if !ok {
 			continue
 		}
-		t := row.AtUs*1000 - r.offset
+		t := r.seqT[row.Seq]
 		switch row.Tg {
 		case "I":
 			s := &serverShared{key: k, lim: row.Lim, fence: row.Fence, grantID: row.GrantID, seq: row.Seq, xid: row.Xid, app: row.App,
-				atT: t, expires: []int64{row.ExpiresMs}}
+				atT: t, lastT: t, expires: []int64{row.ExpiresMs}}
 			byID[row.GrantID] = s
 			r.sshared[k] = append(r.sshared[k], s)
 		case "U":
 			if s := byID[row.GrantID]; s != nil {
 				s.expires = append(s.expires, row.ExpiresMs)
+				s.lastT = t
 			}
 		case "D":
 			if s := byID[row.GrantID]; s != nil && s.deletedT == 0 {

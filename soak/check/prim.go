@@ -105,7 +105,7 @@ func (r *run) serverHolds(k int) []hold {
 		if s.deletedTx {
 			continue
 		}
-		hs = append(hs, hold{from: s.atT, to: s.liveEnd(r.offset), excl: true, who: fmt.Sprintf("exclusive fence %d (seq %d)", s.fence, s.seq)})
+		hs = append(hs, hold{from: s.atT, to: s.liveEnd(r), excl: true, who: fmt.Sprintf("exclusive fence %d (seq %d)", s.fence, s.seq)})
 	}
 	for _, s := range r.sshared[k] {
 		what := "reader"
@@ -116,7 +116,7 @@ func (r *run) serverHolds(k int) []hold {
 		if s.app != "" {
 			who = fmt.Sprintf("%s fence %d (seq %d, %s)", what, s.fence, s.seq, s.app)
 		}
-		hs = append(hs, hold{from: s.atT, to: s.liveEnd(r.offset), who: who})
+		hs = append(hs, hold{from: s.atT, to: s.liveEnd(r), who: who})
 	}
 	return hs
 }
@@ -133,7 +133,7 @@ func (r *run) clientHolds(k int, c *Check) []hold {
 		if !ok {
 			stop = r.endT
 		}
-		if r.pausedDuring(g.w, g.callT, stop) {
+		if r.exempt(g.w, g.callT, stop, tolerance+r.margin()) {
 			c.Skipped++
 			return
 		}
@@ -497,7 +497,7 @@ func (r *run) sharedLeftovers(c *Check) {
 			continue
 		}
 		c.Checked++
-		if s.deletedT == 0 || s.deletedT >= s.expires[len(s.expires)-1]*1e6-r.offset {
+		if s.deletedT == 0 || s.deletedT >= r.expMono(s.expires[len(s.expires)-1]*1e6, s.lastT) {
 			c.fail("%s: worker %d.%d held a %s (fence %d) at the stop and did not release it", kn(g.key), g.w, g.inc, kindName(g.kind), g.fence)
 		}
 	}
@@ -558,7 +558,7 @@ func (r *run) checkRevoked(rep *Report) *Check {
 			continue
 		}
 		stop, _ := g.stopped()
-		if r.pausedDuring(g.w, g.callT, max(stop, s.revokeExp)) {
+		if r.exempt(g.w, g.callT, max(stop, s.revokeExp), r.margin()) {
 			c.Skipped++
 			continue
 		}

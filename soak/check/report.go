@@ -44,6 +44,17 @@ func (rep *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "Targets: %d lease cycles, %d faults, within %s: %s.\n\n", m.Cycles, m.Faults, m.Duration, verdict)
 	}
+	if m.Pooled > 0 {
+		fmt.Fprintf(&b, "%d workers' pools go through PgBouncer (transaction mode; their LISTEN and advisory sessions go to the server).\n\n", m.Pooled)
+	}
+	if len(m.NotRun) > 0 {
+		var nr []string
+		for ft, why := range m.NotRun {
+			nr = append(nr, fmt.Sprintf("%s (%s)", ft, why))
+		}
+		sort.Strings(nr)
+		fmt.Fprintf(&b, "Not run on this machine: %s.\n\n", strings.Join(nr, "; "))
+	}
 	if m.Broken != "" {
 		fmt.Fprintf(&b, "**negative control: broken mode %q**\n\n", m.Broken)
 	}
@@ -65,7 +76,7 @@ func (rep *Report) Markdown() string {
 		}
 		fmt.Fprintf(&b, "| %s | %d | %s | %s | %s | %d | %d |\n", rc.Type, rc.Faults, p50, mx, ms(rc.Bound), rc.Over, rc.Censored)
 	}
-	b.WriteString("\nRecovery: from the heal (proxy back to pass, SIGCONT, new process, server up; at once for terminate) to the target's next lease; server faults count every worker. Censored: healed too close to the end to tell, or another fault hit the target (or the server) before it recovered.\n\n")
+	b.WriteString("\nRecovery: from the heal (proxy back to pass, SIGCONT, new process, server up; at once for terminate) to the target's next lease; server faults count every worker, PgBouncer's the workers behind it. Censored: healed too close to the end to tell, or another fault hit the target (or the server) before it recovered.\n\n")
 
 	fmt.Fprintf(&b, "| check | guarantee | checked | skipped | violations |\n|---|---|---|---|---|\n")
 	for _, c := range rep.Checks {

@@ -52,6 +52,11 @@ type Meta struct {
 	Race        bool          // the workers were built with -race
 	Cmdline     string
 	Machine     string // Go, OS/arch, CPUs, PostgreSQL version
+	// NotRun names the fault types of the mix this machine could not run,
+	// and why (no libfaketime, no PgBouncer, no mount).
+	NotRun map[string]string `json:",omitempty"`
+	// Pooled is how many workers went through PgBouncer (Options.Pooled).
+	Pooled int
 }
 
 type proc struct {
@@ -69,7 +74,12 @@ type driver struct {
 	admin       *pgxpool.Pool
 	revoker     *manager.Manager // revoke faults: its own Manager (application_name RevokerApp)
 	revokerPool *pgxpool.Pool
-	proxies     []*faultproxy.Proxy
+	proxies     []*faultproxy.Proxy // per worker, to the server (a pooled worker's LISTEN and advisory session)
+	poolProxies []*faultproxy.Proxy // per pooled worker, to PgBouncer (its pool); nil for the others
+	bouncer     *pgtest.Bouncer
+	bouncerLog  *os.File
+	clockFile   string // libfaketime's offset file ("" : no clock-step faults)
+	diskDir     string // the tmpfs under the server's directory ("": no disk-full faults)
 
 	mu       sync.Mutex
 	procs    []*proc // current process per worker id
@@ -134,8 +144,21 @@ func Run(ctx context.Context, o Options) (*Meta, error) {
 		return nil, err
 	}
 	defer srvLog.Close()
+	// The mix is the driver's own copy: facilities this machine lacks
+	// drop their faults from it.
+	mix := map[string]int{}
+	for k, v := range o.Mix {
+		mix[k] = v
+	}
+	d.o.Mix = mix
+	env := d.setupClock(meta)
+	if d.clockFile != "" {
+		defer os.RemoveAll(filepath.Dir(d.clockFile))
+	}
+	parent := d.setupDisk(meta)
+	defer d.unmountDisk()
 	d.cluster, err = pgtest.Start(ctx, pgtest.Options{Log: srvLog, MaxConnections: 400,
-		Settings: map[string]string{"log_min_messages": "warning"}})
+		Settings: map[string]string{"log_min_messages": "warning"}, Env: env, ParentDir: parent})
 	if err != nil {
 		return nil, err
 	}
@@ -143,6 +166,19 @@ func Run(ctx context.Context, o Options) (*Meta, error) {
 	if err := d.setupDB(ctx); err != nil {
 		return nil, err
 	}
+	d.checkClock(ctx, meta)
+	if err := d.setupPooler(ctx, meta); err != nil {
+		return nil, err
+	}
+	defer func() {
+		d.bouncer.Stop()
+		if d.bouncerLog != nil {
+			d.bouncerLog.Close()
+		}
+	}()
+	o = d.o
+	meta.Options = o
+	meta.MixString = FormatMix(o.Mix)
 	var ver string
 	if err := d.admin.QueryRow(ctx, "SHOW server_version").Scan(&ver); err == nil {
 		meta.Machine += ", PostgreSQL " + strings.Fields(ver)[0]
@@ -161,18 +197,26 @@ func Run(ctx context.Context, o Options) (*Meta, error) {
 	target := fmt.Sprintf("127.0.0.1:%d", d.cluster.Port)
 	d.procs = make([]*proc, o.Workers)
 	d.busy = make([]bool, o.Workers)
-	for range o.Workers {
+	d.poolProxies = make([]*faultproxy.Proxy, o.Workers)
+	defer func() {
+		for _, p := range append(d.proxies, d.poolProxies...) {
+			if p != nil {
+				_ = p.Close()
+			}
+		}
+	}()
+	for w := range o.Workers {
 		p, err := faultproxy.New(target)
 		if err != nil {
 			return nil, err
 		}
 		d.proxies = append(d.proxies, p)
-	}
-	defer func() {
-		for _, p := range d.proxies {
-			_ = p.Close()
+		if d.bouncer != nil && d.pooled(w) {
+			if d.poolProxies[w], err = faultproxy.New(fmt.Sprintf("127.0.0.1:%d", d.bouncer.Port)); err != nil {
+				return nil, err
+			}
 		}
-	}()
+	}
 	for i := range o.Workers {
 		if err := d.spawn(i, 0); err != nil {
 			return nil, err
@@ -361,9 +405,18 @@ func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
 func (d *driver) workerArgs(id, inc int) []string {
 	o := d.o
 	purl, _ := d.proxies[id].ConnString(d.dbURL)
+	var surl string
+	if pp := d.poolProxies[id]; pp != nil {
+		// The pool through PgBouncer (transaction mode: no statement
+		// cache, as docs/poolers.md says); LISTEN and the advisory
+		// session straight to the server, through the other proxy.
+		surl = withParam(purl, "application_name", fmt.Sprintf("soak-w%d", id))
+		purl, _ = pp.ConnString(d.dbURL)
+		purl = withParam(purl, "default_query_exec_mode", "exec")
+	}
 	args := []string{"worker",
 		"-id", strconv.Itoa(id), "-inc", strconv.Itoa(inc),
-		"-url", purl, "-res-url", d.dbURL,
+		"-url", purl, "-res-url", d.dbURL, "-session-url", surl,
 		"-log", filepath.Join(o.Dir, fmt.Sprintf("w%d.%d.jsonl", id, inc)),
 		"-keys", strconv.Itoa(o.Keys), "-adv-keys", strconv.Itoa(o.AdvKeys),
 		"-lease-g", strconv.Itoa(o.LeaseG), "-adv-g", strconv.Itoa(o.AdvG),
@@ -718,7 +771,8 @@ func (d *driver) startFault(ctx context.Context, ft string, draw int, durDraw, p
 			d.ev(event.Event{E: event.Heal, W: -1, O: id, M: ft})
 		}()
 		return true
-	case FTableLock, FReadOnly:
+	}
+	if ServerFault(ft) {
 		d.mu.Lock()
 		if d.srvBusy || d.stopping {
 			d.mu.Unlock()
@@ -727,21 +781,14 @@ func (d *driver) startFault(ctx context.Context, ft string, draw int, durDraw, p
 		d.srvBusy = true
 		d.mu.Unlock()
 		id := d.faultID.Add(1)
-		dur := between(0.5, 1)
-		if ft == FReadOnly {
-			dur = between(0.5, 1.5)
-		}
+		dur := faultDuration(ft, between)
 		d.faultWG.Add(1)
 		d.faults.Add(1)
 		go func() {
 			defer d.faultWG.Done()
 			defer func() { d.mu.Lock(); d.srvBusy = false; d.mu.Unlock() }()
 			d.ev(event.Event{E: event.Fault, W: -1, O: id, M: ft, V: int64(dur)})
-			if ft == FReadOnly {
-				d.readOnly(ctx, dur)
-			} else {
-				d.lockTables(ctx, dur)
-			}
+			d.serverFault(ctx, ft, id, dur, param)
 			d.ev(event.Event{E: event.Heal, W: -1, O: id, M: ft})
 		}()
 		return true
@@ -782,7 +829,7 @@ func (d *driver) startFault(ctx context.Context, ft string, draw int, durDraw, p
 }
 
 func (d *driver) runFault(ctx context.Context, ft string, w int, id int64, dur time.Duration, param float64) {
-	px := d.proxies[w]
+	px := proxies{d.proxies[w], d.poolProxies[w]}
 	switch ft {
 	case FTerminatePool, FTerminateListen, FTerminateAdv:
 		n := d.terminate(ctx, w, ft)
@@ -860,37 +907,32 @@ func (d *driver) lockTables(ctx context.Context, dur time.Duration) {
 // file). It logs why when it could not (the server is down, say); the
 // reset is retried until it is made, so the server never stays read-only.
 func (d *driver) readOnly(ctx context.Context, dur time.Duration) {
-	if err := d.setReadOnly(ctx, "ALTER SYSTEM SET default_transaction_read_only = on"); err != nil {
+	if err := d.setSystem(ctx, "ALTER SYSTEM SET default_transaction_read_only = on"); err != nil {
 		d.logf("read-only: %v", err)
 	}
 	sleepCtx(ctx, dur)
-	for {
-		err := d.setReadOnly(context.Background(), "ALTER SYSTEM RESET default_transaction_read_only")
-		if err == nil {
-			return
-		}
-		d.logf("read-only: reset: %v; retrying", err)
-		time.Sleep(200 * time.Millisecond)
-	}
+	d.resetSystem("read-only", "ALTER SYSTEM RESET default_transaction_read_only")
 }
 
-// setReadOnly runs alter (ALTER SYSTEM, which runs in no transaction
-// block, so a statement of its own) and reloads the configuration, on one
-// admin session that stays writable itself.
-func (d *driver) setReadOnly(ctx context.Context, alter string) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	conn, err := d.admin.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	defer conn.Release()
-	for _, q := range []string{"SET default_transaction_read_only = off", alter, "SELECT pg_reload_conf()"} {
-		if _, err := conn.Exec(ctx, q); err != nil {
-			return err
+// proxies are a worker's fault proxies (the second, to PgBouncer, only
+// for a pooled worker): a network fault of the worker hits both.
+type proxies [2]*faultproxy.Proxy
+
+func (ps proxies) each(f func(*faultproxy.Proxy) error) error {
+	for _, p := range ps {
+		if p != nil {
+			_ = f(p)
 		}
 	}
 	return nil
+}
+
+func (ps proxies) HalfOpen() error  { return ps.each((*faultproxy.Proxy).HalfOpen) }
+func (ps proxies) Blackhole() error { return ps.each((*faultproxy.Proxy).Blackhole) }
+func (ps proxies) Cut() error       { return ps.each((*faultproxy.Proxy).Cut) }
+func (ps proxies) Pass() error      { return ps.each((*faultproxy.Proxy).Pass) }
+func (ps proxies) SetDelay(lat, jitter time.Duration) error {
+	return ps.each(func(p *faultproxy.Proxy) error { return p.SetDelay(lat, jitter) })
 }
 
 // terminate ends the worker's backends of one kind with

@@ -9,30 +9,49 @@ import (
 
 // Fault types.
 const (
-	FTerminatePool   = "terminate-pool"   // pg_terminate_backend of the worker's pooled connections
-	FTerminateListen = "terminate-listen" // … of its LISTEN connection
-	FTerminateAdv    = "terminate-adv"    // … of its advisory session
-	FHalfOpen        = "half-open"        // proxy: server side closed, client side silent
-	FBlackhole       = "blackhole"        // proxy: nothing forwarded, longer than the TTL
-	FCut             = "cut"              // proxy: every connection closed, new ones refused
-	FDelay           = "delay"            // proxy: latency with jitter
-	FStop            = "sigstop"          // SIGSTOP for 1.5–3 TTL, then SIGCONT (a holder when there is one)
-	FKill            = "kill"             // SIGKILL of a holder, then a new process
-	FStarve          = "starve"           // CPU burners pinned with a holder
-	FRevoke          = "revoke"           // Manager.Revoke of a key a worker holds (its holder is told; the key is free at once)
-	FCrash           = "crash"            // server stopped -m immediate, then started
-	FRestart         = "restart"          // server stopped -m fast, then started
-	FTableLock       = "table-lock"       // the lock tables locked ACCESS EXCLUSIVE (a VACUUM FULL queued behind a reader), 0.5–1 TTL
-	FReadOnly        = "read-only"        // the server turns read-only under open sessions (default_transaction_read_only, reloaded), 0.5–1.5 TTL
+	FTerminatePool   = "terminate-pool"    // pg_terminate_backend of the worker's pooled connections
+	FTerminateListen = "terminate-listen"  // … of its LISTEN connection
+	FTerminateAdv    = "terminate-adv"     // … of its advisory session
+	FHalfOpen        = "half-open"         // proxy: server side closed, client side silent
+	FBlackhole       = "blackhole"         // proxy: nothing forwarded, longer than the TTL
+	FCut             = "cut"               // proxy: every connection closed, new ones refused
+	FDelay           = "delay"             // proxy: latency with jitter
+	FStop            = "sigstop"           // SIGSTOP for 1.5–3 TTL, then SIGCONT (a holder when there is one)
+	FKill            = "kill"              // SIGKILL of a holder, then a new process
+	FStarve          = "starve"            // CPU burners pinned with a holder
+	FRevoke          = "revoke"            // Manager.Revoke of a key a worker holds (its holder is told; the key is free at once)
+	FCrash           = "crash"             // server stopped -m immediate, then started
+	FRestart         = "restart"           // server stopped -m fast, then started
+	FTableLock       = "table-lock"        // the lock tables locked ACCESS EXCLUSIVE (a VACUUM FULL queued behind a reader), 0.5–1 TTL
+	FReadOnly        = "read-only"         // the server turns read-only under open sessions (default_transaction_read_only, reloaded), 0.5–1.5 TTL
+	FClockStep       = "clock-step"        // the server's wall clock (libfaketime) steps forward or back, 0.5–2 TTL, then back to true time
+	FPoolPause       = "pool-pause"        // PgBouncer PAUSE, 0.3–2.5 TTL, then RESUME (the pooled workers)
+	FPoolReconnect   = "pool-reconnect"    // PgBouncer RECONNECT (server connections replaced as they are released)
+	FPoolRestart     = "pool-restart"      // PgBouncer killed and started again on its port
+	FDiskFull        = "disk-full"         // the server's filesystem (a tmpfs) shrunk to what it uses, 0.5–2 TTL; half of the times a WAL switch is forced
+	FDeleteRows      = "delete-rows"       // an operator's DELETE FROM the lock table (every exclusive lease, writer, set lock)
+	FVacuumFull      = "vacuum-full"       // an operator's VACUUM FULL of the lock tables and the fence counters
+	FStmtTimeout     = "statement-timeout" // an operator's statement_timeout = 1ms for every session (ALTER SYSTEM, reload), 0.5–1.5 TTL, then reset
 )
 
 // FaultTypes lists every fault type, in report order.
 var FaultTypes = []string{FTerminatePool, FTerminateListen, FTerminateAdv, FHalfOpen, FBlackhole, FCut,
-	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart, FTableLock, FReadOnly}
+	FDelay, FStop, FKill, FStarve, FRevoke, FCrash, FRestart, FTableLock, FReadOnly,
+	FClockStep, FPoolPause, FPoolReconnect, FPoolRestart, FDiskFull, FDeleteRows, FVacuumFull, FStmtTimeout}
+
+// serverFaults are the fault types that hit every worker at once (one at
+// a time: they share the server).
+var serverFaults = map[string]bool{FCrash: true, FRestart: true, FTableLock: true, FReadOnly: true,
+	FClockStep: true, FPoolPause: true, FPoolReconnect: true, FPoolRestart: true, FDiskFull: true,
+	FDeleteRows: true, FVacuumFull: true, FStmtTimeout: true}
+
+// ServerFault reports whether fault type ft hits every worker at once.
+func ServerFault(ft string) bool { return serverFaults[ft] }
 
 // DefaultMix weighs the fault types: the server-wide faults are rarer
 // because each hits every worker at once.
-const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3,read-only=3"
+const DefaultMix = "terminate-pool=10,terminate-listen=8,terminate-adv=6,half-open=12,blackhole=12,cut=10,delay=10,sigstop=10,kill=8,starve=6,revoke=6,crash=3,restart=3,read-only=3,table-lock=2," +
+	"clock-step=3,pool-pause=2,pool-reconnect=2,pool-restart=2,disk-full=2,delete-rows=2,vacuum-full=1,statement-timeout=2"
 
 // Driver-side broken modes (the worker ones are in package worker).
 const (
@@ -91,6 +110,13 @@ type Options struct {
 	// to those workers: negative controls use them to place faults.
 	Regular bool
 	Targets []int
+
+	// Pooled is how many workers (the odd ids first) go through a
+	// PgBouncer in transaction mode that the driver starts: their pool,
+	// through their proxy, to PgBouncer; their LISTEN connection and
+	// advisory session, through a second proxy, to the server. Default:
+	// half of them when a pool fault is in the mix, else none; -1: none.
+	Pooled int
 
 	// Broken is "mode" or "mode:w1,w2" (worker modes apply to the listed
 	// workers, default worker 0; driver modes to the run).

@@ -93,9 +93,10 @@ const (
 	Offset     = "offset" // V = CLOCK_REALTIME − CLOCK_MONOTONIC ns
 	ServerUp   = "server_up"
 	ServerDown = "server_down"
-	RunEnd     = "run_end"  // faults stopped; the quiet tail begins
-	StopAll    = "stop_all" // workers told to close
-	Revoke     = "revoke"   // a revoke fault's Manager.Revoke returned: O = fault id, W = target, M = key, V = 1 if a live lease was revoked, C = code
+	RunEnd     = "run_end"    // faults stopped; the quiet tail begins
+	StopAll    = "stop_all"   // workers told to close
+	ClockStep  = "clock_step" // the server's wall clock now runs V ns ahead of true time (negative: behind), from this event on
+	Revoke     = "revoke"     // a revoke fault's Manager.Revoke returned: O = fault id, W = target, M = key, V = 1 if a live lease was revoked, C = code
 )
 
 // Kinds of a hold (M of AcqCall and AcqOK).

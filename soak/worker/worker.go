@@ -20,6 +20,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -50,6 +51,8 @@ const (
 	BrokenStall        = "stall"         // stops taking locks 3 s after it started
 	BrokenHog          = "hog"           // holds key 0 for ever
 	BrokenIgnoreRevoke = "ignore-revoke" // keeps working (fenced writes) 4 TTL past a revoke of its lease
+	BrokenIgnoreDelete = "ignore-delete" // as ignore-revoke, past the loss (ErrLockLost) an operator's delete of its lease row shows as
+	BrokenFakeGrant    = "fake-grant"    // an acquire that failed for the server (not a timeout of its wait) is reported granted
 	// The primitives' (these workers run only the primitive they break).
 	BrokenFakePermit     = "fake-permit"      // a refused permit (TryAcquire) is counted as held
 	BrokenReaderAsWriter = "reader-as-writer" // a reader's grant is treated (and logged) as a writer's
@@ -105,9 +108,14 @@ func KeyIndex(name string) (int, bool) {
 
 // Config is a worker's configuration (flags of `soak worker`).
 type Config struct {
-	ID, Inc        int
-	URL            string // through the fault proxy: the Manager's pool and LISTEN
-	ResURL         string // direct: the resource table
+	ID, Inc int
+	URL     string // through the fault proxy: the Manager's pool and LISTEN
+	ResURL  string // direct: the resource table
+	// SessionURL, when set, is the Manager's pool going through a
+	// transaction-mode PgBouncer (URL): the Manager listens on SessionURL
+	// (Config.ListenConnString) and the advisory locks are an
+	// advisory.Client's on a pool of SessionURL, as docs/poolers.md says.
+	SessionURL     string
 	Log            string // event log path
 	Keys, AdvKeys  int
 	LeaseG, AdvG   int // goroutines
@@ -138,6 +146,7 @@ type worker struct {
 	m     *manager.Manager
 	res   *pgxpool.Pool
 	guard *pg.FenceGuard
+	adv   *advisory.Client // with SessionURL: the advisory locks' (else the Manager's)
 	seq   atomic.Uint32
 	stop  context.Context
 
@@ -199,6 +208,24 @@ func Run(ctx context.Context, cfg Config) error {
 		Config:       pg.Config{Holder: fmt.Sprintf("soak-w%d", cfg.ID)},
 		CloseTimeout: cfg.CloseTimeout,
 	}
+	var spool *pgxpool.Pool
+	if cfg.SessionURL != "" {
+		mc.ListenConnString = cfg.SessionURL
+		scfg, err := pgxpool.ParseConfig(cfg.SessionURL)
+		if err != nil {
+			return err
+		}
+		scfg.ConnConfig.RuntimeParams["application_name"] = fmt.Sprintf("soak-w%d", cfg.ID)
+		if err := pg.ConfigurePool(scfg); err != nil {
+			return err
+		}
+		if spool, err = pgxpool.NewWithConfig(setupCtx, scfg); err != nil {
+			return err
+		}
+		if w.adv, err = advisory.NewClient(spool, nil); err != nil {
+			return err
+		}
+	}
 	w.m, err = manager.New(pool, mc)
 	if err != nil {
 		pool.Close()
@@ -257,12 +284,18 @@ func Run(ctx context.Context, cfg Config) error {
 	lg.Log(event.Event{E: event.CloseCall, W: cfg.ID, I: cfg.Inc})
 	start := time.Now()
 	cerr := w.m.Close(context.Background())
+	if w.adv != nil {
+		cerr = errors.Join(cerr, w.adv.Close(context.Background()))
+	}
 	if cfg.Broken == BrokenSlowClose {
 		time.Sleep(3*cfg.CloseTimeout + 5*time.Second)
 	}
 	lg.Log(event.Event{E: event.CloseRet, W: cfg.ID, I: cfg.Inc, V: int64(time.Since(start)), C: w.code(cerr)})
 	pool.Close()
 	w.res.Close()
+	if spool != nil {
+		spool.Close()
+	}
 	// pgx closes a connection whose query was cancelled in the
 	// background, reading until a 15 s deadline (pgconn asyncClose): on a
 	// half-open connection that goroutine outlives Close by up to 15 s. A
@@ -365,6 +398,15 @@ func (w *worker) cycle(r *rand.Rand, g, k int) {
 	op := w.opID()
 	w.ev(event.Event{E: event.AcqCall, G: g, K: k, O: op})
 	lk, err := w.m.Acquire(w.stop, KeyName(k), manager.WithTTL(w.cfg.TTL), manager.WithAcquireTimeout(w.cfg.AcquireTimeout))
+	if err != nil && w.cfg.Broken == BrokenFakeGrant && w.stop.Err() == nil &&
+		slices.Contains([]pglease.Code{pglease.CodeResourceExhausted, pglease.CodeServiceUnavailable, pglease.CodeAmbiguous, pglease.CodeNetworkTimeout}, pglease.CodeOf(err)) {
+		// A client that takes a failed acquire for a grant: a fence no
+		// server issued.
+		w.ev(event.Event{E: event.AcqOK, G: g, K: k, O: op, F: op})
+		w.ev(event.Event{E: event.RelCall, G: g, K: k, O: op, F: op})
+		w.ev(event.Event{E: event.RelRet, G: g, K: k, O: op, F: op})
+		return
+	}
 	if err != nil {
 		w.ev(event.Event{E: event.AcqErr, G: g, K: k, O: op, C: w.code(err)})
 		if w.stop.Err() == nil {
@@ -400,7 +442,8 @@ func (w *worker) cycle(r *rand.Rand, g, k int) {
 // TTLs) repeat read+write every TTL/2.
 func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock) {
 	ignore := w.cfg.Broken == BrokenIgnoreLoss || w.cfg.Broken == BrokenNoFence
-	ignoreRevoke := w.cfg.Broken == BrokenIgnoreRevoke
+	ignoreRevoke := w.cfg.Broken == BrokenIgnoreRevoke || w.cfg.Broken == BrokenIgnoreDelete
+	ignoreDelete := w.cfg.Broken == BrokenIgnoreDelete
 	fence := int64(lk.Fence())
 	if w.cfg.Broken == BrokenOldFence {
 		if pf := w.prevFence.Load(); pf > 0 {
@@ -413,7 +456,7 @@ func (w *worker) critical(r *rand.Rand, g, k int, grant int64, lk *manager.Lock)
 	}
 	held := func() bool {
 		err := lk.Err()
-		return ignore || err == nil || ignoreRevoke && errors.Is(err, pglease.ErrRevoked)
+		return ignore || err == nil || ignoreRevoke && errors.Is(err, pglease.ErrRevoked) || ignoreDelete && errors.Is(err, pglease.ErrLockLost)
 	}
 	// The holder's "stop" is when it stops working on this grant: a
 	// correct holder stops when its Context ends (logged as End), a broken
@@ -549,7 +592,13 @@ func (w *worker) advLoop(g int) {
 		op := w.opID()
 		w.ev(event.Event{E: event.AdvCall, G: g, K: k, O: op})
 		actx, cancel := context.WithTimeout(w.stop, w.cfg.AcquireTimeout)
-		al, err := w.m.LockAdvisory(actx, advisory.Int64(AdvisoryBase+int64(k)))
+		var al *advisory.Lock
+		var err error
+		if w.adv != nil {
+			al, err = w.adv.Lock(actx, advisory.Int64(AdvisoryBase+int64(k)))
+		} else {
+			al, err = w.m.LockAdvisory(actx, advisory.Int64(AdvisoryBase+int64(k)))
+		}
 		cancel()
 		if err != nil {
 			w.ev(event.Event{E: event.AdvErr, G: g, K: k, O: op, C: w.code(err)})
