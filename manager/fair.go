@@ -860,8 +860,8 @@ func fairSetExec(ctx context.Context, s kernelStore, batch []*attempt) ([]store.
 	return out, nil
 }
 
-// fairSetLanded: the answer to a fair set's attempt. A set whose caller
-// left meanwhile leaves its tickets again (the attempt may have queued
+// fairSetLanded: the answer to a fair set's attempt. A grant consumed
+// the set's tickets; a set whose caller left meanwhile leaves its tickets again (the attempt may have queued
 // them after their leave; a grant goes back by the protocol: its waiter
 // left); a refusal that reached the database is the latest statement
 // that found its tickets queued, and the tickets are refreshed from then.
@@ -873,6 +873,14 @@ func (st *loopState) fairSetLanded(a *attempt, sk *setKind, d acquireDone, rs []
 				st.leave(id, w.req.set.keys[j].key, w.req.ttl)
 			}
 		}
+		return
+	}
+	if d.err == nil && len(rs) > 0 && firstRefused(rs) == nil && firstErr(rs) == nil {
+		// Granted: the grant consumed the tickets. If it goes back (a key
+		// got here meanwhile, a late answer), the next attempt queues new
+		// ones, at the tail: the same lockIds queued again could be
+		// granted before that release lands, and be released with it.
+		st.forgetSetTickets(w)
 		return
 	}
 	if d.err == nil && firstRefused(rs) != nil && firstErr(rs) == nil && w.qids != nil {
