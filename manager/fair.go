@@ -16,20 +16,27 @@ import (
 )
 
 // The fair queue (Config.FairQueue; docs/fairness.md). Each waiting
-// exclusive caller has a ticket in its key's queue table: its lockId
+// caller has a ticket in its key's queue table: its lockId
 // (acquireReq.qid), made at its first attempt and kept for the whole
-// wait. The key's attempt is one QueueWait for the key's exclusive
-// waiters (fairKind): it grants the one whose ticket may go and the key
-// is free, and keeps the others' places. A release (QueueRelease) serves
-// the head of the key's queue in its own transaction and notifies only
-// the head's process, on its own channel (Manager.qch): the notice
-// (notifier.Turn) carries the grant, which handleTurn hands to the
-// waiter, or says "attempt now". The tickets are refreshed together, one
-// statement every min(ticketLife, TTL)/3 (fairDue); a refresh also finds
-// grants whose notice was lost. A waiter that leaves (its context,
-// Close, a failure) leaves its ticket (QueueLeave, a release item of its
-// own kind), which also releases a grant that raced with the leaving.
-// Tries, shared holds and sets do not queue.
+// wait. The key's attempt is one QueueWait for the key's waiters
+// (fairKind): exclusive ones, readers and permits alike, each with its
+// ticket; the server grants those whose tickets may go (an exclusive one
+// at the head, a reader with no writer or permit ahead: writer
+// preference inside the order, a permit with nothing ahead) and keeps
+// the others' places. A release (QueueRelease) serves the head of the
+// key's queue in its own transaction and notifies only the head's
+// process, on its own channel (Manager.qch): the notice (notifier.Turn)
+// carries the grant, which handleTurn hands to the waiter, or says
+// "attempt now". An AcquireAll waiter (setWait.qids) has a ticket per
+// key, queued together as one set in the acquire's global key order
+// (setKind with fair: fairSetExec); a release never grants a set's
+// ticket, it tells the set's process its turn (the key stays free for
+// it), and the set's next QueueWait takes all its keys or none. The
+// tickets are refreshed together, one statement every min(ticketLife,
+// TTL)/3 (fairDue); a refresh also finds grants whose notice was lost. A
+// waiter that leaves (its context, Close, a failure) leaves its tickets
+// (QueueLeave, a release item of its own kind), which also releases a
+// grant that raced with the leaving. Tries never queue.
 
 // ticketLife is the life of a ticket after each statement that refreshes
 // it: a dead process's tickets stop blocking their keys at most this long
