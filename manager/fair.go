@@ -121,6 +121,22 @@ func (st *loopState) ticketFor(req *acquireReq) {
 	st.fq.byLock[req.qhash] = req
 }
 
+// renewTicket gives req, whose ticket's last attempt had an unknown
+// outcome, a new ticket (at the tail, by its next attempt): the old
+// lockId is released by the protocol (releaseUnknown, retried while its
+// commit may still land), its place leaves, and a turn that grants it
+// later finds a stray (released).
+func (st *loopState) renewTicket(req *acquireReq, now time.Time) {
+	old, oldHash := req.qid, req.qhash
+	if st.fq.byLock[oldHash] == req {
+		delete(st.fq.byLock, oldHash)
+	}
+	st.leave(old, req.key, req.ttl)
+	st.noteStray(oldHash, old, req.key, now)
+	st.ticketFor(req)
+	req.qsent, req.qpos = time.Time{}, 0
+}
+
 // leaveTicket takes the ticket of req, a waiter that will not be granted
 // by it (it left, failed or was closed), out of its key's queue.
 func (st *loopState) leaveTicket(req *acquireReq) {
@@ -257,15 +273,18 @@ func (k *fairKind) landed(st *loopState, a *attempt, d acquireDone, rs []store.A
 }
 
 // owns: a lockId whose grant was handed to its caller (by a turn or a
-// refresh) stays the caller's; and when a's outcome is unknown, or a is
-// stale, a waiter still waiting keeps it too: the next QueueWait of its
-// ticket answers a grant this one made (granted, idempotently), where a
-// release sent now could end that later grant of the same lockId. A
-// waiter that left leaves its ticket (fairLanded: a leave releases a
-// grant).
+// refresh) stays the caller's; and when a is stale, a waiter still
+// waiting with it keeps it too: the next QueueWait of its ticket answers
+// a grant this one made (granted, idempotently), where a release sent now
+// could end that later grant of the same lockId. A ticket its waiter gave
+// up is nobody's: after an unknown outcome (fairLanded) the waiter takes
+// a new ticket, since the next QueueWait of the old one would answer
+// "granted" for a commit that may not survive (a synchronous commit whose
+// wait was cancelled: ambiguity is never success). A waiter that left
+// leaves its ticket (fairLanded: a leave releases a grant).
 func (k *fairKind) owns(a *attempt, j int, unknown bool) bool {
 	req := k.reqs[j]
-	return req.qgranted || (unknown && !req.answered)
+	return req.qid == k.items[j].LockID && (req.qgranted || (unknown && !req.answered))
 }
 
 // ticketServed records that req's ticket was granted to it, with fence f.
@@ -287,7 +306,21 @@ func (st *loopState) ticketServed(req *acquireReq, f pglease.Fence) {
 // again), and the places of the others.
 func (st *loopState) fairLanded(a *attempt, k *fairKind, d acquireDone, rs []store.AcquireResult) {
 	now := st.m.now()
+	unknown := mayHaveGranted(d.err)
 	for j, req := range k.reqs {
+		if id := k.items[j].LockID; id != req.qid {
+			// A ticket its waiter gave up (after an unknown outcome): a
+			// grant of it goes back (no taker), an unknown outcome is
+			// released (owns), a place it took again leaves.
+			if rs != nil && !rs[j].OK && k.pos[j] > 0 {
+				st.leave(id, a.ks.key, req.ttl)
+			}
+			continue
+		}
+		if unknown && !req.answered && !req.qgranted {
+			st.renewTicket(req, now)
+			continue
+		}
 		switch {
 		case req.qgranted:
 			if rs == nil {
@@ -407,8 +440,9 @@ func (st *loopState) unticketed(ks *keyState) bool {
 }
 
 func (q *fairQueue) taker(a *attempt, lo, hi int) *acquireReq {
-	req := a.kind.(*fairKind).reqs[lo]
-	if req.answered {
+	k := a.kind.(*fairKind)
+	req := k.reqs[lo]
+	if req.answered || req.qid != k.items[lo].LockID {
 		return nil
 	}
 	return req
@@ -880,6 +914,16 @@ func (st *loopState) fairSetLanded(a *attempt, sk *setKind, d acquireDone, rs []
 				st.leave(id, w.req.set.keys[j].key, w.req.ttl)
 			}
 		}
+		return
+	}
+	if mayHaveGranted(d.err) && w.qids != nil {
+		// Unknown: the protocol releases the lockIds (retried while the
+		// commit may still land); their places leave, and the next
+		// attempt queues new tickets, at the tail.
+		for j, id := range sk.ids {
+			st.leave(id, w.req.set.keys[j].key, w.req.ttl)
+		}
+		st.forgetSetTickets(w)
 		return
 	}
 	if d.err == nil && len(rs) > 0 && firstRefused(rs) == nil && firstErr(rs) == nil {

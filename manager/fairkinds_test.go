@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/pglease/pglease"
+	"github.com/pglease/pglease/internal/pgtest"
 )
 
 // fairArrival is one caller of a fair-queue order test: which Manager it
@@ -226,4 +229,68 @@ func setTimeouts(t *testing.T, fair bool, rounds int) int {
 	}
 	t.Logf("fair=%v: %d of %d sets timed out; %d single-key grants meanwhile", fair, timeouts, rounds, singles.Load())
 	return timeouts
+}
+
+// TestFairSyncCommitTimeoutNeverGrants: with the fair queue, an attempt
+// whose outcome is unknown must not become a grant either. With the
+// synchronous standby gone, each QueueWait's commit waits past the
+// statement timeout (ambiguous) and is committed locally when its wait
+// is cancelled (as pgconn's cancel request does): the waiter's next
+// QueueWait of the same ticket would find that unreplicated grant and
+// answer "granted". The waiter takes a
+// new ticket instead, the acquire fails typed, and the orphan grants are
+// released.
+func TestFairSyncCommitTimeoutNeverGrants(t *testing.T) {
+	t.Parallel()
+	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
+	url := failoverURL(r)
+	ctx := harnessCtx(t)
+	c, _ := failoverManager(t, url, Config{StatementTimeout: time.Second, TTL: time.Minute, FairQueue: true}, testHooks{})
+	if err := c.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Nodes[1].StopServer(false); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	keys := []string{"forphan:a", "forphan:b", "forphan:c"}
+	for _, key := range keys {
+		lk, err := c.Acquire(ctx, key, WithAcquireTimeout(2*time.Second))
+		if err == nil {
+			t.Fatalf("Acquire of %s whose commits outlived the statement timeout: granted fence %v, want a typed error, never a grant", key, lk.Fence())
+		}
+		var pe *pglease.Error
+		if !errors.As(err, &pe) || pe.Code == 0 {
+			t.Fatalf("Acquire of %s whose commits outlived the statement timeout: %v, want a typed error", key, err)
+		}
+		// Commit whatever still waits (as pgconn's cancel request does).
+		pids, err := syncRepWaiters(ctx, admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pid := range pids {
+			if _, err := admin.Exec(ctx, "SELECT pg_cancel_backend($1)", pid); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE user_key LIKE 'forphan:%'
+			AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d keys held on the server by no caller 15 s after their acquires failed (TTL 1 min)", n, len(keys))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

@@ -616,12 +616,11 @@ func (sk *setKind) landed(st *loopState, a *attempt, d acquireDone, rs []store.A
 	}
 }
 
-// owns: a fair set still waiting keeps its lockIds when its outcome is
-// unknown (its tickets: the next QueueWait answers a grant this one
-// made).
-func (sk *setKind) owns(a *attempt, j int, unknown bool) bool {
-	return sk.fair && unknown && !sk.w.done
-}
+// owns: nothing; a set's attempt is never stale, and after an unknown
+// outcome a fair set takes new tickets (fairSetLanded: the next
+// QueueWait of the old ones would answer "granted" for a commit that may
+// not survive), so its lockIds go back.
+func (sk *setKind) owns(a *attempt, j int, unknown bool) bool { return false }
 
 // keep: not once its caller left or was answered, nor during Close.
 func (sk *setKind) keep(st *loopState, a *attempt) bool {
