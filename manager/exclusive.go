@@ -77,6 +77,10 @@ func (exclusiveKind) refusal(st *loopState, a *attempt, r store.AcquireResult, n
 // again: a hedge asks for the same.
 func (exclusiveKind) again(a *attempt, id string) attemptKind { return exclusiveKind{} }
 
+func (exclusiveKind) landed(st *loopState, a *attempt, d acquireDone, rs []store.AcquireResult) {}
+
+func (exclusiveKind) owns(a *attempt, j int, unknown bool) bool { return false }
+
 func (exclusiveKind) keep(st *loopState, a *attempt) bool { return st.keepKeyAttempt(a) }
 
 func (exclusiveKind) served(a *attempt, add func(*obs.Acquisition) bool) bool {

@@ -86,6 +86,13 @@ type setWait struct {
 	turnGen  uint64    // invalidates the retryHeap entry that ends a turn at setTurnMax
 	lapsed   bool      // its last turn lapsed: no new one before its next attempt
 	done     bool      // answered: an attempt still in flight serves nobody
+	// In the fair queue (Config.FairQueue, fair.go): qids are the set's
+	// tickets, a lockId per key (made at its first attempt, kept for the
+	// whole wait: its places, and its grant's lockIds); qsent the send
+	// time of the latest statement that found them queued (zero: none
+	// yet).
+	qids  []string
+	qsent time.Time
 }
 
 // setKind is the kind of a set's attempt (acquire pipeline:
@@ -95,6 +102,10 @@ type setKind struct {
 	w      *setWait
 	ids    []string
 	inTurn bool // made during w's turn: its answer ends the turn
+	// fair: a QueueWait of the set's tickets (ids are w.qids) on the
+	// process's queue channel qch (fair.go).
+	fair bool
+	qch  string
 }
 
 // setOf returns the set kind of a set's attempt a.
@@ -307,7 +318,12 @@ func (st *loopState) kickSet(w *setWait) {
 	if st.closing || w.done || w.attempt != nil || !w.retryAt.IsZero() {
 		return
 	}
+	// In the fair queue a set takes its places at once, even while a key
+	// is held here: the order, not this process, decides its turn.
 	for _, k := range w.req.set.keys {
+		if st.fair() && w.qids == nil {
+			break
+		}
 		if ks := st.keys[k.key]; ks != nil && (ks.held() || ks.releasing > 0) {
 			return
 		}
@@ -319,8 +335,14 @@ func (st *loopState) kickSet(w *setWait) {
 func (st *loopState) newSetAttempt(w *setWait) {
 	w.woken, w.lapsed = false, false
 	sk := &setKind{w: w, ids: make([]string, len(w.req.set.keys)), inTurn: w.turn}
+	if st.fair() && !w.req.try {
+		st.setTickets(w) // fair.go
+		sk.ids, sk.fair, sk.qch = w.qids, true, st.m.qch
+	}
 	for i := range sk.ids {
-		sk.ids[i] = keys.NewLockID()
+		if sk.ids[i] == "" {
+			sk.ids[i] = keys.NewLockID()
+		}
 	}
 	a := &attempt{lockID: sk.ids[0], ttl: w.req.ttl, delayMs: w.req.delayMs(), kind: sk}
 	if w.req.try {
@@ -346,6 +368,9 @@ func (st *loopState) kickSets(ks *keyState) {
 // passSets counts a grant of ks's key to another caller against each set
 // waiter that wants it, and gives a waiter its turn at setTurnAfter.
 func (st *loopState) passSets(ks *keyState) {
+	if st.fair() {
+		return // the queue's order gives a set its turn
+	}
 	for _, w := range ks.setWaiters() {
 		if w.turn || w.lapsed {
 			continue
@@ -436,6 +461,7 @@ func (st *loopState) endSet(w *setWait) {
 	w.done = true
 	delete(st.sets, w.req)
 	st.clearSetRetry(w)
+	st.leaveSetTickets(w) // fair.go
 	if w.req.try {
 		return
 	}
@@ -492,6 +518,9 @@ func (sk *setKind) statement() batchKind { return kindSets }
 // exec sends one AcquireSets for the batch; its results, flattened, are in
 // the order of the sets and of each set's keys.
 func (sk *setKind) exec(ctx context.Context, s kernelStore, batch []*attempt) ([]store.AcquireResult, error) {
+	if sk.fair {
+		return fairSetExec(ctx, s, batch) // fair.go
+	}
 	n := 0
 	reqs := make([][]store.AcquireRequest, len(batch))
 	for i, a := range batch {
@@ -549,6 +578,7 @@ func (sk *setKind) grant(st *loopState, a *attempt, to *acquireReq, lo, hi int, 
 	req := sk.w.req
 	kss := make([]*keyState, len(req.set.keys))
 	locks := make([]*Lock, len(req.set.keys))
+	st.setServed(sk) // fair.go
 	for j, k := range req.set.keys {
 		kss[j] = st.keyFor(k.key, k.hash)
 		locks[j] = st.hold(kss[j], req, k.acq, sk.ids[j], a.ttl, rs[j], lease)
@@ -576,6 +606,21 @@ func (sk *setKind) refusal(st *loopState, a *attempt, r store.AcquireResult, now
 // again: a set's attempt is not in a key's attempt chain, and never
 // hedged.
 func (sk *setKind) again(a *attempt, id string) attemptKind { return sk }
+
+// landed: in the fair queue, the tickets of a set whose caller left
+// meanwhile leave again (its attempt may have queued them after their
+// leave), and a refusal's send time is recorded (fair.go).
+func (sk *setKind) landed(st *loopState, a *attempt, d acquireDone, rs []store.AcquireResult) {
+	if sk.fair {
+		st.fairSetLanded(a, sk, d, rs)
+	}
+}
+
+// owns: nothing; a set's attempt is never stale, and after an unknown
+// outcome a fair set takes new tickets (fairSetLanded: the next
+// QueueWait of the old ones would answer "granted" for a commit that may
+// not survive), so its lockIds go back.
+func (sk *setKind) owns(a *attempt, j int, unknown bool) bool { return false }
 
 // keep: not once its caller left or was answered, nor during Close.
 func (sk *setKind) keep(st *loopState, a *attempt) bool {
@@ -695,8 +740,10 @@ func (st *loopState) setRefused(a *attempt, rs []store.AcquireResult, now time.T
 		freeAt = time.Time{}
 	}
 	freeAt = keepMark(freeAt, now) // its refused keys are marked as waited for by a writer
-	for _, k := range req.set.keys {
-		st.wantWaiter(st.keys[k.key])
+	for j, k := range req.set.keys {
+		if !setOf(a).fair || foreignHolder(rs[j]) { // a queued set is told its turn on its own channel
+			st.wantWaiter(st.keys[k.key])
+		}
 	}
 	noteSet(req, db, obs.AttemptContended, st.setRetry(a, now, freeAt))
 }

@@ -356,6 +356,10 @@ func (sh *sharedKind) again(a *attempt, id string) attemptKind {
 	return &c
 }
 
+func (sh *sharedKind) landed(st *loopState, a *attempt, d acquireDone, rs []store.AcquireResult) {}
+
+func (sh *sharedKind) owns(a *attempt, j int, unknown bool) bool { return false }
+
 func (sh *sharedKind) keep(st *loopState, a *attempt) bool { return st.keepKeyAttempt(a) }
 
 func (sh *sharedKind) served(a *attempt, add func(*obs.Acquisition) bool) bool {
