@@ -57,16 +57,24 @@ type Config struct {
 	// on DefaultNotifyChannel), and no listening connection is opened. Waiters then learn of releases in
 	// other processes by polling alone.
 	DisableNotify bool
-	// FairQueue serves the exclusive waiters of a key in arrival order
-	// across processes (docs/fairness.md): a waiting Acquire keeps a
-	// ticket in the key's queue table (schema version 4), a release with
-	// tickets queued grants the key to the head in its own transaction
-	// and notifies only the head's process, and a caller that gives up
-	// leaves its ticket. Off by default (see docs/fairness.md for why):
-	// shared holds, semaphore permits and AcquireAll do not queue yet, and
-	// take a queued key only in the moments it is free. TryAcquire never
-	// queues. A dead process's tickets stop blocking its keys 3 s after
-	// its last refresh.
+	// FairQueue serves the waiters of a key in arrival order across
+	// processes (docs/fairness.md): a waiting Acquire (exclusive, Shared
+	// or WithLimit) keeps a ticket in the key's queue table (schema
+	// version 4), a waiting AcquireAll one per key, queued together; a
+	// release with tickets queued grants the key to the head in its own
+	// transaction (readers in a row together, a writer ahead of readers
+	// first: writer preference inside the order) and notifies only the
+	// head's process; a set at the head is told its turn and takes all its
+	// keys or none; a caller that gives up leaves its tickets. TryAcquire
+	// and TryAcquireAll never queue. A dead process's tickets stop blocking
+	// its keys 3 s after its last refresh.
+	//
+	// Off by default: the kernel's simulator does not model the queue yet,
+	// and the queue changes what AcquireAll promises (a set at the head of
+	// a key's line holds up that key's later callers until it gets all its
+	// keys) and replaces local handoffs between callers of one process with
+	// a release and a notice. Turn it on where several processes contend
+	// for the same keys.
 	FairQueue bool
 	// ListenConnString, if set, is the connection string (pgx.ParseConfig
 	// syntax) of the one connection the Manager LISTENs on, instead of

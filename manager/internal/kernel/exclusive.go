@@ -77,6 +77,10 @@ func (ExclusiveKind) refusal(st *LoopState, a *Attempt, r store.AcquireResult, n
 // again: a hedge asks for the same.
 func (ExclusiveKind) again(a *Attempt, id string) attemptKind { return ExclusiveKind{} }
 
+func (ExclusiveKind) landed(st *LoopState, a *Attempt, d acquireDone, rs []store.AcquireResult) {}
+
+func (ExclusiveKind) owns(a *Attempt, j int, unknown bool) bool { return false }
+
 func (ExclusiveKind) keep(st *LoopState, a *Attempt) bool { return st.keepKeyAttempt(a) }
 
 func (ExclusiveKind) served(a *Attempt, add func(*obs.Acquisition) bool) bool {

@@ -16,20 +16,27 @@ import (
 )
 
 // The fair queue (Config.FairQueue; docs/fairness.md). Each waiting
-// exclusive caller has a ticket in its key's queue table: its lockId
+// caller has a ticket in its key's queue table: its lockId
 // (acquireReq.qid), made at its first attempt and kept for the whole
-// wait. The key's attempt is one QueueWait for the key's exclusive
-// waiters (fairKind): it grants the one whose ticket may go and the key
-// is free, and keeps the others' places. A release (QueueRelease) serves
-// the head of the key's queue in its own transaction and notifies only
-// the head's process, on its own channel (Manager.qch): the notice
-// (notifier.Turn) carries the grant, which handleTurn hands to the
-// waiter, or says "attempt now". The tickets are refreshed together, one
-// statement every min(ticketLife, TTL)/3 (fairDue); a refresh also finds
-// grants whose notice was lost. A waiter that leaves (its context,
-// Close, a failure) leaves its ticket (QueueLeave, a release item of its
-// own kind), which also releases a grant that raced with the leaving.
-// Tries, shared holds and sets do not queue.
+// wait. The key's attempt is one QueueWait for the key's waiters
+// (fairKind): exclusive ones, readers and permits alike, each with its
+// ticket; the server grants those whose tickets may go (an exclusive one
+// at the head, a reader with no writer or permit ahead: writer
+// preference inside the order, a permit with nothing ahead) and keeps
+// the others' places. A release (QueueRelease) serves the head of the
+// key's queue in its own transaction and notifies only the head's
+// process, on its own channel (Manager.qch): the notice (notifier.Turn)
+// carries the grant, which handleTurn hands to the waiter, or says
+// "attempt now". An AcquireAll waiter (setWait.qids) has a ticket per
+// key, queued together as one set in the acquire's global key order
+// (setKind with fair: fairSetExec); a release never grants a set's
+// ticket, it tells the set's process its turn (the key stays free for
+// it), and the set's next QueueWait takes all its keys or none. The
+// tickets are refreshed together, one statement every min(ticketLife,
+// TTL)/3 (fairDue); a refresh also finds grants whose notice was lost. A
+// waiter that leaves (its context, Close, a failure) leaves its tickets
+// (QueueLeave, a release item of its own kind), which also releases a
+// grant that raced with the leaving. Tries never queue.
 
 // TicketLife is the life of a ticket after each statement that refreshes
 // it: a dead process's tickets stop blocking their keys at most this long
@@ -52,7 +59,10 @@ type fairLoop struct {
 	// orphans: granted turns that named no waiter and no stray, by
 	// lockId hash, until when: a stray noted later (its attempt landed
 	// after the turn came) was granted.
-	orphans    map[string]time.Time
+	orphans map[string]time.Time
+	// setTix: the set waiters with tickets (setWait.qids), by ticket
+	// hash: a turn for one of them makes the set attempt.
+	setTix     map[string]*setWait
 	refreshAt  time.Time // next refresh of the tickets (zero: none due)
 	refreshing bool      // a refresh is in flight (one at a time)
 }
@@ -61,31 +71,33 @@ type fairLoop struct {
 func (st *LoopState) fair() bool { return st.m.cfg.FairQueue }
 
 // fairKind is the kind of a key's attempt in fair mode: a QueueWait for
-// its exclusive waiters (in queue order, the head first), each under its
-// ticket's lockId. Its fields are set by the loop when the attempt is
-// made; pos is written by the DB worker before it posts the answer.
+// its waiters (in queue order, the head first: exclusive ones, readers
+// and permits alike), each under its ticket's lockId; the server grants
+// those whose tickets may go (writer preference and limits inside the
+// order). floor is the key's highest fence seen when the attempt was
+// made (hasFloor: there was one): a permit's fence must be above it.
+// Its fields are set by the loop when the attempt is made; pos is
+// written by the DB worker before it posts the answer.
 type fairKind struct {
-	reqs  []*AcquireReq
-	items []store.WaitRequest
-	ch    string
-	pos   []int
+	reqs     []*AcquireReq
+	items    []store.WaitRequest
+	ch       string
+	pos      []int
+	hasFloor bool
+	floor    pglease.Fence
 }
 
-// fairAttempt makes the attempt of ks in fair mode (kick), its head an
-// exclusive waiter.
+// fairAttempt makes the attempt of ks in fair mode (kick).
 func (st *LoopState) fairAttempt(ks *KeyState, chain uint64) *Attempt {
-	k := &fairKind{ch: st.m.qch}
+	k := &fairKind{ch: st.m.qch, floor: ks.Fence, hasFloor: ks.HasFence}
 	var ttl time.Duration
 	for _, req := range ks.queue {
-		if req.Shared {
-			continue
-		}
 		if req.qid == "" {
 			st.ticketFor(req)
 		}
 		k.reqs = append(k.reqs, req)
 		k.items = append(k.items, store.WaitRequest{Key: ks.Key, TTL: req.TTL, LockID: req.qid,
-			LockDelay: time.Duration(req.delayMs()) * time.Millisecond})
+			LockDelay: time.Duration(req.delayMs()) * time.Millisecond, Shared: req.Shared, Limit: int(req.Limit)})
 		if ttl == 0 || req.TTL < ttl {
 			ttl = req.TTL // the trust check of the pipeline uses the shortest
 		}
@@ -107,6 +119,22 @@ func (st *LoopState) ticketFor(req *AcquireReq) {
 		st.fq.byLock = make(map[string]*AcquireReq)
 	}
 	st.fq.byLock[req.qhash] = req
+}
+
+// renewTicket gives req, whose ticket's last attempt had an unknown
+// outcome, a new ticket (at the tail, by its next attempt): the old
+// lockId is released by the protocol (releaseUnknown, retried while its
+// commit may still land), its place leaves, and a turn that grants it
+// later finds a stray (released).
+func (st *LoopState) renewTicket(req *AcquireReq, now time.Time) {
+	old, oldHash := req.qid, req.qhash
+	if st.fq.byLock[oldHash] == req {
+		delete(st.fq.byLock, oldHash)
+	}
+	st.leave(old, req.Key, req.TTL)
+	st.noteStray(oldHash, old, req.Key, now)
+	st.ticketFor(req)
+	req.qsent, req.qpos = time.Time{}, 0
 }
 
 // leaveTicket takes the ticket of req, a waiter that will not be granted
@@ -167,8 +195,31 @@ func (k *fairKind) hold(a *Attempt, j int) (lockID, key, hash string) {
 
 func (k *fairKind) unit(a *Attempt) int { return 1 }
 
+// FenceOK: an exclusive grant's fence must be above every fence seen; a
+// permit's above every fence seen when the attempt was made (permits of
+// one key may be granted by statements whose answers cross); a reader's
+// is the counter as it was, not checked (as SharedKind.fenceOK).
 func (k *fairKind) FenceOK(st *LoopState, a *Attempt, lo, hi int, rs []store.AcquireResult) bool {
-	return st.noteFence(a.Ks, rs[lo].Fence)
+	return st.fairFence(a.Ks, k.reqs[lo], rs[lo].Fence, k.hasFloor, k.floor)
+}
+
+// fairFence applies fence monotonicity to a grant of req's ticket with
+// fence f (see fairKind.fenceOK); floor is the highest fence seen when
+// the statement that last found the ticket queued was sent (hasFloor:
+// there was one), for a permit.
+func (st *LoopState) fairFence(ks *KeyState, req *AcquireReq, f pglease.Fence, hasFloor bool, floor pglease.Fence) bool {
+	switch {
+	case !req.Shared:
+		return st.noteFence(ks, f)
+	case req.Limit == 0:
+		return true
+	case hasFloor && f <= floor:
+		return false
+	}
+	if !ks.HasFence || f > ks.Fence {
+		ks.Fence, ks.HasFence = f, true
+	}
+	return true
 }
 
 func (k *fairKind) heldHere(st *LoopState, a *Attempt, to *AcquireReq) bool { return a.Ks.held() }
@@ -182,17 +233,24 @@ func (k *fairKind) grant(st *LoopState, a *Attempt, to *AcquireReq, lo, hi int, 
 
 func (k *fairKind) waiters(st *LoopState, a *Attempt) waiters { return (*fairQueue)(a.Ks) }
 
-func (k *fairKind) serves(a *Attempt, req *AcquireReq) bool { return !req.Shared }
+func (k *fairKind) serves(a *Attempt, req *AcquireReq) bool { return true }
 
+// refusal: as an exclusive attempt's when a writer waits (its retries
+// keep the key marked as waited for by a writer), else as a shared one's.
 func (k *fairKind) refusal(st *LoopState, a *Attempt, r store.AcquireResult, now time.Time) time.Time {
-	return ExclusiveKind{}.refusal(st, a, r, now)
+	for _, req := range k.reqs {
+		if !req.Shared && !req.answered {
+			return ExclusiveKind{}.refusal(st, a, r, now)
+		}
+	}
+	return takeoverAt(r, now)
 }
 
 // again: a hedge carries the same tickets (their lockIds are the
 // waiters' places); whichever answer comes second is stale, and its
 // release skips a lockId its caller was granted (settleStale).
 func (k *fairKind) again(a *Attempt, id string) attemptKind {
-	return &fairKind{reqs: k.reqs, items: k.items, ch: k.ch, pos: make([]int, len(k.items))}
+	return &fairKind{reqs: k.reqs, items: k.items, ch: k.ch, pos: make([]int, len(k.items)), hasFloor: k.hasFloor, floor: k.floor}
 }
 
 func (k *fairKind) keep(st *LoopState, a *Attempt) bool { return st.keepKeyAttempt(a) }
@@ -208,15 +266,25 @@ func (k *fairKind) served(a *Attempt, add func(*obs.Acquisition) bool) bool {
 
 func (k *fairKind) op(try bool) string { return "manager.Acquire" }
 
-// fairWaiting reports whether a is a fair attempt: its ambiguous outcome
-// releases nothing. A waiter still waiting keeps the lockId, and the
-// next QueueWait of its ticket answers a grant this one made (granted,
-// idempotently), where a release sent now could end that later grant of
-// the same lockId; a waiter that left leaves its ticket (fairLanded: a
-// leave releases a grant), one granted meanwhile holds the lease.
-func fairWaiting(a *Attempt) bool {
-	_, ok := a.Kind.(*fairKind)
-	return ok
+// landed: the waiters granted or gone while a was in flight, and the
+// places of the others (fairLanded).
+func (k *fairKind) landed(st *LoopState, a *Attempt, d acquireDone, rs []store.AcquireResult) {
+	st.fairLanded(a, k, d, rs)
+}
+
+// owns: a lockId whose grant was handed to its caller (by a turn or a
+// refresh) stays the caller's; and when a is stale, a waiter still
+// waiting with it keeps it too: the next QueueWait of its ticket answers
+// a grant this one made (granted, idempotently), where a release sent now
+// could end that later grant of the same lockId. A ticket its waiter gave
+// up is nobody's: after an unknown outcome (fairLanded) the waiter takes
+// a new ticket, since the next QueueWait of the old one would answer
+// "granted" for a commit that may not survive (a synchronous commit whose
+// wait was cancelled: ambiguity is never success). A waiter that left
+// leaves its ticket (fairLanded: a leave releases a grant).
+func (k *fairKind) owns(a *Attempt, j int, unknown bool) bool {
+	req := k.reqs[j]
+	return req.qid == k.items[j].LockID && (req.qgranted || (unknown && !req.answered))
 }
 
 // ticketServed records that req's ticket was granted to it, with fence f.
@@ -238,7 +306,21 @@ func (st *LoopState) ticketServed(req *AcquireReq, f pglease.Fence) {
 // again), and the places of the others.
 func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []store.AcquireResult) {
 	now := st.m.Now()
+	unknown := mayHaveGranted(d.err)
 	for j, req := range k.reqs {
+		if id := k.items[j].LockID; id != req.qid {
+			// A ticket its waiter gave up (after an unknown outcome): a
+			// grant of it goes back (no taker), an unknown outcome is
+			// released (owns), a place it took again leaves.
+			if rs != nil && !rs[j].OK && k.pos[j] > 0 {
+				st.leave(id, a.Ks.Key, req.TTL)
+			}
+			continue
+		}
+		if unknown && !req.answered && !req.qgranted {
+			st.renewTicket(req, now)
+			continue
+		}
 		switch {
 		case req.qgranted:
 			if rs == nil {
@@ -269,7 +351,7 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 			}
 		case d.err == nil && !rs[j].OK && rs[j].Err == nil && k.pos[j] > 0:
 			if d.start.After(req.qsent) {
-				req.qsent = d.start
+				req.qsent, req.qfloor = d.start, k.floor
 			}
 			st.notePosition(req, k.pos[j])
 			st.scheduleRefresh(now, req.TTL)
@@ -342,14 +424,11 @@ func (q *fairQueue) refused(st *LoopState, a *Attempt, rs []store.AcquireResult,
 	noteAttempt(ks.queue, db, obs.AttemptContended, retryIn)
 }
 
-// unticketed reports whether an exclusive waiter of ks that its next
-// attempt carries has no place in its key's queue yet.
+// unticketed reports whether a waiter of ks that its next attempt
+// carries has no place in its key's queue yet.
 func (st *LoopState) unticketed(ks *KeyState) bool {
 	n := 0
 	for _, req := range ks.queue {
-		if req.Shared {
-			continue
-		}
 		if req.qsent.IsZero() {
 			return true
 		}
@@ -361,8 +440,9 @@ func (st *LoopState) unticketed(ks *KeyState) bool {
 }
 
 func (q *fairQueue) taker(a *Attempt, lo, hi int) *AcquireReq {
-	req := a.Kind.(*fairKind).reqs[lo]
-	if req.answered {
+	k := a.Kind.(*fairKind)
+	req := k.reqs[lo]
+	if req.answered || req.qid != k.items[lo].LockID {
 		return nil
 	}
 	return req
@@ -468,6 +548,10 @@ func (st *LoopState) strayGrant(hash string) {
 func (st *LoopState) handleTurn(t store.Turn) {
 	st.sig().Turn.signal(t.Granted)
 	req := st.fq.byLock[t.LockHash]
+	if w := st.fq.setTix[t.LockHash]; req == nil && w != nil {
+		st.wakeSet(w) // a set's ticket is not granted by a release: its turn
+		return
+	}
 	if req == nil && t.Granted {
 		if _, ok := st.fq.strays[t.LockHash]; ok {
 			st.strayGrant(t.LockHash)
@@ -517,7 +601,7 @@ func (st *LoopState) fairGrant(ks *KeyState, req *AcquireReq, fence pglease.Fenc
 	switch {
 	case !now.Before(lease.TrustedUntil()):
 		err = lateGrant("manager.Acquire")
-	case !st.noteFence(ks, fence):
+	case !st.fairFence(ks, req, fence, !req.qsent.IsZero(), req.qfloor):
 		err = fenceRegression("manager.Acquire")
 	case ks.holder != nil:
 		// A caller here holds the key (its row must be gone on the
@@ -547,14 +631,18 @@ func (st *LoopState) fairGrant(ks *KeyState, req *AcquireReq, fence pglease.Fenc
 	st.grant(ks, req, req.qid, req.TTL, r, lease)
 }
 
-// refreshDone is the answer to a refresh of the tickets of reqs (ids,
-// sent at start).
+// refreshDone is the answer to a refresh of the tickets of reqs (the
+// first len(reqs) of ids; floors: their keys' highest fences seen at
+// start) and of set waiters ws (the rest of ids, one per ticket), sent
+// at start.
 type refreshDone struct {
-	reqs  []*AcquireReq
-	ids   []string
-	start time.Time
-	res   []store.TicketState
-	err   error
+	reqs   []*AcquireReq
+	floors []pglease.Fence
+	ws     []*setWait
+	ids    []string
+	start  time.Time
+	res    []store.TicketState
+	err    error
 }
 
 // fairDue refreshes every ticket of this process in one statement when
@@ -566,6 +654,8 @@ func (st *LoopState) fairDue(now time.Time) {
 	}
 	f.refreshAt = time.Time{}
 	var reqs []*AcquireReq
+	var floors []pglease.Fence
+	var ws []*setWait
 	var ids []string
 	var ttl time.Duration
 	for _, req := range f.byLock {
@@ -573,9 +663,26 @@ func (st *LoopState) fairDue(now time.Time) {
 			continue // not queued yet: its attempt queues it
 		}
 		reqs = append(reqs, req)
+		var fl pglease.Fence
+		if ks := st.keys[req.Key]; ks != nil {
+			fl = ks.Fence
+		}
+		floors = append(floors, fl)
 		ids = append(ids, req.qid)
 		if ttl == 0 || req.TTL < ttl {
 			ttl = req.TTL
+		}
+	}
+	for _, w := range st.sets {
+		if w.done || w.qids == nil || w.qsent.IsZero() {
+			continue
+		}
+		for _, id := range w.qids {
+			ws = append(ws, w)
+			ids = append(ids, id)
+		}
+		if ttl == 0 || w.req.TTL < ttl {
+			ttl = w.req.TTL
 		}
 	}
 	if len(ids) == 0 {
@@ -589,7 +696,7 @@ func (st *LoopState) fairDue(now time.Time) {
 		defer cancel()
 		start := m.Now()
 		res, err := m.Store.QueueRefresh(ctx, ids, TicketLife)
-		m.refreshDoneCh <- refreshDone{reqs: reqs, ids: ids, start: start, res: res, err: err}
+		m.refreshDoneCh <- refreshDone{reqs: reqs, floors: floors, ws: ws, ids: ids, start: start, res: res, err: err}
 	}()
 }
 
@@ -616,26 +723,42 @@ func (st *LoopState) handleRefreshDone(d refreshDone) {
 			st.fairGrant(ks, req, t.Fence, t.ExpiresAt)
 		case t.Position > 0:
 			if d.start.After(req.qsent) {
-				req.qsent = d.start
+				req.qsent, req.qfloor = d.start, d.floors[i]
 			}
 			st.notePosition(req, t.Position)
 		default:
 			st.wakeFair(ks)
 		}
 	}
+	for j, w := range d.ws {
+		i := len(d.reqs) + j
+		if w.done || !slices.Contains(w.qids, d.ids[i]) {
+			continue
+		}
+		if t := d.res[i]; t.Position > 0 && !t.Granted {
+			if d.start.After(w.qsent) {
+				w.qsent = d.start
+			}
+			continue
+		}
+		// Gone (expired: its next attempt queues it again) or granted
+		// (an attempt whose answer was lost: its next QueueWait answers
+		// that grant): the set attempts now.
+		st.wakeSet(w)
+	}
 }
 
 // fairResync: the listener (re)subscribed, and turns may have been
 // missed: the tickets are refreshed now.
 func (st *LoopState) fairResync() {
-	if len(st.fq.byLock) > 0 {
+	if len(st.fq.byLock) > 0 || len(st.fq.setTix) > 0 {
 		st.fq.refreshAt = st.m.Now()
 	}
 }
 
 // nextRefresh is when the tickets' refresh is due (zero: none).
 func (st *LoopState) nextRefresh() time.Time {
-	if st.closing || st.fq.refreshing || len(st.fq.byLock) == 0 {
+	if st.closing || st.fq.refreshing || (len(st.fq.byLock) == 0 && len(st.fq.setTix) == 0) {
 		return time.Time{}
 	}
 	return st.fq.refreshAt
@@ -643,10 +766,9 @@ func (st *LoopState) nextRefresh() time.Time {
 
 // fairAfterRelease: a release of ks's key came back. In fair mode the
 // release served the key's queue: the waiters here with a place wait for
-// their turn; only those without one yet (or a shared head, which does
-// not queue) attempt now.
+// their turn; only those without one yet attempt now.
 func (st *LoopState) fairAfterRelease(ks *KeyState) {
-	if len(ks.queue) > 0 && (ks.queue[0].Shared || st.unticketed(ks)) {
+	if len(ks.queue) > 0 && st.unticketed(ks) {
 		st.forceKick(ks)
 		return
 	}
@@ -695,4 +817,127 @@ func (m *Kernel) sendQueueRelease(ctx context.Context, batch []releaseItem) (res
 		}
 	}
 	return res, err, leaveErr
+}
+
+// setTickets gives set waiter w its tickets (a lockId per key) unless it
+// has them.
+func (st *LoopState) setTickets(w *setWait) {
+	if w.qids != nil {
+		return
+	}
+	if st.fq.setTix == nil {
+		st.fq.setTix = make(map[string]*setWait)
+	}
+	w.qids = make([]string, len(w.req.Set.Keys))
+	for i := range w.qids {
+		w.qids[i] = keys.NewLockID()
+		st.fq.setTix[pglease.HashKey(w.qids[i])] = w
+	}
+}
+
+// forgetSetTickets takes w's tickets out of the loop's state.
+func (st *LoopState) forgetSetTickets(w *setWait) {
+	for _, id := range w.qids {
+		delete(st.fq.setTix, pglease.HashKey(id))
+	}
+	w.qids, w.qsent = nil, time.Time{}
+}
+
+// leaveSetTickets: w ends without a grant of its tickets (answered
+// otherwise, abandoned, closed): they leave their keys' queues (a leave
+// also releases a grant that raced with it).
+func (st *LoopState) leaveSetTickets(w *setWait) {
+	if w.qids == nil {
+		return
+	}
+	for i, id := range w.qids {
+		st.leave(id, w.req.Set.Keys[i].Key, w.req.TTL)
+	}
+	st.forgetSetTickets(w)
+}
+
+// setServed: sk's grant is about to be made; in fair mode its tickets
+// were consumed by it (they are its locks' lockIds now).
+func (st *LoopState) setServed(sk *setKind) {
+	if sk.fair && sk.w.qids != nil {
+		st.forgetSetTickets(sk.w)
+	}
+}
+
+// wakeSet makes set waiter w attempt now (or as soon as its attempt in
+// flight lands).
+func (st *LoopState) wakeSet(w *setWait) {
+	if w.done {
+		return
+	}
+	if w.attempt != nil {
+		w.woken = true
+		return
+	}
+	st.clearSetRetry(w)
+	st.kickSet(w)
+}
+
+// fairSetExec sends one QueueWait for a batch of fair set attempts: each
+// set's tickets, as set i+1 of the batch (all or nothing, in the
+// acquire's global key order); the results are in the order of the sets
+// and of each set's keys.
+func fairSetExec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
+	var reqs []store.WaitRequest
+	for i, a := range batch {
+		sk := setOf(a)
+		for j, key := range sk.w.req.Set.Keys {
+			reqs = append(reqs, store.WaitRequest{Key: key.Key, TTL: a.ttl, LockID: sk.ids[j], LockDelay: sk.w.req.Delay, Set: i + 1})
+		}
+	}
+	res, err := s.QueueWait(ctx, reqs, setOf(batch[0]).qch, TicketLife)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]store.AcquireResult, len(res))
+	for i := range res {
+		out[i] = res[i].AcquireResult
+	}
+	return out, nil
+}
+
+// fairSetLanded: the answer to a fair set's attempt. A grant consumed
+// the set's tickets; a set whose caller left meanwhile leaves its tickets again (the attempt may have queued
+// them after their leave; a grant goes back by the protocol: its waiter
+// left); a refusal that reached the database is the latest statement
+// that found its tickets queued, and the tickets are refreshed from then.
+func (st *LoopState) fairSetLanded(a *Attempt, sk *setKind, d acquireDone, rs []store.AcquireResult) {
+	w := sk.w
+	if w.done {
+		if d.err != nil || firstRefused(rs) != nil {
+			for j, id := range sk.ids {
+				st.leave(id, w.req.Set.Keys[j].Key, w.req.TTL)
+			}
+		}
+		return
+	}
+	if mayHaveGranted(d.err) && w.qids != nil {
+		// Unknown: the protocol releases the lockIds (retried while the
+		// commit may still land); their places leave, and the next
+		// attempt queues new tickets, at the tail.
+		for j, id := range sk.ids {
+			st.leave(id, w.req.Set.Keys[j].Key, w.req.TTL)
+		}
+		st.forgetSetTickets(w)
+		return
+	}
+	if d.err == nil && len(rs) > 0 && firstRefused(rs) == nil && firstErr(rs) == nil {
+		// Granted: the grant consumed the tickets. If it goes back (a key
+		// got here meanwhile, a late answer), the next attempt queues new
+		// ones, at the tail: the same lockIds queued again could be
+		// granted before that release lands, and be released with it.
+		st.forgetSetTickets(w)
+		return
+	}
+	if d.err == nil && firstRefused(rs) != nil && firstErr(rs) == nil && w.qids != nil {
+		if d.start.After(w.qsent) {
+			w.qsent = d.start
+		}
+		st.scheduleRefresh(st.m.Now(), w.req.TTL)
+	}
 }

@@ -149,10 +149,9 @@ func (st *LoopState) settleStale(a *Attempt, d acquireDone, rs []store.AcquireRe
 		return false
 	}
 	for j := range a.Kind.holds(a) {
-		if k, ok := a.Kind.(*fairKind); ok && (k.reqs[j].qgranted || !k.reqs[j].answered) {
+		if a.Kind.owns(a, j, true) {
 			// Its caller holds the grant of this lockId, or still waits
-			// with it: the next QueueWait of the ticket answers a grant
-			// this one made (fair.go). A release now could end a later
+			// with it (its kind's). A release now could end a later
 			// grant of the same lockId.
 			continue
 		}

@@ -111,6 +111,15 @@ type attemptKind interface {
 	// again returns the kind of a hedge of a (flight.go), whose first
 	// lockId is id.
 	again(a *Attempt, id string) attemptKind
+	// landed settles, before the protocol does, what the kind alone knows
+	// of a's answer (rs nil: the round trip failed); owns reports whether
+	// a's j-th lockId stays with its waiter rather than going back when a
+	// grant of it is refused or unknown: a grant of it was handed to the
+	// caller by another way, or (unknown: a's outcome is unknown, or a is
+	// stale) the waiter still waits with it (a fair-queue ticket, whose
+	// next attempt answers a grant this one made).
+	landed(st *LoopState, a *Attempt, d acquireDone, rs []store.AcquireResult)
+	owns(a *Attempt, j int, unknown bool) bool
 	// keep settles a pending attempt that is not to be sent any more (its
 	// waiters left, Close began) and reports whether it is still to go.
 	keep(st *LoopState, a *Attempt) bool
@@ -165,9 +174,7 @@ func (st *LoopState) handleAcquireDone(d acquireDone) {
 			rs = d.res[off : off+n]
 		}
 		off += n
-		if k, ok := a.Kind.(*fairKind); ok {
-			st.fairLanded(a, k, d, rs) // fair.go
-		}
+		a.Kind.landed(st, a, d, rs)
 		st.settle(a, d, rs, now)
 	}
 }
@@ -192,8 +199,8 @@ func (st *LoopState) settle(a *Attempt, d acquireDone, rs []store.AcquireResult,
 		st.releaseHolds(a, d, rs, relDetached)
 		w.closed(st, a)
 	case d.err != nil:
-		if mayHaveGranted(d.err) && !fairWaiting(a) {
-			st.releaseHolds(a, d, rs, relBlocking)
+		if mayHaveGranted(d.err) {
+			st.releaseUnknown(a, relBlocking)
 		}
 		w.failed(st, a, d.err, now, d.db)
 	default:
@@ -352,6 +359,16 @@ func (st *LoopState) releaseHolds(a *Attempt, d acquireDone, rs []store.AcquireR
 	}
 }
 
+// releaseUnknown releases every lockId of a, whose outcome is unknown,
+// that its waiter does not keep (owns).
+func (st *LoopState) releaseUnknown(a *Attempt, how releaseMode) {
+	for j := range a.Kind.holds(a) {
+		if !a.Kind.owns(a, j, true) {
+			st.releaseHold(a, j, how, true)
+		}
+	}
+}
+
 // releaseUnit releases the granted lockIds of holds [lo, hi) of a.
 func (st *LoopState) releaseUnit(a *Attempt, lo, hi int, rs []store.AcquireResult, how releaseMode) {
 	for j := lo; j < hi; j++ {
@@ -364,8 +381,8 @@ func (st *LoopState) releaseUnit(a *Attempt, lo, hi int, rs []store.AcquireResul
 // releaseHold queues the release of a's j-th lockId; pending: its grant
 // is not known (releaseItem.pending).
 func (st *LoopState) releaseHold(a *Attempt, j int, how releaseMode, pending bool) {
-	if k, ok := a.Kind.(*fairKind); ok && k.reqs[j].qgranted {
-		return // its caller holds the grant of this lockId (fair.go)
+	if a.Kind.owns(a, j, false) {
+		return // its caller holds the grant of this lockId
 	}
 	id, key, hash := a.Kind.hold(a, j)
 	it := releaseItem{lockID: id, key: key, ttl: a.ttl, sc: a.db, pending: pending}

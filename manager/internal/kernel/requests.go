@@ -46,6 +46,7 @@ type AcquireReq struct {
 	qpos       int32
 	qgranted   bool
 	qfence     pglease.Fence // the fence of the grant of qid handed to the caller
+	qfloor     pglease.Fence // the key's highest fence seen when qsent's statement was sent (a permit's grant must be above it)
 
 	// Set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
 	// key and hash are then its first key's): the request never joins a

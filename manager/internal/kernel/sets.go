@@ -83,6 +83,13 @@ type setWait struct {
 	turnGen  uint64    // invalidates the retryHeap entry that ends a turn at setTurnMax
 	lapsed   bool      // its last turn lapsed: no new one before its next attempt
 	done     bool      // answered: an attempt still in flight serves nobody
+	// In the fair queue (Config.FairQueue, fair.go): qids are the set's
+	// tickets, a lockId per key (made at its first attempt, kept for the
+	// whole wait: its places, and its grant's lockIds); qsent the send
+	// time of the latest statement that found them queued (zero: none
+	// yet).
+	qids  []string
+	qsent time.Time
 }
 
 // setKind is the kind of a set's attempt (acquire pipeline:
@@ -92,6 +99,10 @@ type setKind struct {
 	w      *setWait
 	ids    []string
 	inTurn bool // made during w's turn: its answer ends the turn
+	// fair: a QueueWait of the set's tickets (ids are w.qids) on the
+	// process's queue channel qch (fair.go).
+	fair bool
+	qch  string
 }
 
 // setOf returns the set kind of a set's attempt a.
@@ -151,7 +162,12 @@ func (st *LoopState) kickSet(w *setWait) {
 	if st.closing || w.done || w.attempt != nil || !w.retryAt.IsZero() {
 		return
 	}
+	// In the fair queue a set takes its places at once, even while a key
+	// is held here: the order, not this process, decides its turn.
 	for _, k := range w.req.Set.Keys {
+		if st.fair() && w.qids == nil {
+			break
+		}
 		if ks := st.keys[k.Key]; ks != nil && (ks.held() || ks.releasing > 0) {
 			return
 		}
@@ -163,8 +179,14 @@ func (st *LoopState) kickSet(w *setWait) {
 func (st *LoopState) newSetAttempt(w *setWait) {
 	w.woken, w.lapsed = false, false
 	sk := &setKind{w: w, ids: make([]string, len(w.req.Set.Keys)), inTurn: w.turn}
+	if st.fair() && !w.req.Try {
+		st.setTickets(w) // fair.go
+		sk.ids, sk.fair, sk.qch = w.qids, true, st.m.qch
+	}
 	for i := range sk.ids {
-		sk.ids[i] = keys.NewLockID()
+		if sk.ids[i] == "" {
+			sk.ids[i] = keys.NewLockID()
+		}
 	}
 	a := &Attempt{lockID: sk.ids[0], ttl: w.req.TTL, delayMs: w.req.delayMs(), Kind: sk}
 	if w.req.Try {
@@ -190,6 +212,9 @@ func (st *LoopState) kickSets(ks *KeyState) {
 // passSets counts a grant of ks's key to another caller against each set
 // waiter that wants it, and gives a waiter its turn at setTurnAfter.
 func (st *LoopState) passSets(ks *KeyState) {
+	if st.fair() {
+		return // the queue's order gives a set its turn
+	}
 	for _, w := range ks.setWaiters() {
 		if w.turn || w.lapsed {
 			continue
@@ -280,6 +305,7 @@ func (st *LoopState) endSet(w *setWait) {
 	w.done = true
 	delete(st.sets, w.req)
 	st.clearSetRetry(w)
+	st.leaveSetTickets(w) // fair.go
 	if w.req.Try {
 		return
 	}
@@ -336,6 +362,9 @@ func (sk *setKind) statement() BatchKind { return KindSets }
 // exec sends one AcquireSets for the batch; its results, flattened, are in
 // the order of the sets and of each set's keys.
 func (sk *setKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
+	if sk.fair {
+		return fairSetExec(ctx, s, batch) // fair.go
+	}
 	n := 0
 	reqs := make([][]store.AcquireRequest, len(batch))
 	for i, a := range batch {
@@ -393,6 +422,7 @@ func (sk *setKind) grant(st *LoopState, a *Attempt, to *AcquireReq, lo, hi int, 
 	req := sk.w.req
 	kss := make([]*KeyState, len(req.Set.Keys))
 	locks := make([]*Hold, len(req.Set.Keys))
+	st.setServed(sk) // fair.go
 	for j, k := range req.Set.Keys {
 		kss[j] = st.keyFor(k.Key, k.Hash)
 		locks[j] = st.hold(kss[j], req, k.Acq, sk.ids[j], a.ttl, rs[j], lease)
@@ -420,6 +450,21 @@ func (sk *setKind) refusal(st *LoopState, a *Attempt, r store.AcquireResult, now
 // again: a set's attempt is not in a key's attempt chain, and never
 // hedged.
 func (sk *setKind) again(a *Attempt, id string) attemptKind { return sk }
+
+// landed: in the fair queue, the tickets of a set whose caller left
+// meanwhile leave again (its attempt may have queued them after their
+// leave), and a refusal's send time is recorded (fair.go).
+func (sk *setKind) landed(st *LoopState, a *Attempt, d acquireDone, rs []store.AcquireResult) {
+	if sk.fair {
+		st.fairSetLanded(a, sk, d, rs)
+	}
+}
+
+// owns: nothing; a set's attempt is never stale, and after an unknown
+// outcome a fair set takes new tickets (fairSetLanded: the next
+// QueueWait of the old ones would answer "granted" for a commit that may
+// not survive), so its lockIds go back.
+func (sk *setKind) owns(a *Attempt, j int, unknown bool) bool { return false }
 
 // keep: not once its caller left or was answered, nor during Close.
 func (sk *setKind) keep(st *LoopState, a *Attempt) bool {
@@ -539,8 +584,10 @@ func (st *LoopState) setRefused(a *Attempt, rs []store.AcquireResult, now time.T
 		freeAt = time.Time{}
 	}
 	freeAt = keepMark(freeAt, now) // its refused keys are marked as waited for by a writer
-	for _, k := range req.Set.Keys {
-		st.wantWaiter(st.keys[k.Key])
+	for j, k := range req.Set.Keys {
+		if !setOf(a).fair || foreignHolder(rs[j]) { // a queued set is told its turn on its own channel
+			st.wantWaiter(st.keys[k.Key])
+		}
 	}
 	noteSet(req, db, obs.AttemptContended, st.setRetry(a, now, freeAt))
 }

@@ -286,6 +286,10 @@ func (sh *SharedKind) again(a *Attempt, id string) attemptKind {
 	return &c
 }
 
+func (sh *SharedKind) landed(st *LoopState, a *Attempt, d acquireDone, rs []store.AcquireResult) {}
+
+func (sh *SharedKind) owns(a *Attempt, j int, unknown bool) bool { return false }
+
 func (sh *SharedKind) keep(st *LoopState, a *Attempt) bool { return st.keepKeyAttempt(a) }
 
 func (sh *SharedKind) served(a *Attempt, add func(*obs.Acquisition) bool) bool {

@@ -330,7 +330,7 @@ func (st *LoopState) kick(ks *KeyState) {
 	// In fair mode an exclusive waiter takes its place in the key's queue
 	// at once (fair.go): even while a caller here holds the key, or a
 	// retry is scheduled.
-	fair := st.fair() && !head.Shared
+	fair := st.fair()
 	newcomer := fair && st.unticketed(ks)
 	if !ks.retryAt.IsZero() && !newcomer {
 		return
@@ -338,8 +338,8 @@ func (st *LoopState) kick(ks *KeyState) {
 	if ks.busy() && !(fair && ks.attempt == nil && ks.releasing == 0) {
 		return
 	}
-	if head.Shared && ks.heldHere(head) {
-		return // a local release kicks the key
+	if !fair && head.Shared && ks.heldHere(head) {
+		return // a local release kicks the key (in fair mode the server decides, in the queue's order)
 	}
 	if st.foreignWait(ks) {
 		return // the key is left to foreign pollers for a while (foreign.go)

@@ -2152,7 +2152,10 @@ $fn$;
 -- here: a grant that raced with the drop is found and released), releases
 -- a lease the lockId holds (a grant that came while the caller gave up:
 -- o_released), and serves the keys' queues ("pglease_qserve_07f27fb7aa"): a head that left
--- lets the next ticket go at once.
+-- lets the next ticket go at once. It commits with synchronous_commit =
+-- off, as a release does (a lost drop expires with the ticket's life, a
+-- lost release with the lease's TTL; no fence is handed out), unless it
+-- runs in a transaction that already wrote or a serve grants.
 CREATE OR REPLACE FUNCTION "pglease_qleave_07f27fb7aa"(p_lock_ids text[], p_channel text)
 RETURNS TABLE (o_idx integer, o_left boolean, o_released boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -2163,7 +2166,11 @@ DECLARE
   v_j integer;
   v_k text;
   v_ok boolean;
+  v_void text;
 BEGIN
+  IF pg_current_xact_id_if_assigned() IS NULL THEN
+    v_void := set_config('synchronous_commit', 'off', true);
+  END IF;
   v_keys := ARRAY(SELECT x.k FROM (SELECT DISTINCT y.k FROM (
       SELECT q.key AS k FROM "syncguard_locks_queue" AS q WHERE q.lock_id = ANY (p_lock_ids)
       UNION SELECT l.key FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids)
