@@ -723,3 +723,86 @@ func TestRevokedWriterOverlapsNextReader(t *testing.T) {
 		t.Errorf("revoked-holder-stops checked nothing")
 	}
 }
+
+// fairHist is newPrimHist with the fair queue on, plus three writers of
+// the reader-writer key: worker 0 holds it from 10 s to 12 s; worker 1
+// calls Acquire at 10.1 s, worker 0 at 11 s; with swap the later caller
+// gets the key first (the lower fence).
+func fairHist(swap bool, call2 int64) *primHist {
+	h := newPrimHist()
+	h.meta.Fair = true
+	ms := int64(time.Millisecond)
+	first, second := 1, 0 // the workers granted after the holder, in order
+	if swap {
+		first, second = 0, 1
+	}
+	h.excl(0, rwK, 2, 10*sec, 12*sec, 0)
+	h.excl(first, rwK, 3, 12*sec+50*ms, 12*sec+100*ms, 0)
+	h.excl(second, rwK, 4, 12*sec+150*ms, 12*sec+200*ms, 0)
+	// The two waiters' calls: worker 1 at 10.1 s, worker 0 at call2.
+	for w, t := range map[int]int64{1: 10*sec + 100*ms, 0: call2} {
+		name := fmt.Sprintf("w%d.0.jsonl", w)
+		var op int64
+		for _, e := range h.wlog[name] {
+			if e.E == event.AcqOK && e.K == rwK && e.F >= 3 {
+				op = e.O
+			}
+		}
+		for j, e := range h.wlog[name] {
+			if e.E == event.AcqCall && e.O == op {
+				h.wlog[name][j].T = t
+			}
+		}
+	}
+	h.final.Fences[worker.KeyName(rwK)] = 4
+	return h
+}
+
+// fair-order holds when a key's waiters are granted in the order they
+// called, fails when a later caller is granted first, and leaves out
+// waiters a fault was near and calls closer than its tolerance.
+func TestFairOrder(t *testing.T) {
+	ms := int64(time.Millisecond)
+	for _, c := range []struct {
+		name                     string
+		swap                     bool
+		call2                    int64
+		fault                    bool
+		checked, skipped, failed int
+	}{
+		{"in order", false, 11 * sec, false, 1, 0, 0},
+		{"jumped", true, 11 * sec, false, 1, 0, 1},
+		{"jumped, a fault on the earlier waiter", true, 11 * sec, true, 0, 1, 0},
+		{"jumped within the tolerance", true, 10*sec + 300*ms, false, 0, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := fairHist(c.swap, c.call2)
+			if c.fault {
+				h.drv = append(h.drv[:len(h.drv)-1], event.Event{T: 9 * sec, E: event.Fault, W: 1, O: 2, M: driver.FDelay, V: sec / 2},
+					event.Event{T: 9*sec + sec/2, E: event.Heal, W: 1, O: 2}, h.drv[len(h.drv)-1])
+			}
+			rep := runChecks(t, h.hist)
+			fc := rep.Check(CFair)
+			if fc == nil {
+				t.Fatal("no fair-order check in a fair run")
+			}
+			if fc.Checked != c.checked || fc.Skipped != c.skipped || fc.Failed != c.failed {
+				t.Errorf("fair-order: %d checked, %d skipped, %d failed; want %d, %d, %d (%v)", fc.Checked, fc.Skipped, fc.Failed,
+					c.checked, c.skipped, c.failed, fc.Examples)
+			}
+			for _, o := range rep.Checks {
+				if o.Name != CFair && o.Failed > 0 {
+					t.Errorf("%s failed: %v", o.Name, o.Examples)
+				}
+			}
+		})
+	}
+	if rep := runChecks(t, newPrimHist().hist); rep.Check(CFair) != nil {
+		t.Error("fair-order in a run without -fair")
+	}
+	h := fairHist(false, 11*sec)
+	h.final.LiveTickets = 2
+	if rep := runChecks(t, h.hist); rep.Check(CLeftovers).Failed != 1 {
+		t.Errorf("nothing-left did not fail on 2 tickets left: %v", rep.Check(CLeftovers).Examples)
+	}
+}

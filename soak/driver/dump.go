@@ -16,6 +16,7 @@ type Final struct {
 	ExpiredRows   int              `json:"expired_rows"`   // lock rows past expiry (killed holders)
 	LiveShared    int              `json:"live_shared"`    // shared-hold rows not yet expired
 	AdvisoryLocks int              `json:"advisory_locks"` // advisory locks held by anyone
+	LiveTickets   int              `json:"live_tickets"`   // fair-queue tickets not yet expired
 	Counters      map[int]int64    `json:"counters"`       // resource counter per key
 	ResFences     map[int]int64    `json:"res_fences"`
 }
@@ -36,6 +37,9 @@ func (d *driver) dump(ctx context.Context) error {
 		return err
 	}
 	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_shared WHERE expires_at_ms > $1`, f.NowMs).Scan(&f.LiveShared); err != nil {
+		return err
+	}
+	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE expires_at_ms > $1`, f.NowMs).Scan(&f.LiveTickets); err != nil {
 		return err
 	}
 	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
