@@ -188,7 +188,11 @@ func Run(dir string) (*Report, error) {
 		r.checkRevoked(rep),
 	)
 	if r.meta.Fair {
-		rep.Checks = append(rep.Checks, r.checkFair())
+		fc, err := r.checkFair()
+		if err != nil {
+			return nil, err
+		}
+		rep.Checks = append(rep.Checks, fc)
 	}
 	rc, recs := r.checkRecovery()
 	rep.Recoveries = recs

@@ -1,99 +1,175 @@
 package check
 
 import (
+	"bufio"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"sort"
 	"time"
-
-	"github.com/pglease/pglease/soak/event"
 )
 
-// fairRTT is the fair-order tolerance's allowance for a waiter's first
-// attempt, the statement that enqueues its ticket: one round trip on a
-// loaded 2-core machine with -race workers, and the Manager's batching of
-// the attempts of one key.
-const fairRTT = 250 * time.Millisecond
-
-// fairQuiet is how long after a fault heals its target's (every worker's,
-// for a server fault) waiters are left out of fair-order, in TTLs: a
-// ticket the fault let expire (life 3 s) was enqueued again at the tail,
-// which the queue allows.
-const fairQuiet = 3
-
-// fairTolerance is how much earlier than another a waiter must have called
-// Acquire for fair-order to require it be granted first: the Manager
-// refreshes its tickets every min(3 s, TTL)/3 and a waiter's ticket is
-// enqueued by its first attempt (at most a refresh interval after the call
-// when a caller of its process holds the key or an attempt of the key is
-// in flight), plus fairRTT.
-func (r *run) fairTolerance() time.Duration {
-	return min(3*time.Second, r.meta.TTL)/3 + fairRTT
+// queueLogRow is one row of the fair queue's audit log (queue_log.jsonl):
+// a ticket enqueued (I), refreshed (U) or deleted (D: granted, left, or
+// dropped after its expiry), in the lock audits' sequence.
+type queueLogRow struct {
+	Seq       int64  `json:"seq"`
+	Tg        string `json:"tg"`
+	UserKey   string `json:"user_key"`
+	IDHash    string `json:"id_hash"`
+	TSeq      int64  `json:"tseq"` // the ticket's place in its key's queue
+	Lim       *int   `json:"lim"`
+	SetNo     *int64 `json:"set_no"`
+	ExpiresMs int64  `json:"expires_ms"`
+	AtUs      int64  `json:"at_us"`
+	Xid       int64  `json:"xid"`
 }
 
-// faultNear reports whether a fault hit worker w, or the server, during
-// [from, to] or within fairQuiet TTLs before from.
-func (r *run) faultNear(w int, from, to int64) bool {
-	quiet := int64(fairQuiet * r.meta.TTL)
-	for _, f := range r.faults {
-		if f.w != w && f.w != -1 {
-			continue
-		}
-		end := f.healT
-		if end == 0 {
-			end = r.endT
-		}
-		if f.startT <= to && end+quiet >= from {
-			return true
-		}
+// loadQueue reads queue_log.jsonl (absent in runs made before the soak
+// logged the queue: nil).
+func (r *run) loadQueue() ([]queueLogRow, error) {
+	f, err := os.Open(filepath.Join(r.dir, "queue_log.jsonl"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
 	}
-	return false
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var rows []queueLogRow
+	for sc.Scan() {
+		var row queueLogRow
+		if err := json.Unmarshal(sc.Bytes(), &row); err != nil {
+			return nil, err
+		}
+		rows = append(rows, row)
+	}
+	return rows, sc.Err()
+}
+
+// ticket is a live row of the queue table, replayed from its audit log.
+type ticket struct {
+	id        string
+	tseq      int64
+	expiresMs int64
+	atUs      int64 // enqueued (server time)
+	set       bool
 }
 
 // checkFair: the fair queue (manager.Config.FairQueue, docs/fairness.md)
-// serves a key's waiters in arrival order across processes. For every two
-// exclusive grants a and b of one key (lease keys, writers, exclusive
-// grants of semaphore keys; not sets, whose tickets go back to the tail
-// when a key of theirs was taken meanwhile) where a's Acquire was called
-// more than the tolerance before b's and b was called while a still
-// waited: a is granted first in the server's order, i.e. a's fence is the
-// lower (fences per key increase in commit order: the fences check). A
-// waiter that ended otherwise (timeout, cancel, error, death) has no
-// grant and is in no pair. Pairs with a fault on either waiter's worker
-// or on the server during the waits, or fairQuiet TTLs before, are
-// skipped (a fault can let a ticket expire; its caller queues again at
-// the tail). Only runs with -fair are checked.
-func (r *run) checkFair() *Check {
-	tol := r.fairTolerance()
-	c := &Check{Name: CFair, Guarantee: fmt.Sprintf("fair queue: of two exclusive waiters of a key that waited at once, no fault near, the one that called Acquire more than %s earlier is granted first (the lower fence)", ms(tol))}
-	byKey := map[int][]*grant{}
-	for _, g := range r.grants {
-		if g.kind == event.KindExclusive && g.okT > 0 && g.fence > 0 {
-			byKey[g.key] = append(byKey[g.key], g)
+// serves a key's waiters in arrival order across processes. In the
+// server's own order (the lock and queue audits share one sequence, and
+// every statement that enqueues or grants holds its key's advisory lock):
+// every exclusive grant of a key (a lease, a writer, an exclusive grant of
+// a semaphore key, a set's lock) goes to the head of the key's queue. At
+// the grant, no other live ticket of the key (any kind: an exclusive
+// ticket goes only at the head) is ahead of the grant's own ticket (its
+// lockId's last enqueue); a grant with no ticket at all (a caller that
+// did not queue) jumps every live ticket of the key. A ticket past its
+// expiry at the grant's commit time does not count (a dead or partitioned
+// waiter's ticket blocks its key at most its life; its caller enqueues
+// again, at the tail). Checked: the grants made while another live ticket
+// of their key was queued; skipped: those with none queued. Only runs
+// with -fair are checked.
+func (r *run) checkFair() (*Check, error) {
+	c := &Check{Name: CFair, Guarantee: "fair queue: every exclusive grant of a key goes to the head of its queue: no other live ticket of the key is ahead of the grant's own (server order; a grant without a ticket jumps every live one)"}
+	rows, err := r.loadQueue()
+	if err != nil {
+		return nil, err
+	}
+	// Client grants by the server's lockId hash, to name the workers.
+	who := func(k int, idHash string) string {
+		for _, s := range r.sgrants[k] {
+			if s.idHash == idHash {
+				for _, g := range r.grants {
+					if g.key == k && g.fence == s.fence {
+						return fmt.Sprintf("worker %d.%d (fence %d)", g.w, g.inc, g.fence)
+					}
+				}
+				return fmt.Sprintf("fence %d (no worker logged it)", s.fence)
+			}
+		}
+		return "a caller that was never granted"
+	}
+	type item struct {
+		seq int64
+		q   *queueLogRow
+		l   *lockLogRow
+	}
+	byKey := map[int][]item{}
+	for i := range rows {
+		if k, ok := keyIndex(rows[i].UserKey); ok {
+			byKey[k] = append(byKey[k], item{seq: rows[i].Seq, q: &rows[i]})
 		}
 	}
-	for _, gs := range byKey {
-		sort.Slice(gs, func(i, j int) bool { return gs[i].callT < gs[j].callT })
-		for i, a := range gs {
-			censored := r.faultNear(a.w, a.callT, a.okT)
-			for _, b := range gs[i+1:] {
-				if b.callT >= a.okT {
-					break // a was granted before b called
-				}
-				if time.Duration(b.callT-a.callT) <= tol {
-					continue
-				}
-				if censored || r.faultNear(b.w, b.callT, b.okT) {
-					c.Skipped++
-					continue
-				}
-				c.Checked++
-				if b.fence < a.fence {
-					c.fail("%s: worker %d.%d called Acquire %s before worker %d.%d, both waited with no fault near, and was granted after it (fence %d, waited %s; the other's fence %d, waited %s)",
-						kn(a.key), a.w, a.inc, ms(time.Duration(b.callT-a.callT)), b.w, b.inc,
-						a.fence, ms(time.Duration(a.okT-a.callT)), b.fence, ms(time.Duration(b.okT-b.callT)))
-				}
+	for i := range r.lockLog {
+		row := &r.lockLog[i]
+		if row.Tg == "I" || row.Tg == "U" && row.OldIDHash != row.IDHash {
+			if k, ok := keyIndex(row.UserKey); ok {
+				byKey[k] = append(byKey[k], item{seq: row.Seq, l: row})
 			}
 		}
 	}
-	return c
+	for k, items := range byKey {
+		sort.Slice(items, func(i, j int) bool { return items[i].seq < items[j].seq })
+		live := map[string]*ticket{}
+		last := map[string]*ticket{} // each lockId's last enqueue
+		for _, it := range items {
+			if q := it.q; q != nil {
+				switch q.Tg {
+				case "I":
+					t := &ticket{id: q.IDHash, tseq: q.TSeq, expiresMs: q.ExpiresMs, atUs: q.AtUs, set: q.SetNo != nil}
+					live[q.IDHash], last[q.IDHash] = t, t
+				case "U":
+					if t := live[q.IDHash]; t != nil {
+						t.expiresMs = q.ExpiresMs
+					}
+				case "D":
+					delete(live, q.IDHash)
+				}
+				continue
+			}
+			g := it.l
+			own := last[g.IDHash]
+			atMs := g.AtUs / 1000
+			var ahead []*ticket
+			others := 0
+			for id, t := range live {
+				if id == g.IDHash || t.expiresMs <= atMs {
+					continue
+				}
+				others++
+				if own == nil || t.tseq < own.tseq {
+					ahead = append(ahead, t)
+				}
+			}
+			if others == 0 {
+				c.Skipped++
+				continue
+			}
+			c.Checked++
+			if len(ahead) == 0 {
+				continue
+			}
+			sort.Slice(ahead, func(i, j int) bool { return ahead[i].tseq < ahead[j].tseq })
+			t := ahead[0]
+			mine := "no ticket of its own"
+			if own != nil {
+				mine = fmt.Sprintf("its own ticket %d enqueued %s before the grant", own.tseq, ms(time.Duration(g.AtUs-own.atUs)*time.Microsecond))
+			}
+			kind := "ticket"
+			if t.set {
+				kind = "set's ticket"
+			}
+			c.fail("%s: %s was granted (audit seq %d; %s) while %d live ticket(s) were ahead of it, the first the %s %d of %s, enqueued %s earlier and live %s more",
+				kn(k), who(k, g.IDHash), g.Seq, mine, len(ahead), kind, t.tseq, who(k, t.id),
+				ms(time.Duration(g.AtUs-t.atUs)*time.Microsecond), ms(time.Duration(t.expiresMs-atMs)*time.Millisecond))
+		}
+	}
+	return c, nil
 }
