@@ -49,8 +49,8 @@ func (d *driver) dump(ctx context.Context) error {
 	if f.AdvisoryLocks > 0 {
 		// Who holds them, for the run's log (the check only counts them).
 		var who string
-		if err := d.admin.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s pid %s %s %s: %s', a.application_name, l.pid, a.state,
-				l.mode, left(a.query, 80)), '; '), '') FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		if err := d.admin.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s pid %s %s %s (advisory %s/%s/%s, backend started %s, client %s): %s', a.application_name, l.pid, a.state,
+				l.mode, l.classid, l.objid, l.objsubid, a.backend_start, a.client_addr || ':' || a.client_port, left(a.query, 80)), '; '), '') FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()`).Scan(&who); err == nil {
 			d.logf("advisory locks held at the end: %s", who)
 		}
