@@ -241,6 +241,12 @@ var controlList = []control{
 		want: []string{check.CRevoked}, wantSeen: "after it was told of the revoke"},
 	// A full disk: a client that reports a failed acquire as a grant.
 	{name: "disk-full/fake-grant:0", broken: "fake-grant:0", mix: "disk-full=1", every: 2 * time.Second, want: []string{check.CGrantsReal}},
+	// The fair queue: every worker runs with FairQueue but worker 0, whose
+	// Manager has no queue and which polls keys with TryAcquire, taking
+	// them ahead of the others' tickets. Long holds make waits longer than
+	// fair-order's tolerance; the few faults hit worker 2 only.
+	{broken: "jump-queue:0", mix: "cut=1", every: 5 * time.Second, regular: true, targets: []int{2}, longHold: 0.2,
+		opts: func(o *driver.Options) { o.Fair = true }, want: []string{check.CFair}},
 }
 
 // TestControls runs a short soak per broken mode and checks that the
@@ -300,6 +306,7 @@ func TestControls(t *testing.T) {
 				}
 			}
 			for _, w := range c.want {
+				t.Logf("%s: %d checked, %d skipped, %d failed", w, rep.Check(w).Checked, rep.Check(w).Skipped, rep.Check(w).Failed)
 				if rep.Check(w).Failed == 0 {
 					t.Errorf("%s: check %s did not fail", c.broken, w)
 				} else if c.wantSeen != "" && !slices.ContainsFunc(rep.Check(w).Examples, func(e string) bool { return strings.Contains(e, c.wantSeen) }) {

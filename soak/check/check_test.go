@@ -31,6 +31,7 @@ type hist struct {
 	locks     []lockLogRow
 	res       []resLogRow
 	sharedLog []sharedLogRow
+	queueLog  []queueLogRow
 	stderr    map[string]string
 	seq       int64
 }
@@ -178,6 +179,13 @@ func (h *hist) write(t *testing.T) string {
 			rows = append(rows, r)
 		}
 		lines("shared_log.jsonl", rows)
+	}
+	if len(h.queueLog) > 0 {
+		rows = rows[:0]
+		for _, r := range h.queueLog {
+			rows = append(rows, r)
+		}
+		lines("queue_log.jsonl", rows)
 	}
 	for name, s := range h.stderr {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(s), 0o644); err != nil {
@@ -721,5 +729,88 @@ func TestRevokedWriterOverlapsNextReader(t *testing.T) {
 	}
 	if rep.Check(CRevoked).Checked == 0 {
 		t.Errorf("revoked-holder-stops checked nothing")
+	}
+}
+
+// fairHist is newPrimHist with the fair queue on, plus three writers of
+// the reader-writer key: worker 0 holds it from 10 s to 12 s; worker 1
+// enqueues a ticket at 10.1 s (live until expires1), worker 0 at 11 s
+// (unless noTicket); then both are granted, worker 1 first unless swap.
+func fairHist(swap, noTicket bool, expires1 int64) *primHist {
+	h := newPrimHist()
+	h.meta.Fair = true
+	ms := int64(time.Millisecond)
+	h.excl(0, rwK, 2, 10*sec, 12*sec, 0)
+	enq := func(tg string, w int, at int64, exp int64) {
+		h.seq++
+		h.queueLog = append(h.queueLog, queueLogRow{Seq: h.seq, Tg: tg, UserKey: worker.KeyName(rwK), IDHash: fmt.Sprintf("tk%d", w),
+			TSeq: h.seq, ExpiresMs: exp, AtUs: at / 1000}) // tseq: arrival order (a delete's is not read)
+	}
+	enq("I", 1, 10*sec+100*ms, expires1)
+	if !noTicket {
+		enq("I", 0, 11*sec, 13000)
+	}
+	// Each grant's lockId is its ticket's (the lock log's id hash).
+	grant := func(w int, fence, from int64) {
+		h.excl(w, rwK, fence, from, from+50*ms, 0)
+		n := len(h.locks)
+		h.locks[n-2].IDHash, h.locks[n-2].OldIDHash = fmt.Sprintf("tk%d", w), fmt.Sprintf("tk%d", w)
+		h.locks[n-1].IDHash, h.locks[n-1].OldIDHash = fmt.Sprintf("tk%d", w), fmt.Sprintf("tk%d", w)
+		if w == 0 && noTicket {
+			return
+		}
+		enq("D", w, from, 13000)
+	}
+	first, second := 1, 0
+	if swap {
+		first, second = 0, 1
+	}
+	grant(first, 3, 12*sec+50*ms)
+	grant(second, 4, 12*sec+150*ms)
+	h.final.Fences[worker.KeyName(rwK)] = 4
+	return h
+}
+
+// fair-order holds when a key's grants go to the head of its queue, and
+// fails when a grant jumps a live ticket ahead of its own, or has no
+// ticket while others are queued; an expired ticket does not count.
+func TestFairOrder(t *testing.T) {
+	for _, c := range []struct {
+		name                     string
+		swap, noTicket           bool
+		expires1                 int64 // ms
+		checked, skipped, failed int
+	}{
+		{"in order", false, false, 13000, 1, 0, 0},
+		{"jumped", true, false, 13000, 1, 0, 1},
+		{"no ticket of its own", true, true, 13000, 1, 0, 1},
+		{"jumped an expired ticket", true, false, 11500, 0, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := fairHist(c.swap, c.noTicket, c.expires1)
+			rep := runChecks(t, h.hist)
+			fc := rep.Check(CFair)
+			if fc == nil {
+				t.Fatal("no fair-order check in a fair run")
+			}
+			// Skipped counts every uncontended grant of the history; only
+			// checked and failed are this case's.
+			if fc.Checked != c.checked || fc.Failed != c.failed {
+				t.Errorf("fair-order: %d checked, %d failed; want %d, %d (%v)", fc.Checked, fc.Failed, c.checked, c.failed, fc.Examples)
+			}
+			for _, o := range rep.Checks {
+				if o.Name != CFair && o.Failed > 0 {
+					t.Errorf("%s failed: %v", o.Name, o.Examples)
+				}
+			}
+		})
+	}
+	if rep := runChecks(t, newPrimHist().hist); rep.Check(CFair) != nil {
+		t.Error("fair-order in a run without -fair")
+	}
+	h := fairHist(false, false, 13000)
+	h.final.LiveTickets = 2
+	if rep := runChecks(t, h.hist); rep.Check(CLeftovers).Failed != 1 {
+		t.Errorf("nothing-left did not fail on 2 tickets left: %v", rep.Check(CLeftovers).Examples)
 	}
 }

@@ -136,6 +136,7 @@ const (
 	CSets         = "no-partial-set"
 	CSharedFences = "shared-fences"
 	CRevoked      = "revoked-holder-stops"
+	CFair         = "fair-order"
 )
 
 // Run loads the run in dir and runs every check.
@@ -186,6 +187,13 @@ func Run(dir string) (*Report, error) {
 		r.checkSharedFences(),
 		r.checkRevoked(rep),
 	)
+	if r.meta.Fair {
+		fc, err := r.checkFair()
+		if err != nil {
+			return nil, err
+		}
+		rep.Checks = append(rep.Checks, fc)
+	}
 	rc, recs := r.checkRecovery()
 	rep.Recoveries = recs
 	rep.Checks = append(rep.Checks, rc,
@@ -756,7 +764,7 @@ func (r *run) checkClose(rep *Report) *Check {
 // left to expire), and after every worker closed no live lease row and no
 // advisory lock is left.
 func (r *run) checkLeftovers() *Check {
-	c := &Check{Name: CLeftovers, Guarantee: "close is bounded: Close releases every lease and shared hold it holds; afterwards no live lease row, shared hold or advisory lock is left", Checked: 3}
+	c := &Check{Name: CLeftovers, Guarantee: "close is bounded: Close releases every lease and shared hold it holds; afterwards no live lease row, shared hold, advisory lock or (with -fair) queue ticket is left", Checked: 3}
 	if r.final.LiveRows > 0 {
 		c.fail("%d unexpired lease rows left after every worker closed", r.final.LiveRows)
 	}
@@ -765,6 +773,14 @@ func (r *run) checkLeftovers() *Check {
 	}
 	if r.final.AdvisoryLocks > 0 {
 		c.fail("%d advisory locks still held after every worker closed", r.final.AdvisoryLocks)
+	}
+	if r.meta.Fair {
+		// A waiter that gives up, and Close, leave their tickets; a
+		// ticket left would hold its key's later waiters up to its life.
+		c.Checked++
+		if r.final.LiveTickets > 0 {
+			c.fail("%d unexpired fair-queue tickets left after every worker closed", r.final.LiveTickets)
+		}
 	}
 	for _, g := range r.grants {
 		if g.endT != 0 && g.endT < r.meta.StopAt || g.okT >= r.meta.StopAt {

@@ -429,6 +429,9 @@ func (d *driver) workerArgs(id, inc int) []string {
 		"-rw-keys", strconv.Itoa(o.RWKeys), "-rw-writers", strconv.FormatFloat(o.RWWriters, 'g', -1, 64),
 		"-set-keys", strconv.Itoa(o.SetKeys), "-prim-hold", o.PrimHold.String(), "-prim-pause", o.PrimPause.String(),
 	}
+	if o.Fair {
+		args = append(args, "-fair")
+	}
 	if d.brokenW[id] && !driverBroken(d.brokenMd) {
 		args = append(args, "-broken", d.brokenMd)
 	}

@@ -16,6 +16,7 @@ type Final struct {
 	ExpiredRows   int              `json:"expired_rows"`   // lock rows past expiry (killed holders)
 	LiveShared    int              `json:"live_shared"`    // shared-hold rows not yet expired
 	AdvisoryLocks int              `json:"advisory_locks"` // advisory locks held by anyone
+	LiveTickets   int              `json:"live_tickets"`   // fair-queue tickets not yet expired
 	Counters      map[int]int64    `json:"counters"`       // resource counter per key
 	ResFences     map[int]int64    `json:"res_fences"`
 }
@@ -38,6 +39,9 @@ func (d *driver) dump(ctx context.Context) error {
 	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_shared WHERE expires_at_ms > $1`, f.NowMs).Scan(&f.LiveShared); err != nil {
 		return err
 	}
+	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE expires_at_ms > $1`, f.NowMs).Scan(&f.LiveTickets); err != nil {
+		return err
+	}
 	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
 		AND pid <> pg_backend_pid()`).Scan(&f.AdvisoryLocks); err != nil {
 		return err
@@ -45,8 +49,8 @@ func (d *driver) dump(ctx context.Context) error {
 	if f.AdvisoryLocks > 0 {
 		// Who holds them, for the run's log (the check only counts them).
 		var who string
-		if err := d.admin.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s pid %s %s %s: %s', a.application_name, l.pid, a.state,
-				l.mode, left(a.query, 80)), '; '), '') FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+		if err := d.admin.QueryRow(ctx, `SELECT coalesce(string_agg(format('%s pid %s %s %s (advisory %s/%s/%s, backend started %s, client %s): %s', a.application_name, l.pid, a.state,
+				l.mode, l.classid, l.objid, l.objsubid, a.backend_start, a.client_addr || ':' || a.client_port, left(a.query, 80)), '; '), '') FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 			WHERE l.locktype = 'advisory' AND l.granted AND l.pid <> pg_backend_pid()`).Scan(&who); err == nil {
 			d.logf("advisory locks held at the end: %s", who)
 		}
@@ -88,6 +92,10 @@ func (d *driver) dump(ctx context.Context) error {
 	if err := d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, tg, user_key, grant_id, lim, fence,
 		acquired_ms, expires_ms, (extract(epoch FROM at) * 1e6)::bigint AS at_us, xid, app
 		FROM soak_shared_log ORDER BY seq) t`, "shared_log.jsonl"); err != nil {
+		return err
+	}
+	if err := d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, tg, user_key, id_hash, tseq, lim, set_no, expires_ms,
+		(extract(epoch FROM at) * 1e6)::bigint AS at_us, xid FROM soak_queue_log ORDER BY seq) t`, "queue_log.jsonl"); err != nil {
 		return err
 	}
 	return d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, key, old_fence, new_fence, old_counter, new_counter, op,

@@ -99,6 +99,11 @@ type Options struct {
 	RWWriters                float64
 	PrimHold, PrimPause      time.Duration
 
+	// Fair runs every worker's Manager with manager.Config.FairQueue (the
+	// fair-order check then applies): waiters are served in arrival order
+	// across the workers.
+	Fair bool
+
 	Mix  map[string]int
 	Seed uint64
 	// RoundRobin starts the fault types with a weight in turn (a type

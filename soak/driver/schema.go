@@ -99,6 +99,35 @@ BEGIN
 END $fn$;
 CREATE TRIGGER soak_shared_audit AFTER INSERT OR UPDATE OR DELETE ON syncguard_locks_shared
   FOR EACH ROW EXECUTE FUNCTION soak_shared_audit();
+
+-- The fair queue's tickets (-fair runs): enqueue, refresh, delete (a
+-- grant, a leave, an expired ticket dropped), in the lock audits' sequence:
+-- every statement that grants or enqueues holds its key's advisory lock.
+CREATE TABLE soak_queue_log (
+  seq bigint PRIMARY KEY DEFAULT nextval('soak_audit_seq'),
+  tg text NOT NULL,            -- I enqueue, U refresh, D delete
+  user_key text NOT NULL,
+  id_hash text NOT NULL,       -- md5(lock_id), as the lock log has it
+  tseq bigint NOT NULL,        -- the ticket's place (the queue's own seq)
+  lim integer,
+  set_no bigint,
+  expires_ms bigint NOT NULL,
+  at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  xid bigint NOT NULL DEFAULT txid_current()
+);
+CREATE FUNCTION soak_queue_audit() RETURNS trigger LANGUAGE plpgsql AS $fn$
+BEGIN
+  IF TG_OP = 'DELETE' THEN
+    INSERT INTO soak_queue_log (tg, user_key, id_hash, tseq, lim, set_no, expires_ms)
+      VALUES ('D', OLD.key, md5(OLD.lock_id), OLD.seq, OLD.lim, OLD.set_no, OLD.expires_at_ms);
+  ELSE
+    INSERT INTO soak_queue_log (tg, user_key, id_hash, tseq, lim, set_no, expires_ms)
+      VALUES (left(TG_OP, 1), NEW.key, md5(NEW.lock_id), NEW.seq, NEW.lim, NEW.set_no, NEW.expires_at_ms);
+  END IF;
+  RETURN NULL;
+END $fn$;
+CREATE TRIGGER soak_queue_audit AFTER INSERT OR UPDATE OR DELETE ON syncguard_locks_queue
+  FOR EACH ROW EXECUTE FUNCTION soak_queue_audit();
 `
 
 // brokenSQL is the server-side damage of the driver's broken modes that

@@ -53,6 +53,7 @@ const (
 	BrokenIgnoreRevoke = "ignore-revoke" // keeps working (fenced writes) 4 TTL past a revoke of its lease
 	BrokenIgnoreDelete = "ignore-delete" // as ignore-revoke, past the loss (ErrLockLost) an operator's delete of its lease row shows as
 	BrokenFakeGrant    = "fake-grant"    // an acquire that failed for the server (not a timeout of its wait) is reported granted
+	BrokenJumpQueue    = "jump-queue"    // with Fair: its Manager runs without the queue (FairQueue off) and polls free keys with TryAcquire, jumping the others' tickets
 	// The primitives' (these workers run only the primitive they break).
 	BrokenFakePermit     = "fake-permit"      // a refused permit (TryAcquire) is counted as held
 	BrokenReaderAsWriter = "reader-as-writer" // a reader's grant is treated (and logged) as a writer's
@@ -138,6 +139,11 @@ type Config struct {
 	SetKeys   int     // the pool sets draw 2–3 keys from
 	PrimHold  time.Duration
 	PrimPause time.Duration
+
+	// Fair runs the Manager with manager.Config.FairQueue: every waiting
+	// Acquire (and AcquireAll) keeps a ticket in its key's queue and is
+	// served in arrival order across the workers.
+	Fair bool
 }
 
 type worker struct {
@@ -207,6 +213,7 @@ func Run(ctx context.Context, cfg Config) error {
 		LossMargin:   cfg.Margin,
 		Config:       pg.Config{Holder: fmt.Sprintf("soak-w%d", cfg.ID)},
 		CloseTimeout: cfg.CloseTimeout,
+		FairQueue:    cfg.Fair && cfg.Broken != BrokenJumpQueue,
 	}
 	var spool *pgxpool.Pool
 	if cfg.SessionURL != "" {
@@ -397,7 +404,13 @@ func (w *worker) leaseLoop(g int) {
 func (w *worker) cycle(r *rand.Rand, g, k int) {
 	op := w.opID()
 	w.ev(event.Event{E: event.AcqCall, G: g, K: k, O: op})
-	lk, err := w.m.Acquire(w.stop, KeyName(k), manager.WithTTL(w.cfg.TTL), manager.WithAcquireTimeout(w.cfg.AcquireTimeout))
+	var lk *manager.Lock
+	var err error
+	if w.cfg.Broken == BrokenJumpQueue {
+		lk, err = w.jump(k)
+	} else {
+		lk, err = w.m.Acquire(w.stop, KeyName(k), manager.WithTTL(w.cfg.TTL), manager.WithAcquireTimeout(w.cfg.AcquireTimeout))
+	}
 	if err != nil && w.cfg.Broken == BrokenFakeGrant && w.stop.Err() == nil &&
 		slices.Contains([]pglease.Code{pglease.CodeResourceExhausted, pglease.CodeServiceUnavailable, pglease.CodeAmbiguous, pglease.CodeNetworkTimeout}, pglease.CodeOf(err)) {
 		// A client that takes a failed acquire for a grant: a fence no
@@ -434,6 +447,29 @@ func (w *worker) cycle(r *rand.Rand, g, k int) {
 	cancel()
 	w.ev(event.Event{E: event.RelRet, G: g, K: k, O: op, F: fence, C: w.code(err)})
 	w.prevFence.Store(fence)
+}
+
+// jump is the jump-queue worker's acquire: it takes no ticket and polls
+// the key with TryAcquire every millisecond for up to AcquireTimeout, so
+// it takes the key whenever it is free, ahead of the tickets of callers
+// that have waited longer (its own releases, without the queue, leave the
+// key free rather than grant the head).
+func (w *worker) jump(k int) (*manager.Lock, error) {
+	deadline := time.Now().Add(w.cfg.AcquireTimeout)
+	for {
+		lk, ok, err := w.m.TryAcquire(w.stop, KeyName(k), manager.WithTTL(w.cfg.TTL))
+		switch {
+		case err != nil:
+			return nil, err
+		case ok:
+			return lk, nil
+		case w.stop.Err() != nil:
+			return nil, &pglease.Error{Code: pglease.CodeAborted, Op: "soak.jump", Msg: "stopped"}
+		case time.Now().After(deadline):
+			return nil, &pglease.Error{Code: pglease.CodeAcquisitionTimeout, Op: "soak.jump", Msg: "key held for the whole wait"}
+		}
+		sleep(time.Millisecond, w.stop)
+	}
 }
 
 // critical is the work under the lock: claim the resource row (a fenced
