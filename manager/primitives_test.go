@@ -46,6 +46,7 @@ type primSpec struct {
 	Goroutines int           // callers in the process
 	Duration   time.Duration // how long each caller keeps going
 	ExclEvery  int           // sem, rw: every ExclEvery-th hold of caller 0 and 1 is exclusive (0: never)
+	Fair       bool          // the process's Manager queues its waiters (Config.FairQueue)
 	Name       string        // names the process in prim_log
 }
 
@@ -188,7 +189,7 @@ func primChild() int {
 	defer work.Close()
 	sig := &kernel.Signals{}
 	sig.Init()
-	m, err := newManager("child", pool, false, Config{}, func(m *Manager) { m.k.Sig = sig })
+	m, err := newManager("child", pool, false, Config{FairQueue: spec.Fair}, func(m *Manager) { m.k.Sig = sig })
 	if err != nil {
 		return fail(err)
 	}
@@ -479,8 +480,24 @@ func TestSemaphoreManyProcesses(t *testing.T) {
 // is the last writer's before it.
 func TestReadersWriterManyProcesses(t *testing.T) {
 	t.Parallel()
-	b := setup(t, setupOpts{})
-	spec := primSpec{Mode: "rw", Key: "rw:doc", Goroutines: 16, Duration: 3 * time.Second, ExclEvery: 6}
+	readersWriterManyProcesses(t, false)
+}
+
+// TestFairReadersWriterManyProcesses: the same with every process's
+// Manager queueing its waiters (Config.FairQueue). Readers are granted
+// by turns while their attempts are in flight; an attempt that lands
+// after its caller released such a grant may have granted the lockId
+// anew, with the same fence (a reader's is the counter as it was): that
+// hold must go back, or it is left on the server for nobody (and holds
+// the key's writers, and the readers behind them, off until its TTL).
+func TestFairReadersWriterManyProcesses(t *testing.T) {
+	t.Parallel()
+	readersWriterManyProcesses(t, true)
+}
+
+func readersWriterManyProcesses(t *testing.T, fair bool) {
+	b := setup(t, setupOpts{cfg: Config{FairQueue: fair}})
+	spec := primSpec{Mode: "rw", Key: "rw:doc", Goroutines: 16, Duration: 3 * time.Second, ExclEvery: 6, Fair: fair}
 	results := primProcs(t, b, spec, 2, func(ctx context.Context) error {
 		shared, excl, err := liveCounts(ctx, b.admin, spec.Key)
 		if err != nil {

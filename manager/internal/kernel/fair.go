@@ -341,7 +341,14 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 				} else {
 					st.noteStray(req.qhash, id, a.Ks.Key, now)
 				}
-			case rs[j].OK && rs[j].Fence != req.qfence:
+			case rs[j].OK && (rs[j].Fence != req.qfence || !st.holdsLockID(a.Ks, id)):
+				// Another grant of the lockId (a new fence), or one made
+				// after the caller's release of its grant: a reader's
+				// grant has the fence of the one before, so only the
+				// caller's hold tells them apart. While the caller holds
+				// the lock, the answer is that hold; once released, it
+				// is a hold nobody has (released again: a no-op if the
+				// statement ran before the release).
 				st.releases.add(releaseItem{lockID: id, key: a.Ks.Key, ks: a.Ks, unblocked: true, ttl: req.TTL, sc: a.db})
 			}
 			rs[j] = store.AcquireResult{}
@@ -357,6 +364,19 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 			st.scheduleRefresh(now, req.TTL)
 		}
 	}
+}
+
+// holdsLockID reports whether a caller here holds the lock of lockId id
+// of ks's key (or was told it lost, and its row is kept for its release).
+func (st *LoopState) holdsLockID(ks *KeyState, id string) bool {
+	for _, m := range []map[*holding]struct{}{st.held, st.kept} {
+		for h := range m {
+			if h.ks == ks && h.lock.ID == id {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // notePosition records req's place in its key's queue (a trace event when
