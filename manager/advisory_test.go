@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -186,25 +185,13 @@ func TestAdvisoryTwoManagers(t *testing.T) {
 	}
 }
 
-// stmtCounter counts the statements sent through a pool, except the
-// advisory session's probe (which runs on its own schedule).
-type stmtCounter struct{ n atomic.Int64 }
-
-func (c *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if d.SQL != "SELECT pg_backend_pid()" {
-		c.n.Add(1)
-	}
-	return ctx
-}
-func (c *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
 // TestAdvisoryBadInputNoIO: nil or ended context, zero key and a closed
 // Manager fail with typed errors and send no statement; a valid call does
 // send one; a key already held through this Manager is answered ok=false
 // by a try, and waited for by LockAdvisory, without a statement either.
 func TestAdvisoryBadInputNoIO(t *testing.T) {
 	t.Parallel()
-	qc := &stmtCounter{}
+	qc, qn := queryCounter("", "SELECT pg_backend_pid()")
 	// No listener: its connection (the pool's config, so this tracer)
 	// sends statements of its own at any time.
 	b := setup(t, setupOpts{cfg: Config{DisableNotify: true}, noSignals: true, pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
@@ -218,7 +205,7 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 
 	check := func(name string, want *pglease.Error, call func() error) {
 		t.Helper()
-		before := qc.n.Load()
+		before := qn.Load()
 		err := call()
 		if want == nil && err != nil {
 			t.Errorf("%s: err = %v, want nil", name, err)
@@ -229,7 +216,7 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 		if err != nil && strings.Contains(err.Error(), key.String()[len("int64:"):]) {
 			t.Errorf("%s: error echoes the key id", name)
 		}
-		if n := qc.n.Load() - before; n != 0 {
+		if n := qn.Load() - before; n != 0 {
 			t.Errorf("%s: %d statements for bad input", name, n)
 		}
 	}
@@ -245,12 +232,12 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	}
 
 	// The positive control: a valid call does send statements.
-	before := qc.n.Load()
+	before := qn.Load()
 	l, ok, err := m.TryLockAdvisory(ctx, key)
 	if err != nil || !ok {
 		t.Fatalf("TryLockAdvisory = %v, %v", ok, err)
 	}
-	if qc.n.Load() == before {
+	if qn.Load() == before {
 		t.Fatal("the statement counter saw no statement for a valid call")
 	}
 	check("release nil ctx of a held lock", pglease.ErrInvalidArgument, func() error { return l.Release(nilCtx) })
@@ -285,9 +272,9 @@ func TestAdvisoryBadInputNoIO(t *testing.T) {
 	}
 	check("closed", pglease.ErrClosed, func() error { _, err := m.LockAdvisory(ctx, advKey()); return err })
 	check("try closed", pglease.ErrClosed, func() error { _, _, err := m.TryLockAdvisory(ctx, advKey()); return err })
-	before = qc.n.Load()
-	if err := l.Release(ctx); err != nil || qc.n.Load() != before {
-		t.Fatalf("Release after Close = %v with %d statements, want nil and none", err, qc.n.Load()-before)
+	before = qn.Load()
+	if err := l.Release(ctx); err != nil || qn.Load() != before {
+		t.Fatalf("Release after Close = %v with %d statements, want nil and none", err, qn.Load()-before)
 	}
 }
 

@@ -85,7 +85,7 @@ func TestDoReleasesOnGoexit(t *testing.T) {
 // I/O: errors are InvalidArgument, the context has ended.
 func TestNilHandles(t *testing.T) {
 	t.Parallel()
-	qc := &queryCounter{}
+	qc, qn := queryCounter("", "")
 	b := setup(t, setupOpts{cfg: Config{DisableNotify: true},
 		pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
@@ -98,7 +98,7 @@ func TestNilHandles(t *testing.T) {
 	if ok || err != nil || lk != nil {
 		t.Fatalf("TryAcquire of a held key = %v, %v, %v", lk, ok, err)
 	}
-	before := qc.n.Load()
+	before := qn.Load()
 	var adv *advisory.Lock
 	for _, h := range []pglease.Handle{lk, adv, &Lock{}, &advisory.Lock{}} { // nil, and zero values
 		if err := h.Release(ctx); !errors.Is(err, pglease.ErrInvalidArgument) {
@@ -128,7 +128,7 @@ func TestNilHandles(t *testing.T) {
 	if adv.Key() != (advisory.Key{}) {
 		t.Error("nil advisory.Lock Key is valid")
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qn.Load() - before; n != 0 {
 		t.Errorf("methods on nil handles sent %d queries", n)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/internal/pgtest/pgrec"
 )
 
 func TestMain(m *testing.M) {
@@ -137,21 +138,21 @@ func ctxT(t testing.TB) context.Context {
 	return ctx
 }
 
-// queryCounter counts the queries sent through a pool; with match set,
-// only those whose SQL contains it (e.g. the acquire functions' name, so
-// that the heartbeat's extends running meanwhile are not counted).
-type queryCounter struct {
-	n     atomic.Int64
-	match string
+// queryCounter returns the tests' one statement recorder (pgrec), to
+// install as a pool's tracer, and the count of the statements it saw whose
+// SQL contains match ("": every one; e.g. the acquire functions' name, so
+// that the heartbeat's extends running meanwhile are not counted) and not
+// skip ("": none; e.g. the advisory session's probe, which runs on its own
+// schedule).
+func queryCounter(match, skip string) (*pgrec.Recorder, *atomic.Int64) {
+	n := new(atomic.Int64)
+	r := &pgrec.Recorder{OnStart: func(st pgrec.Statement) {
+		if (match == "" || strings.Contains(st.SQL, match)) && (skip == "" || !strings.Contains(st.SQL, skip)) {
+			n.Add(1)
+		}
+	}}
+	return r, n
 }
-
-func (c *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if c.match == "" || strings.Contains(d.SQL, c.match) {
-		c.n.Add(1)
-	}
-	return ctx
-}
-func (c *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 type bundle struct {
 	pool   *pgxpool.Pool // the Manager's: the runtime role's

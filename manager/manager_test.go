@@ -146,12 +146,12 @@ func TestLocalHandoffFIFO(t *testing.T) {
 
 func TestBadInputNoIO(t *testing.T) {
 	t.Parallel()
-	qc := &queryCounter{}
+	qc, qn := queryCounter("", "")
 	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
-	before := qc.n.Load()
+	before := qn.Load()
 	//nolint:staticcheck // nil context on purpose
 	var nilCtx context.Context
 	cases := []struct {
@@ -190,7 +190,7 @@ func TestBadInputNoIO(t *testing.T) {
 			t.Errorf("%s: error echoes the key", c.name)
 		}
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qn.Load() - before; n != 0 {
 		t.Errorf("%d queries for bad input", n)
 	}
 	// A short single-shot lease (below the 300 ms auto-extend floor) is fine

@@ -212,10 +212,10 @@ func TestReleaseRequested(t *testing.T) {
 // TestRevokeBadInput: bad input is InvalidArgument before any query.
 func TestRevokeBadInput(t *testing.T) {
 	t.Parallel()
-	var qc queryCounter
-	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = &qc }}})
+	qc, qn := queryCounter("", "")
+	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
-	before := qc.n.Load()
+	before := qn.Load()
 	var nilCtx context.Context
 	calls := map[string]error{}
 	_, _, calls["Revoke nil ctx"] = b.m.Revoke(nilCtx, "k")
@@ -232,7 +232,7 @@ func TestRevokeBadInput(t *testing.T) {
 			t.Errorf("%s = %v, want InvalidArgument", name, err)
 		}
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qn.Load() - before; n != 0 {
 		t.Errorf("%d queries for bad input", n)
 	}
 	off := setup(t, setupOpts{cfg: Config{DisableNotify: true}})

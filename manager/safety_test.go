@@ -200,14 +200,14 @@ func TestClosedPoolFailsAtOnce(t *testing.T) {
 // message that says why, before any query.
 func TestUnassignedCodePointKeyNoIO(t *testing.T) {
 	t.Parallel()
-	qc := &queryCounter{}
+	qc, qn := queryCounter("", "")
 	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
 	key := "\U000105D2\u0307"
 	if _, err := keys.NormalizeKey(key); err == nil {
 		t.Skipf("U+105D2 is assigned in Unicode %s: nothing to refuse", keys.UnicodeVersion)
 	}
-	before := qc.n.Load()
+	before := qn.Load()
 	_, err := b.m.Acquire(ctx, key)
 	var e *pglease.Error
 	if !errors.As(err, &e) || e.Code != pglease.CodeInvalidArgument || e.Op != "manager.Acquire" || !strings.Contains(e.Msg, "unassigned in Unicode") {
@@ -216,7 +216,7 @@ func TestUnassignedCodePointKeyNoIO(t *testing.T) {
 	if _, _, err := b.m.TryAcquire(ctx, key); pglease.CodeOf(err) != pglease.CodeInvalidArgument {
 		t.Fatalf("TryAcquire = %v", err)
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qn.Load() - before; n != 0 {
 		t.Fatalf("%d queries", n)
 	}
 }

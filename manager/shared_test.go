@@ -20,7 +20,7 @@ import (
 // calls is InvalidArgument before any query.
 func TestPrimitivesBadInputNoIO(t *testing.T) {
 	t.Parallel()
-	qc := &queryCounter{}
+	qc, qn := queryCounter("", "")
 	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
 	lk, err := b.m.Acquire(ctx, "guard:bad")
@@ -38,7 +38,7 @@ func TestPrimitivesBadInputNoIO(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	before := qc.n.Load()
+	before := qn.Load()
 	//nolint:staticcheck // nil context on purpose
 	var nilCtx context.Context
 	many := make([]string, 101)
@@ -81,7 +81,7 @@ func TestPrimitivesBadInputNoIO(t *testing.T) {
 			t.Errorf("%s: err = %v, want InvalidArgument", c.name, c.err)
 		}
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qn.Load() - before; n != 0 {
 		t.Errorf("%d queries for bad input", n)
 	}
 }
@@ -278,7 +278,7 @@ func TestSharedLocksLikeLeases(t *testing.T) {
 	t.Parallel()
 	// Only acquire statements are counted: the heartbeat's extends go on
 	// meanwhile.
-	qc := &queryCounter{match: "pglease_acquire"}
+	qc, qn := queryCounter("pglease_acquire", "")
 	b := setup(t, setupOpts{pool: []func(*pgxpool.Config){func(c *pgxpool.Config) { c.ConnConfig.Tracer = qc }}})
 	ctx := ctxT(t)
 	// A TTL whose heartbeat (every TTL/3) keeps the leases on a loaded
@@ -299,14 +299,14 @@ func TestSharedLocksLikeLeases(t *testing.T) {
 	if err := p.Extend(ctx); err != nil {
 		t.Fatal(err)
 	}
-	before := qc.n.Load()
+	before := qn.Load()
 	if _, ok, err := b.m.TryAcquire(ctx, "rw:like"); ok || err != nil {
 		t.Errorf("exclusive try among readers: %v %v", ok, err)
 	}
 	if _, ok, err := b.m.TryAcquire(ctx, "sem:like", WithLimit(1)); ok || err != nil {
 		t.Errorf("permit try of a full semaphore: %v %v", ok, err)
 	}
-	if n := qc.n.Load() - before; n != 0 {
+	if n := qn.Load() - before; n != 0 {
 		t.Errorf("%d queries for tries this process answers", n)
 	}
 	rd2, ok, err := b.m.TryAcquire(ctx, "rw:like", Shared())
