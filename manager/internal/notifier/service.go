@@ -191,6 +191,7 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(cctx)
+		endSession(conn.PgConn())
 	}()
 	// Before any session setting: behind a transaction-mode pooler they
 	// would stay on a server connection other clients get next.
@@ -459,6 +460,31 @@ func transactionPooled(ctx context.Context, cfg *pgx.ConnConfig, conn *pgx.Conn)
 		return false, err
 	}
 	return connx.TransactionPooled(ctx, cfg, conn, pid)
+}
+
+// cleanupWait bounds how long endSession waits for pgx's clean-up of a
+// broken connection: its cancel request's dial and acknowledgement,
+// bounded by connx.BoundCleanup (connx.Dial applies it).
+const cleanupWait = connx.DefaultConnectTimeout + 2*connx.CleanupAckBound
+
+// endSession makes sure the session ends with the service's use of its
+// connection. A connection that broke under a statement (a probe or a
+// lock statement with no answer in time, or one cut short by Stop) is
+// closed by pgx in a goroutine of its own: a cancel request on a new
+// connection, then Terminate and a drain, and only then the socket,
+// which conn.Close does not wait for. Until then the server keeps the
+// session and the subscriptions' locks it holds, after the service, and
+// so Manager.Close, has returned (or beside the next session). Closing
+// the socket here ends the session at once; the wait for pgx's goroutine
+// keeps it from outliving the service.
+func endSession(pc *pgconn.PgConn) {
+	_ = pc.Conn().Close() // already closed unless pgx is still cleaning up
+	t := time.NewTimer(cleanupWait)
+	defer t.Stop()
+	select {
+	case <-pc.CleanupDone():
+	case <-t.C:
+	}
 }
 
 func (s *service) probeFailed() {
