@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/manager/internal/kernel"
 )
 
 // TestCloseEndsBrokenListenerSession (Close is bounded, session locks are
@@ -21,7 +22,7 @@ func TestCloseEndsBrokenListenerSession(t *testing.T) {
 	t.Parallel()
 	proxy := newProxy(t)
 	app := pgtest.RandomName("lis_")
-	b := setup(t, setupOpts{hooks: testHooks{listenProbe: 100 * time.Millisecond, listenConfig: func(c *pgx.ConnConfig) {
+	b := setup(t, setupOpts{hooks: kernel.TestHooks{ListenProbe: 100 * time.Millisecond, ListenConfig: func(c *pgx.ConnConfig) {
 		viaProxy(proxy)(c)
 		c.RuntimeParams["application_name"] = app
 	}}})
@@ -51,14 +52,14 @@ func TestCloseEndsBrokenListenerSession(t *testing.T) {
 			t.Fatal("no waiter mark")
 		}
 	}
-	for len(b.sig.listenerProbeFailed.ch) > 0 { // a probe that failed before (a loaded machine) does not count
-		<-b.sig.listenerProbeFailed.ch
+	for len(b.sig.ListenerProbeFailed.Ch) > 0 { // a probe that failed before (a loaded machine) does not count
+		<-b.sig.ListenerProbeFailed.Ch
 	}
 	if err := proxy.Blackhole(); err != nil {
 		t.Fatal(err)
 	}
 	select {
-	case <-b.sig.listenerProbeFailed.ch:
+	case <-b.sig.ListenerProbeFailed.Ch:
 	case <-ctx.Done():
 		t.Fatal("the listener's probe did not fail on a silent connection")
 	}

@@ -81,13 +81,13 @@ func (st *LoopState) startListener() {
 	if m.Test.ListenIdleTimeout > 0 {
 		cfg.Liveness.IdleTimeout = m.Test.ListenIdleTimeout
 	}
-	if m.Test.listenProbe > 0 {
-		cfg.ProbeEvery, cfg.ProbeTimeout = m.Test.listenProbe, m.Test.listenProbe
+	if m.Test.ListenProbe > 0 {
+		cfg.ProbeEvery, cfg.ProbeTimeout = m.Test.ListenProbe, m.Test.ListenProbe
 	}
 	if sig := m.Sig; sig != nil {
 		cfg.Polling = func() { sig.Polling.signal(struct{}{}) }
 		cfg.TriggerChecked = func(ok bool) { sig.TriggerChecked.signal(ok) }
-		cfg.ProbeFailed = func() { sig.listenerProbeFailed.signal(struct{}{}) }
+		cfg.ProbeFailed = func() { sig.ListenerProbeFailed.signal(struct{}{}) }
 	}
 	st.lis.Start(cfg, m.notifyCh)
 }

@@ -41,7 +41,7 @@ type Signals struct {
 	Retrying            TestSignal[string]       // the key's attempt failed or was contended; its next one is scheduled
 	Listening           TestSignal[struct{}]     // the listener (re)subscribed
 	Stuck               TestSignal[BatchKind]    // a batch got no answer for stuckAfter: caps no longer count it; its attempts are hedged
-	listenerProbeFailed TestSignal[struct{}]     // the listener's probe failed; it reconnects
+	ListenerProbeFailed TestSignal[struct{}]     // the listener's probe failed; it reconnects
 	Polling             TestSignal[struct{}]     // the listener stopped for good (transaction-mode pooler)
 	ReleaseRetry        TestSignal[string]       // a release with an unknown outcome was scheduled again (its lockId)
 	ExtendAsked         TestSignal[string]       // the loop took a Lock.Extend call for the key
@@ -73,7 +73,7 @@ func (s *Signals) Init() {
 	s.Retrying.Init()
 	s.Listening.Init()
 	s.Stuck.Init()
-	s.listenerProbeFailed.Init()
+	s.ListenerProbeFailed.Init()
 	s.Polling.Init()
 	s.ReleaseRetry.Init()
 	s.Registered.Init()
@@ -127,9 +127,9 @@ type TestHooks struct {
 	// ListenConfig may change the listener's connection config (e.g.
 	// route it through a fault proxy) before each connect.
 	ListenConfig func(*pgx.ConnConfig)
-	// listenProbe, if set, replaces the listener's probe interval and
+	// ListenProbe, if set, replaces the listener's probe interval and
 	// timeout.
-	listenProbe time.Duration
+	ListenProbe time.Duration
 	// ListenIdleTimeout, if set, replaces the listening session's
 	// idle_session_timeout (connx.DefaultLiveness).
 	ListenIdleTimeout time.Duration
