@@ -24,6 +24,13 @@ func appName(name string) func(*pgxpool.Config) {
 // lock (of any kind): the thing itself, not a timing guess.
 func waitLockWait(t *testing.T, db testDB, app string) {
 	t.Helper()
+	waitLockWaitOr(t, db, app, nil)
+}
+
+// waitLockWaitOr is waitLockWait that also returns once answered is
+// closed (nil: never): the waiter answered before its wait was seen.
+func waitLockWaitOr(t *testing.T, db testDB, app string, answered <-chan struct{}) {
+	t.Helper()
 	c, cancel := context.WithTimeout(ctx(t), 20*time.Second)
 	defer cancel()
 	for {
@@ -37,6 +44,8 @@ func waitLockWait(t *testing.T, db testDB, app string) {
 		select {
 		case <-c.Done():
 			t.Fatalf("no session of %s waited for a lock", app)
+		case <-answered:
+			return
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
@@ -136,28 +145,52 @@ func TestGuardBlocksTakeoverNotHeartbeat(t *testing.T) {
 	}
 	// Expired (tx still open): the takeover waits for tx.
 	waitServer(t, pool, e[0].ExpiresAt.UnixMilli()+keys.TimeToleranceMs+5)
-	got := make(chan store.AcquireResult, 1)
-	go func() {
-		r, err := taker.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
-		if err != nil {
-			t.Error(err)
-		}
-		got <- r
-	}()
-	waitLockWait(t, pool, app)
+	// The takeover waits at most 100 ms for tx's row lock, then answers
+	// "held, try again": on a loaded machine that answer can come before
+	// the wait is seen or before the commit; the attempt is then made
+	// again. A grant while tx is open fails the test.
+	waited := false
+	var r store.AcquireResult
 	var beforeCommit int64
-	if err := tx.QueryRow(c, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").Scan(&beforeCommit); err != nil {
-		t.Fatal(err)
+	for attempt := 1; attempt <= 20 && !waited; attempt++ {
+		got, answered := make(chan store.AcquireResult, 1), make(chan struct{})
+		go func() {
+			r, err := taker.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- r
+			close(answered)
+		}()
+		waitLockWaitOr(t, pool, app, answered)
+		if err := tx.QueryRow(c, "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint").Scan(&beforeCommit); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r = <-got:
+			if r.OK {
+				t.Fatalf("takeover granted while the guarding transaction was open: %+v", r)
+			}
+			continue // answered "held" after its bounded wait: again
+		default:
+			waited = true
+		}
+		if err := tx.Commit(c); err != nil {
+			t.Fatal(err)
+		}
+		r = <-got
 	}
-	select {
-	case r := <-got:
-		t.Fatalf("takeover returned while the guarding transaction was open: %+v", r)
-	default:
+	if !waited {
+		t.Fatal("the takeover never waited for the guarding transaction in 20 attempts")
 	}
-	if err := tx.Commit(c); err != nil {
-		t.Fatal(err)
+	if !r.OK {
+		// Its wait ended (100 ms) before the commit: the next attempt,
+		// after the commit, takes the key over.
+		var err error
+		if r, err = taker.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	r := <-got
 	if !r.OK || r.Fence != l.Fence+1 || r.AcquiredAt.UnixMilli() < beforeCommit {
 		t.Fatalf("takeover = %+v; want fence %d granted at or after %d (the guard's commit)", r, l.Fence+1, beforeCommit)
 	}
