@@ -73,12 +73,15 @@ func TestSharedRowsOneLockOrder(t *testing.T) {
 		relErr <- err
 	}()
 	waitLockWait(t, pool, "rwdl_release")
-	wrErr := make(chan error, 1)
+	wrErr, answered := make(chan error, 1), make(chan struct{})
 	go func() {
 		_, err := wr.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
 		wrErr <- err
+		close(answered)
 	}()
-	waitLockWait(t, pool, "rwdl_writer")
+	// The writer's wait is bounded (100 ms): on a loaded machine it may
+	// answer before its wait is seen.
+	waitLockWaitOr(t, pool, "rwdl_writer", answered)
 	if err := blocker.Rollback(c); err != nil {
 		t.Fatal(err)
 	}
