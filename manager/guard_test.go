@@ -135,7 +135,7 @@ func TestGuardHeartbeatNotBlocked(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	ctx := ctxT(t)
-	lk, err := b.m.Acquire(ctx, "guard:heartbeat", WithTTL(600*time.Millisecond))
+	lk, err := b.m.Acquire(ctx, "guard:heartbeat", WithTTL(3*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,12 +151,16 @@ func TestGuardHeartbeatNotBlocked(t *testing.T) {
 	exp := lk.ExpiresAt()
 	drain(&b.sig.Extended)
 	extends := 0
-	for deadline := time.After(2 * time.Second); extends < 3; {
+	// A blocked heartbeat makes no extend at all. The TTL (extends every
+	// second) and the 15 s allow a loaded machine its stalls without the
+	// lease's trust window running out (3 extends take 3 s when nothing
+	// is late).
+	for deadline := time.After(15 * time.Second); extends < 3; {
 		select {
 		case n := <-b.sig.Extended.Ch:
 			extends += n
 		case <-deadline:
-			t.Fatalf("%d extends in 2 s (TTL 600 ms) while a transaction guards the lease", extends)
+			t.Fatalf("%d extends in 15 s (TTL 3 s) while a transaction guards the lease", extends)
 		}
 	}
 	if err := lk.Err(); err != nil || !lk.ExpiresAt().After(exp) {
