@@ -201,8 +201,12 @@ func testForeignPoller(t *testing.T, cfg Config) {
 	// and a timeout (7 refusals in a row) is far-fetched. Not shared, a
 	// poll finds it free only between two of the Manager's sections:
 	// often 2 attempts or more per call, and timeouts.
-	if timeouts > 0 {
-		t.Errorf("%d of SyncGuard's %d lock() calls timed out (want none): the Manager kept the key", timeouts, done)
+	// On a loaded machine (CPU starved, one poll's 7 attempts stretched)
+	// one timeout in hundreds of calls happened once (1 of 589, 1.07
+	// attempts per call); not shared, the loop stops at 3 timeouts within
+	// a few dozen calls. So: at most one timeout per 100 calls.
+	if timeouts > 0 && timeouts*100 > done {
+		t.Errorf("%d of SyncGuard's %d lock() calls timed out (want at most one per 100): the Manager kept the key", timeouts, done)
 	}
 	if perCall > 2 {
 		t.Errorf("SyncGuard made %.2f attempts per lock() call (want ≤ 2): the Manager kept the key", perCall)
