@@ -179,22 +179,7 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 			t.Error("the service did not end after Stop")
 		}
 	}()
-	// next runs the loop's side until a notice comes: it hands the outbox
-	// over whenever the service takes it.
-	next := func(what string) Notice {
-		t.Helper()
-		deadline := time.After(waitTimeout())
-		for {
-			select {
-			case l.Mailbox() <- l.Outbox():
-				l.Handed()
-			case n := <-out:
-				return n
-			case <-deadline:
-				t.Fatalf("no notice: %s", what)
-			}
-		}
-	}
+	next := func(what string) Notice { t.Helper(); return nextNotice(t, &l, out, what) }
 	if n := next("the first resync"); !n.Resync {
 		t.Fatalf("first notice %+v, want a resync", n)
 	}
@@ -262,6 +247,23 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("k's waiter lock is still held after the subscription ended")
+		}
+	}
+}
+
+// nextNotice runs the loop's side of l until a notice comes on out: it
+// hands the outbox over whenever the service takes it.
+func nextNotice(t *testing.T, l *Link, out <-chan Notice, what string) Notice {
+	t.Helper()
+	deadline := time.After(waitTimeout())
+	for {
+		select {
+		case l.Mailbox() <- l.Outbox():
+			l.Handed()
+		case n := <-out:
+			return n
+		case <-deadline:
+			t.Fatalf("no notice: %s", what)
 		}
 	}
 }

@@ -75,20 +75,7 @@ func TestStopEndsBrokenSession(t *testing.T) {
 		}
 	}
 	defer stop()
-	next := func(what string) Notice {
-		t.Helper()
-		deadline := time.After(waitTimeout())
-		for {
-			select {
-			case l.Mailbox() <- l.Outbox():
-				l.Handed()
-			case n := <-out:
-				return n
-			case <-deadline:
-				t.Fatalf("no notice: %s", what)
-			}
-		}
-	}
+	next := func(what string) Notice { t.Helper(); return nextNotice(t, &l, out, what) }
 	if n := next("the first resync"); !n.Resync {
 		t.Fatalf("first notice %+v, want a resync", n)
 	}
