@@ -268,30 +268,7 @@ func TestFairSyncCommitTimeoutNeverGrants(t *testing.T) {
 		if !errors.As(err, &pe) || pe.Code == 0 {
 			t.Fatalf("Acquire of %s whose commits outlived the statement timeout: %v, want a typed error", key, err)
 		}
-		// Commit whatever still waits (as pgconn's cancel request does).
-		pids, err := syncRepWaiters(ctx, admin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, pid := range pids {
-			if _, err := admin.Exec(ctx, "SELECT pg_cancel_backend($1)", pid); err != nil {
-				t.Fatal(err)
-			}
-		}
+		cancelSyncRepWaits(t, ctx, admin) // commits whatever still waits, as pgconn's cancel request does
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		var n int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE user_key LIKE 'forphan:%'
-			AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d keys held on the server by no caller 15 s after their acquires failed (TTL 1 min)", n, len(keys))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	noLiveLeases(t, ctx, admin, "forphan:", len(keys), 15*time.Second)
 }

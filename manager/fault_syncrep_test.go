@@ -31,6 +31,43 @@ import (
 
 // syncRepWaiters returns the pids of the backends on conn's server waiting
 // for the synchronous standby.
+// cancelSyncRepWaits cancels every backend waiting for the synchronous
+// standby: PostgreSQL then commits its transaction locally.
+func cancelSyncRepWaits(t *testing.T, ctx context.Context, admin *pgx.Conn) {
+	t.Helper()
+	pids, err := syncRepWaiters(ctx, admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		if _, err := admin.Exec(ctx, "SELECT pg_cancel_backend($1)", pid); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// noLiveLeases waits until none of the n keys starting with prefix has a
+// live lease on the server, and fails the test after within: a failed
+// acquire must leave no key held by no caller.
+func noLiveLeases(t *testing.T, ctx context.Context, admin *pgx.Conn, prefix string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		var live int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE starts_with(user_key, $1)
+			AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)`, prefix).Scan(&live); err != nil {
+			t.Fatal(err)
+		}
+		if live == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d keys held on the server by no caller %v after their acquires failed (TTL 1 min)", live, n, within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 func syncRepWaiters(ctx context.Context, conn *pgx.Conn) ([]int, error) {
 	rows, err := conn.Query(ctx, `SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'`)
 	if err != nil {
@@ -375,30 +412,7 @@ func TestSyncCommitTimeoutLeavesNoLease(t *testing.T) {
 		if !errors.As(err, &pe) || pe.Code == 0 {
 			t.Fatalf("Acquire of %s whose commit outlived the statement timeout: %v, want a typed error", key, err)
 		}
-		// Commit whatever still waits (as pgconn's cancel request does).
-		pids, err := syncRepWaiters(ctx, admin)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, pid := range pids {
-			if _, err := admin.Exec(ctx, "SELECT pg_cancel_backend($1)", pid); err != nil {
-				t.Fatal(err)
-			}
-		}
+		cancelSyncRepWaits(t, ctx, admin) // commits whatever still waits, as pgconn's cancel request does
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var n int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE user_key LIKE 'orphan:%'
-			AND expires_at_ms > floor(extract(epoch FROM clock_timestamp())*1000)`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d keys held on the server by no caller 10 s after their acquires failed (TTL 1 min)", n, len(keys))
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	noLiveLeases(t, ctx, admin, "orphan:", len(keys), 10*time.Second)
 }
