@@ -20,14 +20,17 @@ import (
 const stepSlack = int64(50 * time.Millisecond)
 
 // clockSeg: from mono time t on, the server's clock ran off ns ahead.
-type clockSeg struct{ t, off int64 }
+// Audit rows numbered below sa read the clock before the step, rows above
+// sb after it (0: unknown).
+type clockSeg struct{ t, off, sa, sb int64 }
 
 // stepAt is one step: the server's clock moved by d (positive: forward)
 // at mono time t.
 type stepAt struct{ t, d int64 }
 
-// addClockStep records a step to offset off at mono time t.
-func (r *run) addClockStep(t, off int64) {
+// addClockStep records a step to offset off at mono time t; sa and sb
+// bound it in the audits' sequence (0: unknown).
+func (r *run) addClockStep(t, off, sa, sb int64) {
 	prev := int64(0)
 	if n := len(r.clock); n > 0 {
 		prev = r.clock[n-1].off
@@ -35,7 +38,7 @@ func (r *run) addClockStep(t, off int64) {
 	if off == prev {
 		return
 	}
-	r.clock = append(r.clock, clockSeg{t, off})
+	r.clock = append(r.clock, clockSeg{t, off, sa, sb})
 	r.steps = append(r.steps, stepAt{t, off - prev})
 }
 
@@ -52,10 +55,12 @@ func (r *run) offAt(t int64) int64 {
 func (r *run) serverNow(t int64) int64 { return t + r.offset + r.offAt(t) }
 
 // atMono maps a server timestamp read at an event (clock_timestamp(), ns)
-// to the mono time of the event. After a backward step the server's clock
-// shows some times twice: the candidate nearest hint (the mono time of
-// the log's previous row, which is in commit order) is taken.
-func (r *run) atMono(serverNs, hint int64) int64 {
+// to the mono time of the event; seq is the audit row's number (0: none).
+// After a backward step the server's clock shows some times twice: the
+// side of each step the row's number puts it on decides, and among what
+// is left the candidate nearest hint (the mono time of the log's previous
+// row, which is in commit order) is taken.
+func (r *run) atMono(serverNs, hint, seq int64) int64 {
 	t := serverNs - r.offset
 	if len(r.clock) == 0 {
 		return t
@@ -70,20 +75,36 @@ func (r *run) atMono(serverNs, hint int64) int64 {
 			best, bestD = m, d
 		}
 	}
-	// Before the first step: offset 0.
-	if t < r.clock[0].t+stepSlack {
-		consider(t)
-	}
-	// A step is logged right after the driver made it: a row of the
-	// moments between falls up to stepSlack outside its segment.
-	for i, sg := range r.clock {
-		m := t - sg.off
-		end := int64(1) << 62
-		if i+1 < len(r.clock) {
-			end = r.clock[i+1].t + stepSlack
+	// ruledOut: the row's number puts it before step i or after step
+	// i+1, outside segment i (-1: before the first step).
+	ruledOut := func(i int) bool {
+		if seq == 0 {
+			return false
 		}
-		if m >= sg.t-stepSlack && m < end {
-			consider(m)
+		if i >= 0 && r.clock[i].sa > 0 && seq < r.clock[i].sa {
+			return true
+		}
+		return i+1 < len(r.clock) && r.clock[i+1].sb > 0 && seq > r.clock[i+1].sb
+	}
+	for _, bySeq := range []bool{true, false} {
+		// Before the first step: offset 0.
+		if t < r.clock[0].t+stepSlack && !(bySeq && ruledOut(-1)) {
+			consider(t)
+		}
+		// A step is logged right after the driver made it: a row of the
+		// moments between falls up to stepSlack outside its segment.
+		for i, sg := range r.clock {
+			m := t - sg.off
+			end := int64(1) << 62
+			if i+1 < len(r.clock) {
+				end = r.clock[i+1].t + stepSlack
+			}
+			if m >= sg.t-stepSlack && m < end && !(bySeq && ruledOut(i)) {
+				consider(m)
+			}
+		}
+		if bestD >= 0 {
+			break
 		}
 	}
 	if bestD < 0 { // in a gap a forward step jumped over: the step's time
@@ -206,7 +227,7 @@ func (r *run) mapServerTimes() error {
 	r.seqT = make(map[int64]int64, len(rows))
 	hint := int64(0)
 	for _, x := range rows {
-		hint = r.atMono(x.AtUs*1000, hint)
+		hint = r.atMono(x.AtUs*1000, hint, x.Seq)
 		r.seqT[x.Seq] = hint
 	}
 	return nil

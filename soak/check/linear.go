@@ -96,7 +96,7 @@ func (r *run) checkLinear() (*Check, LinearStats) {
 		if row.NewFence != nil {
 			nf = *row.NewFence
 		}
-		hint = r.atMono(row.AtUs*1000, hint)
+		hint = r.atMono(row.AtUs*1000, hint, row.Seq)
 		l := logged{t: hint, state: regState{nf, row.NewCounter}}
 		logs[row.Key] = append(logs[row.Key], l)
 		if row.Op != nil {

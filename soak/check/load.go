@@ -379,7 +379,7 @@ func (r *run) loadDriver() error {
 		case event.Revoke:
 			r.revokes = append(r.revokes, e)
 		case event.ClockStep:
-			r.addClockStep(e.T, e.V)
+			r.addClockStep(e.T, e.V, e.SA, e.SB)
 		case event.Spawn:
 			r.spawns[[2]int{e.W, e.I}] = e.T
 		case event.Died:

@@ -353,7 +353,9 @@ func (d *driver) startRevoker(ctx context.Context) error {
 // a set's locks), drawn with param, trying again for up to a second when
 // it holds none at the moment; after that, a key another worker holds
 // (the event names the worker revoked), so that a run with short holds
-// still revokes. It logs the outcome.
+// still revokes. A pick released before the revoke came (nothing
+// revoked) or a revoke that failed is tried again, for up to 10 s. It
+// logs each outcome.
 func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -389,12 +391,22 @@ func (d *driver) revoke(ctx context.Context, w int, id int64, param float64) {
 		}
 		pick := keys[int(param*float64(len(keys)))%len(keys)]
 		n, _, err := d.revoker.Revoke(ctx, pick.key)
+		if n == 0 && err == nil {
+			// The holder released it between the query and the
+			// revoke (short holds): nothing was revoked, pick again.
+			continue
+		}
 		e := event.Event{E: event.Revoke, W: pick.w, O: id, M: pick.key}
 		if n > 0 {
 			e.V = 1
 		}
 		if err != nil {
+			// Logged (it may have been applied), then tried again: a
+			// fault revokes a live lease when it can.
 			e.C = pglease.CodeOf(err).String()
+			d.ev(e)
+			sleepCtx(ctx, 50*time.Millisecond)
+			continue
 		}
 		d.ev(e)
 		return

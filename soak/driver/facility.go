@@ -330,16 +330,32 @@ func (d *driver) clockStep(ctx context.Context, id int64, dur time.Duration, par
 		off = time.Duration((0.1 + 2.9*(param-0.5)/0.5) * ttl)
 	}
 	off = off.Round(time.Millisecond)
+	sa := d.auditSeq(ctx)
 	if err := d.stepClock(off); err != nil {
 		d.logf("clock-step: %v", err)
 		return
 	}
-	d.ev(event.Event{E: event.ClockStep, W: -1, O: id, V: int64(off)})
+	d.ev(event.Event{E: event.ClockStep, W: -1, O: id, V: int64(off), SA: sa, SB: d.auditSeq(ctx)})
 	sleepCtx(ctx, dur)
+	sa = d.auditSeq(context.Background())
 	for d.stepClock(0) != nil {
 		time.Sleep(100 * time.Millisecond)
 	}
-	d.ev(event.Event{E: event.ClockStep, W: -1, O: id, V: 0})
+	d.ev(event.Event{E: event.ClockStep, W: -1, O: id, V: 0, SA: sa, SB: d.auditSeq(context.Background())})
+}
+
+// auditSeq draws a number from the audits' sequence, so that the check
+// can tell on which side of a clock step an audit row read the clock: a
+// server time shown twice after a backward step is otherwise ambiguous
+// when rows are sparse. 0 when the server did not answer within a second.
+func (d *driver) auditSeq(ctx context.Context) int64 {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var n int64
+	if d.admin.QueryRow(ctx, "SELECT nextval('soak_audit_seq')").Scan(&n) != nil {
+		return 0
+	}
+	return n
 }
 
 // bouncerAdmin runs a PgBouncer admin command, retried until it is made

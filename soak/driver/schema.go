@@ -22,7 +22,7 @@ CREATE TABLE soak_res (
   op bigint
 );
 CREATE TABLE soak_res_log (
-  seq bigserial PRIMARY KEY,
+  seq bigint PRIMARY KEY DEFAULT nextval('soak_audit_seq'),
   key int NOT NULL,
   old_fence bigint, new_fence bigint,
   old_counter bigint NOT NULL, new_counter bigint NOT NULL,

@@ -124,6 +124,12 @@ type Event struct {
 	M  string `json:"m,omitempty"` // text
 	L  int    `json:"l,omitempty"` // a permit's limit
 	X  string `json:"x,omitempty"` // a grant's id (pg.GrantID: a hash of the lockId, safe to log)
+	// SA and SB bound a clock step in the audits' sequence: the driver
+	// drew SA just before the step and SB just after it, so an audit row
+	// numbered below SA read the clock before the step, one above SB
+	// after it (0: not drawn).
+	SA int64 `json:"sa,omitempty"`
+	SB int64 `json:"sb,omitempty"`
 }
 
 // Writer appends events to a file with one write(2) per event, so a
