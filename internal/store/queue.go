@@ -224,8 +224,12 @@ type TicketState struct {
 // stands. The waiting process calls it for all its tickets at least every
 // life/3: a dead process's tickets stop blocking their keys at most life
 // after its last refresh. It commits without waiting for its WAL flush
-// (a lost refresh only shortens a ticket's life). Bad lockIds are
-// InvalidArgument before I/O.
+// (a lost refresh only shortens a ticket's life), unless it answers a
+// grant (Granted): then its commit is durable and waits for a synchronous
+// standby, as the grant's did, and a commit the server warned about (a
+// cancelled wait for the standby) is Ambiguous, not an answer: the grant
+// may be on the primary alone. Bad lockIds are InvalidArgument before
+// I/O.
 func (s *Store) QueueRefresh(ctx context.Context, lockIDs []string, life time.Duration) ([]TicketState, error) {
 	const op = "pg.QueueRefresh"
 	if err := pgerr.CheckContext(op, ctx); err != nil {
@@ -246,7 +250,7 @@ func (s *Store) QueueRefresh(ctx context.Context, lockIDs []string, life time.Du
 	out := make([]TicketState, len(lockIDs))
 	n := 0
 	q := "SELECT o_idx, o_position, o_fence, o_expires_ms FROM " + s.n.FnQRefresh + "($1, $2)"
-	err := s.run(ctx, op, false, q, []any{lockIDs, life.Milliseconds()}, func(rows pgx.Rows) error {
+	err := s.run(ctx, op, true, q, []any{lockIDs, life.Milliseconds()}, func(rows pgx.Rows) error {
 		var idx int32
 		var pos, fence, exp *int64
 		if err := rows.Scan(&idx, &pos, &fence, &exp); err != nil {

@@ -1590,6 +1590,14 @@ BEGIN
       END IF;
       IF v_hf IS NOT NULL THEN
         v_hfence[r.i] := v_hf; v_hacq[r.i] := v_ha; v_hexp[r.i] := v_he;
+        -- An answer "granted" is a grant's answer: its commit waits for
+        -- the synchronous standby as a grant's does (the row lock is a
+        -- write: a transaction id and WAL, so the commit waits), so that
+        -- a grant committed on the primary alone (a cancelled wait for the
+        -- standby, whose own answer was lost) is not answered granted
+        -- from a read.
+        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[r.i] FOR KEY SHARE;
+        PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[r.i] FOR KEY SHARE;
         CONTINUE;
       END IF;
       DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_ids[r.i];
@@ -1736,7 +1744,8 @@ $fn$;
 -- tickets (1 = head); NULL when it has none, then o_fence and o_expires_ms
 -- tell a grant that came meanwhile (the lockId holds a live lease: a
 -- release served the ticket, whose notification may have been missed).
--- Not durable: a refresh lost in a crash only shortens a ticket's life.
+-- Not durable (a refresh lost in a crash only shortens a ticket's life),
+-- unless it finds a grant: that answer commits as a grant does.
 -- The tickets are locked first in (hashtext(key), key, seq) order, the
 -- order in which a release serving their keys deletes them ("pglease_qserve_07f27fb7aa",
 -- keys in the release's order), so the two cannot deadlock. It also
@@ -1768,6 +1777,14 @@ BEGIN
       SELECT l.fence::bigint, l.expires_at_ms INTO o_fence, o_expires_ms FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[v_i] AND l.expires_at_ms > o_now_ms;
       IF NOT FOUND THEN
         SELECT s.fence, s.expires_at_ms INTO o_fence, o_expires_ms FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[v_i] AND s.expires_at_ms > o_now_ms;
+      END IF;
+      IF o_fence IS NOT NULL THEN
+        -- A grant found: answered as a grant commits (durable, waiting
+        -- for the synchronous standby: the row lock is a write), as in
+        -- "pglease_qwait_07f27fb7aa".
+        v_void := set_config('synchronous_commit', 'on', true);
+        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[v_i] FOR KEY SHARE;
+        PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[v_i] FOR KEY SHARE;
       END IF;
     END IF;
     RETURN NEXT;

@@ -1,0 +1,151 @@
+package manager
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pglease/pglease/internal/pgtest"
+	"github.com/pglease/pglease/manager/internal/kernel"
+	"github.com/pglease/pglease/pg"
+)
+
+// fairSyncManager returns a fair-queue Manager with test signals and hooks
+// on a pool of its own configured by pg.NewPool (so the server's warning
+// about a cancelled wait for the synchronous standby makes the write
+// Ambiguous), closed when the test ends.
+func fairSyncManager(t *testing.T, url string, cfg Config, hooks kernel.TestHooks) (*Manager, *kernel.Signals) {
+	t.Helper()
+	pool, err := pg.NewPool(harnessCtx(t), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	sig := &kernel.Signals{}
+	sig.Init()
+	cfg.FairQueue = true
+	m, err := newManager("test", pool, false, cfg, func(m *Manager) {
+		m.k.Sig = sig
+		m.k.Test = hooks
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = m.Close(ctx)
+	})
+	return m, sig
+}
+
+// cancelSyncRepUntil cancels every wait for the synchronous standby, every
+// 50 ms, until done is closed; it reports how many it cancelled. It runs
+// on a goroutine of its own, on a connection of its own to url.
+func cancelSyncRepUntil(t *testing.T, ctx context.Context, url string, done <-chan struct{}) int {
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Error(err)
+		return 0
+	}
+	defer admin.Close(context.Background())
+	n := 0
+	for {
+		select {
+		case <-done:
+			return n
+		case <-time.After(50 * time.Millisecond):
+		}
+		pids, err := syncRepWaiters(ctx, admin)
+		if err != nil {
+			t.Error(err)
+			return n
+		}
+		for _, pid := range pids {
+			if _, err := admin.Exec(ctx, "SELECT pg_cancel_backend($1)", pid); err != nil {
+				t.Error(err)
+				return n
+			}
+			n++
+		}
+	}
+}
+
+// TestFairUnknownGrantNotAnsweredByARead: with the synchronous standby
+// gone, a fair Acquire's first QueueWait grants its ticket and waits for
+// the standby; the wait is cancelled, so the grant is committed on the
+// primary alone, and that statement's answer (Ambiguous: the server
+// warned) is held back, as a dead connection's would be. The attempt is
+// stuck, so it is hedged with the same ticket, and the waiter's later
+// attempts carry it too: each finds the ticket already granted. That
+// answer must not be a grant (ambiguity is never success): it waits for
+// the standby like any grant, and its wait cancelled too is Ambiguous. So
+// no Acquire may succeed while the standby is down.
+func TestFairUnknownGrantNotAnsweredByARead(t *testing.T) {
+	t.Parallel()
+	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
+	url := failoverURL(r)
+	ctx := harnessCtx(t)
+	hold := make(chan struct{})
+	var once sync.Once
+	hooks := kernel.TestHooks{
+		StuckAfter: 300 * time.Millisecond,
+		AfterAcquire: func() {
+			first := false
+			once.Do(func() { first = true })
+			if first {
+				<-hold // the first attempt's answer is lost for now
+			}
+		},
+	}
+	m, sig := fairSyncManager(t, url, Config{StatementTimeout: 30 * time.Second, TTL: time.Minute}, hooks)
+	if err := m.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Nodes[1].StopServer(false); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+
+	type result struct {
+		lk  *Lock
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		lk, err := m.Acquire(ctx, "fambig:k", WithAcquireTimeout(6*time.Second))
+		res <- result{lk, err}
+	}()
+	done := make(chan struct{})
+	cancelled := make(chan int, 1)
+	go func() { cancelled <- cancelSyncRepUntil(t, ctx, r.Nodes[0].URL, done) }()
+	var got result
+	select {
+	case got = <-res:
+	case <-time.After(time.Minute):
+		t.Fatal("Acquire did not end within a minute")
+	}
+	close(hold)
+	if got.err == nil {
+		close(done)
+		t.Fatalf("Acquire granted fence %d with the synchronous standby down (%d commit waits cancelled): "+
+			"an already-granted answer to a ticket whose grant is on the primary alone, never a grant", got.lk.Fence(), <-cancelled)
+	}
+	// The clean-up of the ambiguous grants commits on the primary (its
+	// waits for the standby cancelled as they come).
+	noLiveLeases(t, ctx, admin, "fambig:", 1, 20*time.Second)
+	closeCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := m.Close(closeCtx); err != nil {
+		t.Logf("Close: %v", err)
+	}
+	close(done)
+	t.Logf("Acquire: %v (%d commit waits cancelled, %d stuck batches hedged)", got.err, <-cancelled, len(sig.Stuck.Ch))
+}
