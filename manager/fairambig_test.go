@@ -3,6 +3,7 @@ package manager
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,4 +149,135 @@ func TestFairUnknownGrantNotAnsweredByARead(t *testing.T) {
 	}
 	close(done)
 	t.Logf("Acquire: %v (%d commit waits cancelled, %d stuck batches hedged)", got.err, <-cancelled, len(sig.Stuck.Ch))
+}
+
+// TestFairUnknownAfterTurnFreesTheKey: a waiter's attempt is in flight
+// (held before it is sent) when a release grants the waiter's ticket by a
+// turn; the caller takes the lock and releases it. Then the attempt
+// runs: the lockId has neither ticket nor lease any more, so it is
+// queued again and, the key being free, granted anew — a lease for
+// nobody — and its outcome is unknown (its commit's wait for the
+// synchronous standby is cancelled: the server warns, Ambiguous). That
+// lease must not hold the key for its TTL (2 min): a caller of another
+// Manager that comes next gets the key.
+func TestFairUnknownAfterTurnFreesTheKey(t *testing.T) {
+	t.Parallel()
+	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
+	url := failoverURL(r)
+	ctx := harnessCtx(t)
+	var armed atomic.Bool
+	blocked := make(chan struct{})
+	unblock := make(chan struct{})
+	hooks := kernel.TestHooks{
+		StuckAfter: time.Minute, // no hedge: the attempt held is the one that runs
+		BeforeBatch: func(kind kernel.BatchKind, n int) {
+			if kind == kernel.KindAcquire && armed.CompareAndSwap(true, false) {
+				close(blocked)
+				<-unblock
+			}
+		},
+	}
+	cfg := Config{StatementTimeout: time.Minute, TTL: 2 * time.Minute}
+	m0, _ := fairSyncManager(t, url, cfg, kernel.TestHooks{})
+	m1, _ := fairSyncManager(t, url, cfg, hooks)
+	m2, _ := fairSyncManager(t, url, cfg, kernel.TestHooks{})
+	if err := m0.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	const key = "fambig:turn"
+	queued := func(want int) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			var n int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE key = $1`, key).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d tickets queued for the key, want %d", n, want)
+			}
+		}
+	}
+
+	l0, err := m0.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *Lock, 1)
+	go func() {
+		lk, err := m1.Acquire(ctx, key, WithAcquireTimeout(time.Minute))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	queued(1)
+	// The waiter's next attempt (a retry while the key is held) is held
+	// before it is sent.
+	armed.Store(true)
+	select {
+	case <-blocked:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter made no attempt within 30 s")
+	}
+	// The release grants the waiter's ticket (a turn); the caller
+	// releases that grant.
+	if err := l0.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	l1 := <-got
+	if l1 == nil {
+		t.FailNow()
+	}
+	if err := l1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The standby goes; the attempt runs, is granted the lockId anew, and
+	// its commit waits for the standby until the wait is cancelled.
+	if err := r.Nodes[1].StopServer(false); err != nil {
+		t.Fatal(err)
+	}
+	close(unblock)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pids, err := syncRepWaiters(ctx, admin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pids) > 0 {
+			cancelSyncRepWaits(t, ctx, admin)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the held attempt did not wait for the standby within 30 s")
+		}
+	}
+	// Commits no longer wait for the standby.
+	if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = ''"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		t.Fatal(err)
+	}
+	var stray int
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE key = $1`, key).Scan(&stray); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("leases of the key after the ambiguous attempt: %d", stray)
+	// The next caller, of another Manager, gets the key: the lease the
+	// attempt made for nobody would hold it for 2 min.
+	lk, err := m2.Acquire(ctx, key, WithAcquireTimeout(30*time.Second))
+	if err != nil {
+		t.Fatalf("the next caller after an ambiguous attempt of a waiter granted by a turn and released: %v "+
+			"(the attempt's lease for nobody holds the key until its TTL)", err)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 }

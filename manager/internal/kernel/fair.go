@@ -62,7 +62,11 @@ type fairLoop struct {
 	orphans map[string]time.Time
 	// setTix: the set waiters with tickets (setWait.qids), by ticket
 	// hash: a turn for one of them makes the set attempt.
-	setTix     map[string]*setWait
+	setTix map[string]*setWait
+	// leaveAfter: leaves of lockIds whose attempt's outcome was unknown
+	// after their callers released them (leaveUnknown), by key, waiting
+	// for the key's releases in flight.
+	leaveAfter map[string][]releaseItem
 	refreshAt  time.Time // next refresh of the tickets (zero: none due)
 	refreshing bool      // a refresh is in flight (one at a time)
 }
@@ -324,7 +328,10 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 		switch {
 		case req.qgranted:
 			if rs == nil {
-				break // unknown (ambiguity): a stray ticket expires, as a dead one
+				if unknown && !st.holdsLockID(a.Ks, k.items[j].LockID) {
+					st.leaveUnknown(a.Ks, req, now)
+				}
+				break // a caller here holds it: the attempt found its lease
 			}
 			id := k.items[j].LockID
 			switch {
@@ -363,6 +370,45 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 			st.notePosition(req, k.pos[j])
 			st.scheduleRefresh(now, req.TTL)
 		}
+	}
+}
+
+// leaveUnknown: an attempt that carried the ticket of req, a waiter
+// granted by a turn (or a refresh) whose caller has released that grant,
+// had an unknown outcome. If its statement ran after that release, it
+// queued the lockId again, or was granted it anew: a ticket or a lease
+// for nobody, which would hold up the key's queue until the ticket
+// expired or, granted, until its TTL. The lockId leaves at once (a leave
+// releases a grant too), retried while the attempt's commit may still
+// land (pending), and a turn that grants it meanwhile is released (a
+// stray). The leave waits for the key's releases in flight: the caller's
+// release of that lockId may be one, and a leave that came first would
+// end the caller's lease before it, which would then report the lock
+// lost.
+func (st *LoopState) leaveUnknown(ks *KeyState, req *AcquireReq, now time.Time) {
+	st.noteStray(req.qhash, req.qid, ks.Key, now)
+	it := releaseItem{lockID: req.qid, key: ks.Key, ttl: req.TTL, leave: true, pending: true}
+	if ks.releasing == 0 || st.closing {
+		st.releases.add(it)
+		return
+	}
+	if st.fq.leaveAfter == nil {
+		st.fq.leaveAfter = make(map[string][]releaseItem)
+	}
+	st.fq.leaveAfter[ks.Key] = append(st.fq.leaveAfter[ks.Key], it)
+}
+
+// flushLeaves sends the leaves that waited for their keys' releases
+// (leaveUnknown) once none is in flight.
+func (st *LoopState) flushLeaves() {
+	for key, its := range st.fq.leaveAfter {
+		if ks := st.keys[key]; ks != nil && ks.releasing > 0 && !st.closing {
+			continue
+		}
+		for _, it := range its {
+			st.releases.add(it)
+		}
+		delete(st.fq.leaveAfter, key)
 	}
 }
 

@@ -293,6 +293,9 @@ func (st *LoopState) handleReleaseDone(d releaseDone) {
 			st.gc(ks)
 		}
 	}
+	if len(st.fq.leaveAfter) > 0 {
+		st.flushLeaves() // fair.go
+	}
 }
 
 func (st *LoopState) handleExtendDone(d extendDone) {
