@@ -1587,15 +1587,27 @@ BEGIN
           FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[r.i] AND s.key = r.k AND s.expires_at_ms > v_now;
       END IF;
       IF v_hf IS NOT NULL THEN
-        v_hfence[r.i] := v_hf; v_hacq[r.i] := v_ha; v_hexp[r.i] := v_he;
         -- An answer "granted" is a grant's answer: its commit waits for
         -- the synchronous standby as a grant's does (the row lock is a
         -- write: a transaction id and WAL, so the commit waits), so that
         -- a grant committed on the primary alone (a cancelled wait for the
         -- standby, whose own answer was lost) is not answered granted
-        -- from a read.
-        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[r.i] FOR KEY SHARE;
-        PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[r.i] FOR KEY SHARE;
+        -- from a read. SKIP LOCKED: it never waits (a lock held here and
+        -- one waited for could deadlock with a release); a lease being
+        -- deleted or replaced is answered held, to try again, neither
+        -- granted nor queued.
+        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[r.i] AND l.key = r.k FOR KEY SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+          PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[r.i] AND s.key = r.k FOR KEY SHARE SKIP LOCKED;
+        END IF;
+        IF FOUND THEN
+          v_hfence[r.i] := v_hf; v_hacq[r.i] := v_ha; v_hexp[r.i] := v_he;
+        ELSE
+          v_got[r.i] := false;
+          IF r.st > 0 THEN
+            v_setok[r.st] := false;
+          END IF;
+        END IF;
         CONTINUE;
       END IF;
       DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_ids[r.i];
@@ -1779,10 +1791,16 @@ BEGIN
       IF o_fence IS NOT NULL THEN
         -- A grant found: answered as a grant commits (durable, waiting
         -- for the synchronous standby: the row lock is a write), as in
-        -- "pglease_qwait_07f27fb7aa".
+        -- "pglease_qwait_07f27fb7aa"; a lease being deleted or replaced (SKIP LOCKED:
+        -- never waited for) is answered neither granted nor queued.
         v_void := set_config('synchronous_commit', 'on', true);
-        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[v_i] FOR KEY SHARE;
-        PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[v_i] FOR KEY SHARE;
+        PERFORM 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_ids[v_i] FOR KEY SHARE SKIP LOCKED;
+        IF NOT FOUND THEN
+          PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[v_i] FOR KEY SHARE SKIP LOCKED;
+        END IF;
+        IF NOT FOUND THEN
+          o_fence := NULL; o_expires_ms := NULL;
+        END IF;
       END IF;
     END IF;
     RETURN NEXT;
