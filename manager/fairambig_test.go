@@ -12,6 +12,7 @@ import (
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/manager/internal/kernel"
 	"github.com/pglease/pglease/pg"
+	"github.com/pglease/pglease/retry"
 )
 
 // fairSyncManager returns a fair-queue Manager with test signals and hooks
@@ -280,4 +281,137 @@ func TestFairUnknownAfterTurnFreesTheKey(t *testing.T) {
 	if err := lk.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestFairUnknownGrantNotAnsweredByARefresh: as
+// TestFairUnknownGrantNotAnsweredByARead, for the ticket refresh. A reader
+// waits in the queue behind a lease of the SQL API; the standby goes, and
+// the lease is released by the SQL API (which serves no queue: the
+// reader's own attempt takes the key). That attempt's commit waits for the
+// standby until the wait is cancelled (committed on the primary alone),
+// and its answer is held back, as a dead connection's would be. The
+// waiter's ticket refresh then finds the ticket granted: that answer must
+// wait for the standby as a grant does (its wait cancelled too, it is
+// Ambiguous, not a grant). A reader, because a waiting writer tries again
+// every second to keep its mark, and each of those commits would wait
+// too.
+func TestFairUnknownGrantNotAnsweredByARefresh(t *testing.T) {
+	t.Parallel()
+	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
+	url := failoverURL(r)
+	ctx := harnessCtx(t)
+	var cancels atomic.Int32
+	var held atomic.Bool
+	hold := make(chan struct{})
+	hooks := kernel.TestHooks{
+		StuckAfter: time.Minute, // no hedge: only the refresh asks again
+		AfterAcquire: func() {
+			// The first answer after a cancelled commit wait is held back.
+			if cancels.Load() > 0 && held.CompareAndSwap(false, true) {
+				<-hold
+			}
+		},
+	}
+	// No retries before the takeover time (or the release's notice).
+	cfg := Config{StatementTimeout: time.Minute, TTL: 2 * time.Minute, Retry: retry.Policy{Base: time.Minute}}
+	m, _ := fairSyncManager(t, url, cfg, hooks)
+	if err := m.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	const key = "fambig:refresh"
+	var leaseID string
+	if err := admin.QueryRow(ctx, `SELECT lock_id FROM syncguard_locks_acquire($1, 6000)`, key).Scan(&leaseID); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lk  *Lock
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		lk, err := m.Acquire(ctx, key, Shared(), WithAcquireTimeout(20*time.Second))
+		res <- result{lk, err}
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE key = $1`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter's ticket was not queued within 30 s")
+		}
+	}
+	if err := r.Nodes[1].StopServer(false); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	cancelled := make(chan int, 1)
+	go func() {
+		admin2, err := pgx.Connect(ctx, r.Nodes[0].URL)
+		if err != nil {
+			t.Error(err)
+			cancelled <- 0
+			return
+		}
+		defer admin2.Close(context.Background())
+		n := 0
+		for {
+			select {
+			case <-done:
+				cancelled <- n
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+			pids, err := syncRepWaiters(ctx, admin2)
+			if err != nil {
+				t.Error(err)
+				cancelled <- n
+				return
+			}
+			for _, pid := range pids {
+				if _, err := admin2.Exec(ctx, "SELECT pg_cancel_backend($1)", pid); err != nil {
+					t.Error(err)
+					cancelled <- n
+					return
+				}
+				n++
+				cancels.Add(1)
+			}
+		}
+	}()
+	// The SQL API's release commits without waiting for the standby.
+	if _, err := admin.Exec(ctx, `SELECT syncguard_locks_release($1)`, leaseID); err != nil {
+		t.Fatal(err)
+	}
+	var got result
+	select {
+	case got = <-res:
+	case <-time.After(time.Minute):
+		t.Fatal("Acquire did not end within a minute")
+	}
+	close(hold)
+	if got.err == nil {
+		close(done)
+		t.Fatalf("Acquire granted fence %d with the synchronous standby down (%d commit waits cancelled, the attempt's answer held: %v): "+
+			"a refresh's already-granted answer to a ticket whose grant is on the primary alone, never a grant", got.lk.Fence(), <-cancelled, held.Load())
+	}
+	if !held.Load() {
+		t.Errorf("no attempt's answer was held back after a cancelled commit: the test did not make the fault (%v)", got.err)
+	}
+	noLiveLeases(t, ctx, admin, key, 1, 20*time.Second)
+	closeCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := m.Close(closeCtx); err != nil {
+		t.Logf("Close: %v", err)
+	}
+	close(done)
+	t.Logf("Acquire: %v (%d commit waits cancelled)", got.err, <-cancelled)
 }
