@@ -163,6 +163,25 @@ func TestFairUnknownGrantNotAnsweredByARead(t *testing.T) {
 // Manager that comes next gets the key.
 func TestFairUnknownAfterTurnFreesTheKey(t *testing.T) {
 	t.Parallel()
+	fairUnknownAfterTurn(t, "fambig:turn", false)
+}
+
+// TestFairUnknownAfterTurnLeavesTheQueue: as
+// TestFairUnknownAfterTurnFreesTheKey, but the caller's release granted
+// the key to a waiter of another Manager, so the attempt queues the
+// lockId again, for nobody, ahead of the next caller: that ticket must
+// leave at once. Kept (3 s of life), the holder's release would grant it
+// to nobody, for its TTL (2 min), and the next caller would wait that
+// long.
+func TestFairUnknownAfterTurnLeavesTheQueue(t *testing.T) {
+	t.Parallel()
+	fairUnknownAfterTurn(t, "fambig:queued", true)
+}
+
+// fairUnknownAfterTurn runs the two tests above: with queued, a waiter of
+// another Manager is granted the key by the caller's release and holds it
+// while the attempt runs.
+func fairUnknownAfterTurn(t *testing.T, key string, queued bool) {
 	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
 	url := failoverURL(r)
 	ctx := harnessCtx(t)
@@ -190,8 +209,7 @@ func TestFairUnknownAfterTurnFreesTheKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer admin.Close(context.Background())
-	const key = "fambig:turn"
-	queued := func(want int) {
+	waitQueued := func(want int) {
 		t.Helper()
 		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 			var n int
@@ -206,20 +224,24 @@ func TestFairUnknownAfterTurnFreesTheKey(t *testing.T) {
 			}
 		}
 	}
+	acquire := func(m *Manager) <-chan *Lock {
+		got := make(chan *Lock, 1)
+		go func() {
+			lk, err := m.Acquire(ctx, key, WithAcquireTimeout(time.Minute))
+			if err != nil {
+				t.Error(err)
+			}
+			got <- lk
+		}()
+		return got
+	}
 
 	l0, err := m0.Acquire(ctx, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := make(chan *Lock, 1)
-	go func() {
-		lk, err := m1.Acquire(ctx, key, WithAcquireTimeout(time.Minute))
-		if err != nil {
-			t.Error(err)
-		}
-		got <- lk
-	}()
-	queued(1)
+	got1 := acquire(m1)
+	waitQueued(1)
 	// The waiter's next attempt (a retry while the key is held) is held
 	// before it is sent.
 	armed.Store(true)
@@ -228,20 +250,32 @@ func TestFairUnknownAfterTurnFreesTheKey(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the waiter made no attempt within 30 s")
 	}
+	var got2 <-chan *Lock
+	if queued {
+		got2 = acquire(m2)
+		waitQueued(2)
+	}
 	// The release grants the waiter's ticket (a turn); the caller
-	// releases that grant.
+	// releases that grant (with queued, to the waiter of m2).
 	if err := l0.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	l1 := <-got
+	l1 := <-got1
 	if l1 == nil {
 		t.FailNow()
 	}
 	if err := l1.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// The standby goes; the attempt runs, is granted the lockId anew, and
-	// its commit waits for the standby until the wait is cancelled.
+	var l2 *Lock
+	if queued {
+		if l2 = <-got2; l2 == nil {
+			t.FailNow()
+		}
+	}
+	// The standby goes; the attempt runs (granted the lockId anew, or,
+	// with queued, queued again), and its commit waits for the standby
+	// until the wait is cancelled.
 	if err := r.Nodes[1].StopServer(false); err != nil {
 		t.Fatal(err)
 	}
@@ -266,20 +300,45 @@ func TestFairUnknownAfterTurnFreesTheKey(t *testing.T) {
 	if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
 		t.Fatal(err)
 	}
-	var stray int
-	if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE key = $1`, key).Scan(&stray); err != nil {
+	// The next caller, of another Manager, gets the key: the lockId the
+	// attempt granted (or queued, then granted by l2's release) for nobody
+	// would hold it for 2 min.
+	var seq int64
+	if err := admin.QueryRow(ctx, `SELECT coalesce(max(seq), 0) FROM syncguard_locks_queue`).Scan(&seq); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("leases of the key after the ambiguous attempt: %d", stray)
-	// The next caller, of another Manager, gets the key: the lease the
-	// attempt made for nobody would hold it for 2 min.
-	lk, err := m2.Acquire(ctx, key, WithAcquireTimeout(30*time.Second))
-	if err != nil {
-		t.Fatalf("the next caller after an ambiguous attempt of a waiter granted by a turn and released: %v "+
-			"(the attempt's lease for nobody holds the key until its TTL)", err)
+	got3 := acquire(m2)
+	if queued {
+		// It waits behind l2 (and, kept, the queued lockId: its 3 s of
+		// life outlast this).
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			var n int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE key = $1 AND seq > $2`, key, seq).Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			if n == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the next caller was not queued within 30 s")
+			}
+		}
+		if err := l2.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := lk.Release(ctx); err != nil {
-		t.Fatal(err)
+	select {
+	case lk := <-got3:
+		if lk == nil {
+			t.FailNow()
+		}
+		t.Logf("the next caller got fence %d", lk.Fence())
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the next caller after an ambiguous attempt of a waiter granted by a turn and released did not get the key " +
+			"within 30 s (a lease the attempt made for nobody holds it until its TTL, 2 min)")
 	}
 }
 
