@@ -190,7 +190,7 @@ func (st *LoopState) newSetAttempt(w *setWait) {
 	}
 	a := &Attempt{lockID: sk.ids[0], ttl: w.req.TTL, delayMs: w.req.delayMs(), Kind: sk}
 	if w.req.Try {
-		a.try = w.req // try mode: answered at once
+		a.try = w.req       // try mode: answered at once
 		a.yield = st.fair() // a try never queues: it yields to the tickets
 	}
 	w.attempt = a
