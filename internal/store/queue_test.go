@@ -882,8 +882,9 @@ func TestQueueRefreshDuringServe(t *testing.T) {
 // which takes no ticket) is answered held while a live ticket waits for
 // its key, even with the key free (here a set's ticket, its other key
 // held), for every kind: exclusive, reader, permit and set; the same
-// items without Yield (SyncGuard, the SQL API, a Manager without the
-// queue) take the key as before; a ticket past its expiry holds nothing.
+// items without Yield (pg.Store, a Manager without the queue) take the
+// key as before; the SQL API's acquire yields too; a ticket past its
+// expiry holds nothing.
 func TestQueueYieldingTry(t *testing.T) {
 	procs, admin := newQProcs(t, 2)
 	c := ctx(t)
@@ -931,6 +932,23 @@ func TestQueueYieldingTry(t *testing.T) {
 		note("set", r, err)
 		return kinds
 	}
+	// The SQL API's acquire never queues, and always yields.
+	sqlTry := func() bool {
+		t.Helper()
+		var id *string
+		if err := procs[0].pool.QueryRow(c, "SELECT lock_id FROM syncguard_locks_acquire($1, 60000)", free).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if id != nil {
+			if ok, err := s.Release(c, *id); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+		}
+		return id != nil
+	}
+	if sqlTry() {
+		t.Error("the SQL API's acquire took the key a live ticket waits for")
+	}
 	if got := try(true); len(got) != 0 {
 		t.Errorf("yielding tries took the key a live ticket waits for: %v", got)
 	}
@@ -942,5 +960,8 @@ func TestQueueYieldingTry(t *testing.T) {
 	}
 	if got := try(true); len(got) != 4 {
 		t.Errorf("yielding tries with only expired tickets took %v, want every kind", got)
+	}
+	if !sqlTry() {
+		t.Error("the SQL API's acquire did not take a key with only expired tickets")
 	}
 }

@@ -439,12 +439,13 @@ $fn$;
 -- another transaction then is answered locked (o_retry_ms 1 s on), and
 -- the other keys of the batch are answered as usual. p_yield (NULL: no
 -- item): item i yields to its key's fair queue when p_yield[i] is true
--- (a try of a Manager with FairQueue, which never queues): a key free but
--- with a live ticket of the queue table is answered locked, with no
--- expiry, holder or retry time (the queue's waiters go first; the check
--- is made under the key's advisory lock, which every enqueue takes).
--- Callers that do not queue (SyncGuard, the SQL API, non-fair Managers)
--- pass NULL and never read the queue.
+-- (a try of a Manager with FairQueue, or "syncguard_locks_acquire": callers that
+-- never queue): a key free but with a live ticket of the queue table is
+-- answered locked, with no expiry, holder or retry time (the queue's
+-- waiters go first; the check is made under the key's advisory lock,
+-- which every enqueue takes). Other callers (pg.Store, Managers without
+-- the queue) pass NULL and never read the queue; SyncGuard's own SQL does
+-- not call these functions.
 DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text);
 CREATE OR REPLACE FUNCTION "pglease_acquire_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text,
   p_yield boolean[] DEFAULT NULL)
@@ -1260,7 +1261,9 @@ $fn$;
 -- guard accepts in pglease.lock_proofs, and what the lock table does not
 -- hold. A refused call marks a key that readers or permits use as waited
 -- for by a writer for 2 s (no new reader or permit meanwhile); a caller
--- that waits keeps the mark by calling again within 1 s.
+-- that waits keeps the mark by calling again within 1 s. It never queues,
+-- and yields to the key's fair queue as a Manager's try does (p_yield): a
+-- key free but waited for by a live ticket is held (expires_at_ms NULL).
 CREATE OR REPLACE FUNCTION "syncguard_locks_acquire"(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint,
   OUT guard_proof text)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -1279,7 +1282,7 @@ BEGIN
   END IF;
   SELECT * INTO r FROM "pglease_acquire_07f27fb7aa"(ARRAY[v_k], ARRAY['fence:' || v_k], ARRAY[v_id], ARRAY[$2], ARRAY[0::bigint],
     format('%s[%s]@sql', coalesce(nullif(current_setting('application_name', true), ''), session_user::text), pg_backend_pid()),
-    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'));
+    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'), ARRAY[true]);
   IF r.o_status = 2 THEN
     RAISE EXCEPTION 'pglease: fence counter overflow: the key''s fence would exceed 900000000000000; no lock granted' USING ERRCODE = 'numeric_value_out_of_range';
   END IF;
