@@ -218,13 +218,13 @@ func (r *run) checkFair() (*Check, error) {
 			g := it.g
 			var self, gid, what string
 			if g.l != nil {
-				self, what = g.l.IDHash, "exclusive grant"
+				self, what = g.l.IDHash, "an exclusive grant"
 			} else {
 				gid = g.s.GrantID
 				self = idOf[gid] // "": the lockId never queued
-				what = "reader"
+				what = "a reader"
 				if g.s.Lim > 0 {
-					what = fmt.Sprintf("permit of %d", g.s.Lim)
+					what = fmt.Sprintf("a permit of %d", g.s.Lim)
 				}
 			}
 			var own *ticket
@@ -261,7 +261,7 @@ func (r *run) checkFair() (*Check, error) {
 			if g.s != nil {
 				holder = who(k, "", gid)
 			}
-			c.fail("%s: %s, a %s, was granted (audit seq %d; %s) while %d live ticket(s) that bar it were ahead of it, the first the %s %d of %s, enqueued %s earlier and live %s more",
+			c.fail("%s: %s, %s, was granted (audit seq %d; %s) while %d live ticket(s) that bar it were ahead of it, the first the %s %d of %s, enqueued %s earlier and live %s more",
 				kn(k), holder, what, g.seq, mine, len(ahead), t.kind(), t.tseq, who(k, t.id, t.gid),
 				ms(time.Duration(g.atUs-t.atUs)*time.Microsecond), ms(time.Duration(t.expiresMs-atMs)*time.Millisecond))
 		}
