@@ -33,6 +33,7 @@ type workerSpec struct {
 	Callers    int           `json:"callers"`
 	Duration   time.Duration `json:"duration"`
 	Proc       int           `json:"proc"`
+	Fair       bool          `json:"fair,omitempty"` // manager.Config.FairQueue
 	CPUProfile string        `json:"cpuprofile,omitempty"`
 }
 
@@ -96,7 +97,7 @@ func hotKeyWorker(spec workerSpec, in *bufio.Reader, out io.Writer) (rep workerR
 		return workerReport{Err: err.Error()}
 	}
 	defer pool.Close()
-	m, err := manager.New(pool, manager.Config{})
+	m, err := manager.New(pool, manager.Config{FairQueue: spec.Fair})
 	if err != nil {
 		return workerReport{Err: err.Error()}
 	}
@@ -225,12 +226,17 @@ func runHotKey(ctx context.Context, cfg config, emit func(Result), _ noteFunc) (
 			if c < procs {
 				continue
 			}
-			r, perr := runHotKeyPoint(ctx, cfg, c, procs)
-			if perr != nil {
-				err = fmt.Errorf("with C=%d P=%d: %w", c, procs, perr)
-				return err
+			for _, fair := range []bool{false, true} {
+				if fair && !cfg.hotFair {
+					continue
+				}
+				r, perr := runHotKeyPoint(ctx, cfg, c, procs, fair)
+				if perr != nil {
+					err = fmt.Errorf("with C=%d P=%d (fair queue %v): %w", c, procs, fair, perr)
+					return err
+				}
+				emit(r)
 			}
-			emit(r)
 		}
 	}
 	return nil
@@ -242,7 +248,7 @@ type workerProc struct {
 	out   *bufio.Reader
 }
 
-func runHotKeyPoint(ctx context.Context, cfg config, callers, procs int) (Result, error) {
+func runHotKeyPoint(ctx context.Context, cfg config, callers, procs int, fair bool) (Result, error) {
 	pool, schema, cleanup, err := benchSchema(ctx, cfg.url, 2)
 	if err != nil {
 		return Result{}, err
@@ -257,7 +263,7 @@ func runHotKeyPoint(ctx context.Context, cfg config, callers, procs int) (Result
 		}
 	}()
 	for p := range procs {
-		spec := workerSpec{URL: cfg.url, Schema: schema, Key: "bench:hot", Duration: cfg.duration, Proc: p,
+		spec := workerSpec{URL: cfg.url, Schema: schema, Key: "bench:hot", Duration: cfg.duration, Proc: p, Fair: fair,
 			Callers: callers/procs + boolInt(p < callers%procs)}
 		if cfg.cpuprofile != "" {
 			spec.CPUProfile = fmt.Sprintf("%s.worker%d", cfg.cpuprofile, p)
@@ -304,7 +310,11 @@ func runHotKeyPoint(ctx context.Context, cfg config, callers, procs int) (Result
 		reps = append(reps, rep)
 	}
 	elapsed := time.Since(start).Seconds()
-	return summarizeHotKey(reps, callers, procs, elapsed), nil
+	r := summarizeHotKey(reps, callers, procs, elapsed)
+	if fair {
+		r.Impl = "manager-fair"
+	}
+	return r, nil
 }
 
 func boolInt(b bool) int {

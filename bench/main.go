@@ -266,6 +266,7 @@ type config struct {
 	callers    []int
 	hotCallers []int
 	hotProcs   []int
+	hotFair    bool // hotkey: also each point with manager.Config.FairQueue (impl manager-fair)
 	hbN        []int
 	hbDuration time.Duration
 	hbTTL      time.Duration // 0: heartbeatTTL(n)
@@ -305,6 +306,7 @@ func main() {
 	flag.StringVar(&callers, "callers", "1,8,64,256", "uncontended: concurrent callers (comma separated)")
 	flag.StringVar(&hotCallers, "hot-callers", "8,64", "hotkey: total callers over all processes")
 	flag.StringVar(&hotProcs, "hot-procs", "1,2", "hotkey: processes")
+	flag.BoolVar(&cfg.hotFair, "hot-fair", false, "hotkey: also run each point with the workers' Managers queueing their waiters (manager.Config.FairQueue; impl manager-fair)")
 	flag.StringVar(&hbN, "heartbeat-n", "1000,10000,100000", "heartbeat: locks held")
 	flag.BoolVar(&hb100k, "heartbeat-100k", false, "heartbeat: also hold 100,000 locks (already in the default -heartbeat-n)")
 	flag.DurationVar(&cfg.hbDuration, "heartbeat-duration", 6*time.Second, "heartbeat: holding time per point")

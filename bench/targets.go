@@ -121,6 +121,12 @@ func computeTargets(res, base resultSet) []Target {
 			add("3", fmt.Sprintf("hot key ≥ %.0f %% of the flush bound, C=%d P=%d", 100*want, h.Callers, max(h.Processes, 1)),
 				fmt.Sprintf("%.0f %% (%.0f/s)", 100*share, h.CyclesPerSec), boolp(share >= want))
 		}
+		// With the fair queue (-hot-fair): reported, not judged (the
+		// targets above are the default's).
+		for _, h := range res.all("hotkey", "manager-fair") {
+			add("3", fmt.Sprintf("with FairQueue: hot key's share of the flush bound, C=%d P=%d", h.Callers, max(h.Processes, 1)),
+				fmt.Sprintf("%.0f %% (%.0f/s, %.0f timeouts)", 100*h.CyclesPerSec/f.CyclesPerSec, h.CyclesPerSec, h.Extra["timeouts"]), nil)
+		}
 	}
 	if len(hot) > 0 {
 		var inv, to float64

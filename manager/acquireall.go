@@ -66,7 +66,8 @@ func (m *Manager) AcquireAll(ctx context.Context, keys []string, opts ...Acquire
 // TryAcquireAll makes one attempt to take all of keys, exclusively, in one
 // statement: ok is false (and err nil) when any of them is held, by
 // another process or by this Manager, or when callers of this Manager wait
-// for one of them (they come first). Otherwise it is AcquireAll without
+// for one of them (they come first; with Config.FairQueue, callers of any
+// process waiting in its queue). Otherwise it is AcquireAll without
 // the wait (see TryAcquire for what a single attempt waits for).
 func (m *Manager) TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (locks []*Lock, ok bool, err error) {
 	const op = "manager.TryAcquireAll"

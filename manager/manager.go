@@ -66,8 +66,10 @@ type Config struct {
 	// first: writer preference inside the order) and notifies only the
 	// head's process; a set at the head is told its turn and takes all its
 	// keys or none; a caller that gives up leaves its tickets. TryAcquire
-	// and TryAcquireAll never queue. A dead process's tickets stop blocking
-	// its keys 3 s after its last refresh.
+	// and TryAcquireAll never queue, and never go ahead of the queue: a
+	// try is answered "held" while a live ticket of any process waits for
+	// the key, even when the key is free (a set's turn). A dead process's
+	// tickets stop blocking its keys 3 s after its last refresh.
 	//
 	// Off by default: the kernel's simulator does not model the queue yet,
 	// and the queue changes what AcquireAll promises (a set at the head of
@@ -743,7 +745,9 @@ func (m *Manager) startAcquire(ctx context.Context, req *kernel.AcquireReq) cont
 // process or by this Manager (callers of one Manager exclude each other:
 // locks are not re-entrant), or when callers of this Manager are already
 // waiting for it (they come first; when they are waiting out an outage,
-// by the rule of Acquire, TryAcquire answers that failure instead).
+// by the rule of Acquire, TryAcquire answers that failure instead). With
+// Config.FairQueue, callers of any process waiting in the key's queue come
+// first too: a key free but with a live ticket is "held".
 //
 // Otherwise its attempt goes out at once, whatever else this Manager is
 // doing for the key (an attempt of callers who left, or the release of a

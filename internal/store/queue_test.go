@@ -877,3 +877,91 @@ func TestQueueRefreshDuringServe(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestQueueYieldingTry: an acquire item with Yield (a fair Manager's try,
+// which takes no ticket) is answered held while a live ticket waits for
+// its key, even with the key free (here a set's ticket, its other key
+// held), for every kind: exclusive, reader, permit and set; the same
+// items without Yield (pg.Store, a Manager without the queue) take the
+// key as before; the SQL API's acquire yields too; a ticket past its
+// expiry holds nothing.
+func TestQueueYieldingTry(t *testing.T) {
+	procs, admin := newQProcs(t, 2)
+	c := ctx(t)
+	const free, held, other = "fair:yield:free", "fair:yield:held", "fair:yield:other"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: held, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	set := []store.WaitRequest{{Key: free, TTL: time.Minute, LockID: keys.NewLockID(), Set: 1},
+		{Key: held, TTL: time.Minute, LockID: keys.NewLockID(), Set: 1}}
+	if res, err := procs[1].s.QueueWait(c, set, procs[1].ch, qlife); err != nil || res[0].OK || res[0].Position != 1 {
+		t.Fatalf("set: %+v %v, want queued at the head of the free key", res, err)
+	}
+	s := procs[0].s
+	try := func(yield bool) (kinds []string) {
+		t.Helper()
+		note := func(name string, rs []store.AcquireResult, err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range rs {
+				if r.OK {
+					if ok, err := s.Release(c, r.LockID); err != nil || !ok {
+						t.Fatal(ok, err)
+					}
+				} else if r.Holder != "" || !r.ExpiresAt.IsZero() {
+					t.Errorf("%s refused by the queue: %+v, want no holder or expiry", name, r)
+				}
+			}
+			if rs[0].OK {
+				kinds = append(kinds, name)
+			}
+		}
+		r, err := s.AcquireMany(c, []store.AcquireRequest{{Key: free, TTL: time.Minute, Yield: yield}})
+		note("exclusive", r, err)
+		r, err = s.AcquireSharedMany(c, []store.SharedRequest{{Key: free, TTL: time.Minute, Yield: yield}})
+		note("reader", r, err)
+		r, err = s.AcquireSharedMany(c, []store.SharedRequest{{Key: free, TTL: time.Minute, Limit: 3, Yield: yield}})
+		note("permit", r, err)
+		sr, err := s.AcquireSets(c, [][]store.AcquireRequest{{{Key: free, TTL: time.Minute, Yield: yield}, {Key: other, TTL: time.Minute, Yield: yield}}})
+		if err == nil {
+			r = sr[0]
+		}
+		note("set", r, err)
+		return kinds
+	}
+	// The SQL API's acquire never queues, and always yields.
+	sqlTry := func() bool {
+		t.Helper()
+		var id *string
+		if err := procs[0].pool.QueryRow(c, "SELECT lock_id FROM syncguard_locks_acquire($1, 60000)", free).Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		if id != nil {
+			if ok, err := s.Release(c, *id); err != nil || !ok {
+				t.Fatal(ok, err)
+			}
+		}
+		return id != nil
+	}
+	if sqlTry() {
+		t.Error("the SQL API's acquire took the key a live ticket waits for")
+	}
+	if got := try(true); len(got) != 0 {
+		t.Errorf("yielding tries took the key a live ticket waits for: %v", got)
+	}
+	if got := try(false); len(got) != 4 {
+		t.Errorf("tries that do not yield took %v, want every kind (they ignore the queue)", got)
+	}
+	if _, err := admin.Exec(c, "UPDATE syncguard_locks_queue SET expires_at_ms = 0"); err != nil {
+		t.Fatal(err)
+	}
+	if got := try(true); len(got) != 4 {
+		t.Errorf("yielding tries with only expired tickets took %v, want every kind", got)
+	}
+	if !sqlTry() {
+		t.Error("the SQL API's acquire did not take a key with only expired tickets")
+	}
+}

@@ -75,8 +75,8 @@ func (s *Store) AcquireSets(ctx context.Context, sets [][]AcquireRequest) ([][]A
 	}
 	res := make([]AcquireResult, total)
 	got := make([]bool, total)
-	args := []any{setOf, p.keys, p.fenceKeys, p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg()}
-	err = s.run(ctx, op, true, s.setsSQL, args, func(rows pgx.Rows) error {
+	sql, args := p.withYield(s.setsSQL, []any{setOf, p.keys, p.fenceKeys, p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg()})
+	err = s.run(ctx, op, true, sql, args, func(rows pgx.Rows) error {
 		g, err := scanGrant(rows)
 		if err != nil {
 			return err

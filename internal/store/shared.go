@@ -26,11 +26,14 @@ type SharedRequest struct {
 	// permit is granted while the live permits are fewer than the
 	// smallest limit among them and its own (see AcquireSharedMany).
 	Limit int
+	// Yield is as in AcquireRequest: the hold yields to its key's fair
+	// queue (any live ticket refuses it).
+	Yield bool
 }
 
 // Format never prints the key or lockId.
 func (r SharedRequest) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "store.SharedRequest{Key:%s TTL:%v LockID:[redacted] Limit:%d}", pglease.HashKey(r.Key), r.TTL, r.Limit)
+	fmt.Fprintf(f, "store.SharedRequest{Key:%s TTL:%v LockID:[redacted] Limit:%d Yield:%v}", pglease.HashKey(r.Key), r.TTL, r.Limit, r.Yield)
 }
 
 // AcquireSharedMany tries once to take a shared hold of each item's key
@@ -94,7 +97,7 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []SharedRequest) ([]
 		if r.Limit < 0 || r.Limit > math.MaxInt32 {
 			return nil, pgerr.New(pglease.CodeInvalidArgument, op, "Limit must be 0 (a reader) or a positive int32 (a permit)", nil)
 		}
-		acq[i] = AcquireRequest{Key: r.Key, TTL: r.TTL, LockID: r.LockID}
+		acq[i] = AcquireRequest{Key: r.Key, TTL: r.TTL, LockID: r.LockID, Yield: r.Yield}
 		limits[i] = int32(r.Limit)
 	}
 	p, err := prepareAcquire(op, acq)
@@ -106,7 +109,8 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []SharedRequest) ([]
 	}
 	out := make([]AcquireResult, len(reqs))
 	got := make([]bool, len(reqs))
-	err = s.run(ctx, op, true, s.sharedSQL, []any{p.keys, p.fenceKeys, p.ids, p.ttls, limits, s.holderArg(), s.channelArg()}, func(rows pgx.Rows) error {
+	sql, args := p.withYield(s.sharedSQL, []any{p.keys, p.fenceKeys, p.ids, p.ttls, limits, s.holderArg(), s.channelArg()})
+	err = s.run(ctx, op, true, sql, args, func(rows pgx.Rows) error {
 		var lim *int32 // the smallest live limit that refused the item (unused)
 		g, err := scanGrant(rows, &lim)
 		if err != nil {

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -149,11 +150,18 @@ type AcquireRequest struct {
 	// (unless the revoke gives its own delay). SyncGuard does not honour
 	// it.
 	LockDelay time.Duration
+	// Yield makes the item yield to its key's fair queue (QueueWait's
+	// tickets): a key that could be granted is answered locked (OK false,
+	// no expiry, holder or retry time) while a live ticket waits for it.
+	// It is how a caller that never queues (a try of a Manager with
+	// FairQueue) keeps from jumping the queue. Checked under the key's
+	// advisory lock, which every enqueue takes, in the same statement.
+	Yield bool
 }
 
 // Format never prints the key or lockId.
 func (r AcquireRequest) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "store.AcquireRequest{Key:%s TTL:%v LockID:[redacted] LockDelay:%v}", pglease.HashKey(r.Key), r.TTL, r.LockDelay)
+	fmt.Fprintf(f, "store.AcquireRequest{Key:%s TTL:%v LockID:[redacted] LockDelay:%v Yield:%v}", pglease.HashKey(r.Key), r.TTL, r.LockDelay, r.Yield)
 }
 
 // AcquireResult answers one acquire.
@@ -406,7 +414,8 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 	// user_key is the NFC key, which for PostgreSQL equals the storage key.
 	out := make([]AcquireResult, len(reqs))
 	got := make([]bool, len(reqs))
-	err = s.run(ctx, op, true, s.acquireSQL, []any{p.keys, p.fenceKeys, p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg()}, func(rows pgx.Rows) error {
+	sql, args := p.withYield(s.acquireSQL, []any{p.keys, p.fenceKeys, p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg()})
+	err = s.run(ctx, op, true, sql, args, func(rows pgx.Rows) error {
 		g, err := scanGrant(rows)
 		if err != nil {
 			return err
@@ -531,6 +540,18 @@ func lockedResult(exp, now, at *int64, holder *string) AcquireResult {
 type acquireArgs struct {
 	keys, fenceKeys, ids []string
 	ttls, delays         []int64
+	yields               []bool // nil: no item yields (AcquireRequest.Yield)
+}
+
+// withYield returns the acquire function call sql with its arguments
+// args, given the p_yield argument too when an item yields: a statement
+// with no such item is sent as it always was (the function's p_yield
+// defaults to none).
+func (p acquireArgs) withYield(sql string, args []any) (string, []any) {
+	if p.yields == nil {
+		return sql, args
+	}
+	return sql[:len(sql)-1] + ", $" + strconv.Itoa(len(args)+1) + ")", append(args, p.yields)
 }
 
 // prepareAcquire validates acquire items and derives the functions'
@@ -563,6 +584,12 @@ func prepareAcquire(op string, reqs []AcquireRequest) (acquireArgs, error) {
 		}
 		seen[id] = struct{}{}
 		p.keys[i], p.fenceKeys[i], p.ids[i], p.ttls[i], p.delays[i] = sk, fk, id, r.TTL.Milliseconds(), r.LockDelay.Milliseconds()
+		if r.Yield && p.yields == nil {
+			p.yields = make([]bool, len(reqs))
+		}
+		if r.Yield {
+			p.yields[i] = true
+		}
 	}
 	return p, nil
 }

@@ -814,3 +814,146 @@ func TestFairOrder(t *testing.T) {
 		t.Errorf("nothing-left did not fail on 2 tickets left: %v", rep.Check(CLeftovers).Examples)
 	}
 }
+
+// fairSharedHist is newPrimHist with the fair queue on and one shared
+// grant at 14.2 s by worker 0 (released at 14.3 s): a reader of the
+// reader-writer key (lim 0) or a permit of the semaphore key (lim 2).
+// Other waiters' tickets of the key, each a kind ("w" exclusive, "s" a
+// set's, "r" a reader's, "p" a permit's), are enqueued from 14 s: ahead
+// before the grant's own ticket (at 14.1 s), behind after it; they live
+// until exp (ms) and leave at 14.4 s. The grant's own ticket (unless
+// noTicket) is deleted in the grant's statement, just before its insert
+// (as the queue's attempt does). As the driver's trigger logs them, a
+// queue row names its lockId twice, by an id hash (the lock log's) and by
+// its grant id (the shared log's); noGID leaves the grant id out (a run
+// made before the soak logged it).
+func fairSharedHist(lim int, ahead, behind []string, noTicket, noGID bool, exp int64) *primHist {
+	h := newPrimHist()
+	h.meta.Fair = true
+	ms := int64(time.Millisecond)
+	k, kind, fence := rwK, event.KindReader, int64(1) // a reader's fence: the last writer's
+	if lim > 0 {
+		k, kind, fence = semK, event.KindPermit, 5
+		h.final.Fences[worker.KeyName(semK)] = 5
+	}
+	n := 0
+	enq := func(tg, name, what string, at, exp int64, tseq int64) int64 {
+		h.seq++
+		if tseq == 0 {
+			tseq = h.seq
+		}
+		row := queueLogRow{Seq: h.seq, Tg: tg, UserKey: worker.KeyName(k), IDHash: "tk-" + name, GrantID: "gid-" + name,
+			TSeq: tseq, ExpiresMs: exp, AtUs: at / 1000}
+		if noGID {
+			row.GrantID = ""
+		}
+		switch what {
+		case "s":
+			row.SetNo = &tseq
+		case "r":
+			row.Lim = new(int)
+		case "p":
+			l := 2
+			row.Lim = &l
+		}
+		h.queueLog = append(h.queueLog, row)
+		return tseq
+	}
+	type queued struct {
+		name, what string
+		tseq       int64
+	}
+	var others []queued
+	add := func(whats []string, from int64) {
+		for _, w := range whats {
+			n++
+			name := fmt.Sprintf("o%d", n)
+			others = append(others, queued{name, w, enq("I", name, w, from+int64(n)*ms, exp, 0)})
+		}
+	}
+	add(ahead, 14*sec)
+	var own int64
+	if !noTicket {
+		what := "r"
+		if lim > 0 {
+			what = "p"
+		}
+		own = enq("I", "me", what, 14*sec+100*ms, 15000, 0)
+	}
+	add(behind, 14*sec+110*ms)
+	from := 14*sec + 200*ms
+	if !noTicket {
+		enq("D", "me", "", from, 15000, own)
+	}
+	h.sharedRow("I", k, lim, fence, "gid-me", from, from/1e6+1000)
+	h.sharedRow("D", k, lim, fence, "gid-me", from+100*ms, from/1e6+1000)
+	h.hold(0, k, kind, lim, fence, "gid-me", from, from+100*ms, 0)
+	for _, o := range others {
+		enq("D", o.name, o.what, 14*sec+400*ms, exp, o.tseq)
+	}
+	return h
+}
+
+// fair-order judges readers and permits by the queue's rules: a reader
+// may go with readers ahead of it, not with an exclusive ticket (a set's
+// too) or a permit's; a permit only with nothing ahead; a shared grant
+// without a ticket jumps the live tickets that would bar it. The shared
+// audit is joined to the queue audit by the grant id.
+func TestFairOrderShared(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		lim             int
+		ahead, behind   []string
+		noTicket, noGID bool
+		exp             int64 // the other tickets' expiry, ms
+		checked, failed int
+	}{
+		{"reader, writer ticket ahead", 0, []string{"w"}, nil, false, false, 15000, 1, 1},
+		{"reader, set's ticket ahead", 0, []string{"s"}, nil, false, false, 15000, 1, 1},
+		{"reader, readers ahead", 0, []string{"r", "r"}, nil, false, false, 15000, 1, 0},
+		{"reader, reader ahead and writer behind", 0, []string{"r"}, []string{"w"}, false, false, 15000, 1, 0},
+		{"reader, readers ahead, writer between", 0, []string{"r", "w", "r"}, nil, false, false, 15000, 1, 1},
+		{"reader, expired writer ticket ahead", 0, []string{"w"}, nil, false, false, 14150, 0, 0},
+		{"reader without a ticket, reader queued", 0, nil, []string{"r"}, true, false, 15000, 1, 0},
+		{"reader without a ticket, writer queued", 0, nil, []string{"w"}, true, false, 15000, 1, 1},
+		{"reader, writer ahead, run without grant ids", 0, []string{"w"}, nil, false, true, 15000, 0, 0},
+		{"permit, permit's ticket ahead", 2, []string{"p"}, nil, false, false, 15000, 1, 1},
+		{"permit, exclusive ticket ahead", 2, []string{"w"}, nil, false, false, 15000, 1, 1},
+		{"permit at the head", 2, nil, []string{"p", "w"}, false, false, 15000, 1, 0},
+		{"permit without a ticket, permit queued", 2, nil, []string{"p"}, true, false, 15000, 1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := fairSharedHist(c.lim, c.ahead, c.behind, c.noTicket, c.noGID, c.exp)
+			rep := runChecks(t, h.hist)
+			fc := rep.Check(CFair)
+			if fc == nil {
+				t.Fatal("no fair-order check in a fair run")
+			}
+			// Every other grant of the history is skipped (no ticket
+			// queued), the shared holds only in a run that logs grant ids.
+			grants := 0
+			for _, l := range h.locks {
+				if l.Tg == "I" {
+					grants++
+				}
+			}
+			for _, s := range h.sharedLog {
+				if s.Tg == "I" && !c.noGID {
+					grants++
+				}
+			}
+			if fc.Checked != c.checked || fc.Skipped != grants-c.checked || fc.Failed != c.failed {
+				t.Errorf("fair-order: %d checked, %d skipped, %d failed; want %d, %d, %d (%v)", fc.Checked, fc.Skipped, fc.Failed,
+					c.checked, grants-c.checked, c.failed, fc.Examples)
+			}
+			if c.failed > 0 {
+				t.Logf("%v", fc.Examples)
+			}
+			for _, o := range rep.Checks {
+				if o.Name != CFair && o.Failed > 0 {
+					t.Errorf("%s failed: %v", o.Name, o.Examples)
+				}
+			}
+		})
+	}
+}

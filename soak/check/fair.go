@@ -20,7 +20,8 @@ type queueLogRow struct {
 	Tg        string `json:"tg"`
 	UserKey   string `json:"user_key"`
 	IDHash    string `json:"id_hash"`
-	TSeq      int64  `json:"tseq"` // the ticket's place in its key's queue
+	GrantID   string `json:"grant_id"` // pg.GrantID of the lockId, as the shared audit names a hold ("" in runs made before the soak logged it)
+	TSeq      int64  `json:"tseq"`     // the ticket's place in its key's queue
 	Lim       *int   `json:"lim"`
 	SetNo     *int64 `json:"set_no"`
 	ExpiresMs int64  `json:"expires_ms"`
@@ -54,38 +55,92 @@ func (r *run) loadQueue() ([]queueLogRow, error) {
 
 // ticket is a live row of the queue table, replayed from its audit log.
 type ticket struct {
-	id        string
+	id        string // md5 of the lockId (the lock audit's id_hash)
+	gid       string // pg.GrantID of the lockId (the shared audit's grant_id)
 	tseq      int64
+	lim       *int // nil: exclusive (a set's too); 0: a reader; n: a permit of n
 	expiresMs int64
 	atUs      int64 // enqueued (server time)
 	set       bool
 }
 
+// kind names the ticket for a failure message.
+func (t *ticket) kind() string {
+	switch {
+	case t.set:
+		return "set's ticket"
+	case t.lim == nil:
+		return "exclusive ticket"
+	case *t.lim == 0:
+		return "reader's ticket"
+	}
+	return "permit's ticket"
+}
+
+// fairGrant is a grant the fair-order check judges: a lock table row
+// given to a lockId (l, from the lock audit) or a shared hold (s, from the
+// shared-hold audit); atUs is its commit's server time.
+type fairGrant struct {
+	seq  int64
+	l    *lockLogRow
+	s    *sharedLogRow
+	atUs int64
+}
+
+// bars reports whether live ticket t, ahead of grant g's own ticket (or
+// anywhere, when g has none), must have kept g waiting: every ticket bars
+// an exclusive grant and a permit; a reader is barred by an exclusive
+// ticket (a set's included) or a permit's, never by a reader's.
+func (g fairGrant) bars(t *ticket) bool {
+	if g.s == nil || g.s.Lim > 0 {
+		return true
+	}
+	return t.lim == nil || *t.lim > 0
+}
+
 // checkFair: the fair queue (manager.Config.FairQueue, docs/fairness.md)
-// serves a key's waiters in arrival order across processes. In the
-// server's own order (the lock and queue audits share one sequence, and
-// every statement that enqueues or grants holds its key's advisory lock):
-// every exclusive grant of a key (a lease, a writer, an exclusive grant of
-// a semaphore key, a set's lock) goes to the head of the key's queue. At
-// the grant, no other live ticket of the key (any kind: an exclusive
-// ticket goes only at the head) is ahead of the grant's own ticket (its
-// lockId's last enqueue); a grant with no ticket at all (a caller that
-// did not queue) jumps every live ticket of the key. A ticket past its
-// expiry at the grant's commit time does not count (a dead or partitioned
-// waiter's ticket blocks its key at most its life; its caller enqueues
-// again, at the tail). Checked: the grants made while another live ticket
-// of their key was queued; skipped: those with none queued. Only runs
-// with -fair are checked.
+// serves a key's waiters in arrival order across processes, by its "who
+// may go" rules. In the server's own order (the lock, shared-hold and
+// queue audits share one sequence, and every statement that enqueues or
+// grants holds its key's advisory lock), at every grant of a key, among
+// the key's live tickets ahead of the grant's own ticket (its lockId's
+// last enqueue; a grant's lockId is its ticket's, exclusive or shared):
+//   - an exclusive grant (a lease, a writer, an exclusive grant of a
+//     semaphore key, a set's lock) and a permit find none: they go at the
+//     head;
+//   - a reader finds no exclusive ticket (a set's included) and no
+//     permit's; readers ahead of it do not matter (readers in a row go
+//     together; a writer queued ahead holds them off).
+//
+// A grant with no ticket at all (a caller that did not queue) is judged
+// as if its ticket were behind every live one: it jumps each live ticket
+// that would bar it. The shared audit names a hold by the pg.GrantID of
+// its lockId and the lock audit by an md5, so the queue audit logs both
+// (runs made before it logged the grant id: shared holds are not judged).
+// A ticket past its expiry at the grant's commit time does not count (a
+// dead or partitioned waiter's ticket blocks its key at most its life;
+// its caller enqueues again, at the tail). Checked: the grants made while
+// another live ticket of their key was queued (any kind, also one that
+// could not bar them); skipped: those with none queued. Only runs with
+// -fair are checked.
 func (r *run) checkFair() (*Check, error) {
-	c := &Check{Name: CFair, Guarantee: "fair queue: every exclusive grant of a key goes to the head of its queue: no other live ticket of the key is ahead of the grant's own (server order; a grant without a ticket jumps every live one)"}
+	c := &Check{Name: CFair, Guarantee: "fair queue: every grant of a key goes by its queue's order: an exclusive grant or a permit with no other live ticket of the key ahead of its own, a reader with no exclusive or permit's ticket ahead (readers ahead may be); server order; a grant without a ticket jumps every live one that would bar it"}
 	rows, err := r.loadQueue()
 	if err != nil {
 		return nil, err
 	}
-	// Client grants by the server's lockId hash, to name the workers.
-	who := func(k int, idHash string) string {
+	withGID := false
+	for i := range rows {
+		if rows[i].GrantID != "" {
+			withGID = true
+			break
+		}
+	}
+	// Client grants by the server's lockId hash or grant id, to name the
+	// workers.
+	who := func(k int, idHash, gid string) string {
 		for _, s := range r.sgrants[k] {
-			if s.idHash == idHash {
+			if idHash != "" && s.idHash == idHash {
 				for _, g := range r.grants {
 					if g.key == k && g.fence == s.fence {
 						return fmt.Sprintf("worker %d.%d (fence %d)", g.w, g.inc, g.fence)
@@ -94,12 +149,24 @@ func (r *run) checkFair() (*Check, error) {
 				return fmt.Sprintf("fence %d (no worker logged it)", s.fence)
 			}
 		}
+		if gid != "" {
+			for _, g := range r.shared {
+				if g.key == k && g.grantID == gid {
+					return fmt.Sprintf("worker %d.%d (%s, fence %d)", g.w, g.inc, g.kind, g.fence)
+				}
+			}
+			for _, s := range r.sshared[k] {
+				if s.grantID == gid {
+					return fmt.Sprintf("shared hold fence %d (no worker logged it)", s.fence)
+				}
+			}
+		}
 		return "a caller that was never granted"
 	}
 	type item struct {
 		seq int64
 		q   *queueLogRow
-		l   *lockLogRow
+		g   *fairGrant
 	}
 	byKey := map[int][]item{}
 	for i := range rows {
@@ -111,20 +178,34 @@ func (r *run) checkFair() (*Check, error) {
 		row := &r.lockLog[i]
 		if row.Tg == "I" || row.Tg == "U" && row.OldIDHash != row.IDHash {
 			if k, ok := keyIndex(row.UserKey); ok {
-				byKey[k] = append(byKey[k], item{seq: row.Seq, l: row})
+				byKey[k] = append(byKey[k], item{seq: row.Seq, g: &fairGrant{seq: row.Seq, l: row, atUs: row.AtUs}})
+			}
+		}
+	}
+	if withGID {
+		for i := range r.sharedLog {
+			row := &r.sharedLog[i]
+			if row.Tg == "I" {
+				if k, ok := keyIndex(row.UserKey); ok {
+					byKey[k] = append(byKey[k], item{seq: row.Seq, g: &fairGrant{seq: row.Seq, s: row, atUs: row.AtUs}})
+				}
 			}
 		}
 	}
 	for k, items := range byKey {
 		sort.Slice(items, func(i, j int) bool { return items[i].seq < items[j].seq })
 		live := map[string]*ticket{}
-		last := map[string]*ticket{} // each lockId's last enqueue
+		last := map[string]*ticket{} // each lockId's last enqueue, by id hash
+		idOf := map[string]string{}  // id hash by grant id
 		for _, it := range items {
 			if q := it.q; q != nil {
 				switch q.Tg {
 				case "I":
-					t := &ticket{id: q.IDHash, tseq: q.TSeq, expiresMs: q.ExpiresMs, atUs: q.AtUs, set: q.SetNo != nil}
+					t := &ticket{id: q.IDHash, gid: q.GrantID, tseq: q.TSeq, lim: q.Lim, expiresMs: q.ExpiresMs, atUs: q.AtUs, set: q.SetNo != nil}
 					live[q.IDHash], last[q.IDHash] = t, t
+					if q.GrantID != "" {
+						idOf[q.GrantID] = q.IDHash
+					}
 				case "U":
 					if t := live[q.IDHash]; t != nil {
 						t.expiresMs = q.ExpiresMs
@@ -134,17 +215,31 @@ func (r *run) checkFair() (*Check, error) {
 				}
 				continue
 			}
-			g := it.l
-			own := last[g.IDHash]
-			atMs := g.AtUs / 1000
+			g := it.g
+			var self, gid, what string
+			if g.l != nil {
+				self, what = g.l.IDHash, "an exclusive grant"
+			} else {
+				gid = g.s.GrantID
+				self = idOf[gid] // "": the lockId never queued
+				what = "a reader"
+				if g.s.Lim > 0 {
+					what = fmt.Sprintf("a permit of %d", g.s.Lim)
+				}
+			}
+			var own *ticket
+			if self != "" {
+				own = last[self]
+			}
+			atMs := g.atUs / 1000
 			var ahead []*ticket
 			others := 0
 			for id, t := range live {
-				if id == g.IDHash || t.expiresMs <= atMs {
+				if id == self || t.expiresMs <= atMs {
 					continue
 				}
 				others++
-				if own == nil || t.tseq < own.tseq {
+				if (own == nil || t.tseq < own.tseq) && g.bars(t) {
 					ahead = append(ahead, t)
 				}
 			}
@@ -160,15 +255,15 @@ func (r *run) checkFair() (*Check, error) {
 			t := ahead[0]
 			mine := "no ticket of its own"
 			if own != nil {
-				mine = fmt.Sprintf("its own ticket %d enqueued %s before the grant", own.tseq, ms(time.Duration(g.AtUs-own.atUs)*time.Microsecond))
+				mine = fmt.Sprintf("its own ticket %d enqueued %s before the grant", own.tseq, ms(time.Duration(g.atUs-own.atUs)*time.Microsecond))
 			}
-			kind := "ticket"
-			if t.set {
-				kind = "set's ticket"
+			holder := who(k, self, "")
+			if g.s != nil {
+				holder = who(k, "", gid)
 			}
-			c.fail("%s: %s was granted (audit seq %d; %s) while %d live ticket(s) were ahead of it, the first the %s %d of %s, enqueued %s earlier and live %s more",
-				kn(k), who(k, g.IDHash), g.Seq, mine, len(ahead), kind, t.tseq, who(k, t.id),
-				ms(time.Duration(g.AtUs-t.atUs)*time.Microsecond), ms(time.Duration(t.expiresMs-atMs)*time.Millisecond))
+			c.fail("%s: %s, %s, was granted (audit seq %d; %s) while %d live ticket(s) that bar it were ahead of it, the first the %s %d of %s, enqueued %s earlier and live %s more",
+				kn(k), holder, what, g.seq, mine, len(ahead), t.kind(), t.tseq, who(k, t.id, t.gid),
+				ms(time.Duration(g.atUs-t.atUs)*time.Microsecond), ms(time.Duration(t.expiresMs-atMs)*time.Millisecond))
 		}
 	}
 	return c, nil

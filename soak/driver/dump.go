@@ -94,7 +94,7 @@ func (d *driver) dump(ctx context.Context) error {
 		FROM soak_shared_log ORDER BY seq) t`, "shared_log.jsonl"); err != nil {
 		return err
 	}
-	if err := d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, tg, user_key, id_hash, tseq, lim, set_no, expires_ms,
+	if err := d.copyOut(ctx, `SELECT row_to_json(t)::text FROM (SELECT seq, tg, user_key, id_hash, grant_id, tseq, lim, set_no, expires_ms,
 		(extract(epoch FROM at) * 1e6)::bigint AS at_us, xid FROM soak_queue_log ORDER BY seq) t`, "queue_log.jsonl"); err != nil {
 		return err
 	}

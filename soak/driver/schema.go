@@ -103,11 +103,14 @@ CREATE TRIGGER soak_shared_audit AFTER INSERT OR UPDATE OR DELETE ON syncguard_l
 -- The fair queue's tickets (-fair runs): enqueue, refresh, delete (a
 -- grant, a leave, an expired ticket dropped), in the lock audits' sequence:
 -- every statement that grants or enqueues holds its key's advisory lock.
+-- A ticket's lockId is its grant's, so each row names it both ways: as the
+-- lock log (md5) and as the shared log (soak_grant_id).
 CREATE TABLE soak_queue_log (
   seq bigint PRIMARY KEY DEFAULT nextval('soak_audit_seq'),
   tg text NOT NULL,            -- I enqueue, U refresh, D delete
   user_key text NOT NULL,
   id_hash text NOT NULL,       -- md5(lock_id), as the lock log has it
+  grant_id text NOT NULL,      -- soak_grant_id(lock_id), as the shared log has it
   tseq bigint NOT NULL,        -- the ticket's place (the queue's own seq)
   lim integer,
   set_no bigint,
@@ -118,11 +121,11 @@ CREATE TABLE soak_queue_log (
 CREATE FUNCTION soak_queue_audit() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
   IF TG_OP = 'DELETE' THEN
-    INSERT INTO soak_queue_log (tg, user_key, id_hash, tseq, lim, set_no, expires_ms)
-      VALUES ('D', OLD.key, md5(OLD.lock_id), OLD.seq, OLD.lim, OLD.set_no, OLD.expires_at_ms);
+    INSERT INTO soak_queue_log (tg, user_key, id_hash, grant_id, tseq, lim, set_no, expires_ms)
+      VALUES ('D', OLD.key, md5(OLD.lock_id), soak_grant_id(OLD.lock_id), OLD.seq, OLD.lim, OLD.set_no, OLD.expires_at_ms);
   ELSE
-    INSERT INTO soak_queue_log (tg, user_key, id_hash, tseq, lim, set_no, expires_ms)
-      VALUES (left(TG_OP, 1), NEW.key, md5(NEW.lock_id), NEW.seq, NEW.lim, NEW.set_no, NEW.expires_at_ms);
+    INSERT INTO soak_queue_log (tg, user_key, id_hash, grant_id, tseq, lim, set_no, expires_ms)
+      VALUES (left(TG_OP, 1), NEW.key, md5(NEW.lock_id), soak_grant_id(NEW.lock_id), NEW.seq, NEW.lim, NEW.set_no, NEW.expires_at_ms);
   END IF;
   RETURN NULL;
 END $fn$;

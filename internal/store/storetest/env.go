@@ -114,17 +114,42 @@ func (e *env) extend(s Store, id string, ttl time.Duration) store.ExtendResult {
 
 func (e *env) snapshot(s Store, key string) store.KeyState {
 	e.t.Helper()
-	res, err := s.Snapshot(e.ctx(), []string{key})
+	res, err := e.snapshotMany(s, []string{key})
 	if err != nil {
 		e.t.Fatalf("Snapshot: %v", err)
 	}
-	if len(res) != 1 {
-		e.t.Fatalf("Snapshot: %d results for 1 key", len(res))
-	}
-	if res[0].Busy {
-		e.t.Fatalf("Snapshot: key busy with nothing in flight")
-	}
 	return res[0]
+}
+
+// snapshotMany reads ks with Snapshot, again while a key is busy. The
+// test does nothing in flight on its keys, but a key's advisory lock is
+// hashtext of its name in every lock table of the database (SyncGuard's
+// rule), and the tests run in parallel, each on tables of its own with
+// the same key names: another test's change of its "k" makes this one's
+// "k" busy for a moment. Busy for 10 s is a failure.
+func (e *env) snapshotMany(s Store, ks []string) ([]store.KeyState, error) {
+	e.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := s.Snapshot(e.ctx(), ks)
+		if err != nil {
+			return res, err
+		}
+		if len(res) != len(ks) {
+			e.t.Fatalf("Snapshot: %d results for %d keys", len(res), len(ks))
+		}
+		busy := false
+		for _, r := range res {
+			busy = busy || r.Busy
+		}
+		if !busy {
+			return res, nil
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("Snapshot: a key busy for 10 s with nothing in flight: %+v", res)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func (e *env) revoke(s Store, req store.RevokeRequest) store.RevokeResult {

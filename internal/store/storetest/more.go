@@ -453,7 +453,7 @@ var snapshotTests = []test{
 	}},
 	{"Batch", func(t *testing.T, e *env) {
 		e.mustAcquire(e.Store, "b", long)
-		res, err := e.Store.Snapshot(e.ctx(), []string{"a", "b", "a"})
+		res, err := e.snapshotMany(e.Store, []string{"a", "b", "a"})
 		if err != nil || len(res) != 3 || res[0].Held || !res[1].Held || res[2].Held {
 			t.Fatalf("Snapshot = %+v, %v", res, err)
 		}

@@ -30,7 +30,7 @@ func (ExclusiveKind) statement() BatchKind { return KindAcquire }
 func (ExclusiveKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store.AcquireResult, error) {
 	reqs := make([]store.AcquireRequest, len(batch))
 	for i, a := range batch {
-		reqs[i] = store.AcquireRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: a.lockID, LockDelay: a.lockDelay()}
+		reqs[i] = store.AcquireRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: a.lockID, LockDelay: a.lockDelay(), Yield: a.yield}
 	}
 	return s.AcquireMany(ctx, reqs)
 }

@@ -59,6 +59,10 @@ type Attempt struct {
 	chain  uint64
 	hedges uint8
 	stale  bool
+	// yield: the attempt's items yield to their keys' fair queue
+	// (store.AcquireRequest.Yield): a try of a Manager with FairQueue,
+	// which takes no ticket, must not take a key a ticket waits for.
+	yield bool
 	// delayMs is the lock delay stored with the grant (WithLockDelay), in
 	// ms (at most math.MaxInt32: kept in the padding after stale).
 	delayMs int32

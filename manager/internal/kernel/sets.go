@@ -190,7 +190,8 @@ func (st *LoopState) newSetAttempt(w *setWait) {
 	}
 	a := &Attempt{lockID: sk.ids[0], ttl: w.req.TTL, delayMs: w.req.delayMs(), Kind: sk}
 	if w.req.Try {
-		a.try = w.req // try mode: answered at once
+		a.try = w.req       // try mode: answered at once
+		a.yield = st.fair() // a try never queues: it yields to the tickets
 	}
 	w.attempt = a
 	st.setAcqs.add(a)
@@ -371,7 +372,7 @@ func (sk *setKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store
 		k := setOf(a)
 		reqs[i] = make([]store.AcquireRequest, len(k.ids))
 		for j, key := range k.w.req.Set.Keys {
-			reqs[i][j] = store.AcquireRequest{Key: key.Key, TTL: a.ttl, LockID: k.ids[j], LockDelay: k.w.req.Delay}
+			reqs[i][j] = store.AcquireRequest{Key: key.Key, TTL: a.ttl, LockID: k.ids[j], LockDelay: k.w.req.Delay, Yield: a.yield}
 		}
 		n += len(k.ids)
 	}

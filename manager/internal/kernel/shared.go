@@ -203,7 +203,7 @@ func (sh *SharedKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]st
 	for _, a := range batch {
 		k := a.Kind.(*SharedKind)
 		for j := range k.holds(a) {
-			reqs = append(reqs, store.SharedRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: k.id(a, j), Limit: int(k.Limit)})
+			reqs = append(reqs, store.SharedRequest{Key: a.Ks.Key, TTL: a.ttl, LockID: k.id(a, j), Limit: int(k.Limit), Yield: a.yield})
 		}
 	}
 	return s.AcquireSharedMany(ctx, reqs)

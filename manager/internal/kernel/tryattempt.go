@@ -22,6 +22,13 @@ import (
 // waiting (in its queue, or a set waiter's turn) is theirs first
 // ("locked", or the failure that keeps them from reaching the database,
 // KeyState.lastErr: they are waiting out an outage, not a holder).
+//
+// With FairQueue the same holds for every process's waiters: a try takes
+// no ticket, and its attempt yields to the key's queue (Attempt.yield):
+// the server answers "locked" while a live ticket of another caller waits
+// for the key, also when the key is free (a set's turn, a release that
+// could not serve the head), so a loop of tries cannot take a key ahead
+// of the queue (docs/fairness.md).
 
 // tryAcquire answers req at once, or queues its attempt.
 func (st *LoopState) tryAcquire(ks *KeyState, req *AcquireReq) {
@@ -36,6 +43,7 @@ func (st *LoopState) tryAcquire(ks *KeyState, req *AcquireReq) {
 		req.Acq.Queued(obs.QueueInfo{})
 		a := newAttempt(ks, req, 0) // outside the key's attempt chain
 		a.try = req
+		a.yield = st.fair() // not ahead of the key's tickets (above)
 		if req.Shared {
 			shareTry(a, req) // shared.go
 		}

@@ -435,8 +435,18 @@ $fn$;
 -- overflow. The statement waits for locks other transactions hold on its
 -- keys 100 ms in all ({fn_check}'s p_until): a key still locked by
 -- another transaction then is answered locked (o_retry_ms 1 s on), and
--- the other keys of the batch are answered as usual.
-CREATE OR REPLACE FUNCTION {fn_acquire4}(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
+-- the other keys of the batch are answered as usual. p_yield (NULL: no
+-- item): item i yields to its key's fair queue when p_yield[i] is true
+-- (a try of a Manager with FairQueue, or {api_acquire}: callers that
+-- never queue): a key free but with a live ticket of the queue table is
+-- answered locked, with no expiry, holder or retry time (the queue's
+-- waiters go first; the check is made under the key's advisory lock,
+-- which every enqueue takes). Other callers (pg.Store, Managers without
+-- the queue) pass NULL and never read the queue; SyncGuard's own SQL does
+-- not call these functions.
+DROP FUNCTION IF EXISTS {fn_acquire4}(text[], text[], text[], bigint[], bigint[], text, text);
+CREATE OR REPLACE FUNCTION {fn_acquire4}(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text,
+  p_yield boolean[] DEFAULT NULL)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -468,6 +478,13 @@ BEGIN
       RETURN NEXT;
       CONTINUE;
     END IF;
+    IF p_yield[v_i] THEN
+      IF EXISTS (SELECT 1 FROM {q} AS q WHERE q.key = v_k AND q.expires_at_ms > c.c_now) THEN
+        o_status := 1;
+        RETURN NEXT;
+        CONTINUE;
+      END IF;
+    END IF;
     o_fence := {fn_grant}(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, c.c_now, c.c_row);
     IF o_fence IS NULL THEN
       o_status := 2;
@@ -487,8 +504,11 @@ $fn$;
 -- a reader while permits are held, a permit while readers are held or
 -- when it would reach the smallest limit among the live permits and its
 -- own (o_limit: that smallest live limit). Status: 0 acquired, 1 locked,
--- 2 fence overflow.
-CREATE OR REPLACE FUNCTION {fn_acquire_shared}(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_limits integer[], p_holder text, p_channel text)
+-- 2 fence overflow. p_yield: as {fn_acquire4}'s (a reader or permit that
+-- yields is refused while any live ticket waits for its key).
+DROP FUNCTION IF EXISTS {fn_acquire_shared}(text[], text[], text[], bigint[], integer[], text, text);
+CREATE OR REPLACE FUNCTION {fn_acquire_shared}(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_limits integer[], p_holder text, p_channel text,
+  p_yield boolean[] DEFAULT NULL)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer, o_limit integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -515,6 +535,13 @@ BEGIN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared; o_limit := c.c_limit;
       RETURN NEXT;
       CONTINUE;
+    END IF;
+    IF p_yield[r.i] THEN
+      IF EXISTS (SELECT 1 FROM {q} AS q WHERE q.key = r.k AND q.expires_at_ms > c.c_now) THEN
+        o_status := 1;
+        RETURN NEXT;
+        CONTINUE;
+      END IF;
     END IF;
     v_fence := NULL;
     IF r.lim = 0 THEN
@@ -546,8 +573,12 @@ $fn$;
 -- ones: held). A set is granted only when all its items can be; phase 2,
 -- in the same order, grants the granted sets' items. Status: 0 acquired,
 -- 1 held, 2 fence overflow (nothing granted for its set), 4 free but its
--- set was not granted (another item was refused).
-CREATE OR REPLACE FUNCTION {fn_acquire_sets}(p_sets integer[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
+-- set was not granted (another item was refused). p_yield: as
+-- {fn_acquire4}'s (an item that yields is held while its key has a live
+-- ticket, and its set is not granted).
+DROP FUNCTION IF EXISTS {fn_acquire_sets}(integer[], text[], text[], text[], bigint[], bigint[], text, text);
+CREATE OR REPLACE FUNCTION {fn_acquire_sets}(p_sets integer[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text,
+  p_yield boolean[] DEFAULT NULL)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -564,6 +595,7 @@ DECLARE
   v_shared integer[];
   v_row boolean[];
   v_fence bigint;
+  v_queued boolean;
   v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
@@ -583,7 +615,13 @@ BEGIN
     c := {fn_check}(r.k, NULL, v_until); -- takes the advisory lock, as {fn_acquire4}
     v_now[r.i] := c.c_now;
     v_row[r.i] := c.c_row;
+    v_queued := false;
+    IF c.c_status = 0 AND r.nth = 1 AND p_yield[r.i] THEN
+      v_queued := EXISTS (SELECT 1 FROM {q} AS q WHERE q.key = r.k AND q.expires_at_ms > c.c_now);
+    END IF;
     IF c.c_status = 0 AND r.nth > 1 THEN
+      v_status[r.i] := 1;
+    ELSIF c.c_status = 0 AND v_queued THEN
       v_status[r.i] := 1;
     ELSIF c.c_status = 0 THEN
       v_fence := NULL;
@@ -1221,7 +1259,9 @@ $fn$;
 -- guard accepts in pglease.lock_proofs, and what the lock table does not
 -- hold. A refused call marks a key that readers or permits use as waited
 -- for by a writer for 2 s (no new reader or permit meanwhile); a caller
--- that waits keeps the mark by calling again within 1 s.
+-- that waits keeps the mark by calling again within 1 s. It never queues,
+-- and yields to the key's fair queue as a Manager's try does (p_yield): a
+-- key free but waited for by a live ticket is held (expires_at_ms NULL).
 CREATE OR REPLACE FUNCTION {api_acquire}(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint,
   OUT guard_proof text)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -1240,7 +1280,7 @@ BEGIN
   END IF;
   SELECT * INTO r FROM {fn_acquire4}(ARRAY[v_k], ARRAY['fence:' || v_k], ARRAY[v_id], ARRAY[$2], ARRAY[0::bigint],
     format('%s[%s]@sql', coalesce(nullif(current_setting('application_name', true), ''), session_user::text), pg_backend_pid()),
-    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'));
+    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'), ARRAY[true]);
   IF r.o_status = 2 THEN
     RAISE EXCEPTION 'pglease: fence counter overflow: the key''s fence would exceed 900000000000000; no lock granted' USING ERRCODE = 'numeric_value_out_of_range';
   END IF;

@@ -439,8 +439,18 @@ $fn$;
 -- overflow. The statement waits for locks other transactions hold on its
 -- keys 100 ms in all ("pglease_check_07f27fb7aa"'s p_until): a key still locked by
 -- another transaction then is answered locked (o_retry_ms 1 s on), and
--- the other keys of the batch are answered as usual.
-CREATE OR REPLACE FUNCTION "pglease_acquire_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
+-- the other keys of the batch are answered as usual. p_yield (NULL: no
+-- item): item i yields to its key's fair queue when p_yield[i] is true
+-- (a try of a Manager with FairQueue, or "syncguard_locks_acquire": callers that
+-- never queue): a key free but with a live ticket of the queue table is
+-- answered locked, with no expiry, holder or retry time (the queue's
+-- waiters go first; the check is made under the key's advisory lock,
+-- which every enqueue takes). Other callers (pg.Store, Managers without
+-- the queue) pass NULL and never read the queue; SyncGuard's own SQL does
+-- not call these functions.
+DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text);
+CREATE OR REPLACE FUNCTION "pglease_acquire_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text,
+  p_yield boolean[] DEFAULT NULL)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -472,6 +482,13 @@ BEGIN
       RETURN NEXT;
       CONTINUE;
     END IF;
+    IF p_yield[v_i] THEN
+      IF EXISTS (SELECT 1 FROM "syncguard_locks_queue" AS q WHERE q.key = v_k AND q.expires_at_ms > c.c_now) THEN
+        o_status := 1;
+        RETURN NEXT;
+        CONTINUE;
+      END IF;
+    END IF;
     o_fence := "pglease_grant_07f27fb7aa"(v_k, p_fence_keys[v_i], p_lock_ids[v_i], p_ttls[v_i], p_delays[v_i], p_holder, p_channel, c.c_now, c.c_row);
     IF o_fence IS NULL THEN
       o_status := 2;
@@ -491,8 +508,11 @@ $fn$;
 -- a reader while permits are held, a permit while readers are held or
 -- when it would reach the smallest limit among the live permits and its
 -- own (o_limit: that smallest live limit). Status: 0 acquired, 1 locked,
--- 2 fence overflow.
-CREATE OR REPLACE FUNCTION "pglease_acquire_shared_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_limits integer[], p_holder text, p_channel text)
+-- 2 fence overflow. p_yield: as "pglease_acquire_07f27fb7aa"'s (a reader or permit that
+-- yields is refused while any live ticket waits for its key).
+DROP FUNCTION IF EXISTS "pglease_acquire_shared_07f27fb7aa"(text[], text[], text[], bigint[], integer[], text, text);
+CREATE OR REPLACE FUNCTION "pglease_acquire_shared_07f27fb7aa"(p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_limits integer[], p_holder text, p_channel text,
+  p_yield boolean[] DEFAULT NULL)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer, o_limit integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -519,6 +539,13 @@ BEGIN
       o_status := c.c_status; o_expires_ms := c.c_exp; o_retry_ms := c.c_retry; o_holder := c.c_holder; o_shared := c.c_shared; o_limit := c.c_limit;
       RETURN NEXT;
       CONTINUE;
+    END IF;
+    IF p_yield[r.i] THEN
+      IF EXISTS (SELECT 1 FROM "syncguard_locks_queue" AS q WHERE q.key = r.k AND q.expires_at_ms > c.c_now) THEN
+        o_status := 1;
+        RETURN NEXT;
+        CONTINUE;
+      END IF;
     END IF;
     v_fence := NULL;
     IF r.lim = 0 THEN
@@ -550,8 +577,12 @@ $fn$;
 -- ones: held). A set is granted only when all its items can be; phase 2,
 -- in the same order, grants the granted sets' items. Status: 0 acquired,
 -- 1 held, 2 fence overflow (nothing granted for its set), 4 free but its
--- set was not granted (another item was refused).
-CREATE OR REPLACE FUNCTION "pglease_acquire_sets_07f27fb7aa"(p_sets integer[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text)
+-- set was not granted (another item was refused). p_yield: as
+-- "pglease_acquire_07f27fb7aa"'s (an item that yields is held while its key has a live
+-- ticket, and its set is not granted).
+DROP FUNCTION IF EXISTS "pglease_acquire_sets_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], text, text);
+CREATE OR REPLACE FUNCTION "pglease_acquire_sets_07f27fb7aa"(p_sets integer[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text,
+  p_yield boolean[] DEFAULT NULL)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint, o_holder text, o_shared integer)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -568,6 +599,7 @@ DECLARE
   v_shared integer[];
   v_row boolean[];
   v_fence bigint;
+  v_queued boolean;
   v_until bigint := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 100;
 BEGIN
   PERFORM set_config('synchronous_commit', 'on', true);
@@ -587,7 +619,13 @@ BEGIN
     c := "pglease_check_07f27fb7aa"(r.k, NULL, v_until); -- takes the advisory lock, as "pglease_acquire_07f27fb7aa"
     v_now[r.i] := c.c_now;
     v_row[r.i] := c.c_row;
+    v_queued := false;
+    IF c.c_status = 0 AND r.nth = 1 AND p_yield[r.i] THEN
+      v_queued := EXISTS (SELECT 1 FROM "syncguard_locks_queue" AS q WHERE q.key = r.k AND q.expires_at_ms > c.c_now);
+    END IF;
     IF c.c_status = 0 AND r.nth > 1 THEN
+      v_status[r.i] := 1;
+    ELSIF c.c_status = 0 AND v_queued THEN
       v_status[r.i] := 1;
     ELSIF c.c_status = 0 THEN
       v_fence := NULL;
@@ -1225,7 +1263,9 @@ $fn$;
 -- guard accepts in pglease.lock_proofs, and what the lock table does not
 -- hold. A refused call marks a key that readers or permits use as waited
 -- for by a writer for 2 s (no new reader or permit meanwhile); a caller
--- that waits keeps the mark by calling again within 1 s.
+-- that waits keeps the mark by calling again within 1 s. It never queues,
+-- and yields to the key's fair queue as a Manager's try does (p_yield): a
+-- key free but waited for by a live ticket is held (expires_at_ms NULL).
 CREATE OR REPLACE FUNCTION "syncguard_locks_acquire"(key text, ttl_ms bigint, OUT lock_id text, OUT fence bigint, OUT expires_at_ms bigint,
   OUT guard_proof text)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -1244,7 +1284,7 @@ BEGIN
   END IF;
   SELECT * INTO r FROM "pglease_acquire_07f27fb7aa"(ARRAY[v_k], ARRAY['fence:' || v_k], ARRAY[v_id], ARRAY[$2], ARRAY[0::bigint],
     format('%s[%s]@sql', coalesce(nullif(current_setting('application_name', true), ''), session_user::text), pg_backend_pid()),
-    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'));
+    coalesce(nullif(current_setting('pglease.notify_channel', true), ''), 'pglease_release'), ARRAY[true]);
   IF r.o_status = 2 THEN
     RAISE EXCEPTION 'pglease: fence counter overflow: the key''s fence would exceed 900000000000000; no lock granted' USING ERRCODE = 'numeric_value_out_of_range';
   END IF;
@@ -1989,9 +2029,9 @@ DROP FUNCTION IF EXISTS "pglease_revoke_07f27fb7aa"(text[], bigint[], text[], te
 DROP FUNCTION IF EXISTS "pglease_handoff_07f27fb7aa"(text[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS "pglease_extend_07f27fb7aa"(text[], bigint[]);
 DROP FUNCTION IF EXISTS "pglease_release_07f27fb7aa"(text[], text, integer, boolean);
-DROP FUNCTION IF EXISTS "pglease_acquire_sets_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], text, text);
-DROP FUNCTION IF EXISTS "pglease_acquire_shared_07f27fb7aa"(text[], text[], text[], bigint[], integer[], text, text);
-DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text);
+DROP FUNCTION IF EXISTS "pglease_acquire_sets_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], text, text, boolean[]);
+DROP FUNCTION IF EXISTS "pglease_acquire_shared_07f27fb7aa"(text[], text[], text[], bigint[], integer[], text, text, boolean[]);
+DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text, boolean[]);
 DROP FUNCTION IF EXISTS "pglease_grant_07f27fb7aa"(text, text, text, bigint, bigint, text, text, bigint, boolean);
 DROP FUNCTION IF EXISTS "pglease_check_07f27fb7aa"(text, integer, bigint);
 DROP FUNCTION IF EXISTS "pglease_lockwait_07f27fb7aa"(text, integer, bigint);

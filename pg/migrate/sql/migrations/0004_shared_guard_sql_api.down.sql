@@ -54,9 +54,9 @@ DROP FUNCTION IF EXISTS "pglease_revoke_07f27fb7aa"(text[], bigint[], text[], te
 DROP FUNCTION IF EXISTS "pglease_handoff_07f27fb7aa"(text[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS "pglease_extend_07f27fb7aa"(text[], bigint[]);
 DROP FUNCTION IF EXISTS "pglease_release_07f27fb7aa"(text[], text, integer, boolean);
-DROP FUNCTION IF EXISTS "pglease_acquire_sets_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], text, text);
-DROP FUNCTION IF EXISTS "pglease_acquire_shared_07f27fb7aa"(text[], text[], text[], bigint[], integer[], text, text);
-DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text);
+DROP FUNCTION IF EXISTS "pglease_acquire_sets_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], text, text, boolean[]);
+DROP FUNCTION IF EXISTS "pglease_acquire_shared_07f27fb7aa"(text[], text[], text[], bigint[], integer[], text, text, boolean[]);
+DROP FUNCTION IF EXISTS "pglease_acquire_07f27fb7aa"(text[], text[], text[], bigint[], bigint[], text, text, boolean[]);
 DROP FUNCTION IF EXISTS "pglease_grant_07f27fb7aa"(text, text, text, bigint, bigint, text, text, bigint, boolean);
 DROP FUNCTION IF EXISTS "pglease_check_07f27fb7aa"(text, integer, bigint);
 DROP FUNCTION IF EXISTS "pglease_lockwait_07f27fb7aa"(text, integer, bigint);
