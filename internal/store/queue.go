@@ -63,12 +63,19 @@ type WaitRequest struct {
 	// set k: a set is granted whole or not at all, and all its tickets
 	// are enqueued together.
 	Set int
+	// Refresh (single-key items only): the ticket was queued by an
+	// earlier statement, and this one only refreshes it. When it is gone
+	// and its lockId holds no live lease (it expired, or its grant came
+	// and has ended), the item is answered Gone instead of being queued
+	// again: a statement still in flight when its waiter's grant came and
+	// went must not queue that lockId anew, for a grant nobody waits for.
+	Refresh bool
 }
 
 // Format never prints the key or lockId.
 func (r WaitRequest) Format(f fmt.State, _ rune) {
-	fmt.Fprintf(f, "store.WaitRequest{Key:%s TTL:%v LockID:[redacted] Shared:%v Limit:%d Set:%d}",
-		pglease.HashKey(r.Key), r.TTL, r.Shared, r.Limit, r.Set)
+	fmt.Fprintf(f, "store.WaitRequest{Key:%s TTL:%v LockID:[redacted] Shared:%v Limit:%d Set:%d Refresh:%v}",
+		pglease.HashKey(r.Key), r.TTL, r.Shared, r.Limit, r.Set, r.Refresh)
 }
 
 // WaitResult answers one QueueWait item: the AcquireResult of an
@@ -81,6 +88,9 @@ type WaitResult struct {
 	// the bounded wait, or its set's other key was: try again after
 	// RetryAfter).
 	Position int
+	// Gone: a Refresh item whose ticket is gone and whose lockId holds no
+	// lease; it was not queued again (OK false, Position 0).
+	Gone bool
 }
 
 // QueueWait tries each item once, in one statement (one round trip),
@@ -115,6 +125,7 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 	sets := make([]int32, len(reqs))
 	limits := make([]*int32, len(reqs))
 	setKeys := map[[2]string]struct{}{}
+	var refresh []bool // nil: no Refresh item (the function's default)
 	for i, r := range reqs {
 		if r.LockID == "" {
 			return nil, pgerr.New(pglease.CodeInvalidArgument, op, "LockID is required: it is the ticket's identity", nil)
@@ -143,6 +154,15 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 			}
 			setKeys[sk] = struct{}{}
 		}
+		if r.Refresh {
+			if r.Set != 0 {
+				return nil, pgerr.New(pglease.CodeInvalidArgument, op, "Refresh is for single-key items", nil)
+			}
+			if refresh == nil {
+				refresh = make([]bool, len(reqs))
+			}
+			refresh[i] = true
+		}
 		acq[i] = AcquireRequest{Key: r.Key, TTL: r.TTL, LockID: r.LockID, LockDelay: r.LockDelay}
 		sets[i] = int32(r.Set)
 	}
@@ -157,6 +177,10 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 	got := make([]bool, len(reqs))
 	q := "SELECT " + acquireCols + ", o_limit, o_position FROM " + s.n.FnQWait + "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
 	args := []any{sets, p.keys, p.fenceKeys, p.ids, p.ttls, p.delays, limits, s.holderArg(), s.channelArg(), qchannel, life.Milliseconds()}
+	if refresh != nil {
+		q = q[:len(q)-1] + ", $12)"
+		args = append(args, refresh)
+	}
 	err = s.run(ctx, op, true, q, args, func(rows pgx.Rows) error {
 		var lim *int32
 		var pos *int64
@@ -169,6 +193,13 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 			return errors.New("pg: bad result from queue wait function")
 		}
 		got[i] = true
+		if g.status == 5 {
+			if refresh == nil || !refresh[i] {
+				return errors.New("pg: gone answered for an item that did not only refresh")
+			}
+			out[i].Gone = true
+			return nil
+		}
 		out[i].AcquireResult, err = g.result(op, p.ids[i])
 		if pos != nil && g.status == 1 {
 			out[i].Position = int(*pos)

@@ -965,3 +965,104 @@ func TestQueueYieldingTry(t *testing.T) {
 		t.Error("the SQL API's acquire did not take a key with only expired tickets")
 	}
 }
+
+// TestQueueWaitRefreshOnly: an item that only refreshes its ticket
+// (WaitRequest.Refresh) keeps its place while queued and is answered its
+// grant while it holds one, like any item; once that grant has ended, or
+// its ticket expired, it is answered Gone: neither queued again nor
+// granted anew. Without Refresh the same statement queues the lockId
+// again and, the key free, grants it anew: a lease nobody waits for
+// (what an attempt in flight when its waiter's grant came and went used
+// to make).
+func TestQueueWaitRefreshOnly(t *testing.T) {
+	procs, admin := newQProcs(t, 2)
+	c := ctx(t)
+	tickets := func() int {
+		t.Helper()
+		var n int
+		if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for _, shared := range []bool{false, true} {
+		key := fmt.Sprintf("fair:refresh:%v", shared)
+		h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+		if err != nil || !h.OK {
+			t.Fatal(h, err)
+		}
+		id := keys.NewLockID()
+		item := store.WaitRequest{Key: key, TTL: time.Minute, LockID: id, Shared: shared}
+		if res, err := procs[1].s.QueueWait(c, []store.WaitRequest{item}, procs[1].ch, qlife); err != nil || res[0].Position != 1 {
+			t.Fatal(res, err)
+		}
+		refresh := item
+		refresh.Refresh = true
+		if res, err := procs[1].s.QueueWait(c, []store.WaitRequest{refresh}, procs[1].ch, qlife); err != nil || res[0].Position != 1 || res[0].Gone {
+			t.Fatalf("shared %v: refresh of a queued ticket: %+v %v, want position 1", shared, res, err)
+		}
+		if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil || rel[0].Served != 1 {
+			t.Fatal(rel, err)
+		}
+		res, err := procs[1].s.QueueWait(c, []store.WaitRequest{refresh}, procs[1].ch, qlife)
+		if err != nil || !res[0].OK || res[0].Gone {
+			t.Fatalf("shared %v: refresh of a granted ticket: %+v %v, want its grant", shared, res, err)
+		}
+		fence := res[0].Fence
+		if ok, err := procs[1].s.Release(c, id); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		res, err = procs[1].s.QueueWait(c, []store.WaitRequest{refresh}, procs[1].ch, qlife)
+		if err != nil || res[0].OK || !res[0].Gone || res[0].Position != 0 {
+			t.Fatalf("shared %v: refresh after the grant ended: %+v %v, want gone", shared, res, err)
+		}
+		if n := tickets(); n != 0 {
+			t.Fatalf("shared %v: %d tickets after a gone answer, want none", shared, n)
+		}
+		if info, err := procs[1].s.LookupByID(c, id); err != nil || info != nil {
+			t.Fatalf("shared %v: the lockId holds %+v (%v) after a gone answer, want nothing", shared, info, err)
+		}
+		// Without Refresh: queued again and, the key free, granted anew.
+		res, err = procs[1].s.QueueWait(c, []store.WaitRequest{item}, procs[1].ch, qlife)
+		if err != nil || !res[0].OK {
+			t.Fatalf("shared %v: the same item without Refresh: %+v %v, want granted anew", shared, res, err)
+		}
+		if !shared && res[0].Fence <= fence {
+			t.Fatalf("granted anew with fence %d, want above %d", res[0].Fence, fence)
+		}
+		if ok, err := procs[1].s.Release(c, id); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+	}
+	// An expired ticket: gone too, not revived.
+	const key = "fair:refresh:expired"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	id := keys.NewLockID()
+	item := store.WaitRequest{Key: key, TTL: time.Minute, LockID: id, Refresh: false}
+	if res, err := procs[1].s.QueueWait(c, []store.WaitRequest{item}, procs[1].ch, time.Second); err != nil || res[0].Position != 1 {
+		t.Fatal(res, err)
+	}
+	var exp int64
+	if err := admin.QueryRow(c, "SELECT expires_at_ms FROM syncguard_locks_queue WHERE lock_id = $1", id).Scan(&exp); err != nil {
+		t.Fatal(err)
+	}
+	waitServer(t, admin, exp)
+	item.Refresh = true
+	if res, err := procs[1].s.QueueWait(c, []store.WaitRequest{item}, procs[1].ch, qlife); err != nil || !res[0].Gone || res[0].OK {
+		t.Fatalf("refresh of an expired ticket: %+v %v, want gone", res, err)
+	}
+	if n := tickets(); n != 0 {
+		t.Fatalf("%d tickets after the expired ticket's refresh, want none", n)
+	}
+	// Refresh is for single-key items.
+	_, err = procs[1].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: keys.NewLockID(), Set: 1, Refresh: true}}, procs[1].ch, qlife)
+	if pglease.CodeOf(err) != pglease.CodeInvalidArgument {
+		t.Fatalf("Refresh on a set's item: %v, want InvalidArgument", err)
+	}
+	if ok, err := procs[0].s.Release(c, h.LockID); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+}

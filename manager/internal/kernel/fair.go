@@ -87,6 +87,7 @@ type fairKind struct {
 	items    []store.WaitRequest
 	ch       string
 	pos      []int
+	gone     []bool // store.WaitResult.Gone, written with pos
 	hasFloor bool
 	floor    pglease.Fence
 }
@@ -100,8 +101,13 @@ func (st *LoopState) fairAttempt(ks *KeyState, chain uint64) *Attempt {
 			st.ticketFor(req)
 		}
 		k.reqs = append(k.reqs, req)
+		// A ticket a statement found queued is only refreshed from then
+		// on: an attempt still in flight when its waiter's grant came
+		// and was released must not queue the lockId again (a stray
+		// grant a later release would make for nobody).
 		k.items = append(k.items, store.WaitRequest{Key: ks.Key, TTL: req.TTL, LockID: req.qid,
-			LockDelay: time.Duration(req.delayMs()) * time.Millisecond, Shared: req.Shared, Limit: int(req.Limit)})
+			LockDelay: time.Duration(req.delayMs()) * time.Millisecond, Shared: req.Shared, Limit: int(req.Limit),
+			Refresh: !req.qsent.IsZero() && !req.qgone})
 		if ttl == 0 || req.TTL < ttl {
 			ttl = req.TTL // the trust check of the pipeline uses the shortest
 		}
@@ -109,7 +115,7 @@ func (st *LoopState) fairAttempt(ks *KeyState, chain uint64) *Attempt {
 			break
 		}
 	}
-	k.pos = make([]int, len(k.reqs))
+	k.pos, k.gone = make([]int, len(k.reqs)), make([]bool, len(k.reqs))
 	head := k.reqs[0]
 	return &Attempt{Ks: ks, lockID: head.qid, ttl: ttl, delayMs: head.delayMs(), chain: chain, Kind: k}
 }
@@ -138,7 +144,7 @@ func (st *LoopState) renewTicket(req *AcquireReq, now time.Time) {
 	st.leave(old, req.Key, req.TTL)
 	st.noteStray(oldHash, old, req.Key, now)
 	st.ticketFor(req)
-	req.qsent, req.qpos = time.Time{}, 0
+	req.qsent, req.qpos, req.qgone = time.Time{}, 0, false
 }
 
 // leaveTicket takes the ticket of req, a waiter that will not be granted
@@ -184,7 +190,7 @@ func (k *fairKind) exec(ctx context.Context, s Store, batch []*Attempt) ([]store
 		fk := a.Kind.(*fairKind)
 		for j := range fk.items {
 			out[off] = res[off].AcquireResult
-			fk.pos[j] = res[off].Position
+			fk.pos[j], fk.gone[j] = res[off].Position, res[off].Gone
 			off++
 		}
 	}
@@ -254,7 +260,8 @@ func (k *fairKind) refusal(st *LoopState, a *Attempt, r store.AcquireResult, now
 // waiters' places); whichever answer comes second is stale, and its
 // release skips a lockId its caller was granted (settleStale).
 func (k *fairKind) again(a *Attempt, id string) attemptKind {
-	return &fairKind{reqs: k.reqs, items: k.items, ch: k.ch, pos: make([]int, len(k.items)), hasFloor: k.hasFloor, floor: k.floor}
+	return &fairKind{reqs: k.reqs, items: k.items, ch: k.ch, pos: make([]int, len(k.items)), gone: make([]bool, len(k.items)),
+		hasFloor: k.hasFloor, floor: k.floor}
 }
 
 func (k *fairKind) keep(st *LoopState, a *Attempt) bool { return st.keepKeyAttempt(a) }
@@ -336,6 +343,9 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 			id := k.items[j].LockID
 			switch {
 			case rs[j].Err != nil:
+			case !rs[j].OK && k.pos[j] > 0 && k.items[j].Refresh:
+				// It only refreshed the ticket, so it ran before the
+				// grant, which consumed the ticket: nothing is left.
 			case !rs[j].OK && k.pos[j] > 0:
 				// It ran before the grant, or queued the lockId again
 				// after its grant was released: not knowing which, a
@@ -348,6 +358,10 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 				} else {
 					st.noteStray(req.qhash, id, a.Ks.Key, now)
 				}
+			case rs[j].OK && k.items[j].Refresh && rs[j].Fence == req.qfence:
+				// The caller's own grant, answered again: an attempt that
+				// only refreshes neither queues nor grants a lockId anew,
+				// so it ran before the caller's release, which ends it.
 			case rs[j].OK && (rs[j].Fence != req.qfence || !st.holdsLockID(a.Ks, id)):
 				// Another grant of the lockId (a new fence), or one made
 				// after the caller's release of its grant: a reader's
@@ -363,7 +377,12 @@ func (st *LoopState) fairLanded(a *Attempt, k *fairKind, d acquireDone, rs []sto
 			if d.err != nil || !rs[j].OK {
 				st.leave(k.items[j].LockID, a.Ks.Key, req.TTL)
 			}
+		case d.err == nil && k.gone[j]:
+			// Expired (a grant would have been answered): the next
+			// attempt, at once (unticketed), queues it again at the tail.
+			req.qgone = true
 		case d.err == nil && !rs[j].OK && rs[j].Err == nil && k.pos[j] > 0:
+			req.qgone = false
 			if d.start.After(req.qsent) {
 				req.qsent, req.qfloor = d.start, k.floor
 			}
@@ -495,7 +514,7 @@ func (q *fairQueue) refused(st *LoopState, a *Attempt, rs []store.AcquireResult,
 func (st *LoopState) unticketed(ks *KeyState) bool {
 	n := 0
 	for _, req := range ks.queue {
-		if req.qsent.IsZero() {
+		if req.qsent.IsZero() || req.qgone {
 			return true
 		}
 		if n++; n == maxFairItems {
@@ -793,6 +812,7 @@ func (st *LoopState) handleRefreshDone(d refreshDone) {
 			}
 			st.notePosition(req, t.Position)
 		default:
+			req.qgone = true // its next attempt queues it again
 			st.wakeFair(ks)
 		}
 	}

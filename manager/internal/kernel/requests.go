@@ -45,8 +45,13 @@ type AcquireReq struct {
 	qmade      time.Time // when qid was made: before any statement that queued it
 	qpos       int32
 	qgranted   bool
-	qfence     pglease.Fence // the fence of the grant of qid handed to the caller
-	qfloor     pglease.Fence // the key's highest fence seen when qsent's statement was sent (a permit's grant must be above it)
+	// qgone: a statement found the ticket gone (expired): the next
+	// attempt queues it again. Until then, and from the first answer
+	// that found it queued, an attempt only refreshes it
+	// (store.WaitRequest.Refresh).
+	qgone  bool
+	qfence pglease.Fence // the fence of the grant of qid handed to the caller
+	qfloor pglease.Fence // the key's highest fence seen when qsent's statement was sent (a permit's grant must be above it)
 
 	// Set, for AcquireAll and TryAcquireAll, is the set's keys (immutable;
 	// key and hash are then its first key's): the request never joins a

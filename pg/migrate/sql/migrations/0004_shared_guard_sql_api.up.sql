@@ -1543,9 +1543,16 @@ $fn$;
 -- ticket deleted; a set is granted only when each of its items may go and
 -- can be granted. Status: 0 acquired, 1 held (o_position: the ticket's
 -- place among the key's live tickets, 1 = head; NULL when not queued), 2
--- fence overflow (the ticket is dropped).
+-- fence overflow (the ticket is dropped), 5 gone. p_refresh (NULL: no
+-- item): a single item with p_refresh[i] true only refreshes its ticket,
+-- which an earlier statement queued: when the ticket is gone and its
+-- lockId holds no lease (it expired, or it was granted and that grant has
+-- since ended) it is answered gone, not queued again — an attempt in
+-- flight when its waiter's grant came and went must not queue the lockId
+-- anew for a grant nobody waits for.
+DROP FUNCTION IF EXISTS "pglease_qwait_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], integer[], text, text, text, bigint);
 CREATE OR REPLACE FUNCTION "pglease_qwait_07f27fb7aa"(p_sets integer[], p_keys text[], p_fence_keys text[], p_lock_ids text[], p_ttls bigint[], p_delays bigint[],
-  p_limits integer[], p_holder text, p_channel text, p_qchannel text, p_life bigint)
+  p_limits integer[], p_holder text, p_channel text, p_qchannel text, p_life bigint, p_refresh boolean[] DEFAULT NULL)
 RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint,
   o_holder text, o_shared integer, o_limit integer, o_position bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
@@ -1650,6 +1657,10 @@ BEGIN
         END IF;
         CONTINUE;
       END IF;
+      IF r.st = 0 AND p_refresh[r.i] THEN
+        v_status[r.i] := 5; -- gone: not queued again
+        CONTINUE;
+      END IF;
       DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_ids[r.i];
       INSERT INTO "syncguard_locks_queue" (key, lock_id, fence_key, lim, set_no, ttl_ms, delay_ms, holder, channel, enqueued_at_ms, expires_at_ms)
         VALUES (r.k, p_lock_ids[r.i], p_fence_keys[r.i], p_limits[r.i], CASE WHEN r.st > 0 THEN v_setno[r.st] END, p_ttls[r.i],
@@ -1676,6 +1687,11 @@ BEGIN
         o_status := 0; o_fence := v_hfence[r.i]; o_acquired_ms := v_hacq[r.i]; o_expires_ms := v_hexp[r.i];
         RETURN NEXT;
       END IF;
+      CONTINUE;
+    END IF;
+    IF v_status[r.i] = 5 THEN
+      o_status := 5;
+      RETURN NEXT;
       CONTINUE;
     END IF;
     IF v_seq[r.i] IS NULL THEN
