@@ -66,6 +66,14 @@ func failoverManager(t *testing.T, url string, cfg Config, hooks kernel.TestHook
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
+	return managerOn(t, pool, cfg, hooks)
+}
+
+// managerOn returns a Manager with test signals and hooks on pool, closed
+// when the test ends (a release refused after a loss is not these tests'
+// concern).
+func managerOn(t *testing.T, pool *pgxpool.Pool, cfg Config, hooks kernel.TestHooks) (*Manager, *kernel.Signals) {
+	t.Helper()
 	sig := &kernel.Signals{}
 	sig.Init()
 	m, err := newManager("test", pool, false, cfg, func(m *Manager) {
@@ -78,7 +86,7 @@ func failoverManager(t *testing.T, url string, cfg Config, hooks kernel.TestHook
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		_ = m.Close(ctx) // a release refused after a loss is not this test's concern
+		_ = m.Close(ctx)
 	})
 	return m, sig
 }

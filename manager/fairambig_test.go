@@ -26,22 +26,8 @@ func fairSyncManager(t *testing.T, url string, cfg Config, hooks kernel.TestHook
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	sig := &kernel.Signals{}
-	sig.Init()
 	cfg.FairQueue = true
-	m, err := newManager("test", pool, false, cfg, func(m *Manager) {
-		m.k.Sig = sig
-		m.k.Test = hooks
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_ = m.Close(ctx)
-	})
-	return m, sig
+	return managerOn(t, pool, cfg, hooks)
 }
 
 // cancelSyncRepUntil cancels every wait for the synchronous standby, every
