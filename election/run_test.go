@@ -82,7 +82,9 @@ func TestRunBadTTLAsAcquire(t *testing.T) {
 			runErr := checkTTL(ttl, m.Config().LossMargin)
 			lk, acqErr := m.Acquire(ctx, key, manager.WithTTL(ttl))
 			if acqErr == nil {
-				if err := lk.Release(ctx); err != nil {
+				// A short TTL may run out before the release on a loaded
+				// machine: this test is about the TTL check, not the hold.
+				if err := lk.Release(ctx); err != nil && !errors.Is(err, pglease.ErrLockLost) {
 					t.Fatal(err)
 				}
 			} else if !errors.Is(acqErr, pglease.ErrInvalidArgument) {
