@@ -225,3 +225,35 @@ func hasLink(s sdktrace.ReadOnlySpan, sc trace.SpanContext) bool {
 func recOf(r *obs.Recorder) *recorder       { return r.Impl().(*recorder) }
 func acqOf(a *obs.Acquisition) *acquisition { return a.Impl().(*acquisition) }
 func loopOf(l *obs.Loop) *loop              { return l.Impl().(*loop) }
+
+// attrSets returns the attribute sets of m's data points; false for a
+// kind of data the recorder does not make.
+func attrSets(m metricdata.Metrics) ([]attribute.Set, bool) {
+	var sets []attribute.Set
+	add := func(a attribute.Set) { sets = append(sets, a) }
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes)
+		}
+	case metricdata.Gauge[int64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes)
+		}
+	case metricdata.Gauge[float64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes)
+		}
+	case metricdata.Histogram[int64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes)
+		}
+	case metricdata.Histogram[float64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes)
+		}
+	default:
+		return nil, false
+	}
+	return sets, true
+}

@@ -17,7 +17,6 @@ import (
 	"github.com/pglease/pglease/internal/obs"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
@@ -146,29 +145,8 @@ func recordEverything(t *testing.T) (names map[string]bool, units map[string]str
 		for _, m := range sm.Metrics {
 			names["metric "+m.Name] = true
 			units[m.Name] = m.Unit
-			var sets []attribute.Set
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Histogram[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			default:
+			sets, ok := attrSets(m)
+			if !ok {
 				t.Fatalf("metric %s: unhandled data %T", m.Name, m.Data)
 			}
 			for _, s := range sets {

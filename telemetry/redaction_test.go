@@ -13,7 +13,6 @@ import (
 	"github.com/pglease/pglease/internal/obs"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/pglease/pglease"
@@ -150,29 +149,8 @@ func (h *harness) corpus() string {
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
 			b.WriteString(m.Name + " " + m.Description + " ")
-			var sets []attribute.Set
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Histogram[int64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					sets = append(sets, p.Attributes)
-				}
-			default:
+			sets, ok := attrSets(m)
+			if !ok {
 				panic(fmt.Sprintf("corpus: unhandled %T", m.Data))
 			}
 			for _, s := range sets {
