@@ -107,6 +107,26 @@ func kindsOf(ws []dbWork) []BatchKind {
 	return ks
 }
 
+// reqMakers returns makers of k's acquire requests, as the public calls
+// build them: one for a single key (try, shared, limit), set for an
+// AcquireAll of keys.
+func reqMakers(k *Kernel) (one func(key string, try, shared bool, limit int32) *AcquireReq, set func(try bool, keys ...string) *AcquireReq) {
+	one = func(key string, try, shared bool, limit int32) *AcquireReq {
+		return &AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: k.cfg.TTL, Try: try, Shared: shared, Limit: limit,
+			Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
+	}
+	set = func(try bool, keys ...string) *AcquireReq {
+		sk := make([]SetKey, len(keys))
+		for i, key := range keys {
+			sk[i] = SetKey{Key: key, Hash: pglease.HashKey(key)}
+		}
+		r := one(keys[0], try, false, 0)
+		r.Set = &SetReq{Keys: sk}
+		return r
+	}
+	return one, set
+}
+
 // TestPipelineAmbiguousNeverGrants drives every kind of attempt, in both
 // modes, through one event by hand: the answer of its round trip is lost
 // mid-statement (CodeAmbiguous, fabricated: the statement is never run).
@@ -115,19 +135,7 @@ func kindsOf(ws []dbWork) []BatchKind {
 // waiters keep waiting (their key's next attempt waits for the release).
 func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 	k, _ := pgKernel(t, Config{})
-	one := func(key string, try, shared bool, limit int32) *AcquireReq {
-		return &AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: k.cfg.TTL, Try: try, Shared: shared, Limit: limit,
-			Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
-	}
-	set := func(try bool, keys ...string) *AcquireReq {
-		sk := make([]SetKey, len(keys))
-		for i, k := range keys {
-			sk[i] = SetKey{Key: k, Hash: pglease.HashKey(k)}
-		}
-		r := one(keys[0], try, false, 0)
-		r.Set = &SetReq{Keys: sk}
-		return r
-	}
+	one, set := reqMakers(k)
 	for _, c := range []struct {
 		name  string
 		reqs  []*AcquireReq
@@ -211,19 +219,7 @@ func TestPipelineAmbiguousNeverGrants(t *testing.T) {
 // every lockId granted is queued for release and nobody holds the key.
 func TestPipelineGrantRules(t *testing.T) {
 	k, _ := pgKernel(t, Config{})
-	one := func(key string, try, shared bool, limit int32) *AcquireReq {
-		return &AcquireReq{Key: key, Hash: pglease.HashKey(key), TTL: k.cfg.TTL, Try: try, Shared: shared, Limit: limit,
-			Reply: make(chan AcquireReply, 1), Final: make(chan AcquireReply, 1)}
-	}
-	set := func(try bool, keys ...string) *AcquireReq {
-		sk := make([]SetKey, len(keys))
-		for i, k := range keys {
-			sk[i] = SetKey{Key: k, Hash: pglease.HashKey(k)}
-		}
-		r := one(keys[0], try, false, 0)
-		r.Set = &SetReq{Keys: sk}
-		return r
-	}
+	one, set := reqMakers(k)
 	cases := []struct {
 		name string
 		req  func() *AcquireReq
