@@ -209,14 +209,7 @@ func TestFairDeadTicketBound(t *testing.T) {
 	b, ms, _ := fairManagers(t, 1, true)
 	ctx := ctxT(t)
 	const key = "fair:dead"
-	raw, err := store.New("test", b.pool, store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	holder := keys.NewLockID()
-	if r, err := raw.AcquireMany(ctx, []store.AcquireRequest{{Key: key, TTL: time.Minute, LockID: holder}}); err != nil || !r[0].OK {
-		t.Fatalf("hold: %+v %v", r, err)
-	}
+	raw, holder := rawHold(t, b, key)
 	// The dead process: one enqueue, never refreshed, never leaving.
 	dead := keys.NewLockID()
 	wr, err := raw.QueueWait(ctx, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: dead}}, store.QueueChannel(), kernel.TicketLife)
@@ -333,4 +326,20 @@ func TestFairWaiterLeaves(t *testing.T) {
 // in the foreign window does not serve the queue.
 func TestFairForeignPollerGetsHotKey(t *testing.T) {
 	testForeignPoller(t, Config{Config: pg.Config{NotifyChannel: "pglease_foreign_test"}, FairQueue: true})
+}
+
+// rawHold takes key for a minute with a store of its own on b's pool (a
+// holder that is not a Manager and does not serve the queue), and
+// returns that store and the lease's lockId.
+func rawHold(t *testing.T, b *bundle, key string) (*store.Store, string) {
+	t.Helper()
+	raw, err := store.New("test", b.pool, store.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder := keys.NewLockID()
+	if r, err := raw.AcquireMany(ctxT(t), []store.AcquireRequest{{Key: key, TTL: time.Minute, LockID: holder}}); err != nil || !r[0].OK {
+		t.Fatalf("hold: %+v %v", r, err)
+	}
+	return raw, holder
 }

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/manager/internal/kernel"
 )
@@ -126,14 +125,7 @@ func TestFairTryYieldsToQueuedWaiter(t *testing.T) {
 	b, ms, _ := fairManagers(t, 2, true)
 	ctx := ctxT(t)
 	const key = "fair:try:waiter"
-	raw, err := store.New("test", b.pool, store.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	holder := keys.NewLockID()
-	if r, err := raw.AcquireMany(ctx, []store.AcquireRequest{{Key: key, TTL: time.Minute, LockID: holder}}); err != nil || !r[0].OK {
-		t.Fatalf("hold: %+v %v", r, err)
-	}
+	raw, holder := rawHold(t, b, key)
 	got := make(chan error, 1)
 	var lk *Lock
 	go func() {
