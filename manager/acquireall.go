@@ -42,13 +42,7 @@ func (m *Manager) AcquireAll(ctx context.Context, keys []string, opts ...Acquire
 		return nil, err
 	}
 	m.startSetAcquire(ctx, req)
-	var wctx context.Context
-	var cancel context.CancelFunc
-	if timeout > 0 {
-		wctx, cancel = context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
-	} else {
-		wctx, cancel = context.WithCancel(ctx)
-	}
+	wctx, cancel := waitContext(ctx, timeout)
 	defer cancel()
 	r := m.k.Submit(op, wctx, req)
 	switch {

@@ -667,6 +667,15 @@ func waitErr(op string, ctx, wctx context.Context, r kernel.AcquireReply) error 
 	return pgerr.New(pglease.CodeAcquisitionTimeout, op, msg, wrapped)
 }
 
+// waitContext is the context an acquire waits under: ctx, ended after
+// timeout (WithAcquireTimeout; 0: none) with errWaitTimeout as its cause.
+func waitContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if timeout > 0 {
+		return context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
+	}
+	return context.WithCancel(ctx)
+}
+
 // Acquire waits for the lock on key and returns it. All callers of this
 // Manager waiting for the same key share one database attempt loop and
 // are served in FIFO order; contended keys are retried with jittered
@@ -710,13 +719,7 @@ func (m *Manager) Acquire(ctx context.Context, key string, opts ...AcquireOption
 		return nil, err
 	}
 	ctx = m.startAcquire(ctx, req)
-	var wctx context.Context
-	var cancel context.CancelFunc
-	if timeout > 0 {
-		wctx, cancel = context.WithTimeoutCause(ctx, timeout, errWaitTimeout)
-	} else {
-		wctx, cancel = context.WithCancel(ctx)
-	}
+	wctx, cancel := waitContext(ctx, timeout)
 	defer cancel()
 	r := m.k.Submit(op, wctx, req)
 	switch {
