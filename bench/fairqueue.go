@@ -118,7 +118,7 @@ func (q *fairQueue) acquire(ctx context.Context, reqs []store.WaitRequest) (func
 		rel[i] = store.ReleaseRequest{LockID: ids[i], Key: reqs[i].Key}
 	}
 	release := func() error {
-		_, err := q.s.QueueRelease(context.Background(), rel, true)
+		_, err := q.s.QueueRelease(context.Background(), rel, true, "")
 		return err
 	}
 	turns, done := q.expect(ids)

@@ -343,3 +343,56 @@ func rawHold(t *testing.T, b *bundle, key string) (*store.Store, string) {
 	}
 	return raw, holder
 }
+
+// TestFairLocalHandoffWithoutNotice: with the fair queue, a release whose
+// queue head is a waiter of the same Manager hands the key over in its
+// own answer: the waiter is granted with no notice on the Manager's queue
+// channel (a handoff within a process is one statement, as without the
+// queue), in arrival order, and the next release goes on to the next
+// waiter here the same way.
+func TestFairLocalHandoffWithoutNotice(t *testing.T) {
+	b, ms, sigs := fairManagers(t, 1, true)
+	ctx := ctxT(t)
+	const key = "fair:local"
+	held, err := ms[0].Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const waiters = 3
+	got := make([]chan *Lock, waiters)
+	for i := range got {
+		got[i] = make(chan *Lock, 1)
+		go func() {
+			lk, _ := ms[0].Acquire(ctx, key, WithAcquireTimeout(time.Minute))
+			got[i] <- lk
+		}()
+		waitTickets(t, b.admin, key, i+1)
+	}
+	drain(&sigs[0].Turn)
+	prev := held
+	for i := range got {
+		if err := prev.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case lk := <-got[i]:
+			if lk == nil {
+				t.Fatalf("waiter %d: Acquire failed", i)
+			}
+			if lk.Fence() <= prev.Fence() {
+				t.Fatalf("waiter %d: fence %d not above %d", i, lk.Fence(), prev.Fence())
+			}
+			prev = lk
+		case <-time.After(waitTimeout()):
+			t.Fatalf("waiter %d was not granted in arrival order", i)
+		}
+	}
+	if err := prev.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // a quiet period: a notice would come in it
+	if n := len(sigs[0].Turn.Ch); n != 0 {
+		t.Errorf("%d turn notices reached the Manager, want 0: its own releases served its waiters", n)
+	}
+	waitTickets(t, b.admin, key, 0)
+}

@@ -105,8 +105,14 @@ type WaitResult struct {
 // deletes the ticket. qchannel (QueueChannel) is where a release that
 // serves the ticket later tells this process (see ParseTurn). life is the
 // ticket's life (MinTicketLife..MaxTicketLife): refresh it (QueueRefresh)
-// at least every life/3, or it expires and loses its place. Invalid input
-// anywhere fails the whole call before I/O.
+// at least every life/3, or it expires and loses its place. A statement
+// that grants an item, or answers one granted, commits durably like an
+// acquire; one that only queues, refreshes or refuses does not wait for
+// its WAL flush (a ticket lost in a server crash is only a place: the
+// waiter's next refresh finds it gone, and its next attempt queues it
+// again), so the key's advisory lock is not held through a flush that a
+// release serving the key would wait for. Invalid input anywhere fails
+// the whole call before I/O.
 func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel string, life time.Duration) ([]WaitResult, error) {
 	const op = "pg.QueueWait"
 	if err := pgerr.CheckContext(op, ctx); err != nil {
@@ -315,6 +321,11 @@ type QueueReleaseResult struct {
 	// Served is the number of grants the release made from the key's
 	// queue (on the key's first item of the batch; 0 on the others).
 	Served int
+	// Turns are the notices for tickets on QueueRelease's self channel,
+	// which the release returns instead of sending them (on the batch's
+	// first item only): the grants and turns of the releasing process's
+	// own waiters, in the answer, with no notification.
+	Turns []Turn
 }
 
 // QueueRelease releases every item's lockId (exclusive or shared) like
@@ -330,9 +341,16 @@ type QueueReleaseResult struct {
 // released without being served, its head told its turn). grant false
 // (a key left to foreign pollers, see docs/fairness.md) releases only.
 // Durable when it granted; otherwise it need not wait for its WAL flush,
-// as ReleaseWaited. Invalid input anywhere fails the whole call before
-// I/O.
-func (s *Store) QueueRelease(ctx context.Context, reqs []ReleaseRequest, grant bool) ([]QueueReleaseResult, error) {
+// as ReleaseWaited. self, when not empty, is the caller's own queue
+// channel (the one its QueueWait calls name): notices for its tickets are
+// not sent but returned in the first item's Turns, so a waiter of the
+// releasing process is granted with the release's answer, without a
+// notification round. The answer is only returned by a commit that
+// succeeded; when the outcome is unknown the waiter's next refresh finds
+// the grant (QueueRefresh). In a transaction (the Store made on a pgx.Tx)
+// self is ignored: the notices go at commit. Invalid input anywhere fails
+// the whole call before I/O.
+func (s *Store) QueueRelease(ctx context.Context, reqs []ReleaseRequest, grant bool, self string) ([]QueueReleaseResult, error) {
 	const op = "pg.QueueRelease"
 	if err := pgerr.CheckContext(op, ctx); err != nil {
 		return nil, err
@@ -357,19 +375,34 @@ func (s *Store) QueueRelease(ctx context.Context, reqs []ReleaseRequest, grant b
 		return nil, err
 	}
 	_, inTx := s.db.(pgx.Tx)
+	var selfArg *string
+	if self != "" && !inTx {
+		selfArg = &self
+	}
 	out := make([]QueueReleaseResult, len(ids))
 	n := 0
-	q := "SELECT o_idx, o_ok, o_served FROM " + s.n.FnQRelease + "($1, $2, $3, $4, $5)"
-	err := s.run(ctx, op, true, q, []any{ids, s.channelArg(), wakeWaited, grant, !inTx}, func(rows pgx.Rows) error {
+	q := "SELECT o_idx, o_ok, o_served, o_turns FROM " + s.n.FnQRelease + "($1, $2, $3, $4, $5, $6)"
+	err := s.run(ctx, op, true, q, []any{ids, s.channelArg(), wakeWaited, grant, !inTx, selfArg}, func(rows pgx.Rows) error {
 		var idx, served int32
 		var ok bool
-		if err := rows.Scan(&idx, &ok, &served); err != nil {
+		var turns *string
+		if err := rows.Scan(&idx, &ok, &served, &turns); err != nil {
 			return err
 		}
 		if idx < 1 || int(idx) > len(out) {
 			return errors.New("pg: bad result index from queue release function")
 		}
-		out[idx-1] = QueueReleaseResult{Released: ok, Served: int(served)}
+		r := QueueReleaseResult{Released: ok, Served: int(served)}
+		if turns != nil {
+			for _, p := range strings.Fields(*turns) {
+				t, ok := ParseTurn(p)
+				if !ok {
+					return errors.New("pg: bad turn from queue release function")
+				}
+				r.Turns = append(r.Turns, t)
+			}
+		}
+		out[idx-1] = r
 		n++
 		return nil
 	})

@@ -195,7 +195,7 @@ func TestQueueServesArrivalOrder(t *testing.T) {
 	}
 	holder, holderProc, fence := h.LockID, 0, h.Fence
 	for i, o := range owners {
-		rel, err := procs[holderProc].s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true)
+		rel, err := procs[holderProc].s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func TestQueueServesArrivalOrder(t *testing.T) {
 		}
 		holder, holderProc, fence = ids[i], o, info.Fence
 	}
-	rel, err := procs[holderProc].s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true)
+	rel, err := procs[holderProc].s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true, "")
 	if err != nil || !rel[0].Released || rel[0].Served != 0 {
 		t.Fatalf("last release: %+v %v", rel, err)
 	}
@@ -307,7 +307,7 @@ CREATE TRIGGER qlog_t AFTER INSERT ON syncguard_locks_queue FOR EACH ROW EXECUTE
 					mu.Unlock()
 					time.Sleep(time.Millisecond)
 					holders.Add(-1)
-					rel, err := p.s.QueueRelease(c, []store.ReleaseRequest{{LockID: id, Key: key}}, true)
+					rel, err := p.s.QueueRelease(c, []store.ReleaseRequest{{LockID: id, Key: key}}, true, "")
 					if err != nil || !rel[0].Released {
 						errc <- fmt.Errorf("release: %+v %v", rel, err)
 						return
@@ -444,7 +444,7 @@ func TestQueueDeadTicketExpires(t *testing.T) {
 		t.Fatal(res, err)
 	}
 	waitServer(t, admin, deadExp)
-	rel, err := procs[2].s.QueueRelease(c, []store.ReleaseRequest{{LockID: live, Key: key}}, true)
+	rel, err := procs[2].s.QueueRelease(c, []store.ReleaseRequest{{LockID: live, Key: key}}, true, "")
 	if err != nil || !rel[0].Released || rel[0].Served != 1 {
 		t.Fatalf("release: %+v %v", rel, err)
 	}
@@ -494,7 +494,7 @@ func TestQueueRefresh(t *testing.T) {
 	if err := admin.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue WHERE lock_id = $1", gone).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("the expired ticket is still there: %d %v", left, err)
 	}
-	if _, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil {
+	if _, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true, ""); err != nil {
 		t.Fatal(err)
 	}
 	st, err = procs[1].s.QueueRefresh(c, []string{a, b, gone}, qlife)
@@ -546,23 +546,23 @@ func TestQueueSharedKinds(t *testing.T) {
 	if res := wait(procs[1], r3, true, 0); res.Position != 4 {
 		t.Fatalf("r3: %+v", res)
 	}
-	rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true)
+	rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true, "")
 	if err != nil || rel[0].Served != 2 {
 		t.Fatalf("release of the writer: %+v %v, want the 2 readers at the head served", rel, err)
 	}
 	if res := wait(procs[1], r3, true, 0); res.OK || res.Position != 2 {
 		t.Fatalf("a reader behind a queued writer: %+v, want refused at 2", res)
 	}
-	if rel, err := procs[1].s.QueueRelease(c, []store.ReleaseRequest{{LockID: r1, Key: key}}, true); err != nil || rel[0].Served != 0 {
+	if rel, err := procs[1].s.QueueRelease(c, []store.ReleaseRequest{{LockID: r1, Key: key}}, true, ""); err != nil || rel[0].Served != 0 {
 		t.Fatalf("first reader's release: %+v %v (the other reader still holds)", rel, err)
 	}
-	if rel, err := procs[2].s.QueueRelease(c, []store.ReleaseRequest{{LockID: r2, Key: key}}, true); err != nil || rel[0].Served != 1 {
+	if rel, err := procs[2].s.QueueRelease(c, []store.ReleaseRequest{{LockID: r2, Key: key}}, true, ""); err != nil || rel[0].Served != 1 {
 		t.Fatalf("last reader's release: %+v %v, want the writer served", rel, err)
 	}
 	if info, err := procs[3].s.LookupByID(c, w); err != nil || info == nil {
 		t.Fatal("writer not served", err)
 	}
-	if rel, err := procs[3].s.QueueRelease(c, []store.ReleaseRequest{{LockID: w, Key: key}}, true); err != nil || rel[0].Served != 1 {
+	if rel, err := procs[3].s.QueueRelease(c, []store.ReleaseRequest{{LockID: w, Key: key}}, true, ""); err != nil || rel[0].Served != 1 {
 		t.Fatalf("writer's release: %+v %v, want r3 served", rel, err)
 	}
 	if _, err := procs[1].s.Release(c, r3); err != nil {
@@ -590,7 +590,7 @@ func TestQueueSharedKinds(t *testing.T) {
 			t.Fatalf("permit %d: %+v", i, res)
 		}
 	}
-	rel, err = procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: p[0], Key: sem}, {LockID: p[1], Key: sem}}, true)
+	rel, err = procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: p[0], Key: sem}, {LockID: p[1], Key: sem}}, true, "")
 	if err != nil || rel[0].Served+rel[1].Served != 2 {
 		t.Fatalf("release of both permits: %+v %v, want 2 served", rel, err)
 	}
@@ -633,7 +633,7 @@ func TestQueueSetInOrder(t *testing.T) {
 	if res, err := procs[2].s.QueueWait(c, one, procs[2].ch, qlife); err != nil || res[0].Position != 2 {
 		t.Fatalf("single: %+v %v", res, err)
 	}
-	rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: ha.LockID, Key: "fair:a"}}, true)
+	rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: ha.LockID, Key: "fair:a"}}, true, "")
 	if err != nil || rel[0].Served != 0 {
 		t.Fatalf("release of a: %+v %v, want nothing served (the head is a set)", rel, err)
 	}
@@ -648,14 +648,14 @@ func TestQueueSetInOrder(t *testing.T) {
 	if res, err := procs[2].s.QueueWait(c, one, procs[2].ch, qlife); err != nil || res[0].OK {
 		t.Fatalf("the single-key caller behind the set took the free key: %+v %v", res, err)
 	}
-	if _, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: hb.LockID, Key: "fair:b"}}, true); err != nil {
+	if _, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: hb.LockID, Key: "fair:b"}}, true, ""); err != nil {
 		t.Fatal(err)
 	}
 	res, err = procs[1].s.QueueWait(c, set, procs[1].ch, qlife)
 	if err != nil || !res[0].OK || !res[1].OK {
 		t.Fatalf("the set at the head of both free keys: %+v %v", res, err)
 	}
-	rel, err = procs[1].s.QueueRelease(c, []store.ReleaseRequest{{LockID: sa, Key: "fair:a"}, {LockID: sb, Key: "fair:b"}}, true)
+	rel, err = procs[1].s.QueueRelease(c, []store.ReleaseRequest{{LockID: sa, Key: "fair:a"}, {LockID: sb, Key: "fair:b"}}, true, "")
 	if err != nil || rel[0].Served+rel[1].Served != 1 {
 		t.Fatalf("release of the set: %+v %v, want the single-key caller served", rel, err)
 	}
@@ -694,7 +694,7 @@ func TestQueueBadInput(t *testing.T) {
 		"bad refresh": func() error { _, err := s.QueueRefresh(c, []string{"x"}, qlife); return err },
 		"bad leave":   func() error { _, err := s.QueueLeave(c, []string{"x"}); return err },
 		"bad release": func() error {
-			_, err := s.QueueRelease(c, []store.ReleaseRequest{{LockID: "x", Key: "k"}}, true)
+			_, err := s.QueueRelease(c, []store.ReleaseRequest{{LockID: "x", Key: "k"}}, true, "")
 			return err
 		},
 		"refresh life": func() error { _, err := s.QueueRefresh(c, []string{id}, 2*time.Minute); return err },
@@ -726,7 +726,7 @@ func TestQueueWaitAfterMissedGrant(t *testing.T) {
 		if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].Position != 1 {
 			t.Fatal(res, err)
 		}
-		if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil || rel[0].Served != 1 {
+		if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true, ""); err != nil || rel[0].Served != 1 {
 			t.Fatal(rel, err)
 		}
 		res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife)
@@ -761,7 +761,7 @@ func TestQueueLeaveServesNext(t *testing.T) {
 			t.Fatal(res, err)
 		}
 	}
-	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false); err != nil || !rel[0].Released || rel[0].Served != 0 {
+	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false, ""); err != nil || !rel[0].Released || rel[0].Served != 0 {
 		t.Fatalf("release without serving: %+v %v", rel, err)
 	}
 	if lv, err := procs[1].s.QueueLeave(c, []string{a}); err != nil || !lv[0].Left || lv[0].Released {
@@ -803,7 +803,7 @@ func TestQueueForeignWindow(t *testing.T) {
 	if res, err := procs[1].s.QueueWait(c, req, procs[1].ch, qlife); err != nil || res[0].Position != 1 {
 		t.Fatal(res, err)
 	}
-	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false); err != nil || rel[0].Served != 0 {
+	if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, false, ""); err != nil || rel[0].Served != 0 {
 		t.Fatal(rel, err)
 	}
 	sg := pgtest.NewSyncGuard(t, procs[0].pool)
@@ -861,7 +861,7 @@ func TestQueueRefreshDuringServe(t *testing.T) {
 			}
 		}
 		ids.Store([]string{r2, r1})
-		rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true)
+		rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true, "")
 		if err != nil || rel[0].Served != 2 {
 			t.Fatalf("round %d: release %+v %v, want both readers served", i, rel, err)
 		}
@@ -1001,7 +1001,7 @@ func TestQueueWaitRefreshOnly(t *testing.T) {
 		if res, err := procs[1].s.QueueWait(c, []store.WaitRequest{refresh}, procs[1].ch, qlife); err != nil || res[0].Position != 1 || res[0].Gone {
 			t.Fatalf("shared %v: refresh of a queued ticket: %+v %v, want position 1", shared, res, err)
 		}
-		if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true); err != nil || rel[0].Served != 1 {
+		if rel, err := procs[0].s.QueueRelease(c, []store.ReleaseRequest{{LockID: h.LockID, Key: key}}, true, ""); err != nil || rel[0].Served != 1 {
 			t.Fatal(rel, err)
 		}
 		res, err := procs[1].s.QueueWait(c, []store.WaitRequest{refresh}, procs[1].ch, qlife)
@@ -1064,5 +1064,93 @@ func TestQueueWaitRefreshOnly(t *testing.T) {
 	}
 	if ok, err := procs[0].s.Release(c, h.LockID); err != nil || !ok {
 		t.Fatal(ok, err)
+	}
+}
+
+// TestQueueReleaseSelfTurns: a release that names its process's own queue
+// channel (self) returns the notices for that process's tickets in its
+// answer, on the first item, and does not send them; notices for other
+// processes' tickets go out as before. A process is notified only for
+// grants another process made.
+func TestQueueReleaseSelfTurns(t *testing.T) {
+	procs, _ := newQProcs(t, 2)
+	c := ctx(t)
+	const key = "fair:self"
+	h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute})
+	if err != nil || !h.OK {
+		t.Fatal(h, err)
+	}
+	owners := []int{0, 1, 0}
+	ids := make([]string, len(owners))
+	for i, o := range owners {
+		ids[i] = keys.NewLockID()
+		if res, err := procs[o].s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: ids[i]}}, procs[o].ch, qlife); err != nil || res[0].OK {
+			t.Fatalf("waiter %d: %+v %v, want queued", i, res, err)
+		}
+	}
+	holder, holderProc := h.LockID, 0
+	for i, o := range owners {
+		p := procs[holderProc]
+		rel, err := p.s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true, p.ch)
+		if err != nil || !rel[0].Released || rel[0].Served != 1 {
+			t.Fatalf("release %d: %+v %v, want released and 1 served", i, rel, err)
+		}
+		info, err := procs[o].s.LookupByID(c, ids[i])
+		if err != nil || info == nil {
+			t.Fatalf("waiter %d not holding after the release: %v %v", i, info, err)
+		}
+		if o == holderProc {
+			if len(rel[0].Turns) != 1 {
+				t.Fatalf("release %d served its own process's waiter: turns %+v, want 1", i, rel[0].Turns)
+			}
+			tr := rel[0].Turns[0]
+			if !tr.Granted || tr.Fence != info.Fence || tr.LockHash != pglease.HashKey(ids[i]) || tr.KeyHash != pglease.HashKey(key) {
+				t.Fatalf("release %d: turn %+v, lease fence %d", i, tr, info.Fence)
+			}
+			if ms := tr.ExpiresAt.UnixMilli(); ms != info.ExpiresAt.UnixMilli() {
+				t.Fatalf("release %d: turn expiry %d, lease %d", i, ms, info.ExpiresAt.UnixMilli())
+			}
+		} else if len(rel[0].Turns) != 0 {
+			t.Fatalf("release %d served another process's waiter: turns %+v, want none", i, rel[0].Turns)
+		}
+		holder, holderProc = ids[i], o
+	}
+	if rel, err := procs[holderProc].s.QueueRelease(c, []store.ReleaseRequest{{LockID: holder, Key: key}}, true, procs[holderProc].ch); err != nil || rel[0].Served != 0 || len(rel[0].Turns) != 0 {
+		t.Fatalf("last release: %+v %v", rel, err)
+	}
+
+	// Two keys in one release: both self turns on the first item.
+	var rels []store.ReleaseRequest
+	var waiting []string
+	for _, k := range []string{"fair:self:a", "fair:self:b"} {
+		h, err := procs[0].s.Acquire(c, store.AcquireRequest{Key: k, TTL: time.Minute})
+		if err != nil || !h.OK {
+			t.Fatal(h, err)
+		}
+		rels = append(rels, store.ReleaseRequest{LockID: h.LockID, Key: k})
+		id := keys.NewLockID()
+		waiting = append(waiting, pglease.HashKey(id))
+		if res, err := procs[0].s.QueueWait(c, []store.WaitRequest{{Key: k, TTL: time.Minute, LockID: id}}, procs[0].ch, qlife); err != nil || res[0].OK {
+			t.Fatalf("waiter on %s: %+v %v, want queued", k, res, err)
+		}
+	}
+	rel, err := procs[0].s.QueueRelease(c, rels, true, procs[0].ch)
+	if err != nil || len(rel) != 2 || len(rel[0].Turns) != 2 || len(rel[1].Turns) != 0 {
+		t.Fatalf("release of two keys: %+v %v, want both turns on the first item", rel, err)
+	}
+	got := []string{rel[0].Turns[0].LockHash, rel[0].Turns[1].LockHash}
+	sort.Strings(got)
+	sort.Strings(waiting)
+	if fmt.Sprint(got) != fmt.Sprint(waiting) {
+		t.Fatalf("turns for %v, want %v", got, waiting)
+	}
+
+	settleAt(procs, 2)
+	// Process 0 was notified for the grant process 1's release made (waiter
+	// 2) only; process 1 for the grant process 0 made (waiter 1).
+	for i, want := range []int64{1, 1} {
+		if n := procs[i].n.Load(); n != want {
+			t.Errorf("process %d received %d notifications, want %d: %+v", i, n, want, procs[i].turnsSeen())
+		}
 	}
 }

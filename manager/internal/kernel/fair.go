@@ -27,7 +27,10 @@ import (
 // key's queue in its own transaction and notifies only the head's
 // process, on its own channel (Manager.qch): the notice (notifier.Turn)
 // carries the grant, which handleTurn hands to the waiter, or says
-// "attempt now". An AcquireAll waiter (setWait.qids) has a ticket per
+// "attempt now". When the head is a waiter of the releasing process, the
+// release returns that notice in its answer instead of sending it
+// (sendQueueRelease), so a handoff within a process takes one statement
+// and no notification. An AcquireAll waiter (setWait.qids) has a ticket per
 // key, queued together as one set in the acquire's global key order
 // (setKind with fair: fairSetExec); a release never grants a set's
 // ticket, it tells the set's process its turn (the key stays free for
@@ -92,11 +95,22 @@ type fairKind struct {
 	floor    pglease.Fence
 }
 
-// fairAttempt makes the attempt of ks in fair mode (kick).
+// fairAttempt makes the attempt of ks in fair mode (kick). While a
+// caller here holds the key, or its release is in flight, the attempt
+// carries only the waiters without a place (new arrivals, a ticket that
+// expired or was renewed): that release serves the queue, so the waiters
+// with a place need no attempt (the refresh keeps their tickets), and an
+// attempt that refreshed them all would hold the key's advisory lock for
+// as many rows, on a hot key once per section. Otherwise it carries every
+// waiter, in order: one of them may be able to go.
 func (st *LoopState) fairAttempt(ks *KeyState, chain uint64) *Attempt {
 	k := &fairKind{ch: st.m.qch, floor: ks.Fence, hasFloor: ks.HasFence}
+	arrivals := (ks.holder != nil || ks.releasing > 0) && st.unticketed(ks)
 	var ttl time.Duration
 	for _, req := range ks.queue {
+		if arrivals && !req.qsent.IsZero() && !req.qgone {
+			continue
+		}
 		if req.qid == "" {
 			st.ticketFor(req)
 		}
@@ -626,12 +640,12 @@ func (st *LoopState) strayGrant(hash string) {
 	st.releases.add(releaseItem{lockID: s.id, key: s.key, ks: ks, unblocked: true, ttl: TicketLife})
 }
 
-// handleTurn: a queue notice for a ticket of this process. A grant goes
-// to its waiter (fairGrant); "your turn" makes the key's waiters attempt
-// at once. A ticket nobody here waits with any more left (or is
-// leaving): its leave releases a grant that raced with it.
+// handleTurn: a queue notice for a ticket of this process (on its queue
+// channel, or in the answer of a release of its own). A grant goes to its
+// waiter (fairGrant); "your turn" makes the key's waiters attempt at
+// once. A ticket nobody here waits with any more left (or is leaving):
+// its leave releases a grant that raced with it.
 func (st *LoopState) handleTurn(t store.Turn) {
-	st.sig().Turn.signal(t.Granted)
 	req := st.fq.byLock[t.LockHash]
 	if w := st.fq.setTix[t.LockHash]; req == nil && w != nil {
 		st.wakeSet(w) // a set's ticket is not granted by a release: its turn
@@ -866,8 +880,11 @@ func (st *LoopState) fairAfterRelease(ks *KeyState) {
 // one statement for the tickets that leave (QueueLeave) and one for the
 // releases (QueueRelease, serving each key's queue unless an item's key
 // is left to foreign pollers). res answers each item; the leaves' error
-// is their own.
-func (m *Kernel) sendQueueRelease(ctx context.Context, batch []releaseItem) (res []bool, err, leaveErr error) {
+// is their own. turns are the notices for this process's own tickets,
+// which the release returns instead of sending (a grant to a waiter here
+// is handed over with the answer, as a local handoff is without the
+// queue).
+func (m *Kernel) sendQueueRelease(ctx context.Context, batch []releaseItem) (res []bool, turns []store.Turn, err, leaveErr error) {
 	res = make([]bool, len(batch))
 	var rels []store.ReleaseRequest
 	var relIdx, leaveIdx []int
@@ -897,12 +914,13 @@ func (m *Kernel) sendQueueRelease(ctx context.Context, batch []releaseItem) (res
 	}
 	if len(rels) > 0 {
 		var rr []store.QueueReleaseResult
-		rr, err = m.Store.QueueRelease(ctx, rels, grant)
+		rr, err = m.Store.QueueRelease(ctx, rels, grant, m.qch)
 		for k, r := range rr {
 			res[relIdx[k]] = r.Released
+			turns = append(turns, r.Turns...)
 		}
 	}
-	return res, err, leaveErr
+	return res, turns, err, leaveErr
 }
 
 // setTickets gives set waiter w its tickets (a lockId per key) unless it

@@ -23,7 +23,7 @@ type Store interface {
 	// refresh the tickets, release and serve the head, leave.
 	QueueWait(ctx context.Context, reqs []store.WaitRequest, qchannel string, life time.Duration) ([]store.WaitResult, error)
 	QueueRefresh(ctx context.Context, lockIDs []string, life time.Duration) ([]store.TicketState, error)
-	QueueRelease(ctx context.Context, reqs []store.ReleaseRequest, grant bool) ([]store.QueueReleaseResult, error)
+	QueueRelease(ctx context.Context, reqs []store.ReleaseRequest, grant bool, self string) ([]store.QueueReleaseResult, error)
 	QueueLeave(ctx context.Context, lockIDs []string) ([]store.LeaveResult, error)
 	// Held leases: extends and releases.
 	ExtendMany(ctx context.Context, reqs []store.ExtendRequest) ([]store.ExtendResult, error)

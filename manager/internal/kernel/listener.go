@@ -58,7 +58,10 @@ func (st *LoopState) startListener() {
 		Notice: func(n notifier.Notice) { st.handleReleaseRequest(n.Note) },
 	})
 	st.lis.Handle(notifier.Turn, notifier.Handler{
-		Notice: func(n notifier.Notice) { st.handleTurn(n.Turn) }, // fair.go
+		Notice: func(n notifier.Notice) {
+			st.sig().Turn.signal(n.Turn.Granted)
+			st.handleTurn(n.Turn) // fair.go
+		},
 		Resync: st.fairResync,
 	})
 	m := st.m

@@ -226,6 +226,9 @@ func (st *LoopState) handleReleaseDone(d releaseDone) {
 	st.land(d.fl, &st.releaseSlots)
 	now := st.m.Now()
 	st.observe(d.fl, len(d.batch), d.err, now) // overload.go
+	for _, t := range d.turns {
+		st.handleTurn(t) // fair.go: the release served a waiter here
+	}
 	for i, it := range d.batch {
 		var err error
 		derr := d.err
@@ -574,9 +577,10 @@ func (m *Kernel) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanC
 	m.beforeBatch(KindRelease, len(batch))
 	ctx, db := m.Rec.StartDB(ctx, obs.OpReleaseMany, len(batch), parent, served...)
 	var res []bool
+	var turns []store.Turn
 	var err, leaveErr error
 	if m.cfg.FairQueue {
-		res, err, leaveErr = m.sendQueueRelease(ctx, batch) // fair.go
+		res, turns, err, leaveErr = m.sendQueueRelease(ctx, batch) // fair.go
 	} else {
 		res, err = m.Store.ReleaseWaited(ctx, reqs)
 	}
@@ -587,7 +591,7 @@ func (m *Kernel) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanC
 		}
 	}
 	db.End(ok, cmp.Or(err, leaveErr))
-	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, err: err, leaveErr: leaveErr, db: db.SpanContext()}
+	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, turns: turns, err: err, leaveErr: leaveErr, db: db.SpanContext()}
 }
 
 func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {

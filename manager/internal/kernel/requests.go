@@ -179,8 +179,11 @@ type releaseDone struct {
 	// their own, fair.go); err is the others'.
 	leaveErr error
 	res      []bool
-	err      error
-	db       trace.SpanContext // the round trip's pglease.release_many span
+	// turns are the release's notices for this process's own tickets
+	// (fair.go: sendQueueRelease), returned instead of sent.
+	turns []store.Turn
+	err   error
+	db    trace.SpanContext // the round trip's pglease.release_many span
 }
 
 type extendDone struct {

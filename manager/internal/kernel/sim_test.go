@@ -1436,7 +1436,7 @@ func (s *simStore) QueueRefresh(context.Context, []string, time.Duration) ([]sto
 	panic(fmt.Sprintf("%v: QueueRefresh called", errSimNoQueue))
 }
 
-func (s *simStore) QueueRelease(context.Context, []store.ReleaseRequest, bool) ([]store.QueueReleaseResult, error) {
+func (s *simStore) QueueRelease(context.Context, []store.ReleaseRequest, bool, string) ([]store.QueueReleaseResult, error) {
 	panic(fmt.Sprintf("%v: QueueRelease called", errSimNoQueue))
 }
 

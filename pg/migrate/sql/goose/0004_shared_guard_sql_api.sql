@@ -1462,8 +1462,12 @@ CREATE OR REPLACE VIEW "pglease_advisory_locks" AS
 -- fence || ':' || expires_at_ms. A head that is a set's ticket is not
 -- granted here (its other keys are not locked): it is told its turn
 -- ('…:0:0') and the key stays free for it (no ticket behind it may go).
--- Returns the number of grants.
-CREATE OR REPLACE FUNCTION "pglease_qserve_07f27fb7aa"(p_key text, p_channel text, p_until bigint) RETURNS integer
+-- A notice for channel p_self (the caller's own queue channel, NULL for
+-- none) is not sent: it is added to the transaction's setting
+-- pglease.qturns (payloads, space-separated), for the caller to return in
+-- its result, so a grant to a waiter of the releasing process needs no
+-- notification. Returns the number of grants.
+CREATE OR REPLACE FUNCTION "pglease_qserve_07f27fb7aa"(p_key text, p_channel text, p_until bigint, p_self text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   q record;
@@ -1475,12 +1479,14 @@ DECLARE
   v_kind integer;
   v_this integer;
   v_void text;
+  v_chs text[] := ARRAY[]::text[];
+  v_msgs text[] := ARRAY[]::text[];
 BEGIN
   DELETE FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.expires_at_ms <= v_now;
   FOR q IN SELECT x.* FROM "syncguard_locks_queue" AS x WHERE x.key = p_key ORDER BY x.seq LOOP
     IF q.set_no IS NOT NULL THEN
       IF v_first THEN
-        PERFORM pg_notify(q.channel, 'q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':0:0');
+        v_chs := v_chs || q.channel; v_msgs := v_msgs || ('q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':0:0');
       END IF;
       EXIT;
     END IF;
@@ -1508,7 +1514,7 @@ BEGIN
     END IF;
     IF v_fence IS NULL THEN
       -- FENCE MAX: the ticket's own attempt reports it.
-      PERFORM pg_notify(q.channel, 'q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':0:0');
+      v_chs := v_chs || q.channel; v_msgs := v_msgs || ('q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':0:0');
       EXIT;
     END IF;
     IF q.lim IS NOT NULL THEN
@@ -1521,9 +1527,14 @@ BEGIN
       v_void := set_config('synchronous_commit', 'on', true);
     END IF;
     DELETE FROM "syncguard_locks_queue" AS x WHERE x.seq = q.seq;
-    PERFORM pg_notify(q.channel, 'q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':' || v_fence::text || ':' || (c.c_now + q.ttl_ms)::text);
+    v_chs := v_chs || q.channel; v_msgs := v_msgs || ('q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':' || v_fence::text || ':' || (c.c_now + q.ttl_ms)::text);
     v_n := v_n + 1;
   END LOOP;
+  PERFORM pg_notify(x.ch, x.msg) FROM unnest(v_chs, v_msgs) AS x(ch, msg) WHERE x.ch IS DISTINCT FROM p_self;
+  IF p_self = ANY (v_chs) THEN
+    v_void := set_config('pglease.qturns', coalesce(current_setting('pglease.qturns', true), '') ||
+      (SELECT string_agg(x.msg || ' ', '') FROM unnest(v_chs, v_msgs) AS x(ch, msg) WHERE x.ch = p_self), true);
+  END IF;
   RETURN v_n;
 END
 $fn$;
@@ -1588,6 +1599,8 @@ DECLARE
   v_hacq bigint[];
   v_hexp bigint[];
   v_void text;
+  v_fresh boolean := pg_current_xact_id_if_assigned() IS NULL;
+  v_granted boolean := false;
 BEGIN
   IF current_setting('synchronous_commit') <> 'on' THEN
     v_void := set_config('synchronous_commit', 'on', true);
@@ -1650,7 +1663,7 @@ BEGIN
           PERFORM 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_ids[r.i] AND s.key = r.k FOR KEY SHARE SKIP LOCKED;
         END IF;
         IF FOUND THEN
-          v_hfence[r.i] := v_hf; v_hacq[r.i] := v_ha; v_hexp[r.i] := v_he;
+          v_hfence[r.i] := v_hf; v_hacq[r.i] := v_ha; v_hexp[r.i] := v_he; v_granted := true;
         ELSE
           v_got[r.i] := false;
           IF r.st > 0 THEN
@@ -1773,6 +1786,7 @@ BEGIN
       PERFORM "pglease_notify_07f27fb7aa"(p_channel, r.k, 0, 's:' || lpad(v_fence::text, 15, '0'));
     END IF;
     o_status := 0; o_fence := v_fence; o_acquired_ms := c.c_now; o_expires_ms := c.c_now + p_ttls[r.i];
+    v_granted := true;
     RETURN NEXT;
   END LOOP;
   -- Sets: granted whole or not at all.
@@ -1801,8 +1815,17 @@ BEGIN
     END IF;
     DELETE FROM "syncguard_locks_queue" AS x WHERE x.seq = v_seq[r.i];
     o_status := 0; o_acquired_ms := v_cnow[r.i]; o_expires_ms := v_cnow[r.i] + p_ttls[r.i];
+    v_granted := true;
     RETURN NEXT;
   END LOOP;
+  IF v_fresh AND NOT v_granted THEN
+    -- Nothing granted (queued, refreshed, refused, gone): the commit
+    -- need not wait for its WAL flush, as a release's. A ticket lost in
+    -- a crash is only a place: the waiter's refresh finds it gone and
+    -- its next attempt queues it again. The key's advisory lock is let go
+    -- at once, not after a flush, so the key's release is not held up.
+    v_void := set_config('synchronous_commit', 'off', true);
+  END IF;
 END
 $fn$;
 
@@ -1875,8 +1898,12 @@ $fn$;
 -- then is released without being served, and its head ticket's process
 -- told its turn (its own attempt serves it). o_served: the grants made on
 -- the item's key (on its first item only). Durable when it granted.
-CREATE OR REPLACE FUNCTION "pglease_qrelease_07f27fb7aa"(p_lock_ids text[], p_channel text, p_wake integer, p_grant boolean, p_async boolean)
-RETURNS TABLE (o_idx integer, o_ok boolean, o_served integer)
+-- p_self: the releasing process's own queue channel (NULL: none); its
+-- tickets' notices are not sent but returned, in o_turns (on the first
+-- row; payloads as notified, space-separated), so a grant to a waiter of
+-- the releasing process reaches it with the release's answer.
+CREATE OR REPLACE FUNCTION "pglease_qrelease_07f27fb7aa"(p_lock_ids text[], p_channel text, p_wake integer, p_grant boolean, p_async boolean, p_self text DEFAULT NULL)
+RETURNS TABLE (o_idx integer, o_ok boolean, o_served integer, o_turns text)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   r record;
@@ -1888,7 +1915,11 @@ DECLARE
   v_served integer[];
   v_j integer;
   v_seen text[] := ARRAY[]::text[];
+  v_void text;
 BEGIN
+  IF p_self IS NOT NULL THEN
+    v_void := set_config('pglease.qturns', '', true);
+  END IF;
   v_item := ARRAY(SELECT coalesce((SELECT l.key FROM "syncguard_locks" AS l WHERE l.lock_id = u.id), (SELECT s.key FROM "syncguard_locks_shared" AS s WHERE s.lock_id = u.id))
     FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i);
   v_keys := ARRAY(SELECT x.k FROM (SELECT DISTINCT k FROM unnest(v_item) AS y(k) WHERE k IS NOT NULL) AS x ORDER BY hashtext(x.k), x.k);
@@ -1907,7 +1938,7 @@ BEGIN
         CONTINUE;
       END IF;
       IF v_locked[v_j] THEN
-        v_served[v_j] := "pglease_qserve_07f27fb7aa"(v_keys[v_j], p_channel, v_until);
+        v_served[v_j] := "pglease_qserve_07f27fb7aa"(v_keys[v_j], p_channel, v_until, p_self);
       ELSE
         PERFORM pg_notify(x.channel, 'q:' || "pglease_hashkey_v1"(x.key) || ':' || "pglease_hashkey_v1"(x.lock_id) || ':0:0')
           FROM (SELECT y.* FROM "syncguard_locks_queue" AS y WHERE y.key = v_keys[v_j] AND y.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
@@ -1916,7 +1947,11 @@ BEGIN
     END LOOP;
   END IF;
   FOR v_j IN 1 .. coalesce(cardinality(p_lock_ids), 0) LOOP
-    o_idx := v_j; o_ok := v_ok[v_j]; o_served := 0;
+    o_idx := v_j; o_ok := v_ok[v_j]; o_served := 0; o_turns := NULL;
+    IF v_j = 1 AND p_self IS NOT NULL THEN
+      o_turns := nullif(current_setting('pglease.qturns', true), '');
+      v_void := set_config('pglease.qturns', '', true);
+    END IF;
     IF v_item[v_j] IS NOT NULL AND NOT v_item[v_j] = ANY (v_seen) THEN
       v_seen := v_seen || v_item[v_j];
       o_served := v_served[array_position(v_keys, v_item[v_j])];
@@ -2056,10 +2091,10 @@ DROP TABLE IF EXISTS "syncguard_locks_shared";
 ALTER TABLE "syncguard_locks_holders" DROP COLUMN IF EXISTS excl_wait_until_ms, DROP COLUMN IF EXISTS lock_delay_ms, DROP COLUMN IF EXISTS delay_until_ms;
 ALTER TABLE "syncguard_locks_holders" DROP COLUMN IF EXISTS revoked_lock_hash;
 DROP FUNCTION IF EXISTS "pglease_qleave_07f27fb7aa"(text[], text);
-DROP FUNCTION IF EXISTS "pglease_qrelease_07f27fb7aa"(text[], text, integer, boolean, boolean);
+DROP FUNCTION IF EXISTS "pglease_qrelease_07f27fb7aa"(text[], text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qrefresh_07f27fb7aa"(text[], bigint);
 DROP FUNCTION IF EXISTS "pglease_qwait_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], integer[], text, text, text, bigint, boolean[]);
-DROP FUNCTION IF EXISTS "pglease_qserve_07f27fb7aa"(text, text, bigint);
+DROP FUNCTION IF EXISTS "pglease_qserve_07f27fb7aa"(text, text, bigint, text);
 DROP TABLE IF EXISTS "syncguard_locks_queue";
 -- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
 CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)

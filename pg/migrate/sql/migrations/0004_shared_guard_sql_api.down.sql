@@ -65,10 +65,10 @@ DROP TABLE IF EXISTS "syncguard_locks_shared";
 ALTER TABLE "syncguard_locks_holders" DROP COLUMN IF EXISTS excl_wait_until_ms, DROP COLUMN IF EXISTS lock_delay_ms, DROP COLUMN IF EXISTS delay_until_ms;
 ALTER TABLE "syncguard_locks_holders" DROP COLUMN IF EXISTS revoked_lock_hash;
 DROP FUNCTION IF EXISTS "pglease_qleave_07f27fb7aa"(text[], text);
-DROP FUNCTION IF EXISTS "pglease_qrelease_07f27fb7aa"(text[], text, integer, boolean, boolean);
+DROP FUNCTION IF EXISTS "pglease_qrelease_07f27fb7aa"(text[], text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qrefresh_07f27fb7aa"(text[], bigint);
 DROP FUNCTION IF EXISTS "pglease_qwait_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], integer[], text, text, text, bigint, boolean[]);
-DROP FUNCTION IF EXISTS "pglease_qserve_07f27fb7aa"(text, text, bigint);
+DROP FUNCTION IF EXISTS "pglease_qserve_07f27fb7aa"(text, text, bigint, text);
 DROP TABLE IF EXISTS "syncguard_locks_queue";
 -- The schema version record: SELECT * FROM "pglease_schema_858d8d6934"();
 CREATE OR REPLACE FUNCTION "pglease_schema_858d8d6934"(OUT version integer, OUT compatible_from integer)
