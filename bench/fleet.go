@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -393,6 +395,7 @@ type fleetDelta struct {
 	grants, own, shared, held, releases, lost, skipped int64
 	stmts                                              fleetStmts
 	errors                                             map[string]int64
+	lostBy                                             map[string]int64 // fleetReport.LostBy
 	sharedMs                                           []float64
 	rssKB                                              int64   // of the later reports; -1 unknown
 	cpuMs                                              float64 // the workers' CPU time; -1 unknown
@@ -400,7 +403,7 @@ type fleetDelta struct {
 }
 
 func fleetDiff(before, after []fleetReport) fleetDelta {
-	d := fleetDelta{errors: map[string]int64{}}
+	d := fleetDelta{errors: map[string]int64{}, lostBy: map[string]int64{}}
 	for i, a := range after {
 		var b fleetReport
 		if i < len(before) {
@@ -417,6 +420,11 @@ func fleetDiff(before, after []fleetReport) fleetDelta {
 		for k, v := range a.Errors {
 			if v -= b.Errors[k]; v != 0 {
 				d.errors[k] += v
+			}
+		}
+		for k, v := range a.LostBy {
+			if v -= b.LostBy[k]; v != 0 {
+				d.lostBy[k] += v
 			}
 		}
 		d.sharedMs = append(d.sharedMs, a.SharedMs...)
@@ -539,7 +547,11 @@ func runFleetStep(ctx context.Context, cfg config, n int) (res Result, err error
 		return res, err
 	}
 	d := fleetDiff(r0, r1)
-	lost := fleetDiff(nil, finals).lost
+	all := fleetDiff(nil, finals)
+	lost := all.lost
+	for _, k := range slices.Sorted(maps.Keys(all.lostBy)) {
+		fmt.Fprintf(os.Stderr, "fleet N=%d lost %d: %s\n", n, all.lostBy[k], k)
+	}
 	var notifies int64 = -1
 	if obsErr == nil {
 		notifies = o1 - o0

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/url"
 	"os"
@@ -58,8 +59,9 @@ type fleetReport struct {
 	OwnGrants    int64            `json:"own_grants"`
 	SharedGrants int64            `json:"shared_grants"`
 	HeldGrants   int64            `json:"held_grants"`
-	Releases     int64            `json:"releases"` // Release calls that returned nil
-	Lost         int64            `json:"lost"`     // lock contexts that ended with ErrLockLost
+	Releases     int64            `json:"releases"`          // Release calls that returned nil
+	Lost         int64            `json:"lost"`              // lock contexts that ended with ErrLockLost
+	LostBy       map[string]int64 `json:"lost_by,omitempty"` // "held: <error>", "release: <error>"
 	OwnSkipped   int64            `json:"own_skipped"`
 	Errors       map[string]int64 `json:"errors,omitempty"` // "acquire:<Code>", "release:<Code>"
 	Stmts        fleetStmts       `json:"stmts"`            // statements sent on the Manager's pool
@@ -301,16 +303,26 @@ func (c *fleetCounters) countErr(op string, err error) {
 	})
 }
 
+// lost counts a lost lock, by where it was found (a held lease's
+// context, a Release) and the error (it names no key or lockId).
+func (c *fleetCounters) lost(where string, err error) {
+	c.add(func(r *fleetReport) {
+		r.Lost++
+		if r.LostBy == nil {
+			r.LostBy = map[string]int64{}
+		}
+		r.LostBy[where+": "+err.Error()]++
+	})
+}
+
 // snapshot returns the counters and takes the latencies collected since
 // the last snapshot.
 func (c *fleetCounters) snapshot() fleetReport {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r := c.rep
-	r.Errors = make(map[string]int64, len(c.rep.Errors))
-	for k, v := range c.rep.Errors {
-		r.Errors[k] = v
-	}
+	r.Errors = maps.Clone(c.rep.Errors)
+	r.LostBy = maps.Clone(c.rep.LostBy)
 	c.rep.SharedMs = nil
 	r.RSSKB = selfRSSKB()
 	r.CPUMs = selfCPUMs()
@@ -388,7 +400,7 @@ func fleetWorker(spec fleetSpec, in *bufio.Reader, stdout io.Writer) int {
 				if !isLost(lk.Err()) {
 					return // closed (or released)
 				}
-				c.add(func(r *fleetReport) { r.Lost++ })
+				c.lost("held", lk.Err())
 			}
 		}()
 	}
@@ -407,7 +419,7 @@ func fleetWorker(spec fleetSpec, in *bufio.Reader, stdout io.Writer) int {
 		case err == nil:
 			c.add(func(r *fleetReport) { r.Releases++ })
 		case isLost(err):
-			c.add(func(r *fleetReport) { r.Lost++ })
+			c.lost("release", err)
 		default:
 			c.countErr("release", err)
 		}
