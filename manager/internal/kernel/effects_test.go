@@ -7,6 +7,7 @@ import (
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgerr"
 	"github.com/pglease/pglease/internal/store"
+	"github.com/pglease/pglease/manager/internal/notifier"
 )
 
 // TestKernelOneEventAtATime drives a loop state by hand, one event at a
@@ -366,5 +367,58 @@ func TestPipelineStaleChain(t *testing.T) {
 				t.Fatalf("key after both answers: %+v", ks)
 			}
 		})
+	}
+}
+
+// TestListenerActiveWhileWaiting: the loop tells the listener it is
+// needed at its prompt pace (the Active subscription) as soon as a caller
+// waits, keeps it so while callers come and go, and lets it go idle only
+// once nothing has waited for listenerIdleAfter, by its own timer.
+func TestListenerActiveWhileWaiting(t *testing.T) {
+	k, _ := pgKernel(t, Config{})
+	if err := k.Close(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	k.Test.Clock = func() time.Time { return now }
+	st := newLoopState(k)
+	st.lis.Idle() // live, no service: the outbox shows what would be handed over
+	active := func() (on, sent bool) {
+		on, sent = st.lis.Outbox()[notifier.Sub{Topic: notifier.Active}]
+		st.lis.Handed()
+		return on, sent
+	}
+	st.markListener()
+	if _, sent := active(); sent {
+		t.Fatal("the listener was told about activity with nothing waiting")
+	}
+	st.waiting = 1 // a caller waits
+	st.markListener()
+	if on, sent := active(); !on || !sent {
+		t.Fatalf("a caller waits: Active %v (sent %v), want on", on, sent)
+	}
+	for range 3 { // callers come and go within listenerIdleAfter
+		st.waiting = 0
+		st.markListener()
+		now = now.Add(listenerIdleAfter / 2)
+		st.markListener()
+		st.waiting = 1
+		st.markListener()
+		if _, sent := active(); sent {
+			t.Fatal("the listener was told again while callers came and went")
+		}
+	}
+	st.waiting = 0
+	st.markListener()
+	if w := st.nextWake(); !w.Equal(now.Add(listenerIdleAfter)) {
+		t.Fatalf("next wake %v, want the idle deadline %v", w, now.Add(listenerIdleAfter))
+	}
+	now = now.Add(listenerIdleAfter)
+	st.markListener()
+	if on, sent := active(); on || !sent {
+		t.Fatalf("nothing waited for %v: Active %v (sent %v), want off", listenerIdleAfter, on, sent)
+	}
+	if w := st.nextWake(); !w.IsZero() {
+		t.Fatalf("next wake %v once idle, want none", w)
 	}
 }

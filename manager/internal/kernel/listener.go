@@ -1,6 +1,8 @@
 package kernel
 
 import (
+	"time"
+
 	"github.com/pglease/pglease/internal/connx"
 	"github.com/pglease/pglease/internal/store"
 	"github.com/pglease/pglease/manager/internal/notifier"
@@ -84,8 +86,9 @@ func (st *LoopState) startListener() {
 	if m.Test.ListenIdleTimeout > 0 {
 		cfg.Liveness.IdleTimeout = m.Test.ListenIdleTimeout
 	}
+	cfg.IdleProbeEvery = max(cfg.ProbeEvery, min(notifier.IdleProbeInterval, cfg.Liveness.IdleTimeout/3))
 	if m.Test.ListenProbe > 0 {
-		cfg.ProbeEvery, cfg.ProbeTimeout = m.Test.ListenProbe, m.Test.ListenProbe
+		cfg.ProbeEvery, cfg.ProbeTimeout, cfg.IdleProbeEvery = m.Test.ListenProbe, m.Test.ListenProbe, m.Test.ListenProbe
 	}
 	if sig := m.Sig; sig != nil {
 		cfg.Polling = func() { sig.Polling.signal(struct{}{}) }
@@ -94,3 +97,36 @@ func (st *LoopState) startListener() {
 	}
 	st.lis.Start(cfg, m.notifyCh)
 }
+
+// listenerIdleAfter is how long the loop waits for nothing before the
+// listener may probe at its idle pace: a caller that waits again soon (a
+// worker's next cycle) finds the listener as it left it, and the
+// service is not woken for every wait that begins and ends.
+const listenerIdleAfter = 10 * time.Second
+
+// markListener tells the listener whether anything here waits for a
+// notice: a caller waiting for a key or a set, a ticket of the fair
+// queue (or a stray one, whose grant a turn notice brings), a watch. The
+// listener probes every ProbeInterval while something does, and every
+// IdleProbeInterval once nothing has for listenerIdleAfter (the loop's
+// timer comes back for that, nextListenerIdle). Run after every event.
+func (st *LoopState) markListener() {
+	waits := st.waiting > 0 || len(st.fq.byLock) > 0 || len(st.fq.setTix) > 0 || len(st.fq.strays) > 0 || len(st.watch.keys) > 0
+	switch {
+	case waits && !st.lisActive:
+		st.lisActive, st.lisIdleAt = true, time.Time{}
+		st.lis.SetActive(true)
+	case waits:
+		st.lisIdleAt = time.Time{}
+	case !st.lisActive:
+	case st.lisIdleAt.IsZero():
+		st.lisIdleAt = st.m.Now().Add(listenerIdleAfter)
+	case !st.m.Now().Before(st.lisIdleAt):
+		st.lisActive, st.lisIdleAt = false, time.Time{}
+		st.lis.SetActive(false)
+	}
+}
+
+// nextListenerIdle is when markListener may let the listener go idle
+// (zero: nothing to do).
+func (st *LoopState) nextListenerIdle() time.Time { return st.lisIdleAt }

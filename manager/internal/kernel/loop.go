@@ -30,6 +30,7 @@ func (m *Kernel) run(st *LoopState) {
 	for {
 		st.flush()
 		st.startWork(m.spawn) // the batches flush launched (effects.go)
+		st.markListener()     // listener.go
 		if m.Sig != nil {     // a test's Manager: the state after every event
 			st.mustHold()
 		}

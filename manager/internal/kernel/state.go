@@ -63,6 +63,11 @@ type LoopState struct {
 
 	closing bool         // owned by run: Close began (beginDrain)
 	lis     listenerLink // owned by run: the listener's mailbox and lifetime (waiters.go, listener.go)
+	// lisActive: the listener was told something here waits for a notice
+	// (markListener); lisIdleAt: when it may be told nothing does (zero:
+	// not yet due).
+	lisActive bool
+	lisIdleAt time.Time
 
 	closeErr error     // owned by run: first release failure during the drain, handed to Close through Manager.closeErr
 	closeBy  time.Time // owned by run: when the drain gives up retrying releases (beginDrain + CloseTimeout)
@@ -443,6 +448,9 @@ func (st *LoopState) nextWake() time.Time {
 		next = s
 	}
 	if s := st.nextRefresh(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
+		next = s
+	}
+	if s := st.nextListenerIdle(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
 	for len(st.retries) > 0 {

@@ -77,8 +77,12 @@ func (l *Link) Unsubscribing(t Topic, key string) bool {
 	return pending && !on
 }
 
+// SetActive records whether something of the loop's waits for a notice
+// (see Active): the service probes its connection more often then.
+func (l *Link) SetActive(on bool) { l.want(Sub{Topic: Active}, on) }
+
 func (l *Link) want(s Sub, on bool) {
-	if l.mail == nil || !s.Topic.keyed() {
+	if l.mail == nil || !(s.Topic.keyed() || s.Topic == Active) {
 		return
 	}
 	if l.outbox == nil {

@@ -37,9 +37,18 @@ import (
 // notifications of the gap. The setting stays (a stopped process must not
 // pin the server's notification queue); the schedule makes sure it never
 // ends a live listener.
+//
+// A Manager that waits for nothing (no caller waiting, no ticket, no
+// watch: no Active subscription) probes every IdleProbeInterval instead:
+// a dead listener then delays only what nobody waits for (a revoke
+// notice, which the holder's next extend also brings; a release
+// request), and the probe, a round trip, is half of what an idle Manager
+// holding leases costs its process. IdleProbeInterval stays well under
+// idle_session_timeout (the Manager's Liveness.IdleTimeout / 3 at most).
 const (
-	ProbeInterval = time.Second
-	ProbeTimeout  = time.Second
+	ProbeInterval     = time.Second
+	IdleProbeInterval = 5 * time.Second
+	ProbeTimeout      = time.Second
 	// retryDelay is how soon the service tries again to take a
 	// subscription's session lock it could not take.
 	retryDelay = 20 * time.Millisecond
@@ -68,8 +77,9 @@ type Config struct {
 	// (connx.DefaultLiveness unless a test says otherwise).
 	Liveness connx.Liveness
 	// ProbeEvery and ProbeTimeout: ProbeInterval and ProbeTimeout unless
-	// a test says otherwise.
-	ProbeEvery, ProbeTimeout time.Duration
+	// a test says otherwise. IdleProbeEvery (at least ProbeEvery) is the
+	// probe interval while the loop wants no Active subscription.
+	ProbeEvery, ProbeTimeout, IdleProbeEvery time.Duration
 
 	// Hooks, each optional: a test's connection config change (before
 	// each connect), and the Manager's test signals.
@@ -77,6 +87,7 @@ type Config struct {
 	Polling        func() // stopped for good (a transaction-mode pooler)
 	TriggerChecked func(installed bool)
 	ProbeFailed    func() // a probe failed: the service reconnects
+	Probed         func() // a probe was sent (tests count them)
 }
 
 // errPooler is why the service stops for good behind a transaction-mode
@@ -227,12 +238,13 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 	if !s.post(ctx, Notice{Resync: true}) {
 		return false
 	}
-	probeEvery, probeTimeout := c.ProbeEvery, c.ProbeTimeout
+	probeTimeout := c.ProbeTimeout
 	changed := false // mail came: the session's locks may differ from want
 	soon := false    // some locks could not be taken: try again soon
-	// probeAt is when the next probe is due: probeEvery after the last
-	// one, whatever came meanwhile (see ProbeInterval).
-	probeAt := time.Now().Add(probeEvery)
+	// The next probe is due s.probeEvery() after the last one, whatever
+	// came meanwhile (see ProbeInterval); an Active subscription that
+	// comes makes it due sooner.
+	probed := time.Now()
 	for {
 		if s.drainMail() {
 			changed = true
@@ -248,7 +260,7 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 			}
 			changed = false
 		}
-		wait := time.Until(probeAt)
+		wait := time.Until(probed.Add(s.probeEvery()))
 		if soon {
 			wait = min(wait, retryDelay)
 		}
@@ -257,7 +269,7 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 			if !s.probe(ctx, conn, probeTimeout) {
 				return false
 			}
-			probeAt = time.Now().Add(probeEvery)
+			probed = time.Now()
 			continue
 		}
 		n, mail, quiet, err := s.wait(ctx, conn, wait)
@@ -308,6 +320,9 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 // both settings with every change (ParameterStatus, PostgreSQL 14+), so
 // this costs no round trip.
 func (s *service) probe(ctx context.Context, conn *pgx.Conn, timeout time.Duration) bool {
+	if s.cfg.Probed != nil {
+		s.cfg.Probed()
+	}
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	_, err := conn.Exec(pctx, "SELECT 1")
 	cancel()
@@ -339,6 +354,14 @@ func (s *service) wait(ctx context.Context, conn *pgx.Conn, d time.Duration) (n 
 	quiet = wctx.Err() != nil
 	cancel()
 	return n, <-got, quiet, err
+}
+
+// probeEvery is the probe interval the loop's wishes call for.
+func (s *service) probeEvery() time.Duration {
+	if _, ok := s.want[Sub{Topic: Active}]; ok || s.cfg.IdleProbeEvery < s.cfg.ProbeEvery {
+		return s.cfg.ProbeEvery
+	}
+	return s.cfg.IdleProbeEvery
 }
 
 // apply records the loop's latest wishes.
@@ -384,7 +407,7 @@ var sessionLocks = [...]struct {
 func (s *service) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySoon bool, err error) {
 	var add, drop [len(sessionLocks)][]string
 	for k := range s.want {
-		if _, ok := s.have[k]; !ok {
+		if _, ok := s.have[k]; !ok && k.Topic.keyed() {
 			add[k.Topic] = append(add[k.Topic], k.Key)
 		}
 	}
