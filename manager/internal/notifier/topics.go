@@ -46,16 +46,17 @@ const (
 	// channel (Notice.Turn, store.ParseTurn): a release served one of its
 	// tickets, or told it its turn. Channel-wide, no subscription per key.
 	Turn
-	// Active is a subscription, not a topic of notices: Sub{Active, ""}
-	// while something of the loop's waits for a notice (a caller waiting
-	// for a key, a ticket in the fair queue, a watch). The service then
-	// probes its connection every ProbeEvery; without it, every
-	// IdleProbeEvery (a holder told nothing by a dead listener still
-	// learns of a revoke from its next extend).
-	Active
 
 	numTopics
 )
+
+// Active is a subscription, not a topic of notices (it has no handler):
+// Sub{Active, ""} while something of the loop's waits for a notice (a
+// caller waiting for a key, a ticket in the fair queue, a watch). The
+// service then probes its connection every ProbeEvery; without it, every
+// IdleProbeEvery (a holder told nothing by a dead listener still learns
+// of a revoke from its next extend).
+const Active = numTopics
 
 // keyed reports whether a subscription of t is per key (a session lock).
 func (t Topic) keyed() bool { return t == Wake || t == Watch }
