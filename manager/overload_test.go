@@ -102,6 +102,9 @@ func TestOverloadRenewalsFirst(t *testing.T) {
 
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
+	var stopOnce sync.Once
+	halt := func() { stopOnce.Do(func() { close(stop) }); wg.Wait() }
+	defer halt() // a t.Fatal below must not leave 24 callers spinning on a closed Manager
 	var grants, timeouts, noted atomic.Int64
 	var otherErr atomic.Value
 	for g := range 24 {
@@ -143,8 +146,7 @@ func TestOverloadRenewalsFirst(t *testing.T) {
 		block(false)
 		time.Sleep(300 * time.Millisecond)
 	}
-	close(stop)
-	wg.Wait()
+	halt()
 
 	for _, lk := range held {
 		if err := lk.Err(); err != nil {
