@@ -31,9 +31,10 @@ func fairSyncManager(t *testing.T, url string, cfg Config, hooks kernel.TestHook
 }
 
 // cancelSyncRepUntil cancels every wait for the synchronous standby, every
-// 50 ms, until done is closed; it reports how many it cancelled. It runs
-// on a goroutine of its own, on a connection of its own to url.
-func cancelSyncRepUntil(t *testing.T, ctx context.Context, url string, done <-chan struct{}) int {
+// 50 ms, until done is closed; it reports how many it cancelled, and calls
+// onCancel (if set) after each. It runs on a goroutine of its own, on a
+// connection of its own to url.
+func cancelSyncRepUntil(t *testing.T, ctx context.Context, url string, done <-chan struct{}, onCancel func()) int {
 	admin, err := pgx.Connect(ctx, url)
 	if err != nil {
 		t.Error(err)
@@ -58,6 +59,9 @@ func cancelSyncRepUntil(t *testing.T, ctx context.Context, url string, done <-ch
 				return n
 			}
 			n++
+			if onCancel != nil {
+				onCancel()
+			}
 		}
 	}
 }
@@ -113,7 +117,7 @@ func TestFairUnknownGrantNotAnsweredByARead(t *testing.T) {
 	}()
 	done := make(chan struct{})
 	cancelled := make(chan int, 1)
-	go func() { cancelled <- cancelSyncRepUntil(t, ctx, r.Nodes[0].URL, done) }()
+	go func() { cancelled <- cancelSyncRepUntil(t, ctx, r.Nodes[0].URL, done, nil) }()
 	var got result
 	select {
 	case got = <-res:
@@ -403,39 +407,7 @@ func TestFairUnknownGrantNotAnsweredByARefresh(t *testing.T) {
 	}
 	done := make(chan struct{})
 	cancelled := make(chan int, 1)
-	go func() {
-		admin2, err := pgx.Connect(ctx, r.Nodes[0].URL)
-		if err != nil {
-			t.Error(err)
-			cancelled <- 0
-			return
-		}
-		defer admin2.Close(context.Background())
-		n := 0
-		for {
-			select {
-			case <-done:
-				cancelled <- n
-				return
-			case <-time.After(50 * time.Millisecond):
-			}
-			pids, err := syncRepWaiters(ctx, admin2)
-			if err != nil {
-				t.Error(err)
-				cancelled <- n
-				return
-			}
-			for _, pid := range pids {
-				if _, err := admin2.Exec(ctx, "SELECT pg_cancel_backend($1)", pid); err != nil {
-					t.Error(err)
-					cancelled <- n
-					return
-				}
-				n++
-				cancels.Add(1)
-			}
-		}
-	}()
+	go func() { cancelled <- cancelSyncRepUntil(t, ctx, r.Nodes[0].URL, done, func() { cancels.Add(1) }) }()
 	// The SQL API's release commits without waiting for the standby.
 	if _, err := admin.Exec(ctx, `SELECT syncguard_locks_release($1)`, leaseID); err != nil {
 		t.Fatal(err)
