@@ -97,14 +97,7 @@ func TestFairUnknownGrantNotAnsweredByARead(t *testing.T) {
 	if err := m.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Nodes[1].StopServer(false); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
+	admin := stopStandby(t, ctx, r)
 
 	type result struct {
 		lk  *Lock

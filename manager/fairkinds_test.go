@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/pgtest"
 	"github.com/pglease/pglease/manager/internal/kernel"
@@ -250,14 +248,7 @@ func TestFairSyncCommitTimeoutNeverGrants(t *testing.T) {
 	if err := c.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Nodes[1].StopServer(false); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
+	admin := stopStandby(t, ctx, r)
 	keys := []string{"forphan:a", "forphan:b", "forphan:c"}
 	for _, key := range keys {
 		lk, err := c.Acquire(ctx, key, WithAcquireTimeout(2*time.Second))

@@ -31,6 +31,22 @@ import (
 
 // syncRepWaiters returns the pids of the backends on conn's server waiting
 // for the synchronous standby.
+// stopStandby stops r's synchronous standby, so that commits wait for it
+// from now on, and returns a connection to the primary, closed when the
+// test ends.
+func stopStandby(t *testing.T, ctx context.Context, r *pgtest.Replicated) *pgx.Conn {
+	t.Helper()
+	if err := r.Nodes[1].StopServer(false); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { admin.Close(context.Background()) })
+	return admin
+}
+
 // cancelSyncRepWaits cancels every backend waiting for the synchronous
 // standby: PostgreSQL then commits its transaction locally.
 func cancelSyncRepWaits(t *testing.T, ctx context.Context, admin *pgx.Conn) {
@@ -176,14 +192,7 @@ func TestSyncCommitCancelled(t *testing.T) {
 
 	// 2. The standby stops; an Acquire waits in the commit; the wait is
 	// cancelled.
-	if err := r.Nodes[1].StopServer(false); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
+	admin := stopStandby(t, ctx, r)
 	// cancelled runs op, cancelling every wait for the standby until it
 	// returns.
 	cancelled := func(op func() error) error {
@@ -397,14 +406,7 @@ func TestSyncCommitTimeoutLeavesNoLease(t *testing.T) {
 	if err := c.SetupSchema(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Nodes[1].StopServer(false); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := pgx.Connect(ctx, r.Nodes[0].URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(context.Background())
+	admin := stopStandby(t, ctx, r)
 	keys := []string{"orphan:a", "orphan:b", "orphan:c"}
 	for _, key := range keys {
 		_, err := c.Acquire(ctx, key, WithAcquireTimeout(2*time.Second))
