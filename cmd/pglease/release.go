@@ -117,7 +117,7 @@ func (c *releaseCmd) checkOptions() error {
 		return fail(exitUsage, "--hold must be a hold's id (24 lowercase hex digits, as pglease inspect shows) or a grant id (64)")
 	}
 	if err := store.CheckChannel("", c.channel); err != nil {
-		return fail(exitUsage, "--notify-channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+		return fail(exitUsage, "--notify-channel must match "+store.ChannelRule)
 	}
 	return nil
 }

@@ -43,7 +43,9 @@ func TestConformance(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { conn.Close(context.Background()) })
-				if _, err := conn.Exec(ctx(t), "LISTEN "+channel); err != nil {
+				// The channel and its 256 wake channels: Next hears every
+				// wake-up, and checks it came on its key's wake channel.
+				if _, err := conn.Exec(ctx(t), listenAllSQL(channel)); err != nil {
 					t.Fatal(err)
 				}
 				register := func(reg func(context.Context, *pgx.Conn, []string) ([]bool, error)) func(string) {
@@ -63,12 +65,22 @@ func TestConformance(t *testing.T) {
 							if err != nil {
 								t.Fatalf("no notification: %v", err)
 							}
-							if n.Channel == channel {
-								return n.Payload
+							// A wake-up (a key's hash alone) comes on its
+							// key's wake channel, everything else on the
+							// channel itself.
+							want := channel
+							if note, ok := store.ParseNotification(n.Payload); ok && note.Kind == store.NotifyWake {
+								want = store.WakeChannel(channel, note.KeyHash)
 							}
+							if n.Channel != want {
+								t.Fatalf("%q notified on channel %q, want %q", n.Payload, n.Channel, want)
+							}
+							return n.Payload
 						}
 					},
-					Wait:  register(store.RegisterWaiters),
+					Wait: register(func(c context.Context, conn *pgx.Conn, keys []string) ([]bool, error) {
+						return store.RegisterWaiters(c, conn, keys, store.WakeChannel(channel, pglease.HashKey(keys[0])))
+					}),
 					Watch: register(store.RegisterWatchers),
 				}
 			},

@@ -38,7 +38,7 @@ func TestHandOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close(context.Background())
-	if _, err := l.Exec(c, "LISTEN pglease_handoff"); err != nil {
+	if _, err := l.Exec(c, listenAllSQL("pglease_handoff")); err != nil {
 		t.Fatal(err)
 	}
 	// Warm up: the first use of a statement on a connection prepares it.
@@ -137,7 +137,7 @@ func TestHandOffFenceOverflow(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close(context.Background())
-	if _, err := l.Exec(c, "LISTEN pglease_handoff_max"); err != nil {
+	if _, err := l.Exec(c, listenAllSQL("pglease_handoff_max")); err != nil {
 		t.Fatal(err)
 	}
 	r := acquireOne(t, s, "max", time.Minute) // fence MAX
@@ -150,8 +150,8 @@ func TestHandOffFenceOverflow(t *testing.T) {
 	}
 	wc, cancel := context.WithTimeout(c, 10*time.Second)
 	defer cancel()
-	if n, err := l.WaitForNotification(wc); err != nil || n.Payload != pglease.HashKey("max") {
-		t.Fatalf("notification %+v, %v", n, err)
+	if n, err := l.WaitForNotification(wc); err != nil || n.Payload != pglease.HashKey("max") || n.Channel != store.WakeChannel("pglease_handoff_max", n.Payload) {
+		t.Fatalf("notification %+v, %v; want the key's on its wake channel", n, err)
 	}
 }
 

@@ -136,14 +136,32 @@ func indexName(ident, suffix string) string {
 	return pgx.Identifier{"idx_" + ident + tail}.Sanitize()
 }
 
+// channelRe is the rule for notification channel names: an unquoted
+// identifier of at most 60 bytes, so that its wake channels (WakeChannel:
+// three bytes more) fit PostgreSQL's 63.
+var channelRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,59}$`)
+
+// ChannelRule is channelRe, as error messages quote it.
+const ChannelRule = "^[A-Za-z_][A-Za-z0-9_]{0,59}$"
+
 // CheckChannel is the rule for notification channel names
-// (Config.NotifyChannel, the release trigger's channel): an unquoted
-// identifier.
+// (Config.NotifyChannel, the release trigger's channel): ChannelRule.
 func CheckChannel(op, channel string) error {
-	if !identRe.MatchString(channel) {
-		return pgerr.New(pglease.CodeInvalidArgument, op, "channel must match ^[A-Za-z_][A-Za-z0-9_]{0,62}$", nil)
+	if !channelRe.MatchString(channel) {
+		return pgerr.New(pglease.CodeInvalidArgument, op, "channel must match "+ChannelRule, nil)
 	}
 	return nil
+}
+
+// WakeChannel is the channel on which a release of a key whose hashKey
+// is keyHash (pglease.HashKey) wakes its waiters: channel, ".", and the
+// last two hex digits of keyHash. There are 256 per notify channel; a
+// process LISTENs to those of the keys it waits for, so a release wakes
+// the processes waiting for its key (and for the keys that share its
+// wake channel), not every listener of the fleet. The channel itself
+// carries everything else (revocations, release requests, watch events).
+func WakeChannel(channel, keyHash string) string {
+	return channel + "." + keyHash[len(keyHash)-2:]
 }
 
 // Names validates c's names (bad ones are InvalidArgument under op) and

@@ -15,7 +15,8 @@ import (
 )
 
 // The server-side hashKey equals pglease.HashKey (SyncGuard's vectors),
-// and a release notifies HashKey(key) on the configured channel.
+// and a release notifies HashKey(key) on the key's wake channel of the
+// configured channel.
 func TestNotifyOnRelease(t *testing.T) {
 	t.Parallel()
 	s, pool, schema := newStore(t, store.Config{NotifyChannel: "pglease_rel"})
@@ -38,7 +39,7 @@ func TestNotifyOnRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close(context.Background())
-	if _, err := l.Exec(c, "LISTEN pglease_rel"); err != nil {
+	if _, err := l.Exec(c, listenAllSQL("pglease_rel")); err != nil {
 		t.Fatal(err)
 	}
 	_ = schema
@@ -59,7 +60,7 @@ func TestNotifyOnRelease(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Channel != "pglease_rel" || n.Payload != pglease.HashKey("notify-😀") {
+	if n.Channel != store.WakeChannel("pglease_rel", pglease.HashKey("notify-😀")) || n.Payload != pglease.HashKey("notify-😀") {
 		t.Fatalf("notification %q %q", n.Channel, n.Payload)
 	}
 	wc2, cancel2 := context.WithTimeout(c, 100*time.Millisecond)

@@ -116,7 +116,7 @@ func TestSQLReleaseNotifiesWaiters(t *testing.T) {
 	c := ctx(t)
 	ch := pgtest.RandomName("sqlch_")
 	l := listenOn(t, ch)
-	if _, err := l.Exec(c, "LISTEN pglease_release"); err != nil {
+	if _, err := l.Exec(c, listenAllSQL("pglease_release")); err != nil {
 		t.Fatal(err)
 	}
 	w := connect(t)
@@ -137,8 +137,8 @@ func TestSQLReleaseNotifiesWaiters(t *testing.T) {
 	}
 	rel(pool, free)
 	rel(pool, waited)
-	if n, err := waitNotification(l); err != nil || n.Channel != "pglease_release" || n.Payload != pglease.HashKey(waited) {
-		t.Fatalf("notification %+v, %v; want the waited key's on pglease_release (the free key's release notified nobody)", n, err)
+	if n, err := waitNotification(l); err != nil || n.Channel != store.WakeChannel("pglease_release", pglease.HashKey(waited)) || n.Payload != pglease.HashKey(waited) {
+		t.Fatalf("notification %+v, %v; want the waited key's on its wake channel of pglease_release (the free key's release notified nobody)", n, err)
 	}
 	conn, err := pool.Acquire(c)
 	if err != nil {
@@ -149,8 +149,8 @@ func TestSQLReleaseNotifiesWaiters(t *testing.T) {
 		t.Fatal(err)
 	}
 	rel(conn, waited)
-	if n, err := waitNotification(l); err != nil || n.Channel != ch || n.Payload != pglease.HashKey(waited) {
-		t.Fatalf("notification %+v, %v; want the waited key's on %s", n, err, ch)
+	if n, err := waitNotification(l); err != nil || n.Channel != store.WakeChannel(ch, pglease.HashKey(waited)) || n.Payload != pglease.HashKey(waited) {
+		t.Fatalf("notification %+v, %v; want the waited key's on its wake channel of %s", n, err, ch)
 	}
 }
 

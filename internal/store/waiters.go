@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -120,8 +121,13 @@ func (s *Store) ReleaseWaited(ctx context.Context, reqs []ReleaseRequest) ([]boo
 // stays held until UnregisterWaiters or the end of the session: register
 // on a session of its own (a LISTENing connection), never on a pooled
 // connection. One round trip. Bad keys are InvalidArgument before I/O.
-func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) (ok []bool, err error) {
-	return register(ctx, "pg.RegisterWaiters", conn, waiterRegisterSQL, waited)
+//
+// listen names channels to LISTEN on in the same round trip (the wake
+// channels of the keys, WakeChannel), in the same implicit transaction:
+// the subscriptions and the locks take effect together, when the answer
+// comes, and the caller's next try of the keys comes after both.
+func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string, listen ...string) (ok []bool, err error) {
+	return register(ctx, "pg.RegisterWaiters", conn, waiterRegisterSQL, waited, listen)
 }
 
 // RegisterWatchers is RegisterWaiters for watchers: it takes the watch
@@ -133,22 +139,40 @@ func RegisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) (ok [
 // state with Snapshot, which misses no change committed before it. One
 // round trip.
 func RegisterWatchers(ctx context.Context, conn *pgx.Conn, watched []string) (ok []bool, err error) {
-	return register(ctx, "pg.RegisterWatchers", conn, watchRegisterSQL, watched)
+	return register(ctx, "pg.RegisterWatchers", conn, watchRegisterSQL, watched, nil)
 }
 
 // UnregisterWatchers releases one hold of each key's watch lock on conn's
 // session (taken by RegisterWatchers). One round trip.
 func UnregisterWatchers(ctx context.Context, conn *pgx.Conn, watched []string) error {
-	return unregister(ctx, "pg.UnregisterWatchers", conn, watchUnregisterSQL, watched)
+	return unregister(ctx, "pg.UnregisterWatchers", conn, watchUnregisterSQL, watched, nil)
 }
 
-func register(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string) (ok []bool, err error) {
+// listenSQL is "; LISTEN c" (or UNLISTEN) for each channel, to follow a
+// statement in one simple-protocol round trip.
+func listenSQL(verb string, channels []string) string {
+	var b strings.Builder
+	for _, ch := range channels {
+		b.WriteString(";\n" + verb + " " + pgx.Identifier{ch}.Sanitize())
+	}
+	return b.String()
+}
+
+func register(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string, listen []string) (ok []bool, err error) {
 	nks, err := waiterKeys(op, ctx, conn, raw)
 	if err != nil || len(nks) == 0 {
 		return []bool{}, err
 	}
 	ok = make([]bool, 0, len(nks))
-	rows, err := conn.Query(ctx, sql, nks)
+	args := []any{nks}
+	if len(listen) > 0 {
+		// The SELECT first: pgx reads the rows of a simple-protocol
+		// query's first result, and the LISTENs' (empty) results, and any
+		// error, when the rows close.
+		sql += listenSQL("LISTEN", listen)
+		args = []any{pgx.QueryExecModeSimpleProtocol, nks}
+	}
+	rows, err := conn.Query(ctx, sql, args...)
 	if err != nil {
 		return nil, pgerr.Map(ctx, op, err)
 	}
@@ -172,16 +196,32 @@ func register(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []
 // UnregisterWaiters releases one hold of each key's waiter lock on conn's
 // session (taken by RegisterWaiters). One round trip. Bad keys are
 // InvalidArgument before I/O.
-func UnregisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string) error {
-	return unregister(ctx, "pg.UnregisterWaiters", conn, waiterUnregisterSQL, waited)
+//
+// unlisten names channels to UNLISTEN in the same round trip (wake
+// channels no key waited for here uses any longer); with no keys, the
+// round trip only does that.
+func UnregisterWaiters(ctx context.Context, conn *pgx.Conn, waited []string, unlisten ...string) error {
+	return unregister(ctx, "pg.UnregisterWaiters", conn, waiterUnregisterSQL, waited, unlisten)
 }
 
-func unregister(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string) error {
+func unregister(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string, unlisten []string) error {
 	nks, err := waiterKeys(op, ctx, conn, raw)
-	if err != nil || len(nks) == 0 {
+	if err != nil {
 		return err
 	}
-	if _, err := conn.Exec(ctx, sql, nks); err != nil {
+	var args []any
+	switch {
+	case len(nks) == 0 && len(unlisten) == 0:
+		return nil
+	case len(nks) == 0:
+		sql = listenSQL("UNLISTEN", unlisten)[2:]
+	case len(unlisten) > 0:
+		sql += listenSQL("UNLISTEN", unlisten)
+		args = []any{pgx.QueryExecModeSimpleProtocol, nks}
+	default:
+		args = []any{nks}
+	}
+	if _, err := conn.Exec(ctx, sql, args...); err != nil {
 		return pgerr.Map(ctx, op, err)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pglease/pglease"
 	"github.com/pglease/pglease/internal/keys"
@@ -26,13 +27,40 @@ func connect(t *testing.T) *pgx.Conn {
 	return c
 }
 
+// listenOn returns a session LISTENing to channel and to its 256 wake
+// channels (store.WakeChannel), so that it hears every wake-up;
+// nextNotification checks that each came on its key's wake channel.
 func listenOn(t *testing.T, channel string) *pgx.Conn {
 	t.Helper()
 	l := connect(t)
-	if _, err := l.Exec(ctx(t), "LISTEN "+channel); err != nil {
+	if _, err := l.Exec(ctx(t), listenAllSQL(channel)); err != nil {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// listenAllSQL LISTENs to channel and its 256 wake channels.
+func listenAllSQL(channel string) string {
+	q := "LISTEN " + channel
+	for i := range 256 {
+		q += fmt.Sprintf(`; LISTEN "%s.%02x"`, channel, i)
+	}
+	return q
+}
+
+// wakeRuleErr checks where a notification came: a wake-up (a key's hash
+// alone) on its key's wake channel, anything else on a channel without
+// a wake suffix.
+func wakeRuleErr(n *pgconn.Notification) error {
+	note, ok := store.ParseNotification(n.Payload)
+	base, suffix, sharded := strings.Cut(n.Channel, ".")
+	switch {
+	case ok && note.Kind == store.NotifyWake && (!sharded || n.Channel != store.WakeChannel(base, note.KeyHash)):
+		return fmt.Errorf("wake-up %s came on %q, not on its key's wake channel", n.Payload, n.Channel)
+	case (!ok || note.Kind != store.NotifyWake) && sharded:
+		return fmt.Errorf("%q came on the wake channel %q (suffix %s)", n.Payload, n.Channel, suffix)
+	}
+	return nil
 }
 
 func acquireOK(t *testing.T, s *store.Store, key string) string {
@@ -51,6 +79,9 @@ func nextNotification(t *testing.T, l *pgx.Conn) string {
 	n, err := l.WaitForNotification(wc)
 	if err != nil {
 		t.Fatal("no notification:", err)
+	}
+	if err := wakeRuleErr(n); err != nil {
+		t.Fatal(err)
 	}
 	return n.Payload
 }
@@ -240,5 +271,65 @@ func TestReleaseWaitedBadInputNoIO(t *testing.T) {
 	}
 	if out := fmt.Sprintf("%v %+v", store.ReleaseRequest{LockID: good, Key: "secret-key"}, store.ReleaseRequest{LockID: good, Key: "secret-key"}); strings.Contains(out, "secret-key") || strings.Contains(out, good) {
 		t.Fatal("ReleaseRequest prints its key or lockId")
+	}
+}
+
+// RegisterWaiters LISTENs to the channels it is given in its own round
+// trip, and UnregisterWaiters UNLISTENs those it is given, with keys or
+// without; a release of a waited key is heard on its key's wake channel
+// alone, by a session that LISTENs to nothing else.
+func TestRegisterWaitersListens(t *testing.T) {
+	t.Parallel()
+	ch := pgtest.RandomName("wakech_")
+	s, _, _ := newStore(t, store.Config{NotifyChannel: ch})
+	c := ctx(t)
+	w := connect(t)
+	listening := func() []string {
+		t.Helper()
+		var got []string
+		rows, err := w.Query(c, "SELECT pg_listening_channels() ORDER BY 1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	k1 := "wake-1-" + t.Name()
+	wc1 := store.WakeChannel(ch, pglease.HashKey(k1))
+	if ok, err := store.RegisterWaiters(c, w, []string{k1}, wc1); err != nil || !ok[0] {
+		t.Fatalf("RegisterWaiters = %v, %v", ok, err)
+	}
+	if got := listening(); len(got) != 1 || got[0] != wc1 {
+		t.Fatalf("listening to %q after RegisterWaiters, want [%q]", got, wc1)
+	}
+	id := acquireOK(t, s, k1)
+	if res, err := s.ReleaseWaited(c, []store.ReleaseRequest{{LockID: id, Key: k1}}); err != nil || !res[0] {
+		t.Fatalf("ReleaseWaited = %v, %v", res, err)
+	}
+	if got := nextNotification(t, w); got != pglease.HashKey(k1) {
+		t.Fatalf("notified %s, want %s", got, pglease.HashKey(k1))
+	}
+	// Unregistering the key and UNLISTENing its channel in one call.
+	if err := store.UnregisterWaiters(c, w, []string{k1}, wc1); err != nil {
+		t.Fatal(err)
+	}
+	if got := listening(); len(got) != 0 {
+		t.Fatalf("listening to %q after UnregisterWaiters", got)
+	}
+	// A channel alone, without keys.
+	if _, err := w.Exec(c, `LISTEN "`+wc1+`"`); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.UnregisterWaiters(c, w, nil, wc1); err != nil {
+		t.Fatal(err)
+	}
+	if got := listening(); len(got) != 0 {
+		t.Fatalf("listening to %q after UnregisterWaiters(no keys, %s)", got, wc1)
+	}
+	if n := waiterLocks(t, w, k1); n != 0 {
+		t.Fatalf("%d waiter locks left", n)
 	}
 }

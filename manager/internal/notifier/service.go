@@ -105,6 +105,8 @@ type service struct {
 	mail <-chan Mail
 	want map[Sub]struct{} // the subscriptions the loop wants held: every mail applied
 	have map[Sub]struct{} // the subscriptions the current session holds
+	// listening is the wake channels the current session LISTENs to.
+	listening map[string]struct{}
 	// triggerChecked: the release trigger check answered once
 	// (checkReleaseTrigger); it is not asked again.
 	triggerChecked bool
@@ -172,7 +174,12 @@ func (c *Config) listenSQL() string {
 // watchOnly reports whether a notification on channel is taken only when
 // it is a watch event: it came on the default channel, which a Manager
 // with another channel listens to for watch events only (listenSQL).
-func (c *Config) watchOnly(channel string) bool { return channel != c.Channel }
+// Wake-ups come on the Manager's wake channels (store.WakeChannel), and
+// on its channel itself from functions of an older schema and release
+// triggers installed before wake channels.
+func (c *Config) watchOnly(channel string) bool {
+	return channel == c.DefaultChannel && c.Channel != c.DefaultChannel
+}
 
 // session connects, subscribes and posts notifications until the
 // connection fails or ctx ends. It returns true when listening can never
@@ -225,6 +232,7 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 	// A new session holds no locks: take every one the loop wants
 	// before the resync (which tries every waiting key).
 	clear(s.have)
+	s.listening = nil
 	s.drainMail()
 	if _, err := s.sync(lctx, conn, false); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
@@ -391,12 +399,58 @@ func (s *service) drainMail() bool {
 // subscriptions, on the listening connection, one round trip each. take
 // reports per key whether the lock was taken (false: held exclusively at
 // that instant, to be tried again soon).
+// Wake subscriptions also LISTEN to their keys' wake channels
+// (store.WakeChannel) in the same round trips: channels is the LISTENs
+// for take, the UNLISTENs for drop.
 var sessionLocks = [...]struct {
-	take func(ctx context.Context, conn *pgx.Conn, keys []string) ([]bool, error)
-	drop func(ctx context.Context, conn *pgx.Conn, keys []string) error
+	take func(ctx context.Context, conn *pgx.Conn, keys []string, channels ...string) ([]bool, error)
+	drop func(ctx context.Context, conn *pgx.Conn, keys []string, channels ...string) error
 }{
-	Wake:  {take: store.RegisterWaiters, drop: store.UnregisterWaiters},
-	Watch: {take: store.RegisterWatchers, drop: store.UnregisterWatchers},
+	Wake: {take: store.RegisterWaiters, drop: store.UnregisterWaiters},
+	Watch: {
+		take: func(ctx context.Context, conn *pgx.Conn, keys []string, _ ...string) ([]bool, error) {
+			return store.RegisterWatchers(ctx, conn, keys)
+		},
+		drop: func(ctx context.Context, conn *pgx.Conn, keys []string, _ ...string) error {
+			return store.UnregisterWatchers(ctx, conn, keys)
+		},
+	},
+}
+
+// wakeChannels returns the wake channels the session must LISTEN to
+// after a sync that drops drop and adds add (the channels of every Wake
+// subscription it will hold or is about to try), and what that changes:
+// the channels to LISTEN to and those to UNLISTEN.
+func (s *service) wakeChannels(drop, add []string) (next map[string]struct{}, listen, unlisten []string) {
+	dropped := make(map[string]struct{}, len(drop))
+	for _, k := range drop {
+		dropped[k] = struct{}{}
+	}
+	next = make(map[string]struct{}, len(s.listening))
+	for k := range s.have {
+		if _, gone := dropped[k.Key]; k.Topic == Wake && !gone {
+			next[s.wakeChannel(k.Key)] = struct{}{}
+		}
+	}
+	for _, k := range add {
+		next[s.wakeChannel(k)] = struct{}{}
+	}
+	for ch := range next {
+		if _, ok := s.listening[ch]; !ok {
+			listen = append(listen, ch)
+		}
+	}
+	for ch := range s.listening {
+		if _, ok := next[ch]; !ok {
+			unlisten = append(unlisten, ch)
+		}
+	}
+	return next, listen, unlisten
+}
+
+// wakeChannel is the wake channel of the NFC key.
+func (s *service) wakeChannel(key string) string {
+	return store.WakeChannel(s.cfg.Channel, pglease.HashKey(key))
 }
 
 // sync brings the session's locks (have) to what the loop wants, and,
@@ -416,21 +470,32 @@ func (s *service) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySoo
 			drop[k.Topic] = append(drop[k.Topic], k.Key)
 		}
 	}
+	// A wake channel is listened to while a Wake subscription of one of
+	// its keys is held or being tried (a take that failed keeps it until
+	// the loop no longer wants the key).
+	listening, listen, unlisten := s.wakeChannels(drop[Wake], add[Wake])
 	var got []Sub
 	for c, fns := range sessionLocks {
 		t := Topic(c)
-		if len(drop[c]) > 0 {
-			if err := fns.drop(ctx, conn, drop[c]); err != nil {
+		var on, off []string
+		if t == Wake {
+			on, off = listen, unlisten
+		}
+		if len(drop[c]) > 0 || len(off) > 0 {
+			if err := fns.drop(ctx, conn, drop[c], off...); err != nil {
 				return false, err
 			}
 			for _, k := range drop[c] {
 				delete(s.have, Sub{t, k})
 			}
 		}
+		if t == Wake {
+			s.listening = listening
+		}
 		if len(add[c]) == 0 {
 			continue
 		}
-		ok, err := fns.take(ctx, conn, add[c])
+		ok, err := fns.take(ctx, conn, add[c], on...)
 		if err != nil {
 			return false, err
 		}

@@ -393,10 +393,17 @@ BEGIN
 END
 $pglease$;
 
--- Notifies p_channel about key p_key: hashKey(p_key) when p_wake is 2, or
--- 1 and a session waits for the key (holds its waiter lock: the exclusive
--- try fails); 'w:' || hashKey(p_key) || ':' || p_event when p_event is not
--- NULL and a session watches the key (holds its watch lock). A try that
+-- Notifies about key p_key: hashKey(p_key) when p_wake is 2, or 1 and a
+-- session waits for the key (holds its waiter lock: the exclusive try
+-- fails), on the key's wake channel, p_channel || '.' || the last two hex
+-- digits of hashKey(p_key) (one of 256: a waiting process LISTENs only to
+-- the wake channels of the keys it waits for, so a release wakes the
+-- processes that wait for its key, not every listener; p_channel itself
+-- when it is longer than 60 bytes, which only a SQL caller's
+-- pglease.notify_channel can be, as a wake channel would not fit
+-- PostgreSQL's 63 bytes; a Manager takes wake-ups from either); 'w:' ||
+-- hashKey(p_key) || ':' || p_event when p_event is not NULL and a session
+-- watches the key (holds its watch lock), on p_channel itself. A try that
 -- succeeds drops the lock at once. It runs on every grant and release:
 -- the tries are plain expressions (no query each, as a PERFORM would be).
 -- A caller without a channel (NULL: a Go Store with no NotifyChannel,
@@ -410,6 +417,7 @@ LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
   v_h integer;
   v_ok boolean;
+  v_hash text;
 BEGIN
   v_h := hashtext(p_key);
   IF p_channel IS NULL THEN
@@ -423,12 +431,14 @@ BEGIN
     RETURN;
   END IF;
   IF p_wake = 2 THEN
-    PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
+    v_hash := "pglease_hashkey_v1"(p_key);
+    PERFORM pg_notify(CASE WHEN octet_length(p_channel) <= 60 THEN p_channel || '.' || right(v_hash, 2) ELSE p_channel END, v_hash);
   ELSIF p_wake = 1 THEN
     IF pg_try_advisory_lock(1886156663, v_h) THEN
       v_ok := pg_advisory_unlock(1886156663, v_h);
     ELSE
-      PERFORM pg_notify(p_channel, "pglease_hashkey_v1"(p_key));
+      v_hash := "pglease_hashkey_v1"(p_key);
+      PERFORM pg_notify(CASE WHEN octet_length(p_channel) <= 60 THEN p_channel || '.' || right(v_hash, 2) ELSE p_channel END, v_hash);
     END IF;
   END IF;
   IF p_event IS NOT NULL THEN

@@ -1,4 +1,5 @@
--- pglease release trigger: deleting a lock row notifies hashKey(user_key).
+-- pglease release trigger: deleting a lock row notifies hashKey(user_key)
+-- on its wake channel (the channel, '.', the hash's last two hex digits).
 DO $do$
 DECLARE
   v_rel regclass := to_regclass('{t}');
@@ -19,8 +20,11 @@ BEGIN
   v_fn := format('%I.%I', v_schema, '{fn_trigger}');
   EXECUTE format($f$CREATE OR REPLACE FUNCTION %s() RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
+DECLARE
+  v_hash text;
 BEGIN
-  PERFORM pg_notify(TG_ARGV[0], %s(OLD.user_key));
+  v_hash := %s(OLD.user_key);
+  PERFORM pg_notify(CASE WHEN octet_length(TG_ARGV[0]) <= 60 THEN TG_ARGV[0] || '.' || right(v_hash, 2) ELSE TG_ARGV[0] END, v_hash);
   RETURN NULL;
 END
 $fn$$f$, v_fn, v_hash);
