@@ -633,7 +633,12 @@ func summarizeFleetStep(n int, s0, s1 serverSnap, d fleetDelta, lost, notifies i
 		x["notifies_per_s"] = float64(notifies) / secs
 		if d.releases > 0 {
 			x["notify_per_release"] = float64(notifies) / float64(d.releases)
+			// Deliveries: what the workers' listeners received, when they
+			// counted it; else every listener's share of every NOTIFY.
 			x["deliveries_per_release"] = float64(notifies) * float64(end.listen) / float64(d.releases)
+			if d.notified >= 0 {
+				x["deliveries_per_release"] = float64(d.notified) / float64(d.releases)
+			}
 		}
 	}
 	if d.rssKB >= 0 {

@@ -131,11 +131,12 @@ func connBudget(ctx context.Context, url string) (int, error) {
 	return n, err
 }
 
-// notifyObserver LISTENs on the fleet's channel on a connection of its own
-// and counts the notifications: every NOTIFY the fleet's releases send
-// (PostgreSQL delivers each one to every session listening on the
-// channel, this one included; duplicates within one transaction are
-// folded, for every listener alike).
+// notifyObserver LISTENs on the fleet's channel and its 256 wake
+// channels (store.WakeChannel) on a connection of its own and counts the
+// notifications: every NOTIFY the fleet's releases send (PostgreSQL
+// delivers each one to every session listening on its channel, this one
+// included; duplicates within one transaction are folded, for every
+// listener alike).
 type notifyObserver struct {
 	n      atomic.Int64
 	failed atomic.Bool
@@ -152,7 +153,11 @@ func startObserver(ctx context.Context, url, channel string) (*notifyObserver, e
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+	q := "LISTEN " + pgx.Identifier{channel}.Sanitize()
+	for i := range 256 {
+		q += "; LISTEN " + pgx.Identifier{fmt.Sprintf("%s.%02x", channel, i)}.Sanitize()
+	}
+	if _, err := conn.Exec(ctx, q); err != nil {
 		_ = conn.Close(ctx)
 		return nil, err
 	}

@@ -66,8 +66,9 @@ func testFleetStep(t *testing.T) {
 		t.Errorf("statements per grant: %v attempts, %v statements, %v transactions", x["attempts_per_grant"], x["client_stmts_per_grant"], x["xact_per_grant"])
 	}
 	// Two processes contend for the shared keys, so some releases notify;
-	// never more than one notification per release.
-	if v, ok := x["notify_per_release"]; !ok || v <= 0 || v > 1 || x["deliveries_per_release"] != 2*v {
+	// never more than one notification per release, delivered to at most
+	// the two workers (counted by them, over their own windows).
+	if v, ok := x["notify_per_release"]; !ok || v <= 0 || v > 1 || x["deliveries_per_release"] <= 0 || x["deliveries_per_release"] > 2*v+0.05 {
 		t.Errorf("notifications: %v per release, %v deliveries per release", x["notify_per_release"], x["deliveries_per_release"])
 	}
 	// The workers' listeners read the notifications of each other's
@@ -374,7 +375,7 @@ func TestSummarizeFleetStep(t *testing.T) {
 	// transactions, 1,000 of them the pools' statements: 100/s from
 	// elsewhere.
 	if r.Cycles != 2000 || r.CyclesPerSec != 200 || x["cpu_ms_per_1k_grants"] != 2500 || x["server_cpu_cores"] != 0.5 ||
-		x["xact_per_s"] != 200 || x["wal_kB_per_s"] != 1024 || x["notify_per_release"] != 0.2 || x["deliveries_per_release"] != 0.4 ||
+		x["xact_per_s"] != 200 || x["wal_kB_per_s"] != 1024 || x["notify_per_release"] != 0.2 || x["deliveries_per_release"] != 0.5 ||
 		x["adv_locks_max"] != 3 || x["rss_MB"] != 20 || x["client_stmts_per_grant"] != 0.5 || x["attempts_per_grant"] != 0.6 || x["xact_per_grant"] != 1 ||
 		x["nonpool_xact_per_s"] != 100 || x["err_acquire:AcquisitionTimeout"] != 2 || r.Errors != 2 || r.P50Ms != 2 || r.MaxMs != 4 {
 		t.Fatalf("got %+v", r)

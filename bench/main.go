@@ -162,10 +162,11 @@
 //     probes, and the bench's own sampling (about 1/s).
 //   - WAL kB/s: pg_current_wal_lsn delta.
 //   - notify/release: notifications sent per successful Release, counted
-//     by an observer session LISTENing on the fleet's channel (it sees
-//     each NOTIFY once); deliveries/release is that times the fleet's
-//     listening connections (PostgreSQL delivers every notification to
-//     every session listening on the channel).
+//     by an observer session LISTENing on the fleet's channel and its 256
+//     wake channels (it sees each NOTIFY once); deliveries/release is what
+//     the workers' listeners received per release (notified, below), or,
+//     where they cannot count, that times the fleet's listening
+//     connections.
 //   - notified/grant: notifications the server delivered to the workers'
 //     listening connections per grant, counted by each worker on the wire
 //     (the NotificationResponse messages its connections read; unknown on

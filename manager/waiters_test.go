@@ -57,7 +57,12 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close(context.Background())
-	if _, err := l.Exec(ctx, "LISTEN "+cfg.NotifyChannel); err != nil {
+	// The channel and its 256 wake channels: every wake-up is heard.
+	q := "LISTEN " + cfg.NotifyChannel
+	for i := range 256 {
+		q += fmt.Sprintf(`; LISTEN "%s.%02x"`, cfg.NotifyChannel, i)
+	}
+	if _, err := l.Exec(ctx, q); err != nil {
 		t.Fatal(err)
 	}
 	// Keys unique to this test: notifications are database-wide.
@@ -106,35 +111,30 @@ func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	if n.Payload != pglease.HashKey(hot) {
 		t.Fatalf("first notification is %s, want the waited key's %s: a release nobody waited for notified", n.Payload, pglease.HashKey(hot))
 	}
+	if want := store.WakeChannel(cfg.NotifyChannel, n.Payload); n.Channel != want {
+		t.Fatalf("the waited key's release notified on %q, want its wake channel %q", n.Channel, want)
+	}
 	eventually(t, waitTimeout(), "the waiter's registration ends", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
 }
 
-// A key's waiter registration outlives its waiters for a while: waiting
-// for the key again soon takes no new registration (no listener round
-// trip, no extra attempt), and releases still wake the waiter; once the
-// linger has passed, the registration ends.
-func TestWaiterRegistrationLingers(t *testing.T) {
+// A key's waiter registration ends with its wait: once the waiter has
+// the key and lets it go, its Manager holds no waiter lock (and so reads
+// no more releases of the key), and the next wait registers again.
+func TestWaiterRegistrationEndsWithWait(t *testing.T) {
 	t.Parallel()
 	cfg := Config{Retry: noPolling}
 	b := setup(t, setupOpts{cfg: cfg})
-	w, wsig := b.newPeer(t, cfg, kernel.TestHooks{WaiterLinger: time.Hour})
-	short, ssig := b.newPeer(t, cfg, kernel.TestHooks{WaiterLinger: 50 * time.Millisecond})
+	w, wsig := b.newPeer(t, cfg)
 	ctx := ctxT(t)
-	hot := "waited-linger:" + b.schema
+	hot := "waited-ends:" + b.schema
 	wait(t, &wsig.Listening)
-	wait(t, &ssig.Listening)
 	for round := range 3 {
 		held, err := b.m.Acquire(ctx, hot)
 		if err != nil {
 			t.Fatal(err)
 		}
 		handOver(t, ctx, held, w, wsig, hot, "the waiter was not woken by the release")
-		// The waiter forgot the key (granted, released). Give a
-		// registration that would end with it time to end.
-		time.Sleep(300 * time.Millisecond)
-		if n := waiterLocksHeld(t, b, hot); n != 1 {
-			t.Fatalf("round %d: %d waiter locks after the wait ended, want the lingering 1", round, n)
-		}
+		eventually(t, waitTimeout(), "the registration ends with the wait", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
 		regs := 0
 		for {
 			select {
@@ -145,17 +145,10 @@ func TestWaiterRegistrationLingers(t *testing.T) {
 			}
 			break
 		}
-		if want := map[bool]int{true: 1, false: 0}[round == 0]; regs != want {
-			t.Fatalf("round %d: %d registrations, want %d (the lingering one serves again)", round, regs, want)
+		if regs != 1 {
+			t.Fatalf("round %d: %d registrations, want 1 (each wait registers)", round, regs)
 		}
 	}
-	// A Manager whose registrations linger briefly drops them.
-	held, err := b.m.Acquire(ctx, hot)
-	if err != nil {
-		t.Fatal(err)
-	}
-	handOver(t, ctx, held, short, ssig, hot, "the short-lingering waiter was not woken by the release")
-	eventually(t, waitTimeout(), "the short linger ends", func() bool { return waiterLocksHeld(t, b, hot) == 1 })
 }
 
 // A listener that reconnects takes its waiter locks again (a new session

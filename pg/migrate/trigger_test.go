@@ -36,7 +36,13 @@ func listen(t testing.TB, channel string) *listener {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close(context.Background()) })
-	if _, err := conn.Exec(c, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+	// The channel and its 256 wake channels (store.WakeChannel), where
+	// the trigger's wake-ups go.
+	q := "LISTEN " + pgx.Identifier{channel}.Sanitize()
+	for i := range 256 {
+		q += "; LISTEN " + pgx.Identifier{fmt.Sprintf("%s.%02x", channel, i)}.Sanitize()
+	}
+	if _, err := conn.Exec(c, q); err != nil {
 		t.Fatal(err)
 	}
 	return &listener{conn: conn, channel: channel}
@@ -61,11 +67,13 @@ func (l *listener) drain(t testing.TB, db testDB) []string {
 		if err != nil {
 			t.Fatalf("waiting for the sentinel: %v", err)
 		}
-		if n.Channel != l.channel {
-			continue
-		}
-		if n.Payload == sentinel {
+		if n.Payload == sentinel && n.Channel == l.channel {
 			return got
+		}
+		note, ok := store.ParseNotification(n.Payload)
+		if wake := ok && note.Kind == store.NotifyWake; wake && n.Channel != store.WakeChannel(l.channel, n.Payload) ||
+			!wake && n.Channel != l.channel {
+			t.Fatalf("%q came on %q: a wake-up goes on its key's wake channel of %q, anything else on the channel", n.Payload, n.Channel, l.channel)
 		}
 		got = append(got, n.Payload)
 	}

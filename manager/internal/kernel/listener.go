@@ -45,7 +45,6 @@ func (st *LoopState) startListener() {
 		Notice:     func(n notifier.Notice) { st.handleWake(n.Hash) },
 		Registered: st.handleRegistered,
 		Resync:     st.resyncWaiters,
-		Ended:      st.waitersUnlistened,
 	})
 	st.lis.Handle(notifier.Watch, notifier.Handler{
 		Notice:     func(n notifier.Notice) { st.handleWatchNotice(n.Note) },

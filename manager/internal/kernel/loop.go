@@ -389,9 +389,8 @@ func (st *LoopState) handleDue(now time.Time) {
 		return
 	}
 	st.dueWatch(now)
-	st.sweepLingering(now) // waiters.go
-	st.shedDue(now)        // overload.go
-	st.fairDue(now)        // fair.go
+	st.shedDue(now) // overload.go
+	st.fairDue(now) // fair.go
 	for len(st.retries) > 0 && !st.retries[0].at.After(now) {
 		e := heap.Pop(&st.retries).(retryEntry)
 		switch {

@@ -142,9 +142,6 @@ type TestHooks struct {
 	// AfterAcquire, if set, runs in the DB goroutine of an acquire batch
 	// after its statement was answered, before the answer is posted.
 	AfterAcquire func()
-	// WaiterLinger, if set, replaces waiterLinger (waiters.go); negative:
-	// a registration ends with its key's state.
-	WaiterLinger time.Duration
 	// slowRoundTrip and shedCalm, if set, replace slowRoundTrip and
 	// shedCalm (overload.go).
 	slowRoundTrip, ShedCalm time.Duration

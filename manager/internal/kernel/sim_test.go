@@ -926,7 +926,7 @@ func (w *simWorld) runUntil(t time.Time) {
 				if len(st.retries) > 0 {
 					r = st.retries[0].at
 				}
-				w.logf("now %v m%d wake %v: hb %v rel %v stuck %v watch %v linger %v shed %v retry %v", time.Now(), g.i, st.nextWake(), st.hbNext, st.nextReleaseRetry(), st.nextStuck(), st.nextWatchWake(), st.lingerAt, st.nextShed(), r)
+				w.logf("now %v m%d wake %v: hb %v rel %v stuck %v watch %v shed %v retry %v", time.Now(), g.i, st.nextWake(), st.hbNext, st.nextReleaseRetry(), st.nextStuck(), st.nextWatchWake(), st.nextShed(), r)
 			}
 			w.fail("the loop's timer does not move on (due at %v)", w.nextDue())
 			return

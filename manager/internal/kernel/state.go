@@ -80,12 +80,6 @@ type LoopState struct {
 	revokedEarly map[string]time.Time
 	watch        watchLoop // owned by run: the watched keys (watch.go)
 
-	// lingering: owned by run: the waiter registrations kept after their
-	// key was forgotten, by NFC key, until when (waiters.go); lingerAt is
-	// the next sweep (zero: none).
-	lingering map[string]time.Time
-	lingerAt  time.Time
-
 	shed      overload // owned by run: holding back acquires under overload (overload.go)
 	busyConns int      // owned by run: batches in flight other than extends, stuck ones included (lane.go: room)
 
@@ -263,7 +257,6 @@ func (st *LoopState) keyFor(key, hash string) *KeyState {
 			ks.Fence, ks.HasFence = f, true
 			delete(st.Fences, key)
 		}
-		st.resumeWaiter(ks) // a registration that lingers is the key's again (waiters.go)
 		st.keys[key] = ks
 	}
 	return ks
@@ -439,9 +432,6 @@ func (st *LoopState) nextWake() time.Time {
 		next = s
 	}
 	if s := st.nextWatchWake(); !s.IsZero() && (next.IsZero() || s.Before(next)) {
-		next = s
-	}
-	if s := st.lingerAt; !s.IsZero() && (next.IsZero() || s.Before(next)) {
 		next = s
 	}
 	if s := st.nextShed(); !s.IsZero() && (next.IsZero() || s.Before(next)) {

@@ -204,17 +204,29 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 		t.Fatalf("%d advisory locks on the service's session, want k's waiter lock", n)
 	}
 	h, lh := pglease.HashKey("k"), pglease.HashKey("lock")
-	for _, q := range [][2]string{
+	// A key on another wake channel than k's: nobody here waits for it.
+	other := "z"
+	for store.WakeChannel(channel, pglease.HashKey(other)) == store.WakeChannel(channel, h) {
+		other += "z"
+	}
+	ho := pglease.HashKey(other)
+	notify := func(qs ...[2]string) {
+		t.Helper()
+		for _, q := range qs {
+			if _, err := admin.Exec(ctx, "SELECT pg_notify($1, $2)", q[0], q[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	notify([][2]string{
 		{channel, "not pglease's"},
 		{"pglease_release", "r:" + h + ":" + lh}, // not a watch event: not taken from the default channel
 		{"pglease_release", "w:" + h + ":g:000000000000007"},
 		{channel, "r:" + h + ":" + lh},
-		{channel, h},
-	} {
-		if _, err := admin.Exec(ctx, "SELECT pg_notify($1, $2)", q[0], q[1]); err != nil {
-			t.Fatal(err)
-		}
-	}
+		{channel, h},                         // a wake-up on the channel itself (older functions, triggers)
+		{store.WakeChannel(channel, ho), ho}, // not LISTENed to: not heard
+		{store.WakeChannel(channel, h), h},   // k's wake channel
+	}...)
 	if n := next("the watch event"); n.Topic != Watch || n.Note.Fence != 7 {
 		t.Fatalf("notice %+v, want the watch event of the default channel", n)
 	}
@@ -223,6 +235,9 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 	}
 	if n := next("the wake-up"); n.Topic != Wake || n.Hash != h {
 		t.Fatalf("notice %+v, want k's wake-up", n)
+	}
+	if n := next("the wake-up on k's wake channel"); n.Topic != Wake || n.Hash != h {
+		t.Fatalf("notice %+v, want k's wake-up from its wake channel (and nothing from %s's)", n, other)
 	}
 
 	// End its session: it reconnects, takes k's lock again, resyncs.
@@ -234,6 +249,10 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 	}
 	if n := heldLocks(); n != 1 {
 		t.Fatalf("%d advisory locks on the new session, want k's waiter lock", n)
+	}
+	notify([2]string{store.WakeChannel(channel, h), h})
+	if n := next("k's wake-up after the reconnect"); n.Topic != Wake || n.Hash != h {
+		t.Fatalf("notice %+v, want k's wake-up: the new session LISTENs to its wake channel", n)
 	}
 	l.Unsubscribe(Wake, "k")
 	deadline := time.Now().Add(waitTimeout())
@@ -248,6 +267,11 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("k's waiter lock is still held after the subscription ended")
 		}
+	}
+	// Its wake channel was let go with the lock, in the same round trip.
+	notify([2]string{store.WakeChannel(channel, h), h}, [2]string{channel, "r:" + h + ":" + lh})
+	if n := next("the revoke after the wait"); n.Topic != Revoke {
+		t.Fatalf("notice %+v, want the revoke: k's wake channel is still LISTENed to", n)
 	}
 }
 
