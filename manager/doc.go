@@ -107,13 +107,16 @@
 // # Wake-ups across processes
 //
 // Unless Config.DisableNotify, each Manager keeps one dedicated connection
-// LISTENing on the notify channel. A release runs pg_notify(channel,
-// pglease.HashKey(key)), never the raw key, only when another process
-// waits for the key: a Manager whose attempt found the key taken
-// elsewhere, or failed (free or not is then unknown), with callers still
-// waiting, holds the key's waiter lock on
-// its listening session (waiters.go) and tries the key once more after
-// taking it. A notification for a key with waiters starts its next
+// LISTENing on the notify channel. A release runs pg_notify on the key's
+// wake channel (the channel, ".", and the last two hex digits of
+// pglease.HashKey(key): one of 256) with pglease.HashKey(key), never the
+// raw key, only when another process waits for the key: a Manager whose
+// attempt found the key taken elsewhere, or failed (free or not is then
+// unknown), with callers still waiting, holds the key's waiter lock on
+// its listening session (waiters.go), LISTENs to the key's wake channel
+// while it waits, and tries the key once more after taking both. So a
+// release is read by the processes waiting for its key (and for the
+// keys sharing its wake channel), not by every listener of the fleet. A notification for a key with waiters starts its next
 // attempt at once. Notifications are only a nudge: polling with backoff
 // stays, and after the listener reconnects every waiting key is tried
 // once, since notifications sent in the gap are lost.

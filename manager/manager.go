@@ -43,7 +43,9 @@ type Config struct {
 	// "syncguard_fence_counters"), Holder ("" means "program[pid]@host"),
 	// OnFenceWarning (called from the Manager's database goroutines: it
 	// must not block), and NotifyChannel, the LISTEN/NOTIFY channel on
-	// which releases wake waiters in other processes. Unlike a Store's, a
+	// which releases wake waiters in other processes (on its 256 wake
+	// channels, NotifyChannel + "." + two hex digits; so at most 60
+	// bytes). Unlike a Store's, a
 	// Manager's empty NotifyChannel means DefaultNotifyChannel
 	// ("pglease_release"); DisableNotify turns notifications off. Every
 	// Manager that should wake the others must use the same channel. (A

@@ -38,10 +38,13 @@ type Config struct {
 	// FenceTable is the fence counter table, same rules; it must differ
 	// from LockTable. Default "syncguard_fence_counters".
 	FenceTable string
-	// NotifyChannel, if non-empty (an identifier, as above), makes every
-	// successful release also run pg_notify(NotifyChannel,
-	// pglease.HashKey(key)) in the same transaction, so waiters in other
-	// processes can wake up. "" = no wake-ups; a key some Manager
+	// NotifyChannel, if non-empty (an identifier of at most 60 bytes),
+	// makes every successful release also run pg_notify(NotifyChannel ||
+	// '.' || the last two hex digits of pglease.HashKey(key),
+	// pglease.HashKey(key)) in the same transaction: the key's wake
+	// channel, one of 256, which the processes waiting for the key LISTEN
+	// to, so waiters in other processes can wake up without every
+	// listener reading every release. "" = no wake-ups; a key some Manager
 	// watches (manager.Manager.Watch) is still told to its watchers, on
 	// the default channel "pglease_release", so every change of a
 	// watched key reaches them whatever made it.

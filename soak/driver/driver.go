@@ -958,10 +958,15 @@ func (d *driver) terminate(ctx context.Context, w int, ft string) int {
 	// The advisory session's statements name pg_*advisory* functions; its
 	// probe is SELECT pg_backend_pid(). (pg_locks would also show pooled
 	// backends inside an acquire, which takes a transaction advisory lock.)
-	const adv = `(a.query ILIKE '%advisory%' OR a.query = 'SELECT pg_backend_pid()')`
-	// The listener's last statement is its LISTEN, or the probe of its
-	// connection (SELECT 1) once it probes.
-	const listen = `(a.query ILIKE 'LISTEN %' OR a.query = 'SELECT 1')`
+	// See adv below.
+	// The listener's last statement is its LISTEN, the probe of its
+	// connection (SELECT 1) once it probes, or the taking or dropping of
+	// waiter and watch locks (store.WaiterLockClass 1886156663,
+	// store.WatchLockClass 1886156660, with their wake channels' LISTENs):
+	// those name advisory functions too, so the advisory session's
+	// condition excludes them.
+	const listen = `(a.query ILIKE 'LISTEN %' OR a.query = 'SELECT 1' OR a.query LIKE '%(1886156663,%' OR a.query LIKE '%(1886156660,%')`
+	const adv = `((a.query ILIKE '%advisory%' OR a.query = 'SELECT pg_backend_pid()') AND NOT ` + listen + `)`
 	var cond string
 	switch ft {
 	case FTerminateListen:
