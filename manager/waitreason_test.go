@@ -317,3 +317,69 @@ func TestHoldAndWaitGauges(t *testing.T) {
 		t.Error("pglease.acquire.wait.longest still reports a wait after it ended")
 	}
 }
+
+// TestTryRefusedByQueueSaysQueued: with the fair queue, a try refused
+// because other callers' tickets go first (nothing holds the key: the
+// set at the head of its line waits for its other key) says so on its
+// span, pglease.wait.reason "queued", for an exclusive try and a reader's.
+// It was labelled as a lock delay (exclusive) or a writer's mark (reader)
+// before: the answer names no holder, expiry or retry time.
+func TestTryRefusedByQueueSaysQueued(t *testing.T) {
+	rg := newRig(t)
+	b, ms, _ := fairManagers(t, 2, true)
+	tm, tsig := b.newPeer(t, Config{FairQueue: true, Telemetry: rg.opts})
+	wait(t, &tsig.Listening)
+	ctx := ctxT(t)
+	const key, key2 = "wr/queued/a", "wr/queued/b"
+	held, err := ms[0].AcquireAll(ctx, []string{key, key2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var set []*Lock
+	go func() {
+		var err error
+		set, err = ms[1].AcquireAll(ctx, []string{key, key2}, WithAcquireTimeout(time.Minute))
+		got <- err
+	}()
+	waitTickets(t, b.admin, key, 1)
+	waitTickets(t, b.admin, key2, 1)
+	if err := held[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range [][]AcquireOption{nil, {Shared()}} {
+		if lk, ok, err := tm.TryAcquire(ctx, key, opts...); err != nil || ok {
+			if lk != nil {
+				_ = lk.Release(ctx)
+			}
+			t.Fatalf("TryAcquire(%v) = %v, %v; want refused for the set's ticket", opts, ok, err)
+		}
+	}
+	n := 0
+	for _, s := range named(rg.spans.Ended(), "pglease.acquire") {
+		if attrOf(s.Attributes(), "pglease.key.hash").AsString() != pglease.HashKey(key) {
+			continue
+		}
+		n++
+		wantAttrs(t, s, attribute.String("pglease.outcome", "locked"), attribute.String("pglease.wait.reason", "queued"))
+	}
+	if n != 2 {
+		t.Errorf("%d pglease.acquire spans of the key, want the 2 tries'", n)
+	}
+	if err := held[1].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(waitTimeout()):
+		t.Fatal("the set was not granted once both keys were free")
+	}
+	for _, lk := range set {
+		if err := lk.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -174,7 +174,8 @@
 //	                                                                         reader or permit kept off by a waiting writer's mark), lock_delay
 //	                                                                         (an expired lease's lock delay or a revoke's delay), set_member (a
 //	                                                                         free key of a set another key of which is held), held_locally
-//	                                                                         (another caller of this process holds it), none.
+//	                                                                         (another caller of this process holds it), queued (nothing holds
+//	                                                                         it, but other callers' tickets of its fair queue go first), none.
 //	pglease.holder                     attribute, string          -          The holder identity the refusing holder recorded (its
 //	                                                                         manager.Config.Holder, "program[pid]@host" by default); absent for a
 //	                                                                         SyncGuard holder, which records none.

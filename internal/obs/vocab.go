@@ -200,6 +200,10 @@ const (
 	// WaitHeldLocally: another caller of this process holds the key; the
 	// acquire waits for it to be handed over in this process.
 	WaitHeldLocally
+	// WaitQueued: nothing holds the key, but other callers' tickets of
+	// its fair queue go first (manager.Config.FairQueue): a try that
+	// yields to them, or a queued waiter before its turn.
+	WaitQueued
 	NumWaitReasons
 )
 
@@ -212,6 +216,7 @@ var waitNames = [NumWaitReasons]string{
 	WaitLockDelay:     "lock_delay",
 	WaitSetMember:     "set_member",
 	WaitHeldLocally:   "held_locally",
+	WaitQueued:        "queued",
 }
 
 // String returns the reason as recorded in pglease.wait.reason.

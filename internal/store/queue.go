@@ -209,6 +209,9 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 		out[i].AcquireResult, err = g.result(op, p.ids[i])
 		if pos != nil && g.status == 1 {
 			out[i].Position = int(*pos)
+			// Behind others at a free key (the head, refused at a free
+			// key, waits for its set's other keys).
+			out[i].Queued = g.unnamed() && *pos > 1
 		}
 		return err
 	})

@@ -897,6 +897,13 @@ func TestQueueYieldingTry(t *testing.T) {
 		{Key: held, TTL: time.Minute, LockID: keys.NewLockID(), Set: 1}}
 	if res, err := procs[1].s.QueueWait(c, set, procs[1].ch, qlife); err != nil || res[0].OK || res[0].Position != 1 {
 		t.Fatalf("set: %+v %v, want queued at the head of the free key", res, err)
+	} else if res[0].Queued {
+		t.Errorf("the set's head ticket at the free key answered Queued; it waits for its other key")
+	}
+	// A ticket behind it, at the free key, waits for the queue alone.
+	if res, err := procs[0].s.QueueWait(c, []store.WaitRequest{{Key: free, TTL: time.Minute, LockID: keys.NewLockID()}}, procs[0].ch, qlife); err != nil ||
+		res[0].OK || res[0].Position != 2 || !res[0].Queued {
+		t.Fatalf("second ticket: %+v %v, want queued second, Queued", res, err)
 	}
 	s := procs[0].s
 	try := func(yield bool) (kinds []string) {
@@ -914,6 +921,12 @@ func TestQueueYieldingTry(t *testing.T) {
 				} else if r.Holder != "" || !r.ExpiresAt.IsZero() {
 					t.Errorf("%s refused by the queue: %+v, want no holder or expiry", name, r)
 				}
+			}
+			if !rs[0].OK && rs[0].Queued != yield {
+				t.Errorf("%s refused, yield %v: Queued %v, want %v (refused for the queue alone)", name, yield, rs[0].Queued, yield)
+			}
+			if len(rs) > 1 && rs[1].Queued {
+				t.Errorf("%s: the set's other key (free, its set refused) answered Queued", name)
 			}
 			if rs[0].OK {
 				kinds = append(kinds, name)
@@ -951,6 +964,11 @@ func TestQueueYieldingTry(t *testing.T) {
 	}
 	if got := try(true); len(got) != 0 {
 		t.Errorf("yielding tries took the key a live ticket waits for: %v", got)
+	}
+	// A yielding try of a key a lease holds is refused for the lease, not
+	// the queue.
+	if r, err := procs[1].s.AcquireMany(c, []store.AcquireRequest{{Key: held, TTL: time.Minute, Yield: true}}); err != nil || r[0].OK || r[0].Queued || r[0].ExpiresAt.IsZero() {
+		t.Errorf("yielding try of a held key = %+v, %v; want refused by its holder, not Queued", r, err)
 	}
 	if got := try(false); len(got) != 4 {
 		t.Errorf("tries that do not yield took %v, want every kind (they ignore the queue)", got)

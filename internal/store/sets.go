@@ -87,6 +87,7 @@ func (s *Store) AcquireSets(ctx context.Context, sets [][]AcquireRequest) ([][]A
 		}
 		got[i] = true
 		res[i], err = g.result(op, p.ids[i])
+		res[i].Queued = p.yielded(i, g)
 		return err
 	})
 	if err != nil {

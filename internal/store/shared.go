@@ -125,6 +125,7 @@ func (s *Store) AcquireSharedMany(ctx context.Context, reqs []SharedRequest) ([]
 			return errors.New("pg: unknown status from shared acquire function")
 		}
 		out[i], err = g.result(op, p.ids[i])
+		out[i].Queued = p.yielded(i, g)
 		return err
 	})
 	if err != nil {

@@ -205,6 +205,11 @@ type AcquireResult struct {
 	// holder's lease has expired (ExpiresAt + keys.TimeTolerance is past
 	// on the server's clock): that grant's lock delay keeps it.
 	Delayed bool
+	// Queued is set when the key is refused for its fair queue alone:
+	// nothing holds it, but live tickets of other callers go first (an
+	// item that yields, AcquireRequest.Yield; a QueueWait item queued
+	// behind others).
+	Queued bool
 	// Err is set (and OK false) in batch results for an item that failed
 	// on its own: a fence counter past keys.FenceMax (CodeInternal).
 	// Acquire returns it as its error.
@@ -426,6 +431,7 @@ func (s *Store) acquire(ctx context.Context, op string, reqs []AcquireRequest) (
 		}
 		got[i] = true
 		out[i], err = g.result(op, p.ids[i])
+		out[i].Queued = p.yielded(i, g)
 		return err
 	})
 	if err != nil {
@@ -541,6 +547,19 @@ type acquireArgs struct {
 	keys, fenceKeys, ids []string
 	ttls, delays         []int64
 	yields               []bool // nil: no item yields (AcquireRequest.Yield)
+}
+
+// yielded reports whether item i yielded to its key's fair queue: it was
+// to yield, and its answer is "held" naming nothing that holds the key
+// (the functions' answer to an item that yields to live tickets).
+func (p acquireArgs) yielded(i int, g grantRow) bool {
+	return p.yields != nil && p.yields[i] && g.unnamed()
+}
+
+// unnamed reports whether g is "held" naming no lease, shared holds or
+// time to try again.
+func (g grantRow) unnamed() bool {
+	return g.status == 1 && g.exp == nil && g.at == nil && g.holder == nil && g.shared == nil
 }
 
 // withYield returns the acquire function call sql with its arguments

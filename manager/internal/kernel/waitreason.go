@@ -18,7 +18,8 @@ const writerMarkMax = 2 * time.Second
 // from a delay: for an exclusive attempt a revoke's; for a reader or a
 // permit a waiting writer's mark or a revoke's, which the answer does not
 // tell apart: reported as the writer's mark when the key is free again
-// within the mark's 2 s, else as a lock delay.
+// within the mark's 2 s, else as a lock delay. A refusal for the fair
+// queue alone (store.AcquireResult.Queued) is "queued".
 func waitReasonOf(shared bool, limit int32, r store.AcquireResult) obs.WaitReason {
 	switch {
 	case r.SharedHolders > 0 && !shared:
@@ -32,6 +33,8 @@ func waitReasonOf(shared bool, limit int32, r store.AcquireResult) obs.WaitReaso
 		return obs.WaitLockDelay
 	case !r.ExpiresAt.IsZero():
 		return obs.WaitHolder
+	case r.Queued:
+		return obs.WaitQueued
 	case shared && r.RetryAfter <= writerMarkMax:
 		return obs.WaitWriterMark
 	default:
