@@ -58,25 +58,23 @@ func TestConformance(t *testing.T) {
 				}
 				return storetest.Listener{
 					Next: func() string {
-						for {
-							c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-							n, err := conn.WaitForNotification(c)
-							cancel()
-							if err != nil {
-								t.Fatalf("no notification: %v", err)
-							}
-							// A wake-up (a key's hash alone) comes on its
-							// key's wake channel, everything else on the
-							// channel itself.
-							want := channel
-							if note, ok := store.ParseNotification(n.Payload); ok && note.Kind == store.NotifyWake {
-								want = store.WakeChannel(channel, note.KeyHash)
-							}
-							if n.Channel != want {
-								t.Fatalf("%q notified on channel %q, want %q", n.Payload, n.Channel, want)
-							}
-							return n.Payload
+						c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+						n, err := conn.WaitForNotification(c)
+						cancel()
+						if err != nil {
+							t.Fatalf("no notification: %v", err)
 						}
+						// A wake-up (a key's hash alone) comes on its key's
+						// wake channel, everything else on the channel
+						// itself.
+						want := channel
+						if note, ok := store.ParseNotification(n.Payload); ok && note.Kind == store.NotifyWake {
+							want = store.WakeChannel(channel, note.KeyHash)
+						}
+						if n.Channel != want {
+							t.Fatalf("%q notified on channel %q, want %q", n.Payload, n.Channel, want)
+						}
+						return n.Payload
 					},
 					Wait: register(func(c context.Context, conn *pgx.Conn, keys []string) ([]bool, error) {
 						return store.RegisterWaiters(c, conn, keys, store.WakeChannel(channel, pglease.HashKey(keys[0])))
