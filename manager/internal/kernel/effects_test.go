@@ -49,9 +49,12 @@ func TestKernelOneEventAtATime(t *testing.T) {
 			st.handleAcquireDone(<-k.acquireDoneCh)
 		case KindRelease:
 			st.handleReleaseDone(<-k.releaseDoneCh)
-		case KindHandOff: // both halves
-			st.handleReleaseDone(<-k.releaseDoneCh)
-			st.handleAcquireDone(<-k.acquireDoneCh)
+		case KindHandOff: // both halves, in one event
+			d := <-k.releaseDoneCh
+			if d.then == nil {
+				t.Fatal("a handoff's answer without its grant half")
+			}
+			st.handleReleaseDone(d)
 		}
 		if err := st.checkInvariants(); err != nil {
 			t.Fatal(err)

@@ -19,9 +19,10 @@ import (
 //
 // The loop treats it as a release and an attempt of the key that travel
 // together: the key's release counter and attempt slot are taken as for
-// each of them, and the DB goroutine posts the outcome as a releaseDone
-// and then an acquireDone, which run handles as usual (the releaser's
-// answer, then the attempt's grant, contention or failure). An unknown
+// each of them, and the DB goroutine posts the outcome as one releaseDone
+// carrying an acquireDone (then), which run handles as usual, one after
+// the other in the same event (the releaser's answer, then the attempt's
+// grant, contention or failure). An unknown
 // outcome is unknown for both halves: the release answers as an unknown
 // release does (the lock expires by itself if it was not handed over), and
 // the attempt's lockId is released like any ambiguous attempt's (ambiguity is never success).
@@ -134,6 +135,8 @@ func (m *Kernel) sendHandOff(fl *flight, batch []handOffItem, parent trace.SpanC
 	for _, a := range atts {
 		a.db = sc
 	}
-	m.releaseDoneCh <- releaseDone{fl: fl, batch: rels, res: released, err: err, db: sc}
-	m.acquireDoneCh <- acquireDone{fl: fl, batch: atts, start: start, res: granted, err: err, db: sc}
+	// One event, the release half first: the releaser's answer, then the
+	// grant (or contention, or failure) of the head waiter.
+	m.releaseDoneCh <- releaseDone{fl: fl, batch: rels, res: released, err: err, db: sc,
+		then: &acquireDone{fl: fl, batch: atts, start: start, res: granted, err: err, db: sc}}
 }

@@ -224,6 +224,15 @@ func (st *LoopState) attemptFailed(ks *KeyState, err error, now time.Time, db tr
 }
 
 func (st *LoopState) handleReleaseDone(d releaseDone) {
+	st.handleReleased(d)
+	if d.then != nil {
+		st.handleAcquireDone(*d.then) // a handoff's grant half
+	}
+}
+
+// handleReleased handles a release batch's answer (or a handoff's
+// release half).
+func (st *LoopState) handleReleased(d releaseDone) {
 	st.land(d.fl, &st.releaseSlots)
 	now := st.m.Now()
 	st.observe(d.fl, len(d.batch), d.err, now) // overload.go

@@ -184,6 +184,10 @@ type releaseDone struct {
 	turns []store.Turn
 	err   error
 	db    trace.SpanContext // the round trip's pglease.release_many span
+	// then, for a handoff batch, is its grant half: handled right after
+	// the release half, in the same event (handoff.go), so that the next
+	// holder is answered without a loop turn in between.
+	then *acquireDone
 }
 
 type extendDone struct {
