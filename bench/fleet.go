@@ -557,6 +557,16 @@ func runFleetStep(ctx context.Context, cfg config, n int) (res Result, err error
 		notifies = o1 - o0
 	}
 	r := summarizeFleetStep(n, s0, s1, d, lost, notifies, end, maxAdv, maxConns)
+	// A worker's Close that left a release's outcome unknown (its lease
+	// expires by itself): counted with the step's errors, after the
+	// window.
+	for k, v := range all.errors {
+		if strings.HasPrefix(k, "close:") {
+			fmt.Fprintf(os.Stderr, "fleet N=%d %s: %d workers\n", n, k, v)
+			r.Extra["err_"+k] = float64(v)
+			r.Errors += v
+		}
+	}
 	if idle.conns >= 0 {
 		r.Extra["idle_conns"] = float64(idle.conns)
 		r.Extra["idle_listen_conns"] = float64(idle.listen)
