@@ -151,6 +151,78 @@ func TestWaiterRegistrationEndsWithWait(t *testing.T) {
 	}
 }
 
+// A waiter's registration ends when it is granted the key, not when it
+// lets the key go: while it holds the key its Manager holds no waiter
+// lock, so its own release, with nobody else waiting, notifies nobody
+// (before, its listener's lock made that release notify, and the
+// listener read it back).
+func TestWaiterRegistrationEndsAtGrant(t *testing.T) {
+	t.Parallel()
+	cfg := Config{Retry: noPolling, Config: pg.Config{NotifyChannel: "granted_" + strings.ToLower(strings.ReplaceAll(keys.NewLockID()[:12], "-", "_"))}}
+	b := setup(t, setupOpts{cfg: cfg})
+	w, wsig := b.newPeer(t, cfg)
+	ctx := ctxT(t)
+	l, err := pgx.Connect(ctx, pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close(context.Background())
+	q := "LISTEN " + cfg.NotifyChannel
+	for i := range 256 {
+		q += fmt.Sprintf(`; LISTEN "%s.%02x"`, cfg.NotifyChannel, i)
+	}
+	if _, err := l.Exec(ctx, q); err != nil {
+		t.Fatal(err)
+	}
+	next := func() string {
+		t.Helper()
+		wc, cancel := context.WithTimeout(ctx, waitTimeout())
+		defer cancel()
+		n, err := l.WaitForNotification(wc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Payload
+	}
+	hot := "granted:" + b.schema
+	held, err := b.m.Acquire(ctx, hot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait(t, &wsig.Listening)
+	got := make(chan *Lock, 1)
+	go func() {
+		lk, err := w.Acquire(ctx, hot)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lk
+	}()
+	waitFor(t, &wsig.Retrying, func(k string) bool { return k == hot })
+	wait(t, &wsig.Registered)
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lk := <-got
+	if lk == nil {
+		t.FailNow()
+	}
+	if p := next(); p != pglease.HashKey(hot) {
+		t.Fatalf("notified %s, want the waited key's release", p)
+	}
+	eventually(t, waitTimeout(), "the registration ends at the grant", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sentinel := "sentinel-" + b.schema
+	if _, err := b.admin.Exec(ctx, "SELECT pg_notify($1, $2)", cfg.NotifyChannel, sentinel); err != nil {
+		t.Fatal(err)
+	}
+	if p := next(); p != sentinel {
+		t.Fatalf("notified %s after the holder's release, want the sentinel: the release of a key nobody waits for notified", p)
+	}
+}
+
 // A listener that reconnects takes its waiter locks again (a new session
 // holds none), so releases keep waking its waiters.
 func TestWaiterRegistrationAfterReconnect(t *testing.T) {

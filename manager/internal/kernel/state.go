@@ -272,15 +272,22 @@ func (st *LoopState) queued(ks *KeyState) {
 	}
 }
 
-// unqueued drops ks from byHash, and its queue's backing array, when its
-// queue is empty (and no set waits for it).
+// unqueued drops ks from byHash, its queue's backing array and its
+// waiter registration, when its queue is empty (and no set waits for
+// it): nobody here waits for the key any more (its last waiter was
+// granted it, or left). A registration kept while the key is held here
+// made the holder's own release notify (its listener held the waiter
+// lock) and read that notification back.
 func (st *LoopState) unqueued(ks *KeyState) {
 	if len(ks.queue) > 0 {
 		return
 	}
 	ks.queue = nil
-	if len(ks.setWaiters()) == 0 && st.byHash[ks.hash] == ks {
-		delete(st.byHash, ks.hash)
+	if len(ks.setWaiters()) == 0 {
+		st.dropWaiter(ks)
+		if st.byHash[ks.hash] == ks {
+			delete(st.byHash, ks.hash)
+		}
 	}
 }
 
