@@ -21,10 +21,11 @@ import (
 //   - The listener LISTENs to the key's wake channel (store.WakeChannel)
 //     in the same round trip, so the release wakes the processes waiting
 //     for the key, not every listener.
-//   - When the loop forgets the key (no waiter, no holder), the listener
-//     drops its lock and, if no other waited key shares it, its wake
-//     channel (dropWaiter). A reconnect starts a session without locks:
-//     the listener takes them all again before it posts its resync.
+//   - When nobody here waits for the key any more (its last waiter was
+//     granted it, or left: unqueued), the listener drops its lock and, if
+//     no other waited key shares it, its wake channel (dropWaiter). A
+//     reconnect starts a session without locks: the listener takes them
+//     all again before it posts its resync.
 //
 // Without a listener (DisableNotify, a transaction-mode pooler) nothing is
 // registered: other processes' releases then send no notification to this
@@ -46,8 +47,8 @@ func (st *LoopState) wantWaiter(ks *KeyState) {
 	st.lis.Subscribe(notifier.Wake, ks.Key)
 }
 
-// dropWaiter ends ks's registration (run forgets the key, so nobody here
-// waits for it): the listener drops its waiter lock and, when no other
+// dropWaiter ends ks's registration (nobody here waits for the key any
+// more): the listener drops its waiter lock and, when no other
 // key it waits for shares it, UNLISTENs its wake channel
 // (store.WakeChannel), in one round trip. A registration that outlived
 // its waiters (it used to linger a few seconds, in case the key was
