@@ -56,6 +56,50 @@ func liveLease(t *testing.T, b *bundle, key string) bool {
 	return shared+excl > 0
 }
 
+// setTurn makes a set of key and key2 wait at the head of key's line with
+// key free: holder takes both keys, waiter's AcquireAll of both queues a
+// ticket on each, and holder lets key go. done lets key2 go and waits for
+// the set's grant, then releases the set.
+func setTurn(t *testing.T, b *bundle, holder, waiter *Manager, key, key2 string) (done func()) {
+	t.Helper()
+	ctx := ctxT(t)
+	held, err := holder.AcquireAll(ctx, []string{key, key2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan error, 1)
+	var set []*Lock
+	go func() {
+		var err error
+		set, err = waiter.AcquireAll(ctx, []string{key, key2}, WithAcquireTimeout(time.Minute))
+		got <- err
+	}()
+	waitTickets(t, b.admin, key, 1)
+	waitTickets(t, b.admin, key2, 1)
+	if err := held[0].Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		t.Helper()
+		if err := held[1].Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-got:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(waitTimeout()):
+			t.Fatal("the set was not granted once both keys were free")
+		}
+		for _, lk := range set {
+			if err := lk.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // TestFairTryYieldsToSetTurn: with the fair queue, a set waiting in one
 // Manager is at the head of a key's line when the key's holder releases
 // it; the release leaves the key free for the set (whose other key is
@@ -65,24 +109,8 @@ func liveLease(t *testing.T, b *bundle, key string) bool {
 // SyncGuard does: its try takes the key.
 func TestFairTryYieldsToSetTurn(t *testing.T) {
 	b, ms, _ := fairManagers(t, 3, true)
-	ctx := ctxT(t)
 	const key, key2, other = "fair:try:a", "fair:try:b", "fair:try:c"
-	held, err := ms[0].AcquireAll(ctx, []string{key, key2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	var set []*Lock
-	go func() {
-		var err error
-		set, err = ms[1].AcquireAll(ctx, []string{key, key2}, WithAcquireTimeout(time.Minute))
-		got <- err
-	}()
-	waitTickets(t, b.admin, key, 1)
-	waitTickets(t, b.admin, key2, 1)
-	if err := held[0].Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	done := setTurn(t, b, ms[0], ms[1], key, key2)
 	// The key is free, its line holds the set's ticket.
 	for i := range 20 {
 		if liveLease(t, b, key) {
@@ -97,22 +125,7 @@ func TestFairTryYieldsToSetTurn(t *testing.T) {
 	if took := tryEveryKind(t, plain, key, other); len(took) != 4 {
 		t.Fatalf("a Manager without the queue took the key by %v, want every kind (it does not look at the tickets)", took)
 	}
-	if err := held[1].Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("the set was not granted once both keys were free")
-	}
-	for _, lk := range set {
-		if err := lk.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	done()
 	waitTickets(t, b.admin, key, 0)
 }
 

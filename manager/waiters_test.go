@@ -41,30 +41,37 @@ func waiterLocksHeld(t testing.TB, b *bundle, keys ...string) int {
 	return n
 }
 
+// ownChannel returns a Config without polling on a notify channel of its
+// own (other tests' releases notify too), and a connection LISTENing to
+// it and its 256 wake channels, so that it hears every wake-up.
+func ownChannel(t *testing.T, prefix string) (Config, *pgx.Conn) {
+	t.Helper()
+	cfg := Config{Retry: noPolling, Config: pg.Config{NotifyChannel: prefix + strings.ToLower(strings.ReplaceAll(keys.NewLockID()[:12], "-", "_"))}}
+	l, err := pgx.Connect(ctxT(t), pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close(context.Background()) })
+	q := "LISTEN " + cfg.NotifyChannel
+	for i := range 256 {
+		q += fmt.Sprintf(`; LISTEN "%s.%02x"`, cfg.NotifyChannel, i)
+	}
+	if _, err := l.Exec(ctxT(t), q); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, l
+}
+
 // Releases nobody waits for send no notification; a key another Manager
 // waits for is registered as waited for, its release notifies and wakes
 // that Manager (its retries are a minute apart), and the registration
 // ends when the waiter no longer needs it.
 func TestReleaseNotifiesOnlyWaitedKeys(t *testing.T) {
 	t.Parallel()
-	// A channel of its own: other tests' releases notify too.
-	cfg := Config{Retry: noPolling, Config: pg.Config{NotifyChannel: "waited_" + strings.ToLower(strings.ReplaceAll(keys.NewLockID()[:12], "-", "_"))}}
+	cfg, l := ownChannel(t, "waited_")
 	b := setup(t, setupOpts{cfg: cfg})
 	w, wsig := b.newPeer(t, cfg)
 	ctx := ctxT(t)
-	l, err := pgx.Connect(ctx, pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
-	// The channel and its 256 wake channels: every wake-up is heard.
-	q := "LISTEN " + cfg.NotifyChannel
-	for i := range 256 {
-		q += fmt.Sprintf(`; LISTEN "%s.%02x"`, cfg.NotifyChannel, i)
-	}
-	if _, err := l.Exec(ctx, q); err != nil {
-		t.Fatal(err)
-	}
 	// Keys unique to this test: notifications are database-wide.
 	key := func(s string) string { return "waited:" + s + ":" + b.schema }
 	hot := key("hot")
@@ -133,6 +140,9 @@ func TestWaiterRegistrationEndsWithWait(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A refusal signalled in the round before must not pass for this
+		// round's: the release would come before the waiter waits.
+		drain(&wsig.Retrying)
 		handOver(t, ctx, held, w, wsig, hot, "the waiter was not woken by the release")
 		eventually(t, waitTimeout(), "the registration ends with the wait", func() bool { return waiterLocksHeld(t, b, hot) == 0 })
 		regs := 0
@@ -158,22 +168,10 @@ func TestWaiterRegistrationEndsWithWait(t *testing.T) {
 // listener read it back).
 func TestWaiterRegistrationEndsAtGrant(t *testing.T) {
 	t.Parallel()
-	cfg := Config{Retry: noPolling, Config: pg.Config{NotifyChannel: "granted_" + strings.ToLower(strings.ReplaceAll(keys.NewLockID()[:12], "-", "_"))}}
+	cfg, l := ownChannel(t, "granted_")
 	b := setup(t, setupOpts{cfg: cfg})
 	w, wsig := b.newPeer(t, cfg)
 	ctx := ctxT(t)
-	l, err := pgx.Connect(ctx, pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close(context.Background())
-	q := "LISTEN " + cfg.NotifyChannel
-	for i := range 256 {
-		q += fmt.Sprintf(`; LISTEN "%s.%02x"`, cfg.NotifyChannel, i)
-	}
-	if _, err := l.Exec(ctx, q); err != nil {
-		t.Fatal(err)
-	}
 	next := func() string {
 		t.Helper()
 		wc, cancel := context.WithTimeout(ctx, waitTimeout())

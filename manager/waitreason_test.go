@@ -331,22 +331,7 @@ func TestTryRefusedByQueueSaysQueued(t *testing.T) {
 	wait(t, &tsig.Listening)
 	ctx := ctxT(t)
 	const key, key2 = "wr/queued/a", "wr/queued/b"
-	held, err := ms[0].AcquireAll(ctx, []string{key, key2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := make(chan error, 1)
-	var set []*Lock
-	go func() {
-		var err error
-		set, err = ms[1].AcquireAll(ctx, []string{key, key2}, WithAcquireTimeout(time.Minute))
-		got <- err
-	}()
-	waitTickets(t, b.admin, key, 1)
-	waitTickets(t, b.admin, key2, 1)
-	if err := held[0].Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+	done := setTurn(t, b, ms[0], ms[1], key, key2)
 	for _, opts := range [][]AcquireOption{nil, {Shared()}} {
 		if lk, ok, err := tm.TryAcquire(ctx, key, opts...); err != nil || ok {
 			if lk != nil {
@@ -366,20 +351,5 @@ func TestTryRefusedByQueueSaysQueued(t *testing.T) {
 	if n != 2 {
 		t.Errorf("%d pglease.acquire spans of the key, want the 2 tries'", n)
 	}
-	if err := held[1].Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(waitTimeout()):
-		t.Fatal("the set was not granted once both keys were free")
-	}
-	for _, lk := range set {
-		if err := lk.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
+	done()
 }
