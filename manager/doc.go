@@ -108,7 +108,7 @@
 //
 // Unless Config.DisableNotify, each Manager keeps one dedicated connection
 // LISTENing on the notify channel. A release runs pg_notify on the key's
-// wake channel (the channel, ".", and the last two hex digits of
+// wake channel (the channel, ".", and hex digits 7 and 8 of
 // pglease.HashKey(key): one of 256) with pglease.HashKey(key), never the
 // raw key, only when another process waits for the key: a Manager whose
 // attempt found the key taken elsewhere, or failed (free or not is then

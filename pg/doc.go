@@ -107,7 +107,7 @@
 // or update each row whose lock_id matches and whose expires_at_ms is
 // still in the future. Extend sets expires_at_ms = now + ttl (replace,
 // not add). With Config.NotifyChannel, each successful release runs
-// pg_notify(channel || '.' || right(hashKey(user_key), 2),
+// pg_notify(channel || '.' || substr(hashKey(user_key), 7, 2),
 // hashKey(user_key)) in the same transaction (the key's wake channel).
 //
 // IsLocked and Lookup are one plain SELECT each (no transaction), using

@@ -40,7 +40,7 @@ type Config struct {
 	FenceTable string
 	// NotifyChannel, if non-empty (an identifier of at most 60 bytes),
 	// makes every successful release also run pg_notify(NotifyChannel ||
-	// '.' || the last two hex digits of pglease.HashKey(key),
+	// '.' || hex digits 7 and 8 of pglease.HashKey(key),
 	// pglease.HashKey(key)) in the same transaction: the key's wake
 	// channel, one of 256, which the processes waiting for the key LISTEN
 	// to, so waiters in other processes can wake up without every

@@ -154,14 +154,16 @@ func CheckChannel(op, channel string) error {
 }
 
 // WakeChannel is the channel on which a release of a key whose hashKey
-// is keyHash (pglease.HashKey) wakes its waiters: channel, ".", and the
-// last two hex digits of keyHash. There are 256 per notify channel; a
+// is keyHash (pglease.HashKey) wakes its waiters: channel, ".", and hex
+// digits 7 and 8 of keyHash, the low byte of its first word (the last
+// word's low byte, which a first version used, put 2,560 sequential keys
+// on 56 channels; this one on 215–256). There are 256 per notify channel; a
 // process LISTENs to those of the keys it waits for, so a release wakes
 // the processes waiting for its key (and for the keys that share its
 // wake channel), not every listener of the fleet. The channel itself
 // carries everything else (revocations, release requests, watch events).
 func WakeChannel(channel, keyHash string) string {
-	return channel + "." + keyHash[len(keyHash)-2:]
+	return channel + "." + keyHash[6:8]
 }
 
 // Names validates c's names (bad ones are InvalidArgument under op) and

@@ -148,14 +148,17 @@ func UnregisterWatchers(ctx context.Context, conn *pgx.Conn, watched []string) e
 	return unregister(ctx, "pg.UnregisterWatchers", conn, watchUnregisterSQL, watched, nil)
 }
 
-// listenSQL is "; LISTEN c" (or UNLISTEN) for each channel, to follow a
-// statement in one simple-protocol round trip.
-func listenSQL(verb string, channels []string) string {
-	var b strings.Builder
-	for _, ch := range channels {
-		b.WriteString(";\n" + verb + " " + pgx.Identifier{ch}.Sanitize())
+// withListens appends "LISTEN c" (or UNLISTEN) for each channel to the
+// statements of sql ("" for none), for one simple-protocol round trip.
+func withListens(sql, verb string, channels []string) string {
+	stmts := make([]string, 0, len(channels)+1)
+	if sql != "" {
+		stmts = append(stmts, sql)
 	}
-	return b.String()
+	for _, ch := range channels {
+		stmts = append(stmts, verb+" "+pgx.Identifier{ch}.Sanitize())
+	}
+	return strings.Join(stmts, ";\n")
 }
 
 func register(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []string, listen []string) (ok []bool, err error) {
@@ -169,7 +172,7 @@ func register(ctx context.Context, op string, conn *pgx.Conn, sql string, raw []
 		// The SELECT first: pgx reads the rows of a simple-protocol
 		// query's first result, and the LISTENs' (empty) results, and any
 		// error, when the rows close.
-		sql += listenSQL("LISTEN", listen)
+		sql = withListens(sql, "LISTEN", listen)
 		args = []any{pgx.QueryExecModeSimpleProtocol, nks}
 	}
 	rows, err := conn.Query(ctx, sql, args...)
@@ -214,9 +217,9 @@ func unregister(ctx context.Context, op string, conn *pgx.Conn, sql string, raw 
 	case len(nks) == 0 && len(unlisten) == 0:
 		return nil
 	case len(nks) == 0:
-		sql = listenSQL("UNLISTEN", unlisten)[2:]
+		sql = withListens("", "UNLISTEN", unlisten)
 	case len(unlisten) > 0:
-		sql += listenSQL("UNLISTEN", unlisten)
+		sql = withListens(sql, "UNLISTEN", unlisten)
 		args = []any{pgx.QueryExecModeSimpleProtocol, nks}
 	default:
 		args = []any{nks}

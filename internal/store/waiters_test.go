@@ -333,3 +333,24 @@ func TestRegisterWaitersListens(t *testing.T) {
 		t.Fatalf("%d waiter locks left", n)
 	}
 }
+
+// WakeChannel spreads keys over the 256 wake channels: 2,560 keys named
+// in sequence (the common case: "tenant-17", "job/00042") use most of
+// them, none far above its share of 10. The low byte of hashKey's last
+// word, used at first, put them on 56 channels, up to 125 on one.
+func TestWakeChannelSpread(t *testing.T) {
+	t.Parallel()
+	for _, format := range []string{"tenant-%d", "order:%d:lock", "k%d", "job/%05d"} {
+		n := map[string]int{}
+		for i := range 2560 {
+			n[store.WakeChannel("c", pglease.HashKey(fmt.Sprintf(format, i)))]++
+		}
+		most := 0
+		for _, v := range n {
+			most = max(most, v)
+		}
+		if len(n) < 200 || most > 40 {
+			t.Errorf("%s: 2,560 keys on %d wake channels, up to %d on one; want ≥ 200 channels, ≤ 40 keys each", format, len(n), most)
+		}
+	}
+}

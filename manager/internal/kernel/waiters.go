@@ -54,8 +54,7 @@ func (st *LoopState) wantWaiter(ks *KeyState) {
 // its waiters (it used to linger a few seconds, in case the key was
 // waited for again) kept its process reading every release of the key:
 // in a fleet whose workers wait in turn for a few shared keys, every
-// process then read every hand-over (5.97 deliveries per grant at 10
-// processes, 1.31 without the linger; bench/ fleet scenario).
+// process then read every hand-over (docs/scaling.md, "Wake channels").
 func (st *LoopState) dropWaiter(ks *KeyState) {
 	if !ks.waitReg {
 		return

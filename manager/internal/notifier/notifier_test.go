@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -205,9 +206,9 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 	}
 	h, lh := pglease.HashKey("k"), pglease.HashKey("lock")
 	// A key on another wake channel than k's: nobody here waits for it.
-	other := "z"
-	for store.WakeChannel(channel, pglease.HashKey(other)) == store.WakeChannel(channel, h) {
-		other += "z"
+	var other string
+	for i := 0; other == "" || store.WakeChannel(channel, pglease.HashKey(other)) == store.WakeChannel(channel, h); i++ {
+		other = "z" + strconv.Itoa(i)
 	}
 	ho := pglease.HashKey(other)
 	notify := func(qs ...[2]string) {
@@ -254,21 +255,42 @@ func TestServiceSubscribesAndResyncs(t *testing.T) {
 	if n := next("k's wake-up after the reconnect"); n.Topic != Wake || n.Hash != h {
 		t.Fatalf("notice %+v, want k's wake-up: the new session LISTENs to its wake channel", n)
 	}
-	l.Unsubscribe(Wake, "k")
-	deadline := time.Now().Add(waitTimeout())
-	for heldLocks() != 0 {
-		select {
-		case l.Mailbox() <- l.Outbox():
-			l.Handed()
-		case n := <-out:
-			t.Fatalf("unexpected notice %+v", n)
-		case <-time.After(10 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("k's waiter lock is still held after the subscription ended")
+	// A second key on k's wake channel keeps it LISTENed to after k's
+	// subscription ends.
+	var same string
+	for i := 0; same == "" || store.WakeChannel(channel, pglease.HashKey(same)) != store.WakeChannel(channel, h); i++ {
+		same = "s" + strconv.Itoa(i)
+	}
+	l.Subscribe(Wake, same)
+	if n := next("the registration of the second key"); !slices.Equal(n.Registered, []Sub{{Wake, same}}) {
+		t.Fatalf("notice %+v, want the registration of %s", n, same)
+	}
+	locksDown := func(want int, what string) {
+		t.Helper()
+		deadline := time.Now().Add(waitTimeout())
+		for heldLocks() != want {
+			select {
+			case l.Mailbox() <- l.Outbox():
+				l.Handed()
+			case n := <-out:
+				t.Fatalf("unexpected notice %+v", n)
+			case <-time.After(10 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d waiter locks, want %d", what, heldLocks(), want)
+			}
 		}
 	}
-	// Its wake channel was let go with the lock, in the same round trip.
+	l.Unsubscribe(Wake, "k")
+	locksDown(1, "k's subscription ended")
+	notify([2]string{store.WakeChannel(channel, h), h})
+	if n := next("k's wake-up while the second key waits"); n.Topic != Wake || n.Hash != h {
+		t.Fatalf("notice %+v: the wake channel the second key still needs was let go", n)
+	}
+	l.Unsubscribe(Wake, same)
+	locksDown(0, "the second key's subscription ended")
+	// The wake channel was let go with the last lock, in the same round
+	// trip.
 	notify([2]string{store.WakeChannel(channel, h), h}, [2]string{channel, "r:" + h + ":" + lh})
 	if n := next("the revoke after the wait"); n.Topic != Revoke {
 		t.Fatalf("notice %+v, want the revoke: k's wake channel is still LISTENed to", n)

@@ -105,8 +105,10 @@ type service struct {
 	mail <-chan Mail
 	want map[Sub]struct{} // the subscriptions the loop wants held: every mail applied
 	have map[Sub]struct{} // the subscriptions the current session holds
-	// listening is the wake channels the current session LISTENs to.
+	// listening is the wake channels the current session LISTENs to (at
+	// most 256), and wakeRefs how many held Wake subscriptions each has.
 	listening map[string]struct{}
+	wakeRefs  map[string]int
 	// triggerChecked: the release trigger check answered once
 	// (checkReleaseTrigger); it is not asked again.
 	triggerChecked bool
@@ -232,7 +234,7 @@ func (s *service) session(ctx context.Context, bo backoff.BackOff) (stop bool) {
 	// A new session holds no locks: take every one the loop wants
 	// before the resync (which tries every waiting key).
 	clear(s.have)
-	s.listening = nil
+	s.listening, s.wakeRefs = nil, nil
 	s.drainMail()
 	if _, err := s.sync(lctx, conn, false); err != nil {
 		db.End(0, pgerr.Map(sctx, "manager.listen", err))
@@ -417,35 +419,41 @@ var sessionLocks = [...]struct {
 	},
 }
 
-// wakeChannels returns the wake channels the session must LISTEN to
-// after a sync that drops drop and adds add (the channels of every Wake
-// subscription it will hold or is about to try), and what that changes:
-// the channels to LISTEN to and those to UNLISTEN.
-func (s *service) wakeChannels(drop, add []string) (next map[string]struct{}, listen, unlisten []string) {
-	dropped := make(map[string]struct{}, len(drop))
+// wakeChannels returns what a sync that drops the held Wake keys drop
+// and tries add changes in the wake channels LISTENed to: those to LISTEN
+// to (add's that are not), and those to UNLISTEN (no held key left on
+// them, and none being tried). A channel whose key's take failed stays
+// LISTENed to while the loop wants the key (it is tried again). Its cost
+// is in the keys that change and the (at most 256) channels, not in the
+// keys held.
+func (s *service) wakeChannels(drop, add []string) (listen, unlisten []string) {
+	if s.wakeRefs == nil {
+		s.listening, s.wakeRefs = make(map[string]struct{}), make(map[string]int)
+	}
 	for _, k := range drop {
-		dropped[k] = struct{}{}
-	}
-	next = make(map[string]struct{}, len(s.listening))
-	for k := range s.have {
-		if _, gone := dropped[k.Key]; k.Topic == Wake && !gone {
-			next[s.wakeChannel(k.Key)] = struct{}{}
+		ch := s.wakeChannel(k)
+		if s.wakeRefs[ch]--; s.wakeRefs[ch] <= 0 {
+			delete(s.wakeRefs, ch)
 		}
 	}
+	adding := make(map[string]struct{}, len(add))
 	for _, k := range add {
-		next[s.wakeChannel(k)] = struct{}{}
-	}
-	for ch := range next {
+		ch := s.wakeChannel(k)
 		if _, ok := s.listening[ch]; !ok {
-			listen = append(listen, ch)
+			if _, dup := adding[ch]; !dup {
+				listen = append(listen, ch)
+			}
 		}
+		adding[ch] = struct{}{}
 	}
 	for ch := range s.listening {
-		if _, ok := next[ch]; !ok {
-			unlisten = append(unlisten, ch)
+		if _, held := s.wakeRefs[ch]; !held {
+			if _, trying := adding[ch]; !trying {
+				unlisten = append(unlisten, ch)
+			}
 		}
 	}
-	return next, listen, unlisten
+	return listen, unlisten
 }
 
 // wakeChannel is the wake channel of the NFC key.
@@ -473,7 +481,7 @@ func (s *service) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySoo
 	// A wake channel is listened to while a Wake subscription of one of
 	// its keys is held or being tried (a take that failed keeps it until
 	// the loop no longer wants the key).
-	listening, listen, unlisten := s.wakeChannels(drop[Wake], add[Wake])
+	listen, unlisten := s.wakeChannels(drop[Wake], add[Wake])
 	var got []Sub
 	for c, fns := range sessionLocks {
 		t := Topic(c)
@@ -489,8 +497,8 @@ func (s *service) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySoo
 				delete(s.have, Sub{t, k})
 			}
 		}
-		if t == Wake {
-			s.listening = listening
+		for _, ch := range off {
+			delete(s.listening, ch)
 		}
 		if len(add[c]) == 0 {
 			continue
@@ -499,10 +507,18 @@ func (s *service) sync(ctx context.Context, conn *pgx.Conn, post bool) (retrySoo
 		if err != nil {
 			return false, err
 		}
+		if t == Wake {
+			for _, ch := range on {
+				s.listening[ch] = struct{}{}
+			}
+		}
 		for i, k := range add[c] {
 			if ok[i] {
 				s.have[Sub{t, k}] = struct{}{}
 				got = append(got, Sub{t, k})
+				if t == Wake {
+					s.wakeRefs[s.wakeChannel(k)]++
+				}
 			} else {
 				retrySoon = true
 			}

@@ -395,10 +395,12 @@ $pglease$;
 
 -- Notifies about key p_key: hashKey(p_key) when p_wake is 2, or 1 and a
 -- session waits for the key (holds its waiter lock: the exclusive try
--- fails), on the key's wake channel, p_channel || '.' || the last two hex
--- digits of hashKey(p_key) (one of 256: a waiting process LISTENs only to
--- the wake channels of the keys it waits for, so a release wakes the
--- processes that wait for its key, not every listener; p_channel itself
+-- fails), on the key's wake channel, p_channel || '.' || hex digits 7 and
+-- 8 of hashKey(p_key), the low byte of its first word (one of 256: a
+-- waiting process LISTENs only to the wake channels of the keys it waits
+-- for, so a release wakes the processes that wait for its key, not every
+-- listener; the first word's low byte spreads sequential keys over the
+-- 256, the last word's over a few dozen; p_channel itself
 -- when it is longer than 60 bytes, which only a SQL caller's
 -- pglease.notify_channel can be, as a wake channel would not fit
 -- PostgreSQL's 63 bytes; a Manager takes wake-ups from either); 'w:' ||
@@ -432,13 +434,13 @@ BEGIN
   END IF;
   IF p_wake = 2 THEN
     v_hash := "pglease_hashkey_v1"(p_key);
-    PERFORM pg_notify(CASE WHEN octet_length(p_channel) <= 60 THEN p_channel || '.' || right(v_hash, 2) ELSE p_channel END, v_hash);
+    PERFORM pg_notify(CASE WHEN octet_length(p_channel) <= 60 THEN p_channel || '.' || substr(v_hash, 7, 2) ELSE p_channel END, v_hash);
   ELSIF p_wake = 1 THEN
     IF pg_try_advisory_lock(1886156663, v_h) THEN
       v_ok := pg_advisory_unlock(1886156663, v_h);
     ELSE
       v_hash := "pglease_hashkey_v1"(p_key);
-      PERFORM pg_notify(CASE WHEN octet_length(p_channel) <= 60 THEN p_channel || '.' || right(v_hash, 2) ELSE p_channel END, v_hash);
+      PERFORM pg_notify(CASE WHEN octet_length(p_channel) <= 60 THEN p_channel || '.' || substr(v_hash, 7, 2) ELSE p_channel END, v_hash);
     END IF;
   END IF;
   IF p_event IS NOT NULL THEN

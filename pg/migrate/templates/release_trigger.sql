@@ -1,5 +1,5 @@
 -- pglease release trigger: deleting a lock row notifies hashKey(user_key)
--- on its wake channel (the channel, '.', the hash's last two hex digits).
+-- on its wake channel (the channel, '.', the hash's hex digits 7 and 8).
 DO $do$
 DECLARE
   v_rel regclass := to_regclass('{t}');
@@ -24,7 +24,7 @@ DECLARE
   v_hash text;
 BEGIN
   v_hash := %s(OLD.user_key);
-  PERFORM pg_notify(CASE WHEN octet_length(TG_ARGV[0]) <= 60 THEN TG_ARGV[0] || '.' || right(v_hash, 2) ELSE TG_ARGV[0] END, v_hash);
+  PERFORM pg_notify(CASE WHEN octet_length(TG_ARGV[0]) <= 60 THEN TG_ARGV[0] || '.' || substr(v_hash, 7, 2) ELSE TG_ARGV[0] END, v_hash);
   RETURN NULL;
 END
 $fn$$f$, v_fn, v_hash);
