@@ -236,10 +236,19 @@ func TestConfigValidation(t *testing.T) {
 		{Config: pg.Config{LockTable: "locks; DROP TABLE x"}},
 		{Config: pg.Config{LockTable: "same", FenceTable: "same"}},
 		{Config: pg.Config{NotifyChannel: "bad channel"}},
+		// 61 bytes: its wake channels ("." and two hex digits) would not
+		// fit PostgreSQL's 63.
+		{Config: pg.Config{NotifyChannel: strings.Repeat("c", 61)}},
 	} {
 		if _, err := New(pool, cfg); !errors.Is(err, pglease.ErrInvalidArgument) {
 			t.Errorf("%+v: err = %v", cfg, err)
 		}
+	}
+	// 60 bytes is the longest channel name.
+	if m, err := New(pool, Config{Config: pg.Config{NotifyChannel: strings.Repeat("c", 60)}, DisableNotify: true}); err != nil {
+		t.Errorf("a 60-byte channel: %v", err)
+	} else {
+		_ = m.Close(context.Background())
 	}
 	if _, err := New(nil, Config{}); !errors.Is(err, pglease.ErrInvalidArgument) {
 		t.Errorf("nil pool: %v", err)
