@@ -429,3 +429,95 @@ func TestFairUnknownGrantNotAnsweredByARefresh(t *testing.T) {
 	close(done)
 	t.Logf("Acquire: %v (%d commit waits cancelled)", got.err, <-cancelled)
 }
+
+// TestFairTurnToAnotherProcessWaitsForTheStandby: a release that serves the
+// queue grants the key to the head ticket, of another Manager, in its own
+// transaction and notifies that Manager. With the synchronous standby
+// gone, the release's commit waits for it until the wait is cancelled:
+// the grant is then on the primary alone, the releaser's answer is
+// Ambiguous, and PostgreSQL still delivers the notice. The waiter must not
+// take that notice as a grant (a failover to the standby would hand the
+// same fence out again): it confirms the grant with a commit of its own,
+// which waits for the standby too. So no Acquire may succeed while the
+// standby is down.
+func TestFairTurnToAnotherProcessWaitsForTheStandby(t *testing.T) {
+	t.Parallel()
+	r := pgtest.ReplicatedForTest(t, pgtest.ReplOptions{Sync: true})
+	url := failoverURL(r)
+	ctx := harnessCtx(t)
+	cfg := Config{StatementTimeout: time.Minute, TTL: 2 * time.Minute, Retry: retry.Policy{Base: time.Minute}}
+	holder, _ := fairSyncManager(t, url, cfg, kernel.TestHooks{})
+	waiter, sig := fairSyncManager(t, url, cfg, kernel.TestHooks{StuckAfter: time.Minute})
+	if err := holder.SetupSchema(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const key = "fambig:turn"
+	lk, err := holder.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lk  *Lock
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		lk, err := waiter.Acquire(ctx, key, WithAcquireTimeout(8*time.Second))
+		res <- result{lk, err}
+	}()
+	admin := stopStandby(t, ctx, r)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE key = $1`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter's ticket was not queued within 30 s")
+		}
+	}
+	done := make(chan struct{})
+	cancelled := make(chan int, 1)
+	go func() { cancelled <- cancelSyncRepUntil(t, ctx, r.Nodes[0].URL, done, nil) }()
+	relErr := lk.Release(ctx)
+	t.Logf("the holder's Release: %v", relErr)
+	var granted int64
+	if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks WHERE key = $1`, key).Scan(&granted); err != nil {
+		t.Fatal(err)
+	}
+	var got result
+	select {
+	case got = <-res:
+	case <-time.After(time.Minute):
+		t.Fatal("Acquire did not end within a minute")
+	}
+	close(done)
+	n := <-cancelled
+	if got.err == nil {
+		_ = got.lk.Release(ctx)
+		t.Fatalf("the waiter was granted fence %d with the synchronous standby down (%d commit waits cancelled): "+
+			"a turn's notice from a commit on the primary alone, never a grant", got.lk.Fence(), n)
+	}
+	if granted == 0 || n == 0 {
+		t.Errorf("the release made no grant on the primary (%d rows) or no commit wait was cancelled (%d): the test did not make the fault", granted, n)
+	}
+	notices := 0
+	for len(sig.Turn.Ch) > 0 {
+		if <-sig.Turn.Ch {
+			notices++
+		}
+	}
+	if notices == 0 {
+		t.Errorf("the waiter's process heard no grant notice: the test did not make the fault")
+	}
+	t.Logf("Acquire: %v (%d commit waits cancelled, %d grant notices heard)", got.err, n, notices)
+	// Commits no longer wait for the standby, so the Managers close.
+	if _, err := admin.Exec(ctx, "ALTER SYSTEM SET synchronous_standby_names = ''"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_reload_conf()"); err != nil {
+		t.Fatal(err)
+	}
+}

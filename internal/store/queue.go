@@ -487,13 +487,23 @@ type Turn struct {
 	// queued (QueueWait or QueueRefresh) plus the TTL: the grant came
 	// after it.
 	ExpiresAt time.Time
+	// Unconfirmed marks a grant whose commit waited for a synchronous
+	// standby: the notice may come from a commit whose wait was cancelled,
+	// the grant on the primary alone, so it is not a grant until a commit
+	// of the waiter's own (its next attempt) confirms it.
+	Unconfirmed bool
 }
 
 // ParseTurn parses a payload of a queue channel:
 // "q:" hashKey(key) ":" hashKey(lockId) ":" fence ":" expires_at_ms
-// (fence and expiry 0 for a turn without a grant).
+// (fence and expiry 0 for a turn without a grant), then ":s" when the
+// grant's commit waited for a synchronous standby (Turn.Unconfirmed).
 func ParseTurn(payload string) (Turn, bool) {
 	f := strings.Split(payload, ":")
+	unconfirmed := len(f) == 6 && f[5] == "s"
+	if unconfirmed {
+		f = f[:5]
+	}
 	if len(f) != 5 || f[0] != "q" || len(f[1]) != 24 || len(f[2]) != 24 {
 		return Turn{}, false
 	}
@@ -504,7 +514,7 @@ func ParseTurn(payload string) (Turn, bool) {
 	}
 	t := Turn{KeyHash: f[1], LockHash: f[2]}
 	if fence > 0 || exp > 0 {
-		t.Granted, t.Fence, t.ExpiresAt = true, pglease.Fence(fence), time.UnixMilli(exp)
+		t.Granted, t.Fence, t.ExpiresAt, t.Unconfirmed = true, pglease.Fence(fence), time.UnixMilli(exp), unconfirmed
 	}
 	return t, true
 }

@@ -706,6 +706,22 @@ func TestQueueBadInput(t *testing.T) {
 	if _, ok := store.ParseTurn("q:abc"); ok {
 		t.Error("ParseTurn accepted a bad payload")
 	}
+	const h = "0123456789abcdef01234567"
+	for payload, want := range map[string]*store.Turn{
+		"q:" + h + ":" + h + ":7:1700000000000":     {Granted: true, Fence: 7},
+		"q:" + h + ":" + h + ":7:1700000000000:s":   {Granted: true, Fence: 7, Unconfirmed: true},
+		"q:" + h + ":" + h + ":0:0":                 {},
+		"q:" + h + ":" + h + ":7:1700000000000:x":   nil,
+		"q:" + h + ":" + h + ":7:1700000000000:s:s": nil,
+	} {
+		got, ok := store.ParseTurn(payload)
+		switch {
+		case want == nil && ok:
+			t.Errorf("ParseTurn(%q) accepted a bad payload: %+v", payload, got)
+		case want != nil && (!ok || got.Granted != want.Granted || got.Fence != want.Fence || got.Unconfirmed != want.Unconfirmed):
+			t.Errorf("ParseTurn(%q) = %+v, %v; want %+v", payload, got, ok, *want)
+		}
+	}
 }
 
 // TestQueueWaitAfterMissedGrant: a waiter that missed its grant's

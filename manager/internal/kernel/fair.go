@@ -665,7 +665,11 @@ func (st *LoopState) handleTurn(t store.Turn) {
 	if ks == nil {
 		return
 	}
-	if !t.Granted {
+	if !t.Granted || t.Unconfirmed {
+		// An unconfirmed grant (synchronous standbys) may be on the
+		// primary alone: the attempt it wakes finds the ticket granted,
+		// and that answer commits, waiting for the standby, before it is
+		// a grant.
 		st.wakeFair(ks)
 		return
 	}

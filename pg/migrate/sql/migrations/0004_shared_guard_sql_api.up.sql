@@ -1476,7 +1476,12 @@ CREATE OR REPLACE VIEW "pglease_advisory_locks" AS
 -- none) is not sent: it is added to the transaction's setting
 -- pglease.qturns (payloads, space-separated), for the caller to return in
 -- its result, so a grant to a waiter of the releasing process needs no
--- notification. Returns the number of grants.
+-- notification. With synchronous standbys named
+-- (synchronous_standby_names), a grant's notice to another channel ends
+-- in ':s': PostgreSQL delivers it even when the commit's wait for the
+-- standby is cancelled (the grant then on the primary alone), so its
+-- process must confirm the grant with a commit of its own, which waits
+-- for the standby, before trusting it. Returns the number of grants.
 CREATE OR REPLACE FUNCTION "pglease_qserve_07f27fb7aa"(p_key text, p_channel text, p_until bigint, p_self text DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
@@ -1540,7 +1545,8 @@ BEGIN
     v_chs := v_chs || q.channel; v_msgs := v_msgs || ('q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':' || v_fence::text || ':' || (c.c_now + q.ttl_ms)::text);
     v_n := v_n + 1;
   END LOOP;
-  PERFORM pg_notify(x.ch, x.msg) FROM unnest(v_chs, v_msgs) AS x(ch, msg) WHERE x.ch IS DISTINCT FROM p_self;
+  PERFORM pg_notify(x.ch, CASE WHEN x.msg LIKE '%:0:0' OR current_setting('synchronous_standby_names') = '' THEN x.msg ELSE x.msg || ':s' END)
+    FROM unnest(v_chs, v_msgs) AS x(ch, msg) WHERE x.ch IS DISTINCT FROM p_self;
   IF p_self = ANY (v_chs) THEN
     v_void := set_config('pglease.qturns', coalesce(current_setting('pglease.qturns', true), '') ||
       (SELECT string_agg(x.msg || ' ', '') FROM unnest(v_chs, v_msgs) AS x(ch, msg) WHERE x.ch = p_self), true);
