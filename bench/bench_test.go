@@ -102,13 +102,13 @@ func TestHotKeySmoke(t *testing.T) {
 	for _, d := range []time.Duration{200 * time.Millisecond, time.Second, 4 * time.Second} {
 		cfg.duration = d
 		res, table = runSmoke(t, cfg)
-		if len(res) != 4 || (res[0].Cycles >= 2 && res[1].Cycles >= 2) {
+		if len(res) != 5 || (res[0].Cycles >= 2 && res[1].Cycles >= 2) {
 			break
 		}
 		t.Logf("window %v saw %d and %d sections (machine busy); measuring again, longer", d, res[0].Cycles, res[1].Cycles)
 	}
-	if len(res) != 4 {
-		t.Fatalf("got %d results, want 2 hot-key points, the flush bound and the handoff chain:\n%s", len(res), table)
+	if len(res) != 5 {
+		t.Fatalf("got %d results, want 2 hot-key points, the flush bound, the handoff chain and the grant floor:\n%s", len(res), table)
 	}
 	for _, r := range res[:2] {
 		if r.Scenario != "hotkey" || r.Cycles < 2 || r.Errors != 0 || r.P50Ms <= 0 || r.Extra["duplicate_fences"] != 0 ||
@@ -129,7 +129,10 @@ func TestHotKeySmoke(t *testing.T) {
 	if c := res[3]; c.Scenario != "flush" || c.Impl != "handoff-chain" || c.Cycles < 2 || c.P50Ms <= 0 || c.Errors != 0 {
 		t.Errorf("bad handoff chain %+v", c)
 	}
-	for _, want := range []string{"flush bound", "hot-key statement alone", "hot key against the statement alone, C=4 P=1", "hot key ≥ 80 % of the flush bound, C=4 P=1", "hot key ≥ 70 % of the flush bound, C=4 P=2", "FIFO"} {
+	if g := res[4]; g.Scenario != "flush" || g.Impl != "grant-floor" || g.Cycles < 2 || g.P50Ms <= 0 || g.Errors != 0 {
+		t.Errorf("bad grant floor %+v", g)
+	}
+	for _, want := range []string{"flush bound", "hot-key statement alone", "grant floor", "hot key against the statement alone, C=4 P=1", "hot key ≥ 80 % of the flush bound, C=4 P=1", "hot key ≥ 70 % of the flush bound, C=4 P=2", "FIFO"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("targets lack %q:\n%s", want, table)
 		}

@@ -126,3 +126,67 @@ func measureHandOffChain(ctx context.Context, url string, d time.Duration) (Resu
 	return Result{Scenario: "flush", Impl: "handoff-chain", Callers: 1, Seconds: el, Cycles: int64(len(lats)),
 		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "handoff"}, nil
 }
+
+// measureGrantFloor measures the least any grant on SyncGuard's tables
+// writes, without pglease: one client on one connection chains, for d,
+// one plain prepared statement (no function, no advisory lock, no holder
+// row, no notification) that increments the key's fence counter and
+// rewrites its lock row with a new lockId, times and fence, as every grant
+// does; the lock row's lock_id and expires_at_ms are indexed, so the
+// update is not HOT. Synchronous commit is on. Next to the flush bound it
+// shows what the two rows cost before any locking logic: no hot key on
+// these tables can pass this rate.
+func measureGrantFloor(ctx context.Context, url string, d time.Duration) (Result, error) {
+	pool, _, cleanup, err := benchSchema(ctx, url, 1)
+	if err != nil {
+		return Result{}, err
+	}
+	defer cleanup()
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	defer c.Release()
+	const key, fk = "bench:grant-floor", "fence:bench:grant-floor" // SyncGuard's fence key for a plain key
+	if _, err := c.Exec(ctx, "SET synchronous_commit = on"); err != nil {
+		return Result{}, err
+	}
+	if _, err := c.Exec(ctx, `INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ($1, 0, $2)`, fk, key); err != nil {
+		return Result{}, err
+	}
+	if _, err := c.Exec(ctx, `INSERT INTO syncguard_locks (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
+		VALUES ($1, $2, 0, 0, '000000000000000', $1)`, key, keys.NewLockID()); err != nil {
+		return Result{}, err
+	}
+	// A prepared statement (pgx caches it): planned once, as the
+	// statements of pglease's functions are.
+	const grant = `WITH f AS (UPDATE syncguard_fence_counters SET fence = fence + 1 WHERE fence_key = $2 RETURNING fence),
+		n AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS n)
+		UPDATE syncguard_locks SET lock_id = $3, acquired_at_ms = n.n, expires_at_ms = n.n + 30000,
+			fence = lpad(f.fence::text, 15, '0') FROM f, n WHERE key = $1`
+	exec := func() error {
+		tag, err := c.Exec(ctx, grant, key, fk, keys.NewLockID())
+		if err == nil && tag.RowsAffected() != 1 {
+			err = fmt.Errorf("%d rows updated, want 1", tag.RowsAffected())
+		}
+		return err
+	}
+	for range 20 { // warm-up: prepare, fill caches
+		if err := exec(); err != nil {
+			return Result{}, err
+		}
+	}
+	var lats latencies
+	start := time.Now()
+	for time.Since(start) < d {
+		t0 := time.Now()
+		if err := exec(); err != nil {
+			return Result{}, err
+		}
+		lats = append(lats, time.Since(t0))
+	}
+	el := time.Since(start).Seconds()
+	_, p50, p99, mx := summarize([]latencies{lats})
+	return Result{Scenario: "flush", Impl: "grant-floor", Callers: 1, Seconds: el, Cycles: int64(len(lats)),
+		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "grant"}, nil
+}

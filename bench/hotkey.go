@@ -220,6 +220,12 @@ func runHotKey(ctx context.Context, cfg config, emit func(Result), _ noteFunc) (
 			return
 		}
 		emit(chain)
+		var floor Result
+		if floor, err = measureGrantFloor(ctx, cfg.url, fd); err != nil {
+			err = fmt.Errorf("grant floor: %w", err)
+			return
+		}
+		emit(floor)
 	}()
 	for _, procs := range cfg.hotProcs {
 		for _, c := range cfg.hotCallers {

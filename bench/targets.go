@@ -112,6 +112,10 @@ func computeTargets(res, base resultSet) []Target {
 					fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*h.CyclesPerSec/c.CyclesPerSec, h.CyclesPerSec, c.CyclesPerSec), nil)
 			}
 		}
+		if g, ok := res.find("flush", "grant-floor", 1, 1); ok && g.CyclesPerSec > 0 {
+			add("3", "grant floor: one client chaining one plain statement that writes what every grant on SyncGuard's tables writes (fence counter, lock row), no pglease",
+				fmt.Sprintf("%.0f/s (%.0f %% of the flush bound, p50 %.3f ms)", g.CyclesPerSec, 100*g.CyclesPerSec/f.CyclesPerSec, g.P50Ms), nil)
+		}
 		for _, h := range hot {
 			want := hotShare1
 			if max(h.Processes, 1) > 1 {
