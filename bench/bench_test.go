@@ -78,6 +78,17 @@ func TestUncontendedSmoke(t *testing.T) {
 		if !strings.Contains(table, r.Impl) {
 			t.Errorf("table lacks %s:\n%s", r.Impl, table)
 		}
+		// One caller: its cycle splits into its statements' time and the
+		// time outside them, both positive and adding up to the cycle.
+		if r.Callers == 1 && (r.Impl == "manager" || r.Impl == "pg-single") {
+			st, out := r.Extra["stmt_us_per_cycle"], r.Extra["outside_us_per_cycle"]
+			if cycle := 1e6 / r.CyclesPerSec; st <= 0 || out <= 0 || st >= cycle {
+				t.Errorf("%s C=1: statements %.0f µs and outside %.0f µs per cycle of %.0f µs", r.Impl, st, out, cycle)
+			}
+		}
+	}
+	if !strings.Contains(table, "time outside the statements") {
+		t.Errorf("targets lack the single caller's time outside the statements:\n%s", table)
 	}
 	svg, err := os.ReadFile(cfg.plot)
 	if err != nil {

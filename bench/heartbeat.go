@@ -58,6 +58,7 @@ type stmtTracer struct {
 	tracking    bool  // record when each lockId was acquired or extended (last)
 	window      bool  // collect extend lags (lags)
 	period      time.Duration
+	stmtTime    time.Duration // statements' time, send to last row read (recorderTimed)
 	last        map[string]time.Time
 	lags        latencies // may be negative (sent early)
 }
@@ -65,6 +66,17 @@ type stmtTracer struct {
 // recorder returns a statement recorder that reports to t, to install as
 // a pool's tracer.
 func (t *stmtTracer) recorder() *pgrec.Recorder { return &pgrec.Recorder{OnStart: t.observe} }
+
+// recorderTimed is recorder that also adds up the statements' time, from
+// send to the last row read.
+func (t *stmtTracer) recorderTimed() *pgrec.Recorder {
+	return &pgrec.Recorder{OnStart: t.observe, OnEnd: func(st pgrec.Statement, _ error) {
+		d := time.Since(st.Start)
+		t.mu.Lock()
+		t.stmtTime += d
+		t.mu.Unlock()
+	}}
+}
 
 // observe counts one statement started.
 func (t *stmtTracer) observe(data pgrec.Statement) {
@@ -112,6 +124,7 @@ func (t *stmtTracer) reset(track bool, n int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.all, t.extendStmts, t.extendItems, t.acqStmts, t.acqItems, t.shStmts, t.shItems = 0, 0, 0, 0, 0, 0, 0
+	t.stmtTime = 0
 	t.tracking, t.window = track, false
 	t.last = nil
 	if track {

@@ -86,6 +86,12 @@ func computeTargets(res, base resultSet) []Target {
 			add("1", fmt.Sprintf("single-caller p50 ≤ pg-single's + %.2f ms", p50Slack),
 				fmt.Sprintf("%.3f vs %.3f ms (%+.3f)", m.P50Ms, s.P50Ms, m.P50Ms-s.P50Ms),
 				boolp(m.P50Ms <= s.P50Ms+p50Slack))
+			if mo, ok := m.Extra["outside_us_per_cycle"]; ok {
+				if so, ok := s.Extra["outside_us_per_cycle"]; ok {
+					add("1", "single caller, per cycle (acquire + release): time outside the statements; the statements' time",
+						fmt.Sprintf("manager %.0f µs, pg-single %.0f µs; %.0f vs %.0f µs", mo, so, m.Extra["stmt_us_per_cycle"], s.Extra["stmt_us_per_cycle"]), nil)
+				}
+			}
 		}
 	}
 	// 2. Manager ≥ 80 % of pg-setbased at C ≥ 64.

@@ -76,7 +76,13 @@ func medianRun(runs []Result) Result {
 
 func runUncontendedPoint(ctx context.Context, url string, impl uncontendedImpl, c int, d time.Duration) (Result, error) {
 	tr := &stmtTracer{}
-	pool, _, cleanup, err := benchSchema(ctx, url, uncontendedPoolSize(c), func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = tr.recorder() })
+	rec := tr.recorder()
+	if c == 1 {
+		// One caller: its cycle is its statements' time plus the time
+		// outside them (the caller's own code, and the Manager's).
+		rec = tr.recorderTimed()
+	}
+	pool, _, cleanup, err := benchSchema(ctx, url, uncontendedPoolSize(c), func(pc *pgxpool.Config) { pc.ConnConfig.Tracer = rec })
 	if err != nil {
 		return Result{}, err
 	}
@@ -95,6 +101,11 @@ func runUncontendedPoint(ctx context.Context, url string, impl uncontendedImpl, 
 		"stmts_per_cycle": float64(tr.all) / max(float64(r.Cycles), 1)}
 	if tr.acqStmts > 0 {
 		r.Extra["acq_batch"] = float64(tr.acqItems) / float64(tr.acqStmts)
+	}
+	if c == 1 && r.Cycles > 0 && r.CyclesPerSec > 0 {
+		stmt := float64(tr.stmtTime.Microseconds()) / float64(r.Cycles)
+		r.Extra["stmt_us_per_cycle"] = stmt
+		r.Extra["outside_us_per_cycle"] = 1e6/r.CyclesPerSec - stmt
 	}
 	tr.mu.Unlock()
 	if impl.name == "pg-setbased" {
