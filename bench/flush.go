@@ -35,8 +35,15 @@ func measureFlush(ctx context.Context, url string, d time.Duration) (Result, err
 		return Result{}, err
 	}
 	upd := "UPDATE " + table + " SET n = n + 1 WHERE id = 1"
-	for range 20 { // warm-up: prepare, fill caches
-		if _, err := c.Exec(ctx, upd); err != nil {
+	return chain(d, "one-row-commit", "commit", func() error { _, err := c.Exec(ctx, upd); return err })
+}
+
+// chain runs op 20 times to warm up (prepare, fill caches), then one
+// after another for d, and reports its rate and latencies as a flush
+// scenario's result named impl.
+func chain(d time.Duration, impl, latency string, op func() error) (Result, error) {
+	for range 20 {
+		if err := op(); err != nil {
 			return Result{}, err
 		}
 	}
@@ -44,15 +51,15 @@ func measureFlush(ctx context.Context, url string, d time.Duration) (Result, err
 	start := time.Now()
 	for time.Since(start) < d {
 		t0 := time.Now()
-		if _, err := c.Exec(ctx, upd); err != nil {
+		if err := op(); err != nil {
 			return Result{}, err
 		}
 		lats = append(lats, time.Since(t0))
 	}
 	el := time.Since(start).Seconds()
 	_, p50, p99, mx := summarize([]latencies{lats})
-	return Result{Scenario: "flush", Impl: "one-row-commit", Callers: 1, Seconds: el, Cycles: int64(len(lats)),
-		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "commit"}, nil
+	return Result{Scenario: "flush", Impl: impl, Callers: 1, Seconds: el, Cycles: int64(len(lats)),
+		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: latency}, nil
 }
 
 // mergeFlush reports the flush bound measured before and after the hot-key
@@ -104,27 +111,14 @@ func measureHandOffChain(ctx context.Context, url string, d time.Duration) (Resu
 		cur = next
 		return nil
 	}
-	for range 20 { // warm-up: prepare, fill caches
-		if err := hand(); err != nil {
-			return Result{}, err
-		}
+	res, err := chain(d, "handoff-chain", "handoff", hand)
+	if err != nil {
+		return Result{}, err
 	}
-	var lats latencies
-	start := time.Now()
-	for time.Since(start) < d {
-		t0 := time.Now()
-		if err := hand(); err != nil {
-			return Result{}, err
-		}
-		lats = append(lats, time.Since(t0))
-	}
-	el := time.Since(start).Seconds()
 	if _, err := st.Release(ctx, cur); err != nil {
 		return Result{}, err
 	}
-	_, p50, p99, mx := summarize([]latencies{lats})
-	return Result{Scenario: "flush", Impl: "handoff-chain", Callers: 1, Seconds: el, Cycles: int64(len(lats)),
-		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "handoff"}, nil
+	return res, nil
 }
 
 // measureGrantFloor measures the least any grant on SyncGuard's tables
@@ -164,29 +158,11 @@ func measureGrantFloor(ctx context.Context, url string, d time.Duration) (Result
 		n AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS n)
 		UPDATE syncguard_locks SET lock_id = $3, acquired_at_ms = n.n, expires_at_ms = n.n + 30000,
 			fence = lpad(f.fence::text, 15, '0') FROM f, n WHERE key = $1`
-	exec := func() error {
+	return chain(d, "grant-floor", "grant", func() error {
 		tag, err := c.Exec(ctx, grant, key, fk, keys.NewLockID())
 		if err == nil && tag.RowsAffected() != 1 {
 			err = fmt.Errorf("%d rows updated, want 1", tag.RowsAffected())
 		}
 		return err
-	}
-	for range 20 { // warm-up: prepare, fill caches
-		if err := exec(); err != nil {
-			return Result{}, err
-		}
-	}
-	var lats latencies
-	start := time.Now()
-	for time.Since(start) < d {
-		t0 := time.Now()
-		if err := exec(); err != nil {
-			return Result{}, err
-		}
-		lats = append(lats, time.Since(t0))
-	}
-	el := time.Since(start).Seconds()
-	_, p50, p99, mx := summarize([]latencies{lats})
-	return Result{Scenario: "flush", Impl: "grant-floor", Callers: 1, Seconds: el, Cycles: int64(len(lats)),
-		CyclesPerSec: float64(len(lats)) / el, P50Ms: ms(p50), P99Ms: ms(p99), MaxMs: ms(mx), Latency: "grant"}, nil
+	})
 }

@@ -66,6 +66,23 @@ func cancelSyncRepUntil(t *testing.T, ctx context.Context, url string, done <-ch
 	}
 }
 
+// waitOneTicket waits (30 s at most) until key's queue holds one ticket.
+func waitOneTicket(t *testing.T, ctx context.Context, admin *pgx.Conn, key string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE key = $1`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter's ticket was not queued within 30 s")
+		}
+	}
+}
+
 // TestFairUnknownGrantNotAnsweredByARead: with the synchronous standby
 // gone, a fair Acquire's first QueueWait grants its ticket and waits for
 // the standby; the wait is cancelled, so the grant is committed on the
@@ -383,18 +400,7 @@ func TestFairUnknownGrantNotAnsweredByARefresh(t *testing.T) {
 		lk, err := m.Acquire(ctx, key, Shared(), WithAcquireTimeout(20*time.Second))
 		res <- result{lk, err}
 	}()
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE key = $1`, key).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter's ticket was not queued within 30 s")
-		}
-	}
+	waitOneTicket(t, ctx, admin, key)
 	if err := r.Nodes[1].StopServer(false); err != nil {
 		t.Fatal(err)
 	}
@@ -466,18 +472,7 @@ func TestFairTurnToAnotherProcessWaitsForTheStandby(t *testing.T) {
 		res <- result{lk, err}
 	}()
 	admin := stopStandby(t, ctx, r)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		var n int
-		if err := admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE key = $1`, key).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiter's ticket was not queued within 30 s")
-		}
-	}
+	waitOneTicket(t, ctx, admin, key)
 	done := make(chan struct{})
 	cancelled := make(chan int, 1)
 	go func() { cancelled <- cancelSyncRepUntil(t, ctx, r.Nodes[0].URL, done, nil) }()
