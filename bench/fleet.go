@@ -58,7 +58,7 @@ func (fc fleetConfig) describe() string {
 // listening connection, and of its pool (manager.Open's default size,
 // pgxpool's max(4, CPUs), read from the same connection string) what a
 // Manager uses under full load: one acquire, release and extend batch in
-// flight, one more acquire and release batch when 64 or more of a kind
+// flight, one more acquire and release batch when 32 or more of a kind
 // wait (docs/scaling.md, "connections"), so at most 5.
 func fleetConnsPerWorker(url string) (int, error) {
 	pc, err := pgxpool.ParseConfig(url)

@@ -20,7 +20,7 @@ import (
 //     acquires and releases also (pool MaxConns − 1)/2, which leaves a
 //     pool connection for the heartbeat's extends; extends have a cap of
 //     their own and never wait behind acquires or releases.
-//   - An adaptive lane may send one more batch while fullBatch or more
+//   - An adaptive lane may send one more batch while FullBatch or more
 //     requests wait (adapt).
 //   - Renewals first: the batches of every lane but the extends' take at
 //     most max(1, pool MaxConns − 1) connections together, stuck ones
@@ -131,8 +131,11 @@ func (l *lane[T]) flush(st *LoopState) {
 }
 
 // FullBatch is the pending count from which one more batch of an
-// adaptive lane may go out beyond its cap (adapt).
-const FullBatch = 64
+// adaptive lane may go out beyond its cap (adapt). 32: with 64 callers
+// cycling, enough wait at once for a second statement to keep the
+// server's second core busy (with 64, a second batch seldom went out
+// before the first came back); below it, fewer, larger statements win.
+const FullBatch = 32
 
 // adapt returns the in-flight cap of a lane with pending requests
 // waiting: limit, or one more when a full batch's worth waits (heavy load:
