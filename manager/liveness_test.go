@@ -249,8 +249,8 @@ func testStuckBatch(t *testing.T, cfg Config) {
 }
 
 // Under heavy load one more batch of a kind goes out beyond MaxInFlight:
-// with an acquire batch in flight (held here), 63 waiting acquires wait
-// for it, and the 64th (a full batch's worth, fullBatch) sends all 64 at
+// with an acquire batch in flight (held here), FullBatch − 1 waiting
+// acquires wait for it, and the next (FullBatch waiting) sends them all at
 // once as a second batch. (The held batch is never counted stuck here,
 // which would also let a batch out.)
 func TestAdaptiveInFlight(t *testing.T) {
@@ -287,7 +287,7 @@ func TestAdaptiveInFlight(t *testing.T) {
 	for i := range kernel.FullBatch - 1 {
 		acquire(fmt.Sprintf("adapt:%d", i))
 	}
-	for range kernel.FullBatch { // the first's and the 63 others'
+	for range kernel.FullBatch { // the first's and the FullBatch − 1 others'
 		wait(t, &b.sig.Queued)
 	}
 	acquire("adapt:last")
