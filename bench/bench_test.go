@@ -90,6 +90,11 @@ func TestUncontendedSmoke(t *testing.T) {
 	if !strings.Contains(table, "time outside the statements") {
 		t.Errorf("targets lack the single caller's time outside the statements:\n%s", table)
 	}
+	for _, want := range []string{"actor floor (the shape alone", "manager against the actor floor, C=1", "manager against the actor floor, C=5"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("targets lack %q:\n%s", want, table)
+		}
+	}
 	svg, err := os.ReadFile(cfg.plot)
 	if err != nil {
 		t.Fatal(err)
@@ -113,13 +118,13 @@ func TestHotKeySmoke(t *testing.T) {
 	for _, d := range []time.Duration{200 * time.Millisecond, time.Second, 4 * time.Second} {
 		cfg.duration = d
 		res, table = runSmoke(t, cfg)
-		if len(res) != 5 || (res[0].Cycles >= 2 && res[1].Cycles >= 2) {
+		if len(res) != 7 || (res[0].Cycles >= 2 && res[1].Cycles >= 2) {
 			break
 		}
 		t.Logf("window %v saw %d and %d sections (machine busy); measuring again, longer", d, res[0].Cycles, res[1].Cycles)
 	}
-	if len(res) != 5 {
-		t.Fatalf("got %d results, want 2 hot-key points, the flush bound, the handoff chain and the grant floor:\n%s", len(res), table)
+	if len(res) != 7 {
+		t.Fatalf("got %d results, want 2 hot-key points, the flush bound, the handoff chain, the grant floor and the actor relay with both statements:\n%s", len(res), table)
 	}
 	for _, r := range res[:2] {
 		if r.Scenario != "hotkey" || r.Cycles < 2 || r.Errors != 0 || r.P50Ms <= 0 || r.Extra["duplicate_fences"] != 0 ||
@@ -143,7 +148,12 @@ func TestHotKeySmoke(t *testing.T) {
 	if g := res[4]; g.Scenario != "flush" || g.Impl != "grant-floor" || g.Cycles < 2 || g.P50Ms <= 0 || g.Errors != 0 {
 		t.Errorf("bad grant floor %+v", g)
 	}
-	for _, want := range []string{"flush bound", "hot-key statement alone", "grant floor", "hot key against the statement alone, C=4 P=1", "hot key ≥ 80 % of the flush bound, C=4 P=1", "hot key ≥ 70 % of the flush bound, C=4 P=2", "FIFO"} {
+	for i, impl := range []string{"actor-relay", "actor-relay-floor"} {
+		if a := res[5+i]; a.Scenario != "flush" || a.Impl != impl || a.Callers != 4 || a.Cycles < 2 || a.P50Ms <= 0 || a.Errors != 0 {
+			t.Errorf("bad %s %+v", impl, a)
+		}
+	}
+	for _, want := range []string{"flush bound", "hot-key statement alone", "grant floor", "actor relay:", "actor relay, grant floor", "hot key against the actor relay, C=4 P=1", "hot key against the statement alone, C=4 P=1", "hot key ≥ 80 % of the flush bound, C=4 P=1", "hot key ≥ 70 % of the flush bound, C=4 P=2", "FIFO"} {
 		if !strings.Contains(table, want) {
 			t.Errorf("targets lack %q:\n%s", want, table)
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease/internal/keys"
 	"github.com/pglease/pglease/internal/store"
@@ -131,26 +132,39 @@ func measureHandOffChain(ctx context.Context, url string, d time.Duration) (Resu
 // shows what the two rows cost before any locking logic: no hot key on
 // these tables can pass this rate.
 func measureGrantFloor(ctx context.Context, url string, d time.Duration) (Result, error) {
-	pool, _, cleanup, err := benchSchema(ctx, url, 1)
+	pool, _, cleanup, err := benchSchema(ctx, url, 1, syncCommit)
 	if err != nil {
 		return Result{}, err
 	}
 	defer cleanup()
-	c, err := pool.Acquire(ctx)
+	grant, err := grantFloorStmt(ctx, pool, "bench:grant-floor")
 	if err != nil {
 		return Result{}, err
 	}
-	defer c.Release()
-	const key, fk = "bench:grant-floor", "fence:bench:grant-floor" // SyncGuard's fence key for a plain key
-	if _, err := c.Exec(ctx, "SET synchronous_commit = on"); err != nil {
-		return Result{}, err
+	return chain(d, "grant-floor", "grant", func() error { return grant(ctx, "", keys.NewLockID()) })
+}
+
+// syncCommit makes a pool's sessions commit with synchronous_commit on.
+func syncCommit(pc *pgxpool.Config) { pc.ConnConfig.RuntimeParams["synchronous_commit"] = "on" }
+
+// grantFloorStmt sets up key's fence counter and lock row on pool's
+// SyncGuard tables and returns the grant floor's statement: one plain
+// prepared statement that increments the counter and rewrites the row
+// with lockId next (old is not checked). The pool's sessions must commit
+// durably (syncCommit).
+func grantFloorStmt(ctx context.Context, pool *pgxpool.Pool, key string) (func(ctx context.Context, old, next string) error, error) {
+	fk := "fence:" + key // SyncGuard's fence key for a plain key
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
 	}
+	defer c.Release()
 	if _, err := c.Exec(ctx, `INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ($1, 0, $2)`, fk, key); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if _, err := c.Exec(ctx, `INSERT INTO syncguard_locks (key, lock_id, expires_at_ms, acquired_at_ms, fence, user_key)
 		VALUES ($1, $2, 0, 0, '000000000000000', $1)`, key, keys.NewLockID()); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	// A prepared statement (pgx caches it): planned once, as the
 	// statements of pglease's functions are.
@@ -158,11 +172,11 @@ func measureGrantFloor(ctx context.Context, url string, d time.Duration) (Result
 		n AS (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS n)
 		UPDATE syncguard_locks SET lock_id = $3, acquired_at_ms = n.n, expires_at_ms = n.n + 30000,
 			fence = lpad(f.fence::text, 15, '0') FROM f, n WHERE key = $1`
-	return chain(d, "grant-floor", "grant", func() error {
-		tag, err := c.Exec(ctx, grant, key, fk, keys.NewLockID())
+	return func(ctx context.Context, _, next string) error {
+		tag, err := pool.Exec(ctx, grant, key, fk, next)
 		if err == nil && tag.RowsAffected() != 1 {
 			err = fmt.Errorf("%d rows updated, want 1", tag.RowsAffected())
 		}
 		return err
-	})
+	}, nil
 }

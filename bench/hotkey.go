@@ -226,6 +226,14 @@ func runHotKey(ctx context.Context, cfg config, emit func(Result), _ noteFunc) (
 			return
 		}
 		emit(floor)
+		for _, floor := range []bool{false, true} {
+			var relay Result
+			if relay, err = measureActorRelay(ctx, cfg.url, cfg.hotCallers[0], floor, fd); err != nil {
+				err = fmt.Errorf("actor relay: %w", err)
+				return
+			}
+			emit(relay)
+		}
 	}()
 	for _, procs := range cfg.hotProcs {
 		for _, c := range cfg.hotCallers {

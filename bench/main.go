@@ -28,6 +28,10 @@
 //     and two release batches). Its latency is the step's.
 //   - "manager": manager.New(pool, manager.Config{}) with defaults; each
 //     caller runs m.Acquire(key, WithTTL(30 s)) then lk.Release.
+//   - "actor-floor": the least a manager of the Manager's shape does
+//     (actor.go): requests over a channel to one goroutine, batches of
+//     the same statements on worker goroutines, answers on reply
+//     channels, and nothing else. What it misses, the shape misses here.
 //   - "manager-nonotify" (only with -impls): the same with
 //     Config.DisableNotify, to show what the release notifications cost.
 //   - "manager-inflight2", "manager-inflight4" (only with -impls): the
@@ -57,7 +61,10 @@
 // series, so the hot-key rates are judged as shares of this rate. After it,
 // the handoff chain (measureHandOffChain): one client handing one key to
 // itself with the store's HandOff, the statement of a local hot-key section,
-// without the Manager: what the statement alone reaches.
+// without the Manager: what the statement alone reaches. Then the grant
+// floor (measureGrantFloor) and the actor relay (measureActorRelay): the
+// handoff chain's statement with each grant handed to another of
+// -hot-callers' first count goroutines through the actor floor.
 //
 // hotkey: C callers (-hot-callers) split over P processes (-hot-procs; the
 // bench re-executes itself as worker processes, see runWorkerMode), each

@@ -22,7 +22,7 @@ func writeMarkdown(path, header string, res resultSet, ts []Target) error {
 	w("<!-- written by `go run ./bench -markdown %s`, %s -->\n", path, time.Now().UTC().Format(time.RFC3339))
 	w("%s\n\n", header)
 	// Uncontended: one column per implementation, in a fixed order.
-	order := []string{"syncguard-protocol", "pglock", "pg-single", "manager", "pg-setbased", "redislock"}
+	order := []string{"syncguard-protocol", "pglock", "pg-single", "manager", "actor-floor", "pg-setbased", "redislock"}
 	var impls []string
 	var cs []int
 	for _, r := range res {

@@ -94,6 +94,20 @@ func computeTargets(res, base resultSet) []Target {
 			}
 		}
 	}
+	// The actor floor (actor.go): the Manager's shape without its kernel,
+	// against the same references.
+	for _, a := range res.all("uncontended", "actor-floor") {
+		if a.Callers == 1 {
+			if s, ok := res.find("uncontended", "pg-single", 1, 1); ok {
+				add("1", "actor floor (the shape alone: channels, one actor goroutine, statement workers; no kernel) against pg-single, C=1",
+					fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*a.CyclesPerSec/s.CyclesPerSec, a.CyclesPerSec, s.CyclesPerSec), nil)
+			}
+		}
+		if m, ok := res.find("uncontended", "manager", a.Callers, 1); ok {
+			add("1", fmt.Sprintf("manager against the actor floor, C=%d", a.Callers),
+				fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*m.CyclesPerSec/a.CyclesPerSec, m.CyclesPerSec, a.CyclesPerSec), nil)
+		}
+	}
 	// 2. Manager ≥ 80 % of pg-setbased at C ≥ 64.
 	for _, m := range res.all("uncontended", "manager") {
 		if m.Callers < 64 {
@@ -103,6 +117,10 @@ func computeTargets(res, base resultSet) []Target {
 			share := m.CyclesPerSec / c.CyclesPerSec
 			add("2", fmt.Sprintf("manager ≥ %.0f %% of pg-setbased, C=%d", 100*setbasedShare, m.Callers),
 				fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*share, m.CyclesPerSec, c.CyclesPerSec), boolp(share >= setbasedShare))
+			if a, ok := res.find("uncontended", "actor-floor", m.Callers, 1); ok {
+				add("2", fmt.Sprintf("actor floor's share of pg-setbased, C=%d", m.Callers),
+					fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*a.CyclesPerSec/c.CyclesPerSec, a.CyclesPerSec, c.CyclesPerSec), nil)
+			}
 		}
 	}
 	// 3. Hot key as a share of the flush bound; FIFO; no timeouts.
@@ -121,6 +139,20 @@ func computeTargets(res, base resultSet) []Target {
 		if g, ok := res.find("flush", "grant-floor", 1, 1); ok && g.CyclesPerSec > 0 {
 			add("3", "grant floor: one client chaining one plain statement that writes what every grant on SyncGuard's tables writes (fence counter, lock row), no pglease",
 				fmt.Sprintf("%.0f/s (%.0f %% of the flush bound, p50 %.3f ms)", g.CyclesPerSec, 100*g.CyclesPerSec/f.CyclesPerSec, g.P50Ms), nil)
+		}
+		for _, a := range res.all("flush", "actor-relay-floor") {
+			add("3", fmt.Sprintf("actor relay, grant floor's statement: each grant handed to another of %d goroutines through the actor floor", a.Callers),
+				fmt.Sprintf("%.0f/s (%.0f %% of the flush bound)", a.CyclesPerSec, 100*a.CyclesPerSec/f.CyclesPerSec), nil)
+		}
+		for _, a := range res.all("flush", "actor-relay") {
+			add("3", fmt.Sprintf("actor relay: the handoff statement, each grant handed to another of %d goroutines through the actor floor, no pglease kernel", a.Callers),
+				fmt.Sprintf("%.0f/s (%.0f %% of the flush bound)", a.CyclesPerSec, 100*a.CyclesPerSec/f.CyclesPerSec), nil)
+			for _, h := range hot {
+				if max(h.Processes, 1) == 1 {
+					add("3", fmt.Sprintf("hot key against the actor relay, C=%d P=1", h.Callers),
+						fmt.Sprintf("%.0f %% (%.0f vs %.0f/s)", 100*h.CyclesPerSec/a.CyclesPerSec, h.CyclesPerSec, a.CyclesPerSec), nil)
+				}
+			}
 		}
 		for _, h := range hot {
 			want := hotShare1

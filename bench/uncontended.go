@@ -226,6 +226,8 @@ var uncontendedImpls = []uncontendedImpl{
 		}, func() error { return nil }, nil
 	}},
 	{name: "manager", setup: managerSetup(manager.Config{})},
+	{name: "actor-floor", setup: actorFloorSetup(false)},
+	{name: "actor-floor-plain", optional: true, setup: actorFloorSetup(true)},
 	{name: "manager-nonotify", optional: true, setup: managerSetup(manager.Config{DisableNotify: true})},
 	// In-flight cap variants (only with -impls), for A/B runs of the caps.
 	{name: "manager-inflight2", optional: true, setup: managerSetup(manager.Config{MaxInFlight: 2})},
