@@ -50,9 +50,11 @@ func (m *Kernel) run(st *LoopState) {
 		case req := <-m.AcquireCh:
 			lm.Busy()
 			st.handleAcquire(req)
+			st.drainRequests()
 		case req := <-m.releaseCh:
 			lm.Busy()
 			st.handleRelease(req)
+			st.drainRequests()
 		case req := <-m.AbandonCh:
 			lm.Busy()
 			st.handleAbandon(req)
@@ -619,4 +621,28 @@ func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendReq
 	}
 	db.End(ok, err)
 	m.extendDoneCh <- extendDone{fl: fl, batch: batch, start: start, res: res, err: err, hb: hb, db: db.SpanContext()}
+}
+
+// drainBurst bounds how many more requests drainRequests handles.
+const drainBurst = 64
+
+// drainRequests handles the acquires and releases already waiting on
+// their channels, up to drainBurst, so that at high concurrency one turn
+// of the loop (its flush, timers and select over every channel) serves
+// many requests. A lone caller's request finds nothing more waiting.
+func (st *LoopState) drainRequests() {
+	m := st.m
+	for range drainBurst {
+		select {
+		case req := <-m.AcquireCh:
+			st.handleAcquire(req)
+		case req := <-m.releaseCh:
+			st.handleRelease(req)
+		default:
+			return
+		}
+		if m.Sig != nil {
+			st.mustHold()
+		}
+	}
 }
