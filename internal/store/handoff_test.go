@@ -283,3 +283,81 @@ func TestHandOffConcurrentNoDeadlock(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// A one-item handoff (a hot key's section) runs a lighter function than a
+// batch's, which it leaves every case but the common one to. Each case
+// gets the same answer either way: alone, and in a batch with another key.
+func TestHandOffOneItemAnswersAsABatch(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{NotifyChannel: "pglease_handoff_one"})
+	c := ctx(t)
+	type outcome struct {
+		released, ok, internal bool
+		fenceUp                bool // the new fence is above the old lease's
+	}
+	cases := []struct {
+		name string
+		// setup prepares key and returns the handoff item and the old
+		// lease's fence (0 when none), plus a cleanup.
+		setup func(t *testing.T, key string) (store.HandOffRequest, pglease.Fence, func())
+		want  outcome
+	}{
+		{"live", func(t *testing.T, key string) (store.HandOffRequest, pglease.Fence, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			return store.HandOffRequest{Old: r.LockID, Key: key, TTL: time.Minute}, r.Fence, func() {}
+		}, outcome{released: true, ok: true, fenceUp: true}},
+		{"old lease taken over", func(t *testing.T, key string) (store.HandOffRequest, pglease.Fence, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			if res, err := s.HandOff(c, []store.HandOffRequest{{Old: r.LockID, Key: key, TTL: time.Minute}}); err != nil || !res[0].OK {
+				t.Fatalf("first handoff = %+v, %v", res, err)
+			}
+			return store.HandOffRequest{Old: r.LockID, Key: key, TTL: time.Minute}, r.Fence, func() {}
+		}, outcome{}},
+		{"key free", func(t *testing.T, key string) (store.HandOffRequest, pglease.Fence, func()) {
+			return store.HandOffRequest{Old: keys.NewLockID(), Key: key, TTL: time.Minute}, 0, func() {}
+		}, outcome{ok: true, fenceUp: true}},
+		{"fence at MAX", func(t *testing.T, key string) (store.HandOffRequest, pglease.Fence, func()) {
+			if _, err := pool.Exec(c, `INSERT INTO syncguard_fence_counters (fence_key, fence, key_debug) VALUES ($1, $2, $3)`,
+				"fence:"+key, int64(keys.FenceMax-1), key); err != nil {
+				t.Fatal(err)
+			}
+			r := acquireOne(t, s, key, time.Minute)
+			return store.HandOffRequest{Old: r.LockID, Key: key, TTL: time.Minute}, r.Fence, func() {}
+		}, outcome{released: true, internal: true}},
+		{"advisory lock kept by another transaction", func(t *testing.T, key string) (store.HandOffRequest, pglease.Fence, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			tx, err := pool.Begin(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext($1))", key); err != nil {
+				t.Fatal(err)
+			}
+			return store.HandOffRequest{Old: r.LockID, Key: key, TTL: time.Minute}, r.Fence, func() { _ = tx.Rollback(c) }
+		}, outcome{released: true}},
+	}
+	for _, tc := range cases {
+		for _, batch := range []bool{false, true} {
+			key := fmt.Sprintf("one-%s-%v", tc.name, batch)
+			item, oldFence, done := tc.setup(t, key)
+			reqs := []store.HandOffRequest{item}
+			if batch {
+				other := acquireOne(t, s, key+"-other", time.Minute)
+				reqs = append(reqs, store.HandOffRequest{Old: other.LockID, Key: key + "-other", TTL: time.Minute})
+			}
+			res, err := s.HandOff(c, reqs)
+			done()
+			if err != nil {
+				t.Fatalf("%s (batch %v): %v", tc.name, batch, err)
+			}
+			r := res[0]
+			got := outcome{released: r.Released, ok: r.OK, internal: errors.Is(r.Err, pglease.ErrInternal), fenceUp: r.OK && r.Fence > oldFence}
+			if got != tc.want {
+				t.Errorf("%s (batch %v) = %+v (%+v), want %+v", tc.name, batch, got, r, tc.want)
+			}
+			if batch && (!res[1].Released || !res[1].OK) {
+				t.Errorf("%s: the batch's other item = %+v", tc.name, res[1])
+			}
+		}
+	}
+}

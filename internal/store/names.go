@@ -71,8 +71,8 @@ type Names struct {
 	Shared, IdxSharedKey string
 	// Schema version 4's functions, which the store calls (the v2/v3
 	// functions above stay for older code during a rolling upgrade).
-	FnAcquire4, FnAcquireShared, FnAcquireSets, FnRelease4, FnExtend4, FnHandOff4 string
-	FnRevoke, FnSnapshot, FnCheck, FnGrant, FnNotify                              string
+	FnAcquire4, FnAcquireShared, FnAcquireSets, FnRelease4, FnExtend4, FnHandOff4, FnHandOff1 string
+	FnRevoke, FnSnapshot, FnCheck, FnGrant, FnNotify                                          string
 	// FnLockWait waits, within a deadline, for a lock another transaction
 	// holds on a key (the acquire functions' bounded lock waits).
 	FnLockWait string
@@ -238,6 +238,7 @@ func (c Config) Names(op string) (Names, error) {
 	n.FnRelease4 = Quote(ls, "pglease_release_"+v4)
 	n.FnExtend4 = Quote(ls, "pglease_extend_"+v4)
 	n.FnHandOff4 = Quote(ls, "pglease_handoff_"+v4)
+	n.FnHandOff1 = Quote(ls, "pglease_handoff1_"+v4)
 	n.FnRevoke = Quote(ls, "pglease_revoke_"+v4)
 	n.FnSnapshot = Quote(ls, "pglease_snapshot_"+v4)
 	n.FnCheck = Quote(ls, "pglease_check_"+v4)

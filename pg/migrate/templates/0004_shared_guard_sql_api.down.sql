@@ -49,6 +49,7 @@ END
 $pglease$;
 DROP FUNCTION IF EXISTS {fn_snapshot}(text[]);
 DROP FUNCTION IF EXISTS {fn_revoke}(text[], bigint[], text[], text);
+DROP FUNCTION IF EXISTS {fn_handoff1}(text, text, text, text, bigint, bigint, text, text);
 DROP FUNCTION IF EXISTS {fn_handoff4}(text[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS {fn_extend4}(text[], bigint[]);
 DROP FUNCTION IF EXISTS {fn_release4}(text[], text, integer, boolean);

@@ -937,6 +937,64 @@ BEGIN
 END
 $fn$;
 
+-- One handoff, as {fn_handoff4} with one item, in a lighter call: plain
+-- arguments in, one row out (a hot key's section is one handoff, and the
+-- arrays and the set-returning call were most of what its statement cost
+-- beyond its writes). The common case runs here, statement for statement
+-- as in {fn_handoff4}: the key's advisory lock taken at once, its fence
+-- counter below FENCE MAX, the old lease live and taken over in place;
+-- watchers are told of the release and the grant. Every other case (the
+-- lock held by another transaction, no counter or one at FENCE MAX, the
+-- old lease gone) is answered by {fn_handoff4} itself, which finds the
+-- UPDATE here changed nothing. Durable.
+CREATE OR REPLACE FUNCTION {fn_handoff1}(p_old_id text, p_key text, p_fence_key text, p_lock_id text, p_ttl bigint, p_delay bigint, p_holder text, p_channel text,
+  OUT o_released boolean, OUT o_status integer, OUT o_fence bigint, OUT o_acquired_ms bigint, OUT o_expires_ms bigint, OUT o_now_ms bigint,
+  OUT o_retry_ms bigint, OUT o_holder text, OUT o_shared integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  v_fc bigint;
+  v_h integer := hashtext(p_key);
+  v_ok boolean;
+BEGIN
+  IF current_setting('synchronous_commit') <> 'on' THEN
+    PERFORM set_config('synchronous_commit', 'on', true);
+  END IF;
+  IF pg_try_advisory_xact_lock(v_h) THEN
+    SELECT fc.fence INTO v_fc FROM {f} AS fc WHERE fc.fence_key = p_fence_key;
+    IF v_fc < 900000000000000 THEN
+      UPDATE {t} AS l SET lock_id = p_lock_id, (acquired_at_ms, expires_at_ms) = (SELECT z.n, z.n + p_ttl
+          FROM (SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS n) AS z),
+        fence = lpad((v_fc + 1)::text, 15, '0'), user_key = p_key
+        WHERE l.key = p_key AND l.lock_id = p_old_id AND l.expires_at_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+        RETURNING l.acquired_at_ms INTO o_now_ms;
+      IF FOUND THEN
+        o_fence := v_fc + 1;
+        UPDATE {f} AS fc SET fence = o_fence WHERE fc.fence_key = p_fence_key;
+        IF p_holder IS NOT NULL OR p_delay > 0 THEN
+          UPDATE {h} AS h SET lock_id = p_lock_id, holder = coalesce(p_holder, ''), lock_delay_ms = nullif(p_delay, 0)
+            WHERE h.key = p_key;
+          IF NOT FOUND THEN
+            INSERT INTO {h} (key, lock_id, holder, lock_delay_ms) VALUES (p_key, p_lock_id, coalesce(p_holder, ''), nullif(p_delay, 0));
+          END IF;
+        END IF;
+        -- {fn_notify}'s watcher check, made once for both events.
+        IF pg_try_advisory_lock({watch_class}, v_h) THEN
+          v_ok := pg_advisory_unlock({watch_class}, v_h);
+        ELSE
+          PERFORM {fn_notify}(p_channel, p_key, 0, 'r:' || lpad(v_fc::text, 15, '0'));
+          PERFORM {fn_notify}(p_channel, p_key, 0, 'g:' || lpad(o_fence::text, 15, '0'));
+        END IF;
+        o_released := true; o_status := 0; o_acquired_ms := o_now_ms; o_expires_ms := o_now_ms + p_ttl;
+        RETURN;
+      END IF;
+    END IF;
+  END IF;
+  SELECT r.o_released, r.o_status, r.o_fence, r.o_acquired_ms, r.o_expires_ms, r.o_now_ms, r.o_retry_ms, r.o_holder, r.o_shared
+    INTO o_released, o_status, o_fence, o_acquired_ms, o_expires_ms, o_now_ms, o_retry_ms, o_holder, o_shared
+    FROM {fn_handoff4}(ARRAY[p_old_id], ARRAY[p_key], ARRAY[p_fence_key], ARRAY[p_lock_id], ARRAY[p_ttl], ARRAY[p_delay], p_holder, p_channel) AS r;
+END
+$fn$;
+
 -- Revoke N items in one statement, in (hashtext, key) order: under the
 -- key's advisory lock, delete the live holds of p_keys[i] whatever their
 -- lockIds: every one (the exclusive lease, readers, permits) when

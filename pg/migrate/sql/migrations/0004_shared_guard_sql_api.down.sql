@@ -51,6 +51,7 @@ END
 $pglease$;
 DROP FUNCTION IF EXISTS "pglease_snapshot_07f27fb7aa"(text[]);
 DROP FUNCTION IF EXISTS "pglease_revoke_07f27fb7aa"(text[], bigint[], text[], text);
+DROP FUNCTION IF EXISTS "pglease_handoff1_07f27fb7aa"(text, text, text, text, bigint, bigint, text, text);
 DROP FUNCTION IF EXISTS "pglease_handoff_07f27fb7aa"(text[], text[], text[], text[], bigint[], bigint[], text, text);
 DROP FUNCTION IF EXISTS "pglease_extend_07f27fb7aa"(text[], bigint[]);
 DROP FUNCTION IF EXISTS "pglease_release_07f27fb7aa"(text[], text, integer, boolean);
