@@ -84,20 +84,8 @@ func (a *actorFloor) run() {
 	var acq, rel []actorReq
 	inAcq, inRel := 0, 0
 	for {
-		for len(acq) > 0 && inAcq < capFor(len(acq)) {
-			n := min(len(acq), store.MaxBatch)
-			b := slices.Clone(acq[:n])
-			acq = slices.Delete(acq, 0, n)
-			inAcq++
-			a.spawn(func() { a.sendAcquire(b) })
-		}
-		for len(rel) > 0 && inRel < capFor(len(rel)) {
-			n := min(len(rel), store.MaxBatch)
-			b := slices.Clone(rel[:n])
-			rel = slices.Delete(rel, 0, n)
-			inRel++
-			a.spawn(func() { a.sendRelease(b) })
-		}
+		a.flush(&acq, &inAcq, a.sendAcquire)
+		a.flush(&rel, &inRel, a.sendRelease)
 		select {
 		case r := <-a.reqs:
 			if r.acquire {
@@ -128,6 +116,18 @@ func (a *actorFloor) run() {
 		case <-a.quit:
 			return
 		}
+	}
+}
+
+// flush sends the pending requests of one kind in batches of at most
+// store.MaxBatch while its in-flight count is below its cap.
+func (a *actorFloor) flush(pending *[]actorReq, inFlight *int, send func([]actorReq)) {
+	for len(*pending) > 0 && *inFlight < capFor(len(*pending)) {
+		n := min(len(*pending), store.MaxBatch)
+		b := slices.Clone((*pending)[:n])
+		*pending = slices.Delete(*pending, 0, n)
+		*inFlight++
+		a.spawn(func() { send(b) })
 	}
 }
 
