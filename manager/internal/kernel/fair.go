@@ -220,11 +220,22 @@ func (k *fairKind) hold(a *Attempt, j int) (lockID, key, hash string) {
 func (k *fairKind) unit(a *Attempt) int { return 1 }
 
 // FenceOK: an exclusive grant's fence must be above every fence seen; a
-// permit's above every fence seen when the attempt was made (permits of
-// one key may be granted by statements whose answers cross); a reader's
-// is the counter as it was, not checked (as SharedKind.fenceOK).
+// permit's above every fence seen when a statement last found its ticket
+// queued (permits of one key may be granted by statements whose answers
+// cross); a reader's is the counter as it was, not checked (as
+// SharedKind.fenceOK). For a ticket no statement has found queued yet,
+// that is this attempt's floor. Once one has, it is that statement's: the
+// grant came after it, but it may have come before this attempt was made
+// (another process's release served the queue, and its notice had not
+// been handled here) while a later permit's fence was seen here, so this
+// attempt's floor may be above it.
 func (k *fairKind) FenceOK(st *LoopState, a *Attempt, lo, hi int, rs []store.AcquireResult) bool {
-	return st.fairFence(a.Ks, k.reqs[lo], rs[lo].Fence, k.hasFloor, k.floor)
+	req := k.reqs[lo]
+	hasFloor, floor := k.hasFloor, k.floor
+	if !req.qsent.IsZero() {
+		hasFloor, floor = true, req.qfloor
+	}
+	return st.fairFence(a.Ks, req, rs[lo].Fence, hasFloor, floor)
 }
 
 // fairFence applies fence monotonicity to a grant of req's ticket with
