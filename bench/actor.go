@@ -191,10 +191,6 @@ func (a *actorFloor) post(d actorDone) {
 func (a *actorFloor) sendRelease(b []actorReq) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	reqs := make([]store.ReleaseRequest, len(b))
-	for i, r := range b {
-		reqs[i] = store.ReleaseRequest{LockID: r.lockID, Key: r.key}
-	}
 	var oks []bool
 	var err error
 	if a.plain {
@@ -204,6 +200,10 @@ func (a *actorFloor) sendRelease(b []actorReq) {
 		}
 		oks, err = a.st.ReleaseMany(ctx, ids)
 	} else {
+		reqs := make([]store.ReleaseRequest, len(b))
+		for i, r := range b {
+			reqs[i] = store.ReleaseRequest{LockID: r.lockID, Key: r.key}
+		}
 		oks, err = a.st.ReleaseWaited(ctx, reqs)
 	}
 	a.post(actorDone{batch: b, oks: oks, err: err})

@@ -633,6 +633,9 @@ const drainBurst = 64
 func (st *LoopState) drainRequests() {
 	m := st.m
 	for range drainBurst {
+		if m.Sig != nil {
+			st.mustHold() // after every event: the one before, too
+		}
 		select {
 		case req := <-m.AcquireCh:
 			st.handleAcquire(req)
@@ -640,9 +643,6 @@ func (st *LoopState) drainRequests() {
 			st.handleRelease(req)
 		default:
 			return
-		}
-		if m.Sig != nil {
-			st.mustHold()
 		}
 	}
 }
