@@ -330,3 +330,12 @@ func TestNormalizeKeyUnassignedCodePoints(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkNewLockID: a lockId and its hidden proof, as every attempt
+// makes one on the Manager's loop.
+func BenchmarkNewLockID(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = keys.NewLockID()
+	}
+}
