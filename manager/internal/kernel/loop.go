@@ -64,9 +64,11 @@ func (m *Kernel) run(st *LoopState) {
 		case d := <-m.acquireDoneCh:
 			lm.Busy()
 			st.handleAcquireDone(d)
+			st.drainRequests()
 		case d := <-m.releaseDoneCh:
 			lm.Busy()
 			st.handleReleaseDone(d)
+			st.drainRequests()
 		case d := <-m.extendDoneCh:
 			lm.Busy()
 			st.handleExtendDone(d)
@@ -627,9 +629,12 @@ func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendReq
 const drainBurst = 64
 
 // drainRequests handles the acquires and releases already waiting on
-// their channels, up to drainBurst, so that at high concurrency one turn
-// of the loop (its flush, timers and select over every channel) serves
-// many requests. A lone caller's request finds nothing more waiting.
+// their channels, and the answers of acquire and release batches, up to
+// drainBurst, so that at high concurrency one turn of the loop (its
+// flush, timers and select over every channel) serves many messages: an
+// answer that grants 20 callers is followed by their 20 releases. A lone
+// caller's request finds nothing more waiting. Every other channel waits
+// for the next turn, at most drainBurst messages later.
 func (st *LoopState) drainRequests() {
 	m := st.m
 	for range drainBurst {
@@ -641,6 +646,10 @@ func (st *LoopState) drainRequests() {
 			st.handleAcquire(req)
 		case req := <-m.releaseCh:
 			st.handleRelease(req)
+		case d := <-m.acquireDoneCh:
+			st.handleAcquireDone(d)
+		case d := <-m.releaseDoneCh:
+			st.handleReleaseDone(d)
 		default:
 			return
 		}

@@ -486,7 +486,9 @@ func (st *LoopState) dropHolding(h *holding, cause error) {
 	if h.ks.holder == h {
 		h.ks.holder = nil
 	}
-	h.answerExtendWaiters(EndedExtend(h.lock.Err()))
+	if h.ext != nil { // the error is built only for someone waiting
+		h.answerExtendWaiters(EndedExtend(h.lock.Err()))
+	}
 }
 
 // releaseHolding drops h and queues the release of its lockId; reply, if
