@@ -187,6 +187,12 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 		q = q[:len(q)-1] + ", $12)"
 		args = append(args, refresh)
 	}
+	if len(reqs) == 1 && !reqs[0].Shared && reqs[0].Set == 0 && !reqs[0].Refresh {
+		// The common wait: the lighter function of plain arguments, which
+		// answers as the batch function does.
+		q = "SELECT 1::integer, " + acquireCols[len("o_idx, "):] + ", o_limit, o_position FROM " + s.n.FnQWait1 + "($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+		args = []any{p.keys[0], p.fenceKeys[0], p.ids[0], p.ttls[0], p.delays[0], s.holderArg(), s.channelArg(), qchannel, life.Milliseconds()}
+	}
 	err = s.run(ctx, op, true, q, args, func(rows pgx.Rows) error {
 		var lim *int32
 		var pos *int64
