@@ -79,8 +79,8 @@ type Names struct {
 	// The fair queue (docs/fairness.md): the ticket table ({lock}_queue),
 	// its (key, seq) index, and its functions: acquire or enqueue,
 	// refresh, leave, release and serve the head, serve (internal).
-	Queue, IdxQueueKey                                            string
-	FnQWait, FnQWait1, FnQRefresh, FnQLeave, FnQRelease, FnQServe string
+	Queue, IdxQueueKey                                                         string
+	FnQWait, FnQWait1, FnQRefresh, FnQLeave, FnQRelease, FnQRelease1, FnQServe string
 	// FnGuardTrigger is the database guard's trigger function, named
 	// without a version so that installed triggers keep it; GuardTrigger
 	// the (unquoted) name of the trigger on a guarded table.
@@ -250,6 +250,7 @@ func (c Config) Names(op string) (Names, error) {
 	n.IdxQueueKey = indexName(queue, "key")
 	n.FnQWait = Quote(ls, "pglease_qwait_"+v4)
 	n.FnQWait1 = Quote(ls, "pglease_qwait1_"+v4)
+	n.FnQRelease1 = Quote(ls, "pglease_qrelease1_"+v4)
 	n.FnQRefresh = Quote(ls, "pglease_qrefresh_"+v4)
 	n.FnQLeave = Quote(ls, "pglease_qleave_"+v4)
 	n.FnQRelease = Quote(ls, "pglease_qrelease_"+v4)

@@ -391,7 +391,14 @@ func (s *Store) QueueRelease(ctx context.Context, reqs []ReleaseRequest, grant b
 	out := make([]QueueReleaseResult, len(ids))
 	n := 0
 	q := "SELECT o_idx, o_ok, o_served, o_turns FROM " + s.n.FnQRelease + "($1, $2, $3, $4, $5, $6)"
-	err := s.run(ctx, op, true, q, []any{ids, s.channelArg(), wakeWaited, grant, !inTx, selfArg}, func(rows pgx.Rows) error {
+	args := []any{ids, s.channelArg(), wakeWaited, grant, !inTx, selfArg}
+	if len(reqs) == 1 && grant {
+		// The common hand-over: the lighter function of plain arguments,
+		// which answers as the batch function does.
+		q = "SELECT 1::integer, o_ok, o_served, o_turns FROM " + s.n.FnQRelease1 + "($1, $2, $3, $4, $5, $6, $7)"
+		args = []any{ids[0], reqs[0].Key, s.channelArg(), wakeWaited, grant, !inTx, selfArg}
+	}
+	err := s.run(ctx, op, true, q, args, func(rows pgx.Rows) error {
 		var idx, served int32
 		var ok bool
 		var turns *string

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pglease/pglease"
@@ -1300,6 +1302,171 @@ func TestQueueWaitOneItemAnswersAsABatch(t *testing.T) {
 			}
 			if batch && !res[1].OK {
 				t.Errorf("%s: the batch's other item = %+v", tc.name, res[1])
+			}
+		}
+	}
+}
+
+// TestQueueReleaseOneItemAnswersAsABatch: the release of one lease (the
+// lighter function of plain arguments) answers, and leaves the tables,
+// as the same release in a batch does (the batch function), in every case
+// the lighter function meets: an exclusive head of another process or of
+// the releasing one, a reader at the head, no ticket, an expired lease, a
+// revoke's delay in force, the fence counter at FENCE MAX, and the key's
+// advisory lock kept by another transaction.
+func TestQueueReleaseOneItemAnswersAsABatch(t *testing.T) {
+	t.Parallel()
+	s, pool, _ := newStore(t, store.Config{NotifyChannel: "pglease_qrelease_one"})
+	c := ctx(t)
+	self, other := store.QueueChannel(), store.QueueChannel()
+	enqueue := func(key string, ch string, shared bool) string {
+		t.Helper()
+		id := keys.NewLockID()
+		res, err := s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id, Shared: shared}}, ch, time.Minute)
+		if err != nil || res[0].OK {
+			t.Fatalf("enqueue = %+v, %v", res, err)
+		}
+		return id
+	}
+	type outcome struct {
+		released bool
+		served   int
+		turns    string // each turn: "g" granted with the next fence, "t" a turn with no grant
+		holder   string // the key's lock row: "head" (the head ticket's lockId), "old", "none"
+	}
+	cases := []struct {
+		name string
+		// setup prepares key: the lease to release, its ticket at the
+		// head (if any) and a cleanup.
+		setup func(t *testing.T, key string) (lease store.AcquireResult, head string, done func())
+		want  outcome
+	}{
+		{"exclusive head of another process", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			head := enqueue(key, other, false)
+			enqueue(key, self, false)
+			return r, head, func() {}
+		}, outcome{released: true, served: 1, holder: "head"}},
+		{"exclusive head of the releasing process", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			head := enqueue(key, self, false)
+			enqueue(key, other, false)
+			return r, head, func() {}
+		}, outcome{released: true, served: 1, turns: "g", holder: "head"}},
+		{"expired tickets before the head", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			if _, err := s.QueueWait(c, []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: keys.NewLockID()}}, other, 100*time.Millisecond); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(250 * time.Millisecond)
+			head := enqueue(key, self, false)
+			return r, head, func() {}
+		}, outcome{released: true, served: 1, turns: "g", holder: "head"}},
+		{"reader at the head", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			head := enqueue(key, self, true)
+			return r, head, func() {}
+		}, outcome{released: true, served: 1, turns: "g", holder: "none"}},
+		{"no ticket", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			return acquireOne(t, s, key, time.Minute), "", func() {}
+		}, outcome{released: true, holder: "none"}},
+		{"lease expired", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			head := enqueue(key, self, false)
+			if _, err := pool.Exec(c, "UPDATE syncguard_locks SET expires_at_ms = expires_at_ms - 120000 WHERE key = $1", key); err != nil {
+				t.Fatal(err)
+			}
+			return r, head, func() {}
+		}, outcome{served: 1, turns: "g", holder: "head"}},
+		{"revoke's delay in force", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			head := enqueue(key, self, false)
+			if _, err := pool.Exec(c, `INSERT INTO syncguard_locks_holders AS h (key, lock_id, holder, delay_until_ms)
+				VALUES ($1, '', '', floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + 60000)
+				ON CONFLICT (key) DO UPDATE SET delay_until_ms = EXCLUDED.delay_until_ms`, key); err != nil {
+				t.Fatal(err)
+			}
+			return r, head, func() {}
+		}, outcome{released: true, holder: "none"}},
+		{"fence at MAX", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			head := enqueue(key, self, false)
+			if _, err := pool.Exec(c, "UPDATE syncguard_fence_counters SET fence = $2 WHERE fence_key = $1", "fence:"+key, int64(keys.FenceMax)); err != nil {
+				t.Fatal(err)
+			}
+			return r, head, func() {}
+		}, outcome{released: true, turns: "t", holder: "none"}},
+		{"advisory lock kept by another transaction", func(t *testing.T, key string) (store.AcquireResult, string, func()) {
+			r := acquireOne(t, s, key, time.Minute)
+			head := enqueue(key, self, false)
+			tx, err := pool.Begin(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext($1))", key); err != nil {
+				t.Fatal(err)
+			}
+			return r, head, func() { _ = tx.Rollback(c) }
+		}, outcome{released: true, holder: "none"}}, // the head is told its turn by a notification
+	}
+	for _, tc := range cases {
+		for _, batch := range []bool{false, true} {
+			key := fmt.Sprintf("qrel-one-%s-%v", tc.name, batch)
+			lease, head, done := tc.setup(t, key)
+			reqs := []store.ReleaseRequest{{LockID: lease.LockID, Key: key}}
+			if batch {
+				o := acquireOne(t, s, key+"-other", time.Minute)
+				reqs = append(reqs, store.ReleaseRequest{LockID: o.LockID, Key: key + "-other"})
+			}
+			res, err := s.QueueRelease(c, reqs, true, self)
+			done()
+			if err != nil {
+				t.Fatalf("%s (batch %v): %v", tc.name, batch, err)
+			}
+			r := res[0]
+			got := outcome{released: r.Released, served: r.Served, holder: "none"}
+			for _, tu := range r.Turns {
+				switch {
+				case tu.LockHash != pglease.HashKey(head):
+					t.Errorf("%s (batch %v): a turn for another lockId", tc.name, batch)
+				case tu.Granted && tu.Fence >= lease.Fence: // a reader's fence repeats the counter
+					got.turns += "g"
+				case !tu.Granted:
+					got.turns += "t"
+				default:
+					t.Errorf("%s (batch %v): turn %+v, want a fence from %d", tc.name, batch, tu, lease.Fence)
+				}
+			}
+			var id, fence, holder string
+			var wait *int64
+			err = pool.QueryRow(c, `SELECT l.lock_id, l.fence, coalesce(h.holder, ''), h.excl_wait_until_ms FROM syncguard_locks AS l
+				LEFT JOIN syncguard_locks_holders AS h ON h.key = l.key AND h.lock_id = l.lock_id WHERE l.key = $1`, key).Scan(&id, &fence, &holder, &wait)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows):
+			case err != nil:
+				t.Fatal(err)
+			case id == head:
+				got.holder = "head"
+				if want := fmt.Sprintf("%015d", lease.Fence+1); fence != want || holder != store.DefaultHolder() || (wait != nil && *wait != 0) {
+					t.Errorf("%s (batch %v): the head's row: fence %s (want %s), holder %q, mark %v", tc.name, batch, fence, want, holder, wait)
+				}
+			case id == lease.LockID:
+				got.holder = "old"
+			default:
+				got.holder = "other"
+			}
+			if got != tc.want {
+				t.Errorf("%s (batch %v) = %+v (%+v), want %+v", tc.name, batch, got, r, tc.want)
+			}
+			if batch && !res[1].Released {
+				t.Errorf("%s: the batch's other item = %+v", tc.name, res[1])
+			}
+			var tickets int
+			if err := pool.QueryRow(c, "SELECT count(*) FROM syncguard_locks_queue WHERE lock_id = $1", head).Scan(&tickets); err != nil {
+				t.Fatal(err)
+			}
+			if served := got.holder == "head" || strings.Contains(got.turns, "g"); served && tickets != 0 {
+				t.Errorf("%s (batch %v): the served ticket is still queued", tc.name, batch)
 			}
 		}
 	}

@@ -111,7 +111,7 @@ func render(n store.Names, t string, extra ...string) string {
 		"{fn_acquire4}", n.FnAcquire4, "{fn_acquire_shared}", n.FnAcquireShared, "{fn_acquire_sets}", n.FnAcquireSets,
 		"{fn_release4}", n.FnRelease4, "{fn_extend4}", n.FnExtend4, "{fn_handoff4}", n.FnHandOff4, "{fn_handoff1}", n.FnHandOff1, "{fn_revoke}", n.FnRevoke,
 		"{fn_snapshot}", n.FnSnapshot, "{fn_check}", n.FnCheck, "{fn_grant}", n.FnGrant, "{fn_notify}", n.FnNotify, "{fn_lockwait}", n.FnLockWait,
-		"{q}", n.Queue, "{idx_queue_key}", n.IdxQueueKey, "{fn_qwait}", n.FnQWait, "{fn_qwait1}", n.FnQWait1, "{fn_qrefresh}", n.FnQRefresh, "{fn_qleave}", n.FnQLeave,
+		"{q}", n.Queue, "{idx_queue_key}", n.IdxQueueKey, "{fn_qwait}", n.FnQWait, "{fn_qwait1}", n.FnQWait1, "{fn_qrelease1}", n.FnQRelease1, "{fn_qrefresh}", n.FnQRefresh, "{fn_qleave}", n.FnQLeave,
 		"{fn_qrelease}", n.FnQRelease, "{fn_qserve}", n.FnQServe,
 		"{fn_guard_trigger}", n.FnGuardTrigger, "{guard_trigger}", n.GuardTrigger,
 		"{api_acquire}", n.APIAcquire, "{api_release}", n.APIRelease, "{api_extend}", n.APIExtend, "{api_status}", n.APIStatus,

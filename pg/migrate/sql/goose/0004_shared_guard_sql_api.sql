@@ -2100,6 +2100,81 @@ BEGIN
 END
 $fn$;
 
+-- "pglease_qrelease_07f27fb7aa" for one exclusive lease whose key's queue has an
+-- exclusive single-key ticket at its head, in plain arguments and one
+-- row: the hand-over of a contended key, the lease taken over in place
+-- by the head's grant (as "pglease_handoff1_07f27fb7aa" does within a process). It makes
+-- what the release and "pglease_qserve_07f27fb7aa" make: the key's expired tickets
+-- dropped, the fence counter incremented, the lock row now the head's
+-- (expiry = now + its TTL), its holder row (identity, lock delay, the
+-- exclusive-waiting mark lapsed) and watchers told ('r:' the old fence,
+-- 'g:' the new), the key's waiters woken as p_wake asks, the ticket
+-- deleted, and the head's process told ('q:' …, or in o_turns for
+-- p_self); the commit is durable. The lock row is updated, not deleted,
+-- so the release trigger does not fire (nothing is free to wake anyone
+-- for). Every other case is answered by "pglease_qrelease_07f27fb7aa" itself, before this
+-- function wrote anything: p_grant false, the advisory lock held by
+-- another transaction, no live ticket, a head that is a reader, a permit
+-- or a set's, shared rows on the key, a revoke's delay in force, no fence
+-- counter or one at FENCE MAX, or the lease not live and ours.
+CREATE OR REPLACE FUNCTION "pglease_qrelease1_07f27fb7aa"(p_lock_id text, p_key text, p_channel text, p_wake integer, p_grant boolean, p_async boolean, p_self text,
+  OUT o_ok boolean, OUT o_served integer, OUT o_turns text)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+  q record;
+  v_now bigint;
+  v_fc bigint;
+  v_old text;
+  v_msg text;
+  v_void text;
+BEGIN
+  IF p_grant AND pg_try_advisory_xact_lock(hashtext(p_key)) THEN
+    v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
+    SELECT x.* INTO q FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.expires_at_ms > v_now ORDER BY x.seq LIMIT 1;
+    IF FOUND AND q.lim IS NULL AND q.set_no IS NULL
+        AND NOT EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.key = p_key)
+        AND NOT EXISTS (SELECT 1 FROM "syncguard_locks_holders" AS h WHERE h.key = p_key AND h.delay_until_ms > v_now) THEN
+      SELECT fc.fence INTO v_fc FROM "syncguard_fence_counters" AS fc WHERE fc.fence_key = q.fence_key;
+      SELECT l.fence INTO v_old FROM "syncguard_locks" AS l WHERE l.key = p_key AND l.lock_id = p_lock_id AND l.expires_at_ms > v_now;
+      IF v_fc < 900000000000000 AND v_old IS NOT NULL THEN
+        IF current_setting('synchronous_commit') <> 'on' THEN
+          v_void := set_config('synchronous_commit', 'on', true);
+        END IF;
+        UPDATE "syncguard_locks" AS l SET lock_id = q.lock_id, acquired_at_ms = v_now, expires_at_ms = v_now + q.ttl_ms,
+            fence = lpad((v_fc + 1)::text, 15, '0'), user_key = p_key
+          WHERE l.key = p_key AND l.lock_id = p_lock_id AND l.expires_at_ms > v_now;
+        IF FOUND THEN
+          UPDATE "syncguard_fence_counters" AS fc SET fence = v_fc + 1 WHERE fc.fence_key = q.fence_key;
+          IF q.holder IS NOT NULL OR q.delay_ms > 0 THEN
+            UPDATE "syncguard_locks_holders" AS h SET lock_id = q.lock_id, holder = coalesce(q.holder, ''), lock_delay_ms = nullif(q.delay_ms, 0),
+                excl_wait_until_ms = CASE WHEN h.excl_wait_until_ms > 0 THEN 0 ELSE h.excl_wait_until_ms END
+              WHERE h.key = p_key;
+            IF NOT FOUND THEN
+              INSERT INTO "syncguard_locks_holders" (key, lock_id, holder, lock_delay_ms) VALUES (p_key, q.lock_id, coalesce(q.holder, ''), nullif(q.delay_ms, 0));
+            END IF;
+          ELSE
+            UPDATE "syncguard_locks_holders" AS h SET excl_wait_until_ms = 0 WHERE h.key = p_key AND h.excl_wait_until_ms > 0;
+          END IF;
+          DELETE FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND (x.expires_at_ms <= v_now OR x.seq = q.seq);
+          PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, p_wake, 'r:' || v_old);
+          PERFORM "pglease_notify_07f27fb7aa"(p_channel, p_key, 0, 'g:' || lpad((v_fc + 1)::text, 15, '0'));
+          v_msg := 'q:' || "pglease_hashkey_v1"(p_key) || ':' || "pglease_hashkey_v1"(q.lock_id) || ':' || (v_fc + 1)::text || ':' || (v_now + q.ttl_ms)::text;
+          IF q.channel = p_self THEN
+            o_turns := v_msg || ' ';
+          ELSE
+            PERFORM pg_notify(q.channel, CASE WHEN current_setting('synchronous_standby_names') = '' THEN v_msg ELSE v_msg || ':s' END);
+          END IF;
+          o_ok := true; o_served := 1;
+          RETURN;
+        END IF;
+      END IF;
+    END IF;
+  END IF;
+  SELECT r.o_ok, r.o_served, r.o_turns INTO o_ok, o_served, o_turns
+    FROM "pglease_qrelease_07f27fb7aa"(ARRAY[p_lock_id], p_channel, p_wake, p_grant, p_async, p_self) AS r;
+END
+$fn$;
+
 -- Leaves the queue: drops each ticket whose lock_id is p_lock_ids[i]
 -- (o_left), under its key's advisory lock (taken in (hashtext, key) order,
 -- waiting 1 s at most: a key locked longer by another transaction still
@@ -2234,6 +2309,7 @@ DROP FUNCTION IF EXISTS "pglease_qleave_07f27fb7aa"(text[], text);
 DROP FUNCTION IF EXISTS "pglease_qrelease_07f27fb7aa"(text[], text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qrefresh_07f27fb7aa"(text[], bigint);
 DROP FUNCTION IF EXISTS "pglease_qwait1_07f27fb7aa"(text, text, text, bigint, bigint, text, text, text, bigint);
+DROP FUNCTION IF EXISTS "pglease_qrelease1_07f27fb7aa"(text, text, text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qwait_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], integer[], text, text, text, bigint, boolean[]);
 DROP FUNCTION IF EXISTS "pglease_qserve_07f27fb7aa"(text, text, bigint, text);
 DROP TABLE IF EXISTS "syncguard_locks_queue";
