@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -187,11 +188,11 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 		q = q[:len(q)-1] + ", $12)"
 		args = append(args, refresh)
 	}
-	if len(reqs) == 1 && !reqs[0].Shared && reqs[0].Set == 0 && !reqs[0].Refresh {
-		// The common wait: the lighter function of plain arguments, which
+	if oneKeyWait(reqs, p.keys, p.ids) {
+		// The common wait: the lighter function of one key's items, which
 		// answers as the batch function does.
-		q = "SELECT 1::integer, " + acquireCols[len("o_idx, "):] + ", o_limit, o_position FROM " + s.n.FnQWait1 + "($1, $2, $3, $4, $5, $6, $7, $8, $9)"
-		args = []any{p.keys[0], p.fenceKeys[0], p.ids[0], p.ttls[0], p.delays[0], s.holderArg(), s.channelArg(), qchannel, life.Milliseconds()}
+		q = "SELECT " + acquireCols + ", o_limit, o_position FROM " + s.n.FnQWait1 + "($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+		args = []any{p.keys[0], p.fenceKeys[0], p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg(), qchannel, life.Milliseconds()}
 	}
 	err = s.run(ctx, op, true, q, args, func(rows pgx.Rows) error {
 		var lim *int32
@@ -235,6 +236,18 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 	}
 	s.warnFences(p.keys, res)
 	return out, nil
+}
+
+// oneKeyWait reports whether a wait's items (keys and ids as prepared)
+// are exclusive single-key items of one key that only wait (no refresh),
+// with distinct lockIds: the case of the lighter queue function.
+func oneKeyWait(reqs []WaitRequest, keys, ids []string) bool {
+	for i, r := range reqs {
+		if r.Shared || r.Set != 0 || r.Refresh || keys[i] != keys[0] || slices.Contains(ids[:i], ids[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 func checkQueueArgs(op, qchannel string, life time.Duration) error {

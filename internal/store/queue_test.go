@@ -1191,10 +1191,10 @@ func TestQueueReleaseSelfTurns(t *testing.T) {
 	}
 }
 
-// TestQueueWaitOneItemAnswersAsABatch: a wait of one exclusive item (the
-// lighter function of plain arguments) answers what the same item answers
-// in a batch (the batch function), in every case the lighter function
-// meets: behind other tickets, its own ticket refreshed in place, expired
+// TestQueueWaitOneItemAnswersAsABatch: a wait of one key's exclusive
+// items (the lighter function) answers what the same items answer in a
+// batch with another key (the batch function), in every case the lighter
+// function meets, with one item and with two: behind other tickets, its own ticket refreshed in place, expired
 // tickets ahead, at the head of a held key, a free key, a lockId already
 // granted (alone, or with others queued), and the key's advisory lock
 // kept by another transaction.
@@ -1217,56 +1217,56 @@ func TestQueueWaitOneItemAnswersAsABatch(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		// setup prepares key and returns the item's lockId and a cleanup.
-		setup func(t *testing.T, key string) (string, func())
-		want  outcome
+		// setup prepares key and returns the items' lockIds and a cleanup.
+		setup func(t *testing.T, key string) ([]string, func())
+		want  []outcome
 	}{
-		{"behind two tickets", func(t *testing.T, key string) (string, func()) {
+		{"behind two tickets", func(t *testing.T, key string) ([]string, func()) {
 			acquireOne(t, s, key, time.Minute)
 			wait(key, keys.NewLockID(), time.Minute)
 			wait(key, keys.NewLockID(), time.Minute)
-			return keys.NewLockID(), func() {}
-		}, outcome{queued: true, position: 3}},
-		{"its own ticket refreshed", func(t *testing.T, key string) (string, func()) {
+			return []string{keys.NewLockID()}, func() {}
+		}, []outcome{{queued: true, position: 3}}},
+		{"its own ticket refreshed", func(t *testing.T, key string) ([]string, func()) {
 			acquireOne(t, s, key, time.Minute)
 			wait(key, keys.NewLockID(), time.Minute)
 			id := keys.NewLockID()
 			wait(key, id, time.Minute)
 			wait(key, keys.NewLockID(), time.Minute)
-			return id, func() {}
-		}, outcome{queued: true, position: 2}},
-		{"expired tickets ahead", func(t *testing.T, key string) (string, func()) {
+			return []string{id}, func() {}
+		}, []outcome{{queued: true, position: 2}}},
+		{"expired tickets ahead", func(t *testing.T, key string) ([]string, func()) {
 			acquireOne(t, s, key, time.Minute)
 			wait(key, keys.NewLockID(), time.Minute)
 			wait(key, keys.NewLockID(), 100*time.Millisecond)
 			wait(key, keys.NewLockID(), 100*time.Millisecond)
 			time.Sleep(250 * time.Millisecond)
-			return keys.NewLockID(), func() {}
-		}, outcome{queued: true, position: 2}},
-		{"head of a held key", func(t *testing.T, key string) (string, func()) {
+			return []string{keys.NewLockID()}, func() {}
+		}, []outcome{{queued: true, position: 2}}},
+		{"head of a held key", func(t *testing.T, key string) ([]string, func()) {
 			acquireOne(t, s, key, time.Minute)
-			return keys.NewLockID(), func() {}
-		}, outcome{holder: true, retry: true, position: 1}},
-		{"free key", func(t *testing.T, key string) (string, func()) {
-			return keys.NewLockID(), func() {}
-		}, outcome{ok: true}},
-		{"lockId already granted", func(t *testing.T, key string) (string, func()) {
+			return []string{keys.NewLockID()}, func() {}
+		}, []outcome{{holder: true, retry: true, position: 1}}},
+		{"free key", func(t *testing.T, key string) ([]string, func()) {
+			return []string{keys.NewLockID()}, func() {}
+		}, []outcome{{ok: true}}},
+		{"lockId already granted", func(t *testing.T, key string) ([]string, func()) {
 			id := keys.NewLockID()
 			if r, err := s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute, LockID: id}); err != nil || !r.OK {
 				t.Fatalf("acquire = %+v, %v", r, err)
 			}
-			return id, func() {}
-		}, outcome{ok: true}},
-		{"lockId already granted, others queued", func(t *testing.T, key string) (string, func()) {
+			return []string{id}, func() {}
+		}, []outcome{{ok: true}}},
+		{"lockId already granted, others queued", func(t *testing.T, key string) ([]string, func()) {
 			id := keys.NewLockID()
 			if r, err := s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute, LockID: id}); err != nil || !r.OK {
 				t.Fatalf("acquire = %+v, %v", r, err)
 			}
 			wait(key, keys.NewLockID(), time.Minute)
 			wait(key, keys.NewLockID(), time.Minute)
-			return id, func() {}
-		}, outcome{ok: true}},
-		{"advisory lock kept by another transaction", func(t *testing.T, key string) (string, func()) {
+			return []string{id}, func() {}
+		}, []outcome{{ok: true}}},
+		{"advisory lock kept by another transaction", func(t *testing.T, key string) ([]string, func()) {
 			acquireOne(t, s, key, time.Minute)
 			wait(key, keys.NewLockID(), time.Minute)
 			tx, err := pool.Begin(c)
@@ -1276,14 +1276,61 @@ func TestQueueWaitOneItemAnswersAsABatch(t *testing.T) {
 			if _, err := tx.Exec(c, "SELECT pg_advisory_xact_lock(hashtext($1))", key); err != nil {
 				t.Fatal(err)
 			}
-			return keys.NewLockID(), func() { _ = tx.Rollback(c) }
-		}, outcome{retry: true}},
+			return []string{keys.NewLockID()}, func() { _ = tx.Rollback(c) }
+		}, []outcome{{retry: true}}},
 	}
+	cases = append(cases, []struct {
+		name  string
+		setup func(t *testing.T, key string) ([]string, func())
+		want  []outcome
+	}{
+		{"two behind two tickets", func(t *testing.T, key string) ([]string, func()) {
+			acquireOne(t, s, key, time.Minute)
+			wait(key, keys.NewLockID(), time.Minute)
+			wait(key, keys.NewLockID(), time.Minute)
+			return []string{keys.NewLockID(), keys.NewLockID()}, func() {}
+		}, []outcome{{queued: true, position: 3}, {queued: true, position: 4}}},
+		{"one queued ahead, one new", func(t *testing.T, key string) ([]string, func()) {
+			acquireOne(t, s, key, time.Minute)
+			wait(key, keys.NewLockID(), time.Minute)
+			id := keys.NewLockID()
+			wait(key, id, time.Minute)
+			wait(key, keys.NewLockID(), time.Minute)
+			return []string{keys.NewLockID(), id}, func() {}
+		}, []outcome{{queued: true, position: 4}, {queued: true, position: 2}}},
+		{"the first at the head", func(t *testing.T, key string) ([]string, func()) {
+			acquireOne(t, s, key, time.Minute)
+			id := keys.NewLockID()
+			wait(key, id, time.Minute)
+			return []string{id, keys.NewLockID()}, func() {}
+		}, []outcome{{holder: true, retry: true, position: 1}, {queued: true, position: 2}}},
+		{"the first at the head, another behind it", func(t *testing.T, key string) ([]string, func()) {
+			acquireOne(t, s, key, time.Minute)
+			id := keys.NewLockID()
+			wait(key, id, time.Minute)
+			wait(key, keys.NewLockID(), time.Minute)
+			return []string{id, keys.NewLockID()}, func() {}
+		}, []outcome{{holder: true, retry: true, position: 1}, {queued: true, position: 3}}},
+		{"two at a free key", func(t *testing.T, key string) ([]string, func()) {
+			return []string{keys.NewLockID(), keys.NewLockID()}, func() {}
+		}, []outcome{{ok: true}, {holder: true, retry: true, position: 1}}},
+		{"one of two already granted", func(t *testing.T, key string) ([]string, func()) {
+			id := keys.NewLockID()
+			if r, err := s.Acquire(c, store.AcquireRequest{Key: key, TTL: time.Minute, LockID: id}); err != nil || !r.OK {
+				t.Fatalf("acquire = %+v, %v", r, err)
+			}
+			wait(key, keys.NewLockID(), time.Minute)
+			return []string{keys.NewLockID(), id}, func() {}
+		}, []outcome{{queued: true, position: 2}, {ok: true}}},
+	}...)
 	for _, tc := range cases {
 		for _, batch := range []bool{false, true} {
 			key := fmt.Sprintf("qwait-one-%s-%v", tc.name, batch)
-			id, done := tc.setup(t, key)
-			reqs := []store.WaitRequest{{Key: key, TTL: time.Minute, LockID: id}}
+			ids, done := tc.setup(t, key)
+			var reqs []store.WaitRequest
+			for _, id := range ids {
+				reqs = append(reqs, store.WaitRequest{Key: key, TTL: time.Minute, LockID: id})
+			}
 			if batch {
 				reqs = append(reqs, store.WaitRequest{Key: key + "-other", TTL: time.Minute, LockID: keys.NewLockID()})
 			}
@@ -1292,16 +1339,18 @@ func TestQueueWaitOneItemAnswersAsABatch(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s (batch %v): %v", tc.name, batch, err)
 			}
-			r := res[0]
-			got := outcome{ok: r.OK, queued: r.Queued, holder: r.Holder != "", retry: r.RetryAfter > 0, position: r.Position}
-			if got != tc.want {
-				t.Errorf("%s (batch %v) = %+v (%+v), want %+v", tc.name, batch, got, r, tc.want)
+			for i, id := range ids {
+				r := res[i]
+				got := outcome{ok: r.OK, queued: r.Queued, holder: r.Holder != "", retry: r.RetryAfter > 0, position: r.Position}
+				if got != tc.want[i] {
+					t.Errorf("%s (batch %v) item %d = %+v (%+v), want %+v", tc.name, batch, i, got, r, tc.want[i])
+				}
+				if tc.want[i].ok && (r.LockID != id || r.Fence == 0) {
+					t.Errorf("%s (batch %v) item %d: granted %+v, want its lockId and a fence", tc.name, batch, i, r)
+				}
 			}
-			if tc.want.ok && (r.LockID != id || r.Fence == 0) {
-				t.Errorf("%s (batch %v): granted %+v, want its lockId and a fence", tc.name, batch, r)
-			}
-			if batch && !res[1].OK {
-				t.Errorf("%s: the batch's other item = %+v", tc.name, res[1])
+			if batch && !res[len(ids)].OK {
+				t.Errorf("%s: the batch's other item = %+v", tc.name, res[len(ids)])
 			}
 		}
 	}

@@ -66,7 +66,7 @@ ALTER TABLE {h} DROP COLUMN IF EXISTS revoked_lock_hash;
 DROP FUNCTION IF EXISTS {fn_qleave}(text[], text);
 DROP FUNCTION IF EXISTS {fn_qrelease}(text[], text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS {fn_qrefresh}(text[], bigint);
-DROP FUNCTION IF EXISTS {fn_qwait1}(text, text, text, bigint, bigint, text, text, text, bigint);
+DROP FUNCTION IF EXISTS {fn_qwait1}(text, text, text[], bigint[], bigint[], text, text, text, bigint);
 DROP FUNCTION IF EXISTS {fn_qrelease1}(text, text, text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS {fn_qwait}(integer[], text[], text[], text[], bigint[], bigint[], integer[], text, text, text, bigint, boolean[]);
 DROP FUNCTION IF EXISTS {fn_qserve}(text, text, bigint, text);

@@ -1905,66 +1905,74 @@ BEGIN
 END
 $fn$;
 
--- "pglease_qwait_07f27fb7aa" for one exclusive single-key item that is not a refresh, in
--- plain arguments and one row: the common wait on a contended key (a
--- caller that comes back for the key while others wait), in a few
--- statements instead of the batch function's loops. Statement for statement as
--- "pglease_qwait_07f27fb7aa" runs this case: the key's advisory lock taken at once, its
--- expired tickets dropped, the item's ticket refreshed, or, when the
--- lockId holds no lease, enqueued at the tail; a live ticket ahead of it
--- (an exclusive ticket goes only at the head) answers held (status 1,
--- o_position, o_now_ms), and the commit need not wait for its flush when
--- the statement wrote nothing before. Every other case is answered by
--- "pglease_qwait_07f27fb7aa" itself, before this function wrote anything: the advisory
--- lock held by another transaction, the lockId holding a lease (a grant
--- that came), or no live ticket ahead (the item may go).
-CREATE OR REPLACE FUNCTION "pglease_qwait1_07f27fb7aa"(p_key text, p_fence_key text, p_lock_id text, p_ttl bigint, p_delay bigint, p_holder text, p_channel text,
-  p_qchannel text, p_life bigint,
-  OUT o_status integer, OUT o_fence bigint, OUT o_acquired_ms bigint, OUT o_expires_ms bigint, OUT o_now_ms bigint, OUT o_retry_ms bigint,
-  OUT o_holder text, OUT o_shared integer, OUT o_limit integer, OUT o_position bigint)
+-- "pglease_qwait_07f27fb7aa" for exclusive single-key items of one key that are not
+-- refreshes (p_lock_ids[i], p_ttls[i], p_delays[i]: distinct lockIds), in
+-- plain arguments: the common wait on a contended key (callers that come
+-- back for the key while others wait), in a few statements instead of the
+-- batch function's loops. Statement for statement as "pglease_qwait_07f27fb7aa" runs this
+-- case: the key's advisory lock taken at once, its expired tickets
+-- dropped, each item's ticket refreshed, or, when its lockId holds no
+-- lease, enqueued at the tail, in the items' order; with a live ticket
+-- ahead of the first of them (an exclusive ticket goes only at the head),
+-- none may go, and each is answered held (status 1, o_position, o_now_ms);
+-- the commit need not wait for its flush when the statement wrote nothing
+-- before. Every other case is answered by "pglease_qwait_07f27fb7aa" itself, before this
+-- function wrote anything: the advisory lock held by another transaction,
+-- a lockId holding a lease (a grant that came), or no live ticket ahead
+-- (the first item may go).
+CREATE OR REPLACE FUNCTION "pglease_qwait1_07f27fb7aa"(p_key text, p_fence_key text, p_lock_ids text[], p_ttls bigint[], p_delays bigint[], p_holder text, p_channel text,
+  p_qchannel text, p_life bigint)
+RETURNS TABLE (o_idx integer, o_status integer, o_fence bigint, o_acquired_ms bigint, o_expires_ms bigint, o_now_ms bigint, o_retry_ms bigint,
+  o_holder text, o_shared integer, o_limit integer, o_position bigint)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
+  v_n integer := coalesce(cardinality(p_lock_ids), 0);
   v_now bigint;
-  v_s bigint;
+  v_first bigint;
+  v_seq bigint[];
+  v_i integer;
   v_void text;
   v_fresh boolean := pg_current_xact_id_if_assigned() IS NULL;
 BEGIN
   IF current_setting('synchronous_commit') <> 'on' THEN
     v_void := set_config('synchronous_commit', 'on', true);
   END IF;
-  IF pg_try_advisory_xact_lock(hashtext(p_key)) THEN
+  IF v_n > 0 AND pg_try_advisory_xact_lock(hashtext(p_key)) THEN
     -- Decided before anything is written, so that "pglease_qwait_07f27fb7aa" meets the
     -- same transaction as if called itself (its commit waits for the
     -- flush only when it wrote or granted).
     v_now := floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint;
-    SELECT x.seq INTO v_s FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_id AND x.key = p_key AND x.expires_at_ms > v_now;
-    IF v_s IS NOT NULL OR (NOT EXISTS (SELECT 1 FROM "syncguard_locks" AS l WHERE l.lock_id = p_lock_id AND l.key = p_key AND l.expires_at_ms > v_now)
-        AND NOT EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = p_lock_id AND s.key = p_key AND s.expires_at_ms > v_now)) THEN
-      -- The ticket's place: its own, or after every live ticket.
-      SELECT count(*) + CASE WHEN v_s IS NULL THEN 1 ELSE 0 END INTO o_position
-        FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.expires_at_ms > v_now AND (v_s IS NULL OR x.seq <= v_s);
-      IF o_position > 1 THEN
-        DELETE FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.expires_at_ms <= v_now;
-        IF v_s IS NULL THEN
-          DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_id;
+    v_seq := ARRAY(SELECT (SELECT x.seq FROM "syncguard_locks_queue" AS x WHERE x.lock_id = u.id AND x.key = p_key AND x.expires_at_ms > v_now)
+      FROM unnest(p_lock_ids) WITH ORDINALITY AS u(id, i) ORDER BY u.i);
+    v_first := (SELECT min(x) FROM unnest(v_seq) AS x);
+    IF NOT EXISTS (SELECT 1 FROM "syncguard_locks" AS l WHERE l.lock_id = ANY (p_lock_ids) AND l.key = p_key AND l.expires_at_ms > v_now)
+        AND NOT EXISTS (SELECT 1 FROM "syncguard_locks_shared" AS s WHERE s.lock_id = ANY (p_lock_ids) AND s.key = p_key AND s.expires_at_ms > v_now)
+        AND EXISTS (SELECT 1 FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.expires_at_ms > v_now AND x.lock_id <> ALL (p_lock_ids)
+          AND (v_first IS NULL OR x.seq < v_first)) THEN
+      DELETE FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.expires_at_ms <= v_now;
+      FOR v_i IN 1 .. v_n LOOP
+        IF v_seq[v_i] IS NULL THEN
+          DELETE FROM "syncguard_locks_queue" AS x WHERE x.lock_id = p_lock_ids[v_i];
           INSERT INTO "syncguard_locks_queue" (key, lock_id, fence_key, lim, set_no, ttl_ms, delay_ms, holder, channel, enqueued_at_ms, expires_at_ms)
-            VALUES (p_key, p_lock_id, p_fence_key, NULL, NULL, p_ttl, coalesce(p_delay, 0), p_holder, p_qchannel, v_now, v_now + p_life);
+            VALUES (p_key, p_lock_ids[v_i], p_fence_key, NULL, NULL, p_ttls[v_i], coalesce(p_delays[v_i], 0), p_holder, p_qchannel, v_now, v_now + p_life)
+            RETURNING seq INTO v_first;
+          v_seq[v_i] := v_first;
         ELSE
-          UPDATE "syncguard_locks_queue" AS x SET expires_at_ms = v_now + p_life, channel = p_qchannel WHERE x.seq = v_s;
+          UPDATE "syncguard_locks_queue" AS x SET expires_at_ms = v_now + p_life, channel = p_qchannel WHERE x.seq = v_seq[v_i];
         END IF;
-        o_status := 1; o_now_ms := v_now;
-        IF v_fresh THEN
-          v_void := set_config('synchronous_commit', 'off', true);
-        END IF;
-        RETURN;
+      END LOOP;
+      RETURN QUERY SELECT u.i::integer, 1, NULL::bigint, NULL::bigint, NULL::bigint, v_now, NULL::bigint, NULL::text, NULL::integer, NULL::integer,
+          (SELECT count(*) FROM "syncguard_locks_queue" AS x WHERE x.key = p_key AND x.seq <= u.s AND x.expires_at_ms > v_now)
+        FROM unnest(v_seq) WITH ORDINALITY AS u(s, i);
+      IF v_fresh THEN
+        v_void := set_config('synchronous_commit', 'off', true);
       END IF;
-      o_position := NULL;
+      RETURN;
     END IF;
   END IF;
-  SELECT r.o_status, r.o_fence, r.o_acquired_ms, r.o_expires_ms, r.o_now_ms, r.o_retry_ms, r.o_holder, r.o_shared, r.o_limit, r.o_position
-    INTO o_status, o_fence, o_acquired_ms, o_expires_ms, o_now_ms, o_retry_ms, o_holder, o_shared, o_limit, o_position
-    FROM "pglease_qwait_07f27fb7aa"(ARRAY[0], ARRAY[p_key], ARRAY[p_fence_key], ARRAY[p_lock_id], ARRAY[p_ttl], ARRAY[p_delay], ARRAY[NULL::integer],
-      p_holder, p_channel, p_qchannel, p_life) AS r;
+  RETURN QUERY SELECT r.o_idx, r.o_status, r.o_fence, r.o_acquired_ms, r.o_expires_ms, r.o_now_ms, r.o_retry_ms, r.o_holder, r.o_shared, r.o_limit, r.o_position
+    FROM "pglease_qwait_07f27fb7aa"(array_fill(0, ARRAY[v_n]), array_fill(p_key, ARRAY[v_n]), array_fill(p_fence_key, ARRAY[v_n]), p_lock_ids, p_ttls, p_delays,
+      array_fill(NULL::integer, ARRAY[v_n]), p_holder, p_channel, p_qchannel, p_life) AS r;
 END
 $fn$;
 
@@ -2308,7 +2316,7 @@ ALTER TABLE "syncguard_locks_holders" DROP COLUMN IF EXISTS revoked_lock_hash;
 DROP FUNCTION IF EXISTS "pglease_qleave_07f27fb7aa"(text[], text);
 DROP FUNCTION IF EXISTS "pglease_qrelease_07f27fb7aa"(text[], text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qrefresh_07f27fb7aa"(text[], bigint);
-DROP FUNCTION IF EXISTS "pglease_qwait1_07f27fb7aa"(text, text, text, bigint, bigint, text, text, text, bigint);
+DROP FUNCTION IF EXISTS "pglease_qwait1_07f27fb7aa"(text, text, text[], bigint[], bigint[], text, text, text, bigint);
 DROP FUNCTION IF EXISTS "pglease_qrelease1_07f27fb7aa"(text, text, text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qwait_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], integer[], text, text, text, bigint, boolean[]);
 DROP FUNCTION IF EXISTS "pglease_qserve_07f27fb7aa"(text, text, bigint, text);

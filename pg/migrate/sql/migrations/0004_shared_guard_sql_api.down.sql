@@ -68,7 +68,7 @@ ALTER TABLE "syncguard_locks_holders" DROP COLUMN IF EXISTS revoked_lock_hash;
 DROP FUNCTION IF EXISTS "pglease_qleave_07f27fb7aa"(text[], text);
 DROP FUNCTION IF EXISTS "pglease_qrelease_07f27fb7aa"(text[], text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qrefresh_07f27fb7aa"(text[], bigint);
-DROP FUNCTION IF EXISTS "pglease_qwait1_07f27fb7aa"(text, text, text, bigint, bigint, text, text, text, bigint);
+DROP FUNCTION IF EXISTS "pglease_qwait1_07f27fb7aa"(text, text, text[], bigint[], bigint[], text, text, text, bigint);
 DROP FUNCTION IF EXISTS "pglease_qrelease1_07f27fb7aa"(text, text, text, integer, boolean, boolean, text);
 DROP FUNCTION IF EXISTS "pglease_qwait_07f27fb7aa"(integer[], text[], text[], text[], bigint[], bigint[], integer[], text, text, text, bigint, boolean[]);
 DROP FUNCTION IF EXISTS "pglease_qserve_07f27fb7aa"(text, text, bigint, text);
