@@ -42,9 +42,19 @@ func (d *driver) dump(ctx context.Context) error {
 	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM syncguard_locks_queue WHERE expires_at_ms > $1`, f.NowMs).Scan(&f.LiveTickets); err != nil {
 		return err
 	}
-	if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND pid <> pg_backend_pid()`).Scan(&f.AdvisoryLocks); err != nil {
-		return err
+	// A closed worker's sessions end when their backends see the closed
+	// sockets, a moment after Close on a loaded machine: their locks are
+	// counted after at most 5 s of that. A lock a live session still
+	// holds stays counted.
+	for settle := time.Now().Add(5 * time.Second); ; {
+		if err := d.admin.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+			AND pid <> pg_backend_pid()`).Scan(&f.AdvisoryLocks); err != nil {
+			return err
+		}
+		if f.AdvisoryLocks == 0 || time.Now().After(settle) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if f.AdvisoryLocks > 0 {
 		// Who holds them, for the run's log (the check only counts them).
