@@ -191,7 +191,7 @@ func (s *Store) QueueWait(ctx context.Context, reqs []WaitRequest, qchannel stri
 	if oneKeyWait(reqs, p.keys, p.ids) {
 		// The common wait: the lighter function of one key's items, which
 		// answers as the batch function does.
-		q = "SELECT " + acquireCols + ", o_limit, o_position FROM " + s.n.FnQWait1 + "($1, $2, $3, $4, $5, $6, $7, $8, $9)"
+		q = s.qwait1SQL
 		args = []any{p.keys[0], p.fenceKeys[0], p.ids, p.ttls, p.delays, s.holderArg(), s.channelArg(), qchannel, life.Milliseconds()}
 	}
 	err = s.run(ctx, op, true, q, args, func(rows pgx.Rows) error {
@@ -381,12 +381,17 @@ func (s *Store) QueueRelease(ctx context.Context, reqs []ReleaseRequest, grant b
 		return nil, pgerr.New(pglease.CodeInvalidArgument, op, "batch too large", nil)
 	}
 	ids := make([]string, len(reqs))
+	var key0 string // the first item's key as the lock row holds it
 	for i, r := range reqs {
 		if err := keys.ValidateLockID(r.LockID); err != nil {
 			return nil, WithOp(op, err)
 		}
-		if _, err := keys.NormalizeKey(r.Key); err != nil {
+		k, err := keys.NormalizeKey(r.Key)
+		if err != nil {
 			return nil, WithOp(op, err)
+		}
+		if i == 0 {
+			key0 = k
 		}
 		ids[i] = r.LockID
 	}
@@ -408,8 +413,8 @@ func (s *Store) QueueRelease(ctx context.Context, reqs []ReleaseRequest, grant b
 	if len(reqs) == 1 && grant {
 		// The common hand-over: the lighter function of plain arguments,
 		// which answers as the batch function does.
-		q = "SELECT 1::integer, o_ok, o_served, o_turns FROM " + s.n.FnQRelease1 + "($1, $2, $3, $4, $5, $6, $7)"
-		args = []any{ids[0], reqs[0].Key, s.channelArg(), wakeWaited, grant, !inTx, selfArg}
+		q = s.qrelease1SQL
+		args = []any{ids[0], key0, s.channelArg(), wakeWaited, grant, !inTx, selfArg}
 	}
 	err := s.run(ctx, op, true, q, args, func(rows pgx.Rows) error {
 		var idx, served int32

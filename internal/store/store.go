@@ -82,6 +82,7 @@ type Store struct {
 	versionSQL                        string
 	handOffSQL                        string
 	handOff1SQL                       string
+	qwait1SQL, qrelease1SQL           string // the fair queue's lighter calls
 	revokeSQL, snapshotSQL, guardSQL  string
 	lookupKeySQL, lookupIDSQL         string
 	isLockedSQL                       string
@@ -113,15 +114,17 @@ func New(op string, db DB, cfg Config) (*Store, error) {
 	live := " AND l.expires_at_ms + " + fmt.Sprint(keys.TimeToleranceMs) + " > " + liveMs
 	return &Store{
 		db: db, cfg: cfg, n: n, holder: holder,
-		acquireSQL:  "SELECT " + acquireCols + " FROM " + n.FnAcquire4 + "($1, $2, $3, $4, $5, $6, $7)",
-		sharedSQL:   "SELECT " + acquireCols + ", o_limit FROM " + n.FnAcquireShared + "($1, $2, $3, $4, $5, $6, $7)",
-		setsSQL:     "SELECT " + acquireCols + " FROM " + n.FnAcquireSets + "($1, $2, $3, $4, $5, $6, $7, $8)",
-		versionSQL:  "SELECT version, compatible_from FROM " + n.FnSchema + "()",
-		releaseSQL:  "SELECT o_idx, o_ok FROM " + n.FnRelease4 + "($1, $2, $3, $4)",
-		extendSQL:   "SELECT o_idx, o_expires_ms, o_revoked FROM " + n.FnExtend4 + "($1, $2)",
-		handOffSQL:  "SELECT o_idx, o_released, " + acquireCols[len("o_idx, "):] + " FROM " + n.FnHandOff4 + "($1, $2, $3, $4, $5, $6, $7, $8)",
-		handOff1SQL: "SELECT 1::integer, o_released, " + acquireCols[len("o_idx, "):] + " FROM " + n.FnHandOff1 + "($1, $2, $3, $4, $5, $6, $7, $8)",
-		revokeSQL:   "SELECT o_idx, o_revoked, o_exclusive, o_lock_hashes, o_fences, o_delay_until_ms FROM " + n.FnRevoke + "($1, $2, $3, $4)",
+		acquireSQL:   "SELECT " + acquireCols + " FROM " + n.FnAcquire4 + "($1, $2, $3, $4, $5, $6, $7)",
+		sharedSQL:    "SELECT " + acquireCols + ", o_limit FROM " + n.FnAcquireShared + "($1, $2, $3, $4, $5, $6, $7)",
+		setsSQL:      "SELECT " + acquireCols + " FROM " + n.FnAcquireSets + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		versionSQL:   "SELECT version, compatible_from FROM " + n.FnSchema + "()",
+		releaseSQL:   "SELECT o_idx, o_ok FROM " + n.FnRelease4 + "($1, $2, $3, $4)",
+		extendSQL:    "SELECT o_idx, o_expires_ms, o_revoked FROM " + n.FnExtend4 + "($1, $2)",
+		handOffSQL:   "SELECT o_idx, o_released, " + acquireCols[len("o_idx, "):] + " FROM " + n.FnHandOff4 + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		handOff1SQL:  "SELECT 1::integer, o_released, " + acquireCols[len("o_idx, "):] + " FROM " + n.FnHandOff1 + "($1, $2, $3, $4, $5, $6, $7, $8)",
+		revokeSQL:    "SELECT o_idx, o_revoked, o_exclusive, o_lock_hashes, o_fences, o_delay_until_ms FROM " + n.FnRevoke + "($1, $2, $3, $4)",
+		qwait1SQL:    "SELECT " + acquireCols + ", o_limit, o_position FROM " + n.FnQWait1 + "($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+		qrelease1SQL: "SELECT 1::integer, o_ok, o_served, o_turns FROM " + n.FnQRelease1 + "($1, $2, $3, $4, $5, $6, $7)",
 		snapshotSQL: "SELECT o_idx, o_now_ms, o_lock_hash, o_fence, o_acquired_ms, o_expires_ms, o_holder, o_lock_delay_ms, o_shared, o_limit," +
 			" o_shared_expires_ms, o_counter, o_delay_until_ms, o_excl_wait_until_ms FROM " + n.FnSnapshot + "($1)",
 		guardSQL: "WITH g AS MATERIALIZED (SELECT l.fence, l.expires_at_ms FROM " + n.Lock + " AS l WHERE l.lock_id = $1 AND l.expires_at_ms > " + liveMs +

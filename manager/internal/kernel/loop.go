@@ -50,11 +50,11 @@ func (m *Kernel) run(st *LoopState) {
 		case req := <-m.AcquireCh:
 			lm.Busy()
 			st.handleAcquire(req)
-			st.drainRequests()
+			st.drainWaiting()
 		case req := <-m.releaseCh:
 			lm.Busy()
 			st.handleRelease(req)
-			st.drainRequests()
+			st.drainWaiting()
 		case req := <-m.AbandonCh:
 			lm.Busy()
 			st.handleAbandon(req)
@@ -64,11 +64,11 @@ func (m *Kernel) run(st *LoopState) {
 		case d := <-m.acquireDoneCh:
 			lm.Busy()
 			st.handleAcquireDone(d)
-			st.drainRequests()
+			st.drainWaiting()
 		case d := <-m.releaseDoneCh:
 			lm.Busy()
 			st.handleReleaseDone(d)
-			st.drainRequests()
+			st.drainWaiting()
 		case d := <-m.extendDoneCh:
 			lm.Busy()
 			st.handleExtendDone(d)
@@ -625,17 +625,17 @@ func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendReq
 	m.extendDoneCh <- extendDone{fl: fl, batch: batch, start: start, res: res, err: err, hb: hb, db: db.SpanContext()}
 }
 
-// drainBurst bounds how many more requests drainRequests handles.
+// drainBurst bounds how many more messages drainWaiting handles.
 const drainBurst = 64
 
-// drainRequests handles the acquires and releases already waiting on
-// their channels, and the answers of acquire and release batches, up to
+// drainWaiting handles the acquires, releases and answers of acquire and
+// release batches already waiting on their channels, up to
 // drainBurst, so that at high concurrency one turn of the loop (its
 // flush, timers and select over every channel) serves many messages: an
 // answer that grants 20 callers is followed by their 20 releases. A lone
 // caller's request finds nothing more waiting. Every other channel waits
 // for the next turn, at most drainBurst messages later.
-func (st *LoopState) drainRequests() {
+func (st *LoopState) drainWaiting() {
 	m := st.m
 	for range drainBurst {
 		if m.Sig != nil {
