@@ -124,7 +124,8 @@ type Config struct {
 
 	// StatementTimeout bounds each batched round trip. Default 5 s.
 	// Extends are also bounded by the trust deadline of their earliest
-	// lease.
+	// lease, and wait until that deadline instead when a retry after the
+	// timeout could not go out before it.
 	StatementTimeout time.Duration
 	// CloseTimeout bounds the release of all held locks in Close. Default
 	// 5 s. The caller's context of Close bounds only how long Close waits.

@@ -213,3 +213,60 @@ func waitSignal(ch chan bool, v bool, d time.Duration) bool {
 		}
 	}
 }
+
+// An extend the server answers after the statement timeout, but before
+// the lease's trust deadline, keeps the lease when the timeout left no
+// time for a retry before that deadline: giving up at the timeout could
+// only lose it. An admin transaction keeps the lease's row locked (the
+// extend waits for it, as an extend waits for a saturated commit flush)
+// until shortly before the trust deadline.
+func TestSlowExtendAnsweredBeforeTrustDeadline(t *testing.T) {
+	t.Parallel()
+	const (
+		ttl     = 20 * time.Second // margin 2 s: trusted for 18 s; a retry waits 2 s
+		timeout = 8 * time.Second
+		key     = "slow-extend"
+	)
+	b := setup(t, setupOpts{cfg: Config{StatementTimeout: timeout}})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	lk, err := b.m.Acquire(ctx, key, WithTTL(ttl), WithoutAutoExtend())
+	if err != nil {
+		t.Fatal(err)
+	}
+	trustEnd := time.Now().Add(lk.Remaining())
+	tx, err := b.admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background()) //nolint:errcheck // committed below
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM syncguard_locks WHERE user_key = $1 FOR UPDATE", key); err != nil {
+		t.Fatal(err)
+	}
+	// Sent 9.2 s before the trust deadline: the timeout would end 1.2 s
+	// before it, and a retry 2 s after that would come too late.
+	time.Sleep(time.Until(trustEnd.Add(-9200 * time.Millisecond)))
+	errc := make(chan error, 1)
+	go func() { errc <- lk.Extend(ctx) }()
+	// The row is free 0.6 s before the trust deadline (0.6 s after the
+	// timeout).
+	time.Sleep(time.Until(trustEnd.Add(-600 * time.Millisecond)))
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("Extend answered after the statement timeout, before the trust deadline: %v, want nil", err)
+	}
+	time.Sleep(time.Until(trustEnd.Add(500 * time.Millisecond)))
+	if err := lk.Err(); err != nil {
+		t.Fatalf("lock after its old trust deadline: %v, want held", err)
+	}
+	// The new window is anchored at the extend's send: 18 s from 9.2 s
+	// before the old deadline, 8.3 s left now.
+	if r := lk.Remaining(); r < 7*time.Second {
+		t.Fatalf("Remaining %v after the extend, want the new window (about 8.3 s)", r)
+	}
+	if err := lk.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

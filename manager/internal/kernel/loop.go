@@ -469,23 +469,19 @@ func (st *LoopState) sendReleases(fl *flight, batch []releaseItem) {
 }
 
 // sendExtends starts an extend batch (loop side of sendExtend), bounded
-// by the earliest trust deadline of its leases: an answer after it is
-// useless.
+// as extendDeadline says.
 func (st *LoopState) sendExtends(fl *flight, batch []*holding) {
 	m := st.m
 	now := st.m.Now()
-	deadline := now.Add(m.cfg.StatementTimeout)
 	reqs := make([]store.ExtendRequest, len(batch))
 	for i, h := range batch {
 		reqs[i] = store.ExtendRequest{LockID: h.lock.ID, TTL: h.lock.TTL}
 		if h.ext != nil {
 			h.ext.sent, h.ext.want = h.ext.want, nil // Extend callers this round trip answers
 		}
-		if tu := h.lease.TrustedUntil(); tu.Before(deadline) {
-			deadline = tu
-		}
 	}
-	fl.slack = deadline.Sub(now) // overload.go
+	deadline, slack := extendDeadline(now, m.cfg.StatementTimeout, batch)
+	fl.slack = slack // overload.go
 	// One heartbeat round per extend batch: the span ends when run
 	// handles the result. Its round trip links to the acquire span of
 	// each lock it extends.
@@ -605,6 +601,38 @@ func (m *Kernel) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanC
 	}
 	db.End(ok, cmp.Or(err, leaveErr))
 	m.releaseDoneCh <- releaseDone{fl: fl, batch: batch, res: res, turns: turns, err: err, leaveErr: leaveErr, db: db.SpanContext()}
+}
+
+// extendDeadline returns when an extend batch sent at now gives up, and
+// its slack (overload.go): the statement timeout, or the earliest trust
+// deadline of its leases if that comes first (an answer after it is
+// useless: the lease is lost). When the timeout would end too close to
+// that trust deadline for a retry to go out before it (RetryAt), the
+// batch waits until the trust deadline instead: giving up sooner could
+// not save the lease, and a slow server's answer that comes after the
+// timeout but before the deadline does. (The fleet bench on a saturated
+// server saw extends wait seconds for the commit flush.) The slack stays
+// the shorter bound, so overload detection does not change.
+func extendDeadline(now time.Time, timeout time.Duration, batch []*holding) (deadline time.Time, slack time.Duration) {
+	deadline = now.Add(timeout)
+	var first *holding // the lease trusted for the shortest time
+	for _, h := range batch {
+		if first == nil || h.lease.TrustedUntil().Before(first.lease.TrustedUntil()) {
+			first = h
+		}
+	}
+	if first == nil {
+		return deadline, timeout
+	}
+	tu := first.lease.TrustedUntil()
+	if tu.Before(deadline) {
+		return tu, tu.Sub(now)
+	}
+	slack = deadline.Sub(now)
+	if !first.lease.RetryAt(deadline).Before(tu) {
+		deadline = tu
+	}
+	return deadline, slack
 }
 
 func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {

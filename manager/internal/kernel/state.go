@@ -553,9 +553,10 @@ func (st *LoopState) lose(h *holding, cause error, rowMayRemain bool, lc obs.Los
 // keep remembers a lost lock whose row may still be on the server, until
 // the server has expired it for sure: the last successful acquire or
 // extend was sent at lease.Start (or a later extend whose outcome is
-// unknown at unknownStart) and ran within StatementTimeout, so the
-// server's expires_at is at most that + StatementTimeout + TTL (plus a
-// second for the clocks' rates).
+// unknown at unknownStart) and ran within StatementTimeout, or an extend
+// until the lease's trust deadline (extendDeadline), so the server's
+// expires_at is at most the later of the two + TTL (plus a second for
+// the clocks' rates).
 func (st *LoopState) keep(h *holding) {
 	st.kept[h] = struct{}{}
 }
@@ -568,7 +569,11 @@ func (st *LoopState) keptUntil(h *holding) time.Time {
 	if h.unknownStart.After(start) {
 		start = h.unknownStart // an extend that may have run after the last success
 	}
-	return start.Add(st.m.cfg.StatementTimeout + h.lock.TTL + time.Second)
+	end := start.Add(st.m.cfg.StatementTimeout)
+	if tu := h.lease.TrustedUntil(); tu.After(end) {
+		end = tu // an extend may wait until then (extendDeadline)
+	}
+	return end.Add(h.lock.TTL + time.Second)
 }
 
 // unkeep forgets h and returns whether it was kept.

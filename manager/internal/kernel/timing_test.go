@@ -110,3 +110,69 @@ func TestHeartbeatCollectBatchesNeighbours(t *testing.T) {
 		t.Errorf("empty tick = %+v", empty)
 	}
 }
+
+// An extend batch gives up at the statement timeout, or at the earliest
+// trust deadline of its leases when that comes first; and when the
+// timeout leaves no time for a retry before that deadline, at the
+// deadline: a late answer can still keep the leases, a retry could not.
+func TestExtendDeadline(t *testing.T) {
+	t.Parallel()
+	const s = time.Second
+	lease := func(ttl, start time.Duration) *holding {
+		return &holding{lease: heldLease{Lease: heartbeat.Lease{TTL: ttl, Start: hbAt(start)}}}
+	}
+	for _, tt := range []struct {
+		name     string
+		now      time.Duration
+		timeout  time.Duration
+		batch    []*holding
+		deadline time.Duration // after hbT0
+		slack    time.Duration
+	}{
+		// TTL 60 s: due at 20 s, trusted until 54 s; a 5 s timeout at
+		// 25 s leaves a retry (6 s later) well inside.
+		{"a retry fits", 20 * s, 5 * s, []*holding{lease(60*s, 0)}, 25 * s, 5 * s},
+		// TTL 10 s: due at 3.33 s, trusted until 9 s; a timeout at 8.33 s
+		// and a retry 1 s later would come after 9 s.
+		{"no room for a retry", 3333 * time.Millisecond, 5 * s, []*holding{lease(10*s, 0)}, 9 * s, 5 * s},
+		// The trust deadline before the timeout bounds it, as always.
+		{"trust ends first", 7 * s, 5 * s, []*holding{lease(10*s, 0)}, 9 * s, 2 * s},
+		// The lease trusted for the shortest time decides.
+		{"earliest lease decides", 3333 * time.Millisecond, 5 * s, []*holding{lease(60*s, 0), lease(10*s, 0)}, 9 * s, 5 * s},
+		{"earliest lease has room", 20 * s, 5 * s, []*holding{lease(60*s, 0), lease(60*s, 10*s)}, 25 * s, 5 * s},
+		// Exactly at the edge: timeout + retry gap = trust deadline.
+		{"retry at the deadline", 3 * s, 5 * s, []*holding{lease(10*s, 0)}, 9 * s, 5 * s},
+		{"retry just before the deadline", 2999 * time.Millisecond, 5 * s, []*holding{lease(10*s, 0)}, 7999 * time.Millisecond, 5 * s},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, slack := extendDeadline(hbAt(tt.now), tt.timeout, tt.batch)
+			if !d.Equal(hbAt(tt.deadline)) || slack != tt.slack {
+				t.Errorf("extendDeadline = %v, %v; want %v, %v", d.Sub(hbT0), slack, tt.deadline, tt.slack)
+			}
+		})
+	}
+}
+
+// A lost lease's row is kept (for its release) until the server has
+// expired it for sure, whatever its last extend of unknown outcome did:
+// that extend may have run until its deadline (extendDeadline), the trust
+// deadline when no retry fitted, and pushed the expiry TTL past it.
+func TestKeptUntilCoversExtendDeadline(t *testing.T) {
+	t.Parallel()
+	const timeout = 5 * time.Second
+	st := &LoopState{m: &Kernel{cfg: Config{StatementTimeout: timeout}}}
+	for _, ttl := range []time.Duration{time.Second, 10 * time.Second, 60 * time.Second, time.Hour} {
+		for _, sentAt := range []time.Duration{ttl / 4, ttl / 3, ttl / 2, ttl * 8 / 10} {
+			h := &holding{lock: &Hold{TTL: ttl}, lease: heldLease{Lease: heartbeat.Lease{TTL: ttl, Start: hbT0}}}
+			if !hbAt(sentAt).Before(h.lease.TrustedUntil()) {
+				continue
+			}
+			deadline, _ := extendDeadline(hbAt(sentAt), timeout, []*holding{h})
+			h.unknownStart = hbAt(sentAt)
+			if got, need := st.keptUntil(h), deadline.Add(ttl); got.Before(need) {
+				t.Errorf("TTL %v, extend sent at %v: kept until %v, but the server may keep the row until %v",
+					ttl, sentAt, got.Sub(hbT0), need.Sub(hbT0))
+			}
+		}
+	}
+}
