@@ -70,10 +70,11 @@
 // held/extending: the heartbeat extends every lock TTL/3 after its last
 // successful attempt, every extend due in one tick in one statement, and
 // retries a failed extend every TTL/10 until the trust window ends
-// (WithoutAutoExtend: only Lock.Extend extends it). An extend gives up at
-// Config.StatementTimeout, unless no retry could follow before the trust
-// window ends: then it waits for the server's answer until the window
-// ends, so that a slow server's late answer still keeps the lease. Every end cancels the
+// (WithoutAutoExtend: only Lock.Extend extends it). An extend statement
+// gives up at Config.StatementTimeout, unless no lease it carries could be
+// retried before its trust window ends: then it waits for the server's
+// answer until the first of their windows ends, so that a slow server's
+// late answer still keeps them. Every end cancels the
 // lock's Context once, with a *pglease.Error cause (Lock.Err). At a hold
 // limit (WithHoldLimit) the Context ends with ErrHoldLimitExceeded while
 // the lease, no longer extended, stays held until Release or expiry.

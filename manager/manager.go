@@ -124,8 +124,8 @@ type Config struct {
 
 	// StatementTimeout bounds each batched round trip. Default 5 s.
 	// Extends are also bounded by the trust deadline of their earliest
-	// lease, and wait until that deadline instead when a retry after the
-	// timeout could not go out before it.
+	// lease, and wait until that deadline instead when none of their
+	// leases could be retried after the timeout before its own.
 	StatementTimeout time.Duration
 	// CloseTimeout bounds the release of all held locks in Close. Default
 	// 5 s. The caller's context of Close bounds only how long Close waits.

@@ -606,31 +606,39 @@ func (m *Kernel) sendRelease(fl *flight, batch []releaseItem, parent trace.SpanC
 // extendDeadline returns when an extend batch sent at now gives up, and
 // its slack (overload.go): the statement timeout, or the earliest trust
 // deadline of its leases if that comes first (an answer after it is
-// useless: the lease is lost). When the timeout would end too close to
-// that trust deadline for a retry to go out before it (RetryAt), the
-// batch waits until the trust deadline instead: giving up sooner could
-// not save the lease, and a slow server's answer that comes after the
-// timeout but before the deadline does. (The fleet bench on a saturated
-// server saw extends wait seconds for the commit flush.) The slack stays
-// the shorter bound, so overload detection does not change.
+// useless to that lease: it is lost). When no lease of the batch could
+// be retried (RetryAt) before its own trust deadline after a timeout,
+// the batch waits for the server's answer until the earliest trust
+// deadline instead: giving up sooner could save no lease, and a slow
+// server's answer that comes after the timeout but before that deadline
+// keeps them all. (The fleet bench on a saturated server saw extends
+// wait seconds for the commit flush; with a TTL up to about 10 s and the
+// default 5 s timeout, a timed-out extend sent when due has no time left
+// for a retry.) When one lease could still be retried, the timeout
+// stands, so that its retry is not delayed. The slack stays the shorter
+// bound, so overload detection does not change.
 func extendDeadline(now time.Time, timeout time.Duration, batch []*holding) (deadline time.Time, slack time.Duration) {
 	deadline = now.Add(timeout)
-	var first *holding // the lease trusted for the shortest time
-	for _, h := range batch {
-		if first == nil || h.lease.TrustedUntil().Before(first.lease.TrustedUntil()) {
-			first = h
-		}
-	}
-	if first == nil {
+	if len(batch) == 0 {
 		return deadline, timeout
 	}
-	tu := first.lease.TrustedUntil()
-	if tu.Before(deadline) {
-		return tu, tu.Sub(now)
+	first := batch[0].lease.TrustedUntil()
+	room := false // some lease could be retried after a timeout
+	for _, h := range batch {
+		tu := h.lease.TrustedUntil()
+		if tu.Before(first) {
+			first = tu
+		}
+		if h.lease.RetryAt(deadline).Before(tu) {
+			room = true
+		}
+	}
+	if first.Before(deadline) {
+		return first, first.Sub(now)
 	}
 	slack = deadline.Sub(now)
-	if !first.lease.RetryAt(deadline).Before(tu) {
-		deadline = tu
+	if !room {
+		deadline = first
 	}
 	return deadline, slack
 }

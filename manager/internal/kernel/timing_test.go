@@ -113,8 +113,9 @@ func TestHeartbeatCollectBatchesNeighbours(t *testing.T) {
 
 // An extend batch gives up at the statement timeout, or at the earliest
 // trust deadline of its leases when that comes first; and when the
-// timeout leaves no time for a retry before that deadline, at the
-// deadline: a late answer can still keep the leases, a retry could not.
+// timeout leaves no lease of the batch time for a retry before its trust
+// deadline, at the earliest of those deadlines: a late answer can still
+// keep the leases, a retry could not.
 func TestExtendDeadline(t *testing.T) {
 	t.Parallel()
 	const s = time.Second
@@ -137,9 +138,12 @@ func TestExtendDeadline(t *testing.T) {
 		{"no room for a retry", 3333 * time.Millisecond, 5 * s, []*holding{lease(10*s, 0)}, 9 * s, 5 * s},
 		// The trust deadline before the timeout bounds it, as always.
 		{"trust ends first", 7 * s, 5 * s, []*holding{lease(10*s, 0)}, 9 * s, 2 * s},
-		// The lease trusted for the shortest time decides.
-		{"earliest lease decides", 3333 * time.Millisecond, 5 * s, []*holding{lease(60*s, 0), lease(10*s, 0)}, 9 * s, 5 * s},
-		{"earliest lease has room", 20 * s, 5 * s, []*holding{lease(60*s, 0), lease(60*s, 10*s)}, 25 * s, 5 * s},
+		// Only when no lease of the batch could be retried: a lease
+		// that could keeps the timeout, and its retry.
+		{"one lease has room", 3333 * time.Millisecond, 5 * s, []*holding{lease(60*s, 0), lease(10*s, 0)}, 8333 * time.Millisecond, 5 * s},
+		{"one lease of two has room", 3500 * time.Millisecond, 5 * s, []*holding{lease(10*s, 0), lease(10*s, s)}, 8500 * time.Millisecond, 5 * s},
+		{"neither has room: the earliest deadline", 3500 * time.Millisecond, 5 * s, []*holding{lease(10*s, 500*time.Millisecond), lease(10*s, 0)}, 9 * s, 5 * s},
+		{"every lease has room", 20 * s, 5 * s, []*holding{lease(60*s, 0), lease(60*s, 10*s)}, 25 * s, 5 * s},
 		// Exactly at the edge: timeout + retry gap = trust deadline.
 		{"retry at the deadline", 3 * s, 5 * s, []*holding{lease(10*s, 0)}, 9 * s, 5 * s},
 		{"retry just before the deadline", 2999 * time.Millisecond, 5 * s, []*holding{lease(10*s, 0)}, 7999 * time.Millisecond, 5 * s},
