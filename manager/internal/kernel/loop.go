@@ -644,7 +644,7 @@ func extendDeadline(now time.Time, timeout time.Duration, batch []*holding) (dea
 }
 
 func (m *Kernel) sendExtend(fl *flight, batch []*holding, reqs []store.ExtendRequest, deadline time.Time, hb obs.Heartbeat, served []trace.SpanContext) {
-	// Bounded by the earliest trust deadline of the batch (sendExtends).
+	// Bounded as extendDeadline says (sendExtends).
 	ctx, cancel := context.WithTimeoutCause(m.workCtx, deadline.Sub(m.Now()), pgerr.ErrStatementTimeout)
 	defer cancel()
 	m.beforeBatch(KindExtend, len(batch))

@@ -553,10 +553,10 @@ func (st *LoopState) lose(h *holding, cause error, rowMayRemain bool, lc obs.Los
 // keep remembers a lost lock whose row may still be on the server, until
 // the server has expired it for sure: the last successful acquire or
 // extend was sent at lease.Start (or a later extend whose outcome is
-// unknown at unknownStart) and ran within StatementTimeout, or an extend
-// until the lease's trust deadline (extendDeadline), so the server's
-// expires_at is at most the later of the two + TTL (plus a second for
-// the clocks' rates).
+// unknown at unknownStart) and ran within StatementTimeout, or, when no
+// retry could have followed its timeout, until the lease's trust deadline
+// (extendDeadline), so the server's expires_at is at most that end + TTL
+// (plus a second for the clocks' rates).
 func (st *LoopState) keep(h *holding) {
 	st.kept[h] = struct{}{}
 }
@@ -570,8 +570,10 @@ func (st *LoopState) keptUntil(h *holding) time.Time {
 		start = h.unknownStart // an extend that may have run after the last success
 	}
 	end := start.Add(st.m.cfg.StatementTimeout)
-	if tu := h.lease.TrustedUntil(); tu.After(end) {
-		end = tu // an extend may wait until then (extendDeadline)
+	// An extend after whose timeout this lease had no time for a retry
+	// may have waited until its trust deadline (extendDeadline).
+	if tu := h.lease.TrustedUntil(); tu.After(end) && !h.lease.RetryAt(end).Before(tu) {
+		end = tu
 	}
 	return end.Add(h.lock.TTL + time.Second)
 }
